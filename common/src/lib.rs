@@ -1,0 +1,17 @@
+//! Types shared by the Isthmus kernel programs and the agent.
+//!
+//! Everything here is `#[repr(C)]` and lives in BPF maps, so the layout is
+//! part of the contract between `isthmus-ebpf` and `isthmus-agent`.
+#![no_std]
+
+pub mod counters;
+pub mod csum;
+pub mod names;
+pub mod nat;
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: plain `#[repr(C)]` structs of integers, with no padding.
+    unsafe impl aya::Pod for crate::nat::PeerNat {}
+    unsafe impl aya::Pod for crate::nat::PrefixRewrite {}
+}

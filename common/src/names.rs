@@ -1,0 +1,31 @@
+//! Names of the programs and maps, as the kernel and `bpftool` show them.
+//!
+//! The kernel keeps 15 characters of a name; every name here fits.
+
+/// LPM trie: a peer's networks as we see them → [`crate::nat::PeerNat`].
+pub const MAP_PEERS: &str = "ist_nat_peers";
+/// Per-CPU array of packet counters, indexed by [`crate::counters::slot`].
+pub const MAP_COUNTERS: &str = "ist_counters";
+
+/// Every map the agent pins, in the order it reports them.
+pub const MAPS: [&str; 2] = [MAP_PEERS, MAP_COUNTERS];
+
+/// Egress NAT for devices that carry Ethernet frames (veth).
+pub const PROG_EGRESS_ETH: &str = "nat_egress_eth";
+/// Ingress NAT for devices that carry Ethernet frames (veth).
+pub const PROG_INGRESS_ETH: &str = "nat_ingress_eth";
+/// Egress NAT for L3 devices with no link header (tun).
+pub const PROG_EGRESS_IP: &str = "nat_egress_ip";
+/// Ingress NAT for L3 devices with no link header (tun).
+pub const PROG_INGRESS_IP: &str = "nat_ingress_ip";
+
+/// Every program the agent loads.
+pub const PROGRAMS: [&str; 4] = [
+    PROG_EGRESS_ETH,
+    PROG_INGRESS_ETH,
+    PROG_EGRESS_IP,
+    PROG_INGRESS_IP,
+];
+
+/// Maximum number of peer networks in [`MAP_PEERS`] (two per peer).
+pub const MAX_PEER_NETWORKS: u32 = 8192;

@@ -1,0 +1,170 @@
+//! Stateless prefix remapping (DESIGN §1, "Prefix remapping").
+//!
+//! Addresses are kept in *wire order*: the four bytes as they sit in the
+//! packet, read into a native `u32`. Masking and or-ing are byte-wise, so the
+//! maths needs no byte swaps on either side.
+
+/// Converts the octets of an IPv4 address to wire order.
+pub const fn wire(octets: [u8; 4]) -> u32 {
+    u32::from_ne_bytes(octets)
+}
+
+/// The netmask of a prefix length, in wire order.
+pub const fn wire_mask(prefix_len: u8) -> u32 {
+    let host_order = match prefix_len {
+        0 => 0,
+        len if len >= 32 => u32::MAX,
+        len => u32::MAX << (32 - len as u32),
+    };
+    wire(host_order.to_be_bytes())
+}
+
+/// `map(ip, net)`: the network bits of `net` followed by the host bits of `ip`.
+pub const fn remap(addr: u32, net: u32, mask: u32) -> u32 {
+    (net & mask) | (addr & !mask)
+}
+
+/// One prefix swap: addresses in `from/mask` move to `to/mask`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefixRewrite {
+    /// Network that matches, in wire order, already masked.
+    pub from: u32,
+    /// Network that replaces it, in wire order, already masked.
+    pub to: u32,
+    /// Mask shared by both networks, in wire order.
+    pub mask: u32,
+    /// Non-zero when the rule applies; a "None" NAT CIDR leaves it at zero.
+    pub active: u32,
+}
+
+impl PrefixRewrite {
+    /// A rule that never matches.
+    pub const INACTIVE: Self = Self {
+        from: 0,
+        to: 0,
+        mask: 0,
+        active: 0,
+    };
+
+    /// A rule that moves `from/prefix_len` to `to/prefix_len`.
+    pub const fn new(from: [u8; 4], to: [u8; 4], prefix_len: u8) -> Self {
+        let mask = wire_mask(prefix_len);
+        Self {
+            from: wire(from) & mask,
+            to: wire(to) & mask,
+            mask,
+            active: 1,
+        }
+    }
+
+    /// Whether `addr` (wire order) lies in the network this rule moves.
+    #[inline(always)]
+    pub const fn matches(&self, addr: u32) -> bool {
+        self.active != 0 && addr & self.mask == self.from
+    }
+
+    /// `addr` moved into the target network, keeping its host bits.
+    #[inline(always)]
+    pub const fn apply(&self, addr: u32) -> u32 {
+        remap(addr, self.to, self.mask)
+    }
+}
+
+/// The translation a gateway applies for one peer, found by LPM on the
+/// peer's networks as we see them (its `remoteNAT*CIDR`, or `remote*CIDR`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeerNat {
+    /// Agent-assigned index of the peer, stable while the peer exists.
+    pub peer_id: u32,
+    /// Source rewrites towards the peer: PodCIDR, then ExternalCIDR.
+    pub egress: [PrefixRewrite; 2],
+    /// Destination rewrites from the peer: PodCIDR, then ExternalCIDR.
+    pub ingress: [PrefixRewrite; 2],
+}
+
+/// Finds the first rule of `rules` that matches `addr`.
+#[inline(always)]
+pub fn find_rule(rules: &[PrefixRewrite; 2], addr: u32) -> Option<&PrefixRewrite> {
+    if rules[0].matches(addr) {
+        Some(&rules[0])
+    } else if rules[1].matches(addr) {
+        Some(&rules[1])
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(a: u8, b: u8, c: u8, d: u8) -> u32 {
+        wire([a, b, c, d])
+    }
+
+    #[test]
+    fn remap_keeps_host_bits() {
+        // DESIGN §2: a-pod1 10.244.0.5 is seen by b as 10.0.40.5.
+        let r = PrefixRewrite::new([10, 244, 0, 0], [10, 0, 40, 0], 24);
+        assert!(r.matches(w(10, 244, 0, 5)));
+        assert_eq!(r.apply(w(10, 244, 0, 5)), w(10, 0, 40, 5));
+        assert_eq!(r.apply(w(10, 244, 0, 133)), w(10, 0, 40, 133));
+    }
+
+    #[test]
+    fn remap_with_unaligned_prefixes() {
+        let r = PrefixRewrite::new([10, 200, 0, 0], [10, 71, 0, 0], 16);
+        assert_eq!(r.apply(w(10, 200, 254, 7)), w(10, 71, 254, 7));
+        let r = PrefixRewrite::new([172, 16, 0, 0], [192, 168, 64, 0], 19);
+        assert!(r.matches(w(172, 16, 31, 255)));
+        assert!(!r.matches(w(172, 16, 32, 0)));
+        assert_eq!(r.apply(w(172, 16, 31, 255)), w(192, 168, 95, 255));
+    }
+
+    #[test]
+    fn remap_edges() {
+        let all = PrefixRewrite::new([0, 0, 0, 0], [0, 0, 0, 0], 0);
+        assert!(all.matches(w(1, 2, 3, 4)));
+        assert_eq!(all.apply(w(1, 2, 3, 4)), w(1, 2, 3, 4));
+        let host = PrefixRewrite::new([10, 0, 0, 1], [10, 9, 9, 9], 32);
+        assert!(host.matches(w(10, 0, 0, 1)));
+        assert!(!host.matches(w(10, 0, 0, 2)));
+        assert_eq!(host.apply(w(10, 0, 0, 1)), w(10, 9, 9, 9));
+    }
+
+    #[test]
+    fn remap_is_a_bijection_on_the_prefix() {
+        let there = PrefixRewrite::new([10, 244, 0, 0], [10, 0, 40, 0], 24);
+        let back = PrefixRewrite::new([10, 0, 40, 0], [10, 244, 0, 0], 24);
+        for host in 0..=255u8 {
+            let a = w(10, 244, 0, host);
+            assert_eq!(back.apply(there.apply(a)), a);
+        }
+    }
+
+    #[test]
+    fn unmasked_input_is_masked() {
+        let r = PrefixRewrite::new([10, 244, 0, 77], [10, 0, 40, 99], 24);
+        assert_eq!(r.from, w(10, 244, 0, 0));
+        assert_eq!(r.to, w(10, 0, 40, 0));
+    }
+
+    #[test]
+    fn inactive_never_matches() {
+        assert!(!PrefixRewrite::INACTIVE.matches(0));
+        assert!(!PrefixRewrite::INACTIVE.matches(w(10, 244, 0, 5)));
+    }
+
+    #[test]
+    fn find_rule_picks_the_matching_network() {
+        let rules = [
+            PrefixRewrite::new([10, 244, 0, 0], [10, 0, 40, 0], 24),
+            PrefixRewrite::new([192, 168, 0, 0], [10, 0, 41, 0], 24),
+        ];
+        assert_eq!(find_rule(&rules, w(192, 168, 0, 9)), Some(&rules[1]));
+        assert_eq!(find_rule(&rules, w(10, 244, 0, 9)), Some(&rules[0]));
+        assert_eq!(find_rule(&rules, w(10, 245, 0, 9)), None);
+    }
+}

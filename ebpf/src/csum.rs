@@ -1,0 +1,84 @@
+//! Address writes that keep every checksum that covers the address valid.
+
+use aya_ebpf::{
+    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
+    programs::TcContext,
+};
+use isthmus_common::csum::replace4;
+
+use crate::parse::{IcmpError, Ipv4, Malformed, PseudoCsum, ip};
+
+const PSEUDO: u64 = BPF_F_PSEUDO_HDR as u64;
+/// A UDP checksum of zero means "none": the kernel leaves it so.
+const UDP_ZERO_STAYS: u64 = BPF_F_MARK_MANGLED_0 as u64;
+
+/// Writes `new` over the address at `field` of the packet's own header, and
+/// updates the IP header checksum and the pseudo-header L4 checksum. The
+/// kernel helpers are used because they also handle offloaded checksums
+/// (CHECKSUM_PARTIAL) correctly.
+#[inline(always)]
+pub fn set_addr(
+    ctx: &TcContext,
+    hdr: &Ipv4,
+    field: usize,
+    old: u32,
+    new: u32,
+) -> Result<(), Malformed> {
+    ctx.store(hdr.off + field, &new, 0).map_err(|_| Malformed)?;
+    ctx.l3_csum_replace(hdr.off + ip::CHECK, old as u64, new as u64, 4)
+        .map_err(|_| Malformed)?;
+    let (off, flags) = match hdr.csum {
+        PseudoCsum::None => return Ok(()),
+        PseudoCsum::Tcp(off) => (off, PSEUDO),
+        PseudoCsum::Udp(off) => (off, PSEUDO | UDP_ZERO_STAYS),
+    };
+    ctx.l4_csum_replace(off, old as u64, new as u64, flags | 4)
+        .map_err(|_| Malformed)
+}
+
+/// Writes `new` over the address at `field` of the header quoted in an ICMP
+/// error. The quoted checksums are plain payload to the kernel, so they are
+/// updated here; every word changed is then folded into the ICMP checksum.
+#[inline(always)]
+pub fn set_quoted_addr(
+    ctx: &TcContext,
+    err: &IcmpError,
+    field: usize,
+    old: u32,
+    new: u32,
+) -> Result<(), Malformed> {
+    let quoted = &err.quoted;
+    ctx.store(quoted.off + field, &new, 0).map_err(|_| Malformed)?;
+    ctx.l4_csum_replace(err.check_off, old as u64, new as u64, 4)
+        .map_err(|_| Malformed)?;
+    update_quoted_check(ctx, err.check_off, quoted.off + ip::CHECK, old, new, false)?;
+    match quoted.csum {
+        PseudoCsum::None => Ok(()),
+        PseudoCsum::Tcp(off) => update_quoted_check(ctx, err.check_off, off, old, new, false),
+        PseudoCsum::Udp(off) => update_quoted_check(ctx, err.check_off, off, old, new, true),
+    }
+}
+
+/// Updates the quoted checksum at `off` for an address change from `old` to
+/// `new`, and the ICMP checksum at `icmp_check` for the checksum's own change.
+#[inline(always)]
+fn update_quoted_check(
+    ctx: &TcContext,
+    icmp_check: usize,
+    off: usize,
+    old: u32,
+    new: u32,
+    udp: bool,
+) -> Result<(), Malformed> {
+    let before: u16 = ctx.load(off).map_err(|_| Malformed)?;
+    if udp && before == 0 {
+        return Ok(());
+    }
+    let mut after = replace4(before, old, new);
+    if udp && after == 0 {
+        after = 0xffff;
+    }
+    ctx.store(off, &after, 0).map_err(|_| Malformed)?;
+    ctx.l4_csum_replace(icmp_check, before as u64, after as u64, 2)
+        .map_err(|_| Malformed)
+}
