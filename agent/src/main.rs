@@ -1,1 +1,202 @@
-fn main() {}
+//! `isthmus-agent`: the node agent's command line.
+
+use std::{net::SocketAddr, path::PathBuf, sync::Arc};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+use isthmus_agent::{
+    dataplane::{self, AttachMode, Dataplane},
+    maps::Counters,
+    metrics::{self, Metrics},
+    reconcile::{PeerTable, Reconciler, Report},
+    source::{self, SourceEvent, SourceSpec},
+};
+use tokio::{signal::unix, sync::mpsc};
+use tracing::{error, info, warn};
+
+#[derive(Parser)]
+#[command(version, about = "Isthmus node agent: eBPF dataplane for multi-cluster networks")]
+struct Cli {
+    /// Log line format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Program the dataplane from the source and keep it in line.
+    Run(RunArgs),
+    /// Detach and unpin everything the agent attached or pinned.
+    Cleanup {
+        /// Directory on bpffs the agent pinned under.
+        #[arg(long, default_value = "/sys/fs/bpf/isthmus")]
+        bpffs: PathBuf,
+    },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Role {
+    /// Holds the tunnel: attaches the NAT programs.
+    Gateway,
+    /// Steers remote-bound traffic to the gateway.
+    Worker,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Where objects come from: `dir:PATH` or `kube`.
+    #[arg(long)]
+    source: SourceSpec,
+    /// This node's name.
+    #[arg(long, env = "NODE_NAME")]
+    node: String,
+    /// This node's role.
+    #[arg(long, value_enum)]
+    role: Role,
+    /// Directory on bpffs to pin programs, links and maps under.
+    #[arg(long, default_value = "/sys/fs/bpf/isthmus")]
+    bpffs: PathBuf,
+    /// Address of the metrics and health endpoints.
+    #[arg(long, default_value = "0.0.0.0:9873")]
+    metrics_addr: SocketAddr,
+    /// Gateway: the tunnel-facing device the NAT programs attach to.
+    #[arg(long, default_value = "isthmus0")]
+    nat_dev: String,
+    /// How to attach TC programs.
+    #[arg(long, value_enum, default_value_t = AttachMode::Auto)]
+    attach: AttachMode,
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let cli = Cli::parse();
+    init_logs(cli.log_format);
+    match cli.command {
+        Command::Run(args) => run(args).await,
+        Command::Cleanup { bpffs } => {
+            let removed = dataplane::cleanup(&bpffs)?;
+            for item in &removed {
+                println!("removed {item}");
+            }
+            println!("cleanup of {}: {} item(s) removed", bpffs.display(), removed.len());
+            Ok(())
+        }
+    }
+}
+
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn run(args: RunArgs) -> Result<()> {
+    let SourceSpec::Dir(dir) = &args.source else {
+        bail!("--source kube: the Kubernetes source is not available in this build; use --source dir:PATH");
+    };
+    let role = match args.role {
+        Role::Gateway => "gateway",
+        Role::Worker => "worker",
+    };
+    let mut dataplane = Dataplane::load(&args.bpffs)
+        .with_context(|| format!("loading the dataplane under {}", args.bpffs.display()))?;
+    let mut reconciler = Reconciler::new(dataplane.take_peer_map()?).context("reading the pinned peer table")?;
+    let attach = match args.role {
+        Role::Gateway => Some(dataplane.attach_nat(&args.nat_dev, args.attach)?),
+        Role::Worker => None,
+    };
+    let metrics = Metrics::new(
+        Counters::open(&args.bpffs)?,
+        &args.node,
+        role,
+        attach.map(|a| a.as_str()),
+    );
+    metrics::serve(args.metrics_addr, metrics.clone())
+        .await
+        .with_context(|| format!("serving metrics on {}", args.metrics_addr))?;
+    let events = source::watch_dir(dir)?;
+    info!(node = %args.node, role, source = %dir.display(), bpffs = %args.bpffs.display(), "agent started");
+    follow(events, &mut reconciler, &metrics).await
+}
+
+/// Applies source events until a signal arrives. Nothing is written before
+/// the source has sent every existing object, so a restart never removes
+/// peers it has not read yet.
+async fn follow<T: PeerTable>(
+    mut events: mpsc::Receiver<SourceEvent>,
+    reconciler: &mut Reconciler<T>,
+    metrics: &Arc<Metrics>,
+) -> Result<()> {
+    let mut terminate = unix::signal(unix::SignalKind::terminate())?;
+    let mut synced = false;
+    loop {
+        let event = tokio::select! {
+            event = events.recv() => event.context("the source stopped")?,
+            _ = terminate.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+        };
+        synced |= apply_event(reconciler, event);
+        // Fold whatever else is already queued into the same pass.
+        while let Ok(event) = events.try_recv() {
+            synced |= apply_event(reconciler, event);
+        }
+        if !synced {
+            continue;
+        }
+        match reconciler.reconcile() {
+            Ok(report) => record(&report, metrics),
+            Err(e) => {
+                metrics.reconcile_errors.get_or_create(&[("kind", "TunnelEndpoint")]).inc();
+                error!(error = %e, "updating the kernel peer table; will retry on the next change");
+            }
+        }
+        metrics.set_ready();
+    }
+    info!("stopping; the dataplane stays attached (`isthmus-agent cleanup` removes it)");
+    Ok(())
+}
+
+/// Feeds one event to the reconciler. Returns true for the end of the initial sync.
+fn apply_event<T: PeerTable>(reconciler: &mut Reconciler<T>, event: SourceEvent) -> bool {
+    match event {
+        SourceEvent::Origin { origin, documents } => reconciler.set_origin(origin, documents),
+        SourceEvent::Removed { origin } => reconciler.remove_origin(&origin),
+        SourceEvent::Synced => return true,
+    }
+    false
+}
+
+fn record(report: &Report, metrics: &Metrics) {
+    for peer in &report.added {
+        info!(
+            object = %peer.key, peer = peer.label(), file = %peer.origin, fields_from = %peer.layout,
+            pod = %peer.remote_pod.seen(), external = %peer.remote_external.seen(),
+            "peer programmed"
+        );
+    }
+    for key in &report.dropped {
+        info!(object = %key, "peer removed");
+    }
+    for e in &report.new_errors {
+        error!(error = %e, "object rejected");
+    }
+    for e in &report.cleared_errors {
+        warn!(error = %e, "rejection cleared");
+    }
+    metrics.peers.set(report.peers as i64);
+    metrics.rejected_objects.set(report.rejected as i64);
+    metrics.map_updates.get_or_create(&[("op", "write")]).inc_by(report.written as u64);
+    metrics.map_updates.get_or_create(&[("op", "remove")]).inc_by(report.removed as u64);
+}

@@ -1,0 +1,381 @@
+//! Loading, pinning and attaching the kernel programs, adopting what a
+//! previous agent left behind, and removing it all on request.
+//!
+//! Everything lives under one bpffs directory:
+//! `maps/<map>`, `progs/<program>` and, with TCX, `links/<device>-<direction>`.
+//! An agent that stops leaves all of it in place, so the dataplane keeps
+//! forwarding; the next agent reuses the maps and swaps its programs in
+//! atomically (`bpf_link_update`, or a netlink filter replace).
+
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    programs::{
+        LinkOrder, SchedClassifier, TcAttachType,
+        links::{FdLink, PinnedLink},
+        tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcHandle},
+    },
+};
+use isthmus_common::names;
+use thiserror::Error;
+use tracing::{info, warn};
+
+use crate::maps::PeerMap;
+
+/// The compiled eBPF object, built by `build.rs`.
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/isthmus"));
+
+/// `statfs` magic of a bpf filesystem.
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+/// Netlink filter priority and handle used in clsact mode, fixed so a
+/// restarted agent can find and replace its own filters.
+const NL_PRIORITY: u16 = 0x1517;
+const NL_HANDLE: TcHandle = TcHandle::new(0x1517, 1);
+const ARPHRD_ETHER: u32 = 1;
+const ARPHRD_NONE: u32 = 0xfffe;
+
+/// Failures of loading, attaching or cleaning up.
+#[derive(Debug, Error)]
+pub enum DataplaneError {
+    /// The pin directory is not on a bpf filesystem.
+    #[error("{0}: not on a bpf filesystem (mount one with `mount -t bpf bpf /sys/fs/bpf`)")]
+    NotBpffs(PathBuf),
+    /// A file operation under the pin directory failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path involved.
+        path: PathBuf,
+        /// What went wrong.
+        source: io::Error,
+    },
+    /// The device cannot carry the NAT programs.
+    #[error("device {dev}: {reason}")]
+    Device {
+        /// The device.
+        dev: String,
+        /// Why it cannot be used.
+        reason: String,
+    },
+    /// aya refused to load the object.
+    #[error("loading the eBPF object: {0}")]
+    Load(#[from] aya::EbpfError),
+    /// A program could not be loaded or attached.
+    #[error("program {program} on {dev}: {source}")]
+    Program {
+        /// The program.
+        program: &'static str,
+        /// The device.
+        dev: String,
+        /// What went wrong.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A map is missing from the object or has the wrong type.
+    #[error("map {0}: {1}")]
+    Map(&'static str, aya::maps::MapError),
+}
+
+/// How to attach TC programs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AttachMode {
+    /// TCX links where the kernel has them (6.6+), clsact otherwise.
+    Auto,
+    /// TCX links only.
+    Tcx,
+    /// A clsact qdisc with netlink filters only.
+    Clsact,
+}
+
+/// How the programs ended up attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attached {
+    /// Through pinned TCX links.
+    Tcx,
+    /// Through netlink filters on a clsact qdisc.
+    Clsact,
+}
+
+impl Attached {
+    /// Lower-case name for logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Attached::Tcx => "tcx",
+            Attached::Clsact => "clsact",
+        }
+    }
+}
+
+/// Paths of everything the agent pins under one root.
+#[derive(Clone, Debug)]
+pub struct Pins {
+    root: PathBuf,
+}
+
+impl Pins {
+    /// The layout under `root`.
+    pub fn new(root: &Path) -> Self {
+        Self {
+            root: root.to_owned(),
+        }
+    }
+
+    /// Pin path of a map.
+    pub fn map(&self, name: &str) -> PathBuf {
+        self.root.join("maps").join(name)
+    }
+
+    /// Pin path of a program.
+    pub fn program(&self, name: &str) -> PathBuf {
+        self.root.join("progs").join(name)
+    }
+
+    /// Pin path of a TCX link.
+    pub fn link(&self, dev: &str, attach_type: TcAttachType) -> PathBuf {
+        self.root.join("links").join(format!("{dev}-{}", direction(attach_type)))
+    }
+
+    fn dirs(&self) -> [PathBuf; 3] {
+        ["maps", "progs", "links"].map(|d| self.root.join(d))
+    }
+}
+
+fn direction(attach_type: TcAttachType) -> &'static str {
+    match attach_type {
+        TcAttachType::Egress => "egress",
+        _ => "ingress",
+    }
+}
+
+/// The loaded object, with its maps pinned.
+pub struct Dataplane {
+    ebpf: Ebpf,
+    pins: Pins,
+}
+
+impl Dataplane {
+    /// Loads the object, reusing maps already pinned under `root`.
+    pub fn load(root: &Path) -> Result<Self, DataplaneError> {
+        ensure_bpffs(root)?;
+        let pins = Pins::new(root);
+        for dir in pins.dirs() {
+            fs::create_dir_all(&dir).map_err(|source| DataplaneError::Io { path: dir, source })?;
+        }
+        let map_paths: Vec<(&str, PathBuf)> = names::MAPS.iter().map(|m| (*m, pins.map(m))).collect();
+        let mut loader = EbpfLoader::new();
+        for (name, path) in &map_paths {
+            loader.map_pin_path(name, path.as_path());
+        }
+        let ebpf = loader.load(OBJECT)?;
+        Ok(Self { ebpf, pins })
+    }
+
+    /// The peer table, for the reconciler.
+    pub fn take_peer_map(&mut self) -> Result<PeerMap, DataplaneError> {
+        let map = self.ebpf.take_map(names::MAP_PEERS).ok_or(DataplaneError::Map(
+            names::MAP_PEERS,
+            aya::maps::MapError::InvalidName { name: names::MAP_PEERS.into() },
+        ))?;
+        PeerMap::new(map).map_err(|e| DataplaneError::Map(names::MAP_PEERS, e))
+    }
+
+    /// Attaches the NAT programs to both directions of `dev`, replacing
+    /// whatever a previous agent attached there.
+    pub fn attach_nat(&mut self, dev: &str, mode: AttachMode) -> Result<Attached, DataplaneError> {
+        let (egress, ingress) = match link_type(dev)? {
+            ARPHRD_ETHER => (names::PROG_EGRESS_ETH, names::PROG_INGRESS_ETH),
+            ARPHRD_NONE => (names::PROG_EGRESS_IP, names::PROG_INGRESS_IP),
+            other => {
+                return Err(DataplaneError::Device {
+                    dev: dev.into(),
+                    reason: format!("link type {other} is neither Ethernet nor a raw L3 device"),
+                });
+            }
+        };
+        let mode = match mode {
+            AttachMode::Auto if tcx_supported() => Attached::Tcx,
+            AttachMode::Auto | AttachMode::Clsact => Attached::Clsact,
+            AttachMode::Tcx => Attached::Tcx,
+        };
+        for (program, attach_type) in [(egress, TcAttachType::Egress), (ingress, TcAttachType::Ingress)] {
+            self.attach(program, dev, attach_type, mode)
+                .map_err(|source| DataplaneError::Program { program, dev: dev.into(), source })?;
+        }
+        info!(dev, mode = mode.as_str(), egress, ingress, "NAT programs attached");
+        Ok(mode)
+    }
+
+    fn attach(
+        &mut self,
+        program: &'static str,
+        dev: &str,
+        attach_type: TcAttachType,
+        mode: Attached,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        let prog: &mut SchedClassifier = self
+            .ebpf
+            .program_mut(program)
+            .ok_or("missing from the object")?
+            .try_into()?;
+        prog.load()?;
+        match mode {
+            Attached::Tcx => attach_tcx(prog, dev, attach_type, &self.pins.link(dev, attach_type))?,
+            Attached::Clsact => attach_clsact(prog, dev, attach_type)?,
+        }
+        let pin = self.pins.program(program);
+        remove_pin(&pin)?;
+        prog.pin(&pin)?;
+        Ok(())
+    }
+}
+
+/// Swaps `prog` into the TCX link pinned at `pin`, or creates and pins one.
+fn attach_tcx(
+    prog: &mut SchedClassifier,
+    dev: &str,
+    attach_type: TcAttachType,
+    pin: &Path,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    if pin.exists() {
+        let link = SchedClassifierLink::try_from(FdLink::from(PinnedLink::from_pin(pin)?))?;
+        match prog.attach_to_link(link) {
+            Ok(id) => {
+                // The pin keeps the link; closing our descriptor detaches nothing.
+                drop(FdLink::try_from(prog.take_link(id)?)?);
+                return Ok(());
+            }
+            // The device was recreated since: the old link is defunct.
+            Err(e) => {
+                warn!(dev, pin = %pin.display(), error = %e, "replacing a stale TCX link");
+                remove_pin(pin)?;
+            }
+        }
+    }
+    let id = prog.attach_with_options(dev, attach_type, TcAttachOptions::TcxOrder(LinkOrder::default()))?;
+    FdLink::try_from(prog.take_link(id)?)?.pin(pin)?;
+    Ok(())
+}
+
+/// Replaces our netlink filter on `dev`, or creates it.
+fn attach_clsact(
+    prog: &mut SchedClassifier,
+    dev: &str,
+    attach_type: TcAttachType,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    if let Err(e) = tc::qdisc_add_clsact(dev)
+        && !matches!(&e, tc::TcError::NetlinkError(n) if n.raw_os_error() == Some(libc::EEXIST))
+    {
+        return Err(e.into());
+    }
+    let ours = SchedClassifierLink::attached(dev, attach_type, NL_PRIORITY, NL_HANDLE, None)?;
+    let id = match prog.attach_to_link(ours) {
+        Ok(id) => id,
+        Err(_) => prog.attach_with_options(
+            dev,
+            attach_type,
+            TcAttachOptions::Netlink(NlOptions {
+                priority: NL_PRIORITY,
+                handle: NL_HANDLE,
+                classid: None,
+            }),
+        )?,
+    };
+    // A netlink filter outlives the process unless detached: keep it, so the
+    // dataplane forwards while the agent restarts.
+    std::mem::forget(prog.take_link(id)?);
+    Ok(())
+}
+
+/// Detaches and unpins everything under `root`. Returns what was removed.
+pub fn cleanup(root: &Path) -> Result<Vec<String>, DataplaneError> {
+    let pins = Pins::new(root);
+    let mut removed = Vec::new();
+    for link in pin_entries(&pins.root.join("links"))? {
+        // Unpinning drops the last reference: the kernel detaches the link.
+        PinnedLink::from_pin(&link)
+            .map_err(|e| DataplaneError::Io { path: link.clone(), source: io::Error::other(e) })?
+            .unpin()
+            .map_err(|source| DataplaneError::Io { path: link.clone(), source })?;
+        removed.push(format!("link {}", link.display()));
+    }
+    for dev in devices()? {
+        for program in names::PROGRAMS {
+            for attach_type in [TcAttachType::Egress, TcAttachType::Ingress] {
+                if tc::qdisc_detach_program(&dev, attach_type, program).is_ok() {
+                    removed.push(format!("clsact filter {program} on {dev} {}", direction(attach_type)));
+                }
+            }
+        }
+    }
+    for dir in pins.dirs() {
+        for pin in pin_entries(&dir)? {
+            remove_pin(&pin)?;
+            removed.push(format!("pin {}", pin.display()));
+        }
+        remove_dir(&dir)?;
+    }
+    remove_dir(&pins.root)?;
+    Ok(removed)
+}
+
+fn pin_entries(dir: &Path) -> Result<Vec<PathBuf>, DataplaneError> {
+    match fs::read_dir(dir) {
+        Ok(entries) => Ok(entries.filter_map(|e| e.ok().map(|e| e.path())).collect()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(source) => Err(DataplaneError::Io { path: dir.into(), source }),
+    }
+}
+
+fn remove_pin(path: &Path) -> Result<(), DataplaneError> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(DataplaneError::Io { path: path.into(), source: e }),
+        _ => Ok(()),
+    }
+}
+
+fn remove_dir(path: &Path) -> Result<(), DataplaneError> {
+    match fs::remove_dir(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(DataplaneError::Io { path: path.into(), source: e }),
+        _ => Ok(()),
+    }
+}
+
+fn devices() -> Result<Vec<String>, DataplaneError> {
+    let dir = Path::new("/sys/class/net");
+    let entries = fs::read_dir(dir).map_err(|source| DataplaneError::Io { path: dir.into(), source })?;
+    Ok(entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect())
+}
+
+fn link_type(dev: &str) -> Result<u32, DataplaneError> {
+    let path = PathBuf::from(format!("/sys/class/net/{dev}/type"));
+    let text = fs::read_to_string(&path).map_err(|e| DataplaneError::Device {
+        dev: dev.into(),
+        reason: format!("cannot read {}: {e}", path.display()),
+    })?;
+    text.trim().parse().map_err(|_| DataplaneError::Device {
+        dev: dev.into(),
+        reason: format!("unexpected link type {text:?}"),
+    })
+}
+
+fn tcx_supported() -> bool {
+    aya::util::KernelVersion::current().is_ok_and(|v| v >= aya::util::KernelVersion::new(6, 6, 0))
+}
+
+/// Fails unless `root` (or the directory it will be created in) is on bpffs.
+fn ensure_bpffs(root: &Path) -> Result<(), DataplaneError> {
+    let existing = root.ancestors().find(|p| p.exists()).unwrap_or(Path::new("/"));
+    let c_path = std::ffi::CString::new(existing.as_os_str().as_encoded_bytes())
+        .map_err(|e| DataplaneError::Io { path: root.into(), source: io::Error::other(e) })?;
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid NUL-terminated path and a properly sized out-buffer.
+    if unsafe { libc::statfs(c_path.as_ptr(), &mut stat) } != 0 {
+        return Err(DataplaneError::Io { path: existing.into(), source: io::Error::last_os_error() });
+    }
+    if stat.f_type as i64 != BPF_FS_MAGIC {
+        return Err(DataplaneError::NotBpffs(root.into()));
+    }
+    Ok(())
+}

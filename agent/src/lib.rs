@@ -1,0 +1,18 @@
+//! The Isthmus node agent, as a library: the binary wires these together,
+//! and tests and tools reuse them.
+//!
+//! - [`object`]: the Liqo objects as read;
+//! - [`peer`]: a validated TunnelEndpoint and the kernel rules it makes;
+//! - [`source`]: where objects come from;
+//! - [`reconcile`]: from objects to the kernel, as a diff;
+//! - [`dataplane`]: loading, pinning, attaching, cleanup;
+//! - [`maps`]: typed views of the kernel maps;
+//! - [`metrics`]: Prometheus and health endpoints.
+
+pub mod dataplane;
+pub mod maps;
+pub mod metrics;
+pub mod object;
+pub mod peer;
+pub mod reconcile;
+pub mod source;

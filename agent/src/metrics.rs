@@ -1,0 +1,152 @@
+//! Prometheus metrics and health endpoints, served on `--metrics-addr`.
+//!
+//! Dataplane counters are read from the per-CPU map at scrape time, so the
+//! packet path never waits on the agent.
+
+use std::{
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+};
+
+use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
+use isthmus_common::counters::{self, DIRECTIONS, OUTCOMES};
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric, text::encode},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, info::Info, MetricType},
+    registry::Registry,
+};
+use tracing::warn;
+
+use crate::maps::Counters;
+
+/// The metrics one agent exposes.
+pub struct Metrics {
+    registry: Registry,
+    ready: AtomicBool,
+    /// Peers programmed into the kernel.
+    pub peers: Gauge,
+    /// Objects currently rejected.
+    pub rejected_objects: Gauge,
+    /// Kernel map elements written or removed, by operation.
+    pub map_updates: Family<[(&'static str, &'static str); 1], Counter>,
+    /// Reconcile passes that failed to write the kernel, by object kind.
+    pub reconcile_errors: Family<[(&'static str, &'static str); 1], Counter>,
+}
+
+impl Metrics {
+    /// Registers every metric. `attach` is how the NAT programs were attached,
+    /// if this node attaches them.
+    pub fn new(counters: Counters, node: &str, role: &str, attach: Option<&str>) -> Arc<Self> {
+        let mut registry = Registry::with_prefix("isthmus");
+        let peers = Gauge::default();
+        let rejected_objects = Gauge::default();
+        let map_updates = Family::default();
+        let reconcile_errors = Family::default();
+        registry.register("peers", "Peers programmed into the kernel", peers.clone());
+        registry.register("rejected_objects", "Objects rejected by validation", rejected_objects.clone());
+        registry.register("map_updates", "Kernel map elements written or removed", map_updates.clone());
+        registry.register("reconcile_errors", "Reconcile passes that failed to update the kernel", reconcile_errors.clone());
+        registry.register(
+            "agent",
+            "The agent's node, role and attach mode",
+            Info::new(vec![
+                ("version", env!("CARGO_PKG_VERSION").to_owned()),
+                ("node", node.to_owned()),
+                ("role", role.to_owned()),
+                ("attach_mode", attach.unwrap_or("none").to_owned()),
+            ]),
+        );
+        registry.register_collector(Box::new(DataplaneCounters(counters)));
+        Arc::new(Self {
+            registry,
+            ready: AtomicBool::new(false),
+            peers,
+            rejected_objects,
+            map_updates,
+            reconcile_errors,
+        })
+    }
+
+    /// Marks the agent ready: the dataplane is attached and the source synced.
+    pub fn set_ready(&self) {
+        self.ready.store(true, Ordering::Release);
+    }
+
+    fn text(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+/// Packet counters summed over CPUs at scrape time.
+#[derive(Debug)]
+struct DataplaneCounters(Counters);
+
+impl Collector for DataplaneCounters {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let sums = match self.0.read() {
+            Ok(sums) => sums,
+            Err(e) => {
+                warn!(error = %e, "reading the packet counters");
+                return Ok(());
+            }
+        };
+        let mut family = encoder.encode_descriptor(
+            "nat_packets",
+            "Packets seen by the NAT programs, by direction and outcome",
+            None,
+            MetricType::Counter,
+        )?;
+        for direction in DIRECTIONS {
+            for outcome in OUTCOMES {
+                let labels = [("direction", direction.as_str()), ("outcome", outcome.as_str())];
+                let value = sums[counters::slot(direction, outcome) as usize];
+                prometheus_client::metrics::counter::ConstCounter::new(value)
+                    .encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Binds `addr` and serves `/metrics`, `/healthz` and `/readyz` until the
+/// process exits. Binding happens before returning, so a busy port fails here.
+pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let app = Router::new()
+        .route("/metrics", get(scrape))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(ready))
+        .with_state(metrics);
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            warn!(error = %e, "metrics server stopped");
+        }
+    });
+    Ok(())
+}
+
+async fn scrape(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
+    match metrics.text() {
+        Ok(body) => (
+            StatusCode::OK,
+            [("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+            body,
+        )
+            .into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+async fn ready(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
+    if metrics.ready.load(Ordering::Acquire) {
+        (StatusCode::OK, "ready")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+    }
+}

@@ -1,0 +1,245 @@
+//! The objects the agent reads, in the shape Liqo's network manager writes
+//! them (`net.liqo.io/v1alpha1`), before validation.
+
+use std::{fmt, path::Path};
+
+use serde_yaml_ng::{Mapping, Value};
+use thiserror::Error;
+
+/// The API group and version of every object the agent reads.
+pub const API_VERSION: &str = "net.liqo.io/v1alpha1";
+/// Kind of the per-peer object.
+pub const KIND_TUNNEL_ENDPOINT: &str = "TunnelEndpoint";
+
+/// `namespace/name` of an object; cluster-scoped objects have no namespace.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectKey {
+    /// Namespace, empty for cluster-scoped objects.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.namespace.is_empty() {
+            write!(f, "{}", self.name)
+        } else {
+            write!(f, "{}/{}", self.namespace, self.name)
+        }
+    }
+}
+
+/// Where Liqo put the fields: newer versions use `spec`, older ones `status`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Every field came from `spec`.
+    Spec,
+    /// Every field came from `status`.
+    Status,
+    /// Some came from each; `spec` wins where both have one.
+    Both,
+}
+
+impl fmt::Display for Layout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Layout::Spec => "spec",
+            Layout::Status => "status",
+            Layout::Both => "spec and status",
+        })
+    }
+}
+
+/// A TunnelEndpoint as read, with `spec` and `status` kept apart.
+#[derive(Clone, Debug)]
+pub struct RawTunnelEndpoint {
+    /// Its `metadata`.
+    pub key: ObjectKey,
+    spec: Mapping,
+    status: Mapping,
+}
+
+impl RawTunnelEndpoint {
+    /// Builds one from its two halves (either may be empty).
+    pub fn new(key: ObjectKey, spec: Mapping, status: Mapping) -> Self {
+        Self { key, spec, status }
+    }
+
+    /// The value of `field`, from `spec` if it has it, else from `status`.
+    pub fn field(&self, field: &str) -> Option<&Value> {
+        self.spec.get(field).or_else(|| self.status.get(field))
+    }
+
+    /// Which halves the fields in `fields` were read from.
+    pub fn layout(&self, fields: &[&str]) -> Layout {
+        let in_spec = fields.iter().any(|f| self.spec.contains_key(*f));
+        let in_status = fields
+            .iter()
+            .any(|f| !self.spec.contains_key(*f) && self.status.contains_key(*f));
+        match (in_spec, in_status) {
+            (_, false) => Layout::Spec,
+            (false, true) => Layout::Status,
+            (true, true) => Layout::Both,
+        }
+    }
+}
+
+/// One document of a source, recognised by its `apiVersion` and `kind`.
+#[derive(Clone, Debug)]
+pub enum Object {
+    /// A `TunnelEndpoint`.
+    TunnelEndpoint(RawTunnelEndpoint),
+}
+
+/// A document that is not an object the agent reads.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum DocumentError {
+    /// The YAML itself is broken.
+    #[error("{file}: document {index}: invalid YAML: {reason}")]
+    Yaml {
+        /// File holding the document.
+        file: String,
+        /// 1-based position of the document in the file.
+        index: usize,
+        /// What the parser said.
+        reason: String,
+    },
+    /// Valid YAML of another kind.
+    #[error(
+        "{file}: document {index} ({name}): not a TunnelEndpoint: apiVersion {api_version:?}, kind {kind:?} (field apiVersion/kind; want {API_VERSION} {KIND_TUNNEL_ENDPOINT})"
+    )]
+    WrongKind {
+        /// File holding the document.
+        file: String,
+        /// 1-based position of the document in the file.
+        index: usize,
+        /// `metadata.name`, or `<unnamed>`.
+        name: String,
+        /// Its `apiVersion`.
+        api_version: String,
+        /// Its `kind`.
+        kind: String,
+    },
+    /// The file could not be read.
+    #[error("{file}: cannot read: {reason}")]
+    Unreadable {
+        /// The file.
+        file: String,
+        /// What the system said.
+        reason: String,
+    },
+    /// An object with no `metadata.name`.
+    #[error("{file}: document {index} ({kind}): field metadata.name is missing")]
+    NoName {
+        /// File holding the document.
+        file: String,
+        /// 1-based position of the document in the file.
+        index: usize,
+        /// Its `kind`.
+        kind: String,
+    },
+}
+
+/// Parses every document of a multi-document YAML file.
+pub fn parse_documents(file: &Path, text: &str) -> Vec<Result<Object, DocumentError>> {
+    let file = file.display().to_string();
+    serde_yaml_ng::Deserializer::from_str(text)
+        .enumerate()
+        .filter_map(|(i, doc)| {
+            let index = i + 1;
+            let value = match serde::Deserialize::deserialize(doc) {
+                Ok(Value::Null) => return None,
+                Ok(value) => value,
+                Err(e) => {
+                    return Some(Err(DocumentError::Yaml {
+                        file: file.clone(),
+                        index,
+                        reason: e.to_string(),
+                    }));
+                }
+            };
+            Some(object(&file, index, value))
+        })
+        .collect()
+}
+
+fn object(file: &str, index: usize, value: Value) -> Result<Object, DocumentError> {
+    let text = |v: Option<&Value>| v.and_then(Value::as_str).unwrap_or("").to_owned();
+    let api_version = text(value.get("apiVersion"));
+    let kind = text(value.get("kind"));
+    let metadata = value.get("metadata");
+    let name = text(metadata.and_then(|m| m.get("name")));
+    if api_version != API_VERSION || kind != KIND_TUNNEL_ENDPOINT {
+        return Err(DocumentError::WrongKind {
+            file: file.to_owned(),
+            index,
+            name: if name.is_empty() { "<unnamed>".into() } else { name },
+            api_version,
+            kind,
+        });
+    }
+    if name.is_empty() {
+        return Err(DocumentError::NoName {
+            file: file.to_owned(),
+            index,
+            kind,
+        });
+    }
+    let key = ObjectKey {
+        namespace: text(metadata.and_then(|m| m.get("namespace"))),
+        name,
+    };
+    let half = |name: &str| {
+        value
+            .get(name)
+            .and_then(Value::as_mapping)
+            .cloned()
+            .unwrap_or_default()
+    };
+    Ok(Object::TunnelEndpoint(RawTunnelEndpoint::new(
+        key,
+        half("spec"),
+        half("status"),
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_spec_and_status_layouts() {
+        let docs = parse_documents(
+            Path::new("peers.yaml"),
+            "apiVersion: net.liqo.io/v1alpha1\nkind: TunnelEndpoint\nmetadata: {name: a, namespace: liqo}\nspec: {localPodCIDR: 10.0.0.0/24}\n---\n\
+             apiVersion: net.liqo.io/v1alpha1\nkind: TunnelEndpoint\nmetadata: {name: b}\nstatus: {localPodCIDR: 10.1.0.0/24}\n",
+        );
+        assert_eq!(docs.len(), 2);
+        let Ok(Object::TunnelEndpoint(a)) = &docs[0] else { panic!("{docs:?}") };
+        assert_eq!(a.key.to_string(), "liqo/a");
+        assert_eq!(a.layout(&["localPodCIDR"]), Layout::Spec);
+        let Ok(Object::TunnelEndpoint(b)) = &docs[1] else { panic!("{docs:?}") };
+        assert_eq!(b.layout(&["localPodCIDR"]), Layout::Status);
+        assert_eq!(b.field("localPodCIDR").and_then(Value::as_str), Some("10.1.0.0/24"));
+    }
+
+    #[test]
+    fn rejects_other_kinds_naming_file_and_field() {
+        let docs = parse_documents(
+            Path::new("x.yaml"),
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: cm}\n",
+        );
+        let err = docs[0].as_ref().unwrap_err().to_string();
+        assert!(err.contains("x.yaml"), "{err}");
+        assert!(err.contains("cm"), "{err}");
+        assert!(err.contains("kind"), "{err}");
+    }
+
+    #[test]
+    fn reports_broken_yaml_with_its_position() {
+        let docs = parse_documents(Path::new("y.yaml"), "a: [1, 2\n");
+        let err = docs[0].as_ref().unwrap_err().to_string();
+        assert!(err.starts_with("y.yaml: document 1: invalid YAML"), "{err}");
+    }
+}

@@ -1,0 +1,360 @@
+//! A validated peer: the networks of one TunnelEndpoint, checked field by
+//! field, and the kernel rules they turn into.
+
+use ipnet::Ipv4Net;
+use isthmus_common::nat::{PeerNat, PrefixRewrite};
+use serde_yaml_ng::Value;
+use thiserror::Error;
+
+use crate::object::{Layout, ObjectKey, RawTunnelEndpoint};
+
+/// The value Liqo writes for "not remapped".
+pub const NONE: &str = "None";
+
+/// A TunnelEndpoint that cannot be used, naming the file, object and field.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum PeerError {
+    /// A required network is absent.
+    #[error("{file}: TunnelEndpoint {object}: field {field} is missing")]
+    Missing {
+        /// File holding the object.
+        file: String,
+        /// The object.
+        object: ObjectKey,
+        /// The field, by its Liqo name.
+        field: &'static str,
+    },
+    /// A network that does not parse.
+    #[error("{file}: TunnelEndpoint {object}: field {field}: {value:?} is not an IPv4 CIDR{none}")]
+    BadCidr {
+        /// File holding the object.
+        file: String,
+        /// The object.
+        object: ObjectKey,
+        /// The field, by its Liqo name.
+        field: &'static str,
+        /// What it holds.
+        value: String,
+        /// `or "None"` where "None" is allowed.
+        none: &'static str,
+    },
+    /// A remapped network whose mask differs from the real one.
+    #[error(
+        "{file}: TunnelEndpoint {object}: field {field}: mask /{nat_len} differs from {real_field} /{real_len}"
+    )]
+    MaskMismatch {
+        /// File holding the object.
+        file: String,
+        /// The object.
+        object: ObjectKey,
+        /// The remapped field.
+        field: &'static str,
+        /// Its prefix length.
+        nat_len: u8,
+        /// The field it remaps.
+        real_field: &'static str,
+        /// That field's prefix length.
+        real_len: u8,
+    },
+    /// Two peers are seen under overlapping networks, so a packet could not
+    /// tell them apart.
+    #[error(
+        "{file}: TunnelEndpoint {object}: field {field} ({net}) overlaps field {other_field} ({other_net}) of TunnelEndpoint {other} in {other_file}"
+    )]
+    Overlap {
+        /// File holding the rejected object.
+        file: String,
+        /// The rejected object.
+        object: ObjectKey,
+        /// Its overlapping field.
+        field: &'static str,
+        /// That field's network.
+        net: Ipv4Net,
+        /// The object kept.
+        other: ObjectKey,
+        /// File holding the object kept.
+        other_file: String,
+        /// Its overlapping field.
+        other_field: &'static str,
+        /// That field's network.
+        other_net: Ipv4Net,
+    },
+    /// Two documents share a namespace and name.
+    #[error("{file}: TunnelEndpoint {object}: also defined in {other_file}; field metadata.name must be unique")]
+    Duplicate {
+        /// File holding the rejected object.
+        file: String,
+        /// The object.
+        object: ObjectKey,
+        /// File holding the one kept.
+        other_file: String,
+    },
+}
+
+/// A real network and, when the other side remapped it, its remapped form.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mapped {
+    /// The real network.
+    pub real: Ipv4Net,
+    /// The network it is remapped to, if any.
+    pub nat: Option<Ipv4Net>,
+}
+
+impl Mapped {
+    /// The network as it appears after remapping.
+    pub fn seen(&self) -> Ipv4Net {
+        self.nat.unwrap_or(self.real)
+    }
+
+    /// Real → remapped, or inactive when not remapped.
+    fn outbound(&self) -> PrefixRewrite {
+        self.nat.map_or(PrefixRewrite::INACTIVE, |nat| rewrite(self.real, nat))
+    }
+
+    /// Remapped → real, or inactive when not remapped.
+    fn inbound(&self) -> PrefixRewrite {
+        self.nat.map_or(PrefixRewrite::INACTIVE, |nat| rewrite(nat, self.real))
+    }
+}
+
+fn rewrite(from: Ipv4Net, to: Ipv4Net) -> PrefixRewrite {
+    PrefixRewrite::new(from.network().octets(), to.network().octets(), from.prefix_len())
+}
+
+/// The Liqo field names of one network pair.
+struct Fields {
+    real: &'static str,
+    nat: &'static str,
+}
+
+const LOCAL_POD: Fields = Fields { real: "localPodCIDR", nat: "localNATPodCIDR" };
+const LOCAL_EXTERNAL: Fields = Fields { real: "localExternalCIDR", nat: "localNATExternalCIDR" };
+const REMOTE_POD: Fields = Fields { real: "remotePodCIDR", nat: "remoteNATPodCIDR" };
+const REMOTE_EXTERNAL: Fields = Fields { real: "remoteExternalCIDR", nat: "remoteNATExternalCIDR" };
+
+/// Every field the dataplane reads from a TunnelEndpoint.
+const DATAPLANE_FIELDS: [&str; 8] = [
+    LOCAL_POD.real,
+    LOCAL_POD.nat,
+    LOCAL_EXTERNAL.real,
+    LOCAL_EXTERNAL.nat,
+    REMOTE_POD.real,
+    REMOTE_POD.nat,
+    REMOTE_EXTERNAL.real,
+    REMOTE_EXTERNAL.nat,
+];
+
+/// One peer, validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    /// The TunnelEndpoint it came from.
+    pub key: ObjectKey,
+    /// File (or other origin) it was read from.
+    pub origin: String,
+    /// The peer's cluster ID, if the object carries one.
+    pub cluster_id: Option<String>,
+    /// Where the fields were found.
+    pub layout: Layout,
+    /// Our PodCIDR, and how the peer sees it.
+    pub local_pod: Mapped,
+    /// Our ExternalCIDR, and how the peer sees it.
+    pub local_external: Mapped,
+    /// The peer's PodCIDR, and how we see it.
+    pub remote_pod: Mapped,
+    /// The peer's ExternalCIDR, and how we see it.
+    pub remote_external: Mapped,
+}
+
+impl Peer {
+    /// Validates a TunnelEndpoint read from `origin`.
+    pub fn from_raw(raw: &RawTunnelEndpoint, origin: &str) -> Result<Self, PeerError> {
+        let reader = Reader { raw, origin };
+        Ok(Self {
+            key: raw.key.clone(),
+            origin: origin.to_owned(),
+            cluster_id: cluster_id(raw),
+            layout: raw.layout(&DATAPLANE_FIELDS),
+            local_pod: reader.mapped(&LOCAL_POD)?,
+            local_external: reader.mapped(&LOCAL_EXTERNAL)?,
+            remote_pod: reader.mapped(&REMOTE_POD)?,
+            remote_external: reader.mapped(&REMOTE_EXTERNAL)?,
+        })
+    }
+
+    /// The networks we see the peer under, with the field each comes from.
+    /// The kernel finds the peer of a packet by these.
+    pub fn views(&self) -> [(&'static str, Ipv4Net); 2] {
+        [
+            (seen_field(&self.remote_pod, &REMOTE_POD), self.remote_pod.seen()),
+            (
+                seen_field(&self.remote_external, &REMOTE_EXTERNAL),
+                self.remote_external.seen(),
+            ),
+        ]
+    }
+
+    /// The kernel rules for this peer.
+    pub fn nat(&self, peer_id: u32) -> PeerNat {
+        PeerNat {
+            peer_id,
+            egress: [self.local_pod.outbound(), self.local_external.outbound()],
+            ingress: [self.local_pod.inbound(), self.local_external.inbound()],
+        }
+    }
+
+    /// A label for logs and metrics: the cluster ID, else the object name.
+    pub fn label(&self) -> &str {
+        self.cluster_id.as_deref().unwrap_or(&self.key.name)
+    }
+}
+
+fn seen_field(mapped: &Mapped, fields: &Fields) -> &'static str {
+    if mapped.nat.is_some() { fields.nat } else { fields.real }
+}
+
+fn cluster_id(raw: &RawTunnelEndpoint) -> Option<String> {
+    raw.field("clusterID")
+        .or_else(|| raw.field("clusterIdentity").and_then(|i| i.get("clusterID")))
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+}
+
+struct Reader<'a> {
+    raw: &'a RawTunnelEndpoint,
+    origin: &'a str,
+}
+
+impl Reader<'_> {
+    fn mapped(&self, fields: &Fields) -> Result<Mapped, PeerError> {
+        let real = self.cidr(fields.real, false)?.ok_or_else(|| PeerError::Missing {
+            file: self.origin.to_owned(),
+            object: self.raw.key.clone(),
+            field: fields.real,
+        })?;
+        let nat = self.cidr(fields.nat, true)?;
+        if let Some(nat) = nat
+            && nat.prefix_len() != real.prefix_len()
+        {
+            return Err(PeerError::MaskMismatch {
+                file: self.origin.to_owned(),
+                object: self.raw.key.clone(),
+                field: fields.nat,
+                nat_len: nat.prefix_len(),
+                real_field: fields.real,
+                real_len: real.prefix_len(),
+            });
+        }
+        Ok(Mapped { real, nat })
+    }
+
+    /// The network in `field`; `None` if absent, or "None" where allowed.
+    fn cidr(&self, field: &'static str, none_allowed: bool) -> Result<Option<Ipv4Net>, PeerError> {
+        let Some(value) = self.raw.field(field) else {
+            return Ok(None);
+        };
+        let text = value.as_str().unwrap_or_default();
+        if none_allowed && text == NONE {
+            return Ok(None);
+        }
+        text.parse::<Ipv4Net>()
+            .map(|net| Some(net.trunc()))
+            .map_err(|_| PeerError::BadCidr {
+                file: self.origin.to_owned(),
+                object: self.raw.key.clone(),
+                field,
+                value: match value {
+                    Value::String(s) => s.clone(),
+                    other => serde_yaml_ng::to_string(other).unwrap_or_default().trim().to_owned(),
+                },
+                none: if none_allowed { " or \"None\"" } else { "" },
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::object::{Object, parse_documents};
+
+    pub(crate) fn peer_yaml(name: &str, fields: &str) -> String {
+        format!(
+            "apiVersion: net.liqo.io/v1alpha1\nkind: TunnelEndpoint\nmetadata: {{name: {name}, namespace: liqo}}\nspec:\n{fields}"
+        )
+    }
+
+    const A_TO_B: &str = "  clusterID: cluster-b\n  localPodCIDR: 10.244.0.0/24\n  localNATPodCIDR: 10.0.40.0/24\n  localExternalCIDR: 192.168.0.0/24\n  localNATExternalCIDR: 10.0.41.0/24\n  remotePodCIDR: 10.244.0.0/24\n  remoteNATPodCIDR: 10.0.0.0/24\n  remoteExternalCIDR: 192.168.0.0/24\n  remoteNATExternalCIDR: 10.0.1.0/24\n";
+
+    fn parse(yaml: &str) -> Result<Peer, PeerError> {
+        let docs = parse_documents(Path::new("f.yaml"), yaml);
+        let Ok(Object::TunnelEndpoint(raw)) = &docs[0] else { panic!("{docs:?}") };
+        Peer::from_raw(raw, "f.yaml")
+    }
+
+    fn net(s: &str) -> Ipv4Net {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn double_nat_rules_for_cluster_a() {
+        let peer = parse(&peer_yaml("b", A_TO_B)).unwrap();
+        assert_eq!(peer.cluster_id.as_deref(), Some("cluster-b"));
+        assert_eq!(peer.layout, Layout::Spec);
+        assert_eq!(
+            peer.views(),
+            [("remoteNATPodCIDR", net("10.0.0.0/24")), ("remoteNATExternalCIDR", net("10.0.1.0/24"))]
+        );
+        let nat = peer.nat(7);
+        assert_eq!(nat.peer_id, 7);
+        assert_eq!(nat.egress[0], PrefixRewrite::new([10, 244, 0, 0], [10, 0, 40, 0], 24));
+        assert_eq!(nat.egress[1], PrefixRewrite::new([192, 168, 0, 0], [10, 0, 41, 0], 24));
+        assert_eq!(nat.ingress[0], PrefixRewrite::new([10, 0, 40, 0], [10, 244, 0, 0], 24));
+        assert_eq!(nat.ingress[1], PrefixRewrite::new([10, 0, 41, 0], [192, 168, 0, 0], 24));
+    }
+
+    #[test]
+    fn none_means_not_remapped() {
+        let fields = "  localPodCIDR: 10.244.0.0/24\n  localNATPodCIDR: None\n  localExternalCIDR: 192.168.0.0/24\n  remotePodCIDR: 10.1.0.0/24\n  remoteNATPodCIDR: None\n  remoteExternalCIDR: 192.168.2.0/24\n  remoteNATExternalCIDR: None\n";
+        let peer = parse(&peer_yaml("c", fields)).unwrap();
+        assert_eq!(peer.views()[0], ("remotePodCIDR", net("10.1.0.0/24")));
+        let nat = peer.nat(1);
+        assert_eq!(nat.egress, [PrefixRewrite::INACTIVE; 2]);
+        assert_eq!(nat.ingress, [PrefixRewrite::INACTIVE; 2]);
+    }
+
+    #[test]
+    fn status_layout_is_read_and_reported() {
+        let yaml = peer_yaml("b", "  {}\n").replace("spec:\n  {}\n", &format!("status:\n{A_TO_B}"));
+        let peer = parse(&yaml).unwrap();
+        assert_eq!(peer.layout, Layout::Status);
+        assert_eq!(peer.remote_pod.seen(), net("10.0.0.0/24"));
+    }
+
+    #[test]
+    fn bad_cidr_names_file_object_and_field() {
+        let yaml = peer_yaml("b", &A_TO_B.replace("remoteNATPodCIDR: 10.0.0.0/24", "remoteNATPodCIDR: 10.0.0.0/33"));
+        let err = parse(&yaml).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "f.yaml: TunnelEndpoint liqo/b: field remoteNATPodCIDR: \"10.0.0.0/33\" is not an IPv4 CIDR or \"None\""
+        );
+    }
+
+    #[test]
+    fn mask_mismatch_names_both_fields() {
+        let yaml = peer_yaml("b", &A_TO_B.replace("localNATPodCIDR: 10.0.40.0/24", "localNATPodCIDR: 10.0.40.0/23"));
+        let err = parse(&yaml).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "f.yaml: TunnelEndpoint liqo/b: field localNATPodCIDR: mask /23 differs from localPodCIDR /24"
+        );
+    }
+
+    #[test]
+    fn missing_network_is_named() {
+        let yaml = peer_yaml("b", &A_TO_B.replace("  remotePodCIDR: 10.244.0.0/24\n", ""));
+        let err = parse(&yaml).unwrap_err().to_string();
+        assert_eq!(err, "f.yaml: TunnelEndpoint liqo/b: field remotePodCIDR is missing");
+    }
+}

@@ -1,0 +1,190 @@
+//! Where objects come from. The directory source reads YAML files and
+//! watches the directory, sending one event per file that changed.
+
+use std::{
+    collections::BTreeSet,
+    fs, io,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use notify::{RecursiveMode, Watcher};
+use thiserror::Error;
+use tokio::sync::mpsc;
+use tracing::warn;
+
+use crate::object::{DocumentError, Object, parse_documents};
+
+/// How long a burst of filesystem events may take to settle: editors and
+/// `cp` write a file in several steps, and one read after them is enough.
+const SETTLE: Duration = Duration::from_millis(15);
+
+/// One change seen by a source.
+#[derive(Debug)]
+pub enum SourceEvent {
+    /// An origin (a file) now holds these documents.
+    Origin {
+        /// The file.
+        origin: String,
+        /// Its documents, parsed.
+        documents: Vec<Result<Object, DocumentError>>,
+    },
+    /// An origin is gone.
+    Removed {
+        /// The file.
+        origin: String,
+    },
+    /// Every object that existed at start has been sent.
+    Synced,
+}
+
+/// Where to read objects from, as given on the command line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SourceSpec {
+    /// `dir:PATH`: YAML files in a directory.
+    Dir(PathBuf),
+    /// `kube`: the Kubernetes API.
+    Kube,
+}
+
+/// A `--source` value that does not parse.
+#[derive(Debug, Error)]
+#[error("--source {0:?}: expected dir:PATH or kube")]
+pub struct BadSourceSpec(String);
+
+impl std::str::FromStr for SourceSpec {
+    type Err = BadSourceSpec;
+    fn from_str(s: &str) -> Result<Self, BadSourceSpec> {
+        match s.split_once(':') {
+            Some(("dir", path)) if !path.is_empty() => Ok(Self::Dir(path.into())),
+            None if s == "kube" => Ok(Self::Kube),
+            _ => Err(BadSourceSpec(s.into())),
+        }
+    }
+}
+
+/// A directory that cannot be watched.
+#[derive(Debug, Error)]
+pub enum DirError {
+    /// Reading the directory failed.
+    #[error("{0}: {1}")]
+    Read(PathBuf, io::Error),
+    /// inotify refused the watch.
+    #[error("{0}: cannot watch: {1}")]
+    Watch(PathBuf, notify::Error),
+}
+
+/// Reads every YAML file in `dir`, then follows changes. Events stop when
+/// the receiver is dropped.
+pub fn watch_dir(dir: &Path) -> Result<mpsc::Receiver<SourceEvent>, DirError> {
+    let (raw_tx, mut raw_rx) = mpsc::unbounded_channel::<PathBuf>();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| match event {
+        Ok(event) => event.paths.into_iter().for_each(|p| drop(raw_tx.send(p))),
+        Err(e) => warn!(error = %e, "directory watch error"),
+    })
+    .map_err(|e| DirError::Watch(dir.into(), e))?;
+    // Watch before the first scan, so no change falls between the two.
+    watcher
+        .watch(dir, RecursiveMode::NonRecursive)
+        .map_err(|e| DirError::Watch(dir.into(), e))?;
+    let initial = yaml_files(dir)?;
+
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        let _watcher = watcher;
+        for path in initial {
+            if tx.send(read(&path)).await.is_err() {
+                return;
+            }
+        }
+        if tx.send(SourceEvent::Synced).await.is_err() {
+            return;
+        }
+        while let Some(first) = raw_rx.recv().await {
+            let mut changed = BTreeSet::from([first]);
+            while let Ok(Some(path)) = tokio::time::timeout(SETTLE, raw_rx.recv()).await {
+                changed.insert(path);
+            }
+            for path in changed.into_iter().filter(|p| is_yaml(p)) {
+                if tx.send(read(&path)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    Ok(rx)
+}
+
+fn yaml_files(dir: &Path) -> Result<Vec<PathBuf>, DirError> {
+    let entries = fs::read_dir(dir).map_err(|e| DirError::Read(dir.into(), e))?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| is_yaml(p) && p.is_file())
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// YAML files count; hidden files (editor swap and temporary files) do not.
+fn is_yaml(path: &Path) -> bool {
+    let visible = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| !n.starts_with('.'));
+    let yaml = matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"));
+    visible && yaml
+}
+
+fn read(path: &Path) -> SourceEvent {
+    let origin = path.display().to_string();
+    match fs::read_to_string(path) {
+        Ok(text) => SourceEvent::Origin {
+            documents: parse_documents(path, &text),
+            origin,
+        },
+        Err(e) if e.kind() == io::ErrorKind::NotFound => SourceEvent::Removed { origin },
+        Err(e) => SourceEvent::Origin {
+            documents: vec![Err(DocumentError::Unreadable {
+                file: origin.clone(),
+                reason: e.to_string(),
+            })],
+            origin,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_source_specs() {
+        assert_eq!("dir:/etc/x".parse::<SourceSpec>().unwrap(), SourceSpec::Dir("/etc/x".into()));
+        assert_eq!("kube".parse::<SourceSpec>().unwrap(), SourceSpec::Kube);
+        assert!("dir:".parse::<SourceSpec>().is_err());
+        assert!("file:/x".parse::<SourceSpec>().is_err());
+    }
+
+    #[test]
+    fn only_visible_yaml_files_count() {
+        assert!(is_yaml(Path::new("/d/peer-b.yaml")));
+        assert!(is_yaml(Path::new("/d/peer-b.yml")));
+        assert!(!is_yaml(Path::new("/d/.peer-b.yaml.swp")));
+        assert!(!is_yaml(Path::new("/d/.tmp.yaml")));
+        assert!(!is_yaml(Path::new("/d/README.md")));
+    }
+
+    #[tokio::test]
+    async fn sends_initial_files_then_synced_then_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("a.yaml"), "apiVersion: v1\nkind: X\nmetadata: {name: x}\n").unwrap();
+        let mut rx = watch_dir(dir.path()).unwrap();
+        assert!(matches!(rx.recv().await, Some(SourceEvent::Origin { .. })));
+        assert!(matches!(rx.recv().await, Some(SourceEvent::Synced)));
+        fs::remove_file(dir.path().join("a.yaml")).unwrap();
+        match rx.recv().await {
+            Some(SourceEvent::Removed { origin }) => assert!(origin.ends_with("a.yaml")),
+            other => panic!("{other:?}"),
+        }
+    }
+}
