@@ -144,24 +144,24 @@ pub enum DocumentError {
 /// Parses every document of a multi-document YAML file.
 pub fn parse_documents(file: &Path, text: &str) -> Vec<Result<Object, DocumentError>> {
     let file = file.display().to_string();
-    serde_yaml_ng::Deserializer::from_str(text)
-        .enumerate()
-        .filter_map(|(i, doc)| {
-            let index = i + 1;
-            let value = match serde::Deserialize::deserialize(doc) {
-                Ok(Value::Null) => return None,
-                Ok(value) => value,
-                Err(e) => {
-                    return Some(Err(DocumentError::Yaml {
-                        file: file.clone(),
-                        index,
-                        reason: e.to_string(),
-                    }));
-                }
-            };
-            Some(object(&file, index, value))
-        })
-        .collect()
+    let mut documents = Vec::new();
+    for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+        let index = i + 1;
+        match serde::Deserialize::deserialize(doc) {
+            Ok(Value::Null) => {}
+            Ok(value) => documents.push(object(&file, index, value)),
+            Err(e) => {
+                // After a syntax error the rest of the stream cannot be trusted.
+                documents.push(Err(DocumentError::Yaml {
+                    file,
+                    index,
+                    reason: e.to_string(),
+                }));
+                break;
+            }
+        }
+    }
+    documents
 }
 
 fn object(file: &str, index: usize, value: Value) -> Result<Object, DocumentError> {

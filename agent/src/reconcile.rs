@@ -333,12 +333,12 @@ mod tests {
         r.set_origin("z.yaml".into(), docs("z.yaml", &tep("z", "10.0.0.0/24", "10.0.1.0/24")));
         r.reconcile().unwrap();
         // Sorts before z.yaml, but z was accepted first and keeps its networks.
-        r.set_origin("a.yaml".into(), docs("a.yaml", &tep("a", "10.0.0.0/16", "10.9.1.0/24")));
+        r.set_origin("a.yaml".into(), docs("a.yaml", &tep("a", "10.9.0.0/24", "10.0.0.0/24")));
         let report = r.reconcile().unwrap();
         assert_eq!((report.written, report.peers, report.rejected), (0, 1, 1));
         assert_eq!(
             report.new_errors,
-            ["a.yaml: TunnelEndpoint liqo/a: field remoteNATPodCIDR (10.0.0.0/16) overlaps field remoteNATPodCIDR (10.0.0.0/24) of TunnelEndpoint liqo/z in z.yaml"]
+            ["a.yaml: TunnelEndpoint liqo/a: field remoteNATExternalCIDR (10.0.0.0/24) overlaps field remoteNATPodCIDR (10.0.0.0/24) of TunnelEndpoint liqo/z in z.yaml"]
         );
         // The same error is not reported twice.
         assert!(r.reconcile().unwrap().new_errors.is_empty());
@@ -352,10 +352,10 @@ mod tests {
     fn a_peer_whose_two_views_overlap_is_rejected() {
         let mut table = Table::default();
         let mut r = Reconciler::new(&mut table).unwrap();
-        r.set_origin("s.yaml".into(), docs("s.yaml", &tep("s", "10.0.0.0/16", "10.0.1.0/24")));
+        r.set_origin("s.yaml".into(), docs("s.yaml", &tep("s", "10.0.1.0/24", "10.0.1.0/24")));
         let report = r.reconcile().unwrap();
         assert_eq!(report.peers, 0);
-        assert!(report.new_errors[0].contains("field remoteNATExternalCIDR (10.0.1.0/24) overlaps field remoteNATPodCIDR (10.0.0.0/16) of TunnelEndpoint liqo/s"), "{:?}", report.new_errors);
+        assert!(report.new_errors[0].contains("field remoteNATExternalCIDR (10.0.1.0/24) overlaps field remoteNATPodCIDR (10.0.1.0/24) of TunnelEndpoint liqo/s"), "{:?}", report.new_errors);
     }
 
     #[test]
