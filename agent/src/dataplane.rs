@@ -27,7 +27,7 @@ use tracing::{info, warn};
 use crate::maps::PeerMap;
 
 /// The compiled eBPF object, built by `build.rs`.
-static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/isthmus"));
+pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/isthmus"));
 
 /// `statfs` magic of a bpf filesystem.
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;

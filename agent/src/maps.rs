@@ -55,9 +55,14 @@ impl PeerTable for PeerMap {
 pub struct Counters(PerCpuArray<MapData, u64>);
 
 impl Counters {
+    /// Wraps the map taken from a freshly loaded object.
+    pub fn new(map: Map) -> Result<Self, MapError> {
+        Ok(Self(map.try_into()?))
+    }
+
     /// Opens the map pinned under `root`.
     pub fn open(root: &Path) -> Result<Self, MapError> {
-        Ok(Self(open_pinned(root, names::MAP_COUNTERS)?.try_into()?))
+        Self::new(open_pinned(root, names::MAP_COUNTERS)?)
     }
 
     /// Every slot, summed over CPUs, indexed by [`counters::slot`].

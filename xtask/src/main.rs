@@ -1,1 +1,109 @@
-fn main() {}
+//! `cargo xtask`: build, lab, demo, test and benchmark Isthmus.
+
+mod bench;
+mod demo;
+mod prereqs;
+
+use std::{path::PathBuf, process::Command, time::Instant};
+
+use anyhow::{Result, bail};
+use clap::{Parser, Subcommand};
+use xtask::lab;
+
+#[derive(Parser)]
+#[command(about = "Isthmus build, lab, test and benchmark tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install prerequisites, then build the eBPF object and the agent.
+    Build,
+    /// Build, bring the lab up, and send traffic for every reachability row.
+    Demo {
+        /// Leave the lab up afterwards.
+        #[arg(long)]
+        keep: bool,
+    },
+    /// The whole test suite: style, unit, BPF_PROG_TEST_RUN and lab tests.
+    Test,
+    /// Bring the reference lab up or down.
+    Lab {
+        #[command(subcommand)]
+        action: LabAction,
+    },
+    /// Benchmarks against the peers named in the issues.
+    Bench {
+        #[command(subcommand)]
+        which: bench::Which,
+    },
+}
+
+#[derive(Subcommand)]
+enum LabAction {
+    /// Build the topology and start every agent; return once ready.
+    Up,
+    /// Remove everything the lab created; succeeds when nothing is up.
+    Down,
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().task {
+        Task::Build => build(),
+        Task::Demo { keep } => demo::run(keep),
+        Task::Test => test(),
+        Task::Lab { action: LabAction::Up } => {
+            build()?;
+            lab::up()
+        }
+        Task::Lab { action: LabAction::Down } => {
+            lab::down()?;
+            println!("lab: down");
+            Ok(())
+        }
+        Task::Bench { which } => {
+            build()?;
+            bench::run(which)
+        }
+    }
+}
+
+/// The workspace root.
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Runs a cargo command in the workspace, failing if it fails.
+fn cargo(args: &[&str]) -> Result<()> {
+    println!("==> cargo {}", args.join(" "));
+    let status = Command::new(env!("CARGO")).args(args).current_dir(root()).status()?;
+    if !status.success() {
+        bail!("`cargo {}` failed ({status})", args.join(" "));
+    }
+    Ok(())
+}
+
+fn build() -> Result<()> {
+    let started = Instant::now();
+    prereqs::ensure()?;
+    cargo(&["build", "--release"])?;
+    println!("build: done in {:.1?}", started.elapsed());
+    Ok(())
+}
+
+fn test() -> Result<()> {
+    let started = Instant::now();
+    build()?;
+    cargo(&["fmt", "--all", "--check"])?;
+    cargo(&["clippy", "--release", "--all-targets", "--", "-D", "warnings"])?;
+    lab::up()?;
+    // Lab tests share one lab and restart its agents: one test at a time.
+    let tests = cargo(&["test", "--release", "--", "--test-threads=1"]);
+    let down = lab::down();
+    tests?;
+    down?;
+    println!("test: everything passed in {:.1?}", started.elapsed());
+    Ok(())
+}

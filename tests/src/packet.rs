@@ -1,0 +1,140 @@
+//! Packets built from scratch, every checksum computed in full: the oracle
+//! the kernel programs' incremental updates are compared against.
+
+use etherparse::{IpFragOffset, IpNumber, Ipv4Header, Ipv4Options, TcpHeader, UdpHeader};
+
+/// Ethertype of IPv4.
+pub const ETH_P_IP: u16 = 0x0800;
+/// Ethertype of IPv6.
+pub const ETH_P_IPV6: u16 = 0x86dd;
+/// Ethertype of ARP.
+pub const ETH_P_ARP: u16 = 0x0806;
+
+/// An IPv4 address as octets.
+pub type Addr = [u8; 4];
+
+/// What an IPv4 datagram carries.
+#[derive(Clone, Debug)]
+pub enum L4 {
+    /// UDP; `zero_csum` leaves the checksum at 0 ("not computed").
+    Udp { sport: u16, dport: u16, payload: Vec<u8>, zero_csum: bool },
+    /// TCP with a SYN.
+    Tcp { sport: u16, dport: u16, payload: Vec<u8> },
+    /// ICMP echo request.
+    Echo { id: u16, seq: u16 },
+    /// ICMP error quoting the first `quote_len` bytes of `quoted`.
+    IcmpError { icmp_type: u8, code: u8, quoted: Box<Datagram>, quote_len: usize },
+}
+
+/// An IPv4 datagram to build.
+#[derive(Clone, Debug)]
+pub struct Datagram {
+    /// Source.
+    pub src: Addr,
+    /// Destination.
+    pub dst: Addr,
+    /// IP options, a multiple of 4 bytes.
+    pub options: Vec<u8>,
+    /// Payload.
+    pub l4: L4,
+}
+
+impl Datagram {
+    /// A datagram with no options.
+    pub fn new(src: Addr, dst: Addr, l4: L4) -> Self {
+        Self { src, dst, options: Vec::new(), l4 }
+    }
+
+    /// The same datagram between other addresses (what a NAT should produce).
+    pub fn between(&self, src: Addr, dst: Addr) -> Self {
+        Self { src, dst, ..self.clone() }
+    }
+
+    /// The same datagram with its quoted packet's addresses replaced.
+    pub fn quoting(&self, src: Addr, dst: Addr) -> Self {
+        let mut out = self.clone();
+        if let L4::IcmpError { quoted, .. } = &mut out.l4 {
+            **quoted = quoted.between(src, dst);
+        }
+        out
+    }
+
+    fn header(&self, payload_len: usize, protocol: IpNumber) -> Ipv4Header {
+        let mut ip = Ipv4Header::new(0, 64, protocol, self.src, self.dst).expect("small payload");
+        ip.identification = 0x1234;
+        ip.options = Ipv4Options::try_from(&self.options[..]).expect("options are a multiple of 4");
+        ip.set_payload_len(payload_len).expect("small payload");
+        ip.header_checksum = ip.calc_header_checksum();
+        ip
+    }
+
+    /// The header and payload, checksums filled in.
+    pub fn parts(&self) -> (Ipv4Header, Vec<u8>) {
+        match &self.l4 {
+            L4::Udp { sport, dport, payload, zero_csum } => {
+                let ip = self.header(8 + payload.len(), IpNumber::UDP);
+                let mut udp = UdpHeader::with_ipv4_checksum(*sport, *dport, &ip, payload).expect("small payload");
+                if *zero_csum {
+                    udp.checksum = 0;
+                }
+                (ip, [udp.to_bytes().as_slice(), payload].concat())
+            }
+            L4::Tcp { sport, dport, payload } => {
+                let mut tcp = TcpHeader::new(*sport, *dport, 1000, 64240);
+                tcp.syn = true;
+                let ip = self.header(tcp.header_len() + payload.len(), IpNumber::TCP);
+                tcp.checksum = tcp.calc_checksum_ipv4(&ip, payload).expect("small payload");
+                (ip, [tcp.to_bytes().as_slice(), payload].concat())
+            }
+            L4::Echo { id, seq } => {
+                let mut icmp = vec![8, 0, 0, 0];
+                icmp.extend(id.to_be_bytes());
+                icmp.extend(seq.to_be_bytes());
+                icmp.extend(b"echo-payload");
+                (self.header(icmp.len(), IpNumber::ICMP), with_icmp_checksum(icmp))
+            }
+            L4::IcmpError { icmp_type, code, quoted, quote_len } => {
+                let mut icmp = vec![*icmp_type, *code, 0, 0, 0, 0, 0, 0];
+                icmp.extend(&quoted.bytes()[..*quote_len]);
+                (self.header(icmp.len(), IpNumber::ICMP), with_icmp_checksum(icmp))
+            }
+        }
+    }
+
+    /// The whole datagram.
+    pub fn bytes(&self) -> Vec<u8> {
+        let (ip, payload) = self.parts();
+        [ip.to_bytes().as_slice(), &payload].concat()
+    }
+
+    /// A fragment of the datagram: payload bytes `from..to`, at the right
+    /// offset, with MF set unless it is the last.
+    pub fn fragment(&self, from: usize, to: usize) -> Vec<u8> {
+        let (mut ip, payload) = self.parts();
+        let to = to.min(payload.len());
+        ip.more_fragments = to < payload.len();
+        ip.fragment_offset = IpFragOffset::try_new((from / 8) as u16).expect("offset in range");
+        ip.set_payload_len(to - from).expect("small payload");
+        ip.header_checksum = ip.calc_header_checksum();
+        [ip.to_bytes().as_slice(), &payload[from..to]].concat()
+    }
+}
+
+fn with_icmp_checksum(mut icmp: Vec<u8>) -> Vec<u8> {
+    let check = xtask::probe::internet_checksum(&icmp);
+    icmp[2..4].copy_from_slice(&check.to_be_bytes());
+    icmp
+}
+
+/// An Ethernet frame around `payload`.
+pub fn ethernet(ethertype: u16, payload: &[u8]) -> Vec<u8> {
+    let mut frame = vec![0x02, 0, 0, 0, 0, 0x02, 0x02, 0, 0, 0, 0, 0x01];
+    frame.extend(ethertype.to_be_bytes());
+    frame.extend(payload);
+    frame
+}
+
+/// An Ethernet frame carrying IPv4.
+pub fn eth_ipv4(ip: &[u8]) -> Vec<u8> {
+    ethernet(ETH_P_IP, ip)
+}

@@ -1,0 +1,167 @@
+//! The directory source on a live gateway: adding, changing and deleting a
+//! TunnelEndpoint file reaches the pinned kernel map within 100 ms, as a
+//! diff, and bad objects are rejected by name without disturbing the rest.
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use ipnet::Ipv4Net;
+use isthmus_agent::{maps::PeerMap, reconcile::PeerTable};
+use isthmus_common::nat::PeerNat;
+use isthmus_tests::{metrics::sample, require_lab};
+use xtask::{
+    lab,
+    probe::{self, Proto},
+    topology::{A, reachability},
+};
+
+const BUDGET: Duration = Duration::from_millis(100);
+/// Upper bound on any wait, so a broken agent fails the test instead of hanging it.
+const GIVE_UP: Duration = Duration::from_secs(10);
+
+fn net(s: &str) -> Ipv4Net {
+    s.parse().unwrap()
+}
+
+fn entries(map: &PeerMap) -> BTreeMap<Ipv4Net, PeerNat> {
+    map.entries().unwrap().into_iter().collect()
+}
+
+/// Polls the kernel map until `done` holds; returns how long it took.
+fn wait_map(map: &PeerMap, what: &str, done: impl Fn(&BTreeMap<Ipv4Net, PeerNat>) -> bool) -> Duration {
+    let start = Instant::now();
+    while !done(&entries(map)) {
+        assert!(start.elapsed() < GIVE_UP, "kernel map never showed {what}: {:?}", entries(map).keys());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    start.elapsed()
+}
+
+fn wait_log(node: &str, needle: &str) {
+    let start = Instant::now();
+    while !fs::read_to_string(lab::log_file(node)).unwrap_or_default().contains(needle) {
+        assert!(start.elapsed() < GIVE_UP, "{node}'s log never said {needle:?}; it ends:\n{}", lab::log_tail(node));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn peer_x(remote_nat_pod: &str) -> String {
+    format!(
+        "apiVersion: net.liqo.io/v1alpha1
+kind: TunnelEndpoint
+metadata: {{name: tep-x, namespace: liqo-tenant-x}}
+spec:
+  localPodCIDR: 10.244.0.0/24
+  localNATPodCIDR: 10.0.70.0/24
+  localExternalCIDR: 192.168.0.0/24
+  localNATExternalCIDR: None
+  remotePodCIDR: 10.50.0.0/24
+  remoteNATPodCIDR: {remote_nat_pod}
+  remoteExternalCIDR: 192.168.50.0/24
+  remoteNATExternalCIDR: 10.7.1.0/24
+"
+    )
+}
+
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Self {
+        Self(lab::object_dir(&A.gw()).join(name))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn add_change_delete_reach_the_kernel_within_100ms() {
+    require_lab();
+    let gw = A.gw();
+    let map = PeerMap::open(&lab::bpffs(&gw)).unwrap();
+    let baseline = entries(&map);
+    assert!(baseline.contains_key(&net("10.0.0.0/24")), "peer b missing from {:?}", baseline.keys());
+    let written = || sample(&gw, "isthmus_map_updates_total{op=\"write\"}");
+    let writes_before = written();
+
+    let file = Scratch::new("peer-x.yaml");
+    fs::write(&file.0, peer_x("10.7.0.0/24")).unwrap();
+    let took = wait_map(&map, "peer x", |e| e.contains_key(&net("10.7.0.0/24")) && e.contains_key(&net("10.7.1.0/24")));
+    assert!(took < BUDGET, "add took {took:?}");
+    // Exactly peer x's two networks were written; peer b's entries were not touched.
+    let after_add = entries(&map);
+    assert_eq!(written() - writes_before, 2.0);
+    for (net, nat) in &baseline {
+        assert_eq!(after_add.get(net), Some(nat), "{net} changed when x was added");
+    }
+
+    fs::write(&file.0, peer_x("10.8.0.0/24")).unwrap();
+    let took = wait_map(&map, "x moved to 10.8.0.0/24", |e| {
+        e.contains_key(&net("10.8.0.0/24")) && !e.contains_key(&net("10.7.0.0/24"))
+    });
+    assert!(took < BUDGET, "change took {took:?}");
+    assert_eq!(written() - writes_before, 3.0, "a change of one network writes one element");
+
+    fs::remove_file(&file.0).unwrap();
+    let took = wait_map(&map, "x gone", |e| *e == baseline);
+    assert!(took < BUDGET, "delete took {took:?}");
+}
+
+#[test]
+fn rejections_name_the_file_object_and_field_and_spare_the_rest() {
+    require_lab();
+    let gw = A.gw();
+    let map = PeerMap::open(&lab::bpffs(&gw)).unwrap();
+    let baseline = entries(&map);
+    let dir = lab::object_dir(&gw);
+    let cases = [
+        (
+            "bad-cidr.yaml",
+            peer_x("10.7.0.0/33").replace("tep-x", "tep-bad-cidr"),
+            "bad-cidr.yaml: TunnelEndpoint liqo-tenant-x/tep-bad-cidr: field remoteNATPodCIDR: \"10.7.0.0/33\" is not an IPv4 CIDR or \"None\"",
+        ),
+        (
+            "bad-mask.yaml",
+            peer_x("10.7.0.0/24").replace("tep-x", "tep-bad-mask").replace("10.0.70.0/24", "10.0.70.0/23"),
+            "bad-mask.yaml: TunnelEndpoint liqo-tenant-x/tep-bad-mask: field localNATPodCIDR: mask /23 differs from localPodCIDR /24",
+        ),
+        (
+            "overlap.yaml",
+            peer_x("10.0.0.0/24").replace("tep-x", "tep-overlap"),
+            "overlap.yaml: TunnelEndpoint liqo-tenant-x/tep-overlap: field remoteNATPodCIDR (10.0.0.0/24) overlaps field remoteNATPodCIDR (10.0.0.0/24) of TunnelEndpoint liqo-tenant-b/tep-b",
+        ),
+        (
+            "configmap.yaml",
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: not-a-tep}\n".to_owned(),
+            "configmap.yaml: document 1 (not-a-tep): not a TunnelEndpoint",
+        ),
+    ];
+    let files: Vec<Scratch> = cases.iter().map(|(name, _, _)| Scratch::new(name)).collect();
+    for ((_, yaml, _), file) in cases.iter().zip(&files) {
+        fs::write(&file.0, yaml).unwrap();
+    }
+    // Errors name the file by its full path.
+    for (_, _, message) in &cases {
+        wait_log(&gw, &format!("{}/{message}", dir.display()));
+    }
+    assert_eq!(sample(&gw, "isthmus_rejected_objects"), cases.len() as f64);
+    assert_eq!(entries(&map), baseline, "a rejected object changed the kernel map");
+    // The accepted peer still carries traffic.
+    let row = &reachability()[0];
+    let seen = probe::exchange(Proto::Udp, &row.from, &row.answered_by, row.target).unwrap();
+    assert_eq!(seen.client_as_seen_by_server, row.client_seen_as);
+
+    drop(files);
+    let start = Instant::now();
+    while sample(&gw, "isthmus_rejected_objects") != 0.0 {
+        assert!(start.elapsed() < GIVE_UP, "rejections never cleared");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

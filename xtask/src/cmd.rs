@@ -1,0 +1,41 @@
+//! Running external commands with errors that say what failed.
+
+use std::process::{Command, Stdio};
+
+use anyhow::{Result, bail};
+
+/// Runs `program args…` and returns its stdout; fails with its stderr.
+pub fn run(program: &str, args: &[&str]) -> Result<String> {
+    let out = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| anyhow::anyhow!("{program}: {e} (is it installed?)"))?;
+    if !out.status.success() {
+        bail!(
+            "`{program} {}` failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `ip -n NS args…`, or plain `ip args…` when `ns` is empty.
+pub fn ip(ns: &str, args: &[&str]) -> Result<String> {
+    let mut full = Vec::with_capacity(args.len() + 2);
+    if !ns.is_empty() {
+        full.extend(["-n", ns]);
+    }
+    full.extend_from_slice(args);
+    run("ip", &full)
+}
+
+/// Sets a sysctl inside netns `ns`. Network sysctls resolve against the
+/// netns of the thread that opens them, so no `sysctl` binary is needed.
+pub fn sysctl(ns: &str, key: &str, value: &str) -> Result<()> {
+    let path = format!("/proc/sys/{}", key.replace('.', "/"));
+    crate::netns::run_in(ns, || std::fs::write(&path, value))?
+        .map_err(|e| anyhow::anyhow!("sysctl {key}={value} in {ns}: {e}"))
+}

@@ -1,0 +1,402 @@
+//! Building and removing the reference lab (DESIGN §2), and managing the
+//! agents that run in it.
+//!
+//! Everything the lab makes is named: the namespaces of `topology`, the
+//! state directory [`STATE_DIR`] and its own bpffs mount. `down` removes all
+//! of it, by name, whatever state a crash left. No lab address or route is
+//! ever added to the root namespace, and no lab namespace is linked to it.
+
+use std::{
+    fs,
+    io::{Read, Write},
+    net::{Ipv4Addr, SocketAddr, TcpStream},
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{
+    cmd::{ip, run, sysctl},
+    netns,
+    topology::{CLUSTERS, Cluster, METRICS_PORT, PEERINGS, WAN_NS},
+};
+
+/// Where the lab keeps its state: PIDs, logs, objects, bpffs.
+pub const STATE_DIR: &str = "/run/isthmus-lab";
+/// How long an agent may take to become ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long an agent may take to exit after SIGTERM.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Every netns name the lab may create, including ones of later issues, so
+/// that `down` removes whatever any version of the lab left.
+fn all_namespaces() -> Vec<String> {
+    let mut names = vec![WAN_NS.to_owned()];
+    for c in ["a", "b", "c"] {
+        for suffix in ["gw", "node", "lan", "pod1", "pod2"] {
+            names.push(format!("{c}-{suffix}"));
+        }
+    }
+    names
+}
+
+fn state(sub: &str) -> PathBuf {
+    Path::new(STATE_DIR).join(sub)
+}
+
+/// The lab's own bpffs instance. `ip netns exec` remounts /sys, hiding
+/// /sys/fs/bpf, so the lab mounts one where every node can see it.
+pub fn bpffs_root() -> PathBuf {
+    state("bpffs")
+}
+
+/// Where node `node` pins its programs and maps.
+pub fn bpffs(node: &str) -> PathBuf {
+    bpffs_root().join(node)
+}
+
+/// The directory node `node` reads its objects from.
+pub fn object_dir(node: &str) -> PathBuf {
+    state("objects").join(node)
+}
+
+/// The log file of node `node`'s agent.
+pub fn log_file(node: &str) -> PathBuf {
+    state("logs").join(format!("{node}.log"))
+}
+
+fn pid_file(node: &str) -> PathBuf {
+    state("pids").join(format!("{node}.pid"))
+}
+
+/// The agent binary the lab runs.
+pub fn agent_binary() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    target.join("release/isthmus-agent")
+}
+
+/// Whether the lab is up: its namespaces and state directory exist.
+pub fn is_up() -> bool {
+    netns::exists(WAN_NS) && Path::new(STATE_DIR).is_dir()
+}
+
+/// Builds the lab from nothing and starts every agent; returns once every
+/// agent reports ready.
+pub fn up() -> Result<()> {
+    let agent = agent_binary();
+    if !agent.exists() {
+        bail!("{} is missing: run `cargo xtask build` first", agent.display());
+    }
+    down()?;
+    for sub in ["pids", "logs", "objects", "bpffs"] {
+        fs::create_dir_all(state(sub))?;
+    }
+    run("mount", &["-t", "bpf", "isthmus-lab", &bpffs_root().to_string_lossy()])?;
+    println!("lab: building namespaces and links");
+    build_wan()?;
+    for cluster in CLUSTERS {
+        build_cluster(cluster)?;
+    }
+    route_peers()?;
+    write_objects()?;
+    println!("lab: starting agents");
+    for cluster in CLUSTERS {
+        for (node, _) in cluster.nodes() {
+            start_agent(&node)?;
+        }
+    }
+    for cluster in CLUSTERS {
+        for (node, _) in cluster.nodes() {
+            wait_ready(&node)?;
+        }
+    }
+    println!("lab: up; every agent is ready");
+    Ok(())
+}
+
+fn add_ns(name: &str) -> Result<()> {
+    ip("", &["netns", "add", name])?;
+    ip(name, &["link", "set", "lo", "up"])?;
+    for key in ["net.ipv4.conf.all.rp_filter", "net.ipv4.conf.default.rp_filter"] {
+        sysctl(name, key, "0")?;
+    }
+    Ok(())
+}
+
+/// A veth pair with one end in each netns, both up.
+fn veth(ns_a: &str, name_a: &str, ns_b: &str, name_b: &str) -> Result<()> {
+    ip(ns_a, &["link", "add", name_a, "type", "veth", "peer", "name", name_b, "netns", ns_b])?;
+    ip(ns_a, &["link", "set", name_a, "up"])?;
+    ip(ns_b, &["link", "set", name_b, "up"])?;
+    Ok(())
+}
+
+fn bridge(ns: &str) -> Result<()> {
+    ip(ns, &["link", "add", "br0", "type", "bridge"])?;
+    ip(ns, &["link", "set", "br0", "up"])?;
+    Ok(())
+}
+
+fn build_wan() -> Result<()> {
+    add_ns(WAN_NS)?;
+    bridge(WAN_NS)
+}
+
+fn build_cluster(c: &Cluster) -> Result<()> {
+    let (gw, node, lan) = (c.gw(), c.node(), c.lan());
+    for ns in [&gw, &node, &lan] {
+        add_ns(ns)?;
+    }
+    for ns in [&gw, &node] {
+        sysctl(ns, "net.ipv4.ip_forward", "1")?;
+    }
+    bridge(&lan)?;
+
+    // Uplink of the gateway on the WAN bridge.
+    veth(&gw, "wan0", WAN_NS, &gw)?;
+    ip(WAN_NS, &["link", "set", &gw, "master", "br0"])?;
+    ip(&gw, &["addr", "add", &format!("{}/24", c.wan_addr()), "dev", "wan0"])?;
+
+    // Both nodes on the LAN bridge.
+    for (ns, addr, port) in [(&gw, c.lan_gw(), "gw"), (&node, c.lan_node(), "node")] {
+        veth(ns, "lan0", &lan, port)?;
+        ip(&lan, &["link", "set", port, "master", "br0"])?;
+        ip(ns, &["addr", "add", &format!("{addr}/24"), "dev", "lan0"])?;
+    }
+
+    // Pods: pod1 on the worker, pod2 on the gateway; each node routes the
+    // other half of the PodCIDR over the LAN.
+    for (i, host, other) in [(1, &node, c.lan_gw()), (2, &gw, c.lan_node())] {
+        add_pod(c, i, host)?;
+        let other_half = c.pod_half(3 - i).to_string();
+        ip(host, &["route", "add", &other_half, "via", &other.to_string()])?;
+    }
+    Ok(())
+}
+
+/// A pod netns wired to its node like a routed CNI: a /32 address, a
+/// link-local gateway on the node's end, and a host route back.
+fn add_pod(c: &Cluster, i: u8, host: &str) -> Result<()> {
+    let pod = c.pod(i);
+    add_ns(&pod)?;
+    let host_end = format!("pod{i}");
+    veth(&pod, "eth0", host, &host_end)?;
+    let addr = c.pod_addr(i).to_string();
+    ip(&pod, &["addr", "add", &format!("{addr}/32"), "dev", "eth0"])?;
+    ip(host, &["addr", "add", "169.254.1.1/32", "dev", &host_end])?;
+    ip(&pod, &["route", "add", "169.254.1.1", "dev", "eth0", "scope", "link"])?;
+    ip(&pod, &["route", "add", "default", "via", "169.254.1.1", "dev", "eth0"])?;
+    ip(host, &["route", "add", &format!("{addr}/32"), "dev", &host_end])?;
+    Ok(())
+}
+
+/// Until the tunnel lands, gateways route peers' networks over the WAN in
+/// clear, and workers send them to their gateway.
+fn route_peers() -> Result<()> {
+    for p in &PEERINGS {
+        for net in p.remote_views() {
+            let net = net.to_string();
+            ip(&p.local.gw(), &["route", "add", &net, "via", &p.remote.wan_addr().to_string(), "dev", "wan0"])?;
+            ip(&p.local.node(), &["route", "add", &net, "via", &p.local.lan_gw().to_string()])?;
+        }
+    }
+    Ok(())
+}
+
+fn write_objects() -> Result<()> {
+    for p in &PEERINGS {
+        for (node, _) in p.local.nodes() {
+            let dir = object_dir(&node);
+            fs::create_dir_all(&dir)?;
+            fs::write(dir.join(format!("peer-{}.yaml", p.remote.name)), p.tunnel_endpoint_yaml())?;
+        }
+    }
+    Ok(())
+}
+
+fn role_of(node: &str) -> &'static str {
+    if node.ends_with("-gw") { "gateway" } else { "worker" }
+}
+
+/// Starts node `node`'s agent in its netns, in a session of its own, and
+/// records its PID. Does not wait for it to be ready.
+pub fn start_agent(node: &str) -> Result<u32> {
+    let log = fs::OpenOptions::new().create(true).append(true).open(log_file(node))?;
+    let mut command = Command::new("ip");
+    command
+        .args(["netns", "exec", node])
+        .arg(agent_binary())
+        .args(["run", "--node", node, "--role", role_of(node), "--nat-dev", "wan0"])
+        .arg("--source")
+        .arg(format!("dir:{}", object_dir(node).display()))
+        .arg("--bpffs")
+        .arg(bpffs(node))
+        .args(["--metrics-addr", &format!("0.0.0.0:{METRICS_PORT}")])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    // SAFETY: setsid is async-signal-safe; the agent must not share our
+    // session, so it survives the terminal that ran `lab up`.
+    unsafe {
+        command.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let child = command.spawn().context("starting the agent")?;
+    // `ip netns exec` execs the agent, so this PID is the agent's.
+    let pid = child.id();
+    fs::write(pid_file(node), pid.to_string())?;
+    Ok(pid)
+}
+
+/// The PID of node `node`'s agent, if it runs.
+pub fn agent_pid(node: &str) -> Option<u32> {
+    let pid: u32 = fs::read_to_string(pid_file(node)).ok()?.trim().parse().ok()?;
+    is_lab_agent(pid).then_some(pid)
+}
+
+/// Stops node `node`'s agent with SIGTERM and waits for it to exit. The
+/// dataplane it attached stays in place.
+pub fn stop_agent(node: &str) -> Result<()> {
+    if let Some(pid) = agent_pid(node) {
+        stop_pid(pid)?;
+    }
+    let _ = fs::remove_file(pid_file(node));
+    Ok(())
+}
+
+/// Stops and starts node `node`'s agent, and waits until it is ready.
+pub fn restart_agent(node: &str) -> Result<()> {
+    stop_agent(node)?;
+    start_agent(node)?;
+    wait_ready(node)
+}
+
+fn stop_pid(pid: u32) -> Result<()> {
+    let target = nix::unistd::Pid::from_raw(pid as i32);
+    let _ = nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGTERM);
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    while alive(pid) {
+        // Reap it if it is our child; harmless otherwise.
+        let _ = nix::sys::wait::waitpid(target, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+        if Instant::now() > deadline {
+            let _ = nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGKILL);
+            bail!("agent {pid} ignored SIGTERM for {STOP_TIMEOUT:?}; killed");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
+
+/// Whether `pid` runs and is not a zombie.
+fn alive(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// Whether `pid` is an agent the lab started: its command line names the
+/// agent and the lab's bpffs. Only such processes are ever signalled.
+fn is_lab_agent(pid: u32) -> bool {
+    let Ok(cmdline) = fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let cmdline = String::from_utf8_lossy(&cmdline);
+    alive(pid) && cmdline.contains("isthmus-agent") && cmdline.contains(&*bpffs_root().to_string_lossy())
+}
+
+/// Lab agents found by their command line, for when PID files are lost.
+fn stray_agents() -> Vec<u32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|pid| is_lab_agent(*pid))
+        .collect()
+}
+
+/// Asks node `node`'s agent for a metrics path, from inside its netns.
+pub fn http_get(node: &str, path: &str) -> Result<(u16, String)> {
+    let request = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n");
+    netns::run_in(node, move || -> Result<(u16, String)> {
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, METRICS_PORT));
+        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        stream.write_all(request.as_bytes())?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response)?;
+        let status = response
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .context("malformed HTTP response")?;
+        let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+        Ok((status, body))
+    })?
+}
+
+/// Waits until node `node`'s agent answers `/readyz` with 200. Fails early,
+/// with the end of its log, if the agent exits.
+pub fn wait_ready(node: &str) -> Result<()> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        if agent_pid(node).is_none() {
+            bail!("agent of {node} exited; end of {}:\n{}", log_file(node).display(), log_tail(node));
+        }
+        if matches!(http_get(node, "/readyz"), Ok((200, _))) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("agent of {node} not ready after {READY_TIMEOUT:?}; end of its log:\n{}", log_tail(node));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The last lines of node `node`'s agent log.
+pub fn log_tail(node: &str) -> String {
+    let text = fs::read_to_string(log_file(node)).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+/// Removes everything the lab created. Succeeds when nothing is up.
+pub fn down() -> Result<()> {
+    let mut pids: Vec<u32> = fs::read_dir(state("pids"))
+        .into_iter()
+        .flatten()
+        .filter_map(|e| fs::read_to_string(e.ok()?.path()).ok()?.trim().parse().ok())
+        .filter(|pid| is_lab_agent(*pid))
+        .collect();
+    pids.extend(stray_agents());
+    pids.sort_unstable();
+    pids.dedup();
+    for pid in pids {
+        stop_pid(pid)?;
+    }
+    // Deleting a netns deletes its devices, and with them every TCX link
+    // and clsact filter on them.
+    for name in all_namespaces() {
+        if netns::exists(&name) {
+            ip("", &["netns", "del", &name])?;
+        }
+    }
+    let mounts = fs::read_to_string("/proc/mounts").unwrap_or_default();
+    let bpf = bpffs_root();
+    if mounts.lines().any(|l| l.split_whitespace().nth(1) == Some(&*bpf.to_string_lossy())) {
+        // Unmounting the lab's own bpffs instance drops every pin in it.
+        run("umount", &[&bpf.to_string_lossy()])?;
+    }
+    if Path::new(STATE_DIR).exists() {
+        fs::remove_dir_all(STATE_DIR).with_context(|| format!("removing {STATE_DIR}"))?;
+    }
+    Ok(())
+}

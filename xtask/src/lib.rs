@@ -1,0 +1,8 @@
+//! The Isthmus lab as a library: the `xtask` binary drives it, and the
+//! end-to-end tests use it to reach into the lab's namespaces.
+
+pub mod cmd;
+pub mod lab;
+pub mod netns;
+pub mod probe;
+pub mod topology;

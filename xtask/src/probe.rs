@@ -1,0 +1,183 @@
+//! Real traffic between lab pods: a server in one netns, a client in
+//! another, and what each end saw of the other.
+
+use std::{
+    io::{Read, Write},
+    mem::MaybeUninit,
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket},
+    sync::atomic::{AtomicU16, Ordering},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use socket2::{Domain, Protocol, Socket, Type};
+
+use crate::netns;
+
+/// How long one exchange may take.
+const TIMEOUT: Duration = Duration::from_secs(3);
+
+/// A transport to probe with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proto {
+    /// A TCP connection.
+    Tcp,
+    /// A UDP request and reply.
+    Udp,
+    /// An ICMP echo request and reply.
+    Icmp,
+}
+
+impl Proto {
+    /// Every transport.
+    pub const ALL: [Proto; 3] = [Proto::Tcp, Proto::Udp, Proto::Icmp];
+
+    /// Lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+            Proto::Icmp => "icmp",
+        }
+    }
+}
+
+/// What each end of one exchange saw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Seen {
+    /// The source address of the client's packets, as the server got them.
+    pub client_as_seen_by_server: Ipv4Addr,
+    /// The source address of the server's reply, as the client got it.
+    pub server_as_seen_by_client: Ipv4Addr,
+}
+
+static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
+static NEXT_ICMP_ID: AtomicU16 = AtomicU16::new(0);
+
+/// A port no other probe of this process uses.
+pub fn next_port() -> u16 {
+    20_000 + (std::process::id() as u16 % 200) * 100 + NEXT_PORT.fetch_add(1, Ordering::Relaxed) % 100
+}
+
+/// One exchange: a server in `server_ns`, a client in `client_ns` that
+/// sends to `target`.
+pub fn exchange(proto: Proto, client_ns: &str, server_ns: &str, target: Ipv4Addr) -> Result<Seen> {
+    match proto {
+        Proto::Tcp => tcp(client_ns, server_ns, target),
+        Proto::Udp => udp(client_ns, server_ns, target),
+        Proto::Icmp => icmp(client_ns, server_ns, target),
+    }
+    .with_context(|| format!("{} from {client_ns} to {target} (server in {server_ns})", proto.as_str()))
+}
+
+fn v4(addr: SocketAddr) -> Result<Ipv4Addr> {
+    match addr {
+        SocketAddr::V4(a) => Ok(*a.ip()),
+        SocketAddr::V6(a) => bail!("unexpected IPv6 peer {a}"),
+    }
+}
+
+fn tcp(client_ns: &str, server_ns: &str, target: Ipv4Addr) -> Result<Seen> {
+    let port = next_port();
+    let listener = netns::run_in(server_ns, || TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)))??;
+    let server = std::thread::spawn(move || -> Result<Ipv4Addr> {
+        listener.set_nonblocking(true)?;
+        let deadline = Instant::now() + TIMEOUT;
+        let (mut stream, peer) = loop {
+            match listener.accept() {
+                Ok(conn) => break conn,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(e) => return Err(e).context("server accept"),
+            }
+        };
+        stream.set_nonblocking(false)?;
+        let peer = v4(peer)?;
+        stream.write_all(peer.to_string().as_bytes())?;
+        Ok(peer)
+    });
+    let server_seen = netns::run_in(client_ns, move || -> Result<Ipv4Addr> {
+        let addr = SocketAddr::from((target, port));
+        let mut stream = TcpStream::connect_timeout(&addr, TIMEOUT).context("connect")?;
+        stream.set_read_timeout(Some(TIMEOUT))?;
+        let mut echoed = String::new();
+        stream.read_to_string(&mut echoed).context("reading the server's reply")?;
+        v4(stream.peer_addr()?)
+    })?;
+    // Join the server before reporting a client failure, so no thread outlives the probe.
+    let client_seen = server.join().map_err(|_| anyhow::anyhow!("server thread panicked"))?;
+    let server_seen = server_seen?;
+    Ok(Seen { client_as_seen_by_server: client_seen?, server_as_seen_by_client: server_seen })
+}
+
+fn udp(client_ns: &str, server_ns: &str, target: Ipv4Addr) -> Result<Seen> {
+    let port = next_port();
+    let server = netns::run_in(server_ns, || UdpSocket::bind((Ipv4Addr::UNSPECIFIED, port)))??;
+    let client = netns::run_in(client_ns, || UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)))??;
+    server.set_read_timeout(Some(TIMEOUT))?;
+    client.set_read_timeout(Some(TIMEOUT))?;
+    client.send_to(b"isthmus-probe", (target, port))?;
+    let mut buf = [0u8; 64];
+    let (_, from) = server.recv_from(&mut buf).context("server waiting for the request")?;
+    server.send_to(b"isthmus-reply", from)?;
+    let (_, reply_from) = client.recv_from(&mut buf).context("client waiting for the reply")?;
+    Ok(Seen {
+        client_as_seen_by_server: v4(from)?,
+        server_as_seen_by_client: v4(reply_from)?,
+    })
+}
+
+fn icmp(client_ns: &str, server_ns: &str, target: Ipv4Addr) -> Result<Seen> {
+    let id = NEXT_ICMP_ID.fetch_add(1, Ordering::Relaxed) ^ (std::process::id() as u16);
+    let raw = || Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::ICMPV4));
+    // The server's kernel answers the echo; a raw socket there watches it arrive.
+    let watcher = netns::run_in(server_ns, raw)??;
+    let client = netns::run_in(client_ns, raw)??;
+    watcher.set_read_timeout(Some(TIMEOUT))?;
+    client.set_read_timeout(Some(TIMEOUT))?;
+    client.send_to(&echo_request(id, 1), &SocketAddrV4::new(target, 0).into())?;
+    let client_seen = wait_icmp(&watcher, 8, id).context("server watching for the echo request")?;
+    let server_seen = wait_icmp(&client, 0, id).context("client waiting for the echo reply")?;
+    Ok(Seen { client_as_seen_by_server: client_seen, server_as_seen_by_client: server_seen })
+}
+
+fn echo_request(id: u16, seq: u16) -> Vec<u8> {
+    let mut packet = vec![8, 0, 0, 0];
+    packet.extend(id.to_be_bytes());
+    packet.extend(seq.to_be_bytes());
+    packet.extend(b"isthmus-probe");
+    let check = internet_checksum(&packet);
+    packet[2..4].copy_from_slice(&check.to_be_bytes());
+    packet
+}
+
+/// RFC 1071 checksum, big-endian.
+pub fn internet_checksum(data: &[u8]) -> u16 {
+    let mut sum: u32 = data
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// Reads a raw ICMP socket until an ICMP message of `icmp_type` with echo
+/// id `id` arrives; returns its IP source.
+fn wait_icmp(socket: &Socket, icmp_type: u8, id: u16) -> Result<Ipv4Addr> {
+    let deadline = Instant::now() + TIMEOUT;
+    let mut buf = [MaybeUninit::<u8>::uninit(); 1500];
+    while Instant::now() < deadline {
+        let n = socket.recv(&mut buf)?;
+        // SAFETY: recv initialised the first n bytes.
+        let packet: Vec<u8> = buf[..n].iter().map(|b| unsafe { b.assume_init() }).collect();
+        let ihl = usize::from(packet[0] & 0x0f) * 4;
+        let Some(icmp) = packet.get(ihl..) else { continue };
+        if icmp.len() >= 8 && icmp[0] == icmp_type && u16::from_be_bytes([icmp[4], icmp[5]]) == id {
+            return Ok(Ipv4Addr::new(packet[12], packet[13], packet[14], packet[15]));
+        }
+    }
+    bail!("no ICMP type {icmp_type} with id {id} within {TIMEOUT:?}")
+}

@@ -1,0 +1,246 @@
+//! The reference lab of DESIGN §2: names, addresses, peerings and the
+//! reachability every test and the demo check. Nothing here touches the
+//! system; `lab` builds it.
+
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+
+/// Netns holding the WAN bridge.
+pub const WAN_NS: &str = "ist-wan";
+/// WireGuard port on every gateway.
+pub const TUNNEL_PORT: u16 = 5871;
+/// Metrics port of every agent.
+pub const METRICS_PORT: u16 = 9873;
+
+/// One simulated cluster.
+#[derive(Debug)]
+pub struct Cluster {
+    /// `a`, `b` or `c`.
+    pub name: &'static str,
+    /// N in its addresses (203.0.113.N, 172.16.N.0/24).
+    pub index: u8,
+    /// Its PodCIDR.
+    pub pod_cidr: &'static str,
+    /// Its ExternalCIDR.
+    pub external_cidr: &'static str,
+}
+
+/// Cluster a.
+pub const A: Cluster = Cluster { name: "a", index: 1, pod_cidr: "10.244.0.0/24", external_cidr: "192.168.0.0/24" };
+/// Cluster b: overlaps a on both networks on purpose.
+pub const B: Cluster = Cluster { name: "b", index: 2, pod_cidr: "10.244.0.0/24", external_cidr: "192.168.0.0/24" };
+
+/// The clusters the lab builds.
+pub const CLUSTERS: [&Cluster; 2] = [&A, &B];
+
+/// Host part of the pod on the worker node (lower /25).
+const POD1_HOST: u32 = 5;
+/// Host part of the pod on the gateway node (upper /25).
+const POD2_HOST: u32 = 133;
+
+impl Cluster {
+    /// Its gateway node's netns.
+    pub fn gw(&self) -> String {
+        format!("{}-gw", self.name)
+    }
+    /// Its worker node's netns.
+    pub fn node(&self) -> String {
+        format!("{}-node", self.name)
+    }
+    /// Its LAN bridge's netns.
+    pub fn lan(&self) -> String {
+        format!("{}-lan", self.name)
+    }
+    /// Netns of pod `i` (1 on the worker, 2 on the gateway).
+    pub fn pod(&self, i: u8) -> String {
+        format!("{}-pod{i}", self.name)
+    }
+    /// The gateway's uplink address.
+    pub fn wan_addr(&self) -> Ipv4Addr {
+        Ipv4Addr::new(203, 0, 113, self.index)
+    }
+    /// The gateway's LAN address.
+    pub fn lan_gw(&self) -> Ipv4Addr {
+        Ipv4Addr::new(172, 16, self.index, 1)
+    }
+    /// The worker's LAN address.
+    pub fn lan_node(&self) -> Ipv4Addr {
+        Ipv4Addr::new(172, 16, self.index, 2)
+    }
+    /// PodCIDR as a network.
+    pub fn pods(&self) -> Ipv4Net {
+        self.pod_cidr.parse().expect("valid PodCIDR")
+    }
+    /// Address of pod `i`.
+    pub fn pod_addr(&self, i: u8) -> Ipv4Addr {
+        let host = if i == 1 { POD1_HOST } else { POD2_HOST };
+        Ipv4Addr::from(u32::from(self.pods().network()) + host)
+    }
+    /// The half of the PodCIDR whose pods live on the worker (1) or the gateway (2).
+    pub fn pod_half(&self, i: u8) -> Ipv4Net {
+        let halves = self.pods().subnets(self.pods().prefix_len() + 1).expect("splittable");
+        halves.into_iter().nth(usize::from(i - 1)).expect("two halves")
+    }
+    /// Every node netns of the cluster with its role.
+    pub fn nodes(&self) -> [(String, &'static str); 2] {
+        [(self.gw(), "gateway"), (self.node(), "worker")]
+    }
+}
+
+/// Where Liqo put a TunnelEndpoint's fields.
+#[derive(Clone, Copy, Debug)]
+pub enum Layout {
+    /// Newer Liqo: in `spec`.
+    Spec,
+    /// Older Liqo: in `status`.
+    Status,
+}
+
+/// One cluster's view of one peering (a row of DESIGN §2 "Peerings").
+#[derive(Debug)]
+pub struct Peering {
+    /// The cluster holding the TunnelEndpoint.
+    pub local: &'static Cluster,
+    /// The peer.
+    pub remote: &'static Cluster,
+    /// How we see the peer's PodCIDR (None: as it is).
+    pub remote_nat_pod: Option<&'static str>,
+    /// How the peer sees our PodCIDR.
+    pub local_nat_pod: Option<&'static str>,
+    /// How we see the peer's ExternalCIDR.
+    pub remote_nat_external: Option<&'static str>,
+    /// How the peer sees our ExternalCIDR.
+    pub local_nat_external: Option<&'static str>,
+    /// Which layout the lab writes the object in: both are exercised.
+    pub layout: Layout,
+}
+
+/// Every peering, from each side.
+pub const PEERINGS: [Peering; 2] = [
+    Peering {
+        local: &A,
+        remote: &B,
+        remote_nat_pod: Some("10.0.0.0/24"),
+        local_nat_pod: Some("10.0.40.0/24"),
+        remote_nat_external: Some("10.0.1.0/24"),
+        local_nat_external: Some("10.0.41.0/24"),
+        layout: Layout::Spec,
+    },
+    Peering {
+        local: &B,
+        remote: &A,
+        remote_nat_pod: Some("10.0.40.0/24"),
+        local_nat_pod: Some("10.0.0.0/24"),
+        remote_nat_external: Some("10.0.41.0/24"),
+        local_nat_external: Some("10.0.1.0/24"),
+        layout: Layout::Status,
+    },
+];
+
+fn or_none(v: Option<&str>) -> &str {
+    v.unwrap_or("None")
+}
+
+impl Peering {
+    /// The networks the local cluster routes towards the peer.
+    pub fn remote_views(&self) -> [Ipv4Net; 2] {
+        [
+            self.remote_nat_pod.unwrap_or(self.remote.pod_cidr),
+            self.remote_nat_external.unwrap_or(self.remote.external_cidr),
+        ]
+        .map(|n| n.parse().expect("valid CIDR"))
+    }
+
+    /// The TunnelEndpoint the local cluster holds, as Liqo writes it.
+    pub fn tunnel_endpoint_yaml(&self) -> String {
+        let half = match self.layout {
+            Layout::Spec => "spec",
+            Layout::Status => "status",
+        };
+        format!(
+            "apiVersion: net.liqo.io/v1alpha1
+kind: TunnelEndpoint
+metadata:
+  name: tep-{remote}
+  namespace: liqo-tenant-{remote}
+{half}:
+  clusterIdentity: {{clusterID: cluster-{remote}, clusterName: {remote}}}
+  localPodCIDR: {local_pod}
+  localNATPodCIDR: {local_nat_pod}
+  localExternalCIDR: {local_ext}
+  localNATExternalCIDR: {local_nat_ext}
+  remotePodCIDR: {remote_pod}
+  remoteNATPodCIDR: {remote_nat_pod}
+  remoteExternalCIDR: {remote_ext}
+  remoteNATExternalCIDR: {remote_nat_ext}
+  endpointIP: {endpoint}
+  backendType: wireguard
+  backend_config: {{port: \"{port}\"}}
+",
+            remote = self.remote.name,
+            local_pod = self.local.pod_cidr,
+            local_nat_pod = or_none(self.local_nat_pod),
+            local_ext = self.local.external_cidr,
+            local_nat_ext = or_none(self.local_nat_external),
+            remote_pod = self.remote.pod_cidr,
+            remote_nat_pod = or_none(self.remote_nat_pod),
+            remote_ext = self.remote.external_cidr,
+            remote_nat_ext = or_none(self.remote_nat_external),
+            endpoint = self.remote.wan_addr(),
+            port = TUNNEL_PORT,
+        )
+    }
+}
+
+/// One row of DESIGN §2 "Expected reachability".
+#[derive(Debug, Clone)]
+pub struct Reach {
+    /// Row number in DESIGN §2.
+    pub row: u8,
+    /// Client pod netns.
+    pub from: String,
+    /// Address the client connects to.
+    pub target: Ipv4Addr,
+    /// Server pod netns that must answer.
+    pub answered_by: String,
+    /// Address the server must see the client as.
+    pub client_seen_as: Ipv4Addr,
+}
+
+/// Rows 1–3: the a–b double NAT.
+pub fn reachability() -> Vec<Reach> {
+    let row = |row, from: String, target: [u8; 4], answered_by: String, seen: [u8; 4]| Reach {
+        row,
+        from,
+        target: target.into(),
+        answered_by,
+        client_seen_as: seen.into(),
+    };
+    vec![
+        row(1, A.pod(1), [10, 0, 0, 5], B.pod(1), [10, 0, 40, 5]),
+        row(2, A.pod(2), [10, 0, 0, 133], B.pod(2), [10, 0, 40, 133]),
+        row(3, B.pod(1), [10, 0, 40, 5], A.pod(1), [10, 0, 0, 5]),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_follow_design() {
+        assert_eq!(A.pod_addr(1), Ipv4Addr::new(10, 244, 0, 5));
+        assert_eq!(A.pod_addr(2), Ipv4Addr::new(10, 244, 0, 133));
+        assert_eq!(A.pod_half(1).to_string(), "10.244.0.0/25");
+        assert_eq!(A.pod_half(2).to_string(), "10.244.0.128/25");
+        assert_eq!(B.wan_addr(), Ipv4Addr::new(203, 0, 113, 2));
+        assert_eq!(B.lan_node(), Ipv4Addr::new(172, 16, 2, 2));
+    }
+
+    #[test]
+    fn peer_views_are_the_remapped_networks() {
+        assert_eq!(PEERINGS[0].remote_views().map(|n| n.to_string()), ["10.0.0.0/24", "10.0.1.0/24"]);
+        assert_eq!(PEERINGS[1].remote_views().map(|n| n.to_string()), ["10.0.40.0/24", "10.0.41.0/24"]);
+    }
+}
