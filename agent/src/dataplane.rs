@@ -220,9 +220,18 @@ impl Dataplane {
             .ok_or("missing from the object")?
             .try_into()?;
         prog.load()?;
+        let link = self.pins.link(dev, attach_type);
+        // Attach first, then drop what an agent in the other mode left: the
+        // device is never without the program.
         match mode {
-            Attached::Tcx => attach_tcx(prog, dev, attach_type, &self.pins.link(dev, attach_type))?,
-            Attached::Clsact => attach_clsact(prog, dev, attach_type)?,
+            Attached::Tcx => {
+                attach_tcx(prog, dev, attach_type, &link)?;
+                let _ = tc::qdisc_detach_program(dev, attach_type, program);
+            }
+            Attached::Clsact => {
+                attach_clsact(prog, dev, attach_type)?;
+                unpin_link(&link)?;
+            }
         }
         let pin = self.pins.program(program);
         remove_pin(&pin)?;
@@ -293,11 +302,7 @@ pub fn cleanup(root: &Path) -> Result<Vec<String>, DataplaneError> {
     let pins = Pins::new(root);
     let mut removed = Vec::new();
     for link in pin_entries(&pins.root.join("links"))? {
-        // Unpinning drops the last reference: the kernel detaches the link.
-        PinnedLink::from_pin(&link)
-            .map_err(|e| DataplaneError::Io { path: link.clone(), source: io::Error::other(e) })?
-            .unpin()
-            .map_err(|source| DataplaneError::Io { path: link.clone(), source })?;
+        unpin_link(&link)?;
         removed.push(format!("link {}", link.display()));
     }
     for dev in devices()? {
@@ -318,6 +323,19 @@ pub fn cleanup(root: &Path) -> Result<Vec<String>, DataplaneError> {
     }
     remove_dir(&pins.root)?;
     Ok(removed)
+}
+
+/// Unpins a TCX link, if pinned. That drops the last reference to it, so
+/// the kernel detaches it.
+fn unpin_link(path: &Path) -> Result<(), DataplaneError> {
+    if !path.exists() {
+        return Ok(());
+    }
+    PinnedLink::from_pin(path)
+        .map_err(|e| DataplaneError::Io { path: path.into(), source: io::Error::other(e) })?
+        .unpin()
+        .map_err(|source| DataplaneError::Io { path: path.into(), source })?;
+    Ok(())
 }
 
 fn pin_entries(dir: &Path) -> Result<Vec<PathBuf>, DataplaneError> {

@@ -44,7 +44,7 @@ fn wait_map(map: &PeerMap, what: &str, done: impl Fn(&BTreeMap<Ipv4Net, PeerNat>
 fn wait_log(node: &str, needle: &str) {
     let start = Instant::now();
     while !fs::read_to_string(lab::log_file(node)).unwrap_or_default().contains(needle) {
-        assert!(start.elapsed() < GIVE_UP, "{node}'s log never said {needle:?}; it ends:\n{}", lab::log_tail(node));
+        assert!(start.elapsed() < GIVE_UP, "{node}'s log never said {needle:?}; it ends:\n{}", lab::log_tail(&lab::log_file(node)));
         std::thread::sleep(Duration::from_millis(5));
     }
 }

@@ -223,20 +223,34 @@ fn role_of(node: &str) -> &'static str {
     if node.ends_with("-gw") { "gateway" } else { "worker" }
 }
 
-/// Starts node `node`'s agent in its netns, in a session of its own, and
-/// records its PID. Does not wait for it to be ready.
+/// Starts node `node`'s agent in its netns and records its PID. Does not
+/// wait for it to be ready.
 pub fn start_agent(node: &str) -> Result<u32> {
-    let log = fs::OpenOptions::new().create(true).append(true).open(log_file(node))?;
+    let args: Vec<String> = [
+        "run", "--node", node, "--role", role_of(node), "--nat-dev", "wan0",
+        "--metrics-addr", &format!("0.0.0.0:{METRICS_PORT}"),
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .chain([
+        format!("--source=dir:{}", object_dir(node).display()),
+        format!("--bpffs={}", bpffs(node).display()),
+    ])
+    .collect();
+    let pid = spawn_agent(node, &args, &log_file(node))?;
+    fs::write(pid_file(node), pid.to_string())?;
+    Ok(pid)
+}
+
+/// Starts the agent with `args` in netns `ns`, in a session of its own, its
+/// output appended to `log`. Returns its PID.
+pub fn spawn_agent(ns: &str, args: &[String], log: &Path) -> Result<u32> {
+    let log = fs::OpenOptions::new().create(true).append(true).open(log)?;
     let mut command = Command::new("ip");
     command
-        .args(["netns", "exec", node])
+        .args(["netns", "exec", ns])
         .arg(agent_binary())
-        .args(["run", "--node", node, "--role", role_of(node), "--nat-dev", "wan0"])
-        .arg("--source")
-        .arg(format!("dir:{}", object_dir(node).display()))
-        .arg("--bpffs")
-        .arg(bpffs(node))
-        .args(["--metrics-addr", &format!("0.0.0.0:{METRICS_PORT}")])
+        .args(args)
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
@@ -250,9 +264,7 @@ pub fn start_agent(node: &str) -> Result<u32> {
     }
     let child = command.spawn().context("starting the agent")?;
     // `ip netns exec` execs the agent, so this PID is the agent's.
-    let pid = child.id();
-    fs::write(pid_file(node), pid.to_string())?;
-    Ok(pid)
+    Ok(child.id())
 }
 
 /// The PID of node `node`'s agent, if it runs.
@@ -278,7 +290,8 @@ pub fn restart_agent(node: &str) -> Result<()> {
     wait_ready(node)
 }
 
-fn stop_pid(pid: u32) -> Result<()> {
+/// Stops an agent this process started, by PID, and waits for it to exit.
+pub fn stop_pid(pid: u32) -> Result<()> {
     let target = nix::unistd::Pid::from_raw(pid as i32);
     let _ = nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGTERM);
     let deadline = Instant::now() + STOP_TIMEOUT;
@@ -346,24 +359,30 @@ pub fn http_get(node: &str, path: &str) -> Result<(u16, String)> {
 /// Waits until node `node`'s agent answers `/readyz` with 200. Fails early,
 /// with the end of its log, if the agent exits.
 pub fn wait_ready(node: &str) -> Result<()> {
+    let pid = agent_pid(node).with_context(|| format!("agent of {node} is not running:\n{}", log_tail(&log_file(node))))?;
+    wait_ready_in(node, pid, &log_file(node))
+}
+
+/// Waits until the agent `pid` in netns `ns` answers `/readyz` with 200.
+pub fn wait_ready_in(ns: &str, pid: u32, log: &Path) -> Result<()> {
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
-        if agent_pid(node).is_none() {
-            bail!("agent of {node} exited; end of {}:\n{}", log_file(node).display(), log_tail(node));
+        if !alive(pid) {
+            bail!("agent {pid} in {ns} exited; end of {}:\n{}", log.display(), log_tail(log));
         }
-        if matches!(http_get(node, "/readyz"), Ok((200, _))) {
+        if matches!(http_get(ns, "/readyz"), Ok((200, _))) {
             return Ok(());
         }
         if Instant::now() > deadline {
-            bail!("agent of {node} not ready after {READY_TIMEOUT:?}; end of its log:\n{}", log_tail(node));
+            bail!("agent {pid} in {ns} not ready after {READY_TIMEOUT:?}; end of its log:\n{}", log_tail(log));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
 }
 
-/// The last lines of node `node`'s agent log.
-pub fn log_tail(node: &str) -> String {
-    let text = fs::read_to_string(log_file(node)).unwrap_or_default();
+/// The last lines of an agent log.
+pub fn log_tail(log: &Path) -> String {
+    let text = fs::read_to_string(log).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(20)..].join("\n")
 }

@@ -1,0 +1,143 @@
+//! Attaching in each mode, replacing on restart, switching modes, and
+//! cleanup, on a veth in a namespace of the test's own.
+
+use std::{fs, path::PathBuf};
+
+use aya::programs::{SchedClassifier, TcAttachType};
+use isthmus_common::names;
+use isthmus_tests::{require_lab, require_root};
+use xtask::{cmd::ip, lab, netns, topology::PEERINGS};
+
+/// A throwaway node: a netns with a veth `v0`, an object directory holding
+/// peer b, and a bpffs directory in the lab's bpffs.
+struct Node {
+    ns: String,
+    objects: PathBuf,
+    log: PathBuf,
+}
+
+impl Node {
+    fn new(ns: &str) -> Self {
+        require_root();
+        require_lab();
+        if netns::exists(ns) {
+            ip("", &["netns", "del", ns]).unwrap();
+        }
+        ip("", &["netns", "add", ns]).unwrap();
+        ip(ns, &["link", "set", "lo", "up"]).unwrap();
+        ip(ns, &["link", "add", "v0", "type", "veth", "peer", "name", "v1"]).unwrap();
+        for dev in ["v0", "v1"] {
+            ip(ns, &["link", "set", dev, "up"]).unwrap();
+        }
+        let objects = PathBuf::from(xtask::lab::STATE_DIR).join(format!("objects/{ns}"));
+        fs::create_dir_all(&objects).unwrap();
+        fs::write(objects.join("peer-b.yaml"), PEERINGS[0].tunnel_endpoint_yaml()).unwrap();
+        let log = lab::log_file(ns);
+        Self { ns: ns.to_owned(), objects, log }
+    }
+
+    fn bpffs(&self) -> PathBuf {
+        lab::bpffs(&self.ns)
+    }
+
+    /// Runs an agent in `mode` until it is ready, then stops it.
+    fn run_agent(&self, mode: &str) {
+        let args = vec![
+            "run".to_owned(),
+            "--node=t".to_owned(),
+            "--role=gateway".to_owned(),
+            "--nat-dev=v0".to_owned(),
+            format!("--attach={mode}"),
+            format!("--source=dir:{}", self.objects.display()),
+            format!("--bpffs={}", self.bpffs().display()),
+            format!("--metrics-addr=127.0.0.1:{}", xtask::topology::METRICS_PORT),
+        ];
+        let pid = lab::spawn_agent(&self.ns, &args, &self.log).unwrap();
+        lab::wait_ready_in(&self.ns, pid, &self.log).unwrap();
+        lab::stop_pid(pid).unwrap();
+    }
+
+    fn cleanup(&self) -> String {
+        let agent = lab::agent_binary();
+        let bpffs = self.bpffs();
+        xtask::cmd::run(
+            "ip",
+            &["netns", "exec", &self.ns, &agent.to_string_lossy(), "cleanup", "--bpffs", &bpffs.to_string_lossy()],
+        )
+        .unwrap()
+    }
+
+    /// IDs of the clsact filters named `program` on v0.
+    fn clsact(&self, direction: &str, program: &str) -> Vec<String> {
+        let out = ip_tc(&self.ns, direction);
+        out.lines()
+            .filter(|l| l.contains(program))
+            .filter_map(|l| l.split_whitespace().skip_while(|w| *w != "id").nth(1).map(str::to_owned))
+            .collect()
+    }
+
+    /// IDs of the TCX programs on v0.
+    fn tcx(&self, attach_type: TcAttachType) -> Vec<u32> {
+        netns::run_in(&self.ns, || SchedClassifier::query_tcx("v0", attach_type))
+            .unwrap()
+            .map(|(_, programs)| programs.iter().map(|p| p.id()).collect())
+            .unwrap_or_default()
+    }
+}
+
+fn ip_tc(ns: &str, direction: &str) -> String {
+    xtask::cmd::run("tc", &["-n", ns, "filter", "show", "dev", "v0", direction]).unwrap_or_default()
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = ip("", &["netns", "del", &self.ns]);
+        let _ = fs::remove_dir_all(&self.objects);
+    }
+}
+
+#[test]
+fn clsact_filters_are_replaced_on_restart_and_removed_by_cleanup() {
+    let node = Node::new("ist-t-clsact");
+    node.run_agent("clsact");
+    let first = node.clsact("egress", names::PROG_EGRESS_ETH);
+    assert_eq!(first.len(), 1, "one egress filter: {}", ip_tc(&node.ns, "egress"));
+    assert_eq!(node.clsact("ingress", names::PROG_INGRESS_ETH).len(), 1);
+
+    // The filter outlived the agent; the next one replaces it in place.
+    node.run_agent("clsact");
+    let second = node.clsact("egress", names::PROG_EGRESS_ETH);
+    assert_eq!(second.len(), 1, "restart duplicated the filter: {}", ip_tc(&node.ns, "egress"));
+    assert_ne!(first, second, "restart did not load the new program");
+
+    let report = node.cleanup();
+    assert!(report.contains("clsact filter nat_egress_eth on v0 egress"), "{report}");
+    assert!(node.clsact("egress", "nat_").is_empty() && node.clsact("ingress", "nat_").is_empty());
+    assert!(!node.bpffs().exists(), "cleanup left {}", node.bpffs().display());
+}
+
+#[test]
+fn tcx_links_are_updated_on_restart_and_modes_can_be_switched() {
+    let node = Node::new("ist-t-tcx");
+    node.run_agent("tcx");
+    let first = node.tcx(TcAttachType::Egress);
+    assert_eq!(first.len(), 1, "one TCX egress program");
+    assert_eq!(node.tcx(TcAttachType::Ingress).len(), 1, "one TCX ingress program");
+
+    node.run_agent("auto");
+    let second = node.tcx(TcAttachType::Egress);
+    assert_eq!(second.len(), 1, "restart added a second TCX program");
+    assert_ne!(first, second, "restart did not swap in the new program");
+
+    // Switching to clsact leaves exactly one attachment per direction.
+    node.run_agent("clsact");
+    assert!(node.tcx(TcAttachType::Egress).is_empty() && node.tcx(TcAttachType::Ingress).is_empty());
+    assert_eq!(node.clsact("egress", names::PROG_EGRESS_ETH).len(), 1);
+    node.run_agent("tcx");
+    assert_eq!(node.tcx(TcAttachType::Egress).len(), 1);
+    assert!(node.clsact("egress", "nat_").is_empty(), "{}", ip_tc(&node.ns, "egress"));
+
+    node.cleanup();
+    assert!(node.tcx(TcAttachType::Egress).is_empty() && node.tcx(TcAttachType::Ingress).is_empty());
+    assert!(!node.bpffs().exists());
+}
