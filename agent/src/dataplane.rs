@@ -134,7 +134,9 @@ impl Pins {
 
     /// Pin path of a TCX link.
     pub fn link(&self, dev: &str, attach_type: TcAttachType) -> PathBuf {
-        self.root.join("links").join(format!("{dev}-{}", direction(attach_type)))
+        self.root
+            .join("links")
+            .join(format!("{dev}-{}", direction(attach_type)))
     }
 
     fn dirs(&self) -> [PathBuf; 3] {
@@ -163,7 +165,8 @@ impl Dataplane {
         for dir in pins.dirs() {
             fs::create_dir_all(&dir).map_err(|source| DataplaneError::Io { path: dir, source })?;
         }
-        let map_paths: Vec<(&str, PathBuf)> = names::MAPS.iter().map(|m| (*m, pins.map(m))).collect();
+        let map_paths: Vec<(&str, PathBuf)> =
+            names::MAPS.iter().map(|m| (*m, pins.map(m))).collect();
         let mut loader = EbpfLoader::new();
         for (name, path) in &map_paths {
             loader.map_pin_path(name, path.as_path());
@@ -174,10 +177,15 @@ impl Dataplane {
 
     /// The peer table, for the reconciler.
     pub fn take_peer_map(&mut self) -> Result<PeerMap, DataplaneError> {
-        let map = self.ebpf.take_map(names::MAP_PEERS).ok_or(DataplaneError::Map(
-            names::MAP_PEERS,
-            aya::maps::MapError::InvalidName { name: names::MAP_PEERS.into() },
-        ))?;
+        let map = self
+            .ebpf
+            .take_map(names::MAP_PEERS)
+            .ok_or(DataplaneError::Map(
+                names::MAP_PEERS,
+                aya::maps::MapError::InvalidName {
+                    name: names::MAP_PEERS.into(),
+                },
+            ))?;
         PeerMap::new(map).map_err(|e| DataplaneError::Map(names::MAP_PEERS, e))
     }
 
@@ -199,11 +207,24 @@ impl Dataplane {
             AttachMode::Auto | AttachMode::Clsact => Attached::Clsact,
             AttachMode::Tcx => Attached::Tcx,
         };
-        for (program, attach_type) in [(egress, TcAttachType::Egress), (ingress, TcAttachType::Ingress)] {
+        for (program, attach_type) in [
+            (egress, TcAttachType::Egress),
+            (ingress, TcAttachType::Ingress),
+        ] {
             self.attach(program, dev, attach_type, mode)
-                .map_err(|source| DataplaneError::Program { program, dev: dev.into(), source })?;
+                .map_err(|source| DataplaneError::Program {
+                    program,
+                    dev: dev.into(),
+                    source,
+                })?;
         }
-        info!(dev, mode = mode.as_str(), egress, ingress, "NAT programs attached");
+        info!(
+            dev,
+            mode = mode.as_str(),
+            egress,
+            ingress,
+            "NAT programs attached"
+        );
         Ok(mode)
     }
 
@@ -262,7 +283,11 @@ fn attach_tcx(
             }
         }
     }
-    let id = prog.attach_with_options(dev, attach_type, TcAttachOptions::TcxOrder(LinkOrder::default()))?;
+    let id = prog.attach_with_options(
+        dev,
+        attach_type,
+        TcAttachOptions::TcxOrder(LinkOrder::default()),
+    )?;
     FdLink::try_from(prog.take_link(id)?)?.pin(pin)?;
     Ok(())
 }
@@ -309,7 +334,10 @@ pub fn cleanup(root: &Path) -> Result<Vec<String>, DataplaneError> {
         for program in names::PROGRAMS {
             for attach_type in [TcAttachType::Egress, TcAttachType::Ingress] {
                 if tc::qdisc_detach_program(&dev, attach_type, program).is_ok() {
-                    removed.push(format!("clsact filter {program} on {dev} {}", direction(attach_type)));
+                    removed.push(format!(
+                        "clsact filter {program} on {dev} {}",
+                        direction(attach_type)
+                    ));
                 }
             }
         }
@@ -332,9 +360,15 @@ fn unpin_link(path: &Path) -> Result<(), DataplaneError> {
         return Ok(());
     }
     PinnedLink::from_pin(path)
-        .map_err(|e| DataplaneError::Io { path: path.into(), source: io::Error::other(e) })?
+        .map_err(|e| DataplaneError::Io {
+            path: path.into(),
+            source: io::Error::other(e),
+        })?
         .unpin()
-        .map_err(|source| DataplaneError::Io { path: path.into(), source })?;
+        .map_err(|source| DataplaneError::Io {
+            path: path.into(),
+            source,
+        })?;
     Ok(())
 }
 
@@ -342,28 +376,42 @@ fn pin_entries(dir: &Path) -> Result<Vec<PathBuf>, DataplaneError> {
     match fs::read_dir(dir) {
         Ok(entries) => Ok(entries.filter_map(|e| e.ok().map(|e| e.path())).collect()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
-        Err(source) => Err(DataplaneError::Io { path: dir.into(), source }),
+        Err(source) => Err(DataplaneError::Io {
+            path: dir.into(),
+            source,
+        }),
     }
 }
 
 fn remove_pin(path: &Path) -> Result<(), DataplaneError> {
     match fs::remove_file(path) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(DataplaneError::Io { path: path.into(), source: e }),
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(DataplaneError::Io {
+            path: path.into(),
+            source: e,
+        }),
         _ => Ok(()),
     }
 }
 
 fn remove_dir(path: &Path) -> Result<(), DataplaneError> {
     match fs::remove_dir(path) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(DataplaneError::Io { path: path.into(), source: e }),
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(DataplaneError::Io {
+            path: path.into(),
+            source: e,
+        }),
         _ => Ok(()),
     }
 }
 
 fn devices() -> Result<Vec<String>, DataplaneError> {
     let dir = Path::new("/sys/class/net");
-    let entries = fs::read_dir(dir).map_err(|source| DataplaneError::Io { path: dir.into(), source })?;
-    Ok(entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect())
+    let entries = fs::read_dir(dir).map_err(|source| DataplaneError::Io {
+        path: dir.into(),
+        source,
+    })?;
+    Ok(entries
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect())
 }
 
 fn link_type(dev: &str) -> Result<u32, DataplaneError> {
@@ -384,13 +432,23 @@ fn tcx_supported() -> bool {
 
 /// Fails unless `root` (or the directory it will be created in) is on bpffs.
 fn ensure_bpffs(root: &Path) -> Result<(), DataplaneError> {
-    let existing = root.ancestors().find(|p| p.exists()).unwrap_or(Path::new("/"));
-    let c_path = std::ffi::CString::new(existing.as_os_str().as_encoded_bytes())
-        .map_err(|e| DataplaneError::Io { path: root.into(), source: io::Error::other(e) })?;
+    let existing = root
+        .ancestors()
+        .find(|p| p.exists())
+        .unwrap_or(Path::new("/"));
+    let c_path = std::ffi::CString::new(existing.as_os_str().as_encoded_bytes()).map_err(|e| {
+        DataplaneError::Io {
+            path: root.into(),
+            source: io::Error::other(e),
+        }
+    })?;
     let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: valid NUL-terminated path and a properly sized out-buffer.
     if unsafe { libc::statfs(c_path.as_ptr(), &mut stat) } != 0 {
-        return Err(DataplaneError::Io { path: existing.into(), source: io::Error::last_os_error() });
+        return Err(DataplaneError::Io {
+            path: existing.into(),
+            source: io::Error::last_os_error(),
+        });
     }
     if stat.f_type as i64 != BPF_FS_MAGIC {
         return Err(DataplaneError::NotBpffs(root.into()));

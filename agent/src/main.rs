@@ -15,7 +15,10 @@ use tokio::{signal::unix, sync::mpsc};
 use tracing::{error, info, warn};
 
 #[derive(Parser)]
-#[command(version, about = "Isthmus node agent: eBPF dataplane for multi-cluster networks")]
+#[command(
+    version,
+    about = "Isthmus node agent: eBPF dataplane for multi-cluster networks"
+)]
 struct Cli {
     /// Log line format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
@@ -86,7 +89,11 @@ async fn main() -> Result<()> {
             for item in &removed {
                 println!("removed {item}");
             }
-            println!("cleanup of {}: {} item(s) removed", bpffs.display(), removed.len());
+            println!(
+                "cleanup of {}: {} item(s) removed",
+                bpffs.display(),
+                removed.len()
+            );
             Ok(())
         }
     }
@@ -107,7 +114,9 @@ fn init_logs(format: LogFormat) {
 
 async fn run(args: RunArgs) -> Result<()> {
     let SourceSpec::Dir(dir) = &args.source else {
-        bail!("--source kube: the Kubernetes source is not available in this build; use --source dir:PATH");
+        bail!(
+            "--source kube: the Kubernetes source is not available in this build; use --source dir:PATH"
+        );
     };
     let role = match args.role {
         Role::Gateway => "gateway",
@@ -115,7 +124,8 @@ async fn run(args: RunArgs) -> Result<()> {
     };
     let mut dataplane = Dataplane::load(&args.bpffs)
         .with_context(|| format!("loading the dataplane under {}", args.bpffs.display()))?;
-    let mut reconciler = Reconciler::new(dataplane.take_peer_map()?).context("reading the pinned peer table")?;
+    let mut reconciler =
+        Reconciler::new(dataplane.take_peer_map()?).context("reading the pinned peer table")?;
     let attach = match args.role {
         Role::Gateway => Some(dataplane.attach_nat(&args.nat_dev, args.attach)?),
         Role::Worker => None,
@@ -161,7 +171,10 @@ async fn follow<T: PeerTable>(
         match reconciler.reconcile() {
             Ok(report) => record(&report, metrics),
             Err(e) => {
-                metrics.reconcile_errors.get_or_create(&[("kind", "TunnelEndpoint")]).inc();
+                metrics
+                    .reconcile_errors
+                    .get_or_create(&[("kind", "TunnelEndpoint")])
+                    .inc();
                 error!(error = %e, "updating the kernel peer table; will retry on the next change");
             }
         }
@@ -200,6 +213,12 @@ fn record(report: &Report, metrics: &Metrics) {
     }
     metrics.peers.set(report.peers as i64);
     metrics.rejected_objects.set(report.rejected as i64);
-    metrics.map_updates.get_or_create(&[("op", "write")]).inc_by(report.written as u64);
-    metrics.map_updates.get_or_create(&[("op", "remove")]).inc_by(report.removed as u64);
+    metrics
+        .map_updates
+        .get_or_create(&[("op", "write")])
+        .inc_by(report.written as u64);
+    metrics
+        .map_updates
+        .get_or_create(&[("op", "remove")])
+        .inc_by(report.removed as u64);
 }

@@ -35,8 +35,12 @@ impl PeerTable for PeerMap {
             .iter()
             .map(|entry| {
                 let (key, nat) = entry?;
-                let net = Ipv4Net::new(key.data().into(), key.prefix_len() as u8)
-                    .map_err(|_| MapError::InvalidName { name: format!("prefix /{}", key.prefix_len()) })?;
+                let net =
+                    Ipv4Net::new(key.data().into(), key.prefix_len() as u8).map_err(|_| {
+                        MapError::InvalidName {
+                            name: format!("prefix /{}", key.prefix_len()),
+                        }
+                    })?;
                 Ok((net, nat))
             })
             .collect()

@@ -16,7 +16,7 @@ use isthmus_common::counters::{self, DIRECTIONS, OUTCOMES};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric, text::encode},
-    metrics::{counter::Counter, family::Family, gauge::Gauge, info::Info, MetricType},
+    metrics::{MetricType, counter::Counter, family::Family, gauge::Gauge, info::Info},
     registry::Registry,
 };
 use tracing::warn;
@@ -47,9 +47,21 @@ impl Metrics {
         let map_updates = Family::default();
         let reconcile_errors = Family::default();
         registry.register("peers", "Peers programmed into the kernel", peers.clone());
-        registry.register("rejected_objects", "Objects rejected by validation", rejected_objects.clone());
-        registry.register("map_updates", "Kernel map elements written or removed", map_updates.clone());
-        registry.register("reconcile_errors", "Reconcile passes that failed to update the kernel", reconcile_errors.clone());
+        registry.register(
+            "rejected_objects",
+            "Objects rejected by validation",
+            rejected_objects.clone(),
+        );
+        registry.register(
+            "map_updates",
+            "Kernel map elements written or removed",
+            map_updates.clone(),
+        );
+        registry.register(
+            "reconcile_errors",
+            "Reconcile passes that failed to update the kernel",
+            reconcile_errors.clone(),
+        );
         registry.register(
             "agent",
             "The agent's node, role and attach mode",
@@ -104,7 +116,10 @@ impl Collector for DataplaneCounters {
         )?;
         for direction in DIRECTIONS {
             for outcome in OUTCOMES {
-                let labels = [("direction", direction.as_str()), ("outcome", outcome.as_str())];
+                let labels = [
+                    ("direction", direction.as_str()),
+                    ("outcome", outcome.as_str()),
+                ];
                 let value = sums[counters::slot(direction, outcome) as usize];
                 prometheus_client::metrics::counter::ConstCounter::new(value)
                     .encode(family.encode_family(&labels)?)?;
@@ -135,7 +150,10 @@ async fn scrape(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
     match metrics.text() {
         Ok(body) => (
             StatusCode::OK,
-            [("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+            [(
+                "content-type",
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
             body,
         )
             .into_response(),

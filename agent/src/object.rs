@@ -174,7 +174,11 @@ fn object(file: &str, index: usize, value: Value) -> Result<Object, DocumentErro
         return Err(DocumentError::WrongKind {
             file: file.to_owned(),
             index,
-            name: if name.is_empty() { "<unnamed>".into() } else { name },
+            name: if name.is_empty() {
+                "<unnamed>".into()
+            } else {
+                name
+            },
             api_version,
             kind,
         });
@@ -216,12 +220,19 @@ mod tests {
              apiVersion: net.liqo.io/v1alpha1\nkind: TunnelEndpoint\nmetadata: {name: b}\nstatus: {localPodCIDR: 10.1.0.0/24}\n",
         );
         assert_eq!(docs.len(), 2);
-        let Ok(Object::TunnelEndpoint(a)) = &docs[0] else { panic!("{docs:?}") };
+        let Ok(Object::TunnelEndpoint(a)) = &docs[0] else {
+            panic!("{docs:?}")
+        };
         assert_eq!(a.key.to_string(), "liqo/a");
         assert_eq!(a.layout(&["localPodCIDR"]), Layout::Spec);
-        let Ok(Object::TunnelEndpoint(b)) = &docs[1] else { panic!("{docs:?}") };
+        let Ok(Object::TunnelEndpoint(b)) = &docs[1] else {
+            panic!("{docs:?}")
+        };
         assert_eq!(b.layout(&["localPodCIDR"]), Layout::Status);
-        assert_eq!(b.field("localPodCIDR").and_then(Value::as_str), Some("10.1.0.0/24"));
+        assert_eq!(
+            b.field("localPodCIDR").and_then(Value::as_str),
+            Some("10.1.0.0/24")
+        );
     }
 
     #[test]

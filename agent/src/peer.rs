@@ -13,24 +13,39 @@ pub const NONE: &str = "None";
 
 /// A TunnelEndpoint that cannot be used, naming the file, object and field.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
-pub enum PeerError {
+#[error("{file}: TunnelEndpoint {object}: {problem}")]
+pub struct PeerError {
+    /// File holding the object.
+    pub file: String,
+    /// The object.
+    pub object: ObjectKey,
+    /// What is wrong with it.
+    pub problem: Box<Problem>,
+}
+
+impl PeerError {
+    /// `problem` with the object found in `file`.
+    pub fn new(file: &str, object: &ObjectKey, problem: Problem) -> Self {
+        Self {
+            file: file.to_owned(),
+            object: object.clone(),
+            problem: Box::new(problem),
+        }
+    }
+}
+
+/// What makes a TunnelEndpoint unusable, by field.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum Problem {
     /// A required network is absent.
-    #[error("{file}: TunnelEndpoint {object}: field {field} is missing")]
+    #[error("field {field} is missing")]
     Missing {
-        /// File holding the object.
-        file: String,
-        /// The object.
-        object: ObjectKey,
         /// The field, by its Liqo name.
         field: &'static str,
     },
     /// A network that does not parse.
-    #[error("{file}: TunnelEndpoint {object}: field {field}: {value:?} is not an IPv4 CIDR{none}")]
+    #[error("field {field}: {value:?} is not an IPv4 CIDR{none}")]
     BadCidr {
-        /// File holding the object.
-        file: String,
-        /// The object.
-        object: ObjectKey,
         /// The field, by its Liqo name.
         field: &'static str,
         /// What it holds.
@@ -39,14 +54,8 @@ pub enum PeerError {
         none: &'static str,
     },
     /// A remapped network whose mask differs from the real one.
-    #[error(
-        "{file}: TunnelEndpoint {object}: field {field}: mask /{nat_len} differs from {real_field} /{real_len}"
-    )]
+    #[error("field {field}: mask /{nat_len} differs from {real_field} /{real_len}")]
     MaskMismatch {
-        /// File holding the object.
-        file: String,
-        /// The object.
-        object: ObjectKey,
         /// The remapped field.
         field: &'static str,
         /// Its prefix length.
@@ -59,14 +68,10 @@ pub enum PeerError {
     /// Two peers are seen under overlapping networks, so a packet could not
     /// tell them apart.
     #[error(
-        "{file}: TunnelEndpoint {object}: field {field} ({net}) overlaps field {other_field} ({other_net}) of TunnelEndpoint {other} in {other_file}"
+        "field {field} ({net}) overlaps field {other_field} ({other_net}) of TunnelEndpoint {other} in {other_file}"
     )]
     Overlap {
-        /// File holding the rejected object.
-        file: String,
-        /// The rejected object.
-        object: ObjectKey,
-        /// Its overlapping field.
+        /// The overlapping field.
         field: &'static str,
         /// That field's network.
         net: Ipv4Net,
@@ -80,12 +85,8 @@ pub enum PeerError {
         other_net: Ipv4Net,
     },
     /// Two documents share a namespace and name.
-    #[error("{file}: TunnelEndpoint {object}: also defined in {other_file}; field metadata.name must be unique")]
+    #[error("also defined in {other_file}; field metadata.name must be unique")]
     Duplicate {
-        /// File holding the rejected object.
-        file: String,
-        /// The object.
-        object: ObjectKey,
         /// File holding the one kept.
         other_file: String,
     },
@@ -108,17 +109,23 @@ impl Mapped {
 
     /// Real → remapped, or inactive when not remapped.
     fn outbound(&self) -> PrefixRewrite {
-        self.nat.map_or(PrefixRewrite::INACTIVE, |nat| rewrite(self.real, nat))
+        self.nat
+            .map_or(PrefixRewrite::INACTIVE, |nat| rewrite(self.real, nat))
     }
 
     /// Remapped → real, or inactive when not remapped.
     fn inbound(&self) -> PrefixRewrite {
-        self.nat.map_or(PrefixRewrite::INACTIVE, |nat| rewrite(nat, self.real))
+        self.nat
+            .map_or(PrefixRewrite::INACTIVE, |nat| rewrite(nat, self.real))
     }
 }
 
 fn rewrite(from: Ipv4Net, to: Ipv4Net) -> PrefixRewrite {
-    PrefixRewrite::new(from.network().octets(), to.network().octets(), from.prefix_len())
+    PrefixRewrite::new(
+        from.network().octets(),
+        to.network().octets(),
+        from.prefix_len(),
+    )
 }
 
 /// The Liqo field names of one network pair.
@@ -127,10 +134,22 @@ struct Fields {
     nat: &'static str,
 }
 
-const LOCAL_POD: Fields = Fields { real: "localPodCIDR", nat: "localNATPodCIDR" };
-const LOCAL_EXTERNAL: Fields = Fields { real: "localExternalCIDR", nat: "localNATExternalCIDR" };
-const REMOTE_POD: Fields = Fields { real: "remotePodCIDR", nat: "remoteNATPodCIDR" };
-const REMOTE_EXTERNAL: Fields = Fields { real: "remoteExternalCIDR", nat: "remoteNATExternalCIDR" };
+const LOCAL_POD: Fields = Fields {
+    real: "localPodCIDR",
+    nat: "localNATPodCIDR",
+};
+const LOCAL_EXTERNAL: Fields = Fields {
+    real: "localExternalCIDR",
+    nat: "localNATExternalCIDR",
+};
+const REMOTE_POD: Fields = Fields {
+    real: "remotePodCIDR",
+    nat: "remoteNATPodCIDR",
+};
+const REMOTE_EXTERNAL: Fields = Fields {
+    real: "remoteExternalCIDR",
+    nat: "remoteNATExternalCIDR",
+};
 
 /// Every field the dataplane reads from a TunnelEndpoint.
 const DATAPLANE_FIELDS: [&str; 8] = [
@@ -185,7 +204,10 @@ impl Peer {
     /// The kernel finds the peer of a packet by these.
     pub fn views(&self) -> [(&'static str, Ipv4Net); 2] {
         [
-            (seen_field(&self.remote_pod, &REMOTE_POD), self.remote_pod.seen()),
+            (
+                seen_field(&self.remote_pod, &REMOTE_POD),
+                self.remote_pod.seen(),
+            ),
             (
                 seen_field(&self.remote_external, &REMOTE_EXTERNAL),
                 self.remote_external.seen(),
@@ -209,12 +231,19 @@ impl Peer {
 }
 
 fn seen_field(mapped: &Mapped, fields: &Fields) -> &'static str {
-    if mapped.nat.is_some() { fields.nat } else { fields.real }
+    if mapped.nat.is_some() {
+        fields.nat
+    } else {
+        fields.real
+    }
 }
 
 fn cluster_id(raw: &RawTunnelEndpoint) -> Option<String> {
     raw.field("clusterID")
-        .or_else(|| raw.field("clusterIdentity").and_then(|i| i.get("clusterID")))
+        .or_else(|| {
+            raw.field("clusterIdentity")
+                .and_then(|i| i.get("clusterID"))
+        })
         .and_then(Value::as_str)
         .map(str::to_owned)
 }
@@ -226,23 +255,19 @@ struct Reader<'a> {
 
 impl Reader<'_> {
     fn mapped(&self, fields: &Fields) -> Result<Mapped, PeerError> {
-        let real = self.cidr(fields.real, false)?.ok_or_else(|| PeerError::Missing {
-            file: self.origin.to_owned(),
-            object: self.raw.key.clone(),
-            field: fields.real,
-        })?;
+        let real = self
+            .cidr(fields.real, false)?
+            .ok_or_else(|| self.error(Problem::Missing { field: fields.real }))?;
         let nat = self.cidr(fields.nat, true)?;
         if let Some(nat) = nat
             && nat.prefix_len() != real.prefix_len()
         {
-            return Err(PeerError::MaskMismatch {
-                file: self.origin.to_owned(),
-                object: self.raw.key.clone(),
+            return Err(self.error(Problem::MaskMismatch {
                 field: fields.nat,
                 nat_len: nat.prefix_len(),
                 real_field: fields.real,
                 real_len: real.prefix_len(),
-            });
+            }));
         }
         Ok(Mapped { real, nat })
     }
@@ -258,16 +283,23 @@ impl Reader<'_> {
         }
         text.parse::<Ipv4Net>()
             .map(|net| Some(net.trunc()))
-            .map_err(|_| PeerError::BadCidr {
-                file: self.origin.to_owned(),
-                object: self.raw.key.clone(),
-                field,
-                value: match value {
-                    Value::String(s) => s.clone(),
-                    other => serde_yaml_ng::to_string(other).unwrap_or_default().trim().to_owned(),
-                },
-                none: if none_allowed { " or \"None\"" } else { "" },
+            .map_err(|_| {
+                self.error(Problem::BadCidr {
+                    field,
+                    value: match value {
+                        Value::String(s) => s.clone(),
+                        other => serde_yaml_ng::to_string(other)
+                            .unwrap_or_default()
+                            .trim()
+                            .to_owned(),
+                    },
+                    none: if none_allowed { " or \"None\"" } else { "" },
+                })
             })
+    }
+
+    fn error(&self, problem: Problem) -> PeerError {
+        PeerError::new(self.origin, &self.raw.key, problem)
     }
 }
 
@@ -288,7 +320,9 @@ mod tests {
 
     fn parse(yaml: &str) -> Result<Peer, PeerError> {
         let docs = parse_documents(Path::new("f.yaml"), yaml);
-        let Ok(Object::TunnelEndpoint(raw)) = &docs[0] else { panic!("{docs:?}") };
+        let Ok(Object::TunnelEndpoint(raw)) = &docs[0] else {
+            panic!("{docs:?}")
+        };
         Peer::from_raw(raw, "f.yaml")
     }
 
@@ -303,14 +337,29 @@ mod tests {
         assert_eq!(peer.layout, Layout::Spec);
         assert_eq!(
             peer.views(),
-            [("remoteNATPodCIDR", net("10.0.0.0/24")), ("remoteNATExternalCIDR", net("10.0.1.0/24"))]
+            [
+                ("remoteNATPodCIDR", net("10.0.0.0/24")),
+                ("remoteNATExternalCIDR", net("10.0.1.0/24"))
+            ]
         );
         let nat = peer.nat(7);
         assert_eq!(nat.peer_id, 7);
-        assert_eq!(nat.egress[0], PrefixRewrite::new([10, 244, 0, 0], [10, 0, 40, 0], 24));
-        assert_eq!(nat.egress[1], PrefixRewrite::new([192, 168, 0, 0], [10, 0, 41, 0], 24));
-        assert_eq!(nat.ingress[0], PrefixRewrite::new([10, 0, 40, 0], [10, 244, 0, 0], 24));
-        assert_eq!(nat.ingress[1], PrefixRewrite::new([10, 0, 41, 0], [192, 168, 0, 0], 24));
+        assert_eq!(
+            nat.egress[0],
+            PrefixRewrite::new([10, 244, 0, 0], [10, 0, 40, 0], 24)
+        );
+        assert_eq!(
+            nat.egress[1],
+            PrefixRewrite::new([192, 168, 0, 0], [10, 0, 41, 0], 24)
+        );
+        assert_eq!(
+            nat.ingress[0],
+            PrefixRewrite::new([10, 0, 40, 0], [10, 244, 0, 0], 24)
+        );
+        assert_eq!(
+            nat.ingress[1],
+            PrefixRewrite::new([10, 0, 41, 0], [192, 168, 0, 0], 24)
+        );
     }
 
     #[test]
@@ -333,7 +382,13 @@ mod tests {
 
     #[test]
     fn bad_cidr_names_file_object_and_field() {
-        let yaml = peer_yaml("b", &A_TO_B.replace("remoteNATPodCIDR: 10.0.0.0/24", "remoteNATPodCIDR: 10.0.0.0/33"));
+        let yaml = peer_yaml(
+            "b",
+            &A_TO_B.replace(
+                "remoteNATPodCIDR: 10.0.0.0/24",
+                "remoteNATPodCIDR: 10.0.0.0/33",
+            ),
+        );
         let err = parse(&yaml).unwrap_err().to_string();
         assert_eq!(
             err,
@@ -343,7 +398,13 @@ mod tests {
 
     #[test]
     fn mask_mismatch_names_both_fields() {
-        let yaml = peer_yaml("b", &A_TO_B.replace("localNATPodCIDR: 10.0.40.0/24", "localNATPodCIDR: 10.0.40.0/23"));
+        let yaml = peer_yaml(
+            "b",
+            &A_TO_B.replace(
+                "localNATPodCIDR: 10.0.40.0/24",
+                "localNATPodCIDR: 10.0.40.0/23",
+            ),
+        );
         let err = parse(&yaml).unwrap_err().to_string();
         assert_eq!(
             err,
@@ -355,6 +416,9 @@ mod tests {
     fn missing_network_is_named() {
         let yaml = peer_yaml("b", &A_TO_B.replace("  remotePodCIDR: 10.244.0.0/24\n", ""));
         let err = parse(&yaml).unwrap_err().to_string();
-        assert_eq!(err, "f.yaml: TunnelEndpoint liqo/b: field remotePodCIDR is missing");
+        assert_eq!(
+            err,
+            "f.yaml: TunnelEndpoint liqo/b: field remotePodCIDR is missing"
+        );
     }
 }

@@ -11,7 +11,7 @@ use isthmus_common::nat::PeerNat;
 
 use crate::{
     object::{DocumentError, Object, ObjectKey},
-    peer::{Peer, PeerError},
+    peer::{Peer, PeerError, Problem},
 };
 
 /// Where the kernel keeps peers: the LPM map, or a stand-in in tests.
@@ -98,7 +98,8 @@ impl<T: PeerTable> Reconciler<T> {
     /// Brings the kernel table in line with the current objects.
     pub fn reconcile(&mut self) -> Result<Report, T::Error> {
         let (accepted, errors) = self.select();
-        self.seniority.retain(|key, _| accepted.iter().any(|p| &p.key == key));
+        self.seniority
+            .retain(|key, _| accepted.iter().any(|p| &p.key == key));
         for peer in &accepted {
             if !self.seniority.contains_key(&peer.key) {
                 self.seniority.insert(peer.key.clone(), self.next_seniority);
@@ -119,7 +120,11 @@ impl<T: PeerTable> Reconciler<T> {
         report.rejected = errors.len();
         report.new_errors = errors.difference(&self.errors).cloned().collect();
         report.cleared_errors = self.errors.difference(&errors).cloned().collect();
-        report.added = accepted.iter().filter(|p| !self.accepted.contains(p)).cloned().collect();
+        report.added = accepted
+            .iter()
+            .filter(|p| !self.accepted.contains(p))
+            .cloned()
+            .collect();
         report.dropped = self
             .accepted
             .iter()
@@ -171,7 +176,8 @@ impl<T: PeerTable> Reconciler<T> {
     /// Keeps each peer's ID; a new peer takes the ID the kernel already holds
     /// for its networks (so a restart rewrites nothing), else the lowest free.
     fn assign_ids(&mut self, accepted: &[Peer]) {
-        self.ids.retain(|key, _| accepted.iter().any(|p| &p.key == key));
+        self.ids
+            .retain(|key, _| accepted.iter().any(|p| &p.key == key));
         for peer in accepted {
             if self.ids.contains_key(&peer.key) {
                 continue;
@@ -216,11 +222,12 @@ impl<T: PeerTable> Reconciler<T> {
 /// Why `peer` cannot join `accepted`, if it cannot.
 fn conflict(peer: &Peer, accepted: &[Peer]) -> Option<PeerError> {
     if let Some(other) = accepted.iter().find(|o| o.key == peer.key) {
-        return Some(PeerError::Duplicate {
-            file: peer.origin.clone(),
-            object: peer.key.clone(),
-            other_file: other.origin.clone(),
-        });
+        let other_file = other.origin.clone();
+        return Some(PeerError::new(
+            &peer.origin,
+            &peer.key,
+            Problem::Duplicate { other_file },
+        ));
     }
     // Views taken so far; the peer's own first view counts against its second.
     let mut taken: Vec<(&Peer, (&'static str, Ipv4Net))> = accepted
@@ -228,19 +235,19 @@ fn conflict(peer: &Peer, accepted: &[Peer]) -> Option<PeerError> {
         .flat_map(|other| other.views().map(|view| (other, view)))
         .collect();
     for (field, net) in peer.views() {
-        if let Some((other, (other_field, other_net))) =
-            taken.iter().find(|(_, (_, taken_net))| overlaps(net, *taken_net))
+        if let Some((other, (other_field, other_net))) = taken
+            .iter()
+            .find(|(_, (_, taken_net))| overlaps(net, *taken_net))
         {
-            return Some(PeerError::Overlap {
-                file: peer.origin.clone(),
-                object: peer.key.clone(),
+            let problem = Problem::Overlap {
                 field,
                 net,
                 other: other.key.clone(),
                 other_file: other.origin.clone(),
                 other_field,
                 other_net: *other_net,
-            });
+            };
+            return Some(PeerError::new(&peer.origin, &peer.key, problem));
         }
         taken.push((peer, (field, net)));
     }
@@ -300,11 +307,17 @@ mod tests {
     fn programs_both_views_of_each_peer() {
         let mut table = Table::default();
         let mut r = Reconciler::new(&mut table).unwrap();
-        r.set_origin("b.yaml".into(), docs("b.yaml", &tep("b", "10.0.0.0/24", "10.0.1.0/24")));
+        r.set_origin(
+            "b.yaml".into(),
+            docs("b.yaml", &tep("b", "10.0.0.0/24", "10.0.1.0/24")),
+        );
         let report = r.reconcile().unwrap();
         assert_eq!((report.written, report.removed, report.peers), (2, 0, 1));
         drop(r);
-        assert_eq!(table.entries.keys().copied().collect::<Vec<_>>(), [net("10.0.0.0/24"), net("10.0.1.0/24")]);
+        assert_eq!(
+            table.entries.keys().copied().collect::<Vec<_>>(),
+            [net("10.0.0.0/24"), net("10.0.1.0/24")]
+        );
         assert_eq!(table.entries[&net("10.0.0.0/24")].peer_id, 1);
     }
 
@@ -314,11 +327,18 @@ mod tests {
         let mut r = Reconciler::new(&mut table).unwrap();
         for i in 0..50 {
             let file = format!("p{i}.yaml");
-            let yaml = tep(&format!("p{i}"), &format!("10.{i}.0.0/24"), &format!("10.{}.1.0/24", i));
+            let yaml = tep(
+                &format!("p{i}"),
+                &format!("10.{i}.0.0/24"),
+                &format!("10.{}.1.0/24", i),
+            );
             r.set_origin(file.clone(), docs(&file, &yaml));
         }
         assert_eq!(r.reconcile().unwrap().written, 100);
-        r.set_origin("p7.yaml".into(), docs("p7.yaml", &tep("p7", "10.7.0.0/24", "10.99.1.0/24")));
+        r.set_origin(
+            "p7.yaml".into(),
+            docs("p7.yaml", &tep("p7", "10.7.0.0/24", "10.99.1.0/24")),
+        );
         let report = r.reconcile().unwrap();
         assert_eq!((report.written, report.removed), (1, 1));
         r.remove_origin("p8.yaml");
@@ -330,29 +350,43 @@ mod tests {
     fn overlap_rejects_the_newcomer_and_keeps_the_rest() {
         let mut table = Table::default();
         let mut r = Reconciler::new(&mut table).unwrap();
-        r.set_origin("z.yaml".into(), docs("z.yaml", &tep("z", "10.0.0.0/24", "10.0.1.0/24")));
+        r.set_origin(
+            "z.yaml".into(),
+            docs("z.yaml", &tep("z", "10.0.0.0/24", "10.0.1.0/24")),
+        );
         r.reconcile().unwrap();
         // Sorts before z.yaml, but z was accepted first and keeps its networks.
-        r.set_origin("a.yaml".into(), docs("a.yaml", &tep("a", "10.9.0.0/24", "10.0.0.0/24")));
+        r.set_origin(
+            "a.yaml".into(),
+            docs("a.yaml", &tep("a", "10.9.0.0/24", "10.0.0.0/24")),
+        );
         let report = r.reconcile().unwrap();
         assert_eq!((report.written, report.peers, report.rejected), (0, 1, 1));
         assert_eq!(
             report.new_errors,
-            ["a.yaml: TunnelEndpoint liqo/a: field remoteNATExternalCIDR (10.0.0.0/24) overlaps field remoteNATPodCIDR (10.0.0.0/24) of TunnelEndpoint liqo/z in z.yaml"]
+            [
+                "a.yaml: TunnelEndpoint liqo/a: field remoteNATExternalCIDR (10.0.0.0/24) overlaps field remoteNATPodCIDR (10.0.0.0/24) of TunnelEndpoint liqo/z in z.yaml"
+            ]
         );
         // The same error is not reported twice.
         assert!(r.reconcile().unwrap().new_errors.is_empty());
         // Once z goes, a is accepted.
         r.remove_origin("z.yaml");
         let report = r.reconcile().unwrap();
-        assert_eq!((report.peers, report.rejected, report.cleared_errors.len()), (1, 0, 1));
+        assert_eq!(
+            (report.peers, report.rejected, report.cleared_errors.len()),
+            (1, 0, 1)
+        );
     }
 
     #[test]
     fn a_peer_whose_two_views_overlap_is_rejected() {
         let mut table = Table::default();
         let mut r = Reconciler::new(&mut table).unwrap();
-        r.set_origin("s.yaml".into(), docs("s.yaml", &tep("s", "10.0.1.0/24", "10.0.1.0/24")));
+        r.set_origin(
+            "s.yaml".into(),
+            docs("s.yaml", &tep("s", "10.0.1.0/24", "10.0.1.0/24")),
+        );
         let report = r.reconcile().unwrap();
         assert_eq!(report.peers, 0);
         assert!(report.new_errors[0].contains("field remoteNATExternalCIDR (10.0.1.0/24) overlaps field remoteNATPodCIDR (10.0.1.0/24) of TunnelEndpoint liqo/s"), "{:?}", report.new_errors);
@@ -362,17 +396,30 @@ mod tests {
     fn bad_document_does_not_disturb_other_peers() {
         let mut table = Table::default();
         let mut r = Reconciler::new(&mut table).unwrap();
-        r.set_origin("good.yaml".into(), docs("good.yaml", &tep("good", "10.0.0.0/24", "10.0.1.0/24")));
-        r.set_origin("bad.yaml".into(), docs("bad.yaml", &tep("bad", "10.5.0.0/99", "10.0.9.0/24")));
+        r.set_origin(
+            "good.yaml".into(),
+            docs("good.yaml", &tep("good", "10.0.0.0/24", "10.0.1.0/24")),
+        );
+        r.set_origin(
+            "bad.yaml".into(),
+            docs("bad.yaml", &tep("bad", "10.5.0.0/99", "10.0.9.0/24")),
+        );
         let report = r.reconcile().unwrap();
         assert_eq!((report.peers, report.rejected, report.written), (1, 1, 2));
-        assert!(report.new_errors[0].starts_with("bad.yaml: TunnelEndpoint liqo/bad: field remoteNATPodCIDR"));
+        assert!(
+            report.new_errors[0]
+                .starts_with("bad.yaml: TunnelEndpoint liqo/bad: field remoteNATPodCIDR")
+        );
     }
 
     #[test]
     fn a_restart_that_reads_the_same_objects_writes_nothing() {
         let mut table = Table::default();
-        let yaml = format!("{}---\n{}", tep("b", "10.0.0.0/24", "10.0.1.0/24"), tep("c", "10.3.0.0/24", "10.3.1.0/24"));
+        let yaml = format!(
+            "{}---\n{}",
+            tep("b", "10.0.0.0/24", "10.0.1.0/24"),
+            tep("c", "10.3.0.0/24", "10.3.1.0/24")
+        );
         {
             let mut r = Reconciler::new(&mut table).unwrap();
             r.set_origin("x.yaml".into(), docs("x.yaml", &yaml));
@@ -381,7 +428,11 @@ mod tests {
         // Reverse the acceptance order: adopted IDs still match the kernel.
         let writes = table.writes;
         let mut r = Reconciler::new(&mut table).unwrap();
-        let swapped = format!("{}---\n{}", tep("c", "10.3.0.0/24", "10.3.1.0/24"), tep("b", "10.0.0.0/24", "10.0.1.0/24"));
+        let swapped = format!(
+            "{}---\n{}",
+            tep("c", "10.3.0.0/24", "10.3.1.0/24"),
+            tep("b", "10.0.0.0/24", "10.0.1.0/24")
+        );
         r.set_origin("x.yaml".into(), docs("x.yaml", &swapped));
         let report = r.reconcile().unwrap();
         assert_eq!((report.written, report.removed), (0, 0));

@@ -78,11 +78,12 @@ pub enum DirError {
 /// the receiver is dropped.
 pub fn watch_dir(dir: &Path) -> Result<mpsc::Receiver<SourceEvent>, DirError> {
     let (raw_tx, mut raw_rx) = mpsc::unbounded_channel::<PathBuf>();
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| match event {
-        Ok(event) => event.paths.into_iter().for_each(|p| drop(raw_tx.send(p))),
-        Err(e) => warn!(error = %e, "directory watch error"),
-    })
-    .map_err(|e| DirError::Watch(dir.into(), e))?;
+    let mut watcher =
+        notify::recommended_watcher(move |event: notify::Result<notify::Event>| match event {
+            Ok(event) => event.paths.into_iter().for_each(|p| drop(raw_tx.send(p))),
+            Err(e) => warn!(error = %e, "directory watch error"),
+        })
+        .map_err(|e| DirError::Watch(dir.into(), e))?;
     // Watch before the first scan, so no change falls between the two.
     watcher
         .watch(dir, RecursiveMode::NonRecursive)
@@ -131,7 +132,10 @@ fn is_yaml(path: &Path) -> bool {
         .file_name()
         .and_then(|n| n.to_str())
         .is_some_and(|n| !n.starts_with('.'));
-    let yaml = matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"));
+    let yaml = matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("yaml" | "yml")
+    );
     visible && yaml
 }
 
@@ -159,7 +163,10 @@ mod tests {
 
     #[test]
     fn parses_source_specs() {
-        assert_eq!("dir:/etc/x".parse::<SourceSpec>().unwrap(), SourceSpec::Dir("/etc/x".into()));
+        assert_eq!(
+            "dir:/etc/x".parse::<SourceSpec>().unwrap(),
+            SourceSpec::Dir("/etc/x".into())
+        );
         assert_eq!("kube".parse::<SourceSpec>().unwrap(), SourceSpec::Kube);
         assert!("dir:".parse::<SourceSpec>().is_err());
         assert!("file:/x".parse::<SourceSpec>().is_err());
@@ -177,7 +184,11 @@ mod tests {
     #[tokio::test]
     async fn sends_initial_files_then_synced_then_changes() {
         let dir = tempfile::tempdir().unwrap();
-        fs::write(dir.path().join("a.yaml"), "apiVersion: v1\nkind: X\nmetadata: {name: x}\n").unwrap();
+        fs::write(
+            dir.path().join("a.yaml"),
+            "apiVersion: v1\nkind: X\nmetadata: {name: x}\n",
+        )
+        .unwrap();
         let mut rx = watch_dir(dir.path()).unwrap();
         assert!(matches!(rx.recv().await, Some(SourceEvent::Origin { .. })));
         assert!(matches!(rx.recv().await, Some(SourceEvent::Synced)));

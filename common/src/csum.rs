@@ -22,11 +22,7 @@ pub const fn replace2(check: u16, old: u16, new: u16) -> u16 {
 /// `check` after a 32-bit word of the covered data changed from `old` to `new`.
 #[inline(always)]
 pub const fn replace4(check: u16, old: u32, new: u32) -> u16 {
-    let sum = !check as u32
-        + (!old & 0xffff)
-        + (!old >> 16)
-        + (new & 0xffff)
-        + (new >> 16);
+    let sum = !check as u32 + (!old & 0xffff) + (!old >> 16) + (new & 0xffff) + (new >> 16);
     !fold(sum)
 }
 

@@ -48,7 +48,8 @@ pub fn set_quoted_addr(
     new: u32,
 ) -> Result<(), Malformed> {
     let quoted = &err.quoted;
-    ctx.store(quoted.off + field, &new, 0).map_err(|_| Malformed)?;
+    ctx.store(quoted.off + field, &new, 0)
+        .map_err(|_| Malformed)?;
     ctx.l4_csum_replace(err.check_off, old as u64, new as u64, 4)
         .map_err(|_| Malformed)?;
     update_quoted_check(ctx, err.check_off, quoted.off + ip::CHECK, old, new, false)?;

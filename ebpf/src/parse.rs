@@ -66,17 +66,60 @@ pub struct Packet {
     pub icmp_error: Option<IcmpError>,
 }
 
-#[inline(always)]
-fn load<T>(ctx: &TcContext, off: usize) -> Result<T, Malformed> {
-    ctx.load::<T>(off).map_err(|_| Malformed)
+/// The most the parser reads past the IPv4 header's start: a header with
+/// options, an ICMP header, a quoted header with options, and the quoted
+/// TCP checksum.
+const MAX_PARSED: usize = 60 + ICMP_HLEN + 60 + TCP_CHECK + 2;
+
+/// Direct read access to the linear part of the packet. Only valid until
+/// the next helper that changes packet data.
+struct View {
+    start: usize,
+    end: usize,
+}
+
+impl View {
+    /// The `N` bytes at `off`. Every read goes through one fixed-size span
+    /// check: the verifier then accepts constant offsets into it, where a
+    /// check per field can be folded by LLVM into a form it rejects.
+    #[inline(always)]
+    fn span<const N: usize>(&self, off: usize) -> Result<&[u8; N], Malformed> {
+        if self.start + off + N > self.end {
+            return Err(Malformed);
+        }
+        // SAFETY: bounds checked against data_end just above.
+        Ok(unsafe { &*((self.start + off) as *const [u8; N]) })
+    }
+}
+
+fn be16(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([b[at], b[at + 1]])
+}
+
+fn wire32(b: &[u8], at: usize) -> u32 {
+    u32::from_ne_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
 /// Parses the IPv4 packet at `off`. Fails if any header it needs is cut off.
 #[inline(always)]
 pub fn packet(ctx: &TcContext, off: usize) -> Result<Packet, Malformed> {
-    let outer = header(ctx, off, ctx.len() as usize, true)?;
+    let len = ctx.len() as usize;
+    let wanted = if len < off + MAX_PARSED {
+        len
+    } else {
+        off + MAX_PARSED
+    };
+    // Forwarded packets are usually linear already; pull only when not.
+    if ctx.data() + wanted > ctx.data_end() {
+        ctx.pull_data(wanted as u32).map_err(|_| Malformed)?;
+    }
+    let view = View {
+        start: ctx.data(),
+        end: ctx.data_end(),
+    };
+    let outer = header(&view, off, len, true)?;
     let icmp_error = if outer.proto == PROTO_ICMP && outer.first {
-        icmp_error(ctx, outer.l4, outer.end)?
+        icmp_error(&view, outer.l4, outer.end)?
     } else {
         None
     };
@@ -101,15 +144,15 @@ struct Header {
 /// Reads the IPv4 header at `off`, within `end`. `whole` is false for a
 /// quoted header, whose total length describes a packet we do not have.
 #[inline(always)]
-fn header(ctx: &TcContext, off: usize, end: usize, whole: bool) -> Result<Header, Malformed> {
-    let version_ihl: u8 = load(ctx, off)?;
-    let hlen = ((version_ihl & 0x0f) as usize) * 4;
-    if version_ihl >> 4 != 4 || hlen < IPV4_MIN_HLEN || off + hlen > end {
+fn header(view: &View, off: usize, end: usize, whole: bool) -> Result<Header, Malformed> {
+    let h = view.span::<IPV4_MIN_HLEN>(off)?;
+    let hlen = ((h[0] & 0x0f) as usize) * 4;
+    if h[0] >> 4 != 4 || hlen < IPV4_MIN_HLEN || off + hlen > end {
         return Err(Malformed);
     }
     // The packet may be longer than its datagram (link padding), never shorter.
     let end = if whole {
-        let total = u16::from_be(load::<u16>(ctx, off + 2)?) as usize;
+        let total = be16(h, 2) as usize;
         if total < hlen || off + total > end {
             return Err(Malformed);
         }
@@ -117,8 +160,8 @@ fn header(ctx: &TcContext, off: usize, end: usize, whole: bool) -> Result<Header
     } else {
         end
     };
-    let first = u16::from_be(load::<u16>(ctx, off + 6)?) & 0x1fff == 0;
-    let proto: u8 = load(ctx, off + 9)?;
+    let first = be16(h, 6) & 0x1fff == 0;
+    let proto = h[9];
     let l4 = off + hlen;
     let csum = if first {
         pseudo_csum(proto, l4, end, whole)?
@@ -127,8 +170,8 @@ fn header(ctx: &TcContext, off: usize, end: usize, whole: bool) -> Result<Header
     };
     let ip = Ipv4 {
         off,
-        src: load(ctx, off + ip::SRC)?,
-        dst: load(ctx, off + ip::DST)?,
+        src: wire32(h, ip::SRC),
+        dst: wire32(h, ip::DST),
         csum,
     };
     Ok(Header {
@@ -166,13 +209,13 @@ fn pseudo_csum(proto: u8, l4: usize, end: usize, whole: bool) -> Result<PseudoCs
 
 /// The quoted header of an ICMP error message, if this ICMP packet is one.
 #[inline(always)]
-fn icmp_error(ctx: &TcContext, l4: usize, end: usize) -> Result<Option<IcmpError>, Malformed> {
-    let icmp_type: u8 = load(ctx, l4)?;
+fn icmp_error(view: &View, l4: usize, end: usize) -> Result<Option<IcmpError>, Malformed> {
+    let icmp_type = view.span::<ICMP_HLEN>(l4)?[0];
     // Destination unreachable, source quench, redirect, time exceeded, parameter problem.
     if !matches!(icmp_type, 3 | 4 | 5 | 11 | 12) {
         return Ok(None);
     }
-    let quoted = header(ctx, l4 + ICMP_HLEN, end, false)?.ip;
+    let quoted = header(view, l4 + ICMP_HLEN, end, false)?.ip;
     Ok(Some(IcmpError {
         check_off: l4 + ICMP_CHECK,
         quoted,

@@ -17,13 +17,27 @@ pub type Addr = [u8; 4];
 #[derive(Clone, Debug)]
 pub enum L4 {
     /// UDP; `zero_csum` leaves the checksum at 0 ("not computed").
-    Udp { sport: u16, dport: u16, payload: Vec<u8>, zero_csum: bool },
+    Udp {
+        sport: u16,
+        dport: u16,
+        payload: Vec<u8>,
+        zero_csum: bool,
+    },
     /// TCP with a SYN.
-    Tcp { sport: u16, dport: u16, payload: Vec<u8> },
+    Tcp {
+        sport: u16,
+        dport: u16,
+        payload: Vec<u8>,
+    },
     /// ICMP echo request.
     Echo { id: u16, seq: u16 },
     /// ICMP error quoting the first `quote_len` bytes of `quoted`.
-    IcmpError { icmp_type: u8, code: u8, quoted: Box<Datagram>, quote_len: usize },
+    IcmpError {
+        icmp_type: u8,
+        code: u8,
+        quoted: Box<Datagram>,
+        quote_len: usize,
+    },
 }
 
 /// An IPv4 datagram to build.
@@ -42,12 +56,21 @@ pub struct Datagram {
 impl Datagram {
     /// A datagram with no options.
     pub fn new(src: Addr, dst: Addr, l4: L4) -> Self {
-        Self { src, dst, options: Vec::new(), l4 }
+        Self {
+            src,
+            dst,
+            options: Vec::new(),
+            l4,
+        }
     }
 
     /// The same datagram between other addresses (what a NAT should produce).
     pub fn between(&self, src: Addr, dst: Addr) -> Self {
-        Self { src, dst, ..self.clone() }
+        Self {
+            src,
+            dst,
+            ..self.clone()
+        }
     }
 
     /// The same datagram with its quoted packet's addresses replaced.
@@ -71,15 +94,25 @@ impl Datagram {
     /// The header and payload, checksums filled in.
     pub fn parts(&self) -> (Ipv4Header, Vec<u8>) {
         match &self.l4 {
-            L4::Udp { sport, dport, payload, zero_csum } => {
+            L4::Udp {
+                sport,
+                dport,
+                payload,
+                zero_csum,
+            } => {
                 let ip = self.header(8 + payload.len(), IpNumber::UDP);
-                let mut udp = UdpHeader::with_ipv4_checksum(*sport, *dport, &ip, payload).expect("small payload");
+                let mut udp = UdpHeader::with_ipv4_checksum(*sport, *dport, &ip, payload)
+                    .expect("small payload");
                 if *zero_csum {
                     udp.checksum = 0;
                 }
                 (ip, [udp.to_bytes().as_slice(), payload].concat())
             }
-            L4::Tcp { sport, dport, payload } => {
+            L4::Tcp {
+                sport,
+                dport,
+                payload,
+            } => {
                 let mut tcp = TcpHeader::new(*sport, *dport, 1000, 64240);
                 tcp.syn = true;
                 let ip = self.header(tcp.header_len() + payload.len(), IpNumber::TCP);
@@ -91,12 +124,23 @@ impl Datagram {
                 icmp.extend(id.to_be_bytes());
                 icmp.extend(seq.to_be_bytes());
                 icmp.extend(b"echo-payload");
-                (self.header(icmp.len(), IpNumber::ICMP), with_icmp_checksum(icmp))
+                (
+                    self.header(icmp.len(), IpNumber::ICMP),
+                    with_icmp_checksum(icmp),
+                )
             }
-            L4::IcmpError { icmp_type, code, quoted, quote_len } => {
+            L4::IcmpError {
+                icmp_type,
+                code,
+                quoted,
+                quote_len,
+            } => {
                 let mut icmp = vec![*icmp_type, *code, 0, 0, 0, 0, 0, 0];
                 icmp.extend(&quoted.bytes()[..*quote_len]);
-                (self.header(icmp.len(), IpNumber::ICMP), with_icmp_checksum(icmp))
+                (
+                    self.header(icmp.len(), IpNumber::ICMP),
+                    with_icmp_checksum(icmp),
+                )
             }
         }
     }

@@ -25,15 +25,27 @@ impl Node {
         }
         ip("", &["netns", "add", ns]).unwrap();
         ip(ns, &["link", "set", "lo", "up"]).unwrap();
-        ip(ns, &["link", "add", "v0", "type", "veth", "peer", "name", "v1"]).unwrap();
+        ip(
+            ns,
+            &["link", "add", "v0", "type", "veth", "peer", "name", "v1"],
+        )
+        .unwrap();
         for dev in ["v0", "v1"] {
             ip(ns, &["link", "set", dev, "up"]).unwrap();
         }
         let objects = PathBuf::from(xtask::lab::STATE_DIR).join(format!("objects/{ns}"));
         fs::create_dir_all(&objects).unwrap();
-        fs::write(objects.join("peer-b.yaml"), PEERINGS[0].tunnel_endpoint_yaml()).unwrap();
+        fs::write(
+            objects.join("peer-b.yaml"),
+            PEERINGS[0].tunnel_endpoint_yaml(),
+        )
+        .unwrap();
         let log = lab::log_file(ns);
-        Self { ns: ns.to_owned(), objects, log }
+        Self {
+            ns: ns.to_owned(),
+            objects,
+            log,
+        }
     }
 
     fn bpffs(&self) -> PathBuf {
@@ -62,7 +74,15 @@ impl Node {
         let bpffs = self.bpffs();
         xtask::cmd::run(
             "ip",
-            &["netns", "exec", &self.ns, &agent.to_string_lossy(), "cleanup", "--bpffs", &bpffs.to_string_lossy()],
+            &[
+                "netns",
+                "exec",
+                &self.ns,
+                &agent.to_string_lossy(),
+                "cleanup",
+                "--bpffs",
+                &bpffs.to_string_lossy(),
+            ],
         )
         .unwrap()
     }
@@ -72,7 +92,12 @@ impl Node {
         let out = ip_tc(&self.ns, direction);
         out.lines()
             .filter(|l| l.contains(program))
-            .filter_map(|l| l.split_whitespace().skip_while(|w| *w != "id").nth(1).map(str::to_owned))
+            .filter_map(|l| {
+                l.split_whitespace()
+                    .skip_while(|w| *w != "id")
+                    .nth(1)
+                    .map(str::to_owned)
+            })
             .collect()
     }
 
@@ -101,19 +126,36 @@ fn clsact_filters_are_replaced_on_restart_and_removed_by_cleanup() {
     let node = Node::new("ist-t-clsact");
     node.run_agent("clsact");
     let first = node.clsact("egress", names::PROG_EGRESS_ETH);
-    assert_eq!(first.len(), 1, "one egress filter: {}", ip_tc(&node.ns, "egress"));
+    assert_eq!(
+        first.len(),
+        1,
+        "one egress filter: {}",
+        ip_tc(&node.ns, "egress")
+    );
     assert_eq!(node.clsact("ingress", names::PROG_INGRESS_ETH).len(), 1);
 
     // The filter outlived the agent; the next one replaces it in place.
     node.run_agent("clsact");
     let second = node.clsact("egress", names::PROG_EGRESS_ETH);
-    assert_eq!(second.len(), 1, "restart duplicated the filter: {}", ip_tc(&node.ns, "egress"));
+    assert_eq!(
+        second.len(),
+        1,
+        "restart duplicated the filter: {}",
+        ip_tc(&node.ns, "egress")
+    );
     assert_ne!(first, second, "restart did not load the new program");
 
     let report = node.cleanup();
-    assert!(report.contains("clsact filter nat_egress_eth on v0 egress"), "{report}");
+    assert!(
+        report.contains("clsact filter nat_egress_eth on v0 egress"),
+        "{report}"
+    );
     assert!(node.clsact("egress", "nat_").is_empty() && node.clsact("ingress", "nat_").is_empty());
-    assert!(!node.bpffs().exists(), "cleanup left {}", node.bpffs().display());
+    assert!(
+        !node.bpffs().exists(),
+        "cleanup left {}",
+        node.bpffs().display()
+    );
 }
 
 #[test]
@@ -122,7 +164,11 @@ fn tcx_links_are_updated_on_restart_and_modes_can_be_switched() {
     node.run_agent("tcx");
     let first = node.tcx(TcAttachType::Egress);
     assert_eq!(first.len(), 1, "one TCX egress program");
-    assert_eq!(node.tcx(TcAttachType::Ingress).len(), 1, "one TCX ingress program");
+    assert_eq!(
+        node.tcx(TcAttachType::Ingress).len(),
+        1,
+        "one TCX ingress program"
+    );
 
     node.run_agent("auto");
     let second = node.tcx(TcAttachType::Egress);
@@ -131,13 +177,21 @@ fn tcx_links_are_updated_on_restart_and_modes_can_be_switched() {
 
     // Switching to clsact leaves exactly one attachment per direction.
     node.run_agent("clsact");
-    assert!(node.tcx(TcAttachType::Egress).is_empty() && node.tcx(TcAttachType::Ingress).is_empty());
+    assert!(
+        node.tcx(TcAttachType::Egress).is_empty() && node.tcx(TcAttachType::Ingress).is_empty()
+    );
     assert_eq!(node.clsact("egress", names::PROG_EGRESS_ETH).len(), 1);
     node.run_agent("tcx");
     assert_eq!(node.tcx(TcAttachType::Egress).len(), 1);
-    assert!(node.clsact("egress", "nat_").is_empty(), "{}", ip_tc(&node.ns, "egress"));
+    assert!(
+        node.clsact("egress", "nat_").is_empty(),
+        "{}",
+        ip_tc(&node.ns, "egress")
+    );
 
     node.cleanup();
-    assert!(node.tcx(TcAttachType::Egress).is_empty() && node.tcx(TcAttachType::Ingress).is_empty());
+    assert!(
+        node.tcx(TcAttachType::Egress).is_empty() && node.tcx(TcAttachType::Ingress).is_empty()
+    );
     assert!(!node.bpffs().exists());
 }

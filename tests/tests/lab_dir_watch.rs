@@ -32,10 +32,18 @@ fn entries(map: &PeerMap) -> BTreeMap<Ipv4Net, PeerNat> {
 }
 
 /// Polls the kernel map until `done` holds; returns how long it took.
-fn wait_map(map: &PeerMap, what: &str, done: impl Fn(&BTreeMap<Ipv4Net, PeerNat>) -> bool) -> Duration {
+fn wait_map(
+    map: &PeerMap,
+    what: &str,
+    done: impl Fn(&BTreeMap<Ipv4Net, PeerNat>) -> bool,
+) -> Duration {
     let start = Instant::now();
     while !done(&entries(map)) {
-        assert!(start.elapsed() < GIVE_UP, "kernel map never showed {what}: {:?}", entries(map).keys());
+        assert!(
+            start.elapsed() < GIVE_UP,
+            "kernel map never showed {what}: {:?}",
+            entries(map).keys()
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
     start.elapsed()
@@ -43,8 +51,15 @@ fn wait_map(map: &PeerMap, what: &str, done: impl Fn(&BTreeMap<Ipv4Net, PeerNat>
 
 fn wait_log(node: &str, needle: &str) {
     let start = Instant::now();
-    while !fs::read_to_string(lab::log_file(node)).unwrap_or_default().contains(needle) {
-        assert!(start.elapsed() < GIVE_UP, "{node}'s log never said {needle:?}; it ends:\n{}", lab::log_tail(&lab::log_file(node)));
+    while !fs::read_to_string(lab::log_file(node))
+        .unwrap_or_default()
+        .contains(needle)
+    {
+        assert!(
+            start.elapsed() < GIVE_UP,
+            "{node}'s log never said {needle:?}; it ends:\n{}",
+            lab::log_tail(&lab::log_file(node))
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
 }
@@ -87,19 +102,29 @@ fn add_change_delete_reach_the_kernel_within_100ms() {
     let gw = A.gw();
     let map = PeerMap::open(&lab::bpffs(&gw)).unwrap();
     let baseline = entries(&map);
-    assert!(baseline.contains_key(&net("10.0.0.0/24")), "peer b missing from {:?}", baseline.keys());
+    assert!(
+        baseline.contains_key(&net("10.0.0.0/24")),
+        "peer b missing from {:?}",
+        baseline.keys()
+    );
     let written = || sample(&gw, "isthmus_map_updates_total{op=\"write\"}");
     let writes_before = written();
 
     let file = Scratch::new("peer-x.yaml");
     fs::write(&file.0, peer_x("10.7.0.0/24")).unwrap();
-    let took = wait_map(&map, "peer x", |e| e.contains_key(&net("10.7.0.0/24")) && e.contains_key(&net("10.7.1.0/24")));
+    let took = wait_map(&map, "peer x", |e| {
+        e.contains_key(&net("10.7.0.0/24")) && e.contains_key(&net("10.7.1.0/24"))
+    });
     assert!(took < BUDGET, "add took {took:?}");
     // Exactly peer x's two networks were written; peer b's entries were not touched.
     let after_add = entries(&map);
     assert_eq!(written() - writes_before, 2.0);
     for (net, nat) in &baseline {
-        assert_eq!(after_add.get(net), Some(nat), "{net} changed when x was added");
+        assert_eq!(
+            after_add.get(net),
+            Some(nat),
+            "{net} changed when x was added"
+        );
     }
 
     fs::write(&file.0, peer_x("10.8.0.0/24")).unwrap();
@@ -107,7 +132,11 @@ fn add_change_delete_reach_the_kernel_within_100ms() {
         e.contains_key(&net("10.8.0.0/24")) && !e.contains_key(&net("10.7.0.0/24"))
     });
     assert!(took < BUDGET, "change took {took:?}");
-    assert_eq!(written() - writes_before, 3.0, "a change of one network writes one element");
+    assert_eq!(
+        written() - writes_before,
+        3.0,
+        "a change of one network writes one element"
+    );
 
     fs::remove_file(&file.0).unwrap();
     let took = wait_map(&map, "x gone", |e| *e == baseline);
@@ -129,7 +158,9 @@ fn rejections_name_the_file_object_and_field_and_spare_the_rest() {
         ),
         (
             "bad-mask.yaml",
-            peer_x("10.7.0.0/24").replace("tep-x", "tep-bad-mask").replace("10.0.70.0/24", "10.0.70.0/23"),
+            peer_x("10.7.0.0/24")
+                .replace("tep-x", "tep-bad-mask")
+                .replace("10.0.70.0/24", "10.0.70.0/23"),
             "bad-mask.yaml: TunnelEndpoint liqo-tenant-x/tep-bad-mask: field localNATPodCIDR: mask /23 differs from localPodCIDR /24",
         ),
         (
@@ -143,7 +174,10 @@ fn rejections_name_the_file_object_and_field_and_spare_the_rest() {
             "configmap.yaml: document 1 (not-a-tep): not a TunnelEndpoint",
         ),
     ];
-    let files: Vec<Scratch> = cases.iter().map(|(name, _, _)| Scratch::new(name)).collect();
+    let files: Vec<Scratch> = cases
+        .iter()
+        .map(|(name, _, _)| Scratch::new(name))
+        .collect();
     for ((_, yaml, _), file) in cases.iter().zip(&files) {
         fs::write(&file.0, yaml).unwrap();
     }
@@ -152,7 +186,11 @@ fn rejections_name_the_file_object_and_field_and_spare_the_rest() {
         wait_log(&gw, &format!("{}/{message}", dir.display()));
     }
     assert_eq!(sample(&gw, "isthmus_rejected_objects"), cases.len() as f64);
-    assert_eq!(entries(&map), baseline, "a rejected object changed the kernel map");
+    assert_eq!(
+        entries(&map),
+        baseline,
+        "a rejected object changed the kernel map"
+    );
     // The accepted peer still carries traffic.
     let row = &reachability()[0];
     let seen = probe::exchange(Proto::Udp, &row.from, &row.answered_by, row.target).unwrap();

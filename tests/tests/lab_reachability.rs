@@ -10,18 +10,30 @@ use xtask::{
 
 fn check_rows(proto: Proto) {
     require_lab();
-    let translated = |gw: &str| nat_packets(gw, "egress", "translated") + nat_packets(gw, "ingress", "translated");
+    let translated = |gw: &str| {
+        nat_packets(gw, "egress", "translated") + nat_packets(gw, "ingress", "translated")
+    };
     let before = [translated(&A.gw()), translated(&B.gw())];
     let rows = topology::reachability();
     for row in &rows {
         let seen = probe::exchange(proto, &row.from, &row.answered_by, row.target)
             .unwrap_or_else(|e| panic!("row {}: {e:#}", row.row));
         assert_eq!(
-            seen.client_as_seen_by_server, row.client_seen_as,
+            seen.client_as_seen_by_server,
+            row.client_seen_as,
             "row {} {}: {} saw the client as {}",
-            row.row, proto.as_str(), row.answered_by, seen.client_as_seen_by_server
+            row.row,
+            proto.as_str(),
+            row.answered_by,
+            seen.client_as_seen_by_server
         );
-        assert_eq!(seen.server_as_seen_by_client, row.target, "row {} {}: reply came from elsewhere", row.row, proto.as_str());
+        assert_eq!(
+            seen.server_as_seen_by_client,
+            row.target,
+            "row {} {}: reply came from elsewhere",
+            row.row,
+            proto.as_str()
+        );
     }
     // Each exchange crosses both gateways twice (request and reply), at least.
     let after = [translated(&A.gw()), translated(&B.gw())];

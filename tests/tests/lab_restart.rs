@@ -30,9 +30,17 @@ fn restarting_both_gateway_agents_loses_no_datagram() {
     require_lab();
     let row = &reachability()[0];
     let port = next_port();
-    let server = netns::run_in(&row.answered_by, || UdpSocket::bind((Ipv4Addr::UNSPECIFIED, port))).unwrap().unwrap();
-    let client = netns::run_in(&row.from, || UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))).unwrap().unwrap();
-    server.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let server = netns::run_in(&row.answered_by, || {
+        UdpSocket::bind((Ipv4Addr::UNSPECIFIED, port))
+    })
+    .unwrap()
+    .unwrap();
+    let client = netns::run_in(&row.from, || UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)))
+        .unwrap()
+        .unwrap();
+    server
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
     let target = (row.target, port);
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -69,7 +77,11 @@ fn restarting_both_gateway_agents_loses_no_datagram() {
     let wait_received = |count: u32| {
         let start = Instant::now();
         while received.load(Ordering::Relaxed) < count {
-            assert!(start.elapsed() < Duration::from_secs(10), "the stream stalled at {}", received.load(Ordering::Relaxed));
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the stream stalled at {}",
+                received.load(Ordering::Relaxed)
+            );
             std::thread::sleep(Duration::from_millis(5));
         }
     };
@@ -78,7 +90,11 @@ fn restarting_both_gateway_agents_loses_no_datagram() {
     for gw in [A.gw(), B.gw()] {
         let before = lab::agent_pid(&gw).expect("agent running");
         lab::restart_agent(&gw).unwrap();
-        assert_ne!(lab::agent_pid(&gw), Some(before), "{gw}'s agent was not restarted");
+        assert_ne!(
+            lab::agent_pid(&gw),
+            Some(before),
+            "{gw}'s agent was not restarted"
+        );
     }
     let mark = received.load(Ordering::Relaxed);
     wait_received(mark + 500);
@@ -88,6 +104,11 @@ fn restarting_both_gateway_agents_loses_no_datagram() {
 
     let sent = sent.load(Ordering::Relaxed);
     let missing: Vec<u32> = (0..sent).filter(|s| !seen.contains(s)).collect();
-    assert!(missing.is_empty(), "{} of {sent} datagrams lost across the restarts, first {:?}", missing.len(), &missing[..missing.len().min(20)]);
+    assert!(
+        missing.is_empty(),
+        "{} of {sent} datagrams lost across the restarts, first {:?}",
+        missing.len(),
+        &missing[..missing.len().min(20)]
+    );
     assert!(sent > 1000, "stream too short to span the restarts: {sent}");
 }

@@ -68,15 +68,23 @@ struct Harness {
 impl Harness {
     fn new() -> Self {
         require_root();
-        let mut ebpf = EbpfLoader::new().load(OBJECT).expect("loading the eBPF object");
+        let mut ebpf = EbpfLoader::new()
+            .load(OBJECT)
+            .expect("loading the eBPF object");
         for name in [names::PROG_EGRESS_ETH, names::PROG_INGRESS_ETH] {
             let prog: &mut SchedClassifier = ebpf.program_mut(name).unwrap().try_into().unwrap();
-            prog.load().unwrap_or_else(|e| panic!("verifier rejected {name}: {e}"));
+            prog.load()
+                .unwrap_or_else(|e| panic!("verifier rejected {name}: {e}"));
         }
         let mut peers = PeerMap::new(ebpf.take_map(names::MAP_PEERS).unwrap()).unwrap();
-        for (id, yaml) in [(1, PEERINGS[0].tunnel_endpoint_yaml()), (2, PEER_S.to_owned())] {
+        for (id, yaml) in [
+            (1, PEERINGS[0].tunnel_endpoint_yaml()),
+            (2, PEER_S.to_owned()),
+        ] {
             let docs = parse_documents("test.yaml".as_ref(), &yaml);
-            let Ok(Object::TunnelEndpoint(raw)) = &docs[0] else { panic!("{docs:?}") };
+            let Ok(Object::TunnelEndpoint(raw)) = &docs[0] else {
+                panic!("{docs:?}")
+            };
             let peer = Peer::from_raw(raw, "test.yaml").unwrap();
             for (_, net) in peer.views() {
                 peers.put(net, &peer.nat(id)).unwrap();
@@ -94,7 +102,11 @@ impl Harness {
         let prog: &SchedClassifier = self.ebpf.program(name).unwrap().try_into().unwrap();
         let mut out = vec![0u8; frame.len() + 64];
         let result = prog
-            .test_run(TestRunOptions { data_in: Some(frame), data_out: Some(&mut out), ..Default::default() })
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                data_out: Some(&mut out),
+                ..Default::default()
+            })
             .expect("BPF_PROG_TEST_RUN");
         out.truncate(result.data_size_out as usize);
         (result.return_value as i32, out)
@@ -109,70 +121,215 @@ struct Row {
     outcome: Outcome,
 }
 
-fn translated(name: &'static str, direction: Direction, input: &Datagram, expected: &Datagram) -> Row {
-    Row { name, direction, input: eth_ipv4(&input.bytes()), expected: eth_ipv4(&expected.bytes()), outcome: Outcome::Translated }
+fn translated(
+    name: &'static str,
+    direction: Direction,
+    input: &Datagram,
+    expected: &Datagram,
+) -> Row {
+    Row {
+        name,
+        direction,
+        input: eth_ipv4(&input.bytes()),
+        expected: eth_ipv4(&expected.bytes()),
+        outcome: Outcome::Translated,
+    }
 }
 
 fn untouched(name: &'static str, direction: Direction, frame: Vec<u8>, outcome: Outcome) -> Row {
-    Row { name, direction, expected: frame.clone(), input: frame, outcome }
+    Row {
+        name,
+        direction,
+        expected: frame.clone(),
+        input: frame,
+        outcome,
+    }
 }
 
 fn udp(src: Addr, dst: Addr) -> Datagram {
-    Datagram::new(src, dst, L4::Udp { sport: 40000, dport: 53, payload: b"isthmus udp".to_vec(), zero_csum: false })
+    Datagram::new(
+        src,
+        dst,
+        L4::Udp {
+            sport: 40000,
+            dport: 53,
+            payload: b"isthmus udp".to_vec(),
+            zero_csum: false,
+        },
+    )
 }
 
 fn tcp(src: Addr, dst: Addr) -> Datagram {
-    Datagram::new(src, dst, L4::Tcp { sport: 40001, dport: 80, payload: b"GET /".to_vec() })
+    Datagram::new(
+        src,
+        dst,
+        L4::Tcp {
+            sport: 40001,
+            dport: 80,
+            payload: b"GET /".to_vec(),
+        },
+    )
 }
 
-fn icmp_error(icmp_type: u8, code: u8, src: Addr, dst: Addr, quoted: Datagram, quote_len: usize) -> Datagram {
-    Datagram::new(src, dst, L4::IcmpError { icmp_type, code, quoted: Box::new(quoted), quote_len })
+fn icmp_error(
+    icmp_type: u8,
+    code: u8,
+    src: Addr,
+    dst: Addr,
+    quoted: Datagram,
+    quote_len: usize,
+) -> Datagram {
+    Datagram::new(
+        src,
+        dst,
+        L4::IcmpError {
+            icmp_type,
+            code,
+            quoted: Box::new(quoted),
+            quote_len,
+        },
+    )
 }
 
 fn rows() -> Vec<Row> {
     use Direction::{Egress, Ingress};
     let mut rows = vec![
-        translated("udp egress, double NAT", Egress, &udp(A_POD1, B_POD1), &udp(A_POD1_AT_B, B_POD1)),
-        translated("udp ingress, double NAT", Ingress, &udp(B_POD1, A_POD1_AT_B), &udp(B_POD1, A_POD1)),
-        translated("tcp egress", Egress, &tcp(A_POD2, B_POD2), &tcp(A_POD2_AT_B, B_POD2)),
-        translated("tcp ingress", Ingress, &tcp(B_POD2, A_POD2_AT_B), &tcp(B_POD2, A_POD2)),
-        translated("external egress", Egress, &udp(A_EXT, B_EXT), &udp(A_EXT_AT_B, B_EXT)),
-        translated("external ingress", Ingress, &tcp(B_EXT, A_EXT_AT_B), &tcp(B_EXT, A_EXT)),
-        translated("single NAT egress", Egress, &tcp(A_POD1, S_POD), &tcp(A_POD1_AT_S, S_POD)),
-        translated("single NAT ingress", Ingress, &udp(S_POD, A_POD1_AT_S), &udp(S_POD, A_POD1)),
+        translated(
+            "udp egress, double NAT",
+            Egress,
+            &udp(A_POD1, B_POD1),
+            &udp(A_POD1_AT_B, B_POD1),
+        ),
+        translated(
+            "udp ingress, double NAT",
+            Ingress,
+            &udp(B_POD1, A_POD1_AT_B),
+            &udp(B_POD1, A_POD1),
+        ),
+        translated(
+            "tcp egress",
+            Egress,
+            &tcp(A_POD2, B_POD2),
+            &tcp(A_POD2_AT_B, B_POD2),
+        ),
+        translated(
+            "tcp ingress",
+            Ingress,
+            &tcp(B_POD2, A_POD2_AT_B),
+            &tcp(B_POD2, A_POD2),
+        ),
+        translated(
+            "external egress",
+            Egress,
+            &udp(A_EXT, B_EXT),
+            &udp(A_EXT_AT_B, B_EXT),
+        ),
+        translated(
+            "external ingress",
+            Ingress,
+            &tcp(B_EXT, A_EXT_AT_B),
+            &tcp(B_EXT, A_EXT),
+        ),
+        translated(
+            "single NAT egress",
+            Egress,
+            &tcp(A_POD1, S_POD),
+            &tcp(A_POD1_AT_S, S_POD),
+        ),
+        translated(
+            "single NAT ingress",
+            Ingress,
+            &udp(S_POD, A_POD1_AT_S),
+            &udp(S_POD, A_POD1),
+        ),
     ];
 
-    let zero = Datagram::new(A_POD1, B_POD1, L4::Udp { sport: 1, dport: 2, payload: vec![7; 9], zero_csum: true });
-    rows.push(translated("udp checksum 0 stays 0", Egress, &zero, &zero.between(A_POD1_AT_B, B_POD1)));
+    let zero = Datagram::new(
+        A_POD1,
+        B_POD1,
+        L4::Udp {
+            sport: 1,
+            dport: 2,
+            payload: vec![7; 9],
+            zero_csum: true,
+        },
+    );
+    rows.push(translated(
+        "udp checksum 0 stays 0",
+        Egress,
+        &zero,
+        &zero.between(A_POD1_AT_B, B_POD1),
+    ));
 
     let echo = Datagram::new(A_POD1, B_POD1, L4::Echo { id: 77, seq: 3 });
-    rows.push(translated("icmp echo egress", Egress, &echo, &echo.between(A_POD1_AT_B, B_POD1)));
+    rows.push(translated(
+        "icmp echo egress",
+        Egress,
+        &echo,
+        &echo.between(A_POD1_AT_B, B_POD1),
+    ));
     let echo_in = echo.between(B_POD1, A_POD1_AT_B);
-    rows.push(translated("icmp echo ingress", Ingress, &echo_in, &echo_in.between(B_POD1, A_POD1)));
+    rows.push(translated(
+        "icmp echo ingress",
+        Ingress,
+        &echo_in,
+        &echo_in.between(B_POD1, A_POD1),
+    ));
 
     // a-pod1 refuses a datagram from b: the quoted packet travelled towards a.
     let quoted = udp(B_POD1, A_POD1);
     let len = quoted.bytes().len();
     let err = icmp_error(3, 3, A_POD1, B_POD1, quoted, len);
-    let want = err.between(A_POD1_AT_B, B_POD1).quoting(B_POD1, A_POD1_AT_B);
-    rows.push(translated("icmp port unreachable egress, quoted udp", Egress, &err, &want));
+    let want = err
+        .between(A_POD1_AT_B, B_POD1)
+        .quoting(B_POD1, A_POD1_AT_B);
+    rows.push(translated(
+        "icmp port unreachable egress, quoted udp",
+        Egress,
+        &err,
+        &want,
+    ));
 
     // b's gateway (an address of no peer) says TTL exceeded for a-pod1's SYN;
     // the peer is found through the quoted packet, whose TCP checksum is quoted too.
     let quoted = tcp(A_POD1_AT_B, B_POD1);
     let err = icmp_error(11, 0, B_GW_WAN, A_POD1_AT_B, quoted.clone(), 40);
     let want = err.between(B_GW_WAN, A_POD1).quoting(A_POD1, B_POD1);
-    rows.push(translated("icmp time exceeded ingress from a router, quoted tcp", Ingress, &err, &want));
+    rows.push(translated(
+        "icmp time exceeded ingress from a router, quoted tcp",
+        Ingress,
+        &err,
+        &want,
+    ));
     // RFC 792 minimum quote: 8 bytes of TCP, no checksum to update.
     let err = icmp_error(3, 4, B_GW_WAN, A_POD1_AT_B, quoted, 28);
     let want = err.between(B_GW_WAN, A_POD1).quoting(A_POD1, B_POD1);
-    rows.push(translated("icmp frag needed ingress, 8-byte quote", Ingress, &err, &want));
+    rows.push(translated(
+        "icmp frag needed ingress, 8-byte quote",
+        Ingress,
+        &err,
+        &want,
+    ));
 
     let mut with_options = tcp(A_POD1, B_POD1);
     with_options.options = vec![1, 1, 1, 0];
-    rows.push(translated("ip options, tcp egress", Egress, &with_options, &with_options.between(A_POD1_AT_B, B_POD1)));
+    rows.push(translated(
+        "ip options, tcp egress",
+        Egress,
+        &with_options,
+        &with_options.between(A_POD1_AT_B, B_POD1),
+    ));
 
-    let big = Datagram::new(A_POD1, B_POD1, L4::Udp { sport: 5, dport: 6, payload: (0..64).collect(), zero_csum: false });
+    let big = Datagram::new(
+        A_POD1,
+        B_POD1,
+        L4::Udp {
+            sport: 5,
+            dport: 6,
+            payload: (0..64).collect(),
+            zero_csum: false,
+        },
+    );
     let big_out = big.between(A_POD1_AT_B, B_POD1);
     rows.push(Row {
         name: "first fragment: udp checksum over the whole datagram",
@@ -189,7 +346,16 @@ fn rows() -> Vec<Row> {
         outcome: Outcome::Translated,
     });
 
-    let short = Datagram::new(A_POD1, B_POD1, L4::Udp { sport: 5, dport: 6, payload: vec![1, 2], zero_csum: false });
+    let short = Datagram::new(
+        A_POD1,
+        B_POD1,
+        L4::Udp {
+            sport: 5,
+            dport: 6,
+            payload: vec![1, 2],
+            zero_csum: false,
+        },
+    );
     let pad = |mut frame: Vec<u8>| {
         frame.resize(60, 0xee);
         frame
@@ -203,21 +369,66 @@ fn rows() -> Vec<Row> {
     });
 
     // Nothing to do: handed on untouched, counted as passed.
-    rows.push(untouched("no peer for the destination", Egress, eth_ipv4(&udp(A_POD1, [10, 9, 9, 9]).bytes()), Outcome::Passed));
-    rows.push(untouched("source not ours (node traffic)", Egress, eth_ipv4(&udp([172, 16, 1, 1], B_POD1).bytes()), Outcome::Passed));
-    rows.push(untouched("destination not remapped", Ingress, eth_ipv4(&udp(B_POD1, [10, 244, 0, 9]).bytes()), Outcome::Passed));
-    rows.push(untouched("external not remapped by a single-NAT peer", Egress, eth_ipv4(&udp(A_EXT, S_POD).bytes()), Outcome::Passed));
-    rows.push(untouched("ipv6", Egress, ethernet(ETH_P_IPV6, &[0x60; 48]), Outcome::Passed));
-    rows.push(untouched("arp", Ingress, ethernet(ETH_P_ARP, &[0; 28]), Outcome::Passed));
+    rows.push(untouched(
+        "no peer for the destination",
+        Egress,
+        eth_ipv4(&udp(A_POD1, [10, 9, 9, 9]).bytes()),
+        Outcome::Passed,
+    ));
+    rows.push(untouched(
+        "source not ours (node traffic)",
+        Egress,
+        eth_ipv4(&udp([172, 16, 1, 1], B_POD1).bytes()),
+        Outcome::Passed,
+    ));
+    rows.push(untouched(
+        "destination not remapped",
+        Ingress,
+        eth_ipv4(&udp(B_POD1, [10, 244, 0, 9]).bytes()),
+        Outcome::Passed,
+    ));
+    rows.push(untouched(
+        "external not remapped by a single-NAT peer",
+        Egress,
+        eth_ipv4(&udp(A_EXT, S_POD).bytes()),
+        Outcome::Passed,
+    ));
+    rows.push(untouched(
+        "ipv6",
+        Egress,
+        ethernet(ETH_P_IPV6, &[0x60; 48]),
+        Outcome::Passed,
+    ));
+    rows.push(untouched(
+        "arp",
+        Ingress,
+        ethernet(ETH_P_ARP, &[0; 28]),
+        Outcome::Passed,
+    ));
 
     // Cannot be parsed: handed on untouched, counted as unparseable.
     let mut cut = udp(A_POD1, B_POD1).bytes();
     cut.truncate(cut.len() - 6);
-    rows.push(untouched("truncated datagram", Egress, eth_ipv4(&cut), Outcome::Unparseable));
-    rows.push(untouched("truncated tcp header", Egress, eth_ipv4(&tcp_header_cut_at(10)), Outcome::Unparseable));
+    rows.push(untouched(
+        "truncated datagram",
+        Egress,
+        eth_ipv4(&cut),
+        Outcome::Unparseable,
+    ));
+    rows.push(untouched(
+        "truncated tcp header",
+        Egress,
+        eth_ipv4(&tcp_header_cut_at(10)),
+        Outcome::Unparseable,
+    ));
     let mut bad_ihl = udp(A_POD1, B_POD1).bytes();
     bad_ihl[0] = 0x44;
-    rows.push(untouched("header length below 20", Egress, eth_ipv4(&bad_ihl), Outcome::Unparseable));
+    rows.push(untouched(
+        "header length below 20",
+        Egress,
+        eth_ipv4(&bad_ihl),
+        Outcome::Unparseable,
+    ));
     let quoted = udp(B_POD1, A_POD1);
     rows.push(untouched(
         "icmp error quoting less than an IP header",
@@ -241,7 +452,16 @@ fn tcp_header_cut_at(keep: usize) -> Vec<u8> {
 }
 
 fn hex(bytes: &[u8]) -> String {
-    bytes.chunks(16).map(|c| c.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" ")).collect::<Vec<_>>().join("\n")
+    bytes
+        .chunks(16)
+        .map(|c| {
+            c.iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 #[test]
@@ -253,16 +473,31 @@ fn every_packet_shape_comes_out_byte_exact() {
         let (ret, out) = harness.run(row.direction, &row.input);
         let after = harness.counters.read().unwrap();
         let slot = counters::slot(row.direction, row.outcome) as usize;
-        let moved: Vec<usize> = (0..before.len()).filter(|i| after[*i] != before[*i]).collect();
+        let moved: Vec<usize> = (0..before.len())
+            .filter(|i| after[*i] != before[*i])
+            .collect();
         if ret != HAND_ON {
             failures.push(format!("{}: returned {ret}, want {HAND_ON}", row.name));
         }
         if out != row.expected {
-            failures.push(format!("{}: output differs\n got:\n{}\nwant:\n{}", row.name, hex(&out), hex(&row.expected)));
+            failures.push(format!(
+                "{}: output differs\n got:\n{}\nwant:\n{}",
+                row.name,
+                hex(&out),
+                hex(&row.expected)
+            ));
         }
         if moved != [slot] || after[slot] != before[slot] + 1 {
-            failures.push(format!("{}: counters moved at {moved:?}, want only slot {slot} ({:?}) by one", row.name, row.outcome));
+            failures.push(format!(
+                "{}: counters moved at {moved:?}, want only slot {slot} ({:?}) by one",
+                row.name, row.outcome
+            ));
         }
     }
-    assert!(failures.is_empty(), "{} row(s) failed:\n\n{}", failures.len(), failures.join("\n\n"));
+    assert!(
+        failures.is_empty(),
+        "{} row(s) failed:\n\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
 }

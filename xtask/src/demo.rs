@@ -25,35 +25,53 @@ pub fn run(keep: bool) -> Result<()> {
 
 fn probe_rows() -> Result<()> {
     println!();
-    println!("{:<4} {:<5} {:<22} {:<12} {:<22} {:<24} result", "row", "proto", "from", "to", "answered by", "server saw client as");
+    println!(
+        "{:<4} {:<5} {:<22} {:<12} {:<22} {:<24} result",
+        "row", "proto", "from", "to", "answered by", "server saw client as"
+    );
     let mut failures = 0;
     for row in topology::reachability() {
         for proto in Proto::ALL {
             let from = format!("{} {}", row.from, pod_addr(&row.from));
             let server = format!("{} {}", row.answered_by, pod_addr(&row.answered_by));
-            let (seen, verdict) = match probe::exchange(proto, &row.from, &row.answered_by, row.target) {
-                Ok(seen) => {
-                    let ok = seen.client_as_seen_by_server == row.client_seen_as && seen.server_as_seen_by_client == row.target;
-                    let verdict = if ok {
-                        "ok".to_owned()
-                    } else {
-                        format!("FAIL: want {} / reply from {}", row.client_seen_as, row.target)
-                    };
-                    failures += usize::from(!ok);
-                    (seen.client_as_seen_by_server.to_string(), verdict)
-                }
-                Err(e) => {
-                    failures += 1;
-                    ("-".to_owned(), format!("FAIL: {e:#}"))
-                }
-            };
-            println!("{:<4} {:<5} {:<22} {:<12} {:<22} {:<24} {verdict}", row.row, proto.as_str(), from, row.target.to_string(), server, seen);
+            let (seen, verdict) =
+                match probe::exchange(proto, &row.from, &row.answered_by, row.target) {
+                    Ok(seen) => {
+                        let ok = seen.client_as_seen_by_server == row.client_seen_as
+                            && seen.server_as_seen_by_client == row.target;
+                        let verdict = if ok {
+                            "ok".to_owned()
+                        } else {
+                            format!(
+                                "FAIL: want {} / reply from {}",
+                                row.client_seen_as, row.target
+                            )
+                        };
+                        failures += usize::from(!ok);
+                        (seen.client_as_seen_by_server.to_string(), verdict)
+                    }
+                    Err(e) => {
+                        failures += 1;
+                        ("-".to_owned(), format!("FAIL: {e:#}"))
+                    }
+                };
+            println!(
+                "{:<4} {:<5} {:<22} {:<12} {:<22} {:<24} {verdict}",
+                row.row,
+                proto.as_str(),
+                from,
+                row.target.to_string(),
+                server,
+                seen
+            );
         }
     }
     if failures > 0 {
         bail!("{failures} exchange(s) failed");
     }
-    println!("\nevery row answered by the right pod, which saw the client under the remapped address");
+    println!(
+        "\nevery row answered by the right pod, which saw the client under the remapped address"
+    );
     Ok(())
 }
 
@@ -73,7 +91,10 @@ fn print_counters() {
         let gw = cluster.gw();
         match lab::http_get(&gw, "/metrics") {
             Ok((_, body)) => {
-                for line in body.lines().filter(|l| l.starts_with("isthmus_nat_packets_total")) {
+                for line in body
+                    .lines()
+                    .filter(|l| l.starts_with("isthmus_nat_packets_total"))
+                {
                     println!("  {gw:<5} {line}");
                 }
             }

@@ -90,13 +90,19 @@ pub fn is_up() -> bool {
 pub fn up() -> Result<()> {
     let agent = agent_binary();
     if !agent.exists() {
-        bail!("{} is missing: run `cargo xtask build` first", agent.display());
+        bail!(
+            "{} is missing: run `cargo xtask build` first",
+            agent.display()
+        );
     }
     down()?;
     for sub in ["pids", "logs", "objects", "bpffs"] {
         fs::create_dir_all(state(sub))?;
     }
-    run("mount", &["-t", "bpf", "isthmus-lab", &bpffs_root().to_string_lossy()])?;
+    run(
+        "mount",
+        &["-t", "bpf", "isthmus-lab", &bpffs_root().to_string_lossy()],
+    )?;
     println!("lab: building namespaces and links");
     build_wan()?;
     for cluster in CLUSTERS {
@@ -122,7 +128,10 @@ pub fn up() -> Result<()> {
 fn add_ns(name: &str) -> Result<()> {
     ip("", &["netns", "add", name])?;
     ip(name, &["link", "set", "lo", "up"])?;
-    for key in ["net.ipv4.conf.all.rp_filter", "net.ipv4.conf.default.rp_filter"] {
+    for key in [
+        "net.ipv4.conf.all.rp_filter",
+        "net.ipv4.conf.default.rp_filter",
+    ] {
         sysctl(name, key, "0")?;
     }
     Ok(())
@@ -130,7 +139,12 @@ fn add_ns(name: &str) -> Result<()> {
 
 /// A veth pair with one end in each netns, both up.
 fn veth(ns_a: &str, name_a: &str, ns_b: &str, name_b: &str) -> Result<()> {
-    ip(ns_a, &["link", "add", name_a, "type", "veth", "peer", "name", name_b, "netns", ns_b])?;
+    ip(
+        ns_a,
+        &[
+            "link", "add", name_a, "type", "veth", "peer", "name", name_b, "netns", ns_b,
+        ],
+    )?;
     ip(ns_a, &["link", "set", name_a, "up"])?;
     ip(ns_b, &["link", "set", name_b, "up"])?;
     Ok(())
@@ -139,6 +153,14 @@ fn veth(ns_a: &str, name_a: &str, ns_b: &str, name_b: &str) -> Result<()> {
 fn bridge(ns: &str) -> Result<()> {
     ip(ns, &["link", "add", "br0", "type", "bridge"])?;
     ip(ns, &["link", "set", "br0", "up"])?;
+    // Where br_netfilter is loaded, it would run iptables on bridged frames:
+    // the lab's switches are plain switches.
+    for table in ["iptables", "ip6tables", "arptables"] {
+        let key = format!("net.bridge.bridge-nf-call-{table}");
+        if std::path::Path::new(&format!("/proc/sys/{}", key.replace('.', "/"))).exists() {
+            sysctl(ns, &key, "0")?;
+        }
+    }
     Ok(())
 }
 
@@ -160,7 +182,16 @@ fn build_cluster(c: &Cluster) -> Result<()> {
     // Uplink of the gateway on the WAN bridge.
     veth(&gw, "wan0", WAN_NS, &gw)?;
     ip(WAN_NS, &["link", "set", &gw, "master", "br0"])?;
-    ip(&gw, &["addr", "add", &format!("{}/24", c.wan_addr()), "dev", "wan0"])?;
+    ip(
+        &gw,
+        &[
+            "addr",
+            "add",
+            &format!("{}/24", c.wan_addr()),
+            "dev",
+            "wan0",
+        ],
+    )?;
 
     // Both nodes on the LAN bridge.
     for (ns, addr, port) in [(&gw, c.lan_gw(), "gw"), (&node, c.lan_node(), "node")] {
@@ -174,7 +205,10 @@ fn build_cluster(c: &Cluster) -> Result<()> {
     for (i, host, other) in [(1, &node, c.lan_gw()), (2, &gw, c.lan_node())] {
         add_pod(c, i, host)?;
         let other_half = c.pod_half(3 - i).to_string();
-        ip(host, &["route", "add", &other_half, "via", &other.to_string()])?;
+        ip(
+            host,
+            &["route", "add", &other_half, "via", &other.to_string()],
+        )?;
     }
     Ok(())
 }
@@ -189,9 +223,34 @@ fn add_pod(c: &Cluster, i: u8, host: &str) -> Result<()> {
     let addr = c.pod_addr(i).to_string();
     ip(&pod, &["addr", "add", &format!("{addr}/32"), "dev", "eth0"])?;
     ip(host, &["addr", "add", "169.254.1.1/32", "dev", &host_end])?;
-    ip(&pod, &["route", "add", "169.254.1.1", "dev", "eth0", "scope", "link"])?;
-    ip(&pod, &["route", "add", "default", "via", "169.254.1.1", "dev", "eth0"])?;
-    ip(host, &["route", "add", &format!("{addr}/32"), "dev", &host_end])?;
+    ip(
+        &pod,
+        &[
+            "route",
+            "add",
+            "169.254.1.1",
+            "dev",
+            "eth0",
+            "scope",
+            "link",
+        ],
+    )?;
+    ip(
+        &pod,
+        &[
+            "route",
+            "add",
+            "default",
+            "via",
+            "169.254.1.1",
+            "dev",
+            "eth0",
+        ],
+    )?;
+    ip(
+        host,
+        &["route", "add", &format!("{addr}/32"), "dev", &host_end],
+    )?;
     Ok(())
 }
 
@@ -201,8 +260,22 @@ fn route_peers() -> Result<()> {
     for p in &PEERINGS {
         for net in p.remote_views() {
             let net = net.to_string();
-            ip(&p.local.gw(), &["route", "add", &net, "via", &p.remote.wan_addr().to_string(), "dev", "wan0"])?;
-            ip(&p.local.node(), &["route", "add", &net, "via", &p.local.lan_gw().to_string()])?;
+            ip(
+                &p.local.gw(),
+                &[
+                    "route",
+                    "add",
+                    &net,
+                    "via",
+                    &p.remote.wan_addr().to_string(),
+                    "dev",
+                    "wan0",
+                ],
+            )?;
+            ip(
+                &p.local.node(),
+                &["route", "add", &net, "via", &p.local.lan_gw().to_string()],
+            )?;
         }
     }
     Ok(())
@@ -213,22 +286,36 @@ fn write_objects() -> Result<()> {
         for (node, _) in p.local.nodes() {
             let dir = object_dir(&node);
             fs::create_dir_all(&dir)?;
-            fs::write(dir.join(format!("peer-{}.yaml", p.remote.name)), p.tunnel_endpoint_yaml())?;
+            fs::write(
+                dir.join(format!("peer-{}.yaml", p.remote.name)),
+                p.tunnel_endpoint_yaml(),
+            )?;
         }
     }
     Ok(())
 }
 
 fn role_of(node: &str) -> &'static str {
-    if node.ends_with("-gw") { "gateway" } else { "worker" }
+    if node.ends_with("-gw") {
+        "gateway"
+    } else {
+        "worker"
+    }
 }
 
 /// Starts node `node`'s agent in its netns and records its PID. Does not
 /// wait for it to be ready.
 pub fn start_agent(node: &str) -> Result<u32> {
     let args: Vec<String> = [
-        "run", "--node", node, "--role", role_of(node), "--nat-dev", "wan0",
-        "--metrics-addr", &format!("0.0.0.0:{METRICS_PORT}"),
+        "run",
+        "--node",
+        node,
+        "--role",
+        role_of(node),
+        "--nat-dev",
+        "wan0",
+        "--metrics-addr",
+        &format!("0.0.0.0:{METRICS_PORT}"),
     ]
     .into_iter()
     .map(str::to_owned)
@@ -269,7 +356,11 @@ pub fn spawn_agent(ns: &str, args: &[String], log: &Path) -> Result<u32> {
 
 /// The PID of node `node`'s agent, if it runs.
 pub fn agent_pid(node: &str) -> Option<u32> {
-    let pid: u32 = fs::read_to_string(pid_file(node)).ok()?.trim().parse().ok()?;
+    let pid: u32 = fs::read_to_string(pid_file(node))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
     is_lab_agent(pid).then_some(pid)
 }
 
@@ -322,7 +413,9 @@ fn is_lab_agent(pid: u32) -> bool {
         return false;
     };
     let cmdline = String::from_utf8_lossy(&cmdline);
-    alive(pid) && cmdline.contains("isthmus-agent") && cmdline.contains(&*bpffs_root().to_string_lossy())
+    alive(pid)
+        && cmdline.contains("isthmus-agent")
+        && cmdline.contains(&*bpffs_root().to_string_lossy())
 }
 
 /// Lab agents found by their command line, for when PID files are lost.
@@ -351,7 +444,10 @@ pub fn http_get(node: &str, path: &str) -> Result<(u16, String)> {
             .nth(1)
             .and_then(|s| s.parse().ok())
             .context("malformed HTTP response")?;
-        let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+        let body = response
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
         Ok((status, body))
     })?
 }
@@ -359,7 +455,12 @@ pub fn http_get(node: &str, path: &str) -> Result<(u16, String)> {
 /// Waits until node `node`'s agent answers `/readyz` with 200. Fails early,
 /// with the end of its log, if the agent exits.
 pub fn wait_ready(node: &str) -> Result<()> {
-    let pid = agent_pid(node).with_context(|| format!("agent of {node} is not running:\n{}", log_tail(&log_file(node))))?;
+    // The recorded PID, not `agent_pid`: just after the fork, the child has
+    // not yet exec'd into the agent, so its command line does not say so.
+    let pid = fs::read_to_string(pid_file(node))
+        .ok()
+        .and_then(|p| p.trim().parse().ok())
+        .with_context(|| format!("agent of {node} was not started"))?;
     wait_ready_in(node, pid, &log_file(node))
 }
 
@@ -368,13 +469,20 @@ pub fn wait_ready_in(ns: &str, pid: u32, log: &Path) -> Result<()> {
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
         if !alive(pid) {
-            bail!("agent {pid} in {ns} exited; end of {}:\n{}", log.display(), log_tail(log));
+            bail!(
+                "agent {pid} in {ns} exited; end of {}:\n{}",
+                log.display(),
+                log_tail(log)
+            );
         }
         if matches!(http_get(ns, "/readyz"), Ok((200, _))) {
             return Ok(());
         }
         if Instant::now() > deadline {
-            bail!("agent {pid} in {ns} not ready after {READY_TIMEOUT:?}; end of its log:\n{}", log_tail(log));
+            bail!(
+                "agent {pid} in {ns} not ready after {READY_TIMEOUT:?}; end of its log:\n{}",
+                log_tail(log)
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -410,7 +518,10 @@ pub fn down() -> Result<()> {
     }
     let mounts = fs::read_to_string("/proc/mounts").unwrap_or_default();
     let bpf = bpffs_root();
-    if mounts.lines().any(|l| l.split_whitespace().nth(1) == Some(&*bpf.to_string_lossy())) {
+    if mounts
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some(&*bpf.to_string_lossy()))
+    {
         // Unmounting the lab's own bpffs instance drops every pin in it.
         run("umount", &[&bpf.to_string_lossy()])?;
     }

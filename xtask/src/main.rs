@@ -54,18 +54,22 @@ fn main() -> Result<()> {
         Task::Build => build(),
         Task::Demo { keep } => demo::run(keep),
         Task::Test => test(),
-        Task::Lab { action: LabAction::Up } => {
+        Task::Lab {
+            action: LabAction::Up,
+        } => {
             build()?;
             lab::up()
         }
-        Task::Lab { action: LabAction::Down } => {
+        Task::Lab {
+            action: LabAction::Down,
+        } => {
             lab::down()?;
             println!("lab: down");
             Ok(())
         }
         Task::Bench { which } => {
             build()?;
-            bench::run(which)
+            bench::run_bench(which)
         }
     }
 }
@@ -78,7 +82,10 @@ fn root() -> PathBuf {
 /// Runs a cargo command in the workspace, failing if it fails.
 fn cargo(args: &[&str]) -> Result<()> {
     println!("==> cargo {}", args.join(" "));
-    let status = Command::new(env!("CARGO")).args(args).current_dir(root()).status()?;
+    let status = Command::new(env!("CARGO"))
+        .args(args)
+        .current_dir(root())
+        .status()?;
     if !status.success() {
         bail!("`cargo {}` failed ({status})", args.join(" "));
     }
@@ -97,7 +104,14 @@ fn test() -> Result<()> {
     let started = Instant::now();
     build()?;
     cargo(&["fmt", "--all", "--check"])?;
-    cargo(&["clippy", "--release", "--all-targets", "--", "-D", "warnings"])?;
+    cargo(&[
+        "clippy",
+        "--release",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ])?;
     lab::up()?;
     // Lab tests share one lab and restart its agents: one test at a time.
     let tests = cargo(&["test", "--release", "--", "--test-threads=1"]);

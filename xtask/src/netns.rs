@@ -11,11 +11,13 @@ use nix::sched::{CloneFlags, setns};
 /// Runs `f` on a thread that has entered netns `name` (as made by `ip netns add`).
 pub fn run_in<T: Send>(name: &str, f: impl FnOnce() -> T + Send) -> Result<T> {
     let path = Path::new("/run/netns").join(name);
-    let ns = File::open(&path).with_context(|| format!("netns {name} does not exist ({})", path.display()))?;
+    let ns = File::open(&path)
+        .with_context(|| format!("netns {name} does not exist ({})", path.display()))?;
     std::thread::scope(|scope| {
         scope
             .spawn(move || {
-                setns(&ns, CloneFlags::CLONE_NEWNET).with_context(|| format!("entering netns {name}"))?;
+                setns(&ns, CloneFlags::CLONE_NEWNET)
+                    .with_context(|| format!("entering netns {name}"))?;
                 Ok(f())
             })
             .join()

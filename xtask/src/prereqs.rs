@@ -11,7 +11,15 @@ use anyhow::{Context, Result, bail};
 use xtask::cmd::run;
 
 /// Debian packages the lab, the tests and the benchmarks use.
-const DEBIAN_PACKAGES: &[&str] = &["iproute2", "bpftool", "iptables", "netsniff-ng", "iperf3", "tcpdump"];
+const DEBIAN_PACKAGES: &[&str] = &[
+    "iproute2",
+    "bpftool",
+    "iptables",
+    "nftables",
+    "netsniff-ng",
+    "iperf3",
+    "tcpdump",
+];
 /// bpf-linker release known to build against LLVM 22 (DESIGN §3).
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const NIGHTLY: &str = "nightly";
@@ -36,13 +44,19 @@ fn rust_src() -> Result<()> {
         return Ok(());
     }
     println!("prereqs: adding rust-src to {NIGHTLY}");
-    run("rustup", &["component", "add", "rust-src", "--toolchain", NIGHTLY]).map(drop)
+    run(
+        "rustup",
+        &["component", "add", "rust-src", "--toolchain", NIGHTLY],
+    )
+    .map(drop)
 }
 
 fn cargo_home() -> PathBuf {
     std::env::var_os("CARGO_HOME")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cargo"))
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cargo")
+        })
 }
 
 /// The nightly's own libLLVM, which bpf-linker must link against.
@@ -50,14 +64,22 @@ fn nightly_libllvm(sysroot: &Path) -> Result<PathBuf> {
     let lib = sysroot.join("lib");
     let found = fs::read_dir(&lib)?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libLLVM.so.")));
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libLLVM.so."))
+        });
     found.with_context(|| format!("no libLLVM.so.* in {}", lib.display()))
 }
 
 fn bpf_linker() -> Result<()> {
     let sysroot = nightly_sysroot()?;
     let libllvm = nightly_libllvm(&sysroot)?;
-    let llvm_name = libllvm.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
+    let llvm_name = libllvm
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default()
+        .to_owned();
     // libLLVM.so.22.1-rust-… → 22
     let major = llvm_name
         .trim_start_matches("libLLVM.so.")
@@ -68,11 +90,16 @@ fn bpf_linker() -> Result<()> {
     let prefix = cargo_home().join("isthmus-llvm");
     let stamp_path = prefix.join("stamp");
     let stamp = format!("bpf-linker {BPF_LINKER_VERSION} against {llvm_name}\n");
-    let works = Command::new("bpf-linker").arg("--version").output().is_ok_and(|o| o.status.success());
+    let works = Command::new("bpf-linker")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
     if works && fs::read_to_string(&stamp_path).is_ok_and(|s| s == stamp) {
         return Ok(());
     }
-    println!("prereqs: building bpf-linker {BPF_LINKER_VERSION} against the nightly's LLVM {major} (a few minutes)");
+    println!(
+        "prereqs: building bpf-linker {BPF_LINKER_VERSION} against the nightly's LLVM {major} (a few minutes)"
+    );
     // The binary finds libLLVM through an rpath into this directory: keep it.
     let lib = prefix.join("lib");
     fs::create_dir_all(&lib)?;
@@ -82,8 +109,18 @@ fn bpf_linker() -> Result<()> {
         std::os::unix::fs::symlink(&libllvm, &link)?;
     }
     let status = Command::new("cargo")
-        .args(["install", "bpf-linker", "--version", BPF_LINKER_VERSION, "--force"])
-        .args(["--no-default-features", "--features", &format!("llvm-{major}")])
+        .args([
+            "install",
+            "bpf-linker",
+            "--version",
+            BPF_LINKER_VERSION,
+            "--force",
+        ])
+        .args([
+            "--no-default-features",
+            "--features",
+            &format!("llvm-{major}"),
+        ])
         .env("LLVM_PREFIX", &prefix)
         .status()?;
     if !status.success() {
@@ -101,7 +138,11 @@ fn installed(package: &str) -> bool {
 }
 
 fn debian_packages() -> Result<()> {
-    let missing: Vec<&str> = DEBIAN_PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
+    let missing: Vec<&str> = DEBIAN_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| !installed(p))
+        .collect();
     if missing.is_empty() {
         return Ok(());
     }
@@ -109,7 +150,10 @@ fn debian_packages() -> Result<()> {
     run("apt-get", &["update", "-qq"])?;
     let mut args = vec!["install", "-y", "-qq", "--no-install-recommends"];
     args.extend(&missing);
-    let status = Command::new("apt-get").args(&args).env("DEBIAN_FRONTEND", "noninteractive").status()?;
+    let status = Command::new("apt-get")
+        .args(&args)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .status()?;
     if !status.success() {
         bail!("apt-get install {} failed ({status})", missing.join(" "));
     }

@@ -56,7 +56,9 @@ static NEXT_ICMP_ID: AtomicU16 = AtomicU16::new(0);
 
 /// A port no other probe of this process uses.
 pub fn next_port() -> u16 {
-    20_000 + (std::process::id() as u16 % 200) * 100 + NEXT_PORT.fetch_add(1, Ordering::Relaxed) % 100
+    20_000
+        + (std::process::id() as u16 % 200) * 100
+        + NEXT_PORT.fetch_add(1, Ordering::Relaxed) % 100
 }
 
 /// One exchange: a server in `server_ns`, a client in `client_ns` that
@@ -67,7 +69,12 @@ pub fn exchange(proto: Proto, client_ns: &str, server_ns: &str, target: Ipv4Addr
         Proto::Udp => udp(client_ns, server_ns, target),
         Proto::Icmp => icmp(client_ns, server_ns, target),
     }
-    .with_context(|| format!("{} from {client_ns} to {target} (server in {server_ns})", proto.as_str()))
+    .with_context(|| {
+        format!(
+            "{} from {client_ns} to {target} (server in {server_ns})",
+            proto.as_str()
+        )
+    })
 }
 
 fn v4(addr: SocketAddr) -> Result<Ipv4Addr> {
@@ -79,14 +86,18 @@ fn v4(addr: SocketAddr) -> Result<Ipv4Addr> {
 
 fn tcp(client_ns: &str, server_ns: &str, target: Ipv4Addr) -> Result<Seen> {
     let port = next_port();
-    let listener = netns::run_in(server_ns, || TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)))??;
+    let listener = netns::run_in(server_ns, || {
+        TcpListener::bind((Ipv4Addr::UNSPECIFIED, port))
+    })??;
     let server = std::thread::spawn(move || -> Result<Ipv4Addr> {
         listener.set_nonblocking(true)?;
         let deadline = Instant::now() + TIMEOUT;
         let (mut stream, peer) = loop {
             match listener.accept() {
                 Ok(conn) => break conn,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline =>
+                {
                     std::thread::sleep(Duration::from_millis(2));
                 }
                 Err(e) => return Err(e).context("server accept"),
@@ -102,13 +113,20 @@ fn tcp(client_ns: &str, server_ns: &str, target: Ipv4Addr) -> Result<Seen> {
         let mut stream = TcpStream::connect_timeout(&addr, TIMEOUT).context("connect")?;
         stream.set_read_timeout(Some(TIMEOUT))?;
         let mut echoed = String::new();
-        stream.read_to_string(&mut echoed).context("reading the server's reply")?;
+        stream
+            .read_to_string(&mut echoed)
+            .context("reading the server's reply")?;
         v4(stream.peer_addr()?)
     })?;
     // Join the server before reporting a client failure, so no thread outlives the probe.
-    let client_seen = server.join().map_err(|_| anyhow::anyhow!("server thread panicked"))?;
+    let client_seen = server
+        .join()
+        .map_err(|_| anyhow::anyhow!("server thread panicked"))?;
     let server_seen = server_seen?;
-    Ok(Seen { client_as_seen_by_server: client_seen?, server_as_seen_by_client: server_seen })
+    Ok(Seen {
+        client_as_seen_by_server: client_seen?,
+        server_as_seen_by_client: server_seen,
+    })
 }
 
 fn udp(client_ns: &str, server_ns: &str, target: Ipv4Addr) -> Result<Seen> {
@@ -119,9 +137,13 @@ fn udp(client_ns: &str, server_ns: &str, target: Ipv4Addr) -> Result<Seen> {
     client.set_read_timeout(Some(TIMEOUT))?;
     client.send_to(b"isthmus-probe", (target, port))?;
     let mut buf = [0u8; 64];
-    let (_, from) = server.recv_from(&mut buf).context("server waiting for the request")?;
+    let (_, from) = server
+        .recv_from(&mut buf)
+        .context("server waiting for the request")?;
     server.send_to(b"isthmus-reply", from)?;
-    let (_, reply_from) = client.recv_from(&mut buf).context("client waiting for the reply")?;
+    let (_, reply_from) = client
+        .recv_from(&mut buf)
+        .context("client waiting for the reply")?;
     Ok(Seen {
         client_as_seen_by_server: v4(from)?,
         server_as_seen_by_client: v4(reply_from)?,
@@ -139,7 +161,10 @@ fn icmp(client_ns: &str, server_ns: &str, target: Ipv4Addr) -> Result<Seen> {
     client.send_to(&echo_request(id, 1), &SocketAddrV4::new(target, 0).into())?;
     let client_seen = wait_icmp(&watcher, 8, id).context("server watching for the echo request")?;
     let server_seen = wait_icmp(&client, 0, id).context("client waiting for the echo reply")?;
-    Ok(Seen { client_as_seen_by_server: client_seen, server_as_seen_by_client: server_seen })
+    Ok(Seen {
+        client_as_seen_by_server: client_seen,
+        server_as_seen_by_client: server_seen,
+    })
 }
 
 fn echo_request(id: u16, seq: u16) -> Vec<u8> {
@@ -172,11 +197,18 @@ fn wait_icmp(socket: &Socket, icmp_type: u8, id: u16) -> Result<Ipv4Addr> {
     while Instant::now() < deadline {
         let n = socket.recv(&mut buf)?;
         // SAFETY: recv initialised the first n bytes.
-        let packet: Vec<u8> = buf[..n].iter().map(|b| unsafe { b.assume_init() }).collect();
+        let packet: Vec<u8> = buf[..n]
+            .iter()
+            .map(|b| unsafe { b.assume_init() })
+            .collect();
         let ihl = usize::from(packet[0] & 0x0f) * 4;
-        let Some(icmp) = packet.get(ihl..) else { continue };
+        let Some(icmp) = packet.get(ihl..) else {
+            continue;
+        };
         if icmp.len() >= 8 && icmp[0] == icmp_type && u16::from_be_bytes([icmp[4], icmp[5]]) == id {
-            return Ok(Ipv4Addr::new(packet[12], packet[13], packet[14], packet[15]));
+            return Ok(Ipv4Addr::new(
+                packet[12], packet[13], packet[14], packet[15],
+            ));
         }
     }
     bail!("no ICMP type {icmp_type} with id {id} within {TIMEOUT:?}")

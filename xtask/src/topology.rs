@@ -27,9 +27,19 @@ pub struct Cluster {
 }
 
 /// Cluster a.
-pub const A: Cluster = Cluster { name: "a", index: 1, pod_cidr: "10.244.0.0/24", external_cidr: "192.168.0.0/24" };
+pub const A: Cluster = Cluster {
+    name: "a",
+    index: 1,
+    pod_cidr: "10.244.0.0/24",
+    external_cidr: "192.168.0.0/24",
+};
 /// Cluster b: overlaps a on both networks on purpose.
-pub const B: Cluster = Cluster { name: "b", index: 2, pod_cidr: "10.244.0.0/24", external_cidr: "192.168.0.0/24" };
+pub const B: Cluster = Cluster {
+    name: "b",
+    index: 2,
+    pod_cidr: "10.244.0.0/24",
+    external_cidr: "192.168.0.0/24",
+};
 
 /// The clusters the lab builds.
 pub const CLUSTERS: [&Cluster; 2] = [&A, &B];
@@ -79,8 +89,14 @@ impl Cluster {
     }
     /// The half of the PodCIDR whose pods live on the worker (1) or the gateway (2).
     pub fn pod_half(&self, i: u8) -> Ipv4Net {
-        let halves = self.pods().subnets(self.pods().prefix_len() + 1).expect("splittable");
-        halves.into_iter().nth(usize::from(i - 1)).expect("two halves")
+        let halves = self
+            .pods()
+            .subnets(self.pods().prefix_len() + 1)
+            .expect("splittable");
+        halves
+            .into_iter()
+            .nth(usize::from(i - 1))
+            .expect("two halves")
     }
     /// Every node netns of the cluster with its role.
     pub fn nodes(&self) -> [(String, &'static str); 2] {
@@ -147,7 +163,8 @@ impl Peering {
     pub fn remote_views(&self) -> [Ipv4Net; 2] {
         [
             self.remote_nat_pod.unwrap_or(self.remote.pod_cidr),
-            self.remote_nat_external.unwrap_or(self.remote.external_cidr),
+            self.remote_nat_external
+                .unwrap_or(self.remote.external_cidr),
         ]
         .map(|n| n.parse().expect("valid CIDR"))
     }
@@ -240,7 +257,13 @@ mod tests {
 
     #[test]
     fn peer_views_are_the_remapped_networks() {
-        assert_eq!(PEERINGS[0].remote_views().map(|n| n.to_string()), ["10.0.0.0/24", "10.0.1.0/24"]);
-        assert_eq!(PEERINGS[1].remote_views().map(|n| n.to_string()), ["10.0.40.0/24", "10.0.41.0/24"]);
+        assert_eq!(
+            PEERINGS[0].remote_views().map(|n| n.to_string()),
+            ["10.0.0.0/24", "10.0.1.0/24"]
+        );
+        assert_eq!(
+            PEERINGS[1].remote_views().map(|n| n.to_string()),
+            ["10.0.40.0/24", "10.0.41.0/24"]
+        );
     }
 }
