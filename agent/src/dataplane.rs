@@ -73,9 +73,12 @@ pub enum DataplaneError {
         /// What went wrong.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    /// A map is missing from the object or has the wrong type.
+    /// A map has the wrong type.
     #[error("map {0}: {1}")]
     Map(&'static str, aya::maps::MapError),
+    /// A map is missing from the object.
+    #[error("map {0} is missing from the eBPF object")]
+    MissingMap(&'static str),
 }
 
 /// How to attach TC programs.

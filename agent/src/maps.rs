@@ -35,12 +35,9 @@ impl PeerTable for PeerMap {
             .iter()
             .map(|entry| {
                 let (key, nat) = entry?;
-                let net =
-                    Ipv4Net::new(key.data().into(), key.prefix_len() as u8).map_err(|_| {
-                        MapError::InvalidName {
-                            name: format!("prefix /{}", key.prefix_len()),
-                        }
-                    })?;
+                // The kernel caps prefix lengths at the key's 32 bits.
+                let len = key.prefix_len().min(32) as u8;
+                let net = Ipv4Net::new(key.data().into(), len).expect("prefix length within 32");
                 Ok((net, nat))
             })
             .collect()
