@@ -387,17 +387,16 @@ fn pin_entries(dir: &Path) -> Result<Vec<PathBuf>, DataplaneError> {
 }
 
 fn remove_pin(path: &Path) -> Result<(), DataplaneError> {
-    match fs::remove_file(path) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(DataplaneError::Io {
-            path: path.into(),
-            source: e,
-        }),
-        _ => Ok(()),
-    }
+    already_gone_is_fine(path, fs::remove_file(path))
 }
 
 fn remove_dir(path: &Path) -> Result<(), DataplaneError> {
-    match fs::remove_dir(path) {
+    already_gone_is_fine(path, fs::remove_dir(path))
+}
+
+/// Cleanup is idempotent: what is already gone counts as removed.
+fn already_gone_is_fine(path: &Path, result: io::Result<()>) -> Result<(), DataplaneError> {
+    match result {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(DataplaneError::Io {
             path: path.into(),
             source: e,
