@@ -7,7 +7,8 @@
 //! - [`reconcile`]: from objects to the kernel, as a diff;
 //! - [`dataplane`]: loading, pinning, attaching, cleanup;
 //! - [`maps`]: typed views of the kernel maps;
-//! - [`metrics`]: Prometheus and health endpoints.
+//! - [`metrics`]: Prometheus and health endpoints;
+//! - [`tunnel`]: the gateway's embedded WireGuard.
 
 pub mod dataplane;
 pub mod maps;
@@ -16,3 +17,4 @@ pub mod object;
 pub mod peer;
 pub mod reconcile;
 pub mod source;
+pub mod tunnel;

@@ -1,6 +1,8 @@
 //! A validated peer: the networks of one TunnelEndpoint, checked field by
 //! field, and the kernel rules they turn into.
 
+use std::net::{Ipv4Addr, SocketAddrV4};
+
 use ipnet::Ipv4Net;
 use isthmus_common::nat::{PeerNat, PrefixRewrite};
 use serde_yaml_ng::Value;
@@ -83,6 +85,22 @@ pub enum Problem {
         other_field: &'static str,
         /// That field's network.
         other_net: Ipv4Net,
+    },
+    /// A scalar field that does not parse.
+    #[error("field {field}: {value:?} is not {what}")]
+    BadValue {
+        /// The field, by its Liqo name.
+        field: &'static str,
+        /// What it holds.
+        value: String,
+        /// What it should be.
+        what: &'static str,
+    },
+    /// A gateway needs the peer's WireGuard endpoint and key.
+    #[error("field {field} is missing: no tunnel to this peer")]
+    NoTunnel {
+        /// The first missing field.
+        field: &'static str,
     },
     /// Two documents share a namespace and name.
     #[error("also defined in {other_file}; field metadata.name must be unique")]
@@ -182,7 +200,21 @@ pub struct Peer {
     pub remote_pod: Mapped,
     /// The peer's ExternalCIDR, and how we see it.
     pub remote_external: Mapped,
+    /// The peer gateway's WireGuard endpoint and key, where the object has both.
+    pub tunnel: Option<TunnelParams>,
 }
+
+/// Where and how to reach a peer's gateway.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TunnelParams {
+    /// `endpointIP` and `backend_config.port`.
+    pub endpoint: SocketAddrV4,
+    /// `backend_config.publicKey`, decoded.
+    pub public_key: [u8; 32],
+}
+
+/// WireGuard port when `backend_config.port` is absent (Liqo's default).
+pub const DEFAULT_TUNNEL_PORT: u16 = 5871;
 
 impl Peer {
     /// Validates a TunnelEndpoint read from `origin`.
@@ -197,6 +229,7 @@ impl Peer {
             local_external: reader.mapped(&LOCAL_EXTERNAL)?,
             remote_pod: reader.mapped(&REMOTE_POD)?,
             remote_external: reader.mapped(&REMOTE_EXTERNAL)?,
+            tunnel: reader.tunnel()?,
         })
     }
 
@@ -296,6 +329,58 @@ impl Reader<'_> {
                     none: if none_allowed { " or \"None\"" } else { "" },
                 })
             })
+    }
+
+    /// `endpointIP` and `backend_config`: absent fields leave no tunnel,
+    /// malformed ones are errors.
+    fn tunnel(&self) -> Result<Option<TunnelParams>, PeerError> {
+        let text = |v: &Value| match v {
+            Value::String(s) => s.clone(),
+            other => serde_yaml_ng::to_string(other)
+                .unwrap_or_default()
+                .trim()
+                .to_owned(),
+        };
+        let bad = |field: &'static str, value: &Value, what: &'static str| {
+            self.error(Problem::BadValue {
+                field,
+                value: text(value),
+                what,
+            })
+        };
+        let backend = self.raw.field("backend_config");
+        let endpoint = match self.raw.field("endpointIP") {
+            None => None,
+            Some(v) => Some(
+                text(v)
+                    .parse::<Ipv4Addr>()
+                    .map_err(|_| bad("endpointIP", v, "an IPv4 address"))?,
+            ),
+        };
+        let port = match backend.and_then(|b| b.get("port")) {
+            None => DEFAULT_TUNNEL_PORT,
+            Some(v) => text(v)
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| bad("backend_config.port", v, "a UDP port"))?,
+        };
+        let public_key = match backend.and_then(|b| b.get("publicKey")) {
+            None => None,
+            Some(v) => Some(crate::tunnel::key::decode(&text(v)).ok_or_else(|| {
+                bad(
+                    "backend_config.publicKey",
+                    v,
+                    "a base64 32-byte WireGuard key",
+                )
+            })?),
+        };
+        Ok(endpoint
+            .zip(public_key)
+            .map(|(ip, public_key)| TunnelParams {
+                endpoint: SocketAddrV4::new(ip, port),
+                public_key,
+            }))
     }
 
     fn error(&self, problem: Problem) -> PeerError {
@@ -409,6 +494,51 @@ mod tests {
         assert_eq!(
             err,
             "f.yaml: TunnelEndpoint liqo/b: field localNATPodCIDR: mask /23 differs from localPodCIDR /24"
+        );
+    }
+
+    #[test]
+    fn tunnel_params_are_read_and_checked() {
+        let key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+        let with =
+            |extra: &str| peer_yaml("b", &format!("{A_TO_B}  endpointIP: 203.0.113.2\n{extra}"));
+        let peer = parse(&with(&format!(
+            "  backend_config: {{port: \"5871\", publicKey: \"{key}\"}}\n"
+        )))
+        .unwrap();
+        let tunnel = peer.tunnel.unwrap();
+        assert_eq!(tunnel.endpoint, "203.0.113.2:5871".parse().unwrap());
+        assert_eq!(tunnel.public_key[31], 31);
+        // No key: the peer is valid for NAT, with no tunnel.
+        assert_eq!(
+            parse(&with("  backend_config: {port: \"5871\"}\n"))
+                .unwrap()
+                .tunnel,
+            None
+        );
+        let err = parse(&with("  backend_config: {port: \"70000\"}\n"))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "f.yaml: TunnelEndpoint liqo/b: field backend_config.port: \"70000\" is not a UDP port"
+        );
+        let err = parse(&with("  backend_config: {publicKey: short}\n"))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "f.yaml: TunnelEndpoint liqo/b: field backend_config.publicKey: \"short\" is not a base64 32-byte WireGuard key"
+        );
+        let err = parse(&peer_yaml(
+            "b",
+            &format!("{A_TO_B}  endpointIP: gw.example\n"),
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("field endpointIP: \"gw.example\" is not an IPv4 address"),
+            "{err}"
         );
     }
 

@@ -1,0 +1,238 @@
+//! The packet loops. Each worker owns one TUN queue and one UDP socket
+//! (`SO_REUSEPORT`), so workers share nothing but the peer snapshot and
+//! each peer's state machine.
+
+use std::{
+    net::{IpAddr, Ipv4Addr, SocketAddrV4, UdpSocket},
+    os::fd::{AsRawFd, OwnedFd},
+    sync::{Arc, atomic::Ordering},
+    time::{Duration, Instant},
+};
+
+use boringtun::noise::{Packet, Tunn, TunnResult, handshake::parse_handshake_anon};
+use tracing::debug;
+
+use super::{
+    Shared,
+    batch::{BATCH, Batch},
+    peers::{PeerSet, TunnelPeer},
+};
+
+/// How often a worker wakes with nothing to do, to notice a stop.
+const IDLE: Duration = Duration::from_millis(200);
+/// How often WireGuard's timers run (boringtun's own device uses 250 ms).
+const TICK: Duration = Duration::from_millis(250);
+
+/// Buffers of one worker, allocated once.
+struct Buffers {
+    outgoing: Box<Batch>,
+    incoming: Box<Batch>,
+    packet: Vec<u8>,
+    scratch: Vec<u8>,
+}
+
+/// Runs one worker until the tunnel stops.
+pub fn worker(shared: Arc<Shared>, tun: OwnedFd, udp: UdpSocket) {
+    let size = shared.buffer_size();
+    let mut bufs = Buffers {
+        outgoing: Batch::new(size),
+        incoming: Batch::new(size),
+        packet: vec![0; size],
+        scratch: vec![0; size],
+    };
+    let mut fds = [
+        libc::pollfd {
+            fd: tun.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: udp.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    while !shared.stop.load(Ordering::Relaxed) {
+        // SAFETY: two valid pollfds.
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), 2, IDLE.as_millis() as i32) };
+        if ready <= 0 {
+            continue;
+        }
+        let peers = shared.snapshot();
+        if fds[0].revents & libc::POLLIN != 0 {
+            from_tun(&shared, &peers, &tun, &udp, &mut bufs);
+        }
+        if fds[1].revents & libc::POLLIN != 0 {
+            from_network(&shared, &peers, &tun, &udp, &mut bufs);
+        }
+    }
+}
+
+/// TUN → encrypt → UDP, a batch at a time.
+fn from_tun(shared: &Shared, peers: &PeerSet, tun: &OwnedFd, udp: &UdpSocket, bufs: &mut Buffers) {
+    for _ in 0..BATCH {
+        // SAFETY: reading into an owned buffer of the given length.
+        let n = unsafe {
+            libc::read(
+                tun.as_raw_fd(),
+                bufs.packet.as_mut_ptr().cast(),
+                bufs.packet.len(),
+            )
+        };
+        if n <= 0 {
+            break;
+        }
+        let packet = &bufs.packet[..n as usize];
+        let Some(peer) = destination(packet).and_then(|dst| peers.route(dst)) else {
+            shared.counters.no_route.fetch_add(1, Ordering::Relaxed);
+            continue;
+        };
+        let endpoint = peer.endpoint();
+        let mut tunn = lock(peer);
+        if let TunnResult::WriteToNetwork(datagram) =
+            tunn.encapsulate(packet, bufs.outgoing.next_buf())
+        {
+            let len = datagram.len();
+            bufs.outgoing.push(len, endpoint);
+        }
+        drop(tunn);
+        peer.counters.tx_packets.fetch_add(1, Ordering::Relaxed);
+        if bufs.outgoing.is_full() {
+            let _ = bufs.outgoing.send(udp);
+        }
+    }
+    if !bufs.outgoing.is_empty() {
+        let _ = bufs.outgoing.send(udp);
+    }
+}
+
+fn destination(packet: &[u8]) -> Option<Ipv4Addr> {
+    (packet.len() >= 20 && packet[0] >> 4 == 4)
+        .then(|| Ipv4Addr::new(packet[16], packet[17], packet[18], packet[19]))
+}
+
+fn lock(peer: &TunnelPeer) -> std::sync::MutexGuard<'_, Tunn> {
+    peer.tunn
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// UDP → decrypt → TUN, a batch at a time.
+fn from_network(
+    shared: &Shared,
+    peers: &PeerSet,
+    tun: &OwnedFd,
+    udp: &UdpSocket,
+    bufs: &mut Buffers,
+) {
+    let Ok(count) = bufs.incoming.recv(udp) else {
+        return;
+    };
+    for i in 0..count {
+        let (datagram, source) = bufs.incoming.get(i);
+        let Some(peer) = sender(shared, peers, datagram, source, udp, &mut bufs.scratch) else {
+            continue;
+        };
+        let mut tunn = lock(peer);
+        let result = tunn.decapsulate(Some(IpAddr::V4(*source.ip())), datagram, &mut bufs.packet);
+        match result {
+            TunnResult::WriteToTunnelV4(packet, inner_source) => {
+                // The inner source must be one of this peer's networks.
+                if peers
+                    .route(inner_source)
+                    .is_some_and(|owner| Arc::ptr_eq(owner, peer))
+                {
+                    // SAFETY: writing an owned, initialised slice.
+                    unsafe { libc::write(tun.as_raw_fd(), packet.as_ptr().cast(), packet.len()) };
+                    peer.counters.rx_packets.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    peer.counters.dropped_source.fetch_add(1, Ordering::Relaxed);
+                }
+                peer.roam(source);
+            }
+            TunnResult::WriteToNetwork(reply) => {
+                let _ = udp.send_to(reply, source);
+                // Packets queued while the handshake was under way go now.
+                while let TunnResult::WriteToNetwork(queued) =
+                    tunn.decapsulate(None, &[], &mut bufs.packet)
+                {
+                    let _ = udp.send_to(queued, peer.endpoint());
+                }
+                peer.roam(source);
+            }
+            TunnResult::Done => peer.roam(source),
+            TunnResult::Err(e) => {
+                debug!(peer = %peer.config.label, error = ?e, "datagram rejected");
+                shared.counters.rejected.fetch_add(1, Ordering::Relaxed);
+            }
+            TunnResult::WriteToTunnelV6(..) => {
+                shared.counters.rejected.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// The peer a datagram comes from. A handshake initiation names its sender
+/// only inside its encrypted static key, so it is opened (after the shared
+/// rate limiter, which answers with a cookie under load); every other
+/// message carries our index.
+fn sender<'p>(
+    shared: &Shared,
+    peers: &'p PeerSet,
+    datagram: &[u8],
+    source: SocketAddrV4,
+    udp: &UdpSocket,
+    scratch: &mut [u8],
+) -> Option<&'p Arc<TunnelPeer>> {
+    let found = match Tunn::parse_incoming_packet(datagram) {
+        Ok(Packet::HandshakeInit(_)) => {
+            match shared
+                .limiter
+                .verify_packet(Some(IpAddr::V4(*source.ip())), datagram, scratch)
+            {
+                Ok(Packet::HandshakeInit(init)) => {
+                    parse_handshake_anon(&shared.key.private, &shared.key.public, &init)
+                        .ok()
+                        .and_then(|half| peers.by_public(&half.peer_static_public))
+                }
+                Err(TunnResult::WriteToNetwork(cookie)) => {
+                    let _ = udp.send_to(cookie, source);
+                    shared.counters.cookies.fetch_add(1, Ordering::Relaxed);
+                    return None;
+                }
+                _ => None,
+            }
+        }
+        Ok(Packet::HandshakeResponse(p)) => peers.by_receiver(p.receiver_idx),
+        Ok(Packet::PacketCookieReply(p)) => peers.by_receiver(p.receiver_idx),
+        Ok(Packet::PacketData(p)) => peers.by_receiver(p.receiver_idx),
+        Err(_) => None,
+    };
+    if found.is_none() {
+        shared
+            .counters
+            .unknown_sender
+            .fetch_add(1, Ordering::Relaxed);
+    }
+    found
+}
+
+/// Runs every peer's WireGuard timers (handshake retries, rekeying,
+/// keepalives) and resets the shared rate limiter each second.
+pub fn timers(shared: Arc<Shared>, udp: UdpSocket) {
+    let mut buf = vec![0u8; shared.buffer_size()];
+    let mut last_reset = Instant::now();
+    while !shared.stop.load(Ordering::Relaxed) {
+        std::thread::sleep(TICK);
+        if last_reset.elapsed() >= Duration::from_secs(1) {
+            shared.limiter.reset_count();
+            last_reset = Instant::now();
+        }
+        for peer in shared.snapshot().iter() {
+            let endpoint = peer.endpoint();
+            if let TunnResult::WriteToNetwork(datagram) = lock(peer).update_timers(&mut buf) {
+                let _ = udp.send_to(datagram, endpoint);
+            }
+        }
+    }
+}

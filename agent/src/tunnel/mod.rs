@@ -1,0 +1,302 @@
+//! The embedded userspace WireGuard tunnel of a gateway: boringtun's
+//! `noise::Tunn` per peer, driven by our own multi-queue TUN and batched
+//! UDP datapath.
+//!
+//! - [`key`]: the private key file;
+//! - [`peers`]: peers and their lookup tables (no I/O);
+//! - [`tun`], [`batch`]: the two devices' I/O;
+//! - [`datapath`]: the worker and timer loops;
+//! - [`route`]: the device's link state and routes, over netlink.
+
+mod batch;
+mod datapath;
+pub mod key;
+pub mod peers;
+pub mod route;
+mod tun;
+
+use std::{
+    collections::BTreeMap,
+    io,
+    net::{Ipv4Addr, SocketAddrV4, UdpSocket},
+    sync::{
+        Arc, RwLock,
+        atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use boringtun::noise::{TunnResult, rate_limiter::RateLimiter};
+use socket2::{Domain, Protocol, Socket, Type};
+
+use self::{
+    key::KeyPair,
+    peers::{PeerConfig, PeerSet, TunnelPeer},
+};
+use crate::object::ObjectKey;
+
+/// Handshakes per second above which the gateway answers with cookies.
+const HANDSHAKE_LIMIT: u64 = 100;
+/// WireGuard's overhead on a data packet: header, counter, tag.
+const OVERHEAD: usize = 32;
+/// A session older than this without a new handshake is dead (WireGuard's Reject-After-Time).
+const SESSION_LIFETIME: Duration = Duration::from_secs(180);
+
+/// How the tunnel is set up.
+#[derive(Clone, Debug)]
+pub struct TunnelConfig {
+    /// TUN device name.
+    pub dev: String,
+    /// TUN device MTU.
+    pub mtu: u32,
+    /// UDP port to listen on.
+    pub port: u16,
+    /// Persistent keepalive, in seconds (0: none).
+    pub keepalive: u16,
+    /// Worker threads, each with a TUN queue and a UDP socket.
+    pub workers: usize,
+}
+
+/// Tunnel-wide counters.
+#[derive(Debug, Default)]
+pub struct TunnelCounters {
+    /// Packets from TUN for which no peer holds the destination.
+    pub no_route: AtomicU64,
+    /// Datagrams from a sender with a key or index we do not know.
+    pub unknown_sender: AtomicU64,
+    /// Datagrams that failed authentication or decryption.
+    pub rejected: AtomicU64,
+    /// Cookie replies sent under handshake load.
+    pub cookies: AtomicU64,
+}
+
+/// What the datapath threads share.
+pub struct Shared {
+    peers: RwLock<Arc<PeerSet>>,
+    key: KeyPair,
+    limiter: Arc<RateLimiter>,
+    stop: AtomicBool,
+    mtu: usize,
+    /// Tunnel-wide counters.
+    pub counters: TunnelCounters,
+}
+
+impl Shared {
+    fn snapshot(&self) -> Arc<PeerSet> {
+        self.peers.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn buffer_size(&self) -> usize {
+        (self.mtu + OVERHEAD + 64).max(2048)
+    }
+}
+
+/// Connection state of one peer, as reported to the rest of the agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Connection {
+    /// A session is established.
+    Connected,
+    /// Handshaking, or never connected.
+    Connecting,
+}
+
+/// What the rest of the agent may know of one peer.
+#[derive(Clone, Debug)]
+pub struct PeerStatus {
+    /// The TunnelEndpoint.
+    pub key: ObjectKey,
+    /// Cluster ID or name.
+    pub label: String,
+    /// Whether a session is up.
+    pub connection: Connection,
+    /// Time since the last completed handshake.
+    pub last_handshake: Option<Duration>,
+    /// Bytes sent, before encryption.
+    pub tx_bytes: u64,
+    /// Bytes received, after decryption.
+    pub rx_bytes: u64,
+    /// Round-trip estimate from the last handshake, in milliseconds.
+    pub rtt_ms: Option<u32>,
+    /// Current endpoint (roams).
+    pub endpoint: SocketAddrV4,
+    /// Authenticated packets dropped for an inner source outside the peer's networks.
+    pub dropped_source: u64,
+}
+
+/// How one peer changed in [`Tunnel::set_peers`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum PeerChange {
+    /// New, or its key changed: a fresh handshake was started.
+    Started,
+    /// Its endpoint was reconfigured; the session stays.
+    Moved,
+    /// Gone.
+    Removed,
+}
+
+/// The running tunnel. Dropping it stops the threads and removes the device.
+pub struct Tunnel {
+    shared: Arc<Shared>,
+    control: UdpSocket,
+    threads: Vec<JoinHandle<()>>,
+    next_index: AtomicU32,
+    keepalive: Option<u16>,
+}
+
+impl Tunnel {
+    /// Creates the TUN device and the sockets, and starts the threads.
+    pub fn start(config: &TunnelConfig, key: KeyPair) -> io::Result<Self> {
+        let workers = config.workers.max(1);
+        let queues = tun::open(&config.dev, workers)?;
+        let sockets: Vec<UdpSocket> = (0..=workers)
+            .map(|_| bind(config.port))
+            .collect::<io::Result<_>>()?;
+        let limiter = Arc::new(RateLimiter::new(&key.public, HANDSHAKE_LIMIT));
+        let shared = Arc::new(Shared {
+            peers: RwLock::new(Arc::new(PeerSet::default())),
+            key,
+            limiter,
+            stop: AtomicBool::new(false),
+            mtu: config.mtu as usize,
+            counters: TunnelCounters::default(),
+        });
+        let mut sockets = sockets.into_iter();
+        let control = sockets.next().expect("one socket per worker plus one");
+        let mut threads = Vec::new();
+        for (i, (tun, udp)) in queues.into_iter().zip(sockets).enumerate() {
+            let shared = shared.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("tunnel-{i}"))
+                    .spawn(move || datapath::worker(shared, tun, udp))?,
+            );
+        }
+        let timer_socket = control.try_clone()?;
+        let timer_shared = shared.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("tunnel-timers".into())
+                .spawn(move || datapath::timers(timer_shared, timer_socket))?,
+        );
+        Ok(Self {
+            shared,
+            control,
+            threads,
+            next_index: AtomicU32::new(1),
+            keepalive: (config.keepalive > 0).then_some(config.keepalive),
+        })
+    }
+
+    /// Our public key.
+    pub fn public_key(&self) -> [u8; 32] {
+        *self.shared.key.public.as_bytes()
+    }
+
+    /// Tunnel-wide counters.
+    pub fn counters(&self) -> &TunnelCounters {
+        &self.shared.counters
+    }
+
+    /// Brings the peers in line with `configs`, touching only those that
+    /// changed: a new key gets a new state machine and an immediate
+    /// handshake; a peer whose networks or endpoint change keeps its session.
+    pub fn set_peers(&self, configs: &[PeerConfig]) -> Vec<(ObjectKey, PeerChange)> {
+        let current = self.shared.snapshot();
+        let mut changes = Vec::new();
+        let mut next = Vec::new();
+        for config in configs {
+            let peer = match current.by_key(&config.key) {
+                Some(old) if old.config.public == config.public => {
+                    if old.config.endpoint != config.endpoint {
+                        old.reconfigure_endpoint(config.endpoint);
+                        changes.push((config.key.clone(), PeerChange::Moved));
+                    }
+                    old.clone()
+                }
+                _ => {
+                    let index = self.next_index.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;
+                    let peer = Arc::new(TunnelPeer::new(
+                        config.clone(),
+                        index,
+                        &self.shared.key.private,
+                        self.keepalive,
+                    ));
+                    self.initiate(&peer);
+                    changes.push((config.key.clone(), PeerChange::Started));
+                    peer
+                }
+            };
+            next.push((peer, config.networks.clone()));
+        }
+        let kept: BTreeMap<&ObjectKey, ()> = configs.iter().map(|c| (&c.key, ())).collect();
+        changes.extend(
+            current
+                .iter()
+                .filter(|p| !kept.contains_key(&p.config.key))
+                .map(|p| (p.config.key.clone(), PeerChange::Removed)),
+        );
+        *self.shared.peers.write().unwrap_or_else(|p| p.into_inner()) =
+            Arc::new(PeerSet::new(next));
+        changes
+    }
+
+    /// Starts a handshake now rather than on the first packet.
+    fn initiate(&self, peer: &TunnelPeer) {
+        let mut buf = [0u8; 256];
+        let mut tunn = peer.tunn.lock().unwrap_or_else(|p| p.into_inner());
+        if let TunnResult::WriteToNetwork(init) = tunn.format_handshake_initiation(&mut buf, false)
+        {
+            let _ = self.control.send_to(init, peer.endpoint());
+        }
+    }
+
+    /// The state of every peer.
+    pub fn status(&self) -> Vec<PeerStatus> {
+        self.shared
+            .snapshot()
+            .iter()
+            .map(|peer| {
+                let tunn = peer.tunn.lock().unwrap_or_else(|p| p.into_inner());
+                let (last_handshake, tx_bytes, rx_bytes, _loss, rtt_ms) = tunn.stats();
+                let connected = last_handshake.is_some_and(|t| t < SESSION_LIFETIME);
+                PeerStatus {
+                    key: peer.config.key.clone(),
+                    label: peer.config.label.clone(),
+                    connection: if connected {
+                        Connection::Connected
+                    } else {
+                        Connection::Connecting
+                    },
+                    last_handshake,
+                    tx_bytes: tx_bytes as u64,
+                    rx_bytes: rx_bytes as u64,
+                    rtt_ms,
+                    endpoint: peer.endpoint(),
+                    dropped_source: peer.counters.dropped_source.load(Ordering::Relaxed),
+                }
+            })
+            .collect()
+    }
+}
+
+impl Drop for Tunnel {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A non-blocking UDP socket on `port`, shared with the other workers
+/// through `SO_REUSEPORT`.
+fn bind(port: u16) -> io::Result<UdpSocket> {
+    let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+    socket.set_reuse_port(true)?;
+    socket.set_nonblocking(true)?;
+    socket.set_recv_buffer_size(4 << 20)?;
+    socket.set_send_buffer_size(4 << 20)?;
+    socket.bind(&SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port).into())?;
+    Ok(socket.into())
+}

@@ -1,0 +1,242 @@
+//! The tunnel's peers and how a packet finds one. Protocol state only: no
+//! I/O happens here, so all of it can be tested in memory.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::{Ipv4Addr, SocketAddrV4},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+
+use boringtun::noise::Tunn;
+use boringtun::x25519::{PublicKey, StaticSecret};
+use ipnet::Ipv4Net;
+
+use crate::object::ObjectKey;
+
+/// What the agent knows of a peer from its TunnelEndpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerConfig {
+    /// The TunnelEndpoint.
+    pub key: ObjectKey,
+    /// Cluster ID or name, for logs and metrics.
+    pub label: String,
+    /// The peer gateway's static public key.
+    pub public: [u8; 32],
+    /// Where the peer gateway listens (`endpointIP`, `backend_config.port`).
+    pub endpoint: SocketAddrV4,
+    /// The peer's networks as we see them.
+    pub networks: Vec<Ipv4Net>,
+}
+
+/// Counters of one peer, updated by the datapath.
+#[derive(Debug, Default)]
+pub struct PeerCounters {
+    /// Packets sent to the peer (data, before encryption).
+    pub tx_packets: AtomicU64,
+    /// Packets received from the peer and written to the TUN device.
+    pub rx_packets: AtomicU64,
+    /// Authenticated packets whose inner source lay outside the peer's networks.
+    pub dropped_source: AtomicU64,
+}
+
+/// One peer: its WireGuard state machine and where it is.
+pub struct TunnelPeer {
+    /// Its configuration when created; networks live in the [`PeerSet`].
+    pub config: PeerConfig,
+    /// Our session index for it (receiver indices carry it in their top 24 bits).
+    pub index: u32,
+    /// The WireGuard state machine; `encapsulate` and `decapsulate` need it exclusively.
+    pub tunn: Mutex<Tunn>,
+    /// Current endpoint: starts at the configured one and roams to the
+    /// source of the last authenticated packet. IPv4 and port packed in 48 bits.
+    endpoint: AtomicU64,
+    /// Datapath counters.
+    pub counters: PeerCounters,
+}
+
+impl std::fmt::Debug for TunnelPeer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TunnelPeer")
+            .field("key", &self.config.key)
+            .field("index", &self.index)
+            .finish()
+    }
+}
+
+fn pack(addr: SocketAddrV4) -> u64 {
+    (u64::from(u32::from(*addr.ip())) << 16) | u64::from(addr.port())
+}
+
+fn unpack(packed: u64) -> SocketAddrV4 {
+    SocketAddrV4::new(Ipv4Addr::from((packed >> 16) as u32), packed as u16)
+}
+
+impl TunnelPeer {
+    /// A peer with a fresh state machine.
+    pub fn new(
+        config: PeerConfig,
+        index: u32,
+        private: &StaticSecret,
+        keepalive: Option<u16>,
+    ) -> Self {
+        // The shared limiter screens handshake initiations before a peer is
+        // known; each state machine keeps its own for the rest.
+        let tunn = Tunn::new(
+            private.clone(),
+            PublicKey::from(config.public),
+            None,
+            keepalive,
+            index,
+            None,
+        );
+        Self {
+            endpoint: AtomicU64::new(pack(config.endpoint)),
+            config,
+            index,
+            tunn: Mutex::new(tunn),
+            counters: PeerCounters::default(),
+        }
+    }
+
+    /// Where to send to the peer now.
+    pub fn endpoint(&self) -> SocketAddrV4 {
+        unpack(self.endpoint.load(Ordering::Relaxed))
+    }
+
+    /// Follows the peer to `addr`, the source of an authenticated packet.
+    pub fn roam(&self, addr: SocketAddrV4) {
+        self.endpoint.store(pack(addr), Ordering::Relaxed);
+    }
+
+    /// Points the peer at a newly configured endpoint.
+    pub fn reconfigure_endpoint(&self, addr: SocketAddrV4) {
+        self.roam(addr);
+    }
+}
+
+/// An immutable snapshot of every peer, indexed for the datapath. A change
+/// builds a new snapshot; packets in flight finish on the old one.
+#[derive(Default)]
+pub struct PeerSet {
+    by_key: BTreeMap<ObjectKey, Arc<TunnelPeer>>,
+    by_index: HashMap<u32, Arc<TunnelPeer>>,
+    by_public: HashMap<[u8; 32], Arc<TunnelPeer>>,
+    /// Longest prefix first: (prefix length, mask, network → peer).
+    routes: Vec<(u8, u32, HashMap<u32, Arc<TunnelPeer>>)>,
+}
+
+impl PeerSet {
+    /// Indexes `peers`, routing each one's `networks`.
+    pub fn new(peers: impl IntoIterator<Item = (Arc<TunnelPeer>, Vec<Ipv4Net>)>) -> Self {
+        let mut set = Self::default();
+        let mut routes: BTreeMap<u8, HashMap<u32, Arc<TunnelPeer>>> = BTreeMap::new();
+        for (peer, networks) in peers {
+            for net in networks {
+                routes
+                    .entry(net.prefix_len())
+                    .or_default()
+                    .insert(u32::from(net.network()), peer.clone());
+            }
+            set.by_index.insert(peer.index, peer.clone());
+            set.by_public.insert(peer.config.public, peer.clone());
+            set.by_key.insert(peer.config.key.clone(), peer);
+        }
+        set.routes = routes
+            .into_iter()
+            .rev()
+            .map(|(len, nets)| {
+                (
+                    len,
+                    u32::from(
+                        Ipv4Net::new(Ipv4Addr::UNSPECIFIED, len)
+                            .expect("≤ 32")
+                            .netmask(),
+                    ),
+                    nets,
+                )
+            })
+            .collect();
+        set
+    }
+
+    /// The peer whose networks hold `addr`: where a packet to `addr` goes,
+    /// and the only peer allowed to send from `addr`.
+    pub fn route(&self, addr: Ipv4Addr) -> Option<&Arc<TunnelPeer>> {
+        let addr = u32::from(addr);
+        self.routes
+            .iter()
+            .find_map(|(_, mask, nets)| nets.get(&(addr & mask)))
+    }
+
+    /// The peer a receiver index belongs to.
+    pub fn by_receiver(&self, receiver_idx: u32) -> Option<&Arc<TunnelPeer>> {
+        self.by_index.get(&(receiver_idx >> 8))
+    }
+
+    /// The peer with this static public key.
+    pub fn by_public(&self, public: &[u8; 32]) -> Option<&Arc<TunnelPeer>> {
+        self.by_public.get(public)
+    }
+
+    /// The peer of a TunnelEndpoint.
+    pub fn by_key(&self, key: &ObjectKey) -> Option<&Arc<TunnelPeer>> {
+        self.by_key.get(key)
+    }
+
+    /// Every peer.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<TunnelPeer>> {
+        self.by_key.values()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(name: &str, index: u32, public: u8) -> Arc<TunnelPeer> {
+        let private = StaticSecret::from([7u8; 32]);
+        let config = PeerConfig {
+            key: ObjectKey {
+                namespace: "liqo".into(),
+                name: name.into(),
+            },
+            label: name.into(),
+            public: *PublicKey::from(&StaticSecret::from([public; 32])).as_bytes(),
+            endpoint: "203.0.113.2:5871".parse().unwrap(),
+            networks: Vec::new(),
+        };
+        Arc::new(TunnelPeer::new(config, index, &private, Some(10)))
+    }
+
+    fn net(s: &str) -> Ipv4Net {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn routes_by_longest_prefix_and_finds_by_index_and_key() {
+        let (b, c) = (peer("b", 1, 2), peer("c", 2, 3));
+        let set = PeerSet::new([
+            (b.clone(), vec![net("10.0.0.0/16"), net("10.9.0.0/24")]),
+            (c.clone(), vec![net("10.0.7.0/24")]),
+        ]);
+        assert_eq!(set.route("10.0.7.9".parse().unwrap()).unwrap().index, 2);
+        assert_eq!(set.route("10.0.8.9".parse().unwrap()).unwrap().index, 1);
+        assert_eq!(set.route("10.9.0.1".parse().unwrap()).unwrap().index, 1);
+        assert!(set.route("10.10.0.1".parse().unwrap()).is_none());
+        // boringtun puts our index in the top 24 bits of the receiver index.
+        assert_eq!(set.by_receiver((2 << 8) | 5).unwrap().index, 2);
+        assert!(set.by_receiver(7 << 8).is_none());
+        assert_eq!(set.by_public(&c.config.public).unwrap().index, 2);
+    }
+
+    #[test]
+    fn endpoint_roams() {
+        let b = peer("b", 1, 2);
+        assert_eq!(b.endpoint(), "203.0.113.2:5871".parse().unwrap());
+        b.roam("198.51.100.9:40000".parse().unwrap());
+        assert_eq!(b.endpoint(), "198.51.100.9:40000".parse().unwrap());
+    }
+}

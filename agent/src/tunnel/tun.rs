@@ -1,0 +1,54 @@
+//! A multi-queue TUN device: one non-blocking file descriptor per worker,
+//! so the kernel spreads packets over the queues and no lock is shared.
+
+use std::{
+    fs::OpenOptions,
+    io,
+    os::{
+        fd::{AsRawFd, OwnedFd},
+        unix::fs::OpenOptionsExt,
+    },
+};
+
+const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+const IFF_TUN: libc::c_short = 0x0001;
+const IFF_NO_PI: libc::c_short = 0x1000;
+const IFF_MULTI_QUEUE: libc::c_short = 0x0100;
+
+#[repr(C)]
+struct IfReq {
+    name: [u8; libc::IFNAMSIZ],
+    flags: libc::c_short,
+    _pad: [u8; 22],
+}
+
+/// Creates (or attaches to) TUN device `name` with `queues` queues. The
+/// device lives as long as any returned descriptor.
+pub fn open(name: &str, queues: usize) -> io::Result<Vec<OwnedFd>> {
+    if name.is_empty() || name.len() >= libc::IFNAMSIZ {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("bad device name {name:?}"),
+        ));
+    }
+    (0..queues.max(1))
+        .map(|_| {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+                .open("/dev/net/tun")?;
+            let mut req = IfReq {
+                name: [0; libc::IFNAMSIZ],
+                flags: IFF_TUN | IFF_NO_PI | IFF_MULTI_QUEUE,
+                _pad: [0; 22],
+            };
+            req.name[..name.len()].copy_from_slice(name.as_bytes());
+            // SAFETY: TUNSETIFF reads and writes an ifreq, which `req` is.
+            if unsafe { libc::ioctl(file.as_raw_fd(), TUNSETIFF, &mut req) } < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(OwnedFd::from(file))
+        })
+        .collect()
+}
