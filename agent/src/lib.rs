@@ -6,11 +6,13 @@
 //! - [`source`]: where objects come from;
 //! - [`reconcile`]: from objects to the kernel, as a diff;
 //! - [`dataplane`]: loading, pinning, attaching, cleanup;
+//! - [`gateway`]: the gateway's tunnel and routes, following the peers;
 //! - [`maps`]: typed views of the kernel maps;
 //! - [`metrics`]: Prometheus and health endpoints;
 //! - [`tunnel`]: the gateway's embedded WireGuard.
 
 pub mod dataplane;
+pub mod gateway;
 pub mod maps;
 pub mod metrics;
 pub mod object;

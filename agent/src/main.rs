@@ -6,10 +6,12 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use isthmus_agent::{
     dataplane::{self, AttachMode, Dataplane},
+    gateway::Gateway,
     maps::Counters,
     metrics::{self, Metrics},
     reconcile::{PeerTable, Reconciler, Report},
     source::{self, SourceEvent, SourceSpec},
+    tunnel::{TunnelConfig, key},
 };
 use tokio::{signal::unix, sync::mpsc};
 use tracing::{error, info, warn};
@@ -37,12 +39,29 @@ enum LogFormat {
 enum Command {
     /// Program the dataplane from the source and keep it in line.
     Run(RunArgs),
+    /// Print the gateway's WireGuard public key, creating the key file
+    /// (mode 0600) if it does not exist.
+    Pubkey {
+        /// The private key file.
+        #[arg(long, default_value = DEFAULT_KEY_FILE)]
+        private_key_file: PathBuf,
+    },
     /// Detach and unpin everything the agent attached or pinned.
     Cleanup {
         /// Directory on bpffs the agent pinned under.
         #[arg(long, default_value = "/sys/fs/bpf/isthmus")]
         bpffs: PathBuf,
     },
+}
+
+const DEFAULT_KEY_FILE: &str = "/var/lib/isthmus/private.key";
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum TunnelMode {
+    /// The embedded WireGuard (boringtun) carries peers' traffic.
+    Userspace,
+    /// No tunnel: another one carries the traffic; the agent only does NAT.
+    None,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -73,6 +92,27 @@ struct RunArgs {
     /// Gateway: the tunnel-facing device the NAT programs attach to.
     #[arg(long, default_value = "isthmus0")]
     nat_dev: String,
+    /// Gateway: what carries traffic between gateways.
+    #[arg(long, value_enum, default_value_t = TunnelMode::Userspace)]
+    tunnel: TunnelMode,
+    /// Gateway: the WireGuard private key file; created (mode 0600) if missing.
+    #[arg(long, default_value = DEFAULT_KEY_FILE)]
+    private_key_file: PathBuf,
+    /// Gateway: the TUN device of the tunnel.
+    #[arg(long, default_value = "isthmus0")]
+    tunnel_dev: String,
+    /// Gateway: the TUN device's MTU.
+    #[arg(long, default_value_t = 1420)]
+    mtu: u32,
+    /// Gateway: the UDP port WireGuard listens on.
+    #[arg(long, default_value_t = 5871)]
+    listen_port: u16,
+    /// Gateway: seconds between keepalives to each peer (0: none).
+    #[arg(long, default_value_t = 10)]
+    keepalive: u16,
+    /// Gateway: datapath threads (default: one per CPU).
+    #[arg(long)]
+    tunnel_workers: Option<usize>,
     /// How to attach TC programs.
     #[arg(long, value_enum, default_value_t = AttachMode::Auto)]
     attach: AttachMode,
@@ -84,6 +124,11 @@ async fn main() -> Result<()> {
     init_logs(cli.log_format);
     match cli.command {
         Command::Run(args) => run(args).await,
+        Command::Pubkey { private_key_file } => {
+            let pair = key::load_or_generate(&private_key_file)?;
+            println!("{}", key::encode(pair.public.as_bytes()));
+            Ok(())
+        }
         Command::Cleanup { bpffs } => {
             let removed = dataplane::cleanup(&bpffs)?;
             for item in &removed {
@@ -126,6 +171,12 @@ async fn run(args: RunArgs) -> Result<()> {
         .with_context(|| format!("loading the dataplane under {}", args.bpffs.display()))?;
     let mut reconciler =
         Reconciler::new(dataplane.take_peer_map()?).context("reading the pinned peer table")?;
+    let mut gateway = match (args.role, args.tunnel) {
+        (Role::Gateway, TunnelMode::Userspace) => {
+            Some(Gateway::start(&tunnel_config(&args), &args.private_key_file).await?)
+        }
+        _ => None,
+    };
     let attach = match args.role {
         Role::Gateway => Some(dataplane.attach_nat(&args.nat_dev, args.attach)?),
         Role::Worker => None,
@@ -141,8 +192,23 @@ async fn run(args: RunArgs) -> Result<()> {
         .with_context(|| format!("serving metrics on {}", args.metrics_addr))?;
     let events = source::watch_dir(dir)?;
     info!(node = %args.node, role, source = %dir.display(), bpffs = %args.bpffs.display(), "agent started");
-    follow(events, &mut reconciler, &metrics).await
+    follow(events, &mut reconciler, gateway.as_mut(), &metrics).await
 }
+
+fn tunnel_config(args: &RunArgs) -> TunnelConfig {
+    TunnelConfig {
+        dev: args.tunnel_dev.clone(),
+        mtu: args.mtu,
+        port: args.listen_port,
+        keepalive: args.keepalive,
+        workers: args
+            .tunnel_workers
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+    }
+}
+
+/// How often peers' connection states are checked for changes to log.
+const STATE_REPORT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Applies source events until a signal arrives. Nothing is written before
 /// the source has sent every existing object, so a restart never removes
@@ -150,13 +216,21 @@ async fn run(args: RunArgs) -> Result<()> {
 async fn follow<T: PeerTable>(
     mut events: mpsc::Receiver<SourceEvent>,
     reconciler: &mut Reconciler<T>,
+    mut gateway: Option<&mut Gateway>,
     metrics: &Arc<Metrics>,
 ) -> Result<()> {
     let mut terminate = unix::signal(unix::SignalKind::terminate())?;
+    let mut states = tokio::time::interval(STATE_REPORT);
     let mut synced = false;
     loop {
         let event = tokio::select! {
             event = events.recv() => event.context("the source stopped")?,
+            _ = states.tick() => {
+                if let Some(gateway) = gateway.as_deref_mut() {
+                    gateway.report_states();
+                }
+                continue;
+            }
             _ = terminate.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
         };
@@ -169,7 +243,12 @@ async fn follow<T: PeerTable>(
             continue;
         }
         match reconciler.reconcile() {
-            Ok(report) => record(&report, metrics),
+            Ok(report) => {
+                record(&report, metrics);
+                if let Some(gateway) = gateway.as_deref_mut() {
+                    gateway.sync(reconciler.peers()).await;
+                }
+            }
             Err(e) => {
                 metrics
                     .reconcile_errors
@@ -180,7 +259,7 @@ async fn follow<T: PeerTable>(
         }
         metrics.set_ready();
     }
-    info!("stopping; the dataplane stays attached (`isthmus-agent cleanup` removes it)");
+    info!("stopping; the NAT programs stay attached (`isthmus-agent cleanup` removes them)");
     Ok(())
 }
 

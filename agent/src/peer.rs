@@ -200,8 +200,9 @@ pub struct Peer {
     pub remote_pod: Mapped,
     /// The peer's ExternalCIDR, and how we see it.
     pub remote_external: Mapped,
-    /// The peer gateway's WireGuard endpoint and key, where the object has both.
-    pub tunnel: Option<TunnelParams>,
+    /// The peer gateway's WireGuard endpoint and key, or the first of their
+    /// fields the object lacks.
+    pub tunnel: Result<TunnelParams, &'static str>,
 }
 
 /// Where and how to reach a peer's gateway.
@@ -333,7 +334,7 @@ impl Reader<'_> {
 
     /// `endpointIP` and `backend_config`: absent fields leave no tunnel,
     /// malformed ones are errors.
-    fn tunnel(&self) -> Result<Option<TunnelParams>, PeerError> {
+    fn tunnel(&self) -> Result<Result<TunnelParams, &'static str>, PeerError> {
         let text = |v: &Value| match v {
             Value::String(s) => s.clone(),
             other => serde_yaml_ng::to_string(other)
@@ -375,12 +376,14 @@ impl Reader<'_> {
                 )
             })?),
         };
-        Ok(endpoint
-            .zip(public_key)
-            .map(|(ip, public_key)| TunnelParams {
+        Ok(match (endpoint, public_key) {
+            (None, _) => Err("endpointIP"),
+            (_, None) => Err("backend_config.publicKey"),
+            (Some(ip), Some(public_key)) => Ok(TunnelParams {
                 endpoint: SocketAddrV4::new(ip, port),
                 public_key,
-            }))
+            }),
+        })
     }
 
     fn error(&self, problem: Problem) -> PeerError {
@@ -514,7 +517,7 @@ mod tests {
             parse(&with("  backend_config: {port: \"5871\"}\n"))
                 .unwrap()
                 .tunnel,
-            None
+            Err("backend_config.publicKey")
         );
         let err = parse(&with("  backend_config: {port: \"70000\"}\n"))
             .unwrap_err()

@@ -37,7 +37,7 @@ impl Node {
         fs::create_dir_all(&objects).unwrap();
         fs::write(
             objects.join("peer-b.yaml"),
-            PEERINGS[0].tunnel_endpoint_yaml(),
+            PEERINGS[0].tunnel_endpoint_yaml(None),
         )
         .unwrap();
         let log = lab::log_file(ns);
@@ -59,6 +59,7 @@ impl Node {
             "--node=t".to_owned(),
             "--role=gateway".to_owned(),
             "--nat-dev=v0".to_owned(),
+            "--tunnel=none".to_owned(),
             format!("--attach={mode}"),
             format!("--source=dir:{}", self.objects.display()),
             format!("--bpffs={}", self.bpffs().display()),

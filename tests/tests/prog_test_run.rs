@@ -78,7 +78,7 @@ impl Harness {
         }
         let mut peers = PeerMap::new(ebpf.take_map(names::MAP_PEERS).unwrap()).unwrap();
         for (id, yaml) in [
-            (1, PEERINGS[0].tunnel_endpoint_yaml()),
+            (1, PEERINGS[0].tunnel_endpoint_yaml(None)),
             (2, PEER_S.to_owned()),
         ] {
             let docs = parse_documents("test.yaml".as_ref(), &yaml);

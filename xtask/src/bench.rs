@@ -28,7 +28,8 @@ pub enum Which {
 pub fn run_bench(which: Which) -> Result<()> {
     match which {
         Which::Nat => {
-            lab::up()?;
+            // NAT alone: gateways route over the WAN in clear.
+            lab::up(lab::LabTunnel::None)?;
             let result = nat();
             lab::down()?;
             result

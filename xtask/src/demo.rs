@@ -12,7 +12,7 @@ use xtask::{
 /// and ICMP, and prints the result. Fails if any row fails.
 pub fn run(keep: bool) -> Result<()> {
     crate::build()?;
-    lab::up()?;
+    lab::up(lab::LabTunnel::Userspace)?;
     let result = probe_rows();
     print_counters();
     if keep {

@@ -80,6 +80,37 @@ pub fn agent_binary() -> PathBuf {
     target.join("release/isthmus-agent")
 }
 
+/// What carries traffic between the lab's gateways.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LabTunnel {
+    /// The agents' embedded WireGuard, over `ist-wan`.
+    Userspace,
+    /// None: gateways route peers' networks over `wan0` in clear, and NAT there.
+    None,
+}
+
+impl LabTunnel {
+    fn as_str(self) -> &'static str {
+        match self {
+            LabTunnel::Userspace => "userspace",
+            LabTunnel::None => "none",
+        }
+    }
+}
+
+/// The tunnel mode the lab was brought up with.
+pub fn tunnel_mode() -> LabTunnel {
+    match fs::read_to_string(state("tunnel")).as_deref() {
+        Ok("none") => LabTunnel::None,
+        _ => LabTunnel::Userspace,
+    }
+}
+
+/// The WireGuard key file of gateway `node`.
+pub fn key_file(node: &str) -> PathBuf {
+    state("keys").join(format!("{node}.key"))
+}
+
 /// Whether the lab is up: its namespaces and state directory exist.
 pub fn is_up() -> bool {
     netns::exists(WAN_NS) && Path::new(STATE_DIR).is_dir()
@@ -87,7 +118,7 @@ pub fn is_up() -> bool {
 
 /// Builds the lab from nothing and starts every agent; returns once every
 /// agent reports ready.
-pub fn up() -> Result<()> {
+pub fn up(tunnel: LabTunnel) -> Result<()> {
     let agent = agent_binary();
     if !agent.exists() {
         bail!(
@@ -96,9 +127,10 @@ pub fn up() -> Result<()> {
         );
     }
     down()?;
-    for sub in ["pids", "logs", "objects", "bpffs"] {
+    for sub in ["pids", "logs", "objects", "bpffs", "keys"] {
         fs::create_dir_all(state(sub))?;
     }
+    fs::write(state("tunnel"), tunnel.as_str())?;
     run(
         "mount",
         &["-t", "bpf", "isthmus-lab", &bpffs_root().to_string_lossy()],
@@ -108,8 +140,8 @@ pub fn up() -> Result<()> {
     for cluster in CLUSTERS {
         build_cluster(cluster)?;
     }
-    route_peers()?;
-    write_objects()?;
+    route_peers(tunnel)?;
+    write_objects(tunnel)?;
     println!("lab: starting agents");
     for cluster in CLUSTERS {
         for (node, _) in cluster.nodes() {
@@ -133,6 +165,13 @@ fn add_ns(name: &str) -> Result<()> {
         "net.ipv4.conf.default.rp_filter",
     ] {
         sysctl(name, key, "0")?;
+    }
+    // The lab is IPv4: no router solicitations or MLD reports on its wires.
+    for key in [
+        "net.ipv6.conf.all.disable_ipv6",
+        "net.ipv6.conf.default.disable_ipv6",
+    ] {
+        sysctl(name, key, "1")?;
     }
     Ok(())
 }
@@ -254,24 +293,20 @@ fn add_pod(c: &Cluster, i: u8, host: &str) -> Result<()> {
     Ok(())
 }
 
-/// Until the tunnel lands, gateways route peers' networks over the WAN in
-/// clear, and workers send them to their gateway.
-fn route_peers() -> Result<()> {
+/// Workers send peers' networks to their gateway. With the tunnel, the
+/// gateway's agent routes them into it; without, the lab routes them over
+/// the WAN in clear.
+fn route_peers(tunnel: LabTunnel) -> Result<()> {
     for p in &PEERINGS {
         for net in p.remote_views() {
             let net = net.to_string();
-            ip(
-                &p.local.gw(),
-                &[
-                    "route",
-                    "add",
-                    &net,
-                    "via",
-                    &p.remote.wan_addr().to_string(),
-                    "dev",
-                    "wan0",
-                ],
-            )?;
+            if tunnel == LabTunnel::None {
+                let via = p.remote.wan_addr().to_string();
+                ip(
+                    &p.local.gw(),
+                    &["route", "add", &net, "via", &via, "dev", "wan0"],
+                )?;
+            }
             ip(
                 &p.local.node(),
                 &["route", "add", &net, "via", &p.local.lan_gw().to_string()],
@@ -281,15 +316,27 @@ fn route_peers() -> Result<()> {
     Ok(())
 }
 
-fn write_objects() -> Result<()> {
+/// The public key of gateway `node`, creating its key file if needed.
+pub fn public_key(node: &str) -> Result<String> {
+    let key = key_file(node).to_string_lossy().into_owned();
+    let out = run(
+        &agent_binary().to_string_lossy(),
+        &["pubkey", "--private-key-file", &key],
+    )?;
+    Ok(out.trim().to_owned())
+}
+
+fn write_objects(tunnel: LabTunnel) -> Result<()> {
     for p in &PEERINGS {
+        let key = match tunnel {
+            LabTunnel::Userspace => Some(public_key(&p.remote.gw())?),
+            LabTunnel::None => None,
+        };
+        let yaml = p.tunnel_endpoint_yaml(key.as_deref());
         for (node, _) in p.local.nodes() {
             let dir = object_dir(&node);
             fs::create_dir_all(&dir)?;
-            fs::write(
-                dir.join(format!("peer-{}.yaml", p.remote.name)),
-                p.tunnel_endpoint_yaml(),
-            )?;
+            fs::write(dir.join(format!("peer-{}.yaml", p.remote.name)), &yaml)?;
         }
     }
     Ok(())
@@ -306,24 +353,20 @@ fn role_of(node: &str) -> &'static str {
 /// Starts node `node`'s agent in its netns and records its PID. Does not
 /// wait for it to be ready.
 pub fn start_agent(node: &str) -> Result<u32> {
-    let args: Vec<String> = [
-        "run",
-        "--node",
-        node,
-        "--role",
-        role_of(node),
-        "--nat-dev",
-        "wan0",
-        "--metrics-addr",
-        &format!("0.0.0.0:{METRICS_PORT}"),
-    ]
-    .into_iter()
-    .map(str::to_owned)
-    .chain([
+    let mut args: Vec<String> = vec![
+        "run".into(),
+        format!("--node={node}"),
+        format!("--role={}", role_of(node)),
+        format!("--metrics-addr=0.0.0.0:{METRICS_PORT}"),
         format!("--source=dir:{}", object_dir(node).display()),
         format!("--bpffs={}", bpffs(node).display()),
-    ])
-    .collect();
+    ];
+    match tunnel_mode() {
+        LabTunnel::Userspace => {
+            args.push(format!("--private-key-file={}", key_file(node).display()))
+        }
+        LabTunnel::None => args.extend(["--tunnel=none".into(), "--nat-dev=wan0".into()]),
+    }
     let pid = spawn_agent(node, &args, &log_file(node))?;
     fs::write(pid_file(node), pid.to_string())?;
     Ok(pid)

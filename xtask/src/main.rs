@@ -8,7 +8,7 @@ use std::{path::PathBuf, process::Command, time::Instant};
 
 use anyhow::{Result, bail};
 use clap::{Parser, Subcommand};
-use xtask::lab;
+use xtask::lab::{self, LabTunnel};
 
 #[derive(Parser)]
 #[command(about = "Isthmus build, lab, test and benchmark tasks")]
@@ -44,7 +44,11 @@ enum Task {
 #[derive(Subcommand)]
 enum LabAction {
     /// Build the topology and start every agent; return once ready.
-    Up,
+    Up {
+        /// What carries traffic between gateways.
+        #[arg(long, value_enum, default_value_t = LabTunnel::Userspace)]
+        tunnel: LabTunnel,
+    },
     /// Remove everything the lab created; succeeds when nothing is up.
     Down,
 }
@@ -55,10 +59,10 @@ fn main() -> Result<()> {
         Task::Demo { keep } => demo::run(keep),
         Task::Test => test(),
         Task::Lab {
-            action: LabAction::Up,
+            action: LabAction::Up { tunnel },
         } => {
             build()?;
-            lab::up()
+            lab::up(tunnel)
         }
         Task::Lab {
             action: LabAction::Down,
@@ -112,7 +116,7 @@ fn test() -> Result<()> {
         "-D",
         "warnings",
     ])?;
-    lab::up()?;
+    lab::up(LabTunnel::Userspace)?;
     // Lab tests share one lab and restart its agents: one test at a time.
     let tests = cargo(&["test", "--release", "--", "--test-threads=1"]);
     let down = lab::down();

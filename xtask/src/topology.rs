@@ -169,8 +169,12 @@ impl Peering {
         .map(|n| n.parse().expect("valid CIDR"))
     }
 
-    /// The TunnelEndpoint the local cluster holds, as Liqo writes it.
-    pub fn tunnel_endpoint_yaml(&self) -> String {
+    /// The TunnelEndpoint the local cluster holds, as Liqo writes it, with
+    /// the remote gateway's WireGuard public key if there is one.
+    pub fn tunnel_endpoint_yaml(&self, remote_public_key: Option<&str>) -> String {
+        let key = remote_public_key
+            .map(|k| format!(", publicKey: \"{k}\""))
+            .unwrap_or_default();
         let half = match self.layout {
             Layout::Spec => "spec",
             Layout::Status => "status",
@@ -193,7 +197,7 @@ metadata:
   remoteNATExternalCIDR: {remote_nat_ext}
   endpointIP: {endpoint}
   backendType: wireguard
-  backend_config: {{port: \"{port}\"}}
+  backend_config: {{port: \"{port}\"{key}}}
 ",
             remote = self.remote.name,
             local_pod = self.local.pod_cidr,

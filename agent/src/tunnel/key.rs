@@ -133,7 +133,7 @@ mod tests {
         let path = dir.path().join("key");
         fs::OpenOptions::new()
             .write(true)
-            .create(true)
+            .create_new(true)
             .mode(0o600)
             .open(&path)
             .unwrap();

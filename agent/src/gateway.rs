@@ -1,0 +1,111 @@
+//! The gateway role: the tunnel and its routes, kept in line with the
+//! peers the reconciler accepted.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
+    sync::Arc,
+};
+
+use anyhow::{Context, Result};
+use ipnet::Ipv4Net;
+use tracing::{error, info, warn};
+
+use crate::{
+    object::ObjectKey,
+    peer::{Peer, PeerError, Problem},
+    tunnel::{Connection, Tunnel, TunnelConfig, key, peers::PeerConfig, route::Routes},
+};
+
+/// The running tunnel of a gateway and what it has told the operator.
+pub struct Gateway {
+    /// The tunnel, shared with the metrics.
+    pub tunnel: Arc<Tunnel>,
+    routes: Routes,
+    reported: BTreeSet<String>,
+    states: BTreeMap<ObjectKey, Connection>,
+}
+
+impl Gateway {
+    /// Loads (or creates) the key, starts the tunnel and brings its device up.
+    pub async fn start(config: &TunnelConfig, key_file: &Path) -> Result<Self> {
+        let key = key::load_or_generate(key_file)?;
+        let public = key::encode(key.public.as_bytes());
+        let tunnel = Tunnel::start(config, key).with_context(|| {
+            format!(
+                "starting the tunnel on {} and UDP port {}",
+                config.dev, config.port
+            )
+        })?;
+        let routes = Routes::up(&config.dev, config.mtu).await?;
+        info!(dev = %config.dev, port = config.port, public_key = %public, workers = config.workers, "tunnel up");
+        Ok(Self {
+            tunnel: Arc::new(tunnel),
+            routes,
+            reported: BTreeSet::new(),
+            states: BTreeMap::new(),
+        })
+    }
+
+    /// Gives the tunnel exactly the accepted peers that can have one, and
+    /// routes their networks into the device.
+    pub async fn sync(&mut self, peers: &[Peer]) {
+        let mut configs = Vec::new();
+        let mut problems = BTreeSet::new();
+        for peer in peers {
+            match peer.tunnel {
+                Ok(params) => configs.push(PeerConfig {
+                    key: peer.key.clone(),
+                    label: peer.label().to_owned(),
+                    public: params.public_key,
+                    endpoint: params.endpoint,
+                    networks: peer.views().iter().map(|(_, net)| *net).collect(),
+                }),
+                Err(field) => {
+                    problems.insert(
+                        PeerError::new(&peer.origin, &peer.key, Problem::NoTunnel { field })
+                            .to_string(),
+                    );
+                }
+            }
+        }
+        for problem in problems.difference(&self.reported) {
+            error!(error = %problem, "peer without a tunnel");
+        }
+        self.reported = problems;
+        for (object, change) in self.tunnel.set_peers(&configs) {
+            info!(object = %object, change = ?change, "tunnel peer");
+        }
+        let desired: BTreeSet<Ipv4Net> = configs
+            .iter()
+            .flat_map(|c| c.networks.iter().copied())
+            .collect();
+        match self.routes.sync(&desired).await {
+            Ok((0, 0)) => {}
+            Ok((added, removed)) => info!(added, removed, "routes into the tunnel updated"),
+            Err(e) => {
+                error!(error = %e, "updating routes into the tunnel; will retry on the next change")
+            }
+        }
+    }
+
+    /// Logs every peer whose connection state changed since the last call.
+    pub fn report_states(&mut self) {
+        let mut now = BTreeMap::new();
+        for status in self.tunnel.status() {
+            if self.states.get(&status.key) != Some(&status.connection) {
+                match status.connection {
+                    Connection::Connected => info!(
+                        object = %status.key, peer = %status.label, endpoint = %status.endpoint,
+                        rtt_ms = ?status.rtt_ms, "peer connected"
+                    ),
+                    Connection::Connecting => {
+                        warn!(object = %status.key, peer = %status.label, endpoint = %status.endpoint, "peer connecting")
+                    }
+                }
+            }
+            now.insert(status.key, status.connection);
+        }
+        self.states = now;
+    }
+}

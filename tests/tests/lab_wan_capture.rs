@@ -1,0 +1,134 @@
+//! What crosses the WAN while pods of a and b talk: only WireGuard between
+//! the two gateways, never a pod or remapped address in clear.
+
+use std::{
+    fs,
+    net::Ipv4Addr,
+    path::PathBuf,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use etherparse::{NetSlice, SlicedPacket, TransportSlice};
+use isthmus_tests::require_lab;
+use xtask::{
+    lab::{self, LabTunnel},
+    probe::{self, Proto},
+    topology::{A, B, TUNNEL_PORT, reachability},
+};
+
+const ETH_P_ARP: u16 = 0x0806;
+
+/// Frames of a classic pcap file.
+fn frames(pcap: &[u8]) -> Vec<&[u8]> {
+    assert!(pcap.len() >= 24, "no pcap header");
+    let mut frames = Vec::new();
+    let mut at = 24;
+    while at + 16 <= pcap.len() {
+        let len = u32::from_le_bytes(pcap[at + 8..at + 12].try_into().unwrap()) as usize;
+        frames.push(&pcap[at + 16..(at + 16 + len).min(pcap.len())]);
+        at += 16 + len;
+    }
+    frames
+}
+
+#[test]
+fn only_wireguard_between_the_gateways_crosses_the_wan() {
+    require_lab();
+    assert_eq!(
+        lab::tunnel_mode(),
+        LabTunnel::Userspace,
+        "the lab must run the tunnel"
+    );
+    let pcap = PathBuf::from(lab::STATE_DIR).join("wan0.pcap");
+    let log_path = PathBuf::from(lab::STATE_DIR).join("tcpdump.log");
+    let mut tcpdump = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &A.gw(),
+            "tcpdump",
+            "-i",
+            "wan0",
+            "-n",
+            "-U",
+            "--immediate-mode",
+            "-s",
+            "256",
+            "-w",
+        ])
+        .arg(&pcap)
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&log_path).unwrap())
+        .spawn()
+        .expect("tcpdump");
+    let start = Instant::now();
+    while !fs::read_to_string(&log_path)
+        .unwrap_or_default()
+        .contains("listening on")
+    {
+        assert!(
+            tcpdump.try_wait().unwrap().is_none(),
+            "tcpdump exited: {}",
+            fs::read_to_string(&log_path).unwrap_or_default()
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "tcpdump never started"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    let rows = reachability();
+    for row in &rows {
+        for proto in Proto::ALL {
+            let seen = probe::exchange(proto, &row.from, &row.answered_by, row.target).unwrap();
+            assert_eq!(seen.client_as_seen_by_server, row.client_seen_as);
+        }
+    }
+    // Ends only the capture this test started, by PID.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(tcpdump.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    tcpdump.wait().unwrap();
+
+    let gateways = [A.wan_addr(), B.wan_addr()];
+    let bytes = fs::read(&pcap).unwrap();
+    let mut tunnel_packets = 0;
+    for frame in frames(&bytes) {
+        let packet = SlicedPacket::from_ethernet(frame)
+            .unwrap_or_else(|e| panic!("unparseable frame on wan0: {e:?}"));
+        let ethertype = u16::from_be_bytes([frame[12], frame[13]]);
+        match (&packet.net, &packet.transport) {
+            (Some(NetSlice::Ipv4(ip)), Some(TransportSlice::Udp(udp))) => {
+                let (src, dst) = (
+                    Ipv4Addr::from(ip.header().source()),
+                    Ipv4Addr::from(ip.header().destination()),
+                );
+                assert!(
+                    gateways.contains(&src) && gateways.contains(&dst) && src != dst,
+                    "UDP {src} → {dst} crossed the WAN"
+                );
+                assert_eq!(
+                    (udp.source_port(), udp.destination_port()),
+                    (TUNNEL_PORT, TUNNEL_PORT),
+                    "{src} → {dst}"
+                );
+                tunnel_packets += 1;
+            }
+            _ if ethertype == ETH_P_ARP => {}
+            (net, transport) => {
+                panic!("not WireGuard on wan0: ethertype {ethertype:04x}, {net:?}, {transport:?}")
+            }
+        }
+    }
+    // Each exchange is at least a request and a reply, both ways through a-gw.
+    let exchanges = rows.len() * Proto::ALL.len();
+    assert!(
+        tunnel_packets >= 2 * exchanges,
+        "only {tunnel_packets} WireGuard packets for {exchanges} exchanges"
+    );
+    fs::remove_file(&pcap).unwrap();
+}

@@ -1,0 +1,208 @@
+//! Restarting an agent loses no packet that crosses its NAT programs: they
+//! stay attached and pinned while it is down, and the new agent swaps its
+//! programs in atomically and adopts the maps.
+//!
+//! The lab's gateways carry traffic through the agent's userspace tunnel,
+//! which a restart necessarily interrupts; so this test builds a gateway of
+//! its own that routes in clear (`--tunnel none`): namespace `ist-t-rs-gw`
+//! holds a pod address and the NAT on `v0`, and `ist-t-rs-peer` echoes every
+//! datagram back.
+
+use std::{
+    collections::BTreeSet,
+    fs,
+    net::{Ipv4Addr, UdpSocket},
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU32, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use isthmus_tests::{require_lab, require_root};
+use xtask::{cmd::ip, lab, netns, probe::next_port, topology::PEERINGS};
+
+const GW: &str = "ist-t-rs-gw";
+const PEER: &str = "ist-t-rs-peer";
+/// A pod of cluster a, and how cluster b addresses a pod of its own.
+const POD: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 5);
+const POD_AS_SEEN: Ipv4Addr = Ipv4Addr::new(10, 0, 40, 5);
+const REMOTE: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 5);
+/// Gap between datagrams: 2,000 a second, well within any socket buffer.
+const PACE: Duration = Duration::from_micros(500);
+/// Bounds on the stream, so it stops by itself whatever happens.
+const MAX_PACKETS: u32 = 200_000;
+const MAX_TIME: Duration = Duration::from_secs(60);
+
+struct Topology {
+    objects: PathBuf,
+    log: PathBuf,
+}
+
+impl Topology {
+    fn new() -> Self {
+        require_root();
+        require_lab();
+        for ns in [GW, PEER] {
+            if netns::exists(ns) {
+                ip("", &["netns", "del", ns]).unwrap();
+            }
+            ip("", &["netns", "add", ns]).unwrap();
+            ip(ns, &["link", "set", "lo", "up"]).unwrap();
+        }
+        ip(
+            GW,
+            &[
+                "link", "add", "v0", "type", "veth", "peer", "name", "v1", "netns", PEER,
+            ],
+        )
+        .unwrap();
+        ip(GW, &["link", "set", "v0", "up"]).unwrap();
+        ip(PEER, &["link", "set", "v1", "up"]).unwrap();
+        ip(GW, &["addr", "add", "192.0.2.1/24", "dev", "v0"]).unwrap();
+        ip(PEER, &["addr", "add", "192.0.2.2/24", "dev", "v1"]).unwrap();
+        ip(GW, &["addr", "add", &format!("{POD}/32"), "dev", "lo"]).unwrap();
+        ip(PEER, &["addr", "add", &format!("{REMOTE}/32"), "dev", "lo"]).unwrap();
+        ip(GW, &["route", "add", "10.0.0.0/24", "via", "192.0.2.2"]).unwrap();
+        ip(PEER, &["route", "add", "10.0.40.0/24", "via", "192.0.2.1"]).unwrap();
+        let objects = PathBuf::from(lab::STATE_DIR).join("objects").join(GW);
+        fs::create_dir_all(&objects).unwrap();
+        fs::write(
+            objects.join("peer-b.yaml"),
+            PEERINGS[0].tunnel_endpoint_yaml(None),
+        )
+        .unwrap();
+        Self {
+            objects,
+            log: lab::log_file(GW),
+        }
+    }
+
+    fn start_agent(&self) -> u32 {
+        let args = vec![
+            "run".to_owned(),
+            "--node=t".to_owned(),
+            "--role=gateway".to_owned(),
+            "--tunnel=none".to_owned(),
+            "--nat-dev=v0".to_owned(),
+            format!("--source=dir:{}", self.objects.display()),
+            format!("--bpffs={}", lab::bpffs(GW).display()),
+            format!("--metrics-addr=127.0.0.1:{}", xtask::topology::METRICS_PORT),
+        ];
+        let pid = lab::spawn_agent(GW, &args, &self.log).unwrap();
+        lab::wait_ready_in(GW, pid, &self.log).unwrap();
+        pid
+    }
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        for ns in [GW, PEER] {
+            let _ = ip("", &["netns", "del", ns]);
+        }
+        let _ = fs::remove_dir_all(&self.objects);
+    }
+}
+
+#[test]
+fn restarting_the_agent_loses_no_datagram_through_the_nat() {
+    let topology = Topology::new();
+    let mut agent = topology.start_agent();
+    let port = next_port();
+    // Bound to its pod address, so replies leave from it, not from v1.
+    let echo = netns::run_in(PEER, || UdpSocket::bind((REMOTE, port)))
+        .unwrap()
+        .unwrap();
+    let client = netns::run_in(GW, || UdpSocket::bind((POD, 0)))
+        .unwrap()
+        .unwrap();
+    echo.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+
+    // The peer echoes each datagram to whoever sent it: through the NAT,
+    // that must be a's pod as b sees it.
+    let echoer = std::thread::spawn(move || {
+        let mut buf = [0u8; 16];
+        let mut wrong_source = 0u32;
+        while let Ok((n, from)) = echo.recv_from(&mut buf) {
+            if from.ip() != std::net::IpAddr::V4(POD_AS_SEEN) {
+                wrong_source += 1;
+            }
+            let _ = echo.send_to(&buf[..n], from);
+        }
+        wrong_source
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicU32::new(0));
+    let sender = {
+        let (stop, sent, client) = (stop.clone(), sent.clone(), client.try_clone().unwrap());
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            let mut seq = 0u32;
+            while !stop.load(Ordering::Relaxed) && seq < MAX_PACKETS && start.elapsed() < MAX_TIME {
+                client
+                    .send_to(&seq.to_be_bytes(), (REMOTE, port))
+                    .expect("send");
+                seq += 1;
+                sent.store(seq, Ordering::Relaxed);
+                std::thread::sleep(PACE);
+            }
+        })
+    };
+    let received = Arc::new(AtomicU32::new(0));
+    let receiver = {
+        let received = received.clone();
+        std::thread::spawn(move || {
+            let mut seen = BTreeSet::new();
+            let mut buf = [0u8; 16];
+            while let Ok((n, _)) = client.recv_from(&mut buf) {
+                if n == 4 {
+                    seen.insert(u32::from_be_bytes(buf[..4].try_into().unwrap()));
+                    received.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            seen
+        })
+    };
+    let wait_received = |count: u32| {
+        let start = Instant::now();
+        while received.load(Ordering::Relaxed) < count {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the stream stalled at {}",
+                received.load(Ordering::Relaxed)
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+
+    wait_received(500);
+    for _ in 0..2 {
+        lab::stop_pid(agent).unwrap();
+        agent = topology.start_agent();
+        let mark = received.load(Ordering::Relaxed);
+        wait_received(mark + 300);
+    }
+    stop.store(true, Ordering::Relaxed);
+    sender.join().unwrap();
+    let seen = receiver.join().unwrap();
+    let wrong_source = echoer.join().unwrap();
+    lab::stop_pid(agent).unwrap();
+
+    let sent = sent.load(Ordering::Relaxed);
+    let missing: Vec<u32> = (0..sent).filter(|s| !seen.contains(s)).collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {sent} datagrams lost across two restarts, first {:?}",
+        missing.len(),
+        &missing[..missing.len().min(20)]
+    );
+    assert_eq!(
+        wrong_source, 0,
+        "the peer saw datagrams from an untranslated source"
+    );
+    assert!(sent > 1000, "stream too short to span the restarts: {sent}");
+}
