@@ -183,6 +183,7 @@ async fn run(args: RunArgs) -> Result<()> {
     };
     let metrics = Metrics::new(
         Counters::open(&args.bpffs)?,
+        gateway.as_ref().map(|g| g.tunnel.clone()),
         &args.node,
         role,
         attach.map(|a| a.as_str()),

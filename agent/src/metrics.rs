@@ -16,12 +16,21 @@ use isthmus_common::counters::{self, DIRECTIONS, OUTCOMES};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric, text::encode},
-    metrics::{MetricType, counter::Counter, family::Family, gauge::Gauge, info::Info},
+    metrics::{
+        MetricType,
+        counter::{ConstCounter, Counter},
+        family::Family,
+        gauge::{ConstGauge, Gauge},
+        info::Info,
+    },
     registry::Registry,
 };
 use tracing::warn;
 
-use crate::maps::Counters;
+use crate::{
+    maps::Counters,
+    tunnel::{Connection, PeerStatus, Tunnel},
+};
 
 /// The metrics one agent exposes.
 pub struct Metrics {
@@ -40,7 +49,13 @@ pub struct Metrics {
 impl Metrics {
     /// Registers every metric. `attach` is how the NAT programs were attached,
     /// if this node attaches them.
-    pub fn new(counters: Counters, node: &str, role: &str, attach: Option<&str>) -> Arc<Self> {
+    pub fn new(
+        counters: Counters,
+        tunnel: Option<Arc<Tunnel>>,
+        node: &str,
+        role: &str,
+        attach: Option<&str>,
+    ) -> Arc<Self> {
         let mut registry = Registry::with_prefix("isthmus");
         let peers = Gauge::default();
         let rejected_objects = Gauge::default();
@@ -73,6 +88,9 @@ impl Metrics {
             ]),
         );
         registry.register_collector(Box::new(DataplaneCounters(counters)));
+        if let Some(tunnel) = tunnel {
+            registry.register_collector(Box::new(TunnelMetrics(tunnel)));
+        }
         Arc::new(Self {
             registry,
             ready: AtomicBool::new(false),
@@ -121,10 +139,123 @@ impl Collector for DataplaneCounters {
                     ("outcome", outcome.as_str()),
                 ];
                 let value = sums[counters::slot(direction, outcome) as usize];
-                prometheus_client::metrics::counter::ConstCounter::new(value)
-                    .encode(family.encode_family(&labels)?)?;
+                ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
             }
         }
+        Ok(())
+    }
+}
+
+/// Per-peer and tunnel-wide state of the embedded WireGuard, read at scrape time.
+struct TunnelMetrics(Arc<Tunnel>);
+
+impl std::fmt::Debug for TunnelMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TunnelMetrics")
+    }
+}
+
+impl Collector for TunnelMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let peers = self.0.status();
+        let label = |p: &PeerStatus| {
+            [
+                ("cluster_id", p.label.clone()),
+                ("object", p.key.to_string()),
+            ]
+        };
+        let gauge = |encoder: &mut DescriptorEncoder,
+                     name: &str,
+                     help: &str,
+                     values: Vec<([(&str, String); 2], f64)>| {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for (labels, value) in values {
+                ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
+            }
+            Ok::<(), std::fmt::Error>(())
+        };
+        let counter = |encoder: &mut DescriptorEncoder,
+                       name: &str,
+                       help: &str,
+                       values: Vec<([(&str, String); 2], u64)>| {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (labels, value) in values {
+                ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
+            }
+            Ok::<(), std::fmt::Error>(())
+        };
+        gauge(
+            &mut encoder,
+            "peer_connected",
+            "Whether a WireGuard session with the peer is up (1) or not (0)",
+            peers
+                .iter()
+                .map(|p| {
+                    (
+                        label(p),
+                        f64::from(u8::from(p.connection == Connection::Connected)),
+                    )
+                })
+                .collect(),
+        )?;
+        gauge(
+            &mut encoder,
+            "peer_last_handshake_seconds",
+            "Seconds since the last completed handshake with the peer",
+            peers
+                .iter()
+                .filter_map(|p| Some((label(p), p.last_handshake?.as_secs_f64())))
+                .collect(),
+        )?;
+        gauge(
+            &mut encoder,
+            "peer_rtt_seconds",
+            "Round-trip time to the peer, estimated at the last handshake",
+            peers
+                .iter()
+                .filter_map(|p| Some((label(p), f64::from(p.rtt_ms?) / 1000.0)))
+                .collect(),
+        )?;
+        counter(
+            &mut encoder,
+            "peer_receive_bytes",
+            "Bytes received from the peer, after decryption",
+            peers.iter().map(|p| (label(p), p.rx_bytes)).collect(),
+        )?;
+        counter(
+            &mut encoder,
+            "peer_transmit_bytes",
+            "Bytes sent to the peer, before encryption",
+            peers.iter().map(|p| (label(p), p.tx_bytes)).collect(),
+        )?;
+        counter(
+            &mut encoder,
+            "peer_source_violations",
+            "Authenticated packets from the peer dropped because their inner source lay outside its networks",
+            peers.iter().map(|p| (label(p), p.dropped_source)).collect(),
+        )?;
+        let c = self.0.counters();
+        let mut family = encoder.encode_descriptor(
+            "tunnel_dropped_packets",
+            "Packets the tunnel dropped, by reason",
+            None,
+            MetricType::Counter,
+        )?;
+        for (reason, value) in [
+            ("no_route", &c.no_route),
+            ("unknown_sender", &c.unknown_sender),
+            ("rejected", &c.rejected),
+        ] {
+            ConstCounter::new(value.load(Ordering::Relaxed))
+                .encode(family.encode_family(&[("reason", reason)])?)?;
+        }
+        let family = encoder.encode_descriptor(
+            "tunnel_cookies_sent",
+            "Cookie replies sent to handshake initiations under load",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(c.cookies.load(Ordering::Relaxed)).encode(family)?;
         Ok(())
     }
 }

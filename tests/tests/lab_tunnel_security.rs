@@ -1,0 +1,261 @@
+//! The tunnel's security properties, asserted against a-gw in the lab by an
+//! outside party on the WAN that speaks WireGuard (boringtun as a client).
+
+use std::{
+    fs,
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket},
+    time::{Duration, Instant},
+};
+
+use boringtun::{
+    noise::{Tunn, TunnResult},
+    x25519::{PublicKey, StaticSecret},
+};
+use isthmus_agent::tunnel::key;
+use isthmus_tests::{
+    metrics::sample,
+    packet::{Datagram, L4},
+    require_lab,
+};
+use xtask::{
+    cmd::{ip, run},
+    lab, netns,
+    probe::next_port,
+    topology::{A, B, TUNNEL_PORT, WAN_NS},
+};
+
+/// An address of the test's own on the WAN bridge.
+const OUTSIDER: &str = "203.0.113.99/24";
+const GIVE_UP: Duration = Duration::from_secs(10);
+
+struct Outsider {
+    socket: UdpSocket,
+    tunn: Tunn,
+    public: [u8; 32],
+    gateway: SocketAddr,
+}
+
+impl Outsider {
+    fn new() -> Self {
+        require_lab();
+        let _ = ip(WAN_NS, &["addr", "del", OUTSIDER, "dev", "br0"]);
+        ip(WAN_NS, &["addr", "add", OUTSIDER, "dev", "br0"]).unwrap();
+        let socket = netns::run_in(WAN_NS, || UdpSocket::bind(("203.0.113.99", 0)))
+            .unwrap()
+            .unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        let mut secret = [0u8; 32];
+        getrandom(&mut secret);
+        let private = StaticSecret::from(secret);
+        let public = *PublicKey::from(&private).as_bytes();
+        let gw_public = key::decode(&lab::public_key(&A.gw()).unwrap()).unwrap();
+        let tunn = Tunn::new(private, PublicKey::from(gw_public), None, None, 0x77, None);
+        let gateway = SocketAddr::from((A.wan_addr(), TUNNEL_PORT));
+        Self {
+            socket,
+            tunn,
+            public,
+            gateway,
+        }
+    }
+
+    fn port(&self) -> u16 {
+        self.socket.local_addr().unwrap().port()
+    }
+
+    /// Starts a handshake and answers everything a-gw sends until a session
+    /// is up or `wait` passes. Returns whether a session came up.
+    fn handshake(&mut self, wait: Duration) -> bool {
+        let mut buf = vec![0u8; 2048];
+        if let TunnResult::WriteToNetwork(init) =
+            self.tunn.format_handshake_initiation(&mut buf, false)
+        {
+            self.socket.send_to(init, self.gateway).unwrap();
+        }
+        let start = Instant::now();
+        let mut datagram = vec![0u8; 2048];
+        while start.elapsed() < wait {
+            let Ok((n, from)) = self.socket.recv_from(&mut datagram) else {
+                continue;
+            };
+            let mut result = self
+                .tunn
+                .decapsulate(Some(from.ip()), &datagram[..n], &mut buf);
+            while let TunnResult::WriteToNetwork(reply) = result {
+                self.socket.send_to(reply, from).unwrap();
+                result = self.tunn.decapsulate(None, &[], &mut buf);
+            }
+            if self.tunn.stats().0.is_some() {
+                return true;
+            }
+        }
+        false
+    }
+
+    fn send_inner(&mut self, packet: &[u8]) {
+        let mut buf = vec![0u8; 2048];
+        if let TunnResult::WriteToNetwork(datagram) = self.tunn.encapsulate(packet, &mut buf) {
+            self.socket.send_to(datagram, self.gateway).unwrap();
+        }
+    }
+}
+
+impl Drop for Outsider {
+    fn drop(&mut self) {
+        let _ = ip(WAN_NS, &["addr", "del", OUTSIDER, "dev", "br0"]);
+    }
+}
+
+fn getrandom(buf: &mut [u8]) {
+    let mut f = fs::File::open("/dev/urandom").unwrap();
+    std::io::Read::read_exact(&mut f, buf).unwrap();
+}
+
+fn wait_for(what: &str, done: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < GIVE_UP, "never: {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_key_we_do_not_know_gets_no_handshake() {
+    let mut outsider = Outsider::new();
+    let unknown = || {
+        sample(
+            &A.gw(),
+            "isthmus_tunnel_dropped_packets_total{reason=\"unknown_sender\"}",
+        )
+    };
+    let before = unknown();
+    assert!(
+        !outsider.handshake(Duration::from_secs(2)),
+        "a-gw completed a handshake with a key it does not know"
+    );
+    assert!(
+        unknown() > before,
+        "the initiation was not counted as from an unknown sender"
+    );
+}
+
+#[test]
+fn a_known_peer_cannot_send_from_outside_its_networks() {
+    let mut outsider = Outsider::new();
+    let gw = A.gw();
+    let object = lab::object_dir(&gw).join("peer-outsider.yaml");
+    fs::write(
+        &object,
+        format!(
+            "apiVersion: net.liqo.io/v1alpha1
+kind: TunnelEndpoint
+metadata: {{name: tep-outsider, namespace: liqo-tenant-outsider}}
+spec:
+  clusterID: cluster-outsider
+  localPodCIDR: 10.244.0.0/24
+  localNATPodCIDR: None
+  localExternalCIDR: 192.168.0.0/24
+  localNATExternalCIDR: None
+  remotePodCIDR: 10.77.0.0/24
+  remoteNATPodCIDR: None
+  remoteExternalCIDR: 10.78.0.0/24
+  remoteNATExternalCIDR: None
+  endpointIP: 203.0.113.99
+  backend_config: {{port: \"{}\", publicKey: \"{}\"}}
+",
+            outsider.port(),
+            key::encode(&outsider.public)
+        ),
+    )
+    .unwrap();
+    wait_for("a-gw programs the outsider", || {
+        sample(&gw, "isthmus_peers ") == 2.0
+    });
+    assert!(
+        outsider.handshake(GIVE_UP),
+        "no handshake with a-gw as a known peer"
+    );
+
+    // A listener in a-pod1 tells what came through.
+    let port = next_port();
+    let listener = netns::run_in(&A.pod(1), || UdpSocket::bind((Ipv4Addr::UNSPECIFIED, port)))
+        .unwrap()
+        .unwrap();
+    listener
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let inner = |src: [u8; 4], payload: &[u8]| {
+        Datagram::new(
+            src,
+            A.pod_addr(1).octets(),
+            L4::Udp {
+                sport: 4000,
+                dport: port,
+                payload: payload.to_vec(),
+                zero_csum: false,
+            },
+        )
+        .bytes()
+    };
+    let violations = || {
+        sample(
+            &gw,
+            "isthmus_peer_source_violations_total{cluster_id=\"cluster-outsider\"",
+        )
+    };
+    let before = violations();
+
+    // Spoofing peer b's network: dropped and counted.
+    outsider.send_inner(&inner([10, 0, 0, 5], b"spoofed"));
+    wait_for("the spoofed packet is counted", || violations() > before);
+    // From its own network: delivered.
+    outsider.send_inner(&inner([10, 77, 0, 9], b"allowed"));
+    let mut buf = [0u8; 64];
+    let (n, from) = listener
+        .recv_from(&mut buf)
+        .expect("the allowed packet never reached a-pod1");
+    assert_eq!(&buf[..n], b"allowed", "a-pod1 received the spoofed packet");
+    assert_eq!(
+        from,
+        SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(10, 77, 0, 9), 4000))
+    );
+    assert!(
+        listener.recv_from(&mut buf).is_err(),
+        "a second packet reached a-pod1"
+    );
+
+    fs::remove_file(&object).unwrap();
+    wait_for("a-gw drops the outsider", || {
+        sample(&gw, "isthmus_peers ") == 1.0
+    });
+}
+
+#[test]
+fn private_keys_never_appear_in_logs_or_help() {
+    require_lab();
+    let agent = lab::agent_binary().to_string_lossy().into_owned();
+    let help: String = [
+        vec!["--help"],
+        vec!["run", "--help"],
+        vec!["pubkey", "--help"],
+        vec!["cleanup", "--help"],
+    ]
+    .iter()
+    .map(|args| run(&agent, args).unwrap())
+    .collect();
+    for gw in [A.gw(), B.gw()] {
+        let private = fs::read_to_string(lab::key_file(&gw)).unwrap();
+        let private = private.trim();
+        assert_eq!(
+            key::decode(private).map(|k| k.len()),
+            Some(32),
+            "{gw}'s key file"
+        );
+        let log = fs::read_to_string(lab::log_file(&gw)).unwrap();
+        assert!(log.contains("tunnel up"), "{gw}'s log is not the tunnel's");
+        assert!(!log.contains(private), "{gw}'s private key is in its log");
+        assert!(!help.contains(private), "{gw}'s private key is in --help");
+    }
+}
