@@ -34,8 +34,19 @@ const REKEY_WAIT: Duration = Duration::from_secs(180);
 
 struct Pair {
     agent: u32,
-    wireguard_go: Child,
+    _wireguard_go: Reaped,
     dir: PathBuf,
+}
+
+/// A child that is killed when dropped, even if setup fails half-way.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        // Ends only the wireguard-go this test started, by PID.
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 fn sh(ns: &str, script: &str) -> String {
@@ -95,6 +106,7 @@ impl Pair {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
+            .map(Reaped)
             .expect("wireguard-go");
         let start = Instant::now();
         while std::os::unix::net::UnixStream::connect(&socket).is_err() {
@@ -152,7 +164,7 @@ spec:
         lab::wait_ready_in(ISO, agent, &log).unwrap();
         Self {
             agent,
-            wireguard_go,
+            _wireguard_go: wireguard_go,
             dir,
         }
     }
@@ -170,9 +182,6 @@ spec:
 impl Drop for Pair {
     fn drop(&mut self) {
         let _ = lab::stop_pid(self.agent);
-        // Ends only the wireguard-go this test started, by PID.
-        let _ = self.wireguard_go.kill();
-        let _ = self.wireguard_go.wait();
         for ns in [ISO, GO] {
             let _ = ip("", &["netns", "del", ns]);
         }

@@ -31,10 +31,20 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long an agent may take to exit after SIGTERM.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Every netns name the lab may create, including ones of later issues, so
-/// that `down` removes whatever any version of the lab left.
+/// Prefix of the namespaces tests build for themselves, beside the lab.
+pub const TEST_NS_PREFIX: &str = "ist-t-";
+
+/// Every netns name the lab may create, including ones of later issues and
+/// the tests' own (`ist-t-*`), so that `down` removes whatever any run left.
 fn all_namespaces() -> Vec<String> {
     let mut names = vec![WAN_NS.to_owned()];
+    if let Ok(entries) = fs::read_dir("/run/netns") {
+        names.extend(
+            entries
+                .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|n| n.starts_with(TEST_NS_PREFIX)),
+        );
+    }
     for c in ["a", "b", "c"] {
         for suffix in ["gw", "node", "lan", "pod1", "pod2"] {
             names.push(format!("{c}-{suffix}"));
@@ -87,6 +97,9 @@ pub enum LabTunnel {
     Userspace,
     /// None: gateways route peers' networks over `wan0` in clear, and NAT there.
     None,
+    /// wireguard-go configured with `wg` carries the traffic; the agents only
+    /// NAT, on its device. The peer the tunnel benchmark compares with.
+    WireguardGo,
 }
 
 impl LabTunnel {
@@ -94,6 +107,7 @@ impl LabTunnel {
         match self {
             LabTunnel::Userspace => "userspace",
             LabTunnel::None => "none",
+            LabTunnel::WireguardGo => "wireguard-go",
         }
     }
 }
@@ -102,6 +116,7 @@ impl LabTunnel {
 pub fn tunnel_mode() -> LabTunnel {
     match fs::read_to_string(state("tunnel")).as_deref() {
         Ok("none") => LabTunnel::None,
+        Ok("wireguard-go") => LabTunnel::WireguardGo,
         _ => LabTunnel::Userspace,
     }
 }
@@ -142,6 +157,9 @@ pub fn up(tunnel: LabTunnel) -> Result<()> {
     }
     route_peers(tunnel)?;
     write_objects(tunnel)?;
+    if tunnel == LabTunnel::WireguardGo {
+        start_wireguard_go()?;
+    }
     println!("lab: starting agents");
     for cluster in CLUSTERS {
         for (node, _) in cluster.nodes() {
@@ -316,6 +334,78 @@ fn route_peers(tunnel: LabTunnel) -> Result<()> {
     Ok(())
 }
 
+/// wireguard-go's device on gateway `node`; its control socket lives in a
+/// machine-wide directory, so the name is the lab's own.
+pub fn wg_dev(node: &str) -> String {
+    format!("istwg-{}", node.trim_end_matches("-gw"))
+}
+
+fn wg_socket(dev: &str) -> PathBuf {
+    Path::new("/var/run/wireguard").join(format!("{dev}.sock"))
+}
+
+/// Runs wireguard-go on every gateway, configured with `wg` from the lab's
+/// keys and peerings, and routes peers' networks into it.
+fn start_wireguard_go() -> Result<()> {
+    fs::create_dir_all(state("wg-pids"))?;
+    for p in &PEERINGS {
+        let (gw, dev) = (p.local.gw(), wg_dev(&p.local.gw()));
+        let _ = fs::remove_file(wg_socket(&dev));
+        let child = Command::new("ip")
+            .args(["netns", "exec", &gw, "wireguard-go", &dev])
+            .env("WG_PROCESS_FOREGROUND", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting wireguard-go")?;
+        fs::write(state("wg-pids").join(&gw), child.id().to_string())?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while std::os::unix::net::UnixStream::connect(wg_socket(&dev)).is_err() {
+            if Instant::now() > deadline {
+                bail!("wireguard-go on {gw} never opened its control socket");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let views: Vec<String> = p.remote_views().iter().map(|n| n.to_string()).collect();
+        let script = format!(
+            "wg set {dev} private-key {key} listen-port {port} peer {peer} endpoint {endpoint}:{port} allowed-ips {allowed} persistent-keepalive 10",
+            key = key_file(&gw).display(),
+            port = crate::topology::TUNNEL_PORT,
+            peer = public_key(&p.remote.gw())?,
+            endpoint = p.remote.wan_addr(),
+            allowed = views.join(","),
+        );
+        run("ip", &["netns", "exec", &gw, "sh", "-c", &script])?;
+        ip(&gw, &["link", "set", &dev, "mtu", "1420", "up"])?;
+        for view in &views {
+            ip(&gw, &["route", "add", view, "dev", &dev])?;
+        }
+    }
+    Ok(())
+}
+
+/// wireguard-go processes the lab started: recorded, or found by their
+/// command line naming a lab device. Only these are ever signalled.
+fn lab_wireguard_go() -> Vec<u32> {
+    let is_ours = |pid: &u32| {
+        fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|c| {
+                String::from_utf8_lossy(&c).contains("wireguard-go")
+                    && String::from_utf8_lossy(&c).contains("istwg-")
+            })
+            .unwrap_or(false)
+            && alive(*pid)
+    };
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(is_ours)
+        .collect()
+}
+
 /// The public key of gateway `node`, creating its key file if needed.
 pub fn public_key(node: &str) -> Result<String> {
     let key = key_file(node).to_string_lossy().into_owned();
@@ -329,7 +419,7 @@ pub fn public_key(node: &str) -> Result<String> {
 fn write_objects(tunnel: LabTunnel) -> Result<()> {
     for p in &PEERINGS {
         let key = match tunnel {
-            LabTunnel::Userspace => Some(public_key(&p.remote.gw())?),
+            LabTunnel::Userspace | LabTunnel::WireguardGo => Some(public_key(&p.remote.gw())?),
             LabTunnel::None => None,
         };
         let yaml = p.tunnel_endpoint_yaml(key.as_deref());
@@ -366,6 +456,10 @@ pub fn start_agent(node: &str) -> Result<u32> {
             args.push(format!("--private-key-file={}", key_file(node).display()))
         }
         LabTunnel::None => args.extend(["--tunnel=none".into(), "--nat-dev=wan0".into()]),
+        LabTunnel::WireguardGo => args.extend([
+            "--tunnel=none".into(),
+            format!("--nat-dev={}", wg_dev(node)),
+        ]),
     }
     let pid = spawn_agent(node, &args, &log_file(node))?;
     fs::write(pid_file(node), pid.to_string())?;
@@ -551,6 +645,12 @@ pub fn down() -> Result<()> {
     pids.dedup();
     for pid in pids {
         stop_pid(pid)?;
+    }
+    for pid in lab_wireguard_go() {
+        stop_pid(pid)?;
+    }
+    for gw in ["a-gw", "b-gw", "c-gw"] {
+        let _ = fs::remove_file(wg_socket(&wg_dev(gw)));
     }
     // Deleting a netns deletes its devices, and with them every TCX link
     // and clsact filter on them.

@@ -149,7 +149,7 @@ impl Tunnel {
     pub fn start(config: &TunnelConfig, key: KeyPair) -> io::Result<Self> {
         let workers = config.workers.max(1);
         let queues = tun::open(&config.dev, workers)?;
-        let sockets: Vec<UdpSocket> = (0..=workers)
+        let sockets: Vec<UdpSocket> = (0..workers)
             .map(|_| bind(config.port))
             .collect::<io::Result<_>>()?;
         let limiter = Arc::new(RateLimiter::new(&key.public, HANDSHAKE_LIMIT));
@@ -161,8 +161,11 @@ impl Tunnel {
             mtu: config.mtu as usize,
             counters: TunnelCounters::default(),
         });
-        let mut sockets = sockets.into_iter();
-        let control = sockets.next().expect("one socket per worker plus one");
+        // Every socket of the SO_REUSEPORT group must be read: the kernel
+        // hashes each peer's flow onto one of them. Handshakes and timers
+        // therefore send through a clone of a worker's socket, never a
+        // socket of their own.
+        let control = sockets[0].try_clone()?;
         let mut threads = Vec::new();
         for (i, (tun, udp)) in queues.into_iter().zip(sockets).enumerate() {
             let shared = shared.clone();
