@@ -259,3 +259,34 @@ fn private_keys_never_appear_in_logs_or_help() {
         assert!(!help.contains(private), "{gw}'s private key is in --help");
     }
 }
+
+#[test]
+fn handshakes_beyond_the_limit_get_cookies() {
+    let mut outsider = Outsider::new();
+    let cookies = || sample(&A.gw(), "isthmus_tunnel_cookies_sent_total");
+    let before = cookies();
+    let mut buf = vec![0u8; 256];
+    let TunnResult::WriteToNetwork(init) =
+        outsider.tunn.format_handshake_initiation(&mut buf, false)
+    else {
+        panic!("no initiation");
+    };
+    let init = init.to_vec();
+    // A bounded burst well above the 100 handshakes a second a-gw accepts.
+    for _ in 0..150 {
+        outsider.socket.send_to(&init, outsider.gateway).unwrap();
+    }
+    let mut reply = [0u8; 256];
+    let start = Instant::now();
+    let mut cookie_replies = 0;
+    while start.elapsed() < Duration::from_secs(2) {
+        if let Ok((n, _)) = outsider.socket.recv_from(&mut reply) {
+            // Message type 3 is a cookie reply.
+            if n == 64 && reply[0] == 3 {
+                cookie_replies += 1;
+            }
+        }
+    }
+    assert!(cookie_replies > 0, "no cookie reply to a handshake flood");
+    assert!(cookies() > before, "cookies were not counted");
+}
