@@ -180,16 +180,13 @@ impl Dataplane {
 
     /// The peer table, for the reconciler.
     pub fn take_peer_map(&mut self) -> Result<PeerMap, DataplaneError> {
-        let map = self
-            .ebpf
-            .take_map(names::MAP_PEERS)
-            .ok_or(DataplaneError::Map(
-                names::MAP_PEERS,
-                aya::maps::MapError::InvalidName {
-                    name: names::MAP_PEERS.into(),
-                },
-            ))?;
-        PeerMap::new(map).map_err(|e| DataplaneError::Map(names::MAP_PEERS, e))
+        let mut take = |name: &'static str| {
+            self.ebpf
+                .take_map(name)
+                .ok_or(DataplaneError::MissingMap(name))
+        };
+        let (nets, lens) = (take(names::MAP_PEERS)?, take(names::MAP_PREFIX_LENS)?);
+        PeerMap::new(nets, lens).map_err(|e| DataplaneError::Map(names::MAP_PEERS, e))
     }
 
     /// Attaches the NAT programs to both directions of `dev`, replacing

@@ -2,53 +2,105 @@
 
 use std::path::Path;
 
-use aya::maps::{LpmTrie, Map, MapData, MapError, PerCpuArray, lpm_trie::Key};
+use std::collections::BTreeMap;
+
+use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray};
 use ipnet::Ipv4Net;
-use isthmus_common::{counters, names, nat::PeerNat};
+use isthmus_common::{
+    counters, names,
+    nat::{PeerKey, PeerNat, PrefixLens, wire},
+};
 
 use crate::{dataplane::Pins, reconcile::PeerTable};
 
-/// The LPM trie of peer networks (`ist_nat_peers`).
-pub struct PeerMap(LpmTrie<MapData, [u8; 4], PeerNat>);
+/// The peer table (`ist_peer_nets`) and the prefix lengths it holds
+/// (`ist_prefix_lens`), kept consistent: a length is listed while at least
+/// one network has it.
+pub struct PeerMap {
+    nets: HashMap<MapData, PeerKey, PeerNat>,
+    lens: Array<MapData, PrefixLens>,
+    /// Networks per prefix length.
+    counts: BTreeMap<u32, usize>,
+}
 
 impl PeerMap {
-    /// Wraps the map taken from a freshly loaded object.
-    pub fn new(map: Map) -> Result<Self, MapError> {
-        Ok(Self(map.try_into()?))
+    /// Wraps the two maps taken from a freshly loaded object.
+    pub fn new(nets: Map, lens: Map) -> Result<Self, MapError> {
+        let nets: HashMap<MapData, PeerKey, PeerNat> = nets.try_into()?;
+        let mut counts = BTreeMap::new();
+        for key in nets.keys() {
+            *counts.entry(key?.prefix_len).or_insert(0) += 1;
+        }
+        Ok(Self {
+            nets,
+            lens: lens.try_into()?,
+            counts,
+        })
     }
 
-    /// Opens the map pinned under `root`.
+    /// Opens the maps pinned under `root`.
     pub fn open(root: &Path) -> Result<Self, MapError> {
-        Self::new(open_pinned(root, names::MAP_PEERS)?)
+        Self::new(
+            open_pinned(root, names::MAP_PEERS)?,
+            open_pinned(root, names::MAP_PREFIX_LENS)?,
+        )
+    }
+
+    fn write_lens(&mut self) -> Result<(), MapError> {
+        let mut lens = PrefixLens::default();
+        for (slot, len) in lens.lens.iter_mut().zip(self.counts.keys().rev()) {
+            *slot = *len;
+        }
+        lens.count = self.counts.len() as u32;
+        self.lens.set(0, lens, 0)
     }
 }
 
-fn key(net: Ipv4Net) -> Key<[u8; 4]> {
-    Key::new(u32::from(net.prefix_len()), net.network().octets())
+fn key(net: Ipv4Net) -> PeerKey {
+    PeerKey::of(wire(net.network().octets()), net.prefix_len())
 }
 
 impl PeerTable for PeerMap {
     type Error = MapError;
 
     fn entries(&self) -> Result<Vec<(Ipv4Net, PeerNat)>, MapError> {
-        self.0
+        self.nets
             .iter()
             .map(|entry| {
                 let (key, nat) = entry?;
-                // The kernel caps prefix lengths at the key's 32 bits.
-                let len = key.prefix_len().min(32) as u8;
-                let net = Ipv4Net::new(key.data().into(), len).expect("prefix length within 32");
+                let len = key.prefix_len.min(32) as u8;
+                let net = Ipv4Net::new(key.addr.to_ne_bytes().into(), len)
+                    .expect("prefix length within 32");
                 Ok((net, nat))
             })
             .collect()
     }
 
     fn put(&mut self, net: Ipv4Net, nat: &PeerNat) -> Result<(), MapError> {
-        self.0.insert(&key(net), nat, 0)
+        let key = key(net);
+        let new = self.nets.get(&key, 0).is_err();
+        self.nets.insert(key, nat, 0)?;
+        if new {
+            let count = self.counts.entry(key.prefix_len).or_insert(0);
+            *count += 1;
+            if *count == 1 {
+                self.write_lens()?;
+            }
+        }
+        Ok(())
     }
 
     fn delete(&mut self, net: Ipv4Net) -> Result<(), MapError> {
-        self.0.remove(&key(net))
+        let key = key(net);
+        self.nets.remove(&key)?;
+        if let Some(count) = self.counts.get_mut(&key.prefix_len) {
+            *count -= 1;
+            if *count == 0 {
+                self.counts.remove(&key.prefix_len);
+                self.write_lens()?;
+            }
+        }
+        Ok(())
     }
 }
 

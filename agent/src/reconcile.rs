@@ -14,7 +14,7 @@ use crate::{
     peer::{Peer, PeerError, Problem},
 };
 
-/// Where the kernel keeps peers: the LPM map, or a stand-in in tests.
+/// Where the kernel keeps peers: the peer table, or a stand-in in tests.
 pub trait PeerTable {
     /// Failure of the underlying store.
     type Error: std::error::Error + Send + Sync + 'static;

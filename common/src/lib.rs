@@ -14,4 +14,6 @@ mod pod {
     // SAFETY: plain `#[repr(C)]` structs of integers, with no padding.
     unsafe impl aya::Pod for crate::nat::PeerNat {}
     unsafe impl aya::Pod for crate::nat::PrefixRewrite {}
+    unsafe impl aya::Pod for crate::nat::PeerKey {}
+    unsafe impl aya::Pod for crate::nat::PrefixLens {}
 }

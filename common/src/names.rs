@@ -2,13 +2,16 @@
 //!
 //! The kernel keeps 15 characters of a name; every name here fits.
 
-/// LPM trie: a peer's networks as we see them → [`crate::nat::PeerNat`].
-pub const MAP_PEERS: &str = "ist_nat_peers";
+/// Hash: a peer's networks as we see them ([`crate::nat::PeerKey`]) →
+/// [`crate::nat::PeerNat`].
+pub const MAP_PEERS: &str = "ist_peer_nets";
+/// One-entry array: the prefix lengths in [`MAP_PEERS`], longest first.
+pub const MAP_PREFIX_LENS: &str = "ist_prefix_lens";
 /// Per-CPU array of packet counters, indexed by [`crate::counters::slot`].
 pub const MAP_COUNTERS: &str = "ist_counters";
 
 /// Every map the agent pins, in the order it reports them.
-pub const MAPS: [&str; 2] = [MAP_PEERS, MAP_COUNTERS];
+pub const MAPS: [&str; 3] = [MAP_PEERS, MAP_PREFIX_LENS, MAP_COUNTERS];
 
 /// Egress NAT for devices that carry Ethernet frames (veth).
 pub const PROG_EGRESS_ETH: &str = "nat_egress_eth";

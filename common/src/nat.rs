@@ -84,6 +84,52 @@ pub struct PeerNat {
     pub ingress: [PrefixRewrite; 2],
 }
 
+/// Key of the peer table: a network, as its prefix length and its masked
+/// address in wire order. A hash lookup per prefix length in use replaces a
+/// trie walk, which costs a cache miss per node on a busy path.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PeerKey {
+    /// Prefix length, 0 to 32.
+    pub prefix_len: u32,
+    /// The network address, masked to `prefix_len`, in wire order.
+    pub addr: u32,
+}
+
+impl PeerKey {
+    /// The key of the `prefix_len` network holding `addr` (wire order).
+    #[inline(always)]
+    pub const fn of(addr: u32, prefix_len: u8) -> Self {
+        Self {
+            prefix_len: prefix_len as u32,
+            addr: addr & wire_mask(prefix_len),
+        }
+    }
+}
+
+/// Most prefix lengths a table can hold: /0 to /32.
+pub const PREFIX_LENS: usize = 33;
+
+/// The prefix lengths present in the peer table, longest first: a lookup
+/// tries each in turn, which is longest-prefix match.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefixLens {
+    /// How many of `lens` are in use.
+    pub count: u32,
+    /// The lengths, longest first.
+    pub lens: [u32; PREFIX_LENS],
+}
+
+impl Default for PrefixLens {
+    fn default() -> Self {
+        Self {
+            count: 0,
+            lens: [0; PREFIX_LENS],
+        }
+    }
+}
+
 /// Finds the first rule of `rules` that matches `addr`.
 #[inline(always)]
 pub fn find_rule(rules: &[PrefixRewrite; 2], addr: u32) -> Option<&PrefixRewrite> {
@@ -155,6 +201,32 @@ mod tests {
     fn inactive_never_matches() {
         assert!(!PrefixRewrite::INACTIVE.matches(0));
         assert!(!PrefixRewrite::INACTIVE.matches(w(10, 244, 0, 5)));
+    }
+
+    #[test]
+    fn peer_keys_mask_the_address() {
+        assert_eq!(
+            PeerKey::of(w(10, 0, 40, 77), 24),
+            PeerKey {
+                prefix_len: 24,
+                addr: w(10, 0, 40, 0)
+            }
+        );
+        assert_eq!(
+            PeerKey::of(w(10, 0, 40, 77), 16),
+            PeerKey {
+                prefix_len: 16,
+                addr: w(10, 0, 0, 0)
+            }
+        );
+        assert_eq!(
+            PeerKey::of(w(10, 0, 40, 77), 0),
+            PeerKey {
+                prefix_len: 0,
+                addr: 0
+            }
+        );
+        assert_eq!(PeerKey::of(w(10, 0, 40, 77), 32).addr, w(10, 0, 40, 77));
     }
 
     #[test]

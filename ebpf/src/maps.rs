@@ -1,27 +1,44 @@
 //! The maps the programs share with the agent.
 
 use aya_ebpf::{
-    btf_maps::{LpmTrie, PerCpuArray, lpm_trie::Key},
+    btf_maps::{Array, HashMap, PerCpuArray},
     macros::btf_map,
 };
 use isthmus_common::{
     counters::{self, Direction, Outcome},
     names::MAX_PEER_NETWORKS,
-    nat::PeerNat,
+    nat::{PREFIX_LENS, PeerKey, PeerNat, PrefixLens},
 };
 
 /// A peer's networks as we see them → what to rewrite for that peer.
-#[btf_map(name = "ist_nat_peers")]
-static PEERS: LpmTrie<[u8; 4], PeerNat, { MAX_PEER_NETWORKS as usize }> = LpmTrie::new();
+#[btf_map(name = "ist_peer_nets")]
+static PEERS: HashMap<PeerKey, PeerNat, { MAX_PEER_NETWORKS as usize }> = HashMap::new();
+
+/// The prefix lengths present in `PEERS`, longest first.
+#[btf_map(name = "ist_prefix_lens")]
+static LENS: Array<PrefixLens, 1> = Array::new();
 
 /// Packets per direction and outcome; summed over CPUs by the agent.
 #[btf_map(name = "ist_counters")]
 static COUNTERS: PerCpuArray<u64, { counters::SLOTS as usize }> = PerCpuArray::new();
 
-/// The peer whose networks hold `addr` (wire order), if any.
+/// The peer whose networks hold `addr` (wire order), if any: one hash
+/// lookup per prefix length in use, longest first.
 #[inline(always)]
 pub fn peer(addr: u32) -> Option<&'static PeerNat> {
-    PEERS.get(&Key::new(32, addr.to_ne_bytes()))
+    let lens = LENS.get(0)?;
+    for i in 0..PREFIX_LENS {
+        if i as u32 >= lens.count {
+            break;
+        }
+        let key = PeerKey::of(addr, lens.lens[i] as u8);
+        // SAFETY: entries are replaced whole by the agent; a concurrent
+        // replacement yields the old or the new value, both valid.
+        if let Some(nat) = unsafe { PEERS.get(&key) } {
+            return Some(nat);
+        }
+    }
+    None
 }
 
 /// Counts one packet.

@@ -76,7 +76,11 @@ impl Harness {
             prog.load()
                 .unwrap_or_else(|e| panic!("verifier rejected {name}: {e}"));
         }
-        let mut peers = PeerMap::new(ebpf.take_map(names::MAP_PEERS).unwrap()).unwrap();
+        let mut peers = PeerMap::new(
+            ebpf.take_map(names::MAP_PEERS).unwrap(),
+            ebpf.take_map(names::MAP_PREFIX_LENS).unwrap(),
+        )
+        .unwrap();
         for (id, yaml) in [
             (1, PEERINGS[0].tunnel_endpoint_yaml(None)),
             (2, PEER_S.to_owned()),
