@@ -4,6 +4,7 @@
 use std::{
     fs,
     net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket},
+    path::PathBuf,
     time::{Duration, Instant},
 };
 
@@ -28,11 +29,61 @@ use xtask::{
 const OUTSIDER: &str = "203.0.113.99/24";
 const GIVE_UP: Duration = Duration::from_secs(10);
 
+/// A key pair and a WireGuard state machine for it, towards a-gw.
+fn identity(gateway_public: [u8; 32], secret: [u8; 32]) -> (Tunn, [u8; 32]) {
+    let private = StaticSecret::from(secret);
+    let public = *PublicKey::from(&private).as_bytes();
+    (
+        Tunn::new(
+            private,
+            PublicKey::from(gateway_public),
+            None,
+            None,
+            0x77,
+            None,
+        ),
+        public,
+    )
+}
+
+fn random_secret() -> [u8; 32] {
+    let mut secret = [0u8; 32];
+    let mut urandom = fs::File::open("/dev/urandom").unwrap();
+    std::io::Read::read_exact(&mut urandom, &mut secret).unwrap();
+    secret
+}
+
+/// Starts a handshake over `socket` and answers everything a-gw sends until
+/// `tunn` has a session or `wait` passes. Returns whether it has one.
+fn handshake(socket: &UdpSocket, gateway: SocketAddr, tunn: &mut Tunn, wait: Duration) -> bool {
+    let mut buf = vec![0u8; 2048];
+    if let TunnResult::WriteToNetwork(init) = tunn.format_handshake_initiation(&mut buf, false) {
+        socket.send_to(init, gateway).unwrap();
+    }
+    let start = Instant::now();
+    let mut datagram = vec![0u8; 2048];
+    while start.elapsed() < wait {
+        let Ok((n, from)) = socket.recv_from(&mut datagram) else {
+            continue;
+        };
+        let mut result = tunn.decapsulate(Some(from.ip()), &datagram[..n], &mut buf);
+        while let TunnResult::WriteToNetwork(reply) = result {
+            socket.send_to(reply, from).unwrap();
+            result = tunn.decapsulate(None, &[], &mut buf);
+        }
+        if tunn.stats().0.is_some() {
+            return true;
+        }
+    }
+    false
+}
+
 struct Outsider {
     socket: UdpSocket,
     tunn: Tunn,
     public: [u8; 32],
     gateway: SocketAddr,
+    gateway_public: [u8; 32],
 }
 
 impl Outsider {
@@ -46,18 +97,15 @@ impl Outsider {
         socket
             .set_read_timeout(Some(Duration::from_millis(300)))
             .unwrap();
-        let mut secret = [0u8; 32];
-        getrandom(&mut secret);
-        let private = StaticSecret::from(secret);
-        let public = *PublicKey::from(&private).as_bytes();
-        let gw_public = key::decode(&lab::public_key(&A.gw()).unwrap()).unwrap();
-        let tunn = Tunn::new(private, PublicKey::from(gw_public), None, None, 0x77, None);
+        let gateway_public = key::decode(&lab::public_key(&A.gw()).unwrap()).unwrap();
+        let (tunn, public) = identity(gateway_public, random_secret());
         let gateway = SocketAddr::from((A.wan_addr(), TUNNEL_PORT));
         Self {
             socket,
             tunn,
             public,
             gateway,
+            gateway_public,
         }
     }
 
@@ -65,33 +113,40 @@ impl Outsider {
         self.socket.local_addr().unwrap().port()
     }
 
-    /// Starts a handshake and answers everything a-gw sends until a session
-    /// is up or `wait` passes. Returns whether a session came up.
+    /// Handshakes with a-gw on the outsider's socket.
     fn handshake(&mut self, wait: Duration) -> bool {
-        let mut buf = vec![0u8; 2048];
-        if let TunnResult::WriteToNetwork(init) =
-            self.tunn.format_handshake_initiation(&mut buf, false)
-        {
-            self.socket.send_to(init, self.gateway).unwrap();
-        }
-        let start = Instant::now();
-        let mut datagram = vec![0u8; 2048];
-        while start.elapsed() < wait {
-            let Ok((n, from)) = self.socket.recv_from(&mut datagram) else {
-                continue;
-            };
-            let mut result = self
-                .tunn
-                .decapsulate(Some(from.ip()), &datagram[..n], &mut buf);
-            while let TunnResult::WriteToNetwork(reply) = result {
-                self.socket.send_to(reply, from).unwrap();
-                result = self.tunn.decapsulate(None, &[], &mut buf);
-            }
-            if self.tunn.stats().0.is_some() {
-                return true;
-            }
-        }
-        false
+        handshake(&self.socket, self.gateway, &mut self.tunn, wait)
+    }
+
+    /// Makes a-gw know the outsider as peer `tep-outsider`, with networks
+    /// 10.77.0.0/24 and 10.78.0.0/24, endpoint `port`, and `public` key.
+    fn register(port: u16, public: &[u8; 32]) -> PathBuf {
+        let gw = A.gw();
+        let object = lab::object_dir(&gw).join("peer-outsider.yaml");
+        fs::write(
+            &object,
+            format!(
+                "apiVersion: net.liqo.io/v1alpha1
+kind: TunnelEndpoint
+metadata: {{name: tep-outsider, namespace: liqo-tenant-outsider}}
+spec:
+  clusterID: cluster-outsider
+  localPodCIDR: 10.244.0.0/24
+  localNATPodCIDR: None
+  localExternalCIDR: 192.168.0.0/24
+  localNATExternalCIDR: None
+  remotePodCIDR: 10.77.0.0/24
+  remoteNATPodCIDR: None
+  remoteExternalCIDR: 10.78.0.0/24
+  remoteNATExternalCIDR: None
+  endpointIP: 203.0.113.99
+  backend_config: {{port: \"{port}\", publicKey: \"{}\"}}
+",
+                key::encode(public)
+            ),
+        )
+        .unwrap();
+        object
     }
 
     fn send_inner(&mut self, packet: &[u8]) {
@@ -108,12 +163,7 @@ impl Drop for Outsider {
     }
 }
 
-fn getrandom(buf: &mut [u8]) {
-    let mut f = fs::File::open("/dev/urandom").unwrap();
-    std::io::Read::read_exact(&mut f, buf).unwrap();
-}
-
-fn wait_for(what: &str, done: impl Fn() -> bool) {
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     let start = Instant::now();
     while !done() {
         assert!(start.elapsed() < GIVE_UP, "never: {what}");
@@ -145,31 +195,7 @@ fn a_key_we_do_not_know_gets_no_handshake() {
 fn a_known_peer_cannot_send_from_outside_its_networks() {
     let mut outsider = Outsider::new();
     let gw = A.gw();
-    let object = lab::object_dir(&gw).join("peer-outsider.yaml");
-    fs::write(
-        &object,
-        format!(
-            "apiVersion: net.liqo.io/v1alpha1
-kind: TunnelEndpoint
-metadata: {{name: tep-outsider, namespace: liqo-tenant-outsider}}
-spec:
-  clusterID: cluster-outsider
-  localPodCIDR: 10.244.0.0/24
-  localNATPodCIDR: None
-  localExternalCIDR: 192.168.0.0/24
-  localNATExternalCIDR: None
-  remotePodCIDR: 10.77.0.0/24
-  remoteNATPodCIDR: None
-  remoteExternalCIDR: 10.78.0.0/24
-  remoteNATExternalCIDR: None
-  endpointIP: 203.0.113.99
-  backend_config: {{port: \"{}\", publicKey: \"{}\"}}
-",
-            outsider.port(),
-            key::encode(&outsider.public)
-        ),
-    )
-    .unwrap();
+    let object = Outsider::register(outsider.port(), &outsider.public);
     wait_for("a-gw programs the outsider", || {
         sample(&gw, "isthmus_peers ") == 2.0
     });
@@ -289,4 +315,106 @@ fn handshakes_beyond_the_limit_get_cookies() {
     }
     assert!(cookie_replies > 0, "no cookie reply to a handshake flood");
     assert!(cookies() > before, "cookies were not counted");
+}
+
+/// An ICMP echo request from the outsider's network to a-pod2, which the
+/// pod's kernel answers through the tunnel. (a-pod2 lives on the gateway,
+/// which routes every tunnel peer's networks; the worker only knows the
+/// lab's peers until the overlay lands.)
+fn ping_a_pod2() -> Vec<u8> {
+    Datagram::new(
+        [10, 77, 0, 9],
+        A.pod_addr(2).octets(),
+        L4::Echo { id: 0x1234, seq: 1 },
+    )
+    .bytes()
+}
+
+#[test]
+fn the_endpoint_roams_and_a_new_key_means_a_new_handshake() {
+    let mut outsider = Outsider::new();
+    let gw = A.gw();
+    let object = Outsider::register(outsider.port(), &outsider.public);
+    wait_for("a-gw programs the outsider", || {
+        sample(&gw, "isthmus_peers ") == 2.0
+    });
+    assert!(
+        outsider.handshake(GIVE_UP),
+        "no handshake with a-gw as a known peer"
+    );
+
+    // Roaming: the outsider now speaks from another port; a-gw's answer
+    // (a-pod2's echo reply) must follow it there.
+    let moved = netns::run_in(WAN_NS, || UdpSocket::bind(("203.0.113.99", 0)))
+        .unwrap()
+        .unwrap();
+    moved
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let mut buf = vec![0u8; 2048];
+    if let TunnResult::WriteToNetwork(datagram) =
+        outsider.tunn.encapsulate(&ping_a_pod2(), &mut buf)
+    {
+        moved.send_to(datagram, outsider.gateway).unwrap();
+    }
+    let start = Instant::now();
+    let mut datagram = vec![0u8; 2048];
+    let replied = loop {
+        assert!(
+            start.elapsed() < GIVE_UP,
+            "a-gw never answered at the roamed endpoint"
+        );
+        let Ok((n, _)) = moved.recv_from(&mut datagram) else {
+            continue;
+        };
+        if let TunnResult::WriteToTunnelV4(packet, source) =
+            outsider.tunn.decapsulate(None, &datagram[..n], &mut buf)
+        {
+            break (packet[20], source);
+        }
+    };
+    assert_eq!(
+        replied,
+        (0, A.pod_addr(2)),
+        "expected a-pod2's echo reply (ICMP type 0)"
+    );
+
+    // New keys for the same TunnelEndpoint: a-gw handshakes with each new
+    // one, and forgets the one it replaced.
+    let old_secret = random_secret();
+    let (mut old, old_public) = identity(outsider.gateway_public, old_secret);
+    Outsider::register(outsider.port(), &old_public);
+    wait_for("a-gw takes the second key", || {
+        handshake(
+            &outsider.socket,
+            outsider.gateway,
+            &mut old,
+            Duration::from_millis(500),
+        )
+    });
+    let (mut new, new_public) = identity(outsider.gateway_public, random_secret());
+    Outsider::register(outsider.port(), &new_public);
+    wait_for("a-gw takes the third key", || {
+        handshake(
+            &outsider.socket,
+            outsider.gateway,
+            &mut new,
+            Duration::from_millis(500),
+        )
+    });
+    let (mut old_again, _) = identity(outsider.gateway_public, old_secret);
+    assert!(
+        !handshake(
+            &outsider.socket,
+            outsider.gateway,
+            &mut old_again,
+            Duration::from_secs(2)
+        ),
+        "a-gw still accepts a key it was told to replace"
+    );
+
+    fs::remove_file(&object).unwrap();
+    wait_for("a-gw drops the outsider", || {
+        sample(&gw, "isthmus_peers ") == 1.0
+    });
 }

@@ -135,6 +135,12 @@ fn from_network(
         };
         let mut tunn = lock(peer);
         let result = tunn.decapsulate(Some(IpAddr::V4(*source.ip())), datagram, &mut bufs.packet);
+        if !matches!(result, TunnResult::Err(_)) {
+            // Follow the peer to where it authenticated from before anything
+            // answers it: another worker may encrypt the reply to this very
+            // packet before this one returns from the TUN write.
+            peer.roam(source);
+        }
         match result {
             TunnResult::WriteToTunnelV4(packet, inner_source) => {
                 // The inner source must be one of this peer's networks.
@@ -148,7 +154,6 @@ fn from_network(
                 } else {
                     peer.counters.dropped_source.fetch_add(1, Ordering::Relaxed);
                 }
-                peer.roam(source);
             }
             TunnResult::WriteToNetwork(reply) => {
                 let _ = udp.send_to(reply, source);
@@ -158,9 +163,8 @@ fn from_network(
                 {
                     let _ = udp.send_to(queued, peer.endpoint());
                 }
-                peer.roam(source);
             }
-            TunnResult::Done => peer.roam(source),
+            TunnResult::Done => {}
             TunnResult::Err(e) => {
                 debug!(peer = %peer.config.label, error = ?e, "datagram rejected");
                 shared.counters.rejected.fetch_add(1, Ordering::Relaxed);
