@@ -1,6 +1,7 @@
 //! Helpers shared by the kernel-level tests.
 
 pub mod metrics;
+pub mod netns;
 pub mod packet;
 
 /// Fails the test unless the lab is up: lab tests never skip in silence.

@@ -5,7 +5,7 @@ use std::{fs, path::PathBuf};
 
 use aya::programs::{SchedClassifier, TcAttachType};
 use isthmus_common::names;
-use isthmus_tests::{require_lab, require_root};
+use isthmus_tests::{netns as test_netns, require_lab, require_root};
 use xtask::{cmd::ip, lab, netns, topology::PEERINGS};
 
 /// A throwaway node: a netns with a veth `v0`, an object directory holding
@@ -20,11 +20,7 @@ impl Node {
     fn new(ns: &str) -> Self {
         require_root();
         require_lab();
-        if netns::exists(ns) {
-            ip("", &["netns", "del", ns]).unwrap();
-        }
-        ip("", &["netns", "add", ns]).unwrap();
-        ip(ns, &["link", "set", "lo", "up"]).unwrap();
+        test_netns::fresh(&[ns]);
         ip(
             ns,
             &["link", "add", "v0", "type", "veth", "peer", "name", "v1"],
@@ -117,7 +113,7 @@ fn ip_tc(ns: &str, direction: &str) -> String {
 
 impl Drop for Node {
     fn drop(&mut self) {
-        let _ = ip("", &["netns", "del", &self.ns]);
+        test_netns::remove(&[&self.ns]);
         let _ = fs::remove_dir_all(&self.objects);
     }
 }

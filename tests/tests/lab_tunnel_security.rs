@@ -163,6 +163,20 @@ impl Drop for Outsider {
     }
 }
 
+/// An outsider a-gw knows as a peer, with a session up, and its object file.
+fn known_outsider() -> (Outsider, PathBuf) {
+    let mut outsider = Outsider::new();
+    let object = Outsider::register(outsider.port(), &outsider.public);
+    wait_for("a-gw programs the outsider", || {
+        sample(&A.gw(), "isthmus_peers ") == 2.0
+    });
+    assert!(
+        outsider.handshake(GIVE_UP),
+        "no handshake with a-gw as a known peer"
+    );
+    (outsider, object)
+}
+
 fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     let start = Instant::now();
     while !done() {
@@ -193,16 +207,8 @@ fn a_key_we_do_not_know_gets_no_handshake() {
 
 #[test]
 fn a_known_peer_cannot_send_from_outside_its_networks() {
-    let mut outsider = Outsider::new();
+    let (mut outsider, object) = known_outsider();
     let gw = A.gw();
-    let object = Outsider::register(outsider.port(), &outsider.public);
-    wait_for("a-gw programs the outsider", || {
-        sample(&gw, "isthmus_peers ") == 2.0
-    });
-    assert!(
-        outsider.handshake(GIVE_UP),
-        "no handshake with a-gw as a known peer"
-    );
 
     // A listener in a-pod1 tells what came through.
     let port = next_port();
@@ -332,16 +338,8 @@ fn ping_a_pod2() -> Vec<u8> {
 
 #[test]
 fn the_endpoint_roams_and_a_new_key_means_a_new_handshake() {
-    let mut outsider = Outsider::new();
+    let (mut outsider, object) = known_outsider();
     let gw = A.gw();
-    let object = Outsider::register(outsider.port(), &outsider.public);
-    wait_for("a-gw programs the outsider", || {
-        sample(&gw, "isthmus_peers ") == 2.0
-    });
-    assert!(
-        outsider.handshake(GIVE_UP),
-        "no handshake with a-gw as a known peer"
-    );
 
     // Roaming: the outsider now speaks from another port; a-gw's answer
     // (a-pod2's echo reply) must follow it there.

@@ -20,7 +20,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use isthmus_tests::{require_lab, require_root};
+use isthmus_tests::{netns as test_netns, require_lab, require_root};
 use xtask::{cmd::ip, lab, netns, probe::next_port, topology::PEERINGS};
 
 const GW: &str = "ist-t-rs-gw";
@@ -44,24 +44,8 @@ impl Topology {
     fn new() -> Self {
         require_root();
         require_lab();
-        for ns in [GW, PEER] {
-            if netns::exists(ns) {
-                ip("", &["netns", "del", ns]).unwrap();
-            }
-            ip("", &["netns", "add", ns]).unwrap();
-            ip(ns, &["link", "set", "lo", "up"]).unwrap();
-        }
-        ip(
-            GW,
-            &[
-                "link", "add", "v0", "type", "veth", "peer", "name", "v1", "netns", PEER,
-            ],
-        )
-        .unwrap();
-        ip(GW, &["link", "set", "v0", "up"]).unwrap();
-        ip(PEER, &["link", "set", "v1", "up"]).unwrap();
-        ip(GW, &["addr", "add", "192.0.2.1/24", "dev", "v0"]).unwrap();
-        ip(PEER, &["addr", "add", "192.0.2.2/24", "dev", "v1"]).unwrap();
+        test_netns::fresh(&[GW, PEER]);
+        test_netns::link(GW, PEER);
         ip(GW, &["addr", "add", &format!("{POD}/32"), "dev", "lo"]).unwrap();
         ip(PEER, &["addr", "add", &format!("{REMOTE}/32"), "dev", "lo"]).unwrap();
         ip(GW, &["route", "add", "10.0.0.0/24", "via", "192.0.2.2"]).unwrap();
@@ -98,9 +82,7 @@ impl Topology {
 
 impl Drop for Topology {
     fn drop(&mut self) {
-        for ns in [GW, PEER] {
-            let _ = ip("", &["netns", "del", ns]);
-        }
+        test_netns::remove(&[GW, PEER]);
         let _ = fs::remove_dir_all(&self.objects);
     }
 }

@@ -15,7 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use isthmus_tests::{require_lab, require_root};
+use isthmus_tests::{netns as test_netns, require_lab, require_root};
 use xtask::{
     cmd::{ip, run},
     lab, netns,
@@ -57,24 +57,8 @@ impl Pair {
     fn new() -> Self {
         require_root();
         require_lab();
-        for ns in [ISO, GO] {
-            if netns::exists(ns) {
-                ip("", &["netns", "del", ns]).unwrap();
-            }
-            ip("", &["netns", "add", ns]).unwrap();
-            ip(ns, &["link", "set", "lo", "up"]).unwrap();
-        }
-        ip(
-            ISO,
-            &[
-                "link", "add", "v0", "type", "veth", "peer", "name", "v1", "netns", GO,
-            ],
-        )
-        .unwrap();
-        ip(ISO, &["link", "set", "v0", "up"]).unwrap();
-        ip(GO, &["link", "set", "v1", "up"]).unwrap();
-        ip(ISO, &["addr", "add", "192.0.2.1/24", "dev", "v0"]).unwrap();
-        ip(GO, &["addr", "add", "192.0.2.2/24", "dev", "v1"]).unwrap();
+        test_netns::fresh(&[ISO, GO]);
+        test_netns::link(ISO, GO);
         ip(ISO, &["addr", "add", &format!("{ISO_POD}/32"), "dev", "lo"]).unwrap();
 
         let dir = PathBuf::from(lab::STATE_DIR).join("wgo");
@@ -182,9 +166,7 @@ spec:
 impl Drop for Pair {
     fn drop(&mut self) {
         let _ = lab::stop_pid(self.agent);
-        for ns in [ISO, GO] {
-            let _ = ip("", &["netns", "del", ns]);
-        }
+        test_netns::remove(&[ISO, GO]);
         let _ = fs::remove_dir_all(&self.dir);
     }
 }
