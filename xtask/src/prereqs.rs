@@ -10,7 +10,8 @@ use std::{
 use anyhow::{Context, Result, bail};
 use xtask::cmd::run;
 
-/// Debian packages the lab, the tests and the benchmarks use.
+/// Debian packages the lab, the tests and the benchmarks use (wireguard-go
+/// and wg are the reference peer of the interop test and of `bench tunnel`).
 const DEBIAN_PACKAGES: &[&str] = &[
     "iproute2",
     "bpftool",
@@ -19,6 +20,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "netsniff-ng",
     "iperf3",
     "tcpdump",
+    "wireguard-go",
+    "wireguard-tools",
 ];
 /// bpf-linker release known to build against LLVM 22 (DESIGN §3).
 const BPF_LINKER_VERSION: &str = "0.13.0";
