@@ -230,6 +230,18 @@ impl Collector for TunnelMetrics {
         )?;
         counter(
             &mut encoder,
+            "peer_receive_packets",
+            "Packets received from the peer and delivered",
+            peers.iter().map(|p| (label(p), p.rx_packets)).collect(),
+        )?;
+        counter(
+            &mut encoder,
+            "peer_transmit_packets",
+            "Packets sent to the peer",
+            peers.iter().map(|p| (label(p), p.tx_packets)).collect(),
+        )?;
+        counter(
+            &mut encoder,
             "peer_source_violations",
             "Authenticated packets from the peer dropped because their inner source lay outside its networks",
             peers.iter().map(|p| (label(p), p.dropped_source)).collect(),

@@ -116,6 +116,10 @@ pub struct PeerStatus {
     pub tx_bytes: u64,
     /// Bytes received, after decryption.
     pub rx_bytes: u64,
+    /// Packets sent to the peer.
+    pub tx_packets: u64,
+    /// Packets received from the peer and delivered.
+    pub rx_packets: u64,
     /// Round-trip estimate from the last handshake, in milliseconds.
     pub rtt_ms: Option<u32>,
     /// Current endpoint (roams).
@@ -212,7 +216,8 @@ impl Tunnel {
             let peer = match current.by_key(&config.key) {
                 Some(old) if old.config.public == config.public => {
                     if old.config.endpoint != config.endpoint {
-                        old.reconfigure_endpoint(config.endpoint);
+                        // A new configured endpoint replaces wherever the peer roamed.
+                        old.roam(config.endpoint);
                         changes.push((config.key.clone(), PeerChange::Moved));
                     }
                     old.clone()
@@ -274,6 +279,8 @@ impl Tunnel {
                     last_handshake,
                     tx_bytes: tx_bytes as u64,
                     rx_bytes: rx_bytes as u64,
+                    tx_packets: peer.counters.tx_packets.load(Ordering::Relaxed),
+                    rx_packets: peer.counters.rx_packets.load(Ordering::Relaxed),
                     rtt_ms,
                     endpoint: peer.endpoint(),
                     dropped_source: peer.counters.dropped_source.load(Ordering::Relaxed),

@@ -110,11 +110,6 @@ impl TunnelPeer {
     pub fn roam(&self, addr: SocketAddrV4) {
         self.endpoint.store(pack(addr), Ordering::Relaxed);
     }
-
-    /// Points the peer at a newly configured endpoint.
-    pub fn reconfigure_endpoint(&self, addr: SocketAddrV4) {
-        self.roam(addr);
-    }
 }
 
 /// An immutable snapshot of every peer, indexed for the datapath. A change
