@@ -211,6 +211,7 @@ impl Tunnel {
     pub fn set_peers(&self, configs: &[PeerConfig]) -> Vec<(ObjectKey, PeerChange)> {
         let current = self.shared.snapshot();
         let mut changes = Vec::new();
+        let mut started = Vec::new();
         let mut next = Vec::new();
         for config in configs {
             let peer = match current.by_key(&config.key) {
@@ -230,7 +231,7 @@ impl Tunnel {
                         &self.shared.key.private,
                         self.keepalive,
                     ));
-                    self.initiate(&peer);
+                    started.push(peer.clone());
                     changes.push((config.key.clone(), PeerChange::Started));
                     peer
                 }
@@ -246,6 +247,11 @@ impl Tunnel {
         );
         *self.shared.peers.write().unwrap_or_else(|p| p.into_inner()) =
             Arc::new(PeerSet::new(next));
+        // Only now: the answer to a handshake comes back in microseconds, and
+        // the datapath must already know the peer it belongs to.
+        for peer in &started {
+            self.initiate(peer);
+        }
         changes
     }
 
