@@ -146,6 +146,24 @@ impl Collector for DataplaneCounters {
     }
 }
 
+/// Labels of a per-peer sample.
+type PeerLabels = [(&'static str, String); 2];
+
+/// Encodes one metric family: a descriptor, then one sample per label set.
+fn family<M: EncodeMetric>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    metric_type: MetricType,
+    samples: impl IntoIterator<Item = (PeerLabels, M)>,
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, None, metric_type)?;
+    for (labels, metric) in samples {
+        metric.encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
 /// Per-peer and tunnel-wide state of the embedded WireGuard, read at scrape time.
 struct TunnelMetrics(Arc<Tunnel>);
 
@@ -167,22 +185,26 @@ impl Collector for TunnelMetrics {
         let gauge = |encoder: &mut DescriptorEncoder,
                      name: &str,
                      help: &str,
-                     values: Vec<([(&str, String); 2], f64)>| {
-            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-            for (labels, value) in values {
-                ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
-            }
-            Ok::<(), std::fmt::Error>(())
+                     values: Vec<(PeerLabels, f64)>| {
+            family(
+                encoder,
+                name,
+                help,
+                MetricType::Gauge,
+                values.into_iter().map(|(l, v)| (l, ConstGauge::new(v))),
+            )
         };
         let counter = |encoder: &mut DescriptorEncoder,
                        name: &str,
                        help: &str,
-                       values: Vec<([(&str, String); 2], u64)>| {
-            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-            for (labels, value) in values {
-                ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
-            }
-            Ok::<(), std::fmt::Error>(())
+                       values: Vec<(PeerLabels, u64)>| {
+            family(
+                encoder,
+                name,
+                help,
+                MetricType::Counter,
+                values.into_iter().map(|(l, v)| (l, ConstCounter::new(v))),
+            )
         };
         gauge(
             &mut encoder,

@@ -53,7 +53,8 @@ type Document = Result<Object, DocumentError>;
 /// Keeps the kernel's peer table equal to the peers the objects describe.
 pub struct Reconciler<T> {
     table: T,
-    origins: BTreeMap<String, Vec<Document>>,
+    /// Each origin's documents, validated once when the origin changes.
+    origins: BTreeMap<String, Vec<Result<Peer, String>>>,
     /// Order of acceptance: a peer accepted earlier wins an overlap.
     seniority: HashMap<ObjectKey, u64>,
     next_seniority: u64,
@@ -80,9 +81,19 @@ impl<T: PeerTable> Reconciler<T> {
         })
     }
 
-    /// Replaces the documents of `origin` (a file, for the directory source).
+    /// Replaces the documents of `origin` (a file, for the directory source),
+    /// validating them now: a pass over every origin then only arbitrates.
     pub fn set_origin(&mut self, origin: String, documents: Vec<Document>) {
-        self.origins.insert(origin, documents);
+        let validated = documents
+            .into_iter()
+            .map(|document| match document {
+                Err(e) => Err(e.to_string()),
+                Ok(Object::TunnelEndpoint(raw)) => {
+                    Peer::from_raw(&raw, &origin).map_err(|e| e.to_string())
+                }
+            })
+            .collect();
+        self.origins.insert(origin, validated);
     }
 
     /// Forgets `origin` and everything it held.
@@ -141,18 +152,11 @@ impl<T: PeerTable> Reconciler<T> {
     fn select(&self) -> (Vec<Peer>, BTreeSet<String>) {
         let mut errors = BTreeSet::new();
         let mut candidates = Vec::new();
-        for (origin, documents) in &self.origins {
-            for document in documents {
-                match document {
-                    Err(e) => {
-                        errors.insert(e.to_string());
-                    }
-                    Ok(Object::TunnelEndpoint(raw)) => match Peer::from_raw(raw, origin) {
-                        Ok(peer) => candidates.push(peer),
-                        Err(e) => {
-                            errors.insert(e.to_string());
-                        }
-                    },
+        for result in self.origins.values().flatten() {
+            match result {
+                Ok(peer) => candidates.push(peer.clone()),
+                Err(e) => {
+                    errors.insert(e.clone());
                 }
             }
         }

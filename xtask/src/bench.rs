@@ -97,15 +97,7 @@ fn tunnel() -> Result<()> {
             TUNNEL_RSS_BUDGET_MIB,
         ),
     ];
-    let mut lines = String::new();
-    for (name, ours, peer) in results {
-        let line = format!(
-            "RESULT name={name} isthmus={ours:.3} peer={peer:.3} ratio={:.3}",
-            ours / peer
-        );
-        println!("{line}");
-        writeln!(lines, "{line}")?;
-    }
+    let lines = result_lines(&results, 3);
     let section = format!(
         "## Tunnel: a-pod1 to b-pod1 through the gateways
 
@@ -440,15 +432,7 @@ fn nat() -> Result<()> {
         ),
         ("agent-rss-mib-200peers-vs-budget", rss, RSS_BUDGET_MIB),
     ];
-    let mut lines = String::new();
-    for (name, ours, peer) in results {
-        let line = format!(
-            "RESULT name={name} isthmus={ours:.1} peer={peer:.1} ratio={:.3}",
-            ours / peer
-        );
-        println!("{line}");
-        writeln!(lines, "{line}")?;
-    }
+    let lines = result_lines(&results, 1);
     write_report(&samples, rss, &lines)
 }
 
@@ -883,4 +867,20 @@ trip over plain forwarding, copy included.
 "
     );
     write_section("nat", &report)
+}
+
+/// Prints one `RESULT name=… isthmus=… peer=… ratio=…` line per comparison,
+/// with `decimals` places, and returns them for the report.
+fn result_lines(results: &[(&str, f64, f64)], decimals: usize) -> String {
+    let mut lines = String::new();
+    for (name, ours, peer) in results {
+        let line = format!(
+            "RESULT name={name} isthmus={ours:.decimals$} peer={peer:.decimals$} ratio={:.3}",
+            ours / peer
+        );
+        println!("{line}");
+        lines.push_str(&line);
+        lines.push('\n');
+    }
+    lines
 }

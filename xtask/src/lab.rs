@@ -388,22 +388,7 @@ fn start_wireguard_go() -> Result<()> {
 /// wireguard-go processes the lab started: recorded, or found by their
 /// command line naming a lab device. Only these are ever signalled.
 fn lab_wireguard_go() -> Vec<u32> {
-    let is_ours = |pid: &u32| {
-        fs::read(format!("/proc/{pid}/cmdline"))
-            .map(|c| {
-                String::from_utf8_lossy(&c).contains("wireguard-go")
-                    && String::from_utf8_lossy(&c).contains("istwg-")
-            })
-            .unwrap_or(false)
-            && alive(*pid)
-    };
-    let Ok(entries) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .filter(is_ours)
-        .collect()
+    running_with(&["wireguard-go", "istwg-"])
 }
 
 /// The public key of gateway `node`, creating its key file if needed.
@@ -546,24 +531,32 @@ fn alive(pid: u32) -> bool {
 /// Whether `pid` is an agent the lab started: its command line names the
 /// agent and the lab's bpffs. Only such processes are ever signalled.
 fn is_lab_agent(pid: u32) -> bool {
+    runs_with(pid, &["isthmus-agent", &bpffs_root().to_string_lossy()])
+}
+
+/// Whether `pid` runs, is not a zombie, and its command line names every word.
+fn runs_with(pid: u32, words: &[&str]) -> bool {
     let Ok(cmdline) = fs::read(format!("/proc/{pid}/cmdline")) else {
         return false;
     };
     let cmdline = String::from_utf8_lossy(&cmdline);
-    alive(pid)
-        && cmdline.contains("isthmus-agent")
-        && cmdline.contains(&*bpffs_root().to_string_lossy())
+    alive(pid) && words.iter().all(|w| cmdline.contains(w))
 }
 
-/// Lab agents found by their command line, for when PID files are lost.
-fn stray_agents() -> Vec<u32> {
+/// Every process whose command line names every word.
+fn running_with(words: &[&str]) -> Vec<u32> {
     let Ok(entries) = fs::read_dir("/proc") else {
         return Vec::new();
     };
     entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .filter(|pid| is_lab_agent(*pid))
+        .filter(|pid| runs_with(*pid, words))
         .collect()
+}
+
+/// Lab agents found by their command line, for when PID files are lost.
+fn stray_agents() -> Vec<u32> {
+    running_with(&["isthmus-agent", &bpffs_root().to_string_lossy()])
 }
 
 /// Asks node `node`'s agent for a metrics path, from inside its netns.
