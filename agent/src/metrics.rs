@@ -279,6 +279,7 @@ impl Collector for TunnelMetrics {
             ("no_route", &c.no_route),
             ("unknown_sender", &c.unknown_sender),
             ("rejected", &c.rejected),
+            ("malformed", &c.malformed),
         ] {
             ConstCounter::new(value.load(Ordering::Relaxed))
                 .encode(family.encode_family(&[("reason", reason)])?)?;
@@ -290,6 +291,21 @@ impl Collector for TunnelMetrics {
             MetricType::Counter,
         )?;
         ConstCounter::new(c.cookies.load(Ordering::Relaxed)).encode(family)?;
+        let mut family = encoder.encode_descriptor(
+            "tunnel_offload_batches",
+            "Packets that crossed a device as one batch of several, by offload",
+            None,
+            MetricType::Counter,
+        )?;
+        for (offload, value) in [
+            ("tso_split", &c.tso_split),
+            ("gro_written", &c.gro_written),
+            ("udp_gso_sent", &c.udp_gso_sent),
+            ("udp_gro_received", &c.udp_gro_received),
+        ] {
+            ConstCounter::new(value.load(Ordering::Relaxed))
+                .encode(family.encode_family(&[("offload", offload)])?)?;
+        }
         Ok(())
     }
 }

@@ -1,108 +1,122 @@
-//! Batched UDP I/O: many datagrams per `recvmmsg`/`sendmmsg` call, into
-//! buffers allocated once per worker.
+//! Batched UDP I/O. One `recvmmsg`/`sendmmsg` moves many messages, and one
+//! message moves many datagrams: on send, runs of equal-sized datagrams to
+//! one endpoint go as a single UDP GSO message (`UDP_SEGMENT`); on receive,
+//! the kernel hands over whole GRO trains (`UDP_GRO`). Each message then
+//! crosses the stack once instead of once per datagram.
 
 use std::{
     io,
     mem::zeroed,
     net::{Ipv4Addr, SocketAddrV4, UdpSocket},
     os::fd::AsRawFd,
+    ptr,
 };
 
-/// Datagrams per system call.
-pub const BATCH: usize = 64;
+/// Messages per system call.
+pub const MESSAGES: usize = 32;
+/// The largest UDP payload of one IPv4 message, a GSO or GRO train included.
+const MAX_MESSAGE: usize = 65535 - 20 - 8;
+/// Datagrams per GSO message (the kernel's `UDP_MAX_SEGMENTS`).
+const MAX_SEGMENTS: usize = 64;
+/// Bytes of datagrams held before a send.
+const SEND_BUFFER: usize = 256 << 10;
 
-/// `BATCH` buffers with their addresses and the kernel's message headers.
-pub struct Batch {
-    bufs: Vec<Vec<u8>>,
-    lens: [usize; BATCH],
-    addrs: [libc::sockaddr_in; BATCH],
-    iovs: [libc::iovec; BATCH],
-    msgs: [libc::mmsghdr; BATCH],
-    /// Slots in use.
-    len: usize,
+const UDP_SEGMENT: libc::c_int = 103;
+const UDP_GRO: libc::c_int = 104;
+
+/// Room for one `cmsghdr` and an int, 8-byte aligned as the kernel wants it.
+type Control = [u64; 4];
+
+/// The kernel's per-message headers, pointing into a batch's buffers.
+struct Headers {
+    addrs: [libc::sockaddr_in; MESSAGES],
+    iovs: [libc::iovec; MESSAGES],
+    controls: [Control; MESSAGES],
+    msgs: [libc::mmsghdr; MESSAGES],
 }
 
-impl Batch {
-    /// A batch of `BATCH` buffers of `size` bytes.
-    pub fn new(size: usize) -> Box<Self> {
+impl Headers {
+    fn new() -> Self {
         // SAFETY: plain C structs, valid when zeroed; pointers are set before use.
+        unsafe { zeroed() }
+    }
+
+    /// Points header `i` at `buf`, the address slot and `control` bytes of its control slot.
+    fn point(&mut self, i: usize, buf: &mut [u8], control: usize) {
+        self.iovs[i] = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let hdr = &mut self.msgs[i].msg_hdr;
+        hdr.msg_name = (&mut self.addrs[i] as *mut libc::sockaddr_in).cast();
+        hdr.msg_namelen = size_of::<libc::sockaddr_in>() as u32;
+        hdr.msg_iov = &mut self.iovs[i];
+        hdr.msg_iovlen = 1;
+        hdr.msg_control = if control == 0 {
+            ptr::null_mut()
+        } else {
+            self.controls[i].as_mut_ptr().cast()
+        };
+        hdr.msg_controllen = control;
+        hdr.msg_flags = 0;
+        self.msgs[i].msg_len = 0;
+    }
+}
+
+/// Asks the kernel to deliver GRO trains on `socket`. Kernels without
+/// UDP GRO deliver datagrams one by one, which works the same, slower.
+pub fn enable_gro(socket: &UdpSocket) {
+    let on: libc::c_int = 1;
+    // SAFETY: setsockopt reads an int, which `on` is.
+    unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_UDP,
+            UDP_GRO,
+            (&on as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as u32,
+        );
+    }
+}
+
+/// Received messages, each one datagram or a GRO train of equal-sized
+/// datagrams (the last may be shorter).
+pub struct RecvBatch {
+    buf: Vec<u8>,
+    lens: [usize; MESSAGES],
+    segments: [usize; MESSAGES],
+    headers: Headers,
+}
+
+impl RecvBatch {
+    /// A batch of [`MESSAGES`] buffers, each large enough for a GRO train.
+    pub fn new() -> Box<Self> {
         Box::new(Self {
-            bufs: (0..BATCH).map(|_| vec![0u8; size]).collect(),
-            lens: [0; BATCH],
-            addrs: unsafe { zeroed() },
-            iovs: unsafe { zeroed() },
-            msgs: unsafe { zeroed() },
-            len: 0,
+            buf: vec![0; MESSAGES * MAX_MESSAGE],
+            lens: [0; MESSAGES],
+            segments: [0; MESSAGES],
+            headers: Headers::new(),
         })
     }
 
-    /// Whether the batch holds nothing.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Whether every slot is used.
-    pub fn is_full(&self) -> bool {
-        self.len == BATCH
-    }
-
-    /// The next free buffer, to fill before [`Batch::push`].
-    pub fn next_buf(&mut self) -> &mut [u8] {
-        &mut self.bufs[self.len]
-    }
-
-    /// Commits `len` bytes of the next buffer, bound for `to`.
-    pub fn push(&mut self, len: usize, to: SocketAddrV4) {
-        self.lens[self.len] = len;
-        self.addrs[self.len] = sockaddr(to);
-        self.len += 1;
-    }
-
-    /// Datagram `i` and its source, after [`Batch::recv`].
-    pub fn get(&self, i: usize) -> (&[u8], SocketAddrV4) {
-        let a = &self.addrs[i];
-        let addr = SocketAddrV4::new(
-            Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
-            u16::from_be(a.sin_port),
-        );
-        (&self.bufs[i][..self.lens[i]], addr)
-    }
-
-    fn prepare(&mut self, count: usize, fill: bool) {
-        for i in 0..count {
-            let len = if fill {
-                self.bufs[i].len()
-            } else {
-                self.lens[i]
-            };
-            self.iovs[i] = libc::iovec {
-                iov_base: self.bufs[i].as_mut_ptr().cast(),
-                iov_len: len,
-            };
-            let hdr = &mut self.msgs[i].msg_hdr;
-            hdr.msg_name = (&mut self.addrs[i] as *mut libc::sockaddr_in).cast();
-            hdr.msg_namelen = size_of::<libc::sockaddr_in>() as u32;
-            hdr.msg_iov = &mut self.iovs[i];
-            hdr.msg_iovlen = 1;
-            self.msgs[i].msg_len = 0;
-        }
-    }
-
-    /// Receives as many datagrams as are waiting, up to `BATCH`, without blocking.
+    /// Receives what is waiting, up to [`MESSAGES`] messages, without
+    /// blocking. Returns how many arrived.
     pub fn recv(&mut self, socket: &UdpSocket) -> io::Result<usize> {
-        self.prepare(BATCH, true);
+        for (i, buf) in self.buf.chunks_exact_mut(MAX_MESSAGE).enumerate() {
+            self.headers
+                .point(i, buf, size_of::<Control>() as libc::size_t);
+        }
         // SAFETY: every header points into buffers owned by self, sized as declared.
         let n = unsafe {
             libc::recvmmsg(
                 socket.as_raw_fd(),
-                self.msgs.as_mut_ptr(),
-                BATCH as u32,
+                self.headers.msgs.as_mut_ptr(),
+                MESSAGES as u32,
                 libc::MSG_DONTWAIT,
-                std::ptr::null_mut(),
+                ptr::null_mut(),
             )
         };
         if n < 0 {
-            self.len = 0;
             let e = io::Error::last_os_error();
             return if e.kind() == io::ErrorKind::WouldBlock {
                 Ok(0)
@@ -110,36 +124,195 @@ impl Batch {
                 Err(e)
             };
         }
-        self.len = n as usize;
-        for i in 0..self.len {
-            self.lens[i] = self.msgs[i].msg_len as usize;
+        for i in 0..n as usize {
+            self.lens[i] = self.headers.msgs[i].msg_len as usize;
+            self.segments[i] = gro_segment(&self.headers.msgs[i].msg_hdr).unwrap_or(self.lens[i]);
         }
-        Ok(self.len)
+        Ok(n as usize)
     }
 
-    /// Sends every held datagram and empties the batch. Datagrams the
-    /// kernel will not take now are dropped, as a NIC queue would.
-    pub fn send(&mut self, socket: &UdpSocket) -> io::Result<()> {
-        let count = self.len;
-        self.prepare(count, false);
+    /// Message `i` after [`RecvBatch::recv`]: its bytes, the size of each
+    /// datagram in it, and its source.
+    pub fn get(&self, i: usize) -> (&[u8], usize, SocketAddrV4) {
+        let a = &self.headers.addrs[i];
+        let source = SocketAddrV4::new(
+            Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
+            u16::from_be(a.sin_port),
+        );
+        let start = i * MAX_MESSAGE;
+        (
+            &self.buf[start..start + self.lens[i]],
+            self.segments[i].max(1),
+            source,
+        )
+    }
+}
+
+/// The datagram size of a GRO train, from its control message.
+fn gro_segment(hdr: &libc::msghdr) -> Option<usize> {
+    // SAFETY: the kernel filled the control buffer `hdr` points to; the
+    // CMSG macros stay within msg_controllen.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(hdr);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_UDP && (*cmsg).cmsg_type == UDP_GRO {
+                let size = ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>());
+                return usize::try_from(size).ok().filter(|&s| s > 0);
+            }
+            cmsg = libc::CMSG_NXTHDR(hdr, cmsg);
+        }
+    }
+    None
+}
+
+/// One message to send: datagrams back to back in the batch's buffer.
+#[derive(Clone, Copy)]
+struct Message {
+    start: usize,
+    len: usize,
+    /// Size of each datagram but the last.
+    segment: usize,
+    count: usize,
+    to: SocketAddrV4,
+    /// A shorter datagram ends a GSO message.
+    closed: bool,
+}
+
+/// Datagrams waiting to be sent, grouped into GSO messages where they can be.
+pub struct SendBatch {
+    buf: Vec<u8>,
+    used: usize,
+    /// The largest datagram [`SendBatch::slot`] must hold.
+    max_datagram: usize,
+    messages: Vec<Message>,
+    /// Cleared for good when the kernel refuses GSO on this socket's route.
+    gso: bool,
+    headers: Headers,
+}
+
+impl SendBatch {
+    /// A batch for datagrams of at most `max_datagram` bytes.
+    pub fn new(max_datagram: usize) -> Box<Self> {
+        Box::new(Self {
+            buf: vec![0; SEND_BUFFER.max(2 * max_datagram)],
+            used: 0,
+            max_datagram,
+            messages: Vec::with_capacity(MESSAGES),
+            gso: true,
+            headers: Headers::new(),
+        })
+    }
+
+    /// Whether the batch must be sent before another datagram fits.
+    pub fn is_full(&self) -> bool {
+        self.messages.len() == MESSAGES || self.buf.len() - self.used < self.max_datagram
+    }
+
+    /// Whether the batch holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.messages.is_empty()
+    }
+
+    /// Where to write the next datagram, before [`SendBatch::commit`].
+    pub fn slot(&mut self) -> &mut [u8] {
+        &mut self.buf[self.used..]
+    }
+
+    /// Commits `len` bytes written to the slot, bound for `to`: they join
+    /// the last message if they continue its run.
+    pub fn commit(&mut self, len: usize, to: SocketAddrV4) {
+        let start = self.used;
+        self.used += len;
+        let gso = self.gso;
+        if let Some(last) = self.messages.last_mut().filter(|m| {
+            gso && m.to == to
+                && !m.closed
+                && len <= m.segment
+                && m.count < MAX_SEGMENTS
+                && m.len + len <= MAX_MESSAGE
+        }) {
+            last.len += len;
+            last.count += 1;
+            last.closed = len < last.segment;
+            return;
+        }
+        self.messages.push(Message {
+            start,
+            len,
+            segment: len,
+            count: 1,
+            to,
+            closed: false,
+        });
+    }
+
+    /// Sends everything held and empties the batch. Returns how many GSO
+    /// messages (of more than one datagram) went. Datagrams the kernel will
+    /// not take now are dropped, as a NIC queue would.
+    pub fn send(&mut self, socket: &UdpSocket) -> u64 {
+        let count = self.messages.len();
+        let mut gso_messages = 0;
+        for i in 0..count {
+            let m = self.messages[i];
+            let control = if m.count > 1 {
+                gso_messages += 1;
+                segment_control(&mut self.headers.controls[i], m.segment)
+            } else {
+                0
+            };
+            self.headers
+                .point(i, &mut self.buf[m.start..m.start + m.len], control);
+            self.headers.addrs[i] = sockaddr(m.to);
+        }
         let mut sent = 0;
         while sent < count {
-            // SAFETY: headers 0..count point into buffers owned by self.
+            // SAFETY: headers sent..count point into buffers owned by self.
             let n = unsafe {
                 libc::sendmmsg(
                     socket.as_raw_fd(),
-                    self.msgs[sent..].as_mut_ptr(),
+                    self.headers.msgs[sent..].as_mut_ptr(),
                     (count - sent) as u32,
                     libc::MSG_DONTWAIT,
                 )
             };
-            if n <= 0 {
-                break;
+            if n > 0 {
+                sent += n as usize;
+                continue;
             }
-            sent += n as usize;
+            // EIO: the route cannot segment (no checksum offload on the way
+            // out). Send this message's datagrams one by one, and never
+            // group again.
+            if io::Error::last_os_error().raw_os_error() == Some(libc::EIO)
+                && self.messages[sent].count > 1
+            {
+                self.gso = false;
+                gso_messages -= 1;
+                let m = self.messages[sent];
+                for datagram in self.buf[m.start..m.start + m.len].chunks(m.segment) {
+                    let _ = socket.send_to(datagram, m.to);
+                }
+                sent += 1;
+                continue;
+            }
+            break;
         }
-        self.len = 0;
-        Ok(())
+        self.messages.clear();
+        self.used = 0;
+        gso_messages
+    }
+}
+
+/// Writes a `UDP_SEGMENT` control message into `control`; returns its length.
+fn segment_control(control: &mut Control, segment: usize) -> libc::size_t {
+    let size = segment as u16;
+    // SAFETY: `control` is 8-byte aligned and larger than CMSG_SPACE(2).
+    unsafe {
+        let cmsg = control.as_mut_ptr().cast::<libc::cmsghdr>();
+        (*cmsg).cmsg_level = libc::SOL_UDP;
+        (*cmsg).cmsg_type = UDP_SEGMENT;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as libc::size_t;
+        ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<u16>(), size);
+        libc::CMSG_SPACE(size_of::<u16>() as u32) as libc::size_t
     }
 }
 
@@ -151,5 +324,87 @@ fn sockaddr(addr: SocketAddrV4) -> libc::sockaddr_in {
             s_addr: u32::from(*addr.ip()).to_be(),
         },
         sin_zero: [0; 8],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn to(port: u16) -> SocketAddrV4 {
+        SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)
+    }
+
+    fn push(batch: &mut SendBatch, len: usize, dest: SocketAddrV4) {
+        batch.slot()[..len].fill(len as u8);
+        batch.commit(len, dest);
+    }
+
+    fn shape(batch: &SendBatch) -> Vec<(usize, usize, u16)> {
+        batch
+            .messages
+            .iter()
+            .map(|m| (m.count, m.segment, m.to.port()))
+            .collect()
+    }
+
+    #[test]
+    fn equal_datagrams_to_one_endpoint_form_one_gso_message() {
+        let mut b = SendBatch::new(1500);
+        for _ in 0..3 {
+            push(&mut b, 1452, to(1));
+        }
+        push(&mut b, 400, to(1)); // a shorter one ends the run...
+        push(&mut b, 400, to(1)); // ...so this starts the next
+        push(&mut b, 1452, to(2)); // another endpoint: its own message
+        assert_eq!(shape(&b), [(4, 1452, 1), (1, 400, 1), (1, 1452, 2)]);
+    }
+
+    #[test]
+    fn a_gso_message_stays_within_the_largest_udp_payload() {
+        let mut b = SendBatch::new(1500);
+        for _ in 0..60 {
+            push(&mut b, 1452, to(1));
+        }
+        let counts: Vec<usize> = b.messages.iter().map(|m| m.count).collect();
+        assert_eq!(counts, [45, 15]);
+        assert!(b.messages.iter().all(|m| m.len <= MAX_MESSAGE));
+    }
+
+    /// Both ends on loopback: GSO messages go out and arrive as the same
+    /// datagrams, whether or not the kernel hands them over as GRO trains.
+    #[test]
+    fn gso_out_and_gro_in_carry_every_datagram_intact() {
+        let rx = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        rx.set_nonblocking(true).unwrap();
+        enable_gro(&rx);
+        let tx = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let dest = match rx.local_addr().unwrap() {
+            std::net::SocketAddr::V4(a) => a,
+            _ => unreachable!(),
+        };
+        let mut out = SendBatch::new(1500);
+        let sizes = [1000, 1000, 1000, 300, 1000, 7];
+        for (i, &len) in sizes.iter().enumerate() {
+            out.slot()[..len].fill(i as u8);
+            out.commit(len, dest);
+        }
+        assert_eq!(out.send(&tx), 2, "[1000 ×3, 300] and [1000, 7]");
+        let mut got = Vec::new();
+        let mut incoming = RecvBatch::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while got.len() < sizes.len() && std::time::Instant::now() < deadline {
+            let n = incoming.recv(&rx).unwrap();
+            for i in 0..n {
+                let (message, segment, _) = incoming.get(i);
+                got.extend(message.chunks(segment).map(|d| (d.len(), d[0])));
+            }
+        }
+        let expected: Vec<(usize, u8)> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (l, i as u8))
+            .collect();
+        assert_eq!(got, expected);
     }
 }

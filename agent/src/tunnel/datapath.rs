@@ -1,6 +1,7 @@
 //! The packet loops. Each worker owns one TUN queue and one UDP socket
 //! (`SO_REUSEPORT`), so workers share nothing but the peer snapshot and
-//! each peer's state machine.
+//! each peer's state machine. Both devices move many packets per system
+//! call: TSO and GRO on TUN, GSO and GRO on UDP.
 
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddrV4, UdpSocket},
@@ -14,7 +15,8 @@ use tracing::debug;
 
 use super::{
     Shared,
-    batch::{BATCH, Batch},
+    batch::{self, RecvBatch, SendBatch},
+    offload::{self, Coalescer, MAX_FRAME, MAX_PACKET, VNET_HDR_LEN},
     peers::{PeerSet, TunnelPeer},
 };
 
@@ -23,23 +25,36 @@ const IDLE: Duration = Duration::from_millis(200);
 /// How often WireGuard's timers run (boringtun's own device uses 250 ms).
 const TICK: Duration = Duration::from_millis(250);
 
+/// Frames read from TUN per wake-up, before the UDP side gets a turn.
+const TUN_READS: usize = 64;
+
 /// Buffers of one worker, allocated once.
 struct Buffers {
-    outgoing: Box<Batch>,
-    incoming: Box<Batch>,
+    outgoing: Box<SendBatch>,
+    incoming: Box<RecvBatch>,
+    /// A frame read from TUN: a packet or a TSO super-packet.
+    frame: Vec<u8>,
+    /// One segment cut from a super-packet.
+    segment: Vec<u8>,
+    /// A decrypted packet, after room for its virtio-net header.
     packet: Vec<u8>,
     scratch: Vec<u8>,
+    coalescer: Coalescer,
 }
 
 /// Runs one worker until the tunnel stops.
 pub fn worker(shared: Arc<Shared>, tun: OwnedFd, udp: UdpSocket) {
     let size = shared.buffer_size();
     let mut bufs = Buffers {
-        outgoing: Batch::new(size),
-        incoming: Batch::new(size),
-        packet: vec![0; size],
+        outgoing: SendBatch::new(size),
+        incoming: RecvBatch::new(),
+        frame: vec![0; MAX_FRAME],
+        segment: vec![0; MAX_PACKET],
+        packet: vec![0; VNET_HDR_LEN + size],
         scratch: vec![0; size],
+        coalescer: Coalescer::default(),
     };
+    batch::enable_gro(&udp);
     let mut fds = [
         libc::pollfd {
             fd: tun.as_raw_fd(),
@@ -68,41 +83,71 @@ pub fn worker(shared: Arc<Shared>, tun: OwnedFd, udp: UdpSocket) {
     }
 }
 
-/// TUN → encrypt → UDP, a batch at a time.
+/// TUN → segment → encrypt → UDP, a batch at a time.
 fn from_tun(shared: &Shared, peers: &PeerSet, tun: &OwnedFd, udp: &UdpSocket, bufs: &mut Buffers) {
-    for _ in 0..BATCH {
+    let counters = &shared.counters;
+    for _ in 0..TUN_READS {
         // SAFETY: reading into an owned buffer of the given length.
         let n = unsafe {
             libc::read(
                 tun.as_raw_fd(),
-                bufs.packet.as_mut_ptr().cast(),
-                bufs.packet.len(),
+                bufs.frame.as_mut_ptr().cast(),
+                bufs.frame.len(),
             )
         };
         if n <= 0 {
             break;
         }
-        let packet = &bufs.packet[..n as usize];
-        let Some(peer) = destination(packet).and_then(|dst| peers.route(dst)) else {
-            shared.counters.no_route.fetch_add(1, Ordering::Relaxed);
-            continue;
-        };
-        let endpoint = peer.endpoint();
-        let mut tunn = lock(peer);
-        if let TunnResult::WriteToNetwork(datagram) =
-            tunn.encapsulate(packet, bufs.outgoing.next_buf())
-        {
-            let len = datagram.len();
-            bufs.outgoing.push(len, endpoint);
-        }
-        drop(tunn);
-        peer.counters.tx_packets.fetch_add(1, Ordering::Relaxed);
-        if bufs.outgoing.is_full() {
-            let _ = bufs.outgoing.send(udp);
+        let outgoing = &mut bufs.outgoing;
+        let split = offload::split(&mut bufs.frame[..n as usize], &mut bufs.segment, |packet| {
+            encrypt(shared, peers, packet, outgoing, udp)
+        });
+        match split {
+            Ok(1) => {}
+            Ok(_) => {
+                counters.tso_split.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                debug!(error = %e, "frame from TUN dropped");
+                counters.malformed.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
-    if !bufs.outgoing.is_empty() {
-        let _ = bufs.outgoing.send(udp);
+    send(shared, udp, &mut bufs.outgoing);
+}
+
+/// Encrypts one packet for the peer that holds its destination, into the batch.
+fn encrypt(
+    shared: &Shared,
+    peers: &PeerSet,
+    packet: &[u8],
+    outgoing: &mut SendBatch,
+    udp: &UdpSocket,
+) {
+    let Some(peer) = destination(packet).and_then(|dst| peers.route(dst)) else {
+        shared.counters.no_route.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    if outgoing.is_full() {
+        send(shared, udp, outgoing);
+    }
+    let endpoint = peer.endpoint();
+    let mut tunn = lock(peer);
+    if let TunnResult::WriteToNetwork(datagram) = tunn.encapsulate(packet, outgoing.slot()) {
+        let len = datagram.len();
+        outgoing.commit(len, endpoint);
+    }
+    drop(tunn);
+    peer.counters.tx_packets.fetch_add(1, Ordering::Relaxed);
+}
+
+fn send(shared: &Shared, udp: &UdpSocket, outgoing: &mut SendBatch) {
+    if !outgoing.is_empty() {
+        let gso = outgoing.send(udp);
+        shared
+            .counters
+            .udp_gso_sent
+            .fetch_add(gso, Ordering::Relaxed);
     }
 }
 
@@ -117,7 +162,12 @@ fn lock(peer: &TunnelPeer) -> std::sync::MutexGuard<'_, Tunn> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// UDP → decrypt → TUN, a batch at a time.
+fn write_tun(tun: &OwnedFd, frame: &[u8]) {
+    // SAFETY: writing an owned, initialised slice.
+    unsafe { libc::write(tun.as_raw_fd(), frame.as_ptr().cast(), frame.len()) };
+}
+
+/// UDP → decrypt → coalesce → TUN, a batch at a time.
 fn from_network(
     shared: &Shared,
     peers: &PeerSet,
@@ -128,52 +178,88 @@ fn from_network(
     let Ok(count) = bufs.incoming.recv(udp) else {
         return;
     };
+    let mut write = |frame: &[u8]| write_tun(tun, frame);
+    let mut coalesced = 0;
     for i in 0..count {
-        let (datagram, source) = bufs.incoming.get(i);
-        let Some(peer) = sender(shared, peers, datagram, source, udp, &mut bufs.scratch) else {
-            continue;
-        };
-        let mut tunn = lock(peer);
-        let result = tunn.decapsulate(Some(IpAddr::V4(*source.ip())), datagram, &mut bufs.packet);
-        if !matches!(result, TunnResult::Err(_)) {
-            // Follow the peer to where it authenticated from before anything
-            // answers it: another worker may encrypt the reply to this very
-            // packet before this one returns from the TUN write.
-            peer.roam(source);
+        let (message, segment, source) = bufs.incoming.get(i);
+        if segment < message.len() {
+            shared
+                .counters
+                .udp_gro_received
+                .fetch_add(1, Ordering::Relaxed);
         }
-        match result {
-            TunnResult::WriteToTunnelV4(packet, inner_source) => {
-                // The inner source must be one of this peer's networks.
-                if peers
-                    .route(inner_source)
-                    .is_some_and(|owner| Arc::ptr_eq(owner, peer))
-                {
-                    // SAFETY: writing an owned, initialised slice.
-                    unsafe { libc::write(tun.as_raw_fd(), packet.as_ptr().cast(), packet.len()) };
-                    peer.counters.rx_packets.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    peer.counters.dropped_source.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            TunnResult::WriteToNetwork(reply) => {
-                let _ = udp.send_to(reply, source);
-                // Packets queued while the handshake was under way go now.
-                while let TunnResult::WriteToNetwork(queued) =
-                    tunn.decapsulate(None, &[], &mut bufs.packet)
-                {
-                    let _ = udp.send_to(queued, peer.endpoint());
-                }
-            }
-            TunnResult::Done => {}
-            TunnResult::Err(e) => {
-                debug!(peer = %peer.config.label, error = ?e, "datagram rejected");
-                shared.counters.rejected.fetch_add(1, Ordering::Relaxed);
-            }
-            TunnResult::WriteToTunnelV6(..) => {
-                shared.counters.rejected.fetch_add(1, Ordering::Relaxed);
+        for datagram in message.chunks(segment) {
+            let Some(peer) = sender(shared, peers, datagram, source, udp, &mut bufs.scratch) else {
+                continue;
+            };
+            if let Some(len) = decrypt(shared, peers, peer, datagram, source, udp, &mut bufs.packet)
+            {
+                let frame = &mut bufs.packet[..VNET_HDR_LEN + len];
+                coalesced += bufs.coalescer.push(frame, &mut write);
             }
         }
     }
+    coalesced += bufs.coalescer.flush(&mut write);
+    shared
+        .counters
+        .gro_written
+        .fetch_add(coalesced, Ordering::Relaxed);
+}
+
+/// Decrypts one datagram from `peer` into `buf` after the virtio-net header
+/// room, and answers handshakes. Returns the length of a packet to deliver.
+fn decrypt(
+    shared: &Shared,
+    peers: &PeerSet,
+    peer: &Arc<TunnelPeer>,
+    datagram: &[u8],
+    source: SocketAddrV4,
+    udp: &UdpSocket,
+    buf: &mut [u8],
+) -> Option<usize> {
+    let mut tunn = lock(peer);
+    let result = tunn.decapsulate(
+        Some(IpAddr::V4(*source.ip())),
+        datagram,
+        &mut buf[VNET_HDR_LEN..],
+    );
+    if !matches!(result, TunnResult::Err(_)) {
+        // Follow the peer to where it authenticated from before anything
+        // answers it: another worker may encrypt the reply to this very
+        // packet before this one returns from the TUN write.
+        peer.roam(source);
+    }
+    match result {
+        TunnResult::WriteToTunnelV4(packet, inner_source) => {
+            // The inner source must be one of this peer's networks.
+            if peers
+                .route(inner_source)
+                .is_some_and(|owner| Arc::ptr_eq(owner, peer))
+            {
+                peer.counters.rx_packets.fetch_add(1, Ordering::Relaxed);
+                return Some(packet.len());
+            }
+            peer.counters.dropped_source.fetch_add(1, Ordering::Relaxed);
+        }
+        TunnResult::WriteToNetwork(reply) => {
+            let _ = udp.send_to(reply, source);
+            // Packets queued while the handshake was under way go now.
+            while let TunnResult::WriteToNetwork(queued) =
+                tunn.decapsulate(None, &[], &mut buf[VNET_HDR_LEN..])
+            {
+                let _ = udp.send_to(queued, peer.endpoint());
+            }
+        }
+        TunnResult::Done => {}
+        TunnResult::Err(e) => {
+            debug!(peer = %peer.config.label, error = ?e, "datagram rejected");
+            shared.counters.rejected.fetch_add(1, Ordering::Relaxed);
+        }
+        TunnResult::WriteToTunnelV6(..) => {
+            shared.counters.rejected.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    None
 }
 
 /// The peer a datagram comes from. A handshake initiation names its sender

@@ -5,12 +5,14 @@
 //! - [`key`]: the private key file;
 //! - [`peers`]: peers and their lookup tables (no I/O);
 //! - [`tun`], [`batch`]: the two devices' I/O;
+//! - [`offload`]: TSO segmentation and GRO coalescing of TUN packets (no I/O);
 //! - [`datapath`]: the worker and timer loops;
 //! - [`route`]: the device's link state and routes, over netlink.
 
 mod batch;
 mod datapath;
 pub mod key;
+mod offload;
 pub mod peers;
 pub mod route;
 mod tun;
@@ -69,6 +71,16 @@ pub struct TunnelCounters {
     pub rejected: AtomicU64,
     /// Cookie replies sent under handshake load.
     pub cookies: AtomicU64,
+    /// Frames from TUN that could not be parsed or segmented.
+    pub malformed: AtomicU64,
+    /// TSO super-packets from TUN split into segments.
+    pub tso_split: AtomicU64,
+    /// Super-packets of coalesced segments written to TUN.
+    pub gro_written: AtomicU64,
+    /// UDP GSO messages of several datagrams sent.
+    pub udp_gso_sent: AtomicU64,
+    /// UDP GRO trains of several datagrams received.
+    pub udp_gro_received: AtomicU64,
 }
 
 /// What the datapath threads share.
