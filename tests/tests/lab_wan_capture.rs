@@ -3,9 +3,10 @@
 
 use std::{
     fs,
+    io::{BufRead, BufReader},
     net::Ipv4Addr,
     path::PathBuf,
-    process::{Command, Stdio},
+    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -32,18 +33,16 @@ fn frames(pcap: &[u8]) -> Vec<&[u8]> {
     frames
 }
 
-#[test]
-fn only_wireguard_between_the_gateways_crosses_the_wan() {
-    require_lab();
-    assert_eq!(
-        lab::tunnel_mode(),
-        LabTunnel::Userspace,
-        "the lab must run the tunnel"
-    );
-    let pcap = PathBuf::from(lab::STATE_DIR).join("wan0.pcap");
-    let log_path = PathBuf::from(lab::STATE_DIR).join("tcpdump.log");
-    let mut tcpdump = Command::new("ip")
+/// Starts tcpdump on a-gw's `wan0` with `args`, for 60 s at most, and
+/// returns once it listens. Its
+/// stderr goes to a log named after `name` in the lab's state directory.
+fn capture_on_wan(args: &[&str], name: &str) -> Child {
+    let log_path = PathBuf::from(lab::STATE_DIR).join(format!("tcpdump-{name}.log"));
+    // Bounded in time whatever happens; `timeout` passes our SIGINT on.
+    let mut tcpdump = Command::new("timeout")
         .args([
+            "60",
+            "ip",
             "netns",
             "exec",
             &A.gw(),
@@ -52,13 +51,10 @@ fn only_wireguard_between_the_gateways_crosses_the_wan() {
             "wan0",
             "-n",
             "-U",
-            "--immediate-mode",
-            "-s",
-            "256",
-            "-w",
         ])
-        .arg(&pcap)
-        .stdout(Stdio::null())
+        .arg("--immediate-mode")
+        .args(args)
+        .stdout(Stdio::piped())
         .stderr(fs::File::create(&log_path).unwrap())
         .spawn()
         .expect("tcpdump");
@@ -78,6 +74,19 @@ fn only_wireguard_between_the_gateways_crosses_the_wan() {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+    tcpdump
+}
+
+#[test]
+fn only_wireguard_between_the_gateways_crosses_the_wan() {
+    require_lab();
+    assert_eq!(
+        lab::tunnel_mode(),
+        LabTunnel::Userspace,
+        "the lab must run the tunnel"
+    );
+    let pcap = PathBuf::from(lab::STATE_DIR).join("wan0.pcap");
+    let mut tcpdump = capture_on_wan(&["-s", "256", "-w", pcap.to_str().unwrap()], "pcap");
 
     let rows = reachability();
     for row in &rows {
@@ -131,4 +140,32 @@ fn only_wireguard_between_the_gateways_crosses_the_wan() {
         "only {tunnel_packets} WireGuard packets for {exchanges} exchanges"
     );
     fs::remove_file(&pcap).unwrap();
+}
+
+/// An idle session still carries a keepalive every 10 s (the default), so
+/// NAT state between the gateways never expires. A keepalive is a data
+/// message with no payload: 32 bytes of UDP payload.
+#[test]
+fn an_idle_gateway_sends_a_keepalive_every_ten_seconds() {
+    require_lab();
+    let filter = format!(
+        "src host {} and dst host {} and udp dst port {TUNNEL_PORT} and udp[4:2] = 40",
+        A.wan_addr(),
+        B.wan_addr()
+    );
+    // Two keepalives, so the interval between them is measured; tcpdump
+    // stops by itself after them, or `timeout` stops it.
+    let mut tcpdump = capture_on_wan(&["-tt", "-l", "-c", "2", &filter], "keepalive");
+    let times: Vec<f64> = BufReader::new(tcpdump.stdout.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+        .filter_map(|line| line.split_whitespace().next()?.parse().ok())
+        .collect();
+    tcpdump.wait().unwrap();
+    assert_eq!(times.len(), 2, "keepalives seen: {times:?}");
+    let gap = times[1] - times[0];
+    assert!(
+        (9.5..=11.0).contains(&gap),
+        "keepalives {gap:.2} s apart, not 10 s"
+    );
 }
