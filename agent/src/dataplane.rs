@@ -24,7 +24,7 @@ use isthmus_common::names;
 use thiserror::Error;
 use tracing::{info, warn};
 
-use crate::maps::PeerMap;
+use crate::maps::{MappingMap, PeerMap};
 
 /// The compiled eBPF object, built by `build.rs`.
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/isthmus"));
@@ -154,6 +154,21 @@ fn direction(attach_type: TcAttachType) -> &'static str {
     }
 }
 
+/// Sizes of the maps whose capacity the operator chooses.
+#[derive(Clone, Copy, Debug)]
+pub struct Capacity {
+    /// NatMapping entries, over every cluster.
+    pub nat_mappings: u32,
+}
+
+impl Default for Capacity {
+    fn default() -> Self {
+        Self {
+            nat_mappings: names::DEFAULT_NAT_MAPPINGS,
+        }
+    }
+}
+
 /// The loaded object, with its maps pinned.
 pub struct Dataplane {
     ebpf: Ebpf,
@@ -162,7 +177,7 @@ pub struct Dataplane {
 
 impl Dataplane {
     /// Loads the object, reusing maps already pinned under `root`.
-    pub fn load(root: &Path) -> Result<Self, DataplaneError> {
+    pub fn load(root: &Path, capacity: &Capacity) -> Result<Self, DataplaneError> {
         ensure_bpffs(root)?;
         let pins = Pins::new(root);
         for dir in pins.dirs() {
@@ -174,19 +189,34 @@ impl Dataplane {
         for (name, path) in &map_paths {
             loader.map_pin_path(name, path.as_path());
         }
+        loader.map_max_entries(names::MAP_NATMAP, capacity.nat_mappings);
+        loader.map_max_entries(names::MAP_NATMAP_REV, capacity.nat_mappings);
         let ebpf = loader.load(OBJECT)?;
         Ok(Self { ebpf, pins })
     }
 
     /// The peer table, for the reconciler.
     pub fn take_peer_map(&mut self) -> Result<PeerMap, DataplaneError> {
-        let mut take = |name: &'static str| {
-            self.ebpf
-                .take_map(name)
-                .ok_or(DataplaneError::MissingMap(name))
-        };
-        let (nets, lens) = (take(names::MAP_PEERS)?, take(names::MAP_PREFIX_LENS)?);
+        let (nets, lens) = (
+            self.take(names::MAP_PEERS)?,
+            self.take(names::MAP_PREFIX_LENS)?,
+        );
         PeerMap::new(nets, lens).map_err(|e| DataplaneError::Map(names::MAP_PEERS, e))
+    }
+
+    /// The NatMapping tables, for the reconciler.
+    pub fn take_mapping_map(&mut self) -> Result<MappingMap, DataplaneError> {
+        let (forward, reverse) = (
+            self.take(names::MAP_NATMAP)?,
+            self.take(names::MAP_NATMAP_REV)?,
+        );
+        MappingMap::new(forward, reverse).map_err(|e| DataplaneError::Map(names::MAP_NATMAP, e))
+    }
+
+    fn take(&mut self, name: &'static str) -> Result<aya::maps::Map, DataplaneError> {
+        self.ebpf
+            .take_map(name)
+            .ok_or(DataplaneError::MissingMap(name))
     }
 
     /// Attaches the NAT programs to both directions of `dev`, replacing

@@ -3,6 +3,7 @@
 //!
 //! - [`object`]: the Liqo objects as read;
 //! - [`peer`]: a validated TunnelEndpoint and the kernel rules it makes;
+//! - [`natmapping`]: a validated NatMapping;
 //! - [`source`]: where objects come from;
 //! - [`reconcile`]: from objects to the kernel, as a diff;
 //! - [`dataplane`]: loading, pinning, attaching, cleanup;
@@ -15,6 +16,7 @@ pub mod dataplane;
 pub mod gateway;
 pub mod maps;
 pub mod metrics;
+pub mod natmapping;
 pub mod object;
 pub mod peer;
 pub mod reconcile;

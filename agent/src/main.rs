@@ -5,11 +5,12 @@ use std::{net::SocketAddr, path::PathBuf, sync::Arc};
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use isthmus_agent::{
-    dataplane::{self, AttachMode, Dataplane},
+    dataplane::{self, AttachMode, Capacity, Dataplane},
     gateway::Gateway,
+    maps,
     maps::Counters,
     metrics::{self, Metrics},
-    reconcile::{PeerTable, Reconciler, Report},
+    reconcile::{MappingTable, PeerTable, Reconciler, Report},
     source::{self, SourceEvent, SourceSpec},
     tunnel::{TunnelConfig, key},
 };
@@ -116,6 +117,9 @@ struct RunArgs {
     /// How to attach TC programs.
     #[arg(long, value_enum, default_value_t = AttachMode::Auto)]
     attach: AttachMode,
+    /// Capacity of the NatMapping tables, in entries over every cluster.
+    #[arg(long, default_value_t = Capacity::default().nat_mappings)]
+    nat_mapping_capacity: u32,
 }
 
 #[tokio::main]
@@ -167,10 +171,13 @@ async fn run(args: RunArgs) -> Result<()> {
         Role::Gateway => "gateway",
         Role::Worker => "worker",
     };
-    let mut dataplane = Dataplane::load(&args.bpffs)
+    let capacity = Capacity {
+        nat_mappings: args.nat_mapping_capacity,
+    };
+    let mut dataplane = Dataplane::load(&args.bpffs, &capacity)
         .with_context(|| format!("loading the dataplane under {}", args.bpffs.display()))?;
-    let mut reconciler =
-        Reconciler::new(dataplane.take_peer_map()?).context("reading the pinned peer table")?;
+    let mut reconciler = Reconciler::new(dataplane.take_peer_map()?, dataplane.take_mapping_map()?)
+        .context("reading the pinned tables")?;
     let mut gateway = match (args.role, args.tunnel) {
         (Role::Gateway, TunnelMode::Userspace) => {
             Some(Gateway::start(&tunnel_config(&args), &args.private_key_file).await?)
@@ -214,9 +221,9 @@ const STATE_REPORT: std::time::Duration = std::time::Duration::from_secs(1);
 /// Applies source events until a signal arrives. Nothing is written before
 /// the source has sent every existing object, so a restart never removes
 /// peers it has not read yet.
-async fn follow<T: PeerTable>(
+async fn follow<P: PeerTable<Error = aya::maps::MapError>, M: MappingTable<Error = P::Error>>(
     mut events: mpsc::Receiver<SourceEvent>,
-    reconciler: &mut Reconciler<T>,
+    reconciler: &mut Reconciler<P, M>,
     mut gateway: Option<&mut Gateway>,
     metrics: &Arc<Metrics>,
 ) -> Result<()> {
@@ -250,12 +257,16 @@ async fn follow<T: PeerTable>(
                     gateway.sync(reconciler.peers()).await;
                 }
             }
+            Err(e) if maps::is_full(&e) => {
+                metrics.map_full.inc();
+                error!(error = %e, "a kernel table is full: entries that did not fit are not programmed, and nothing was evicted; raise its capacity or remove objects");
+            }
             Err(e) => {
                 metrics
                     .reconcile_errors
                     .get_or_create(&[("kind", "TunnelEndpoint")])
                     .inc();
-                error!(error = %e, "updating the kernel peer table; will retry on the next change");
+                error!(error = %e, "updating the kernel tables; will retry on the next change");
             }
         }
         metrics.set_ready();
@@ -265,7 +276,10 @@ async fn follow<T: PeerTable>(
 }
 
 /// Feeds one event to the reconciler. Returns true for the end of the initial sync.
-fn apply_event<T: PeerTable>(reconciler: &mut Reconciler<T>, event: SourceEvent) -> bool {
+fn apply_event<P: PeerTable, M: MappingTable<Error = P::Error>>(
+    reconciler: &mut Reconciler<P, M>,
+    event: SourceEvent,
+) -> bool {
     match event {
         SourceEvent::Origin { origin, documents } => reconciler.set_origin(origin, documents),
         SourceEvent::Removed { origin } => reconciler.remove_origin(&origin),
@@ -291,7 +305,16 @@ fn record(report: &Report, metrics: &Metrics) {
     for e in &report.cleared_errors {
         warn!(error = %e, "rejection cleared");
     }
+    if report.mappings_written + report.mappings_removed > 0 {
+        info!(
+            written = report.mappings_written,
+            removed = report.mappings_removed,
+            entries = report.mappings,
+            "NatMapping entries programmed"
+        );
+    }
     metrics.peers.set(report.peers as i64);
+    metrics.nat_mappings.set(report.mappings as i64);
     metrics.rejected_objects.set(report.rejected as i64);
     metrics
         .map_updates

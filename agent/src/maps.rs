@@ -8,10 +8,10 @@ use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray};
 use ipnet::Ipv4Net;
 use isthmus_common::{
     counters, names,
-    nat::{PeerKey, PeerNat, PrefixLens, wire},
+    nat::{MappingKey, PeerKey, PeerNat, PrefixLens, wire},
 };
 
-use crate::{dataplane::Pins, reconcile::PeerTable};
+use crate::{dataplane::Pins, reconcile::KernelTable};
 
 /// The peer table (`ist_peer_nets`) and the prefix lengths it holds
 /// (`ist_prefix_lens`), kept consistent: a length is listed while at least
@@ -60,7 +60,9 @@ fn key(net: Ipv4Net) -> PeerKey {
     PeerKey::of(wire(net.network().octets()), net.prefix_len())
 }
 
-impl PeerTable for PeerMap {
+impl KernelTable for PeerMap {
+    type Key = Ipv4Net;
+    type Value = PeerNat;
     type Error = MapError;
 
     fn entries(&self) -> Result<Vec<(Ipv4Net, PeerNat)>, MapError> {
@@ -102,6 +104,83 @@ impl PeerTable for PeerMap {
         }
         Ok(())
     }
+}
+
+/// The NatMapping tables (`ist_natmap` and its reverse `ist_natmap_rev`),
+/// kept consistent: every forward entry has its reverse.
+pub struct MappingMap {
+    forward: HashMap<MapData, MappingKey, u32>,
+    reverse: HashMap<MapData, MappingKey, u32>,
+}
+
+impl MappingMap {
+    /// Wraps the two maps taken from a freshly loaded object.
+    pub fn new(forward: Map, reverse: Map) -> Result<Self, MapError> {
+        Ok(Self {
+            forward: forward.try_into()?,
+            reverse: reverse.try_into()?,
+        })
+    }
+
+    /// Opens the maps pinned under `root`.
+    pub fn open(root: &Path) -> Result<Self, MapError> {
+        Self::new(
+            open_pinned(root, names::MAP_NATMAP)?,
+            open_pinned(root, names::MAP_NATMAP_REV)?,
+        )
+    }
+
+    /// Removes the reverse entry of `endpoint` if it still names `external`:
+    /// an endpoint that moved to another externalIP keeps its new one.
+    fn drop_reverse(&mut self, peer_id: u32, endpoint: u32, external: u32) -> Result<(), MapError> {
+        let key = MappingKey {
+            peer_id,
+            addr: endpoint,
+        };
+        match self.reverse.get(&key, 0) {
+            Ok(current) if current == external => self.reverse.remove(&key),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl KernelTable for MappingMap {
+    type Key = MappingKey;
+    type Value = u32;
+    type Error = MapError;
+
+    fn entries(&self) -> Result<Vec<(MappingKey, u32)>, MapError> {
+        self.forward.iter().collect()
+    }
+
+    /// Writes the reverse entry first: a reply must never find a forward
+    /// entry without the way back.
+    fn put(&mut self, key: MappingKey, endpoint: &u32) -> Result<(), MapError> {
+        let old = self.forward.get(&key, 0).ok();
+        let reverse = MappingKey {
+            peer_id: key.peer_id,
+            addr: *endpoint,
+        };
+        self.reverse.insert(reverse, key.addr, 0)?;
+        self.forward.insert(key, endpoint, 0)?;
+        match old {
+            Some(old) if old != *endpoint => self.drop_reverse(key.peer_id, old, key.addr),
+            _ => Ok(()),
+        }
+    }
+
+    fn delete(&mut self, key: MappingKey) -> Result<(), MapError> {
+        let Ok(endpoint) = self.forward.get(&key, 0) else {
+            return Ok(());
+        };
+        self.forward.remove(&key)?;
+        self.drop_reverse(key.peer_id, endpoint, key.addr)
+    }
+}
+
+/// Whether `error` is a write refused because the map is full.
+pub fn is_full(error: &MapError) -> bool {
+    matches!(error, MapError::SyscallError(e) if e.io_error.raw_os_error() == Some(libc::E2BIG))
 }
 
 /// The per-CPU packet counters (`ist_counters`).

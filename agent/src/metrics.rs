@@ -44,6 +44,10 @@ pub struct Metrics {
     pub map_updates: Family<[(&'static str, &'static str); 1], Counter>,
     /// Reconcile passes that failed to write the kernel, by object kind.
     pub reconcile_errors: Family<[(&'static str, &'static str); 1], Counter>,
+    /// Reconcile passes that found a kernel table full.
+    pub map_full: Counter,
+    /// NatMapping entries programmed into the kernel.
+    pub nat_mappings: Gauge,
 }
 
 impl Metrics {
@@ -61,7 +65,19 @@ impl Metrics {
         let rejected_objects = Gauge::default();
         let map_updates = Family::default();
         let reconcile_errors = Family::default();
+        let map_full = Counter::default();
+        let nat_mappings = Gauge::default();
         registry.register("peers", "Peers programmed into the kernel", peers.clone());
+        registry.register(
+            "nat_mappings",
+            "NatMapping entries programmed into the kernel",
+            nat_mappings.clone(),
+        );
+        registry.register(
+            "map_full",
+            "Reconcile passes that found a kernel table full; nothing is evicted",
+            map_full.clone(),
+        );
         registry.register(
             "rejected_objects",
             "Objects rejected by validation",
@@ -98,6 +114,8 @@ impl Metrics {
             rejected_objects,
             map_updates,
             reconcile_errors,
+            map_full,
+            nat_mappings,
         })
     }
 

@@ -10,6 +10,8 @@ use thiserror::Error;
 pub const API_VERSION: &str = "net.liqo.io/v1alpha1";
 /// Kind of the per-peer object.
 pub const KIND_TUNNEL_ENDPOINT: &str = "TunnelEndpoint";
+/// Kind of the per-cluster DNAT table.
+pub const KIND_NAT_MAPPING: &str = "NatMapping";
 
 /// `namespace/name` of an object; cluster-scoped objects have no namespace.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -85,11 +87,22 @@ impl RawTunnelEndpoint {
     }
 }
 
+/// A NatMapping as read: cluster-scoped, its fields in `spec`.
+#[derive(Clone, Debug)]
+pub struct RawNatMapping {
+    /// Its `metadata`.
+    pub key: ObjectKey,
+    /// Its `spec`.
+    pub spec: Mapping,
+}
+
 /// One document of a source, recognised by its `apiVersion` and `kind`.
 #[derive(Clone, Debug)]
 pub enum Object {
     /// A `TunnelEndpoint`.
     TunnelEndpoint(RawTunnelEndpoint),
+    /// A `NatMapping`.
+    NatMapping(RawNatMapping),
 }
 
 /// A document that is not an object the agent reads.
@@ -107,7 +120,7 @@ pub enum DocumentError {
     },
     /// Valid YAML of another kind.
     #[error(
-        "{file}: document {index} ({name}): not a TunnelEndpoint: apiVersion {api_version:?}, kind {kind:?} (field apiVersion/kind; want {API_VERSION} {KIND_TUNNEL_ENDPOINT})"
+        "{file}: document {index} ({name}): not an object Isthmus reads: apiVersion {api_version:?}, kind {kind:?} (field apiVersion/kind; want {API_VERSION} {KIND_TUNNEL_ENDPOINT} or {KIND_NAT_MAPPING})"
     )]
     WrongKind {
         /// File holding the document.
@@ -170,7 +183,9 @@ fn object(file: &str, index: usize, value: Value) -> Result<Object, DocumentErro
     let kind = text(value.get("kind"));
     let metadata = value.get("metadata");
     let name = text(metadata.and_then(|m| m.get("name")));
-    if api_version != API_VERSION || kind != KIND_TUNNEL_ENDPOINT {
+    if api_version != API_VERSION
+        || ![KIND_TUNNEL_ENDPOINT, KIND_NAT_MAPPING].contains(&kind.as_str())
+    {
         return Err(DocumentError::WrongKind {
             file: file.to_owned(),
             index,
@@ -201,11 +216,14 @@ fn object(file: &str, index: usize, value: Value) -> Result<Object, DocumentErro
             .cloned()
             .unwrap_or_default()
     };
-    Ok(Object::TunnelEndpoint(RawTunnelEndpoint::new(
-        key,
-        half("spec"),
-        half("status"),
-    )))
+    Ok(if kind == KIND_NAT_MAPPING {
+        Object::NatMapping(RawNatMapping {
+            key,
+            spec: half("spec"),
+        })
+    } else {
+        Object::TunnelEndpoint(RawTunnelEndpoint::new(key, half("spec"), half("status")))
+    })
 }
 
 #[cfg(test)]

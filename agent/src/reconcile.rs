@@ -1,4 +1,4 @@
-//! From the objects of every origin to the kernel's peer table, as a diff.
+//! From the objects of every origin to the kernel's tables, as a diff.
 //!
 //! The reconciler is replayable: it keeps no history beyond which peer was
 //! accepted first, and it starts from what the kernel already holds, so a
@@ -7,35 +7,123 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use ipnet::Ipv4Net;
-use isthmus_common::nat::PeerNat;
+use isthmus_common::nat::{MappingKey, PeerNat, wire};
 
 use crate::{
+    natmapping::{self, MappingProblem, NatMapping},
     object::{DocumentError, Object, ObjectKey},
     peer::{Peer, PeerError, Problem},
 };
 
-/// Where the kernel keeps peers: the peer table, or a stand-in in tests.
-pub trait PeerTable {
+/// A kernel map the reconciler keeps in line with the objects: the peer
+/// table, the NatMapping table, or a stand-in in tests.
+pub trait KernelTable {
+    /// What an entry is found by.
+    type Key: Ord + Copy;
+    /// What an entry holds.
+    type Value: PartialEq + Copy;
     /// Failure of the underlying store.
     type Error: std::error::Error + Send + Sync + 'static;
     /// Every entry, as the store holds it now.
-    fn entries(&self) -> Result<Vec<(Ipv4Net, PeerNat)>, Self::Error>;
-    /// Inserts or replaces the entry for `net`.
-    fn put(&mut self, net: Ipv4Net, nat: &PeerNat) -> Result<(), Self::Error>;
-    /// Removes the entry for `net`.
-    fn delete(&mut self, net: Ipv4Net) -> Result<(), Self::Error>;
+    fn entries(&self) -> Result<Vec<Entry<Self>>, Self::Error>;
+    /// Inserts or replaces the entry for `key`.
+    fn put(&mut self, key: Self::Key, value: &Self::Value) -> Result<(), Self::Error>;
+    /// Removes the entry for `key`.
+    fn delete(&mut self, key: Self::Key) -> Result<(), Self::Error>;
+}
+
+/// One entry of a table.
+pub type Entry<T> = (<T as KernelTable>::Key, <T as KernelTable>::Value);
+
+/// A borrowed table is a table, so a caller can keep it after the reconciler.
+impl<T: KernelTable> KernelTable for &mut T {
+    type Key = T::Key;
+    type Value = T::Value;
+    type Error = T::Error;
+    fn entries(&self) -> Result<Vec<Entry<T>>, T::Error> {
+        (**self).entries()
+    }
+    fn put(&mut self, key: T::Key, value: &T::Value) -> Result<(), T::Error> {
+        (**self).put(key, value)
+    }
+    fn delete(&mut self, key: T::Key) -> Result<(), T::Error> {
+        (**self).delete(key)
+    }
+}
+
+/// The peer table: a peer's network as we see it → its rules.
+pub trait PeerTable: KernelTable<Key = Ipv4Net, Value = PeerNat> {}
+impl<T: KernelTable<Key = Ipv4Net, Value = PeerNat>> PeerTable for T {}
+
+/// The NatMapping table: (peer, externalIP) → endpointIP, wire order.
+pub trait MappingTable: KernelTable<Key = MappingKey, Value = u32> {}
+impl<T: KernelTable<Key = MappingKey, Value = u32>> MappingTable for T {}
+
+/// A kernel table and a mirror of what it holds, so that a pass writes
+/// only what changed.
+struct Mirror<T: KernelTable> {
+    table: T,
+    applied: BTreeMap<T::Key, T::Value>,
+}
+
+impl<T: KernelTable> Mirror<T> {
+    fn new(table: T) -> Result<Self, T::Error> {
+        let applied = table.entries()?.into_iter().collect();
+        Ok(Self { table, applied })
+    }
+
+    /// Writes new and changed entries, then removes stale ones: longest-prefix
+    /// match keeps traffic flowing while both exist. A failed write (a full
+    /// map) does not stop the others, and is retried on the next pass; the
+    /// first failure is returned once everything was tried.
+    fn apply(&mut self, desired: &BTreeMap<T::Key, T::Value>) -> (usize, usize, Option<T::Error>) {
+        let (mut written, mut removed, mut failure) = (0, 0, None);
+        for (key, value) in desired {
+            if self.applied.get(key) != Some(value) {
+                match self.table.put(*key, value) {
+                    Ok(()) => {
+                        self.applied.insert(*key, *value);
+                        written += 1;
+                    }
+                    Err(e) => failure = failure.or(Some(e)),
+                }
+            }
+        }
+        let stale: Vec<T::Key> = self
+            .applied
+            .keys()
+            .filter(|key| !desired.contains_key(key))
+            .copied()
+            .collect();
+        for key in stale {
+            match self.table.delete(key) {
+                Ok(()) => {
+                    self.applied.remove(&key);
+                    removed += 1;
+                }
+                Err(e) => failure = failure.or(Some(e)),
+            }
+        }
+        (written, removed, failure)
+    }
 }
 
 /// What one pass changed.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Report {
-    /// Entries written or replaced.
+    /// Peer table entries written or replaced.
     pub written: usize,
-    /// Entries removed.
+    /// Peer table entries removed.
     pub removed: usize,
+    /// NatMapping entries written or replaced.
+    pub mappings_written: usize,
+    /// NatMapping entries removed.
+    pub mappings_removed: usize,
     /// Peers accepted after this pass.
     pub peers: usize,
-    /// Objects rejected after this pass.
+    /// NatMapping entries in the kernel after this pass.
+    pub mappings: usize,
+    /// Objects or entries rejected (or held) after this pass.
     pub rejected: usize,
     /// Peers accepted by this pass that were not, or differed, before.
     pub added: Vec<Peer>,
@@ -50,32 +138,36 @@ pub struct Report {
 /// A document of an origin, as parsed.
 type Document = Result<Object, DocumentError>;
 
-/// Keeps the kernel's peer table equal to the peers the objects describe.
-pub struct Reconciler<T> {
-    table: T,
+/// A document of an origin, validated as far as it can be alone.
+enum Valid {
+    Peer(Peer),
+    Mapping(NatMapping),
+}
+
+/// Keeps the kernel's tables equal to what the objects describe.
+pub struct Reconciler<P: PeerTable, M: MappingTable> {
+    peer_table: Mirror<P>,
+    mapping_table: Mirror<M>,
     /// Each origin's documents, validated once when the origin changes.
-    origins: BTreeMap<String, Vec<Result<Peer, String>>>,
+    origins: BTreeMap<String, Vec<Result<Valid, String>>>,
     /// Order of acceptance: a peer accepted earlier wins an overlap.
     seniority: HashMap<ObjectKey, u64>,
     next_seniority: u64,
     ids: HashMap<ObjectKey, u32>,
-    /// Mirror of the kernel table.
-    applied: BTreeMap<Ipv4Net, PeerNat>,
     errors: BTreeSet<String>,
     accepted: Vec<Peer>,
 }
 
-impl<T: PeerTable> Reconciler<T> {
-    /// Starts from what `table` already holds (a previous agent's work).
-    pub fn new(table: T) -> Result<Self, T::Error> {
-        let applied = table.entries()?.into_iter().collect();
+impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
+    /// Starts from what the tables already hold (a previous agent's work).
+    pub fn new(peers: P, mappings: M) -> Result<Self, P::Error> {
         Ok(Self {
-            table,
+            peer_table: Mirror::new(peers)?,
+            mapping_table: Mirror::new(mappings)?,
             origins: BTreeMap::new(),
             seniority: HashMap::new(),
             next_seniority: 0,
             ids: HashMap::new(),
-            applied,
             errors: BTreeSet::new(),
             accepted: Vec::new(),
         })
@@ -88,9 +180,12 @@ impl<T: PeerTable> Reconciler<T> {
             .into_iter()
             .map(|document| match document {
                 Err(e) => Err(e.to_string()),
-                Ok(Object::TunnelEndpoint(raw)) => {
-                    Peer::from_raw(&raw, &origin).map_err(|e| e.to_string())
-                }
+                Ok(Object::TunnelEndpoint(raw)) => Peer::from_raw(&raw, &origin)
+                    .map(Valid::Peer)
+                    .map_err(|e| e.to_string()),
+                Ok(Object::NatMapping(raw)) => NatMapping::from_raw(&raw, &origin)
+                    .map(Valid::Mapping)
+                    .map_err(|e| e.to_string()),
             })
             .collect();
         self.origins.insert(origin, validated);
@@ -106,9 +201,10 @@ impl<T: PeerTable> Reconciler<T> {
         &self.accepted
     }
 
-    /// Brings the kernel table in line with the current objects.
-    pub fn reconcile(&mut self) -> Result<Report, T::Error> {
-        let (accepted, errors) = self.select();
+    /// Brings the kernel tables in line with the current objects. Every
+    /// change is attempted; the first failure is returned after.
+    pub fn reconcile(&mut self) -> Result<Report, P::Error> {
+        let (accepted, mut errors) = self.select();
         self.seniority
             .retain(|key, _| accepted.iter().any(|p| &p.key == key));
         for peer in &accepted {
@@ -125,26 +221,87 @@ impl<T: PeerTable> Reconciler<T> {
                 peer.views().map(|(_, net)| (net, nat))
             })
             .collect();
+        let mappings = self.select_mappings(&accepted, &mut errors);
 
-        let mut report = self.apply(desired)?;
-        report.peers = accepted.len();
-        report.rejected = errors.len();
-        report.new_errors = errors.difference(&self.errors).cloned().collect();
-        report.cleared_errors = self.errors.difference(&errors).cloned().collect();
-        report.added = accepted
-            .iter()
-            .filter(|p| !self.accepted.contains(p))
-            .cloned()
-            .collect();
-        report.dropped = self
-            .accepted
-            .iter()
-            .filter(|old| !accepted.iter().any(|p| p.key == old.key))
-            .map(|old| old.key.clone())
-            .collect();
+        let (written, removed, peer_failure) = self.peer_table.apply(&desired);
+        let (mappings_written, mappings_removed, mapping_failure) =
+            self.mapping_table.apply(&mappings);
+        let report = Report {
+            written,
+            removed,
+            mappings_written,
+            mappings_removed,
+            peers: accepted.len(),
+            mappings: self.mapping_table.applied.len(),
+            rejected: errors.len(),
+            added: accepted
+                .iter()
+                .filter(|p| !self.accepted.contains(p))
+                .cloned()
+                .collect(),
+            dropped: self
+                .accepted
+                .iter()
+                .filter(|old| !accepted.iter().any(|p| p.key == old.key))
+                .map(|old| old.key.clone())
+                .collect(),
+            new_errors: errors.difference(&self.errors).cloned().collect(),
+            cleared_errors: self.errors.difference(&errors).cloned().collect(),
+        };
         self.errors = errors;
         self.accepted = accepted;
-        Ok(report)
+        match peer_failure.or(mapping_failure) {
+            Some(e) => Err(e),
+            None => Ok(report),
+        }
+    }
+
+    /// The NatMapping entries to program: one NatMapping per cluster, held
+    /// while its cluster has no accepted TunnelEndpoint, each entry checked
+    /// against our ExternalCIDR for that cluster.
+    fn select_mappings(
+        &self,
+        accepted: &[Peer],
+        errors: &mut BTreeSet<String>,
+    ) -> BTreeMap<MappingKey, u32> {
+        let candidates = self.origins.values().flatten().filter_map(|v| match v {
+            Ok(Valid::Mapping(m)) => Some(m),
+            _ => None,
+        });
+        let (kept, duplicates) = natmapping::one_per_cluster(candidates);
+        errors.extend(duplicates.iter().map(ToString::to_string));
+        let mut desired = BTreeMap::new();
+        for mapping in kept {
+            errors.extend(mapping.rejected.iter().map(ToString::to_string));
+            let Some(peer) = accepted
+                .iter()
+                .find(|p| p.cluster_id.as_deref() == Some(mapping.cluster_id.as_str()))
+            else {
+                let cluster = mapping.cluster_id.clone();
+                errors.insert(mapping.error(MappingProblem::Held { cluster }).to_string());
+                continue;
+            };
+            let peer_id = self.ids[&peer.key];
+            let cidr = peer.local_external.real;
+            for (external, endpoint) in &mapping.entries {
+                if !cidr.contains(external) {
+                    let problem = MappingProblem::OutsideExternalCidr {
+                        endpoint: *endpoint,
+                        external: *external,
+                        cidr,
+                        tunnel_endpoint: peer.key.clone(),
+                    };
+                    errors.insert(mapping.error(problem).to_string());
+                    continue;
+                }
+                let key = MappingKey {
+                    peer_id,
+                    addr: wire(external.octets()),
+                };
+                desired.insert(key, wire(endpoint.octets()));
+            }
+        }
+        desired
     }
 
     /// Validates every object and picks the peers to program: senior peers
@@ -154,7 +311,8 @@ impl<T: PeerTable> Reconciler<T> {
         let mut candidates = Vec::new();
         for result in self.origins.values().flatten() {
             match result {
-                Ok(peer) => candidates.push(peer.clone()),
+                Ok(Valid::Peer(peer)) => candidates.push(peer.clone()),
+                Ok(Valid::Mapping(_)) => {}
                 Err(e) => {
                     errors.insert(e.clone());
                 }
@@ -190,36 +348,11 @@ impl<T: PeerTable> Reconciler<T> {
             let adopted = peer
                 .views()
                 .iter()
-                .filter_map(|(_, net)| self.applied.get(net).map(|nat| nat.peer_id))
+                .filter_map(|(_, net)| self.peer_table.applied.get(net).map(|nat| nat.peer_id))
                 .find(|id| *id != 0 && !used.contains(id));
             let id = adopted.unwrap_or_else(|| (1..).find(|id| !used.contains(id)).unwrap_or(1));
             self.ids.insert(peer.key.clone(), id);
         }
-    }
-
-    /// Writes new and changed entries, then removes stale ones: longest-prefix
-    /// match keeps traffic flowing while both exist.
-    fn apply(&mut self, desired: BTreeMap<Ipv4Net, PeerNat>) -> Result<Report, T::Error> {
-        let mut report = Report::default();
-        for (net, nat) in &desired {
-            if self.applied.get(net) != Some(nat) {
-                self.table.put(*net, nat)?;
-                self.applied.insert(*net, *nat);
-                report.written += 1;
-            }
-        }
-        let stale: Vec<Ipv4Net> = self
-            .applied
-            .keys()
-            .filter(|net| !desired.contains_key(net))
-            .copied()
-            .collect();
-        for net in stale {
-            self.table.delete(net)?;
-            self.applied.remove(&net);
-            report.removed += 1;
-        }
-        Ok(report)
     }
 }
 
@@ -269,28 +402,46 @@ mod tests {
     use super::*;
     use crate::object::parse_documents;
 
-    /// The kernel table stand-in: counts every write so tests can see diffs.
-    #[derive(Default)]
-    struct Table {
-        entries: BTreeMap<Ipv4Net, PeerNat>,
+    /// A kernel table stand-in: counts every write so tests can see diffs.
+    struct Table<K, V> {
+        entries: BTreeMap<K, V>,
         writes: usize,
     }
 
-    impl PeerTable for &mut Table {
+    impl<K, V> Default for Table<K, V> {
+        fn default() -> Self {
+            Self {
+                entries: BTreeMap::new(),
+                writes: 0,
+            }
+        }
+    }
+
+    impl<K: Ord + Copy, V: PartialEq + Copy> KernelTable for Table<K, V> {
+        type Key = K;
+        type Value = V;
         type Error = Infallible;
-        fn entries(&self) -> Result<Vec<(Ipv4Net, PeerNat)>, Infallible> {
+        fn entries(&self) -> Result<Vec<(K, V)>, Infallible> {
             Ok(self.entries.iter().map(|(k, v)| (*k, *v)).collect())
         }
-        fn put(&mut self, net: Ipv4Net, nat: &PeerNat) -> Result<(), Infallible> {
-            self.entries.insert(net, *nat);
+        fn put(&mut self, key: K, value: &V) -> Result<(), Infallible> {
+            self.entries.insert(key, *value);
             self.writes += 1;
             Ok(())
         }
-        fn delete(&mut self, net: Ipv4Net) -> Result<(), Infallible> {
-            self.entries.remove(&net);
+        fn delete(&mut self, key: K) -> Result<(), Infallible> {
+            self.entries.remove(&key);
             self.writes += 1;
             Ok(())
         }
+    }
+
+    type Peers = Table<Ipv4Net, PeerNat>;
+    type Mappings = Table<MappingKey, u32>;
+
+    /// A reconciler over `peers` and a NatMapping table of its own.
+    fn reconciler(peers: &mut Peers) -> Reconciler<&mut Peers, Mappings> {
+        Reconciler::new(peers, Mappings::default()).unwrap()
     }
 
     fn tep(name: &str, remote_pod: &str, remote_ext: &str) -> String {
@@ -309,8 +460,8 @@ mod tests {
 
     #[test]
     fn programs_both_views_of_each_peer() {
-        let mut table = Table::default();
-        let mut r = Reconciler::new(&mut table).unwrap();
+        let mut table = Peers::default();
+        let mut r = reconciler(&mut table);
         r.set_origin(
             "b.yaml".into(),
             docs("b.yaml", &tep("b", "10.0.0.0/24", "10.0.1.0/24")),
@@ -327,8 +478,8 @@ mod tests {
 
     #[test]
     fn a_change_touches_only_that_peer() {
-        let mut table = Table::default();
-        let mut r = Reconciler::new(&mut table).unwrap();
+        let mut table = Peers::default();
+        let mut r = reconciler(&mut table);
         for i in 0..50 {
             let file = format!("p{i}.yaml");
             let yaml = tep(
@@ -352,8 +503,8 @@ mod tests {
 
     #[test]
     fn overlap_rejects_the_newcomer_and_keeps_the_rest() {
-        let mut table = Table::default();
-        let mut r = Reconciler::new(&mut table).unwrap();
+        let mut table = Peers::default();
+        let mut r = reconciler(&mut table);
         r.set_origin(
             "z.yaml".into(),
             docs("z.yaml", &tep("z", "10.0.0.0/24", "10.0.1.0/24")),
@@ -385,8 +536,8 @@ mod tests {
 
     #[test]
     fn a_peer_whose_two_views_overlap_is_rejected() {
-        let mut table = Table::default();
-        let mut r = Reconciler::new(&mut table).unwrap();
+        let mut table = Peers::default();
+        let mut r = reconciler(&mut table);
         r.set_origin(
             "s.yaml".into(),
             docs("s.yaml", &tep("s", "10.0.1.0/24", "10.0.1.0/24")),
@@ -398,8 +549,8 @@ mod tests {
 
     #[test]
     fn bad_document_does_not_disturb_other_peers() {
-        let mut table = Table::default();
-        let mut r = Reconciler::new(&mut table).unwrap();
+        let mut table = Peers::default();
+        let mut r = reconciler(&mut table);
         r.set_origin(
             "good.yaml".into(),
             docs("good.yaml", &tep("good", "10.0.0.0/24", "10.0.1.0/24")),
@@ -418,20 +569,20 @@ mod tests {
 
     #[test]
     fn a_restart_that_reads_the_same_objects_writes_nothing() {
-        let mut table = Table::default();
+        let mut table = Peers::default();
         let yaml = format!(
             "{}---\n{}",
             tep("b", "10.0.0.0/24", "10.0.1.0/24"),
             tep("c", "10.3.0.0/24", "10.3.1.0/24")
         );
         {
-            let mut r = Reconciler::new(&mut table).unwrap();
+            let mut r = reconciler(&mut table);
             r.set_origin("x.yaml".into(), docs("x.yaml", &yaml));
             r.reconcile().unwrap();
         }
         // Reverse the acceptance order: adopted IDs still match the kernel.
         let writes = table.writes;
-        let mut r = Reconciler::new(&mut table).unwrap();
+        let mut r = reconciler(&mut table);
         let swapped = format!(
             "{}---\n{}",
             tep("c", "10.3.0.0/24", "10.3.1.0/24"),
@@ -442,5 +593,141 @@ mod tests {
         assert_eq!((report.written, report.removed), (0, 0));
         drop(r);
         assert_eq!(table.writes, writes);
+    }
+
+    fn natmapping(cluster: &str, entries: &[(String, String)]) -> String {
+        let mut yaml = format!(
+            "apiVersion: net.liqo.io/v1alpha1\nkind: NatMapping\nmetadata: {{name: nm-{cluster}}}\nspec:\n  clusterID: {cluster}\n  clusterMappings:\n"
+        );
+        for (endpoint, external) in entries {
+            yaml.push_str(&format!("    {endpoint}: {external}\n"));
+        }
+        yaml
+    }
+
+    fn with_cluster_id(yaml: String, id: &str) -> String {
+        yaml.replace("spec:\n", &format!("spec:\n  clusterID: {id}\n"))
+    }
+
+    fn mapping_key(peer_id: u32, external: [u8; 4]) -> MappingKey {
+        MappingKey {
+            peer_id,
+            addr: wire(external),
+        }
+    }
+
+    #[test]
+    fn a_natmapping_is_held_until_its_cluster_has_a_tunnel_endpoint() {
+        let (mut peers, mut mappings) = (Peers::default(), Mappings::default());
+        let mut r = Reconciler::new(&mut peers, &mut mappings).unwrap();
+        let entry = [("10.1.0.5".to_owned(), "192.168.0.45".to_owned())];
+        r.set_origin(
+            "nm.yaml".into(),
+            docs("nm.yaml", &natmapping("cluster-a", &entry)),
+        );
+        let report = r.reconcile().unwrap();
+        assert_eq!((report.mappings, report.rejected), (0, 1));
+        assert_eq!(
+            report.new_errors,
+            [
+                "nm.yaml: NatMapping nm-cluster-a: field spec.clusterID: cluster cluster-a has no TunnelEndpoint yet; its mappings are held until one appears"
+            ]
+        );
+        let tep_a = with_cluster_id(tep("a", "10.0.40.0/24", "10.0.41.0/24"), "cluster-a");
+        r.set_origin("a.yaml".into(), docs("a.yaml", &tep_a));
+        let report = r.reconcile().unwrap();
+        assert_eq!(
+            (
+                report.mappings,
+                report.mappings_written,
+                report.cleared_errors.len()
+            ),
+            (1, 1, 1)
+        );
+        drop(r);
+        assert_eq!(
+            mappings.entries.into_iter().collect::<Vec<_>>(),
+            [(mapping_key(1, [192, 168, 0, 45]), wire([10, 1, 0, 5]))]
+        );
+    }
+
+    #[test]
+    fn an_external_ip_outside_our_external_cidr_is_rejected_alone() {
+        let (mut peers, mut mappings) = (Peers::default(), Mappings::default());
+        let mut r = Reconciler::new(&mut peers, &mut mappings).unwrap();
+        let tep_a = with_cluster_id(tep("a", "10.0.40.0/24", "10.0.41.0/24"), "cluster-a");
+        r.set_origin("a.yaml".into(), docs("a.yaml", &tep_a));
+        let entries = [
+            ("10.1.0.5".to_owned(), "192.168.0.45".to_owned()),
+            ("10.1.0.6".to_owned(), "192.168.7.46".to_owned()),
+        ];
+        r.set_origin(
+            "nm.yaml".into(),
+            docs("nm.yaml", &natmapping("cluster-a", &entries)),
+        );
+        let report = r.reconcile().unwrap();
+        assert_eq!(report.mappings, 1);
+        assert_eq!(
+            report.new_errors,
+            [
+                "nm.yaml: NatMapping nm-cluster-a: field spec.clusterMappings.10.1.0.6: externalIP 192.168.7.46 lies outside our ExternalCIDR 192.168.0.0/24 (localExternalCIDR of TunnelEndpoint liqo/a)"
+            ]
+        );
+    }
+
+    #[test]
+    fn one_changed_entry_of_ten_thousand_touches_one_element() {
+        let (mut peers, mut mappings) = (Peers::default(), Mappings::default());
+        let mut r = Reconciler::new(&mut peers, &mut mappings).unwrap();
+        // A /16 ExternalCIDR, so that 10,000 externalIPs fit in it.
+        let tep_a = tep("a", "10.0.40.0/24", "10.0.41.0/24").replace(
+            "localExternalCIDR: 192.168.0.0/24",
+            "localExternalCIDR: 192.168.0.0/16",
+        );
+        r.set_origin(
+            "a.yaml".into(),
+            docs("a.yaml", &with_cluster_id(tep_a, "cluster-a")),
+        );
+        let mut entries: Vec<(String, String)> = (0..10_000u32)
+            .map(|i| {
+                (
+                    format!("10.2.{}.{}", i / 256, i % 256),
+                    format!("192.168.{}.{}", i / 256, i % 256),
+                )
+            })
+            .collect();
+        r.set_origin(
+            "nm.yaml".into(),
+            docs("nm.yaml", &natmapping("cluster-a", &entries)),
+        );
+        let report = r.reconcile().unwrap();
+        assert_eq!((report.mappings, report.mappings_written), (10_000, 10_000));
+        entries[4321].0 = "10.3.0.1".into();
+        r.set_origin(
+            "nm.yaml".into(),
+            docs("nm.yaml", &natmapping("cluster-a", &entries)),
+        );
+        let report = r.reconcile().unwrap();
+        assert_eq!(
+            (
+                report.mappings_written,
+                report.mappings_removed,
+                report.written
+            ),
+            (1, 0, 0)
+        );
+        entries.remove(17);
+        r.set_origin(
+            "nm.yaml".into(),
+            docs("nm.yaml", &natmapping("cluster-a", &entries)),
+        );
+        let report = r.reconcile().unwrap();
+        assert_eq!((report.mappings_written, report.mappings_removed), (0, 1));
+        drop(r);
+        assert_eq!(mappings.writes, 10_002);
+        assert_eq!(
+            mappings.entries[&mapping_key(1, [192, 168, 16, 225])],
+            wire([10, 3, 0, 1])
+        );
     }
 }

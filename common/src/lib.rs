@@ -16,4 +16,5 @@ mod pod {
     unsafe impl aya::Pod for crate::nat::PrefixRewrite {}
     unsafe impl aya::Pod for crate::nat::PeerKey {}
     unsafe impl aya::Pod for crate::nat::PrefixLens {}
+    unsafe impl aya::Pod for crate::nat::MappingKey {}
 }

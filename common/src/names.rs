@@ -10,8 +10,20 @@ pub const MAP_PREFIX_LENS: &str = "ist_prefix_lens";
 /// Per-CPU array of packet counters, indexed by [`crate::counters::slot`].
 pub const MAP_COUNTERS: &str = "ist_counters";
 
+/// Hash: NatMapping DNAT, ([`crate::nat::MappingKey`] of an externalIP) →
+/// endpointIP, both wire order.
+pub const MAP_NATMAP: &str = "ist_natmap";
+/// Hash: the reverse of [`MAP_NATMAP`], (key of an endpointIP) → externalIP.
+pub const MAP_NATMAP_REV: &str = "ist_natmap_rev";
+
 /// Every map the agent pins, in the order it reports them.
-pub const MAPS: [&str; 3] = [MAP_PEERS, MAP_PREFIX_LENS, MAP_COUNTERS];
+pub const MAPS: [&str; 5] = [
+    MAP_PEERS,
+    MAP_PREFIX_LENS,
+    MAP_COUNTERS,
+    MAP_NATMAP,
+    MAP_NATMAP_REV,
+];
 
 /// Egress NAT for devices that carry Ethernet frames (veth).
 pub const PROG_EGRESS_ETH: &str = "nat_egress_eth";
@@ -32,3 +44,6 @@ pub const PROGRAMS: [&str; 4] = [
 
 /// Maximum number of peer networks in [`MAP_PEERS`] (two per peer).
 pub const MAX_PEER_NETWORKS: u32 = 8192;
+/// Default capacity of [`MAP_NATMAP`] and [`MAP_NATMAP_REV`]; the agent may
+/// set another at load time.
+pub const DEFAULT_NAT_MAPPINGS: u32 = 65536;

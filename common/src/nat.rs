@@ -107,6 +107,19 @@ impl PeerKey {
     }
 }
 
+/// Key of the NatMapping tables: an address in one peer cluster's
+/// mappings. The peer ID partitions one hash into per-cluster tables, so a
+/// lookup stays one hash probe however many clusters hold mappings.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MappingKey {
+    /// [`PeerNat::peer_id`] of the cluster the mapping is for.
+    pub peer_id: u32,
+    /// The address, in wire order: an externalIP in the forward table, an
+    /// endpointIP in the reverse one.
+    pub addr: u32,
+}
+
 /// Most prefix lengths a table can hold: /0 to /32.
 pub const PREFIX_LENS: usize = 33;
 

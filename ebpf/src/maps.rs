@@ -6,8 +6,8 @@ use aya_ebpf::{
 };
 use isthmus_common::{
     counters::{self, Direction, Outcome},
-    names::MAX_PEER_NETWORKS,
-    nat::{PREFIX_LENS, PeerKey, PeerNat, PrefixLens},
+    names::{DEFAULT_NAT_MAPPINGS, MAX_PEER_NETWORKS},
+    nat::{MappingKey, PREFIX_LENS, PeerKey, PeerNat, PrefixLens},
 };
 
 /// A peer's networks as we see them → what to rewrite for that peer.
@@ -17,6 +17,14 @@ static PEERS: HashMap<PeerKey, PeerNat, { MAX_PEER_NETWORKS as usize }> = HashMa
 /// The prefix lengths present in `PEERS`, longest first.
 #[btf_map(name = "ist_prefix_lens")]
 static LENS: Array<PrefixLens, 1> = Array::new();
+
+/// NatMapping DNAT: a peer cluster's externalIP → the endpoint behind it.
+#[btf_map(name = "ist_natmap")]
+static NATMAP: HashMap<MappingKey, u32, { DEFAULT_NAT_MAPPINGS as usize }> = HashMap::new();
+
+/// The reverse: an endpoint → the externalIP that peer cluster knows it by.
+#[btf_map(name = "ist_natmap_rev")]
+static NATMAP_REV: HashMap<MappingKey, u32, { DEFAULT_NAT_MAPPINGS as usize }> = HashMap::new();
 
 /// Packets per direction and outcome; summed over CPUs by the agent.
 #[btf_map(name = "ist_counters")]
@@ -39,6 +47,28 @@ pub fn peer(addr: u32) -> Option<&'static PeerNat> {
         }
     }
     None
+}
+
+/// The endpoint that peer `peer_id` reaches at `external` (wire order).
+#[inline(always)]
+pub fn endpoint_of(peer_id: u32, external: u32) -> Option<u32> {
+    lookup(&NATMAP, peer_id, external)
+}
+
+/// The externalIP under which peer `peer_id` knows `endpoint` (wire order).
+#[inline(always)]
+pub fn external_of(peer_id: u32, endpoint: u32) -> Option<u32> {
+    lookup(&NATMAP_REV, peer_id, endpoint)
+}
+
+#[inline(always)]
+fn lookup(
+    map: &HashMap<MappingKey, u32, { DEFAULT_NAT_MAPPINGS as usize }>,
+    peer_id: u32,
+    addr: u32,
+) -> Option<u32> {
+    // SAFETY: a u32 value, copied out at once.
+    unsafe { map.get(&MappingKey { peer_id, addr }) }.copied()
 }
 
 /// Counts one packet.

@@ -1,4 +1,5 @@
-//! DESIGN §1 "Who rewrites what": a gateway rewrites only its own side.
+//! DESIGN §1 "Who rewrites what" and "NatMapping": a gateway rewrites only
+//! its own side.
 //!
 //! Egress rewrites the source, finding the peer by destination; ingress
 //! rewrites the destination, finding the peer by source. An ICMP error also
@@ -8,7 +9,7 @@
 use aya_ebpf::{bindings::TC_ACT_UNSPEC, programs::TcContext};
 use isthmus_common::{
     counters::{Direction, Outcome},
-    nat::{PeerNat, PrefixRewrite, find_rule},
+    nat::{PeerNat, find_rule},
 };
 
 use crate::{
@@ -86,28 +87,36 @@ fn translate(ctx: &TcContext, l3: usize, direction: Direction) -> Result<bool, M
     let Some(peer) = peer else {
         return Ok(false);
     };
-    let rules = rules(peer, direction);
-
     let mut translated = false;
     let own = addr(&pkt.ip, fields.ours);
-    if let Some(rule) = find_rule(rules, own) {
-        csum::set_addr(ctx, &pkt.ip, fields.ours, own, rule.apply(own))?;
+    if let Some(new) = rewrite_own(peer, direction, own) {
+        csum::set_addr(ctx, &pkt.ip, fields.ours, own, new)?;
         translated = true;
     }
     if let Some(err) = &pkt.icmp_error {
         let own = addr(&err.quoted, quoted_fields.ours);
-        if let Some(rule) = find_rule(rules, own) {
-            csum::set_quoted_addr(ctx, err, quoted_fields.ours, own, rule.apply(own))?;
+        if let Some(new) = rewrite_own(peer, direction, own) {
+            csum::set_quoted_addr(ctx, err, quoted_fields.ours, own, new)?;
             translated = true;
         }
     }
     Ok(translated)
 }
 
+/// Our side's address after this gateway's rules for `peer`, if they move
+/// it. Ingress undoes the prefix remap, then resolves a NatMapping
+/// externalIP to its endpoint; egress does the same steps backwards.
 #[inline(always)]
-fn rules(peer: &PeerNat, direction: Direction) -> &[PrefixRewrite; 2] {
-    match direction {
-        Direction::Egress => &peer.egress,
-        Direction::Ingress => &peer.ingress,
-    }
+fn rewrite_own(peer: &PeerNat, direction: Direction, own: u32) -> Option<u32> {
+    let new = match direction {
+        Direction::Ingress => {
+            let real = find_rule(&peer.ingress, own).map_or(own, |r| r.apply(own));
+            maps::endpoint_of(peer.peer_id, real).unwrap_or(real)
+        }
+        Direction::Egress => {
+            let external = maps::external_of(peer.peer_id, own).unwrap_or(own);
+            find_rule(&peer.egress, external).map_or(external, |r| r.apply(external))
+        }
+    };
+    (new != own).then_some(new)
 }

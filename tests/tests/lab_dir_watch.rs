@@ -10,7 +10,7 @@ use std::{
 };
 
 use ipnet::Ipv4Net;
-use isthmus_agent::{maps::PeerMap, reconcile::PeerTable};
+use isthmus_agent::{maps::PeerMap, reconcile::KernelTable};
 use isthmus_common::nat::PeerNat;
 use isthmus_tests::{metrics::sample, require_lab};
 use xtask::{
@@ -174,7 +174,7 @@ fn rejections_name_the_file_object_and_field_and_spare_the_rest() {
         (
             "configmap.yaml",
             "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: not-a-tep}\n".to_owned(),
-            "configmap.yaml: document 1 (not-a-tep): not a TunnelEndpoint",
+            "configmap.yaml: document 1 (not-a-tep): not an object Isthmus reads",
         ),
     ];
     let files: Vec<Scratch> = cases

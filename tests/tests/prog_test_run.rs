@@ -12,14 +12,15 @@ use aya::{
 };
 use isthmus_agent::{
     dataplane::OBJECT,
-    maps::{Counters, PeerMap},
+    maps::{Counters, MappingMap, PeerMap},
     object::{Object, parse_documents},
     peer::Peer,
-    reconcile::PeerTable,
+    reconcile::KernelTable,
 };
 use isthmus_common::{
     counters::{self, Direction, Outcome},
     names,
+    nat::{MappingKey, wire},
 };
 use isthmus_tests::{
     packet::{Addr, Datagram, ETH_P_ARP, ETH_P_IPV6, L4, eth_ipv4, ethernet},
@@ -42,6 +43,10 @@ const B_EXT: Addr = [10, 0, 1, 45];
 const S_POD: Addr = [10, 1, 0, 5];
 const A_POD1_AT_S: Addr = [10, 0, 50, 5];
 const B_GW_WAN: Addr = [203, 0, 113, 2];
+/// A NatMapping for peer b (id 1) exposes S_POD to b at this externalIP of ours...
+const MAPPED_EXT: Addr = [192, 168, 0, 45];
+/// ...which b sees remapped.
+const MAPPED_EXT_AT_B: Addr = [10, 0, 41, 45];
 /// TC_ACT_UNSPEC: the programs always hand the packet on.
 const HAND_ON: i32 = -1;
 
@@ -94,6 +99,16 @@ impl Harness {
                 peers.put(net, &peer.nat(id)).unwrap();
             }
         }
+        let mut mappings = MappingMap::new(
+            ebpf.take_map(names::MAP_NATMAP).unwrap(),
+            ebpf.take_map(names::MAP_NATMAP_REV).unwrap(),
+        )
+        .unwrap();
+        let key = MappingKey {
+            peer_id: 1,
+            addr: wire(MAPPED_EXT),
+        };
+        mappings.put(key, &wire(S_POD)).unwrap();
         let counters = Counters::new(ebpf.take_map(names::MAP_COUNTERS).unwrap()).unwrap();
         Self { ebpf, counters }
     }
@@ -247,6 +262,59 @@ fn rows() -> Vec<Row> {
             &udp(S_POD, A_POD1),
         ),
     ];
+
+    // NatMapping: after the prefix step, b's packets to the externalIP go to
+    // the endpoint behind it; the endpoint's packets to b carry it back.
+    rows.extend([
+        translated(
+            "natmapping DNAT ingress, tcp",
+            Ingress,
+            &tcp(B_POD1, MAPPED_EXT_AT_B),
+            &tcp(B_POD1, S_POD),
+        ),
+        translated(
+            "natmapping reverse egress, tcp",
+            Egress,
+            &tcp(S_POD, B_POD1),
+            &tcp(MAPPED_EXT_AT_B, B_POD1),
+        ),
+        translated(
+            "natmapping DNAT ingress, udp",
+            Ingress,
+            &udp(B_POD2, MAPPED_EXT_AT_B),
+            &udp(B_POD2, S_POD),
+        ),
+    ]);
+    let echo = Datagram::new(B_POD1, MAPPED_EXT_AT_B, L4::Echo { id: 9, seq: 1 });
+    rows.push(translated(
+        "natmapping DNAT ingress, icmp echo",
+        Ingress,
+        &echo,
+        &echo.between(B_POD1, S_POD),
+    ));
+    let reply = Datagram::new(S_POD, B_POD1, L4::Echo { id: 9, seq: 1 });
+    rows.push(translated(
+        "natmapping reverse egress, icmp echo reply",
+        Egress,
+        &reply,
+        &reply.between(MAPPED_EXT_AT_B, B_POD1),
+    ));
+    // b's router cannot forward what the endpoint sent b: the quote names the endpoint again.
+    let quoted = udp(MAPPED_EXT_AT_B, B_POD1);
+    let err = icmp_error(3, 4, B_GW_WAN, MAPPED_EXT_AT_B, quoted, 28);
+    let want = err.between(B_GW_WAN, S_POD).quoting(S_POD, B_POD1);
+    rows.push(translated(
+        "natmapping ingress icmp error, quote translated back",
+        Ingress,
+        &err,
+        &want,
+    ));
+    rows.push(untouched(
+        "natmapping of b does not apply to peer s",
+        Ingress,
+        eth_ipv4(&udp(S_POD, MAPPED_EXT).bytes()),
+        Outcome::Passed,
+    ));
 
     let zero = Datagram::new(
         A_POD1,

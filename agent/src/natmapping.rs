@@ -1,0 +1,309 @@
+//! A validated NatMapping (DESIGN §1, "NatMapping"): the cluster it is for,
+//! and its entries checked one by one, so one bad entry costs only itself.
+//! Checks that need the cluster's TunnelEndpoint happen in the reconciler.
+
+use std::{
+    collections::{BTreeMap, btree_map::Entry},
+    net::Ipv4Addr,
+};
+
+use ipnet::Ipv4Net;
+use serde_yaml_ng::Value;
+use thiserror::Error;
+
+use crate::object::{ObjectKey, RawNatMapping};
+
+/// A NatMapping, or one of its entries, that cannot be used.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[error("{file}: NatMapping {object}: {problem}")]
+pub struct NatMappingError {
+    /// File holding the object.
+    pub file: String,
+    /// The object.
+    pub object: ObjectKey,
+    /// What is wrong.
+    pub problem: Box<MappingProblem>,
+}
+
+/// What makes a NatMapping or an entry unusable, by field.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum MappingProblem {
+    /// No cluster to map for.
+    #[error("field spec.clusterID is missing")]
+    NoClusterId,
+    /// No entries at all.
+    #[error("field spec.clusterMappings is missing or not a map")]
+    NoMappings,
+    /// An entry whose key or value is not an address.
+    #[error("field spec.clusterMappings.{endpoint}: {value:?} is not an IPv4 address")]
+    BadAddress {
+        /// The entry's key (endpointIP) as written.
+        endpoint: String,
+        /// The part that does not parse.
+        value: String,
+    },
+    /// One externalIP claimed by several endpoints: none of them can have it.
+    #[error(
+        "field spec.clusterMappings: endpoints {first} and {second} share externalIP {external}"
+    )]
+    SharedExternal {
+        /// One endpoint.
+        first: Ipv4Addr,
+        /// Another.
+        second: Ipv4Addr,
+        /// The externalIP both claim.
+        external: Ipv4Addr,
+    },
+    /// An externalIP the peer cannot be reaching us at.
+    #[error(
+        "field spec.clusterMappings.{endpoint}: externalIP {external} lies outside our ExternalCIDR {cidr} (localExternalCIDR of TunnelEndpoint {tunnel_endpoint})"
+    )]
+    OutsideExternalCidr {
+        /// The entry's endpoint.
+        endpoint: Ipv4Addr,
+        /// Its externalIP.
+        external: Ipv4Addr,
+        /// Our ExternalCIDR.
+        cidr: Ipv4Net,
+        /// Where that CIDR comes from.
+        tunnel_endpoint: ObjectKey,
+    },
+    /// The cluster has no TunnelEndpoint (yet): nothing to attach the entries to.
+    #[error(
+        "field spec.clusterID: cluster {cluster} has no TunnelEndpoint yet; its mappings are held until one appears"
+    )]
+    Held {
+        /// The cluster ID.
+        cluster: String,
+    },
+    /// Another NatMapping already maps this cluster.
+    #[error(
+        "field spec.clusterID: cluster {cluster} is already mapped by NatMapping {other} in {other_file}"
+    )]
+    DuplicateCluster {
+        /// The cluster ID.
+        cluster: String,
+        /// The NatMapping kept.
+        other: ObjectKey,
+        /// The file holding it.
+        other_file: String,
+    },
+}
+
+/// One NatMapping, validated as far as it can be alone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NatMapping {
+    /// The object.
+    pub key: ObjectKey,
+    /// File (or other origin) it was read from.
+    pub origin: String,
+    /// `spec.clusterID`: the cluster whose traffic the entries translate.
+    pub cluster_id: String,
+    /// Usable entries, externalIP → endpointIP.
+    pub entries: BTreeMap<Ipv4Addr, Ipv4Addr>,
+    /// Entries that cannot be used, each with why.
+    pub rejected: Vec<NatMappingError>,
+}
+
+impl NatMapping {
+    /// Validates a NatMapping read from `origin`.
+    pub fn from_raw(raw: &RawNatMapping, origin: &str) -> Result<Self, NatMappingError> {
+        let error = |problem| NatMappingError {
+            file: origin.to_owned(),
+            object: raw.key.clone(),
+            problem: Box::new(problem),
+        };
+        let cluster_id = raw
+            .spec
+            .get("clusterID")
+            .and_then(Value::as_str)
+            .filter(|id| !id.is_empty())
+            .ok_or_else(|| error(MappingProblem::NoClusterId))?
+            .to_owned();
+        let mappings = raw
+            .spec
+            .get("clusterMappings")
+            .and_then(Value::as_mapping)
+            .ok_or_else(|| error(MappingProblem::NoMappings))?;
+
+        let mut rejected = Vec::new();
+        // externalIP → the endpoints that claim it.
+        let mut claims: BTreeMap<Ipv4Addr, Vec<Ipv4Addr>> = BTreeMap::new();
+        for (k, v) in mappings {
+            let text = |v: &Value| {
+                v.as_str()
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| format!("{v:?}"))
+            };
+            let endpoint_text = text(k);
+            let parse = |v: &Value| text(v).parse::<Ipv4Addr>().map_err(|_| text(v));
+            match (parse(k), parse(v)) {
+                (Ok(endpoint), Ok(external)) => claims.entry(external).or_default().push(endpoint),
+                (Err(value), _) | (_, Err(value)) => {
+                    rejected.push(error(MappingProblem::BadAddress {
+                        endpoint: endpoint_text,
+                        value,
+                    }))
+                }
+            }
+        }
+        let mut entries = BTreeMap::new();
+        for (external, endpoints) in claims {
+            match endpoints[..] {
+                [endpoint] => {
+                    entries.insert(external, endpoint);
+                }
+                [first, second, ..] => rejected.push(error(MappingProblem::SharedExternal {
+                    first,
+                    second,
+                    external,
+                })),
+                [] => {}
+            }
+        }
+        Ok(Self {
+            key: raw.key.clone(),
+            origin: origin.to_owned(),
+            cluster_id,
+            entries,
+            rejected,
+        })
+    }
+
+    /// An error about this object.
+    pub fn error(&self, problem: MappingProblem) -> NatMappingError {
+        NatMappingError {
+            file: self.origin.clone(),
+            object: self.key.clone(),
+            problem: Box::new(problem),
+        }
+    }
+}
+
+/// Keeps the first NatMapping of each cluster; later ones are errors.
+pub fn one_per_cluster<'m>(
+    mappings: impl IntoIterator<Item = &'m NatMapping>,
+) -> (Vec<&'m NatMapping>, Vec<NatMappingError>) {
+    let mut kept: BTreeMap<&str, &NatMapping> = BTreeMap::new();
+    let mut errors = Vec::new();
+    for mapping in mappings {
+        match kept.entry(mapping.cluster_id.as_str()) {
+            Entry::Vacant(slot) => {
+                slot.insert(mapping);
+            }
+            Entry::Occupied(other) => {
+                let other = other.get();
+                errors.push(mapping.error(MappingProblem::DuplicateCluster {
+                    cluster: mapping.cluster_id.clone(),
+                    other: other.key.clone(),
+                    other_file: other.origin.clone(),
+                }));
+            }
+        }
+    }
+    (kept.into_values().collect(), errors)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::object::{Object, parse_documents};
+
+    fn parse(yaml: &str) -> Result<NatMapping, NatMappingError> {
+        let docs = parse_documents(Path::new("nm.yaml"), yaml);
+        let Ok(Object::NatMapping(raw)) = &docs[0] else {
+            panic!("{docs:?}")
+        };
+        NatMapping::from_raw(raw, "nm.yaml")
+    }
+
+    fn natmapping(body: &str) -> String {
+        format!(
+            "apiVersion: net.liqo.io/v1alpha1\nkind: NatMapping\nmetadata: {{name: nm-a}}\nspec:\n{body}"
+        )
+    }
+
+    fn ip(s: &str) -> Ipv4Addr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn reads_the_liqo_shape() {
+        let nm = parse(&natmapping(
+            "  clusterID: cluster-a\n  podCIDR: 10.0.40.0/24\n  clusterMappings:\n    10.1.0.5: 192.168.0.45\n    10.1.0.6: 192.168.0.46\n",
+        ))
+        .unwrap();
+        assert_eq!(nm.cluster_id, "cluster-a");
+        assert_eq!(
+            nm.entries.into_iter().collect::<Vec<_>>(),
+            [
+                (ip("192.168.0.45"), ip("10.1.0.5")),
+                (ip("192.168.0.46"), ip("10.1.0.6"))
+            ]
+        );
+        assert!(nm.rejected.is_empty());
+    }
+
+    #[test]
+    fn a_bad_entry_costs_only_itself_and_names_its_field() {
+        let nm = parse(&natmapping(
+            "  clusterID: a\n  clusterMappings:\n    10.1.0.5: 192.168.0.45\n    10.1.0.7: 192.168.0.300\n    nonsense: 192.168.0.9\n",
+        ))
+        .unwrap();
+        assert_eq!(nm.entries.len(), 1);
+        let errors: Vec<String> = nm.rejected.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            errors,
+            [
+                "nm.yaml: NatMapping nm-a: field spec.clusterMappings.10.1.0.7: \"192.168.0.300\" is not an IPv4 address",
+                "nm.yaml: NatMapping nm-a: field spec.clusterMappings.nonsense: \"nonsense\" is not an IPv4 address",
+            ]
+        );
+    }
+
+    #[test]
+    fn two_endpoints_cannot_share_an_external_ip() {
+        let nm = parse(&natmapping(
+            "  clusterID: a\n  clusterMappings:\n    10.1.0.5: 192.168.0.45\n    10.1.0.6: 192.168.0.45\n    10.1.0.7: 192.168.0.47\n",
+        ))
+        .unwrap();
+        assert_eq!(
+            nm.entries.into_iter().collect::<Vec<_>>(),
+            [(ip("192.168.0.47"), ip("10.1.0.7"))]
+        );
+        assert_eq!(
+            nm.rejected[0].to_string(),
+            "nm.yaml: NatMapping nm-a: field spec.clusterMappings: endpoints 10.1.0.5 and 10.1.0.6 share externalIP 192.168.0.45"
+        );
+    }
+
+    #[test]
+    fn an_object_without_cluster_or_mappings_is_rejected() {
+        let no_id =
+            parse(&natmapping("  clusterMappings: {10.1.0.5: 192.168.0.45}\n")).unwrap_err();
+        assert_eq!(
+            no_id.to_string(),
+            "nm.yaml: NatMapping nm-a: field spec.clusterID is missing"
+        );
+        let no_map = parse(&natmapping("  clusterID: a\n")).unwrap_err();
+        assert_eq!(*no_map.problem, MappingProblem::NoMappings);
+    }
+
+    #[test]
+    fn a_second_natmapping_for_a_cluster_is_refused() {
+        let first = parse(&natmapping(
+            "  clusterID: a\n  clusterMappings: {10.1.0.5: 192.168.0.45}\n",
+        ))
+        .unwrap();
+        let mut second = first.clone();
+        second.key.name = "nm-a2".into();
+        let (kept, errors) = one_per_cluster([&first, &second]);
+        assert_eq!(kept.len(), 1);
+        assert_eq!(
+            errors[0].to_string(),
+            "nm.yaml: NatMapping nm-a2: field spec.clusterID: cluster a is already mapped by NatMapping nm-a in nm.yaml"
+        );
+    }
+}
