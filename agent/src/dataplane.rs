@@ -24,7 +24,10 @@ use isthmus_common::names;
 use thiserror::Error;
 use tracing::{info, warn};
 
-use crate::maps::{MappingMap, PeerMap};
+use crate::{
+    conntrack::Conntrack,
+    maps::{MappingMap, PeerMap},
+};
 
 /// The compiled eBPF object, built by `build.rs`.
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/isthmus"));
@@ -159,12 +162,15 @@ fn direction(attach_type: TcAttachType) -> &'static str {
 pub struct Capacity {
     /// NatMapping entries, over every cluster.
     pub nat_mappings: u32,
+    /// Conntrack entries, two per masqueraded flow.
+    pub conntrack: u32,
 }
 
 impl Default for Capacity {
     fn default() -> Self {
         Self {
             nat_mappings: names::DEFAULT_NAT_MAPPINGS,
+            conntrack: names::DEFAULT_CONNTRACK,
         }
     }
 }
@@ -191,6 +197,7 @@ impl Dataplane {
         }
         loader.map_max_entries(names::MAP_NATMAP, capacity.nat_mappings);
         loader.map_max_entries(names::MAP_NATMAP_REV, capacity.nat_mappings);
+        loader.map_max_entries(names::MAP_CONNTRACK, capacity.conntrack);
         let ebpf = loader.load(OBJECT)?;
         Ok(Self { ebpf, pins })
     }
@@ -211,6 +218,15 @@ impl Dataplane {
             self.take(names::MAP_NATMAP_REV)?,
         );
         MappingMap::new(forward, reverse).map_err(|e| DataplaneError::Map(names::MAP_NATMAP, e))
+    }
+
+    /// The masquerade's flow table and settings.
+    pub fn take_conntrack(&mut self) -> Result<Conntrack, DataplaneError> {
+        let (flows, config) = (
+            self.take(names::MAP_CONNTRACK)?,
+            self.take(names::MAP_SNAT)?,
+        );
+        Conntrack::new(flows, config).map_err(|e| DataplaneError::Map(names::MAP_CONNTRACK, e))
     }
 
     fn take(&mut self, name: &'static str) -> Result<aya::maps::Map, DataplaneError> {

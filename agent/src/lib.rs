@@ -6,12 +6,14 @@
 //! - [`natmapping`]: a validated NatMapping;
 //! - [`source`]: where objects come from;
 //! - [`reconcile`]: from objects to the kernel, as a diff;
+//! - [`conntrack`]: the masquerade's settings and garbage collector;
 //! - [`dataplane`]: loading, pinning, attaching, cleanup;
 //! - [`gateway`]: the gateway's tunnel and routes, following the peers;
 //! - [`maps`]: typed views of the kernel maps;
 //! - [`metrics`]: Prometheus and health endpoints;
 //! - [`tunnel`]: the gateway's embedded WireGuard.
 
+pub mod conntrack;
 pub mod dataplane;
 pub mod gateway;
 pub mod maps;

@@ -1,10 +1,15 @@
 //! `isthmus-agent`: the node agent's command line.
 
-use std::{net::SocketAddr, path::PathBuf, sync::Arc};
+use std::{
+    net::{Ipv4Addr, SocketAddr},
+    path::PathBuf,
+    sync::Arc,
+};
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use isthmus_agent::{
+    conntrack::{self, Conntrack},
     dataplane::{self, AttachMode, Capacity, Dataplane},
     gateway::Gateway,
     maps,
@@ -14,8 +19,12 @@ use isthmus_agent::{
     source::{self, SourceEvent, SourceSpec},
     tunnel::{TunnelConfig, key},
 };
+use isthmus_common::{
+    conntrack::Timeouts,
+    counters::{DIRECTIONS, Outcome, slot},
+};
 use tokio::{signal::unix, sync::mpsc};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 #[derive(Parser)]
 #[command(
@@ -120,6 +129,17 @@ struct RunArgs {
     /// Capacity of the NatMapping tables, in entries over every cluster.
     #[arg(long, default_value_t = Capacity::default().nat_mappings)]
     nat_mapping_capacity: u32,
+    /// Gateway: an address of our own networks to masquerade flows to when
+    /// their source is none of ours (the node's own traffic, transit
+    /// through this cluster). Without it, such flows leave unchanged.
+    #[arg(long)]
+    masquerade_ip: Option<Ipv4Addr>,
+    /// Capacity of the conntrack table, in entries (two per flow).
+    #[arg(long, default_value_t = Capacity::default().conntrack)]
+    conntrack_capacity: u32,
+    /// Seconds between conntrack garbage collections.
+    #[arg(long, default_value_t = 10)]
+    conntrack_gc_interval: u64,
 }
 
 #[tokio::main]
@@ -173,6 +193,7 @@ async fn run(args: RunArgs) -> Result<()> {
     };
     let capacity = Capacity {
         nat_mappings: args.nat_mapping_capacity,
+        conntrack: args.conntrack_capacity,
     };
     let mut dataplane = Dataplane::load(&args.bpffs, &capacity)
         .with_context(|| format!("loading the dataplane under {}", args.bpffs.display()))?;
@@ -184,6 +205,8 @@ async fn run(args: RunArgs) -> Result<()> {
         }
         _ => None,
     };
+    let mut conntrack = dataplane.take_conntrack()?;
+    conntrack.set_masquerade(args.masquerade_ip.filter(|_| args.role == Role::Gateway))?;
     let attach = match args.role {
         Role::Gateway => Some(dataplane.attach_nat(&args.nat_dev, args.attach)?),
         Role::Worker => None,
@@ -198,6 +221,13 @@ async fn run(args: RunArgs) -> Result<()> {
     metrics::serve(args.metrics_addr, metrics.clone())
         .await
         .with_context(|| format!("serving metrics on {}", args.metrics_addr))?;
+    tokio::spawn(collect_flows(
+        conntrack,
+        Counters::open(&args.bpffs)?,
+        std::time::Duration::from_secs(args.conntrack_gc_interval.max(1)),
+        capacity.conntrack,
+        metrics.clone(),
+    ));
     let events = source::watch_dir(dir)?;
     info!(node = %args.node, role, source = %dir.display(), bpffs = %args.bpffs.display(), "agent started");
     follow(events, &mut reconciler, gateway.as_mut(), &metrics).await
@@ -212,6 +242,52 @@ fn tunnel_config(args: &RunArgs) -> TunnelConfig {
         workers: args
             .tunnel_workers
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+    }
+}
+
+/// Removes dead masqueraded flows every `every`, and says when the kernel
+/// had to drop flows because the table was full or out of ports.
+async fn collect_flows(
+    mut conntrack: Conntrack,
+    counters: Counters,
+    every: std::time::Duration,
+    capacity: u32,
+    metrics: Arc<Metrics>,
+) {
+    let dropped = || {
+        counters.read().map_or(0, |sums| {
+            DIRECTIONS
+                .iter()
+                .map(|d| sums[slot(*d, Outcome::Dropped) as usize])
+                .sum::<u64>()
+        })
+    };
+    let mut ticks = tokio::time::interval(every);
+    let mut dropped_before = dropped();
+    loop {
+        ticks.tick().await;
+        match conntrack.collect(conntrack::now(), &Timeouts::DEFAULT) {
+            Ok(collected) => {
+                metrics.conntrack_entries.set(collected.live as i64);
+                if collected.removed > 0 {
+                    debug!(
+                        removed = collected.removed,
+                        live = collected.live,
+                        "conntrack collected"
+                    );
+                }
+            }
+            Err(e) => error!(error = %e, "reading the conntrack table"),
+        }
+        let dropped = dropped();
+        if dropped > dropped_before {
+            error!(
+                packets = dropped - dropped_before,
+                capacity,
+                "packets dropped: the conntrack table is full or out of ports for a peer; no live flow was evicted"
+            );
+        }
+        dropped_before = dropped;
     }
 }
 

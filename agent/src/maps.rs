@@ -213,6 +213,7 @@ impl std::fmt::Debug for Counters {
     }
 }
 
-fn open_pinned(root: &Path, name: &str) -> Result<Map, MapError> {
+/// Opens map `name` pinned under `root`.
+pub fn open_pinned(root: &Path, name: &str) -> Result<Map, MapError> {
     Map::from_map_data(MapData::from_pin(Pins::new(root).map(name))?)
 }

@@ -48,6 +48,8 @@ pub struct Metrics {
     pub map_full: Counter,
     /// NatMapping entries programmed into the kernel.
     pub nat_mappings: Gauge,
+    /// Conntrack entries in use after the last collection (two per flow).
+    pub conntrack_entries: Gauge,
 }
 
 impl Metrics {
@@ -67,6 +69,12 @@ impl Metrics {
         let reconcile_errors = Family::default();
         let map_full = Counter::default();
         let nat_mappings = Gauge::default();
+        let conntrack_entries = Gauge::default();
+        registry.register(
+            "conntrack_entries",
+            "Conntrack entries in use after the last garbage collection, two per masqueraded flow",
+            conntrack_entries.clone(),
+        );
         registry.register("peers", "Peers programmed into the kernel", peers.clone());
         registry.register(
             "nat_mappings",
@@ -116,6 +124,7 @@ impl Metrics {
             reconcile_errors,
             map_full,
             nat_mappings,
+            conntrack_entries,
         })
     }
 

@@ -125,16 +125,15 @@ impl Mapped {
         self.nat.unwrap_or(self.real)
     }
 
-    /// Real → remapped, or inactive when not remapped.
+    /// Real → remapped, or the identity when not remapped: the kernel
+    /// still needs the real network, to tell our addresses from others'.
     fn outbound(&self) -> PrefixRewrite {
-        self.nat
-            .map_or(PrefixRewrite::INACTIVE, |nat| rewrite(self.real, nat))
+        rewrite(self.real, self.seen())
     }
 
-    /// Remapped → real, or inactive when not remapped.
+    /// Remapped → real, or the identity when not remapped.
     fn inbound(&self) -> PrefixRewrite {
-        self.nat
-            .map_or(PrefixRewrite::INACTIVE, |nat| rewrite(nat, self.real))
+        rewrite(self.seen(), self.real)
     }
 }
 
@@ -456,8 +455,12 @@ mod tests {
         let peer = parse(&peer_yaml("c", fields)).unwrap();
         assert_eq!(peer.views()[0], ("remotePodCIDR", net("10.1.0.0/24")));
         let nat = peer.nat(1);
-        assert_eq!(nat.egress, [PrefixRewrite::INACTIVE; 2]);
-        assert_eq!(nat.ingress, [PrefixRewrite::INACTIVE; 2]);
+        let identity = [
+            PrefixRewrite::new([10, 244, 0, 0], [10, 244, 0, 0], 24),
+            PrefixRewrite::new([192, 168, 0, 0], [192, 168, 0, 0], 24),
+        ];
+        assert_eq!(nat.egress, identity);
+        assert_eq!(nat.ingress, identity);
     }
 
     #[test]

@@ -20,12 +20,20 @@ pub enum Outcome {
     Passed = 1,
     /// The packet could not be parsed; it went on untouched.
     Unparseable = 2,
+    /// A flow needed masquerading and the conntrack had no room or no free
+    /// port for it: dropped rather than sent where no reply could return.
+    Dropped = 3,
 }
 
 /// Both directions, in slot order.
 pub const DIRECTIONS: [Direction; 2] = [Direction::Egress, Direction::Ingress];
 /// Every outcome, in slot order.
-pub const OUTCOMES: [Outcome; 3] = [Outcome::Translated, Outcome::Passed, Outcome::Unparseable];
+pub const OUTCOMES: [Outcome; 4] = [
+    Outcome::Translated,
+    Outcome::Passed,
+    Outcome::Unparseable,
+    Outcome::Dropped,
+];
 
 /// Number of slots in the counters map.
 pub const SLOTS: u32 = (DIRECTIONS.len() * OUTCOMES.len()) as u32;
@@ -52,6 +60,7 @@ impl Outcome {
             Outcome::Translated => "translated",
             Outcome::Passed => "passed",
             Outcome::Unparseable => "unparseable",
+            Outcome::Dropped => "dropped",
         }
     }
 }

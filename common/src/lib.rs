@@ -4,6 +4,7 @@
 //! part of the contract between `isthmus-ebpf` and `isthmus-agent`.
 #![no_std]
 
+pub mod conntrack;
 pub mod counters;
 pub mod csum;
 pub mod names;
@@ -17,4 +18,7 @@ mod pod {
     unsafe impl aya::Pod for crate::nat::PeerKey {}
     unsafe impl aya::Pod for crate::nat::PrefixLens {}
     unsafe impl aya::Pod for crate::nat::MappingKey {}
+    unsafe impl aya::Pod for crate::conntrack::FlowKey {}
+    unsafe impl aya::Pod for crate::conntrack::FlowNat {}
+    unsafe impl aya::Pod for crate::conntrack::SnatConfig {}
 }

@@ -16,13 +16,22 @@ pub const MAP_NATMAP: &str = "ist_natmap";
 /// Hash: the reverse of [`MAP_NATMAP`], (key of an endpointIP) → externalIP.
 pub const MAP_NATMAP_REV: &str = "ist_natmap_rev";
 
+/// Hash: masqueraded flows, both directions
+/// ([`crate::conntrack::FlowKey`] → [`crate::conntrack::FlowNat`]).
+pub const MAP_CONNTRACK: &str = "ist_conntrack";
+/// One-entry array: the gateway's masquerade settings
+/// ([`crate::conntrack::SnatConfig`]).
+pub const MAP_SNAT: &str = "ist_snat";
+
 /// Every map the agent pins, in the order it reports them.
-pub const MAPS: [&str; 5] = [
+pub const MAPS: [&str; 7] = [
     MAP_PEERS,
     MAP_PREFIX_LENS,
     MAP_COUNTERS,
     MAP_NATMAP,
     MAP_NATMAP_REV,
+    MAP_CONNTRACK,
+    MAP_SNAT,
 ];
 
 /// Egress NAT for devices that carry Ethernet frames (veth).
@@ -47,3 +56,6 @@ pub const MAX_PEER_NETWORKS: u32 = 8192;
 /// Default capacity of [`MAP_NATMAP`] and [`MAP_NATMAP_REV`]; the agent may
 /// set another at load time.
 pub const DEFAULT_NAT_MAPPINGS: u32 = 65536;
+/// Default capacity of [`MAP_CONNTRACK`], in entries (two per flow); the
+/// agent may set another at load time.
+pub const DEFAULT_CONNTRACK: u32 = 131072;

@@ -34,19 +34,11 @@ pub struct PrefixRewrite {
     pub to: u32,
     /// Mask shared by both networks, in wire order.
     pub mask: u32,
-    /// Non-zero when the rule applies; a "None" NAT CIDR leaves it at zero.
+    /// Non-zero when the rule applies; an empty table slot is zero.
     pub active: u32,
 }
 
 impl PrefixRewrite {
-    /// A rule that never matches.
-    pub const INACTIVE: Self = Self {
-        from: 0,
-        to: 0,
-        mask: 0,
-        active: 0,
-    };
-
     /// A rule that moves `from/prefix_len` to `to/prefix_len`.
     pub const fn new(from: [u8; 4], to: [u8; 4], prefix_len: u8) -> Self {
         let mask = wire_mask(prefix_len);
@@ -211,9 +203,9 @@ mod tests {
     }
 
     #[test]
-    fn inactive_never_matches() {
-        assert!(!PrefixRewrite::INACTIVE.matches(0));
-        assert!(!PrefixRewrite::INACTIVE.matches(w(10, 244, 0, 5)));
+    fn an_empty_slot_never_matches() {
+        assert!(!PrefixRewrite::default().matches(0));
+        assert!(!PrefixRewrite::default().matches(w(10, 244, 0, 5)));
     }
 
     #[test]

@@ -36,6 +36,24 @@ pub fn set_addr(
         .map_err(|_| Malformed)
 }
 
+/// Writes port (or ICMP echo identifier) `new` over `old` at packet offset
+/// `off`, and updates the L4 checksum at `check` (`udp`: where 0 means none).
+#[inline(always)]
+pub fn set_port(
+    ctx: &TcContext,
+    off: usize,
+    check: usize,
+    udp: bool,
+    old: u16,
+    new: u16,
+) -> Result<(), Malformed> {
+    let (old, new) = (old.to_be(), new.to_be());
+    ctx.store(off, &new, 0).map_err(|_| Malformed)?;
+    let flags = if udp { UDP_ZERO_STAYS } else { 0 };
+    ctx.l4_csum_replace(check, old as u64, new as u64, flags | 2)
+        .map_err(|_| Malformed)
+}
+
 /// Writes `new` over the address at `field` of the header quoted in an ICMP
 /// error. The quoted checksums are plain payload to the kernel, so they are
 /// updated here; every word changed is then folded into the ICMP checksum.

@@ -5,6 +5,7 @@
 #![no_std]
 #![no_main]
 
+mod conntrack;
 mod csum;
 mod maps;
 mod nat;

@@ -1,20 +1,27 @@
-//! DESIGN §1 "Who rewrites what" and "NatMapping": a gateway rewrites only
-//! its own side.
+//! DESIGN §1 "Who rewrites what", "NatMapping" and "Stateful source NAT":
+//! a gateway rewrites only its own side.
 //!
 //! Egress rewrites the source, finding the peer by destination; ingress
 //! rewrites the destination, finding the peer by source. An ICMP error also
 //! quotes the packet that caused it, which travelled the other way, so the
 //! quoted header gets the same rule with source and destination swapped.
 
-use aya_ebpf::{bindings::TC_ACT_UNSPEC, programs::TcContext};
+use aya_ebpf::{
+    bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC},
+    programs::TcContext,
+};
 use isthmus_common::{
+    conntrack::PROTO_ICMP,
     counters::{Direction, Outcome},
     nat::{PeerNat, find_rule},
 };
 
 use crate::{
+    conntrack::{self, Refused},
     csum, maps,
-    parse::{self, Ipv4, Malformed, ip},
+    parse::{
+        self, ICMP_CHECK_OFF, ICMP_ECHO_ID, Ipv4, Malformed, Packet, PseudoCsum, Transport, ip,
+    },
 };
 
 /// `skb->protocol` of IPv4: a big-endian ethertype in a `u32`.
@@ -55,24 +62,47 @@ fn addr(hdr: &Ipv4, field: usize) -> u32 {
     if field == ip::SRC { hdr.src } else { hdr.dst }
 }
 
-/// Entry point shared by every NAT program. Never drops: a packet that is
-/// not ours or cannot be parsed goes on untouched, and is counted.
+/// What a program did with a packet.
+enum Verdict {
+    Translated,
+    Passed,
+    /// A flow that needed masquerading could not have it.
+    Dropped,
+}
+
+/// Entry point shared by every NAT program. Drops only what must be
+/// masqueraded and cannot be: a packet that is not ours or cannot be parsed
+/// goes on untouched, and is counted.
 #[inline(always)]
 pub fn run(ctx: &TcContext, l3: usize, direction: Direction) -> i32 {
-    let outcome = match translate(ctx, l3, direction) {
-        Ok(true) => Outcome::Translated,
-        Ok(false) => Outcome::Passed,
-        Err(Malformed) => Outcome::Unparseable,
+    let (outcome, action) = match translate(ctx, l3, direction) {
+        Ok(Verdict::Translated) => (Outcome::Translated, TC_ACT_UNSPEC),
+        Ok(Verdict::Passed) => (Outcome::Passed, TC_ACT_UNSPEC),
+        Ok(Verdict::Dropped) => (Outcome::Dropped, TC_ACT_SHOT),
+        Err(Malformed) => (Outcome::Unparseable, TC_ACT_UNSPEC),
     };
     maps::count(direction, outcome);
-    // Let any later program on the hook run, then the stack.
-    TC_ACT_UNSPEC
+    // UNSPEC lets any later program on the hook run, then the stack.
+    action
+}
+
+/// Our side's new address, and port if it changes too.
+struct Rewrite {
+    addr: u32,
+    port: Option<PortChange>,
+}
+
+/// A port (or ICMP echo identifier) to rewrite.
+struct PortChange {
+    off: usize,
+    old: u16,
+    new: u16,
 }
 
 #[inline(always)]
-fn translate(ctx: &TcContext, l3: usize, direction: Direction) -> Result<bool, Malformed> {
+fn translate(ctx: &TcContext, l3: usize, direction: Direction) -> Result<Verdict, Malformed> {
     if ctx.skb.protocol() != ETH_P_IP {
-        return Ok(false);
+        return Ok(Verdict::Passed);
     }
     let pkt = parse::packet(ctx, l3)?;
     let fields = Fields::of(direction);
@@ -85,30 +115,110 @@ fn translate(ctx: &TcContext, l3: usize, direction: Direction) -> Result<bool, M
         maps::peer(addr(&err.quoted, quoted_fields.theirs))
     });
     let Some(peer) = peer else {
-        return Ok(false);
+        return Ok(Verdict::Passed);
+    };
+
+    let own = addr(&pkt.ip, fields.ours);
+    let rewrite = match direction {
+        Direction::Egress => match egress(peer, &pkt, own) {
+            Ok(rewrite) => rewrite,
+            Err(Refused::Full | Refused::NoPort) => return Ok(Verdict::Dropped),
+        },
+        Direction::Ingress => ingress(peer, &pkt, own),
     };
     let mut translated = false;
-    let own = addr(&pkt.ip, fields.ours);
-    if let Some(new) = rewrite_own(peer, direction, own) {
-        csum::set_addr(ctx, &pkt.ip, fields.ours, own, new)?;
+    if rewrite.addr != own {
+        csum::set_addr(ctx, &pkt.ip, fields.ours, own, rewrite.addr)?;
         translated = true;
     }
+    if let (Some(port), Some(t)) = (&rewrite.port, &pkt.transport) {
+        let (check, udp) = match pkt.ip.csum {
+            PseudoCsum::Tcp(off) => (off, false),
+            PseudoCsum::Udp(off) => (off, true),
+            PseudoCsum::None => (t.off + ICMP_CHECK_OFF, false),
+        };
+        csum::set_port(ctx, port.off, check, udp, port.old, port.new)?;
+        translated = true;
+    }
+    // The quoted packet of an ICMP error gets the stateless rules only.
     if let Some(err) = &pkt.icmp_error {
         let own = addr(&err.quoted, quoted_fields.ours);
-        if let Some(new) = rewrite_own(peer, direction, own) {
+        let new = stateless(peer, direction, own);
+        if new != own {
             csum::set_quoted_addr(ctx, err, quoted_fields.ours, own, new)?;
             translated = true;
         }
     }
-    Ok(translated)
+    Ok(if translated {
+        Verdict::Translated
+    } else {
+        Verdict::Passed
+    })
 }
 
-/// Our side's address after this gateway's rules for `peer`, if they move
-/// it. Ingress undoes the prefix remap, then resolves a NatMapping
-/// externalIP to its endpoint; egress does the same steps backwards.
+/// Towards a peer: an endpoint takes the externalIP that peer knows it by;
+/// a source that is none of ours (the node's own, or a transit flow) is
+/// masqueraded; then our networks move into the peer's view of them.
 #[inline(always)]
-fn rewrite_own(peer: &PeerNat, direction: Direction, own: u32) -> Option<u32> {
-    let new = match direction {
+fn egress(peer: &PeerNat, pkt: &Packet, own: u32) -> Result<Rewrite, Refused> {
+    let external = maps::external_of(peer.peer_id, own).unwrap_or(own);
+    let ours = find_rule(&peer.egress, external).is_some();
+    let mut rewrite = Rewrite {
+        addr: external,
+        port: None,
+    };
+    if let (false, None, Some(t), Some(masq)) = (
+        ours,
+        &pkt.icmp_error,
+        &pkt.transport,
+        conntrack::masquerade_addr(),
+    ) && conntrack::outbound_kind(t)
+    {
+        let nat = conntrack::outbound(
+            &conntrack::out_key(t, external, pkt.ip.dst),
+            masq,
+            t.tcp_flags,
+        )?;
+        rewrite.addr = nat.addr;
+        rewrite.port = port_change(our_port_off(t, Direction::Egress), t.sport, nat.port);
+    }
+    rewrite.addr =
+        find_rule(&peer.egress, rewrite.addr).map_or(rewrite.addr, |r| r.apply(rewrite.addr));
+    Ok(rewrite)
+}
+
+/// From a peer: our networks come back from the peer's view; a reply to a
+/// masqueraded flow goes back to its source; an externalIP resolves to its
+/// endpoint.
+#[inline(always)]
+fn ingress(peer: &PeerNat, pkt: &Packet, own: u32) -> Rewrite {
+    let real = find_rule(&peer.ingress, own).map_or(own, |r| r.apply(own));
+    if let (Some(t), Some(masq)) = (&pkt.transport, conntrack::masquerade_addr())
+        && real == masq
+        && let Some(key) = conntrack::in_key(t, pkt.ip.src, masq)
+        && let Some(back) = conntrack::inbound(&key, t.tcp_flags)
+    {
+        let ours = if t.proto == PROTO_ICMP {
+            t.sport
+        } else {
+            t.dport
+        };
+        return Rewrite {
+            addr: back.addr,
+            port: port_change(our_port_off(t, Direction::Ingress), ours, back.port),
+        };
+    }
+    Rewrite {
+        addr: maps::endpoint_of(peer.peer_id, real).unwrap_or(real),
+        port: None,
+    }
+}
+
+/// The stateless rules alone (prefix remap and NatMapping), for headers
+/// quoted in ICMP errors.
+#[inline(always)]
+fn stateless(peer: &PeerNat, direction: Direction, own: u32) -> u32 {
+    match direction {
         Direction::Ingress => {
             let real = find_rule(&peer.ingress, own).map_or(own, |r| r.apply(own));
             maps::endpoint_of(peer.peer_id, real).unwrap_or(real)
@@ -117,6 +227,21 @@ fn rewrite_own(peer: &PeerNat, direction: Direction, own: u32) -> Option<u32> {
             let external = maps::external_of(peer.peer_id, own).unwrap_or(own);
             find_rule(&peer.egress, external).map_or(external, |r| r.apply(external))
         }
-    };
-    (new != own).then_some(new)
+    }
+}
+
+/// Offset of our port in `t`: the source port going out, the destination
+/// port coming back, and the identifier of an ICMP echo either way.
+#[inline(always)]
+fn our_port_off(t: &Transport, direction: Direction) -> usize {
+    match (t.proto, direction) {
+        (PROTO_ICMP, _) => t.off + ICMP_ECHO_ID,
+        (_, Direction::Egress) => t.off,
+        (_, Direction::Ingress) => t.off + 2,
+    }
+}
+
+#[inline(always)]
+fn port_change(off: usize, old: u16, new: u16) -> Option<PortChange> {
+    (old != new).then_some(PortChange { off, old, new })
 }

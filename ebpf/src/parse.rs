@@ -58,12 +58,39 @@ pub struct IcmpError {
     pub quoted: Ipv4,
 }
 
+/// The ports of a whole first fragment: what names its flow.
+pub struct Transport {
+    /// IP protocol: TCP, UDP or ICMP.
+    pub proto: u8,
+    /// Packet offset of the L4 header.
+    pub off: usize,
+    /// Source port; an ICMP echo's identifier.
+    pub sport: u16,
+    /// Destination port; 0 for ICMP.
+    pub dport: u16,
+    /// TCP flags; 0 for the others.
+    pub tcp_flags: u8,
+    /// ICMP type; 0 for the others.
+    pub icmp_type: u8,
+}
+
+/// ICMP echo request and reply.
+pub const ICMP_ECHO_REPLY: u8 = 0;
+/// ICMP echo request.
+pub const ICMP_ECHO_REQUEST: u8 = 8;
+/// Offset of the ICMP echo identifier.
+pub const ICMP_ECHO_ID: usize = 4;
+/// Offset of the ICMP checksum.
+pub const ICMP_CHECK_OFF: usize = ICMP_CHECK;
+
 /// A parsed IPv4 packet.
 pub struct Packet {
     /// Its IPv4 header.
     pub ip: Ipv4,
     /// Set when the packet is an ICMP error carrying a quoted header.
     pub icmp_error: Option<IcmpError>,
+    /// Its ports, when it is a whole first fragment of TCP, UDP or ICMP.
+    pub transport: Option<Transport>,
 }
 
 /// The most the parser reads past the IPv4 header's start: a header with
@@ -123,10 +150,59 @@ pub fn packet(ctx: &TcContext, off: usize) -> Result<Packet, Malformed> {
     } else {
         None
     };
+    let transport = if outer.first {
+        transport(&view, outer.proto, outer.l4)?
+    } else {
+        None
+    };
     Ok(Packet {
         ip: outer.ip,
         icmp_error,
+        transport,
     })
+}
+
+/// The ports of a first fragment. `header` has already checked that the
+/// whole L4 header lies within the datagram.
+#[inline(always)]
+fn transport(view: &View, proto: u8, l4: usize) -> Result<Option<Transport>, Malformed> {
+    let t = match proto {
+        PROTO_TCP => {
+            let h = view.span::<TCP_MIN_HLEN>(l4)?;
+            Transport {
+                proto,
+                off: l4,
+                sport: be16(h, 0),
+                dport: be16(h, 2),
+                tcp_flags: h[13],
+                icmp_type: 0,
+            }
+        }
+        PROTO_UDP => {
+            let h = view.span::<UDP_HLEN>(l4)?;
+            Transport {
+                proto,
+                off: l4,
+                sport: be16(h, 0),
+                dport: be16(h, 2),
+                tcp_flags: 0,
+                icmp_type: 0,
+            }
+        }
+        PROTO_ICMP => {
+            let h = view.span::<ICMP_HLEN>(l4)?;
+            Transport {
+                proto,
+                off: l4,
+                sport: be16(h, ICMP_ECHO_ID),
+                dport: 0,
+                tcp_flags: 0,
+                icmp_type: h[0],
+            }
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(t))
 }
 
 /// One IPv4 header and what follows from it.

@@ -31,6 +31,8 @@ pub enum L4 {
     },
     /// ICMP echo request.
     Echo { id: u16, seq: u16 },
+    /// ICMP echo reply.
+    EchoReply { id: u16, seq: u16 },
     /// ICMP error quoting the first `quote_len` bytes of `quoted`.
     IcmpError {
         icmp_type: u8,
@@ -119,8 +121,13 @@ impl Datagram {
                 tcp.checksum = tcp.calc_checksum_ipv4(&ip, payload).expect("small payload");
                 (ip, [tcp.to_bytes().as_slice(), payload].concat())
             }
-            L4::Echo { id, seq } => {
-                let mut icmp = vec![8, 0, 0, 0];
+            L4::Echo { id, seq } | L4::EchoReply { id, seq } => {
+                let icmp_type = if matches!(self.l4, L4::Echo { .. }) {
+                    8
+                } else {
+                    0
+                };
+                let mut icmp = vec![icmp_type, 0, 0, 0];
                 icmp.extend(id.to_be_bytes());
                 icmp.extend(seq.to_be_bytes());
                 icmp.extend(b"echo-payload");

@@ -11,6 +11,7 @@ use aya::{
     programs::{SchedClassifier, TestRun, TestRunOptions},
 };
 use isthmus_agent::{
+    conntrack::Conntrack,
     dataplane::OBJECT,
     maps::{Counters, MappingMap, PeerMap},
     object::{Object, parse_documents},
@@ -18,6 +19,7 @@ use isthmus_agent::{
     reconcile::KernelTable,
 };
 use isthmus_common::{
+    conntrack::Timeouts,
     counters::{self, Direction, Outcome},
     names,
     nat::{MappingKey, wire},
@@ -26,6 +28,8 @@ use isthmus_tests::{
     packet::{Addr, Datagram, ETH_P_ARP, ETH_P_IPV6, L4, eth_ipv4, ethernet},
     require_root,
 };
+use std::net::Ipv4Addr;
+
 use xtask::topology::PEERINGS;
 
 const A_POD1: Addr = [10, 244, 0, 5];
@@ -68,12 +72,20 @@ spec:
 struct Harness {
     ebpf: Ebpf,
     counters: Counters,
+    conntrack: Conntrack,
 }
 
 impl Harness {
+    /// Stateless NAT only.
     fn new() -> Self {
+        Self::build(None, names::DEFAULT_CONNTRACK)
+    }
+
+    /// With masquerading to `masquerade`, in a conntrack of `capacity` entries.
+    fn build(masquerade: Option<Addr>, capacity: u32) -> Self {
         require_root();
         let mut ebpf = EbpfLoader::new()
+            .map_max_entries(names::MAP_CONNTRACK, capacity)
             .load(OBJECT)
             .expect("loading the eBPF object");
         for name in [names::PROG_EGRESS_ETH, names::PROG_INGRESS_ETH] {
@@ -109,8 +121,20 @@ impl Harness {
             addr: wire(MAPPED_EXT),
         };
         mappings.put(key, &wire(S_POD)).unwrap();
+        let mut conntrack = Conntrack::new(
+            ebpf.take_map(names::MAP_CONNTRACK).unwrap(),
+            ebpf.take_map(names::MAP_SNAT).unwrap(),
+        )
+        .unwrap();
+        conntrack
+            .set_masquerade(masquerade.map(Ipv4Addr::from))
+            .unwrap();
         let counters = Counters::new(ebpf.take_map(names::MAP_COUNTERS).unwrap()).unwrap();
-        Self { ebpf, counters }
+        Self {
+            ebpf,
+            counters,
+            conntrack,
+        }
     }
 
     fn run(&self, direction: Direction, frame: &[u8]) -> (i32, Vec<u8>) {
@@ -572,4 +596,190 @@ fn every_packet_shape_comes_out_byte_exact() {
         failures.len(),
         failures.join("\n\n")
     );
+}
+
+/// a-gw's masquerade address, and how b sees it.
+const A_MASQ: Addr = [10, 244, 0, 254];
+const A_MASQ_AT_B: Addr = [10, 0, 40, 254];
+/// Addresses of none of a's networks: the node's own, and a transit source.
+const NODE: Addr = [172, 16, 1, 1];
+const NODE2: Addr = [172, 16, 1, 2];
+const TRANSIT: Addr = [10, 1, 0, 6];
+/// TC_ACT_SHOT.
+const DROP: i32 = 2;
+const SECOND: u64 = 1_000_000_000;
+
+fn tcp_ports(src: Addr, dst: Addr, sport: u16, dport: u16) -> Datagram {
+    Datagram::new(
+        src,
+        dst,
+        L4::Tcp {
+            sport,
+            dport,
+            payload: b"hello".to_vec(),
+        },
+    )
+}
+
+fn udp_ports(src: Addr, dst: Addr, sport: u16, dport: u16) -> Datagram {
+    Datagram::new(
+        src,
+        dst,
+        L4::Udp {
+            sport,
+            dport,
+            payload: b"dns?".to_vec(),
+            zero_csum: false,
+        },
+    )
+}
+
+/// The source port of a frame's IPv4 TCP or UDP datagram (no IP options).
+fn sport_of(frame: &[u8]) -> u16 {
+    u16::from_be_bytes([frame[34], frame[35]])
+}
+
+impl Harness {
+    /// Runs `input` and asserts the program handed on exactly `want`.
+    fn expect(&self, direction: Direction, input: &Datagram, want: &Datagram) {
+        let (ret, out) = self.run(direction, &eth_ipv4(&input.bytes()));
+        assert_eq!(ret, HAND_ON, "{direction:?} {input:?}");
+        assert_eq!(
+            hex(&out),
+            hex(&eth_ipv4(&want.bytes())),
+            "{direction:?} {input:?}"
+        );
+    }
+
+    fn dropped(&self) -> u64 {
+        self.counters.read().unwrap()[counters::slot(Direction::Egress, Outcome::Dropped) as usize]
+    }
+}
+
+#[test]
+fn masquerade_allocates_ports_and_brings_replies_back() {
+    use Direction::{Egress, Ingress};
+    let h = Harness::build(Some(A_MASQ), names::DEFAULT_CONNTRACK);
+    // The node's own flow keeps its port while it is free.
+    h.expect(
+        Egress,
+        &tcp_ports(NODE, B_POD1, 40001, 80),
+        &tcp_ports(A_MASQ_AT_B, B_POD1, 40001, 80),
+    );
+    h.expect(
+        Ingress,
+        &tcp_ports(B_POD1, A_MASQ_AT_B, 80, 40001),
+        &tcp_ports(B_POD1, NODE, 80, 40001),
+    );
+    // Another source, same port, same server: the port is taken, so another.
+    let (ret, out) = h.run(
+        Egress,
+        &eth_ipv4(&tcp_ports(NODE2, B_POD1, 40001, 80).bytes()),
+    );
+    let port = sport_of(&out);
+    assert_eq!(ret, HAND_ON);
+    assert!(port != 40001 && port >= 1024, "allocated port {port}");
+    assert_eq!(
+        hex(&out),
+        hex(&eth_ipv4(&tcp_ports(A_MASQ_AT_B, B_POD1, port, 80).bytes()))
+    );
+    h.expect(
+        Ingress,
+        &tcp_ports(B_POD1, A_MASQ_AT_B, 80, port),
+        &tcp_ports(B_POD1, NODE2, 80, 40001),
+    );
+    // The first flow is undisturbed, and its next packet reuses its entry.
+    h.expect(
+        Ingress,
+        &tcp_ports(B_POD1, A_MASQ_AT_B, 80, 40001),
+        &tcp_ports(B_POD1, NODE, 80, 40001),
+    );
+    h.expect(
+        Egress,
+        &tcp_ports(NODE, B_POD1, 40001, 80),
+        &tcp_ports(A_MASQ_AT_B, B_POD1, 40001, 80),
+    );
+    // UDP, and transit from another peer's network.
+    h.expect(
+        Egress,
+        &udp_ports(TRANSIT, B_POD2, 5353, 53),
+        &udp_ports(A_MASQ_AT_B, B_POD2, 5353, 53),
+    );
+    h.expect(
+        Ingress,
+        &udp_ports(B_POD2, A_MASQ_AT_B, 53, 5353),
+        &udp_ports(B_POD2, TRANSIT, 53, 5353),
+    );
+    // ICMP echo: the identifier is the port.
+    let echo = Datagram::new(NODE, B_POD1, L4::Echo { id: 77, seq: 1 });
+    h.expect(Egress, &echo, &echo.between(A_MASQ_AT_B, B_POD1));
+    let reply = Datagram::new(B_POD1, A_MASQ_AT_B, L4::EchoReply { id: 77, seq: 1 });
+    h.expect(Ingress, &reply, &reply.between(B_POD1, NODE));
+    let second = Datagram::new(NODE2, B_POD1, L4::Echo { id: 77, seq: 1 });
+    let (_, out) = h.run(Egress, &eth_ipv4(&second.bytes()));
+    let id = u16::from_be_bytes([out[38], out[39]]);
+    assert_ne!(
+        id, 77,
+        "a second echo with the same identifier needs another"
+    );
+    let want = Datagram::new(A_MASQ_AT_B, B_POD1, L4::Echo { id, seq: 1 });
+    assert_eq!(hex(&out), hex(&eth_ipv4(&want.bytes())));
+    let reply = Datagram::new(B_POD1, A_MASQ_AT_B, L4::EchoReply { id, seq: 1 });
+    let want = Datagram::new(B_POD1, NODE2, L4::EchoReply { id: 77, seq: 1 });
+    h.expect(Ingress, &reply, &want);
+    // A reply to no flow gets the stateless step only.
+    h.expect(
+        Ingress,
+        &tcp_ports(B_POD1, A_MASQ_AT_B, 80, 999),
+        &tcp_ports(B_POD1, A_MASQ, 80, 999),
+    );
+    // Our own pods are never masqueraded.
+    h.expect(
+        Egress,
+        &tcp_ports(A_POD1, B_POD1, 40001, 80),
+        &tcp_ports(A_POD1_AT_B, B_POD1, 40001, 80),
+    );
+}
+
+#[test]
+fn a_full_table_drops_new_flows_evicts_none_and_dead_flows_are_collected() {
+    use Direction::{Egress, Ingress};
+    // Room for two flows.
+    let mut h = Harness::build(Some(A_MASQ), 4);
+    let udp_flow = udp_ports(NODE, B_POD1, 1000, 53);
+    let tcp_flow = tcp_ports(NODE, B_POD1, 2000, 80);
+    h.expect(Egress, &udp_flow, &udp_flow.between(A_MASQ_AT_B, B_POD1));
+    h.expect(Egress, &tcp_flow, &tcp_flow.between(A_MASQ_AT_B, B_POD1));
+    let third = udp_ports(NODE, B_POD1, 3000, 53);
+    let before = h.dropped();
+    let (ret, _) = h.run(Egress, &eth_ipv4(&third.bytes()));
+    assert_eq!(ret, DROP, "a flow that cannot be tracked must not leave");
+    assert_eq!(h.dropped(), before + 1);
+    // Both live flows still work.
+    h.expect(
+        Ingress,
+        &udp_ports(B_POD1, A_MASQ_AT_B, 53, 1000),
+        &udp_ports(B_POD1, NODE, 53, 1000),
+    );
+    h.expect(
+        Ingress,
+        &tcp_ports(B_POD1, A_MASQ_AT_B, 80, 2000),
+        &tcp_ports(B_POD1, NODE, 80, 2000),
+    );
+
+    // The collector's clock: UDP and an unanswered SYN both live 60 s.
+    let last = h
+        .conntrack
+        .entries()
+        .unwrap()
+        .iter()
+        .map(|(_, nat)| nat.last_seen)
+        .max()
+        .unwrap();
+    let timeouts = Timeouts::DEFAULT;
+    let kept = h.conntrack.collect(last + 59 * SECOND, &timeouts).unwrap();
+    assert_eq!((kept.live, kept.removed), (4, 0));
+    let gone = h.conntrack.collect(last + 61 * SECOND, &timeouts).unwrap();
+    assert_eq!((gone.live, gone.removed), (0, 4));
+    h.expect(Egress, &third, &third.between(A_MASQ_AT_B, B_POD1));
 }

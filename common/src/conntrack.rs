@@ -1,0 +1,284 @@
+//! Stateful source NAT (DESIGN §1, "Stateful source NAT"), in the way of
+//! Cilium's `bpf/lib/nat.h`: each masqueraded flow has two entries in one
+//! hash, one per direction, each leading to the other side's addresses.
+//!
+//! Ports are always "ours" and "theirs": on the way out the source port is
+//! ours, on the way back the destination port is. An ICMP echo's identifier
+//! is our port, and theirs is 0.
+//!
+//! The kernel records each entry's state and when it last saw a packet; the
+//! agent's garbage collector decides expiry, with a clock it is given, so
+//! tests choose the time.
+
+/// IP protocol numbers the conntrack handles.
+pub const PROTO_ICMP: u8 = 1;
+/// TCP.
+pub const PROTO_TCP: u8 = 6;
+/// UDP.
+pub const PROTO_UDP: u8 = 17;
+
+/// An entry keyed by a packet leaving towards a peer.
+pub const DIR_OUT: u8 = 0;
+/// An entry keyed by a reply arriving from a peer.
+pub const DIR_IN: u8 = 1;
+
+/// Our ports are taken from here when the original one is taken.
+pub const PORT_MIN: u16 = 1024;
+
+/// A flow as one packet names it, addresses in wire order, ports in host order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FlowKey {
+    /// Source address.
+    pub saddr: u32,
+    /// Destination address.
+    pub daddr: u32,
+    /// Source port (ICMP echo: the identifier outbound, 0 inbound).
+    pub sport: u16,
+    /// Destination port (ICMP echo: 0 outbound, the identifier inbound).
+    pub dport: u16,
+    /// IP protocol.
+    pub proto: u8,
+    /// [`DIR_OUT`] or [`DIR_IN`].
+    pub dir: u8,
+    /// Zero.
+    pub pad: u16,
+}
+
+/// Where one direction of a flow is rewritten to, and its life so far.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowNat {
+    /// Outbound: the masquerade address; inbound: the original source.
+    pub addr: u32,
+    /// Outbound: our port after SNAT; inbound: the original source port.
+    pub port: u16,
+    /// A [`TcpState`] as a byte.
+    pub state: u8,
+    /// Zero.
+    pub pad: u8,
+    /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) when a packet last used it.
+    pub last_seen: u64,
+}
+
+/// What the packets of a TCP flow have said so far, in one direction.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum TcpState {
+    /// Not TCP.
+    None = 0,
+    /// A SYN and nothing else yet.
+    Syn = 1,
+    /// Data or acknowledgements.
+    Established = 2,
+    /// A FIN was seen.
+    Fin = 3,
+    /// A RST was seen.
+    Rst = 4,
+}
+
+impl TcpState {
+    /// From a stored byte.
+    pub const fn from_u8(b: u8) -> Self {
+        match b {
+            1 => Self::Syn,
+            2 => Self::Established,
+            3 => Self::Fin,
+            4 => Self::Rst,
+            _ => Self::None,
+        }
+    }
+}
+
+const TCP_FIN: u8 = 0x01;
+const TCP_SYN: u8 = 0x02;
+const TCP_RST: u8 = 0x04;
+const TCP_ACK: u8 = 0x10;
+
+/// The state after a packet with TCP `flags`. RST and FIN only move a flow
+/// towards its end; a bare SYN keeps it opening.
+#[inline(always)]
+pub const fn next_tcp_state(current: TcpState, flags: u8) -> TcpState {
+    if flags & TCP_RST != 0 {
+        TcpState::Rst
+    } else if flags & TCP_FIN != 0 {
+        match current {
+            TcpState::Rst => TcpState::Rst,
+            _ => TcpState::Fin,
+        }
+    } else if flags & TCP_SYN != 0 && flags & TCP_ACK == 0 {
+        match current {
+            TcpState::None => TcpState::Syn,
+            other => other,
+        }
+    } else {
+        match current {
+            TcpState::None | TcpState::Syn => TcpState::Established,
+            other => other,
+        }
+    }
+}
+
+/// The key under which the reply to an outbound flow `out`, masqueraded as
+/// `nat`, arrives.
+#[inline(always)]
+pub const fn reply_key(out: &FlowKey, nat: &FlowNat) -> FlowKey {
+    FlowKey {
+        saddr: out.daddr,
+        daddr: nat.addr,
+        sport: out.dport,
+        dport: nat.port,
+        proto: out.proto,
+        dir: DIR_IN,
+        pad: 0,
+    }
+}
+
+/// The masquerade settings of a gateway (a one-entry array).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SnatConfig {
+    /// The address flows are masqueraded to, in wire order, in our own
+    /// networks: each peer then sees it through its prefix remap.
+    pub addr: u32,
+    /// Non-zero when masquerading is on.
+    pub enabled: u32,
+}
+
+/// How long an entry lives after its last packet, by state, in seconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeouts {
+    /// TCP that has only said SYN.
+    pub tcp_syn: u64,
+    /// TCP in use.
+    pub tcp_established: u64,
+    /// TCP after a FIN.
+    pub tcp_fin: u64,
+    /// TCP after a RST.
+    pub tcp_rst: u64,
+    /// UDP.
+    pub udp: u64,
+    /// ICMP echo.
+    pub icmp: u64,
+}
+
+impl Timeouts {
+    /// Cilium's defaults where it has them (`CT_SYN_TIMEOUT`,
+    /// `CT_CONNECTION_LIFETIME_TCP`, `CT_CLOSE_TIMEOUT`, non-TCP lifetime).
+    pub const DEFAULT: Self = Self {
+        tcp_syn: 60,
+        tcp_established: 21600,
+        tcp_fin: 10,
+        tcp_rst: 5,
+        udp: 60,
+        icmp: 30,
+    };
+
+    /// Seconds a flow lives after its last packet, given both directions.
+    pub const fn lifetime(&self, proto: u8, out: TcpState, back: TcpState) -> u64 {
+        let state = if (out as u8) > (back as u8) {
+            out
+        } else {
+            back
+        };
+        match (proto, state) {
+            (PROTO_TCP, TcpState::Rst) => self.tcp_rst,
+            (PROTO_TCP, TcpState::Fin) => self.tcp_fin,
+            (PROTO_TCP, TcpState::Established) => self.tcp_established,
+            (PROTO_TCP, _) => self.tcp_syn,
+            (PROTO_ICMP, _) => self.icmp,
+            _ => self.udp,
+        }
+    }
+
+    /// Whether the flow whose two entries are `out` and `back` is dead at
+    /// `now` (nanoseconds on the kernel's monotonic clock).
+    pub const fn expired(&self, proto: u8, out: &FlowNat, back: &FlowNat, now: u64) -> bool {
+        let last = if out.last_seen > back.last_seen {
+            out.last_seen
+        } else {
+            back.last_seen
+        };
+        let lifetime = self.lifetime(
+            proto,
+            TcpState::from_u8(out.state),
+            TcpState::from_u8(back.state),
+        );
+        now.saturating_sub(last) > lifetime * 1_000_000_000
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tcp_states_follow_the_flags() {
+        use TcpState::*;
+        assert_eq!(next_tcp_state(None, TCP_SYN), Syn);
+        assert_eq!(next_tcp_state(Syn, TCP_SYN | TCP_ACK), Established);
+        assert_eq!(next_tcp_state(Syn, TCP_ACK), Established);
+        assert_eq!(next_tcp_state(Established, TCP_SYN), Established);
+        assert_eq!(next_tcp_state(Established, TCP_FIN | TCP_ACK), Fin);
+        assert_eq!(next_tcp_state(Fin, TCP_ACK), Fin);
+        assert_eq!(next_tcp_state(Fin, TCP_RST), Rst);
+        assert_eq!(next_tcp_state(Rst, TCP_FIN), Rst);
+        assert_eq!(next_tcp_state(Established, TCP_RST | TCP_ACK), Rst);
+    }
+
+    #[test]
+    fn the_reply_key_mirrors_the_masqueraded_flow() {
+        let out = FlowKey {
+            saddr: 1,
+            daddr: 2,
+            sport: 40000,
+            dport: 80,
+            proto: PROTO_TCP,
+            dir: DIR_OUT,
+            pad: 0,
+        };
+        let nat = FlowNat {
+            addr: 9,
+            port: 1234,
+            ..FlowNat::default()
+        };
+        let back = reply_key(&out, &nat);
+        assert_eq!(
+            (back.saddr, back.daddr, back.sport, back.dport),
+            (2, 9, 80, 1234)
+        );
+        assert_eq!(back.dir, DIR_IN);
+    }
+
+    #[test]
+    fn a_flow_expires_after_the_lifetime_of_its_most_final_state() {
+        let t = Timeouts::DEFAULT;
+        let at = |secs: u64, state: TcpState| FlowNat {
+            last_seen: secs * 1_000_000_000,
+            state: state as u8,
+            ..FlowNat::default()
+        };
+        let s = 1_000_000_000;
+        // A SYN never answered: 60 s from the SYN.
+        let (out, back) = (at(100, TcpState::Syn), at(0, TcpState::None));
+        assert!(!t.expired(PROTO_TCP, &out, &back, 160 * s));
+        assert!(t.expired(PROTO_TCP, &out, &back, 161 * s));
+        // The later of the two directions counts.
+        let (out, back) = (
+            at(100, TcpState::Established),
+            at(200, TcpState::Established),
+        );
+        assert!(!t.expired(PROTO_TCP, &out, &back, (200 + 21600) * s));
+        // A FIN on either side shortens it to 10 s, a RST to 5 s.
+        let back = at(200, TcpState::Fin);
+        assert!(t.expired(PROTO_TCP, &out, &back, 211 * s));
+        let back = at(200, TcpState::Rst);
+        assert!(t.expired(PROTO_TCP, &out, &back, 206 * s));
+        assert!(!t.expired(PROTO_TCP, &out, &back, 205 * s));
+        // UDP and ICMP by protocol.
+        let (out, back) = (at(0, TcpState::None), at(0, TcpState::None));
+        assert!(!t.expired(PROTO_UDP, &out, &back, 60 * s));
+        assert!(t.expired(PROTO_UDP, &out, &back, 61 * s));
+        assert!(t.expired(PROTO_ICMP, &out, &back, 31 * s));
+    }
+}

@@ -1,0 +1,184 @@
+//! Stateful source NAT: the flow table and port allocation. See
+//! `isthmus_common::conntrack` for the layout and the state machine.
+
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    btf_maps::{Array, HashMap},
+    helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},
+    macros::btf_map,
+};
+use isthmus_common::{
+    conntrack::{
+        DIR_IN, DIR_OUT, FlowKey, FlowNat, PORT_MIN, PROTO_ICMP, PROTO_TCP, SnatConfig, TcpState,
+        next_tcp_state, reply_key,
+    },
+    names::DEFAULT_CONNTRACK,
+};
+
+use crate::parse::{ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, Transport};
+
+/// Masqueraded flows, an entry per direction.
+#[btf_map(name = "ist_conntrack")]
+static FLOWS: HashMap<FlowKey, FlowNat, { DEFAULT_CONNTRACK as usize }> = HashMap::new();
+
+/// The gateway's masquerade settings.
+#[btf_map(name = "ist_snat")]
+static SNAT: Array<SnatConfig, 1> = Array::new();
+
+/// Ports tried before a flow is refused: the original, then random ones.
+const PORT_TRIES: u32 = 8;
+/// A busy entry's timestamp is rewritten at most this often (ns): a write
+/// per packet would bounce its cache line between CPUs.
+const REFRESH_NS: u64 = 1_000_000_000;
+/// `-E2BIG`: the map is full.
+const E2BIG: i32 = -7;
+
+/// Why a flow could not be masqueraded.
+pub enum Refused {
+    /// The flow table is full.
+    Full,
+    /// Every port tried was taken.
+    NoPort,
+}
+
+/// The masquerade address, when masquerading is on.
+#[inline(always)]
+pub fn masquerade_addr() -> Option<u32> {
+    let config = SNAT.get(0)?;
+    (config.enabled != 0).then_some(config.addr)
+}
+
+/// Whether the flow of `t` can be masqueraded at all: TCP, UDP, and ICMP
+/// echo requests (replies and errors are answers, never new flows).
+#[inline(always)]
+pub fn outbound_kind(t: &Transport) -> bool {
+    t.proto != PROTO_ICMP || t.icmp_type == ICMP_ECHO_REQUEST
+}
+
+/// The flow key of a packet leaving towards a peer.
+#[inline(always)]
+pub fn out_key(t: &Transport, src: u32, dst: u32) -> FlowKey {
+    FlowKey {
+        saddr: src,
+        daddr: dst,
+        sport: t.sport,
+        dport: t.dport,
+        proto: t.proto,
+        dir: DIR_OUT,
+        pad: 0,
+    }
+}
+
+/// The flow key of a reply arriving from a peer, or None when `t` cannot
+/// be one (an ICMP that is not an echo reply).
+#[inline(always)]
+pub fn in_key(t: &Transport, src: u32, dst: u32) -> Option<FlowKey> {
+    let (sport, dport) = match t.proto {
+        PROTO_ICMP if t.icmp_type != ICMP_ECHO_REPLY => return None,
+        PROTO_ICMP => (0, t.sport),
+        _ => (t.sport, t.dport),
+    };
+    Some(FlowKey {
+        saddr: src,
+        daddr: dst,
+        sport,
+        dport,
+        proto: t.proto,
+        dir: DIR_IN,
+        pad: 0,
+    })
+}
+
+/// Where an outbound flow goes out as: its existing entry, or a new one
+/// with a port of ours that no other flow to the same peer address and
+/// port holds.
+#[inline(always)]
+pub fn outbound(key: &FlowKey, masq: u32, tcp_flags: u8) -> Result<FlowNat, Refused> {
+    // SAFETY: bpf_ktime_get_ns has no preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if let Some(entry) = FLOWS.get_ptr_mut(key) {
+        // SAFETY: a valid entry pointer from the map; a racing writer only
+        // makes a timestamp or state slightly stale.
+        return Ok(unsafe { refresh(&mut *entry, key.proto, tcp_flags, now) });
+    }
+    let state = initial_state(key.proto, tcp_flags);
+    let mut nat = FlowNat {
+        addr: masq,
+        port: key.sport,
+        state,
+        pad: 0,
+        last_seen: now,
+    };
+    let back = FlowNat {
+        addr: key.saddr,
+        port: key.sport,
+        state: TcpState::None as u8,
+        pad: 0,
+        last_seen: now,
+    };
+    for _ in 0..PORT_TRIES {
+        let reply = reply_key(key, &nat);
+        match FLOWS.insert(reply, back, BPF_NOEXIST as u64) {
+            Ok(()) => return claim(key, &reply, nat),
+            Err(E2BIG) => return Err(Refused::Full),
+            Err(_) => {
+                // SAFETY: bpf_get_prandom_u32 has no preconditions.
+                let r = unsafe { bpf_get_prandom_u32() };
+                nat.port = PORT_MIN + (r % (u16::MAX as u32 - PORT_MIN as u32 + 1)) as u16;
+            }
+        }
+    }
+    Err(Refused::NoPort)
+}
+
+/// Publishes the outbound entry once its reply entry holds the port. If
+/// another CPU published the same flow first, its entry wins.
+#[inline(always)]
+fn claim(key: &FlowKey, reply: &FlowKey, nat: FlowNat) -> Result<FlowNat, Refused> {
+    match FLOWS.insert(key, nat, BPF_NOEXIST as u64) {
+        Ok(()) => Ok(nat),
+        Err(e) => {
+            let _ = FLOWS.remove(reply);
+            // SAFETY: a u64-aligned value copied out at once.
+            match unsafe { FLOWS.get(key) } {
+                Some(existing) if e != E2BIG => Ok(*existing),
+                _ => Err(Refused::Full),
+            }
+        }
+    }
+}
+
+/// Where a reply goes back to: the original source and port, if the flow
+/// is known.
+#[inline(always)]
+pub fn inbound(key: &FlowKey, tcp_flags: u8) -> Option<FlowNat> {
+    let entry = FLOWS.get_ptr_mut(key)?;
+    // SAFETY: bpf_ktime_get_ns has no preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: as in `outbound`.
+    Some(unsafe { refresh(&mut *entry, key.proto, tcp_flags, now) })
+}
+
+#[inline(always)]
+fn initial_state(proto: u8, tcp_flags: u8) -> u8 {
+    if proto == PROTO_TCP {
+        next_tcp_state(TcpState::None, tcp_flags) as u8
+    } else {
+        TcpState::None as u8
+    }
+}
+
+/// Records a packet on `entry` and returns a copy of it.
+#[inline(always)]
+fn refresh(entry: &mut FlowNat, proto: u8, tcp_flags: u8, now: u64) -> FlowNat {
+    let state = if proto == PROTO_TCP {
+        next_tcp_state(TcpState::from_u8(entry.state), tcp_flags) as u8
+    } else {
+        entry.state
+    };
+    if state != entry.state || now.wrapping_sub(entry.last_seen) > REFRESH_NS {
+        entry.state = state;
+        entry.last_seen = now;
+    }
+    *entry
+}
