@@ -21,7 +21,7 @@ use anyhow::{Context, Result, bail};
 use crate::{
     cmd::{ip, run, sysctl},
     netns,
-    topology::{CLUSTERS, Cluster, METRICS_PORT, PEERINGS, WAN_NS},
+    topology::{CLUSTERS, Cluster, METRICS_PORT, NAT_MAPPING, PEERINGS, WAN_NS},
 };
 
 /// Where the lab keeps its state: PIDs, logs, objects, bpffs.
@@ -348,8 +348,8 @@ fn wg_socket(dev: &str) -> PathBuf {
 /// keys and peerings, and routes peers' networks into it.
 fn start_wireguard_go() -> Result<()> {
     fs::create_dir_all(state("wg-pids"))?;
-    for p in &PEERINGS {
-        let (gw, dev) = (p.local.gw(), wg_dev(&p.local.gw()));
+    for cluster in CLUSTERS {
+        let (gw, dev) = (cluster.gw(), wg_dev(&cluster.gw()));
         let _ = fs::remove_file(wg_socket(&dev));
         let child = Command::new("ip")
             .args(["netns", "exec", &gw, "wireguard-go", &dev])
@@ -367,15 +367,23 @@ fn start_wireguard_go() -> Result<()> {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        let views: Vec<String> = p.remote_views().iter().map(|n| n.to_string()).collect();
-        let script = format!(
-            "wg set {dev} private-key {key} listen-port {port} peer {peer} endpoint {endpoint}:{port} allowed-ips {allowed} persistent-keepalive 10",
+        let mut script = format!(
+            "wg set {dev} private-key {key} listen-port {port}",
             key = key_file(&gw).display(),
             port = crate::topology::TUNNEL_PORT,
-            peer = public_key(&p.remote.gw())?,
-            endpoint = p.remote.wan_addr(),
-            allowed = views.join(","),
         );
+        let mut views = Vec::new();
+        for p in PEERINGS.iter().filter(|p| p.local.name == cluster.name) {
+            let allowed: Vec<String> = p.remote_views().iter().map(|n| n.to_string()).collect();
+            script.push_str(&format!(
+                " peer {peer} endpoint {endpoint}:{port} allowed-ips {allowed} persistent-keepalive 10",
+                peer = public_key(&p.remote.gw())?,
+                endpoint = p.remote.wan_addr(),
+                port = crate::topology::TUNNEL_PORT,
+                allowed = allowed.join(","),
+            ));
+            views.extend(allowed);
+        }
         run("ip", &["netns", "exec", &gw, "sh", "-c", &script])?;
         ip(&gw, &["link", "set", &dev, "mtu", "1420", "up"])?;
         for view in &views {
@@ -414,6 +422,21 @@ fn write_objects(tunnel: LabTunnel) -> Result<()> {
             fs::write(dir.join(format!("peer-{}.yaml", p.remote.name)), &yaml)?;
         }
     }
+    write_nat_mapping(&[NAT_MAPPING.entry()])
+}
+
+/// Writes the hub's NatMapping for its client with `entries` (endpoint,
+/// externalIP) on both of the hub's nodes; the agents pick it up live.
+pub fn write_nat_mapping(entries: &[(Ipv4Addr, Ipv4Addr)]) -> Result<()> {
+    let yaml = NAT_MAPPING.yaml(entries);
+    for (node, _) in NAT_MAPPING.hub.nodes() {
+        let dir = object_dir(&node);
+        fs::create_dir_all(&dir)?;
+        // Written aside and renamed in, so the watcher never reads half a file.
+        let tmp = dir.join(format!(".{}.tmp", NAT_MAPPING.file_name()));
+        fs::write(&tmp, &yaml)?;
+        fs::rename(&tmp, dir.join(NAT_MAPPING.file_name()))?;
+    }
     Ok(())
 }
 
@@ -436,6 +459,13 @@ pub fn start_agent(node: &str) -> Result<u32> {
         format!("--source=dir:{}", object_dir(node).display()),
         format!("--bpffs={}", bpffs(node).display()),
     ];
+    if role_of(node) == "gateway" {
+        let cluster = CLUSTERS
+            .iter()
+            .find(|c| c.gw() == node)
+            .context("a gateway of no cluster")?;
+        args.push(format!("--masquerade-ip={}", cluster.masquerade_addr()));
+    }
     match tunnel_mode() {
         LabTunnel::Userspace => {
             args.push(format!("--private-key-file={}", key_file(node).display()))

@@ -41,8 +41,16 @@ pub const B: Cluster = Cluster {
     external_cidr: "192.168.0.0/24",
 };
 
+/// Cluster c: peered with b only, reached from a through b.
+pub const C: Cluster = Cluster {
+    name: "c",
+    index: 3,
+    pod_cidr: "10.1.0.0/24",
+    external_cidr: "192.168.2.0/24",
+};
+
 /// The clusters the lab builds.
-pub const CLUSTERS: [&Cluster; 2] = [&A, &B];
+pub const CLUSTERS: [&Cluster; 3] = [&A, &B, &C];
 
 /// Host part of the pod on the worker node (lower /25).
 const POD1_HOST: u32 = 5;
@@ -98,6 +106,12 @@ impl Cluster {
             .nth(usize::from(i - 1))
             .expect("two halves")
     }
+    /// The address its gateway masquerades flows to when their source is
+    /// none of the cluster's (node traffic, transit): the last of its
+    /// PodCIDR, which no pod of the lab holds.
+    pub fn masquerade_addr(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.pods().broadcast()) - 1)
+    }
     /// Every node netns of the cluster with its role.
     pub fn nodes(&self) -> [(String, &'static str); 2] {
         [(self.gw(), "gateway"), (self.node(), "worker")]
@@ -133,7 +147,7 @@ pub struct Peering {
 }
 
 /// Every peering, from each side.
-pub const PEERINGS: [Peering; 2] = [
+pub const PEERINGS: [Peering; 4] = [
     Peering {
         local: &A,
         remote: &B,
@@ -152,7 +166,86 @@ pub const PEERINGS: [Peering; 2] = [
         local_nat_external: Some("10.0.1.0/24"),
         layout: Layout::Status,
     },
+    Peering {
+        local: &B,
+        remote: &C,
+        remote_nat_pod: None,
+        local_nat_pod: None,
+        remote_nat_external: None,
+        local_nat_external: None,
+        layout: Layout::Spec,
+    },
+    Peering {
+        local: &C,
+        remote: &B,
+        remote_nat_pod: None,
+        local_nat_pod: None,
+        remote_nat_external: None,
+        local_nat_external: None,
+        layout: Layout::Status,
+    },
 ];
+
+/// DESIGN §2: the NatMapping cluster b holds for cluster a, exposing c-pod1
+/// as externalIP 192.168.0.45 (seen by a as 10.0.1.45).
+pub const NAT_MAPPING: HubMapping = HubMapping {
+    hub: &B,
+    client: &A,
+    endpoint: Ipv4Addr::new(10, 1, 0, 5),
+    external: Ipv4Addr::new(192, 168, 0, 45),
+};
+
+/// A NatMapping entry held by a hub for one client cluster.
+#[derive(Debug)]
+pub struct HubMapping {
+    /// The cluster holding the object.
+    pub hub: &'static Cluster,
+    /// The cluster whose traffic it translates.
+    pub client: &'static Cluster,
+    /// The endpoint exposed (behind the hub).
+    pub endpoint: Ipv4Addr,
+    /// The hub's externalIP for it.
+    pub external: Ipv4Addr,
+}
+
+impl HubMapping {
+    /// The NatMapping as Liqo writes it, with `entries` (endpoint,
+    /// externalIP); the lab's own entry is [`HubMapping::entry`].
+    pub fn yaml(&self, entries: &[(Ipv4Addr, Ipv4Addr)]) -> String {
+        let mut yaml = format!(
+            "apiVersion: net.liqo.io/v1alpha1
+kind: NatMapping
+metadata:
+  name: natmapping-{client}
+spec:
+  clusterID: cluster-{client}
+  podCIDR: {pod}
+  externalCIDR: {external}
+  clusterMappings:
+",
+            client = self.client.name,
+            pod = self.hub.pod_cidr,
+            external = self.hub.external_cidr,
+        );
+        for (endpoint, external) in entries {
+            yaml.push_str(&format!("    {endpoint}: {external}\n"));
+        }
+        if entries.is_empty() {
+            yaml = yaml.replace("  clusterMappings:\n", "  clusterMappings: {}\n");
+        }
+        yaml
+    }
+
+    /// The lab's entry.
+    pub fn entry(&self) -> (Ipv4Addr, Ipv4Addr) {
+        (self.endpoint, self.external)
+    }
+
+    /// The file name of the object in the hub's nodes' object directories.
+    pub fn file_name(&self) -> String {
+        format!("natmapping-{}.yaml", self.client.name)
+    }
+}
 
 fn or_none(v: Option<&str>) -> &str {
     v.unwrap_or("None")
@@ -229,7 +322,36 @@ pub struct Reach {
     pub client_seen_as: Ipv4Addr,
 }
 
-/// Rows 1–3: the a–b double NAT.
+impl Reach {
+    /// The clusters whose gateways the row's traffic crosses: both ends,
+    /// and a hub between them when they are not peered.
+    pub fn clusters_crossed(&self) -> Vec<&'static Cluster> {
+        let of = |ns: &str| {
+            *CLUSTERS
+                .iter()
+                .find(|c| ns.starts_with(&format!("{}-", c.name)))
+                .expect("a pod of a lab cluster")
+        };
+        let (from, to) = (of(&self.from), of(&self.answered_by));
+        let peered = |x: &Cluster, y: &Cluster| {
+            PEERINGS
+                .iter()
+                .any(|p| p.local.name == x.name && p.remote.name == y.name)
+        };
+        let mut crossed = vec![from, to];
+        if !peered(from, to) {
+            crossed.extend(
+                CLUSTERS
+                    .iter()
+                    .copied()
+                    .filter(|hub| peered(from, hub) && peered(hub, to)),
+            );
+        }
+        crossed
+    }
+}
+
+/// Rows 1–5: the a–b double NAT, b–c, and a to c through the hub b.
 pub fn reachability() -> Vec<Reach> {
     let row = |row, from: String, target: [u8; 4], answered_by: String, seen: [u8; 4]| Reach {
         row,
@@ -242,6 +364,14 @@ pub fn reachability() -> Vec<Reach> {
         row(1, A.pod(1), [10, 0, 0, 5], B.pod(1), [10, 0, 40, 5]),
         row(2, A.pod(2), [10, 0, 0, 133], B.pod(2), [10, 0, 40, 133]),
         row(3, B.pod(1), [10, 0, 40, 5], A.pod(1), [10, 0, 0, 5]),
+        row(4, B.pod(1), [10, 1, 0, 5], C.pod(1), [10, 244, 0, 5]),
+        row(
+            5,
+            A.pod(1),
+            [10, 0, 1, 45],
+            C.pod(1),
+            B.masquerade_addr().octets(),
+        ),
     ]
 }
 
