@@ -5,19 +5,17 @@ use std::{
     collections::BTreeSet,
     fs, io,
     path::{Path, PathBuf},
-    time::Duration,
 };
 
-use notify::{RecursiveMode, Watcher};
+use notify::{
+    EventKind, RecursiveMode, Watcher,
+    event::{AccessKind, AccessMode, ModifyKind},
+};
 use thiserror::Error;
 use tokio::sync::mpsc;
 use tracing::warn;
 
 use crate::object::{DocumentError, Object, parse_documents};
-
-/// How long a burst of filesystem events may take to settle: editors and
-/// `cp` write a file in several steps, and one read after them is enough.
-const SETTLE: Duration = Duration::from_millis(15);
 
 /// One change seen by a source.
 #[derive(Debug)]
@@ -80,7 +78,10 @@ pub fn watch_dir(dir: &Path) -> Result<mpsc::Receiver<SourceEvent>, DirError> {
     let (raw_tx, mut raw_rx) = mpsc::unbounded_channel::<PathBuf>();
     let mut watcher =
         notify::recommended_watcher(move |event: notify::Result<notify::Event>| match event {
-            Ok(event) => event.paths.into_iter().for_each(|p| drop(raw_tx.send(p))),
+            Ok(event) if completes(&event.kind) => {
+                event.paths.into_iter().for_each(|p| drop(raw_tx.send(p)))
+            }
+            Ok(_) => {}
             Err(e) => warn!(error = %e, "directory watch error"),
         })
         .map_err(|e| DirError::Watch(dir.into(), e))?;
@@ -102,8 +103,9 @@ pub fn watch_dir(dir: &Path) -> Result<mpsc::Receiver<SourceEvent>, DirError> {
             return;
         }
         while let Some(first) = raw_rx.recv().await {
+            // Whatever else is already queued is read once, in the same pass.
             let mut changed = BTreeSet::from([first]);
-            while let Ok(Some(path)) = tokio::time::timeout(SETTLE, raw_rx.recv()).await {
+            while let Ok(path) = raw_rx.try_recv() {
                 changed.insert(path);
             }
             for path in changed.into_iter().filter(|p| is_yaml(p)) {
@@ -114,6 +116,18 @@ pub fn watch_dir(dir: &Path) -> Result<mpsc::Receiver<SourceEvent>, DirError> {
         }
     });
     Ok(rx)
+}
+
+/// Whether an event leaves a file complete, so it can be read now: closed
+/// after writing, renamed in or out, or removed. Creating and writing come
+/// before the close, and reading then could see half a file.
+fn completes(kind: &EventKind) -> bool {
+    matches!(
+        kind,
+        EventKind::Access(AccessKind::Close(AccessMode::Write))
+            | EventKind::Modify(ModifyKind::Name(_))
+            | EventKind::Remove(_)
+    )
 }
 
 fn yaml_files(dir: &Path) -> Result<Vec<PathBuf>, DirError> {

@@ -1,0 +1,336 @@
+//! ExternalCIDR through the hub (DESIGN §2, row 5): a-pod1 reaches c-pod1
+//! at 10.0.1.45 through b's NatMapping and masquerade, never a pod of b;
+//! the entry's removal and return take effect live; and a gateway's own
+//! traffic gets out through the masquerade.
+
+use std::{
+    io::{Read, Write},
+    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use isthmus_agent::{maps::MappingMap, reconcile::KernelTable};
+use isthmus_tests::{netns as test_netns, require_lab};
+use xtask::{
+    cmd::ip,
+    lab, netns,
+    probe::{self, Proto, next_port},
+    topology::{A, B, C, NAT_MAPPING},
+};
+
+/// How a reaches c-pod1: b's externalIP 192.168.0.45 in a's view of b's ExternalCIDR.
+const HUB_TARGET: Ipv4Addr = Ipv4Addr::new(10, 0, 1, 45);
+/// A pod of b that owns the host part .45 of b's PodCIDR: the wrong answer.
+const IMPOSTOR_NS: &str = "ist-t-b45";
+const IMPOSTOR: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 45);
+/// The new-connection cutoff the issue sets after a removal.
+const CUTOFF: Duration = Duration::from_millis(100);
+const CONNECT: Duration = Duration::from_millis(150);
+const GIVE_UP: Duration = Duration::from_secs(10);
+
+/// A pod of the test's own on b-node, wired like the lab's pods; removed on drop.
+struct Impostor;
+
+impl Impostor {
+    fn new() -> Self {
+        test_netns::fresh(&[IMPOSTOR_NS]);
+        let node = B.node();
+        let _ = ip(&node, &["link", "del", "t45"]);
+        ip(
+            IMPOSTOR_NS,
+            &[
+                "link", "add", "eth0", "type", "veth", "peer", "name", "t45", "netns", &node,
+            ],
+        )
+        .unwrap();
+        ip(IMPOSTOR_NS, &["link", "set", "eth0", "up"]).unwrap();
+        ip(&node, &["link", "set", "t45", "up"]).unwrap();
+        ip(
+            IMPOSTOR_NS,
+            &["addr", "add", &format!("{IMPOSTOR}/32"), "dev", "eth0"],
+        )
+        .unwrap();
+        ip(&node, &["addr", "add", "169.254.1.1/32", "dev", "t45"]).unwrap();
+        ip(
+            IMPOSTOR_NS,
+            &[
+                "route",
+                "add",
+                "169.254.1.1",
+                "dev",
+                "eth0",
+                "scope",
+                "link",
+            ],
+        )
+        .unwrap();
+        ip(
+            IMPOSTOR_NS,
+            &["route", "add", "default", "via", "169.254.1.1"],
+        )
+        .unwrap();
+        ip(
+            &node,
+            &["route", "add", &format!("{IMPOSTOR}/32"), "dev", "t45"],
+        )
+        .unwrap();
+        Self
+    }
+}
+
+impl Drop for Impostor {
+    fn drop(&mut self) {
+        // Deleting the link now, not when the kernel gets round to freeing
+        // the namespace, lets the next test create it again.
+        let _ = ip(&B.node(), &["link", "del", "t45"]);
+        test_netns::remove(&[IMPOSTOR_NS]);
+    }
+}
+
+/// A TCP server in `ns` that answers every connection with `name` and
+/// counts them, until dropped.
+struct Server {
+    accepted: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl Server {
+    fn start(ns: &str, port: u16, name: &'static str) -> Self {
+        let listener = netns::run_in(ns, || TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)))
+            .unwrap()
+            .unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let (accepted, stop) = (
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (count, halt) = (accepted.clone(), stop.clone());
+        let thread = thread::spawn(move || {
+            while !halt.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((mut stream, _)) => {
+                        count.fetch_add(1, Ordering::Relaxed);
+                        let _ = stream.set_nonblocking(false);
+                        let _ = stream.write_all(name.as_bytes());
+                    }
+                    // Polling paces the accept loop; it waits for no condition.
+                    Err(_) => thread::sleep(Duration::from_millis(1)),
+                }
+            }
+        });
+        Self {
+            accepted,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// When a connection started, and who answered it.
+type Attempt = (Duration, Option<String>);
+
+/// Connects from a-pod1 to the hub target and returns who answered.
+fn who_answers(port: u16) -> Option<String> {
+    let addr = SocketAddr::from((HUB_TARGET, port));
+    netns::run_in(&A.pod(1), || {
+        let mut stream = TcpStream::connect_timeout(&addr, CONNECT).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+        let mut name = String::new();
+        stream.read_to_string(&mut name).ok()?;
+        Some(name)
+    })
+    .unwrap()
+}
+
+fn hub_entry_present() -> bool {
+    let map = MappingMap::open(&lab::bpffs(&B.gw())).expect("b-gw's NatMapping table");
+    !map.entries().unwrap().is_empty()
+}
+
+/// Waits until b-gw's kernel table holds the entry (or not); returns how long it took.
+fn until_entry(present: bool) -> Duration {
+    let start = Instant::now();
+    while hub_entry_present() != present {
+        assert!(
+            start.elapsed() < GIVE_UP,
+            "b-gw's NatMapping entry never became {present}"
+        );
+        thread::sleep(Duration::from_millis(1));
+    }
+    start.elapsed()
+}
+
+#[test]
+fn the_hub_target_reaches_c_and_never_a_pod_of_b() {
+    require_lab();
+    let _impostor = Impostor::new();
+    let port = next_port();
+    let (c, impostor) = (
+        Server::start(&C.pod(1), port, "c-pod1"),
+        Server::start(IMPOSTOR_NS, port, "b45"),
+    );
+    for i in 0..20 {
+        assert_eq!(
+            who_answers(port).as_deref(),
+            Some("c-pod1"),
+            "connection {i}"
+        );
+    }
+    // UDP too: the impostor listens on the same port and must hear nothing.
+    let udp_port = next_port();
+    let impostor_udp = netns::run_in(IMPOSTOR_NS, || {
+        UdpSocket::bind((Ipv4Addr::UNSPECIFIED, udp_port))
+    })
+    .unwrap()
+    .unwrap();
+    impostor_udp.set_nonblocking(true).unwrap();
+    let seen = probe::exchange(Proto::Udp, &A.pod(1), &C.pod(1), HUB_TARGET).unwrap();
+    assert_eq!(seen.server_as_seen_by_client, HUB_TARGET);
+    assert_eq!(c.accepted(), 20);
+    assert_eq!(
+        impostor.accepted(),
+        0,
+        "b's pod .45 got a connection meant for c-pod1"
+    );
+    assert!(
+        impostor_udp.recv_from(&mut [0u8; 64]).is_err(),
+        "b's pod .45 got a datagram"
+    );
+}
+
+#[test]
+fn removing_the_entry_stops_new_connections_within_100ms_and_restoring_it_brings_them_back() {
+    require_lab();
+    let _impostor = Impostor::new();
+    let port = next_port();
+    let (c, impostor) = (
+        Server::start(&C.pod(1), port, "c-pod1"),
+        Server::start(IMPOSTOR_NS, port, "b45"),
+    );
+    // Traffic runs throughout: a connection every few milliseconds, each
+    // noted with when it started and who answered. Bounded in count and time.
+    let base = Instant::now();
+    let attempts: Arc<Mutex<Vec<Attempt>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let traffic = {
+        let (attempts, stop) = (attempts.clone(), stop.clone());
+        thread::spawn(move || {
+            for _ in 0..2000 {
+                if stop.load(Ordering::Relaxed) || base.elapsed() > Duration::from_secs(30) {
+                    break;
+                }
+                let started = base.elapsed();
+                let answer = who_answers(port);
+                attempts.lock().unwrap().push((started, answer));
+                thread::sleep(Duration::from_millis(3));
+            }
+        })
+    };
+    let successes_after = |from: Duration| {
+        attempts
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(t, a)| *t >= from && a.is_some())
+            .count()
+    };
+    let attempts_after = |from: Duration| {
+        attempts
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(t, _)| *t >= from)
+            .count()
+    };
+    let wait_for = |what: &str, done: &dyn Fn() -> bool| {
+        let start = Instant::now();
+        while !done() {
+            assert!(start.elapsed() < GIVE_UP, "timed out waiting for {what}");
+            thread::sleep(Duration::from_millis(5));
+        }
+    };
+    wait_for("traffic through the hub", &|| {
+        successes_after(Duration::ZERO) >= 10
+    });
+
+    let removed_at = base.elapsed();
+    lab::write_nat_mapping(&[]).unwrap();
+    let removal = until_entry(false);
+    let cutoff = removed_at + CUTOFF;
+    wait_for("attempts after the removal", &|| {
+        attempts_after(cutoff) >= 10
+    });
+
+    let restored_at = base.elapsed();
+    lab::write_nat_mapping(&[NAT_MAPPING.entry()]).unwrap();
+    let restore = until_entry(true);
+    wait_for("traffic after the restore", &|| {
+        successes_after(restored_at + restore) >= 5
+    });
+    stop.store(true, Ordering::Relaxed);
+    traffic.join().unwrap();
+
+    let attempts = attempts.lock().unwrap();
+    let late_successes: Vec<_> = attempts
+        .iter()
+        .filter(|(t, a)| *t >= cutoff && *t < restored_at && a.is_some())
+        .collect();
+    assert!(
+        removal < CUTOFF,
+        "the entry left b-gw's kernel table {removal:?} after the file changed"
+    );
+    assert!(
+        late_successes.is_empty(),
+        "connections started more than {CUTOFF:?} after the removal still got through: {late_successes:?}"
+    );
+    assert!(
+        attempts.iter().all(|(_, a)| a.as_deref() != Some("b45")),
+        "a connection reached b's pod .45"
+    );
+    assert_eq!(impostor.accepted(), 0);
+    // c-pod1 may accept a connection whose answer, caught by the removal,
+    // never makes it back; it never has fewer.
+    assert!(
+        c.accepted() >= attempts.iter().filter(|(_, a)| a.is_some()).count(),
+        "answered connections that c-pod1 never accepted"
+    );
+    println!("removal reached the kernel in {removal:?}, the restore in {restore:?}");
+}
+
+#[test]
+fn a_gateways_own_traffic_gets_out_through_the_masquerade() {
+    require_lab();
+    // a-gw's masquerade address 10.244.0.254, as b sees a's PodCIDR.
+    let masquerade_at_b = Ipv4Addr::new(10, 0, 40, 254);
+    assert_eq!(A.masquerade_addr(), Ipv4Addr::new(10, 244, 0, 254));
+    for proto in Proto::ALL {
+        let seen = probe::exchange(proto, &A.gw(), &B.pod(1), Ipv4Addr::new(10, 0, 0, 5))
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        assert_eq!(
+            seen.client_as_seen_by_server,
+            masquerade_at_b,
+            "{}",
+            proto.as_str()
+        );
+        assert_eq!(seen.server_as_seen_by_client, Ipv4Addr::new(10, 0, 0, 5));
+    }
+}
