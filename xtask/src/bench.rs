@@ -8,6 +8,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod control;
+
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use xtask::{
@@ -25,6 +27,9 @@ pub enum Which {
     /// TCP throughput and round-trip time from a-pod1 to b-pod1 through the
     /// embedded tunnel, and through wireguard-go in its place.
     Tunnel,
+    /// NatMapping apply time and update latency against iptables, and pps
+    /// through the hub with 10 and 10,000 entries.
+    Control,
 }
 
 /// Runs one benchmark.
@@ -38,6 +43,7 @@ pub fn run_bench(which: Which) -> Result<()> {
             result
         }
         Which::Tunnel => tunnel(),
+        Which::Control => control::run_control(),
     }
 }
 
@@ -551,7 +557,13 @@ fn set_isthmus_peers(count: usize) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     for p in gateway_peerings() {
         let gw = p.local.gw();
-        while peers_programmed(&gw)? != count as f64 {
+        // The synthetic peers replace the measured one's count, not the others'.
+        let others = PEERINGS
+            .iter()
+            .filter(|q| q.local.name == p.local.name)
+            .count()
+            - 1;
+        while peers_programmed(&gw)? != (count + others) as f64 {
             if Instant::now() > deadline {
                 bail!("{gw} never programmed {count} peers");
             }
@@ -561,8 +573,11 @@ fn set_isthmus_peers(count: usize) -> Result<()> {
     Ok(())
 }
 
+/// The a–b peerings, both sides: the double NAT the NAT bench measures.
 fn gateway_peerings() -> impl Iterator<Item = &'static Peering> {
-    PEERINGS.iter()
+    PEERINGS.iter().filter(|p| {
+        [A.name, B.name].contains(&p.local.name) && [A.name, B.name].contains(&p.remote.name)
+    })
 }
 
 fn peers_programmed(gw: &str) -> Result<f64> {
@@ -652,13 +667,23 @@ fn install_iptables(count: usize) -> Result<()> {
 }
 
 fn flush_iptables() -> Result<()> {
-    for p in gateway_peerings() {
+    let gateways: Vec<String> = gateway_peerings().map(|p| p.local.gw()).collect();
+    flush_nat_rules(&gateways)
+}
+
+/// Removes every nat rule in `gateways`, and the connections they
+/// translated: NAT state outlives its rules, and would translate the next
+/// setup's packets.
+fn flush_nat_rules(gateways: &[String]) -> Result<()> {
+    for gw in gateways {
         for args in [["-t", "nat", "-F"], ["-t", "nat", "-X"]] {
             run(
                 "ip",
-                &[&["netns", "exec", &p.local.gw(), "iptables"][..], &args[..]].concat(),
+                &[&["netns", "exec", gw, "iptables"][..], &args[..]].concat(),
             )?;
         }
+        // `conntrack -F` exits non-zero when the table was already empty.
+        let _ = run("ip", &["netns", "exec", gw, "conntrack", "-F"]);
     }
     Ok(())
 }

@@ -22,6 +22,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "tcpdump",
     "wireguard-go",
     "wireguard-tools",
+    // The benches flush NAT state between setups.
+    "conntrack",
 ];
 /// bpf-linker release known to build against LLVM 22 (DESIGN §3).
 const BPF_LINKER_VERSION: &str = "0.13.0";

@@ -1,0 +1,467 @@
+//! `cargo xtask bench control`: how fast NatMapping changes reach the
+//! kernel, and what 10,000 entries cost a packet through the hub, against
+//! the per-cluster iptables DNAT chain Liqo keeps.
+
+use std::{
+    fmt::Write as _,
+    fs,
+    net::Ipv4Addr,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use aya::maps::{HashMap, Map, MapData};
+use isthmus_common::{
+    names,
+    nat::{MappingKey, PeerKey, PeerNat, wire},
+};
+use xtask::{
+    lab::{self, LabTunnel},
+    topology::{A, B, C, NAT_MAPPING},
+};
+
+use super::{Flow, disable_isthmus, enable_isthmus, measure, median, result_lines, write_section};
+
+/// Entries in the large table.
+const ENTRIES: usize = 10_000;
+/// Entries in the small table.
+const FEW: usize = 10;
+/// Single-entry changes timed from file to kernel.
+const UPDATES: usize = 200;
+/// How long iptables may take to insert the entries before it is stopped.
+const IPTABLES_BUDGET: Duration = Duration::from_secs(900);
+/// pps measurement rounds per setup, interleaved.
+const ROUNDS: usize = 2;
+
+/// The synthetic cluster whose NatMapping fills b-gw's table: its
+/// ExternalCIDR for us is large enough for 10,000 externalIPs.
+const BENCH_CLUSTER: &str = "cluster-bench";
+const BENCH_VIEW: &str = "10.50.0.0/24";
+
+pub fn run_control() -> Result<()> {
+    lab::up(LabTunnel::None)?;
+    let result = control();
+    lab::down()?;
+    result
+}
+
+fn control() -> Result<()> {
+    let gw = B.gw();
+    write_object(&gw, "bench-peer.yaml", &bench_peer())?;
+    let peer_id = wait_for_peer(&gw)?;
+
+    println!("bench: applying {ENTRIES} NatMapping entries");
+    let converge = apply_isthmus(&gw, peer_id)?;
+    println!(
+        "bench:   {:.1} ms to converge",
+        converge.as_secs_f64() * 1e3
+    );
+    let latencies = update_latencies(&gw, peer_id)?;
+    let (p50, p99) = (percentile(&latencies, 50), percentile(&latencies, 99));
+    println!("bench:   one-entry change: p50 {p50:.2} ms, p99 {p99:.2} ms");
+    let rss = super::agent_rss_mib(&gw)?;
+    fs::remove_file(lab::object_dir(&gw).join("natmapping-bench.yaml"))?;
+
+    println!("bench: inserting {ENTRIES} DNAT rules as Liqo does (iptables -C, then -A)");
+    let iptables = apply_iptables(&gw)?;
+    println!(
+        "bench:   {:.1} s for {} rules{}",
+        iptables.elapsed.as_secs_f64(),
+        iptables.inserted,
+        if iptables.inserted < ENTRIES {
+            " (stopped: over budget)"
+        } else {
+            ""
+        }
+    );
+
+    let pps = hub_pps(peer_id)?;
+    let get = |name: &str, n: usize| {
+        pps.iter()
+            .find(|(s, c, _)| *s == name && *c == n)
+            .map_or(0.0, |(_, _, v)| *v)
+    };
+    let ms = converge.as_secs_f64() * 1e3;
+    let results = [
+        (
+            "natmapping-10k-converge-ms-vs-iptables",
+            ms,
+            iptables.elapsed.as_secs_f64() * 1e3,
+        ),
+        ("natmapping-update-p50-ms-vs-target", p50, 10.0),
+        ("natmapping-update-p99-ms-vs-target", p99, 10.0),
+        (
+            "hub-pps-10k-entries-vs-isthmus-10-entries",
+            get("isthmus", ENTRIES),
+            get("isthmus", FEW),
+        ),
+        (
+            "hub-pps-10k-entries-vs-iptables-10k",
+            get("isthmus", ENTRIES),
+            get("iptables", ENTRIES),
+        ),
+        (
+            "iptables-hub-pps-10k-entries-vs-iptables-10-entries",
+            get("iptables", ENTRIES),
+            get("iptables", FEW),
+        ),
+        ("agent-rss-mib-10k-entries-vs-budget", rss, 64.0),
+    ];
+    let lines = result_lines(&results, 2);
+    let mut section = format!(
+        "## Control plane: NatMapping entries from file to kernel
+
+`cargo xtask bench control` runs the lab with clear routing (`--tunnel none`)
+and works on b-gw, the hub.
+
+- **Apply.** One NatMapping of {ENTRIES} entries, for a synthetic cluster
+  whose ExternalCIDR holds them, is renamed into b-gw's object directory. The
+  clock stops when the last entry is in b-gw's kernel table, read from the
+  pinned map.
+- **Update.** {UPDATES} times, one entry of the same object changes its
+  endpoint, and the whole object is rewritten. Each change is timed until the
+  kernel holds the new value.
+- **iptables.** The same entries, inserted as Liqo's network manager does:
+  one `-d externalIP -j DNAT --to-destination endpointIP` rule per entry, in
+  the cluster's `LIQO-PRRT-MAP-CLS-` chain, through go-iptables'
+  `AppendUnique`, that is `iptables -C`, then `iptables -A`. The
+  `iptables` here is Debian's, with the nft backend.
+- **Packets.** 64-byte UDP from a-pod2 to 10.0.1.45, through b to c-pod1,
+  over 256 flows. Isthmus holds the lab's entry plus {FEW} or {ENTRIES} in
+  total, in the same hash. iptables has the lab's DNAT rule in the middle
+  of a chain of {FEW} or {ENTRIES} rules, with Liqo's NETMAP and SNAT rules
+  for the rest of the path. iptables walks the chain once per new flow and
+  conntrack does the rest, so the chain length barely shows in pps.
+
+| measure | Isthmus | iptables |
+|---|---|---|
+| {ENTRIES} entries applied | {ms:.1} ms | {ipt:.1} s{ipt_note} |
+| one-entry change, p50 / p99 | {p50:.2} / {p99:.2} ms | |
+| pps through the hub, {FEW} entries | {i10:.0} | {t10:.0} |
+| pps through the hub, {ENTRIES} entries | {i10k:.0} | {t10k:.0} |
+
+Agent resident memory with {ENTRIES} entries: {rss:.1} MiB.
+
+```
+{lines}```
+",
+        ipt = iptables.elapsed.as_secs_f64(),
+        ipt_note = if iptables.inserted < ENTRIES {
+            format!(" (stopped after {} rules)", iptables.inserted)
+        } else {
+            String::new()
+        },
+        i10 = get("isthmus", FEW),
+        i10k = get("isthmus", ENTRIES),
+        t10 = get("iptables", FEW),
+        t10k = get("iptables", ENTRIES),
+    );
+    if iptables.inserted < ENTRIES {
+        let _ = writeln!(
+            section,
+            "\niptables was stopped at its budget; its figure is a lower bound."
+        );
+    }
+    write_section("control", &section)
+}
+
+/// Writes `yaml` into `node`'s object directory as `name`, atomically.
+fn write_object(node: &str, name: &str, yaml: &str) -> Result<()> {
+    let dir = lab::object_dir(node);
+    let tmp = dir.join(format!(".{name}.tmp"));
+    fs::write(&tmp, yaml)?;
+    fs::rename(&tmp, dir.join(name))?;
+    Ok(())
+}
+
+fn bench_peer() -> String {
+    format!(
+        "apiVersion: net.liqo.io/v1alpha1
+kind: TunnelEndpoint
+metadata: {{name: tep-bench, namespace: liqo-tenant-bench}}
+spec:
+  clusterID: {BENCH_CLUSTER}
+  localPodCIDR: {pod}
+  localNATPodCIDR: None
+  localExternalCIDR: 100.64.0.0/16
+  localNATExternalCIDR: None
+  remotePodCIDR: {BENCH_VIEW}
+  remoteNATPodCIDR: None
+  remoteExternalCIDR: 192.168.50.0/24
+  remoteNATExternalCIDR: None
+  endpointIP: 203.0.113.200
+  backend_config: {{port: \"5871\"}}
+",
+        pod = B.pod_cidr
+    )
+}
+
+/// Entry `i` of the large table: (endpointIP, externalIP).
+fn entry(i: usize, generation: u8) -> (Ipv4Addr, Ipv4Addr) {
+    let (hi, lo) = ((i / 256) as u8, (i % 256) as u8);
+    (
+        Ipv4Addr::new(10, 61 + generation, hi, lo),
+        Ipv4Addr::new(100, 64, hi, lo),
+    )
+}
+
+fn bench_mapping(count: usize, changed: Option<(usize, u8)>) -> String {
+    let mut yaml = format!(
+        "apiVersion: net.liqo.io/v1alpha1\nkind: NatMapping\nmetadata: {{name: natmapping-bench}}\nspec:\n  clusterID: {BENCH_CLUSTER}\n  clusterMappings:\n"
+    );
+    for i in 0..count {
+        let generation = match changed {
+            Some((k, g)) if k == i => g,
+            _ => 0,
+        };
+        let (endpoint, external) = entry(i, generation);
+        let _ = writeln!(yaml, "    {endpoint}: {external}");
+    }
+    yaml
+}
+
+fn pinned<K: aya::Pod, V: aya::Pod>(node: &str, map: &str) -> Result<HashMap<MapData, K, V>> {
+    let path = lab::bpffs(node).join("maps").join(map);
+    let data = MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))?;
+    Ok(Map::from_map_data(data)?.try_into()?)
+}
+
+/// Waits until `node` programs the synthetic peer; returns its peer ID.
+fn wait_for_peer(node: &str) -> Result<u32> {
+    let peers: HashMap<MapData, PeerKey, PeerNat> = pinned(node, names::MAP_PEERS)?;
+    let net: ipnet::Ipv4Net = BENCH_VIEW.parse()?;
+    let key = PeerKey::of(wire(net.network().octets()), net.prefix_len());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(nat) = peers.get(&key, 0) {
+            return Ok(nat.peer_id);
+        }
+        if Instant::now() > deadline {
+            bail!("{node} never programmed the bench peer");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Polls `node`'s NatMapping table until entry `i` maps to its endpoint of
+/// `generation`; returns when that was seen.
+fn wait_entry(
+    table: &HashMap<MapData, MappingKey, u32>,
+    peer_id: u32,
+    i: usize,
+    generation: u8,
+) -> Result<Instant> {
+    let (endpoint, external) = entry(i, generation);
+    let key = MappingKey {
+        peer_id,
+        addr: wire(external.octets()),
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if table.get(&key, 0).ok() == Some(wire(endpoint.octets())) {
+            return Ok(Instant::now());
+        }
+        if Instant::now() > deadline {
+            bail!("entry {i} never reached the kernel");
+        }
+        std::hint::spin_loop();
+    }
+}
+
+fn apply_isthmus(node: &str, peer_id: u32) -> Result<Duration> {
+    let table: HashMap<MapData, MappingKey, u32> = pinned(node, names::MAP_NATMAP)?;
+    let yaml = bench_mapping(ENTRIES, None);
+    let start = Instant::now();
+    write_object(node, "natmapping-bench.yaml", &yaml)?;
+    // The reconciler writes in key order: the highest externalIP goes last.
+    let done = wait_entry(&table, peer_id, ENTRIES - 1, 0)?;
+    let held = table
+        .keys()
+        .filter(|k| k.as_ref().is_ok_and(|k| k.peer_id == peer_id))
+        .count();
+    if held != ENTRIES {
+        bail!("{node} holds {held} bench entries, not {ENTRIES}");
+    }
+    Ok(done - start)
+}
+
+fn update_latencies(node: &str, peer_id: u32) -> Result<Vec<f64>> {
+    let table: HashMap<MapData, MappingKey, u32> = pinned(node, names::MAP_NATMAP)?;
+    let mut latencies = Vec::with_capacity(UPDATES);
+    for n in 0..UPDATES {
+        let i = (n * 7919) % ENTRIES;
+        let generation = 1 + (n % 2) as u8;
+        let yaml = bench_mapping(ENTRIES, Some((i, generation)));
+        let start = Instant::now();
+        write_object(node, "natmapping-bench.yaml", &yaml)?;
+        let done = wait_entry(&table, peer_id, i, generation)?;
+        latencies.push((done - start).as_secs_f64() * 1e3);
+    }
+    Ok(latencies)
+}
+
+fn percentile(values: &[f64], p: usize) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[(sorted.len() * p / 100).min(sorted.len() - 1)]
+}
+
+struct IptablesApply {
+    elapsed: Duration,
+    inserted: usize,
+}
+
+const MAP_CHAIN: &str = "LIQO-PRRT-MAP-CLS-bench";
+
+fn iptables(node: &str, args: &[&str]) -> Result<bool> {
+    let status = Command::new("ip")
+        .args(["netns", "exec", node, "iptables", "-w", "-t", "nat"])
+        .args(args)
+        .stderr(std::process::Stdio::null())
+        .status()?;
+    Ok(status.success())
+}
+
+fn apply_iptables(node: &str) -> Result<IptablesApply> {
+    let _ = iptables(node, &["-F", MAP_CHAIN]);
+    let _ = iptables(node, &["-X", MAP_CHAIN]);
+    if !iptables(node, &["-N", MAP_CHAIN])? {
+        bail!("cannot create {MAP_CHAIN} in {node}");
+    }
+    let start = Instant::now();
+    let mut inserted = 0;
+    for i in 0..ENTRIES {
+        if start.elapsed() > IPTABLES_BUDGET {
+            break;
+        }
+        let (endpoint, external) = entry(i, 0);
+        let (d, to) = (external.to_string(), endpoint.to_string());
+        let rule = ["-d", &d, "-j", "DNAT", "--to-destination", &to];
+        if !iptables(node, &[&["-C", MAP_CHAIN][..], &rule].concat())?
+            && !iptables(node, &[&["-A", MAP_CHAIN][..], &rule].concat())?
+        {
+            bail!("iptables -A {MAP_CHAIN} failed at rule {i}");
+        }
+        inserted += 1;
+        if inserted % 1000 == 0 {
+            println!(
+                "bench:   {inserted} rules in {:.1} s",
+                start.elapsed().as_secs_f64()
+            );
+        }
+    }
+    let elapsed = start.elapsed();
+    iptables(node, &["-F", MAP_CHAIN])?;
+    iptables(node, &["-X", MAP_CHAIN])?;
+    Ok(IptablesApply { elapsed, inserted })
+}
+
+/// The hub flow: a-pod2 to c-pod1 at 10.0.1.45.
+fn hub_flow() -> Flow {
+    Flow {
+        client: A.pod(2),
+        server: C.pod(1),
+        src: A.pod_addr(2).octets(),
+        dst: [10, 0, 1, 45],
+    }
+}
+
+/// pps through the hub for Isthmus and iptables, with few and many entries.
+fn hub_pps(peer_id: u32) -> Result<Vec<(&'static str, usize, f64)>> {
+    let flow = hub_flow();
+    let setups = [
+        ("isthmus", FEW),
+        ("isthmus", ENTRIES),
+        ("iptables", FEW),
+        ("iptables", ENTRIES),
+    ];
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
+    for round in 1..=ROUNDS {
+        for (i, &(name, count)) in setups.iter().enumerate() {
+            println!("bench: round {round}/{ROUNDS}, hub pps, {name} with {count} entries");
+            let rates = match name {
+                "isthmus" => {
+                    enable_isthmus()?;
+                    let gw = B.gw();
+                    let table: HashMap<MapData, MappingKey, u32> = pinned(&gw, names::MAP_NATMAP)?;
+                    write_object(
+                        &gw,
+                        "natmapping-bench.yaml",
+                        &bench_mapping(count - 1, None),
+                    )?;
+                    if count > 1 {
+                        wait_entry(&table, peer_id, count - 2, 0)?;
+                    }
+                    measure(&flow)
+                }
+                _ => {
+                    disable_isthmus()?;
+                    install_hub_iptables(count)?;
+                    let rates = measure(&flow);
+                    flush_hub_iptables()?;
+                    rates
+                }
+            };
+            samples[i].extend(rates?);
+        }
+    }
+    fs::remove_file(lab::object_dir(&B.gw()).join("natmapping-bench.yaml"))?;
+    Ok(setups
+        .iter()
+        .zip(&samples)
+        .map(|((name, count), rates)| (*name, *count, median(rates)))
+        .collect())
+}
+
+/// Liqo's rules for the hub path: a NETMAPs its pods towards b; b sends
+/// a's traffic for its remapped ExternalCIDR to the cluster's MAP chain,
+/// DNATs there, and SNATs what it forwards to c from sources not its own.
+fn install_hub_iptables(count: usize) -> Result<()> {
+    let (endpoint, _) = NAT_MAPPING.entry();
+    let mut a = String::from("*nat\n");
+    let _ = writeln!(
+        a,
+        "-A POSTROUTING -s {} -d 10.0.0.0/23 -j NETMAP --to 10.0.40.0/24\nCOMMIT",
+        A.pod_cidr
+    );
+    let mut b = format!("*nat\n:{MAP_CHAIN} - [0:0]\n");
+    let _ = writeln!(
+        b,
+        "-A PREROUTING -s 10.0.40.0/24 -d 10.0.1.0/24 -j {MAP_CHAIN}"
+    );
+    for i in 0..count {
+        if i == count / 2 {
+            let _ = writeln!(
+                b,
+                "-A {MAP_CHAIN} -d 10.0.1.45 -j DNAT --to-destination {endpoint}"
+            );
+        } else {
+            let (ep, ext) = entry(i, 0);
+            let _ = writeln!(b, "-A {MAP_CHAIN} -d {ext} -j DNAT --to-destination {ep}");
+        }
+    }
+    let _ = writeln!(
+        b,
+        "-A POSTROUTING ! -s {pods} -d {c} -j SNAT --to-source {masq}\nCOMMIT",
+        pods = B.pod_cidr,
+        c = C.pod_cidr,
+        masq = B.masquerade_addr()
+    );
+    for (gw, rules) in [(A.gw(), a), (B.gw(), b)] {
+        let path = format!("{}/iptables-hub-{gw}.rules", lab::STATE_DIR);
+        fs::write(&path, rules)?;
+        let status = Command::new("ip")
+            .args(["netns", "exec", &gw, "iptables-restore"])
+            .stdin(fs::File::open(&path)?)
+            .status()?;
+        if !status.success() {
+            bail!("iptables-restore in {gw} failed ({status}); rules in {path}");
+        }
+    }
+    Ok(())
+}
+
+fn flush_hub_iptables() -> Result<()> {
+    super::flush_nat_rules(&[A.gw(), B.gw()])
+}
