@@ -127,39 +127,35 @@ impl NatMapping {
             .ok_or_else(|| error(MappingProblem::NoMappings))?;
 
         let mut rejected = Vec::new();
-        // externalIP → the endpoints that claim it.
-        let mut claims: BTreeMap<Ipv4Addr, Vec<Ipv4Addr>> = BTreeMap::new();
+        let mut entries = BTreeMap::new();
+        // externalIPs claimed twice, with the first two claimants.
+        let mut shared = BTreeMap::new();
         for (k, v) in mappings {
-            let text = |v: &Value| {
-                v.as_str()
-                    .map(str::to_owned)
-                    .unwrap_or_else(|| format!("{v:?}"))
+            let (Some(endpoint), Some(external)) = (address(k), address(v)) else {
+                let shown = |v: &Value| v.as_str().map_or_else(|| format!("{v:?}"), str::to_owned);
+                let value = if address(k).is_none() { k } else { v };
+                rejected.push(error(MappingProblem::BadAddress {
+                    endpoint: shown(k),
+                    value: shown(value),
+                }));
+                continue;
             };
-            let endpoint_text = text(k);
-            let parse = |v: &Value| text(v).parse::<Ipv4Addr>().map_err(|_| text(v));
-            match (parse(k), parse(v)) {
-                (Ok(endpoint), Ok(external)) => claims.entry(external).or_default().push(endpoint),
-                (Err(value), _) | (_, Err(value)) => {
-                    rejected.push(error(MappingProblem::BadAddress {
-                        endpoint: endpoint_text,
-                        value,
-                    }))
+            match entries.entry(external) {
+                Entry::Vacant(slot) => {
+                    slot.insert(endpoint);
+                }
+                Entry::Occupied(first) => {
+                    shared.entry(external).or_insert((*first.get(), endpoint));
                 }
             }
         }
-        let mut entries = BTreeMap::new();
-        for (external, endpoints) in claims {
-            match endpoints[..] {
-                [endpoint] => {
-                    entries.insert(external, endpoint);
-                }
-                [first, second, ..] => rejected.push(error(MappingProblem::SharedExternal {
-                    first,
-                    second,
-                    external,
-                })),
-                [] => {}
-            }
+        for (external, (first, second)) in shared {
+            entries.remove(&external);
+            rejected.push(error(MappingProblem::SharedExternal {
+                first,
+                second,
+                external,
+            }));
         }
         Ok(Self {
             key: raw.key.clone(),
@@ -178,6 +174,11 @@ impl NatMapping {
             problem: Box::new(problem),
         }
     }
+}
+
+/// An IPv4 address written as a YAML string.
+fn address(v: &Value) -> Option<Ipv4Addr> {
+    v.as_str()?.parse().ok()
 }
 
 /// Keeps the first NatMapping of each cluster; later ones are errors.

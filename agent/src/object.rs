@@ -154,9 +154,21 @@ pub enum DocumentError {
     },
 }
 
-/// Parses every document of a multi-document YAML file.
+/// Parses every document of a multi-document YAML file. A file holding
+/// one JSON object (JSON is YAML too) takes a parser several times faster,
+/// which a NatMapping of many thousand entries notices.
 pub fn parse_documents(file: &Path, text: &str) -> Vec<Result<Object, DocumentError>> {
     let file = file.display().to_string();
+    if text.trim_start().starts_with('{') {
+        return vec![match serde_json::from_str::<Value>(text) {
+            Ok(value) => object(&file, 1, value),
+            Err(e) => Err(DocumentError::Yaml {
+                file,
+                index: 1,
+                reason: e.to_string(),
+            }),
+        }];
+    }
     let mut documents = Vec::new();
     for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
         let index = i + 1;
@@ -263,6 +275,26 @@ mod tests {
         assert!(err.contains("x.yaml"), "{err}");
         assert!(err.contains("cm"), "{err}");
         assert!(err.contains("kind"), "{err}");
+    }
+
+    #[test]
+    fn reads_a_json_document() {
+        let docs = parse_documents(
+            Path::new("nm.json"),
+            r#"{"apiVersion": "net.liqo.io/v1alpha1", "kind": "NatMapping", "metadata": {"name": "nm"}, "spec": {"clusterID": "a", "clusterMappings": {"10.1.0.5": "192.168.0.45"}}}"#,
+        );
+        let Ok(Object::NatMapping(raw)) = &docs[0] else {
+            panic!("{docs:?}")
+        };
+        assert_eq!(raw.key.name, "nm");
+        let broken = parse_documents(Path::new("b.json"), "{\"kind\": ");
+        assert!(
+            broken[0]
+                .as_ref()
+                .unwrap_err()
+                .to_string()
+                .starts_with("b.json: document 1: invalid YAML")
+        );
     }
 
     #[test]

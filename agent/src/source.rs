@@ -140,7 +140,8 @@ fn yaml_files(dir: &Path) -> Result<Vec<PathBuf>, DirError> {
     Ok(files)
 }
 
-/// YAML files count; hidden files (editor swap and temporary files) do not.
+/// YAML (and JSON) files count; hidden files (editor swap and temporary
+/// files) do not.
 fn is_yaml(path: &Path) -> bool {
     let visible = path
         .file_name()
@@ -148,7 +149,7 @@ fn is_yaml(path: &Path) -> bool {
         .is_some_and(|n| !n.starts_with('.'));
     let yaml = matches!(
         path.extension().and_then(|e| e.to_str()),
-        Some("yaml" | "yml")
+        Some("yaml" | "yml" | "json")
     );
     visible && yaml
 }
@@ -190,6 +191,7 @@ mod tests {
     fn only_visible_yaml_files_count() {
         assert!(is_yaml(Path::new("/d/peer-b.yaml")));
         assert!(is_yaml(Path::new("/d/peer-b.yml")));
+        assert!(is_yaml(Path::new("/d/natmapping-a.json")));
         assert!(!is_yaml(Path::new("/d/.peer-b.yaml.swp")));
         assert!(!is_yaml(Path::new("/d/.tmp.yaml")));
         assert!(!is_yaml(Path::new("/d/README.md")));
