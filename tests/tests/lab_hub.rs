@@ -39,46 +39,8 @@ struct Impostor;
 impl Impostor {
     fn new() -> Self {
         test_netns::fresh(&[IMPOSTOR_NS]);
-        let node = B.node();
-        let _ = ip(&node, &["link", "del", "t45"]);
-        ip(
-            IMPOSTOR_NS,
-            &[
-                "link", "add", "eth0", "type", "veth", "peer", "name", "t45", "netns", &node,
-            ],
-        )
-        .unwrap();
-        ip(IMPOSTOR_NS, &["link", "set", "eth0", "up"]).unwrap();
-        ip(&node, &["link", "set", "t45", "up"]).unwrap();
-        ip(
-            IMPOSTOR_NS,
-            &["addr", "add", &format!("{IMPOSTOR}/32"), "dev", "eth0"],
-        )
-        .unwrap();
-        ip(&node, &["addr", "add", "169.254.1.1/32", "dev", "t45"]).unwrap();
-        ip(
-            IMPOSTOR_NS,
-            &[
-                "route",
-                "add",
-                "169.254.1.1",
-                "dev",
-                "eth0",
-                "scope",
-                "link",
-            ],
-        )
-        .unwrap();
-        ip(
-            IMPOSTOR_NS,
-            &["route", "add", "default", "via", "169.254.1.1"],
-        )
-        .unwrap();
-        ip(
-            &node,
-            &["route", "add", &format!("{IMPOSTOR}/32"), "dev", "t45"],
-        )
-        .unwrap();
+        let _ = ip(&B.node(), &["link", "del", "t45"]);
+        lab::wire_pod(IMPOSTOR_NS, &B.node(), "t45", IMPOSTOR).unwrap();
         Self
     }
 }
@@ -179,15 +141,19 @@ fn until_entry(present: bool) -> Duration {
     start.elapsed()
 }
 
+/// The impostor pod, and servers on one port in c-pod1 and in it.
+fn setup() -> (Impostor, u16, Server, Server) {
+    require_lab();
+    let impostor = Impostor::new();
+    let port = next_port();
+    let c = Server::start(&C.pod(1), port, "c-pod1");
+    let b45 = Server::start(IMPOSTOR_NS, port, "b45");
+    (impostor, port, c, b45)
+}
+
 #[test]
 fn the_hub_target_reaches_c_and_never_a_pod_of_b() {
-    require_lab();
-    let _impostor = Impostor::new();
-    let port = next_port();
-    let (c, impostor) = (
-        Server::start(&C.pod(1), port, "c-pod1"),
-        Server::start(IMPOSTOR_NS, port, "b45"),
-    );
+    let (_pod, port, c, impostor) = setup();
     for i in 0..20 {
         assert_eq!(
             who_answers(port).as_deref(),
@@ -219,13 +185,7 @@ fn the_hub_target_reaches_c_and_never_a_pod_of_b() {
 
 #[test]
 fn removing_the_entry_stops_new_connections_within_100ms_and_restoring_it_brings_them_back() {
-    require_lab();
-    let _impostor = Impostor::new();
-    let port = next_port();
-    let (c, impostor) = (
-        Server::start(&C.pod(1), port, "c-pod1"),
-        Server::start(IMPOSTOR_NS, port, "b45"),
-    );
+    let (_pod, port, c, impostor) = setup();
     // Traffic runs throughout: a connection every few milliseconds, each
     // noted with when it started and who answered. Bounded in count and time.
     let base = Instant::now();

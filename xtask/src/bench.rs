@@ -907,9 +907,15 @@ trip over plain forwarding, copy included.
 fn result_lines(results: &[(&str, f64, f64)], decimals: usize) -> String {
     let mut lines = String::new();
     for (name, ours, peer) in results {
+        let ratio = ours / peer;
+        // Three decimals would print a thousandfold speed-up as 0.000.
+        let ratio = if ratio.abs() < 0.01 {
+            format!("{ratio:.3e}")
+        } else {
+            format!("{ratio:.3}")
+        };
         let line = format!(
-            "RESULT name={name} isthmus={ours:.decimals$} peer={peer:.decimals$} ratio={:.3}",
-            ours / peer
+            "RESULT name={name} isthmus={ours:.decimals$} peer={peer:.decimals$} ratio={ratio}"
         );
         println!("{line}");
         lines.push_str(&line);

@@ -86,15 +86,22 @@ fn pod_addr(ns: &str) -> String {
 
 /// What each gateway's NAT programs did, from its metrics.
 fn print_counters() {
-    println!("\nNAT packet counters per gateway (from /metrics):");
+    println!(
+        "\nNAT packet counters, NatMapping entries and masqueraded flows per gateway (from /metrics):"
+    );
     for cluster in CLUSTERS {
         let gw = cluster.gw();
         match lab::http_get(&gw, "/metrics") {
             Ok((_, body)) => {
-                for line in body
-                    .lines()
-                    .filter(|l| l.starts_with("isthmus_nat_packets_total"))
-                {
+                for line in body.lines().filter(|l| {
+                    [
+                        "isthmus_nat_packets_total",
+                        "isthmus_nat_mappings ",
+                        "isthmus_conntrack_entries ",
+                    ]
+                    .iter()
+                    .any(|p| l.starts_with(p))
+                }) {
                     println!("  {gw:<5} {line}");
                 }
             }

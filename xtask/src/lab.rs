@@ -275,38 +275,30 @@ fn build_cluster(c: &Cluster) -> Result<()> {
 fn add_pod(c: &Cluster, i: u8, host: &str) -> Result<()> {
     let pod = c.pod(i);
     add_ns(&pod)?;
-    let host_end = format!("pod{i}");
-    veth(&pod, "eth0", host, &host_end)?;
-    let addr = c.pod_addr(i).to_string();
-    ip(&pod, &["addr", "add", &format!("{addr}/32"), "dev", "eth0"])?;
-    ip(host, &["addr", "add", "169.254.1.1/32", "dev", &host_end])?;
+    wire_pod(&pod, host, &format!("pod{i}"), c.pod_addr(i))
+}
+
+/// Wires the existing netns `pod` to node `host` as a pod with address
+/// `addr`, through a veth whose node end is `host_end`.
+pub fn wire_pod(pod: &str, host: &str, host_end: &str, addr: Ipv4Addr) -> Result<()> {
+    veth(pod, "eth0", host, host_end)?;
+    let gateway = "169.254.1.1";
+    ip(pod, &["addr", "add", &format!("{addr}/32"), "dev", "eth0"])?;
     ip(
-        &pod,
-        &[
-            "route",
-            "add",
-            "169.254.1.1",
-            "dev",
-            "eth0",
-            "scope",
-            "link",
-        ],
+        host,
+        &["addr", "add", &format!("{gateway}/32"), "dev", host_end],
     )?;
     ip(
-        &pod,
-        &[
-            "route",
-            "add",
-            "default",
-            "via",
-            "169.254.1.1",
-            "dev",
-            "eth0",
-        ],
+        pod,
+        &["route", "add", gateway, "dev", "eth0", "scope", "link"],
+    )?;
+    ip(
+        pod,
+        &["route", "add", "default", "via", gateway, "dev", "eth0"],
     )?;
     ip(
         host,
-        &["route", "add", &format!("{addr}/32"), "dev", &host_end],
+        &["route", "add", &format!("{addr}/32"), "dev", host_end],
     )?;
     Ok(())
 }

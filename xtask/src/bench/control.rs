@@ -334,7 +334,9 @@ fn wait_entry(
         if Instant::now() > deadline {
             bail!("entry {i} never reached the kernel");
         }
-        std::hint::spin_loop();
+        // A short nap, not a spin: on two cores a spinning poller would
+        // take the CPU the agent needs.
+        std::thread::sleep(Duration::from_micros(100));
     }
 }
 
