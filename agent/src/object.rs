@@ -189,7 +189,7 @@ pub fn parse_documents(file: &Path, text: &str) -> Vec<Result<Object, DocumentEr
     documents
 }
 
-fn object(file: &str, index: usize, value: Value) -> Result<Object, DocumentError> {
+fn object(file: &str, index: usize, mut value: Value) -> Result<Object, DocumentError> {
     let text = |v: Option<&Value>| v.and_then(Value::as_str).unwrap_or("").to_owned();
     let api_version = text(value.get("apiVersion"));
     let kind = text(value.get("kind"));
@@ -221,12 +221,10 @@ fn object(file: &str, index: usize, value: Value) -> Result<Object, DocumentErro
         namespace: text(metadata.and_then(|m| m.get("namespace"))),
         name,
     };
-    let half = |name: &str| {
-        value
-            .get(name)
-            .and_then(Value::as_mapping)
-            .cloned()
-            .unwrap_or_default()
+    // Taken, not cloned: a NatMapping's spec may hold thousands of entries.
+    let mut half = |name: &str| match value.get_mut(name).map(std::mem::take) {
+        Some(Value::Mapping(mapping)) => mapping,
+        _ => Mapping::new(),
     };
     Ok(if kind == KIND_NAT_MAPPING {
         Object::NatMapping(RawNatMapping {
@@ -234,7 +232,8 @@ fn object(file: &str, index: usize, value: Value) -> Result<Object, DocumentErro
             spec: half("spec"),
         })
     } else {
-        Object::TunnelEndpoint(RawTunnelEndpoint::new(key, half("spec"), half("status")))
+        let spec = half("spec");
+        Object::TunnelEndpoint(RawTunnelEndpoint::new(key, spec, half("status")))
     })
 }
 
