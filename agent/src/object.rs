@@ -169,6 +169,9 @@ pub fn parse_documents(file: &Path, text: &str) -> Vec<Result<Object, DocumentEr
             }),
         }];
     }
+    if let Some(value) = plain_natmapping(text) {
+        return vec![object(&file, 1, value)];
+    }
     let mut documents = Vec::new();
     for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
         let index = i + 1;
@@ -187,6 +190,93 @@ pub fn parse_documents(file: &Path, text: &str) -> Vec<Result<Object, DocumentEr
         }
     }
     documents
+}
+
+/// A NatMapping of 10,000 entries spends 9 ms in the YAML scanner, nearly
+/// all of it on `spec.clusterMappings`. In the plain shape kubectl and Liqo
+/// write (one `a.b.c.d: e.f.g.h` per line), that block is read here and the
+/// scanner reads the rest. Any other shape, or a file of several documents,
+/// returns None and goes to the scanner whole, which also reports errors.
+fn plain_natmapping(text: &str) -> Option<Value> {
+    let lines: Vec<&str> = text.lines().collect();
+    if lines
+        .iter()
+        .any(|l| l.starts_with("---") || l.starts_with("..."))
+    {
+        return None;
+    }
+    // The block must be `spec`'s own key, not one nested elsewhere.
+    let under_spec = |at: usize| {
+        let indent = indent_of(lines[at]);
+        lines[..at]
+            .iter()
+            .rev()
+            .find(|l| !l.trim().is_empty() && indent_of(l) < indent)
+            .is_some_and(|parent| parent.trim_end() == "spec:" && indent_of(parent) == 0)
+    };
+    let start =
+        (0..lines.len()).find(|&i| lines[i].trim() == "clusterMappings:" && under_spec(i))?;
+    let indent = indent_of(lines[start]);
+    let mut entries = Mapping::new();
+    let mut end = start + 1;
+    let entry_indent = indent_of(lines.get(end)?);
+    while let Some(line) = lines
+        .get(end)
+        .filter(|l| indent_of(l) > indent && !l.trim().is_empty())
+    {
+        let (endpoint, external) = plain_pair(line)?;
+        if indent_of(line) != entry_indent
+            || entries
+                .insert(
+                    Value::String(endpoint.into()),
+                    Value::String(external.into()),
+                )
+                .is_some()
+        {
+            return None;
+        }
+        end += 1;
+    }
+    // `clusterMappings:` with nothing under it is null to the scanner.
+    if entries.is_empty() {
+        return None;
+    }
+    // After a blank line, nothing may continue the block.
+    if lines[end..]
+        .iter()
+        .find(|l| !l.trim().is_empty())
+        .is_some_and(|l| indent_of(l) > indent)
+    {
+        return None;
+    }
+    let placeholder = format!("{}clusterMappings: {{}}", &lines[start][..indent]);
+    let rest = [&lines[..start], &[placeholder.as_str()], &lines[end..]]
+        .concat()
+        .join("\n");
+    let mut value: Value = serde_yaml_ng::from_str(&rest).ok()?;
+    if value.get("kind").and_then(Value::as_str) != Some(KIND_NAT_MAPPING) {
+        return None;
+    }
+    let slot = value.get_mut("spec")?.get_mut("clusterMappings")?;
+    *slot = Value::Mapping(entries);
+    Some(value)
+}
+
+fn indent_of(line: &str) -> usize {
+    line.len() - line.trim_start_matches(' ').len()
+}
+
+/// `a.b.c.d: e.f.g.h`, both plain dotted quads, which YAML reads as strings.
+fn plain_pair(line: &str) -> Option<(&str, &str)> {
+    let (key, value) = line.trim().split_once(": ")?;
+    let (key, value) = (key.trim_end(), value.trim_start());
+    (dotted_quad(key) && dotted_quad(value)).then_some((key, value))
+}
+
+fn dotted_quad(s: &str) -> bool {
+    s.split('.').count() == 4
+        && s.split('.')
+            .all(|part| (1..=3).contains(&part.len()) && part.bytes().all(|b| b.is_ascii_digit()))
 }
 
 fn object(file: &str, index: usize, mut value: Value) -> Result<Object, DocumentError> {
@@ -294,6 +384,67 @@ mod tests {
                 .to_string()
                 .starts_with("b.json: document 1: invalid YAML")
         );
+    }
+
+    /// The fast path must read a NatMapping exactly as the scanner does, or
+    /// step aside.
+    #[test]
+    fn the_plain_natmapping_reader_agrees_with_the_scanner_or_steps_aside() {
+        let head = "apiVersion: net.liqo.io/v1alpha1\nkind: NatMapping\nmetadata:\n  name: nm\n  labels: {clusterID: a}\nspec:\n  clusterID: a\n";
+        let block =
+            "  clusterMappings:\n    10.1.0.5: 192.168.0.45\n    10.1.0.6:   192.168.0.46\n";
+        let cases = [
+            (format!("{head}{block}"), true),
+            (format!("{head}{block}  podCIDR: 10.0.40.0/24\n"), true),
+            (
+                format!("{head}{block}\n  externalCIDR: 10.0.41.0/24\n"),
+                true,
+            ),
+            (
+                format!("{head}{block}    10.1.0.7: \"192.168.0.47\"\n"),
+                false,
+            ),
+            (format!("{head}{block}    # a comment\n"), false),
+            (format!("{head}{block}    10.1.0.5: 192.168.0.48\n"), false),
+            (
+                format!("{head}{block}    10.1.0.7: 192.168.0.47 # why\n"),
+                false,
+            ),
+            (
+                format!("{head}{block}      10.1.0.8: 192.168.0.48\n"),
+                false,
+            ),
+            (
+                format!("{head}{block}\n    10.1.0.9: 192.168.0.49\n"),
+                false,
+            ),
+            (format!("---\n{head}{block}"), false),
+            (
+                format!("{head}  clusterMappings: {{10.1.0.5: 192.168.0.45}}\n"),
+                false,
+            ),
+            (
+                head.replace(
+                    "labels: {clusterID: a}",
+                    "annotations:\n    clusterMappings:\n      1.2.3.4: 5.6.7.8",
+                ) + block,
+                true,
+            ),
+            (
+                format!("{head}{block}").replace("NatMapping", "TunnelEndpoint"),
+                false,
+            ),
+        ];
+        for (text, fast) in &cases {
+            let scanned: Result<Value, _> = serde_yaml_ng::from_str(text);
+            match plain_natmapping(text) {
+                Some(value) => {
+                    assert!(*fast, "fast path taken for:\n{text}");
+                    assert_eq!(Some(&value), scanned.as_ref().ok(), "for:\n{text}");
+                }
+                None => assert!(!*fast, "fast path refused:\n{text}"),
+            }
+        }
     }
 
     #[test]
