@@ -5,4 +5,5 @@ pub mod cmd;
 pub mod lab;
 pub mod netns;
 pub mod probe;
+pub mod tools;
 pub mod topology;

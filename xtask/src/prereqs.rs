@@ -8,7 +8,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use xtask::cmd::run;
+use xtask::{cmd::run, tools};
 
 /// Debian packages the lab, the tests and the benchmarks use (wireguard-go
 /// and wg are the reference peer of the interop test and of `bench tunnel`).
@@ -34,6 +34,37 @@ pub fn ensure() -> Result<()> {
     rust_src()?;
     bpf_linker()?;
     debian_packages()?;
+    python_tools()?;
+    Ok(())
+}
+
+/// A private Python environment with kubernetes-validate, which checks the
+/// manifests against a current Kubernetes' schemas.
+fn python_tools() -> Result<()> {
+    let env = tools::python_env();
+    let stamp_path = env.join("isthmus-stamp");
+    let stamp = format!("kubernetes-validate {}\n", tools::KUBERNETES_VALIDATE);
+    if tools::kubernetes_validate().exists()
+        && fs::read_to_string(&stamp_path).is_ok_and(|s| s == stamp)
+    {
+        return Ok(());
+    }
+    println!(
+        "prereqs: installing kubernetes-validate {} in {}",
+        tools::KUBERNETES_VALIDATE,
+        env.display()
+    );
+    run("python3", &["-m", "venv", &env.to_string_lossy()])?;
+    let pip = env.join("bin/pip");
+    run(
+        &pip.to_string_lossy(),
+        &[
+            "install",
+            "-q",
+            &format!("kubernetes-validate=={}", tools::KUBERNETES_VALIDATE),
+        ],
+    )?;
+    fs::write(stamp_path, stamp)?;
     Ok(())
 }
 
