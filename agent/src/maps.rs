@@ -78,11 +78,10 @@ impl KernelTable for PeerMap {
             .collect()
     }
 
-    fn put(&mut self, net: Ipv4Net, nat: &PeerNat) -> Result<(), MapError> {
+    fn put(&mut self, net: Ipv4Net, nat: &PeerNat, old: Option<&PeerNat>) -> Result<(), MapError> {
         let key = key(net);
-        let new = self.nets.get(&key, 0).is_err();
         self.nets.insert(key, nat, 0)?;
-        if new {
+        if old.is_none() {
             let count = self.counts.entry(key.prefix_len).or_insert(0);
             *count += 1;
             if *count == 1 {
@@ -92,7 +91,7 @@ impl KernelTable for PeerMap {
         Ok(())
     }
 
-    fn delete(&mut self, net: Ipv4Net) -> Result<(), MapError> {
+    fn delete(&mut self, net: Ipv4Net, _old: &PeerNat) -> Result<(), MapError> {
         let key = key(net);
         self.nets.remove(&key)?;
         if let Some(count) = self.counts.get_mut(&key.prefix_len) {
@@ -155,8 +154,7 @@ impl KernelTable for MappingMap {
 
     /// Writes the reverse entry first: a reply must never find a forward
     /// entry without the way back.
-    fn put(&mut self, key: MappingKey, endpoint: &u32) -> Result<(), MapError> {
-        let old = self.forward.get(&key, 0).ok();
+    fn put(&mut self, key: MappingKey, endpoint: &u32, old: Option<&u32>) -> Result<(), MapError> {
         let reverse = MappingKey {
             peer_id: key.peer_id,
             addr: *endpoint,
@@ -164,17 +162,18 @@ impl KernelTable for MappingMap {
         self.reverse.insert(reverse, key.addr, 0)?;
         self.forward.insert(key, endpoint, 0)?;
         match old {
-            Some(old) if old != *endpoint => self.drop_reverse(key.peer_id, old, key.addr),
+            Some(&old) if old != *endpoint => self.drop_reverse(key.peer_id, old, key.addr),
             _ => Ok(()),
         }
     }
 
-    fn delete(&mut self, key: MappingKey) -> Result<(), MapError> {
-        let Ok(endpoint) = self.forward.get(&key, 0) else {
-            return Ok(());
-        };
-        self.forward.remove(&key)?;
-        self.drop_reverse(key.peer_id, endpoint, key.addr)
+    fn delete(&mut self, key: MappingKey, endpoint: &u32) -> Result<(), MapError> {
+        match self.forward.remove(&key) {
+            // Gone already is what a delete wants.
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {}
+            other => other?,
+        }
+        self.drop_reverse(key.peer_id, *endpoint, key.addr)
     }
 }
 

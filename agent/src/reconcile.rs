@@ -27,9 +27,16 @@ pub trait KernelTable {
     /// Every entry, as the store holds it now.
     fn entries(&self) -> Result<Vec<Entry<Self>>, Self::Error>;
     /// Inserts or replaces the entry for `key`.
-    fn put(&mut self, key: Self::Key, value: &Self::Value) -> Result<(), Self::Error>;
-    /// Removes the entry for `key`.
-    fn delete(&mut self, key: Self::Key) -> Result<(), Self::Error>;
+    /// `old` is what the entry held, as the caller's mirror knows it: no
+    /// store needs to read it back.
+    fn put(
+        &mut self,
+        key: Self::Key,
+        value: &Self::Value,
+        old: Option<&Self::Value>,
+    ) -> Result<(), Self::Error>;
+    /// Removes the entry for `key`, which held `old`.
+    fn delete(&mut self, key: Self::Key, old: &Self::Value) -> Result<(), Self::Error>;
 }
 
 /// One entry of a table.
@@ -43,11 +50,16 @@ impl<T: KernelTable> KernelTable for &mut T {
     fn entries(&self) -> Result<Vec<Entry<T>>, T::Error> {
         (**self).entries()
     }
-    fn put(&mut self, key: T::Key, value: &T::Value) -> Result<(), T::Error> {
-        (**self).put(key, value)
+    fn put(
+        &mut self,
+        key: T::Key,
+        value: &T::Value,
+        old: Option<&T::Value>,
+    ) -> Result<(), T::Error> {
+        (**self).put(key, value, old)
     }
-    fn delete(&mut self, key: T::Key) -> Result<(), T::Error> {
-        (**self).delete(key)
+    fn delete(&mut self, key: T::Key, old: &T::Value) -> Result<(), T::Error> {
+        (**self).delete(key, old)
     }
 }
 
@@ -79,8 +91,9 @@ impl<T: KernelTable> Mirror<T> {
     fn apply(&mut self, desired: &BTreeMap<T::Key, T::Value>) -> (usize, usize, Option<T::Error>) {
         let (mut written, mut removed, mut failure) = (0, 0, None);
         for (key, value) in desired {
-            if self.applied.get(key) != Some(value) {
-                match self.table.put(*key, value) {
+            let old = self.applied.get(key);
+            if old != Some(value) {
+                match self.table.put(*key, value, old) {
                     Ok(()) => {
                         self.applied.insert(*key, *value);
                         written += 1;
@@ -89,14 +102,14 @@ impl<T: KernelTable> Mirror<T> {
                 }
             }
         }
-        let stale: Vec<T::Key> = self
+        let stale: Vec<Entry<T>> = self
             .applied
-            .keys()
-            .filter(|key| !desired.contains_key(key))
-            .copied()
+            .iter()
+            .filter(|(key, _)| !desired.contains_key(key))
+            .map(|(key, value)| (*key, *value))
             .collect();
-        for key in stale {
-            match self.table.delete(key) {
+        for (key, old) in stale {
+            match self.table.delete(key, &old) {
                 Ok(()) => {
                     self.applied.remove(&key);
                     removed += 1;
@@ -424,12 +437,12 @@ mod tests {
         fn entries(&self) -> Result<Vec<(K, V)>, Infallible> {
             Ok(self.entries.iter().map(|(k, v)| (*k, *v)).collect())
         }
-        fn put(&mut self, key: K, value: &V) -> Result<(), Infallible> {
+        fn put(&mut self, key: K, value: &V, _old: Option<&V>) -> Result<(), Infallible> {
             self.entries.insert(key, *value);
             self.writes += 1;
             Ok(())
         }
-        fn delete(&mut self, key: K) -> Result<(), Infallible> {
+        fn delete(&mut self, key: K, _old: &V) -> Result<(), Infallible> {
             self.entries.remove(&key);
             self.writes += 1;
             Ok(())

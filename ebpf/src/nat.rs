@@ -162,29 +162,28 @@ fn translate(ctx: &TcContext, l3: usize, direction: Direction) -> Result<Verdict
 #[inline(always)]
 fn egress(peer: &PeerNat, pkt: &Packet, own: u32) -> Result<Rewrite, Refused> {
     let external = maps::external_of(peer.peer_id, own).unwrap_or(own);
-    let ours = find_rule(&peer.egress, external).is_some();
-    let mut rewrite = Rewrite {
-        addr: external,
-        port: None,
-    };
-    if let (false, None, Some(t), Some(masq)) = (
-        ours,
-        &pkt.icmp_error,
-        &pkt.transport,
-        conntrack::masquerade_addr(),
-    ) && conntrack::outbound_kind(t)
-    {
-        let nat = conntrack::outbound(
-            &conntrack::out_key(t, external, pkt.ip.dst),
-            masq,
-            t.tcp_flags,
-        )?;
-        rewrite.addr = nat.addr;
-        rewrite.port = port_change(our_port_off(t, Direction::Egress), t.sport, nat.port);
+    if let Some(rule) = find_rule(&peer.egress, external) {
+        return Ok(Rewrite {
+            addr: rule.apply(external),
+            port: None,
+        });
     }
-    rewrite.addr =
-        find_rule(&peer.egress, rewrite.addr).map_or(rewrite.addr, |r| r.apply(rewrite.addr));
-    Ok(rewrite)
+    // None of ours: masquerade what can be, only now reading its settings.
+    let (None, Some(t)) = (&pkt.icmp_error, &pkt.transport) else {
+        return Ok(address_only(external));
+    };
+    let Some(masq) = conntrack::masquerade_addr().filter(|_| conntrack::outbound_kind(t)) else {
+        return Ok(address_only(external));
+    };
+    let nat = conntrack::outbound(
+        &conntrack::out_key(t, external, pkt.ip.dst),
+        masq,
+        t.tcp_flags,
+    )?;
+    Ok(Rewrite {
+        addr: to_peer_view(peer, nat.addr),
+        port: port_change(our_port_off(t, Direction::Egress), t.sport, nat.port),
+    })
 }
 
 /// From a peer: our networks come back from the peer's view; a reply to a
@@ -192,7 +191,7 @@ fn egress(peer: &PeerNat, pkt: &Packet, own: u32) -> Result<Rewrite, Refused> {
 /// endpoint.
 #[inline(always)]
 fn ingress(peer: &PeerNat, pkt: &Packet, own: u32) -> Rewrite {
-    let real = find_rule(&peer.ingress, own).map_or(own, |r| r.apply(own));
+    let real = from_peer_view(peer, own);
     if let (Some(t), Some(masq)) = (&pkt.transport, conntrack::masquerade_addr())
         && real == masq
         && let Some(key) = conntrack::in_key(t, pkt.ip.src, masq)
@@ -208,10 +207,7 @@ fn ingress(peer: &PeerNat, pkt: &Packet, own: u32) -> Rewrite {
             port: port_change(our_port_off(t, Direction::Ingress), ours, back.port),
         };
     }
-    Rewrite {
-        addr: maps::endpoint_of(peer.peer_id, real).unwrap_or(real),
-        port: None,
-    }
+    address_only(maps::endpoint_of(peer.peer_id, real).unwrap_or(real))
 }
 
 /// The stateless rules alone (prefix remap and NatMapping), for headers
@@ -220,14 +216,31 @@ fn ingress(peer: &PeerNat, pkt: &Packet, own: u32) -> Rewrite {
 fn stateless(peer: &PeerNat, direction: Direction, own: u32) -> u32 {
     match direction {
         Direction::Ingress => {
-            let real = find_rule(&peer.ingress, own).map_or(own, |r| r.apply(own));
+            let real = from_peer_view(peer, own);
             maps::endpoint_of(peer.peer_id, real).unwrap_or(real)
         }
         Direction::Egress => {
-            let external = maps::external_of(peer.peer_id, own).unwrap_or(own);
-            find_rule(&peer.egress, external).map_or(external, |r| r.apply(external))
+            to_peer_view(peer, maps::external_of(peer.peer_id, own).unwrap_or(own))
         }
     }
+}
+
+/// One of our addresses as the peer sees it (unchanged when it is none of ours).
+#[inline(always)]
+fn to_peer_view(peer: &PeerNat, addr: u32) -> u32 {
+    find_rule(&peer.egress, addr).map_or(addr, |r| r.apply(addr))
+}
+
+/// An address in the peer's view of our networks, as it really is.
+#[inline(always)]
+fn from_peer_view(peer: &PeerNat, addr: u32) -> u32 {
+    find_rule(&peer.ingress, addr).map_or(addr, |r| r.apply(addr))
+}
+
+/// A rewrite of the address alone.
+#[inline(always)]
+fn address_only(addr: u32) -> Rewrite {
+    Rewrite { addr, port: None }
 }
 
 /// Offset of our port in `t`: the source port going out, the destination

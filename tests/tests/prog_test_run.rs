@@ -108,7 +108,7 @@ impl Harness {
             };
             let peer = Peer::from_raw(raw, "test.yaml").unwrap();
             for (_, net) in peer.views() {
-                peers.put(net, &peer.nat(id)).unwrap();
+                peers.put(net, &peer.nat(id), None).unwrap();
             }
         }
         let mut mappings = MappingMap::new(
@@ -120,7 +120,7 @@ impl Harness {
             peer_id: 1,
             addr: wire(MAPPED_EXT),
         };
-        mappings.put(key, &wire(S_POD)).unwrap();
+        mappings.put(key, &wire(S_POD), None).unwrap();
         let mut conntrack = Conntrack::new(
             ebpf.take_map(names::MAP_CONNTRACK).unwrap(),
             ebpf.take_map(names::MAP_SNAT).unwrap(),

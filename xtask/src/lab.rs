@@ -422,13 +422,19 @@ fn write_objects(tunnel: LabTunnel) -> Result<()> {
 pub fn write_nat_mapping(entries: &[(Ipv4Addr, Ipv4Addr)]) -> Result<()> {
     let yaml = NAT_MAPPING.yaml(entries);
     for (node, _) in NAT_MAPPING.hub.nodes() {
-        let dir = object_dir(&node);
-        fs::create_dir_all(&dir)?;
-        // Written aside and renamed in, so the watcher never reads half a file.
-        let tmp = dir.join(format!(".{}.tmp", NAT_MAPPING.file_name()));
-        fs::write(&tmp, &yaml)?;
-        fs::rename(&tmp, dir.join(NAT_MAPPING.file_name()))?;
+        write_object(&node, &NAT_MAPPING.file_name(), &yaml)?;
     }
+    Ok(())
+}
+
+/// Puts `text` into `node`'s object directory as `name`. It is written
+/// aside and renamed in, so the agent's watch never reads half a file.
+pub fn write_object(node: &str, name: &str, text: &str) -> Result<()> {
+    let dir = object_dir(node);
+    fs::create_dir_all(&dir)?;
+    let tmp = dir.join(format!(".{name}.tmp"));
+    fs::write(&tmp, text)?;
+    fs::rename(&tmp, dir.join(name))?;
     Ok(())
 }
 

@@ -98,10 +98,26 @@ fn from_tun(shared: &Shared, peers: &PeerSet, tun: &OwnedFd, udp: &UdpSocket, bu
         if n <= 0 {
             break;
         }
-        let outgoing = &mut bufs.outgoing;
-        let split = offload::split(&mut bufs.frame[..n as usize], &mut bufs.segment, |packet| {
-            encrypt(shared, peers, packet, outgoing, udp)
+        let frame = &mut bufs.frame[..n as usize];
+        // Every segment of a super-packet goes where its first does: one
+        // route lookup per frame.
+        let Some(peer) = frame
+            .get(VNET_HDR_LEN..)
+            .and_then(destination)
+            .and_then(|dst| peers.route(dst))
+        else {
+            counters.no_route.fetch_add(1, Ordering::Relaxed);
+            continue;
+        };
+        let (endpoint, outgoing) = (peer.endpoint(), &mut bufs.outgoing);
+        let mut packets = 0;
+        let split = offload::split(frame, &mut bufs.segment, |packet| {
+            encrypt(shared, peer, endpoint, packet, outgoing, udp);
+            packets += 1;
         });
+        peer.counters
+            .tx_packets
+            .fetch_add(packets, Ordering::Relaxed);
         match split {
             Ok(1) => {}
             Ok(_) => {
@@ -116,29 +132,23 @@ fn from_tun(shared: &Shared, peers: &PeerSet, tun: &OwnedFd, udp: &UdpSocket, bu
     send(shared, udp, &mut bufs.outgoing);
 }
 
-/// Encrypts one packet for the peer that holds its destination, into the batch.
+/// Encrypts one packet for `peer`, at `endpoint`, into the batch.
 fn encrypt(
     shared: &Shared,
-    peers: &PeerSet,
+    peer: &TunnelPeer,
+    endpoint: SocketAddrV4,
     packet: &[u8],
     outgoing: &mut SendBatch,
     udp: &UdpSocket,
 ) {
-    let Some(peer) = destination(packet).and_then(|dst| peers.route(dst)) else {
-        shared.counters.no_route.fetch_add(1, Ordering::Relaxed);
-        return;
-    };
     if outgoing.is_full() {
         send(shared, udp, outgoing);
     }
-    let endpoint = peer.endpoint();
     let mut tunn = lock(peer);
     if let TunnResult::WriteToNetwork(datagram) = tunn.encapsulate(packet, outgoing.slot()) {
         let len = datagram.len();
         outgoing.commit(len, endpoint);
     }
-    drop(tunn);
-    peer.counters.tx_packets.fetch_add(1, Ordering::Relaxed);
 }
 
 fn send(shared: &Shared, udp: &UdpSocket, outgoing: &mut SendBatch) {

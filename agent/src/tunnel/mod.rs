@@ -63,7 +63,7 @@ pub struct TunnelConfig {
 /// Tunnel-wide counters.
 #[derive(Debug, Default)]
 pub struct TunnelCounters {
-    /// Packets from TUN for which no peer holds the destination.
+    /// Frames (packets or super-packets) from TUN for which no peer holds the destination.
     pub no_route: AtomicU64,
     /// Datagrams from a sender with a key or index we do not know.
     pub unknown_sender: AtomicU64,

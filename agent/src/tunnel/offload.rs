@@ -9,6 +9,7 @@
 //! wire-sized packets, and [`Coalescer`] merges decrypted TCP segments of one
 //! flow before they are written.
 
+use isthmus_common::csum::fold;
 use thiserror::Error;
 
 /// Length of the virtio-net header before every packet on the device.
@@ -202,16 +203,17 @@ fn finish_tcp4(segment: &mut [u8], ihl: usize) {
 }
 
 /// The TCP pseudo-header's sum for `packet`'s addresses and L4 length.
-fn pseudo_header(packet: &[u8], ihl: usize) -> u64 {
+fn pseudo_header(packet: &[u8], ihl: usize) -> u32 {
     let l4_len = (packet.len() - ihl) as u16;
     let [hi, lo] = l4_len.to_be_bytes();
     sum(&packet[12..20]) + sum(&[0, TCP, hi, lo])
 }
 
-/// The ones' complement sum of `bytes`, unfolded. Words are read in memory
-/// order, which RFC 1071 (§2 B) shows gives the same bytes once folded and
-/// stored back in memory order, so no byte is ever swapped.
-fn sum(bytes: &[u8]) -> u64 {
+/// The ones' complement sum of `bytes`, folded to 16 bits (a few such sums
+/// add up in a `u32` before [`fold`]). Words are read in memory order,
+/// which RFC 1071 (§2 B) shows gives the same bytes once folded and stored
+/// back in memory order, so no byte is ever swapped.
+fn sum(bytes: &[u8]) -> u32 {
     let mut words = bytes.chunks_exact(4);
     let mut acc: u64 = (&mut words)
         .map(|w| u64::from(u32::from_ne_bytes(w.try_into().unwrap())))
@@ -220,15 +222,10 @@ fn sum(bytes: &[u8]) -> u64 {
     let mut tail = [0u8; 4];
     tail[..rest.len()].copy_from_slice(rest);
     acc += u64::from(u32::from_ne_bytes(tail));
-    acc
-}
-
-/// Folds an unfolded sum to 16 bits, in memory order.
-fn fold(mut acc: u64) -> u16 {
-    while acc > 0xffff {
-        acc = (acc & 0xffff) + (acc >> 16);
-    }
-    acc as u16
+    // 2^32 ≡ 1 modulo 0xffff: folding the halves keeps the sum.
+    let acc = (acc & 0xffff_ffff) + (acc >> 32);
+    let acc = (acc & 0xffff_ffff) + (acc >> 32);
+    u32::from(fold(acc as u32))
 }
 
 /// Whether `packet`'s TCP checksum is right.

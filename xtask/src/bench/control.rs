@@ -48,7 +48,7 @@ pub fn run_control() -> Result<()> {
 
 fn control() -> Result<()> {
     let gw = B.gw();
-    write_object(&gw, "bench-peer.yaml", &bench_peer())?;
+    lab::write_object(&gw, "bench-peer.yaml", &bench_peer())?;
     let peer_id = wait_for_peer(&gw)?;
 
     let mut applied = Vec::new();
@@ -181,15 +181,6 @@ Agent resident memory with {ENTRIES} entries: {rss:.1} MiB.
         );
     }
     write_section("control", &section)
-}
-
-/// Writes `yaml` into `node`'s object directory as `name`, atomically.
-fn write_object(node: &str, name: &str, yaml: &str) -> Result<()> {
-    let dir = lab::object_dir(node);
-    let tmp = dir.join(format!(".{name}.tmp"));
-    fs::write(&tmp, yaml)?;
-    fs::rename(&tmp, dir.join(name))?;
-    Ok(())
 }
 
 fn bench_peer() -> String {
@@ -345,7 +336,7 @@ fn apply_isthmus(node: &str, peer_id: u32, format: Format) -> Result<Duration> {
     let table: HashMap<MapData, MappingKey, u32> = pinned(node, names::MAP_NATMAP)?;
     let text = bench_mapping(ENTRIES, None, format);
     let start = Instant::now();
-    write_object(node, format.file(), &text)?;
+    lab::write_object(node, format.file(), &text)?;
     // The reconciler writes in key order, the address in wire order: the
     // entry with the largest key goes last.
     let last = (0..ENTRIES)
@@ -370,7 +361,7 @@ fn update_latencies(node: &str, peer_id: u32, format: Format) -> Result<Vec<f64>
         let generation = 1 + (n % 2) as u8;
         let text = bench_mapping(ENTRIES, Some((i, generation)), format);
         let start = Instant::now();
-        write_object(node, format.file(), &text)?;
+        lab::write_object(node, format.file(), &text)?;
         let done = wait_entry(&table, peer_id, i, generation)?;
         latencies.push((done - start).as_secs_f64() * 1e3);
     }
@@ -463,7 +454,7 @@ fn hub_pps() -> Result<Vec<(&'static str, usize, f64)>> {
                     // A restarted agent may have numbered the peers anew.
                     let peer_id = wait_for_peer(&gw)?;
                     let text = bench_mapping(count - 1, None, Format::Yaml);
-                    write_object(&gw, Format::Yaml.file(), &text)?;
+                    lab::write_object(&gw, Format::Yaml.file(), &text)?;
                     wait_entries(&gw, peer_id, count - 1)?;
                     measure(&flow)
                 }
