@@ -3,7 +3,6 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    path::Path,
     sync::Arc,
 };
 
@@ -14,7 +13,12 @@ use tracing::{error, info, warn};
 use crate::{
     object::ObjectKey,
     peer::{Peer, PeerError, Problem},
-    tunnel::{Connection, Tunnel, TunnelConfig, key, peers::PeerConfig, route::Routes},
+    tunnel::{
+        Connection, Tunnel, TunnelConfig,
+        key::{self, KeyPair},
+        peers::PeerConfig,
+        route::Routes,
+    },
 };
 
 /// The running tunnel of a gateway and what it has told the operator.
@@ -27,9 +31,8 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Loads (or creates) the key, starts the tunnel and brings its device up.
-    pub async fn start(config: &TunnelConfig, key_file: &Path) -> Result<Self> {
-        let key = key::load_or_generate(key_file)?;
+    /// Starts the tunnel with `key` and brings its device up.
+    pub async fn start(config: &TunnelConfig, key: KeyPair) -> Result<Self> {
         let public = key::encode(key.public.as_bytes());
         let tunnel = Tunnel::start(config, key).with_context(|| {
             format!(

@@ -4,7 +4,9 @@
 //! - [`object`]: the Liqo objects as read;
 //! - [`peer`]: a validated TunnelEndpoint and the kernel rules it makes;
 //! - [`natmapping`]: a validated NatMapping;
-//! - [`source`]: where objects come from;
+//! - [`source`]: where objects come from: a directory, or the Kubernetes API;
+//! - [`kubernetes`]: the client, the node's role and the key Secret;
+//! - [`status`]: TunnelEndpoint status and Events, written back;
 //! - [`reconcile`]: from objects to the kernel, as a diff;
 //! - [`conntrack`]: the masquerade's settings and garbage collector;
 //! - [`dataplane`]: loading, pinning, attaching, cleanup;
@@ -16,6 +18,7 @@
 pub mod conntrack;
 pub mod dataplane;
 pub mod gateway;
+pub mod kubernetes;
 pub mod maps;
 pub mod metrics;
 pub mod natmapping;
@@ -23,4 +26,5 @@ pub mod object;
 pub mod peer;
 pub mod reconcile;
 pub mod source;
+pub mod status;
 pub mod tunnel;

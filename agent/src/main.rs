@@ -12,11 +12,12 @@ use isthmus_agent::{
     conntrack::{self, Conntrack},
     dataplane::{self, AttachMode, Capacity, Dataplane},
     gateway::Gateway,
-    maps,
+    kubernetes, maps,
     maps::Counters,
     metrics::{self, Metrics},
     reconcile::{MappingTable, PeerTable, Reconciler, Report},
     source::{self, SourceEvent, SourceSpec},
+    status::{self, Feedback},
     tunnel::{TunnelConfig, key},
 };
 use isthmus_common::{
@@ -48,7 +49,7 @@ enum LogFormat {
 #[derive(Subcommand)]
 enum Command {
     /// Program the dataplane from the source and keep it in line.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the gateway's WireGuard public key, creating the key file
     /// (mode 0600) if it does not exist.
     Pubkey {
@@ -90,9 +91,24 @@ struct RunArgs {
     /// This node's name.
     #[arg(long, env = "NODE_NAME")]
     node: String,
-    /// This node's role.
+    /// This node's role. With `--source kube` it defaults to what the node's
+    /// labels say (see `--gateway-label`).
     #[arg(long, value_enum)]
-    role: Role,
+    role: Option<Role>,
+    /// `--source kube`: a node carrying this label (`key=value`) is a gateway.
+    #[arg(long, default_value = "net.liqo.io/gateway=true")]
+    gateway_label: String,
+    /// `--source kube`: the kubeconfig to use; by default the pod's service
+    /// account, else `$KUBECONFIG` or `~/.kube/config`.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// `--source kube`: the agent's namespace, where the key Secret lives.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "isthmus-system")]
+    namespace: String,
+    /// `--source kube`, gateway: the Secret holding the WireGuard key,
+    /// created if missing; the public key is published in it as `publicKey`.
+    #[arg(long, default_value = "isthmus-wireguard")]
+    key_secret: String,
     /// Directory on bpffs to pin programs, links and maps under.
     #[arg(long, default_value = "/sys/fs/bpf/isthmus")]
     bpffs: PathBuf,
@@ -105,7 +121,8 @@ struct RunArgs {
     /// Gateway: what carries traffic between gateways.
     #[arg(long, value_enum, default_value_t = TunnelMode::Userspace)]
     tunnel: TunnelMode,
-    /// Gateway: the WireGuard private key file; created (mode 0600) if missing.
+    /// Gateway with `--source dir:PATH`: the WireGuard private key file;
+    /// created (mode 0600) if missing.
     #[arg(long, default_value = DEFAULT_KEY_FILE)]
     private_key_file: PathBuf,
     /// Gateway: the TUN device of the tunnel.
@@ -147,7 +164,7 @@ async fn main() -> Result<()> {
     let cli = Cli::parse();
     init_logs(cli.log_format);
     match cli.command {
-        Command::Run(args) => run(args).await,
+        Command::Run(args) => run(*args).await,
         Command::Pubkey { private_key_file } => {
             let pair = key::load_or_generate(&private_key_file)?;
             println!("{}", key::encode(pair.public.as_bytes()));
@@ -182,12 +199,22 @@ fn init_logs(format: LogFormat) {
 }
 
 async fn run(args: RunArgs) -> Result<()> {
-    let SourceSpec::Dir(dir) = &args.source else {
-        bail!(
-            "--source kube: the Kubernetes source is not available in this build; use --source dir:PATH"
-        );
+    let client = match args.source {
+        SourceSpec::Kube => Some(kubernetes::client(args.kubeconfig.as_deref()).await?),
+        SourceSpec::Dir(_) => None,
     };
-    let role = match args.role {
+    let role = match (args.role, &client) {
+        (Some(role), _) => role,
+        (None, Some(client)) => {
+            if kubernetes::node_has_label(client, &args.node, &args.gateway_label).await? {
+                Role::Gateway
+            } else {
+                Role::Worker
+            }
+        }
+        (None, None) => bail!("--role is required with --source dir:PATH"),
+    };
+    let role_name = match role {
         Role::Gateway => "gateway",
         Role::Worker => "worker",
     };
@@ -199,15 +226,21 @@ async fn run(args: RunArgs) -> Result<()> {
         .with_context(|| format!("loading the dataplane under {}", args.bpffs.display()))?;
     let mut reconciler = Reconciler::new(dataplane.take_peer_map()?, dataplane.take_mapping_map()?)
         .context("reading the pinned tables")?;
-    let mut gateway = match (args.role, args.tunnel) {
+    let mut gateway = match (role, args.tunnel) {
         (Role::Gateway, TunnelMode::Userspace) => {
-            Some(Gateway::start(&tunnel_config(&args), &args.private_key_file).await?)
+            let key = match &client {
+                Some(client) => {
+                    kubernetes::key_from_secret(client, &args.namespace, &args.key_secret).await?
+                }
+                None => key::load_or_generate(&args.private_key_file)?,
+            };
+            Some(Gateway::start(&tunnel_config(&args), key).await?)
         }
         _ => None,
     };
     let mut conntrack = dataplane.take_conntrack()?;
-    conntrack.set_masquerade(args.masquerade_ip.filter(|_| args.role == Role::Gateway))?;
-    let attach = match args.role {
+    conntrack.set_masquerade(args.masquerade_ip.filter(|_| role == Role::Gateway))?;
+    let attach = match role {
         Role::Gateway => Some(dataplane.attach_nat(&args.nat_dev, args.attach)?),
         Role::Worker => None,
     };
@@ -215,7 +248,7 @@ async fn run(args: RunArgs) -> Result<()> {
         Counters::open(&args.bpffs)?,
         gateway.as_ref().map(|g| g.tunnel.clone()),
         &args.node,
-        role,
+        role_name,
         attach.map(|a| a.as_str()),
     );
     metrics::serve(args.metrics_addr, metrics.clone())
@@ -228,9 +261,26 @@ async fn run(args: RunArgs) -> Result<()> {
         capacity.conntrack,
         metrics.clone(),
     ));
-    let events = source::watch_dir(dir)?;
-    info!(node = %args.node, role, source = %dir.display(), bpffs = %args.bpffs.display(), "agent started");
-    follow(events, &mut reconciler, gateway.as_mut(), &metrics).await
+    let (events, feedback) = match (&args.source, client) {
+        (SourceSpec::Dir(dir), _) => (source::watch_dir(dir)?, None),
+        (SourceSpec::Kube, Some(client)) => {
+            let (events, objects) = source::watch_kube(client.clone());
+            // The gateway speaks for the cluster's tunnels; workers only read.
+            let feedback =
+                (role == Role::Gateway).then(|| Feedback::spawn(client, objects, &args.node));
+            (events, feedback)
+        }
+        (SourceSpec::Kube, None) => unreachable!("a kube source has a client"),
+    };
+    info!(node = %args.node, role = role_name, source = ?args.source, bpffs = %args.bpffs.display(), "agent started");
+    follow(
+        events,
+        &mut reconciler,
+        gateway.as_mut(),
+        feedback.as_ref(),
+        &metrics,
+    )
+    .await
 }
 
 fn tunnel_config(args: &RunArgs) -> TunnelConfig {
@@ -301,6 +351,7 @@ async fn follow<P: PeerTable<Error = aya::maps::MapError>, M: MappingTable<Error
     mut events: mpsc::Receiver<SourceEvent>,
     reconciler: &mut Reconciler<P, M>,
     mut gateway: Option<&mut Gateway>,
+    feedback: Option<&Feedback>,
     metrics: &Arc<Metrics>,
 ) -> Result<()> {
     let mut terminate = unix::signal(unix::SignalKind::terminate())?;
@@ -312,6 +363,10 @@ async fn follow<P: PeerTable<Error = aya::maps::MapError>, M: MappingTable<Error
             _ = states.tick() => {
                 if let Some(gateway) = gateway.as_deref_mut() {
                     gateway.report_states();
+                }
+                if let Some(feedback) = feedback.filter(|_| synced) {
+                    let tunnel = gateway.as_deref().map(|g| g.tunnel.status());
+                    feedback.show(status::desired(reconciler.peers(), tunnel.as_deref(), reconciler.rejections()));
                 }
                 continue;
             }
@@ -329,6 +384,9 @@ async fn follow<P: PeerTable<Error = aya::maps::MapError>, M: MappingTable<Error
         match reconciler.reconcile() {
             Ok(report) => {
                 record(&report, metrics);
+                if let Some(feedback) = feedback {
+                    feedback.rejected(&report.new_errors);
+                }
                 if let Some(gateway) = gateway.as_deref_mut() {
                     gateway.sync(reconciler.peers()).await;
                 }

@@ -192,6 +192,22 @@ pub fn parse_documents(file: &Path, text: &str) -> Vec<Result<Object, DocumentEr
     documents
 }
 
+/// Reads one object that arrived decoded, from the Kubernetes API; `origin`
+/// names it in errors as a file name would.
+pub fn from_decoded(
+    origin: &str,
+    decoded: &impl serde::Serialize,
+) -> Result<Object, DocumentError> {
+    match serde_yaml_ng::to_value(decoded) {
+        Ok(value) => object(origin, 1, value),
+        Err(e) => Err(DocumentError::Yaml {
+            file: origin.to_owned(),
+            index: 1,
+            reason: e.to_string(),
+        }),
+    }
+}
+
 /// A NatMapping of 10,000 entries spends 9 ms in the YAML scanner, nearly
 /// all of it on `spec.clusterMappings`. In the plain shape kubectl and Liqo
 /// write (one `a.b.c.d: e.f.g.h` per line), that block is read here and the

@@ -10,8 +10,8 @@ use ipnet::Ipv4Net;
 use isthmus_common::nat::{MappingKey, PeerNat, wire};
 
 use crate::{
-    natmapping::{self, MappingProblem, NatMapping},
-    object::{DocumentError, Object, ObjectKey},
+    natmapping::{self, MappingProblem, NatMapping, NatMappingError},
+    object::{DocumentError, KIND_NAT_MAPPING, KIND_TUNNEL_ENDPOINT, Object, ObjectKey},
     peer::{Peer, PeerError, Problem},
 };
 
@@ -143,9 +143,56 @@ pub struct Report {
     /// Peers no longer accepted.
     pub dropped: Vec<ObjectKey>,
     /// Rejections that were not reported before.
-    pub new_errors: Vec<String>,
+    pub new_errors: Vec<Rejection>,
     /// Rejections reported before that no longer hold.
-    pub cleared_errors: Vec<String>,
+    pub cleared_errors: Vec<Rejection>,
+}
+
+/// An object, or one entry of it, that is not programmed, and why.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Rejection {
+    /// The object's kind and key; None for a document that names no object.
+    pub object: Option<(&'static str, ObjectKey)>,
+    /// What is wrong, naming the field, for the object's own status.
+    pub problem: String,
+    /// The whole message, naming the origin too, for logs.
+    pub message: String,
+}
+
+impl std::fmt::Display for Rejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl From<PeerError> for Rejection {
+    fn from(e: PeerError) -> Self {
+        Self {
+            object: Some((KIND_TUNNEL_ENDPOINT, e.object.clone())),
+            problem: e.problem.to_string(),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl From<NatMappingError> for Rejection {
+    fn from(e: NatMappingError) -> Self {
+        Self {
+            object: Some((KIND_NAT_MAPPING, e.object.clone())),
+            problem: e.problem.to_string(),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl From<DocumentError> for Rejection {
+    fn from(e: DocumentError) -> Self {
+        Self {
+            object: None,
+            problem: e.to_string(),
+            message: e.to_string(),
+        }
+    }
 }
 
 /// A document of an origin, as parsed.
@@ -162,12 +209,12 @@ pub struct Reconciler<P: PeerTable, M: MappingTable> {
     peer_table: Mirror<P>,
     mapping_table: Mirror<M>,
     /// Each origin's documents, validated once when the origin changes.
-    origins: BTreeMap<String, Vec<Result<Valid, String>>>,
+    origins: BTreeMap<String, Vec<Result<Valid, Rejection>>>,
     /// Order of acceptance: a peer accepted earlier wins an overlap.
     seniority: HashMap<ObjectKey, u64>,
     next_seniority: u64,
     ids: HashMap<ObjectKey, u32>,
-    errors: BTreeSet<String>,
+    errors: BTreeSet<Rejection>,
     accepted: Vec<Peer>,
 }
 
@@ -192,13 +239,13 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
         let validated = documents
             .into_iter()
             .map(|document| match document {
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(e.into()),
                 Ok(Object::TunnelEndpoint(raw)) => Peer::from_raw(&raw, &origin)
                     .map(Valid::Peer)
-                    .map_err(|e| e.to_string()),
+                    .map_err(Rejection::from),
                 Ok(Object::NatMapping(raw)) => NatMapping::from_raw(&raw, &origin)
                     .map(Valid::Mapping)
-                    .map_err(|e| e.to_string()),
+                    .map_err(Rejection::from),
             })
             .collect();
         self.origins.insert(origin, validated);
@@ -207,6 +254,11 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
     /// Forgets `origin` and everything it held.
     pub fn remove_origin(&mut self, origin: &str) {
         self.origins.remove(origin);
+    }
+
+    /// Everything the last pass rejected or held.
+    pub fn rejections(&self) -> &BTreeSet<Rejection> {
+        &self.errors
     }
 
     /// The peers accepted by the last pass.
@@ -275,23 +327,23 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
     fn select_mappings(
         &self,
         accepted: &[Peer],
-        errors: &mut BTreeSet<String>,
+        errors: &mut BTreeSet<Rejection>,
     ) -> BTreeMap<MappingKey, u32> {
         let candidates = self.origins.values().flatten().filter_map(|v| match v {
             Ok(Valid::Mapping(m)) => Some(m),
             _ => None,
         });
         let (kept, duplicates) = natmapping::one_per_cluster(candidates);
-        errors.extend(duplicates.iter().map(ToString::to_string));
+        errors.extend(duplicates.into_iter().map(Rejection::from));
         let mut desired = BTreeMap::new();
         for mapping in kept {
-            errors.extend(mapping.rejected.iter().map(ToString::to_string));
+            errors.extend(mapping.rejected.iter().cloned().map(Rejection::from));
             let Some(peer) = accepted
                 .iter()
                 .find(|p| p.cluster_id.as_deref() == Some(mapping.cluster_id.as_str()))
             else {
                 let cluster = mapping.cluster_id.clone();
-                errors.insert(mapping.error(MappingProblem::Held { cluster }).to_string());
+                errors.insert(mapping.error(MappingProblem::Held { cluster }).into());
                 continue;
             };
             let peer_id = self.ids[&peer.key];
@@ -304,7 +356,7 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
                         cidr,
                         tunnel_endpoint: peer.key.clone(),
                     };
-                    errors.insert(mapping.error(problem).to_string());
+                    errors.insert(mapping.error(problem).into());
                     continue;
                 }
                 let key = MappingKey {
@@ -319,7 +371,7 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
 
     /// Validates every object and picks the peers to program: senior peers
     /// first, so a newcomer cannot displace a working peer.
-    fn select(&self) -> (Vec<Peer>, BTreeSet<String>) {
+    fn select(&self) -> (Vec<Peer>, BTreeSet<Rejection>) {
         let mut errors = BTreeSet::new();
         let mut candidates = Vec::new();
         for result in self.origins.values().flatten() {
@@ -340,7 +392,7 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
         for peer in candidates {
             match conflict(&peer, &accepted) {
                 Some(e) => {
-                    errors.insert(e.to_string());
+                    errors.insert(e.into());
                 }
                 None => accepted.push(peer),
             }
@@ -414,6 +466,10 @@ mod tests {
 
     use super::*;
     use crate::object::parse_documents;
+
+    fn messages(rejections: &[Rejection]) -> Vec<&str> {
+        rejections.iter().map(|r| r.message.as_str()).collect()
+    }
 
     /// A kernel table stand-in: counts every write so tests can see diffs.
     struct Table<K, V> {
@@ -531,7 +587,7 @@ mod tests {
         let report = r.reconcile().unwrap();
         assert_eq!((report.written, report.peers, report.rejected), (0, 1, 1));
         assert_eq!(
-            report.new_errors,
+            messages(&report.new_errors),
             [
                 "a.yaml: TunnelEndpoint liqo/a: field remoteNATExternalCIDR (10.0.0.0/24) overlaps field remoteNATPodCIDR (10.0.0.0/24) of TunnelEndpoint liqo/z in z.yaml"
             ]
@@ -557,7 +613,7 @@ mod tests {
         );
         let report = r.reconcile().unwrap();
         assert_eq!(report.peers, 0);
-        assert!(report.new_errors[0].contains("field remoteNATExternalCIDR (10.0.1.0/24) overlaps field remoteNATPodCIDR (10.0.1.0/24) of TunnelEndpoint liqo/s"), "{:?}", report.new_errors);
+        assert!(report.new_errors[0].message.contains("field remoteNATExternalCIDR (10.0.1.0/24) overlaps field remoteNATPodCIDR (10.0.1.0/24) of TunnelEndpoint liqo/s"), "{:?}", report.new_errors);
     }
 
     #[test]
@@ -576,7 +632,22 @@ mod tests {
         assert_eq!((report.peers, report.rejected, report.written), (1, 1, 2));
         assert!(
             report.new_errors[0]
+                .message
                 .starts_with("bad.yaml: TunnelEndpoint liqo/bad: field remoteNATPodCIDR")
+        );
+        // Attributed to its object, so the object's status and events can say it.
+        let bad = ObjectKey {
+            namespace: "liqo".into(),
+            name: "bad".into(),
+        };
+        assert_eq!(
+            report.new_errors[0].object,
+            Some((KIND_TUNNEL_ENDPOINT, bad))
+        );
+        assert!(
+            report.new_errors[0]
+                .problem
+                .starts_with("field remoteNATPodCIDR")
         );
     }
 
@@ -641,7 +712,7 @@ mod tests {
         let report = r.reconcile().unwrap();
         assert_eq!((report.mappings, report.rejected), (0, 1));
         assert_eq!(
-            report.new_errors,
+            messages(&report.new_errors),
             [
                 "nm.yaml: NatMapping nm-cluster-a: field spec.clusterID: cluster cluster-a has no TunnelEndpoint yet; its mappings are held until one appears"
             ]
@@ -681,7 +752,7 @@ mod tests {
         let report = r.reconcile().unwrap();
         assert_eq!(report.mappings, 1);
         assert_eq!(
-            report.new_errors,
+            messages(&report.new_errors),
             [
                 "nm.yaml: NatMapping nm-cluster-a: field spec.clusterMappings.10.1.0.6: externalIP 192.168.7.46 lies outside our ExternalCIDR 192.168.0.0/24 (localExternalCIDR of TunnelEndpoint liqo/a)"
             ]

@@ -79,8 +79,7 @@ pub fn load_or_generate(path: &Path) -> Result<KeyPair, KeyError> {
             decode(&text).ok_or_else(|| KeyError::Malformed(path.to_owned()))?
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            let mut bytes = [0u8; 32];
-            getrandom::fill(&mut bytes).map_err(KeyError::Random)?;
+            let bytes = generate()?;
             let mut file = fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
@@ -92,9 +91,23 @@ pub fn load_or_generate(path: &Path) -> Result<KeyPair, KeyError> {
         }
         Err(e) => return Err(io_err(e)),
     };
-    let private = StaticSecret::from(private);
-    let public = PublicKey::from(&private);
-    Ok(KeyPair { private, public })
+    Ok(KeyPair::from_private(private))
+}
+
+/// A new random private key.
+pub fn generate() -> Result<[u8; 32], KeyError> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(KeyError::Random)?;
+    Ok(bytes)
+}
+
+impl KeyPair {
+    /// The pair of a private key.
+    pub fn from_private(private: [u8; 32]) -> Self {
+        let private = StaticSecret::from(private);
+        let public = PublicKey::from(&private);
+        Self { private, public }
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,305 @@
+//! The Kubernetes source: TunnelEndpoints in every namespace and the
+//! cluster-scoped NatMappings, through kube-rs's watcher and reflector.
+//!
+//! Each object is an origin of its own. The watcher relists after a `410
+//! Gone` or a broken watch, and backs off with jitter while the API server
+//! is away; objects missing from a relist are removed only once the relist
+//! is complete, so the kernel never sees a gap.
+
+use std::collections::BTreeSet;
+
+use futures::{StreamExt, stream::BoxStream};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ApiResource, DynamicObject, TypeMeta},
+    runtime::{
+        WatchStreamExt,
+        reflector::{self, Store},
+        watcher,
+    },
+};
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+use super::SourceEvent;
+use crate::object::{self, API_VERSION, KIND_NAT_MAPPING, KIND_TUNNEL_ENDPOINT, Object, ObjectKey};
+
+/// The objects as the API server last sent them, for writing back status
+/// and events.
+#[derive(Clone)]
+pub struct KubeSource {
+    /// Every TunnelEndpoint.
+    pub tunnel_endpoints: Store<DynamicObject>,
+    /// Every NatMapping.
+    pub nat_mappings: Store<DynamicObject>,
+}
+
+/// The API resource of `kind`, one of the two the agent reads.
+pub fn api_resource(kind: &str) -> ApiResource {
+    let (group, version) = API_VERSION.split_once('/').expect("group/version");
+    ApiResource {
+        group: group.into(),
+        version: version.into(),
+        api_version: API_VERSION.into(),
+        kind: kind.into(),
+        plural: format!("{}s", kind.to_lowercase()),
+    }
+}
+
+/// The origin an object is kept under: one per object.
+pub fn origin(kind: &str, key: &ObjectKey) -> String {
+    format!("kube:{}/{key}", api_resource(kind).plural)
+}
+
+/// Watches both kinds and sends their changes; `Synced` follows once both
+/// were listed in full. Events stop when the receiver is dropped.
+pub fn watch_kube(client: Client) -> (mpsc::Receiver<SourceEvent>, KubeSource) {
+    let (tunnel_endpoints, te_stream) = reflected(&client, KIND_TUNNEL_ENDPOINT);
+    let (nat_mappings, nm_stream) = reflected(&client, KIND_NAT_MAPPING);
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        let mut kinds = [
+            Listing::new(KIND_TUNNEL_ENDPOINT),
+            Listing::new(KIND_NAT_MAPPING),
+        ];
+        let mut synced = false;
+        let mut events =
+            futures::stream::select(te_stream.map(|e| (0, e)), nm_stream.map(|e| (1, e)));
+        while let Some((kind, event)) = events.next().await {
+            let listing = &mut kinds[kind];
+            let event = match event {
+                Ok(event) => event,
+                Err(e) => {
+                    warn!(kind = listing.kind, error = %e, "watching the API server; retrying with backoff, and the kernel keeps what it has");
+                    continue;
+                }
+            };
+            for out in listing.apply(event) {
+                if tx.send(out).await.is_err() {
+                    return;
+                }
+            }
+            if !synced && kinds.iter().all(|k| k.synced) {
+                synced = true;
+                if tx.send(SourceEvent::Synced).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    (
+        rx,
+        KubeSource {
+            tunnel_endpoints,
+            nat_mappings,
+        },
+    )
+}
+
+type WatchResult = watcher::Result<watcher::Event<DynamicObject>>;
+
+/// A watcher of `kind` in every namespace, backing off with jitter, that
+/// also keeps a store of the objects.
+fn reflected(
+    client: &Client,
+    kind: &str,
+) -> (Store<DynamicObject>, BoxStream<'static, WatchResult>) {
+    let resource = api_resource(kind);
+    let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
+    let writer = reflector::store::Writer::new(resource);
+    let store = writer.as_reader();
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .boxed();
+    (store, stream)
+}
+
+/// What one kind's watch has delivered so far.
+struct Listing {
+    kind: &'static str,
+    /// Origins sent and not removed since.
+    known: BTreeSet<String>,
+    /// Origins seen by a relist under way.
+    relisting: Option<BTreeSet<String>>,
+    /// A full list has completed at least once.
+    synced: bool,
+}
+
+impl Listing {
+    fn new(kind: &'static str) -> Self {
+        Self {
+            kind,
+            known: BTreeSet::new(),
+            relisting: None,
+            synced: false,
+        }
+    }
+
+    /// Turns one watcher event into source events.
+    fn apply(&mut self, event: watcher::Event<DynamicObject>) -> Vec<SourceEvent> {
+        match event {
+            watcher::Event::Init => {
+                debug!(kind = self.kind, "listing");
+                self.relisting = Some(BTreeSet::new());
+                Vec::new()
+            }
+            watcher::Event::InitApply(object) => {
+                let (origin, document) = self.read(object);
+                if let Some(seen) = &mut self.relisting {
+                    seen.insert(origin.clone());
+                }
+                self.known.insert(origin.clone());
+                vec![SourceEvent::Origin {
+                    origin,
+                    documents: vec![document],
+                }]
+            }
+            watcher::Event::InitDone => {
+                let seen = self.relisting.take().unwrap_or_default();
+                let gone: Vec<String> = self.known.difference(&seen).cloned().collect();
+                self.known = seen;
+                self.synced = true;
+                debug!(
+                    kind = self.kind,
+                    objects = self.known.len(),
+                    removed = gone.len(),
+                    "listed"
+                );
+                gone.into_iter()
+                    .map(|origin| SourceEvent::Removed { origin })
+                    .collect()
+            }
+            watcher::Event::Apply(object) => {
+                let (origin, document) = self.read(object);
+                self.known.insert(origin.clone());
+                vec![SourceEvent::Origin {
+                    origin,
+                    documents: vec![document],
+                }]
+            }
+            watcher::Event::Delete(object) => {
+                let origin = origin(self.kind, &key(&object));
+                self.known.remove(&origin);
+                vec![SourceEvent::Removed { origin }]
+            }
+        }
+    }
+
+    /// The object's origin and its document, read as the directory source
+    /// reads a file.
+    fn read(&self, mut object: DynamicObject) -> (String, Result<Object, object::DocumentError>) {
+        let origin = origin(self.kind, &key(&object));
+        // List items need not carry their type; the watch says what they are.
+        object.types = Some(TypeMeta {
+            api_version: API_VERSION.into(),
+            kind: self.kind.into(),
+        });
+        let document = object::from_decoded(&origin, &object);
+        (origin, document)
+    }
+}
+
+fn key(object: &DynamicObject) -> ObjectKey {
+    ObjectKey {
+        namespace: object.namespace().unwrap_or_default(),
+        name: object.name_any(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(kind: &str, name: &str, spec: serde_json::Value) -> DynamicObject {
+        let namespace = (kind == KIND_TUNNEL_ENDPOINT).then_some("liqo");
+        let mut object =
+            DynamicObject::new(name, &api_resource(kind)).data(serde_json::json!({ "spec": spec }));
+        object.metadata.namespace = namespace.map(Into::into);
+        object.types = None;
+        object
+    }
+
+    fn origins(events: &[SourceEvent]) -> Vec<(&str, &str)> {
+        events
+            .iter()
+            .map(|e| match e {
+                SourceEvent::Origin { origin, .. } => ("set", origin.as_str()),
+                SourceEvent::Removed { origin } => ("removed", origin.as_str()),
+                SourceEvent::Synced => ("synced", ""),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn names_resources_as_the_crds_do() {
+        let resource = api_resource(KIND_TUNNEL_ENDPOINT);
+        assert_eq!(
+            (
+                resource.group.as_str(),
+                resource.version.as_str(),
+                resource.plural.as_str()
+            ),
+            ("net.liqo.io", "v1alpha1", "tunnelendpoints")
+        );
+        assert_eq!(api_resource(KIND_NAT_MAPPING).plural, "natmappings");
+    }
+
+    #[test]
+    fn a_relist_removes_only_what_it_no_longer_lists_and_only_at_its_end() {
+        let mut listing = Listing::new(KIND_TUNNEL_ENDPOINT);
+        let spec = serde_json::json!({});
+        let mut events = Vec::new();
+        events.extend(listing.apply(watcher::Event::Init));
+        for name in ["a", "b"] {
+            events.extend(listing.apply(watcher::Event::InitApply(object(
+                KIND_TUNNEL_ENDPOINT,
+                name,
+                spec.clone(),
+            ))));
+        }
+        events.extend(listing.apply(watcher::Event::InitDone));
+        assert!(listing.synced);
+        // The watch broke; while the relist runs, nothing is removed.
+        events.extend(listing.apply(watcher::Event::Init));
+        events.extend(listing.apply(watcher::Event::InitApply(object(
+            KIND_TUNNEL_ENDPOINT,
+            "b",
+            spec.clone(),
+        ))));
+        let before_done = events.len();
+        events.extend(listing.apply(watcher::Event::InitDone));
+        events.extend(listing.apply(watcher::Event::Delete(object(
+            KIND_TUNNEL_ENDPOINT,
+            "b",
+            spec,
+        ))));
+        assert_eq!(
+            origins(&events),
+            [
+                ("set", "kube:tunnelendpoints/liqo/a"),
+                ("set", "kube:tunnelendpoints/liqo/b"),
+                ("set", "kube:tunnelendpoints/liqo/b"),
+                ("removed", "kube:tunnelendpoints/liqo/a"),
+                ("removed", "kube:tunnelendpoints/liqo/b"),
+            ]
+        );
+        assert_eq!(before_done, 3);
+    }
+
+    #[test]
+    fn reads_objects_without_type_as_their_kind() {
+        let listing = Listing::new(KIND_NAT_MAPPING);
+        let spec =
+            serde_json::json!({"clusterID": "x", "clusterMappings": {"10.0.0.1": "10.1.0.1"}});
+        let (origin, document) = listing.read(object(KIND_NAT_MAPPING, "nm", spec));
+        assert_eq!(origin, "kube:natmappings/nm");
+        match document {
+            Ok(Object::NatMapping(raw)) => {
+                assert_eq!(raw.key.name, "nm");
+                assert!(raw.spec.contains_key("clusterMappings"));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,0 +1,467 @@
+//! What the gateway tells the API server: the connection status of each
+//! TunnelEndpoint, through the status subresource, and an Event for each
+//! object it rejects.
+//!
+//! Writes are skipped when the object already shows the status, and
+//! rate-limited: a change of state goes out within a pass, a new latency
+//! only every [`LATENCY_REFRESH`], and no pass writes more than
+//! [`WRITES_PER_PASS`] objects.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::{api::core::v1::ObjectReference, jiff::Timestamp};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DynamicObject, Patch, PatchParams},
+    runtime::{
+        events::{Event, EventType, Recorder, Reporter},
+        reflector::{ObjectRef, Store},
+    },
+};
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, warn};
+
+use crate::{
+    object::{API_VERSION, KIND_NAT_MAPPING, KIND_TUNNEL_ENDPOINT, ObjectKey},
+    peer::Peer,
+    reconcile::Rejection,
+    source::{KubeSource, api_resource},
+    tunnel::{Connection, PeerStatus},
+};
+
+/// A status already written is written again with a new latency only this often.
+pub const LATENCY_REFRESH: Duration = Duration::from_secs(30);
+/// A written status the object does not show yet is not written again sooner.
+pub const RETRY: Duration = Duration::from_secs(10);
+/// Most objects patched in one pass; the rest wait for the next.
+pub const WRITES_PER_PASS: usize = 10;
+/// The field manager of the agent's patches.
+const MANAGER: &str = "isthmus-agent";
+/// Longest Event note the API server accepts.
+const NOTE_MAX: usize = 1024;
+
+/// Liqo's connection states (`status.connection.status`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    /// A session is up.
+    Connected,
+    /// Handshaking.
+    Connecting,
+    /// The object cannot be used.
+    Error,
+}
+
+impl State {
+    fn as_str(self) -> &'static str {
+        match self {
+            State::Connected => "Connected",
+            State::Connecting => "Connecting",
+            State::Error => "Error",
+        }
+    }
+}
+
+/// `status.connection` of one TunnelEndpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConnectionStatus {
+    /// The state.
+    pub state: State,
+    /// Why, for people.
+    pub message: String,
+    /// Round-trip time of the last handshake, as Go prints a duration ("3ms").
+    pub latency: Option<String>,
+}
+
+impl ConnectionStatus {
+    fn same_state(&self, other: &Self) -> bool {
+        self.state == other.state && self.message == other.message
+    }
+
+    /// What an object shows now, if anything.
+    fn shown(object: &DynamicObject) -> Option<Self> {
+        let connection = object.data.get("status")?.get("connection")?;
+        let text = |v: Option<&serde_json::Value>| v.and_then(|v| v.as_str()).map(str::to_owned);
+        let state = match connection.get("status")?.as_str()? {
+            "Connected" => State::Connected,
+            "Connecting" => State::Connecting,
+            "Error" => State::Error,
+            _ => return None,
+        };
+        Some(Self {
+            state,
+            message: text(connection.get("statusMessage")).unwrap_or_default(),
+            latency: text(connection.get("latency").and_then(|l| l.get("value"))),
+        })
+    }
+
+    fn patch(&self, now: Timestamp) -> serde_json::Value {
+        let latency = self
+            .latency
+            .as_ref()
+            .map(|value| serde_json::json!({ "value": value, "timestamp": now.to_string() }));
+        serde_json::json!({ "status": { "connection": {
+            "status": self.state.as_str(),
+            "statusMessage": self.message,
+            "latency": latency,
+        }}})
+    }
+}
+
+/// The status each TunnelEndpoint should show. Without a tunnel
+/// (`tunnel` is None), only rejected objects get one: the connection
+/// belongs to whatever carries it.
+pub fn desired(
+    peers: &[Peer],
+    tunnel: Option<&[PeerStatus]>,
+    rejections: &BTreeSet<Rejection>,
+) -> BTreeMap<ObjectKey, ConnectionStatus> {
+    let mut statuses = BTreeMap::new();
+    for rejection in rejections {
+        let Some((KIND_TUNNEL_ENDPOINT, key)) = &rejection.object else {
+            continue;
+        };
+        statuses
+            .entry(key.clone())
+            .and_modify(|s: &mut ConnectionStatus| {
+                s.message = format!("{}; {}", s.message, rejection.problem)
+            })
+            .or_insert_with(|| ConnectionStatus {
+                state: State::Error,
+                message: rejection.problem.clone(),
+                latency: None,
+            });
+    }
+    let Some(tunnel) = tunnel else {
+        return statuses;
+    };
+    for peer in peers {
+        let status = match (&peer.tunnel, tunnel.iter().find(|s| s.key == peer.key)) {
+            (Err(field), _) => ConnectionStatus {
+                state: State::Error,
+                message: format!("field {field} is missing: no tunnel to this peer"),
+                latency: None,
+            },
+            (Ok(_), Some(s)) if s.connection == Connection::Connected => ConnectionStatus {
+                state: State::Connected,
+                message: format!("WireGuard session up with {}", s.endpoint),
+                latency: s.rtt_ms.map(|ms| format!("{ms}ms")),
+            },
+            (Ok(params), _) => ConnectionStatus {
+                state: State::Connecting,
+                message: format!("WireGuard handshake with {} not completed", params.endpoint),
+                latency: None,
+            },
+        };
+        statuses.insert(peer.key.clone(), status);
+    }
+    statuses
+}
+
+/// What was last written to one object, and when.
+struct Written {
+    status: ConnectionStatus,
+    at: Instant,
+}
+
+/// Whether `desired` should be written now to an object that shows `shown`.
+fn due(
+    shown: Option<&ConnectionStatus>,
+    desired: &ConnectionStatus,
+    last: Option<&Written>,
+    now: Instant,
+) -> bool {
+    let since_last = |limit| last.is_none_or(|w| now.duration_since(w.at) >= limit);
+    match shown {
+        Some(shown) if shown.same_state(desired) => {
+            shown.latency != desired.latency && since_last(LATENCY_REFRESH)
+        }
+        // Changed: write, unless this very status went out moments ago
+        // and the watch has not brought it back yet.
+        _ => last.is_none_or(|w| !w.status.same_state(desired)) || since_last(RETRY),
+    }
+}
+
+/// The handle the follow loop feeds: the statuses it wants shown, and the
+/// rejections it made.
+pub struct Feedback {
+    statuses: watch::Sender<BTreeMap<ObjectKey, ConnectionStatus>>,
+    rejected: mpsc::UnboundedSender<Rejection>,
+}
+
+impl Feedback {
+    /// Starts the writer. `instance` names this agent in Events.
+    pub fn spawn(client: Client, source: KubeSource, instance: &str) -> Self {
+        let (statuses, statuses_rx) = watch::channel(BTreeMap::new());
+        let (rejected, rejected_rx) = mpsc::unbounded_channel();
+        let reporter = Reporter {
+            controller: MANAGER.into(),
+            instance: Some(instance.into()),
+        };
+        let writer = Writer {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            source,
+            written: HashMap::new(),
+        };
+        tokio::spawn(writer.run(statuses_rx, rejected_rx));
+        Self { statuses, rejected }
+    }
+
+    /// The statuses every TunnelEndpoint should show now.
+    pub fn show(&self, statuses: BTreeMap<ObjectKey, ConnectionStatus>) {
+        self.statuses.send_replace(statuses);
+    }
+
+    /// Rejections new in the last pass: each becomes an Event.
+    pub fn rejected(&self, rejections: &[Rejection]) {
+        for rejection in rejections.iter().filter(|r| r.object.is_some()) {
+            let _ = self.rejected.send(rejection.clone());
+        }
+    }
+}
+
+struct Writer {
+    client: Client,
+    recorder: Recorder,
+    source: KubeSource,
+    written: HashMap<ObjectKey, Written>,
+}
+
+impl Writer {
+    async fn run(
+        mut self,
+        mut statuses: watch::Receiver<BTreeMap<ObjectKey, ConnectionStatus>>,
+        mut rejected: mpsc::UnboundedReceiver<Rejection>,
+    ) {
+        loop {
+            tokio::select! {
+                changed = statuses.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let desired = statuses.borrow_and_update().clone();
+                    self.pass(&desired).await;
+                }
+                rejection = rejected.recv() => match rejection {
+                    Some(rejection) => self.event(&rejection).await,
+                    None => return,
+                },
+            }
+        }
+    }
+
+    /// Writes the statuses that are due, state changes first.
+    async fn pass(&mut self, desired: &BTreeMap<ObjectKey, ConnectionStatus>) {
+        let now = Instant::now();
+        self.written.retain(|key, _| desired.contains_key(key));
+        let mut due_now: Vec<(&ObjectKey, &ConnectionStatus, bool)> = Vec::new();
+        for (key, status) in desired {
+            let Some(object) = self.find(&self.source.tunnel_endpoints, KIND_TUNNEL_ENDPOINT, key)
+            else {
+                continue;
+            };
+            let shown = ConnectionStatus::shown(&object);
+            if due(shown.as_ref(), status, self.written.get(key), now) {
+                let state_change = shown.is_none_or(|s| !s.same_state(status));
+                due_now.push((key, status, state_change));
+            }
+        }
+        due_now.sort_by_key(|(_, _, state_change)| !state_change);
+        for (key, status, _) in due_now.into_iter().take(WRITES_PER_PASS) {
+            let api = Api::<DynamicObject>::namespaced_with(
+                self.client.clone(),
+                &key.namespace,
+                &api_resource(KIND_TUNNEL_ENDPOINT),
+            );
+            let params = PatchParams::apply(MANAGER);
+            let patch = Patch::Merge(status.patch(Timestamp::now()));
+            match api.patch_status(&key.name, &params, &patch).await {
+                Ok(_) => {
+                    debug!(object = %key, state = status.state.as_str(), "status written");
+                    self.written.insert(
+                        key.clone(),
+                        Written {
+                            status: status.clone(),
+                            at: now,
+                        },
+                    );
+                }
+                Err(e) => {
+                    warn!(object = %key, error = %e, "writing TunnelEndpoint status; will retry")
+                }
+            }
+        }
+    }
+
+    fn find(
+        &self,
+        store: &Store<DynamicObject>,
+        kind: &str,
+        key: &ObjectKey,
+    ) -> Option<std::sync::Arc<DynamicObject>> {
+        let reference = ObjectRef::new_with(&key.name, api_resource(kind));
+        let reference = if key.namespace.is_empty() {
+            reference
+        } else {
+            reference.within(&key.namespace)
+        };
+        store.get(&reference)
+    }
+
+    /// A Warning Event on the rejected object.
+    async fn event(&self, rejection: &Rejection) {
+        let Some((kind, key)) = &rejection.object else {
+            return;
+        };
+        let store = if *kind == KIND_NAT_MAPPING {
+            &self.source.nat_mappings
+        } else {
+            &self.source.tunnel_endpoints
+        };
+        let reference = ObjectReference {
+            api_version: Some(API_VERSION.into()),
+            kind: Some((*kind).into()),
+            name: Some(key.name.clone()),
+            namespace: (!key.namespace.is_empty()).then(|| key.namespace.clone()),
+            uid: self.find(store, kind, key).and_then(|o| o.uid()),
+            ..ObjectReference::default()
+        };
+        let mut note = rejection.problem.clone();
+        if note.len() > NOTE_MAX {
+            let cut = (0..=NOTE_MAX - 3)
+                .rev()
+                .find(|i| note.is_char_boundary(*i))
+                .unwrap_or(0);
+            note.truncate(cut);
+            note.push_str("...");
+        }
+        let event = Event {
+            type_: EventType::Warning,
+            reason: "Rejected".into(),
+            note: Some(note),
+            action: "Program".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &reference).await {
+            warn!(object = %key, error = %e, "recording an Event");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(state: State, message: &str, latency: Option<&str>) -> ConnectionStatus {
+        ConnectionStatus {
+            state,
+            message: message.into(),
+            latency: latency.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn writes_a_change_of_state_at_once_and_a_latency_only_every_refresh() {
+        let now = Instant::now();
+        let connecting = status(State::Connecting, "handshake", None);
+        let connected = status(State::Connected, "up", Some("3ms"));
+        let written = |s: &ConnectionStatus, ago: u64| Written {
+            status: s.clone(),
+            at: now - Duration::from_secs(ago),
+        };
+        // Nothing shown yet, nothing written: write.
+        assert!(due(None, &connected, None, now));
+        // Shown already: skip.
+        assert!(!due(
+            Some(&connected),
+            &connected,
+            Some(&written(&connected, 1)),
+            now
+        ));
+        // State changed: write, even right after another write.
+        assert!(due(
+            Some(&connecting),
+            &connected,
+            Some(&written(&connecting, 0)),
+            now
+        ));
+        // Just written, the watch has not brought it back yet: wait...
+        assert!(!due(
+            Some(&connecting),
+            &connected,
+            Some(&written(&connected, 1)),
+            now
+        ));
+        // ...but not forever: someone may have overwritten it.
+        assert!(due(
+            Some(&connecting),
+            &connected,
+            Some(&written(&connected, 11)),
+            now
+        ));
+        // Only the latency moved: not before the refresh interval.
+        let slower = status(State::Connected, "up", Some("4ms"));
+        assert!(!due(
+            Some(&connected),
+            &slower,
+            Some(&written(&connected, 5)),
+            now
+        ));
+        assert!(due(
+            Some(&connected),
+            &slower,
+            Some(&written(&connected, 31)),
+            now
+        ));
+    }
+
+    #[test]
+    fn the_patch_has_liqos_shape() {
+        let now: Timestamp = "2026-11-22T10:00:00Z".parse().unwrap();
+        let patch = status(State::Connected, "up", Some("3ms")).patch(now);
+        assert_eq!(
+            patch,
+            serde_json::json!({"status": {"connection": {
+                "status": "Connected",
+                "statusMessage": "up",
+                "latency": {"value": "3ms", "timestamp": "2026-11-22T10:00:00Z"},
+            }}})
+        );
+        let patch = status(State::Error, "bad", None).patch(now);
+        assert_eq!(
+            patch["status"]["connection"]["latency"],
+            serde_json::Value::Null
+        );
+    }
+
+    #[test]
+    fn a_rejected_tunnel_endpoint_shows_error_with_every_problem() {
+        let key = ObjectKey {
+            namespace: "liqo".into(),
+            name: "bad".into(),
+        };
+        let rejection = |problem: &str| Rejection {
+            object: Some((KIND_TUNNEL_ENDPOINT, key.clone())),
+            problem: problem.into(),
+            message: format!("kube:x: {problem}"),
+        };
+        let nat_mapping = Rejection {
+            object: Some((KIND_NAT_MAPPING, key.clone())),
+            problem: "not for a TunnelEndpoint".into(),
+            message: String::new(),
+        };
+        let rejections = BTreeSet::from([
+            rejection("field a: x"),
+            rejection("field b: y"),
+            nat_mapping,
+        ]);
+        let statuses = desired(&[], None, &rejections);
+        assert_eq!(
+            statuses,
+            BTreeMap::from([(key, status(State::Error, "field a: x; field b: y", None))])
+        );
+    }
+}
