@@ -266,8 +266,8 @@ async fn run(args: RunArgs) -> Result<()> {
         (SourceSpec::Kube, Some(client)) => {
             let (events, objects) = source::watch_kube(client.clone());
             // The gateway speaks for the cluster's tunnels; workers only read.
-            let feedback =
-                (role == Role::Gateway).then(|| Feedback::spawn(client, objects, &args.node));
+            let feedback = (role == Role::Gateway)
+                .then(|| Feedback::spawn(client, objects, &args.node, metrics.clone()));
             (events, feedback)
         }
         (SourceSpec::Kube, None) => unreachable!("a kube source has a client"),

@@ -50,6 +50,9 @@ pub struct Metrics {
     pub nat_mappings: Gauge,
     /// Conntrack entries in use after the last collection (two per flow).
     pub conntrack_entries: Gauge,
+    /// TunnelEndpoint status decisions, by outcome: written, skipped
+    /// (already shown, or not due), failed.
+    pub status_writes: Family<[(&'static str, &'static str); 1], Counter>,
 }
 
 impl Metrics {
@@ -70,6 +73,12 @@ impl Metrics {
         let map_full = Counter::default();
         let nat_mappings = Gauge::default();
         let conntrack_entries = Gauge::default();
+        let status_writes = Family::default();
+        registry.register(
+            "status_writes",
+            "TunnelEndpoint status decisions of the gateway, by outcome",
+            status_writes.clone(),
+        );
         registry.register(
             "conntrack_entries",
             "Conntrack entries in use after the last garbage collection, two per masqueraded flow",
@@ -125,6 +134,7 @@ impl Metrics {
             map_full,
             nat_mappings,
             conntrack_entries,
+            status_writes,
         })
     }
 

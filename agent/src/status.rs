@@ -9,6 +9,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -25,6 +26,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{debug, warn};
 
 use crate::{
+    metrics::Metrics,
     object::{API_VERSION, KIND_NAT_MAPPING, KIND_TUNNEL_ENDPOINT, ObjectKey},
     peer::Peer,
     reconcile::Rejection,
@@ -193,7 +195,12 @@ pub struct Feedback {
 
 impl Feedback {
     /// Starts the writer. `instance` names this agent in Events.
-    pub fn spawn(client: Client, source: KubeSource, instance: &str) -> Self {
+    pub fn spawn(
+        client: Client,
+        source: KubeSource,
+        instance: &str,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         let (statuses, statuses_rx) = watch::channel(BTreeMap::new());
         let (rejected, rejected_rx) = mpsc::unbounded_channel();
         let reporter = Reporter {
@@ -205,6 +212,7 @@ impl Feedback {
             client,
             source,
             written: HashMap::new(),
+            metrics,
         };
         tokio::spawn(writer.run(statuses_rx, rejected_rx));
         Self { statuses, rejected }
@@ -215,9 +223,14 @@ impl Feedback {
         self.statuses.send_replace(statuses);
     }
 
-    /// Rejections new in the last pass: each becomes an Event.
+    /// Rejections new in the last pass: each NatMapping one becomes an
+    /// Event. A TunnelEndpoint gets its Event when its status turns to
+    /// Error, which also covers a peer accepted without a tunnel.
     pub fn rejected(&self, rejections: &[Rejection]) {
-        for rejection in rejections.iter().filter(|r| r.object.is_some()) {
+        let nat_mappings = rejections
+            .iter()
+            .filter(|r| matches!(r.object, Some((KIND_NAT_MAPPING, _))));
+        for rejection in nat_mappings {
             let _ = self.rejected.send(rejection.clone());
         }
     }
@@ -228,6 +241,7 @@ struct Writer {
     recorder: Recorder,
     source: KubeSource,
     written: HashMap<ObjectKey, Written>,
+    metrics: Arc<Metrics>,
 }
 
 impl Writer {
@@ -246,7 +260,10 @@ impl Writer {
                     self.pass(&desired).await;
                 }
                 rejection = rejected.recv() => match rejection {
-                    Some(rejection) => self.event(&rejection).await,
+                    Some(Rejection { object: Some((kind, key)), problem, .. }) => {
+                        self.event(kind, &key, &problem).await
+                    }
+                    Some(_) => {}
                     None => return,
                 },
             }
@@ -270,7 +287,9 @@ impl Writer {
             }
         }
         due_now.sort_by_key(|(_, _, state_change)| !state_change);
-        for (key, status, _) in due_now.into_iter().take(WRITES_PER_PASS) {
+        let skipped = desired.len() - due_now.len().min(WRITES_PER_PASS);
+        self.outcome("skipped", skipped);
+        for (key, status, state_change) in due_now.into_iter().take(WRITES_PER_PASS) {
             let api = Api::<DynamicObject>::namespaced_with(
                 self.client.clone(),
                 &key.namespace,
@@ -280,7 +299,11 @@ impl Writer {
             let patch = Patch::Merge(status.patch(Timestamp::now()));
             match api.patch_status(&key.name, &params, &patch).await {
                 Ok(_) => {
+                    self.outcome("written", 1);
                     debug!(object = %key, state = status.state.as_str(), "status written");
+                    if state_change && status.state == State::Error {
+                        self.event(KIND_TUNNEL_ENDPOINT, key, &status.message).await;
+                    }
                     self.written.insert(
                         key.clone(),
                         Written {
@@ -290,10 +313,18 @@ impl Writer {
                     );
                 }
                 Err(e) => {
+                    self.outcome("failed", 1);
                     warn!(object = %key, error = %e, "writing TunnelEndpoint status; will retry")
                 }
             }
         }
+    }
+
+    fn outcome(&self, outcome: &'static str, count: usize) {
+        self.metrics
+            .status_writes
+            .get_or_create(&[("outcome", outcome)])
+            .inc_by(count as u64);
     }
 
     fn find(
@@ -301,7 +332,7 @@ impl Writer {
         store: &Store<DynamicObject>,
         kind: &str,
         key: &ObjectKey,
-    ) -> Option<std::sync::Arc<DynamicObject>> {
+    ) -> Option<Arc<DynamicObject>> {
         let reference = ObjectRef::new_with(&key.name, api_resource(kind));
         let reference = if key.namespace.is_empty() {
             reference
@@ -311,25 +342,22 @@ impl Writer {
         store.get(&reference)
     }
 
-    /// A Warning Event on the rejected object.
-    async fn event(&self, rejection: &Rejection) {
-        let Some((kind, key)) = &rejection.object else {
-            return;
-        };
-        let store = if *kind == KIND_NAT_MAPPING {
+    /// A Warning Event on a rejected object, saying why.
+    async fn event(&self, kind: &str, key: &ObjectKey, problem: &str) {
+        let store = if kind == KIND_NAT_MAPPING {
             &self.source.nat_mappings
         } else {
             &self.source.tunnel_endpoints
         };
         let reference = ObjectReference {
             api_version: Some(API_VERSION.into()),
-            kind: Some((*kind).into()),
+            kind: Some(kind.into()),
             name: Some(key.name.clone()),
             namespace: (!key.namespace.is_empty()).then(|| key.namespace.clone()),
             uid: self.find(store, kind, key).and_then(|o| o.uid()),
             ..ObjectReference::default()
         };
-        let mut note = rejection.problem.clone();
+        let mut note = problem.to_owned();
         if note.len() > NOTE_MAX {
             let cut = (0..=NOTE_MAX - 3)
                 .rev()

@@ -2,6 +2,7 @@
 //! end-to-end tests use it to reach into the lab's namespaces.
 
 pub mod cmd;
+pub mod fake_api;
 pub mod lab;
 pub mod netns;
 pub mod probe;

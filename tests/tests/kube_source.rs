@@ -1,0 +1,595 @@
+//! The Kubernetes source against an API server stand-in that speaks the
+//! real list/watch protocol (`xtask::fake_api`): the agent runs in a netns
+//! of the test's own, and the kernel maps it pins are the judge.
+
+use std::{
+    collections::BTreeSet,
+    fs,
+    net::{TcpListener, UdpSocket},
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use base64::{Engine, engine::general_purpose::STANDARD};
+use boringtun::{
+    noise::{Tunn, TunnResult},
+    x25519::{PublicKey, StaticSecret},
+};
+use ipnet::Ipv4Net;
+use isthmus_agent::{
+    maps::{MappingMap, PeerMap},
+    reconcile::KernelTable,
+    tunnel::key,
+};
+use isthmus_tests::{metrics::sample, netns as test_netns, require_lab};
+use serde_json::{Value, json};
+use xtask::{fake_api::FakeApi, lab, netns, topology::METRICS_PORT};
+
+const GIVE_UP: Duration = Duration::from_secs(30);
+const AGENT_NS: &str = "isthmus-system";
+const KEY_SECRET: &str = "isthmus-wireguard";
+
+/// Polls `done` until it holds; fails with `what` after [`GIVE_UP`].
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < GIVE_UP, "never: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    start.elapsed()
+}
+
+/// A node of the test's own: a netns holding a fake API server on
+/// loopback and an agent with `--source kube`.
+struct KubeNode {
+    ns: String,
+    api: FakeApi,
+    kubeconfig: PathBuf,
+    log: PathBuf,
+    agent: Option<u32>,
+}
+
+impl KubeNode {
+    /// A fresh netns serving a Node object (a gateway if `gateway`).
+    fn new(ns: &str, gateway: bool) -> Self {
+        require_lab();
+        test_netns::fresh(&[ns]);
+        let listener = netns::run_in(ns, || TcpListener::bind("127.0.0.1:0"))
+            .unwrap()
+            .unwrap();
+        let api = FakeApi::start(listener).unwrap();
+        let labels = if gateway {
+            json!({"net.liqo.io/gateway": "true"})
+        } else {
+            json!({})
+        };
+        api.apply(
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": ns, "labels": labels}}),
+        );
+        let kubeconfig = PathBuf::from(lab::STATE_DIR).join(format!("{ns}.kubeconfig"));
+        fs::write(&kubeconfig, api.kubeconfig()).unwrap();
+        let log = lab::log_file(ns);
+        let _ = fs::remove_file(&log);
+        Self {
+            ns: ns.into(),
+            api,
+            kubeconfig,
+            log,
+            agent: None,
+        }
+    }
+
+    /// Starts the agent, with no `--role`: the Node's label decides.
+    fn start_agent(&mut self) {
+        let args = vec![
+            "run".to_owned(),
+            "--source=kube".to_owned(),
+            format!("--kubeconfig={}", self.kubeconfig.display()),
+            format!("--node={}", self.ns),
+            format!("--namespace={AGENT_NS}"),
+            format!("--bpffs={}", lab::bpffs(&self.ns).display()),
+            format!("--metrics-addr=127.0.0.1:{METRICS_PORT}"),
+            "--keepalive=0".to_owned(),
+        ];
+        let pid = lab::spawn_agent(&self.ns, &args, &self.log).unwrap();
+        self.agent = Some(pid);
+        lab::wait_ready_in(&self.ns, pid, &self.log).unwrap();
+    }
+
+    fn peers(&self) -> BTreeSet<Ipv4Net> {
+        let map = PeerMap::open(&lab::bpffs(&self.ns)).unwrap();
+        map.entries()
+            .unwrap()
+            .into_iter()
+            .map(|(net, _)| net)
+            .collect()
+    }
+
+    fn mappings(&self) -> usize {
+        let map = MappingMap::open(&lab::bpffs(&self.ns)).unwrap();
+        map.entries().unwrap().len()
+    }
+
+    /// Waits until the kernel's peer table holds exactly `nets`.
+    fn wait_peers(&self, what: &str, nets: &[&str]) -> Duration {
+        let want: BTreeSet<Ipv4Net> = nets.iter().map(|n| n.parse().unwrap()).collect();
+        let took = wait_for(what, || self.peers() == want);
+        println!("{what}: {took:?}");
+        took
+    }
+
+    fn requests(&self, method: &str, needle: &str) -> usize {
+        self.api
+            .requests()
+            .iter()
+            .filter(|r| r.method == method && r.uri.contains(needle))
+            .count()
+    }
+
+    /// List (not watch) requests for `plural`.
+    fn lists(&self, plural: &str) -> usize {
+        self.api
+            .requests()
+            .iter()
+            .filter(|r| {
+                r.method == "GET" && r.uri.contains(plural) && !r.uri.contains("watch=true")
+            })
+            .count()
+    }
+
+    /// When requests for `plural` were refused by the down server.
+    fn refused(&self, plural: &str) -> Vec<Instant> {
+        self.api
+            .requests()
+            .iter()
+            .filter(|r| r.refused && r.uri.contains(plural))
+            .map(|r| r.at)
+            .collect()
+    }
+
+    fn log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn connection(&self, namespace: &str, name: &str) -> Value {
+        self.api
+            .get("tunnelendpoints", namespace, name)
+            .map(|o| o["status"]["connection"].clone())
+            .unwrap_or(Value::Null)
+    }
+}
+
+impl Drop for KubeNode {
+    fn drop(&mut self) {
+        if let Some(pid) = self.agent {
+            let _ = lab::stop_pid(pid);
+        }
+        if std::thread::panicking() {
+            eprintln!("end of the agent's log:\n{}", lab::log_tail(&self.log));
+        }
+        test_netns::remove(&[&self.ns]);
+        let _ = fs::remove_dir_all(lab::bpffs(&self.ns));
+        let _ = fs::remove_file(&self.kubeconfig);
+    }
+}
+
+/// A TunnelEndpoint of cluster `cluster` in Liqo's v0.10 (`spec`) layout,
+/// its networks not remapped; `extra` is merged into `spec`.
+fn tep(name: &str, cluster: &str, remote_pod: &str, remote_external: &str, extra: Value) -> Value {
+    let mut spec = json!({
+        "clusterIdentity": {"clusterID": cluster, "clusterName": cluster},
+        "localPodCIDR": "10.244.0.0/24", "localNATPodCIDR": "None",
+        "localExternalCIDR": "192.168.0.0/24", "localNATExternalCIDR": "None",
+        "remotePodCIDR": remote_pod, "remoteNATPodCIDR": "None",
+        "remoteExternalCIDR": remote_external, "remoteNATExternalCIDR": "None",
+    });
+    if let (Value::Object(spec), Value::Object(extra)) = (&mut spec, extra) {
+        spec.extend(extra);
+    }
+    json!({
+        "apiVersion": "net.liqo.io/v1alpha1", "kind": "TunnelEndpoint",
+        "metadata": {"name": name, "namespace": format!("liqo-tenant-{cluster}")},
+        "spec": spec,
+    })
+}
+
+/// The same object in the older layout, with the fields under `status`.
+fn tep_in_status(name: &str, cluster: &str, remote_pod: &str, remote_external: &str) -> Value {
+    let mut object = tep(name, cluster, remote_pod, remote_external, json!({}));
+    let spec = object["spec"].take();
+    object["status"] = spec;
+    object["spec"] = json!({"clusterID": cluster});
+    object
+}
+
+fn nat_mapping(cluster: &str, entries: &[(&str, &str)]) -> Value {
+    let mappings: serde_json::Map<String, Value> = entries
+        .iter()
+        .map(|(endpoint, external)| ((*endpoint).into(), json!(external)))
+        .collect();
+    json!({
+        "apiVersion": "net.liqo.io/v1alpha1", "kind": "NatMapping",
+        "metadata": {"name": format!("natmapping-{cluster}")},
+        "spec": {"clusterID": cluster, "clusterMappings": mappings},
+    })
+}
+
+#[test]
+fn the_kube_source_follows_lists_watches_drops_410s_and_downtime() {
+    let b = tep("tep-b", "b", "10.60.0.0/24", "10.61.0.0/24", json!({}));
+    let c = tep_in_status("tep-c", "c", "10.70.0.0/24", "10.71.0.0/24");
+    let bad = tep("tep-bad", "bad", "10.5.0.0/99", "10.6.0.0/24", json!({}));
+    let mapping = [
+        ("10.244.0.10", "192.168.0.10"),
+        ("10.244.0.11", "192.168.0.11"),
+    ];
+    let mut node = KubeNode::new("ist-t-kube1", false);
+    for object in [b, c.clone(), bad, nat_mapping("b", &mapping)] {
+        node.api.apply(object);
+    }
+    node.start_agent();
+
+    // Initial sync: both layouts, the NatMapping, and the bad object
+    // rejected by name and field while the good ones are programmed.
+    let both = [
+        "10.60.0.0/24",
+        "10.61.0.0/24",
+        "10.70.0.0/24",
+        "10.71.0.0/24",
+    ];
+    node.wait_peers("initial sync", &both);
+    wait_for("2 NatMapping entries", || node.mappings() == 2);
+    let log = node.log();
+    assert!(
+        log.contains("role=\"worker\"") || log.contains("role=worker"),
+        "{log}"
+    );
+    assert!(
+        log.contains("TunnelEndpoint liqo-tenant-bad/tep-bad: field remotePodCIDR"),
+        "the bad object is not named with its field:\n{log}"
+    );
+    let lists = (node.lists("tunnelendpoints"), node.lists("natmappings"));
+
+    // ADDED, MODIFIED, DELETED.
+    let d = |pod: &str| tep("tep-d", "d", pod, "10.81.0.0/24", json!({}));
+    node.api.apply(d("10.80.0.0/24"));
+    let with_d = |pod| [&both[..], &[pod, "10.81.0.0/24"]].concat();
+    node.wait_peers("ADDED", &with_d("10.80.0.0/24"));
+    node.api.apply(d("10.82.0.0/24"));
+    node.wait_peers("MODIFIED", &with_d("10.82.0.0/24"));
+    assert!(node.api.delete("tunnelendpoints", "liqo-tenant-c", "tep-c"));
+    let without_c = [
+        "10.60.0.0/24",
+        "10.61.0.0/24",
+        "10.82.0.0/24",
+        "10.81.0.0/24",
+    ];
+    node.wait_peers("DELETED", &without_c);
+
+    // BOOKMARK: the watch moves on, and the next event still arrives.
+    node.api.bookmark("tunnelendpoints");
+    node.api.bookmark("natmappings");
+    let three = [mapping[0], mapping[1], ("10.244.0.12", "192.168.0.12")];
+    node.api.apply(nat_mapping("b", &three));
+    wait_for("3 NatMapping entries after a bookmark", || {
+        node.mappings() == 3
+    });
+    assert_eq!(
+        (node.lists("tunnelendpoints"), node.lists("natmappings")),
+        lists,
+        "nothing so far should have needed a relist"
+    );
+
+    // A dropped connection: the watch resumes where it was, without a relist.
+    let watches = node.requests("GET", "watch=true");
+    node.api.drop_watches();
+    node.api.apply(c.clone());
+    let everything = [&without_c[..], &["10.70.0.0/24", "10.71.0.0/24"]].concat();
+    node.wait_peers("after a dropped watch", &everything);
+    assert!(
+        node.requests("GET", "watch=true") > watches,
+        "the watch was not resumed"
+    );
+    assert_eq!(
+        (node.lists("tunnelendpoints"), node.lists("natmappings")),
+        lists
+    );
+
+    // The API server goes down; meanwhile objects change and its history is
+    // compacted, so the resumed watch gets 410 Gone and must relist.
+    node.api.set_down(true);
+    assert!(node.api.delete("tunnelendpoints", "liqo-tenant-d", "tep-d"));
+    node.api.apply(nat_mapping("b", &mapping));
+    node.api.compact();
+    let down = Instant::now();
+    // The client retries a 503 a few times at once; the watcher then backs
+    // off between bursts, longer each time.
+    let backoffs = || {
+        let refused = node.refused("tunnelendpoints");
+        let gaps: Vec<Duration> = refused.windows(2).map(|w| w[1] - w[0]).collect();
+        gaps.into_iter()
+            .filter(|gap| *gap > Duration::from_millis(300))
+            .collect::<Vec<_>>()
+    };
+    wait_for(
+        "the watcher to back off twice against the down server",
+        || {
+            // No gap: the kernel keeps everything while the server is away.
+            assert_eq!(
+                node.peers().len(),
+                everything.len(),
+                "entries lost while the API server was down"
+            );
+            backoffs().len() >= 2
+        },
+    );
+    let waits = backoffs();
+    println!("down for {:?}; backoffs {waits:?}", down.elapsed());
+    assert!(waits[1] >= waits[0], "the backoff does not grow: {waits:?}");
+    node.api.set_down(false);
+    let back = [
+        "10.60.0.0/24",
+        "10.61.0.0/24",
+        "10.70.0.0/24",
+        "10.71.0.0/24",
+    ];
+    node.wait_peers("after 410 Gone and a relist", &back);
+    wait_for("2 NatMapping entries after the relist", || {
+        node.mappings() == 2
+    });
+    let relisted = (node.lists("tunnelendpoints"), node.lists("natmappings"));
+    assert!(
+        relisted.0 > lists.0 && relisted.1 > lists.1,
+        "no relist after 410: {lists:?} -> {relisted:?}"
+    );
+}
+
+/// The test's own WireGuard peer on loopback in the node's netns: answers
+/// every handshake the gateway starts, until dropped.
+struct TestPeer {
+    socket: Option<UdpSocket>,
+    port: u16,
+    secret: [u8; 32],
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl TestPeer {
+    fn new(ns: &str) -> Self {
+        let mut secret = [0u8; 32];
+        std::io::Read::read_exact(&mut fs::File::open("/dev/urandom").unwrap(), &mut secret)
+            .unwrap();
+        let socket = netns::run_in(ns, || UdpSocket::bind("127.0.0.1:0"))
+            .unwrap()
+            .unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        Self {
+            port: socket.local_addr().unwrap().port(),
+            socket: Some(socket),
+            secret,
+            stop: Arc::new(AtomicBool::new(false)),
+            thread: None,
+        }
+    }
+
+    fn public(&self) -> [u8; 32] {
+        *PublicKey::from(&StaticSecret::from(self.secret)).as_bytes()
+    }
+
+    /// Starts answering, now that the gateway's key is known.
+    fn answer(&mut self, gateway_public: [u8; 32]) {
+        let socket = self.socket.take().expect("answering once");
+        let (secret, stop) = (StaticSecret::from(self.secret), self.stop.clone());
+        self.thread = Some(std::thread::spawn(move || {
+            let mut tunn = Tunn::new(
+                secret,
+                PublicKey::from(gateway_public),
+                None,
+                None,
+                0x99,
+                None,
+            );
+            let (mut buf, mut out) = (vec![0u8; 2048], vec![0u8; 2048]);
+            while !stop.load(Ordering::Relaxed) {
+                let Ok((n, from)) = socket.recv_from(&mut buf) else {
+                    continue;
+                };
+                let mut result = tunn.decapsulate(Some(from.ip()), &buf[..n], &mut out);
+                while let TunnResult::WriteToNetwork(packet) = result {
+                    let _ = socket.send_to(packet, from);
+                    result = tunn.decapsulate(None, &[], &mut out);
+                }
+            }
+        }));
+    }
+}
+
+impl Drop for TestPeer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn secret_text(secret: &Value, field: &str) -> String {
+    let encoded = secret["data"][field]
+        .as_str()
+        .unwrap_or_else(|| panic!("Secret has no data.{field}: {secret}"));
+    String::from_utf8(STANDARD.decode(encoded).unwrap()).unwrap()
+}
+
+#[test]
+fn the_gateway_keeps_its_key_in_a_secret_and_reports_status_and_events() {
+    const NS: &str = "ist-t-kube2";
+    let mut node = KubeNode::new(NS, true);
+    let mut peer = TestPeer::new(NS);
+    let peer_key = key::encode(&peer.public());
+    let tunnel = |addr: &str, port: u16, key: &str| json!({"endpointIP": addr, "backend_config": {"port": port.to_string(), "publicKey": key}});
+    let b = tep(
+        "tep-b",
+        "b",
+        "10.60.0.0/24",
+        "10.61.0.0/24",
+        tunnel("127.0.0.1", peer.port, &peer_key),
+    );
+    let silent_key = key::encode(&[7u8; 32]);
+    let c = tep(
+        "tep-c",
+        "c",
+        "10.70.0.0/24",
+        "10.71.0.0/24",
+        tunnel("127.0.0.2", 9, &silent_key),
+    );
+    let no_key = tep(
+        "tep-nokey",
+        "nokey",
+        "10.80.0.0/24",
+        "10.81.0.0/24",
+        json!({"endpointIP": "127.0.0.3"}),
+    );
+    let bad_key = tep(
+        "tep-badkey",
+        "badkey",
+        "10.90.0.0/24",
+        "10.91.0.0/24",
+        tunnel("127.0.0.4", 9, "not-a-key"),
+    );
+    for object in [b, c, no_key, bad_key] {
+        node.api.apply(object);
+    }
+    node.start_agent();
+
+    // The key: created in the Secret, the public half published beside it.
+    let secret = node
+        .api
+        .get("secrets", AGENT_NS, KEY_SECRET)
+        .expect("the agent created its key Secret");
+    let private =
+        key::decode(&secret_text(&secret, "privateKey")).expect("privateKey holds a base64 key");
+    let public = *PublicKey::from(&StaticSecret::from(private)).as_bytes();
+    assert_eq!(secret_text(&secret, "publicKey"), key::encode(&public));
+    peer.answer(public);
+
+    // Status, through the status subresource.
+    wait_for("tep-b Connected", || {
+        node.connection("liqo-tenant-b", "tep-b")["status"] == "Connected"
+    });
+    let connected = node.connection("liqo-tenant-b", "tep-b");
+    let latency = connected["latency"]["value"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        latency.ends_with("ms") && latency.trim_end_matches("ms").parse::<u32>().is_ok(),
+        "latency {latency:?} in {connected}"
+    );
+    assert!(
+        connected["latency"]["timestamp"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z'))
+    );
+    assert!(
+        connected["statusMessage"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("127.0.0.1:{}", peer.port))
+    );
+    wait_for("tep-c Connecting", || {
+        node.connection("liqo-tenant-c", "tep-c")["status"] == "Connecting"
+    });
+    assert!(
+        node.connection("liqo-tenant-c", "tep-c")["statusMessage"]
+            .as_str()
+            .unwrap()
+            .contains("127.0.0.2:9")
+    );
+    wait_for("tep-nokey Error", || {
+        node.connection("liqo-tenant-nokey", "tep-nokey")["status"] == "Error"
+    });
+    assert_eq!(
+        node.connection("liqo-tenant-nokey", "tep-nokey")["statusMessage"],
+        "field backend_config.publicKey is missing: no tunnel to this peer"
+    );
+    wait_for("tep-badkey Error", || {
+        node.connection("liqo-tenant-badkey", "tep-badkey")["status"] == "Error"
+    });
+    let bad_message = node.connection("liqo-tenant-badkey", "tep-badkey")["statusMessage"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        bad_message.starts_with("field backend_config.publicKey: \"not-a-key\""),
+        "{bad_message}"
+    );
+    // The rejected object's NAT is not programmed; the three others are.
+    assert_eq!(node.peers().len(), 6);
+
+    // Every status write is a merge patch of status.connection only.
+    for request in node
+        .api
+        .requests()
+        .iter()
+        .filter(|r| r.method == "PATCH" && r.uri.contains("/status"))
+    {
+        let body = request.body.as_ref().expect("a JSON patch");
+        let keys: Vec<&String> = body["status"].as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["connection"], "{body}");
+        assert!(body.as_object().unwrap().len() == 1, "{body}");
+    }
+
+    // Events: one Warning per object in Error, naming the field.
+    wait_for("two Events", || node.api.list("events").len() >= 2);
+    for (name, field) in [
+        ("tep-badkey", "backend_config.publicKey: \"not-a-key\""),
+        ("tep-nokey", "backend_config.publicKey is missing"),
+    ] {
+        let events = node.api.list("events");
+        let event = events
+            .iter()
+            .find(|e| e["regarding"]["name"] == name)
+            .unwrap_or_else(|| panic!("no Event about {name}: {events:?}"));
+        assert_eq!(
+            (event["type"].as_str(), event["reason"].as_str()),
+            (Some("Warning"), Some("Rejected"))
+        );
+        assert!(event["note"].as_str().unwrap().contains(field), "{event}");
+        assert_eq!(event["regarding"]["kind"], "TunnelEndpoint");
+        assert!(event["regarding"]["uid"].as_str().is_some(), "{event}");
+    }
+
+    // Nothing changed: passes go by and skip every object.
+    let patches = node.requests("PATCH", "/status");
+    let skipped = || sample(NS, "isthmus_status_writes_total{outcome=\"skipped\"}");
+    let before = skipped();
+    wait_for("three more status passes", || {
+        skipped() >= before + 3.0 * 4.0
+    });
+    assert_eq!(
+        node.requests("PATCH", "/status"),
+        patches,
+        "a status was rewritten though nothing changed"
+    );
+
+    // A fixed object clears its Error.
+    let fixed_key = key::encode(&[9u8; 32]);
+    node.api.apply(tep(
+        "tep-badkey",
+        "badkey",
+        "10.90.0.0/24",
+        "10.91.0.0/24",
+        tunnel("127.0.0.4", 9, &fixed_key),
+    ));
+    wait_for("tep-badkey Connecting once fixed", || {
+        node.connection("liqo-tenant-badkey", "tep-badkey")["status"] == "Connecting"
+    });
+    assert_eq!(node.peers().len(), 8);
+}

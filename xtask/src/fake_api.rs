@@ -1,0 +1,647 @@
+//! A Kubernetes API server stand-in for the kube source's tests and bench.
+//!
+//! No API server can be installed here, so this speaks the parts of the
+//! real protocol the agent uses: list with a `resourceVersion`, watch
+//! streams of `ADDED`, `MODIFIED`, `DELETED`, `BOOKMARK` and `ERROR` (410
+//! for a compacted version), the status subresource with JSON merge patch,
+//! Secrets (with `stringData`), Nodes and Events. Tests drive it from plain
+//! threads: change objects, drop every watch, compact history, or go down.
+
+use std::{
+    collections::BTreeMap,
+    convert::Infallible,
+    net::{SocketAddr, TcpListener},
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
+
+use anyhow::{Context, Result};
+use axum::{
+    Router,
+    body::{Body, Bytes},
+    extract::State as AxumState,
+    http::{Method, StatusCode, Uri, header},
+    response::{IntoResponse, Response},
+};
+use base64::{Engine, engine::general_purpose::STANDARD};
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, watch};
+
+/// Resources served, as (path prefix, plural, kind, namespaced).
+const RESOURCES: [(&str, &str, &str, bool); 5] = [
+    (
+        "/apis/net.liqo.io/v1alpha1",
+        "tunnelendpoints",
+        "TunnelEndpoint",
+        true,
+    ),
+    (
+        "/apis/net.liqo.io/v1alpha1",
+        "natmappings",
+        "NatMapping",
+        false,
+    ),
+    ("/api/v1", "nodes", "Node", false),
+    ("/api/v1", "secrets", "Secret", true),
+    ("/apis/events.k8s.io/v1", "events", "Event", true),
+];
+
+/// Where an object is stored: plural, namespace ("" if cluster-scoped), name.
+pub type Key = (String, String, String);
+
+/// One request, as the server saw it.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// `GET`, `PATCH`, ...
+    pub method: String,
+    /// Path and query.
+    pub uri: String,
+    /// The body, if JSON.
+    pub body: Option<Value>,
+    /// When it arrived.
+    pub at: std::time::Instant,
+    /// Whether it was refused because the server was down.
+    pub refused: bool,
+}
+
+#[derive(Default)]
+struct State {
+    /// The last resourceVersion handed out.
+    rv: u64,
+    objects: BTreeMap<Key, Value>,
+    /// Every change, in order: (resourceVersion, plural, type, object).
+    history: Vec<(u64, String, &'static str, Value)>,
+    /// Watches from before this version get `410 Gone`.
+    oldest: u64,
+    down: bool,
+    requests: Vec<Request>,
+    next_uid: u64,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// Bumped on every change; `.1` is bumped to end every open watch.
+    changes: watch::Sender<(u64, u64)>,
+}
+
+/// A running fake API server. Dropping it stops the server.
+pub struct FakeApi {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl FakeApi {
+    /// Serves on `listener` (already bound, perhaps inside a netns).
+    pub fn start(listener: TcpListener) -> Result<Self> {
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            changes: watch::channel((0, 0)).0,
+        });
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let app = Router::new().fallback(handle).with_state(shared.clone());
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .context("starting the fake API server's runtime")?;
+        std::thread::spawn(move || {
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+                let _ = axum::serve(listener, app)
+                    .with_graceful_shutdown(async {
+                        let _ = stopped.await;
+                    })
+                    .await;
+            });
+            // Open watches would keep a graceful shutdown waiting.
+            runtime.shutdown_timeout(Duration::from_millis(100));
+        });
+        Ok(Self {
+            shared,
+            addr,
+            stop: Some(stop),
+        })
+    }
+
+    /// Its address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// A kubeconfig that points at this server.
+    pub fn kubeconfig(&self) -> String {
+        format!(
+            "apiVersion: v1
+kind: Config
+clusters: [{{name: fake, cluster: {{server: \"http://{}\"}}}}]
+users: [{{name: fake, user: {{}}}}]
+contexts: [{{name: fake, context: {{cluster: fake, user: fake}}}}]
+current-context: fake
+",
+            self.addr
+        )
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.shared.state.lock().expect("fake API state")
+    }
+
+    /// Creates or replaces an object (given as JSON with apiVersion, kind
+    /// and metadata), as `kubectl apply` would: watches see ADDED or
+    /// MODIFIED. An existing status is kept, as with a status subresource.
+    pub fn apply(&self, object: Value) -> u64 {
+        let rv = self.state().put(object);
+        self.notify(false);
+        rv
+    }
+
+    /// Deletes an object; watches see DELETED. Returns whether it existed.
+    pub fn delete(&self, plural: &str, namespace: &str, name: &str) -> bool {
+        let found = self
+            .state()
+            .delete(&(plural.into(), namespace.into(), name.into()));
+        self.notify(false);
+        found
+    }
+
+    /// Sends a BOOKMARK to every watch of `plural`.
+    pub fn bookmark(&self, plural: &str) {
+        {
+            let mut state = self.state();
+            state.rv += 1;
+            let rv = state.rv;
+            let kind = kind_of(plural);
+            let mark = json!({"kind": kind, "apiVersion": "v1", "metadata": {"resourceVersion": rv.to_string()}});
+            state.history.push((rv, plural.into(), "BOOKMARK", mark));
+        }
+        self.notify(false);
+    }
+
+    /// Ends every open watch, as a broken connection would.
+    pub fn drop_watches(&self) {
+        self.notify(true);
+    }
+
+    /// Forgets all history: a watch resumed from any version seen so far
+    /// gets `410 Gone` and must relist.
+    pub fn compact(&self) {
+        let mut state = self.state();
+        state.oldest = state.rv + 1;
+        state.history.clear();
+    }
+
+    /// Takes the server down (every request gets 503 and every watch ends)
+    /// or brings it back.
+    pub fn set_down(&self, down: bool) {
+        self.state().down = down;
+        if down {
+            self.notify(true);
+        }
+    }
+
+    /// An object, as stored.
+    pub fn get(&self, plural: &str, namespace: &str, name: &str) -> Option<Value> {
+        self.state()
+            .objects
+            .get(&(plural.into(), namespace.into(), name.into()))
+            .cloned()
+    }
+
+    /// Every object of `plural`.
+    pub fn list(&self, plural: &str) -> Vec<Value> {
+        self.state()
+            .objects
+            .iter()
+            .filter(|((p, _, _), _)| p == plural)
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
+    /// Every request so far.
+    pub fn requests(&self) -> Vec<Request> {
+        self.state().requests.clone()
+    }
+
+    fn notify(&self, end_watches: bool) {
+        let rv = self.state().rv;
+        self.shared.changes.send_modify(|(seen, ended)| {
+            *seen = rv;
+            if end_watches {
+                *ended += 1;
+            }
+        });
+    }
+}
+
+impl Drop for FakeApi {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+impl State {
+    fn put(&mut self, mut object: Value) -> u64 {
+        let plural = plural_of(object["kind"].as_str().unwrap_or_default());
+        let key = key_of(&plural, &object);
+        self.rv += 1;
+        let existing = self.objects.get(&key);
+        let uid = match existing {
+            Some(old) => old["metadata"]["uid"].clone(),
+            None => {
+                self.next_uid += 1;
+                json!(format!("00000000-0000-0000-0000-{:012}", self.next_uid))
+            }
+        };
+        if let (Some(old_status), true) =
+            (existing.and_then(|o| o.get("status")), has_status(&plural))
+        {
+            object["status"] = old_status.clone();
+        }
+        let event = if existing.is_some() {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        let metadata = &mut object["metadata"];
+        metadata["resourceVersion"] = json!(self.rv.to_string());
+        metadata["uid"] = uid;
+        metadata["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
+        if plural == "secrets" {
+            move_string_data(&mut object);
+        }
+        self.history.push((self.rv, plural, event, object.clone()));
+        self.objects.insert(key, object);
+        self.rv
+    }
+
+    fn delete(&mut self, key: &Key) -> bool {
+        let Some(mut object) = self.objects.remove(key) else {
+            return false;
+        };
+        self.rv += 1;
+        object["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+        self.history
+            .push((self.rv, key.0.clone(), "DELETED", object));
+        true
+    }
+
+    /// Watch events of `plural` after `since`, or None if `since` is too old.
+    fn events_after(&self, plural: &str, since: u64) -> Option<Vec<Value>> {
+        if since + 1 < self.oldest {
+            return None;
+        }
+        Some(
+            self.history
+                .iter()
+                .filter(|(rv, p, _, _)| *rv > since && p == plural)
+                .map(|(_, _, kind, object)| json!({"type": kind, "object": object}))
+                .collect(),
+        )
+    }
+}
+
+/// Only the Liqo kinds have a status subresource here.
+fn has_status(plural: &str) -> bool {
+    plural == "tunnelendpoints"
+}
+
+/// A Secret's `stringData` is written into `data`, base64, as the API server does.
+fn move_string_data(secret: &mut Value) {
+    let Some(Value::Object(strings)) = secret.as_object_mut().and_then(|o| o.remove("stringData"))
+    else {
+        return;
+    };
+    for (key, value) in strings {
+        let text = value.as_str().unwrap_or_default();
+        secret["data"][key] = json!(STANDARD.encode(text));
+    }
+}
+
+fn plural_of(kind: &str) -> String {
+    RESOURCES
+        .iter()
+        .find(|r| r.2 == kind)
+        .map_or_else(|| format!("{}s", kind.to_lowercase()), |r| r.1.into())
+}
+
+fn kind_of(plural: &str) -> &'static str {
+    RESOURCES
+        .iter()
+        .find(|r| r.1 == plural)
+        .map_or("Unknown", |r| r.2)
+}
+
+fn key_of(plural: &str, object: &Value) -> Key {
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    (
+        plural.into(),
+        text(&object["metadata"]["namespace"]),
+        text(&object["metadata"]["name"]),
+    )
+}
+
+/// RFC 7386 JSON merge patch.
+fn merge(target: &mut Value, patch: &Value) {
+    let Value::Object(patch) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    for (key, value) in patch {
+        if value.is_null() {
+            target.as_object_mut().expect("object").remove(key);
+        } else {
+            merge(&mut target[key], value);
+        }
+    }
+}
+
+/// A request's path, taken apart.
+struct Target {
+    plural: String,
+    namespace: String,
+    name: Option<String>,
+    status: bool,
+}
+
+fn target(path: &str) -> Option<Target> {
+    let (prefix, rest) = RESOURCES
+        .iter()
+        .find_map(|r| Some((r.0, path.strip_prefix(r.0)?)))?;
+    let rest: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
+    let (namespace, rest) = match rest.as_slice() {
+        ["namespaces", ns, rest @ ..] if !rest.is_empty() => (ns.to_string(), rest),
+        rest => (String::new(), rest),
+    };
+    let (plural, name, status) = match rest {
+        [plural] => (plural, None, false),
+        [plural, name] => (plural, Some(name.to_string()), false),
+        [plural, name, "status"] => (plural, Some(name.to_string()), true),
+        _ => return None,
+    };
+    let known = RESOURCES
+        .iter()
+        .any(|r| r.0 == prefix && r.1 == *plural && (r.3 || namespace.is_empty()));
+    known.then(|| Target {
+        plural: plural.to_string(),
+        namespace,
+        name,
+        status,
+    })
+}
+
+fn status(code: StatusCode, reason: &str, message: String) -> Response {
+    let body = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": message, "reason": reason, "code": code.as_u16(),
+    });
+    (
+        code,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+fn ok(body: Value) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+async fn handle(
+    AxumState(shared): AxumState<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    body: Bytes,
+) -> Response {
+    let body: Option<Value> = serde_json::from_slice(&body).ok();
+    let query: BTreeMap<&str, &str> = uri
+        .query()
+        .unwrap_or_default()
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .collect();
+    let mut state = shared.state.lock().expect("fake API state");
+    let refused = state.down;
+    state.requests.push(Request {
+        method: method.to_string(),
+        uri: uri.to_string(),
+        body: body.clone(),
+        at: std::time::Instant::now(),
+        refused,
+    });
+    if refused {
+        return status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailable",
+            "the server is down".into(),
+        );
+    }
+    let Some(target) = target(uri.path()) else {
+        return status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("no resource at {}", uri.path()),
+        );
+    };
+    let key = |name: &str| {
+        (
+            target.plural.clone(),
+            target.namespace.clone(),
+            name.to_owned(),
+        )
+    };
+    let not_found = |name: &str| {
+        status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("{} {name:?} not found", target.plural),
+        )
+    };
+    match (method, &target.name) {
+        (Method::GET, None) if query.get("watch") == Some(&"true") => {
+            let since = query
+                .get("resourceVersion")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(state.rv);
+            drop(state);
+            watch_stream(shared, target.plural, since)
+        }
+        (Method::GET, None) => {
+            let items: Vec<&Value> = state
+                .objects
+                .iter()
+                .filter(|((p, ns, _), _)| {
+                    *p == target.plural && (target.namespace.is_empty() || *ns == target.namespace)
+                })
+                .map(|(_, v)| v)
+                .collect();
+            ok(json!({
+                "apiVersion": "v1", "kind": format!("{}List", kind_of(&target.plural)),
+                "metadata": {"resourceVersion": state.rv.to_string()}, "items": items,
+            }))
+        }
+        (Method::GET, Some(name)) => match state.objects.get(&key(name)) {
+            Some(object) => ok(object.clone()),
+            None => not_found(name),
+        },
+        (Method::POST, None) => {
+            let mut object = body.unwrap_or_default();
+            object["metadata"]["namespace"] = json!(target.namespace);
+            object["kind"] = json!(kind_of(&target.plural));
+            let name = object["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            if state.objects.contains_key(&key(&name)) {
+                return status(
+                    StatusCode::CONFLICT,
+                    "AlreadyExists",
+                    format!("{} {name:?} already exists", target.plural),
+                );
+            }
+            state.put(object);
+            let stored = state.objects[&key(&name)].clone();
+            drop(state);
+            shared.changes.send_modify(|(seen, _)| *seen += 1);
+            (StatusCode::CREATED, ok(stored)).into_response()
+        }
+        (Method::PATCH, Some(name)) => {
+            let Some(mut object) = state.objects.get(&key(name)).cloned() else {
+                return not_found(name);
+            };
+            let patch = body.unwrap_or_default();
+            if target.status {
+                // `put` keeps the stored status, so the new one is stored first.
+                let mut new_status = object.get("status").cloned().unwrap_or_else(|| json!({}));
+                merge(&mut new_status, &patch["status"]);
+                state.objects.get_mut(&key(name)).expect("present")["status"] = new_status;
+            } else {
+                merge(&mut object, &patch);
+            }
+            state.put(object);
+            let stored = state.objects[&key(name)].clone();
+            drop(state);
+            shared.changes.send_modify(|(seen, _)| *seen += 1);
+            ok(stored)
+        }
+        (method, _) => status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            format!("{method} {}", uri.path()),
+        ),
+    }
+}
+
+/// A watch: every change after `since`, then new ones as they happen, one
+/// JSON object per line, until the watch is ended or the client goes.
+fn watch_stream(shared: Arc<Shared>, plural: String, since: u64) -> Response {
+    let (tx, rx) = mpsc::channel::<Bytes>(256);
+    tokio::spawn(async move {
+        let mut changes = shared.changes.subscribe();
+        let ended_at_start = changes.borrow_and_update().1;
+        let mut cursor = since;
+        loop {
+            let pending = {
+                let state = shared.state.lock().expect("fake API state");
+                state
+                    .events_after(&plural, cursor)
+                    .map(|events| (events, state.rv))
+            };
+            let Some((events, rv)) = pending else {
+                let gone = json!({"type": "ERROR", "object": {
+                    "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": format!("too old resource version: {cursor}"), "reason": "Expired", "code": 410,
+                }});
+                let _ = tx.send(line(&gone)).await;
+                return;
+            };
+            for event in &events {
+                if tx.send(line(event)).await.is_err() {
+                    return;
+                }
+            }
+            cursor = rv;
+            if changes.changed().await.is_err() || changes.borrow_and_update().1 != ended_at_start {
+                return;
+            }
+        }
+    });
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|bytes| (Ok::<_, Infallible>(bytes), rx))
+    });
+    Response::builder()
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from_stream(stream))
+        .expect("watch response")
+}
+
+fn line(value: &Value) -> Bytes {
+    let mut text = value.to_string();
+    text.push('\n');
+    Bytes::from(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_paths_as_the_api_server_lays_them_out() {
+        let t = target("/apis/net.liqo.io/v1alpha1/namespaces/liqo/tunnelendpoints/tep/status")
+            .unwrap();
+        assert_eq!(
+            (
+                t.plural.as_str(),
+                t.namespace.as_str(),
+                t.name.as_deref(),
+                t.status
+            ),
+            ("tunnelendpoints", "liqo", Some("tep"), true)
+        );
+        let t = target("/apis/net.liqo.io/v1alpha1/natmappings").unwrap();
+        assert_eq!(
+            (t.plural.as_str(), t.namespace.as_str(), t.name),
+            ("natmappings", "", None)
+        );
+        let t = target("/api/v1/namespaces/isthmus-system/secrets").unwrap();
+        assert_eq!(
+            (t.plural.as_str(), t.namespace.as_str(), t.name),
+            ("secrets", "isthmus-system", None)
+        );
+        assert!(target("/api/v1/namespaces/x/nodes/n").is_none());
+        assert!(target("/apis/apps/v1/deployments").is_none());
+    }
+
+    #[test]
+    fn merge_patch_follows_rfc_7386() {
+        let mut doc = json!({"a": {"b": 1, "c": 2}, "d": 3});
+        merge(&mut doc, &json!({"a": {"b": null, "e": 4}, "d": [1]}));
+        assert_eq!(doc, json!({"a": {"c": 2, "e": 4}, "d": [1]}));
+    }
+
+    #[test]
+    fn a_watch_from_compacted_history_is_gone() {
+        let mut state = State::default();
+        state.put(json!({"kind": "NatMapping", "metadata": {"name": "a"}}));
+        assert_eq!(state.events_after("natmappings", 0).unwrap().len(), 1);
+        state.oldest = state.rv + 1;
+        assert!(state.events_after("natmappings", 0).is_none());
+        assert_eq!(
+            state.events_after("natmappings", state.rv).unwrap().len(),
+            0
+        );
+    }
+}
