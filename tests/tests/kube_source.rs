@@ -5,8 +5,7 @@
 use std::{
     collections::BTreeSet,
     fs,
-    net::{TcpListener, UdpSocket},
-    path::PathBuf,
+    net::UdpSocket,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -26,12 +25,14 @@ use isthmus_agent::{
     reconcile::KernelTable,
     tunnel::key,
 };
-use isthmus_tests::{metrics::sample, netns as test_netns, require_lab};
+use isthmus_tests::{metrics::sample, require_lab};
 use serde_json::{Value, json};
-use xtask::{fake_api::FakeApi, lab, netns, topology::METRICS_PORT};
+use xtask::{
+    kube_lab::{AGENT_NS, KubeNode, Networks, nat_mapping, tunnel_endpoint},
+    netns,
+};
 
 const GIVE_UP: Duration = Duration::from_secs(30);
-const AGENT_NS: &str = "isthmus-system";
 const KEY_SECRET: &str = "isthmus-wireguard";
 
 /// Polls `done` until it holds; fails with `what` after [`GIVE_UP`].
@@ -44,65 +45,22 @@ fn wait_for(what: &str, mut done: impl FnMut() -> bool) -> Duration {
     start.elapsed()
 }
 
-/// A node of the test's own: a netns holding a fake API server on
-/// loopback and an agent with `--source kube`.
-struct KubeNode {
-    ns: String,
-    api: FakeApi,
-    kubeconfig: PathBuf,
-    log: PathBuf,
-    agent: Option<u32>,
+/// What the tests read from a node: the kernel maps its agent pinned, and
+/// what its API server saw.
+trait Observe {
+    fn peers(&self) -> BTreeSet<Ipv4Net>;
+    fn mappings(&self) -> usize;
+    fn wait_peers(&self, what: &str, nets: &[&str]) -> Duration;
+    fn requests(&self, method: &str, needle: &str) -> usize;
+    fn lists(&self, plural: &str) -> usize;
+    fn refused(&self, plural: &str) -> Vec<Instant>;
+    fn log(&self) -> String;
+    fn connection(&self, namespace: &str, name: &str) -> Value;
 }
 
-impl KubeNode {
-    /// A fresh netns serving a Node object (a gateway if `gateway`).
-    fn new(ns: &str, gateway: bool) -> Self {
-        require_lab();
-        test_netns::fresh(&[ns]);
-        let listener = netns::run_in(ns, || TcpListener::bind("127.0.0.1:0"))
-            .unwrap()
-            .unwrap();
-        let api = FakeApi::start(listener).unwrap();
-        let labels = if gateway {
-            json!({"net.liqo.io/gateway": "true"})
-        } else {
-            json!({})
-        };
-        api.apply(
-            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": ns, "labels": labels}}),
-        );
-        let kubeconfig = PathBuf::from(lab::STATE_DIR).join(format!("{ns}.kubeconfig"));
-        fs::write(&kubeconfig, api.kubeconfig()).unwrap();
-        let log = lab::log_file(ns);
-        let _ = fs::remove_file(&log);
-        Self {
-            ns: ns.into(),
-            api,
-            kubeconfig,
-            log,
-            agent: None,
-        }
-    }
-
-    /// Starts the agent, with no `--role`: the Node's label decides.
-    fn start_agent(&mut self) {
-        let args = vec![
-            "run".to_owned(),
-            "--source=kube".to_owned(),
-            format!("--kubeconfig={}", self.kubeconfig.display()),
-            format!("--node={}", self.ns),
-            format!("--namespace={AGENT_NS}"),
-            format!("--bpffs={}", lab::bpffs(&self.ns).display()),
-            format!("--metrics-addr=127.0.0.1:{METRICS_PORT}"),
-            "--keepalive=0".to_owned(),
-        ];
-        let pid = lab::spawn_agent(&self.ns, &args, &self.log).unwrap();
-        self.agent = Some(pid);
-        lab::wait_ready_in(&self.ns, pid, &self.log).unwrap();
-    }
-
+impl Observe for KubeNode {
     fn peers(&self) -> BTreeSet<Ipv4Net> {
-        let map = PeerMap::open(&lab::bpffs(&self.ns)).unwrap();
+        let map = PeerMap::open(&self.bpffs()).unwrap();
         map.entries()
             .unwrap()
             .into_iter()
@@ -111,7 +69,7 @@ impl KubeNode {
     }
 
     fn mappings(&self) -> usize {
-        let map = MappingMap::open(&lab::bpffs(&self.ns)).unwrap();
+        let map = MappingMap::open(&self.bpffs()).unwrap();
         map.entries().unwrap().len()
     }
 
@@ -164,38 +122,18 @@ impl KubeNode {
     }
 }
 
-impl Drop for KubeNode {
-    fn drop(&mut self) {
-        if let Some(pid) = self.agent {
-            let _ = lab::stop_pid(pid);
-        }
-        if std::thread::panicking() {
-            eprintln!("end of the agent's log:\n{}", lab::log_tail(&self.log));
-        }
-        test_netns::remove(&[&self.ns]);
-        let _ = fs::remove_dir_all(lab::bpffs(&self.ns));
-        let _ = fs::remove_file(&self.kubeconfig);
+/// Our networks in every TunnelEndpoint here.
+fn nets<'a>(remote_pod: &'a str, remote_external: &'a str) -> Networks<'a> {
+    Networks {
+        local_pod: "10.244.0.0/24",
+        local_external: "192.168.0.0/24",
+        remote_pod,
+        remote_external,
     }
 }
 
-/// A TunnelEndpoint of cluster `cluster` in Liqo's v0.10 (`spec`) layout,
-/// its networks not remapped; `extra` is merged into `spec`.
 fn tep(name: &str, cluster: &str, remote_pod: &str, remote_external: &str, extra: Value) -> Value {
-    let mut spec = json!({
-        "clusterIdentity": {"clusterID": cluster, "clusterName": cluster},
-        "localPodCIDR": "10.244.0.0/24", "localNATPodCIDR": "None",
-        "localExternalCIDR": "192.168.0.0/24", "localNATExternalCIDR": "None",
-        "remotePodCIDR": remote_pod, "remoteNATPodCIDR": "None",
-        "remoteExternalCIDR": remote_external, "remoteNATExternalCIDR": "None",
-    });
-    if let (Value::Object(spec), Value::Object(extra)) = (&mut spec, extra) {
-        spec.extend(extra);
-    }
-    json!({
-        "apiVersion": "net.liqo.io/v1alpha1", "kind": "TunnelEndpoint",
-        "metadata": {"name": name, "namespace": format!("liqo-tenant-{cluster}")},
-        "spec": spec,
-    })
+    tunnel_endpoint(name, cluster, &nets(remote_pod, remote_external), extra)
 }
 
 /// The same object in the older layout, with the fields under `status`.
@@ -207,16 +145,13 @@ fn tep_in_status(name: &str, cluster: &str, remote_pod: &str, remote_external: &
     object
 }
 
-fn nat_mapping(cluster: &str, entries: &[(&str, &str)]) -> Value {
-    let mappings: serde_json::Map<String, Value> = entries
-        .iter()
-        .map(|(endpoint, external)| ((*endpoint).into(), json!(external)))
-        .collect();
-    json!({
-        "apiVersion": "net.liqo.io/v1alpha1", "kind": "NatMapping",
-        "metadata": {"name": format!("natmapping-{cluster}")},
-        "spec": {"clusterID": cluster, "clusterMappings": mappings},
-    })
+fn node(ns: &str, gateway: bool) -> KubeNode {
+    require_lab();
+    KubeNode::new(ns, gateway).unwrap()
+}
+
+fn start(node: &mut KubeNode) {
+    node.start_agent(&["--keepalive=0"]).unwrap();
 }
 
 #[test]
@@ -228,11 +163,11 @@ fn the_kube_source_follows_lists_watches_drops_410s_and_downtime() {
         ("10.244.0.10", "192.168.0.10"),
         ("10.244.0.11", "192.168.0.11"),
     ];
-    let mut node = KubeNode::new("ist-t-kube1", false);
+    let mut node = node("ist-t-kube1", false);
     for object in [b, c.clone(), bad, nat_mapping("b", &mapping)] {
         node.api.apply(object);
     }
-    node.start_agent();
+    start(&mut node);
 
     // Initial sync: both layouts, the NatMapping, and the bad object
     // rejected by name and field while the good ones are programmed.
@@ -430,7 +365,7 @@ fn secret_text(secret: &Value, field: &str) -> String {
 #[test]
 fn the_gateway_keeps_its_key_in_a_secret_and_reports_status_and_events() {
     const NS: &str = "ist-t-kube2";
-    let mut node = KubeNode::new(NS, true);
+    let mut node = node(NS, true);
     let mut peer = TestPeer::new(NS);
     let peer_key = key::encode(&peer.public());
     let tunnel = |addr: &str, port: u16, key: &str| json!({"endpointIP": addr, "backend_config": {"port": port.to_string(), "publicKey": key}});
@@ -466,7 +401,7 @@ fn the_gateway_keeps_its_key_in_a_secret_and_reports_status_and_events() {
     for object in [b, c, no_key, bad_key] {
         node.api.apply(object);
     }
-    node.start_agent();
+    start(&mut node);
 
     // The key: created in the Secret, the public half published beside it.
     let secret = node

@@ -9,6 +9,7 @@ use std::{
 };
 
 mod control;
+mod kube;
 
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
@@ -27,9 +28,14 @@ pub enum Which {
     /// TCP throughput and round-trip time from a-pod1 to b-pod1 through the
     /// embedded tunnel, and through wireguard-go in its place.
     Tunnel,
-    /// NatMapping apply time and update latency against iptables, and pps
-    /// through the hub with 10 and 10,000 entries.
-    Control,
+    /// NatMapping apply time and update latency against iptables, pps
+    /// through the hub with 10 and 10,000 entries, and 200 TunnelEndpoints
+    /// and 10,000 entries delivered by the Kubernetes API.
+    Control {
+        /// Run only the Kubernetes API part.
+        #[arg(long)]
+        kube_only: bool,
+    },
 }
 
 /// Runs one benchmark.
@@ -43,7 +49,7 @@ pub fn run_bench(which: Which) -> Result<()> {
             result
         }
         Which::Tunnel => tunnel(),
-        Which::Control => control::run_control(),
+        Which::Control { kube_only } => control::run_control(kube_only),
     }
 }
 
@@ -833,7 +839,11 @@ fn windows(flow: &Flow, generator: &mut std::process::Child) -> Result<Vec<f64>>
 }
 
 fn agent_rss_mib(node: &str) -> Result<f64> {
-    let pid = lab::agent_pid(node).context("agent not running")?;
+    rss_mib(lab::agent_pid(node).context("agent not running")?)
+}
+
+/// Resident memory of process `pid`, in MiB.
+fn rss_mib(pid: u32) -> Result<f64> {
     let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
     let kib: f64 = status
         .lines()
@@ -900,6 +910,17 @@ trip over plain forwarding, copy included.
 "
     );
     write_section("nat", &report)
+}
+
+/// Opens the map `map` pinned under bpffs directory `root`.
+fn pinned<K: aya::Pod, V: aya::Pod>(
+    root: &std::path::Path,
+    map: &str,
+) -> Result<aya::maps::HashMap<aya::maps::MapData, K, V>> {
+    let path = root.join("maps").join(map);
+    let data = aya::maps::MapData::from_pin(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    Ok(aya::maps::Map::from_map_data(data)?.try_into()?)
 }
 
 /// Prints one `RESULT name=… isthmus=… peer=… ratio=…` line per comparison,

@@ -22,6 +22,7 @@ use axum::{
     extract::State as AxumState,
     http::{Method, StatusCode, Uri, header},
     response::{IntoResponse, Response},
+    serve::ListenerExt,
 };
 use base64::{Engine, engine::general_purpose::STANDARD};
 use serde_json::{Value, json};
@@ -109,7 +110,13 @@ impl FakeApi {
             .context("starting the fake API server's runtime")?;
         std::thread::spawn(move || {
             runtime.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+                // As Go's net/http does for the real API server: without it,
+                // a watch event can wait 40 ms for a delayed ACK.
+                let listener = tokio::net::TcpListener::from_std(listener)
+                    .expect("tokio listener")
+                    .tap_io(|tcp| {
+                        let _ = tcp.set_nodelay(true);
+                    });
                 let _ = axum::serve(listener, app)
                     .with_graceful_shutdown(async {
                         let _ = stopped.await;

@@ -3,6 +3,7 @@
 
 pub mod cmd;
 pub mod fake_api;
+pub mod kube_lab;
 pub mod lab;
 pub mod netns;
 pub mod probe;

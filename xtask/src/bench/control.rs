@@ -10,8 +10,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result, bail};
-use aya::maps::{HashMap, Map, MapData};
+use anyhow::{Result, bail};
+use aya::maps::{HashMap, MapData};
 use isthmus_common::{
     names,
     nat::{MappingKey, PeerKey, PeerNat, wire},
@@ -21,7 +21,9 @@ use xtask::{
     topology::{A, B, C, NAT_MAPPING},
 };
 
-use super::{Flow, disable_isthmus, enable_isthmus, measure, median, result_lines, write_section};
+use super::{
+    Flow, disable_isthmus, enable_isthmus, measure, median, pinned, result_lines, write_section,
+};
 
 /// Entries in the large table.
 const ENTRIES: usize = 10_000;
@@ -39,9 +41,14 @@ const ROUNDS: usize = 2;
 const BENCH_CLUSTER: &str = "cluster-bench";
 const BENCH_VIEW: &str = "10.50.0.0/24";
 
-pub fn run_control() -> Result<()> {
+pub fn run_control(kube_only: bool) -> Result<()> {
     lab::up(LabTunnel::None)?;
-    let result = control();
+    let kube = super::kube::measure();
+    let result = match kube {
+        Ok(figures) if kube_only => super::kube::report(&figures),
+        Ok(figures) => control().and_then(|()| super::kube::report(&figures)),
+        Err(e) => Err(e),
+    };
     lab::down()?;
     result
 }
@@ -264,15 +271,9 @@ fn bench_mapping(count: usize, changed: Option<(usize, u8)>, format: Format) -> 
     yaml
 }
 
-fn pinned<K: aya::Pod, V: aya::Pod>(node: &str, map: &str) -> Result<HashMap<MapData, K, V>> {
-    let path = lab::bpffs(node).join("maps").join(map);
-    let data = MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))?;
-    Ok(Map::from_map_data(data)?.try_into()?)
-}
-
 /// Waits until `node` programs the synthetic peer; returns its peer ID.
 fn wait_for_peer(node: &str) -> Result<u32> {
-    let peers: HashMap<MapData, PeerKey, PeerNat> = pinned(node, names::MAP_PEERS)?;
+    let peers: HashMap<MapData, PeerKey, PeerNat> = pinned(&lab::bpffs(node), names::MAP_PEERS)?;
     let net: ipnet::Ipv4Net = BENCH_VIEW.parse()?;
     let key = PeerKey::of(wire(net.network().octets()), net.prefix_len());
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -289,7 +290,7 @@ fn wait_for_peer(node: &str) -> Result<u32> {
 
 /// Waits until `node` holds exactly `count` entries for `peer_id`.
 fn wait_entries(node: &str, peer_id: u32, count: usize) -> Result<()> {
-    let table: HashMap<MapData, MappingKey, u32> = pinned(node, names::MAP_NATMAP)?;
+    let table: HashMap<MapData, MappingKey, u32> = pinned(&lab::bpffs(node), names::MAP_NATMAP)?;
     let deadline = Instant::now() + Duration::from_secs(30);
     while table
         .keys()
@@ -333,7 +334,7 @@ fn wait_entry(
 }
 
 fn apply_isthmus(node: &str, peer_id: u32, format: Format) -> Result<Duration> {
-    let table: HashMap<MapData, MappingKey, u32> = pinned(node, names::MAP_NATMAP)?;
+    let table: HashMap<MapData, MappingKey, u32> = pinned(&lab::bpffs(node), names::MAP_NATMAP)?;
     let text = bench_mapping(ENTRIES, None, format);
     let start = Instant::now();
     lab::write_object(node, format.file(), &text)?;
@@ -354,7 +355,7 @@ fn apply_isthmus(node: &str, peer_id: u32, format: Format) -> Result<Duration> {
 }
 
 fn update_latencies(node: &str, peer_id: u32, format: Format) -> Result<Vec<f64>> {
-    let table: HashMap<MapData, MappingKey, u32> = pinned(node, names::MAP_NATMAP)?;
+    let table: HashMap<MapData, MappingKey, u32> = pinned(&lab::bpffs(node), names::MAP_NATMAP)?;
     let mut latencies = Vec::with_capacity(UPDATES);
     for n in 0..UPDATES {
         let i = (n * 7919) % ENTRIES;
@@ -368,7 +369,7 @@ fn update_latencies(node: &str, peer_id: u32, format: Format) -> Result<Vec<f64>
     Ok(latencies)
 }
 
-fn percentile(values: &[f64], p: usize) -> f64 {
+pub(super) fn percentile(values: &[f64], p: usize) -> f64 {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     sorted[(sorted.len() * p / 100).min(sorted.len() - 1)]

@@ -1,0 +1,278 @@
+//! `cargo xtask bench control`, the Kubernetes part: 200 TunnelEndpoints
+//! and 10,000 NatMapping entries delivered as watch events by the fake API
+//! server (`xtask::fake_api`) to a gateway agent run with `--source kube`.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail, ensure};
+use aya::maps::{HashMap, MapData};
+use isthmus_common::{
+    names,
+    nat::{MappingKey, PeerKey, PeerNat, wire},
+};
+use serde_json::{Value, json};
+use xtask::{
+    cmd::ip,
+    kube_lab::{KubeNode, Networks, nat_mapping, tunnel_endpoint},
+};
+
+use super::{control::percentile, pinned, result_lines, rss_mib, synthetic_key, write_section};
+
+/// TunnelEndpoints delivered.
+const PEERS: usize = 200;
+/// NatMapping entries per peer: 10,000 in all.
+const ENTRIES_PER_PEER: usize = 50;
+/// Single-object changes timed from event to kernel.
+const UPDATES: usize = 200;
+const NS: &str = "ist-t-bench-kube";
+const CONVERGE_TARGET_MS: f64 = 2000.0;
+const P99_TARGET_MS: f64 = 10.0;
+const RSS_BUDGET_MIB: f64 = 64.0;
+/// Longest any one wait may take before the bench gives up.
+const GIVE_UP: Duration = Duration::from_secs(60);
+
+/// Peer `i`'s PodCIDR as we see it: remapped or not.
+fn pod_view(i: usize, remapped: bool) -> String {
+    format!("10.{}.{i}.0/24", if remapped { 102 } else { 100 })
+}
+
+fn peer(i: usize, remapped: bool) -> Value {
+    let (pod, external) = (format!("10.100.{i}.0/24"), format!("10.101.{i}.0/24"));
+    let nets = Networks {
+        local_pod: "10.244.0.0/16",
+        local_external: "10.128.0.0/16",
+        remote_pod: &pod,
+        remote_external: &external,
+    };
+    let remote_nat_pod = if remapped {
+        pod_view(i, true)
+    } else {
+        "None".into()
+    };
+    tunnel_endpoint(
+        &format!("tep-{i}"),
+        &format!("cluster-{i}"),
+        &nets,
+        json!({
+            "remoteNATPodCIDR": remote_nat_pod,
+            "endpointIP": format!("198.18.1.{}", i + 1),
+            "backend_config": {"port": "5871", "publicKey": synthetic_key(i)},
+        }),
+    )
+}
+
+/// Entry `k` of peer `i`'s NatMapping: (endpointIP, externalIP). The
+/// endpoint moves with `generation`.
+fn entry(i: usize, k: usize, generation: usize) -> (String, String) {
+    (
+        format!("10.244.{i}.{}", k + ENTRIES_PER_PEER * generation),
+        format!("10.128.{i}.{k}"),
+    )
+}
+
+/// Peer `i`'s NatMapping, with entry `changed.0` at generation `changed.1`.
+fn mapping(i: usize, changed: Option<(usize, usize)>) -> Value {
+    let entries: Vec<(String, String)> = (0..ENTRIES_PER_PEER)
+        .map(|k| match changed {
+            Some((c, generation)) if c == k => entry(i, k, generation),
+            _ => entry(i, k, 0),
+        })
+        .collect();
+    nat_mapping(&format!("cluster-{i}"), &entries)
+}
+
+/// What the kube part measured.
+pub struct KubeFigures {
+    converge_ms: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    rss_mib: f64,
+}
+
+/// Polls `done` until it holds, napping briefly: on two cores a spinning
+/// poller would take the CPU the agent needs. Returns when it held.
+fn poll(what: &str, mut done: impl FnMut() -> bool) -> Result<Instant> {
+    let deadline = Instant::now() + GIVE_UP;
+    loop {
+        if done() {
+            return Ok(Instant::now());
+        }
+        if Instant::now() > deadline {
+            bail!("never: {what}");
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+struct Tables {
+    peers: HashMap<MapData, PeerKey, PeerNat>,
+    mappings: HashMap<MapData, MappingKey, u32>,
+}
+
+impl Tables {
+    fn peer_id(&self, view: &str) -> Option<u32> {
+        let net: ipnet::Ipv4Net = view.parse().ok()?;
+        let key = PeerKey::of(wire(net.network().octets()), net.prefix_len());
+        self.peers.get(&key, 0).ok().map(|nat| nat.peer_id)
+    }
+
+    fn holds(&self, peer_id: u32, (endpoint, external): &(String, String)) -> bool {
+        let (Ok(endpoint), Ok(external)) = (
+            endpoint.parse::<std::net::Ipv4Addr>(),
+            external.parse::<std::net::Ipv4Addr>(),
+        ) else {
+            return false;
+        };
+        let key = MappingKey {
+            peer_id,
+            addr: wire(external.octets()),
+        };
+        self.mappings.get(&key, 0).ok() == Some(wire(endpoint.octets()))
+    }
+}
+
+/// Runs the kube part on a node of its own; the lab must be up.
+pub fn measure() -> Result<KubeFigures> {
+    let mut node = KubeNode::new(NS, true)?;
+    // The tunnel's handshakes leave through a veth whose other end answers
+    // nothing (this kernel has no dummy devices).
+    ip(
+        NS,
+        &[
+            "link", "add", "wan0", "type", "veth", "peer", "name", "wan1",
+        ],
+    )?;
+    ip(NS, &["addr", "add", "198.18.0.1/15", "dev", "wan0"])?;
+    for dev in ["wan0", "wan1"] {
+        ip(NS, &["link", "set", dev, "up"])?;
+    }
+    let pid = node.start_agent(&[])?;
+    let tables = Tables {
+        peers: pinned(&node.bpffs(), names::MAP_PEERS)?,
+        mappings: pinned(&node.bpffs(), names::MAP_NATMAP)?,
+    };
+
+    println!(
+        "bench: delivering {PEERS} TunnelEndpoints and {PEERS} NatMappings of {ENTRIES_PER_PEER} entries as watch events"
+    );
+    let start = Instant::now();
+    for i in 0..PEERS {
+        node.api.apply(peer(i, false));
+    }
+    for i in 0..PEERS {
+        node.api.apply(mapping(i, None));
+    }
+    // Events arrive in order, and each pass writes everything before it:
+    // the last object's last entry is the last to land.
+    let last = PEERS - 1;
+    let mut last_id = None;
+    let done = poll("the last NatMapping in the kernel", || {
+        last_id = last_id.or_else(|| tables.peer_id(&pod_view(last, false)));
+        last_id.is_some_and(|id| tables.holds(id, &entry(last, ENTRIES_PER_PEER - 1, 0)))
+    })?;
+    let converge_ms = (done - start).as_secs_f64() * 1e3;
+    let (peers, entries) = (tables.peers.keys().count(), tables.mappings.keys().count());
+    ensure!(
+        peers == 2 * PEERS && entries == PEERS * ENTRIES_PER_PEER,
+        "the kernel holds {peers} peer networks and {entries} entries"
+    );
+    println!("bench:   converged in {converge_ms:.1} ms");
+
+    let mut latencies = Vec::with_capacity(UPDATES);
+    let mut remapped = [false; PEERS];
+    for n in 0..UPDATES {
+        let i = (n * 37) % PEERS;
+        let start = Instant::now();
+        let done = if n % 2 == 0 {
+            // One NatMapping entry moves to another endpoint.
+            let (k, generation) = ((n * 13) % ENTRIES_PER_PEER, 1 + n % 4 / 2);
+            let id = tables
+                .peer_id(&pod_view(i, remapped[i]))
+                .ok_or_else(|| anyhow::anyhow!("peer {i} is not programmed"))?;
+            node.api.apply(mapping(i, Some((k, generation))));
+            poll("a NatMapping change in the kernel", || {
+                tables.holds(id, &entry(i, k, generation))
+            })?
+        } else {
+            // A TunnelEndpoint's PodCIDR is remapped, or back.
+            remapped[i] = !remapped[i];
+            node.api.apply(peer(i, remapped[i]));
+            poll("a TunnelEndpoint change in the kernel", || {
+                tables.peer_id(&pod_view(i, remapped[i])).is_some()
+            })?
+        };
+        latencies.push((done - start).as_secs_f64() * 1e3);
+    }
+    let (p50_ms, p99_ms) = (percentile(&latencies, 50), percentile(&latencies, 99));
+    println!("bench:   event to kernel: p50 {p50_ms:.2} ms, p99 {p99_ms:.2} ms");
+    let rss_mib = rss_mib(pid)?;
+    Ok(KubeFigures {
+        converge_ms,
+        p50_ms,
+        p99_ms,
+        rss_mib,
+    })
+}
+
+/// Prints the RESULT lines and writes the `kube` section of the report.
+pub fn report(f: &KubeFigures) -> Result<()> {
+    let results = [
+        (
+            "kube-200-teps-10k-entries-converge-ms-vs-target",
+            f.converge_ms,
+            CONVERGE_TARGET_MS,
+        ),
+        (
+            "kube-event-to-map-p50-ms-vs-target",
+            f.p50_ms,
+            P99_TARGET_MS,
+        ),
+        (
+            "kube-event-to-map-p99-ms-vs-target",
+            f.p99_ms,
+            P99_TARGET_MS,
+        ),
+        (
+            "agent-rss-mib-kube-200-teps-10k-entries-vs-budget",
+            f.rss_mib,
+            RSS_BUDGET_MIB,
+        ),
+    ];
+    let lines = result_lines(&results, 2);
+    let section = format!(
+        "## Control plane: objects from the Kubernetes API to the kernel
+
+Also part of `cargo xtask bench control` (`--kube-only` runs this part
+alone). A gateway agent runs with `--source kube` in a netns of its own,
+against the fake API server of the tests (`xtask/src/fake_api.rs`), which
+speaks the list/watch protocol. Its tunnel is on, and handshakes go to
+nowhere, so it also writes `Connecting` for every TunnelEndpoint, which
+comes back as watch events.
+
+- **Converge.** {PEERS} TunnelEndpoints, then {PEERS} NatMappings of
+  {ENTRIES_PER_PEER} entries ({total} in all), are created in the API
+  server as fast as it takes them; each reaches the agent as an `ADDED`
+  event. The clock stops when the last entry of the last NatMapping is in
+  the kernel, read from the pinned map; then every count is checked.
+- **Event to kernel.** {UPDATES} single-object changes, alternating: one
+  NatMapping entry moves to another endpoint, or one TunnelEndpoint's
+  PodCIDR is remapped (or back). Each is timed from the change in the API
+  server until the kernel shows it.
+
+| measure | Isthmus | target |
+|---|---|---|
+| {PEERS} TunnelEndpoints and {total} entries converge | {converge:.1} ms | < {CONVERGE_TARGET_MS:.0} ms |
+| event to kernel, p50 / p99 | {p50:.2} / {p99:.2} ms | p99 < {P99_TARGET_MS:.0} ms |
+| agent resident memory | {rss:.1} MiB | ≤ {RSS_BUDGET_MIB:.0} MiB |
+
+```
+{lines}```
+",
+        total = PEERS * ENTRIES_PER_PEER,
+        converge = f.converge_ms,
+        p50 = f.p50_ms,
+        p99 = f.p99_ms,
+        rss = f.rss_mib,
+    );
+    write_section("kube", &section)
+}
