@@ -15,7 +15,7 @@ use std::{
 use aya::{
     Ebpf, EbpfLoader,
     programs::{
-        LinkOrder, SchedClassifier, TcAttachType,
+        LinkOrder, SchedClassifier, TcAttachType, Xdp, XdpMode,
         links::{FdLink, PinnedLink},
         tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcHandle},
     },
@@ -26,7 +26,8 @@ use tracing::{info, warn};
 
 use crate::{
     conntrack::Conntrack,
-    maps::{MappingMap, PeerMap},
+    guard::Guard,
+    maps::{GuardSettings, MappingMap, PeerMap, PresenceSet},
 };
 
 /// The compiled eBPF object, built by `build.rs`.
@@ -227,6 +228,39 @@ impl Dataplane {
             self.take(names::MAP_SNAT)?,
         );
         Conntrack::new(flows, config).map_err(|e| DataplaneError::Map(names::MAP_CONNTRACK, e))
+    }
+
+    /// The XDP guard's tables, watching tunnel port `port`.
+    pub fn take_guard(&mut self, port: u16) -> Result<Guard, DataplaneError> {
+        let map_error = |e| DataplaneError::Map(names::MAP_GUARD_SOURCES, e);
+        let sources = PresenceSet::new(self.take(names::MAP_GUARD_SOURCES)?).map_err(map_error)?;
+        let indexes = PresenceSet::new(self.take(names::MAP_GUARD_INDEXES)?).map_err(map_error)?;
+        let settings =
+            GuardSettings::new(self.take(names::MAP_GUARD_CONFIG)?).map_err(map_error)?;
+        Guard::new(sources, indexes, settings, port).map_err(map_error)
+    }
+
+    /// Attaches the XDP guard to `dev` in native (driver) mode. The link
+    /// lives as long as the agent: the guard protects the userspace tunnel,
+    /// which does not outlive it either.
+    pub fn attach_guard(&mut self, dev: &str) -> Result<(), DataplaneError> {
+        let program = names::PROG_GUARD;
+        let attach = |ebpf: &mut Ebpf| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+            let prog: &mut Xdp = ebpf
+                .program_mut(program)
+                .ok_or("missing from the object")?
+                .try_into()?;
+            prog.load()?;
+            prog.attach(dev, XdpMode::Driver)?;
+            Ok(())
+        };
+        attach(&mut self.ebpf).map_err(|source| DataplaneError::Program {
+            program,
+            dev: dev.into(),
+            source,
+        })?;
+        info!(dev, mode = "native", program, "XDP guard attached");
+        Ok(())
     }
 
     fn take(&mut self, name: &'static str) -> Result<aya::maps::Map, DataplaneError> {

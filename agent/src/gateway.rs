@@ -3,6 +3,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
+    net::SocketAddrV4,
     sync::Arc,
 };
 
@@ -11,10 +12,11 @@ use ipnet::Ipv4Net;
 use tracing::{error, info, warn};
 
 use crate::{
+    guard::Guard,
     object::ObjectKey,
     peer::{Peer, PeerError, Problem},
     tunnel::{
-        Connection, Tunnel, TunnelConfig,
+        Connection, PeerStatus, Tunnel, TunnelConfig,
         key::{self, KeyPair},
         peers::PeerConfig,
         route::Routes,
@@ -28,11 +30,15 @@ pub struct Gateway {
     routes: Routes,
     reported: BTreeSet<String>,
     states: BTreeMap<ObjectKey, Connection>,
+    guard: Option<Guard>,
+    /// Endpoints as the objects give them, before any roaming.
+    configured: BTreeSet<SocketAddrV4>,
 }
 
 impl Gateway {
-    /// Starts the tunnel with `key` and brings its device up.
-    pub async fn start(config: &TunnelConfig, key: KeyPair) -> Result<Self> {
+    /// Starts the tunnel with `key` and brings its device up. `guard`, if
+    /// any, is kept allowing exactly the peers' endpoints and sessions.
+    pub async fn start(config: &TunnelConfig, key: KeyPair, guard: Option<Guard>) -> Result<Self> {
         let public = key::encode(key.public.as_bytes());
         let tunnel = Tunnel::start(config, key).with_context(|| {
             format!(
@@ -47,6 +53,8 @@ impl Gateway {
             routes,
             reported: BTreeSet::new(),
             states: BTreeMap::new(),
+            guard,
+            configured: BTreeSet::new(),
         })
     }
 
@@ -76,9 +84,13 @@ impl Gateway {
             error!(error = %problem, "peer without a tunnel");
         }
         self.reported = problems;
+        self.configured = configs.iter().map(|c| c.endpoint).collect();
+        // Allowed before the handshake goes out, so its answer gets through.
+        self.follow_guard(&self.tunnel.status());
         for (object, change) in self.tunnel.set_peers(&configs) {
             info!(object = %object, change = ?change, "tunnel peer");
         }
+        self.follow_guard(&self.tunnel.status());
         let desired: BTreeSet<Ipv4Net> = configs
             .iter()
             .flat_map(|c| c.networks.iter().copied())
@@ -92,10 +104,30 @@ impl Gateway {
         }
     }
 
-    /// Logs every peer whose connection state changed since the last call.
+    /// Lets through the guard exactly the configured endpoints, the
+    /// endpoints peers have roamed to, and the peers' sessions.
+    fn follow_guard(&mut self, statuses: &[PeerStatus]) {
+        let Some(guard) = &mut self.guard else {
+            return;
+        };
+        let endpoints: BTreeSet<SocketAddrV4> = statuses
+            .iter()
+            .map(|s| s.endpoint)
+            .chain(self.configured.iter().copied())
+            .collect();
+        let indexes: BTreeSet<u32> = statuses.iter().map(|s| s.index).collect();
+        if let Err(e) = guard.sync(&endpoints, &indexes) {
+            error!(error = %e, "updating the XDP guard's allowlist; will retry");
+        }
+    }
+
+    /// Logs every peer whose connection state changed since the last call,
+    /// and lets roamed endpoints through the guard.
     pub fn report_states(&mut self) {
+        let statuses = self.tunnel.status();
+        self.follow_guard(&statuses);
         let mut now = BTreeMap::new();
-        for status in self.tunnel.status() {
+        for status in statuses {
             if self.states.get(&status.key) != Some(&status.connection) {
                 match status.connection {
                     Connection::Connected => info!(

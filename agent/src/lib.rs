@@ -11,6 +11,7 @@
 //! - [`conntrack`]: the masquerade's settings and garbage collector;
 //! - [`dataplane`]: loading, pinning, attaching, cleanup;
 //! - [`gateway`]: the gateway's tunnel and routes, following the peers;
+//! - [`guard`]: the XDP guard's allowlist, following the tunnel;
 //! - [`maps`]: typed views of the kernel maps;
 //! - [`metrics`]: Prometheus and health endpoints;
 //! - [`tunnel`]: the gateway's embedded WireGuard.
@@ -18,6 +19,7 @@
 pub mod conntrack;
 pub mod dataplane;
 pub mod gateway;
+pub mod guard;
 pub mod kubernetes;
 pub mod maps;
 pub mod metrics;

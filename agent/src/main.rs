@@ -137,6 +137,11 @@ struct RunArgs {
     /// Gateway: seconds between keepalives to each peer (0: none).
     #[arg(long, default_value_t = 10)]
     keepalive: u16,
+    /// Gateway: the uplink to attach the XDP guard of the tunnel port to,
+    /// in native mode. It drops datagrams to the port from sources that are
+    /// not peers' endpoints and name none of our sessions.
+    #[arg(long)]
+    guard_dev: Option<String>,
     /// Gateway: datapath threads (default: one per CPU).
     #[arg(long)]
     tunnel_workers: Option<usize>,
@@ -234,7 +239,14 @@ async fn run(args: RunArgs) -> Result<()> {
                 }
                 None => key::load_or_generate(&args.private_key_file)?,
             };
-            Some(Gateway::start(&tunnel_config(&args), key).await?)
+            let guard = match &args.guard_dev {
+                Some(dev) => {
+                    dataplane.attach_guard(dev)?;
+                    Some(dataplane.take_guard(args.listen_port)?)
+                }
+                None => None,
+            };
+            Some(Gateway::start(&tunnel_config(&args), key, guard).await?)
         }
         _ => None,
     };
@@ -246,6 +258,7 @@ async fn run(args: RunArgs) -> Result<()> {
     };
     let metrics = Metrics::new(
         Counters::open(&args.bpffs)?,
+        Counters::open_guard(&args.bpffs)?,
         gateway.as_ref().map(|g| g.tunnel.clone()),
         &args.node,
         role_name,

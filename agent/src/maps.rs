@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray};
 use ipnet::Ipv4Net;
 use isthmus_common::{
-    counters, names,
+    counters,
+    guard::{GuardConfig, VERDICTS},
+    names,
     nat::{MappingKey, PeerKey, PeerNat, PrefixLens, wire},
 };
 
@@ -177,32 +179,100 @@ impl KernelTable for MappingMap {
     }
 }
 
-/// Whether `error` is a write refused because the map is full.
-pub fn is_full(error: &MapError) -> bool {
-    matches!(error, MapError::SyscallError(e) if e.io_error.raw_os_error() == Some(libc::E2BIG))
+/// A hash used as a set: present keys map to 1. The guard's tables.
+pub struct PresenceSet<K: aya::Pod>(HashMap<MapData, K, u8>);
+
+impl<K: aya::Pod> PresenceSet<K> {
+    /// Wraps a map taken from a freshly loaded object.
+    pub fn new(map: Map) -> Result<Self, MapError> {
+        Ok(Self(map.try_into()?))
+    }
 }
 
-/// The per-CPU packet counters (`ist_counters`).
-pub struct Counters(PerCpuArray<MapData, u64>);
+impl<K: aya::Pod + Ord> KernelTable for PresenceSet<K> {
+    type Key = K;
+    type Value = u8;
+    type Error = MapError;
 
-impl Counters {
+    fn entries(&self) -> Result<Vec<(K, u8)>, MapError> {
+        self.0.keys().map(|k| Ok((k?, 1))).collect()
+    }
+
+    fn put(&mut self, key: K, value: &u8, _old: Option<&u8>) -> Result<(), MapError> {
+        self.0.insert(key, value, 0)
+    }
+
+    fn delete(&mut self, key: K, _old: &u8) -> Result<(), MapError> {
+        match self.0.remove(&key) {
+            Err(MapError::KeyNotFound) => Ok(()),
+            other => other,
+        }
+    }
+}
+
+/// The guard's settings (`ist_guard_cfg`).
+pub struct GuardSettings(Array<MapData, GuardConfig>);
+
+impl GuardSettings {
     /// Wraps the map taken from a freshly loaded object.
     pub fn new(map: Map) -> Result<Self, MapError> {
         Ok(Self(map.try_into()?))
     }
 
-    /// Opens the map pinned under `root`.
+    /// Sets the tunnel port (host order) the guard watches.
+    pub fn set_port(&mut self, port: u16) -> Result<(), MapError> {
+        let config = GuardConfig {
+            port: port.to_be(),
+            pad: 0,
+        };
+        self.0.set(0, config, 0)
+    }
+}
+
+/// Whether `error` is a write refused because the map is full.
+pub fn is_full(error: &MapError) -> bool {
+    matches!(error, MapError::SyscallError(e) if e.io_error.raw_os_error() == Some(libc::E2BIG))
+}
+
+/// Per-CPU packet counters: the NAT's (`ist_counters`) or the guard's
+/// (`ist_guard_stats`).
+pub struct Counters {
+    map: PerCpuArray<MapData, u64>,
+    slots: u32,
+}
+
+impl Counters {
+    /// Wraps the NAT's counters taken from a freshly loaded object.
+    pub fn new(map: Map) -> Result<Self, MapError> {
+        Self::with_slots(map, counters::SLOTS)
+    }
+
+    /// Wraps a per-CPU counter array of `slots` slots.
+    pub fn with_slots(map: Map, slots: u32) -> Result<Self, MapError> {
+        Ok(Self {
+            map: map.try_into()?,
+            slots,
+        })
+    }
+
+    /// Opens the NAT's counters pinned under `root`.
     pub fn open(root: &Path) -> Result<Self, MapError> {
         Self::new(open_pinned(root, names::MAP_COUNTERS)?)
     }
 
-    /// Every slot, summed over CPUs, indexed by [`counters::slot`].
-    pub fn read(&self) -> Result<[u64; counters::SLOTS as usize], MapError> {
-        let mut sums = [0u64; counters::SLOTS as usize];
-        for (slot, sum) in sums.iter_mut().enumerate() {
-            *sum = self.0.get(&(slot as u32), 0)?.iter().sum();
-        }
-        Ok(sums)
+    /// Opens the guard's verdict counters pinned under `root`.
+    pub fn open_guard(root: &Path) -> Result<Self, MapError> {
+        Self::with_slots(
+            open_pinned(root, names::MAP_GUARD_STATS)?,
+            VERDICTS.len() as u32,
+        )
+    }
+
+    /// Every slot, summed over CPUs, in slot order.
+    pub fn read(&self) -> Result<Vec<u64>, MapError> {
+        (0..self.slots)
+            .map(|slot| Ok(self.map.get(&slot, 0)?.iter().sum()))
+            .collect()
     }
 }
 

@@ -27,6 +27,8 @@ use prometheus_client::{
 };
 use tracing::warn;
 
+use isthmus_common::guard::VERDICTS;
+
 use crate::{
     maps::Counters,
     tunnel::{Connection, PeerStatus, Tunnel},
@@ -60,6 +62,7 @@ impl Metrics {
     /// if this node attaches them.
     pub fn new(
         counters: Counters,
+        guard: Counters,
         tunnel: Option<Arc<Tunnel>>,
         node: &str,
         role: &str,
@@ -120,7 +123,10 @@ impl Metrics {
                 ("attach_mode", attach.unwrap_or("none").to_owned()),
             ]),
         );
-        registry.register_collector(Box::new(DataplaneCounters(counters)));
+        registry.register_collector(Box::new(DataplaneCounters {
+            nat: counters,
+            guard,
+        }));
         if let Some(tunnel) = tunnel {
             registry.register_collector(Box::new(TunnelMetrics(tunnel)));
         }
@@ -152,11 +158,14 @@ impl Metrics {
 
 /// Packet counters summed over CPUs at scrape time.
 #[derive(Debug)]
-struct DataplaneCounters(Counters);
+struct DataplaneCounters {
+    nat: Counters,
+    guard: Counters,
+}
 
 impl Collector for DataplaneCounters {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let sums = match self.0.read() {
+        let sums = match self.nat.read() {
             Ok(sums) => sums,
             Err(e) => {
                 warn!(error = %e, "reading the packet counters");
@@ -178,6 +187,22 @@ impl Collector for DataplaneCounters {
                 let value = sums[counters::slot(direction, outcome) as usize];
                 ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
             }
+        }
+        match self.guard.read() {
+            Ok(sums) => {
+                let mut family = encoder.encode_descriptor(
+                    "guard_packets",
+                    "Datagrams to the tunnel port seen by the XDP guard, by verdict",
+                    None,
+                    MetricType::Counter,
+                )?;
+                for verdict in VERDICTS {
+                    let labels = [("verdict", verdict.as_str())];
+                    ConstCounter::new(sums[verdict as usize])
+                        .encode(family.encode_family(&labels)?)?;
+                }
+            }
+            Err(e) => warn!(error = %e, "reading the guard's counters"),
         }
         Ok(())
     }

@@ -73,13 +73,13 @@ impl<T: KernelTable<Key = MappingKey, Value = u32>> MappingTable for T {}
 
 /// A kernel table and a mirror of what it holds, so that a pass writes
 /// only what changed.
-struct Mirror<T: KernelTable> {
+pub(crate) struct Mirror<T: KernelTable> {
     table: T,
     applied: BTreeMap<T::Key, T::Value>,
 }
 
 impl<T: KernelTable> Mirror<T> {
-    fn new(table: T) -> Result<Self, T::Error> {
+    pub(crate) fn new(table: T) -> Result<Self, T::Error> {
         let applied = table.entries()?.into_iter().collect();
         Ok(Self { table, applied })
     }
@@ -88,7 +88,10 @@ impl<T: KernelTable> Mirror<T> {
     /// match keeps traffic flowing while both exist. A failed write (a full
     /// map) does not stop the others, and is retried on the next pass; the
     /// first failure is returned once everything was tried.
-    fn apply(&mut self, desired: &BTreeMap<T::Key, T::Value>) -> (usize, usize, Option<T::Error>) {
+    pub(crate) fn apply(
+        &mut self,
+        desired: &BTreeMap<T::Key, T::Value>,
+    ) -> (usize, usize, Option<T::Error>) {
         let (mut written, mut removed, mut failure) = (0, 0, None);
         for (key, value) in desired {
             let old = self.applied.get(key);

@@ -7,6 +7,7 @@
 pub mod conntrack;
 pub mod counters;
 pub mod csum;
+pub mod guard;
 pub mod names;
 pub mod nat;
 
@@ -21,4 +22,6 @@ mod pod {
     unsafe impl aya::Pod for crate::conntrack::FlowKey {}
     unsafe impl aya::Pod for crate::conntrack::FlowNat {}
     unsafe impl aya::Pod for crate::conntrack::SnatConfig {}
+    unsafe impl aya::Pod for crate::guard::GuardSource {}
+    unsafe impl aya::Pod for crate::guard::GuardConfig {}
 }

@@ -23,8 +23,18 @@ pub const MAP_CONNTRACK: &str = "ist_conntrack";
 /// ([`crate::conntrack::SnatConfig`]).
 pub const MAP_SNAT: &str = "ist_snat";
 
+/// Hash: sources allowed to reach the tunnel port
+/// ([`crate::guard::GuardSource`] → 1).
+pub const MAP_GUARD_SOURCES: &str = "ist_guard_src";
+/// Hash: our peers' session indexes ([`crate::guard::peer_index`] → 1).
+pub const MAP_GUARD_INDEXES: &str = "ist_guard_idx";
+/// One-entry array: the guard's settings ([`crate::guard::GuardConfig`]).
+pub const MAP_GUARD_CONFIG: &str = "ist_guard_cfg";
+/// Per-CPU array of the guard's verdicts, indexed by [`crate::guard::Verdict`].
+pub const MAP_GUARD_STATS: &str = "ist_guard_stats";
+
 /// Every map the agent pins, in the order it reports them.
-pub const MAPS: [&str; 7] = [
+pub const MAPS: [&str; 11] = [
     MAP_PEERS,
     MAP_PREFIX_LENS,
     MAP_COUNTERS,
@@ -32,6 +42,10 @@ pub const MAPS: [&str; 7] = [
     MAP_NATMAP_REV,
     MAP_CONNTRACK,
     MAP_SNAT,
+    MAP_GUARD_SOURCES,
+    MAP_GUARD_INDEXES,
+    MAP_GUARD_CONFIG,
+    MAP_GUARD_STATS,
 ];
 
 /// Egress NAT for devices that carry Ethernet frames (veth).
@@ -43,7 +57,10 @@ pub const PROG_EGRESS_IP: &str = "nat_egress_ip";
 /// Ingress NAT for L3 devices with no link header (tun).
 pub const PROG_INGRESS_IP: &str = "nat_ingress_ip";
 
-/// Every program the agent loads.
+/// The XDP guard of the tunnel port, on the gateway's uplink.
+pub const PROG_GUARD: &str = "tunnel_guard";
+
+/// Every TC program the agent loads.
 pub const PROGRAMS: [&str; 4] = [
     PROG_EGRESS_ETH,
     PROG_INGRESS_ETH,
@@ -53,6 +70,10 @@ pub const PROGRAMS: [&str; 4] = [
 
 /// Maximum number of peer networks in [`MAP_PEERS`] (two per peer).
 pub const MAX_PEER_NETWORKS: u32 = 8192;
+/// Capacity of [`MAP_GUARD_SOURCES`]: configured and roamed endpoints.
+pub const MAX_GUARD_SOURCES: u32 = 16384;
+/// Capacity of [`MAP_GUARD_INDEXES`]: one per tunnel peer.
+pub const MAX_GUARD_INDEXES: u32 = 8192;
 /// Default capacity of [`MAP_NATMAP`] and [`MAP_NATMAP_REV`]; the agent may
 /// set another at load time.
 pub const DEFAULT_NAT_MAPPINGS: u32 = 65536;

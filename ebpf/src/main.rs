@@ -1,17 +1,22 @@
 //! Isthmus kernel programs.
 //!
 //! One pair of TC programs per link type: the same NAT code, compiled with
-//! the offset of the IPv4 header fixed, so the verifier sees constants.
+//! the offset of the IPv4 header fixed, so the verifier sees constants; and
+//! the XDP guard of the tunnel port.
 #![no_std]
 #![no_main]
 
 mod conntrack;
 mod csum;
+mod guard;
 mod maps;
 mod nat;
 mod parse;
 
-use aya_ebpf::{macros::classifier, programs::TcContext};
+use aya_ebpf::{
+    macros::{classifier, xdp},
+    programs::{TcContext, XdpContext},
+};
 use isthmus_common::counters::Direction;
 
 /// Length of an Ethernet header: where IPv4 starts on veth.
@@ -39,6 +44,12 @@ pub fn nat_egress_ip(ctx: TcContext) -> i32 {
 #[classifier]
 pub fn nat_ingress_ip(ctx: TcContext) -> i32 {
     nat::run(&ctx, 0, Direction::Ingress)
+}
+
+/// Drops datagrams to the tunnel port from unknown sources, on the uplink.
+#[xdp]
+pub fn tunnel_guard(ctx: XdpContext) -> u32 {
+    guard::run(&ctx)
 }
 
 #[cfg(not(test))]

@@ -6,7 +6,8 @@ use aya_ebpf::{
 };
 use isthmus_common::{
     counters::{self, Direction, Outcome},
-    names::{DEFAULT_NAT_MAPPINGS, MAX_PEER_NETWORKS},
+    guard::{GuardConfig, GuardSource, VERDICTS, Verdict},
+    names::{DEFAULT_NAT_MAPPINGS, MAX_GUARD_INDEXES, MAX_GUARD_SOURCES, MAX_PEER_NETWORKS},
     nat::{MappingKey, PREFIX_LENS, PeerKey, PeerNat, PrefixLens},
 };
 
@@ -75,6 +76,51 @@ fn lookup(
 #[inline(always)]
 pub fn count(direction: Direction, outcome: Outcome) {
     if let Some(slot) = COUNTERS.get_ptr_mut(counters::slot(direction, outcome)) {
+        // SAFETY: per-CPU slot, so no other writer runs concurrently.
+        unsafe { *slot += 1 };
+    }
+}
+
+/// Sources allowed to reach the tunnel port.
+#[btf_map(name = "ist_guard_src")]
+static GUARD_SOURCES: HashMap<GuardSource, u8, { MAX_GUARD_SOURCES as usize }> = HashMap::new();
+
+/// Our peers' session indexes (top 24 bits of a receiver index).
+#[btf_map(name = "ist_guard_idx")]
+static GUARD_INDEXES: HashMap<u32, u8, { MAX_GUARD_INDEXES as usize }> = HashMap::new();
+
+/// The guard's settings.
+#[btf_map(name = "ist_guard_cfg")]
+static GUARD_CONFIG: Array<GuardConfig, 1> = Array::new();
+
+/// Datagrams to the tunnel port, by verdict; summed over CPUs by the agent.
+#[btf_map(name = "ist_guard_stats")]
+static GUARD_STATS: PerCpuArray<u64, { VERDICTS.len() }> = PerCpuArray::new();
+
+/// The tunnel port (wire order), once the agent has set it.
+#[inline(always)]
+pub fn guard_port() -> Option<u16> {
+    GUARD_CONFIG.get(0).map(|c| c.port).filter(|p| *p != 0)
+}
+
+/// Whether `source` is a peer's endpoint.
+#[inline(always)]
+pub fn guard_source_known(source: &GuardSource) -> bool {
+    // SAFETY: only presence is read.
+    unsafe { GUARD_SOURCES.get(source) }.is_some()
+}
+
+/// Whether `index` is one of our peers' session indexes.
+#[inline(always)]
+pub fn guard_index_known(index: u32) -> bool {
+    // SAFETY: only presence is read.
+    unsafe { GUARD_INDEXES.get(&index) }.is_some()
+}
+
+/// Counts one guard verdict.
+#[inline(always)]
+pub fn count_guard(verdict: Verdict) {
+    if let Some(slot) = GUARD_STATS.get_ptr_mut(verdict as u32) {
         // SAFETY: per-CPU slot, so no other writer runs concurrently.
         unsafe { *slot += 1 };
     }

@@ -138,6 +138,8 @@ pub struct PeerStatus {
     pub endpoint: SocketAddrV4,
     /// Authenticated packets dropped for an inner source outside the peer's networks.
     pub dropped_source: u64,
+    /// Our index for the peer: the top 24 bits of its sessions' receiver indexes.
+    pub index: u32,
 }
 
 /// How one peer changed in [`Tunnel::set_peers`].
@@ -302,6 +304,7 @@ impl Tunnel {
                     rtt_ms,
                     endpoint: peer.endpoint(),
                     dropped_source: peer.counters.dropped_source.load(Ordering::Relaxed),
+                    index: peer.index,
                 }
             })
             .collect()

@@ -1,0 +1,77 @@
+//! The XDP guard in front of the tunnel port: which sources may reach the
+//! userspace tunnel, and what it counts.
+//!
+//! A datagram to the tunnel port passes when its source (address and port)
+//! is a peer's endpoint, or when it is a WireGuard message that names one
+//! of our sessions (a handshake response, cookie reply or transport data
+//! whose receiver index is ours): that is how a peer that roamed reaches
+//! userspace, which authenticates it and then allows its new source.
+//! Everything else aimed at the port is dropped in XDP.
+
+/// A source allowed to reach the tunnel port.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct GuardSource {
+    /// IPv4 address, wire order.
+    pub addr: u32,
+    /// UDP port, wire order.
+    pub port: u16,
+    /// Zero.
+    pub pad: u16,
+}
+
+impl GuardSource {
+    /// The source `addr:port`, both given in wire order.
+    pub const fn new(addr: u32, port: u16) -> Self {
+        Self { addr, port, pad: 0 }
+    }
+}
+
+/// The guard's settings.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GuardConfig {
+    /// The tunnel's UDP port, wire order; 0 until the agent sets it, and
+    /// then the guard passes everything.
+    pub port: u16,
+    /// Zero.
+    pub pad: u16,
+}
+
+/// What the guard did with a datagram aimed at the tunnel port.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Passed: from a peer's endpoint.
+    KnownSource = 0,
+    /// Passed: names one of our sessions, from a source not known yet.
+    Session = 1,
+    /// Dropped.
+    Dropped = 2,
+}
+
+/// Every verdict, in slot order.
+pub const VERDICTS: [Verdict; 3] = [Verdict::KnownSource, Verdict::Session, Verdict::Dropped];
+
+impl Verdict {
+    /// Lower-case name used in metrics.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Verdict::KnownSource => "known_source",
+            Verdict::Session => "session",
+            Verdict::Dropped => "dropped",
+        }
+    }
+}
+
+/// WireGuard messages that carry our receiver index at bytes 4..8: a
+/// handshake response (2), a cookie reply (3) and transport data (4).
+pub const fn names_receiver(message_type: u8) -> bool {
+    matches!(message_type, 2..=4)
+}
+
+/// boringtun keeps a peer's index in the top 24 bits of every receiver
+/// index of its sessions; the guard's index table holds those.
+pub const fn peer_index(receiver_index: u32) -> u32 {
+    receiver_index >> 8
+}

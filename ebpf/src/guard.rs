@@ -1,0 +1,82 @@
+//! The XDP guard of the tunnel port (see `isthmus_common::guard`): drops
+//! datagrams aimed at the port from sources that are not peers' endpoints
+//! and that name none of our sessions, before they cost userspace anything.
+//! Everything else passes untouched, including what cannot be parsed.
+
+use core::mem::size_of;
+
+use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
+use isthmus_common::guard::{GuardSource, Verdict, names_receiver, peer_index};
+
+use crate::maps;
+
+const ETH_HLEN: usize = 14;
+const ETHERTYPE_IPV4: [u8; 2] = [0x08, 0x00];
+const PROTO_UDP: u8 = 17;
+const UDP_HLEN: usize = 8;
+
+/// The guard's action for one frame.
+#[inline(always)]
+pub fn run(ctx: &XdpContext) -> u32 {
+    match verdict(ctx) {
+        None => xdp_action::XDP_PASS,
+        Some(verdict) => {
+            maps::count_guard(verdict);
+            match verdict {
+                Verdict::Dropped => xdp_action::XDP_DROP,
+                _ => xdp_action::XDP_PASS,
+            }
+        }
+    }
+}
+
+/// A copy of the `T` at packet offset `off`, if the packet holds it.
+#[inline(always)]
+fn read<T: Copy>(ctx: &XdpContext, off: usize) -> Option<T> {
+    let (start, end) = (ctx.data(), ctx.data_end());
+    if start + off + size_of::<T>() > end {
+        return None;
+    }
+    // SAFETY: bounds checked just above against the packet's end.
+    Some(unsafe { ((start + off) as *const T).read_unaligned() })
+}
+
+/// None for a frame that is not a datagram to the tunnel port.
+#[inline(always)]
+fn verdict(ctx: &XdpContext) -> Option<Verdict> {
+    let port = maps::guard_port()?;
+    if read::<[u8; 2]>(ctx, 12)? != ETHERTYPE_IPV4 {
+        return None;
+    }
+    let version_ihl: u8 = read(ctx, ETH_HLEN)?;
+    let ihl = ((version_ihl & 0x0f) as usize) * 4;
+    if version_ihl >> 4 != 4 || ihl < 20 {
+        return None;
+    }
+    // A later fragment has no UDP header to judge by.
+    let fragment: [u8; 2] = read(ctx, ETH_HLEN + 6)?;
+    if u16::from_be_bytes(fragment) & 0x1fff != 0 || read::<u8>(ctx, ETH_HLEN + 9)? != PROTO_UDP {
+        return None;
+    }
+    let src: u32 = read(ctx, ETH_HLEN + 12)?;
+    let udp = ETH_HLEN + ihl;
+    let (sport, dport): (u16, u16) = (read(ctx, udp)?, read(ctx, udp + 2)?);
+    if dport != port {
+        return None;
+    }
+    if maps::guard_source_known(&GuardSource::new(src, sport)) {
+        return Some(Verdict::KnownSource);
+    }
+    let message = udp + UDP_HLEN;
+    let session = match (read::<u8>(ctx, message), read::<[u8; 4]>(ctx, message + 4)) {
+        (Some(kind), Some(receiver)) if names_receiver(kind) => {
+            maps::guard_index_known(peer_index(u32::from_le_bytes(receiver)))
+        }
+        _ => false,
+    };
+    Some(if session {
+        Verdict::Session
+    } else {
+        Verdict::Dropped
+    })
+}

@@ -1,0 +1,242 @@
+//! The XDP guard's decisions, by the real program on crafted frames
+//! (`BPF_PROG_TEST_RUN`): what passes, what is dropped, and what is counted.
+//! A frame that passes must come out unchanged, byte for byte.
+
+use aya::{
+    Ebpf,
+    programs::{TestRun, TestRunOptions, Xdp},
+};
+use isthmus_agent::{
+    dataplane::OBJECT,
+    guard::{Guard, source},
+    maps::{Counters, GuardSettings, PresenceSet},
+};
+use isthmus_common::{guard::VERDICTS, names};
+use isthmus_tests::{
+    packet::{Datagram, ETH_P_ARP, ETH_P_IP, L4, eth_ipv4, ethernet},
+    require_root,
+};
+use std::collections::BTreeSet;
+
+const XDP_DROP: u32 = 1;
+const XDP_PASS: u32 = 2;
+const PORT: u16 = 5871;
+const GATEWAY: [u8; 4] = [203, 0, 113, 1];
+const PEER: [u8; 4] = [203, 0, 113, 2];
+const STRANGER: [u8; 4] = [198, 51, 100, 7];
+/// Our index for the one peer: its sessions' receiver indexes are 0x000101xx.
+const PEER_INDEX: u32 = 0x101;
+
+struct Harness {
+    ebpf: Ebpf,
+    stats: Counters,
+    _guard: Guard,
+}
+
+impl Harness {
+    fn new() -> Self {
+        require_root();
+        let mut ebpf = Ebpf::load(OBJECT).expect("loading the eBPF object");
+        let prog: &mut Xdp = ebpf
+            .program_mut(names::PROG_GUARD)
+            .unwrap()
+            .try_into()
+            .unwrap();
+        prog.load()
+            .unwrap_or_else(|e| panic!("verifier rejected the guard: {e}"));
+        let mut guard = Guard::new(
+            PresenceSet::new(ebpf.take_map(names::MAP_GUARD_SOURCES).unwrap()).unwrap(),
+            PresenceSet::new(ebpf.take_map(names::MAP_GUARD_INDEXES).unwrap()).unwrap(),
+            GuardSettings::new(ebpf.take_map(names::MAP_GUARD_CONFIG).unwrap()).unwrap(),
+            PORT,
+        )
+        .unwrap();
+        let peer = std::net::SocketAddrV4::new(PEER.into(), PORT);
+        guard
+            .sync(&BTreeSet::from([peer]), &BTreeSet::from([PEER_INDEX]))
+            .unwrap();
+        let stats = Counters::with_slots(
+            ebpf.take_map(names::MAP_GUARD_STATS).unwrap(),
+            VERDICTS.len() as u32,
+        )
+        .unwrap();
+        Self {
+            ebpf,
+            stats,
+            _guard: guard,
+        }
+    }
+
+    fn run(&self, frame: &[u8]) -> (u32, Vec<u8>) {
+        let prog: &Xdp = self
+            .ebpf
+            .program(names::PROG_GUARD)
+            .unwrap()
+            .try_into()
+            .unwrap();
+        let mut out = vec![0u8; frame.len() + 64];
+        let result = prog
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                data_out: Some(&mut out),
+                ..Default::default()
+            })
+            .expect("BPF_PROG_TEST_RUN");
+        out.truncate(result.data_size_out as usize);
+        (result.return_value, out)
+    }
+}
+
+/// A WireGuard message of `kind` with receiver index `receiver`, padded to
+/// `len` bytes.
+fn message(kind: u8, receiver: u32, len: usize) -> Vec<u8> {
+    let mut m = vec![0u8; len];
+    m[0] = kind;
+    m[4..8].copy_from_slice(&receiver.to_le_bytes());
+    m
+}
+
+fn udp(src: [u8; 4], sport: u16, dport: u16, payload: Vec<u8>) -> Vec<u8> {
+    let l4 = L4::Udp {
+        sport,
+        dport,
+        payload,
+        zero_csum: false,
+    };
+    eth_ipv4(&Datagram::new(src, GATEWAY, l4).bytes())
+}
+
+#[test]
+fn the_guard_passes_peers_and_sessions_and_drops_the_rest() {
+    let harness = Harness::new();
+    let initiation = message(1, 0, 148);
+    let data = |receiver| message(4, receiver, 64);
+    let ours = (PEER_INDEX << 8) | 0x2a;
+    let rows: Vec<(&str, Vec<u8>, u32, Option<usize>)> = vec![
+        (
+            "a peer's initiation",
+            udp(PEER, PORT, PORT, initiation.clone()),
+            XDP_PASS,
+            Some(0),
+        ),
+        (
+            "a stranger's initiation",
+            udp(STRANGER, 40000, PORT, initiation.clone()),
+            XDP_DROP,
+            Some(2),
+        ),
+        (
+            "a peer's address from another port",
+            udp(PEER, 40000, PORT, initiation.clone()),
+            XDP_DROP,
+            Some(2),
+        ),
+        (
+            "data for our session from a new source",
+            udp(STRANGER, 40000, PORT, data(ours)),
+            XDP_PASS,
+            Some(1),
+        ),
+        (
+            "a response for our session from a new source",
+            udp(STRANGER, 40000, PORT, message(2, ours, 92)),
+            XDP_PASS,
+            Some(1),
+        ),
+        (
+            "data for a session not ours",
+            udp(STRANGER, 40000, PORT, data(0x999 << 8)),
+            XDP_DROP,
+            Some(2),
+        ),
+        (
+            "an initiation naming our index as its sender",
+            udp(STRANGER, 40000, PORT, message(1, ours, 148)),
+            XDP_DROP,
+            Some(2),
+        ),
+        (
+            "a datagram too short to be a message",
+            udp(STRANGER, 40000, PORT, vec![4, 0]),
+            XDP_DROP,
+            Some(2),
+        ),
+        (
+            "another UDP port",
+            udp(STRANGER, 40000, 53, initiation.clone()),
+            XDP_PASS,
+            None,
+        ),
+        (
+            "TCP to the tunnel port",
+            eth_ipv4(
+                &Datagram::new(
+                    STRANGER,
+                    GATEWAY,
+                    L4::Tcp {
+                        sport: 40000,
+                        dport: PORT,
+                        payload: vec![],
+                    },
+                )
+                .bytes(),
+            ),
+            XDP_PASS,
+            None,
+        ),
+        ("ARP", ethernet(ETH_P_ARP, &[0u8; 28]), XDP_PASS, None),
+        (
+            "a truncated IPv4 header",
+            ethernet(ETH_P_IP, &[0x45, 0, 0]),
+            XDP_PASS,
+            None,
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (name, frame, action, verdict) in rows {
+        let before = harness.stats.read().unwrap();
+        let (got, out) = harness.run(&frame);
+        let after = harness.stats.read().unwrap();
+        let counted: Vec<usize> = (0..VERDICTS.len())
+            .filter(|v| after[*v] != before[*v])
+            .collect();
+        if got != action || counted != verdict.into_iter().collect::<Vec<_>>() {
+            failures.push(format!(
+                "{name}: action {got} (want {action}), counted {counted:?} (want {verdict:?})"
+            ));
+        }
+        if got == XDP_PASS && out != frame {
+            failures.push(format!("{name}: the frame was changed"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn the_guard_keys_sources_by_address_and_port_in_wire_order() {
+    let key = source(std::net::SocketAddrV4::new(PEER.into(), PORT));
+    assert_eq!(key.addr.to_ne_bytes(), PEER);
+    assert_eq!(key.port.to_ne_bytes(), PORT.to_be_bytes());
+}
+
+#[test]
+fn an_unset_port_lets_everything_pass() {
+    require_root();
+    let mut ebpf = Ebpf::load(OBJECT).expect("loading the eBPF object");
+    let prog: &mut Xdp = ebpf
+        .program_mut(names::PROG_GUARD)
+        .unwrap()
+        .try_into()
+        .unwrap();
+    prog.load().unwrap();
+    let frame = udp(STRANGER, 40000, PORT, message(1, 0, 148));
+    let mut out = vec![0u8; frame.len()];
+    let result = prog
+        .test_run(TestRunOptions {
+            data_in: Some(&frame),
+            data_out: Some(&mut out),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(result.return_value, XDP_PASS);
+}
