@@ -185,9 +185,31 @@ fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// A file that makes a-gw expect a peer at the outsider's address, with
+/// some other key: the XDP guard lets the outsider's datagrams through to
+/// the tunnel, which must then turn the stranger's key away itself.
+struct Impostor(PathBuf);
+
+impl Impostor {
+    fn of(outsider: &Outsider) -> Self {
+        let object = Outsider::register(outsider.port(), &[0x42; 32]);
+        wait_for("a-gw programs the expected peer", || {
+            sample(&A.gw(), "isthmus_peers ") == 2.0
+        });
+        Self(object)
+    }
+}
+
+impl Drop for Impostor {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
 #[test]
 fn a_key_we_do_not_know_gets_no_handshake() {
     let mut outsider = Outsider::new();
+    let _expected = Impostor::of(&outsider);
     let unknown = || {
         sample(
             &A.gw(),
@@ -295,6 +317,7 @@ fn private_keys_never_appear_in_logs_or_help() {
 #[test]
 fn handshakes_beyond_the_limit_get_cookies() {
     let mut outsider = Outsider::new();
+    let _expected = Impostor::of(&outsider);
     let cookies = || sample(&A.gw(), "isthmus_tunnel_cookies_sent_total");
     let before = cookies();
     let mut buf = vec![0u8; 256];

@@ -466,7 +466,10 @@ pub fn start_agent(node: &str) -> Result<u32> {
     }
     match tunnel_mode() {
         LabTunnel::Userspace => {
-            args.push(format!("--private-key-file={}", key_file(node).display()))
+            args.push(format!("--private-key-file={}", key_file(node).display()));
+            if role_of(node) == "gateway" {
+                args.push("--guard-dev=wan0".into());
+            }
         }
         LabTunnel::None => args.extend(["--tunnel=none".into(), "--nat-dev=wan0".into()]),
         LabTunnel::WireguardGo => args.extend([
