@@ -13,7 +13,7 @@ use std::{
 
 use isthmus_tests::{metrics::sample, require_lab};
 use xtask::{
-    netns,
+    lab, netns,
     probe::next_port,
     topology::{self, A, B},
 };
@@ -63,6 +63,14 @@ fn receive(stream: &mut TcpStream, seed: u64) -> (usize, Option<usize>) {
         }
         total += n;
     }
+}
+
+/// Whether gateway `gw` runs the XDP guard on its uplink (natively).
+fn native_guard(gw: &str) -> bool {
+    lab::agent_args(gw)
+        .unwrap()
+        .iter()
+        .any(|a| a.starts_with("--guard-dev"))
 }
 
 fn offload(node: &str, kind: &str) -> f64 {
@@ -128,6 +136,14 @@ fn bulk_tcp_both_ways_arrives_intact_through_every_offload() {
     let after = counters();
     for (g, gw) in [A.gw(), B.gw()].iter().enumerate() {
         for (k, kind) in kinds.iter().enumerate() {
+            // A veth whose peer runs a native XDP program loses its GSO
+            // features, so the WAN bridge hands the guarded uplink one
+            // datagram at a time: there is no train for UDP GRO to receive.
+            // (A NIC with native XDP keeps GRO; the GRO path is covered by
+            // the loopback test in `tunnel::batch`.)
+            if *kind == "udp_gro_received" && native_guard(gw) {
+                continue;
+            }
             assert!(
                 after[g][k] > before[g][k],
                 "{gw}: {kind} did not move ({} → {}); the data went through without it",

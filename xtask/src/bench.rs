@@ -9,6 +9,7 @@ use std::{
 };
 
 mod control;
+mod guard;
 mod kube;
 
 use anyhow::{Context, Result, bail};
@@ -28,6 +29,9 @@ pub enum Which {
     /// TCP throughput and round-trip time from a-pod1 to b-pod1 through the
     /// embedded tunnel, and through wireguard-go in its place.
     Tunnel,
+    /// A handshake flood at the tunnel port: the XDP guard's drop rate,
+    /// and the CPU the agent spends with and without it.
+    Guard,
     /// NatMapping apply time and update latency against iptables, pps
     /// through the hub with 10 and 10,000 entries, and 200 TunnelEndpoints
     /// and 10,000 entries delivered by the Kubernetes API.
@@ -49,6 +53,7 @@ pub fn run_bench(which: Which) -> Result<()> {
             result
         }
         Which::Tunnel => tunnel(),
+        Which::Guard => guard::run_guard(),
         Which::Control { kube_only } => control::run_control(kube_only),
     }
 }
@@ -696,20 +701,22 @@ fn flush_nat_rules(gateways: &[String]) -> Result<()> {
 
 /// A trafgen configuration: 64-byte frames (60 without FCS) from the client
 /// pod to `dst`, over 256 source ports so conntrack sees real flows.
+/// The MAC address of `dev` in netns `ns`, as trafgen bytes.
+fn mac_bytes(ns: &str, dev: &str) -> Result<String> {
+    let out = ip(ns, &["-o", "link", "show", dev])?;
+    let mac = out
+        .split_whitespace()
+        .skip_while(|w| *w != "link/ether")
+        .nth(1)
+        .context("no MAC")?;
+    Ok(mac
+        .split(':')
+        .map(|b| format!("0x{b}"))
+        .collect::<Vec<_>>()
+        .join(", "))
+}
+
 fn trafgen_config(flow: &Flow) -> Result<String> {
-    let mac = |ns: &str, dev: &str| -> Result<String> {
-        let out = ip(ns, &["-o", "link", "show", dev])?;
-        let mac = out
-            .split_whitespace()
-            .skip_while(|w| *w != "link/ether")
-            .nth(1)
-            .context("no MAC")?;
-        Ok(mac
-            .split(':')
-            .map(|b| format!("0x{b}"))
-            .collect::<Vec<_>>()
-            .join(", "))
-    };
     let octets = |a: [u8; 4]| a.map(|o| o.to_string()).join(", ");
     Ok(format!(
         "{{
@@ -720,8 +727,8 @@ fn trafgen_config(flow: &Flow) -> Result<String> {
   fill(0x42, 18)
 }}
 ",
-        dst_mac = mac(&A.gw(), "pod2")?,
-        src_mac = mac(&flow.client, "eth0")?,
+        dst_mac = mac_bytes(&A.gw(), "pod2")?,
+        src_mac = mac_bytes(&flow.client, "eth0")?,
         src = octets(flow.src),
         dst = octets(flow.dst),
     ))

@@ -449,6 +449,14 @@ fn role_of(node: &str) -> &'static str {
 /// Starts node `node`'s agent in its netns and records its PID. Does not
 /// wait for it to be ready.
 pub fn start_agent(node: &str) -> Result<u32> {
+    let args = agent_args(node)?;
+    let pid = spawn_agent(node, &args, &log_file(node))?;
+    fs::write(pid_file(node), pid.to_string())?;
+    Ok(pid)
+}
+
+/// The command line the lab runs node `node`'s agent with.
+pub fn agent_args(node: &str) -> Result<Vec<String>> {
     let mut args: Vec<String> = vec![
         "run".into(),
         format!("--node={node}"),
@@ -477,9 +485,7 @@ pub fn start_agent(node: &str) -> Result<u32> {
             format!("--nat-dev={}", wg_dev(node)),
         ]),
     }
-    let pid = spawn_agent(node, &args, &log_file(node))?;
-    fs::write(pid_file(node), pid.to_string())?;
-    Ok(pid)
+    Ok(args)
 }
 
 /// Starts the agent with `args` in netns `ns`, in a session of its own, its

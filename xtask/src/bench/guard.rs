@@ -1,0 +1,211 @@
+//! `cargo xtask bench guard`: a handshake-shaped flood at a-gw's tunnel
+//! port from an address no peer uses. With the XDP guard: the rate it
+//! drops at, and the CPU the agent spends meanwhile. Without it: the CPU
+//! the userspace tunnel spends turning the same flood away.
+
+use std::{
+    fs,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use xtask::{
+    cmd::ip,
+    lab::{self, LabTunnel},
+    topology::{A, TUNNEL_PORT, WAN_NS},
+};
+
+use super::{mac_bytes, result_lines, write_section};
+
+/// An address on the WAN bridge that no peer uses.
+const STRANGER: [u8; 4] = [203, 0, 113, 98];
+/// How long each flood is measured, after a warm-up.
+const MEASURE: Duration = Duration::from_secs(4);
+const WARMUP: Duration = Duration::from_secs(1);
+/// The generator stops by itself after this long, whatever happens.
+const GENERATOR_MAX_SECONDS: &str = "20";
+
+pub fn run_guard() -> Result<()> {
+    lab::up(LabTunnel::Userspace)?;
+    let result = guard();
+    lab::down()?;
+    result
+}
+
+/// What one flood cost a-gw.
+struct Flood {
+    /// Datagrams the guard dropped, per second.
+    dropped_pps: f64,
+    /// Datagrams userspace turned away, per second.
+    userspace_pps: f64,
+    /// The agent's CPU use, in percent of one core.
+    agent_cpu: f64,
+}
+
+fn guard() -> Result<()> {
+    let gw = A.gw();
+    println!("bench: flooding {gw}'s tunnel port with the XDP guard");
+    let pid = lab::agent_pid(&gw).context("a-gw's agent")?;
+    let guarded = flood(&gw, pid)?;
+    println!("bench: the same flood without the guard");
+    lab::stop_pid(pid)?;
+    let args: Vec<String> = lab::agent_args(&gw)?
+        .into_iter()
+        .filter(|a| !a.starts_with("--guard-dev"))
+        .collect();
+    let pid = lab::spawn_agent(&gw, &args, &lab::log_file(&gw))?;
+    lab::wait_ready_in(&gw, pid, &lab::log_file(&gw))?;
+    let unguarded = flood(&gw, pid)?;
+    lab::stop_pid(pid)?;
+
+    let results = [
+        (
+            "guard-xdp-drop-kpps-vs-userspace-turned-away-kpps",
+            guarded.dropped_pps / 1e3,
+            unguarded.userspace_pps / 1e3,
+        ),
+        (
+            "agent-cpu-percent-under-flood-guard-vs-no-guard",
+            guarded.agent_cpu,
+            unguarded.agent_cpu,
+        ),
+    ];
+    let lines = result_lines(&results, 1);
+    let section = format!(
+        "## XDP guard of the tunnel port
+
+`cargo xtask bench guard`: trafgen in `ist-wan` sends 148-byte datagrams
+shaped like WireGuard handshake initiations to a-gw's tunnel port from
+203.0.113.98, an address no peer uses, as fast as one core can. Each flood
+is measured for {secs} s after {warm} s of warm-up: the drops from the
+guard's per-CPU counters, and the agent's CPU from `/proc/PID/stat`. Then
+a-gw's agent is restarted without `--guard-dev` and the same flood runs
+again; the tunnel turns it away in userspace (unknown sender, or cookie
+replies under load).
+
+| | with the guard | without |
+|---|---|---|
+| dropped in XDP | {gd:.0} /s | |
+| turned away by userspace | {gu:.0} /s | {uu:.0} /s |
+| agent CPU, % of one core | {gc:.1} | {uc:.1} |
+
+```
+{lines}```
+",
+        secs = MEASURE.as_secs(),
+        warm = WARMUP.as_secs(),
+        gd = guarded.dropped_pps,
+        gu = guarded.userspace_pps,
+        uu = unguarded.userspace_pps,
+        gc = guarded.agent_cpu,
+        uc = unguarded.agent_cpu,
+    );
+    write_section("guard", &section)
+}
+
+/// Runs the flood and measures it, and agent `pid`.
+fn flood(gw: &str, pid: u32) -> Result<Flood> {
+    let stranger = format!("{}/24", std::net::Ipv4Addr::from(STRANGER));
+    let _ = ip(WAN_NS, &["addr", "del", &stranger, "dev", "br0"]);
+    ip(WAN_NS, &["addr", "add", &stranger, "dev", "br0"])?;
+    let conf = format!("{}/guard.trafgen", lab::STATE_DIR);
+    fs::write(&conf, trafgen_config(gw)?)?;
+    let mut generator = Command::new("timeout")
+        .args([GENERATOR_MAX_SECONDS, "ip", "netns", "exec", WAN_NS])
+        .args(["trafgen", "--dev", "br0", "--conf", &conf, "--cpus", "1"])
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(format!("{}/trafgen.log", lab::STATE_DIR))?)
+        .spawn()
+        .context("starting trafgen")?;
+    let measured = measure(gw, pid, &mut generator);
+    // Ends only the generator this function started, by PID.
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(generator.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    );
+    let _ = generator.wait();
+    let _ = ip(WAN_NS, &["addr", "del", &stranger, "dev", "br0"]);
+    let flood = measured?;
+    println!(
+        "bench:   {:.0} dropped in XDP/s, {:.0} turned away by userspace/s, agent CPU {:.1}%",
+        flood.dropped_pps, flood.userspace_pps, flood.agent_cpu
+    );
+    Ok(flood)
+}
+
+fn measure(gw: &str, pid: u32, generator: &mut std::process::Child) -> Result<Flood> {
+    std::thread::sleep(WARMUP);
+    if let Some(status) = generator.try_wait()? {
+        let log = fs::read_to_string(format!("{}/trafgen.log", lab::STATE_DIR)).unwrap_or_default();
+        bail!("trafgen exited ({status}): {log}");
+    }
+    let sample = || -> Result<(Instant, f64, f64, f64)> {
+        Ok((
+            Instant::now(),
+            metric(gw, "isthmus_guard_packets_total{verdict=\"dropped\"}")?,
+            metric(
+                gw,
+                "isthmus_tunnel_dropped_packets_total{reason=\"unknown_sender\"}",
+            )? + metric(gw, "isthmus_tunnel_cookies_sent_total")?,
+            cpu_seconds(pid)?,
+        ))
+    };
+    let (t0, d0, u0, c0) = sample()?;
+    std::thread::sleep(MEASURE);
+    let (t1, d1, u1, c1) = sample()?;
+    let secs = (t1 - t0).as_secs_f64();
+    Ok(Flood {
+        dropped_pps: (d1 - d0) / secs,
+        userspace_pps: (u1 - u0) / secs,
+        agent_cpu: (c1 - c0) / secs * 100.0,
+    })
+}
+
+/// One sample of `gw`'s metrics, by the start of its line.
+fn metric(gw: &str, prefix: &str) -> Result<f64> {
+    let (_, body) = lab::http_get(gw, "/metrics")?;
+    body.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit_once(' '))
+        .and_then(|(_, v)| v.parse().ok())
+        .with_context(|| format!("{gw} exposes no {prefix}"))
+}
+
+/// User and system CPU time of `pid`, in seconds.
+fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let fields: Vec<&str> = stat
+        .rsplit_once(") ")
+        .context("malformed stat")?
+        .1
+        .split_whitespace()
+        .collect();
+    // utime and stime are fields 14 and 15 of stat, 12 and 13 after the name.
+    let ticks: f64 = fields[11].parse::<f64>()? + fields[12].parse::<f64>()?;
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)?.context("CLK_TCK")? as f64;
+    Ok(ticks / hz)
+}
+
+/// 148-byte datagrams of type 1 from the stranger to a-gw's tunnel port,
+/// with a changing sender index.
+fn trafgen_config(gw: &str) -> Result<String> {
+    let octets = |a: [u8; 4]| a.map(|o| o.to_string()).join(", ");
+    let udp_len = 8 + 148;
+    Ok(format!(
+        "{{
+  {dst_mac}, {src_mac}, c16(0x0800),
+  0x45, 0x00, c16({ip_len}), c16(0), c16(0), 64, 17, csumip(14, 33),
+  {src}, {dst},
+  c16(40000), c16({port}), c16({udp_len}), csumudp(14, 34),
+  0x01, 0x00, 0x00, 0x00, dinc(0, 255), fill(0x42, 143)
+}}
+",
+        dst_mac = mac_bytes(gw, "wan0")?,
+        src_mac = mac_bytes(WAN_NS, "br0")?,
+        ip_len = 20 + udp_len,
+        src = octets(STRANGER),
+        dst = octets(A.wan_addr().octets()),
+        port = TUNNEL_PORT,
+    ))
+}
