@@ -396,54 +396,60 @@ mod tests {
         let now = Instant::now();
         let connecting = status(State::Connecting, "handshake", None);
         let connected = status(State::Connected, "up", Some("3ms"));
-        let written = |s: &ConnectionStatus, ago: u64| Written {
-            status: s.clone(),
-            at: now - Duration::from_secs(ago),
-        };
-        // Nothing shown yet, nothing written: write.
-        assert!(due(None, &connected, None, now));
-        // Shown already: skip.
-        assert!(!due(
-            Some(&connected),
-            &connected,
-            Some(&written(&connected, 1)),
-            now
-        ));
-        // State changed: write, even right after another write.
-        assert!(due(
-            Some(&connecting),
-            &connected,
-            Some(&written(&connecting, 0)),
-            now
-        ));
-        // Just written, the watch has not brought it back yet: wait...
-        assert!(!due(
-            Some(&connecting),
-            &connected,
-            Some(&written(&connected, 1)),
-            now
-        ));
-        // ...but not forever: someone may have overwritten it.
-        assert!(due(
-            Some(&connecting),
-            &connected,
-            Some(&written(&connected, 11)),
-            now
-        ));
-        // Only the latency moved: not before the refresh interval.
         let slower = status(State::Connected, "up", Some("4ms"));
-        assert!(!due(
-            Some(&connected),
-            &slower,
-            Some(&written(&connected, 5)),
-            now
-        ));
-        assert!(due(
-            Some(&connected),
-            &slower,
-            Some(&written(&connected, 31)),
-            now
-        ));
+        // (why, shown, desired, last written and how many seconds ago, due)
+        let rows = [
+            ("nothing shown or written yet", None, &connected, None, true),
+            (
+                "shown already",
+                Some(&connected),
+                &connected,
+                Some((&connected, 1)),
+                false,
+            ),
+            (
+                "the state changed, even right after a write",
+                Some(&connecting),
+                &connected,
+                Some((&connecting, 0)),
+                true,
+            ),
+            (
+                "just written, the watch has not brought it back",
+                Some(&connecting),
+                &connected,
+                Some((&connected, 1)),
+                false,
+            ),
+            (
+                "written long ago and still not shown: overwritten?",
+                Some(&connecting),
+                &connected,
+                Some((&connected, 11)),
+                true,
+            ),
+            (
+                "only the latency moved, before the refresh",
+                Some(&connected),
+                &slower,
+                Some((&connected, 5)),
+                false,
+            ),
+            (
+                "only the latency moved, after the refresh",
+                Some(&connected),
+                &slower,
+                Some((&connected, 31)),
+                true,
+            ),
+        ];
+        for (why, shown, desired, last, want) in rows {
+            let last = last.map(|(s, ago): (&ConnectionStatus, u64)| Written {
+                status: s.clone(),
+                at: now - Duration::from_secs(ago),
+            });
+            assert_eq!(due(shown, desired, last.as_ref(), now), want, "{why}");
+        }
     }
 
     #[test]

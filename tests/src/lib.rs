@@ -4,6 +4,27 @@ pub mod metrics;
 pub mod netns;
 pub mod packet;
 
+/// Runs `prog` once on `frame` (`BPF_PROG_TEST_RUN`); returns its return
+/// value and the frame it left.
+pub fn test_run<P>(prog: &P, frame: &[u8]) -> (u32, Vec<u8>)
+where
+    P: for<'a> aya::programs::TestRun<
+            Opts<'a> = aya::programs::TestRunOptions<'a>,
+            Result = aya::TestRunResult,
+        >,
+{
+    let mut out = vec![0u8; frame.len() + 64];
+    let result = prog
+        .test_run(aya::programs::TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            ..Default::default()
+        })
+        .expect("BPF_PROG_TEST_RUN");
+    out.truncate(result.data_size_out as usize);
+    (result.return_value, out)
+}
+
 /// Fails the test unless the lab is up: lab tests never skip in silence.
 pub fn require_lab() {
     assert!(

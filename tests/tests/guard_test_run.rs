@@ -2,10 +2,7 @@
 //! (`BPF_PROG_TEST_RUN`): what passes, what is dropped, and what is counted.
 //! A frame that passes must come out unchanged, byte for byte.
 
-use aya::{
-    Ebpf,
-    programs::{TestRun, TestRunOptions, Xdp},
-};
+use aya::{Ebpf, programs::Xdp};
 use isthmus_agent::{
     dataplane::OBJECT,
     guard::{Guard, source},
@@ -14,7 +11,7 @@ use isthmus_agent::{
 use isthmus_common::{guard::VERDICTS, names};
 use isthmus_tests::{
     packet::{Datagram, ETH_P_ARP, ETH_P_IP, L4, eth_ipv4, ethernet},
-    require_root,
+    require_root, test_run,
 };
 use std::collections::BTreeSet;
 
@@ -68,23 +65,26 @@ impl Harness {
     }
 
     fn run(&self, frame: &[u8]) -> (u32, Vec<u8>) {
-        let prog: &Xdp = self
-            .ebpf
-            .program(names::PROG_GUARD)
-            .unwrap()
-            .try_into()
-            .unwrap();
-        let mut out = vec![0u8; frame.len() + 64];
-        let result = prog
-            .test_run(TestRunOptions {
-                data_in: Some(frame),
-                data_out: Some(&mut out),
-                ..Default::default()
-            })
-            .expect("BPF_PROG_TEST_RUN");
-        out.truncate(result.data_size_out as usize);
-        (result.return_value, out)
+        test_run(guard_program(&self.ebpf), frame)
     }
+}
+
+/// The object, with the guard through the verifier.
+fn loaded_guard() -> Ebpf {
+    require_root();
+    let mut ebpf = Ebpf::load(OBJECT).expect("loading the eBPF object");
+    let prog: &mut Xdp = ebpf
+        .program_mut(names::PROG_GUARD)
+        .unwrap()
+        .try_into()
+        .unwrap();
+    prog.load()
+        .unwrap_or_else(|e| panic!("verifier rejected the guard: {e}"));
+    ebpf
+}
+
+fn guard_program(ebpf: &Ebpf) -> &Xdp {
+    ebpf.program(names::PROG_GUARD).unwrap().try_into().unwrap()
 }
 
 /// A WireGuard message of `kind` with receiver index `receiver`, padded to
@@ -221,22 +221,7 @@ fn the_guard_keys_sources_by_address_and_port_in_wire_order() {
 
 #[test]
 fn an_unset_port_lets_everything_pass() {
-    require_root();
-    let mut ebpf = Ebpf::load(OBJECT).expect("loading the eBPF object");
-    let prog: &mut Xdp = ebpf
-        .program_mut(names::PROG_GUARD)
-        .unwrap()
-        .try_into()
-        .unwrap();
-    prog.load().unwrap();
+    let ebpf = loaded_guard();
     let frame = udp(STRANGER, 40000, PORT, message(1, 0, 148));
-    let mut out = vec![0u8; frame.len()];
-    let result = prog
-        .test_run(TestRunOptions {
-            data_in: Some(&frame),
-            data_out: Some(&mut out),
-            ..Default::default()
-        })
-        .unwrap();
-    assert_eq!(result.return_value, XDP_PASS);
+    assert_eq!(test_run(guard_program(&ebpf), &frame).0, XDP_PASS);
 }

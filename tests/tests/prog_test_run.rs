@@ -6,10 +6,7 @@
 //! table drives the `_eth` programs; the `_ip` ones share their code and
 //! differ only in the header offset, and are exercised on tun in the lab.
 
-use aya::{
-    Ebpf, EbpfLoader,
-    programs::{SchedClassifier, TestRun, TestRunOptions},
-};
+use aya::{Ebpf, EbpfLoader, programs::SchedClassifier};
 use isthmus_agent::{
     conntrack::Conntrack,
     dataplane::OBJECT,
@@ -26,7 +23,7 @@ use isthmus_common::{
 };
 use isthmus_tests::{
     packet::{Addr, Datagram, ETH_P_ARP, ETH_P_IPV6, L4, eth_ipv4, ethernet},
-    require_root,
+    require_root, test_run,
 };
 use std::net::Ipv4Addr;
 
@@ -143,16 +140,8 @@ impl Harness {
             Direction::Ingress => names::PROG_INGRESS_ETH,
         };
         let prog: &SchedClassifier = self.ebpf.program(name).unwrap().try_into().unwrap();
-        let mut out = vec![0u8; frame.len() + 64];
-        let result = prog
-            .test_run(TestRunOptions {
-                data_in: Some(frame),
-                data_out: Some(&mut out),
-                ..Default::default()
-            })
-            .expect("BPF_PROG_TEST_RUN");
-        out.truncate(result.data_size_out as usize);
-        (result.return_value as i32, out)
+        let (action, out) = test_run(prog, frame);
+        (action as i32, out)
     }
 }
 
