@@ -122,12 +122,12 @@ impl Gateway {
     }
 
     /// Logs every peer whose connection state changed since the last call,
-    /// and lets roamed endpoints through the guard.
-    pub fn report_states(&mut self) {
+    /// lets roamed endpoints through the guard, and returns every peer's state.
+    pub fn report_states(&mut self) -> Vec<PeerStatus> {
         let statuses = self.tunnel.status();
         self.follow_guard(&statuses);
         let mut now = BTreeMap::new();
-        for status in statuses {
+        for status in &statuses {
             if self.states.get(&status.key) != Some(&status.connection) {
                 match status.connection {
                     Connection::Connected => info!(
@@ -139,8 +139,9 @@ impl Gateway {
                     }
                 }
             }
-            now.insert(status.key, status.connection);
+            now.insert(status.key.clone(), status.connection);
         }
         self.states = now;
+        statuses
     }
 }

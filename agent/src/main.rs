@@ -374,11 +374,8 @@ async fn follow<P: PeerTable<Error = aya::maps::MapError>, M: MappingTable<Error
         let event = tokio::select! {
             event = events.recv() => event.context("the source stopped")?,
             _ = states.tick() => {
-                if let Some(gateway) = gateway.as_deref_mut() {
-                    gateway.report_states();
-                }
+                let tunnel = gateway.as_deref_mut().map(Gateway::report_states);
                 if let Some(feedback) = feedback.filter(|_| synced) {
-                    let tunnel = gateway.as_deref().map(|g| g.tunnel.status());
                     feedback.show(status::desired(reconciler.peers(), tunnel.as_deref(), reconciler.rejections()));
                 }
                 continue;

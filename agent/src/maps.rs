@@ -170,11 +170,7 @@ impl KernelTable for MappingMap {
     }
 
     fn delete(&mut self, key: MappingKey, endpoint: &u32) -> Result<(), MapError> {
-        match self.forward.remove(&key) {
-            // Gone already is what a delete wants.
-            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {}
-            other => other?,
-        }
+        gone_is_fine(self.forward.remove(&key))?;
         self.drop_reverse(key.peer_id, *endpoint, key.addr)
     }
 }
@@ -203,10 +199,7 @@ impl<K: aya::Pod + Ord> KernelTable for PresenceSet<K> {
     }
 
     fn delete(&mut self, key: K, _old: &u8) -> Result<(), MapError> {
-        match self.0.remove(&key) {
-            Err(MapError::KeyNotFound) => Ok(()),
-            other => other,
-        }
+        gone_is_fine(self.0.remove(&key))
     }
 }
 
@@ -229,6 +222,14 @@ impl GuardSettings {
     }
 }
 
+/// A removal that found nothing removed what it wanted: `ENOENT` is success.
+fn gone_is_fine(removal: Result<(), MapError>) -> Result<(), MapError> {
+    match removal {
+        Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        other => other,
+    }
+}
+
 /// Whether `error` is a write refused because the map is full.
 pub fn is_full(error: &MapError) -> bool {
     matches!(error, MapError::SyscallError(e) if e.io_error.raw_os_error() == Some(libc::E2BIG))
@@ -247,8 +248,12 @@ impl Counters {
         Self::with_slots(map, counters::SLOTS)
     }
 
-    /// Wraps a per-CPU counter array of `slots` slots.
-    pub fn with_slots(map: Map, slots: u32) -> Result<Self, MapError> {
+    /// Wraps the guard's verdict counters taken from a freshly loaded object.
+    pub fn guard(map: Map) -> Result<Self, MapError> {
+        Self::with_slots(map, VERDICTS.len() as u32)
+    }
+
+    fn with_slots(map: Map, slots: u32) -> Result<Self, MapError> {
         Ok(Self {
             map: map.try_into()?,
             slots,
@@ -262,10 +267,7 @@ impl Counters {
 
     /// Opens the guard's verdict counters pinned under `root`.
     pub fn open_guard(root: &Path) -> Result<Self, MapError> {
-        Self::with_slots(
-            open_pinned(root, names::MAP_GUARD_STATS)?,
-            VERDICTS.len() as u32,
-        )
+        Self::guard(open_pinned(root, names::MAP_GUARD_STATS)?)
     }
 
     /// Every slot, summed over CPUs, in slot order.

@@ -25,6 +25,17 @@ pub struct NatMappingError {
     pub problem: Box<MappingProblem>,
 }
 
+impl NatMappingError {
+    /// `problem` with the object found in `file`.
+    pub fn new(file: &str, object: &ObjectKey, problem: MappingProblem) -> Self {
+        Self {
+            file: file.to_owned(),
+            object: object.clone(),
+            problem: Box::new(problem),
+        }
+    }
+}
+
 /// What makes a NatMapping or an entry unusable, by field.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum MappingProblem {
@@ -108,11 +119,7 @@ pub struct NatMapping {
 impl NatMapping {
     /// Validates a NatMapping read from `origin`.
     pub fn from_raw(raw: &RawNatMapping, origin: &str) -> Result<Self, NatMappingError> {
-        let error = |problem| NatMappingError {
-            file: origin.to_owned(),
-            object: raw.key.clone(),
-            problem: Box::new(problem),
-        };
+        let error = |problem| NatMappingError::new(origin, &raw.key, problem);
         let cluster_id = raw
             .spec
             .get("clusterID")
@@ -168,11 +175,7 @@ impl NatMapping {
 
     /// An error about this object.
     pub fn error(&self, problem: MappingProblem) -> NatMappingError {
-        NatMappingError {
-            file: self.origin.clone(),
-            object: self.key.clone(),
-            problem: Box::new(problem),
-        }
+        NatMappingError::new(&self.origin, &self.key, problem)
     }
 }
 

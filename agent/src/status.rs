@@ -19,7 +19,7 @@ use kube::{
     api::{DynamicObject, Patch, PatchParams},
     runtime::{
         events::{Event, EventType, Recorder, Reporter},
-        reflector::{ObjectRef, Store},
+        reflector::ObjectRef,
     },
 };
 use tokio::sync::{mpsc, watch};
@@ -139,8 +139,9 @@ pub fn desired(
     let Some(tunnel) = tunnel else {
         return statuses;
     };
+    let sessions: BTreeMap<&ObjectKey, &PeerStatus> = tunnel.iter().map(|s| (&s.key, s)).collect();
     for peer in peers {
-        let status = match (&peer.tunnel, tunnel.iter().find(|s| s.key == peer.key)) {
+        let status = match (&peer.tunnel, sessions.get(&peer.key)) {
             (Err(field), _) => ConnectionStatus {
                 state: State::Error,
                 message: format!("field {field} is missing: no tunnel to this peer"),
@@ -276,8 +277,7 @@ impl Writer {
         self.written.retain(|key, _| desired.contains_key(key));
         let mut due_now: Vec<(&ObjectKey, &ConnectionStatus, bool)> = Vec::new();
         for (key, status) in desired {
-            let Some(object) = self.find(&self.source.tunnel_endpoints, KIND_TUNNEL_ENDPOINT, key)
-            else {
+            let Some(object) = self.find(KIND_TUNNEL_ENDPOINT, key) else {
                 continue;
             };
             let shown = ConnectionStatus::shown(&object);
@@ -327,12 +327,13 @@ impl Writer {
             .inc_by(count as u64);
     }
 
-    fn find(
-        &self,
-        store: &Store<DynamicObject>,
-        kind: &str,
-        key: &ObjectKey,
-    ) -> Option<Arc<DynamicObject>> {
+    /// The object `kind` `key` as the API server last sent it.
+    fn find(&self, kind: &str, key: &ObjectKey) -> Option<Arc<DynamicObject>> {
+        let store = if kind == KIND_NAT_MAPPING {
+            &self.source.nat_mappings
+        } else {
+            &self.source.tunnel_endpoints
+        };
         let reference = ObjectRef::new_with(&key.name, api_resource(kind));
         let reference = if key.namespace.is_empty() {
             reference
@@ -344,17 +345,12 @@ impl Writer {
 
     /// A Warning Event on a rejected object, saying why.
     async fn event(&self, kind: &str, key: &ObjectKey, problem: &str) {
-        let store = if kind == KIND_NAT_MAPPING {
-            &self.source.nat_mappings
-        } else {
-            &self.source.tunnel_endpoints
-        };
         let reference = ObjectReference {
             api_version: Some(API_VERSION.into()),
             kind: Some(kind.into()),
             name: Some(key.name.clone()),
             namespace: (!key.namespace.is_empty()).then(|| key.namespace.clone()),
-            uid: self.find(store, kind, key).and_then(|o| o.uid()),
+            uid: self.find(kind, key).and_then(|o| o.uid()),
             ..ObjectReference::default()
         };
         let mut note = problem.to_owned();

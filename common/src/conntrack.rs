@@ -45,6 +45,22 @@ pub struct FlowKey {
     pub pad: u16,
 }
 
+impl FlowKey {
+    /// The key of a packet from `saddr:sport` to `daddr:dport`, in direction `dir`.
+    #[inline(always)]
+    pub const fn new(saddr: u32, daddr: u32, sport: u16, dport: u16, proto: u8, dir: u8) -> Self {
+        Self {
+            saddr,
+            daddr,
+            sport,
+            dport,
+            proto,
+            dir,
+            pad: 0,
+        }
+    }
+}
+
 /// Where one direction of a flow is rewritten to, and its life so far.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -123,15 +139,7 @@ pub const fn next_tcp_state(current: TcpState, flags: u8) -> TcpState {
 /// `nat`, arrives.
 #[inline(always)]
 pub const fn reply_key(out: &FlowKey, nat: &FlowNat) -> FlowKey {
-    FlowKey {
-        saddr: out.daddr,
-        daddr: nat.addr,
-        sport: out.dport,
-        dport: nat.port,
-        proto: out.proto,
-        dir: DIR_IN,
-        pad: 0,
-    }
+    FlowKey::new(out.daddr, nat.addr, out.dport, nat.port, out.proto, DIR_IN)
 }
 
 /// The masquerade settings of a gateway (a one-entry array).
@@ -228,15 +236,7 @@ mod tests {
 
     #[test]
     fn the_reply_key_mirrors_the_masqueraded_flow() {
-        let out = FlowKey {
-            saddr: 1,
-            daddr: 2,
-            sport: 40000,
-            dport: 80,
-            proto: PROTO_TCP,
-            dir: DIR_OUT,
-            pad: 0,
-        };
+        let out = FlowKey::new(1, 2, 40000, 80, PROTO_TCP, DIR_OUT);
         let nat = FlowNat {
             addr: 9,
             port: 1234,

@@ -58,15 +58,7 @@ pub fn outbound_kind(t: &Transport) -> bool {
 /// The flow key of a packet leaving towards a peer.
 #[inline(always)]
 pub fn out_key(t: &Transport, src: u32, dst: u32) -> FlowKey {
-    FlowKey {
-        saddr: src,
-        daddr: dst,
-        sport: t.sport,
-        dport: t.dport,
-        proto: t.proto,
-        dir: DIR_OUT,
-        pad: 0,
-    }
+    FlowKey::new(src, dst, t.sport, t.dport, t.proto, DIR_OUT)
 }
 
 /// The flow key of a reply arriving from a peer, or None when `t` cannot
@@ -78,15 +70,7 @@ pub fn in_key(t: &Transport, src: u32, dst: u32) -> Option<FlowKey> {
         PROTO_ICMP => (0, t.sport),
         _ => (t.sport, t.dport),
     };
-    Some(FlowKey {
-        saddr: src,
-        daddr: dst,
-        sport,
-        dport,
-        proto: t.proto,
-        dir: DIR_IN,
-        pad: 0,
-    })
+    Some(FlowKey::new(src, dst, sport, dport, t.proto, DIR_IN))
 }
 
 /// Where an outbound flow goes out as: its existing entry, or a new one

@@ -6,13 +6,15 @@
 use core::mem::size_of;
 
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
-use isthmus_common::guard::{GuardSource, Verdict, names_receiver, peer_index};
+use isthmus_common::{
+    conntrack::PROTO_UDP,
+    guard::{GuardSource, Verdict, names_receiver, peer_index},
+};
 
 use crate::maps;
 
 const ETH_HLEN: usize = 14;
 const ETHERTYPE_IPV4: [u8; 2] = [0x08, 0x00];
-const PROTO_UDP: u8 = 17;
 const UDP_HLEN: usize = 8;
 
 /// The guard's action for one frame.

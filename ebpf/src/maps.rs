@@ -75,9 +75,15 @@ fn lookup(
 /// Counts one packet.
 #[inline(always)]
 pub fn count(direction: Direction, outcome: Outcome) {
-    if let Some(slot) = COUNTERS.get_ptr_mut(counters::slot(direction, outcome)) {
+    increment(&COUNTERS, counters::slot(direction, outcome));
+}
+
+/// Adds one to `slot` of a per-CPU counter array.
+#[inline(always)]
+fn increment<const N: usize>(counters: &PerCpuArray<u64, N>, slot: u32) {
+    if let Some(count) = counters.get_ptr_mut(slot) {
         // SAFETY: per-CPU slot, so no other writer runs concurrently.
-        unsafe { *slot += 1 };
+        unsafe { *count += 1 };
     }
 }
 
@@ -120,8 +126,5 @@ pub fn guard_index_known(index: u32) -> bool {
 /// Counts one guard verdict.
 #[inline(always)]
 pub fn count_guard(verdict: Verdict) {
-    if let Some(slot) = GUARD_STATS.get_ptr_mut(verdict as u32) {
-        // SAFETY: per-CPU slot, so no other writer runs concurrently.
-        unsafe { *slot += 1 };
-    }
+    increment(&GUARD_STATS, verdict as u32);
 }

@@ -19,9 +19,7 @@ use isthmus_common::{
 use crate::{
     conntrack::{self, Refused},
     csum, maps,
-    parse::{
-        self, ICMP_CHECK_OFF, ICMP_ECHO_ID, Ipv4, Malformed, Packet, PseudoCsum, Transport, ip,
-    },
+    parse::{self, ICMP_CHECK, ICMP_ECHO_ID, Ipv4, Malformed, Packet, PseudoCsum, Transport, ip},
 };
 
 /// `skb->protocol` of IPv4: a big-endian ethertype in a `u32`.
@@ -135,7 +133,7 @@ fn translate(ctx: &TcContext, l3: usize, direction: Direction) -> Result<Verdict
         let (check, udp) = match pkt.ip.csum {
             PseudoCsum::Tcp(off) => (off, false),
             PseudoCsum::Udp(off) => (off, true),
-            PseudoCsum::None => (t.off + ICMP_CHECK_OFF, false),
+            PseudoCsum::None => (t.off + ICMP_CHECK, false),
         };
         csum::set_port(ctx, port.off, check, udp, port.old, port.new)?;
         translated = true;
@@ -182,7 +180,7 @@ fn egress(peer: &PeerNat, pkt: &Packet, own: u32) -> Result<Rewrite, Refused> {
     )?;
     Ok(Rewrite {
         addr: to_peer_view(peer, nat.addr),
-        port: port_change(our_port_off(t, Direction::Egress), t.sport, nat.port),
+        port: port_change(t, Direction::Egress, nat.port),
     })
 }
 
@@ -197,14 +195,9 @@ fn ingress(peer: &PeerNat, pkt: &Packet, own: u32) -> Rewrite {
         && let Some(key) = conntrack::in_key(t, pkt.ip.src, masq)
         && let Some(back) = conntrack::inbound(&key, t.tcp_flags)
     {
-        let ours = if t.proto == PROTO_ICMP {
-            t.sport
-        } else {
-            t.dport
-        };
         return Rewrite {
             addr: back.addr,
-            port: port_change(our_port_off(t, Direction::Ingress), ours, back.port),
+            port: port_change(t, Direction::Ingress, back.port),
         };
     }
     address_only(maps::endpoint_of(peer.peer_id, real).unwrap_or(real))
@@ -243,18 +236,20 @@ fn address_only(addr: u32) -> Rewrite {
     Rewrite { addr, port: None }
 }
 
-/// Offset of our port in `t`: the source port going out, the destination
-/// port coming back, and the identifier of an ICMP echo either way.
+/// Where our port is in `t`, and its value: the source port going out, the
+/// destination port coming back, and the identifier of an ICMP echo either way.
 #[inline(always)]
-fn our_port_off(t: &Transport, direction: Direction) -> usize {
+fn our_port(t: &Transport, direction: Direction) -> (usize, u16) {
     match (t.proto, direction) {
-        (PROTO_ICMP, _) => t.off + ICMP_ECHO_ID,
-        (_, Direction::Egress) => t.off,
-        (_, Direction::Ingress) => t.off + 2,
+        (PROTO_ICMP, _) => (t.off + ICMP_ECHO_ID, t.sport),
+        (_, Direction::Egress) => (t.off, t.sport),
+        (_, Direction::Ingress) => (t.off + 2, t.dport),
     }
 }
 
+/// The change of our port in `t` to `new`, if it changes.
 #[inline(always)]
-fn port_change(off: usize, old: u16, new: u16) -> Option<PortChange> {
+fn port_change(t: &Transport, direction: Direction, new: u16) -> Option<PortChange> {
+    let (off, old) = our_port(t, direction);
     (old != new).then_some(PortChange { off, old, new })
 }

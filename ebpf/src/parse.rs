@@ -2,6 +2,7 @@
 //! against the packet before anything is rewritten.
 
 use aya_ebpf::programs::TcContext;
+use isthmus_common::conntrack::{PROTO_ICMP, PROTO_TCP, PROTO_UDP};
 
 /// Offsets of fields inside an IPv4 header.
 pub mod ip {
@@ -13,15 +14,13 @@ pub mod ip {
     pub const DST: usize = 16;
 }
 
-const PROTO_ICMP: u8 = 1;
-const PROTO_TCP: u8 = 6;
-const PROTO_UDP: u8 = 17;
 const IPV4_MIN_HLEN: usize = 20;
 const TCP_CHECK: usize = 16;
 const TCP_MIN_HLEN: usize = 20;
 const UDP_CHECK: usize = 6;
 const UDP_HLEN: usize = 8;
-const ICMP_CHECK: usize = 2;
+/// Offset of the ICMP checksum.
+pub const ICMP_CHECK: usize = 2;
 const ICMP_HLEN: usize = 8;
 
 /// The packet could not be parsed; it is passed untouched.
@@ -80,8 +79,6 @@ pub const ICMP_ECHO_REPLY: u8 = 0;
 pub const ICMP_ECHO_REQUEST: u8 = 8;
 /// Offset of the ICMP echo identifier.
 pub const ICMP_ECHO_ID: usize = 4;
-/// Offset of the ICMP checksum.
-pub const ICMP_CHECK_OFF: usize = ICMP_CHECK;
 
 /// A parsed IPv4 packet.
 pub struct Packet {
@@ -166,43 +163,30 @@ pub fn packet(ctx: &TcContext, off: usize) -> Result<Packet, Malformed> {
 /// whole L4 header lies within the datagram.
 #[inline(always)]
 fn transport(view: &View, proto: u8, l4: usize) -> Result<Option<Transport>, Malformed> {
-    let t = match proto {
+    // (source port, destination port, TCP flags, ICMP type)
+    let (sport, dport, tcp_flags, icmp_type) = match proto {
         PROTO_TCP => {
             let h = view.span::<TCP_MIN_HLEN>(l4)?;
-            Transport {
-                proto,
-                off: l4,
-                sport: be16(h, 0),
-                dport: be16(h, 2),
-                tcp_flags: h[13],
-                icmp_type: 0,
-            }
+            (be16(h, 0), be16(h, 2), h[13], 0)
         }
         PROTO_UDP => {
             let h = view.span::<UDP_HLEN>(l4)?;
-            Transport {
-                proto,
-                off: l4,
-                sport: be16(h, 0),
-                dport: be16(h, 2),
-                tcp_flags: 0,
-                icmp_type: 0,
-            }
+            (be16(h, 0), be16(h, 2), 0, 0)
         }
         PROTO_ICMP => {
             let h = view.span::<ICMP_HLEN>(l4)?;
-            Transport {
-                proto,
-                off: l4,
-                sport: be16(h, ICMP_ECHO_ID),
-                dport: 0,
-                tcp_flags: 0,
-                icmp_type: h[0],
-            }
+            (be16(h, ICMP_ECHO_ID), 0, 0, h[0])
         }
         _ => return Ok(None),
     };
-    Ok(Some(t))
+    Ok(Some(Transport {
+        proto,
+        off: l4,
+        sport,
+        dport,
+        tcp_flags,
+        icmp_type,
+    }))
 }
 
 /// One IPv4 header and what follows from it.

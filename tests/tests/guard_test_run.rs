@@ -32,15 +32,7 @@ struct Harness {
 
 impl Harness {
     fn new() -> Self {
-        require_root();
-        let mut ebpf = Ebpf::load(OBJECT).expect("loading the eBPF object");
-        let prog: &mut Xdp = ebpf
-            .program_mut(names::PROG_GUARD)
-            .unwrap()
-            .try_into()
-            .unwrap();
-        prog.load()
-            .unwrap_or_else(|e| panic!("verifier rejected the guard: {e}"));
+        let mut ebpf = loaded_guard();
         let mut guard = Guard::new(
             PresenceSet::new(ebpf.take_map(names::MAP_GUARD_SOURCES).unwrap()).unwrap(),
             PresenceSet::new(ebpf.take_map(names::MAP_GUARD_INDEXES).unwrap()).unwrap(),
@@ -52,11 +44,7 @@ impl Harness {
         guard
             .sync(&BTreeSet::from([peer]), &BTreeSet::from([PEER_INDEX]))
             .unwrap();
-        let stats = Counters::with_slots(
-            ebpf.take_map(names::MAP_GUARD_STATS).unwrap(),
-            VERDICTS.len() as u32,
-        )
-        .unwrap();
+        let stats = Counters::guard(ebpf.take_map(names::MAP_GUARD_STATS).unwrap()).unwrap();
         Self {
             ebpf,
             stats,

@@ -13,7 +13,9 @@ mod guard;
 mod kube;
 
 use anyhow::{Context, Result, bail};
+use aya::maps::{HashMap, MapData};
 use clap::Subcommand;
+use isthmus_common::nat::{MappingKey, PeerKey, PeerNat, wire};
 use xtask::{
     cmd::{ip, run},
     lab, netns,
@@ -592,11 +594,7 @@ fn gateway_peerings() -> impl Iterator<Item = &'static Peering> {
 }
 
 fn peers_programmed(gw: &str) -> Result<f64> {
-    let (_, body) = lab::http_get(gw, "/metrics")?;
-    body.lines()
-        .find_map(|l| l.strip_prefix("isthmus_peers "))
-        .and_then(|v| v.trim().parse().ok())
-        .context("no isthmus_peers metric")
+    lab::metric(gw, "isthmus_peers ")
 }
 
 /// The nat-table rules Liqo's network manager installs for these peers
@@ -919,14 +917,54 @@ trip over plain forwarding, copy included.
     write_section("nat", &report)
 }
 
+/// Calls `probe` every `nap` until it gives a value, for at most `give_up`.
+/// Pollers of the kernel maps nap rather than spin: on two cores a spinning
+/// poller would take the CPU the agent needs.
+fn poll<T>(
+    what: &str,
+    give_up: Duration,
+    nap: Duration,
+    mut probe: impl FnMut() -> Option<T>,
+) -> Result<T> {
+    let deadline = Instant::now() + give_up;
+    loop {
+        if let Some(value) = probe() {
+            return Ok(value);
+        }
+        if Instant::now() > deadline {
+            bail!("never: {what}");
+        }
+        std::thread::sleep(nap);
+    }
+}
+
+/// The peer ID the kernel's peer table holds for network `view`.
+fn peer_id(peers: &HashMap<MapData, PeerKey, PeerNat>, view: ipnet::Ipv4Net) -> Option<u32> {
+    let key = PeerKey::of(wire(view.network().octets()), view.prefix_len());
+    peers.get(&key, 0).ok().map(|nat| nat.peer_id)
+}
+
+/// Whether the NatMapping table sends peer `peer_id`'s `external` to `endpoint`.
+fn maps_to(
+    table: &HashMap<MapData, MappingKey, u32>,
+    peer_id: u32,
+    external: std::net::Ipv4Addr,
+    endpoint: std::net::Ipv4Addr,
+) -> bool {
+    let key = MappingKey {
+        peer_id,
+        addr: wire(external.octets()),
+    };
+    table.get(&key, 0).ok() == Some(wire(endpoint.octets()))
+}
+
 /// Opens the map `map` pinned under bpffs directory `root`.
 fn pinned<K: aya::Pod, V: aya::Pod>(
     root: &std::path::Path,
     map: &str,
-) -> Result<aya::maps::HashMap<aya::maps::MapData, K, V>> {
+) -> Result<HashMap<MapData, K, V>> {
     let path = root.join("maps").join(map);
-    let data = aya::maps::MapData::from_pin(&path)
-        .with_context(|| format!("opening {}", path.display()))?;
+    let data = MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))?;
     Ok(aya::maps::Map::from_map_data(data)?.try_into()?)
 }
 

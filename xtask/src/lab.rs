@@ -619,6 +619,21 @@ pub fn http_get(node: &str, path: &str) -> Result<(u16, String)> {
     })?
 }
 
+/// The value of the first sample in node `node`'s metrics whose name and
+/// labels start with `prefix`, e.g. `isthmus_peers ` or
+/// `isthmus_guard_packets_total{verdict="dropped"}`.
+pub fn metric(node: &str, prefix: &str) -> Result<f64> {
+    let (status, body) = http_get(node, "/metrics")?;
+    if status != 200 {
+        bail!("{node}: /metrics answered {status}");
+    }
+    body.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit_once(' '))
+        .and_then(|(_, v)| v.parse().ok())
+        .with_context(|| format!("{node} exposes no sample {prefix}:\n{body}"))
+}
+
 /// Waits until node `node`'s agent answers `/readyz` with 200. Fails early,
 /// with the end of its log, if the agent exits.
 pub fn wait_ready(node: &str) -> Result<()> {

@@ -34,6 +34,15 @@ pub struct KubeSource {
     pub nat_mappings: Store<DynamicObject>,
 }
 
+/// The resource name of `kind`, one of the two the agent reads.
+fn plural(kind: &str) -> &'static str {
+    if kind == KIND_NAT_MAPPING {
+        "natmappings"
+    } else {
+        "tunnelendpoints"
+    }
+}
+
 /// The API resource of `kind`, one of the two the agent reads.
 pub fn api_resource(kind: &str) -> ApiResource {
     let (group, version) = API_VERSION.split_once('/').expect("group/version");
@@ -42,13 +51,13 @@ pub fn api_resource(kind: &str) -> ApiResource {
         version: version.into(),
         api_version: API_VERSION.into(),
         kind: kind.into(),
-        plural: format!("{}s", kind.to_lowercase()),
+        plural: plural(kind).into(),
     }
 }
 
 /// The origin an object is kept under: one per object.
 pub fn origin(kind: &str, key: &ObjectKey) -> String {
-    format!("kube:{}/{key}", api_resource(kind).plural)
+    format!("kube:{}/{key}", plural(kind))
 }
 
 /// Watches both kinds and sends their changes; `Synced` follows once both
@@ -144,7 +153,8 @@ impl Listing {
                 self.relisting = Some(BTreeSet::new());
                 Vec::new()
             }
-            watcher::Event::InitApply(object) => {
+            // Outside a relist, `relisting` is None.
+            watcher::Event::InitApply(object) | watcher::Event::Apply(object) => {
                 let (origin, document) = self.read(object);
                 if let Some(seen) = &mut self.relisting {
                     seen.insert(origin.clone());
@@ -169,14 +179,6 @@ impl Listing {
                 gone.into_iter()
                     .map(|origin| SourceEvent::Removed { origin })
                     .collect()
-            }
-            watcher::Event::Apply(object) => {
-                let (origin, document) = self.read(object);
-                self.known.insert(origin.clone());
-                vec![SourceEvent::Origin {
-                    origin,
-                    documents: vec![document],
-                }]
             }
             watcher::Event::Delete(object) => {
                 let origin = origin(self.kind, &key(&object));

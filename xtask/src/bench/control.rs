@@ -22,7 +22,8 @@ use xtask::{
 };
 
 use super::{
-    Flow, disable_isthmus, enable_isthmus, measure, median, pinned, result_lines, write_section,
+    Flow, disable_isthmus, enable_isthmus, maps_to, measure, median, peer_id, pinned, poll,
+    result_lines, write_section,
 };
 
 /// Entries in the large table.
@@ -274,36 +275,30 @@ fn bench_mapping(count: usize, changed: Option<(usize, u8)>, format: Format) -> 
 /// Waits until `node` programs the synthetic peer; returns its peer ID.
 fn wait_for_peer(node: &str) -> Result<u32> {
     let peers: HashMap<MapData, PeerKey, PeerNat> = pinned(&lab::bpffs(node), names::MAP_PEERS)?;
-    let net: ipnet::Ipv4Net = BENCH_VIEW.parse()?;
-    let key = PeerKey::of(wire(net.network().octets()), net.prefix_len());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Ok(nat) = peers.get(&key, 0) {
-            return Ok(nat.peer_id);
-        }
-        if Instant::now() > deadline {
-            bail!("{node} never programmed the bench peer");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let view = BENCH_VIEW.parse()?;
+    poll(
+        &format!("{node} programs the bench peer"),
+        Duration::from_secs(10),
+        Duration::from_millis(5),
+        || peer_id(&peers, view),
+    )
 }
 
 /// Waits until `node` holds exactly `count` entries for `peer_id`.
 fn wait_entries(node: &str, peer_id: u32, count: usize) -> Result<()> {
     let table: HashMap<MapData, MappingKey, u32> = pinned(&lab::bpffs(node), names::MAP_NATMAP)?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while table
-        .keys()
-        .filter(|k| k.as_ref().is_ok_and(|k| k.peer_id == peer_id))
-        .count()
-        != count
-    {
-        if Instant::now() > deadline {
-            bail!("{node} never held {count} bench entries");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Ok(())
+    let held = || {
+        table
+            .keys()
+            .filter(|k| k.as_ref().is_ok_and(|k| k.peer_id == peer_id))
+            .count()
+    };
+    poll(
+        &format!("{node} holds {count} bench entries"),
+        Duration::from_secs(30),
+        Duration::from_millis(10),
+        || (held() == count).then_some(()),
+    )
 }
 
 /// Polls `node`'s NatMapping table until entry `i` maps to its endpoint of
@@ -315,22 +310,12 @@ fn wait_entry(
     generation: u8,
 ) -> Result<Instant> {
     let (endpoint, external) = entry(i, generation);
-    let key = MappingKey {
-        peer_id,
-        addr: wire(external.octets()),
-    };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if table.get(&key, 0).ok() == Some(wire(endpoint.octets())) {
-            return Ok(Instant::now());
-        }
-        if Instant::now() > deadline {
-            bail!("entry {i} never reached the kernel");
-        }
-        // A short nap, not a spin: on two cores a spinning poller would
-        // take the CPU the agent needs.
-        std::thread::sleep(Duration::from_micros(100));
-    }
+    poll(
+        &format!("entry {i} reaches the kernel"),
+        Duration::from_secs(30),
+        Duration::from_micros(100),
+        || maps_to(table, peer_id, external, endpoint).then(Instant::now),
+    )
 }
 
 fn apply_isthmus(node: &str, peer_id: u32, format: Format) -> Result<Duration> {

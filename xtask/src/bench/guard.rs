@@ -143,11 +143,11 @@ fn measure(gw: &str, pid: u32, generator: &mut std::process::Child) -> Result<Fl
     let sample = || -> Result<(Instant, f64, f64, f64)> {
         Ok((
             Instant::now(),
-            metric(gw, "isthmus_guard_packets_total{verdict=\"dropped\"}")?,
-            metric(
+            lab::metric(gw, "isthmus_guard_packets_total{verdict=\"dropped\"}")?,
+            lab::metric(
                 gw,
                 "isthmus_tunnel_dropped_packets_total{reason=\"unknown_sender\"}",
-            )? + metric(gw, "isthmus_tunnel_cookies_sent_total")?,
+            )? + lab::metric(gw, "isthmus_tunnel_cookies_sent_total")?,
             cpu_seconds(pid)?,
         ))
     };
@@ -160,16 +160,6 @@ fn measure(gw: &str, pid: u32, generator: &mut std::process::Child) -> Result<Fl
         userspace_pps: (u1 - u0) / secs,
         agent_cpu: (c1 - c0) / secs * 100.0,
     })
-}
-
-/// One sample of `gw`'s metrics, by the start of its line.
-fn metric(gw: &str, prefix: &str) -> Result<f64> {
-    let (_, body) = lab::http_get(gw, "/metrics")?;
-    body.lines()
-        .find(|l| l.starts_with(prefix))
-        .and_then(|l| l.rsplit_once(' '))
-        .and_then(|(_, v)| v.parse().ok())
-        .with_context(|| format!("{gw} exposes no {prefix}"))
 }
 
 /// User and system CPU time of `pid`, in seconds.

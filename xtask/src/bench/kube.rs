@@ -2,13 +2,18 @@
 //! and 10,000 NatMapping entries delivered as watch events by the fake API
 //! server (`xtask::fake_api`) to a gateway agent run with `--source kube`.
 
-use std::time::{Duration, Instant};
+use std::{
+    net::Ipv4Addr,
+    time::{Duration, Instant},
+};
 
-use anyhow::{Result, bail, ensure};
+use ipnet::Ipv4Net;
+
+use anyhow::{Result, ensure};
 use aya::maps::{HashMap, MapData};
 use isthmus_common::{
     names,
-    nat::{MappingKey, PeerKey, PeerNat, wire},
+    nat::{MappingKey, PeerKey, PeerNat},
 };
 use serde_json::{Value, json};
 use xtask::{
@@ -16,7 +21,10 @@ use xtask::{
     kube_lab::{KubeNode, Networks, nat_mapping, tunnel_endpoint},
 };
 
-use super::{control::percentile, pinned, result_lines, rss_mib, synthetic_key, write_section};
+use super::{
+    control::percentile, maps_to, peer_id, pinned, poll, result_lines, rss_mib, synthetic_key,
+    write_section,
+};
 
 /// TunnelEndpoints delivered.
 const PEERS: usize = 200;
@@ -32,8 +40,12 @@ const RSS_BUDGET_MIB: f64 = 64.0;
 const GIVE_UP: Duration = Duration::from_secs(60);
 
 /// Peer `i`'s PodCIDR as we see it: remapped or not.
-fn pod_view(i: usize, remapped: bool) -> String {
-    format!("10.{}.{i}.0/24", if remapped { 102 } else { 100 })
+fn pod_view(i: usize, remapped: bool) -> Ipv4Net {
+    Ipv4Net::new(
+        Ipv4Addr::new(10, if remapped { 102 } else { 100 }, i as u8, 0),
+        24,
+    )
+    .expect("a /24")
 }
 
 fn peer(i: usize, remapped: bool) -> Value {
@@ -45,7 +57,7 @@ fn peer(i: usize, remapped: bool) -> Value {
         remote_external: &external,
     };
     let remote_nat_pod = if remapped {
-        pod_view(i, true)
+        pod_view(i, true).to_string()
     } else {
         "None".into()
     };
@@ -63,16 +75,17 @@ fn peer(i: usize, remapped: bool) -> Value {
 
 /// Entry `k` of peer `i`'s NatMapping: (endpointIP, externalIP). The
 /// endpoint moves with `generation`.
-fn entry(i: usize, k: usize, generation: usize) -> (String, String) {
+fn entry(i: usize, k: usize, generation: usize) -> (Ipv4Addr, Ipv4Addr) {
+    let (i, k) = (i as u8, k as u8);
     (
-        format!("10.244.{i}.{}", k + ENTRIES_PER_PEER * generation),
-        format!("10.128.{i}.{k}"),
+        Ipv4Addr::new(10, 244, i, k + (ENTRIES_PER_PEER * generation) as u8),
+        Ipv4Addr::new(10, 128, i, k),
     )
 }
 
 /// Peer `i`'s NatMapping, with entry `changed.0` at generation `changed.1`.
 fn mapping(i: usize, changed: Option<(usize, usize)>) -> Value {
-    let entries: Vec<(String, String)> = (0..ENTRIES_PER_PEER)
+    let entries: Vec<(Ipv4Addr, Ipv4Addr)> = (0..ENTRIES_PER_PEER)
         .map(|k| match changed {
             Some((c, generation)) if c == k => entry(i, k, generation),
             _ => entry(i, k, 0),
@@ -89,47 +102,8 @@ pub struct KubeFigures {
     rss_mib: f64,
 }
 
-/// Polls `done` until it holds, napping briefly: on two cores a spinning
-/// poller would take the CPU the agent needs. Returns when it held.
-fn poll(what: &str, mut done: impl FnMut() -> bool) -> Result<Instant> {
-    let deadline = Instant::now() + GIVE_UP;
-    loop {
-        if done() {
-            return Ok(Instant::now());
-        }
-        if Instant::now() > deadline {
-            bail!("never: {what}");
-        }
-        std::thread::sleep(Duration::from_micros(100));
-    }
-}
-
-struct Tables {
-    peers: HashMap<MapData, PeerKey, PeerNat>,
-    mappings: HashMap<MapData, MappingKey, u32>,
-}
-
-impl Tables {
-    fn peer_id(&self, view: &str) -> Option<u32> {
-        let net: ipnet::Ipv4Net = view.parse().ok()?;
-        let key = PeerKey::of(wire(net.network().octets()), net.prefix_len());
-        self.peers.get(&key, 0).ok().map(|nat| nat.peer_id)
-    }
-
-    fn holds(&self, peer_id: u32, (endpoint, external): &(String, String)) -> bool {
-        let (Ok(endpoint), Ok(external)) = (
-            endpoint.parse::<std::net::Ipv4Addr>(),
-            external.parse::<std::net::Ipv4Addr>(),
-        ) else {
-            return false;
-        };
-        let key = MappingKey {
-            peer_id,
-            addr: wire(external.octets()),
-        };
-        self.mappings.get(&key, 0).ok() == Some(wire(endpoint.octets()))
-    }
-}
+/// How often a wait reads the kernel maps.
+const NAP: Duration = Duration::from_micros(100);
 
 /// Runs the kube part on a node of its own; the lab must be up.
 pub fn measure() -> Result<KubeFigures> {
@@ -147,10 +121,9 @@ pub fn measure() -> Result<KubeFigures> {
         ip(NS, &["link", "set", dev, "up"])?;
     }
     let pid = node.start_agent(&[])?;
-    let tables = Tables {
-        peers: pinned(&node.bpffs(), names::MAP_PEERS)?,
-        mappings: pinned(&node.bpffs(), names::MAP_NATMAP)?,
-    };
+    let peers: HashMap<MapData, PeerKey, PeerNat> = pinned(&node.bpffs(), names::MAP_PEERS)?;
+    let mappings: HashMap<MapData, MappingKey, u32> = pinned(&node.bpffs(), names::MAP_NATMAP)?;
+    let holds = |id, (endpoint, external)| maps_to(&mappings, id, external, endpoint);
 
     println!(
         "bench: delivering {PEERS} TunnelEndpoints and {PEERS} NatMappings of {ENTRIES_PER_PEER} entries as watch events"
@@ -166,15 +139,16 @@ pub fn measure() -> Result<KubeFigures> {
     // the last object's last entry is the last to land.
     let last = PEERS - 1;
     let mut last_id = None;
-    let done = poll("the last NatMapping in the kernel", || {
-        last_id = last_id.or_else(|| tables.peer_id(&pod_view(last, false)));
-        last_id.is_some_and(|id| tables.holds(id, &entry(last, ENTRIES_PER_PEER - 1, 0)))
+    let done = poll("the last NatMapping in the kernel", GIVE_UP, NAP, || {
+        last_id = last_id.or_else(|| peer_id(&peers, pod_view(last, false)));
+        let id = last_id?;
+        holds(id, entry(last, ENTRIES_PER_PEER - 1, 0)).then(Instant::now)
     })?;
     let converge_ms = (done - start).as_secs_f64() * 1e3;
-    let (peers, entries) = (tables.peers.keys().count(), tables.mappings.keys().count());
+    let (networks, entries) = (peers.keys().count(), mappings.keys().count());
     ensure!(
-        peers == 2 * PEERS && entries == PEERS * ENTRIES_PER_PEER,
-        "the kernel holds {peers} peer networks and {entries} entries"
+        networks == 2 * PEERS && entries == PEERS * ENTRIES_PER_PEER,
+        "the kernel holds {networks} peer networks and {entries} entries"
     );
     println!("bench:   converged in {converge_ms:.1} ms");
 
@@ -186,20 +160,22 @@ pub fn measure() -> Result<KubeFigures> {
         let done = if n % 2 == 0 {
             // One NatMapping entry moves to another endpoint.
             let (k, generation) = ((n * 13) % ENTRIES_PER_PEER, 1 + n % 4 / 2);
-            let id = tables
-                .peer_id(&pod_view(i, remapped[i]))
+            let id = peer_id(&peers, pod_view(i, remapped[i]))
                 .ok_or_else(|| anyhow::anyhow!("peer {i} is not programmed"))?;
             node.api.apply(mapping(i, Some((k, generation))));
-            poll("a NatMapping change in the kernel", || {
-                tables.holds(id, &entry(i, k, generation))
+            poll("a NatMapping change in the kernel", GIVE_UP, NAP, || {
+                holds(id, entry(i, k, generation)).then(Instant::now)
             })?
         } else {
             // A TunnelEndpoint's PodCIDR is remapped, or back.
             remapped[i] = !remapped[i];
             node.api.apply(peer(i, remapped[i]));
-            poll("a TunnelEndpoint change in the kernel", || {
-                tables.peer_id(&pod_view(i, remapped[i])).is_some()
-            })?
+            poll(
+                "a TunnelEndpoint change in the kernel",
+                GIVE_UP,
+                NAP,
+                || peer_id(&peers, pod_view(i, remapped[i])).map(|_| Instant::now()),
+            )?
         };
         latencies.push((done - start).as_secs_f64() * 1e3);
     }
