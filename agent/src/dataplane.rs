@@ -27,7 +27,7 @@ use tracing::{info, warn};
 use crate::{
     conntrack::Conntrack,
     guard::Guard,
-    maps::{GuardSettings, MappingMap, PeerMap, PresenceSet},
+    maps::{GuardSettings, MappingMap, NodeMap, OverlaySettings, PeerMap, PresenceSet},
 };
 
 /// The compiled eBPF object, built by `build.rs`.
@@ -96,6 +96,17 @@ pub enum AttachMode {
     Clsact,
 }
 
+impl AttachMode {
+    /// The mode this kernel gets.
+    fn resolve(self) -> Attached {
+        match self {
+            AttachMode::Auto if tcx_supported() => Attached::Tcx,
+            AttachMode::Auto | AttachMode::Clsact => Attached::Clsact,
+            AttachMode::Tcx => Attached::Tcx,
+        }
+    }
+}
+
 /// How the programs ended up attached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Attached {
@@ -139,11 +150,15 @@ impl Pins {
         self.root.join("progs").join(name)
     }
 
-    /// Pin path of a TCX link.
+    /// Pin path of a TCX link. bpffs refuses names with a `.`, which device
+    /// names may hold (`isthmus.vx`); it becomes a `:`, which they may not,
+    /// so two devices never share a pin.
     pub fn link(&self, dev: &str, attach_type: TcAttachType) -> PathBuf {
-        self.root
-            .join("links")
-            .join(format!("{dev}-{}", direction(attach_type)))
+        self.root.join("links").join(format!(
+            "{}-{}",
+            dev.replace('.', ":"),
+            direction(attach_type)
+        ))
     }
 
     fn dirs(&self) -> [PathBuf; 3] {
@@ -263,6 +278,15 @@ impl Dataplane {
         Ok(())
     }
 
+    /// The overlay's settings and node table.
+    pub fn take_overlay(&mut self) -> Result<(OverlaySettings, NodeMap), DataplaneError> {
+        let settings = OverlaySettings::new(self.take(names::MAP_OVERLAY)?)
+            .map_err(|e| DataplaneError::Map(names::MAP_OVERLAY, e))?;
+        let nodes = NodeMap::new(self.take(names::MAP_NODES)?)
+            .map_err(|e| DataplaneError::Map(names::MAP_NODES, e))?;
+        Ok((settings, nodes))
+    }
+
     fn take(&mut self, name: &'static str) -> Result<aya::maps::Map, DataplaneError> {
         self.ebpf
             .take_map(name)
@@ -282,22 +306,9 @@ impl Dataplane {
                 });
             }
         };
-        let mode = match mode {
-            AttachMode::Auto if tcx_supported() => Attached::Tcx,
-            AttachMode::Auto | AttachMode::Clsact => Attached::Clsact,
-            AttachMode::Tcx => Attached::Tcx,
-        };
-        for (program, attach_type) in [
-            (egress, TcAttachType::Egress),
-            (ingress, TcAttachType::Ingress),
-        ] {
-            self.attach(program, dev, attach_type, mode)
-                .map_err(|source| DataplaneError::Program {
-                    program,
-                    dev: dev.into(),
-                    source,
-                })?;
-        }
+        let mode = mode.resolve();
+        self.attach(egress, dev, TcAttachType::Egress, mode)?;
+        self.attach(ingress, dev, TcAttachType::Ingress, mode)?;
         info!(
             dev,
             mode = mode.as_str(),
@@ -308,7 +319,51 @@ impl Dataplane {
         Ok(mode)
     }
 
+    /// Attaches the overlay's receiving program to the VXLAN device `dev`.
+    pub fn attach_accept(&mut self, dev: &str, mode: AttachMode) -> Result<(), DataplaneError> {
+        self.attach(
+            names::PROG_ACCEPT,
+            dev,
+            TcAttachType::Ingress,
+            mode.resolve(),
+        )
+    }
+
+    /// Unpins the TCX links of `dev`, a device that is gone: the kernel
+    /// detached them with it.
+    pub fn forget_device(&mut self, dev: &str) -> Result<(), DataplaneError> {
+        for attach_type in [TcAttachType::Ingress, TcAttachType::Egress] {
+            remove_pin(&self.pins.link(dev, attach_type))?;
+        }
+        Ok(())
+    }
+
+    /// Attaches the worker's steering program to pod-facing device `dev`.
+    pub fn attach_steer(&mut self, dev: &str, mode: AttachMode) -> Result<(), DataplaneError> {
+        self.attach(
+            names::PROG_STEER,
+            dev,
+            TcAttachType::Ingress,
+            mode.resolve(),
+        )
+    }
+
     fn attach(
+        &mut self,
+        program: &'static str,
+        dev: &str,
+        attach_type: TcAttachType,
+        mode: Attached,
+    ) -> Result<(), DataplaneError> {
+        self.attach_program(program, dev, attach_type, mode)
+            .map_err(|source| DataplaneError::Program {
+                program,
+                dev: dev.into(),
+                source,
+            })
+    }
+
+    fn attach_program(
         &mut self,
         program: &'static str,
         dev: &str,
@@ -320,7 +375,10 @@ impl Dataplane {
             .program_mut(program)
             .ok_or("missing from the object")?
             .try_into()?;
-        prog.load()?;
+        // One program serves every device it is attached to.
+        if prog.fd().is_err() {
+            prog.load()?;
+        }
         let link = self.pins.link(dev, attach_type);
         // Attach first, then drop what an agent in the other mode left: the
         // device is never without the program.
@@ -482,7 +540,8 @@ fn already_gone_is_fine(path: &Path, result: io::Result<()>) -> Result<(), Datap
     }
 }
 
-fn devices() -> Result<Vec<String>, DataplaneError> {
+/// The names of this netns's network devices.
+pub fn devices() -> Result<Vec<String>, DataplaneError> {
     let dir = Path::new("/sys/class/net");
     let entries = fs::read_dir(dir).map_err(|source| DataplaneError::Io {
         path: dir.into(),

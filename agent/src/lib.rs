@@ -4,6 +4,7 @@
 //! - [`object`]: the Liqo objects as read;
 //! - [`peer`]: a validated TunnelEndpoint and the kernel rules it makes;
 //! - [`natmapping`]: a validated NatMapping;
+//! - [`node`]: a validated Node: PodCIDRs, address, labels;
 //! - [`source`]: where objects come from: a directory, or the Kubernetes API;
 //! - [`kubernetes`]: the client, the node's role and the key Secret;
 //! - [`status`]: TunnelEndpoint status and Events, written back;
@@ -12,6 +13,7 @@
 //! - [`dataplane`]: loading, pinning, attaching, cleanup;
 //! - [`gateway`]: the gateway's tunnel and routes, following the peers;
 //! - [`guard`]: the XDP guard's allowlist, following the tunnel;
+//! - [`overlay`]: the VXLAN device, the gateway node and the node table;
 //! - [`maps`]: typed views of the kernel maps;
 //! - [`metrics`]: Prometheus and health endpoints;
 //! - [`tunnel`]: the gateway's embedded WireGuard.
@@ -24,7 +26,9 @@ pub mod kubernetes;
 pub mod maps;
 pub mod metrics;
 pub mod natmapping;
+pub mod node;
 pub mod object;
+pub mod overlay;
 pub mod peer;
 pub mod reconcile;
 pub mod source;

@@ -15,6 +15,7 @@ use isthmus_agent::{
     kubernetes, maps,
     maps::Counters,
     metrics::{self, Metrics},
+    overlay::{self, Overlay, OverlayOptions, PodDevices},
     reconcile::{MappingTable, PeerTable, Reconciler, Report},
     source::{self, SourceEvent, SourceSpec},
     status::{self, Feedback},
@@ -23,6 +24,7 @@ use isthmus_agent::{
 use isthmus_common::{
     conntrack::Timeouts,
     counters::{DIRECTIONS, Outcome, slot},
+    overlay as defaults,
 };
 use tokio::{signal::unix, sync::mpsc};
 use tracing::{debug, error, info, warn};
@@ -95,7 +97,8 @@ struct RunArgs {
     /// labels say (see `--gateway-label`).
     #[arg(long, value_enum)]
     role: Option<Role>,
-    /// `--source kube`: a node carrying this label (`key=value`) is a gateway.
+    /// A node carrying this label (`key=value`) is a gateway: with `--source
+    /// kube` this decides the role, and in any case the overlay's gateway.
     #[arg(long, default_value = "net.liqo.io/gateway=true")]
     gateway_label: String,
     /// `--source kube`: the kubeconfig to use; by default the pod's service
@@ -145,6 +148,28 @@ struct RunArgs {
     /// Gateway: datapath threads (default: one per CPU).
     #[arg(long)]
     tunnel_workers: Option<usize>,
+    /// Worker: the pod-facing host devices whose pods' remote-bound
+    /// traffic is sent to the gateway node: names, or prefixes ending in
+    /// `*` (comma-separated; for example `lxc*,cali*`).
+    #[arg(long, value_delimiter = ',')]
+    pod_devs: Vec<String>,
+    /// The collect-metadata VXLAN device of the overlay between nodes.
+    #[arg(long, default_value = defaults::DEFAULT_DEVICE)]
+    overlay_dev: String,
+    /// The overlay's VNI.
+    #[arg(long, default_value_t = defaults::DEFAULT_VNI)]
+    overlay_vni: u32,
+    /// The overlay's UDP port.
+    #[arg(long, default_value_t = defaults::DEFAULT_PORT)]
+    overlay_port: u16,
+    /// The gateway node's address for the overlay. By default it is the
+    /// InternalIP of the Node carrying `--gateway-label`.
+    #[arg(long)]
+    gateway_ip: Option<Ipv4Addr>,
+    /// No overlay: another mechanism carries traffic between this node
+    /// and the gateway node.
+    #[arg(long)]
+    no_overlay: bool,
     /// How to attach TC programs.
     #[arg(long, value_enum, default_value_t = AttachMode::Auto)]
     attach: AttachMode,
@@ -256,9 +281,18 @@ async fn run(args: RunArgs) -> Result<()> {
         Role::Gateway => Some(dataplane.attach_nat(&args.nat_dev, args.attach)?),
         Role::Worker => None,
     };
+    let overlay = match args.no_overlay {
+        true => None,
+        false => Some(start_overlay(&args, &mut dataplane).await?),
+    };
+    let pods = match role {
+        Role::Worker => PodDevices::new(args.pod_devs.clone()),
+        Role::Gateway => PodDevices::new(Vec::new()),
+    };
     let metrics = Metrics::new(
         Counters::open(&args.bpffs)?,
         Counters::open_guard(&args.bpffs)?,
+        Counters::open_overlay(&args.bpffs)?,
         gateway.as_ref().map(|g| g.tunnel.clone()),
         &args.node,
         role_name,
@@ -286,14 +320,62 @@ async fn run(args: RunArgs) -> Result<()> {
         (SourceSpec::Kube, None) => unreachable!("a kube source has a client"),
     };
     info!(node = %args.node, role = role_name, source = ?args.source, bpffs = %args.bpffs.display(), "agent started");
+    let mut host = Host {
+        dataplane,
+        overlay,
+        pods,
+        attach: args.attach,
+    };
     follow(
         events,
         &mut reconciler,
         gateway.as_mut(),
+        &mut host,
         feedback.as_ref(),
         &metrics,
     )
     .await
+}
+
+/// Creates the overlay's device, attaches its receiving program and
+/// writes its settings.
+async fn start_overlay(args: &RunArgs, dataplane: &mut Dataplane) -> Result<Overlay> {
+    let options = OverlayOptions {
+        dev: args.overlay_dev.clone(),
+        vni: args.overlay_vni,
+        port: args.overlay_port,
+        gateway: args.gateway_ip,
+        gateway_label: args.gateway_label.clone(),
+        node: args.node.clone(),
+    };
+    let ifindex = overlay::ensure_device(&options).await?;
+    dataplane.attach_accept(&options.dev, args.attach)?;
+    let (settings, nodes) = dataplane.take_overlay()?;
+    Ok(Overlay::new(options, settings, nodes, ifindex)?)
+}
+
+/// This host's side of the dataplane: the loaded programs, the overlay and
+/// the pod devices it steers from.
+struct Host {
+    /// Kept for the agent's lifetime: the XDP guard's link lives with it.
+    dataplane: Dataplane,
+    overlay: Option<Overlay>,
+    pods: PodDevices,
+    attach: AttachMode,
+}
+
+impl Host {
+    fn refresh_pods(&mut self) {
+        self.pods.refresh(&mut self.dataplane, self.attach);
+    }
+
+    fn sync_nodes(&mut self, nodes: &[isthmus_agent::node::Node]) {
+        if let Some(overlay) = self.overlay.as_mut()
+            && let Err(e) = overlay.sync(nodes)
+        {
+            error!(error = %e, "updating the overlay's node table; will retry on the next change");
+        }
+    }
 }
 
 fn tunnel_config(args: &RunArgs) -> TunnelConfig {
@@ -364,9 +446,11 @@ async fn follow<P: PeerTable<Error = aya::maps::MapError>, M: MappingTable<Error
     mut events: mpsc::Receiver<SourceEvent>,
     reconciler: &mut Reconciler<P, M>,
     mut gateway: Option<&mut Gateway>,
+    host: &mut Host,
     feedback: Option<&Feedback>,
     metrics: &Arc<Metrics>,
 ) -> Result<()> {
+    host.refresh_pods();
     let mut terminate = unix::signal(unix::SignalKind::terminate())?;
     let mut states = tokio::time::interval(STATE_REPORT);
     let mut synced = false;
@@ -374,6 +458,7 @@ async fn follow<P: PeerTable<Error = aya::maps::MapError>, M: MappingTable<Error
         let event = tokio::select! {
             event = events.recv() => event.context("the source stopped")?,
             _ = states.tick() => {
+                host.refresh_pods();
                 let tunnel = gateway.as_deref_mut().map(Gateway::report_states);
                 if let Some(feedback) = feedback.filter(|_| synced) {
                     feedback.show(status::desired(reconciler.peers(), tunnel.as_deref(), reconciler.rejections()));
@@ -397,6 +482,7 @@ async fn follow<P: PeerTable<Error = aya::maps::MapError>, M: MappingTable<Error
                 if let Some(feedback) = feedback {
                     feedback.rejected(&report.new_errors);
                 }
+                host.sync_nodes(reconciler.nodes());
                 if let Some(gateway) = gateway.as_deref_mut() {
                     gateway.sync(reconciler.peers()).await;
                 }

@@ -4,13 +4,17 @@ use std::path::Path;
 
 use std::collections::BTreeMap;
 
-use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray};
+use aya::maps::{
+    Array, HashMap, Map, MapData, MapError, PerCpuArray,
+    lpm_trie::{Key, LpmTrie},
+};
 use ipnet::Ipv4Net;
 use isthmus_common::{
     counters,
     guard::{GuardConfig, VERDICTS},
     names,
     nat::{MappingKey, PeerKey, PeerNat, PrefixLens, wire},
+    overlay::{EVENTS, OverlayConfig},
 };
 
 use crate::{dataplane::Pins, reconcile::KernelTable};
@@ -222,6 +226,66 @@ impl GuardSettings {
     }
 }
 
+/// The cluster's other nodes (`ist_nodes`): PodCIDR → node address.
+pub struct NodeMap(LpmTrie<MapData, u32, u32>);
+
+impl NodeMap {
+    /// Wraps the map taken from a freshly loaded object.
+    pub fn new(map: Map) -> Result<Self, MapError> {
+        Ok(Self(map.try_into()?))
+    }
+}
+
+fn node_key(net: Ipv4Net) -> Key<u32> {
+    Key::new(u32::from(net.prefix_len()), wire(net.network().octets()))
+}
+
+impl KernelTable for NodeMap {
+    type Key = Ipv4Net;
+    type Value = u32;
+    type Error = MapError;
+
+    fn entries(&self) -> Result<Vec<(Ipv4Net, u32)>, MapError> {
+        self.0
+            .iter()
+            .map(|entry| {
+                let (key, node) = entry?;
+                let addr = std::net::Ipv4Addr::from(key.data().to_ne_bytes());
+                // The kernel keeps a 4-byte trie's prefix lengths within 32.
+                Ok((Ipv4Net::new_assert(addr, key.prefix_len() as u8), node))
+            })
+            .collect()
+    }
+
+    fn put(&mut self, net: Ipv4Net, node: &u32, _old: Option<&u32>) -> Result<(), MapError> {
+        self.0.insert(&node_key(net), node, 0)
+    }
+
+    fn delete(&mut self, net: Ipv4Net, _old: &u32) -> Result<(), MapError> {
+        gone_is_fine(self.0.remove(&node_key(net)))
+    }
+}
+
+/// The overlay's settings (`ist_overlay`).
+pub struct OverlaySettings(Array<MapData, OverlayConfig>);
+
+impl OverlaySettings {
+    /// Wraps the map taken from a freshly loaded object.
+    pub fn new(map: Map) -> Result<Self, MapError> {
+        Ok(Self(map.try_into()?))
+    }
+
+    /// The settings as the map holds them (all zero before any agent ran).
+    pub fn get(&self) -> Result<OverlayConfig, MapError> {
+        self.0.get(&0, 0)
+    }
+
+    /// Replaces the settings.
+    pub fn set(&mut self, config: OverlayConfig) -> Result<(), MapError> {
+        self.0.set(0, config, 0)
+    }
+}
+
 /// A removal that found nothing removed what it wanted: `ENOENT` is success.
 fn gone_is_fine(removal: Result<(), MapError>) -> Result<(), MapError> {
     match removal {
@@ -253,6 +317,11 @@ impl Counters {
         Self::with_slots(map, VERDICTS.len() as u32)
     }
 
+    /// Wraps the overlay's event counters taken from a freshly loaded object.
+    pub fn overlay(map: Map) -> Result<Self, MapError> {
+        Self::with_slots(map, EVENTS.len() as u32)
+    }
+
     fn with_slots(map: Map, slots: u32) -> Result<Self, MapError> {
         Ok(Self {
             map: map.try_into()?,
@@ -268,6 +337,11 @@ impl Counters {
     /// Opens the guard's verdict counters pinned under `root`.
     pub fn open_guard(root: &Path) -> Result<Self, MapError> {
         Self::guard(open_pinned(root, names::MAP_GUARD_STATS)?)
+    }
+
+    /// Opens the overlay's event counters pinned under `root`.
+    pub fn open_overlay(root: &Path) -> Result<Self, MapError> {
+        Self::overlay(open_pinned(root, names::MAP_OVERLAY_STATS)?)
     }
 
     /// Every slot, summed over CPUs, in slot order.

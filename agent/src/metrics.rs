@@ -27,7 +27,7 @@ use prometheus_client::{
 };
 use tracing::warn;
 
-use isthmus_common::guard::VERDICTS;
+use isthmus_common::{guard::VERDICTS, overlay::EVENTS};
 
 use crate::{
     maps::Counters,
@@ -63,6 +63,7 @@ impl Metrics {
     pub fn new(
         counters: Counters,
         guard: Counters,
+        overlay: Counters,
         tunnel: Option<Arc<Tunnel>>,
         node: &str,
         role: &str,
@@ -126,6 +127,7 @@ impl Metrics {
         registry.register_collector(Box::new(DataplaneCounters {
             nat: counters,
             guard,
+            overlay,
         }));
         if let Some(tunnel) = tunnel {
             registry.register_collector(Box::new(TunnelMetrics(tunnel)));
@@ -161,6 +163,7 @@ impl Metrics {
 struct DataplaneCounters {
     nat: Counters,
     guard: Counters,
+    overlay: Counters,
 }
 
 impl Collector for DataplaneCounters {
@@ -188,21 +191,34 @@ impl Collector for DataplaneCounters {
                 ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
             }
         }
-        match self.guard.read() {
-            Ok(sums) => {
-                let mut family = encoder.encode_descriptor(
-                    "guard_packets",
-                    "Datagrams to the tunnel port seen by the XDP guard, by verdict",
-                    None,
-                    MetricType::Counter,
-                )?;
-                for verdict in VERDICTS {
-                    let labels = [("verdict", verdict.as_str())];
-                    ConstCounter::new(sums[verdict as usize])
-                        .encode(family.encode_family(&labels)?)?;
+        let verdicts = VERDICTS.map(|v| v.as_str());
+        let events = EVENTS.map(|e| e.as_str());
+        for (counters, name, help, label, values) in [
+            (
+                &self.guard,
+                "guard_packets",
+                "Datagrams to the tunnel port seen by the XDP guard, by verdict",
+                "verdict",
+                &verdicts[..],
+            ),
+            (
+                &self.overlay,
+                "overlay_packets",
+                "Packets the overlay sent to the gateway or another node, took in, or could not handle, by event",
+                "event",
+                &events[..],
+            ),
+        ] {
+            match counters.read() {
+                Ok(sums) => {
+                    let mut family =
+                        encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+                    for (value, sum) in values.iter().zip(sums) {
+                        ConstCounter::new(sum).encode(family.encode_family(&[(label, *value)])?)?;
+                    }
                 }
+                Err(e) => warn!(error = %e, metric = name, "reading per-CPU counters"),
             }
-            Err(e) => warn!(error = %e, "reading the guard's counters"),
         }
         Ok(())
     }

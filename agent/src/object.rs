@@ -12,6 +12,11 @@ pub const API_VERSION: &str = "net.liqo.io/v1alpha1";
 pub const KIND_TUNNEL_ENDPOINT: &str = "TunnelEndpoint";
 /// Kind of the per-cluster DNAT table.
 pub const KIND_NAT_MAPPING: &str = "NatMapping";
+/// The API version of Kubernetes core objects.
+pub const CORE_API_VERSION: &str = "v1";
+/// Kind of a cluster node, read for the overlay: its PodCIDRs, its address
+/// and whether it is the gateway.
+pub const KIND_NODE: &str = "Node";
 
 /// `namespace/name` of an object; cluster-scoped objects have no namespace.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -96,6 +101,19 @@ pub struct RawNatMapping {
     pub spec: Mapping,
 }
 
+/// A Kubernetes Node as read: the parts the overlay uses.
+#[derive(Clone, Debug)]
+pub struct RawNode {
+    /// Its `metadata`.
+    pub key: ObjectKey,
+    /// Its `metadata.labels`.
+    pub labels: Mapping,
+    /// Its `spec`.
+    pub spec: Mapping,
+    /// Its `status`.
+    pub status: Mapping,
+}
+
 /// One document of a source, recognised by its `apiVersion` and `kind`.
 #[derive(Clone, Debug)]
 pub enum Object {
@@ -103,6 +121,8 @@ pub enum Object {
     TunnelEndpoint(RawTunnelEndpoint),
     /// A `NatMapping`.
     NatMapping(RawNatMapping),
+    /// A `v1` `Node`.
+    Node(RawNode),
 }
 
 /// A document that is not an object the agent reads.
@@ -120,7 +140,7 @@ pub enum DocumentError {
     },
     /// Valid YAML of another kind.
     #[error(
-        "{file}: document {index} ({name}): not an object Isthmus reads: apiVersion {api_version:?}, kind {kind:?} (field apiVersion/kind; want {API_VERSION} {KIND_TUNNEL_ENDPOINT} or {KIND_NAT_MAPPING})"
+        "{file}: document {index} ({name}): not an object Isthmus reads: apiVersion {api_version:?}, kind {kind:?} (field apiVersion/kind; want {API_VERSION} {KIND_TUNNEL_ENDPOINT} or {KIND_NAT_MAPPING}, or {CORE_API_VERSION} {KIND_NODE})"
     )]
     WrongKind {
         /// File holding the document.
@@ -301,9 +321,10 @@ fn object(file: &str, index: usize, mut value: Value) -> Result<Object, Document
     let kind = text(value.get("kind"));
     let metadata = value.get("metadata");
     let name = text(metadata.and_then(|m| m.get("name")));
-    if api_version != API_VERSION
-        || ![KIND_TUNNEL_ENDPOINT, KIND_NAT_MAPPING].contains(&kind.as_str())
-    {
+    let liqo = api_version == API_VERSION
+        && [KIND_TUNNEL_ENDPOINT, KIND_NAT_MAPPING].contains(&kind.as_str());
+    let node = api_version == CORE_API_VERSION && kind == KIND_NODE;
+    if !liqo && !node {
         return Err(DocumentError::WrongKind {
             file: file.to_owned(),
             index,
@@ -327,12 +348,27 @@ fn object(file: &str, index: usize, mut value: Value) -> Result<Object, Document
         namespace: text(metadata.and_then(|m| m.get("namespace"))),
         name,
     };
+    let labels = match value
+        .get_mut("metadata")
+        .and_then(|m| m.get_mut("labels"))
+        .map(std::mem::take)
+    {
+        Some(Value::Mapping(labels)) => labels,
+        _ => Mapping::new(),
+    };
     // Taken, not cloned: a NatMapping's spec may hold thousands of entries.
     let mut half = |name: &str| match value.get_mut(name).map(std::mem::take) {
         Some(Value::Mapping(mapping)) => mapping,
         _ => Mapping::new(),
     };
-    Ok(if kind == KIND_NAT_MAPPING {
+    Ok(if node {
+        Object::Node(RawNode {
+            key,
+            labels,
+            spec: half("spec"),
+            status: half("status"),
+        })
+    } else if kind == KIND_NAT_MAPPING {
         Object::NatMapping(RawNatMapping {
             key,
             spec: half("spec"),

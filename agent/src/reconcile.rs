@@ -11,7 +11,8 @@ use isthmus_common::nat::{MappingKey, PeerNat, wire};
 
 use crate::{
     natmapping::{self, MappingProblem, NatMapping, NatMappingError},
-    object::{DocumentError, KIND_NAT_MAPPING, KIND_TUNNEL_ENDPOINT, Object, ObjectKey},
+    node::{Node, NodeError},
+    object::{DocumentError, KIND_NAT_MAPPING, KIND_NODE, KIND_TUNNEL_ENDPOINT, Object, ObjectKey},
     peer::{Peer, PeerError, Problem},
 };
 
@@ -188,6 +189,16 @@ impl From<NatMappingError> for Rejection {
     }
 }
 
+impl From<NodeError> for Rejection {
+    fn from(e: NodeError) -> Self {
+        Self {
+            object: Some((KIND_NODE, e.object.clone())),
+            problem: e.problem.clone(),
+            message: e.to_string(),
+        }
+    }
+}
+
 impl From<DocumentError> for Rejection {
     fn from(e: DocumentError) -> Self {
         Self {
@@ -205,6 +216,7 @@ type Document = Result<Object, DocumentError>;
 enum Valid {
     Peer(Peer),
     Mapping(NatMapping),
+    Node(Node),
 }
 
 /// Keeps the kernel's tables equal to what the objects describe.
@@ -219,6 +231,7 @@ pub struct Reconciler<P: PeerTable, M: MappingTable> {
     ids: HashMap<ObjectKey, u32>,
     errors: BTreeSet<Rejection>,
     accepted: Vec<Peer>,
+    nodes: Vec<Node>,
 }
 
 impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
@@ -233,6 +246,7 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
             ids: HashMap::new(),
             errors: BTreeSet::new(),
             accepted: Vec::new(),
+            nodes: Vec::new(),
         })
     }
 
@@ -248,6 +262,9 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
                     .map_err(Rejection::from),
                 Ok(Object::NatMapping(raw)) => NatMapping::from_raw(&raw, &origin)
                     .map(Valid::Mapping)
+                    .map_err(Rejection::from),
+                Ok(Object::Node(raw)) => Node::from_raw(&raw, &origin)
+                    .map(Valid::Node)
                     .map_err(Rejection::from),
             })
             .collect();
@@ -267,6 +284,11 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
     /// The peers accepted by the last pass.
     pub fn peers(&self) -> &[Peer] {
         &self.accepted
+    }
+
+    /// The cluster's nodes as of the last pass, by name.
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
     }
 
     /// Brings the kernel tables in line with the current objects. Every
@@ -290,6 +312,7 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
             })
             .collect();
         let mappings = self.select_mappings(&accepted, &mut errors);
+        self.nodes = self.select_nodes(&mut errors);
 
         let (written, removed, peer_failure) = self.peer_table.apply(&desired);
         let (mappings_written, mappings_removed, mapping_failure) =
@@ -372,6 +395,32 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
         desired
     }
 
+    /// Every valid Node, once: where two origins define the same node,
+    /// the first (in origin order) wins and the other is rejected.
+    fn select_nodes(&self, errors: &mut BTreeSet<Rejection>) -> Vec<Node> {
+        let mut nodes: BTreeMap<&str, (&str, &Node)> = BTreeMap::new();
+        for (origin, results) in &self.origins {
+            for node in results.iter().filter_map(|v| match v {
+                Ok(Valid::Node(node)) => Some(node),
+                _ => None,
+            }) {
+                if let Some((first, _)) = nodes.get(node.name.as_str()) {
+                    errors.insert(Rejection::from(NodeError {
+                        origin: origin.clone(),
+                        object: ObjectKey {
+                            namespace: String::new(),
+                            name: node.name.clone(),
+                        },
+                        problem: format!("field metadata.name: node already defined in {first}"),
+                    }));
+                    continue;
+                }
+                nodes.insert(&node.name, (origin, node));
+            }
+        }
+        nodes.into_values().map(|(_, node)| node.clone()).collect()
+    }
+
     /// Validates every object and picks the peers to program: senior peers
     /// first, so a newcomer cannot displace a working peer.
     fn select(&self) -> (Vec<Peer>, BTreeSet<Rejection>) {
@@ -380,7 +429,7 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
         for result in self.origins.values().flatten() {
             match result {
                 Ok(Valid::Peer(peer)) => candidates.push(peer.clone()),
-                Ok(Valid::Mapping(_)) => {}
+                Ok(Valid::Mapping(_) | Valid::Node(_)) => {}
                 Err(e) => {
                     errors.insert(e.clone());
                 }

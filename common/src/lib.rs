@@ -10,6 +10,7 @@ pub mod csum;
 pub mod guard;
 pub mod names;
 pub mod nat;
+pub mod overlay;
 
 #[cfg(feature = "user")]
 mod pod {
@@ -24,4 +25,5 @@ mod pod {
     unsafe impl aya::Pod for crate::conntrack::SnatConfig {}
     unsafe impl aya::Pod for crate::guard::GuardSource {}
     unsafe impl aya::Pod for crate::guard::GuardConfig {}
+    unsafe impl aya::Pod for crate::overlay::OverlayConfig {}
 }

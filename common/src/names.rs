@@ -33,8 +33,18 @@ pub const MAP_GUARD_CONFIG: &str = "ist_guard_cfg";
 /// Per-CPU array of the guard's verdicts, indexed by [`crate::guard::Verdict`].
 pub const MAP_GUARD_STATS: &str = "ist_guard_stats";
 
+/// One-entry array: the overlay's settings
+/// ([`crate::overlay::OverlayConfig`]).
+pub const MAP_OVERLAY: &str = "ist_overlay";
+/// LPM trie: the cluster's other nodes, (PodCIDR) → node address, both
+/// wire order.
+pub const MAP_NODES: &str = "ist_nodes";
+/// Per-CPU array of overlay events, indexed by
+/// [`crate::overlay::OverlayEvent`].
+pub const MAP_OVERLAY_STATS: &str = "ist_overlay_st";
+
 /// Every map the agent pins, in the order it reports them.
-pub const MAPS: [&str; 11] = [
+pub const MAPS: [&str; 14] = [
     MAP_PEERS,
     MAP_PREFIX_LENS,
     MAP_COUNTERS,
@@ -46,6 +56,9 @@ pub const MAPS: [&str; 11] = [
     MAP_GUARD_INDEXES,
     MAP_GUARD_CONFIG,
     MAP_GUARD_STATS,
+    MAP_OVERLAY,
+    MAP_NODES,
+    MAP_OVERLAY_STATS,
 ];
 
 /// Egress NAT for devices that carry Ethernet frames (veth).
@@ -60,12 +73,20 @@ pub const PROG_INGRESS_IP: &str = "nat_ingress_ip";
 /// The XDP guard of the tunnel port, on the gateway's uplink.
 pub const PROG_GUARD: &str = "tunnel_guard";
 
+/// Worker: sends pods' remote-bound packets to the gateway node, on the
+/// pod-facing host devices.
+pub const PROG_STEER: &str = "overlay_steer";
+/// Every node: takes in packets from the overlay, on its VXLAN device.
+pub const PROG_ACCEPT: &str = "overlay_accept";
+
 /// Every TC program the agent loads.
-pub const PROGRAMS: [&str; 4] = [
+pub const PROGRAMS: [&str; 6] = [
     PROG_EGRESS_ETH,
     PROG_INGRESS_ETH,
     PROG_EGRESS_IP,
     PROG_INGRESS_IP,
+    PROG_STEER,
+    PROG_ACCEPT,
 ];
 
 /// Maximum number of peer networks in [`MAP_PEERS`] (two per peer).
@@ -74,6 +95,8 @@ pub const MAX_PEER_NETWORKS: u32 = 8192;
 pub const MAX_GUARD_SOURCES: u32 = 16384;
 /// Capacity of [`MAP_GUARD_INDEXES`]: one per tunnel peer.
 pub const MAX_GUARD_INDEXES: u32 = 8192;
+/// Capacity of [`MAP_NODES`]: PodCIDRs of the cluster's nodes.
+pub const MAX_NODES: u32 = 16384;
 /// Default capacity of [`MAP_NATMAP`] and [`MAP_NATMAP_REV`]; the agent may
 /// set another at load time.
 pub const DEFAULT_NAT_MAPPINGS: u32 = 65536;

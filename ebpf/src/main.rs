@@ -1,8 +1,8 @@
 //! Isthmus kernel programs.
 //!
 //! One pair of TC programs per link type: the same NAT code, compiled with
-//! the offset of the IPv4 header fixed, so the verifier sees constants; and
-//! the XDP guard of the tunnel port.
+//! the offset of the IPv4 header fixed, so the verifier sees constants; the
+//! overlay's programs; and the XDP guard of the tunnel port.
 #![no_std]
 #![no_main]
 
@@ -11,9 +11,11 @@ mod csum;
 mod guard;
 mod maps;
 mod nat;
+mod overlay;
 mod parse;
 
 use aya_ebpf::{
+    bindings::TC_ACT_UNSPEC,
     macros::{classifier, xdp},
     programs::{TcContext, XdpContext},
 };
@@ -28,10 +30,11 @@ pub fn nat_egress_eth(ctx: TcContext) -> i32 {
     nat::run(&ctx, ETH_HLEN, Direction::Egress)
 }
 
-/// Rewrites destinations of packets arriving from a peer, on an Ethernet device.
+/// Rewrites destinations of packets arriving from a peer, on an Ethernet
+/// device, and sends those for another node's pods to it.
 #[classifier]
 pub fn nat_ingress_eth(ctx: TcContext) -> i32 {
-    nat::run(&ctx, ETH_HLEN, Direction::Ingress)
+    ingress(&ctx, ETH_HLEN)
 }
 
 /// Rewrites sources of packets leaving towards a peer, on an L3 device (tun).
@@ -40,10 +43,32 @@ pub fn nat_egress_ip(ctx: TcContext) -> i32 {
     nat::run(&ctx, 0, Direction::Egress)
 }
 
-/// Rewrites destinations of packets arriving from a peer, on an L3 device (tun).
+/// Rewrites destinations of packets arriving from a peer, on an L3 device
+/// (tun), and sends those for another node's pods to it.
 #[classifier]
 pub fn nat_ingress_ip(ctx: TcContext) -> i32 {
-    nat::run(&ctx, 0, Direction::Ingress)
+    ingress(&ctx, 0)
+}
+
+#[inline(always)]
+fn ingress(ctx: &TcContext, l3: usize) -> i32 {
+    match nat::run(ctx, l3, Direction::Ingress) {
+        TC_ACT_UNSPEC => overlay::to_node(ctx, l3),
+        action => action,
+    }
+}
+
+/// Worker: sends pods' packets for peers' networks to the gateway node, on
+/// a pod-facing host device (ingress).
+#[classifier]
+pub fn overlay_steer(ctx: TcContext) -> i32 {
+    overlay::steer(&ctx, ETH_HLEN)
+}
+
+/// Takes in the overlay's packets, on the VXLAN device (ingress).
+#[classifier]
+pub fn overlay_accept(ctx: TcContext) -> i32 {
+    overlay::accept(&ctx)
 }
 
 /// Drops datagrams to the tunnel port from unknown sources, on the uplink.

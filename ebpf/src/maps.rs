@@ -1,14 +1,17 @@
 //! The maps the programs share with the agent.
 
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, PerCpuArray},
+    btf_maps::{Array, HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
     macros::btf_map,
 };
 use isthmus_common::{
     counters::{self, Direction, Outcome},
     guard::{GuardConfig, GuardSource, VERDICTS, Verdict},
-    names::{DEFAULT_NAT_MAPPINGS, MAX_GUARD_INDEXES, MAX_GUARD_SOURCES, MAX_PEER_NETWORKS},
+    names::{
+        DEFAULT_NAT_MAPPINGS, MAX_GUARD_INDEXES, MAX_GUARD_SOURCES, MAX_NODES, MAX_PEER_NETWORKS,
+    },
     nat::{MappingKey, PREFIX_LENS, PeerKey, PeerNat, PrefixLens},
+    overlay::{EVENTS, OverlayConfig, OverlayEvent},
 };
 
 /// A peer's networks as we see them → what to rewrite for that peer.
@@ -127,4 +130,34 @@ pub fn guard_index_known(index: u32) -> bool {
 #[inline(always)]
 pub fn count_guard(verdict: Verdict) {
     increment(&GUARD_STATS, verdict as u32);
+}
+
+/// The overlay's settings.
+#[btf_map(name = "ist_overlay")]
+static OVERLAY: Array<OverlayConfig, 1> = Array::new();
+
+/// The cluster's other nodes: PodCIDR → node address, both wire order.
+#[btf_map(name = "ist_nodes")]
+static NODES: LpmTrie<u32, u32, { MAX_NODES as usize }> = LpmTrie::new();
+
+/// Overlay events; summed over CPUs by the agent.
+#[btf_map(name = "ist_overlay_st")]
+static OVERLAY_STATS: PerCpuArray<u64, { EVENTS.len() }> = PerCpuArray::new();
+
+/// The overlay's settings, once the agent has created its device.
+#[inline(always)]
+pub fn overlay() -> Option<&'static OverlayConfig> {
+    OVERLAY.get(0).filter(|c| c.ifindex != 0)
+}
+
+/// The address of the other node whose PodCIDR holds `addr` (wire order).
+#[inline(always)]
+pub fn node_of(addr: u32) -> Option<u32> {
+    NODES.get(&Key::new(32, addr)).copied()
+}
+
+/// Counts one overlay event.
+#[inline(always)]
+pub fn count_overlay(event: OverlayEvent) {
+    increment(&OVERLAY_STATS, event as u32);
 }

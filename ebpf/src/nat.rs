@@ -19,11 +19,11 @@ use isthmus_common::{
 use crate::{
     conntrack::{self, Refused},
     csum, maps,
-    parse::{self, ICMP_CHECK, ICMP_ECHO_ID, Ipv4, Malformed, Packet, PseudoCsum, Transport, ip},
+    parse::{
+        self, ETH_P_IP, ICMP_CHECK, ICMP_ECHO_ID, Ipv4, Malformed, Packet, PseudoCsum, Transport,
+        ip,
+    },
 };
-
-/// `skb->protocol` of IPv4: a big-endian ethertype in a `u32`.
-const ETH_P_IP: u32 = 0x0800u16.to_be() as u32;
 
 /// Which address field is ours and which is the peer's, in one direction.
 #[derive(Clone, Copy)]

@@ -14,6 +14,9 @@ pub mod ip {
     pub const DST: usize = 16;
 }
 
+/// `skb->protocol` of IPv4: a big-endian ethertype in a `u32`.
+pub const ETH_P_IP: u32 = 0x0800u16.to_be() as u32;
+
 const IPV4_MIN_HLEN: usize = 20;
 const TCP_CHECK: usize = 16;
 const TCP_MIN_HLEN: usize = 20;

@@ -6,12 +6,14 @@ use std::{
     io::{BufRead, BufReader},
     net::Ipv4Addr,
     path::PathBuf,
-    process::{Child, Command, Stdio},
-    time::{Duration, Instant},
+    process::Child,
 };
 
 use etherparse::{NetSlice, SlicedPacket, TransportSlice};
-use isthmus_tests::require_lab;
+use isthmus_tests::{
+    capture::{self, frames},
+    require_lab,
+};
 use xtask::{
     lab::{self, LabTunnel},
     probe::{self, Proto},
@@ -20,61 +22,9 @@ use xtask::{
 
 const ETH_P_ARP: u16 = 0x0806;
 
-/// Frames of a classic pcap file.
-fn frames(pcap: &[u8]) -> Vec<&[u8]> {
-    assert!(pcap.len() >= 24, "no pcap header");
-    let mut frames = Vec::new();
-    let mut at = 24;
-    while at + 16 <= pcap.len() {
-        let len = u32::from_le_bytes(pcap[at + 8..at + 12].try_into().unwrap()) as usize;
-        frames.push(&pcap[at + 16..(at + 16 + len).min(pcap.len())]);
-        at += 16 + len;
-    }
-    frames
-}
-
-/// Starts tcpdump on a-gw's `wan0` with `args`, for 60 s at most, and
-/// returns once it listens. Its
-/// stderr goes to a log named after `name` in the lab's state directory.
+/// Starts tcpdump on a-gw's `wan0` with `args`.
 fn capture_on_wan(args: &[&str], name: &str) -> Child {
-    let log_path = PathBuf::from(lab::STATE_DIR).join(format!("tcpdump-{name}.log"));
-    // Bounded in time whatever happens; `timeout` passes our SIGINT on.
-    let mut tcpdump = Command::new("timeout")
-        .args([
-            "60",
-            "ip",
-            "netns",
-            "exec",
-            &A.gw(),
-            "tcpdump",
-            "-i",
-            "wan0",
-            "-n",
-            "-U",
-        ])
-        .arg("--immediate-mode")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(fs::File::create(&log_path).unwrap())
-        .spawn()
-        .expect("tcpdump");
-    let start = Instant::now();
-    while !fs::read_to_string(&log_path)
-        .unwrap_or_default()
-        .contains("listening on")
-    {
-        assert!(
-            tcpdump.try_wait().unwrap().is_none(),
-            "tcpdump exited: {}",
-            fs::read_to_string(&log_path).unwrap_or_default()
-        );
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "tcpdump never started"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    tcpdump
+    capture::start(&A.gw(), "wan0", args, name)
 }
 
 #[test]
@@ -95,13 +45,7 @@ fn only_wireguard_between_the_gateways_crosses_the_wan() {
             assert_eq!(seen.client_as_seen_by_server, row.client_seen_as);
         }
     }
-    // Ends only the capture this test started, by PID.
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(tcpdump.id() as i32),
-        nix::sys::signal::Signal::SIGINT,
-    )
-    .unwrap();
-    tcpdump.wait().unwrap();
+    capture::stop(tcpdump);
 
     let gateways: Vec<Ipv4Addr> = CLUSTERS.iter().map(|c| c.wan_addr()).collect();
     let bytes = fs::read(&pcap).unwrap();

@@ -303,23 +303,20 @@ pub fn wire_pod(pod: &str, host: &str, host_end: &str, addr: Ipv4Addr) -> Result
     Ok(())
 }
 
-/// Workers send peers' networks to their gateway. With the tunnel, the
-/// gateway's agent routes them into it; without, the lab routes them over
-/// the WAN in clear.
+/// Without a tunnel, gateways route peers' networks over the WAN in clear;
+/// with one, the gateway's agent (or wireguard-go's setup) routes them into
+/// it. Workers have no route to peers: the overlay steers their pods'
+/// traffic from the kernel.
 fn route_peers(tunnel: LabTunnel) -> Result<()> {
+    if tunnel != LabTunnel::None {
+        return Ok(());
+    }
     for p in &PEERINGS {
         for net in p.remote_views() {
-            let net = net.to_string();
-            if tunnel == LabTunnel::None {
-                let via = p.remote.wan_addr().to_string();
-                ip(
-                    &p.local.gw(),
-                    &["route", "add", &net, "via", &via, "dev", "wan0"],
-                )?;
-            }
+            let via = p.remote.wan_addr().to_string();
             ip(
-                &p.local.node(),
-                &["route", "add", &net, "via", &p.local.lan_gw().to_string()],
+                &p.local.gw(),
+                &["route", "add", &net.to_string(), "via", &via, "dev", "wan0"],
             )?;
         }
     }
@@ -414,8 +411,19 @@ fn write_objects(tunnel: LabTunnel) -> Result<()> {
             fs::write(dir.join(format!("peer-{}.yaml", p.remote.name)), &yaml)?;
         }
     }
+    for cluster in CLUSTERS {
+        for (node, _) in cluster.nodes() {
+            write_object(&node, NODES_FILE, &cluster.nodes_yaml())?;
+        }
+    }
     write_nat_mapping(&[NAT_MAPPING.entry()])
 }
+
+/// The nodes file in every node's object directory.
+pub const NODES_FILE: &str = "nodes.yaml";
+
+/// The host ends of the lab's pod veths, which workers steer from.
+pub const POD_DEVS: &str = "pod*";
 
 /// Writes the hub's NatMapping for its client with `entries` (endpoint,
 /// externalIP) on both of the hub's nodes; the agents pick it up live.
@@ -471,6 +479,8 @@ pub fn agent_args(node: &str) -> Result<Vec<String>> {
             .find(|c| c.gw() == node)
             .context("a gateway of no cluster")?;
         args.push(format!("--masquerade-ip={}", cluster.masquerade_addr()));
+    } else {
+        args.push(format!("--pod-devs={POD_DEVS}"));
     }
     match tunnel_mode() {
         LabTunnel::Userspace => {

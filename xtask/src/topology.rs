@@ -12,6 +12,12 @@ pub const WAN_NS: &str = "ist-wan";
 pub const TUNNEL_PORT: u16 = 5871;
 /// Metrics port of every agent.
 pub const METRICS_PORT: u16 = 9873;
+/// The label of a gateway node (the agent's default `--gateway-label`).
+pub const GATEWAY_LABEL: &str = "net.liqo.io/gateway";
+/// The VNI of the overlay between a cluster's nodes (the agent's default).
+pub const OVERLAY_VNI: u32 = 18952;
+/// The UDP port of the overlay (the agent's default).
+pub const OVERLAY_PORT: u16 = 4879;
 
 /// One simulated cluster.
 #[derive(Debug)]
@@ -112,6 +118,30 @@ impl Cluster {
     pub fn masquerade_addr(&self) -> Ipv4Addr {
         Ipv4Addr::from(u32::from(self.pods().broadcast()) - 1)
     }
+    /// The cluster's `v1` Node objects, as the agents read them for the
+    /// overlay: each node's half of the PodCIDR, its LAN address, and the
+    /// gateway label on the gateway.
+    pub fn nodes_yaml(&self) -> String {
+        [
+            (self.gw(), 2, self.lan_gw(), true),
+            (self.node(), 1, self.lan_node(), false),
+        ]
+        .iter()
+        .map(|(name, half, address, gateway)| {
+            let labels = if *gateway {
+                format!("\n  labels: {{{GATEWAY_LABEL}: \"true\"}}")
+            } else {
+                String::new()
+            };
+            format!(
+                "apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}{labels}\nspec:\n  podCIDR: {}\nstatus:\n  addresses:\n  - {{type: InternalIP, address: {address}}}\n",
+                self.pod_half(*half)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("---\n")
+    }
+
     /// Every node netns of the cluster with its role.
     pub fn nodes(&self) -> [(String, &'static str); 2] {
         [(self.gw(), "gateway"), (self.node(), "worker")]

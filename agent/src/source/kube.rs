@@ -1,5 +1,6 @@
-//! The Kubernetes source: TunnelEndpoints in every namespace and the
-//! cluster-scoped NatMappings, through kube-rs's watcher and reflector.
+//! The Kubernetes source: TunnelEndpoints in every namespace, the
+//! cluster-scoped NatMappings, and the Nodes the overlay needs, through
+//! kube-rs's watcher and reflector.
 //!
 //! Each object is an origin of its own. The watcher relists after a `410
 //! Gone` or a broken watch, and backs off with jitter while the API server
@@ -22,7 +23,13 @@ use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use super::SourceEvent;
-use crate::object::{self, API_VERSION, KIND_NAT_MAPPING, KIND_TUNNEL_ENDPOINT, Object, ObjectKey};
+use crate::object::{
+    self, API_VERSION, CORE_API_VERSION, KIND_NAT_MAPPING, KIND_NODE, KIND_TUNNEL_ENDPOINT, Object,
+    ObjectKey,
+};
+
+/// Every kind the source watches.
+const KINDS: [&str; 3] = [KIND_TUNNEL_ENDPOINT, KIND_NAT_MAPPING, KIND_NODE];
 
 /// The objects as the API server last sent them, for writing back status
 /// and events.
@@ -34,22 +41,33 @@ pub struct KubeSource {
     pub nat_mappings: Store<DynamicObject>,
 }
 
-/// The resource name of `kind`, one of the two the agent reads.
+/// The resource name of `kind`, one of [`KINDS`].
 fn plural(kind: &str) -> &'static str {
-    if kind == KIND_NAT_MAPPING {
-        "natmappings"
-    } else {
-        "tunnelendpoints"
+    match kind {
+        KIND_NAT_MAPPING => "natmappings",
+        KIND_NODE => "nodes",
+        _ => "tunnelendpoints",
     }
 }
 
-/// The API resource of `kind`, one of the two the agent reads.
+/// The `apiVersion` of `kind`, one of [`KINDS`].
+fn api_version(kind: &str) -> &'static str {
+    if kind == KIND_NODE {
+        CORE_API_VERSION
+    } else {
+        API_VERSION
+    }
+}
+
+/// The API resource of `kind`, one of [`KINDS`].
 pub fn api_resource(kind: &str) -> ApiResource {
-    let (group, version) = API_VERSION.split_once('/').expect("group/version");
+    let api_version = api_version(kind);
+    // The core group has no name: `v1`.
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
     ApiResource {
         group: group.into(),
         version: version.into(),
-        api_version: API_VERSION.into(),
+        api_version: api_version.into(),
         kind: kind.into(),
         plural: plural(kind).into(),
     }
@@ -60,20 +78,22 @@ pub fn origin(kind: &str, key: &ObjectKey) -> String {
     format!("kube:{}/{key}", plural(kind))
 }
 
-/// Watches both kinds and sends their changes; `Synced` follows once both
-/// were listed in full. Events stop when the receiver is dropped.
+/// Watches every kind and sends their changes; `Synced` follows once each
+/// was listed in full. Events stop when the receiver is dropped.
 pub fn watch_kube(client: Client) -> (mpsc::Receiver<SourceEvent>, KubeSource) {
-    let (tunnel_endpoints, te_stream) = reflected(&client, KIND_TUNNEL_ENDPOINT);
-    let (nat_mappings, nm_stream) = reflected(&client, KIND_NAT_MAPPING);
+    let [(tunnel_endpoints, te), (nat_mappings, nm), (_, nodes)] =
+        KINDS.map(|kind| reflected(&client, kind));
+    let streams = [te, nm, nodes];
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
-        let mut kinds = [
-            Listing::new(KIND_TUNNEL_ENDPOINT),
-            Listing::new(KIND_NAT_MAPPING),
-        ];
+        let mut kinds = KINDS.map(Listing::new);
         let mut synced = false;
-        let mut events =
-            futures::stream::select(te_stream.map(|e| (0, e)), nm_stream.map(|e| (1, e)));
+        let mut events = futures::stream::select_all(
+            streams
+                .into_iter()
+                .enumerate()
+                .map(|(i, stream)| stream.map(move |e| (i, e))),
+        );
         while let Some((kind, event)) = events.next().await {
             let listing = &mut kinds[kind];
             let event = match event {
@@ -194,7 +214,7 @@ impl Listing {
         let origin = origin(self.kind, &key(&object));
         // List items need not carry their type; the watch says what they are.
         object.types = Some(TypeMeta {
-            api_version: API_VERSION.into(),
+            api_version: api_version(self.kind).into(),
             kind: self.kind.into(),
         });
         let document = object::from_decoded(&origin, &object);
@@ -245,6 +265,15 @@ mod tests {
             ("net.liqo.io", "v1alpha1", "tunnelendpoints")
         );
         assert_eq!(api_resource(KIND_NAT_MAPPING).plural, "natmappings");
+        let nodes = api_resource(KIND_NODE);
+        assert_eq!(
+            (
+                nodes.group.as_str(),
+                nodes.version.as_str(),
+                nodes.plural.as_str()
+            ),
+            ("", "v1", "nodes")
+        );
     }
 
     #[test]

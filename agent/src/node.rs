@@ -1,0 +1,190 @@
+//! The cluster's nodes, as the overlay needs them: each node's PodCIDRs and
+//! address, and which node is the gateway. Read from `v1` Node objects, from
+//! the API server or from a nodes file in the object directory.
+
+use std::{collections::BTreeMap, net::Ipv4Addr};
+
+use ipnet::Ipv4Net;
+use serde_yaml_ng::Value;
+use thiserror::Error;
+
+use crate::object::{ObjectKey, RawNode};
+
+/// The node address the overlay sends to, as Kubernetes lists it.
+const ADDRESS_TYPE: &str = "InternalIP";
+
+/// A node, validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Node {
+    /// Its name.
+    pub name: String,
+    /// Its `spec.podCIDRs` (or `spec.podCIDR`), IPv4 only.
+    pub pod_cidrs: Vec<Ipv4Net>,
+    /// Its first IPv4 `InternalIP`.
+    pub address: Ipv4Addr,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A Node that cannot be used, naming the origin, object and field.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[error("{origin}: Node {object}: {problem}")]
+pub struct NodeError {
+    /// Where the object came from.
+    pub origin: String,
+    /// The object.
+    pub object: ObjectKey,
+    /// What is wrong, naming the field.
+    pub problem: String,
+}
+
+impl Node {
+    /// Validates a Node read from `origin`.
+    pub fn from_raw(raw: &RawNode, origin: &str) -> Result<Self, NodeError> {
+        let error = |problem: String| NodeError {
+            origin: origin.to_owned(),
+            object: raw.key.clone(),
+            problem,
+        };
+        let pod_cidrs = pod_cidrs(raw).map_err(error)?;
+        let address = internal_ip(raw).map_err(error)?;
+        let labels = raw
+            .labels
+            .iter()
+            .filter_map(|(k, v)| Some((k.as_str()?.to_owned(), label_value(v)?)))
+            .collect();
+        Ok(Self {
+            name: raw.key.name.clone(),
+            pod_cidrs,
+            address,
+            labels,
+        })
+    }
+
+    /// Whether it carries `label`, given as `key=value` (or a bare `key`,
+    /// for any value).
+    pub fn has_label(&self, label: &str) -> bool {
+        match label.split_once('=') {
+            Some((key, value)) => self.labels.get(key).is_some_and(|v| v == value),
+            None => self.labels.contains_key(label),
+        }
+    }
+}
+
+/// YAML reads `"true"` as a string but an unquoted `true` as a boolean.
+fn label_value(value: &Value) -> Option<String> {
+    match value {
+        Value::String(s) => Some(s.clone()),
+        Value::Bool(b) => Some(b.to_string()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// `spec.podCIDRs`, else `spec.podCIDR`; IPv6 entries are skipped, as the
+/// dataplane is IPv4. A node without any is valid: it holds no pods yet.
+fn pod_cidrs(raw: &RawNode) -> Result<Vec<Ipv4Net>, String> {
+    let (field, values): (&str, Vec<&Value>) = match raw.spec.get("podCIDRs") {
+        Some(Value::Sequence(list)) => ("spec.podCIDRs", list.iter().collect()),
+        Some(_) => return Err("field spec.podCIDRs: not a list".into()),
+        None => (
+            "spec.podCIDR",
+            raw.spec.get("podCIDR").into_iter().collect(),
+        ),
+    };
+    let mut cidrs = Vec::new();
+    for value in values {
+        let text = value
+            .as_str()
+            .ok_or_else(|| format!("field {field}: {value:?} is not a string"))?;
+        if text.contains(':') {
+            continue;
+        }
+        let net: Ipv4Net = text
+            .parse()
+            .map_err(|_| format!("field {field}: {text:?} is not an IPv4 CIDR"))?;
+        cidrs.push(net.trunc());
+    }
+    Ok(cidrs)
+}
+
+/// The first IPv4 `InternalIP` in `status.addresses`.
+fn internal_ip(raw: &RawNode) -> Result<Ipv4Addr, String> {
+    let addresses = match raw.status.get("addresses") {
+        Some(Value::Sequence(list)) => list,
+        Some(_) => return Err("field status.addresses: not a list".into()),
+        None => return Err("field status.addresses is missing".into()),
+    };
+    addresses
+        .iter()
+        .filter(|a| a.get("type").and_then(Value::as_str) == Some(ADDRESS_TYPE))
+        .filter_map(|a| a.get("address").and_then(Value::as_str))
+        .find_map(|text| text.parse().ok())
+        .ok_or_else(|| format!("field status.addresses: no IPv4 address of type {ADDRESS_TYPE}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::object::{Object, parse_documents};
+
+    fn node(yaml: &str) -> Result<Node, NodeError> {
+        let docs = parse_documents(Path::new("nodes.yaml"), yaml);
+        match docs.into_iter().next() {
+            Some(Ok(Object::Node(raw))) => Node::from_raw(&raw, "nodes.yaml"),
+            other => panic!("not a node: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn reads_pod_cidrs_address_and_labels() {
+        let n = node(
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: a-gw\n  labels: {net.liqo.io/gateway: \"true\", zone: 3}\n\
+             spec: {podCIDRs: [10.244.0.128/25, \"fd00::/64\"]}\n\
+             status:\n  addresses:\n  - {type: Hostname, address: a-gw}\n  - {type: InternalIP, address: \"fd00::1\"}\n  - {type: InternalIP, address: 172.16.1.1}\n",
+        )
+        .unwrap();
+        assert_eq!(n.pod_cidrs, vec!["10.244.0.128/25".parse().unwrap()]);
+        assert_eq!(n.address, Ipv4Addr::new(172, 16, 1, 1));
+        assert!(n.has_label("net.liqo.io/gateway=true"));
+        assert!(n.has_label("zone"));
+        assert!(!n.has_label("net.liqo.io/gateway=false"));
+    }
+
+    #[test]
+    fn the_single_pod_cidr_field_is_read_too() {
+        let n = node(
+            "apiVersion: v1\nkind: Node\nmetadata: {name: w}\nspec: {podCIDR: 10.244.0.7/25}\n\
+             status: {addresses: [{type: InternalIP, address: 172.16.1.2}]}\n",
+        )
+        .unwrap();
+        assert_eq!(n.pod_cidrs, vec!["10.244.0.0/25".parse().unwrap()]);
+    }
+
+    #[test]
+    fn errors_name_the_object_and_field() {
+        let bad_cidr = node(
+            "apiVersion: v1\nkind: Node\nmetadata: {name: w}\nspec: {podCIDR: 10.244.0/25}\n\
+             status: {addresses: [{type: InternalIP, address: 172.16.1.2}]}\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            bad_cidr,
+            "nodes.yaml: Node w: field spec.podCIDR: \"10.244.0/25\" is not an IPv4 CIDR"
+        );
+        let no_address = node(
+            "apiVersion: v1\nkind: Node\nmetadata: {name: w}\nspec: {podCIDR: 10.244.0.0/25}\n\
+             status: {addresses: [{type: Hostname, address: w}]}\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            no_address
+                .contains("Node w: field status.addresses: no IPv4 address of type InternalIP"),
+            "{no_address}"
+        );
+    }
+}

@@ -1,0 +1,314 @@
+//! The overlay between the cluster's nodes (see `isthmus_common::overlay`):
+//! the VXLAN device, the gateway node workers send to, and the table of
+//! other nodes' PodCIDRs the gateway sends to. Both follow the Node objects
+//! of the source; no route, rule or FDB entry is written.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::Ipv4Addr,
+};
+
+use aya::maps::MapError;
+use futures::TryStreamExt;
+use ipnet::Ipv4Net;
+use isthmus_common::{nat::wire, overlay::OverlayConfig};
+use rtnetlink::{
+    Handle, LinkUnspec, LinkVxlan, new_connection,
+    packet_route::link::{InfoData, InfoVxlan, LinkAttribute, LinkInfo, LinkMessage},
+};
+use thiserror::Error;
+use tracing::{info, warn};
+
+use crate::{
+    dataplane::{self, AttachMode, Dataplane},
+    maps::{NodeMap, OverlaySettings},
+    node::Node,
+    reconcile::Mirror,
+};
+
+/// What the operator chose for the overlay.
+#[derive(Clone, Debug)]
+pub struct OverlayOptions {
+    /// The VXLAN device's name.
+    pub dev: String,
+    /// The VNI of overlay packets.
+    pub vni: u32,
+    /// The UDP port of the overlay.
+    pub port: u16,
+    /// The gateway node's address, if fixed by configuration; otherwise
+    /// it is the address of the node carrying `gateway_label`.
+    pub gateway: Option<Ipv4Addr>,
+    /// The label (`key=value`) of the gateway node.
+    pub gateway_label: String,
+    /// This node's name: its own PodCIDRs are not overlay destinations.
+    pub node: String,
+}
+
+/// Failures setting the overlay up.
+#[derive(Debug, Error)]
+pub enum OverlayError {
+    /// Opening the netlink socket failed.
+    #[error("netlink: {0}")]
+    Connect(#[from] std::io::Error),
+    /// The kernel refused a request about the device.
+    #[error("overlay device {dev}: {what}: {source}")]
+    Device {
+        /// The device.
+        dev: String,
+        /// What was asked.
+        what: &'static str,
+        /// What the kernel said.
+        source: rtnetlink::Error,
+    },
+    /// The device vanished between creation and lookup.
+    #[error("overlay device {0} not found after creating it")]
+    Missing(String),
+    /// A map could not be written.
+    #[error("overlay map: {0}")]
+    Map(#[from] MapError),
+}
+
+/// The overlay's kernel state on this node.
+pub struct Overlay {
+    options: OverlayOptions,
+    settings: OverlaySettings,
+    config: OverlayConfig,
+    nodes: Mirror<NodeMap>,
+}
+
+impl Overlay {
+    /// Writes the settings for the VXLAN device `ifindex`, keeping the
+    /// gateway a previous agent found until the source says otherwise, so a
+    /// restart does not interrupt the overlay.
+    pub fn new(
+        options: OverlayOptions,
+        mut settings: OverlaySettings,
+        nodes: NodeMap,
+        ifindex: u32,
+    ) -> Result<Self, OverlayError> {
+        let previous = settings.get()?;
+        let config = OverlayConfig {
+            gateway: options
+                .gateway
+                .map_or(previous.gateway, |a| wire(a.octets())),
+            vni: options.vni,
+            ifindex,
+        };
+        settings.set(config)?;
+        Ok(Self {
+            options,
+            settings,
+            config,
+            nodes: Mirror::new(nodes)?,
+        })
+    }
+
+    /// Follows the cluster's nodes: the gateway workers send to, and every
+    /// other node's PodCIDRs. Returns the first failure after trying every
+    /// change.
+    pub fn sync(&mut self, nodes: &[Node]) -> Result<(), MapError> {
+        let desired: BTreeMap<Ipv4Net, u32> = nodes
+            .iter()
+            .filter(|n| n.name != self.options.node)
+            .flat_map(|n| n.pod_cidrs.iter().map(|c| (*c, wire(n.address.octets()))))
+            .collect();
+        let (written, removed, failure) = self.nodes.apply(&desired);
+        if written + removed > 0 {
+            info!(
+                written,
+                removed,
+                entries = desired.len(),
+                "overlay node table programmed"
+            );
+        }
+        let gateway = self.gateway(nodes);
+        if gateway != self.config.gateway {
+            self.config.gateway = gateway;
+            self.settings.set(self.config)?;
+            let address = Ipv4Addr::from(gateway.to_ne_bytes());
+            info!(gateway = %address, "overlay sends remote-bound traffic to this gateway node");
+        }
+        failure.map_or(Ok(()), Err)
+    }
+
+    /// The gateway node's address (wire order) workers send to: 0 on the
+    /// gateway itself, and while none is known.
+    fn gateway(&self, nodes: &[Node]) -> u32 {
+        if let Some(fixed) = self.options.gateway {
+            return wire(fixed.octets());
+        }
+        let mut labelled = nodes
+            .iter()
+            .filter(|n| n.has_label(&self.options.gateway_label));
+        let Some(gateway) = labelled.next() else {
+            return 0;
+        };
+        if let Some(other) = labelled.next() {
+            warn!(chosen = %gateway.name, other = %other.name, label = %self.options.gateway_label, "several nodes carry the gateway label; the first by name is used");
+        }
+        if gateway.name == self.options.node {
+            0
+        } else {
+            wire(gateway.address.octets())
+        }
+    }
+}
+
+/// Creates the collect-metadata VXLAN device `options.dev`, or keeps the
+/// one a previous agent created if it is configured alike, and brings it up.
+/// Returns its ifindex.
+pub async fn ensure_device(options: &OverlayOptions) -> Result<u32, OverlayError> {
+    let (connection, handle, _) = new_connection()?;
+    tokio::spawn(connection);
+    let dev = &options.dev;
+    let failed = |what| {
+        move |source| OverlayError::Device {
+            dev: dev.clone(),
+            what,
+            source,
+        }
+    };
+    if let Some(link) = find(&handle, dev).await.map_err(failed("lookup"))? {
+        if is_ours(&link, options.port) {
+            return up(&handle, link.header.index)
+                .await
+                .map_err(failed("bringing it up"));
+        }
+        warn!(dev = %dev, "replacing a device of that name that is not a metadata VXLAN on the overlay port");
+        handle
+            .link()
+            .del(link.header.index)
+            .execute()
+            .await
+            .map_err(failed("deleting the old device"))?;
+    }
+    // The kernel maps every packet of a metadata device to VNI 0 when it
+    // looks for the receiving device, so the device itself must have VNI 0;
+    // the VNI travels in the tunnel key.
+    let device = LinkVxlan::new(dev, 0)
+        .port(options.port)
+        .collect_metadata(true)
+        .learning(false)
+        .build();
+    handle
+        .link()
+        .add(device)
+        .execute()
+        .await
+        .map_err(failed("creating it"))?;
+    let link = find(&handle, dev)
+        .await
+        .map_err(failed("lookup"))?
+        .ok_or_else(|| OverlayError::Missing(dev.clone()))?;
+    info!(dev = %dev, vni = options.vni, port = options.port, "overlay device created");
+    accept_any_source(dev);
+    up(&handle, link.header.index)
+        .await
+        .map_err(failed("bringing it up"))
+}
+
+/// Packets from other nodes' pods arrive on the device while the route
+/// back to them leads elsewhere; strict reverse-path filtering on the
+/// device would drop them. (`all` still applies where it is stricter.)
+fn accept_any_source(dev: &str) {
+    let path = format!("/proc/sys/net/ipv4/conf/{dev}/rp_filter");
+    if let Err(e) = std::fs::write(&path, "0") {
+        warn!(path, error = %e, "cannot turn reverse-path filtering off on the overlay device");
+    }
+}
+
+async fn find(handle: &Handle, dev: &str) -> Result<Option<LinkMessage>, rtnetlink::Error> {
+    match handle
+        .link()
+        .get()
+        .match_name(dev.to_owned())
+        .execute()
+        .try_next()
+        .await
+    {
+        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => Ok(None),
+        other => other,
+    }
+}
+
+async fn up(handle: &Handle, index: u32) -> Result<u32, rtnetlink::Error> {
+    handle
+        .link()
+        .set(LinkUnspec::new_with_index(index).up().build())
+        .execute()
+        .await?;
+    Ok(index)
+}
+
+/// Whether `link` is a collect-metadata VXLAN device of VNI 0 on `port`.
+fn is_ours(link: &LinkMessage, port: u16) -> bool {
+    let infos = link.attributes.iter().find_map(|a| match a {
+        LinkAttribute::LinkInfo(infos) => Some(infos),
+        _ => None,
+    });
+    let vxlan = infos.into_iter().flatten().find_map(|i| match i {
+        LinkInfo::Data(InfoData::Vxlan(vxlan)) => Some(vxlan),
+        _ => None,
+    });
+    vxlan.is_some_and(|v| {
+        v.contains(&InfoVxlan::CollectMetadata(true))
+            && v.contains(&InfoVxlan::Port(port))
+            && v.contains(&InfoVxlan::Id(0))
+    })
+}
+
+/// Worker: the pod-facing devices the steering program is attached to,
+/// found by name as pods come and go.
+pub struct PodDevices {
+    patterns: Vec<String>,
+    attached: BTreeSet<String>,
+}
+
+impl PodDevices {
+    /// Devices named by `patterns`: exact names, or prefixes ending in `*`.
+    pub fn new(patterns: Vec<String>) -> Self {
+        Self {
+            patterns,
+            attached: BTreeSet::new(),
+        }
+    }
+
+    /// Attaches the steering program to every new matching device and
+    /// forgets the links of devices that are gone. A device that refuses
+    /// is retried on the next call; the others are unaffected.
+    pub fn refresh(&mut self, dataplane: &mut Dataplane, mode: AttachMode) {
+        let Ok(present) = dataplane::devices() else {
+            return;
+        };
+        let present: BTreeSet<String> = present
+            .into_iter()
+            .filter(|dev| self.patterns.iter().any(|p| matches(p, dev)))
+            .collect();
+        for dev in present.difference(&self.attached.clone()) {
+            match dataplane.attach_steer(dev, mode) {
+                Ok(()) => {
+                    info!(dev = %dev, "steering program attached to pod device");
+                    self.attached.insert(dev.clone());
+                }
+                Err(e) => {
+                    warn!(dev = %dev, error = %e, "attaching the steering program; will retry")
+                }
+            }
+        }
+        for dev in self.attached.clone().difference(&present) {
+            if let Err(e) = dataplane.forget_device(dev) {
+                warn!(dev = %dev, error = %e, "removing the link pins of a vanished pod device");
+            }
+            self.attached.remove(dev);
+        }
+    }
+}
+
+/// Whether device `dev` matches `pattern`: equal, or starting with what
+/// precedes a final `*`.
+fn matches(pattern: &str, dev: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => dev.starts_with(prefix),
+        None => dev == pattern,
+    }
+}

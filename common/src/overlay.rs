@@ -1,0 +1,74 @@
+//! The overlay between the nodes of a cluster: worker nodes steer pods'
+//! remote-bound traffic to the gateway node, and the gateway sends traffic
+//! from the tunnel to the node that holds its pod, both over one
+//! collect-metadata VXLAN device.
+//!
+//! The kernel programs choose the remote node per packet and set it as the
+//! tunnel key; no host route, rule or FDB entry is involved.
+
+/// Name of the VXLAN device the agent creates on every node.
+pub const DEFAULT_DEVICE: &str = "isthmus.vx";
+/// Default VNI: Liqo's routing table number, so captures are easy to tell.
+pub const DEFAULT_VNI: u32 = 18952;
+/// Default UDP port of the overlay (not the IANA 4789, which a CNI may own).
+pub const DEFAULT_PORT: u16 = 4879;
+/// Bytes the overlay adds to a packet: outer IPv4, UDP, VXLAN and the inner
+/// Ethernet header.
+pub const OVERHEAD: u32 = 20 + 8 + 8 + 14;
+
+/// The overlay's settings on one node.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OverlayConfig {
+    /// The active gateway node's address (wire order), where workers send
+    /// remote-bound traffic; 0 while unknown, and on the gateway itself.
+    pub gateway: u32,
+    /// The VNI of every overlay packet.
+    pub vni: u32,
+    /// The VXLAN device's ifindex; 0 until the agent has created it, and
+    /// then the programs encapsulate nothing.
+    pub ifindex: u32,
+}
+
+/// What the overlay did with a packet.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OverlayEvent {
+    /// A worker sent a pod's remote-bound packet to the gateway node.
+    ToGateway = 0,
+    /// The gateway sent a packet from the tunnel to the node of its pod.
+    ToNode = 1,
+    /// A node took in a packet from the overlay.
+    Received = 2,
+    /// A worker had a remote-bound packet while no gateway is known; the
+    /// packet went on to the stack.
+    NoGateway = 3,
+    /// A packet came in on the overlay device with another VNI; dropped.
+    WrongVni = 4,
+    /// The kernel refused to encapsulate; the packet went on to the stack.
+    Failed = 5,
+}
+
+/// Every event, in slot order.
+pub const EVENTS: [OverlayEvent; 6] = [
+    OverlayEvent::ToGateway,
+    OverlayEvent::ToNode,
+    OverlayEvent::Received,
+    OverlayEvent::NoGateway,
+    OverlayEvent::WrongVni,
+    OverlayEvent::Failed,
+];
+
+impl OverlayEvent {
+    /// Lower-case name used in metrics.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            OverlayEvent::ToGateway => "to_gateway",
+            OverlayEvent::ToNode => "to_node",
+            OverlayEvent::Received => "received",
+            OverlayEvent::NoGateway => "no_gateway",
+            OverlayEvent::WrongVni => "wrong_vni",
+            OverlayEvent::Failed => "failed",
+        }
+    }
+}

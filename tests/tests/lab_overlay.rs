@@ -1,0 +1,321 @@
+//! The overlay between a cluster's nodes, end to end in the lab: workers
+//! have no route to any peer, yet their pods reach remote worker pods and
+//! back, through both clusters' overlays; what crosses the LAN is VXLAN of
+//! the overlay's VNI and port between the two nodes; path MTU discovery
+//! works through the overlay, the tunnel and the NAT; and 50 MB cross intact.
+
+use std::{
+    fs,
+    io::{Read, Write},
+    net::{Ipv4Addr, TcpListener, TcpStream, UdpSocket},
+    os::fd::AsRawFd,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use etherparse::{NetSlice, SlicedPacket, TransportSlice};
+use isthmus_tests::{
+    capture::{self, frames},
+    metrics::sample,
+    require_lab,
+};
+use xtask::{
+    cmd::ip,
+    lab, netns,
+    probe::{self, Proto, next_port},
+    topology::{A, B, OVERLAY_PORT, OVERLAY_VNI},
+};
+
+/// b-pod1 as a sees it.
+const B_POD1: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 5);
+/// a-pod1 as b sees it.
+const A_POD1: Ipv4Addr = Ipv4Addr::new(10, 0, 40, 5);
+/// b-pod2 (on b-gw) as a sees it.
+const B_POD2: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 133);
+/// The tunnel device's MTU on every gateway (the agent's default).
+const TUNNEL_MTU: usize = 1420;
+
+fn overlay(node: &str, event: &str) -> f64 {
+    sample(
+        node,
+        &format!("isthmus_overlay_packets_total{{event=\"{event}\"}}"),
+    )
+}
+
+#[test]
+fn workers_have_no_route_to_any_peer() {
+    require_lab();
+    for target in [B_POD1, Ipv4Addr::new(10, 0, 1, 45)] {
+        let out = ip(&A.node(), &["route", "get", &target.to_string()]);
+        assert!(out.is_err(), "a-node routes {target}: {out:?}");
+    }
+    let link = ip(&A.node(), &["-d", "link", "show", "isthmus.vx"]).unwrap();
+    assert!(
+        link.contains("vxlan")
+            && link.contains("external")
+            && link.contains(&format!("dstport {OVERLAY_PORT}")),
+        "isthmus.vx is not a metadata VXLAN on port {OVERLAY_PORT}: {link}"
+    );
+}
+
+#[test]
+fn worker_pods_reach_remote_worker_pods_through_both_overlays() {
+    require_lab();
+    let nodes = [A.node(), A.gw(), B.gw(), B.node()];
+    let counts = || {
+        [
+            overlay(&nodes[0], "to_gateway"),
+            overlay(&nodes[1], "received"),
+            overlay(&nodes[2], "to_node"),
+            overlay(&nodes[3], "received"),
+        ]
+    };
+    let before = counts();
+    for proto in Proto::ALL {
+        let there = probe::exchange(proto, &A.pod(1), &B.pod(1), B_POD1).unwrap();
+        assert_eq!(there.client_as_seen_by_server, A_POD1, "{}", proto.as_str());
+        assert_eq!(there.server_as_seen_by_client, B_POD1, "{}", proto.as_str());
+        let back = probe::exchange(proto, &B.pod(1), &A.pod(1), A_POD1).unwrap();
+        assert_eq!(back.client_as_seen_by_server, B_POD1, "{}", proto.as_str());
+        assert_eq!(back.server_as_seen_by_client, A_POD1, "{}", proto.as_str());
+    }
+    let after = counts();
+    // Every exchange is at least one packet each way, in each direction.
+    let exchanges = 2.0 * Proto::ALL.len() as f64;
+    for (i, step) in [
+        "a-node sent to a-gw",
+        "a-gw took in from a-node",
+        "b-gw sent to b-node",
+        "b-node took in from b-gw",
+    ]
+    .iter()
+    .enumerate()
+    {
+        assert!(
+            after[i] - before[i] >= exchanges,
+            "{step}: {} packets for {exchanges} exchanges",
+            after[i] - before[i]
+        );
+    }
+}
+
+/// The LAN carries the worker's pod traffic as VXLAN from the worker to the
+/// gateway node, with the overlay's VNI and port, and the pod's packet
+/// unchanged inside: the tunnel key the steering program set.
+#[test]
+fn the_lan_carries_the_overlay_with_its_vni_port_and_nodes() {
+    require_lab();
+    let pcap = PathBuf::from(lab::STATE_DIR).join("a-lan.pcap");
+    let filter = format!("udp port {OVERLAY_PORT}");
+    let tcpdump = capture::start(
+        &A.lan(),
+        "br0",
+        &["-s", "200", "-w", pcap.to_str().unwrap(), &filter],
+        "a-lan",
+    );
+    probe::exchange(Proto::Udp, &A.pod(1), &B.pod(1), B_POD1).unwrap();
+    capture::stop(tcpdump);
+    let bytes = fs::read(&pcap).unwrap();
+    let mut outbound = 0;
+    let mut inbound = 0;
+    for frame in frames(&bytes) {
+        let outer = SlicedPacket::from_ethernet(frame).unwrap();
+        let (Some(NetSlice::Ipv4(ip)), Some(TransportSlice::Udp(udp))) =
+            (&outer.net, &outer.transport)
+        else {
+            panic!("not UDP over IPv4 on the overlay port: {outer:?}");
+        };
+        assert_eq!(udp.destination_port(), OVERLAY_PORT);
+        let vxlan = udp.payload();
+        assert_eq!(vxlan[0], 0x08, "VXLAN flags: VNI present");
+        let vni = u32::from_be_bytes([0, vxlan[4], vxlan[5], vxlan[6]]);
+        assert_eq!(vni, OVERLAY_VNI);
+        let inner = SlicedPacket::from_ethernet(&vxlan[8..]).unwrap();
+        let Some(NetSlice::Ipv4(inner_ip)) = &inner.net else {
+            panic!("no IPv4 inside the overlay");
+        };
+        let outer_ends = (ip.header().source_addr(), ip.header().destination_addr());
+        let inner_ends = (
+            inner_ip.header().source_addr(),
+            inner_ip.header().destination_addr(),
+        );
+        if outer_ends == (A.lan_node(), A.lan_gw()) {
+            assert_eq!(inner_ends, (A.pod_addr(1), B_POD1), "a-node to a-gw");
+            outbound += 1;
+        } else if outer_ends == (A.lan_gw(), A.lan_node()) {
+            // The gateway's ingress NAT already gave the reply its real destination.
+            assert_eq!(inner_ends, (B_POD1, A.pod_addr(1)), "a-gw to a-node");
+            inbound += 1;
+        } else {
+            panic!("overlay between {outer_ends:?}");
+        }
+    }
+    assert!(
+        outbound >= 1 && inbound >= 1,
+        "out {outbound}, in {inbound}"
+    );
+    fs::remove_file(&pcap).unwrap();
+}
+
+const IP_MTU_DISCOVER: libc::c_int = 10;
+const IP_PMTUDISC_DO: libc::c_int = 2;
+const IP_MTU: libc::c_int = 14;
+
+/// Sends datagrams of `size` bytes (IP) with DF set from `ns` to `target`
+/// until the kernel refuses one as too big, and returns the path MTU it
+/// learnt from the ICMP "fragmentation needed" that came back; 10 s at most.
+fn path_mtu(ns: &str, target: Ipv4Addr, size: usize) -> usize {
+    netns::run_in(ns, || {
+        let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
+        let fd = socket.as_raw_fd();
+        let set = |option, value: libc::c_int| {
+            // SAFETY: a valid socket and an int option.
+            let rc = unsafe {
+                libc::setsockopt(
+                    fd,
+                    libc::IPPROTO_IP,
+                    option,
+                    (&value as *const libc::c_int).cast(),
+                    4,
+                )
+            };
+            assert_eq!(rc, 0, "setsockopt {option}");
+        };
+        set(IP_MTU_DISCOVER, IP_PMTUDISC_DO);
+        socket.connect((target, next_port())).unwrap();
+        let payload = vec![0x5a; size - 28];
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match socket.send(&payload) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => break,
+                // The ICMP error itself is reported once, on a connected socket.
+                Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => {}
+                Err(e) => panic!("sending to {target}: {e}"),
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no fragmentation needed for {size} bytes to {target}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut mtu: libc::c_int = 0;
+        let mut len: libc::socklen_t = 4;
+        // SAFETY: a valid socket and an int out-parameter.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::IPPROTO_IP,
+                IP_MTU,
+                (&mut mtu as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(rc, 0, "getsockopt IP_MTU");
+        mtu as usize
+    })
+    .unwrap()
+}
+
+/// A full-size DF packet from a worker's pod is too big for the tunnel:
+/// the gateway's "fragmentation needed" reaches the pod, which then knows
+/// the path MTU. And where the limit is beyond the remote gateway (a pod
+/// link narrower than the tunnel), the error crosses the remote NAT, the
+/// tunnel and our NAT, and still names the pod's own packet.
+#[test]
+fn path_mtu_discovery_works_through_the_overlay_the_tunnel_and_the_nat() {
+    require_lab();
+    assert_eq!(path_mtu(&A.pod(1), B_POD1, 1500), TUNNEL_MTU);
+
+    let narrow = 1300;
+    ip(
+        &B.gw(),
+        &["link", "set", "pod2", "mtu", &narrow.to_string()],
+    )
+    .unwrap();
+    let learnt = path_mtu(&A.pod(1), B_POD2, 1400);
+    ip(&B.gw(), &["link", "set", "pod2", "mtu", "1500"]).unwrap();
+    assert_eq!(learnt, narrow);
+}
+
+/// 50 MB from a-pod1 to b-pod1 over TCP, through both overlays and the
+/// tunnel, arrive complete and unchanged: the receiver's digest of the
+/// stream equals the sender's.
+#[test]
+fn fifty_megabytes_cross_between_worker_pods_intact() {
+    require_lab();
+    const SIZE: usize = 50 * 1024 * 1024;
+    let port = next_port();
+    let listener = netns::run_in(&B.pod(1), || {
+        TcpListener::bind((Ipv4Addr::UNSPECIFIED, port))
+    })
+    .unwrap()
+    .unwrap();
+    let receiver = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        let mut digest = Digest::default();
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            let n = stream.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            digest.update(&buf[..n]);
+        }
+        digest
+    });
+    let sent = netns::run_in(&A.pod(1), || {
+        let mut stream =
+            TcpStream::connect_timeout(&(B_POD1, port).into(), Duration::from_secs(5)).unwrap();
+        stream
+            .set_write_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        let mut digest = Digest::default();
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut chunk = vec![0u8; 1 << 16];
+        for _ in 0..SIZE / chunk.len() {
+            for word in chunk.chunks_mut(8) {
+                // xorshift: cheap bytes that no link could get right by chance.
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                word.copy_from_slice(&state.to_le_bytes());
+            }
+            stream.write_all(&chunk).unwrap();
+            digest.update(&chunk);
+        }
+        digest
+    })
+    .unwrap();
+    let received = receiver.join().unwrap();
+    assert_eq!(received.len, SIZE as u64);
+    assert_eq!(received, sent, "the stream arrived altered");
+}
+
+/// FNV-1a over the stream, and its length.
+#[derive(Debug, PartialEq, Eq)]
+struct Digest {
+    hash: u64,
+    len: u64,
+}
+
+impl Default for Digest {
+    fn default() -> Self {
+        Self {
+            hash: 0xcbf2_9ce4_8422_2325,
+            len: 0,
+        }
+    }
+}
+
+impl Digest {
+    fn update(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.hash = (self.hash ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        self.len += bytes.len() as u64;
+    }
+}
