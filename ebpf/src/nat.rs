@@ -167,10 +167,21 @@ fn egress(peer: &PeerNat, pkt: &Packet, own: u32) -> Result<Rewrite, Refused> {
         });
     }
     // None of ours: masquerade what can be, only now reading its settings.
-    let (None, Some(t)) = (&pkt.icmp_error, &pkt.transport) else {
+    let Some(masq) = conntrack::masquerade_addr() else {
         return Ok(address_only(external));
     };
-    let Some(masq) = conntrack::masquerade_addr().filter(|_| conntrack::outbound_kind(t)) else {
+    // An ICMP error from one of our routers (a node, as on the way to a
+    // pod with a narrower link): nothing answers it, so it takes the
+    // masquerade address without state. Left as it was, the peer could not
+    // route it, and its tunnel would refuse the source.
+    if pkt.icmp_error.is_some() {
+        return Ok(address_only(to_peer_view(peer, masq)));
+    }
+    let Some(t) = pkt
+        .transport
+        .as_ref()
+        .filter(|t| conntrack::outbound_kind(t))
+    else {
         return Ok(address_only(external));
     };
     let nat = conntrack::outbound(

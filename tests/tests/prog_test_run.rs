@@ -716,6 +716,16 @@ fn masquerade_allocates_ports_and_brings_replies_back() {
     let reply = Datagram::new(B_POD1, A_MASQ_AT_B, L4::EchoReply { id, seq: 1 });
     let want = Datagram::new(B_POD1, NODE2, L4::EchoReply { id: 77, seq: 1 });
     h.expect(Ingress, &reply, &want);
+    // The node says "fragmentation needed" for b's datagram to a pod whose
+    // link is narrower: the error takes the masquerade address, without
+    // state, and its quote the stateless rules.
+    let quoted = udp(B_POD1, A_POD1);
+    let len = quoted.bytes().len();
+    let err = icmp_error(3, 4, NODE, B_POD1, quoted, len);
+    let want = err
+        .between(A_MASQ_AT_B, B_POD1)
+        .quoting(B_POD1, A_POD1_AT_B);
+    h.expect(Egress, &err, &want);
     // A reply to no flow gets the stateless step only.
     h.expect(
         Ingress,
