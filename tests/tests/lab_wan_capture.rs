@@ -36,7 +36,7 @@ fn only_wireguard_between_the_gateways_crosses_the_wan() {
         "the lab must run the tunnel"
     );
     let pcap = PathBuf::from(lab::STATE_DIR).join("wan0.pcap");
-    let mut tcpdump = capture_on_wan(&["-s", "256", "-w", pcap.to_str().unwrap()], "pcap");
+    let tcpdump = capture_on_wan(&["-s", "256", "-w", pcap.to_str().unwrap()], "pcap");
 
     let rows = reachability();
     for row in &rows {
