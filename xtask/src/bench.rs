@@ -11,6 +11,7 @@ use std::{
 mod control;
 mod guard;
 mod kube;
+mod overlay;
 
 use anyhow::{Context, Result, bail};
 use aya::maps::{HashMap, MapData};
@@ -34,6 +35,10 @@ pub enum Which {
     /// A handshake flood at the tunnel port: the XDP guard's drop rate,
     /// and the CPU the agent spends with and without it.
     Guard,
+    /// 64-byte UDP packets per second and TCP throughput from a worker pod
+    /// to a remote worker pod, through the Isthmus overlay and through one
+    /// built the Liqo way (VXLAN, `ip rule` to table 18952, routes).
+    Overlay,
     /// NatMapping apply time and update latency against iptables, pps
     /// through the hub with 10 and 10,000 entries, and 200 TunnelEndpoints
     /// and 10,000 entries delivered by the Kubernetes API.
@@ -42,6 +47,36 @@ pub enum Which {
         #[arg(long)]
         kube_only: bool,
     },
+}
+
+/// Runs every benchmark, one after the other; each brings the lab up in
+/// the shape it needs and takes it down.
+pub fn run_all() -> Result<()> {
+    let all = [
+        Which::Nat,
+        Which::Tunnel,
+        Which::Overlay,
+        Which::Guard,
+        Which::Control { kube_only: false },
+    ];
+    let count = all.len();
+    for (i, which) in all.into_iter().enumerate() {
+        println!("bench: {} of {count}: {}", i + 1, which.name());
+        run_bench(which)?;
+    }
+    Ok(())
+}
+
+impl Which {
+    fn name(&self) -> &'static str {
+        match self {
+            Which::Nat => "nat",
+            Which::Tunnel => "tunnel",
+            Which::Overlay => "overlay",
+            Which::Guard => "guard",
+            Which::Control { .. } => "control",
+        }
+    }
 }
 
 /// Runs one benchmark.
@@ -56,6 +91,7 @@ pub fn run_bench(which: Which) -> Result<()> {
         }
         Which::Tunnel => tunnel(),
         Which::Guard => guard::run_guard(),
+        Which::Overlay => overlay::run_overlay(),
         Which::Control { kube_only } => control::run_control(kube_only),
     }
 }
@@ -388,17 +424,22 @@ impl Setup {
     }
 }
 
-/// The flow under test: a-pod2 → b-pod2, as a sees it.
+/// A flow under test, from a client pod to a server pod.
 struct Flow {
     client: String,
+    /// The client's node and the node's end of the client's veth: its
+    /// next hop.
+    next_hop: (String, &'static str),
     server: String,
     src: [u8; 4],
     dst: [u8; 4],
 }
 
+/// The NAT benchmark's flow: a-pod2 → b-pod2, pods on the gateways.
 fn flow() -> Flow {
     Flow {
         client: A.pod(2),
+        next_hop: (A.gw(), "pod2"),
         server: B.pod(2),
         src: A.pod_addr(2).octets(),
         dst: [10, 0, 0, 133],
@@ -725,7 +766,7 @@ fn trafgen_config(flow: &Flow) -> Result<String> {
   fill(0x42, 18)
 }}
 ",
-        dst_mac = mac_bytes(&A.gw(), "pod2")?,
+        dst_mac = mac_bytes(&flow.next_hop.0, flow.next_hop.1)?,
         src_mac = mac_bytes(&flow.client, "eth0")?,
         src = octets(flow.src),
         dst = octets(flow.dst),

@@ -34,10 +34,11 @@ enum Task {
         #[command(subcommand)]
         action: LabAction,
     },
-    /// Benchmarks against the peers named in the issues.
+    /// Benchmarks against the peers named in the issues; without a
+    /// subcommand, every one of them in one run.
     Bench {
         #[command(subcommand)]
-        which: bench::Which,
+        which: Option<bench::Which>,
     },
 }
 
@@ -73,7 +74,10 @@ fn main() -> Result<()> {
         }
         Task::Bench { which } => {
             build()?;
-            bench::run_bench(which)
+            match which {
+                Some(which) => bench::run_bench(which),
+                None => bench::run_all(),
+            }
         }
     }
 }

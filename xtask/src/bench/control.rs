@@ -414,6 +414,7 @@ fn apply_iptables(node: &str) -> Result<IptablesApply> {
 fn hub_flow() -> Flow {
     Flow {
         client: A.pod(2),
+        next_hop: (A.gw(), "pod2"),
         server: C.pod(1),
         src: A.pod_addr(2).octets(),
         dst: [10, 0, 1, 45],
