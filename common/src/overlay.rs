@@ -45,18 +45,22 @@ pub enum OverlayEvent {
     NoGateway = 3,
     /// A packet came in on the overlay device with another VNI; dropped.
     WrongVni = 4,
-    /// The kernel refused to encapsulate; the packet went on to the stack.
+    /// The kernel refused to encapsulate or rewrite; the packet went on to
+    /// the stack.
     Failed = 5,
+    /// A packet taken in was forwarded by the FIB, without the stack.
+    Forwarded = 6,
 }
 
 /// Every event, in slot order.
-pub const EVENTS: [OverlayEvent; 6] = [
+pub const EVENTS: [OverlayEvent; 7] = [
     OverlayEvent::ToGateway,
     OverlayEvent::ToNode,
     OverlayEvent::Received,
     OverlayEvent::NoGateway,
     OverlayEvent::WrongVni,
     OverlayEvent::Failed,
+    OverlayEvent::Forwarded,
 ];
 
 impl OverlayEvent {
@@ -69,6 +73,7 @@ impl OverlayEvent {
             OverlayEvent::NoGateway => "no_gateway",
             OverlayEvent::WrongVni => "wrong_vni",
             OverlayEvent::Failed => "failed",
+            OverlayEvent::Forwarded => "forwarded",
         }
     }
 }

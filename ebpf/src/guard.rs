@@ -11,9 +11,8 @@ use isthmus_common::{
     guard::{GuardSource, Verdict, names_receiver, peer_index},
 };
 
-use crate::maps;
+use crate::{maps, parse::ETH_HLEN};
 
-const ETH_HLEN: usize = 14;
 const ETHERTYPE_IPV4: [u8; 2] = [0x08, 0x00];
 const UDP_HLEN: usize = 8;
 

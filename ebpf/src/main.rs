@@ -21,8 +21,7 @@ use aya_ebpf::{
 };
 use isthmus_common::counters::Direction;
 
-/// Length of an Ethernet header: where IPv4 starts on veth.
-const ETH_HLEN: usize = 14;
+use parse::ETH_HLEN;
 
 /// Rewrites sources of packets leaving towards a peer, on an Ethernet device.
 #[classifier]

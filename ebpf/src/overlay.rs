@@ -5,15 +5,20 @@
 use core::mem::size_of;
 
 use aya_ebpf::{
-    bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC, bpf_tunnel_key},
-    helpers::{bpf_redirect, bpf_skb_change_head, bpf_skb_get_tunnel_key, bpf_skb_set_tunnel_key},
+    bindings::{
+        BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_SHOT, TC_ACT_UNSPEC, bpf_fib_lookup, bpf_tunnel_key,
+    },
+    helpers::{
+        bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_skb_change_head, bpf_skb_get_tunnel_key,
+        bpf_skb_set_tunnel_key,
+    },
     programs::TcContext,
 };
 use isthmus_common::overlay::{OverlayConfig, OverlayEvent};
 
 use crate::{
     maps,
-    parse::{ETH_P_IP, ip},
+    parse::{ETH_HLEN, ETH_P_IP, ip},
 };
 /// `skb->pkt_type` of a packet addressed to this host.
 const PACKET_HOST: u32 = 0;
@@ -65,8 +70,9 @@ pub fn to_node(ctx: &TcContext, l3: usize) -> i32 {
 }
 
 /// Every node, on the VXLAN device: a frame of our VNI is for this host,
-/// whatever MAC the sender wrote, so the stack routes it on; a frame of
-/// another VNI is dropped.
+/// whatever MAC the sender wrote; it is forwarded as the stack would, or
+/// left to the stack where that takes more. A frame of another VNI is
+/// dropped.
 #[inline(always)]
 pub fn accept(ctx: &TcContext) -> i32 {
     let Some(config) = maps::overlay() else {
@@ -87,7 +93,73 @@ pub fn accept(ctx: &TcContext) -> i32 {
         return TC_ACT_UNSPEC;
     }
     maps::count_overlay(OverlayEvent::Received);
-    TC_ACT_UNSPEC
+    forward(ctx)
+}
+
+const AF_INET: u8 = 2;
+/// IPv4 header fields the forwarding reads.
+const IP_TOS: usize = 1;
+const IP_TOT_LEN: usize = 2;
+const IP_TTL: usize = 8;
+
+/// Forwards an overlay packet by the kernel's FIB, as the stack would but
+/// without its receive and forward paths: the next hop's MACs, a TTL one
+/// lower, and out. Whatever the FIB does not settle in one step (a packet
+/// for this host, too big for the way out, a next hop not resolved yet, a
+/// TTL that runs out) goes to the stack, which also answers with the ICMP
+/// errors path MTU discovery and traceroute need.
+#[inline(always)]
+fn forward(ctx: &TcContext) -> i32 {
+    const L3: usize = ETH_HLEN;
+    let (Some(dst), Ok(src), Ok(tos), Ok(tot_len), Ok(ttl_proto)) = (
+        ipv4_dst(ctx, L3),
+        ctx.load::<u32>(L3 + ip::SRC),
+        ctx.load::<u8>(L3 + IP_TOS),
+        ctx.load::<u16>(L3 + IP_TOT_LEN),
+        ctx.load::<[u8; 2]>(L3 + IP_TTL),
+    ) else {
+        return TC_ACT_UNSPEC;
+    };
+    if ttl_proto[0] <= 1 {
+        return TC_ACT_UNSPEC;
+    }
+    // SAFETY: all-zero is a valid bpf_fib_lookup.
+    let mut fib: bpf_fib_lookup = unsafe { core::mem::zeroed() };
+    fib.family = AF_INET;
+    fib.l4_protocol = ttl_proto[1];
+    fib.__bindgen_anon_1.tot_len = u16::from_be(tot_len);
+    fib.__bindgen_anon_2.tos = tos;
+    fib.__bindgen_anon_3.ipv4_src = src;
+    fib.__bindgen_anon_4.ipv4_dst = dst;
+    // SAFETY: reading a field of the context.
+    fib.ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    // SAFETY: `fib` is a complete bpf_fib_lookup of the size given.
+    let found = unsafe {
+        fib_lookup(
+            ctx.skb.skb.cast(),
+            &mut fib,
+            size_of::<bpf_fib_lookup>() as i32,
+            0,
+        )
+    };
+    if found != i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
+        return TC_ACT_UNSPEC;
+    }
+    let lowered = [ttl_proto[0] - 1, ttl_proto[1]];
+    let old = u16::from_ne_bytes(ttl_proto);
+    let new = u16::from_ne_bytes(lowered);
+    let rewritten = ctx
+        .l3_csum_replace(L3 + ip::CHECK, u64::from(old), u64::from(new), 2)
+        .and_then(|()| ctx.store(L3 + IP_TTL, &lowered, 0))
+        .and_then(|()| ctx.store(0, &fib.dmac, 0))
+        .and_then(|()| ctx.store(6, &fib.smac, 0));
+    if rewritten.is_err() {
+        maps::count_overlay(OverlayEvent::Failed);
+        return TC_ACT_UNSPEC;
+    }
+    maps::count_overlay(OverlayEvent::Forwarded);
+    // SAFETY: plain helper call; an L3 device drops the MAC header itself.
+    unsafe { bpf_redirect(fib.ifindex, 0) as i32 }
 }
 
 /// The IPv4 destination (wire order) of an IPv4 packet starting at `l3`.

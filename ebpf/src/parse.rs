@@ -14,6 +14,9 @@ pub mod ip {
     pub const DST: usize = 16;
 }
 
+/// Length of an Ethernet header: where IPv4 starts on veth and VXLAN.
+pub const ETH_HLEN: usize = 14;
+
 /// `skb->protocol` of IPv4: a big-endian ethertype in a `u32`.
 pub const ETH_P_IP: u32 = 0x0800u16.to_be() as u32;
 
