@@ -234,6 +234,11 @@ impl NodeMap {
     pub fn new(map: Map) -> Result<Self, MapError> {
         Ok(Self(map.try_into()?))
     }
+
+    /// Opens the map pinned under `root`.
+    pub fn open(root: &Path) -> Result<Self, MapError> {
+        Self::new(open_pinned(root, names::MAP_NODES)?)
+    }
 }
 
 fn node_key(net: Ipv4Net) -> Key<u32> {
@@ -273,6 +278,11 @@ impl OverlaySettings {
     /// Wraps the map taken from a freshly loaded object.
     pub fn new(map: Map) -> Result<Self, MapError> {
         Ok(Self(map.try_into()?))
+    }
+
+    /// Opens the map pinned under `root`.
+    pub fn open(root: &Path) -> Result<Self, MapError> {
+        Self::new(open_pinned(root, names::MAP_OVERLAY)?)
     }
 
     /// The settings as the map holds them (all zero before any agent ran).

@@ -5,7 +5,7 @@
 use std::{
     collections::BTreeSet,
     fs,
-    net::UdpSocket,
+    net::{Ipv4Addr, UdpSocket},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -21,7 +21,7 @@ use boringtun::{
 };
 use ipnet::Ipv4Net;
 use isthmus_agent::{
-    maps::{MappingMap, PeerMap},
+    maps::{MappingMap, NodeMap, OverlaySettings, PeerMap},
     reconcile::KernelTable,
     tunnel::key,
 };
@@ -534,4 +534,75 @@ fn the_gateway_keeps_its_key_in_a_secret_and_reports_status_and_events() {
         node.connection("liqo-tenant-badkey", "tep-badkey")["status"] == "Connecting"
     });
     assert_eq!(node.peers().len(), 8);
+}
+
+/// A Node object as the API server holds it.
+fn node_object(name: &str, pod_cidr: &str, address: &str, gateway: bool) -> Value {
+    let labels = if gateway {
+        json!({"net.liqo.io/gateway": "true"})
+    } else {
+        json!({})
+    };
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"podCIDR": pod_cidr},
+        "status": {"addresses": [{"type": "InternalIP", "address": address}]},
+    })
+}
+
+/// The overlay as a worker's kernel holds it: the gateway node, and the
+/// other nodes' PodCIDRs with their addresses.
+fn overlay_of(node: &KubeNode) -> (Ipv4Addr, BTreeSet<(Ipv4Net, Ipv4Addr)>) {
+    let gateway = OverlaySettings::open(&node.bpffs())
+        .unwrap()
+        .get()
+        .unwrap()
+        .gateway;
+    let table = NodeMap::open(&node.bpffs())
+        .unwrap()
+        .entries()
+        .unwrap()
+        .into_iter()
+        .map(|(net, addr)| (net, Ipv4Addr::from(addr.to_ne_bytes())))
+        .collect();
+    (Ipv4Addr::from(gateway.to_ne_bytes()), table)
+}
+
+/// In kube mode the overlay follows the Node objects: the node carrying
+/// the gateway label is where the worker sends, every other node's
+/// PodCIDR leads to its InternalIP, and both follow changes live.
+#[test]
+fn the_overlay_follows_node_objects() {
+    let mut node = node("ist-t-kube3", false);
+    node.api
+        .apply(node_object("gw-1", "10.90.0.0/25", "172.30.0.1", true));
+    node.api
+        .apply(node_object("w-2", "10.90.0.128/25", "172.30.0.2", false));
+    start(&mut node);
+    let entry = |net: &str, addr: [u8; 4]| (net.parse::<Ipv4Net>().unwrap(), Ipv4Addr::from(addr));
+    let both: BTreeSet<_> = [
+        entry("10.90.0.0/25", [172, 30, 0, 1]),
+        entry("10.90.0.128/25", [172, 30, 0, 2]),
+    ]
+    .into();
+    wait_for("the overlay programmed from the Node objects", || {
+        overlay_of(&node) == (Ipv4Addr::new(172, 30, 0, 1), both.clone())
+    });
+
+    // The gateway role moves to w-2.
+    node.api
+        .apply(node_object("gw-1", "10.90.0.0/25", "172.30.0.1", false));
+    node.api
+        .apply(node_object("w-2", "10.90.0.128/25", "172.30.0.2", true));
+    wait_for("the worker sending to the new gateway", || {
+        overlay_of(&node).0 == Ipv4Addr::new(172, 30, 0, 2)
+    });
+
+    // A node leaves: its PodCIDR goes, and so does the gateway it was.
+    assert!(node.api.delete("nodes", "", "w-2"));
+    let rest: BTreeSet<_> = [entry("10.90.0.0/25", [172, 30, 0, 1])].into();
+    wait_for("the node table without w-2, and no gateway", || {
+        overlay_of(&node) == (Ipv4Addr::UNSPECIFIED, rest.clone())
+    });
 }

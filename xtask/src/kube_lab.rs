@@ -50,9 +50,10 @@ impl KubeNode {
         } else {
             json!({})
         };
-        api.apply(
-            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": ns, "labels": labels}}),
-        );
+        api.apply(json!({
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": ns, "labels": labels},
+            "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]},
+        }));
         let kubeconfig = PathBuf::from(lab::STATE_DIR).join(format!("{ns}.kubeconfig"));
         fs::write(&kubeconfig, api.kubeconfig())?;
         let log = lab::log_file(ns);
