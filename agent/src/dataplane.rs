@@ -278,6 +278,12 @@ impl Dataplane {
         Ok(())
     }
 
+    /// The table of pod veths the overlay delivers into directly.
+    pub fn take_pod_devs(&mut self) -> Result<PresenceSet<u32>, DataplaneError> {
+        PresenceSet::new(self.take(names::MAP_POD_DEVS)?)
+            .map_err(|e| DataplaneError::Map(names::MAP_POD_DEVS, e))
+    }
+
     /// The overlay's settings and node table.
     pub fn take_overlay(&mut self) -> Result<(OverlaySettings, NodeMap), DataplaneError> {
         let settings = OverlaySettings::new(self.take(names::MAP_OVERLAY)?)
@@ -553,14 +559,24 @@ pub fn devices() -> Result<Vec<String>, DataplaneError> {
 }
 
 fn link_type(dev: &str) -> Result<u32, DataplaneError> {
-    let path = PathBuf::from(format!("/sys/class/net/{dev}/type"));
+    device_number(dev, "type")
+}
+
+/// The ifindex of device `dev`.
+pub fn ifindex(dev: &str) -> Result<u32, DataplaneError> {
+    device_number(dev, "ifindex")
+}
+
+/// A number the kernel shows in `/sys/class/net/<dev>/<file>`.
+fn device_number(dev: &str, file: &str) -> Result<u32, DataplaneError> {
+    let path = PathBuf::from(format!("/sys/class/net/{dev}/{file}"));
     let text = fs::read_to_string(&path).map_err(|e| DataplaneError::Device {
         dev: dev.into(),
         reason: format!("cannot read {}: {e}", path.display()),
     })?;
     text.trim().parse().map_err(|_| DataplaneError::Device {
         dev: dev.into(),
-        reason: format!("unexpected link type {text:?}"),
+        reason: format!("unexpected {file} {text:?}"),
     })
 }
 

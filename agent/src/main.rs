@@ -285,10 +285,11 @@ async fn run(args: RunArgs) -> Result<()> {
         true => None,
         false => Some(start_overlay(&args, &mut dataplane).await?),
     };
-    let pods = match role {
-        Role::Worker => PodDevices::new(args.pod_devs.clone()),
-        Role::Gateway => PodDevices::new(Vec::new()),
+    let patterns = match role {
+        Role::Worker => args.pod_devs.clone(),
+        Role::Gateway => Vec::new(),
     };
+    let pods = PodDevices::new(patterns, dataplane.take_pod_devs()?)?;
     let metrics = Metrics::new(
         Counters::open(&args.bpffs)?,
         Counters::open_guard(&args.bpffs)?,

@@ -21,9 +21,9 @@ use tracing::{info, warn};
 
 use crate::{
     dataplane::{self, AttachMode, Dataplane},
-    maps::{NodeMap, OverlaySettings},
+    maps::{NodeMap, OverlaySettings, PresenceSet},
     node::Node,
-    reconcile::Mirror,
+    reconcile::{KernelTable, Mirror},
 };
 
 /// What the operator chose for the overlay.
@@ -258,24 +258,32 @@ fn is_ours(link: &LinkMessage, port: u16) -> bool {
 }
 
 /// Worker: the pod-facing devices the steering program is attached to,
-/// found by name as pods come and go.
+/// found by name as pods come and go, and their ifindexes in the kernel's
+/// table of pod veths.
 pub struct PodDevices {
     patterns: Vec<String>,
-    attached: BTreeSet<String>,
+    attached: BTreeMap<String, u32>,
+    table: PresenceSet<u32>,
 }
 
 impl PodDevices {
     /// Devices named by `patterns`: exact names, or prefixes ending in `*`.
-    pub fn new(patterns: Vec<String>) -> Self {
-        Self {
-            patterns,
-            attached: BTreeSet::new(),
+    /// The table starts empty: a previous agent's ifindexes may have been
+    /// reused by other devices since.
+    pub fn new(patterns: Vec<String>, mut table: PresenceSet<u32>) -> Result<Self, MapError> {
+        for (ifindex, old) in table.entries()? {
+            table.delete(ifindex, &old)?;
         }
+        Ok(Self {
+            patterns,
+            attached: BTreeMap::new(),
+            table,
+        })
     }
 
     /// Attaches the steering program to every new matching device and
-    /// forgets the links of devices that are gone. A device that refuses
-    /// is retried on the next call; the others are unaffected.
+    /// forgets devices that are gone. A device that refuses is retried on
+    /// the next call; the others are unaffected.
     pub fn refresh(&mut self, dataplane: &mut Dataplane, mode: AttachMode) {
         let Ok(present) = dataplane::devices() else {
             return;
@@ -284,23 +292,48 @@ impl PodDevices {
             .into_iter()
             .filter(|dev| self.patterns.iter().any(|p| matches(p, dev)))
             .collect();
-        for dev in present.difference(&self.attached.clone()) {
-            match dataplane.attach_steer(dev, mode) {
-                Ok(()) => {
-                    info!(dev = %dev, "steering program attached to pod device");
-                    self.attached.insert(dev.clone());
+        let new: Vec<&String> = present
+            .iter()
+            .filter(|d| !self.attached.contains_key(*d))
+            .collect();
+        for dev in new {
+            match self.attach(dataplane, dev, mode) {
+                Ok(ifindex) => {
+                    info!(dev = %dev, ifindex, "steering program attached to pod device");
+                    self.attached.insert(dev.clone(), ifindex);
                 }
                 Err(e) => {
                     warn!(dev = %dev, error = %e, "attaching the steering program; will retry")
                 }
             }
         }
-        for dev in self.attached.clone().difference(&present) {
-            if let Err(e) = dataplane.forget_device(dev) {
+        let gone: Vec<(String, u32)> = self
+            .attached
+            .iter()
+            .filter(|(dev, _)| !present.contains(*dev))
+            .map(|(dev, ifindex)| (dev.clone(), *ifindex))
+            .collect();
+        for (dev, ifindex) in gone {
+            if let Err(e) = self.table.delete(ifindex, &1) {
+                warn!(dev = %dev, error = %e, "removing a vanished pod device from the kernel's table");
+            }
+            if let Err(e) = dataplane.forget_device(&dev) {
                 warn!(dev = %dev, error = %e, "removing the link pins of a vanished pod device");
             }
-            self.attached.remove(dev);
+            self.attached.remove(&dev);
         }
+    }
+
+    fn attach(
+        &mut self,
+        dataplane: &mut Dataplane,
+        dev: &str,
+        mode: AttachMode,
+    ) -> Result<u32, Box<dyn std::error::Error>> {
+        dataplane.attach_steer(dev, mode)?;
+        let ifindex = dataplane::ifindex(dev)?;
+        self.table.put(ifindex, &1, None)?;
+        Ok(ifindex)
     }
 }
 

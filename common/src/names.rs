@@ -43,8 +43,12 @@ pub const MAP_NODES: &str = "ist_nodes";
 /// [`crate::overlay::OverlayEvent`].
 pub const MAP_OVERLAY_STATS: &str = "ist_overlay_st";
 
+/// Hash: the ifindexes of the pod devices a worker steers from (→ 1):
+/// veths, whose pods the overlay delivers to straight into their netns.
+pub const MAP_POD_DEVS: &str = "ist_pod_devs";
+
 /// Every map the agent pins, in the order it reports them.
-pub const MAPS: [&str; 14] = [
+pub const MAPS: [&str; 15] = [
     MAP_PEERS,
     MAP_PREFIX_LENS,
     MAP_COUNTERS,
@@ -59,6 +63,7 @@ pub const MAPS: [&str; 14] = [
     MAP_OVERLAY,
     MAP_NODES,
     MAP_OVERLAY_STATS,
+    MAP_POD_DEVS,
 ];
 
 /// Egress NAT for devices that carry Ethernet frames (veth).
@@ -95,6 +100,8 @@ pub const MAX_PEER_NETWORKS: u32 = 8192;
 pub const MAX_GUARD_SOURCES: u32 = 16384;
 /// Capacity of [`MAP_GUARD_INDEXES`]: one per tunnel peer.
 pub const MAX_GUARD_INDEXES: u32 = 8192;
+/// Capacity of [`MAP_POD_DEVS`]: pods on one node.
+pub const MAX_POD_DEVS: u32 = 4096;
 /// Capacity of [`MAP_NODES`]: PodCIDRs of the cluster's nodes.
 pub const MAX_NODES: u32 = 16384;
 /// Default capacity of [`MAP_NATMAP`] and [`MAP_NATMAP_REV`]; the agent may

@@ -9,6 +9,7 @@ use isthmus_common::{
     guard::{GuardConfig, GuardSource, VERDICTS, Verdict},
     names::{
         DEFAULT_NAT_MAPPINGS, MAX_GUARD_INDEXES, MAX_GUARD_SOURCES, MAX_NODES, MAX_PEER_NETWORKS,
+        MAX_POD_DEVS,
     },
     nat::{MappingKey, PREFIX_LENS, PeerKey, PeerNat, PrefixLens},
     overlay::{EVENTS, OverlayConfig, OverlayEvent},
@@ -160,4 +161,15 @@ pub fn node_of(addr: u32) -> Option<u32> {
 #[inline(always)]
 pub fn count_overlay(event: OverlayEvent) {
     increment(&OVERLAY_STATS, event as u32);
+}
+
+/// The pod devices (veths) of this node, by ifindex.
+#[btf_map(name = "ist_pod_devs")]
+static POD_DEVS: HashMap<u32, u8, { MAX_POD_DEVS as usize }> = HashMap::new();
+
+/// Whether `ifindex` is one of this node's pod veths.
+#[inline(always)]
+pub fn is_pod_dev(ifindex: u32) -> bool {
+    // SAFETY: only presence is read.
+    unsafe { POD_DEVS.get(&ifindex) }.is_some()
 }

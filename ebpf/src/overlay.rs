@@ -9,8 +9,8 @@ use aya_ebpf::{
         BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_SHOT, TC_ACT_UNSPEC, bpf_fib_lookup, bpf_tunnel_key,
     },
     helpers::{
-        bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_skb_change_head, bpf_skb_get_tunnel_key,
-        bpf_skb_set_tunnel_key,
+        bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_redirect_peer, bpf_skb_change_head,
+        bpf_skb_get_tunnel_key, bpf_skb_set_tunnel_key,
     },
     programs::TcContext,
 };
@@ -158,6 +158,12 @@ fn forward(ctx: &TcContext) -> i32 {
         return TC_ACT_UNSPEC;
     }
     maps::count_overlay(OverlayEvent::Forwarded);
+    // A pod's veth: straight into the pod's netns, skipping the veth's
+    // transmit and a second pass through the backlog.
+    if maps::is_pod_dev(fib.ifindex) {
+        // SAFETY: plain helper call on a veth, from TC ingress.
+        return unsafe { bpf_redirect_peer(fib.ifindex, 0) as i32 };
+    }
     // SAFETY: plain helper call; an L3 device drops the MAC header itself.
     unsafe { bpf_redirect(fib.ifindex, 0) as i32 }
 }
