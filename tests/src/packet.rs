@@ -189,3 +189,30 @@ pub fn ethernet(ethertype: u16, payload: &[u8]) -> Vec<u8> {
 pub fn eth_ipv4(ip: &[u8]) -> Vec<u8> {
     ethernet(ETH_P_IP, ip)
 }
+
+/// A UDP datagram from `src` to `dst` with a short payload.
+pub fn udp(src: Addr, dst: Addr) -> Datagram {
+    Datagram::new(
+        src,
+        dst,
+        L4::Udp {
+            sport: 40000,
+            dport: 53,
+            payload: b"isthmus udp".to_vec(),
+            zero_csum: false,
+        },
+    )
+}
+
+/// A TCP SYN from `src` to `dst` with a short payload.
+pub fn tcp(src: Addr, dst: Addr) -> Datagram {
+    Datagram::new(
+        src,
+        dst,
+        L4::Tcp {
+            sport: 40001,
+            dport: 80,
+            payload: b"GET /".to_vec(),
+        },
+    )
+}

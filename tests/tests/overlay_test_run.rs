@@ -23,7 +23,7 @@ use isthmus_common::{
     overlay::{EVENTS, OverlayConfig, OverlayEvent},
 };
 use isthmus_tests::{
-    packet::{Addr, Datagram, ETH_P_ARP, L4, eth_ipv4, ethernet},
+    packet::{Addr, ETH_P_ARP, eth_ipv4, ethernet, tcp, udp},
     require_root, test_run,
 };
 use xtask::topology::{A, PEERINGS};
@@ -112,31 +112,6 @@ impl Harness {
         assert_eq!(sums.len(), EVENTS.len());
         sums[event as usize]
     }
-}
-
-fn udp(src: Addr, dst: Addr) -> Datagram {
-    Datagram::new(
-        src,
-        dst,
-        L4::Udp {
-            sport: 40000,
-            dport: 53,
-            payload: b"overlay".to_vec(),
-            zero_csum: false,
-        },
-    )
-}
-
-fn tcp(src: Addr, dst: Addr) -> Datagram {
-    Datagram::new(
-        src,
-        dst,
-        L4::Tcp {
-            sport: 40000,
-            dport: 80,
-            payload: b"hello".to_vec(),
-        },
-    )
 }
 
 /// One case: a program, a frame, and what must come of it.

@@ -22,7 +22,7 @@ use isthmus_common::{
     nat::{MappingKey, wire},
 };
 use isthmus_tests::{
-    packet::{Addr, Datagram, ETH_P_ARP, ETH_P_IPV6, L4, eth_ipv4, ethernet},
+    packet::{Addr, Datagram, ETH_P_ARP, ETH_P_IPV6, L4, eth_ipv4, ethernet, tcp, udp},
     require_root, test_run,
 };
 use std::net::Ipv4Addr;
@@ -176,31 +176,6 @@ fn untouched(name: &'static str, direction: Direction, frame: Vec<u8>, outcome: 
         input: frame,
         outcome,
     }
-}
-
-fn udp(src: Addr, dst: Addr) -> Datagram {
-    Datagram::new(
-        src,
-        dst,
-        L4::Udp {
-            sport: 40000,
-            dport: 53,
-            payload: b"isthmus udp".to_vec(),
-            zero_csum: false,
-        },
-    )
-}
-
-fn tcp(src: Addr, dst: Addr) -> Datagram {
-    Datagram::new(
-        src,
-        dst,
-        L4::Tcp {
-            sport: 40001,
-            dport: 80,
-            payload: b"GET /".to_vec(),
-        },
-    )
 }
 
 fn icmp_error(
