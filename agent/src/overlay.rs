@@ -9,7 +9,6 @@ use std::{
 };
 
 use aya::maps::MapError;
-use futures::TryStreamExt;
 use ipnet::Ipv4Net;
 use isthmus_common::{nat::wire, overlay::OverlayConfig};
 use rtnetlink::{
@@ -24,6 +23,7 @@ use crate::{
     maps::{NodeMap, OverlaySettings, PresenceSet},
     node::Node,
     reconcile::{KernelTable, Mirror},
+    tunnel::route::link_by_name,
 };
 
 /// What the operator chose for the overlay.
@@ -168,7 +168,7 @@ pub async fn ensure_device(options: &OverlayOptions) -> Result<u32, OverlayError
             source,
         }
     };
-    if let Some(link) = find(&handle, dev).await.map_err(failed("lookup"))? {
+    if let Some(link) = link_by_name(&handle, dev).await.map_err(failed("lookup"))? {
         if is_ours(&link, options.port) {
             return up(&handle, link.header.index)
                 .await
@@ -196,7 +196,7 @@ pub async fn ensure_device(options: &OverlayOptions) -> Result<u32, OverlayError
         .execute()
         .await
         .map_err(failed("creating it"))?;
-    let link = find(&handle, dev)
+    let link = link_by_name(&handle, dev)
         .await
         .map_err(failed("lookup"))?
         .ok_or_else(|| OverlayError::Missing(dev.clone()))?;
@@ -214,20 +214,6 @@ fn accept_any_source(dev: &str) {
     let path = format!("/proc/sys/net/ipv4/conf/{dev}/rp_filter");
     if let Err(e) = std::fs::write(&path, "0") {
         warn!(path, error = %e, "cannot turn reverse-path filtering off on the overlay device");
-    }
-}
-
-async fn find(handle: &Handle, dev: &str) -> Result<Option<LinkMessage>, rtnetlink::Error> {
-    match handle
-        .link()
-        .get()
-        .match_name(dev.to_owned())
-        .execute()
-        .try_next()
-        .await
-    {
-        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => Ok(None),
-        other => other,
     }
 }
 

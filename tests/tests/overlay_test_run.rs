@@ -114,49 +114,26 @@ impl Harness {
     }
 }
 
-/// One case: a program, a frame, and what must come of it.
-struct Row {
-    name: &'static str,
-    program: &'static str,
-    input: Vec<u8>,
-    verdict: u32,
-    output: Vec<u8>,
-    event: Option<OverlayEvent>,
-}
-
-fn row(
-    name: &'static str,
-    program: &'static str,
-    input: Vec<u8>,
-    verdict: u32,
-    output: Vec<u8>,
-    event: Option<OverlayEvent>,
-) -> Row {
-    Row {
-        name,
-        program,
-        input,
-        verdict,
-        output,
-        event,
-    }
-}
+/// One case: its name, the program, the frame in, the verdict, the frame
+/// out, and the event it must count.
+type Row = (
+    &'static str,
+    &'static str,
+    Vec<u8>,
+    u32,
+    Vec<u8>,
+    Option<OverlayEvent>,
+);
 
 fn check(h: &Harness, rows: Vec<Row>) {
-    for r in rows {
+    for (name, program, input, want_verdict, want_out, want_event) in rows {
         let before: Vec<u64> = EVENTS.iter().map(|e| h.count(*e)).collect();
-        let (verdict, out) = h.run(r.program, &r.input);
-        assert_eq!(verdict, r.verdict, "{}: verdict", r.name);
-        assert_eq!(out, r.output, "{}: frame", r.name);
+        let (verdict, out) = h.run(program, &input);
+        assert_eq!(verdict, want_verdict, "{name}: verdict");
+        assert_eq!(out, want_out, "{name}: frame");
         for (i, event) in EVENTS.iter().enumerate() {
-            let want = before[i] + u64::from(r.event == Some(*event));
-            assert_eq!(
-                h.count(*event),
-                want,
-                "{}: {} events",
-                r.name,
-                event.as_str()
-            );
+            let want = before[i] + u64::from(want_event == Some(*event));
+            assert_eq!(h.count(*event), want, "{}: {} events", name, event.as_str());
         }
     }
 }
@@ -173,7 +150,7 @@ fn the_overlay_programs_decide_and_leave_frames_as_they_should() {
     check(
         &h,
         vec![
-            row(
+            (
                 "worker: a pod's packet for a peer goes to the gateway node, unchanged",
                 names::PROG_STEER,
                 to_peer.clone(),
@@ -181,7 +158,7 @@ fn the_overlay_programs_decide_and_leave_frames_as_they_should() {
                 to_peer.clone(),
                 Some(ToGateway),
             ),
-            row(
+            (
                 "worker: a packet for our own pods stays with the stack",
                 names::PROG_STEER,
                 local.clone(),
@@ -189,7 +166,7 @@ fn the_overlay_programs_decide_and_leave_frames_as_they_should() {
                 local.clone(),
                 None,
             ),
-            row(
+            (
                 "worker: not IPv4",
                 names::PROG_STEER,
                 arp.clone(),
@@ -197,7 +174,7 @@ fn the_overlay_programs_decide_and_leave_frames_as_they_should() {
                 arp.clone(),
                 None,
             ),
-            row(
+            (
                 "gateway: from the tunnel, NATed, for a pod of a-node: sent to it",
                 names::PROG_INGRESS_ETH,
                 from_b(A_POD1_AT_B),
@@ -205,7 +182,7 @@ fn the_overlay_programs_decide_and_leave_frames_as_they_should() {
                 from_b(A_POD1),
                 Some(ToNode),
             ),
-            row(
+            (
                 "gateway: from the tunnel, NATed, for a pod of its own: to the stack",
                 names::PROG_INGRESS_ETH,
                 from_b(A_POD2_AT_B),
@@ -213,7 +190,7 @@ fn the_overlay_programs_decide_and_leave_frames_as_they_should() {
                 from_b(A_POD2),
                 None,
             ),
-            row(
+            (
                 "any node: a frame that did not come through the overlay",
                 names::PROG_ACCEPT,
                 to_peer.clone(),
@@ -227,7 +204,7 @@ fn the_overlay_programs_decide_and_leave_frames_as_they_should() {
     h.configure(None, 1);
     check(
         &h,
-        vec![row(
+        vec![(
             "worker: no gateway node known yet",
             names::PROG_STEER,
             to_peer.clone(),
@@ -241,7 +218,7 @@ fn the_overlay_programs_decide_and_leave_frames_as_they_should() {
     check(
         &h,
         vec![
-            row(
+            (
                 "worker: no overlay device yet",
                 names::PROG_STEER,
                 to_peer.clone(),
@@ -249,7 +226,7 @@ fn the_overlay_programs_decide_and_leave_frames_as_they_should() {
                 to_peer,
                 None,
             ),
-            row(
+            (
                 "gateway: no overlay device yet",
                 names::PROG_INGRESS_ETH,
                 from_b(A_POD1_AT_B),

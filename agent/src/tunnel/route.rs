@@ -5,7 +5,9 @@ use std::{collections::BTreeSet, net::Ipv4Addr};
 
 use futures::TryStreamExt;
 use ipnet::Ipv4Net;
-use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder, new_connection};
+use rtnetlink::{
+    Handle, LinkUnspec, RouteMessageBuilder, new_connection, packet_route::link::LinkMessage,
+};
 use thiserror::Error;
 
 /// A netlink request that failed.
@@ -27,6 +29,24 @@ pub enum RouteError {
     NoDevice(String),
 }
 
+/// The link named `dev`, or None if there is none.
+pub(crate) async fn link_by_name(
+    handle: &Handle,
+    dev: &str,
+) -> Result<Option<LinkMessage>, rtnetlink::Error> {
+    match handle
+        .link()
+        .get()
+        .match_name(dev.to_owned())
+        .execute()
+        .try_next()
+        .await
+    {
+        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => Ok(None),
+        other => other,
+    }
+}
+
 /// The device's routes, as installed by this agent.
 pub struct Routes {
     handle: Handle,
@@ -44,12 +64,7 @@ impl Routes {
             what: format!("link {dev}"),
             source,
         };
-        let link = handle
-            .link()
-            .get()
-            .match_name(dev.to_owned())
-            .execute()
-            .try_next()
+        let link = link_by_name(&handle, dev)
             .await
             .map_err(request)?
             .ok_or_else(|| RouteError::NoDevice(dev.into()))?;
