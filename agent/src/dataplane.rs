@@ -2,7 +2,8 @@
 //! previous agent left behind, and removing it all on request.
 //!
 //! Everything lives under one bpffs directory:
-//! `maps/<map>`, `progs/<program>` and, with TCX, `links/<device>-<direction>`.
+//! `maps/<map>`, `progs/<program>` and, with TCX,
+//! `links/<device>-<direction>-<program>`.
 //! An agent that stops leaves all of it in place, so the dataplane keeps
 //! forwarding; the next agent reuses the maps and swaps its programs in
 //! atomically (`bpf_link_update`, or a netlink filter replace).
@@ -35,10 +36,17 @@ pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), 
 
 /// `statfs` magic of a bpf filesystem.
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
-/// Netlink filter priority and handle used in clsact mode, fixed so a
-/// restarted agent can find and replace its own filters.
+/// Netlink filter priority used in clsact mode, fixed so a restarted agent
+/// can find and replace its own filters.
 const NL_PRIORITY: u16 = 0x1517;
-const NL_HANDLE: TcHandle = TcHandle::new(0x1517, 1);
+
+/// The netlink filter handle of `program` in clsact mode: one per program,
+/// since two of them may share a device's hook (NAT and the overlay's
+/// decapsulation on a single-NIC gateway).
+fn nl_handle(program: &str) -> TcHandle {
+    let index = names::PROGRAMS.iter().position(|p| *p == program);
+    TcHandle::new(0x1517, 1 + index.unwrap_or(0) as u16)
+}
 const ARPHRD_ETHER: u32 = 1;
 const ARPHRD_NONE: u32 = 0xfffe;
 
@@ -150,12 +158,12 @@ impl Pins {
         self.root.join("progs").join(name)
     }
 
-    /// Pin path of a TCX link. bpffs refuses names with a `.`, which device
-    /// names may hold (`isthmus.vx`); it becomes a `:`, which they may not,
-    /// so two devices never share a pin.
-    pub fn link(&self, dev: &str, attach_type: TcAttachType) -> PathBuf {
+    /// Pin path of a program's TCX link on a device. bpffs refuses names
+    /// with a `.`, which device names may hold (`isthmus.vx`); it becomes a
+    /// `:`, which they may not, so two devices never share a pin.
+    pub fn link(&self, dev: &str, attach_type: TcAttachType, program: &str) -> PathBuf {
         self.root.join("links").join(format!(
-            "{}-{}",
+            "{}-{}-{program}",
             dev.replace('.', ":"),
             direction(attach_type)
         ))
@@ -338,10 +346,33 @@ impl Dataplane {
     /// Unpins the TCX links of `dev`, a device that is gone: the kernel
     /// detached them with it.
     pub fn forget_device(&mut self, dev: &str) -> Result<(), DataplaneError> {
-        for attach_type in [TcAttachType::Ingress, TcAttachType::Egress] {
-            remove_pin(&self.pins.link(dev, attach_type))?;
+        for program in names::PROGRAMS {
+            for attach_type in [TcAttachType::Ingress, TcAttachType::Egress] {
+                remove_pin(&self.pins.link(dev, attach_type, program))?;
+            }
         }
         Ok(())
+    }
+
+    /// Attaches the overlay's decapsulation to the uplink `dev`.
+    pub fn attach_decap(&mut self, dev: &str, mode: AttachMode) -> Result<(), DataplaneError> {
+        self.attach(
+            names::PROG_DECAP,
+            dev,
+            TcAttachType::Ingress,
+            mode.resolve(),
+        )
+    }
+
+    /// Detaches the overlay's decapsulation from `dev`, which is no longer
+    /// the uplink.
+    pub fn detach_decap(&mut self, dev: &str) -> Result<(), DataplaneError> {
+        let _ = tc::qdisc_detach_program(dev, TcAttachType::Ingress, names::PROG_DECAP);
+        unpin_link(
+            &self
+                .pins
+                .link(dev, TcAttachType::Ingress, names::PROG_DECAP),
+        )
     }
 
     /// Attaches the worker's steering program to pod-facing device `dev`.
@@ -385,7 +416,7 @@ impl Dataplane {
         if prog.fd().is_err() {
             prog.load()?;
         }
-        let link = self.pins.link(dev, attach_type);
+        let link = self.pins.link(dev, attach_type, program);
         // Attach first, then drop what an agent in the other mode left: the
         // device is never without the program.
         match mode {
@@ -394,7 +425,7 @@ impl Dataplane {
                 let _ = tc::qdisc_detach_program(dev, attach_type, program);
             }
             Attached::Clsact => {
-                attach_clsact(prog, dev, attach_type)?;
+                attach_clsact(prog, dev, attach_type, nl_handle(program))?;
                 unpin_link(&link)?;
             }
         }
@@ -441,13 +472,14 @@ fn attach_clsact(
     prog: &mut SchedClassifier,
     dev: &str,
     attach_type: TcAttachType,
+    handle: TcHandle,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     if let Err(e) = tc::qdisc_add_clsact(dev)
         && !matches!(&e, tc::TcError::NetlinkError(n) if n.raw_os_error() == Some(libc::EEXIST))
     {
         return Err(e.into());
     }
-    let ours = SchedClassifierLink::attached(dev, attach_type, NL_PRIORITY, NL_HANDLE, None)?;
+    let ours = SchedClassifierLink::attached(dev, attach_type, NL_PRIORITY, handle, None)?;
     let id = match prog.attach_to_link(ours) {
         Ok(id) => id,
         Err(_) => prog.attach_with_options(
@@ -455,7 +487,7 @@ fn attach_clsact(
             attach_type,
             TcAttachOptions::Netlink(NlOptions {
                 priority: NL_PRIORITY,
-                handle: NL_HANDLE,
+                handle,
                 classid: None,
             }),
         )?,

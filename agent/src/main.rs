@@ -366,8 +366,12 @@ struct Host {
 }
 
 impl Host {
-    fn refresh_pods(&mut self) {
+    /// Follows the devices the overlay attaches to: pods', and the uplink.
+    fn refresh_devices(&mut self) {
         self.pods.refresh(&mut self.dataplane, self.attach);
+        if let Some(overlay) = self.overlay.as_mut() {
+            overlay.refresh_uplink(&mut self.dataplane, self.attach);
+        }
     }
 
     fn sync_nodes(&mut self, nodes: &[isthmus_agent::node::Node]) {
@@ -376,6 +380,7 @@ impl Host {
         {
             error!(error = %e, "updating the overlay's node table; will retry on the next change");
         }
+        self.refresh_devices();
     }
 }
 
@@ -451,7 +456,7 @@ async fn follow<P: PeerTable<Error = aya::maps::MapError>, M: MappingTable<Error
     feedback: Option<&Feedback>,
     metrics: &Arc<Metrics>,
 ) -> Result<()> {
-    host.refresh_pods();
+    host.refresh_devices();
     let mut terminate = unix::signal(unix::SignalKind::terminate())?;
     let mut states = tokio::time::interval(STATE_REPORT);
     let mut synced = false;
@@ -459,7 +464,7 @@ async fn follow<P: PeerTable<Error = aya::maps::MapError>, M: MappingTable<Error
         let event = tokio::select! {
             event = events.recv() => event.context("the source stopped")?,
             _ = states.tick() => {
-                host.refresh_pods();
+                host.refresh_devices();
                 let tunnel = gateway.as_deref_mut().map(Gateway::report_states);
                 if let Some(feedback) = feedback.filter(|_| synced) {
                     feedback.show(status::desired(reconciler.peers(), tunnel.as_deref(), reconciler.rejections()));

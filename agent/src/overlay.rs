@@ -74,6 +74,9 @@ pub struct Overlay {
     settings: OverlaySettings,
     config: OverlayConfig,
     nodes: Mirror<NodeMap>,
+    /// The device the decapsulation is attached to: the one holding this
+    /// node's address.
+    uplink: Option<String>,
 }
 
 impl Overlay {
@@ -93,6 +96,9 @@ impl Overlay {
                 .map_or(previous.gateway, |a| wire(a.octets())),
             vni: options.vni,
             ifindex,
+            local: previous.local,
+            port: options.port,
+            pad: 0,
         };
         settings.set(config)?;
         Ok(Self {
@@ -100,6 +106,7 @@ impl Overlay {
             settings,
             config,
             nodes: Mirror::new(nodes)?,
+            uplink: None,
         })
     }
 
@@ -121,14 +128,54 @@ impl Overlay {
                 "overlay node table programmed"
             );
         }
-        let gateway = self.gateway(nodes);
-        if gateway != self.config.gateway {
-            self.config.gateway = gateway;
-            self.settings.set(self.config)?;
-            let address = Ipv4Addr::from(gateway.to_ne_bytes());
-            info!(gateway = %address, "overlay sends remote-bound traffic to this gateway node");
+        let config = OverlayConfig {
+            gateway: self.gateway(nodes),
+            local: nodes
+                .iter()
+                .find(|n| n.name == self.options.node)
+                .map_or(0, |n| wire(n.address.octets())),
+            ..self.config
+        };
+        if config != self.config {
+            self.settings.set(config)?;
+            if config.gateway != self.config.gateway {
+                let address = Ipv4Addr::from(config.gateway.to_ne_bytes());
+                info!(gateway = %address, "overlay sends remote-bound traffic to this gateway node");
+            }
+            self.config = config;
         }
         failure.map_or(Ok(()), Err)
+    }
+
+    /// Keeps the decapsulation on the device holding this node's address,
+    /// found again on every call, so an address that appears late or moves
+    /// is followed. Without it, the VXLAN device takes every packet in.
+    pub fn refresh_uplink(&mut self, dataplane: &mut Dataplane, mode: AttachMode) {
+        let local = Ipv4Addr::from(self.config.local.to_ne_bytes());
+        let wanted = match self.config.local {
+            0 => None,
+            _ => device_holding(local),
+        };
+        if wanted == self.uplink {
+            return;
+        }
+        if let Some(old) = self.uplink.take()
+            && let Err(e) = dataplane.detach_decap(&old)
+        {
+            warn!(dev = %old, error = %e, "detaching the overlay's decapsulation from a former uplink");
+        }
+        let Some(dev) = wanted else {
+            return;
+        };
+        match dataplane.attach_decap(&dev, mode) {
+            Ok(()) => {
+                info!(dev = %dev, address = %local, "overlay decapsulation attached to the uplink");
+                self.uplink = Some(dev);
+            }
+            Err(e) => {
+                warn!(dev = %dev, error = %e, "attaching the overlay's decapsulation; will retry")
+            }
+        }
     }
 
     /// The gateway node's address (wire order) workers send to: 0 on the
@@ -152,6 +199,26 @@ impl Overlay {
             wire(gateway.address.octets())
         }
     }
+}
+
+/// The device that holds IPv4 address `address`, if any.
+fn device_holding(address: Ipv4Addr) -> Option<String> {
+    let addresses = match nix::ifaddrs::getifaddrs() {
+        Ok(addresses) => addresses,
+        Err(e) => {
+            warn!(error = %e, "listing this node's addresses");
+            return None;
+        }
+    };
+    addresses
+        .filter(|a| {
+            a.address
+                .as_ref()
+                .and_then(|s| s.as_sockaddr_in())
+                .is_some_and(|s| s.ip() == address)
+        })
+        .map(|a| a.interface_name)
+        .next()
 }
 
 /// Creates the collect-metadata VXLAN device `options.dev`, or keeps the

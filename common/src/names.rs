@@ -83,15 +83,19 @@ pub const PROG_GUARD: &str = "tunnel_guard";
 pub const PROG_STEER: &str = "overlay_steer";
 /// Every node: takes in packets from the overlay, on its VXLAN device.
 pub const PROG_ACCEPT: &str = "overlay_accept";
+/// Every node: takes in packets from the overlay straight off its uplink,
+/// removing the outer headers itself.
+pub const PROG_DECAP: &str = "overlay_decap";
 
 /// Every TC program the agent loads.
-pub const PROGRAMS: [&str; 6] = [
+pub const PROGRAMS: [&str; 7] = [
     PROG_EGRESS_ETH,
     PROG_INGRESS_ETH,
     PROG_EGRESS_IP,
     PROG_INGRESS_IP,
     PROG_STEER,
     PROG_ACCEPT,
+    PROG_DECAP,
 ];
 
 /// Maximum number of peer networks in [`MAP_PEERS`] (two per peer).

@@ -28,6 +28,13 @@ pub struct OverlayConfig {
     /// The VXLAN device's ifindex; 0 until the agent has created it, and
     /// then the programs encapsulate nothing.
     pub ifindex: u32,
+    /// This node's own address (wire order), where overlay packets arrive;
+    /// 0 while unknown, and then only the VXLAN device takes them in.
+    pub local: u32,
+    /// The overlay's UDP port (host order).
+    pub port: u16,
+    /// Zero.
+    pub pad: u16,
 }
 
 /// What the overlay did with a packet.
@@ -50,10 +57,13 @@ pub enum OverlayEvent {
     Failed = 5,
     /// A packet taken in was forwarded by the FIB, without the stack.
     Forwarded = 6,
+    /// A node took in a packet from the overlay on its uplink, removing the
+    /// outer headers itself rather than through the VXLAN device.
+    Decapsulated = 7,
 }
 
 /// Every event, in slot order.
-pub const EVENTS: [OverlayEvent; 7] = [
+pub const EVENTS: [OverlayEvent; 8] = [
     OverlayEvent::ToGateway,
     OverlayEvent::ToNode,
     OverlayEvent::Received,
@@ -61,6 +71,7 @@ pub const EVENTS: [OverlayEvent; 7] = [
     OverlayEvent::WrongVni,
     OverlayEvent::Failed,
     OverlayEvent::Forwarded,
+    OverlayEvent::Decapsulated,
 ];
 
 impl OverlayEvent {
@@ -74,6 +85,7 @@ impl OverlayEvent {
             OverlayEvent::WrongVni => "wrong_vni",
             OverlayEvent::Failed => "failed",
             OverlayEvent::Forwarded => "forwarded",
+            OverlayEvent::Decapsulated => "decapsulated",
         }
     }
 }

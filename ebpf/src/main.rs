@@ -70,6 +70,13 @@ pub fn overlay_accept(ctx: TcContext) -> i32 {
     overlay::accept(&ctx)
 }
 
+/// Takes in the overlay's packets on the node's uplink (ingress), without
+/// the VXLAN device where the FIB settles them.
+#[classifier]
+pub fn overlay_decap(ctx: TcContext) -> i32 {
+    overlay::decapsulate(&ctx)
+}
+
 /// Drops datagrams to the tunnel port from unknown sources, on the uplink.
 #[xdp]
 pub fn tunnel_guard(ctx: XdpContext) -> u32 {

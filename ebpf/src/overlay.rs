@@ -6,7 +6,8 @@ use core::mem::size_of;
 
 use aya_ebpf::{
     bindings::{
-        BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_SHOT, TC_ACT_UNSPEC, bpf_fib_lookup, bpf_tunnel_key,
+        BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_SHOT, TC_ACT_UNSPEC, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC,
+        bpf_fib_lookup, bpf_tunnel_key,
     },
     helpers::{
         bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_redirect_peer, bpf_skb_change_head,
@@ -18,7 +19,7 @@ use isthmus_common::overlay::{OverlayConfig, OverlayEvent};
 
 use crate::{
     maps,
-    parse::{ETH_HLEN, ETH_P_IP, ip},
+    parse::{ETH_HLEN, ETH_P_IP, be16, bytes_at, ip, wire32},
 };
 /// `skb->pkt_type` of a packet addressed to this host.
 const PACKET_HOST: u32 = 0;
@@ -93,44 +94,119 @@ pub fn accept(ctx: &TcContext) -> i32 {
         return TC_ACT_UNSPEC;
     }
     maps::count_overlay(OverlayEvent::Received);
-    forward(ctx)
+    let Some(ip) = bytes_at::<IPV4_HLEN>(ctx, ETH_HLEN) else {
+        return TC_ACT_UNSPEC;
+    };
+    match route(ctx, &ip) {
+        Some(next_hop) => send(ctx, ETH_HLEN, &ip, &next_hop),
+        None => TC_ACT_UNSPEC,
+    }
+}
+
+/// Where the outer headers end and the inner IPv4 header starts, in a
+/// VXLAN frame on the node's uplink.
+const OUTER_IP: usize = ETH_HLEN;
+const OUTER_UDP: usize = OUTER_IP + IPV4_HLEN;
+const VXLAN: usize = OUTER_UDP + 8;
+const INNER_ETH: usize = VXLAN + 8;
+const INNER_IP: usize = INNER_ETH + ETH_HLEN;
+/// The VXLAN header's flags byte with the "VNI present" bit.
+const VXLAN_VNI_PRESENT: u8 = 0x08;
+const PROTO_UDP: u8 = 17;
+
+/// Every node, on its uplink: a VXLAN datagram of our VNI to this node's
+/// overlay port whose inner packet the FIB forwards in one step loses its
+/// outer headers here and goes on, without the UDP socket, the VXLAN
+/// device and a second pass through the stack. Anything else, including a
+/// packet the FIB does not settle and a GSO packet, goes on unchanged to
+/// the VXLAN device's socket, and `accept`.
+#[inline(always)]
+pub fn decapsulate(ctx: &TcContext) -> i32 {
+    let Some(config) = maps::overlay() else {
+        return TC_ACT_UNSPEC;
+    };
+    // SAFETY: reading a field of the context.
+    let gso = unsafe { (*ctx.skb.skb).gso_size } != 0;
+    if config.local == 0 || gso || ctx.skb.protocol() != ETH_P_IP {
+        return TC_ACT_UNSPEC;
+    }
+    // Most packets on the uplink are not ours: this read is all they cost.
+    let Some(udp) = bytes_at::<{ VXLAN }>(ctx, 0) else {
+        return TC_ACT_UNSPEC;
+    };
+    if udp[OUTER_IP] != 0x45
+        || udp[OUTER_IP + IP_PROTO] != PROTO_UDP
+        || be16(&udp, OUTER_IP + IP_FRAG) & IP_MF_AND_OFFSET != 0
+        || wire32(&udp, OUTER_IP + ip::DST) != config.local
+        || be16(&udp, OUTER_UDP + 2) != config.port
+    {
+        return TC_ACT_UNSPEC;
+    }
+    let Some(frame) = bytes_at::<{ INNER_IP + IPV4_HLEN }>(ctx, 0) else {
+        return TC_ACT_UNSPEC;
+    };
+    let vni = u32::from_be_bytes([0, frame[VXLAN + 4], frame[VXLAN + 5], frame[VXLAN + 6]]);
+    if frame[VXLAN] & VXLAN_VNI_PRESENT == 0
+        || vni != config.vni
+        || be16(&frame, INNER_ETH + 12) != ETH_TYPE_IPV4
+    {
+        return TC_ACT_UNSPEC;
+    }
+    let mut ip = [0u8; IPV4_HLEN];
+    ip.copy_from_slice(&frame[INNER_IP..]);
+    let Some(next_hop) = route(ctx, &ip) else {
+        return TC_ACT_UNSPEC;
+    };
+    // Drops the outer IPv4, UDP and VXLAN headers and the inner Ethernet
+    // header; the outer Ethernet header stays, and gets the next hop's MACs.
+    if ctx
+        .adjust_room(-((INNER_IP - ETH_HLEN) as i32), BPF_ADJ_ROOM_MAC, 0)
+        .is_err()
+    {
+        maps::count_overlay(OverlayEvent::Failed);
+        return TC_ACT_UNSPEC;
+    }
+    maps::count_overlay(OverlayEvent::Decapsulated);
+    send(ctx, ETH_HLEN, &ip, &next_hop)
 }
 
 const AF_INET: u8 = 2;
-/// IPv4 header fields the forwarding reads.
+const IPV4_HLEN: usize = 20;
+/// IPv4 header fields forwarding reads.
 const IP_TOS: usize = 1;
 const IP_TOT_LEN: usize = 2;
+const IP_FRAG: usize = 6;
 const IP_TTL: usize = 8;
+const IP_PROTO: usize = 9;
+/// The "more fragments" flag and the fragment offset.
+const IP_MF_AND_OFFSET: u16 = 0x3fff;
+const ETH_TYPE_IPV4: u16 = 0x0800;
 
-/// Forwards an overlay packet by the kernel's FIB, as the stack would but
-/// without its receive and forward paths: the next hop's MACs, a TTL one
-/// lower, and out. Whatever the FIB does not settle in one step (a packet
-/// for this host, too big for the way out, a next hop not resolved yet, a
-/// TTL that runs out) goes to the stack, which also answers with the ICMP
-/// errors path MTU discovery and traceroute need.
+/// Where the FIB sends a packet: out of `ifindex`, to `dmac`, from `smac`.
+struct NextHop {
+    ifindex: u32,
+    dmac: [u8; 6],
+    smac: [u8; 6],
+}
+
+/// The FIB's next hop for the IPv4 header `ip`, when it settles the packet
+/// in one step. Not for a packet to this host, too big for the way out,
+/// to a next hop not resolved yet, or whose TTL runs out: the stack does
+/// those, and answers with the ICMP errors path MTU discovery and
+/// traceroute need.
 #[inline(always)]
-fn forward(ctx: &TcContext) -> i32 {
-    const L3: usize = ETH_HLEN;
-    let (Some(dst), Ok(src), Ok(tos), Ok(tot_len), Ok(ttl_proto)) = (
-        ipv4_dst(ctx, L3),
-        ctx.load::<u32>(L3 + ip::SRC),
-        ctx.load::<u8>(L3 + IP_TOS),
-        ctx.load::<u16>(L3 + IP_TOT_LEN),
-        ctx.load::<[u8; 2]>(L3 + IP_TTL),
-    ) else {
-        return TC_ACT_UNSPEC;
-    };
-    if ttl_proto[0] <= 1 {
-        return TC_ACT_UNSPEC;
+fn route(ctx: &TcContext, ip: &[u8; IPV4_HLEN]) -> Option<NextHop> {
+    if ip[0] >> 4 != 4 || ip[IP_TTL] <= 1 {
+        return None;
     }
     // SAFETY: all-zero is a valid bpf_fib_lookup.
     let mut fib: bpf_fib_lookup = unsafe { core::mem::zeroed() };
     fib.family = AF_INET;
-    fib.l4_protocol = ttl_proto[1];
-    fib.__bindgen_anon_1.tot_len = u16::from_be(tot_len);
-    fib.__bindgen_anon_2.tos = tos;
-    fib.__bindgen_anon_3.ipv4_src = src;
-    fib.__bindgen_anon_4.ipv4_dst = dst;
+    fib.l4_protocol = ip[IP_PROTO];
+    fib.__bindgen_anon_1.tot_len = be16(ip, IP_TOT_LEN);
+    fib.__bindgen_anon_2.tos = ip[IP_TOS];
+    fib.__bindgen_anon_3.ipv4_src = wire32(ip, ip::SRC);
+    fib.__bindgen_anon_4.ipv4_dst = wire32(ip, ip::DST);
     // SAFETY: reading a field of the context.
     fib.ifindex = unsafe { (*ctx.skb.skb).ifindex };
     // SAFETY: `fib` is a complete bpf_fib_lookup of the size given.
@@ -142,17 +218,26 @@ fn forward(ctx: &TcContext) -> i32 {
             0,
         )
     };
-    if found != i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
-        return TC_ACT_UNSPEC;
-    }
+    (found == i64::from(BPF_FIB_LKUP_RET_SUCCESS)).then_some(NextHop {
+        ifindex: fib.ifindex,
+        dmac: fib.dmac,
+        smac: fib.smac,
+    })
+}
+
+/// Sends the packet whose IPv4 header `ip` starts at `l3` to `next_hop`,
+/// as the stack would forward it: the next hop's MACs, a TTL one lower.
+#[inline(always)]
+fn send(ctx: &TcContext, l3: usize, ip: &[u8; IPV4_HLEN], next_hop: &NextHop) -> i32 {
+    let ttl_proto = [ip[IP_TTL], ip[IP_PROTO]];
     let lowered = [ttl_proto[0] - 1, ttl_proto[1]];
     let old = u16::from_ne_bytes(ttl_proto);
     let new = u16::from_ne_bytes(lowered);
     let rewritten = ctx
-        .l3_csum_replace(L3 + ip::CHECK, u64::from(old), u64::from(new), 2)
-        .and_then(|()| ctx.store(L3 + IP_TTL, &lowered, 0))
-        .and_then(|()| ctx.store(0, &fib.dmac, 0))
-        .and_then(|()| ctx.store(6, &fib.smac, 0));
+        .l3_csum_replace(l3 + ip::CHECK, u64::from(old), u64::from(new), 2)
+        .and_then(|()| ctx.store(l3 + IP_TTL, &lowered, 0))
+        .and_then(|()| ctx.store(0, &next_hop.dmac, 0))
+        .and_then(|()| ctx.store(6, &next_hop.smac, 0));
     if rewritten.is_err() {
         maps::count_overlay(OverlayEvent::Failed);
         return TC_ACT_UNSPEC;
@@ -160,12 +245,12 @@ fn forward(ctx: &TcContext) -> i32 {
     maps::count_overlay(OverlayEvent::Forwarded);
     // A pod's veth: straight into the pod's netns, skipping the veth's
     // transmit and a second pass through the backlog.
-    if maps::is_pod_dev(fib.ifindex) {
+    if maps::is_pod_dev(next_hop.ifindex) {
         // SAFETY: plain helper call on a veth, from TC ingress.
-        return unsafe { bpf_redirect_peer(fib.ifindex, 0) as i32 };
+        return unsafe { bpf_redirect_peer(next_hop.ifindex, 0) as i32 };
     }
     // SAFETY: plain helper call; an L3 device drops the MAC header itself.
-    unsafe { bpf_redirect(fib.ifindex, 0) as i32 }
+    unsafe { bpf_redirect(next_hop.ifindex, 0) as i32 }
 }
 
 /// The IPv4 destination (wire order) of an IPv4 packet starting at `l3`.

@@ -122,11 +122,31 @@ impl View {
     }
 }
 
-fn be16(b: &[u8], at: usize) -> u16 {
+/// A copy of the `N` bytes at `off`, from the packet's linear part, which
+/// is pulled that far first when the packet is longer but not linear. None
+/// when the packet is shorter.
+#[inline(always)]
+pub fn bytes_at<const N: usize>(ctx: &TcContext, off: usize) -> Option<[u8; N]> {
+    if ctx.data() + off + N > ctx.data_end() {
+        if (ctx.len() as usize) < off + N {
+            return None;
+        }
+        ctx.pull_data((off + N) as u32).ok()?;
+    }
+    let view = View {
+        start: ctx.data(),
+        end: ctx.data_end(),
+    };
+    view.span::<N>(off).ok().copied()
+}
+
+/// The big-endian `u16` at `at`.
+pub fn be16(b: &[u8], at: usize) -> u16 {
     u16::from_be_bytes([b[at], b[at + 1]])
 }
 
-fn wire32(b: &[u8], at: usize) -> u32 {
+/// The `u32` at `at`, left in wire order.
+pub fn wire32(b: &[u8], at: usize) -> u32 {
     u32::from_ne_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 

@@ -98,6 +98,7 @@ impl Harness {
             gateway: gateway.map_or(0, |g| wire(g.octets())),
             vni: VNI,
             ifindex,
+            ..OverlayConfig::default()
         };
         self.settings.set(config).unwrap();
     }

@@ -250,7 +250,9 @@ fn isthmus_overlay(c: &Cluster, on: bool) -> Result<()> {
         for node in &nodes {
             std::fs::remove_file(lab::object_dir(node).join(lab::NODES_FILE))?;
         }
-        let link = lab::bpffs(&c.node()).join("links").join("pod1-ingress");
+        let link = lab::bpffs(&c.node())
+            .join("links")
+            .join("pod1-ingress-overlay_steer");
         std::fs::remove_file(&link)?;
     }
     // The gateway sends tunnel traffic on to the worker while it knows it.
