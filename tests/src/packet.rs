@@ -51,6 +51,8 @@ pub struct Datagram {
     pub dst: Addr,
     /// IP options, a multiple of 4 bytes.
     pub options: Vec<u8>,
+    /// Time to live.
+    pub ttl: u8,
     /// Payload.
     pub l4: L4,
 }
@@ -62,7 +64,17 @@ impl Datagram {
             src,
             dst,
             options: Vec::new(),
+            ttl: 64,
             l4,
+        }
+    }
+
+    /// The same datagram with another TTL: `ttl - 1` is what a router
+    /// forwards.
+    pub fn with_ttl(&self, ttl: u8) -> Self {
+        Self {
+            ttl,
+            ..self.clone()
         }
     }
 
@@ -85,7 +97,8 @@ impl Datagram {
     }
 
     fn header(&self, payload_len: usize, protocol: IpNumber) -> Ipv4Header {
-        let mut ip = Ipv4Header::new(0, 64, protocol, self.src, self.dst).expect("small payload");
+        let mut ip =
+            Ipv4Header::new(0, self.ttl, protocol, self.src, self.dst).expect("small payload");
         ip.identification = 0x1234;
         ip.options = Ipv4Options::try_from(&self.options[..]).expect("options are a multiple of 4");
         ip.set_payload_len(payload_len).expect("small payload");
@@ -188,6 +201,25 @@ pub fn ethernet(ethertype: u16, payload: &[u8]) -> Vec<u8> {
 /// An Ethernet frame carrying IPv4.
 pub fn eth_ipv4(ip: &[u8]) -> Vec<u8> {
     ethernet(ETH_P_IP, ip)
+}
+
+/// An overlay packet: `inner` (an Ethernet frame) in VXLAN with `vni`, in
+/// UDP to `dport`, from node `src` to node `dst`; outer checksums computed
+/// in full.
+pub fn vxlan(src: Addr, dst: Addr, dport: u16, vni: u32, inner: &[u8]) -> Datagram {
+    let mut payload = vec![0x08, 0, 0, 0];
+    payload.extend((vni << 8).to_be_bytes());
+    payload.extend(inner);
+    Datagram::new(
+        src,
+        dst,
+        L4::Udp {
+            sport: 49152,
+            dport,
+            payload,
+            zero_csum: false,
+        },
+    )
 }
 
 /// A UDP datagram from `src` to `dst` with a short payload.

@@ -7,8 +7,6 @@
 //! The kernel returns a redirect's verdict, not the tunnel key it set: the
 //! key's VNI, port and remote node are checked on the wire in `lab_overlay`.
 
-use std::net::Ipv4Addr;
-
 use aya::{Ebpf, EbpfLoader, programs::SchedClassifier};
 use isthmus_agent::{
     dataplane::OBJECT,
@@ -23,10 +21,11 @@ use isthmus_common::{
     overlay::{EVENTS, OverlayConfig, OverlayEvent},
 };
 use isthmus_tests::{
-    packet::{Addr, ETH_P_ARP, eth_ipv4, ethernet, tcp, udp},
+    netns,
+    packet::{Addr, ETH_P_ARP, eth_ipv4, ethernet, tcp, udp, vxlan},
     require_root, test_run,
 };
-use xtask::topology::{A, PEERINGS};
+use xtask::topology::{A, OVERLAY_PORT, PEERINGS};
 
 const A_POD1: Addr = [10, 244, 0, 5];
 const A_POD2: Addr = [10, 244, 0, 133];
@@ -44,7 +43,10 @@ const REDIRECT: u32 = 7;
 struct Harness {
     ebpf: Ebpf,
     settings: OverlaySettings,
+    config: OverlayConfig,
     events: Counters,
+    /// The netns the programs run in, and look the FIB up in.
+    netns: Option<&'static str>,
 }
 
 impl Harness {
@@ -56,6 +58,7 @@ impl Harness {
         for name in [
             names::PROG_STEER,
             names::PROG_ACCEPT,
+            names::PROG_DECAP,
             names::PROG_INGRESS_ETH,
         ] {
             let prog: &mut SchedClassifier = ebpf.program_mut(name).unwrap().try_into().unwrap();
@@ -85,27 +88,34 @@ impl Harness {
         let mut harness = Self {
             ebpf,
             settings,
+            config: OverlayConfig {
+                gateway: wire(A.lan_gw().octets()),
+                vni: VNI,
+                ifindex: 1,
+                local: wire(A.lan_node().octets()),
+                port: OVERLAY_PORT,
+                pad: 0,
+            },
             events,
+            netns: None,
         };
-        harness.configure(Some(A.lan_gw()), 1);
+        harness.configure(|_| ());
         harness
     }
 
-    /// Sets the gateway node workers send to, and the device's ifindex
-    /// (0: no overlay device yet).
-    fn configure(&mut self, gateway: Option<Ipv4Addr>, ifindex: u32) {
-        let config = OverlayConfig {
-            gateway: gateway.map_or(0, |g| wire(g.octets())),
-            vni: VNI,
-            ifindex,
-            ..OverlayConfig::default()
-        };
-        self.settings.set(config).unwrap();
+    /// Changes the overlay's settings. `gateway` 0: none known; `ifindex`
+    /// 0: no overlay device yet; `local` 0: this node's address unknown.
+    fn configure(&mut self, change: impl FnOnce(&mut OverlayConfig)) {
+        change(&mut self.config);
+        self.settings.set(self.config).unwrap();
     }
 
     fn run(&self, program: &str, frame: &[u8]) -> (u32, Vec<u8>) {
         let prog: &SchedClassifier = self.ebpf.program(program).unwrap().try_into().unwrap();
-        test_run(prog, frame)
+        match self.netns {
+            Some(ns) => xtask::netns::run_in(ns, || test_run(prog, frame)).unwrap(),
+            None => test_run(prog, frame),
+        }
     }
 
     fn count(&self, event: OverlayEvent) -> u64 {
@@ -116,24 +126,24 @@ impl Harness {
 }
 
 /// One case: its name, the program, the frame in, the verdict, the frame
-/// out, and the event it must count.
+/// out, and the events it must count.
 type Row = (
     &'static str,
     &'static str,
     Vec<u8>,
     u32,
     Vec<u8>,
-    Option<OverlayEvent>,
+    &'static [OverlayEvent],
 );
 
 fn check(h: &Harness, rows: Vec<Row>) {
-    for (name, program, input, want_verdict, want_out, want_event) in rows {
+    for (name, program, input, want_verdict, want_out, want_events) in rows {
         let before: Vec<u64> = EVENTS.iter().map(|e| h.count(*e)).collect();
         let (verdict, out) = h.run(program, &input);
         assert_eq!(verdict, want_verdict, "{name}: verdict");
         assert_eq!(out, want_out, "{name}: frame");
         for (i, event) in EVENTS.iter().enumerate() {
-            let want = before[i] + u64::from(want_event == Some(*event));
+            let want = before[i] + u64::from(want_events.contains(event));
             assert_eq!(h.count(*event), want, "{}: {} events", name, event.as_str());
         }
     }
@@ -157,7 +167,7 @@ fn the_overlay_programs_decide_and_leave_frames_as_they_should() {
                 to_peer.clone(),
                 REDIRECT,
                 to_peer.clone(),
-                Some(ToGateway),
+                &[ToGateway],
             ),
             (
                 "worker: a packet for our own pods stays with the stack",
@@ -165,7 +175,7 @@ fn the_overlay_programs_decide_and_leave_frames_as_they_should() {
                 local.clone(),
                 HAND_ON,
                 local.clone(),
-                None,
+                &[],
             ),
             (
                 "worker: not IPv4",
@@ -173,7 +183,7 @@ fn the_overlay_programs_decide_and_leave_frames_as_they_should() {
                 arp.clone(),
                 HAND_ON,
                 arp.clone(),
-                None,
+                &[],
             ),
             (
                 "gateway: from the tunnel, NATed, for a pod of a-node: sent to it",
@@ -181,7 +191,7 @@ fn the_overlay_programs_decide_and_leave_frames_as_they_should() {
                 from_b(A_POD1_AT_B),
                 REDIRECT,
                 from_b(A_POD1),
-                Some(ToNode),
+                &[ToNode],
             ),
             (
                 "gateway: from the tunnel, NATed, for a pod of its own: to the stack",
@@ -189,7 +199,7 @@ fn the_overlay_programs_decide_and_leave_frames_as_they_should() {
                 from_b(A_POD2_AT_B),
                 HAND_ON,
                 from_b(A_POD2),
-                None,
+                &[],
             ),
             (
                 "any node: a frame that did not come through the overlay",
@@ -197,12 +207,12 @@ fn the_overlay_programs_decide_and_leave_frames_as_they_should() {
                 to_peer.clone(),
                 SHOT,
                 to_peer.clone(),
-                Some(WrongVni),
+                &[WrongVni],
             ),
         ],
     );
 
-    h.configure(None, 1);
+    h.configure(|c| c.gateway = 0);
     check(
         &h,
         vec![(
@@ -211,11 +221,14 @@ fn the_overlay_programs_decide_and_leave_frames_as_they_should() {
             to_peer.clone(),
             HAND_ON,
             to_peer.clone(),
-            Some(NoGateway),
+            &[NoGateway],
         )],
     );
 
-    h.configure(Some(A.lan_gw()), 0);
+    h.configure(|c| {
+        c.gateway = wire(A.lan_gw().octets());
+        c.ifindex = 0;
+    });
     check(
         &h,
         vec![
@@ -225,7 +238,7 @@ fn the_overlay_programs_decide_and_leave_frames_as_they_should() {
                 to_peer.clone(),
                 HAND_ON,
                 to_peer,
-                None,
+                &[],
             ),
             (
                 "gateway: no overlay device yet",
@@ -233,8 +246,142 @@ fn the_overlay_programs_decide_and_leave_frames_as_they_should() {
                 from_b(A_POD1_AT_B),
                 HAND_ON,
                 from_b(A_POD1),
-                None,
+                &[],
             ),
         ],
     );
+}
+
+/// The test's node (`v0`, 192.0.2.1) and the next hop it forwards a-pod1's
+/// address to (`v1`, 192.0.2.2, with a permanent neighbour entry).
+const NODE_NS: &str = "ist-t-decap";
+const NEXT_HOP_NS: &str = "ist-t-decap-nh";
+
+/// Builds the node's netns, and returns the next hop's MAC and the node's.
+fn node_with_a_route_to_a_pod1() -> ([u8; 6], [u8; 6]) {
+    netns::fresh(&[NODE_NS, NEXT_HOP_NS]);
+    netns::link(NODE_NS, NEXT_HOP_NS);
+    let mac = |ns: &str, dev: &str| -> [u8; 6] {
+        let text = xtask::cmd::ip(ns, &["-br", "link", "show", dev]).unwrap();
+        let field = text.split_whitespace().nth(2).unwrap();
+        let bytes: Vec<u8> = field
+            .split(':')
+            .map(|b| u8::from_str_radix(b, 16).unwrap())
+            .collect();
+        bytes.try_into().unwrap()
+    };
+    let (next_hop, node) = (mac(NEXT_HOP_NS, "v1"), mac(NODE_NS, "v0"));
+    let lladdr = next_hop.map(|b| format!("{b:02x}")).join(":");
+    for args in [
+        &[
+            "neigh",
+            "replace",
+            "192.0.2.2",
+            "lladdr",
+            &lladdr,
+            "dev",
+            "v0",
+            "nud",
+            "permanent",
+        ][..],
+        &[
+            "route",
+            "add",
+            "10.244.0.0/25",
+            "via",
+            "192.0.2.2",
+            "dev",
+            "v0",
+        ],
+    ] {
+        xtask::cmd::ip(NODE_NS, args).unwrap();
+    }
+    xtask::cmd::run(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            NODE_NS,
+            "sysctl",
+            "-qw",
+            "net.ipv4.ip_forward=1",
+        ],
+    )
+    .unwrap();
+    (next_hop, node)
+}
+
+#[test]
+fn the_uplink_decapsulates_only_what_the_fib_forwards_in_one_step() {
+    let mut h = Harness::new();
+    let (next_hop, node) = node_with_a_route_to_a_pod1();
+    h.netns = Some(NODE_NS);
+    let (gw, here) = (A.lan_gw().octets(), A.lan_node().octets());
+    let inner = tcp(B_POD1, A_POD1);
+    let overlay = |dport, vni, inner: &[u8]| vxlan(gw, here, dport, vni, inner);
+    let ours = |inner: &[u8]| eth_ipv4(&overlay(OVERLAY_PORT, VNI, inner).bytes());
+    let arrived = ours(&eth_ipv4(&inner.bytes()));
+    let mut forwarded = [next_hop, node].concat();
+    forwarded.extend(eth_ipv4(&inner.with_ttl(63).bytes()).split_off(12));
+    let unchanged = |frame: Vec<u8>| (frame.clone(), HAND_ON, frame);
+    let rows = |cases: Vec<(&'static str, Vec<u8>)>| -> Vec<Row> {
+        cases
+            .into_iter()
+            .map(|(name, frame)| {
+                let (input, verdict, out) = unchanged(frame);
+                (name, names::PROG_DECAP, input, verdict, out, &[][..])
+            })
+            .collect()
+    };
+    use OverlayEvent::*;
+    let mut table = vec![(
+        "ours, to a-pod1: outer headers off, next hop's MACs, TTL 63",
+        names::PROG_DECAP,
+        arrived.clone(),
+        REDIRECT,
+        forwarded,
+        &[Decapsulated, Forwarded][..],
+    )];
+    table.extend(rows(vec![
+        (
+            "another VNI: for the VXLAN device",
+            eth_ipv4(&overlay(OVERLAY_PORT, VNI + 1, &eth_ipv4(&inner.bytes())).bytes()),
+        ),
+        (
+            "another port",
+            eth_ipv4(&overlay(4789, VNI, &eth_ipv4(&inner.bytes())).bytes()),
+        ),
+        (
+            "to another node's address",
+            eth_ipv4(
+                &vxlan(
+                    gw,
+                    [172, 16, 1, 9],
+                    OVERLAY_PORT,
+                    VNI,
+                    &eth_ipv4(&inner.bytes()),
+                )
+                .bytes(),
+            ),
+        ),
+        (
+            "an outer fragment: for the stack to reassemble",
+            eth_ipv4(&overlay(OVERLAY_PORT, VNI, &eth_ipv4(&inner.bytes())).fragment(0, 64)),
+        ),
+        ("inner ARP", ours(&ethernet(ETH_P_ARP, &[0; 28]))),
+        (
+            "inner destination the FIB has no route for",
+            ours(&eth_ipv4(&tcp(B_POD1, [10, 99, 0, 1]).bytes())),
+        ),
+        (
+            "inner TTL 1: the stack answers time-exceeded",
+            ours(&eth_ipv4(&inner.with_ttl(1).bytes())),
+        ),
+        ("plain TCP on the uplink", eth_ipv4(&inner.bytes())),
+    ]));
+    check(&h, table);
+
+    h.configure(|c| c.local = 0);
+    check(&h, rows(vec![("this node's address unknown", arrived)]));
+    netns::remove(&[NODE_NS, NEXT_HOP_NS]);
 }
