@@ -106,7 +106,7 @@ pub enum AttachMode {
 
 impl AttachMode {
     /// The mode this kernel gets.
-    fn resolve(self) -> Attached {
+    pub fn resolve(self) -> Attached {
         match self {
             AttachMode::Auto if tcx_supported() => Attached::Tcx,
             AttachMode::Auto | AttachMode::Clsact => Attached::Clsact,

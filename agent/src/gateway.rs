@@ -68,6 +68,7 @@ impl Gateway {
                 Ok(params) => configs.push(PeerConfig {
                     key: peer.key.clone(),
                     label: peer.label().to_owned(),
+                    cluster_name: peer.name().to_owned(),
                     public: params.public_key,
                     endpoint: params.endpoint,
                     networks: peer.views().iter().map(|(_, net)| *net).collect(),

@@ -12,9 +12,10 @@ use isthmus_agent::{
     conntrack::{self, Conntrack},
     dataplane::{self, AttachMode, Capacity, Dataplane},
     gateway::Gateway,
-    kubernetes, maps,
-    maps::Counters,
-    metrics::{self, Metrics},
+    kubernetes,
+    maps::{self, Counters},
+    metrics::{self, BuildInfo, Metrics},
+    object::KIND_NODE,
     overlay::{self, Overlay, OverlayOptions, PodDevices},
     reconcile::{MappingTable, PeerTable, Reconciler, Report},
     source::{self, SourceEvent, SourceSpec},
@@ -23,7 +24,7 @@ use isthmus_agent::{
 };
 use isthmus_common::{
     conntrack::Timeouts,
-    counters::{DIRECTIONS, Outcome, slot},
+    counters::{DIRECTIONS, LINKS, Outcome, outcome_slot},
     overlay as defaults,
 };
 use tokio::{signal::unix, sync::mpsc};
@@ -290,15 +291,21 @@ async fn run(args: RunArgs) -> Result<()> {
         Role::Gateway => Vec::new(),
     };
     let pods = PodDevices::new(patterns, dataplane.take_pod_devs()?)?;
+    let xdp_mode = match gateway.as_ref().is_some_and(|_| args.guard_dev.is_some()) {
+        true => "native",
+        false => "none",
+    };
     let metrics = Metrics::new(
-        Counters::open(&args.bpffs)?,
-        Counters::open_guard(&args.bpffs)?,
-        Counters::open_overlay(&args.bpffs)?,
+        &args.bpffs,
         gateway.as_ref().map(|g| g.tunnel.clone()),
-        &args.node,
-        role_name,
-        attach.map(|a| a.as_str()),
-    );
+        BuildInfo {
+            node: &args.node,
+            role: role_name,
+            attach_mode: attach.unwrap_or(args.attach.resolve()).as_str(),
+            xdp_mode,
+        },
+    )
+    .context("opening the pinned maps for the metrics")?;
     metrics::serve(args.metrics_addr, metrics.clone())
         .await
         .with_context(|| format!("serving metrics on {}", args.metrics_addr))?;
@@ -374,13 +381,18 @@ impl Host {
         }
     }
 
-    fn sync_nodes(&mut self, nodes: &[isthmus_agent::node::Node]) {
+    /// Brings the overlay's tables up to date. Returns whether it could;
+    /// it logs why not.
+    fn sync_nodes(&mut self, nodes: &[isthmus_agent::node::Node]) -> bool {
+        let mut synced = true;
         if let Some(overlay) = self.overlay.as_mut()
             && let Err(e) = overlay.sync(nodes)
         {
-            error!(error = %e, "updating the overlay's node table; will retry on the next change");
+            error!(kind = KIND_NODE, error = %e, "updating the overlay's node table; will retry on the next change");
+            synced = false;
         }
         self.refresh_devices();
+        synced
     }
 }
 
@@ -407,9 +419,10 @@ async fn collect_flows(
 ) {
     let dropped = || {
         counters.read().map_or(0, |sums| {
-            DIRECTIONS
+            LINKS
                 .iter()
-                .map(|d| sums[slot(*d, Outcome::Dropped) as usize])
+                .flat_map(|l| DIRECTIONS.map(|d| outcome_slot(*l, d, Outcome::Dropped)))
+                .map(|slot| sums[slot as usize])
                 .sum::<u64>()
         })
     };
@@ -488,21 +501,22 @@ async fn follow<P: PeerTable<Error = aya::maps::MapError>, M: MappingTable<Error
                 if let Some(feedback) = feedback {
                     feedback.rejected(&report.new_errors);
                 }
-                host.sync_nodes(reconciler.nodes());
+                match host.sync_nodes(reconciler.nodes()) {
+                    true => metrics.reconciled(),
+                    false => metrics.reconcile_failed(KIND_NODE),
+                }
                 if let Some(gateway) = gateway.as_deref_mut() {
                     gateway.sync(reconciler.peers()).await;
                 }
             }
-            Err(e) if maps::is_full(&e) => {
-                metrics.map_full.inc();
-                error!(error = %e, "a kernel table is full: entries that did not fit are not programmed, and nothing was evicted; raise its capacity or remove objects");
-            }
             Err(e) => {
-                metrics
-                    .reconcile_errors
-                    .get_or_create(&[("kind", "TunnelEndpoint")])
-                    .inc();
-                error!(error = %e, "updating the kernel tables; will retry on the next change");
+                metrics.reconcile_failed(e.kind);
+                if maps::is_full(&e.source) {
+                    metrics.map_full.inc();
+                    error!(kind = e.kind, error = %e, "a kernel table is full: entries that did not fit are not programmed, and nothing was evicted; raise its capacity or remove objects");
+                } else {
+                    error!(kind = e.kind, error = %e, "updating the kernel tables; will retry on the next change");
+                }
             }
         }
         metrics.set_ready();

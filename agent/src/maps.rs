@@ -372,3 +372,103 @@ impl std::fmt::Debug for Counters {
 pub fn open_pinned(root: &Path, name: &str) -> Result<Map, MapError> {
     Map::from_map_data(MapData::from_pin(Pins::new(root).map(name))?)
 }
+
+/// How full one pinned map is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Occupancy {
+    /// The map's name.
+    pub map: &'static str,
+    /// Entries in use; an array's slots always are.
+    pub entries: u32,
+    /// The most it can hold.
+    pub capacity: u32,
+}
+
+/// Every map the agent pins, opened once, to be counted on request.
+pub struct PinnedMaps(Vec<(&'static str, MapData)>);
+
+impl PinnedMaps {
+    /// Opens every map of [`names::MAPS`] pinned under `root`.
+    pub fn open(root: &Path) -> Result<Self, MapError> {
+        let pins = Pins::new(root);
+        names::MAPS
+            .iter()
+            .map(|name| Ok((*name, MapData::from_pin(pins.map(name))?)))
+            .collect::<Result<_, MapError>>()
+            .map(Self)
+    }
+
+    /// How full each map is now. Walks the keys of hash maps and tries from
+    /// userspace, never from the packet path, which takes no lock for it.
+    pub fn occupancy(&self) -> Result<Vec<Occupancy>, MapError> {
+        self.0
+            .iter()
+            .map(|(map, data)| {
+                let info = data.info()?;
+                let capacity = info.max_entries();
+                let entries = match info.map_type()? {
+                    aya::maps::MapType::Array | aya::maps::MapType::PerCpuArray => capacity,
+                    _ => count_keys(data, info.key_size(), capacity)?,
+                };
+                Ok(Occupancy {
+                    map,
+                    entries,
+                    capacity,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Counts the keys of `map` with `BPF_MAP_GET_NEXT_KEY`, whatever their
+/// type. Entries that come and go meanwhile may be missed or seen twice;
+/// the walk stops at twice the capacity.
+fn count_keys(map: &MapData, key_size: u32, capacity: u32) -> Result<u32, MapError> {
+    use std::os::fd::{AsFd, AsRawFd};
+    /// `union bpf_attr` as `BPF_MAP_GET_NEXT_KEY` reads it.
+    #[repr(C)]
+    struct NextKey {
+        map_fd: u32,
+        pad: u32,
+        key: u64,
+        next_key: u64,
+    }
+    const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
+    let fd = map.fd().as_fd().as_raw_fd() as u32;
+    let mut key = vec![0u8; key_size as usize];
+    let mut next = vec![0u8; key_size as usize];
+    let mut count = 0;
+    let mut first = true;
+    while count < capacity.saturating_mul(2) {
+        let attr = NextKey {
+            map_fd: fd,
+            pad: 0,
+            key: if first { 0 } else { key.as_ptr() as u64 },
+            next_key: next.as_mut_ptr() as u64,
+        };
+        // SAFETY: `attr` points at buffers of the map's key size, alive for
+        // the call.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_GET_NEXT_KEY,
+                &attr as *const NextKey,
+                size_of::<NextKey>(),
+            )
+        };
+        if ret != 0 {
+            let error = std::io::Error::last_os_error();
+            if error.raw_os_error() == Some(libc::ENOENT) {
+                break;
+            }
+            return Err(MapError::SyscallError(aya::sys::SyscallError {
+                call: "bpf_map_get_next_key",
+                io_error: error,
+            }));
+        }
+        count += 1;
+        first = false;
+        std::mem::swap(&mut key, &mut next);
+    }
+    Ok(count)
+}

@@ -5,14 +5,26 @@
 
 use std::{
     net::SocketAddr,
+    path::Path,
     sync::{
         Arc,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
 };
 
-use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
-use isthmus_common::counters::{self, DIRECTIONS, OUTCOMES};
+use aya::maps::MapError;
+
+use axum::{
+    Router,
+    extract::State,
+    http::{
+        HeaderMap, StatusCode,
+        header::{ACCEPT, CONTENT_TYPE},
+    },
+    response::IntoResponse,
+    routing::get,
+};
+use isthmus_common::counters::{self, DIRECTIONS, DROP_REASONS, KINDS, LINKS, OUTCOMES};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric, text::encode},
@@ -21,7 +33,6 @@ use prometheus_client::{
         counter::{ConstCounter, Counter},
         family::Family,
         gauge::{ConstGauge, Gauge},
-        info::Info,
     },
     registry::Registry,
 };
@@ -30,7 +41,7 @@ use tracing::warn;
 use isthmus_common::{guard::VERDICTS, overlay::EVENTS};
 
 use crate::{
-    maps::Counters,
+    maps::{Counters, Occupancy, PinnedMaps},
     tunnel::{Connection, PeerStatus, Tunnel},
 };
 
@@ -55,20 +66,30 @@ pub struct Metrics {
     /// TunnelEndpoint status decisions, by outcome: written, skipped
     /// (already shown, or not due), failed.
     pub status_writes: Family<[(&'static str, &'static str); 1], Counter>,
+    /// When the last reconcile pass brought every kernel table up to date.
+    last_reconcile: Gauge<f64, AtomicU64>,
+}
+
+/// What `isthmus_build_info` says of this agent.
+pub struct BuildInfo<'a> {
+    /// The node it runs on.
+    pub node: &'a str,
+    /// `gateway` or `worker`.
+    pub role: &'a str,
+    /// How the TC programs are attached: `tcx` or `clsact`.
+    pub attach_mode: &'a str,
+    /// How the XDP guard is attached (`native`), or `none`.
+    pub xdp_mode: &'a str,
 }
 
 impl Metrics {
-    /// Registers every metric. `attach` is how the NAT programs were attached,
-    /// if this node attaches them.
+    /// Registers every metric, reading the dataplane's maps pinned under
+    /// `bpffs`, and the embedded tunnel's state if this node has one.
     pub fn new(
-        counters: Counters,
-        guard: Counters,
-        overlay: Counters,
+        bpffs: &Path,
         tunnel: Option<Arc<Tunnel>>,
-        node: &str,
-        role: &str,
-        attach: Option<&str>,
-    ) -> Arc<Self> {
+        build: BuildInfo,
+    ) -> Result<Arc<Self>, MapError> {
         let mut registry = Registry::with_prefix("isthmus");
         let peers = Gauge::default();
         let rejected_objects = Gauge::default();
@@ -78,6 +99,12 @@ impl Metrics {
         let nat_mappings = Gauge::default();
         let conntrack_entries = Gauge::default();
         let status_writes = Family::default();
+        let last_reconcile = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "last_reconcile_timestamp_seconds",
+            "When a reconcile pass last brought every kernel table up to date (Unix time)",
+            last_reconcile.clone(),
+        );
         registry.register(
             "status_writes",
             "TunnelEndpoint status decisions of the gateway, by outcome",
@@ -111,28 +138,40 @@ impl Metrics {
         );
         registry.register(
             "reconcile_errors",
-            "Reconcile passes that failed to update the kernel",
+            "Reconcile passes that failed to update a kernel table, by the kind of object it holds",
             reconcile_errors.clone(),
         );
-        registry.register(
-            "agent",
-            "The agent's node, role and attach mode",
-            Info::new(vec![
+        let kernel = nix::sys::utsname::uname()
+            .map(|u| u.release().to_string_lossy().into_owned())
+            .unwrap_or_default();
+        // A gauge of 1, not an OpenMetrics info: the Prometheus text format
+        // that promtool checks has no info type.
+        let build_info = Family::<[(&'static str, String); 6], Gauge>::default();
+        build_info
+            .get_or_create(&[
                 ("version", env!("CARGO_PKG_VERSION").to_owned()),
-                ("node", node.to_owned()),
-                ("role", role.to_owned()),
-                ("attach_mode", attach.unwrap_or("none").to_owned()),
-            ]),
+                ("kernel", kernel),
+                ("attach_mode", build.attach_mode.to_owned()),
+                ("xdp_mode", build.xdp_mode.to_owned()),
+                ("node", build.node.to_owned()),
+                ("role", build.role.to_owned()),
+            ])
+            .set(1);
+        registry.register(
+            "build_info",
+            "The agent's version, the kernel, how its programs are attached, its node and role; always 1",
+            build_info,
         );
         registry.register_collector(Box::new(DataplaneCounters {
-            nat: counters,
-            guard,
-            overlay,
+            nat: Counters::open(bpffs)?,
+            guard: Counters::open_guard(bpffs)?,
+            overlay: Counters::open_overlay(bpffs)?,
+            maps: PinnedMaps::open(bpffs)?,
         }));
         if let Some(tunnel) = tunnel {
             registry.register_collector(Box::new(TunnelMetrics(tunnel)));
         }
-        Arc::new(Self {
+        Ok(Arc::new(Self {
             registry,
             ready: AtomicBool::new(false),
             peers,
@@ -143,7 +182,21 @@ impl Metrics {
             nat_mappings,
             conntrack_entries,
             status_writes,
-        })
+            last_reconcile,
+        }))
+    }
+
+    /// Records a reconcile pass that brought every kernel table up to date.
+    pub fn reconciled(&self) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        self.last_reconcile.set(now);
+    }
+
+    /// Records a reconcile pass that failed to update the table of `kind`.
+    pub fn reconcile_failed(&self, kind: &'static str) {
+        self.reconcile_errors.get_or_create(&[("kind", kind)]).inc();
     }
 
     /// Marks the agent ready: the dataplane is attached and the source synced.
@@ -158,12 +211,19 @@ impl Metrics {
     }
 }
 
-/// Packet counters summed over CPUs at scrape time.
-#[derive(Debug)]
+/// Packet counters summed over CPUs, and how full each map is, read at
+/// scrape time.
 struct DataplaneCounters {
     nat: Counters,
     guard: Counters,
     overlay: Counters,
+    maps: PinnedMaps,
+}
+
+impl std::fmt::Debug for DataplaneCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DataplaneCounters")
+    }
 }
 
 impl Collector for DataplaneCounters {
@@ -175,21 +235,10 @@ impl Collector for DataplaneCounters {
                 return Ok(());
             }
         };
-        let mut family = encoder.encode_descriptor(
-            "nat_packets",
-            "Packets seen by the NAT programs, by direction and outcome",
-            None,
-            MetricType::Counter,
-        )?;
-        for direction in DIRECTIONS {
-            for outcome in OUTCOMES {
-                let labels = [
-                    ("direction", direction.as_str()),
-                    ("outcome", outcome.as_str()),
-                ];
-                let value = sums[counters::slot(direction, outcome) as usize];
-                ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
-            }
+        nat_families(&mut encoder, &sums)?;
+        match self.maps.occupancy() {
+            Ok(maps) => occupancy_families(&mut encoder, &maps)?,
+            Err(e) => warn!(error = %e, "counting map entries"),
         }
         let verdicts = VERDICTS.map(|v| v.as_str());
         let events = EVENTS.map(|e| e.as_str());
@@ -222,6 +271,92 @@ impl Collector for DataplaneCounters {
         }
         Ok(())
     }
+}
+
+/// The NAT programs' counters: every packet by outcome, drops by reason,
+/// and translations by kind of rule, each per program and direction.
+fn nat_families(encoder: &mut DescriptorEncoder, sums: &[u64]) -> Result<(), std::fmt::Error> {
+    let programs = || {
+        LINKS
+            .into_iter()
+            .flat_map(|l| DIRECTIONS.map(|d| (l, d)))
+            .map(|(l, d)| (l, d, [("program", l.program(d)), ("direction", d.as_str())]))
+    };
+    let mut family = encoder.encode_descriptor(
+        "nat_packets",
+        "Packets seen by the NAT programs, by program, direction and outcome",
+        None,
+        MetricType::Counter,
+    )?;
+    for (link, direction, [program, dir]) in programs() {
+        for outcome in OUTCOMES {
+            let value = sums[counters::outcome_slot(link, direction, outcome) as usize];
+            ConstCounter::new(value).encode(family.encode_family(&[
+                program,
+                dir,
+                ("outcome", outcome.as_str()),
+            ])?)?;
+        }
+    }
+    let mut family = encoder.encode_descriptor(
+        "nat_dropped_packets",
+        "Packets the NAT programs dropped, by program, direction and reason",
+        None,
+        MetricType::Counter,
+    )?;
+    for (link, direction, [program, dir]) in programs() {
+        for reason in DROP_REASONS {
+            let value = sums[counters::drop_slot(link, direction, reason) as usize];
+            ConstCounter::new(value).encode(family.encode_family(&[
+                program,
+                dir,
+                ("reason", reason.as_str()),
+            ])?)?;
+        }
+    }
+    let mut family = encoder.encode_descriptor(
+        "nat_translated_packets",
+        "Packets the NAT programs rewrote, by program, direction and kind of rule (prefix, natmapping, masquerade); a packet counts once per kind that rewrote it",
+        None,
+        MetricType::Counter,
+    )?;
+    for (link, direction, [program, dir]) in programs() {
+        for kind in KINDS {
+            let value = sums[counters::kind_slot(link, direction, kind) as usize];
+            ConstCounter::new(value).encode(family.encode_family(&[
+                program,
+                dir,
+                ("kind", kind.as_str()),
+            ])?)?;
+        }
+    }
+    Ok(())
+}
+
+/// How full each map is against its capacity.
+fn occupancy_families(
+    encoder: &mut DescriptorEncoder,
+    maps: &[Occupancy],
+) -> Result<(), std::fmt::Error> {
+    for (name, help, value) in [
+        (
+            "map_entries",
+            "Entries in use in each pinned map (an array's slots always are)",
+            (|o: &Occupancy| o.entries) as fn(&Occupancy) -> u32,
+        ),
+        (
+            "map_capacity_entries",
+            "Entries each pinned map can hold",
+            |o: &Occupancy| o.capacity,
+        ),
+    ] {
+        let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+        for o in maps {
+            ConstGauge::new(i64::from(value(o)))
+                .encode(family.encode_family(&[("map", o.map)])?)?;
+        }
+    }
+    Ok(())
 }
 
 /// Labels of a per-peer sample.
@@ -257,7 +392,7 @@ impl Collector for TunnelMetrics {
         let label = |p: &PeerStatus| {
             [
                 ("cluster_id", p.label.clone()),
-                ("object", p.key.to_string()),
+                ("cluster_name", p.cluster_name.clone()),
             ]
         };
         let gauge = |encoder: &mut DescriptorEncoder,
@@ -346,6 +481,15 @@ impl Collector for TunnelMetrics {
             "Authenticated packets from the peer dropped because their inner source lay outside its networks",
             peers.iter().map(|p| (label(p), p.dropped_source)).collect(),
         )?;
+        counter(
+            &mut encoder,
+            "peer_handshake_failures",
+            "Handshake messages from the peer that failed to authenticate, and handshakes with it given up after retrying",
+            peers
+                .iter()
+                .map(|p| (label(p), p.handshake_failures))
+                .collect(),
+        )?;
         let c = self.0.counters();
         let mut family = encoder.encode_descriptor(
             "tunnel_dropped_packets",
@@ -405,19 +549,55 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<(
     Ok(())
 }
 
-async fn scrape(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
-    match metrics.text() {
-        Ok(body) => (
-            StatusCode::OK,
-            [(
-                "content-type",
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
+/// Serves OpenMetrics to a scraper that asks for it (Prometheus does), and
+/// the classic text format to anything else (`curl`, `promtool`).
+async fn scrape(State(metrics): State<Arc<Metrics>>, headers: HeaderMap) -> impl IntoResponse {
+    let Ok(body) = metrics.text() else {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    };
+    let openmetrics = headers
+        .get(ACCEPT)
+        .and_then(|a| a.to_str().ok())
+        .is_some_and(|a| a.contains(OPENMETRICS));
+    let (content_type, body) = match openmetrics {
+        true => (
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
             body,
-        )
-            .into_response(),
-        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+        ),
+        false => (
+            "text/plain; version=0.0.4; charset=utf-8",
+            classic_text(&body),
+        ),
+    };
+    (StatusCode::OK, [(CONTENT_TYPE, content_type)], body).into_response()
+}
+
+const OPENMETRICS: &str = "application/openmetrics-text";
+
+/// The classic Prometheus text format of an OpenMetrics exposition: a
+/// counter's HELP and TYPE lines name it with its `_total` suffix, as its
+/// samples do, and the `# EOF` and `# UNIT` lines go.
+fn classic_text(openmetrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> = openmetrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let described = ["# HELP ", "# TYPE "].iter().find_map(|p| {
+            let rest = line.strip_prefix(p)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters
+                .contains(name)
+                .then(|| format!("{p}{name}_total {tail}"))
+        });
+        out.push_str(described.as_deref().unwrap_or(line));
+        out.push('\n');
     }
+    out
 }
 
 async fn ready(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
@@ -425,5 +605,23 @@ async fn ready(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
         (StatusCode::OK, "ready")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classic_text_names_counters_with_their_samples_suffix() {
+        let openmetrics = "# HELP isthmus_peers Peers.\n# TYPE isthmus_peers gauge\nisthmus_peers 2\n\
+            # HELP isthmus_map_full Full passes.\n# TYPE isthmus_map_full counter\n# UNIT isthmus_map_full passes\n\
+            isthmus_map_full_total 0\n# EOF\n";
+        assert_eq!(
+            classic_text(openmetrics),
+            "# HELP isthmus_peers Peers.\n# TYPE isthmus_peers gauge\nisthmus_peers 2\n\
+             # HELP isthmus_map_full_total Full passes.\n# TYPE isthmus_map_full_total counter\n\
+             isthmus_map_full_total 0\n"
+        );
     }
 }

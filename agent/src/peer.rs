@@ -189,6 +189,9 @@ pub struct Peer {
     pub origin: String,
     /// The peer's cluster ID, if the object carries one.
     pub cluster_id: Option<String>,
+    /// The peer's cluster name (`clusterIdentity.clusterName`), if the
+    /// object carries one.
+    pub cluster_name: Option<String>,
     /// Where the fields were found.
     pub layout: Layout,
     /// Our PodCIDR, and how the peer sees it.
@@ -223,7 +226,8 @@ impl Peer {
         Ok(Self {
             key: raw.key.clone(),
             origin: origin.to_owned(),
-            cluster_id: cluster_id(raw),
+            cluster_id: identity(raw, "clusterID"),
+            cluster_name: identity(raw, "clusterName"),
             layout: raw.layout(&DATAPLANE_FIELDS),
             local_pod: reader.mapped(&LOCAL_POD)?,
             local_external: reader.mapped(&LOCAL_EXTERNAL)?,
@@ -261,6 +265,12 @@ impl Peer {
     pub fn label(&self) -> &str {
         self.cluster_id.as_deref().unwrap_or(&self.key.name)
     }
+
+    /// The cluster's name for metrics: its `clusterName`, else the object
+    /// name.
+    pub fn name(&self) -> &str {
+        self.cluster_name.as_deref().unwrap_or(&self.key.name)
+    }
 }
 
 fn seen_field(mapped: &Mapped, fields: &Fields) -> &'static str {
@@ -271,12 +281,11 @@ fn seen_field(mapped: &Mapped, fields: &Fields) -> &'static str {
     }
 }
 
-fn cluster_id(raw: &RawTunnelEndpoint) -> Option<String> {
-    raw.field("clusterID")
-        .or_else(|| {
-            raw.field("clusterIdentity")
-                .and_then(|i| i.get("clusterID"))
-        })
+/// A field of the peer's identity: in the spec before Liqo v0.6, in
+/// `clusterIdentity` since.
+fn identity(raw: &RawTunnelEndpoint, field: &str) -> Option<String> {
+    raw.field(field)
+        .or_else(|| raw.field("clusterIdentity").and_then(|i| i.get(field)))
         .and_then(Value::as_str)
         .map(str::to_owned)
 }

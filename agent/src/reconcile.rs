@@ -152,6 +152,18 @@ pub struct Report {
     pub cleared_errors: Vec<Rejection>,
 }
 
+/// A kernel table a reconcile pass could not bring up to date; the next
+/// pass tries again.
+#[derive(Debug, thiserror::Error)]
+#[error("the {kind} table: {source}")]
+pub struct TableFailure<E: std::error::Error + 'static> {
+    /// The kind of object whose table failed.
+    pub kind: &'static str,
+    /// What the kernel said.
+    #[source]
+    pub source: E,
+}
+
 /// An object, or one entry of it, that is not programmed, and why.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Rejection {
@@ -293,7 +305,7 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
 
     /// Brings the kernel tables in line with the current objects. Every
     /// change is attempted; the first failure is returned after.
-    pub fn reconcile(&mut self) -> Result<Report, P::Error> {
+    pub fn reconcile(&mut self) -> Result<Report, TableFailure<P::Error>> {
         let (accepted, mut errors) = self.select();
         self.seniority
             .retain(|key, _| accepted.iter().any(|p| &p.key == key));
@@ -341,8 +353,11 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
         };
         self.errors = errors;
         self.accepted = accepted;
-        match peer_failure.or(mapping_failure) {
-            Some(e) => Err(e),
+        let failure = peer_failure
+            .map(|source| (KIND_TUNNEL_ENDPOINT, source))
+            .or(mapping_failure.map(|source| (KIND_NAT_MAPPING, source)));
+        match failure {
+            Some((kind, source)) => Err(TableFailure { kind, source }),
             None => Ok(report),
         }
     }

@@ -1,4 +1,11 @@
-//! Layout of the per-CPU packet counters.
+//! Layout of the NAT programs' per-CPU packet counters.
+//!
+//! Each NAT program (a [`Link`] kind and a [`Direction`]) owns one block of
+//! [`PER_PROGRAM`] slots: every packet once by [`Outcome`], a dropped packet
+//! again by [`DropReason`], and a translated one again by each [`Kind`] of
+//! rule that rewrote it.
+
+use crate::names;
 
 /// Which way a packet crosses the tunnel-facing device.
 #[repr(u32)]
@@ -8,6 +15,16 @@ pub enum Direction {
     Egress = 0,
     /// Arriving from a peer.
     Ingress = 1,
+}
+
+/// The kind of device a NAT program serves.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Link {
+    /// Ethernet frames (veth).
+    Eth = 0,
+    /// Bare IP packets (tun).
+    Ip = 1,
 }
 
 /// What a NAT program did with one packet.
@@ -20,13 +37,37 @@ pub enum Outcome {
     Passed = 1,
     /// The packet could not be parsed; it went on untouched.
     Unparseable = 2,
-    /// A flow needed masquerading and the conntrack had no room or no free
-    /// port for it: dropped rather than sent where no reply could return.
+    /// A flow needed masquerading and could not have it: dropped rather
+    /// than sent where no reply could return.
     Dropped = 3,
+}
+
+/// Why a NAT program dropped a packet.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DropReason {
+    /// The conntrack table had no room for a new masqueraded flow.
+    ConntrackFull = 0,
+    /// Every masquerade port towards that peer was taken.
+    NoFreePort = 1,
+}
+
+/// Which rule rewrote a packet; one packet may have several.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A prefix remap between a network and the peer's view of it.
+    Prefix = 0,
+    /// A NatMapping between an externalIP and its endpoint.
+    NatMapping = 1,
+    /// Stateful source NAT to the masquerade address.
+    Masquerade = 2,
 }
 
 /// Both directions, in slot order.
 pub const DIRECTIONS: [Direction; 2] = [Direction::Egress, Direction::Ingress];
+/// Both link kinds, in slot order.
+pub const LINKS: [Link; 2] = [Link::Eth, Link::Ip];
 /// Every outcome, in slot order.
 pub const OUTCOMES: [Outcome; 4] = [
     Outcome::Translated,
@@ -34,13 +75,33 @@ pub const OUTCOMES: [Outcome; 4] = [
     Outcome::Unparseable,
     Outcome::Dropped,
 ];
+/// Every drop reason, in slot order.
+pub const DROP_REASONS: [DropReason; 2] = [DropReason::ConntrackFull, DropReason::NoFreePort];
+/// Every kind of rule, in slot order.
+pub const KINDS: [Kind; 3] = [Kind::Prefix, Kind::NatMapping, Kind::Masquerade];
 
+/// Slots of one NAT program.
+pub const PER_PROGRAM: u32 = (OUTCOMES.len() + DROP_REASONS.len() + KINDS.len()) as u32;
 /// Number of slots in the counters map.
-pub const SLOTS: u32 = (DIRECTIONS.len() * OUTCOMES.len()) as u32;
+pub const SLOTS: u32 = (LINKS.len() * DIRECTIONS.len()) as u32 * PER_PROGRAM;
 
-/// Index of the counter for `outcome` in `direction`.
-pub const fn slot(direction: Direction, outcome: Outcome) -> u32 {
-    direction as u32 * OUTCOMES.len() as u32 + outcome as u32
+const fn block(link: Link, direction: Direction) -> u32 {
+    (link as u32 * DIRECTIONS.len() as u32 + direction as u32) * PER_PROGRAM
+}
+
+/// Index of the counter of `outcome` in the program for `link` and `direction`.
+pub const fn outcome_slot(link: Link, direction: Direction, outcome: Outcome) -> u32 {
+    block(link, direction) + outcome as u32
+}
+
+/// Index of the counter of drops for `reason`.
+pub const fn drop_slot(link: Link, direction: Direction, reason: DropReason) -> u32 {
+    block(link, direction) + OUTCOMES.len() as u32 + reason as u32
+}
+
+/// Index of the counter of packets rewritten by a rule of `kind`.
+pub const fn kind_slot(link: Link, direction: Direction, kind: Kind) -> u32 {
+    block(link, direction) + (OUTCOMES.len() + DROP_REASONS.len()) as u32 + kind as u32
 }
 
 impl Direction {
@@ -49,6 +110,23 @@ impl Direction {
         match self {
             Direction::Egress => "egress",
             Direction::Ingress => "ingress",
+        }
+    }
+}
+
+impl Link {
+    /// The link kind of a program whose IPv4 header starts at `l3`.
+    pub const fn of_l3(l3: usize) -> Self {
+        if l3 == 0 { Link::Ip } else { Link::Eth }
+    }
+
+    /// The name of the NAT program for this link kind and `direction`.
+    pub const fn program(self, direction: Direction) -> &'static str {
+        match (self, direction) {
+            (Link::Eth, Direction::Egress) => names::PROG_EGRESS_ETH,
+            (Link::Eth, Direction::Ingress) => names::PROG_INGRESS_ETH,
+            (Link::Ip, Direction::Egress) => names::PROG_EGRESS_IP,
+            (Link::Ip, Direction::Ingress) => names::PROG_INGRESS_IP,
         }
     }
 }
@@ -65,6 +143,32 @@ impl Outcome {
     }
 }
 
+impl DropReason {
+    /// Lower-case name used in metrics and logs.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DropReason::ConntrackFull => "conntrack_full",
+            DropReason::NoFreePort => "no_free_port",
+        }
+    }
+}
+
+impl Kind {
+    /// Lower-case name used in metrics and logs.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Kind::Prefix => "prefix",
+            Kind::NatMapping => "natmapping",
+            Kind::Masquerade => "masquerade",
+        }
+    }
+
+    /// This kind's bit in a set of kinds.
+    pub const fn bit(self) -> u8 {
+        1 << self as u32
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -72,13 +176,27 @@ mod tests {
     #[test]
     fn slots_are_distinct_and_dense() {
         let mut seen = [false; SLOTS as usize];
-        for d in DIRECTIONS {
-            for o in OUTCOMES {
-                let s = slot(d, o) as usize;
-                assert!(!seen[s], "slot {s} used twice");
-                seen[s] = true;
+        let mut mark = |s: u32| {
+            assert!(!seen[s as usize], "slot {s} used twice");
+            seen[s as usize] = true;
+        };
+        for link in LINKS {
+            for d in DIRECTIONS {
+                OUTCOMES
+                    .iter()
+                    .for_each(|o| mark(outcome_slot(link, d, *o)));
+                DROP_REASONS
+                    .iter()
+                    .for_each(|r| mark(drop_slot(link, d, *r)));
+                KINDS.iter().for_each(|k| mark(kind_slot(link, d, *k)));
             }
         }
         assert!(seen.iter().all(|s| *s));
+    }
+
+    #[test]
+    fn programs_are_named_as_the_object_names_them() {
+        assert_eq!(Link::of_l3(0).program(Direction::Ingress), "nat_ingress_ip");
+        assert_eq!(Link::of_l3(14).program(Direction::Egress), "nat_egress_eth");
     }
 }

@@ -5,7 +5,7 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use isthmus_common::{
-    counters::{self, Direction, Outcome},
+    counters::{self, Direction, DropReason, KINDS, Link, Outcome},
     guard::{GuardConfig, GuardSource, VERDICTS, Verdict},
     names::{
         DEFAULT_NAT_MAPPINGS, MAX_GUARD_INDEXES, MAX_GUARD_SOURCES, MAX_NODES, MAX_PEER_NETWORKS,
@@ -76,10 +76,27 @@ fn lookup(
     unsafe { map.get(&MappingKey { peer_id, addr }) }.copied()
 }
 
-/// Counts one packet.
+/// Counts one packet of the NAT program for `link` and `direction`.
 #[inline(always)]
-pub fn count(direction: Direction, outcome: Outcome) {
-    increment(&COUNTERS, counters::slot(direction, outcome));
+pub fn count(link: Link, direction: Direction, outcome: Outcome) {
+    increment(&COUNTERS, counters::outcome_slot(link, direction, outcome));
+}
+
+/// Counts why a NAT program dropped a packet.
+#[inline(always)]
+pub fn count_drop(link: Link, direction: Direction, reason: DropReason) {
+    increment(&COUNTERS, counters::drop_slot(link, direction, reason));
+}
+
+/// Counts a translated packet once for each kind of rule in `kinds` (a set
+/// of [`Kind::bit`]s).
+#[inline(always)]
+pub fn count_kinds(link: Link, direction: Direction, kinds: u8) {
+    for kind in KINDS {
+        if kinds & kind.bit() != 0 {
+            increment(&COUNTERS, counters::kind_slot(link, direction, kind));
+        }
+    }
 }
 
 /// Adds one to `slot` of a per-CPU counter array.

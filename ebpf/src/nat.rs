@@ -12,7 +12,7 @@ use aya_ebpf::{
 };
 use isthmus_common::{
     conntrack::PROTO_ICMP,
-    counters::{Direction, Outcome},
+    counters::{Direction, DropReason, Kind, Link, Outcome},
     nat::{PeerNat, find_rule},
 };
 
@@ -62,10 +62,11 @@ fn addr(hdr: &Ipv4, field: usize) -> u32 {
 
 /// What a program did with a packet.
 enum Verdict {
-    Translated,
+    /// Rewritten by the rules in a set of [`Kind::bit`]s.
+    Translated(u8),
     Passed,
     /// A flow that needed masquerading could not have it.
-    Dropped,
+    Dropped(DropReason),
 }
 
 /// Entry point shared by every NAT program. Drops only what must be
@@ -73,21 +74,30 @@ enum Verdict {
 /// goes on untouched, and is counted.
 #[inline(always)]
 pub fn run(ctx: &TcContext, l3: usize, direction: Direction) -> i32 {
+    let link = Link::of_l3(l3);
     let (outcome, action) = match translate(ctx, l3, direction) {
-        Ok(Verdict::Translated) => (Outcome::Translated, TC_ACT_UNSPEC),
+        Ok(Verdict::Translated(kinds)) => {
+            maps::count_kinds(link, direction, kinds);
+            (Outcome::Translated, TC_ACT_UNSPEC)
+        }
         Ok(Verdict::Passed) => (Outcome::Passed, TC_ACT_UNSPEC),
-        Ok(Verdict::Dropped) => (Outcome::Dropped, TC_ACT_SHOT),
+        Ok(Verdict::Dropped(reason)) => {
+            maps::count_drop(link, direction, reason);
+            (Outcome::Dropped, TC_ACT_SHOT)
+        }
         Err(Malformed) => (Outcome::Unparseable, TC_ACT_UNSPEC),
     };
-    maps::count(direction, outcome);
+    maps::count(link, direction, outcome);
     // UNSPEC lets any later program on the hook run, then the stack.
     action
 }
 
-/// Our side's new address, and port if it changes too.
+/// Our side's new address, and port if it changes too, and the kinds of
+/// rule that produced them (a set of [`Kind::bit`]s).
 struct Rewrite {
     addr: u32,
     port: Option<PortChange>,
+    kinds: u8,
 }
 
 /// A port (or ICMP echo identifier) to rewrite.
@@ -120,14 +130,17 @@ fn translate(ctx: &TcContext, l3: usize, direction: Direction) -> Result<Verdict
     let rewrite = match direction {
         Direction::Egress => match egress(peer, &pkt, own) {
             Ok(rewrite) => rewrite,
-            Err(Refused::Full | Refused::NoPort) => return Ok(Verdict::Dropped),
+            Err(Refused::Full) => return Ok(Verdict::Dropped(DropReason::ConntrackFull)),
+            Err(Refused::NoPort) => return Ok(Verdict::Dropped(DropReason::NoFreePort)),
         },
         Direction::Ingress => ingress(peer, &pkt, own),
     };
     let mut translated = false;
+    let mut kinds = 0;
     if rewrite.addr != own {
         csum::set_addr(ctx, &pkt.ip, fields.ours, own, rewrite.addr)?;
         translated = true;
+        kinds |= rewrite.kinds;
     }
     if let (Some(port), Some(t)) = (&rewrite.port, &pkt.transport) {
         let (check, udp) = match pkt.ip.csum {
@@ -137,18 +150,20 @@ fn translate(ctx: &TcContext, l3: usize, direction: Direction) -> Result<Verdict
         };
         csum::set_port(ctx, port.off, check, udp, port.old, port.new)?;
         translated = true;
+        kinds |= rewrite.kinds;
     }
     // The quoted packet of an ICMP error gets the stateless rules only.
     if let Some(err) = &pkt.icmp_error {
         let own = addr(&err.quoted, quoted_fields.ours);
-        let new = stateless(peer, direction, own);
-        if new != own {
-            csum::set_quoted_addr(ctx, err, quoted_fields.ours, own, new)?;
+        let quoted = stateless(peer, direction, own);
+        if quoted.addr != own {
+            csum::set_quoted_addr(ctx, err, quoted_fields.ours, own, quoted.addr)?;
             translated = true;
+            kinds |= quoted.kinds;
         }
     }
     Ok(if translated {
-        Verdict::Translated
+        Verdict::Translated(kinds)
     } else {
         Verdict::Passed
     })
@@ -159,39 +174,37 @@ fn translate(ctx: &TcContext, l3: usize, direction: Direction) -> Result<Verdict
 /// masqueraded; then our networks move into the peer's view of them.
 #[inline(always)]
 fn egress(peer: &PeerNat, pkt: &Packet, own: u32) -> Result<Rewrite, Refused> {
-    let external = maps::external_of(peer.peer_id, own).unwrap_or(own);
-    if let Some(rule) = find_rule(&peer.egress, external) {
-        return Ok(Rewrite {
-            addr: rule.apply(external),
-            port: None,
-        });
+    let external = external_of(peer, own);
+    if let Some(rule) = find_rule(&peer.egress, external.addr) {
+        let remapped = rule.apply(external.addr);
+        return Ok(external.then(remapped, Kind::Prefix));
     }
     // None of ours: masquerade what can be, only now reading its settings.
     let Some(masq) = conntrack::masquerade_addr() else {
-        return Ok(address_only(external));
+        return Ok(external);
     };
     // An ICMP error from one of our routers (a node, as on the way to a
     // pod with a narrower link): nothing answers it, so it takes the
     // masquerade address without state. Left as it was, the peer could not
     // route it, and its tunnel would refuse the source.
     if pkt.icmp_error.is_some() {
-        return Ok(address_only(to_peer_view(peer, masq)));
+        return Ok(to_peer_view(peer, external.then(masq, Kind::Masquerade)));
     }
     let Some(t) = pkt
         .transport
         .as_ref()
         .filter(|t| conntrack::outbound_kind(t))
     else {
-        return Ok(address_only(external));
+        return Ok(external);
     };
     let nat = conntrack::outbound(
-        &conntrack::out_key(t, external, pkt.ip.dst),
+        &conntrack::out_key(t, external.addr, pkt.ip.dst),
         masq,
         t.tcp_flags,
     )?;
     Ok(Rewrite {
-        addr: to_peer_view(peer, nat.addr),
         port: port_change(t, Direction::Egress, nat.port),
+        ..to_peer_view(peer, external.then(nat.addr, Kind::Masquerade))
     })
 }
 
@@ -202,49 +215,96 @@ fn egress(peer: &PeerNat, pkt: &Packet, own: u32) -> Result<Rewrite, Refused> {
 fn ingress(peer: &PeerNat, pkt: &Packet, own: u32) -> Rewrite {
     let real = from_peer_view(peer, own);
     if let (Some(t), Some(masq)) = (&pkt.transport, conntrack::masquerade_addr())
-        && real == masq
+        && real.addr == masq
         && let Some(key) = conntrack::in_key(t, pkt.ip.src, masq)
         && let Some(back) = conntrack::inbound(&key, t.tcp_flags)
     {
         return Rewrite {
-            addr: back.addr,
             port: port_change(t, Direction::Ingress, back.port),
+            ..real.then(back.addr, Kind::Masquerade)
         };
     }
-    address_only(maps::endpoint_of(peer.peer_id, real).unwrap_or(real))
+    endpoint_of(peer, real)
 }
 
 /// The stateless rules alone (prefix remap and NatMapping), for headers
 /// quoted in ICMP errors.
 #[inline(always)]
-fn stateless(peer: &PeerNat, direction: Direction, own: u32) -> u32 {
+fn stateless(peer: &PeerNat, direction: Direction, own: u32) -> Rewrite {
     match direction {
-        Direction::Ingress => {
-            let real = from_peer_view(peer, own);
-            maps::endpoint_of(peer.peer_id, real).unwrap_or(real)
-        }
-        Direction::Egress => {
-            to_peer_view(peer, maps::external_of(peer.peer_id, own).unwrap_or(own))
-        }
+        Direction::Ingress => endpoint_of(peer, from_peer_view(peer, own)),
+        Direction::Egress => to_peer_view(peer, external_of(peer, own)),
     }
 }
 
-/// One of our addresses as the peer sees it (unchanged when it is none of ours).
+/// `rewrite`'s address as the peer sees it (unchanged when it is none of
+/// ours).
 #[inline(always)]
-fn to_peer_view(peer: &PeerNat, addr: u32) -> u32 {
-    find_rule(&peer.egress, addr).map_or(addr, |r| r.apply(addr))
+fn to_peer_view(peer: &PeerNat, rewrite: Rewrite) -> Rewrite {
+    match find_rule(&peer.egress, rewrite.addr) {
+        Some(rule) => {
+            let remapped = rule.apply(rewrite.addr);
+            rewrite.then(remapped, Kind::Prefix)
+        }
+        None => rewrite,
+    }
 }
 
 /// An address in the peer's view of our networks, as it really is.
 #[inline(always)]
-fn from_peer_view(peer: &PeerNat, addr: u32) -> u32 {
-    find_rule(&peer.ingress, addr).map_or(addr, |r| r.apply(addr))
+fn from_peer_view(peer: &PeerNat, addr: u32) -> Rewrite {
+    let rewrite = address_only(addr);
+    match find_rule(&peer.ingress, addr) {
+        Some(rule) => rewrite.then(rule.apply(addr), Kind::Prefix),
+        None => rewrite,
+    }
 }
 
-/// A rewrite of the address alone.
+/// The externalIP under which the peer knows endpoint `addr`, if any.
+#[inline(always)]
+fn external_of(peer: &PeerNat, addr: u32) -> Rewrite {
+    let rewrite = address_only(addr);
+    match maps::external_of(peer.peer_id, addr) {
+        Some(external) => rewrite.then(external, Kind::NatMapping),
+        None => rewrite,
+    }
+}
+
+/// The endpoint behind `rewrite`'s address if it is an externalIP.
+#[inline(always)]
+fn endpoint_of(peer: &PeerNat, rewrite: Rewrite) -> Rewrite {
+    match maps::endpoint_of(peer.peer_id, rewrite.addr) {
+        Some(endpoint) => rewrite.then(endpoint, Kind::NatMapping),
+        None => rewrite,
+    }
+}
+
+/// A rewrite of the address alone, by no rule yet.
 #[inline(always)]
 fn address_only(addr: u32) -> Rewrite {
-    Rewrite { addr, port: None }
+    Rewrite {
+        addr,
+        port: None,
+        kinds: 0,
+    }
+}
+
+impl Rewrite {
+    /// This rewrite followed by a rule of `kind` that gives `addr`; the
+    /// kind counts only if the address changes.
+    #[inline(always)]
+    fn then(self, addr: u32, kind: Kind) -> Self {
+        let kinds = if addr != self.addr {
+            self.kinds | kind.bit()
+        } else {
+            self.kinds
+        };
+        Self {
+            addr,
+            kinds,
+            ..self
+        }
+    }
 }
 
 /// Where our port is in `t`, and its value: the source port going out, the

@@ -8,10 +8,12 @@ pub fn sample(node: &str, prefix: &str) -> f64 {
     lab::metric(node, prefix).unwrap_or_else(|e| panic!("scraping {node}: {e:#}"))
 }
 
-/// NAT packets of one direction and outcome on `node`.
+/// NAT packets of one direction and outcome on `node`, over its programs.
 pub fn nat_packets(node: &str, direction: &str, outcome: &str) -> f64 {
-    sample(
+    lab::metric_sum(
         node,
-        &format!("isthmus_nat_packets_total{{direction=\"{direction}\",outcome=\"{outcome}\"}}"),
+        "isthmus_nat_packets_total",
+        &[("direction", direction), ("outcome", outcome)],
     )
+    .unwrap_or_else(|e| panic!("scraping {node}: {e:#}"))
 }

@@ -17,7 +17,7 @@ use isthmus_agent::{
 };
 use isthmus_common::{
     conntrack::Timeouts,
-    counters::{self, Direction, Outcome},
+    counters::{self, Direction, DropReason, Kind, Link, Outcome},
     names,
     nat::{MappingKey, wire},
 };
@@ -151,8 +151,11 @@ struct Row {
     input: Vec<u8>,
     expected: Vec<u8>,
     outcome: Outcome,
+    /// The kinds of rule that rewrote it, each counted once.
+    kinds: &'static [Kind],
 }
 
+/// A row the prefix remap alone rewrites.
 fn translated(
     name: &'static str,
     direction: Direction,
@@ -165,6 +168,15 @@ fn translated(
         input: eth_ipv4(&input.bytes()),
         expected: eth_ipv4(&expected.bytes()),
         outcome: Outcome::Translated,
+        kinds: &[Kind::Prefix],
+    }
+}
+
+/// A row the prefix remap and a NatMapping both rewrite.
+fn mapped(name: &'static str, direction: Direction, input: &Datagram, expected: &Datagram) -> Row {
+    Row {
+        kinds: &[Kind::Prefix, Kind::NatMapping],
+        ..translated(name, direction, input, expected)
     }
 }
 
@@ -175,6 +187,7 @@ fn untouched(name: &'static str, direction: Direction, frame: Vec<u8>, outcome: 
         expected: frame.clone(),
         input: frame,
         outcome,
+        kinds: &[],
     }
 }
 
@@ -254,19 +267,19 @@ fn rows() -> Vec<Row> {
     // NatMapping: after the prefix step, b's packets to the externalIP go to
     // the endpoint behind it; the endpoint's packets to b carry it back.
     rows.extend([
-        translated(
+        mapped(
             "natmapping DNAT ingress, tcp",
             Ingress,
             &tcp(B_POD1, MAPPED_EXT_AT_B),
             &tcp(B_POD1, S_POD),
         ),
-        translated(
+        mapped(
             "natmapping reverse egress, tcp",
             Egress,
             &tcp(S_POD, B_POD1),
             &tcp(MAPPED_EXT_AT_B, B_POD1),
         ),
-        translated(
+        mapped(
             "natmapping DNAT ingress, udp",
             Ingress,
             &udp(B_POD2, MAPPED_EXT_AT_B),
@@ -274,14 +287,14 @@ fn rows() -> Vec<Row> {
         ),
     ]);
     let echo = Datagram::new(B_POD1, MAPPED_EXT_AT_B, L4::Echo { id: 9, seq: 1 });
-    rows.push(translated(
+    rows.push(mapped(
         "natmapping DNAT ingress, icmp echo",
         Ingress,
         &echo,
         &echo.between(B_POD1, S_POD),
     ));
     let reply = Datagram::new(S_POD, B_POD1, L4::Echo { id: 9, seq: 1 });
-    rows.push(translated(
+    rows.push(mapped(
         "natmapping reverse egress, icmp echo reply",
         Egress,
         &reply,
@@ -291,7 +304,7 @@ fn rows() -> Vec<Row> {
     let quoted = udp(MAPPED_EXT_AT_B, B_POD1);
     let err = icmp_error(3, 4, B_GW_WAN, MAPPED_EXT_AT_B, quoted, 28);
     let want = err.between(B_GW_WAN, S_POD).quoting(S_POD, B_POD1);
-    rows.push(translated(
+    rows.push(mapped(
         "natmapping ingress icmp error, quote translated back",
         Ingress,
         &err,
@@ -397,6 +410,7 @@ fn rows() -> Vec<Row> {
         input: eth_ipv4(&big.fragment(0, 32)),
         expected: eth_ipv4(&big_out.fragment(0, 32)),
         outcome: Outcome::Translated,
+        kinds: &[Kind::Prefix],
     });
     rows.push(Row {
         name: "later fragment: L3 only",
@@ -404,6 +418,7 @@ fn rows() -> Vec<Row> {
         input: eth_ipv4(&big.fragment(32, 72)),
         expected: eth_ipv4(&big_out.fragment(32, 72)),
         outcome: Outcome::Translated,
+        kinds: &[Kind::Prefix],
     });
 
     let short = Datagram::new(
@@ -426,6 +441,7 @@ fn rows() -> Vec<Row> {
         input: pad(eth_ipv4(&short.bytes())),
         expected: pad(eth_ipv4(&short.between(A_POD1_AT_B, B_POD1).bytes())),
         outcome: Outcome::Translated,
+        kinds: &[Kind::Prefix],
     });
 
     // Nothing to do: handed on untouched, counted as passed.
@@ -532,7 +548,18 @@ fn every_packet_shape_comes_out_byte_exact() {
         let before = harness.counters.read().unwrap();
         let (ret, out) = harness.run(row.direction, &row.input);
         let after = harness.counters.read().unwrap();
-        let slot = counters::slot(row.direction, row.outcome) as usize;
+        let slot = |s: u32| s as usize;
+        let mut want: Vec<usize> = row
+            .kinds
+            .iter()
+            .map(|k| slot(counters::kind_slot(Link::Eth, row.direction, *k)))
+            .collect();
+        want.push(slot(counters::outcome_slot(
+            Link::Eth,
+            row.direction,
+            row.outcome,
+        )));
+        want.sort();
         let moved: Vec<usize> = (0..before.len())
             .filter(|i| after[*i] != before[*i])
             .collect();
@@ -547,10 +574,10 @@ fn every_packet_shape_comes_out_byte_exact() {
                 hex(&row.expected)
             ));
         }
-        if moved != [slot] || after[slot] != before[slot] + 1 {
+        if moved != want || want.iter().any(|s| after[*s] != before[*s] + 1) {
             failures.push(format!(
-                "{}: counters moved at {moved:?}, want only slot {slot} ({:?}) by one",
-                row.name, row.outcome
+                "{}: counters moved at {moved:?}, want only slots {want:?} ({:?}, {:?}) by one",
+                row.name, row.outcome, row.kinds
             ));
         }
     }
@@ -615,8 +642,9 @@ impl Harness {
         );
     }
 
-    fn dropped(&self) -> u64 {
-        self.counters.read().unwrap()[counters::slot(Direction::Egress, Outcome::Dropped) as usize]
+    /// The NAT counter at `slot`, summed over CPUs.
+    fn counter(&self, slot: u32) -> u64 {
+        self.counters.read().unwrap()[slot as usize]
     }
 }
 
@@ -624,17 +652,21 @@ impl Harness {
 fn masquerade_allocates_ports_and_brings_replies_back() {
     use Direction::{Egress, Ingress};
     let h = Harness::build(Some(A_MASQ), names::DEFAULT_CONNTRACK);
+    let masqueraded = |d| h.counter(counters::kind_slot(Link::Eth, d, Kind::Masquerade));
+    let before = [masqueraded(Egress), masqueraded(Ingress)];
     // The node's own flow keeps its port while it is free.
     h.expect(
         Egress,
         &tcp_ports(NODE, B_POD1, 40001, 80),
         &tcp_ports(A_MASQ_AT_B, B_POD1, 40001, 80),
     );
+    assert_eq!(masqueraded(Egress), before[0] + 1, "counted as masquerade");
     h.expect(
         Ingress,
         &tcp_ports(B_POD1, A_MASQ_AT_B, 80, 40001),
         &tcp_ports(B_POD1, NODE, 80, 40001),
     );
+    assert_eq!(masqueraded(Ingress), before[1] + 1, "counted as masquerade");
     // Another source, same port, same server: the port is taken, so another.
     let (ret, out) = h.run(
         Egress,
@@ -725,10 +757,21 @@ fn a_full_table_drops_new_flows_evicts_none_and_dead_flows_are_collected() {
     h.expect(Egress, &udp_flow, &udp_flow.between(A_MASQ_AT_B, B_POD1));
     h.expect(Egress, &tcp_flow, &tcp_flow.between(A_MASQ_AT_B, B_POD1));
     let third = udp_ports(NODE, B_POD1, 3000, 53);
-    let before = h.dropped();
+    let dropped = || {
+        [
+            counters::outcome_slot(Link::Eth, Egress, Outcome::Dropped),
+            counters::drop_slot(Link::Eth, Egress, DropReason::ConntrackFull),
+        ]
+        .map(|slot| h.counter(slot))
+    };
+    let before = dropped();
     let (ret, _) = h.run(Egress, &eth_ipv4(&third.bytes()));
     assert_eq!(ret, DROP, "a flow that cannot be tracked must not leave");
-    assert_eq!(h.dropped(), before + 1);
+    assert_eq!(
+        dropped(),
+        before.map(|n| n + 1),
+        "dropped, for a full table"
+    );
     // Both live flows still work.
     h.expect(
         Ingress,

@@ -633,15 +633,43 @@ pub fn http_get(node: &str, path: &str) -> Result<(u16, String)> {
 /// labels start with `prefix`, e.g. `isthmus_peers ` or
 /// `isthmus_guard_packets_total{verdict="dropped"}`.
 pub fn metric(node: &str, prefix: &str) -> Result<f64> {
-    let (status, body) = http_get(node, "/metrics")?;
-    if status != 200 {
-        bail!("{node}: /metrics answered {status}");
-    }
+    let body = scrape(node)?;
     body.lines()
         .find(|l| l.starts_with(prefix))
         .and_then(|l| l.rsplit_once(' '))
         .and_then(|(_, v)| v.parse().ok())
         .with_context(|| format!("{node} exposes no sample {prefix}:\n{body}"))
+}
+
+/// The sum of the samples of metric `name` in node `node`'s metrics that
+/// carry every label in `labels`, e.g. `isthmus_nat_packets_total` with
+/// `direction="egress"` over every program. Fails if none does.
+pub fn metric_sum(node: &str, name: &str, labels: &[(&str, &str)]) -> Result<f64> {
+    let body = scrape(node)?;
+    let wanted: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+    let values: Vec<f64> = body
+        .lines()
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (metric, rest) = series.split_once('{').unwrap_or((series, "}"));
+            let pairs: Vec<&str> = rest.trim_end_matches('}').split(',').collect();
+            (metric == name && wanted.iter().all(|w| pairs.contains(&w.as_str())))
+                .then(|| value.parse().ok())?
+        })
+        .collect();
+    if values.is_empty() {
+        bail!("{node} exposes no sample of {name} with {labels:?}:\n{body}");
+    }
+    Ok(values.iter().sum())
+}
+
+/// Node `node`'s metrics, in the text exposition format.
+fn scrape(node: &str) -> Result<String> {
+    let (status, body) = http_get(node, "/metrics")?;
+    if status != 200 {
+        bail!("{node}: /metrics answered {status}");
+    }
+    Ok(body)
 }
 
 /// Waits until node `node`'s agent answers `/readyz` with 200. Fails early,

@@ -24,6 +24,10 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "wireguard-tools",
     // The benches flush NAT state between setups.
     "conntrack",
+    // The lab's Prometheus server, and promtool, which checks our metrics.
+    "prometheus",
+    // Renders the benchmark chart in docs/.
+    "gnuplot-nox",
 ];
 /// bpf-linker release known to build against LLVM 22 (DESIGN §3).
 const BPF_LINKER_VERSION: &str = "0.13.0";

@@ -10,7 +10,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use boringtun::noise::{Packet, Tunn, TunnResult, handshake::parse_handshake_anon};
+use boringtun::noise::{
+    Packet, Tunn, TunnResult, errors::WireGuardError, handshake::parse_handshake_anon,
+};
 use tracing::debug;
 
 use super::{
@@ -264,6 +266,11 @@ fn decrypt(
         TunnResult::Err(e) => {
             debug!(peer = %peer.config.label, error = ?e, "datagram rejected");
             shared.counters.rejected.fetch_add(1, Ordering::Relaxed);
+            if is_handshake(datagram) {
+                peer.counters
+                    .handshake_failures
+                    .fetch_add(1, Ordering::Relaxed);
+            }
         }
         TunnResult::WriteToTunnelV6(..) => {
             shared.counters.rejected.fetch_add(1, Ordering::Relaxed);
@@ -317,6 +324,12 @@ fn sender<'p>(
     found
 }
 
+/// Whether `datagram` is a WireGuard handshake message (initiation,
+/// response or cookie reply), by its type byte.
+fn is_handshake(datagram: &[u8]) -> bool {
+    matches!(datagram.first(), Some(1..=3))
+}
+
 /// Runs every peer's WireGuard timers (handshake retries, rekeying,
 /// keepalives) and resets the shared rate limiter each second.
 pub fn timers(shared: Arc<Shared>, udp: UdpSocket) {
@@ -330,7 +343,16 @@ pub fn timers(shared: Arc<Shared>, udp: UdpSocket) {
         }
         for peer in shared.snapshot().iter() {
             let endpoint = peer.endpoint();
-            if let TunnResult::WriteToNetwork(datagram) = lock(peer).update_timers(&mut buf) {
+            let result = lock(peer).update_timers(&mut buf);
+            let expired = matches!(result, TunnResult::Err(WireGuardError::ConnectionExpired));
+            if expired && !peer.counters.expired.swap(true, Ordering::Relaxed) {
+                peer.counters
+                    .handshake_failures
+                    .fetch_add(1, Ordering::Relaxed);
+            } else if !expired {
+                peer.counters.expired.store(false, Ordering::Relaxed);
+            }
+            if let TunnResult::WriteToNetwork(datagram) = result {
                 let _ = udp.send_to(datagram, endpoint);
             }
         }

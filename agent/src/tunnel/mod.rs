@@ -120,6 +120,8 @@ pub struct PeerStatus {
     pub key: ObjectKey,
     /// Cluster ID or name.
     pub label: String,
+    /// Cluster name.
+    pub cluster_name: String,
     /// Whether a session is up.
     pub connection: Connection,
     /// Time since the last completed handshake.
@@ -138,6 +140,8 @@ pub struct PeerStatus {
     pub endpoint: SocketAddrV4,
     /// Authenticated packets dropped for an inner source outside the peer's networks.
     pub dropped_source: u64,
+    /// Failed or abandoned handshakes.
+    pub handshake_failures: u64,
     /// Our index for the peer: the top 24 bits of its sessions' receiver indexes.
     pub index: u32,
 }
@@ -291,6 +295,7 @@ impl Tunnel {
                 PeerStatus {
                     key: peer.config.key.clone(),
                     label: peer.config.label.clone(),
+                    cluster_name: peer.config.cluster_name.clone(),
                     connection: if connected {
                         Connection::Connected
                     } else {
@@ -304,6 +309,7 @@ impl Tunnel {
                     rtt_ms,
                     endpoint: peer.endpoint(),
                     dropped_source: peer.counters.dropped_source.load(Ordering::Relaxed),
+                    handshake_failures: peer.counters.handshake_failures.load(Ordering::Relaxed),
                     index: peer.index,
                 }
             })

@@ -6,7 +6,7 @@ use std::{
     net::{Ipv4Addr, SocketAddrV4},
     sync::{
         Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
 };
 
@@ -23,6 +23,8 @@ pub struct PeerConfig {
     pub key: ObjectKey,
     /// Cluster ID or name, for logs and metrics.
     pub label: String,
+    /// Cluster name, for metrics.
+    pub cluster_name: String,
     /// The peer gateway's static public key.
     pub public: [u8; 32],
     /// Where the peer gateway listens (`endpointIP`, `backend_config.port`).
@@ -40,6 +42,12 @@ pub struct PeerCounters {
     pub rx_packets: AtomicU64,
     /// Authenticated packets whose inner source lay outside the peer's networks.
     pub dropped_source: AtomicU64,
+    /// Handshake messages from the peer that failed to authenticate, and
+    /// handshakes given up after retrying (WireGuard's Rekey-Attempt-Time).
+    pub handshake_failures: AtomicU64,
+    /// Whether the timers last reported the session expired: boringtun
+    /// repeats that on every tick, and one expiry is one failure.
+    pub expired: AtomicBool,
 }
 
 /// One peer: its WireGuard state machine and where it is.
@@ -199,6 +207,7 @@ mod tests {
                 name: name.into(),
             },
             label: name.into(),
+            cluster_name: name.into(),
             public: *PublicKey::from(&StaticSecret::from([public; 32])).as_bytes(),
             endpoint: "203.0.113.2:5871".parse().unwrap(),
             networks: Vec::new(),
