@@ -42,6 +42,7 @@ use isthmus_common::{guard::VERDICTS, overlay::EVENTS};
 
 use crate::{
     maps::{Counters, Occupancy, PinnedMaps},
+    object::{KIND_NAT_MAPPING, KIND_NODE, KIND_TUNNEL_ENDPOINT},
     tunnel::{Connection, PeerStatus, Tunnel},
 };
 
@@ -136,6 +137,11 @@ impl Metrics {
             "Kernel map elements written or removed",
             map_updates.clone(),
         );
+        // Every kind's series exists from the start, so a rate over it works
+        // before the first failure.
+        for kind in [KIND_TUNNEL_ENDPOINT, KIND_NAT_MAPPING, KIND_NODE] {
+            let _ = reconcile_errors.get_or_create(&[("kind", kind)]);
+        }
         registry.register(
             "reconcile_errors",
             "Reconcile passes that failed to update a kernel table, by the kind of object it holds",

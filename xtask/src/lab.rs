@@ -37,7 +37,7 @@ pub const TEST_NS_PREFIX: &str = "ist-t-";
 /// Every netns name the lab may create, including ones of later issues and
 /// the tests' own (`ist-t-*`), so that `down` removes whatever any run left.
 fn all_namespaces() -> Vec<String> {
-    let mut names = vec![WAN_NS.to_owned()];
+    let mut names = vec![WAN_NS.to_owned(), crate::monitor::MON_NS.to_owned()];
     if let Ok(entries) = fs::read_dir("/run/netns") {
         names.extend(
             entries
@@ -171,11 +171,15 @@ pub fn up(tunnel: LabTunnel) -> Result<()> {
             wait_ready(&node)?;
         }
     }
-    println!("lab: up; every agent is ready");
+    println!("lab: starting Prometheus in {}", crate::monitor::MON_NS);
+    crate::monitor::up()?;
+    println!("lab: up; every agent is ready, and Prometheus scrapes them all");
     Ok(())
 }
 
-fn add_ns(name: &str) -> Result<()> {
+/// Creates netns `name` the way every lab namespace is: loopback up, loose
+/// reverse-path filtering, no IPv6.
+pub(crate) fn add_ns(name: &str) -> Result<()> {
     ip("", &["netns", "add", name])?;
     ip(name, &["link", "set", "lo", "up"])?;
     for key in [
@@ -195,7 +199,7 @@ fn add_ns(name: &str) -> Result<()> {
 }
 
 /// A veth pair with one end in each netns, both up.
-fn veth(ns_a: &str, name_a: &str, ns_b: &str, name_b: &str) -> Result<()> {
+pub(crate) fn veth(ns_a: &str, name_a: &str, ns_b: &str, name_b: &str) -> Result<()> {
     ip(
         ns_a,
         &[
@@ -582,7 +586,7 @@ fn is_lab_agent(pid: u32) -> bool {
 }
 
 /// Whether `pid` runs, is not a zombie, and its command line names every word.
-fn runs_with(pid: u32, words: &[&str]) -> bool {
+pub(crate) fn runs_with(pid: u32, words: &[&str]) -> bool {
     let Ok(cmdline) = fs::read(format!("/proc/{pid}/cmdline")) else {
         return false;
     };
@@ -591,7 +595,7 @@ fn runs_with(pid: u32, words: &[&str]) -> bool {
 }
 
 /// Every process whose command line names every word.
-fn running_with(words: &[&str]) -> Vec<u32> {
+pub(crate) fn running_with(words: &[&str]) -> Vec<u32> {
     let Ok(entries) = fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -608,9 +612,18 @@ fn stray_agents() -> Vec<u32> {
 
 /// Asks node `node`'s agent for a metrics path, from inside its netns.
 pub fn http_get(node: &str, path: &str) -> Result<(u16, String)> {
+    http_get_at(
+        node,
+        SocketAddr::from((Ipv4Addr::LOCALHOST, METRICS_PORT)),
+        path,
+    )
+}
+
+/// An HTTP/1.0 GET of `path` from `addr`, from inside netns `ns`: the status
+/// and the body.
+pub fn http_get_at(ns: &str, addr: SocketAddr, path: &str) -> Result<(u16, String)> {
     let request = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n");
-    netns::run_in(node, move || -> Result<(u16, String)> {
-        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, METRICS_PORT));
+    netns::run_in(ns, move || -> Result<(u16, String)> {
         let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
         stream.set_read_timeout(Some(Duration::from_secs(5)))?;
         stream.write_all(request.as_bytes())?;
@@ -732,6 +745,7 @@ pub fn down() -> Result<()> {
     for pid in lab_wireguard_go() {
         stop_pid(pid)?;
     }
+    crate::monitor::down()?;
     for gw in ["a-gw", "b-gw", "c-gw"] {
         let _ = fs::remove_file(wg_socket(&wg_dev(gw)));
     }

@@ -1,0 +1,221 @@
+//! Issue 7's metrics, in the lab: the set a gateway exposes after traffic,
+//! `promtool check metrics` on every agent, and the lab's real Prometheus
+//! scraping them all and seeing what was sent.
+
+use std::{
+    io::Write,
+    net::{Ipv4Addr, UdpSocket},
+    process::{Command, Stdio},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use isthmus_tests::require_lab;
+use xtask::{
+    lab, monitor, netns,
+    topology::{A, CLUSTERS},
+};
+
+/// b-pod2 as cluster a sees it.
+const B_POD2: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 133);
+const DATAGRAMS: usize = 200;
+const PAYLOAD: usize = 1000;
+/// An IPv4 packet of the traffic: header, UDP header, payload.
+const PACKET_BYTES: usize = 20 + 8 + PAYLOAD;
+
+/// Sends the test's datagrams from a-pod2 (on a-gw) to b-pod2, through
+/// a-gw's NAT and tunnel. Nothing listens there; b-pod2's ICMP errors do
+/// not matter.
+fn send_traffic() {
+    netns::run_in(&A.pod(2), || -> std::io::Result<()> {
+        let socket = UdpSocket::bind("0.0.0.0:0")?;
+        for _ in 0..DATAGRAMS {
+            socket.send_to(&[0x5a; PAYLOAD], (B_POD2, 9))?;
+        }
+        Ok(())
+    })
+    .unwrap()
+    .unwrap();
+}
+
+fn sum(node: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    lab::metric_sum(node, name, labels).unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// What a-gw says of its traffic to b: peer bytes and packets sent, and
+/// egress packets the NAT translated by prefix remap.
+fn a_to_b() -> [(&'static str, Vec<(&'static str, &'static str)>); 3] {
+    let peer = vec![("cluster_id", "cluster-b"), ("cluster_name", "b")];
+    [
+        ("isthmus_peer_transmit_bytes_total", peer.clone()),
+        ("isthmus_peer_transmit_packets_total", peer),
+        (
+            "isthmus_nat_translated_packets_total",
+            vec![
+                ("program", "nat_egress_ip"),
+                ("direction", "egress"),
+                ("kind", "prefix"),
+            ],
+        ),
+    ]
+}
+
+/// What `a_to_b` must rise by at least.
+const SENT: [f64; 3] = [
+    (DATAGRAMS * PACKET_BYTES) as f64,
+    DATAGRAMS as f64,
+    DATAGRAMS as f64,
+];
+
+#[test]
+fn a_gateway_exposes_the_whole_metric_set_and_counts_what_it_sent() {
+    require_lab();
+    let gw = A.gw();
+    let read = || a_to_b().map(|(name, labels)| sum(&gw, name, &labels));
+    let before = read();
+    send_traffic();
+    let after = read();
+    for (((name, _), b), (a, sent)) in a_to_b().iter().zip(before).zip(after.iter().zip(SENT)) {
+        assert!(a - b >= sent, "{name} rose by {}, not {sent}", a - b);
+    }
+
+    let (_, body) = lab::http_get(&gw, "/metrics").unwrap();
+    for family in [
+        "isthmus_peer_connected",
+        "isthmus_peer_last_handshake_seconds",
+        "isthmus_peer_rtt_seconds",
+        "isthmus_peer_receive_bytes_total",
+        "isthmus_peer_transmit_bytes_total",
+        "isthmus_peer_receive_packets_total",
+        "isthmus_peer_transmit_packets_total",
+        "isthmus_peer_handshake_failures_total",
+        "isthmus_nat_packets_total",
+        "isthmus_nat_translated_packets_total",
+        "isthmus_nat_dropped_packets_total",
+        "isthmus_conntrack_entries",
+        "isthmus_map_entries",
+        "isthmus_map_capacity_entries",
+        "isthmus_build_info",
+        "isthmus_reconcile_errors_total",
+        "isthmus_last_reconcile_timestamp_seconds",
+    ] {
+        assert!(
+            body.lines()
+                .any(|l| l.starts_with(&format!("{family}{{"))
+                    || l.starts_with(&format!("{family} "))),
+            "a-gw has no {family}:\n{body}"
+        );
+    }
+    let peer = [("cluster_id", "cluster-b"), ("cluster_name", "b")];
+    assert_eq!(sum(&gw, "isthmus_peer_connected", &peer), 1.0);
+    assert_eq!(
+        sum(&gw, "isthmus_peer_handshake_failures_total", &peer),
+        0.0
+    );
+    let build = [
+        ("attach_mode", "tcx"),
+        ("xdp_mode", "native"),
+        ("role", "gateway"),
+    ];
+    assert_eq!(sum(&gw, "isthmus_build_info", &build), 1.0);
+    // Every peer has two networks in the peer table.
+    let peers = sum(&gw, "isthmus_peers", &[]);
+    let nets = [("map", "ist_peer_nets")];
+    assert_eq!(sum(&gw, "isthmus_map_entries", &nets), 2.0 * peers);
+    assert_eq!(sum(&gw, "isthmus_map_capacity_entries", &nets), 8192.0);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let reconciled = sum(&gw, "isthmus_last_reconcile_timestamp_seconds", &[]);
+    assert!(
+        reconciled <= now && now - reconciled < 3600.0,
+        "last reconcile at {reconciled}, now {now}"
+    );
+}
+
+#[test]
+fn promtool_finds_nothing_to_report_in_any_agents_metrics() {
+    require_lab();
+    for c in CLUSTERS {
+        for (node, _) in c.nodes() {
+            let (_, body) = lab::http_get(&node, "/metrics").unwrap();
+            let mut promtool = Command::new("promtool")
+                .args(["check", "metrics"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("promtool (Debian prometheus) is installed by the build");
+            promtool
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(body.as_bytes())
+                .unwrap();
+            let out = promtool.wait_with_output().unwrap();
+            let said = [out.stdout, out.stderr].concat();
+            assert!(
+                out.status.success() && said.is_empty(),
+                "promtool on {node}'s metrics ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&said)
+            );
+        }
+    }
+}
+
+/// The value of PromQL `expr` in the lab's Prometheus: the sum of what it
+/// gives, 0 when it gives nothing.
+fn prometheus(expr: &str) -> f64 {
+    monitor::query(expr)
+        .unwrap_or_else(|e| panic!("{e:#}"))
+        .iter()
+        .map(|(_, v)| v)
+        .sum()
+}
+
+#[test]
+fn prometheus_scrapes_every_agent_and_sees_what_was_sent() {
+    require_lab();
+    let up = monitor::query("up{job=\"isthmus\"}").unwrap();
+    let mut nodes: Vec<&str> = up.iter().map(|(l, _)| l["node"].as_str()).collect();
+    nodes.sort();
+    let mut want: Vec<String> = CLUSTERS
+        .iter()
+        .flat_map(|c| c.nodes().map(|(n, _)| n))
+        .collect();
+    want.sort();
+    assert_eq!(nodes, want, "targets Prometheus scrapes");
+    assert!(up.iter().all(|(_, v)| *v == 1.0), "every agent up: {up:?}");
+
+    let exprs = a_to_b().map(|(name, labels)| {
+        let matchers: Vec<String> = labels
+            .iter()
+            .chain(&[("node", "a-gw")])
+            .map(|(k, v)| format!("{k}=\"{v}\""))
+            .collect();
+        format!("sum({name}{{{}}})", matchers.join(","))
+    });
+    let before = exprs.clone().map(|e| prometheus(&e));
+    send_traffic();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let now = exprs.clone().map(|e| prometheus(&e));
+        let short: Vec<String> = exprs
+            .iter()
+            .zip(now.iter().zip(before))
+            .zip(SENT)
+            .filter(|((_, (n, b)), sent)| *n - b < *sent)
+            .map(|((e, (n, b)), sent)| format!("{e} rose by {}, not {sent}", n - b))
+            .collect();
+        if short.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after 15 s of scrapes: {}",
+            short.join("; ")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
