@@ -12,7 +12,7 @@ use isthmus_agent::{
     conntrack::{self, Conntrack},
     dataplane::{self, AttachMode, Capacity, Dataplane},
     gateway::Gateway,
-    kubernetes,
+    inspect, kubernetes,
     maps::{self, Counters},
     metrics::{self, BuildInfo, Metrics},
     object::KIND_NODE,
@@ -62,6 +62,19 @@ enum Command {
     },
     /// Detach and unpin everything the agent attached or pinned.
     Cleanup {
+        /// Directory on bpffs the agent pinned under.
+        #[arg(long, default_value = "/sys/fs/bpf/isthmus")]
+        bpffs: PathBuf,
+    },
+    /// Print a kernel table, read from the pinned maps (works while the
+    /// agent is down).
+    Inspect {
+        /// Which table.
+        #[arg(value_enum)]
+        view: inspect::View,
+        /// One JSON array of objects instead of aligned columns.
+        #[arg(long)]
+        json: bool,
         /// Directory on bpffs the agent pinned under.
         #[arg(long, default_value = "/sys/fs/bpf/isthmus")]
         bpffs: PathBuf,
@@ -211,6 +224,14 @@ async fn main() -> Result<()> {
                 bpffs.display(),
                 removed.len()
             );
+            Ok(())
+        }
+        Command::Inspect { view, json, bpffs } => {
+            let table = inspect::read(&bpffs, view)?;
+            match json {
+                true => println!("{}", table.json()),
+                false => print!("{}", table.aligned()),
+            }
             Ok(())
         }
     }

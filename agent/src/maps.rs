@@ -385,6 +385,7 @@ pub struct Occupancy {
 }
 
 /// Every map the agent pins, opened once, to be counted on request.
+#[derive(Debug)]
 pub struct PinnedMaps(Vec<(&'static str, MapData)>);
 
 impl PinnedMaps {

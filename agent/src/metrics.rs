@@ -24,7 +24,6 @@ use axum::{
     response::IntoResponse,
     routing::get,
 };
-use isthmus_common::counters::{self, DIRECTIONS, DROP_REASONS, KINDS, LINKS, OUTCOMES};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric, text::encode},
@@ -38,11 +37,10 @@ use prometheus_client::{
 };
 use tracing::warn;
 
-use isthmus_common::{guard::VERDICTS, overlay::EVENTS};
-
 use crate::{
-    maps::{Counters, Occupancy, PinnedMaps},
+    maps::{Occupancy, PinnedMaps},
     object::{KIND_NAT_MAPPING, KIND_NODE, KIND_TUNNEL_ENDPOINT},
+    samples::DataplaneCounters,
     tunnel::{Connection, PeerStatus, Tunnel},
 };
 
@@ -168,10 +166,8 @@ impl Metrics {
             "The agent's version, the kernel, how its programs are attached, its node and role; always 1",
             build_info,
         );
-        registry.register_collector(Box::new(DataplaneCounters {
-            nat: Counters::open(bpffs)?,
-            guard: Counters::open_guard(bpffs)?,
-            overlay: Counters::open_overlay(bpffs)?,
+        registry.register_collector(Box::new(DataplaneMetrics {
+            counters: DataplaneCounters::open(bpffs)?,
             maps: PinnedMaps::open(bpffs)?,
         }));
         if let Some(tunnel) = tunnel {
@@ -217,126 +213,33 @@ impl Metrics {
     }
 }
 
-/// Packet counters summed over CPUs, and how full each map is, read at
-/// scrape time.
-struct DataplaneCounters {
-    nat: Counters,
-    guard: Counters,
-    overlay: Counters,
+/// The dataplane's counters and how full each map is, read at scrape time.
+#[derive(Debug)]
+struct DataplaneMetrics {
+    counters: DataplaneCounters,
     maps: PinnedMaps,
 }
 
-impl std::fmt::Debug for DataplaneCounters {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("DataplaneCounters")
-    }
-}
-
-impl Collector for DataplaneCounters {
+impl Collector for DataplaneMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let sums = match self.nat.read() {
-            Ok(sums) => sums,
-            Err(e) => {
-                warn!(error = %e, "reading the packet counters");
-                return Ok(());
+        match self.counters.families() {
+            Ok(families) => {
+                for f in families {
+                    let mut family =
+                        encoder.encode_descriptor(f.name, f.help, None, MetricType::Counter)?;
+                    for (labels, value) in f.samples {
+                        ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
+                    }
+                }
             }
-        };
-        nat_families(&mut encoder, &sums)?;
+            Err(e) => warn!(error = %e, "reading the per-CPU counters"),
+        }
         match self.maps.occupancy() {
             Ok(maps) => occupancy_families(&mut encoder, &maps)?,
             Err(e) => warn!(error = %e, "counting map entries"),
         }
-        let verdicts = VERDICTS.map(|v| v.as_str());
-        let events = EVENTS.map(|e| e.as_str());
-        for (counters, name, help, label, values) in [
-            (
-                &self.guard,
-                "guard_packets",
-                "Datagrams to the tunnel port seen by the XDP guard, by verdict",
-                "verdict",
-                &verdicts[..],
-            ),
-            (
-                &self.overlay,
-                "overlay_packets",
-                "Packets the overlay sent to the gateway or another node, took in, or could not handle, by event",
-                "event",
-                &events[..],
-            ),
-        ] {
-            match counters.read() {
-                Ok(sums) => {
-                    let mut family =
-                        encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-                    for (value, sum) in values.iter().zip(sums) {
-                        ConstCounter::new(sum).encode(family.encode_family(&[(label, *value)])?)?;
-                    }
-                }
-                Err(e) => warn!(error = %e, metric = name, "reading per-CPU counters"),
-            }
-        }
         Ok(())
     }
-}
-
-/// The NAT programs' counters: every packet by outcome, drops by reason,
-/// and translations by kind of rule, each per program and direction.
-fn nat_families(encoder: &mut DescriptorEncoder, sums: &[u64]) -> Result<(), std::fmt::Error> {
-    let programs = || {
-        LINKS
-            .into_iter()
-            .flat_map(|l| DIRECTIONS.map(|d| (l, d)))
-            .map(|(l, d)| (l, d, [("program", l.program(d)), ("direction", d.as_str())]))
-    };
-    let mut family = encoder.encode_descriptor(
-        "nat_packets",
-        "Packets seen by the NAT programs, by program, direction and outcome",
-        None,
-        MetricType::Counter,
-    )?;
-    for (link, direction, [program, dir]) in programs() {
-        for outcome in OUTCOMES {
-            let value = sums[counters::outcome_slot(link, direction, outcome) as usize];
-            ConstCounter::new(value).encode(family.encode_family(&[
-                program,
-                dir,
-                ("outcome", outcome.as_str()),
-            ])?)?;
-        }
-    }
-    let mut family = encoder.encode_descriptor(
-        "nat_dropped_packets",
-        "Packets the NAT programs dropped, by program, direction and reason",
-        None,
-        MetricType::Counter,
-    )?;
-    for (link, direction, [program, dir]) in programs() {
-        for reason in DROP_REASONS {
-            let value = sums[counters::drop_slot(link, direction, reason) as usize];
-            ConstCounter::new(value).encode(family.encode_family(&[
-                program,
-                dir,
-                ("reason", reason.as_str()),
-            ])?)?;
-        }
-    }
-    let mut family = encoder.encode_descriptor(
-        "nat_translated_packets",
-        "Packets the NAT programs rewrote, by program, direction and kind of rule (prefix, natmapping, masquerade); a packet counts once per kind that rewrote it",
-        None,
-        MetricType::Counter,
-    )?;
-    for (link, direction, [program, dir]) in programs() {
-        for kind in KINDS {
-            let value = sums[counters::kind_slot(link, direction, kind) as usize];
-            ConstCounter::new(value).encode(family.encode_family(&[
-                program,
-                dir,
-                ("kind", kind.as_str()),
-            ])?)?;
-        }
-    }
-    Ok(())
 }
 
 /// How full each map is against its capacity.

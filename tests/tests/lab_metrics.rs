@@ -177,6 +177,7 @@ fn prometheus(expr: &str) -> f64 {
 #[test]
 fn prometheus_scrapes_every_agent_and_sees_what_was_sent() {
     require_lab();
+    monitor::wait_until_every_agent_is_up().unwrap();
     let up = monitor::query("up{job=\"isthmus\"}").unwrap();
     let mut nodes: Vec<&str> = up.iter().map(|(l, _)| l["node"].as_str()).collect();
     nodes.sort();

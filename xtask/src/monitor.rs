@@ -114,7 +114,9 @@ fn config_yaml() -> String {
     )
 }
 
-fn wait_until_every_agent_is_up() -> Result<()> {
+/// Waits until Prometheus's last scrape of every agent succeeded (after
+/// an agent restarts, the scrape that missed it says 0 for a second).
+pub fn wait_until_every_agent_is_up() -> Result<()> {
     let agents = CLUSTERS.len() * 2;
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
