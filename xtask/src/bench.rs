@@ -8,6 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod chart;
 mod control;
 mod guard;
 mod kube;
@@ -47,6 +48,9 @@ pub enum Which {
         #[arg(long)]
         kube_only: bool,
     },
+    /// Draw `docs/benchmarks.png` from the results already in
+    /// `docs/benchmarks.md`, running nothing (every benchmark redraws it).
+    Chart,
 }
 
 /// Runs every benchmark, one after the other; each brings the lab up in
@@ -75,6 +79,7 @@ impl Which {
             Which::Overlay => "overlay",
             Which::Guard => "guard",
             Which::Control { .. } => "control",
+            Which::Chart => "chart",
         }
     }
 }
@@ -93,6 +98,7 @@ pub fn run_bench(which: Which) -> Result<()> {
         Which::Guard => guard::run_guard(),
         Which::Overlay => overlay::run_overlay(),
         Which::Control { kube_only } => control::run_control(kube_only),
+        Which::Chart => chart::render(),
     }
 }
 
@@ -347,7 +353,7 @@ fn write_section(name: &str, body: &str) -> Result<()> {
     };
     fs::write(&path, updated)?;
     println!("bench: wrote {}", path.display());
-    Ok(())
+    chart::render()
 }
 
 /// Rounds over every setup: interleaving them spreads the drift of a
