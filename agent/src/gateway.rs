@@ -28,7 +28,7 @@ pub struct Gateway {
     /// The tunnel, shared with the metrics.
     pub tunnel: Arc<Tunnel>,
     routes: Routes,
-    reported: BTreeSet<String>,
+    reported: BTreeSet<(String, String)>,
     states: BTreeMap<ObjectKey, Connection>,
     guard: Option<Guard>,
     /// Endpoints as the objects give them, before any roaming.
@@ -74,15 +74,16 @@ impl Gateway {
                     networks: peer.views().iter().map(|(_, net)| *net).collect(),
                 }),
                 Err(field) => {
-                    problems.insert(
+                    problems.insert((
+                        peer.key.to_string(),
                         PeerError::new(&peer.origin, &peer.key, Problem::NoTunnel { field })
                             .to_string(),
-                    );
+                    ));
                 }
             }
         }
-        for problem in problems.difference(&self.reported) {
-            error!(error = %problem, "peer without a tunnel");
+        for (object, problem) in problems.difference(&self.reported) {
+            error!(object, error = %problem, "peer without a tunnel");
         }
         self.reported = problems;
         self.configured = configs.iter().map(|c| c.endpoint).collect();

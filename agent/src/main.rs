@@ -571,10 +571,12 @@ fn record(report: &Report, metrics: &Metrics) {
         info!(object = %key, "peer removed");
     }
     for e in &report.new_errors {
-        error!(error = %e, "object rejected");
+        let (kind, object) = e.kind_and_key();
+        error!(kind, object, error = %e, "object rejected");
     }
     for e in &report.cleared_errors {
-        warn!(error = %e, "rejection cleared");
+        let (kind, object) = e.kind_and_key();
+        warn!(kind, object, error = %e, "rejection cleared");
     }
     if report.mappings_written + report.mappings_removed > 0 {
         info!(

@@ -175,6 +175,16 @@ pub struct Rejection {
     pub message: String,
 }
 
+impl Rejection {
+    /// The object's kind and key for log fields; empty for a document that
+    /// names no object.
+    pub fn kind_and_key(&self) -> (&'static str, String) {
+        self.object
+            .as_ref()
+            .map_or(("", String::new()), |(kind, key)| (*kind, key.to_string()))
+    }
+}
+
 impl std::fmt::Display for Rejection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.message)
