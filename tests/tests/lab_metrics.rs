@@ -12,7 +12,8 @@ use std::{
 use isthmus_tests::require_lab;
 use xtask::{
     lab, monitor, netns,
-    topology::{A, CLUSTERS},
+    probe::{self, Proto},
+    topology::{self, A, B, CLUSTERS},
 };
 
 /// b-pod2 as cluster a sees it.
@@ -216,5 +217,29 @@ fn prometheus_scrapes_every_agent_and_sees_what_was_sent() {
             short.join("; ")
         );
         std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn the_hub_counts_its_natmapping_and_masquerade_translations() {
+    require_lab();
+    // Row 5: a-pod1 reaches c-pod1 through the hub b by an externalIP that
+    // b's NatMapping resolves, masqueraded towards c.
+    let row5 = &topology::reachability()[4];
+    let hub = B.gw();
+    let translated = |kind: &str| {
+        sum(
+            &hub,
+            "isthmus_nat_translated_packets_total",
+            &[("kind", kind)],
+        )
+    };
+    let kinds = ["natmapping", "masquerade"];
+    let before = kinds.map(translated);
+    probe::exchange(Proto::Udp, &row5.from, &row5.answered_by, row5.target).unwrap();
+    let after = kinds.map(translated);
+    for ((kind, b), a) in kinds.iter().zip(before).zip(after) {
+        // At least the request and the reply.
+        assert!(a - b >= 2.0, "{hub}: {kind} translations rose by {}", a - b);
     }
 }
