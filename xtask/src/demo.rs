@@ -87,20 +87,24 @@ fn pod_addr(ns: &str) -> String {
 /// What each gateway's NAT programs did, from its metrics.
 fn print_counters() {
     println!(
-        "\nNAT packet counters, NatMapping entries and masqueraded flows per gateway (from /metrics):"
+        "\nNAT packet counters (non-zero), translations by kind of rule, NatMapping entries and masqueraded flows per gateway (from /metrics):"
     );
     for cluster in CLUSTERS {
         let gw = cluster.gw();
         match lab::http_get(&gw, "/metrics") {
             Ok((_, body)) => {
+                // Per-program counters that stayed at zero are left out.
                 for line in body.lines().filter(|l| {
-                    [
+                    let counter = [
                         "isthmus_nat_packets_total",
-                        "isthmus_nat_mappings ",
-                        "isthmus_conntrack_entries ",
+                        "isthmus_nat_translated_packets_total",
                     ]
                     .iter()
-                    .any(|p| l.starts_with(p))
+                    .any(|p| l.starts_with(p));
+                    let gauge = ["isthmus_nat_mappings ", "isthmus_conntrack_entries "]
+                        .iter()
+                        .any(|p| l.starts_with(p));
+                    gauge || (counter && !l.ends_with(" 0"))
                 }) {
                     println!("  {gw:<5} {line}");
                 }
