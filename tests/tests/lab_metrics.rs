@@ -24,9 +24,17 @@ const PAYLOAD: usize = 1000;
 const PACKET_BYTES: usize = 20 + 8 + PAYLOAD;
 
 /// Sends the test's datagrams from a-pod2 (on a-gw) to b-pod2, through
-/// a-gw's NAT and tunnel. Nothing listens there; b-pod2's ICMP errors do
-/// not matter.
+/// a-gw's NAT and tunnel, once a-gw's session with b is up: an earlier
+/// test may have just restarted an agent, and while the handshake is under
+/// way the tunnel queues only so many packets. Nothing listens on b-pod2;
+/// its ICMP errors do not matter.
 fn send_traffic() {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let peer = [("cluster_id", "cluster-b"), ("cluster_name", "b")];
+    while sum(&A.gw(), "isthmus_peer_connected", &peer) != 1.0 {
+        assert!(Instant::now() < deadline, "a-gw never connected to b");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     netns::run_in(&A.pod(2), || -> std::io::Result<()> {
         let socket = UdpSocket::bind("0.0.0.0:0")?;
         for _ in 0..DATAGRAMS {
