@@ -114,24 +114,14 @@ pub fn read(root: &Path, view: View) -> Result<Table, InspectError> {
     }
 }
 
-fn hash<K: aya::Pod, V: aya::Pod>(
-    root: &Path,
-    map: &'static str,
-) -> Result<HashMap<MapData, K, V>, InspectError> {
-    let failed = |source| InspectError::Map { map, source };
-    open_pinned(root, map)
-        .and_then(|m| m.try_into())
-        .map_err(failed)
-}
-
 /// Every entry of a pinned hash map.
 fn entries<K: aya::Pod, V: aya::Pod>(
     root: &Path,
     map: &'static str,
 ) -> Result<Vec<(K, V)>, InspectError> {
-    hash::<K, V>(root, map)?
-        .iter()
-        .collect::<Result<_, _>>()
+    open_pinned(root, map)
+        .and_then(HashMap::<MapData, K, V>::try_from)
+        .and_then(|hash| hash.iter().collect())
         .map_err(|source| InspectError::Map { map, source })
 }
 

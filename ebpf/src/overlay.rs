@@ -110,6 +110,8 @@ const OUTER_UDP: usize = OUTER_IP + IPV4_HLEN;
 const VXLAN: usize = OUTER_UDP + 8;
 const INNER_ETH: usize = VXLAN + 8;
 const INNER_IP: usize = INNER_ETH + ETH_HLEN;
+/// The first byte of an IPv4 header of 20 bytes: version 4, IHL 5.
+const IPV4_WITHOUT_OPTIONS: u8 = 0x45;
 /// The VXLAN header's flags byte with the "VNI present" bit.
 const VXLAN_VNI_PRESENT: u8 = 0x08;
 const PROTO_UDP: u8 = 17;
@@ -134,7 +136,7 @@ pub fn decapsulate(ctx: &TcContext) -> i32 {
     let Some(udp) = bytes_at::<{ VXLAN }>(ctx, 0) else {
         return TC_ACT_UNSPEC;
     };
-    if udp[OUTER_IP] != 0x45
+    if udp[OUTER_IP] != IPV4_WITHOUT_OPTIONS
         || udp[OUTER_IP + IP_PROTO] != PROTO_UDP
         || be16(&udp, OUTER_IP + IP_FRAG) & IP_MF_AND_OFFSET != 0
         || wire32(&udp, OUTER_IP + ip::DST) != config.local
