@@ -309,7 +309,7 @@ impl Dataplane {
 
     /// Attaches the NAT programs to both directions of `dev`, replacing
     /// whatever a previous agent attached there.
-    pub fn attach_nat(&mut self, dev: &str, mode: AttachMode) -> Result<Attached, DataplaneError> {
+    pub fn attach_nat(&mut self, dev: &str, mode: AttachMode) -> Result<(), DataplaneError> {
         let (egress, ingress) = match link_type(dev)? {
             ARPHRD_ETHER => (names::PROG_EGRESS_ETH, names::PROG_INGRESS_ETH),
             ARPHRD_NONE => (names::PROG_EGRESS_IP, names::PROG_INGRESS_IP),
@@ -330,7 +330,7 @@ impl Dataplane {
             ingress,
             "NAT programs attached"
         );
-        Ok(mode)
+        Ok(())
     }
 
     /// Attaches the overlay's receiving program to the VXLAN device `dev`.

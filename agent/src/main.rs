@@ -299,10 +299,9 @@ async fn run(args: RunArgs) -> Result<()> {
     };
     let mut conntrack = dataplane.take_conntrack()?;
     conntrack.set_masquerade(args.masquerade_ip.filter(|_| role == Role::Gateway))?;
-    let attach = match role {
-        Role::Gateway => Some(dataplane.attach_nat(&args.nat_dev, args.attach)?),
-        Role::Worker => None,
-    };
+    if role == Role::Gateway {
+        dataplane.attach_nat(&args.nat_dev, args.attach)?;
+    }
     let overlay = match args.no_overlay {
         true => None,
         false => Some(start_overlay(&args, &mut dataplane).await?),
@@ -312,7 +311,7 @@ async fn run(args: RunArgs) -> Result<()> {
         Role::Gateway => Vec::new(),
     };
     let pods = PodDevices::new(patterns, dataplane.take_pod_devs()?)?;
-    let xdp_mode = match gateway.as_ref().is_some_and(|_| args.guard_dev.is_some()) {
+    let xdp_mode = match gateway.is_some() && args.guard_dev.is_some() {
         true => "native",
         false => "none",
     };
@@ -322,7 +321,7 @@ async fn run(args: RunArgs) -> Result<()> {
         BuildInfo {
             node: &args.node,
             role: role_name,
-            attach_mode: attach.unwrap_or(args.attach.resolve()).as_str(),
+            attach_mode: args.attach.resolve().as_str(),
             xdp_mode,
         },
     )

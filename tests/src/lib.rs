@@ -1,5 +1,6 @@
 //! Helpers shared by the kernel-level tests.
 
+pub mod addrs;
 pub mod capture;
 pub mod metrics;
 pub mod netns;

@@ -21,17 +21,13 @@ use isthmus_common::{
     overlay::{EVENTS, OverlayConfig, OverlayEvent},
 };
 use isthmus_tests::{
+    addrs::{A_POD1, A_POD1_AT_B, A_POD2, A_POD2_AT_B, B_POD1},
     netns,
-    packet::{Addr, ETH_P_ARP, eth_ipv4, ethernet, tcp, udp, vxlan},
+    packet::{ETH_P_ARP, eth_ipv4, ethernet, tcp, udp, vxlan},
     require_root, test_run,
 };
 use xtask::topology::{A, OVERLAY_PORT, PEERINGS};
 
-const A_POD1: Addr = [10, 244, 0, 5];
-const A_POD2: Addr = [10, 244, 0, 133];
-const A_POD1_AT_B: Addr = [10, 0, 40, 5];
-const A_POD2_AT_B: Addr = [10, 0, 40, 133];
-const B_POD1: Addr = [10, 0, 0, 5];
 const VNI: u32 = 18952;
 /// TC verdicts as the kernel returns them.
 const HAND_ON: u32 = u32::MAX;

@@ -22,6 +22,7 @@ use isthmus_common::{
     nat::{MappingKey, wire},
 };
 use isthmus_tests::{
+    addrs::{A_POD1, A_POD1_AT_B, A_POD2, A_POD2_AT_B, B_POD1},
     packet::{Addr, Datagram, ETH_P_ARP, ETH_P_IPV6, L4, eth_ipv4, ethernet, tcp, udp},
     require_root, test_run,
 };
@@ -29,15 +30,10 @@ use std::net::Ipv4Addr;
 
 use xtask::topology::PEERINGS;
 
-const A_POD1: Addr = [10, 244, 0, 5];
-const A_POD2: Addr = [10, 244, 0, 133];
 const A_EXT: Addr = [192, 168, 0, 7];
-/// How b sees a's pods and externals.
-const A_POD1_AT_B: Addr = [10, 0, 40, 5];
-const A_POD2_AT_B: Addr = [10, 0, 40, 133];
+/// How b sees a's externals.
 const A_EXT_AT_B: Addr = [10, 0, 41, 7];
-/// How a sees b's pods and externals.
-const B_POD1: Addr = [10, 0, 0, 5];
+/// How a sees b's other pod and externals.
 const B_POD2: Addr = [10, 0, 0, 133];
 const B_EXT: Addr = [10, 0, 1, 45];
 /// Peer s: we see it unremapped, it remaps our PodCIDR only (single NAT).
