@@ -28,7 +28,9 @@ use tracing::{info, warn};
 use crate::{
     conntrack::Conntrack,
     guard::Guard,
-    maps::{GuardSettings, MappingMap, NodeMap, OverlaySettings, PeerMap, PresenceSet},
+    maps::{
+        GuardSettings, MappingMap, NodeMap, OverlayMaps, OverlaySettings, PeerMap, PresenceSet,
+    },
 };
 
 /// The compiled eBPF object, built by `build.rs`.
@@ -292,13 +294,19 @@ impl Dataplane {
             .map_err(|e| DataplaneError::Map(names::MAP_POD_DEVS, e))
     }
 
-    /// The overlay's settings and node table.
-    pub fn take_overlay(&mut self) -> Result<(OverlaySettings, NodeMap), DataplaneError> {
+    /// The overlay's settings, node table and node addresses.
+    pub fn take_overlay(&mut self) -> Result<OverlayMaps, DataplaneError> {
         let settings = OverlaySettings::new(self.take(names::MAP_OVERLAY)?)
             .map_err(|e| DataplaneError::Map(names::MAP_OVERLAY, e))?;
         let nodes = NodeMap::new(self.take(names::MAP_NODES)?)
             .map_err(|e| DataplaneError::Map(names::MAP_NODES, e))?;
-        Ok((settings, nodes))
+        let addresses = PresenceSet::new(self.take(names::MAP_NODE_ADDRS)?)
+            .map_err(|e| DataplaneError::Map(names::MAP_NODE_ADDRS, e))?;
+        Ok(OverlayMaps {
+            settings,
+            nodes,
+            addresses,
+        })
     }
 
     fn take(&mut self, name: &'static str) -> Result<aya::maps::Map, DataplaneError> {

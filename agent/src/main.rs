@@ -378,8 +378,8 @@ async fn start_overlay(args: &RunArgs, dataplane: &mut Dataplane) -> Result<Over
     };
     let ifindex = overlay::ensure_device(&options).await?;
     dataplane.attach_accept(&options.dev, args.attach)?;
-    let (settings, nodes) = dataplane.take_overlay()?;
-    Ok(Overlay::new(options, settings, nodes, ifindex)?)
+    let maps = dataplane.take_overlay()?;
+    Ok(Overlay::new(options, maps, ifindex)?)
 }
 
 /// This host's side of the dataplane: the loaded programs, the overlay and

@@ -304,6 +304,16 @@ fn gone_is_fine(removal: Result<(), MapError>) -> Result<(), MapError> {
     }
 }
 
+/// The overlay's maps.
+pub struct OverlayMaps {
+    /// Its settings.
+    pub settings: OverlaySettings,
+    /// The other nodes' PodCIDRs.
+    pub nodes: NodeMap,
+    /// Every node's address: the outer sources it takes packets from.
+    pub addresses: PresenceSet<u32>,
+}
+
 /// Whether `error` is a write refused because the map is full.
 pub fn is_full(error: &MapError) -> bool {
     matches!(error, MapError::SyscallError(e) if e.io_error.raw_os_error() == Some(libc::E2BIG))

@@ -48,6 +48,8 @@ use crate::{
 pub struct Metrics {
     registry: Registry,
     ready: AtomicBool,
+    /// The embedded tunnel, whose threads `/healthz` vouches for.
+    tunnel: Option<Arc<Tunnel>>,
     /// Peers programmed into the kernel.
     pub peers: Gauge,
     /// Objects currently rejected.
@@ -170,12 +172,13 @@ impl Metrics {
             counters: DataplaneCounters::open(bpffs)?,
             maps: PinnedMaps::open(bpffs)?,
         }));
-        if let Some(tunnel) = tunnel {
-            registry.register_collector(Box::new(TunnelMetrics(tunnel)));
+        if let Some(tunnel) = &tunnel {
+            registry.register_collector(Box::new(TunnelMetrics(tunnel.clone())));
         }
         Ok(Arc::new(Self {
             registry,
             ready: AtomicBool::new(false),
+            tunnel,
             peers,
             rejected_objects,
             map_updates,
@@ -411,6 +414,7 @@ impl Collector for TunnelMetrics {
             ("unknown_sender", &c.unknown_sender),
             ("rejected", &c.rejected),
             ("malformed", &c.malformed),
+            ("oversized", &c.oversized),
         ] {
             ConstCounter::new(value.load(Ordering::Relaxed))
                 .encode(family.encode_family(&[("reason", reason)])?)?;
@@ -422,6 +426,13 @@ impl Collector for TunnelMetrics {
             MetricType::Counter,
         )?;
         ConstCounter::new(c.cookies.load(Ordering::Relaxed)).encode(family)?;
+        let family = encoder.encode_descriptor(
+            "tunnel_thread_restarts",
+            "Datapath threads of the tunnel restarted after a panic",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(c.thread_restarts.load(Ordering::Relaxed)).encode(family)?;
         let mut family = encoder.encode_descriptor(
             "tunnel_offload_batches",
             "Packets that crossed a device as one batch of several, by offload",
@@ -447,7 +458,7 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<(
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let app = Router::new()
         .route("/metrics", get(scrape))
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(health))
         .route("/readyz", get(ready))
         .with_state(metrics);
     tokio::spawn(async move {
@@ -507,6 +518,15 @@ fn classic_text(openmetrics: &str) -> String {
         out.push('\n');
     }
     out
+}
+
+/// Healthy unless a datapath thread of the tunnel is down: Kubernetes then
+/// restarts the agent if the thread does not come back.
+async fn health(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
+    match metrics.tunnel.as_ref().is_none_or(|t| t.healthy()) {
+        true => (StatusCode::OK, "ok"),
+        false => (StatusCode::SERVICE_UNAVAILABLE, "a tunnel thread is down"),
+    }
 }
 
 async fn ready(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {

@@ -20,7 +20,7 @@ use tracing::{info, warn};
 
 use crate::{
     dataplane::{self, AttachMode, Dataplane},
-    maps::{NodeMap, OverlaySettings, PresenceSet},
+    maps::{NodeMap, OverlayMaps, OverlaySettings, PresenceSet},
     node::Node,
     reconcile::{KernelTable, Mirror},
     tunnel::route::link_by_name,
@@ -74,6 +74,8 @@ pub struct Overlay {
     settings: OverlaySettings,
     config: OverlayConfig,
     nodes: Mirror<NodeMap>,
+    /// Every node's address: the overlay takes packets from nowhere else.
+    addresses: Mirror<PresenceSet<u32>>,
     /// The device the decapsulation is attached to: the one holding this
     /// node's address.
     uplink: Option<String>,
@@ -85,10 +87,14 @@ impl Overlay {
     /// restart does not interrupt the overlay.
     pub fn new(
         options: OverlayOptions,
-        mut settings: OverlaySettings,
-        nodes: NodeMap,
+        maps: OverlayMaps,
         ifindex: u32,
     ) -> Result<Self, OverlayError> {
+        let OverlayMaps {
+            mut settings,
+            nodes,
+            addresses,
+        } = maps;
         let previous = settings.get()?;
         let config = OverlayConfig {
             gateway: options
@@ -106,19 +112,27 @@ impl Overlay {
             settings,
             config,
             nodes: Mirror::new(nodes)?,
+            addresses: Mirror::new(addresses)?,
             uplink: None,
         })
     }
 
-    /// Follows the cluster's nodes: the gateway workers send to, and every
-    /// other node's PodCIDRs. Returns the first failure after trying every
-    /// change.
+    /// Follows the cluster's nodes: the gateway workers send to, every
+    /// other node's PodCIDRs, and every node's address. Returns the first
+    /// failure after trying every change.
     pub fn sync(&mut self, nodes: &[Node]) -> Result<(), MapError> {
         let desired: BTreeMap<Ipv4Net, u32> = nodes
             .iter()
             .filter(|n| n.name != self.options.node)
             .flat_map(|n| n.pod_cidrs.iter().map(|c| (*c, wire(n.address.octets()))))
             .collect();
+        let addresses: BTreeMap<u32, u8> = nodes
+            .iter()
+            .map(|n| n.address)
+            .chain(self.options.gateway)
+            .map(|a| (wire(a.octets()), 1))
+            .collect();
+        let (_, _, address_failure) = self.addresses.apply(&addresses);
         let (written, removed, failure) = self.nodes.apply(&desired);
         if written + removed > 0 {
             info!(
@@ -144,7 +158,7 @@ impl Overlay {
             }
             self.config = config;
         }
-        failure.map_or(Ok(()), Err)
+        failure.or(address_failure).map_or(Ok(()), Err)
     }
 
     /// Keeps the decapsulation on the device holding this node's address,

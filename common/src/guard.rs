@@ -64,10 +64,16 @@ impl Verdict {
     }
 }
 
-/// WireGuard messages that carry our receiver index at bytes 4..8: a
-/// handshake response (2), a cookie reply (3) and transport data (4).
-pub const fn names_receiver(message_type: u8) -> bool {
-    matches!(message_type, 2..=4)
+/// Where a WireGuard message carries the receiver index, which names one
+/// of our sessions: bytes 8..12 of a handshake response (2), after the
+/// sender's own index; bytes 4..8 of a cookie reply (3) and of transport
+/// data (4). An initiation (1) names no session of ours.
+pub const fn receiver_offset(message_type: u8) -> Option<usize> {
+    match message_type {
+        2 => Some(8),
+        3 | 4 => Some(4),
+        _ => None,
+    }
 }
 
 /// boringtun keeps a peer's index in the top 24 bits of every receiver

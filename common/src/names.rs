@@ -39,6 +39,9 @@ pub const MAP_OVERLAY: &str = "ist_overlay";
 /// LPM trie: the cluster's other nodes, (PodCIDR) → node address, both
 /// wire order.
 pub const MAP_NODES: &str = "ist_nodes";
+/// Hash: the cluster's nodes' addresses (wire order → 1): the only outer
+/// sources the overlay takes packets from.
+pub const MAP_NODE_ADDRS: &str = "ist_node_addrs";
 /// Per-CPU array of overlay events, indexed by
 /// [`crate::overlay::OverlayEvent`].
 pub const MAP_OVERLAY_STATS: &str = "ist_overlay_st";
@@ -48,7 +51,7 @@ pub const MAP_OVERLAY_STATS: &str = "ist_overlay_st";
 pub const MAP_POD_DEVS: &str = "ist_pod_devs";
 
 /// Every map the agent pins, in the order it reports them.
-pub const MAPS: [&str; 15] = [
+pub const MAPS: [&str; 16] = [
     MAP_PEERS,
     MAP_PREFIX_LENS,
     MAP_COUNTERS,
@@ -62,6 +65,7 @@ pub const MAPS: [&str; 15] = [
     MAP_GUARD_STATS,
     MAP_OVERLAY,
     MAP_NODES,
+    MAP_NODE_ADDRS,
     MAP_OVERLAY_STATS,
     MAP_POD_DEVS,
 ];
@@ -106,7 +110,8 @@ pub const MAX_GUARD_SOURCES: u32 = 16384;
 pub const MAX_GUARD_INDEXES: u32 = 8192;
 /// Capacity of [`MAP_POD_DEVS`]: pods on one node.
 pub const MAX_POD_DEVS: u32 = 4096;
-/// Capacity of [`MAP_NODES`]: PodCIDRs of the cluster's nodes.
+/// Capacity of [`MAP_NODES`] (PodCIDRs of the cluster's nodes) and of
+/// [`MAP_NODE_ADDRS`].
 pub const MAX_NODES: u32 = 16384;
 /// Default capacity of [`MAP_NATMAP`] and [`MAP_NATMAP_REV`]; the agent may
 /// set another at load time.

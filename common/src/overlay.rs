@@ -60,10 +60,13 @@ pub enum OverlayEvent {
     /// A node took in a packet from the overlay on its uplink, removing the
     /// outer headers itself rather than through the VXLAN device.
     Decapsulated = 7,
+    /// A packet of our VNI came from an address that is no node of the
+    /// cluster (a pod, say, forging the overlay); dropped.
+    UnknownNode = 8,
 }
 
 /// Every event, in slot order.
-pub const EVENTS: [OverlayEvent; 8] = [
+pub const EVENTS: [OverlayEvent; 9] = [
     OverlayEvent::ToGateway,
     OverlayEvent::ToNode,
     OverlayEvent::Received,
@@ -72,6 +75,7 @@ pub const EVENTS: [OverlayEvent; 8] = [
     OverlayEvent::Failed,
     OverlayEvent::Forwarded,
     OverlayEvent::Decapsulated,
+    OverlayEvent::UnknownNode,
 ];
 
 impl OverlayEvent {
@@ -86,6 +90,7 @@ impl OverlayEvent {
             OverlayEvent::Failed => "failed",
             OverlayEvent::Forwarded => "forwarded",
             OverlayEvent::Decapsulated => "decapsulated",
+            OverlayEvent::UnknownNode => "unknown_node",
         }
     }
 }

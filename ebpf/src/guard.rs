@@ -8,7 +8,7 @@ use core::mem::size_of;
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use isthmus_common::{
     conntrack::PROTO_UDP,
-    guard::{GuardSource, Verdict, names_receiver, peer_index},
+    guard::{GuardSource, Verdict, peer_index, receiver_offset},
 };
 
 use crate::{maps, parse::ETH_HLEN};
@@ -69,12 +69,11 @@ fn verdict(ctx: &XdpContext) -> Option<Verdict> {
         return Some(Verdict::KnownSource);
     }
     let message = udp + UDP_HLEN;
-    let session = match (read::<u8>(ctx, message), read::<[u8; 4]>(ctx, message + 4)) {
-        (Some(kind), Some(receiver)) if names_receiver(kind) => {
-            maps::guard_index_known(peer_index(u32::from_le_bytes(receiver)))
-        }
-        _ => false,
-    };
+    let receiver = read::<u8>(ctx, message)
+        .and_then(receiver_offset)
+        .and_then(|offset| read::<[u8; 4]>(ctx, message + offset));
+    let session = receiver
+        .is_some_and(|receiver| maps::guard_index_known(peer_index(u32::from_le_bytes(receiver))));
     Some(if session {
         Verdict::Session
     } else {

@@ -158,6 +158,10 @@ static OVERLAY: Array<OverlayConfig, 1> = Array::new();
 #[btf_map(name = "ist_nodes")]
 static NODES: LpmTrie<u32, u32, { MAX_NODES as usize }> = LpmTrie::new();
 
+/// The cluster's nodes' addresses (wire order).
+#[btf_map(name = "ist_node_addrs")]
+static NODE_ADDRS: HashMap<u32, u8, { MAX_NODES as usize }> = HashMap::new();
+
 /// Overlay events; summed over CPUs by the agent.
 #[btf_map(name = "ist_overlay_st")]
 static OVERLAY_STATS: PerCpuArray<u64, { EVENTS.len() }> = PerCpuArray::new();
@@ -172,6 +176,13 @@ pub fn overlay() -> Option<&'static OverlayConfig> {
 #[inline(always)]
 pub fn node_of(addr: u32) -> Option<u32> {
     NODES.get(&Key::new(32, addr)).copied()
+}
+
+/// Whether `addr` (wire order) is the address of one of the cluster's nodes.
+#[inline(always)]
+pub fn is_node(addr: u32) -> bool {
+    // SAFETY: only presence is read.
+    unsafe { NODE_ADDRS.get(&addr) }.is_some()
 }
 
 /// Counts one overlay event.

@@ -70,10 +70,10 @@ pub fn to_node(ctx: &TcContext, l3: usize) -> i32 {
     encapsulate(ctx, config, node, OverlayEvent::ToNode)
 }
 
-/// Every node, on the VXLAN device: a frame of our VNI is for this host,
-/// whatever MAC the sender wrote; it is forwarded as the stack would, or
-/// left to the stack where that takes more. A frame of another VNI is
-/// dropped.
+/// Every node, on the VXLAN device: a frame of our VNI from another node is
+/// for this host, whatever MAC the sender wrote; it is forwarded as the
+/// stack would, or left to the stack where that takes more. A frame of
+/// another VNI, or from an address that is no node's, is dropped.
 #[inline(always)]
 pub fn accept(ctx: &TcContext) -> i32 {
     let Some(config) = maps::overlay() else {
@@ -87,6 +87,12 @@ pub fn accept(ctx: &TcContext) -> i32 {
     };
     if got != 0 || key.tunnel_id != config.vni {
         maps::count_overlay(OverlayEvent::WrongVni);
+        return TC_ACT_SHOT;
+    }
+    // SAFETY: an IPv4 key, as asked for; the helper gives it in host order.
+    let remote = u32::to_be(unsafe { key.__bindgen_anon_1.remote_ipv4 });
+    if !maps::is_node(remote) {
+        maps::count_overlay(OverlayEvent::UnknownNode);
         return TC_ACT_SHOT;
     }
     if ctx.skb.change_type(PACKET_HOST).is_err() {
@@ -119,9 +125,10 @@ const PROTO_UDP: u8 = 17;
 /// Every node, on its uplink: a VXLAN datagram of our VNI to this node's
 /// overlay port whose inner packet the FIB forwards in one step loses its
 /// outer headers here and goes on, without the UDP socket, the VXLAN
-/// device and a second pass through the stack. Anything else, including a
-/// packet the FIB does not settle and a GSO packet, goes on unchanged to
-/// the VXLAN device's socket, and `accept`.
+/// device and a second pass through the stack. One from an address that is
+/// no node's is dropped here. Anything else, including a packet the FIB
+/// does not settle and a GSO packet, goes on unchanged to the VXLAN
+/// device's socket, and `accept`.
 #[inline(always)]
 pub fn decapsulate(ctx: &TcContext) -> i32 {
     let Some(config) = maps::overlay() else {
@@ -153,6 +160,10 @@ pub fn decapsulate(ctx: &TcContext) -> i32 {
         || be16(&frame, INNER_ETH + 12) != ETH_TYPE_IPV4
     {
         return TC_ACT_UNSPEC;
+    }
+    if !maps::is_node(wire32(&frame, OUTER_IP + ip::SRC)) {
+        maps::count_overlay(OverlayEvent::UnknownNode);
+        return TC_ACT_SHOT;
     }
     let mut ip = [0u8; IPV4_HLEN];
     ip.copy_from_slice(&frame[INNER_IP..]);

@@ -75,12 +75,14 @@ fn guard_program(ebpf: &Ebpf) -> &Xdp {
     ebpf.program(names::PROG_GUARD).unwrap().try_into().unwrap()
 }
 
-/// A WireGuard message of `kind` with receiver index `receiver`, padded to
-/// `len` bytes.
-fn message(kind: u8, receiver: u32, len: usize) -> Vec<u8> {
+/// A WireGuard message of `kind` whose first index field (the sender's in
+/// an initiation or a response, the receiver's otherwise) is `first`, and
+/// a response's receiver index `second`, padded to `len` bytes.
+fn message(kind: u8, first: u32, second: u32, len: usize) -> Vec<u8> {
     let mut m = vec![0u8; len];
     m[0] = kind;
-    m[4..8].copy_from_slice(&receiver.to_le_bytes());
+    m[4..8].copy_from_slice(&first.to_le_bytes());
+    m[8..12].copy_from_slice(&second.to_le_bytes());
     m
 }
 
@@ -97,8 +99,8 @@ fn udp(src: [u8; 4], sport: u16, dport: u16, payload: Vec<u8>) -> Vec<u8> {
 #[test]
 fn the_guard_passes_peers_and_sessions_and_drops_the_rest() {
     let harness = Harness::new();
-    let initiation = message(1, 0, 148);
-    let data = |receiver| message(4, receiver, 64);
+    let initiation = message(1, 0, 0, 148);
+    let data = |receiver| message(4, receiver, 0, 64);
     let ours = (PEER_INDEX << 8) | 0x2a;
     let rows: Vec<(&str, Vec<u8>, u32, Option<usize>)> = vec![
         (
@@ -127,7 +129,19 @@ fn the_guard_passes_peers_and_sessions_and_drops_the_rest() {
         ),
         (
             "a response for our session from a new source",
-            udp(STRANGER, 40000, PORT, message(2, ours, 92)),
+            udp(STRANGER, 40000, PORT, message(2, 0x77, ours, 92)),
+            XDP_PASS,
+            Some(1),
+        ),
+        (
+            "a response naming our index only as its sender's",
+            udp(STRANGER, 40000, PORT, message(2, ours, 0x999 << 8, 92)),
+            XDP_DROP,
+            Some(2),
+        ),
+        (
+            "a cookie reply for our session from a new source",
+            udp(STRANGER, 40000, PORT, message(3, ours, 0, 64)),
             XDP_PASS,
             Some(1),
         ),
@@ -139,7 +153,7 @@ fn the_guard_passes_peers_and_sessions_and_drops_the_rest() {
         ),
         (
             "an initiation naming our index as its sender",
-            udp(STRANGER, 40000, PORT, message(1, ours, 148)),
+            udp(STRANGER, 40000, PORT, message(1, ours, ours, 148)),
             XDP_DROP,
             Some(2),
         ),
@@ -210,6 +224,6 @@ fn the_guard_keys_sources_by_address_and_port_in_wire_order() {
 #[test]
 fn an_unset_port_lets_everything_pass() {
     let ebpf = loaded_guard();
-    let frame = udp(STRANGER, 40000, PORT, message(1, 0, 148));
+    let frame = udp(STRANGER, 40000, PORT, message(1, 0, 0, 148));
     assert_eq!(test_run(guard_program(&ebpf), &frame).0, XDP_PASS);
 }

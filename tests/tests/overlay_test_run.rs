@@ -10,7 +10,7 @@
 use aya::{Ebpf, EbpfLoader, programs::SchedClassifier};
 use isthmus_agent::{
     dataplane::OBJECT,
-    maps::{Counters, NodeMap, OverlaySettings, PeerMap},
+    maps::{Counters, NodeMap, OverlaySettings, PeerMap, PresenceSet},
     object::{Object, parse_documents},
     peer::Peer,
     reconcile::KernelTable,
@@ -79,6 +79,11 @@ impl Harness {
         nodes
             .put(A.pod_half(1), &wire(A.lan_node().octets()), None)
             .unwrap();
+        let mut addresses: PresenceSet<u32> =
+            PresenceSet::new(ebpf.take_map(names::MAP_NODE_ADDRS).unwrap()).unwrap();
+        for node in [A.lan_gw(), A.lan_node()] {
+            addresses.put(wire(node.octets()), &1, None).unwrap();
+        }
         let settings = OverlaySettings::new(ebpf.take_map(names::MAP_OVERLAY).unwrap()).unwrap();
         let events = Counters::overlay(ebpf.take_map(names::MAP_OVERLAY_STATS).unwrap()).unwrap();
         let mut harness = Self {
@@ -338,6 +343,14 @@ fn the_uplink_decapsulates_only_what_the_fib_forwards_in_one_step() {
         forwarded,
         &[Decapsulated, Forwarded][..],
     )];
+    table.push((
+        "ours, but from an address that is no node's (a pod forging the overlay): dropped",
+        names::PROG_DECAP,
+        eth_ipv4(&vxlan(A_POD1, here, OVERLAY_PORT, VNI, &eth_ipv4(&inner.bytes())).bytes()),
+        SHOT,
+        eth_ipv4(&vxlan(A_POD1, here, OVERLAY_PORT, VNI, &eth_ipv4(&inner.bytes())).bytes()),
+        &[UnknownNode][..],
+    ));
     table.extend(rows(vec![
         (
             "another VNI: for the VXLAN device",

@@ -16,7 +16,7 @@ use boringtun::noise::{
 use tracing::debug;
 
 use super::{
-    Shared,
+    OVERHEAD, Shared,
     batch::{self, RecvBatch, SendBatch},
     offload::{self, Coalescer, MAX_FRAME, MAX_PACKET, VNET_HDR_LEN},
     peers::{PeerSet, TunnelPeer},
@@ -29,6 +29,10 @@ const TICK: Duration = Duration::from_millis(250);
 
 /// Frames read from TUN per wake-up, before the UDP side gets a turn.
 const TUN_READS: usize = 64;
+
+/// The largest UDP payload of one IPv4 datagram. Whatever a WAN host
+/// sends, boringtun never gets a buffer shorter than this: it panics on one.
+pub const MAX_DATAGRAM: usize = 65535 - 20 - 8;
 
 /// Buffers of one worker, allocated once.
 struct Buffers {
@@ -44,122 +48,195 @@ struct Buffers {
     coalescer: Coalescer,
 }
 
-/// Runs one worker until the tunnel stops.
-pub fn worker(shared: Arc<Shared>, tun: OwnedFd, udp: UdpSocket) {
-    let size = shared.buffer_size();
-    let mut bufs = Buffers {
-        outgoing: SendBatch::new(size),
-        incoming: RecvBatch::new(),
-        frame: vec![0; MAX_FRAME],
-        segment: vec![0; MAX_PACKET],
-        packet: vec![0; VNET_HDR_LEN + size],
-        scratch: vec![0; size],
-        coalescer: Coalescer::default(),
-    };
-    batch::enable_gro(&udp);
-    let mut fds = [
-        libc::pollfd {
-            fd: tun.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: udp.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
-    while !shared.stop.load(Ordering::Relaxed) {
-        // SAFETY: two valid pollfds.
-        let ready = unsafe { libc::poll(fds.as_mut_ptr(), 2, IDLE.as_millis() as i32) };
-        if ready <= 0 {
-            continue;
-        }
-        let peers = shared.snapshot();
-        if fds[0].revents & libc::POLLIN != 0 {
-            from_tun(&shared, &peers, &tun, &udp, &mut bufs);
-        }
-        if fds[1].revents & libc::POLLIN != 0 {
-            from_network(&shared, &peers, &tun, &udp, &mut bufs);
+impl Buffers {
+    fn new(shared: &Shared) -> Self {
+        Self {
+            outgoing: SendBatch::new(shared.max_sent()),
+            incoming: RecvBatch::new(),
+            frame: vec![0; MAX_FRAME],
+            segment: vec![0; MAX_PACKET],
+            packet: vec![0; VNET_HDR_LEN + MAX_DATAGRAM],
+            scratch: vec![0; MAX_DATAGRAM],
+            coalescer: Coalescer::default(),
         }
     }
 }
 
-/// TUN → segment → encrypt → UDP, a batch at a time.
-fn from_tun(shared: &Shared, peers: &PeerSet, tun: &OwnedFd, udp: &UdpSocket, bufs: &mut Buffers) {
-    let counters = &shared.counters;
-    for _ in 0..TUN_READS {
-        // SAFETY: reading into an owned buffer of the given length.
-        let n = unsafe {
-            libc::read(
-                tun.as_raw_fd(),
-                bufs.frame.as_mut_ptr().cast(),
-                bufs.frame.len(),
-            )
-        };
-        if n <= 0 {
-            break;
+/// One datapath thread's devices and buffers.
+pub struct Worker<'a> {
+    shared: &'a Shared,
+    tun: &'a OwnedFd,
+    udp: &'a UdpSocket,
+    bufs: Buffers,
+}
+
+impl<'a> Worker<'a> {
+    /// A worker on one TUN queue and one UDP socket, with fresh buffers.
+    pub fn new(shared: &'a Shared, tun: &'a OwnedFd, udp: &'a UdpSocket) -> Self {
+        Self {
+            shared,
+            tun,
+            udp,
+            bufs: Buffers::new(shared),
         }
-        let frame = &mut bufs.frame[..n as usize];
-        // Every segment of a super-packet goes where its first does: one
-        // route lookup per frame.
-        let Some(peer) = frame
-            .get(VNET_HDR_LEN..)
-            .and_then(destination)
-            .and_then(|dst| peers.route(dst))
-        else {
-            counters.no_route.fetch_add(1, Ordering::Relaxed);
-            continue;
-        };
-        let (endpoint, outgoing) = (peer.endpoint(), &mut bufs.outgoing);
-        let mut packets = 0;
-        let split = offload::split(frame, &mut bufs.segment, |packet| {
-            encrypt(shared, peer, endpoint, packet, outgoing, udp);
-            packets += 1;
+    }
+
+    /// Moves packets until the tunnel stops.
+    pub fn run(&mut self) {
+        batch::enable_gro(self.udp);
+        let mut fds = [self.tun.as_raw_fd(), self.udp.as_raw_fd()].map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
         });
-        peer.counters
-            .tx_packets
-            .fetch_add(packets, Ordering::Relaxed);
-        match split {
-            Ok(1) => {}
-            Ok(_) => {
-                counters.tso_split.fetch_add(1, Ordering::Relaxed);
+        while !self.shared.stop.load(Ordering::Relaxed) {
+            // SAFETY: two valid pollfds.
+            let ready = unsafe { libc::poll(fds.as_mut_ptr(), 2, IDLE.as_millis() as i32) };
+            if ready <= 0 {
+                continue;
             }
-            Err(e) => {
-                debug!(error = %e, "frame from TUN dropped");
-                counters.malformed.fetch_add(1, Ordering::Relaxed);
+            let peers = self.shared.snapshot();
+            if fds[0].revents & libc::POLLIN != 0 {
+                self.tun_to_network(&peers);
+            }
+            if fds[1].revents & libc::POLLIN != 0 {
+                self.network_to_tun(&peers);
             }
         }
     }
-    send(shared, udp, &mut bufs.outgoing);
-}
 
-/// Encrypts one packet for `peer`, at `endpoint`, into the batch.
-fn encrypt(
-    shared: &Shared,
-    peer: &TunnelPeer,
-    endpoint: SocketAddrV4,
-    packet: &[u8],
-    outgoing: &mut SendBatch,
-    udp: &UdpSocket,
-) {
-    if outgoing.is_full() {
-        send(shared, udp, outgoing);
+    /// TUN → segment → encrypt → UDP, a batch at a time.
+    fn tun_to_network(&mut self, peers: &PeerSet) {
+        let sender = Sender {
+            shared: self.shared,
+            udp: self.udp,
+        };
+        let counters = &self.shared.counters;
+        for _ in 0..TUN_READS {
+            // SAFETY: reading into an owned buffer of the given length.
+            let n = unsafe {
+                libc::read(
+                    self.tun.as_raw_fd(),
+                    self.bufs.frame.as_mut_ptr().cast(),
+                    self.bufs.frame.len(),
+                )
+            };
+            if n <= 0 {
+                break;
+            }
+            let frame = &mut self.bufs.frame[..n as usize];
+            // Every segment of a super-packet goes where its first does: one
+            // route lookup per frame.
+            let Some(peer) = frame
+                .get(VNET_HDR_LEN..)
+                .and_then(destination)
+                .and_then(|dst| peers.route(dst))
+            else {
+                counters.no_route.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            let (endpoint, outgoing) = (peer.endpoint(), &mut self.bufs.outgoing);
+            let mut packets = 0;
+            let split = offload::split(frame, &mut self.bufs.segment, |packet| {
+                sender.encrypt(peer, endpoint, packet, outgoing);
+                packets += 1;
+            });
+            peer.counters
+                .tx_packets
+                .fetch_add(packets, Ordering::Relaxed);
+            match split {
+                Ok(1) => {}
+                Ok(_) => {
+                    counters.tso_split.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    debug!(error = %e, "frame from TUN dropped");
+                    counters.malformed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        sender.send(&mut self.bufs.outgoing);
     }
-    let mut tunn = lock(peer);
-    if let TunnResult::WriteToNetwork(datagram) = tunn.encapsulate(packet, outgoing.slot()) {
-        let len = datagram.len();
-        outgoing.commit(len, endpoint);
-    }
-}
 
-fn send(shared: &Shared, udp: &UdpSocket, outgoing: &mut SendBatch) {
-    if !outgoing.is_empty() {
-        let gso = outgoing.send(udp);
-        shared
+    /// UDP → decrypt → coalesce → TUN, a batch at a time.
+    fn network_to_tun(&mut self, peers: &PeerSet) {
+        let Ok(count) = self.bufs.incoming.recv(self.udp) else {
+            return;
+        };
+        let receiver = Receiver {
+            shared: self.shared,
+            peers,
+            udp: self.udp,
+        };
+        let tun = self.tun;
+        let mut write = |frame: &[u8]| write_tun(tun, frame);
+        let mut coalesced = 0;
+        for i in 0..count {
+            let (message, segment, source) = self.bufs.incoming.get(i);
+            if segment < message.len() {
+                self.shared
+                    .counters
+                    .udp_gro_received
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            for datagram in message.chunks(segment) {
+                let (packet, scratch) = (&mut self.bufs.packet, &mut self.bufs.scratch);
+                if let Some(len) = receiver.receive(datagram, source, packet, scratch) {
+                    let frame = &mut self.bufs.packet[..VNET_HDR_LEN + len];
+                    coalesced += self.bufs.coalescer.push(frame, &mut write);
+                }
+            }
+        }
+        coalesced += self.bufs.coalescer.flush(&mut write);
+        self.shared
             .counters
-            .udp_gso_sent
-            .fetch_add(gso, Ordering::Relaxed);
+            .gro_written
+            .fetch_add(coalesced, Ordering::Relaxed);
+    }
+}
+
+/// The sending half of a worker: encryption into a batch, and the socket.
+struct Sender<'a> {
+    shared: &'a Shared,
+    udp: &'a UdpSocket,
+}
+
+impl Sender<'_> {
+    /// Encrypts one packet for `peer`, at `endpoint`, into the batch. A
+    /// packet too big for one datagram (the device's MTU lets none through)
+    /// is dropped and counted: boringtun panics on a short buffer.
+    fn encrypt(
+        &self,
+        peer: &TunnelPeer,
+        endpoint: SocketAddrV4,
+        packet: &[u8],
+        outgoing: &mut SendBatch,
+    ) {
+        if packet.len() + OVERHEAD > self.shared.max_sent() {
+            self.shared
+                .counters
+                .oversized
+                .fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if outgoing.is_full() {
+            self.send(outgoing);
+        }
+        let mut tunn = lock(peer);
+        if let TunnResult::WriteToNetwork(datagram) = tunn.encapsulate(packet, outgoing.slot()) {
+            let len = datagram.len();
+            outgoing.commit(len, endpoint);
+        }
+    }
+
+    fn send(&self, outgoing: &mut SendBatch) {
+        if !outgoing.is_empty() {
+            let gso = outgoing.send(self.udp);
+            self.shared
+                .counters
+                .udp_gso_sent
+                .fetch_add(gso, Ordering::Relaxed);
+        }
     }
 }
 
@@ -179,149 +256,159 @@ fn write_tun(tun: &OwnedFd, frame: &[u8]) {
     unsafe { libc::write(tun.as_raw_fd(), frame.as_ptr().cast(), frame.len()) };
 }
 
-/// UDP → decrypt → coalesce → TUN, a batch at a time.
-fn from_network(
-    shared: &Shared,
-    peers: &PeerSet,
-    tun: &OwnedFd,
-    udp: &UdpSocket,
-    bufs: &mut Buffers,
-) {
-    let Ok(count) = bufs.incoming.recv(udp) else {
-        return;
-    };
-    let mut write = |frame: &[u8]| write_tun(tun, frame);
-    let mut coalesced = 0;
-    for i in 0..count {
-        let (message, segment, source) = bufs.incoming.get(i);
-        if segment < message.len() {
+/// The receiving half of a worker: the tunnel, the peers as of this batch,
+/// and the socket that answers handshakes.
+pub struct Receiver<'a> {
+    /// The tunnel's shared state.
+    pub shared: &'a Shared,
+    /// The peers as of this batch.
+    pub peers: &'a PeerSet,
+    /// Where handshake answers go out.
+    pub udp: &'a UdpSocket,
+}
+
+impl Receiver<'_> {
+    /// Handles one datagram from `source`: finds its peer, decrypts it into
+    /// `packet` after the virtio-net header room, and answers handshakes.
+    /// Returns the length of a packet to deliver. `packet` (after the
+    /// header room) and `scratch` hold [`MAX_DATAGRAM`] bytes.
+    pub fn receive(
+        &self,
+        datagram: &[u8],
+        source: SocketAddrV4,
+        packet: &mut [u8],
+        scratch: &mut [u8],
+    ) -> Option<usize> {
+        let peer = self.sender(datagram, source, scratch)?;
+        self.decrypt(peer, datagram, source, packet)
+    }
+
+    /// Decrypts one datagram from `peer` into `buf` after the virtio-net
+    /// header room, and answers handshakes. Returns the length of a packet
+    /// to deliver.
+    fn decrypt(
+        &self,
+        peer: &Arc<TunnelPeer>,
+        datagram: &[u8],
+        source: SocketAddrV4,
+        buf: &mut [u8],
+    ) -> Option<usize> {
+        let counters = &self.shared.counters;
+        let mut tunn = lock(peer);
+        let result = tunn.decapsulate(
+            Some(IpAddr::V4(*source.ip())),
+            datagram,
+            &mut buf[VNET_HDR_LEN..],
+        );
+        if authenticated(datagram, &result) {
+            // Follow the peer to where it authenticated from before anything
+            // answers it: another worker may encrypt the reply to this very
+            // packet before this one returns from the TUN write.
+            peer.roam(source);
+        }
+        match result {
+            TunnResult::WriteToTunnelV4(packet, inner_source) => {
+                // The inner source must be one of this peer's networks.
+                if self
+                    .peers
+                    .route(inner_source)
+                    .is_some_and(|owner| Arc::ptr_eq(owner, peer))
+                {
+                    peer.counters.rx_packets.fetch_add(1, Ordering::Relaxed);
+                    return Some(packet.len());
+                }
+                peer.counters.dropped_source.fetch_add(1, Ordering::Relaxed);
+            }
+            TunnResult::WriteToNetwork(reply) => {
+                let _ = self.udp.send_to(reply, source);
+                // Packets queued while the handshake was under way go now.
+                while let TunnResult::WriteToNetwork(queued) =
+                    tunn.decapsulate(None, &[], &mut buf[VNET_HDR_LEN..])
+                {
+                    let _ = self.udp.send_to(queued, peer.endpoint());
+                }
+            }
+            TunnResult::Done => {}
+            TunnResult::Err(e) => {
+                debug!(peer = %peer.config.label, error = ?e, "datagram rejected");
+                counters.rejected.fetch_add(1, Ordering::Relaxed);
+                if is_handshake(datagram) {
+                    peer.counters
+                        .handshake_failures
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            TunnResult::WriteToTunnelV6(..) => {
+                counters.rejected.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        None
+    }
+
+    /// The peer a datagram comes from. A handshake initiation names its
+    /// sender only inside its encrypted static key, so it is opened (after
+    /// the shared rate limiter, which answers with a cookie under load);
+    /// every other message carries our index.
+    fn sender(
+        &self,
+        datagram: &[u8],
+        source: SocketAddrV4,
+        scratch: &mut [u8],
+    ) -> Option<&Arc<TunnelPeer>> {
+        let (shared, peers) = (self.shared, self.peers);
+        let found = match Tunn::parse_incoming_packet(datagram) {
+            Ok(Packet::HandshakeInit(_)) => {
+                match shared.limiter.verify_packet(
+                    Some(IpAddr::V4(*source.ip())),
+                    datagram,
+                    scratch,
+                ) {
+                    Ok(Packet::HandshakeInit(init)) => {
+                        parse_handshake_anon(&shared.key.private, &shared.key.public, &init)
+                            .ok()
+                            .and_then(|half| peers.by_public(&half.peer_static_public))
+                    }
+                    Err(TunnResult::WriteToNetwork(cookie)) => {
+                        let _ = self.udp.send_to(cookie, source);
+                        shared.counters.cookies.fetch_add(1, Ordering::Relaxed);
+                        return None;
+                    }
+                    _ => None,
+                }
+            }
+            Ok(Packet::HandshakeResponse(p)) => peers.by_receiver(p.receiver_idx),
+            Ok(Packet::PacketCookieReply(p)) => peers.by_receiver(p.receiver_idx),
+            Ok(Packet::PacketData(p)) => peers.by_receiver(p.receiver_idx),
+            Err(_) => None,
+        };
+        if found.is_none() {
             shared
                 .counters
-                .udp_gro_received
+                .unknown_sender
                 .fetch_add(1, Ordering::Relaxed);
         }
-        for datagram in message.chunks(segment) {
-            let Some(peer) = sender(shared, peers, datagram, source, udp, &mut bufs.scratch) else {
-                continue;
-            };
-            if let Some(len) = decrypt(shared, peers, peer, datagram, source, udp, &mut bufs.packet)
-            {
-                let frame = &mut bufs.packet[..VNET_HDR_LEN + len];
-                coalesced += bufs.coalescer.push(frame, &mut write);
-            }
-        }
+        found
     }
-    coalesced += bufs.coalescer.flush(&mut write);
-    shared
-        .counters
-        .gro_written
-        .fetch_add(coalesced, Ordering::Relaxed);
 }
 
-/// Decrypts one datagram from `peer` into `buf` after the virtio-net header
-/// room, and answers handshakes. Returns the length of a packet to deliver.
-fn decrypt(
-    shared: &Shared,
-    peers: &PeerSet,
-    peer: &Arc<TunnelPeer>,
-    datagram: &[u8],
-    source: SocketAddrV4,
-    udp: &UdpSocket,
-    buf: &mut [u8],
-) -> Option<usize> {
-    let mut tunn = lock(peer);
-    let result = tunn.decapsulate(
-        Some(IpAddr::V4(*source.ip())),
-        datagram,
-        &mut buf[VNET_HDR_LEN..],
-    );
-    if !matches!(result, TunnResult::Err(_)) {
-        // Follow the peer to where it authenticated from before anything
-        // answers it: another worker may encrypt the reply to this very
-        // packet before this one returns from the TUN write.
-        peer.roam(source);
-    }
+/// WireGuard's message types, by their first byte.
+const MESSAGE_COOKIE_REPLY: u8 = 3;
+const MESSAGE_DATA: u8 = 4;
+
+/// Whether handling `datagram` proved that it came from the peer, so that
+/// the peer may be followed to its source: transport data that decrypted
+/// (a keepalive decrypts to nothing), an initiation answered with a
+/// response, a response that completed our handshake (answered with a
+/// keepalive). Never a cookie reply, sent or received: boringtun's rate
+/// limiter sends one after checking only mac1, which anyone who knows our
+/// public key can compute, and a received one is sealed under public values.
+fn authenticated(datagram: &[u8], result: &TunnResult) -> bool {
     match result {
-        TunnResult::WriteToTunnelV4(packet, inner_source) => {
-            // The inner source must be one of this peer's networks.
-            if peers
-                .route(inner_source)
-                .is_some_and(|owner| Arc::ptr_eq(owner, peer))
-            {
-                peer.counters.rx_packets.fetch_add(1, Ordering::Relaxed);
-                return Some(packet.len());
-            }
-            peer.counters.dropped_source.fetch_add(1, Ordering::Relaxed);
-        }
-        TunnResult::WriteToNetwork(reply) => {
-            let _ = udp.send_to(reply, source);
-            // Packets queued while the handshake was under way go now.
-            while let TunnResult::WriteToNetwork(queued) =
-                tunn.decapsulate(None, &[], &mut buf[VNET_HDR_LEN..])
-            {
-                let _ = udp.send_to(queued, peer.endpoint());
-            }
-        }
-        TunnResult::Done => {}
-        TunnResult::Err(e) => {
-            debug!(peer = %peer.config.label, error = ?e, "datagram rejected");
-            shared.counters.rejected.fetch_add(1, Ordering::Relaxed);
-            if is_handshake(datagram) {
-                peer.counters
-                    .handshake_failures
-                    .fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        TunnResult::WriteToTunnelV6(..) => {
-            shared.counters.rejected.fetch_add(1, Ordering::Relaxed);
-        }
+        TunnResult::WriteToTunnelV4(..) | TunnResult::WriteToTunnelV6(..) => true,
+        TunnResult::Done => datagram.first() == Some(&MESSAGE_DATA),
+        TunnResult::WriteToNetwork(reply) => reply.first() != Some(&MESSAGE_COOKIE_REPLY),
+        TunnResult::Err(_) => false,
     }
-    None
-}
-
-/// The peer a datagram comes from. A handshake initiation names its sender
-/// only inside its encrypted static key, so it is opened (after the shared
-/// rate limiter, which answers with a cookie under load); every other
-/// message carries our index.
-fn sender<'p>(
-    shared: &Shared,
-    peers: &'p PeerSet,
-    datagram: &[u8],
-    source: SocketAddrV4,
-    udp: &UdpSocket,
-    scratch: &mut [u8],
-) -> Option<&'p Arc<TunnelPeer>> {
-    let found = match Tunn::parse_incoming_packet(datagram) {
-        Ok(Packet::HandshakeInit(_)) => {
-            match shared
-                .limiter
-                .verify_packet(Some(IpAddr::V4(*source.ip())), datagram, scratch)
-            {
-                Ok(Packet::HandshakeInit(init)) => {
-                    parse_handshake_anon(&shared.key.private, &shared.key.public, &init)
-                        .ok()
-                        .and_then(|half| peers.by_public(&half.peer_static_public))
-                }
-                Err(TunnResult::WriteToNetwork(cookie)) => {
-                    let _ = udp.send_to(cookie, source);
-                    shared.counters.cookies.fetch_add(1, Ordering::Relaxed);
-                    return None;
-                }
-                _ => None,
-            }
-        }
-        Ok(Packet::HandshakeResponse(p)) => peers.by_receiver(p.receiver_idx),
-        Ok(Packet::PacketCookieReply(p)) => peers.by_receiver(p.receiver_idx),
-        Ok(Packet::PacketData(p)) => peers.by_receiver(p.receiver_idx),
-        Err(_) => None,
-    };
-    if found.is_none() {
-        shared
-            .counters
-            .unknown_sender
-            .fetch_add(1, Ordering::Relaxed);
-    }
-    found
 }
 
 /// Whether `datagram` is a WireGuard handshake message (initiation,
@@ -332,8 +419,8 @@ fn is_handshake(datagram: &[u8]) -> bool {
 
 /// Runs every peer's WireGuard timers (handshake retries, rekeying,
 /// keepalives) and resets the shared rate limiter each second.
-pub fn timers(shared: Arc<Shared>, udp: UdpSocket) {
-    let mut buf = vec![0u8; shared.buffer_size()];
+pub fn timers(shared: &Shared, udp: &UdpSocket) {
+    let mut buf = vec![0u8; shared.max_sent()];
     let mut last_reset = Instant::now();
     while !shared.stop.load(Ordering::Relaxed) {
         std::thread::sleep(TICK);
@@ -356,5 +443,259 @@ pub fn timers(shared: Arc<Shared>, udp: UdpSocket) {
                 let _ = udp.send_to(datagram, endpoint);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use blake2::{
+        Blake2s256, Blake2sMac, Digest,
+        digest::{FixedOutput, KeyInit, Update},
+    };
+    use boringtun::x25519::{PublicKey, StaticSecret};
+
+    use super::*;
+    use crate::{object::ObjectKey, tunnel::peers::PeerConfig};
+
+    /// Our gateway's tunnel with one peer, the peer's own state machine
+    /// and socket, and our socket, all on loopback.
+    struct Pair {
+        shared: Arc<Shared>,
+        ours: UdpSocket,
+        remote: Tunn,
+        remote_socket: UdpSocket,
+        bufs: Buffers,
+    }
+
+    fn loopback() -> UdpSocket {
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .unwrap();
+        socket
+    }
+
+    fn addr(socket: &UdpSocket) -> SocketAddrV4 {
+        match socket.local_addr().unwrap() {
+            std::net::SocketAddr::V4(a) => a,
+            other => panic!("{other}"),
+        }
+    }
+
+    impl Pair {
+        fn new() -> Self {
+            let our_secret = StaticSecret::from([1u8; 32]);
+            let remote_secret = StaticSecret::from([2u8; 32]);
+            let our_public = PublicKey::from(&our_secret);
+            let key = crate::tunnel::key::KeyPair {
+                private: our_secret.clone(),
+                public: our_public,
+            };
+            let shared = Arc::new(Shared::new(key, 1420));
+            let remote_socket = loopback();
+            let config = PeerConfig {
+                key: ObjectKey {
+                    namespace: "liqo-tenant-b".into(),
+                    name: "b".into(),
+                },
+                label: "b".into(),
+                cluster_name: "b".into(),
+                public: *PublicKey::from(&remote_secret).as_bytes(),
+                endpoint: addr(&remote_socket),
+                networks: vec!["10.77.0.0/24".parse().unwrap()],
+            };
+            let networks = config.networks.clone();
+            let peer = Arc::new(TunnelPeer::new(config, 5, &our_secret, None));
+            shared.set_snapshot(PeerSet::new([(peer, networks)]));
+            let remote = Tunn::new(remote_secret, our_public, None, None, 0x99, None);
+            let bufs = Buffers::new(&shared);
+            Self {
+                shared,
+                ours: loopback(),
+                remote,
+                remote_socket,
+                bufs,
+            }
+        }
+
+        fn peer(&self) -> Arc<TunnelPeer> {
+            self.shared.snapshot().iter().next().unwrap().clone()
+        }
+
+        /// Hands `datagram` to our gateway as if it came from `source`.
+        fn receive(&mut self, datagram: &[u8], source: SocketAddrV4) -> Option<Vec<u8>> {
+            let peers = self.shared.snapshot();
+            let receiver = Receiver {
+                shared: &self.shared,
+                peers: &peers,
+                udp: &self.ours,
+            };
+            let len = receiver.receive(
+                datagram,
+                source,
+                &mut self.bufs.packet,
+                &mut self.bufs.scratch,
+            )?;
+            Some(self.bufs.packet[VNET_HDR_LEN..VNET_HDR_LEN + len].to_vec())
+        }
+
+        /// What our gateway sent to the remote's socket.
+        fn answer(&self) -> Vec<u8> {
+            let mut buf = vec![0u8; 2048];
+            let (n, _) = self.remote_socket.recv_from(&mut buf).unwrap();
+            buf.truncate(n);
+            buf
+        }
+
+        /// The remote initiates; our gateway answers; the remote confirms.
+        fn handshake(&mut self) {
+            let mut buf = vec![0u8; 2048];
+            let TunnResult::WriteToNetwork(init) =
+                self.remote.format_handshake_initiation(&mut buf, false)
+            else {
+                panic!("no initiation");
+            };
+            let (init, from) = (init.to_vec(), addr(&self.remote_socket));
+            assert_eq!(self.receive(&init, from), None);
+            let response = self.answer();
+            let TunnResult::WriteToNetwork(keepalive) =
+                self.remote.decapsulate(None, &response, &mut buf)
+            else {
+                panic!("the response did not complete the handshake");
+            };
+            let keepalive = keepalive.to_vec();
+            assert_eq!(self.receive(&keepalive, from), None);
+        }
+
+        /// `packet` encrypted by the remote.
+        fn sealed(&mut self, packet: &[u8]) -> Vec<u8> {
+            let mut buf = vec![0u8; packet.len() + 64];
+            match self.remote.encapsulate(packet, &mut buf) {
+                TunnResult::WriteToNetwork(datagram) => datagram.to_vec(),
+                _ => panic!("no session to encrypt with"),
+            }
+        }
+    }
+
+    /// An IPv4 packet of `len` bytes from `src`, with a zeroed payload.
+    fn ipv4(src: [u8; 4], len: usize) -> Vec<u8> {
+        let mut packet = vec![0u8; len];
+        packet[0] = 0x45;
+        packet[2..4].copy_from_slice(&(len as u16).to_be_bytes());
+        packet[8] = 64;
+        packet[9] = 17;
+        packet[12..16].copy_from_slice(&src);
+        packet[16..20].copy_from_slice(&[10, 244, 0, 5]);
+        packet
+    }
+
+    #[test]
+    fn an_oversized_forged_transport_message_is_rejected_without_a_panic() {
+        let mut pair = Pair::new();
+        pair.handshake();
+        let genuine = pair.sealed(&ipv4([10, 77, 0, 9], 100));
+        // Our session's receiver index, as a WAN observer reads it off a
+        // genuine message, on 2,064 bytes and more of garbage.
+        for len in [2064, 9000, MAX_DATAGRAM] {
+            let mut forged = vec![0xa5u8; len];
+            forged[..16].copy_from_slice(&genuine[..16]);
+            let stranger = "203.0.113.99:40000".parse().unwrap();
+            assert_eq!(pair.receive(&forged, stranger), None);
+            assert_eq!(pair.peer().endpoint(), addr(&pair.remote_socket));
+        }
+        assert_eq!(pair.shared.counters.rejected.load(Ordering::Relaxed), 3);
+        // The session still works.
+        let from = addr(&pair.remote_socket);
+        assert_eq!(pair.receive(&genuine, from).map(|p| p.len()), Some(100));
+    }
+
+    #[test]
+    fn a_peer_with_jumbo_frames_is_heard_whole() {
+        let mut pair = Pair::new();
+        pair.handshake();
+        let datagram = pair.sealed(&ipv4([10, 77, 0, 9], 9000));
+        let from = addr(&pair.remote_socket);
+        assert_eq!(pair.receive(&datagram, from).map(|p| p.len()), Some(9000));
+    }
+
+    /// A handshake response with a valid mac1 for `responder`: all a
+    /// stranger needs to get past boringtun's first check is that public key.
+    fn forged_response(responder: &PublicKey, receiver: u32) -> Vec<u8> {
+        let mut message = vec![0u8; 92];
+        message[0] = 2;
+        message[4..8].copy_from_slice(&0x1234u32.to_le_bytes());
+        message[8..12].copy_from_slice(&receiver.to_le_bytes());
+        let key = Blake2s256::new()
+            .chain_update(b"mac1----")
+            .chain_update(responder.as_bytes())
+            .finalize();
+        let mut mac =
+            <Blake2sMac<blake2::digest::consts::U16> as KeyInit>::new_from_slice(&key).unwrap();
+        Update::update(&mut mac, &message[..60]);
+        message[60..76].copy_from_slice(&mac.finalize_fixed());
+        message
+    }
+
+    #[test]
+    fn forged_handshake_responses_do_not_move_the_peer() {
+        let mut pair = Pair::new();
+        pair.handshake();
+        let home = addr(&pair.remote_socket);
+        let stranger_socket = loopback();
+        let stranger = addr(&stranger_socket);
+        let forged = forged_response(&pair.shared.key.public, pair.peer().index << 8);
+        // Past the peer's limit of 10 a second, boringtun answers with cookies.
+        for _ in 0..15 {
+            assert_eq!(pair.receive(&forged, stranger), None);
+        }
+        let mut cookie = [0u8; 128];
+        stranger_socket
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let (n, _) = stranger_socket
+            .recv_from(&mut cookie)
+            .expect("boringtun answered no forged response with a cookie");
+        assert_eq!((n, cookie[0]), (64, MESSAGE_COOKIE_REPLY));
+        assert_eq!(
+            pair.peer().endpoint(),
+            home,
+            "a cookie reply moved the peer"
+        );
+        // A transport message that decrypts is what moves it.
+        let datagram = pair.sealed(&ipv4([10, 77, 0, 9], 60));
+        let roamed = "127.0.0.1:40001".parse().unwrap();
+        assert!(pair.receive(&datagram, roamed).is_some());
+        assert_eq!(pair.peer().endpoint(), roamed);
+    }
+
+    #[test]
+    fn a_thread_that_panics_is_restarted_and_unhealthy_meanwhile() {
+        let pair = Pair::new();
+        let shared = pair.shared.clone();
+        let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = runs.clone();
+        let thread = shared
+            .spawn_supervised("test".into(), move |shared| {
+                if seen.fetch_add(1, Ordering::SeqCst) == 0 {
+                    panic!("a datagram made a library panic");
+                }
+                shared.stop.store(true, Ordering::SeqCst);
+            })
+            .unwrap();
+        // Down for the restart delay: long enough to be seen here.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while shared.down.load(Ordering::SeqCst) == 0 {
+            assert!(
+                Instant::now() < deadline && runs.load(Ordering::SeqCst) < 2,
+                "the thread was never seen down"
+            );
+            std::thread::yield_now();
+        }
+        thread.join().unwrap();
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "not run again");
+        assert_eq!(shared.counters.thread_restarts.load(Ordering::Relaxed), 1);
+        assert_eq!(shared.down.load(Ordering::SeqCst), 0);
     }
 }

@@ -10,7 +10,7 @@
 //! - [`route`]: the device's link state and routes, over netlink.
 
 mod batch;
-mod datapath;
+pub mod datapath;
 pub mod key;
 mod offload;
 pub mod peers;
@@ -21,9 +21,10 @@ use std::{
     collections::BTreeMap,
     io,
     net::{Ipv4Addr, SocketAddrV4, UdpSocket},
+    panic::AssertUnwindSafe,
     sync::{
         Arc, RwLock,
-        atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering},
     },
     thread::JoinHandle,
     time::Duration,
@@ -31,8 +32,10 @@ use std::{
 
 use boringtun::noise::{TunnResult, rate_limiter::RateLimiter};
 use socket2::{Domain, Protocol, Socket, Type};
+use tracing::error;
 
 use self::{
+    datapath::Worker,
     key::KeyPair,
     peers::{PeerConfig, PeerSet, TunnelPeer},
 };
@@ -81,6 +84,10 @@ pub struct TunnelCounters {
     pub udp_gso_sent: AtomicU64,
     /// UDP GRO trains of several datagrams received.
     pub udp_gro_received: AtomicU64,
+    /// Packets from TUN too big to encrypt into one datagram.
+    pub oversized: AtomicU64,
+    /// Datapath threads restarted after a panic.
+    pub thread_restarts: AtomicU64,
 }
 
 /// What the datapath threads share.
@@ -90,19 +97,79 @@ pub struct Shared {
     limiter: Arc<RateLimiter>,
     stop: AtomicBool,
     mtu: usize,
+    /// Datapath threads between a panic and their restart.
+    down: AtomicUsize,
     /// Tunnel-wide counters.
     pub counters: TunnelCounters,
 }
 
 impl Shared {
-    fn snapshot(&self) -> Arc<PeerSet> {
+    /// A tunnel with no peers yet, for `key`, on a device of `mtu` bytes.
+    pub fn new(key: KeyPair, mtu: u32) -> Self {
+        Self {
+            peers: RwLock::new(Arc::new(PeerSet::default())),
+            limiter: Arc::new(RateLimiter::new(&key.public, HANDSHAKE_LIMIT)),
+            key,
+            stop: AtomicBool::new(false),
+            mtu: mtu as usize,
+            down: AtomicUsize::new(0),
+            counters: TunnelCounters::default(),
+        }
+    }
+
+    /// The peers as they are now; packets in flight keep the one they took.
+    pub fn snapshot(&self) -> Arc<PeerSet> {
         self.peers.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    fn buffer_size(&self) -> usize {
+    /// Replaces the peers.
+    pub fn set_snapshot(&self, peers: PeerSet) {
+        *self.peers.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(peers);
+    }
+
+    /// The largest datagram the tunnel sends: a packet of the device's MTU,
+    /// encrypted, with room to spare.
+    fn max_sent(&self) -> usize {
         (self.mtu + OVERHEAD + 64).max(2048)
     }
+
+    /// Runs `body` on a thread named `name` until the tunnel stops. A
+    /// panic (whatever a datagram made a library do) does not end it: the
+    /// thread logs it, counts it, waits a moment and runs `body` again,
+    /// and the tunnel reports itself unhealthy meanwhile.
+    fn spawn_supervised(
+        self: &Arc<Self>,
+        name: String,
+        mut body: impl FnMut(&Shared) + Send + 'static,
+    ) -> io::Result<JoinHandle<()>> {
+        let shared = self.clone();
+        std::thread::Builder::new()
+            .name(name.clone())
+            .spawn(move || {
+                while !shared.stop.load(Ordering::Relaxed) {
+                    let run = std::panic::catch_unwind(AssertUnwindSafe(|| body(&shared)));
+                    if run.is_ok() {
+                        continue;
+                    }
+                    shared.down.fetch_add(1, Ordering::SeqCst);
+                    shared
+                        .counters
+                        .thread_restarts
+                        .fetch_add(1, Ordering::Relaxed);
+                    error!(
+                        thread = name,
+                        "tunnel thread panicked; restarting it (the panic message is above)"
+                    );
+                    std::thread::sleep(RESTART_DELAY);
+                    shared.down.fetch_sub(1, Ordering::SeqCst);
+                }
+            })
+    }
 }
+
+/// How long a datapath thread that panicked waits before it runs again, so
+/// that a panic on every packet cannot spin a core.
+const RESTART_DELAY: Duration = Duration::from_millis(100);
 
 /// Connection state of one peer, as reported to the rest of the agent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -174,15 +241,7 @@ impl Tunnel {
         let sockets: Vec<UdpSocket> = (0..workers)
             .map(|_| bind(config.port))
             .collect::<io::Result<_>>()?;
-        let limiter = Arc::new(RateLimiter::new(&key.public, HANDSHAKE_LIMIT));
-        let shared = Arc::new(Shared {
-            peers: RwLock::new(Arc::new(PeerSet::default())),
-            key,
-            limiter,
-            stop: AtomicBool::new(false),
-            mtu: config.mtu as usize,
-            counters: TunnelCounters::default(),
-        });
+        let shared = Arc::new(Shared::new(key, config.mtu));
         // Every socket of the SO_REUSEPORT group must be read: the kernel
         // hashes each peer's flow onto one of them. Handshakes and timers
         // therefore send through a clone of a worker's socket, never a
@@ -190,19 +249,17 @@ impl Tunnel {
         let control = sockets[0].try_clone()?;
         let mut threads = Vec::new();
         for (i, (tun, udp)) in queues.into_iter().zip(sockets).enumerate() {
-            let shared = shared.clone();
             threads.push(
-                std::thread::Builder::new()
-                    .name(format!("tunnel-{i}"))
-                    .spawn(move || datapath::worker(shared, tun, udp))?,
+                shared.spawn_supervised(format!("tunnel-{i}"), move |shared| {
+                    Worker::new(shared, &tun, &udp).run()
+                })?,
             );
         }
         let timer_socket = control.try_clone()?;
-        let timer_shared = shared.clone();
         threads.push(
-            std::thread::Builder::new()
-                .name("tunnel-timers".into())
-                .spawn(move || datapath::timers(timer_shared, timer_socket))?,
+            shared.spawn_supervised("tunnel-timers".into(), move |shared| {
+                datapath::timers(shared, &timer_socket)
+            })?,
         );
         Ok(Self {
             shared,
@@ -221,6 +278,13 @@ impl Tunnel {
     /// Tunnel-wide counters.
     pub fn counters(&self) -> &TunnelCounters {
         &self.shared.counters
+    }
+
+    /// Whether every datapath thread is running: none is waiting to restart
+    /// after a panic, and none has ended.
+    pub fn healthy(&self) -> bool {
+        self.shared.down.load(Ordering::SeqCst) == 0
+            && self.threads.iter().all(|t| !t.is_finished())
     }
 
     /// Brings the peers in line with `configs`, touching only those that
@@ -263,8 +327,7 @@ impl Tunnel {
                 .filter(|p| !kept.contains_key(&p.config.key))
                 .map(|p| (p.config.key.clone(), PeerChange::Removed)),
         );
-        *self.shared.peers.write().unwrap_or_else(|p| p.into_inner()) =
-            Arc::new(PeerSet::new(next));
+        self.shared.set_snapshot(PeerSet::new(next));
         // Only now: the answer to a handshake comes back in microseconds, and
         // the datapath must already know the peer it belongs to.
         for peer in &started {
