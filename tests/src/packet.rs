@@ -207,9 +207,7 @@ pub fn eth_ipv4(ip: &[u8]) -> Vec<u8> {
 /// UDP to `dport`, from node `src` to node `dst`; outer checksums computed
 /// in full.
 pub fn vxlan(src: Addr, dst: Addr, dport: u16, vni: u32, inner: &[u8]) -> Datagram {
-    let mut payload = vec![0x08, 0, 0, 0];
-    payload.extend((vni << 8).to_be_bytes());
-    payload.extend(inner);
+    let payload = vxlan_payload(vni, inner);
     Datagram::new(
         src,
         dst,
@@ -220,6 +218,15 @@ pub fn vxlan(src: Addr, dst: Addr, dport: u16, vni: u32, inner: &[u8]) -> Datagr
             zero_csum: false,
         },
     )
+}
+
+/// The UDP payload of an overlay packet: `inner` (an Ethernet frame) after
+/// a VXLAN header with `vni`.
+pub fn vxlan_payload(vni: u32, inner: &[u8]) -> Vec<u8> {
+    let mut payload = vec![0x08, 0, 0, 0];
+    payload.extend((vni << 8).to_be_bytes());
+    payload.extend(inner);
+    payload
 }
 
 /// A UDP datagram from `src` to `dst` with a short payload.

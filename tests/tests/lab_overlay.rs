@@ -15,8 +15,10 @@ use std::{
 
 use etherparse::{NetSlice, SlicedPacket, TransportSlice};
 use isthmus_tests::{
+    addrs::A_POD2,
     capture::{self, frames},
     metrics::sample,
+    packet::{Datagram, L4, eth_ipv4, vxlan_payload},
     require_lab,
 };
 use xtask::{
@@ -327,4 +329,53 @@ impl Digest {
         }
         self.len += bytes.len() as u64;
     }
+}
+
+#[test]
+fn a_pod_cannot_forge_the_overlay_to_pose_as_a_peer() {
+    require_lab();
+    let gw = A.gw();
+    let port = next_port();
+    let listener = netns::run_in(&A.pod(2), || UdpSocket::bind((Ipv4Addr::UNSPECIFIED, port)))
+        .unwrap()
+        .unwrap();
+    listener
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let sender = netns::run_in(&A.pod(1), || UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)))
+        .unwrap()
+        .unwrap();
+    let dropped_before = overlay(&gw, "unknown_node");
+    // An inner packet that claims to come from peer b's 10.0.0.99, to
+    // a-pod2 on a-gw: small (taken off the uplink), and large enough to be
+    // fragmented on the LAN (reassembled, then through the VXLAN device).
+    for len in [32, 2000] {
+        let inner = Datagram::new(
+            [10, 0, 0, 99],
+            A_POD2,
+            L4::Udp {
+                sport: 4000,
+                dport: port,
+                payload: vec![0x5a; len],
+                zero_csum: false,
+            },
+        );
+        let payload = vxlan_payload(OVERLAY_VNI, &eth_ipv4(&inner.bytes()));
+        sender
+            .send_to(&payload, (A.lan_gw(), OVERLAY_PORT))
+            .unwrap();
+    }
+    let start = Instant::now();
+    while overlay(&gw, "unknown_node") < dropped_before + 2.0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "a-gw did not drop both forged overlay packets as from no node"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut buf = [0u8; 4096];
+    assert!(
+        listener.recv_from(&mut buf).is_err(),
+        "a forged overlay packet reached a-pod2"
+    );
 }

@@ -12,16 +12,23 @@ use boringtun::{
     noise::{Tunn, TunnResult},
     x25519::{PublicKey, StaticSecret},
 };
-use isthmus_agent::tunnel::key;
+use isthmus_agent::{
+    maps::{self, PresenceSet},
+    reconcile::KernelTable,
+    tunnel::key,
+};
+use isthmus_common::names;
 use isthmus_tests::{
+    addrs::B_POD1,
     metrics::sample,
     packet::{Datagram, L4},
     require_lab,
+    wireguard::{forged_response, forged_transport},
 };
 use xtask::{
     cmd::{ip, run},
     lab, netns,
-    probe::next_port,
+    probe::{self, Proto, next_port},
     topology::{A, B, TUNNEL_PORT, WAN_NS},
 };
 
@@ -438,4 +445,103 @@ fn the_endpoint_roams_and_a_new_key_means_a_new_handshake() {
     wait_for("a-gw drops the outsider", || {
         sample(&gw, "isthmus_peers ") == 1.0
     });
+}
+
+/// Our peers' indexes on a-gw, as its XDP guard holds them: a WAN observer
+/// reads them off the receiver index of any message a-gw's peers send.
+fn peer_indexes(gw: &str) -> Vec<u32> {
+    let map = maps::open_pinned(&lab::bpffs(gw), names::MAP_GUARD_INDEXES).unwrap();
+    let indexes: Vec<u32> = PresenceSet::<u32>::new(map)
+        .unwrap()
+        .entries()
+        .unwrap()
+        .into_iter()
+        .map(|(index, _)| index)
+        .collect();
+    assert!(!indexes.is_empty(), "{gw} has no peer index");
+    indexes
+}
+
+/// a-pod1 reaches b-pod1 and back, and a-gw says it is healthy.
+fn a_and_b_work() {
+    let b_pod1 = std::net::Ipv4Addr::from(B_POD1);
+    for proto in [Proto::Udp, Proto::Tcp] {
+        probe::exchange(proto, &A.pod(1), &B.pod(1), b_pod1)
+            .unwrap_or_else(|e| panic!("a-pod1 no longer reaches b-pod1: {e:#}"));
+    }
+    let (status, body) = lab::http_get(&A.gw(), "/healthz").unwrap();
+    assert_eq!((status, body.trim()), (200, "ok"), "a-gw's /healthz");
+}
+
+#[test]
+fn oversized_fragmented_transport_messages_naming_our_sessions_change_nothing() {
+    let outsider = Outsider::new();
+    let gw = A.gw();
+    a_and_b_work();
+    let restarts = || sample(&gw, "isthmus_tunnel_thread_restarts_total");
+    let rejected = || {
+        sample(
+            &gw,
+            "isthmus_tunnel_dropped_packets_total{reason=\"rejected\"}",
+        )
+    };
+    let (restarts_before, rejected_before) = (restarts(), rejected());
+    // Every session index of every peer, on 3,000 bytes: fragmented on the
+    // WAN, reassembled by a-gw's stack, longer than the old decrypt buffer.
+    let mut sent = 0.0;
+    for index in peer_indexes(&gw) {
+        for session in 0..=255u32 {
+            let datagram = forged_transport((index << 8) | session, 3000);
+            outsider
+                .socket
+                .send_to(&datagram, outsider.gateway)
+                .unwrap();
+            sent += 1.0;
+        }
+    }
+    wait_for("a-gw rejects every forged message", || {
+        rejected() >= rejected_before + sent
+    });
+    assert_eq!(restarts(), restarts_before, "a datapath thread panicked");
+    a_and_b_work();
+}
+
+#[test]
+fn forged_handshake_responses_do_not_take_a_peers_traffic() {
+    let outsider = Outsider::new();
+    let gw = A.gw();
+    a_and_b_work();
+    // 15 a second per peer index: past boringtun's limit of 10, the last
+    // ones are answered with cookie replies.
+    for index in peer_indexes(&gw) {
+        let forged = forged_response(&outsider.gateway_public, index << 8);
+        for _ in 0..15 {
+            outsider.socket.send_to(&forged, outsider.gateway).unwrap();
+        }
+    }
+    let mut cookies = 0;
+    let mut datagram = [0u8; 2048];
+    while let Ok((n, _)) = outsider.socket.recv_from(&mut datagram) {
+        assert_ne!(
+            datagram[0], 4,
+            "a-gw sent a peer's transport data to the stranger"
+        );
+        cookies += usize::from(n == 64 && datagram[0] == 3);
+    }
+    assert!(
+        cookies > 0,
+        "a-gw answered no forged response with a cookie: the test proves nothing"
+    );
+    // Traffic for b still goes to b, and none reaches the stranger.
+    a_and_b_work();
+    outsider
+        .socket
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    while let Ok((_, _)) = outsider.socket.recv_from(&mut datagram) {
+        assert_ne!(
+            datagram[0], 4,
+            "a-gw sent a peer's transport data to the stranger"
+        );
+    }
 }
