@@ -97,12 +97,12 @@ impl Gateway {
             .iter()
             .flat_map(|c| c.networks.iter().copied())
             .collect();
-        match self.routes.sync(&desired).await {
-            Ok((0, 0)) => {}
-            Ok((added, removed)) => info!(added, removed, "routes into the tunnel updated"),
-            Err(e) => {
-                error!(error = %e, "updating routes into the tunnel; will retry on the next change")
-            }
+        let (added, removed, failures) = self.routes.sync(&desired).await;
+        if added + removed > 0 {
+            info!(added, removed, "routes into the tunnel updated");
+        }
+        for e in failures {
+            error!(error = %e, "routing a peer's network into the tunnel; will retry on the next change");
         }
     }
 

@@ -3,6 +3,7 @@
 //!
 //! - [`object`]: the Liqo objects as read;
 //! - [`peer`]: a validated TunnelEndpoint and the kernel rules it makes;
+//! - [`policy`]: what a TunnelEndpoint may ask of this node;
 //! - [`natmapping`]: a validated NatMapping;
 //! - [`node`]: a validated Node: PodCIDRs, address, labels;
 //! - [`source`]: where objects come from: a directory, or the Kubernetes API;
@@ -31,6 +32,7 @@ pub mod node;
 pub mod object;
 pub mod overlay;
 pub mod peer;
+pub mod policy;
 pub mod reconcile;
 pub mod samples;
 pub mod source;

@@ -6,6 +6,8 @@ use std::{
     sync::Arc,
 };
 
+use ipnet::Ipv4Net;
+
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use isthmus_agent::{
@@ -17,10 +19,11 @@ use isthmus_agent::{
     metrics::{self, BuildInfo, Metrics},
     object::KIND_NODE,
     overlay::{self, Overlay, OverlayOptions, PodDevices},
+    policy::{self, Policy},
     reconcile::{MappingTable, PeerTable, Reconciler, Report},
     source::{self, SourceEvent, SourceSpec},
     status::{self, Feedback},
-    tunnel::{TunnelConfig, key},
+    tunnel::{TunnelConfig, key, route},
 };
 use isthmus_common::{
     conntrack::Timeouts,
@@ -201,6 +204,50 @@ struct RunArgs {
     /// Seconds between conntrack garbage collections.
     #[arg(long, default_value_t = 10)]
     conntrack_gc_interval: u64,
+    #[command(flatten)]
+    policy: PolicyArgs,
+}
+
+/// What TunnelEndpoints may ask of this node.
+#[derive(clap::Args, Clone)]
+struct PolicyArgs {
+    /// Namespaces TunnelEndpoints are accepted from, besides Liqo's
+    /// `liqo-tenant-*`: names, or prefixes ending in `*` (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    tunnelendpoint_namespaces: Vec<String>,
+    /// The shortest prefix of any network of a TunnelEndpoint.
+    #[arg(long, default_value_t = policy::DEFAULT_MIN_PREFIX)]
+    min_view_prefix: u8,
+    /// This cluster's Pod networks, which no peer may be seen under (the
+    /// Node objects' PodCIDRs count too; comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pod_cidr: Vec<Ipv4Net>,
+    /// This cluster's Service networks, which no peer may be seen under
+    /// (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    service_cidr: Vec<Ipv4Net>,
+}
+
+impl PolicyArgs {
+    /// The policy objects must follow, with this node's networks as they
+    /// are now.
+    fn policy(&self) -> Policy {
+        let host = policy::host_networks().unwrap_or_else(|e| {
+            error!(error = %e, "listing this node's addresses: they are not protected from peers' views");
+            Vec::new()
+        });
+        let mut namespaces = vec![policy::LIQO_TENANT_NAMESPACES.to_owned()];
+        namespaces.extend(self.tunnelendpoint_namespaces.iter().cloned());
+        Policy {
+            namespaces,
+            min_prefix: self.min_view_prefix,
+            protected: [
+                host,
+                policy::cluster_networks(&self.pod_cidr, &self.service_cidr),
+            ]
+            .concat(),
+        }
+    }
 }
 
 #[tokio::main]
@@ -215,7 +262,14 @@ async fn main() -> Result<()> {
             Ok(())
         }
         Command::Cleanup { bpffs } => {
-            let removed = dataplane::cleanup(&bpffs)?;
+            let mut removed = dataplane::cleanup(&bpffs)?;
+            let routes = route::cleanup().await?;
+            if routes > 0 {
+                removed.push(format!(
+                    "{routes} route(s) of protocol {}",
+                    route::ROUTE_PROTOCOL
+                ));
+            }
             for item in &removed {
                 println!("removed {item}");
             }
@@ -278,6 +332,7 @@ async fn run(args: RunArgs) -> Result<()> {
         .with_context(|| format!("loading the dataplane under {}", args.bpffs.display()))?;
     let mut reconciler = Reconciler::new(dataplane.take_peer_map()?, dataplane.take_mapping_map()?)
         .context("reading the pinned tables")?;
+    reconciler.set_policy(args.policy.policy());
     let mut gateway = match (role, args.tunnel) {
         (Role::Gateway, TunnelMode::Userspace) => {
             let key = match &client {
@@ -353,6 +408,10 @@ async fn run(args: RunArgs) -> Result<()> {
         overlay,
         pods,
         attach: args.attach,
+        policy: {
+            let flags = args.policy.clone();
+            Box::new(move || flags.policy())
+        },
     };
     follow(
         events,
@@ -390,6 +449,8 @@ struct Host {
     overlay: Option<Overlay>,
     pods: PodDevices,
     attach: AttachMode,
+    /// The policy as of now: this node's addresses may change.
+    policy: Box<dyn Fn() -> Policy + Send>,
 }
 
 impl Host {
@@ -494,20 +555,25 @@ async fn follow<P: PeerTable<Error = aya::maps::MapError>, M: MappingTable<Error
     let mut states = tokio::time::interval(STATE_REPORT);
     let mut synced = false;
     loop {
-        let event = tokio::select! {
-            event = events.recv() => event.context("the source stopped")?,
+        tokio::select! {
+            event = events.recv() => {
+                synced |= apply_event(reconciler, event.context("the source stopped")?);
+            }
             _ = states.tick() => {
                 host.refresh_devices();
                 let tunnel = gateway.as_deref_mut().map(Gateway::report_states);
                 if let Some(feedback) = feedback.filter(|_| synced) {
                     feedback.show(status::desired(reconciler.peers(), tunnel.as_deref(), reconciler.rejections()));
                 }
-                continue;
+                // A node address that came or went may allow or refuse a view.
+                if !reconciler.set_policy((host.policy)()) {
+                    continue;
+                }
+                info!("this node's networks changed; checking every peer's views again");
             }
             _ = terminate.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
         };
-        synced |= apply_event(reconciler, event);
         // Fold whatever else is already queued into the same pass.
         while let Ok(event) = events.try_recv() {
             synced |= apply_event(reconciler, event);

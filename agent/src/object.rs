@@ -63,6 +63,9 @@ impl fmt::Display for Layout {
 pub struct RawTunnelEndpoint {
     /// Its `metadata`.
     pub key: ObjectKey,
+    /// Its `metadata.creationTimestamp`, as the API server writes it
+    /// (`YYYY-MM-DDThh:mm:ssZ`, which sorts as time does); None otherwise.
+    pub created: Option<String>,
     spec: Mapping,
     status: Mapping,
 }
@@ -70,7 +73,12 @@ pub struct RawTunnelEndpoint {
 impl RawTunnelEndpoint {
     /// Builds one from its two halves (either may be empty).
     pub fn new(key: ObjectKey, spec: Mapping, status: Mapping) -> Self {
-        Self { key, spec, status }
+        Self {
+            key,
+            created: None,
+            spec,
+            status,
+        }
     }
 
     /// The value of `field`, from `spec` if it has it, else from `status`.
@@ -348,6 +356,8 @@ fn object(file: &str, index: usize, mut value: Value) -> Result<Object, Document
         namespace: text(metadata.and_then(|m| m.get("namespace"))),
         name,
     };
+    let created = Some(text(metadata.and_then(|m| m.get("creationTimestamp"))))
+        .filter(|t| is_api_timestamp(t));
     let labels = match value
         .get_mut("metadata")
         .and_then(|m| m.get_mut("labels"))
@@ -375,8 +385,20 @@ fn object(file: &str, index: usize, mut value: Value) -> Result<Object, Document
         })
     } else {
         let spec = half("spec");
-        Object::TunnelEndpoint(RawTunnelEndpoint::new(key, spec, half("status")))
+        let raw = RawTunnelEndpoint::new(key, spec, half("status"));
+        Object::TunnelEndpoint(RawTunnelEndpoint { created, ..raw })
     })
+}
+
+/// Whether `t` has the one shape the API server writes timestamps in, in
+/// which text order is time order.
+fn is_api_timestamp(t: &str) -> bool {
+    let shape = "0000-00-00T00:00:00Z";
+    t.len() == shape.len()
+        && t.bytes().zip(shape.bytes()).all(|(c, s)| match s {
+            b'0' => c.is_ascii_digit(),
+            _ => c == s,
+        })
 }
 
 #[cfg(test)]

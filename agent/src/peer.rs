@@ -108,6 +108,91 @@ pub enum Problem {
         /// File holding the one kept.
         other_file: String,
     },
+    /// A namespace where no peer is accepted.
+    #[error(
+        "field metadata.namespace: {namespace:?} is not one where TunnelEndpoints are accepted ({allowed}; see --tunnelendpoint-namespaces)"
+    )]
+    Namespace {
+        /// The object's namespace.
+        namespace: String,
+        /// The namespaces allowed.
+        allowed: String,
+    },
+    /// A network shorter than the policy allows.
+    #[error("field {field}: {net} is wider than /{min} (--min-view-prefix)")]
+    TooWide {
+        /// The field.
+        field: &'static str,
+        /// Its network.
+        net: Ipv4Net,
+        /// The shortest prefix allowed.
+        min: u8,
+    },
+    /// A network that touches one no peer may use.
+    #[error("field {field}: {net} touches {what}; no peer may use it")]
+    Forbidden {
+        /// The field.
+        field: &'static str,
+        /// Its network.
+        net: Ipv4Net,
+        /// What it touches.
+        what: String,
+    },
+    /// A view that holds a peer's WireGuard endpoint, or an endpoint in
+    /// another peer's view: the tunnel's own traffic would enter a tunnel.
+    #[error(
+        "field {field} ({net}) holds endpointIP {endpoint} of TunnelEndpoint {other} in {other_file}: its WireGuard traffic would be routed into a tunnel"
+    )]
+    EndpointInView {
+        /// The field holding the endpoint.
+        field: &'static str,
+        /// Its network.
+        net: Ipv4Net,
+        /// The endpoint.
+        endpoint: Ipv4Addr,
+        /// The TunnelEndpoint of that endpoint, or of that view.
+        other: ObjectKey,
+        /// File holding it.
+        other_file: String,
+    },
+    /// An endpoint inside another peer's view.
+    #[error(
+        "field endpointIP ({endpoint}) lies in field {other_field} ({other_net}) of TunnelEndpoint {other} in {other_file}: its WireGuard traffic would be routed into a tunnel"
+    )]
+    EndpointUnderView {
+        /// The endpoint.
+        endpoint: Ipv4Addr,
+        /// The TunnelEndpoint whose view holds it.
+        other: ObjectKey,
+        /// File holding it.
+        other_file: String,
+        /// Its field.
+        other_field: &'static str,
+        /// That field's network.
+        other_net: Ipv4Net,
+    },
+    /// A second TunnelEndpoint with a public key already taken.
+    #[error(
+        "field backend_config.publicKey: the same key as TunnelEndpoint {other} in {other_file}"
+    )]
+    DuplicateKey {
+        /// The TunnelEndpoint kept.
+        other: ObjectKey,
+        /// File holding it.
+        other_file: String,
+    },
+    /// A second TunnelEndpoint for a cluster that has one.
+    #[error(
+        "field clusterID: cluster {cluster_id} already has TunnelEndpoint {other} in {other_file}"
+    )]
+    DuplicateCluster {
+        /// The cluster.
+        cluster_id: String,
+        /// The TunnelEndpoint kept.
+        other: ObjectKey,
+        /// File holding it.
+        other_file: String,
+    },
 }
 
 /// A real network and, when the other side remapped it, its remapped form.
@@ -187,6 +272,8 @@ pub struct Peer {
     pub key: ObjectKey,
     /// File (or other origin) it was read from.
     pub origin: String,
+    /// When the API server created the object, if it says.
+    pub created: Option<String>,
     /// The peer's cluster ID, if the object carries one.
     pub cluster_id: Option<String>,
     /// The peer's cluster name (`clusterIdentity.clusterName`), if the
@@ -226,6 +313,7 @@ impl Peer {
         Ok(Self {
             key: raw.key.clone(),
             origin: origin.to_owned(),
+            created: raw.created.clone(),
             cluster_id: identity(raw, "clusterID"),
             cluster_name: identity(raw, "clusterName"),
             layout: raw.layout(&DATAPLANE_FIELDS),
@@ -250,6 +338,24 @@ impl Peer {
                 self.remote_external.seen(),
             ),
         ]
+    }
+
+    /// Every network of the object, each with its field: the real ones and
+    /// those remapped.
+    pub fn networks(&self) -> Vec<(&'static str, Ipv4Net)> {
+        [
+            (&self.local_pod, &LOCAL_POD),
+            (&self.local_external, &LOCAL_EXTERNAL),
+            (&self.remote_pod, &REMOTE_POD),
+            (&self.remote_external, &REMOTE_EXTERNAL),
+        ]
+        .into_iter()
+        .flat_map(|(mapped, fields)| {
+            [(fields.real, Some(mapped.real)), (fields.nat, mapped.nat)]
+                .into_iter()
+                .filter_map(|(field, net)| Some((field, net?)))
+        })
+        .collect()
     }
 
     /// The kernel rules for this peer.

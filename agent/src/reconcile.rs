@@ -14,6 +14,7 @@ use crate::{
     node::{Node, NodeError},
     object::{DocumentError, KIND_NAT_MAPPING, KIND_NODE, KIND_TUNNEL_ENDPOINT, Object, ObjectKey},
     peer::{Peer, PeerError, Problem},
+    policy::{Policy, Protected, overlaps},
 };
 
 /// A kernel map the reconciler keeps in line with the objects: the peer
@@ -250,6 +251,10 @@ pub struct Reconciler<P: PeerTable, M: MappingTable> {
     /// Order of acceptance: a peer accepted earlier wins an overlap.
     seniority: HashMap<ObjectKey, u64>,
     next_seniority: u64,
+    /// The views the kernel held when this agent started: those of the
+    /// peers a previous agent accepted, which keep winning after a restart.
+    inherited: BTreeSet<Ipv4Net>,
+    policy: Policy,
     ids: HashMap<ObjectKey, u32>,
     errors: BTreeSet<Rejection>,
     accepted: Vec<Peer>,
@@ -257,14 +262,18 @@ pub struct Reconciler<P: PeerTable, M: MappingTable> {
 }
 
 impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
-    /// Starts from what the tables already hold (a previous agent's work).
+    /// Starts from what the tables already hold (a previous agent's work),
+    /// with Liqo's default policy.
     pub fn new(peers: P, mappings: M) -> Result<Self, P::Error> {
+        let peer_table = Mirror::new(peers)?;
         Ok(Self {
-            peer_table: Mirror::new(peers)?,
+            inherited: peer_table.applied.keys().copied().collect(),
+            peer_table,
             mapping_table: Mirror::new(mappings)?,
             origins: BTreeMap::new(),
             seniority: HashMap::new(),
             next_seniority: 0,
+            policy: Policy::default(),
             ids: HashMap::new(),
             errors: BTreeSet::new(),
             accepted: Vec::new(),
@@ -293,6 +302,14 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
         self.origins.insert(origin, validated);
     }
 
+    /// Replaces the policy; returns whether it changed, so that the caller
+    /// knows a pass is due.
+    pub fn set_policy(&mut self, policy: Policy) -> bool {
+        let changed = policy != self.policy;
+        self.policy = policy;
+        changed
+    }
+
     /// Forgets `origin` and everything it held.
     pub fn remove_origin(&mut self, origin: &str) {
         self.origins.remove(origin);
@@ -316,7 +333,9 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
     /// Brings the kernel tables in line with the current objects. Every
     /// change is attempted; the first failure is returned after.
     pub fn reconcile(&mut self) -> Result<Report, TableFailure<P::Error>> {
-        let (accepted, mut errors) = self.select();
+        let mut errors = BTreeSet::new();
+        self.nodes = self.select_nodes(&mut errors);
+        let accepted = self.select(&mut errors);
         self.seniority
             .retain(|key, _| accepted.iter().any(|p| &p.key == key));
         for peer in &accepted {
@@ -334,7 +353,6 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
             })
             .collect();
         let mappings = self.select_mappings(&accepted, &mut errors);
-        self.nodes = self.select_nodes(&mut errors);
 
         let (written, removed, peer_failure) = self.peer_table.apply(&desired);
         let (mappings_written, mappings_removed, mapping_failure) =
@@ -446,25 +464,35 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
         nodes.into_values().map(|(_, node)| node.clone()).collect()
     }
 
-    /// Validates every object and picks the peers to program: senior peers
-    /// first, so a newcomer cannot displace a working peer.
-    fn select(&self) -> (Vec<Peer>, BTreeSet<Rejection>) {
-        let mut errors = BTreeSet::new();
+    /// Picks the peers to program among those the policy allows, senior
+    /// peers first, so that a newcomer cannot displace a working peer.
+    fn select(&self, errors: &mut BTreeSet<Rejection>) -> Vec<Peer> {
+        let node_pods: Vec<Protected> = self
+            .nodes
+            .iter()
+            .flat_map(|n| {
+                n.pod_cidrs.iter().map(|net| Protected {
+                    net: *net,
+                    what: format!("the PodCIDR {net} of node {}", n.name),
+                })
+            })
+            .collect();
         let mut candidates = Vec::new();
         for result in self.origins.values().flatten() {
             match result {
-                Ok(Valid::Peer(peer)) => candidates.push(peer.clone()),
+                Ok(Valid::Peer(peer)) => match self.policy.check(peer, &node_pods) {
+                    Ok(()) => candidates.push(peer.clone()),
+                    Err(problem) => {
+                        errors.insert(PeerError::new(&peer.origin, &peer.key, problem).into());
+                    }
+                },
                 Ok(Valid::Mapping(_) | Valid::Node(_)) => {}
                 Err(e) => {
                     errors.insert(e.clone());
                 }
             }
         }
-        candidates.sort_by_key(|p| {
-            let rank = self.seniority.get(&p.key).copied().unwrap_or(u64::MAX);
-            (rank, p.origin.clone(), p.key.clone())
-        });
-
+        candidates.sort_by_cached_key(|p| self.rank(p));
         let mut accepted: Vec<Peer> = Vec::new();
         for peer in candidates {
             match conflict(&peer, &accepted) {
@@ -474,7 +502,24 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
                 None => accepted.push(peer),
             }
         }
-        (accepted, errors)
+        accepted
+    }
+
+    /// Seniority, the same on every node and across restarts as far as the
+    /// objects allow: created first (by the API server's timestamps), then
+    /// accepted first by this agent, then held by the kernel when it
+    /// started, then by origin and name.
+    fn rank(&self, p: &Peer) -> impl Ord + use<P, M> {
+        let accepted = self.seniority.get(&p.key).copied().unwrap_or(u64::MAX);
+        let inherited = p.views().iter().all(|(_, v)| self.inherited.contains(v));
+        (
+            p.created.is_none(),
+            p.created.clone(),
+            accepted,
+            !inherited,
+            p.origin.clone(),
+            p.key.clone(),
+        )
     }
 
     /// Keeps each peer's ID; a new peer takes the ID the kernel already holds
@@ -509,6 +554,11 @@ fn conflict(peer: &Peer, accepted: &[Peer]) -> Option<PeerError> {
         ));
     }
     // Views taken so far; the peer's own first view counts against its second.
+    if let Some(e) =
+        duplicate_identity(peer, accepted).or_else(|| endpoint_in_a_view(peer, accepted))
+    {
+        return Some(PeerError::new(&peer.origin, &peer.key, e));
+    }
     let mut taken: Vec<(&Peer, (&'static str, Ipv4Net))> = accepted
         .iter()
         .flat_map(|other| other.views().map(|view| (other, view)))
@@ -533,8 +583,53 @@ fn conflict(peer: &Peer, accepted: &[Peer]) -> Option<PeerError> {
     None
 }
 
-fn overlaps(a: Ipv4Net, b: Ipv4Net) -> bool {
-    a.contains(&b.network()) || b.contains(&a.network())
+/// A public key or cluster ID that `peer` shares with an accepted peer.
+fn duplicate_identity(peer: &Peer, accepted: &[Peer]) -> Option<Problem> {
+    let key = |p: &Peer| p.tunnel.as_ref().ok().map(|t| t.public_key);
+    accepted.iter().find_map(|other| {
+        let (other_file, o) = (other.origin.clone(), other.key.clone());
+        if key(peer).is_some() && key(peer) == key(other) {
+            return Some(Problem::DuplicateKey {
+                other: o,
+                other_file,
+            });
+        }
+        let cluster_id = peer.cluster_id.clone()?;
+        (other.cluster_id.as_ref() == Some(&cluster_id)).then_some(Problem::DuplicateCluster {
+            cluster_id,
+            other: o,
+            other_file,
+        })
+    })
+}
+
+/// A view of `peer` holding a WireGuard endpoint (its own included), or its
+/// endpoint inside an accepted peer's view.
+fn endpoint_in_a_view(peer: &Peer, accepted: &[Peer]) -> Option<Problem> {
+    let endpoint = |p: &Peer| p.tunnel.as_ref().ok().map(|t| *t.endpoint.ip());
+    for other in accepted.iter().chain([peer]) {
+        let Some(at) = endpoint(other) else { continue };
+        if let Some((field, net)) = peer.views().into_iter().find(|(_, v)| v.contains(&at)) {
+            return Some(Problem::EndpointInView {
+                field,
+                net,
+                endpoint: at,
+                other: other.key.clone(),
+                other_file: other.origin.clone(),
+            });
+        }
+    }
+    let at = endpoint(peer)?;
+    accepted.iter().find_map(|other| {
+        let (other_field, other_net) = other.views().into_iter().find(|(_, v)| v.contains(&at))?;
+        Some(Problem::EndpointUnderView {
+            endpoint: at,
+            other: other.key.clone(),
+            other_file: other.origin.clone(),
+            other_field,
+            other_net,
+        })
+    })
 }
 
 #[cfg(test)]
@@ -592,7 +687,7 @@ mod tests {
 
     fn tep(name: &str, remote_pod: &str, remote_ext: &str) -> String {
         format!(
-            "apiVersion: net.liqo.io/v1alpha1\nkind: TunnelEndpoint\nmetadata: {{name: {name}, namespace: liqo}}\nspec:\n  localPodCIDR: 10.244.0.0/24\n  localNATPodCIDR: 10.0.40.0/24\n  localExternalCIDR: 192.168.0.0/24\n  localNATExternalCIDR: None\n  remotePodCIDR: 10.244.0.0/24\n  remoteNATPodCIDR: {remote_pod}\n  remoteExternalCIDR: 192.168.0.0/24\n  remoteNATExternalCIDR: {remote_ext}\n"
+            "apiVersion: net.liqo.io/v1alpha1\nkind: TunnelEndpoint\nmetadata: {{name: {name}, namespace: liqo-tenant-x}}\nspec:\n  localPodCIDR: 10.244.0.0/24\n  localNATPodCIDR: 10.0.40.0/24\n  localExternalCIDR: 192.168.0.0/24\n  localNATExternalCIDR: None\n  remotePodCIDR: 10.244.0.0/24\n  remoteNATPodCIDR: {remote_pod}\n  remoteExternalCIDR: 192.168.0.0/24\n  remoteNATExternalCIDR: {remote_ext}\n"
         )
     }
 
@@ -666,7 +761,7 @@ mod tests {
         assert_eq!(
             messages(&report.new_errors),
             [
-                "a.yaml: TunnelEndpoint liqo/a: field remoteNATExternalCIDR (10.0.0.0/24) overlaps field remoteNATPodCIDR (10.0.0.0/24) of TunnelEndpoint liqo/z in z.yaml"
+                "a.yaml: TunnelEndpoint liqo-tenant-x/a: field remoteNATExternalCIDR (10.0.0.0/24) overlaps field remoteNATPodCIDR (10.0.0.0/24) of TunnelEndpoint liqo-tenant-x/z in z.yaml"
             ]
         );
         // The same error is not reported twice.
@@ -690,7 +785,7 @@ mod tests {
         );
         let report = r.reconcile().unwrap();
         assert_eq!(report.peers, 0);
-        assert!(report.new_errors[0].message.contains("field remoteNATExternalCIDR (10.0.1.0/24) overlaps field remoteNATPodCIDR (10.0.1.0/24) of TunnelEndpoint liqo/s"), "{:?}", report.new_errors);
+        assert!(report.new_errors[0].message.contains("field remoteNATExternalCIDR (10.0.1.0/24) overlaps field remoteNATPodCIDR (10.0.1.0/24) of TunnelEndpoint liqo-tenant-x/s"), "{:?}", report.new_errors);
     }
 
     #[test]
@@ -710,11 +805,11 @@ mod tests {
         assert!(
             report.new_errors[0]
                 .message
-                .starts_with("bad.yaml: TunnelEndpoint liqo/bad: field remoteNATPodCIDR")
+                .starts_with("bad.yaml: TunnelEndpoint liqo-tenant-x/bad: field remoteNATPodCIDR")
         );
         // Attributed to its object, so the object's status and events can say it.
         let bad = ObjectKey {
-            namespace: "liqo".into(),
+            namespace: "liqo-tenant-x".into(),
             name: "bad".into(),
         };
         assert_eq!(
@@ -751,6 +846,222 @@ mod tests {
         );
         r.set_origin("x.yaml".into(), docs("x.yaml", &swapped));
         let report = r.reconcile().unwrap();
+        assert_eq!((report.written, report.removed), (0, 0));
+        drop(r);
+        assert_eq!(table.writes, writes);
+    }
+
+    /// `tep` with a tunnel to `endpoint` with `key` (a byte repeated), of
+    /// cluster `cluster`, created at `created` if given.
+    fn tep_of(
+        name: &str,
+        views: (&str, &str),
+        tunnel: (&str, u8),
+        cluster: &str,
+        created: Option<&str>,
+    ) -> String {
+        let key = crate::tunnel::key::encode(&[tunnel.1; 32]);
+        let mut yaml = tep(name, views.0, views.1);
+        if let Some(at) = created {
+            yaml = yaml.replace(
+                "namespace: liqo-tenant-x}",
+                &format!("namespace: liqo-tenant-x, creationTimestamp: \"{at}\"}}"),
+            );
+        }
+        format!(
+            "{yaml}  clusterID: {cluster}\n  endpointIP: {}\n  backend_config: {{publicKey: \"{key}\"}}\n",
+            tunnel.0
+        )
+    }
+
+    #[test]
+    fn a_second_peer_with_a_taken_key_or_cluster_is_rejected_naming_the_first() {
+        let mut table = Peers::default();
+        let mut r = reconciler(&mut table);
+        let first = tep_of(
+            "b",
+            ("10.0.0.0/24", "10.0.1.0/24"),
+            ("203.0.113.2", 1),
+            "cluster-b",
+            None,
+        );
+        r.set_origin("b.yaml".into(), docs("b.yaml", &first));
+        r.reconcile().unwrap();
+        let same_key = tep_of(
+            "k",
+            ("10.0.2.0/24", "10.0.3.0/24"),
+            ("203.0.113.7", 1),
+            "cluster-k",
+            None,
+        );
+        let same_cluster = tep_of(
+            "c",
+            ("10.0.4.0/24", "10.0.5.0/24"),
+            ("203.0.113.8", 2),
+            "cluster-b",
+            None,
+        );
+        r.set_origin("k.yaml".into(), docs("k.yaml", &same_key));
+        r.set_origin("c.yaml".into(), docs("c.yaml", &same_cluster));
+        let report = r.reconcile().unwrap();
+        assert_eq!((report.peers, report.rejected), (1, 2));
+        assert_eq!(
+            messages(&report.new_errors),
+            [
+                "c.yaml: TunnelEndpoint liqo-tenant-x/c: field clusterID: cluster cluster-b already has TunnelEndpoint liqo-tenant-x/b in b.yaml",
+                "k.yaml: TunnelEndpoint liqo-tenant-x/k: field backend_config.publicKey: the same key as TunnelEndpoint liqo-tenant-x/b in b.yaml",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_view_may_hold_no_wireguard_endpoint() {
+        let mut table = Peers::default();
+        let mut r = reconciler(&mut table);
+        // Its own endpoint in its own view: its handshakes would enter the tunnel.
+        let own = tep_of(
+            "o",
+            ("10.0.0.0/24", "203.0.113.0/24"),
+            ("203.0.113.2", 1),
+            "cluster-o",
+            None,
+        );
+        r.set_origin("o.yaml".into(), docs("o.yaml", &own));
+        let report = r.reconcile().unwrap();
+        assert_eq!(
+            messages(&report.new_errors),
+            [
+                "o.yaml: TunnelEndpoint liqo-tenant-x/o: field remoteNATExternalCIDR (203.0.113.0/24) holds endpointIP 203.0.113.2 of TunnelEndpoint liqo-tenant-x/o in o.yaml: its WireGuard traffic would be routed into a tunnel"
+            ]
+        );
+        let b = tep_of(
+            "b",
+            ("10.0.0.0/24", "10.0.1.0/24"),
+            ("198.51.100.2", 2),
+            "cluster-b",
+            None,
+        );
+        r.set_origin("o.yaml".into(), docs("o.yaml", &b));
+        r.reconcile().unwrap();
+        // Another's endpoint in a newcomer's view, and the reverse.
+        let over_b = tep_of(
+            "v",
+            ("10.0.2.0/24", "198.51.100.0/24"),
+            ("203.0.113.9", 3),
+            "cluster-v",
+            None,
+        );
+        let under_b = tep_of(
+            "u",
+            ("10.0.4.0/24", "10.0.5.0/24"),
+            ("10.0.1.7", 4),
+            "cluster-u",
+            None,
+        );
+        r.set_origin("v.yaml".into(), docs("v.yaml", &over_b));
+        r.set_origin("u.yaml".into(), docs("u.yaml", &under_b));
+        let report = r.reconcile().unwrap();
+        assert_eq!(report.peers, 1);
+        assert_eq!(
+            messages(&report.new_errors),
+            [
+                "u.yaml: TunnelEndpoint liqo-tenant-x/u: field endpointIP (10.0.1.7) lies in field remoteNATExternalCIDR (10.0.1.0/24) of TunnelEndpoint liqo-tenant-x/b in o.yaml: its WireGuard traffic would be routed into a tunnel",
+                "v.yaml: TunnelEndpoint liqo-tenant-x/v: field remoteNATExternalCIDR (198.51.100.0/24) holds endpointIP 198.51.100.2 of TunnelEndpoint liqo-tenant-x/b in o.yaml: its WireGuard traffic would be routed into a tunnel",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_policy_and_the_nodes_pod_cidrs_bound_every_view() {
+        let mut table = Peers::default();
+        let mut r = reconciler(&mut table);
+        r.set_origin(
+            "nodes.yaml".into(),
+            docs(
+                "nodes.yaml",
+                "apiVersion: v1\nkind: Node\nmetadata: {name: n1}\nspec: {podCIDR: 10.244.0.0/25}\nstatus: {addresses: [{type: InternalIP, address: 172.16.1.2}]}\n",
+            ),
+        );
+        let everything = tep("all", "None", "None")
+            .replace("remotePodCIDR: 10.244.0.0/24", "remotePodCIDR: 0.0.0.0/1")
+            .replace(
+                "remoteExternalCIDR: 192.168.0.0/24",
+                "remoteExternalCIDR: 128.0.0.0/1",
+            );
+        let our_pods = tep("p", "10.244.0.0/24", "10.0.1.0/24");
+        let lan = tep("l", "10.0.0.0/24", "172.16.1.0/24");
+        r.set_origin("all.yaml".into(), docs("all.yaml", &everything));
+        r.set_origin("p.yaml".into(), docs("p.yaml", &our_pods));
+        r.set_origin("l.yaml".into(), docs("l.yaml", &lan));
+        let report = r.reconcile().unwrap();
+        assert_eq!(
+            report.peers, 1,
+            "only l passes: the LAN is not protected yet"
+        );
+        assert_eq!(
+            messages(&report.new_errors),
+            [
+                "all.yaml: TunnelEndpoint liqo-tenant-x/all: field remotePodCIDR: 0.0.0.0/1 is wider than /8 (--min-view-prefix)",
+                "p.yaml: TunnelEndpoint liqo-tenant-x/p: field remoteNATPodCIDR: 10.244.0.0/24 touches the PodCIDR 10.244.0.0/25 of node n1; no peer may use it",
+            ]
+        );
+        let lan_protected = Policy {
+            protected: vec![Protected {
+                net: net("172.16.1.0/24"),
+                what: "the network of lan0 (172.16.1.2/24)".into(),
+            }],
+            ..Policy::default()
+        };
+        assert!(r.set_policy(lan_protected.clone()));
+        assert!(!r.set_policy(lan_protected));
+        let report = r.reconcile().unwrap();
+        assert_eq!((report.peers, report.removed), (0, 2));
+        drop(r);
+        assert!(table.entries.is_empty(), "the kernel still holds a view");
+    }
+
+    #[test]
+    fn the_first_created_wins_on_any_node_and_a_restart_keeps_the_winner() {
+        // Two peers claiming 10.0.0.0/24; y's file sorts first.
+        let x = tep_of(
+            "x",
+            ("10.0.0.0/24", "10.0.1.0/24"),
+            ("203.0.113.2", 1),
+            "cluster-x",
+            Some("2024-05-01T10:00:00Z"),
+        );
+        let y = tep_of(
+            "y",
+            ("10.0.0.0/24", "10.0.9.0/24"),
+            ("203.0.113.3", 2),
+            "cluster-y",
+            Some("2024-05-02T10:00:00Z"),
+        );
+        let mut table = Peers::default();
+        let mut r = reconciler(&mut table);
+        r.set_origin("b.yaml".into(), docs("b.yaml", &x));
+        r.set_origin("a.yaml".into(), docs("a.yaml", &y));
+        assert_eq!(r.reconcile().unwrap().added[0].key.name, "x");
+        drop(r);
+        // Without timestamps, a restarted agent keeps what the kernel
+        // holds, although y's file now sorts first.
+        let strip = |yaml: &str| {
+            yaml.replace(", creationTimestamp: \"2024-05-01T10:00:00Z\"", "")
+                .replace(", creationTimestamp: \"2024-05-02T10:00:00Z\"", "")
+        };
+        let writes = table.writes;
+        let mut r = reconciler(&mut table);
+        r.set_origin("b.yaml".into(), docs("b.yaml", &strip(&x)));
+        r.set_origin("a.yaml".into(), docs("a.yaml", &strip(&y)));
+        let report = r.reconcile().unwrap();
+        assert_eq!(
+            report
+                .added
+                .iter()
+                .map(|p| p.key.name.as_str())
+                .collect::<Vec<_>>(),
+            ["x"]
+        );
         assert_eq!((report.written, report.removed), (0, 0));
         drop(r);
         assert_eq!(table.writes, writes);
@@ -831,7 +1142,7 @@ mod tests {
         assert_eq!(
             messages(&report.new_errors),
             [
-                "nm.yaml: NatMapping nm-cluster-a: field spec.clusterMappings.10.1.0.6: externalIP 192.168.7.46 lies outside our ExternalCIDR 192.168.0.0/24 (localExternalCIDR of TunnelEndpoint liqo/a)"
+                "nm.yaml: NatMapping nm-cluster-a: field spec.clusterMappings.10.1.0.6: externalIP 192.168.7.46 lies outside our ExternalCIDR 192.168.0.0/24 (localExternalCIDR of TunnelEndpoint liqo-tenant-x/a)"
             ]
         );
     }

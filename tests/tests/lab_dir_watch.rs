@@ -14,6 +14,7 @@ use isthmus_agent::{maps::PeerMap, reconcile::KernelTable};
 use isthmus_common::nat::PeerNat;
 use isthmus_tests::{metrics::sample, require_lab};
 use xtask::{
+    cmd::ip,
     lab,
     probe::{self, Proto},
     topology::{A, reachability},
@@ -172,11 +173,34 @@ fn rejections_name_the_file_object_and_field_and_spare_the_rest() {
             "overlap.yaml: TunnelEndpoint liqo-tenant-x/tep-overlap: field remoteNATPodCIDR (10.0.0.0/24) overlaps field remoteNATPodCIDR (10.0.0.0/24) of TunnelEndpoint liqo-tenant-b/tep-b",
         ),
         (
+            "everything.yaml",
+            peer_x("None")
+                .replace("tep-x", "tep-everything")
+                .replace("10.50.0.0/24", "0.0.0.0/1")
+                .replace("192.168.50.0/24", "128.0.0.0/1")
+                .replace("10.7.1.0/24", "None"),
+            "everything.yaml: TunnelEndpoint liqo-tenant-x/tep-everything: field remotePodCIDR: 0.0.0.0/1 is wider than /8 (--min-view-prefix)",
+        ),
+        (
+            "lan.yaml",
+            peer_x("172.16.1.0/24").replace("tep-x", "tep-lan"),
+            "lan.yaml: TunnelEndpoint liqo-tenant-x/tep-lan: field remoteNATPodCIDR: 172.16.1.0/24 touches the network of lan0 (172.16.1.1/24); no peer may use it",
+        ),
+        (
+            "default.yaml",
+            peer_x("10.7.0.0/24")
+                .replace("tep-x", "tep-default")
+                .replace("liqo-tenant-x", "default"),
+            "default.yaml: TunnelEndpoint default/tep-default: field metadata.namespace: \"default\" is not one where TunnelEndpoints are accepted (liqo-tenant-*; see --tunnelendpoint-namespaces)",
+        ),
+        (
             "configmap.yaml",
             "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: not-a-tep}\n".to_owned(),
             "configmap.yaml: document 1 (not-a-tep): not an object Isthmus reads",
         ),
     ];
+    let routes = || ip(&gw, &["route", "show"]).unwrap();
+    let routes_before = routes();
     let files: Vec<Scratch> = cases
         .iter()
         .map(|(name, _, _)| Scratch::new(name))
@@ -194,6 +218,11 @@ fn rejections_name_the_file_object_and_field_and_spare_the_rest() {
         baseline,
         "a rejected object changed the kernel map"
     );
+    assert_eq!(
+        routes(),
+        routes_before,
+        "a rejected object changed the routes"
+    );
     // The accepted peer still carries traffic.
     let row = &reachability()[0];
     let seen = probe::exchange(Proto::Udp, &row.from, &row.answered_by, row.target).unwrap();
@@ -205,4 +234,48 @@ fn rejections_name_the_file_object_and_field_and_spare_the_rest() {
         assert!(start.elapsed() < GIVE_UP, "rejections never cleared");
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// A route someone else wrote for a network a peer is seen under stays as
+/// it was: the agent says so, and routes the peer's other network.
+#[test]
+fn a_route_that_is_not_ours_is_never_replaced() {
+    require_lab();
+    let gw = A.gw();
+    let foreign = ["10.7.0.0/24", "via", "172.16.1.2", "proto", "static"];
+    let _ = ip(&gw, &[&["route", "del"][..], &foreign].concat());
+    ip(&gw, &[&["route", "add"][..], &foreign].concat()).unwrap();
+    let file = Scratch::new("peer-x.yaml");
+    let with_tunnel = format!(
+        "{}  endpointIP: 203.0.113.77\n  backend_config: {{publicKey: \"{}\"}}\n",
+        peer_x("10.7.0.0/24"),
+        "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
+    );
+    fs::write(&file.0, with_tunnel).unwrap();
+    wait_log(&gw, "route 10.7.0.0/24 exists and is not Isthmus's");
+    let start = Instant::now();
+    while !ip(&gw, &["route", "show", "10.7.1.0/24"])
+        .unwrap()
+        .contains("isthmus0")
+    {
+        assert!(
+            start.elapsed() < GIVE_UP,
+            "x's other network was never routed into the tunnel"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let kept = ip(&gw, &["route", "show", "10.7.0.0/24", "proto", "static"]).unwrap();
+    assert!(
+        kept.contains("via 172.16.1.2 dev lan0"),
+        "the foreign route changed: {kept}"
+    );
+    drop(file);
+    while ip(&gw, &["route", "show", "10.7.1.0/24"])
+        .unwrap()
+        .contains("10.7.1.0/24")
+    {
+        assert!(start.elapsed() < GIVE_UP, "x's routes outlived it");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    ip(&gw, &[&["route", "del"][..], &foreign].concat()).unwrap();
 }

@@ -21,7 +21,7 @@ use anyhow::{Context, Result, bail};
 use crate::{
     cmd::{ip, run, sysctl},
     netns,
-    topology::{CLUSTERS, Cluster, METRICS_PORT, NAT_MAPPING, PEERINGS, WAN_NS},
+    topology::{CLUSTERS, Cluster, METRICS_PORT, NAT_MAPPING, PEERINGS, WAN_NS, WAN_ROUTER},
 };
 
 /// Where the lab keeps its state: PIDs, logs, objects, bpffs.
@@ -227,7 +227,12 @@ fn bridge(ns: &str) -> Result<()> {
 
 fn build_wan() -> Result<()> {
     add_ns(WAN_NS)?;
-    bridge(WAN_NS)
+    bridge(WAN_NS)?;
+    ip(
+        WAN_NS,
+        &["addr", "add", &format!("{WAN_ROUTER}/24"), "dev", "br0"],
+    )?;
+    Ok(())
 }
 
 fn build_cluster(c: &Cluster) -> Result<()> {
@@ -252,6 +257,10 @@ fn build_cluster(c: &Cluster) -> Result<()> {
             "dev",
             "wan0",
         ],
+    )?;
+    ip(
+        &gw,
+        &["route", "add", "default", "via", WAN_ROUTER, "dev", "wan0"],
     )?;
 
     // Both nodes on the LAN bridge.

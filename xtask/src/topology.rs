@@ -8,6 +8,9 @@ use ipnet::Ipv4Net;
 
 /// Netns holding the WAN bridge.
 pub const WAN_NS: &str = "ist-wan";
+/// The WAN's router, on the WAN bridge: every gateway's default route, as
+/// a real gateway has one to the internet. It forwards nothing.
+pub const WAN_ROUTER: &str = "203.0.113.254";
 /// WireGuard port on every gateway.
 pub const TUNNEL_PORT: u16 = 5871;
 /// Metrics port of every agent.

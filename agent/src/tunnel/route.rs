@@ -1,14 +1,31 @@
 //! The TUN device's link state, and the routes that send every peer's
 //! networks into it, kept as a diff over netlink.
+//!
+//! Every route the agent writes carries its own protocol number
+//! ([`ROUTE_PROTOCOL`]), so that ours are told from anyone else's: a route
+//! that exists and is not ours is an error, never replaced. Behind each
+//! route into the tunnel lies a blackhole route for the same network, of a
+//! lower priority, which outlives the agent: when the agent stops and the
+//! TUN device and its routes go, peer-bound traffic is dropped instead of
+//! following the default route in clear. Only a removed peer, or
+//! `isthmus-agent cleanup`, removes it.
 
 use std::{collections::BTreeSet, net::Ipv4Addr};
 
 use futures::TryStreamExt;
 use ipnet::Ipv4Net;
+use netlink_packet_route::route::{
+    RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteType,
+};
 use rtnetlink::{
     Handle, LinkUnspec, RouteMessageBuilder, new_connection, packet_route::link::LinkMessage,
 };
 use thiserror::Error;
+
+/// The protocol number of Isthmus's routes (`ip route` prints `proto 153`).
+pub const ROUTE_PROTOCOL: u8 = 153;
+/// The metric of the blackhole routes: below any route into the tunnel.
+pub const BLACKHOLE_METRIC: u32 = 1 << 30;
 
 /// A netlink request that failed.
 #[derive(Debug, Error)]
@@ -27,6 +44,18 @@ pub enum RouteError {
     /// The device does not exist.
     #[error("device {0} not found")]
     NoDevice(String),
+    /// A route for a peer's network exists and was not written by us.
+    #[error(
+        "route {net}{metric} exists and is not Isthmus's ({existing}); it is left alone, and this network is not routed into the tunnel"
+    )]
+    NotOurs {
+        /// The network.
+        net: Ipv4Net,
+        /// ` metric N` for a blackhole route, empty otherwise.
+        metric: String,
+        /// How the kernel describes the route there.
+        existing: String,
+    },
 }
 
 /// The link named `dev`, or None if there is none.
@@ -47,16 +76,26 @@ pub(crate) async fn link_by_name(
     }
 }
 
-/// The device's routes, as installed by this agent.
+/// One of the two routes of a network: into the device, or the blackhole
+/// behind it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Tunnel,
+    Blackhole,
+}
+
+/// The device's routes, and the blackholes behind them, as installed.
 pub struct Routes {
     handle: Handle,
     dev: String,
     index: u32,
     installed: BTreeSet<Ipv4Net>,
+    blackholed: BTreeSet<Ipv4Net>,
 }
 
 impl Routes {
-    /// Sets `dev`'s MTU and brings it up.
+    /// Sets `dev`'s MTU and brings it up, and adopts the routes of ours a
+    /// previous agent left: its blackholes, and routes into this device.
     pub async fn up(dev: &str, mtu: u32) -> Result<Self, RouteError> {
         let (connection, handle, _) = new_connection()?;
         tokio::spawn(connection);
@@ -75,49 +114,204 @@ impl Routes {
             .execute()
             .await
             .map_err(request)?;
-        Ok(Self {
+        let mut routes = Self {
             handle,
             dev: dev.into(),
             index,
             installed: BTreeSet::new(),
-        })
+            blackholed: BTreeSet::new(),
+        };
+        for route in ours(&routes.handle).await? {
+            let Some(net) = destination(&route) else {
+                continue;
+            };
+            match route.header.kind {
+                RouteType::BlackHole => routes.blackholed.insert(net),
+                _ if out_of(&route) == Some(index) => routes.installed.insert(net),
+                _ => false,
+            };
+        }
+        Ok(routes)
     }
 
-    /// Routes exactly `desired` into the device: adds what is missing,
-    /// removes what is no longer wanted. Returns (added, removed).
-    pub async fn sync(
-        &mut self,
-        desired: &BTreeSet<Ipv4Net>,
-    ) -> Result<(usize, usize), RouteError> {
-        let added: Vec<Ipv4Net> = desired.difference(&self.installed).copied().collect();
-        let removed: Vec<Ipv4Net> = self.installed.difference(desired).copied().collect();
-        for net in &added {
-            let route = self.message(*net);
-            self.handle
-                .route()
-                .add(route)
-                .replace()
-                .execute()
-                .await
-                .map_err(|source| RouteError::Request {
-                    what: format!("route {net} dev {}", self.dev),
-                    source,
-                })?;
-            self.installed.insert(*net);
+    /// Routes exactly `desired` into the device, each behind its blackhole:
+    /// adds what is missing, removes what is no longer wanted. A route that
+    /// cannot be written does not stop the others. Returns (added, removed)
+    /// and the failures.
+    pub async fn sync(&mut self, desired: &BTreeSet<Ipv4Net>) -> (usize, usize, Vec<RouteError>) {
+        let mut failures = Vec::new();
+        let (mut added, mut removed) = (0, 0);
+        for net in desired {
+            for kind in [Kind::Blackhole, Kind::Tunnel] {
+                if self.has(kind, net) {
+                    continue;
+                }
+                match self.add(*net, kind).await {
+                    Ok(()) => {
+                        self.set(kind, *net, true);
+                        added += usize::from(kind == Kind::Tunnel);
+                    }
+                    Err(e) => failures.push(e),
+                }
+            }
         }
-        for net in &removed {
-            let route = self.message(*net);
-            // Already gone (the device went down, say) is as good as removed.
-            let _ = self.handle.route().del(route).execute().await;
-            self.installed.remove(net);
+        let stale: BTreeSet<Ipv4Net> = self
+            .installed
+            .union(&self.blackholed)
+            .filter(|net| !desired.contains(net))
+            .copied()
+            .collect();
+        for net in stale {
+            for kind in [Kind::Tunnel, Kind::Blackhole] {
+                if self.has(kind, &net) {
+                    // Already gone (the device went down, say) is as good as removed.
+                    let _ = self
+                        .handle
+                        .route()
+                        .del(self.message(net, kind))
+                        .execute()
+                        .await;
+                    self.set(kind, net, false);
+                }
+            }
+            removed += 1;
         }
-        Ok((added.len(), removed.len()))
+        (added, removed, failures)
     }
 
-    fn message(&self, net: Ipv4Net) -> netlink_packet_route::route::RouteMessage {
-        RouteMessageBuilder::<Ipv4Addr>::new()
+    fn has(&self, kind: Kind, net: &Ipv4Net) -> bool {
+        match kind {
+            Kind::Tunnel => self.installed.contains(net),
+            Kind::Blackhole => self.blackholed.contains(net),
+        }
+    }
+
+    fn set(&mut self, kind: Kind, net: Ipv4Net, present: bool) {
+        let set = match kind {
+            Kind::Tunnel => &mut self.installed,
+            Kind::Blackhole => &mut self.blackholed,
+        };
+        match present {
+            true => set.insert(net),
+            false => set.remove(&net),
+        };
+    }
+
+    /// Creates the route, never replacing one: a route already there is
+    /// someone else's (ours were adopted at start).
+    async fn add(&self, net: Ipv4Net, kind: Kind) -> Result<(), RouteError> {
+        let added = self
+            .handle
+            .route()
+            .add(self.message(net, kind))
+            .execute()
+            .await;
+        match added {
+            Ok(()) => Ok(()),
+            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::EEXIST => {
+                Err(RouteError::NotOurs {
+                    net,
+                    metric: match kind {
+                        Kind::Blackhole => format!(" metric {BLACKHOLE_METRIC}"),
+                        Kind::Tunnel => String::new(),
+                    },
+                    existing: self.describe(net).await,
+                })
+            }
+            Err(source) => Err(RouteError::Request {
+                what: format!("route {net} dev {}", self.dev),
+                source,
+            }),
+        }
+    }
+
+    /// How the kernel's routes for exactly `net` look, for an error message.
+    async fn describe(&self, net: Ipv4Net) -> String {
+        let found: Vec<String> = dump(&self.handle)
+            .await
+            .unwrap_or_default()
+            .iter()
+            .filter(|r| destination(r) == Some(net))
+            .map(|r| {
+                format!(
+                    "{:?} route, proto {}, oif {}",
+                    r.header.kind,
+                    u8::from(r.header.protocol),
+                    out_of(r).map_or("none".into(), |i| i.to_string())
+                )
+            })
+            .collect();
+        match found.is_empty() {
+            true => "the kernel says it exists".into(),
+            false => found.join("; "),
+        }
+    }
+
+    fn message(&self, net: Ipv4Net, kind: Kind) -> RouteMessage {
+        let route = RouteMessageBuilder::<Ipv4Addr>::new()
             .destination_prefix(net.network(), net.prefix_len())
-            .output_interface(self.index)
-            .build()
+            .protocol(RouteProtocol::Other(ROUTE_PROTOCOL));
+        match kind {
+            Kind::Tunnel => route.output_interface(self.index).build(),
+            Kind::Blackhole => route
+                .kind(RouteType::BlackHole)
+                .priority(BLACKHOLE_METRIC)
+                .build(),
+        }
     }
+}
+
+/// Removes every route of ours, blackholes included. Returns how many.
+pub async fn cleanup() -> Result<usize, RouteError> {
+    let (connection, handle, _) = new_connection()?;
+    tokio::spawn(connection);
+    let mut removed = 0;
+    for route in ours(&handle).await? {
+        let what = format!("deleting route {:?}", destination(&route));
+        handle
+            .route()
+            .del(route)
+            .execute()
+            .await
+            .map_err(|source| RouteError::Request { what, source })?;
+        removed += 1;
+    }
+    Ok(removed)
+}
+
+/// Every IPv4 route of the main table.
+async fn dump(handle: &Handle) -> Result<Vec<RouteMessage>, RouteError> {
+    handle
+        .route()
+        .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
+        .execute()
+        .try_collect()
+        .await
+        .map_err(|source| RouteError::Request {
+            what: "listing routes".into(),
+            source,
+        })
+}
+
+/// Every route carrying our protocol number.
+async fn ours(handle: &Handle) -> Result<Vec<RouteMessage>, RouteError> {
+    let mut routes = dump(handle).await?;
+    routes.retain(|r| r.header.protocol == RouteProtocol::Other(ROUTE_PROTOCOL));
+    Ok(routes)
+}
+
+fn destination(route: &RouteMessage) -> Option<Ipv4Net> {
+    route.attributes.iter().find_map(|a| match a {
+        RouteAttribute::Destination(RouteAddress::Inet(addr)) => {
+            Ipv4Net::new(*addr, route.header.destination_prefix_length).ok()
+        }
+        _ => None,
+    })
+}
+
+fn out_of(route: &RouteMessage) -> Option<u32> {
+    route.attributes.iter().find_map(|a| match a {
+        RouteAttribute::Oif(index) => Some(*index),
+        _ => None,
+    })
 }

@@ -1,0 +1,270 @@
+//! What a TunnelEndpoint may ask of this node beyond being well formed.
+//!
+//! A peer's views become routes into the tunnel and keys of the kernel's
+//! peer table, so an object author could otherwise send the node's LAN, the
+//! WireGuard traffic itself or the cluster's own networks into a tunnel.
+//! The checks here need no other object; those that compare peers with
+//! each other live with the reconciler's arbitration.
+
+use ipnet::Ipv4Net;
+
+use crate::peer::{Peer, Problem};
+
+/// Networks no field of any TunnelEndpoint may touch, and why.
+const RESERVED: [(&str, &str); 5] = [
+    ("0.0.0.0/8", "\"this network\" 0.0.0.0/8"),
+    ("127.0.0.0/8", "loopback 127.0.0.0/8"),
+    ("169.254.0.0/16", "link-local 169.254.0.0/16"),
+    ("224.0.0.0/4", "multicast 224.0.0.0/4"),
+    ("240.0.0.0/4", "reserved 240.0.0.0/4"),
+];
+
+/// Liqo's tenant namespaces, where its network manager writes TunnelEndpoints.
+pub const LIQO_TENANT_NAMESPACES: &str = "liqo-tenant-*";
+
+/// The shortest view a peer may have by default: a /8.
+pub const DEFAULT_MIN_PREFIX: u8 = 8;
+
+/// A network of this node or cluster that no peer may be seen under.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Protected {
+    /// The network.
+    pub net: Ipv4Net,
+    /// What it is, for the rejection message.
+    pub what: String,
+}
+
+/// The rules every TunnelEndpoint must follow.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Policy {
+    /// Namespaces a TunnelEndpoint may live in: names, or prefixes ending in `*`.
+    pub namespaces: Vec<String>,
+    /// The shortest prefix of any network of a TunnelEndpoint.
+    pub min_prefix: u8,
+    /// Networks no view may overlap: the node's own, the cluster's Pod and
+    /// Service networks.
+    pub protected: Vec<Protected>,
+}
+
+impl Default for Policy {
+    /// Liqo's namespaces, views of a /8 or longer, nothing else protected.
+    fn default() -> Self {
+        Self {
+            namespaces: vec![LIQO_TENANT_NAMESPACES.into()],
+            min_prefix: DEFAULT_MIN_PREFIX,
+            protected: Vec::new(),
+        }
+    }
+}
+
+impl Policy {
+    /// What is wrong with `peer` on its own, if anything. `extra` are more
+    /// protected networks, known only now (the cluster's nodes' PodCIDRs).
+    pub fn check(&self, peer: &Peer, extra: &[Protected]) -> Result<(), Problem> {
+        if !self.namespace_allowed(&peer.key.namespace) {
+            return Err(Problem::Namespace {
+                namespace: peer.key.namespace.clone(),
+                allowed: self.namespaces.join(","),
+            });
+        }
+        for (field, net) in peer.networks() {
+            if net.prefix_len() < self.min_prefix {
+                let min = self.min_prefix;
+                return Err(Problem::TooWide { field, net, min });
+            }
+            if let Some(what) = reserved(net) {
+                return Err(Problem::Forbidden { field, net, what });
+            }
+        }
+        for (field, net) in peer.views() {
+            if let Some(p) = self
+                .protected
+                .iter()
+                .chain(extra)
+                .find(|p| overlaps(net, p.net))
+            {
+                let what = p.what.clone();
+                return Err(Problem::Forbidden { field, net, what });
+            }
+        }
+        Ok(())
+    }
+
+    fn namespace_allowed(&self, namespace: &str) -> bool {
+        self.namespaces
+            .iter()
+            .any(|pattern| match pattern.strip_suffix('*') {
+                Some(prefix) => namespace.starts_with(prefix),
+                None => namespace == pattern,
+            })
+    }
+}
+
+/// The reserved range `net` touches, named.
+fn reserved(net: Ipv4Net) -> Option<String> {
+    RESERVED.iter().find_map(|(range, what)| {
+        let range: Ipv4Net = range.parse().expect("a valid CIDR");
+        overlaps(net, range).then(|| (*what).to_owned())
+    })
+}
+
+/// Whether two networks share an address.
+pub fn overlaps(a: Ipv4Net, b: Ipv4Net) -> bool {
+    a.contains(&b.network()) || b.contains(&a.network())
+}
+
+/// The networks of this host's own addresses, each named by its device:
+/// a view over one of them would route the node's own LAN into a tunnel.
+pub fn host_networks() -> std::io::Result<Vec<Protected>> {
+    let mut networks = Vec::new();
+    for address in nix::ifaddrs::getifaddrs()? {
+        let (Some(addr), Some(mask)) = (
+            address.address.as_ref().and_then(|a| a.as_sockaddr_in()),
+            address.netmask.as_ref().and_then(|m| m.as_sockaddr_in()),
+        ) else {
+            continue;
+        };
+        let len = u32::from(mask.ip()).leading_ones() as u8;
+        let Ok(net) = Ipv4Net::new(addr.ip(), len) else {
+            continue;
+        };
+        networks.push(Protected {
+            net: net.trunc(),
+            what: format!("the network of {} ({net})", address.interface_name),
+        });
+    }
+    Ok(networks)
+}
+
+/// This cluster's networks given on the command line, named after the flag.
+pub fn cluster_networks(pods: &[Ipv4Net], services: &[Ipv4Net]) -> Vec<Protected> {
+    let named = |nets: &[Ipv4Net], flag: &str| -> Vec<Protected> {
+        nets.iter()
+            .map(|net| Protected {
+                net: net.trunc(),
+                what: format!("this cluster's {net} ({flag})"),
+            })
+            .collect()
+    };
+    [named(pods, "--pod-cidr"), named(services, "--service-cidr")].concat()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::object::{Object, parse_documents};
+
+    /// A peer in `namespace` whose remote networks are `remote` (pod and
+    /// external, each real then as we see it).
+    fn peer(namespace: &str, remote: [&str; 4]) -> Peer {
+        let [pod, nat_pod, external, nat_external] = remote;
+        let yaml = format!(
+            "apiVersion: net.liqo.io/v1alpha1\nkind: TunnelEndpoint\nmetadata: {{name: tep, namespace: {namespace}}}\nspec:\n  localPodCIDR: 10.244.0.0/24\n  localNATPodCIDR: None\n  localExternalCIDR: 192.168.0.0/24\n  localNATExternalCIDR: None\n  remotePodCIDR: {pod}\n  remoteNATPodCIDR: {nat_pod}\n  remoteExternalCIDR: {external}\n  remoteNATExternalCIDR: {nat_external}\n  endpointIP: 203.0.113.2\n  backend_config: {{publicKey: AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=}}\n"
+        );
+        let docs = parse_documents(Path::new("t.yaml"), &yaml);
+        let Ok(Object::TunnelEndpoint(raw)) = &docs[0] else {
+            panic!("{docs:?}")
+        };
+        Peer::from_raw(raw, "t.yaml").unwrap()
+    }
+
+    const ORDINARY: [&str; 4] = ["10.1.0.0/24", "None", "192.168.2.0/24", "None"];
+
+    fn lan() -> Policy {
+        Policy {
+            protected: vec![Protected {
+                net: "172.16.1.0/24".parse().unwrap(),
+                what: "the network of lan0 (172.16.1.1/24)".into(),
+            }],
+            ..Policy::default()
+        }
+    }
+
+    fn problem(policy: &Policy, peer: &Peer) -> String {
+        policy.check(peer, &[]).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn an_ordinary_peer_passes() {
+        let p = peer("liqo-tenant-b", ORDINARY);
+        assert_eq!(lan().check(&p, &[]), Ok(()));
+    }
+
+    #[test]
+    fn views_over_everything_are_refused_naming_the_field() {
+        let p = peer(
+            "liqo-tenant-b",
+            ["0.0.0.0/1", "None", "128.0.0.0/1", "None"],
+        );
+        assert_eq!(
+            problem(&lan(), &p),
+            "field remotePodCIDR: 0.0.0.0/1 is wider than /8 (--min-view-prefix)"
+        );
+        let p = peer(
+            "liqo-tenant-b",
+            ["10.1.0.0/24", "0.0.0.0/24", "192.168.2.0/24", "None"],
+        );
+        assert_eq!(
+            problem(&lan(), &p),
+            "field remoteNATPodCIDR: 0.0.0.0/24 touches \"this network\" 0.0.0.0/8; no peer may use it"
+        );
+    }
+
+    #[test]
+    fn views_over_the_nodes_networks_or_the_clusters_are_refused() {
+        let over_lan = ["10.1.0.0/24", "172.16.1.0/24", "192.168.2.0/24", "None"];
+        assert_eq!(
+            problem(&lan(), &peer("liqo-tenant-b", over_lan)),
+            "field remoteNATPodCIDR: 172.16.1.0/24 touches the network of lan0 (172.16.1.1/24); no peer may use it"
+        );
+        let over_services = ["10.96.0.0/24", "None", "192.168.2.0/24", "None"];
+        let services = cluster_networks(&[], &["10.96.0.0/12".parse().unwrap()]);
+        let p = peer("liqo-tenant-b", over_services);
+        assert_eq!(
+            lan().check(&p, &services).unwrap_err().to_string(),
+            "field remotePodCIDR: 10.96.0.0/24 touches this cluster's 10.96.0.0/12 (--service-cidr); no peer may use it"
+        );
+        let link_local = ["10.1.0.0/24", "None", "169.254.0.0/24", "None"];
+        let p = peer("liqo-tenant-b", link_local);
+        assert!(problem(&lan(), &p).contains("link-local 169.254.0.0/16"));
+    }
+
+    #[test]
+    fn a_real_network_may_overlap_ours_but_not_be_reserved() {
+        // Double NAT: the peer's real PodCIDR is ours too, seen remapped.
+        let remapped = ["172.16.1.0/24", "10.0.0.0/24", "192.168.2.0/24", "None"];
+        assert_eq!(lan().check(&peer("liqo-tenant-b", remapped), &[]), Ok(()));
+        let loopback = ["127.0.0.0/24", "10.0.0.0/24", "192.168.2.0/24", "None"];
+        assert!(
+            problem(&lan(), &peer("liqo-tenant-b", loopback))
+                .starts_with("field remotePodCIDR: 127.0.0.0/24 touches loopback")
+        );
+    }
+
+    #[test]
+    fn only_allowed_namespaces_pass() {
+        let p = peer("default", ORDINARY);
+        assert_eq!(
+            problem(&lan(), &p),
+            "field metadata.namespace: \"default\" is not one where TunnelEndpoints are accepted (liqo-tenant-*; see --tunnelendpoint-namespaces)"
+        );
+        let more = Policy {
+            namespaces: vec![LIQO_TENANT_NAMESPACES.into(), "default".into()],
+            ..lan()
+        };
+        assert_eq!(more.check(&p, &[]), Ok(()));
+    }
+
+    #[test]
+    fn host_networks_include_loopback() {
+        let networks = host_networks().unwrap();
+        assert!(
+            networks
+                .iter()
+                .any(|p| p.net == "127.0.0.0/8".parse().unwrap() && p.what.contains("lo")),
+            "{networks:?}"
+        );
+    }
+}
