@@ -59,8 +59,9 @@ impl Gateway {
     }
 
     /// Gives the tunnel exactly the accepted peers that can have one, and
-    /// routes their networks into the device.
-    pub async fn sync(&mut self, peers: &[Peer]) {
+    /// routes their networks into the device. Returns whether every route
+    /// could be written; it logs why not.
+    pub async fn sync(&mut self, peers: &[Peer]) -> bool {
         let mut configs = Vec::new();
         let mut problems = BTreeSet::new();
         for peer in peers {
@@ -101,9 +102,11 @@ impl Gateway {
         if added + removed > 0 {
             info!(added, removed, "routes into the tunnel updated");
         }
+        let routed = failures.is_empty();
         for e in failures {
-            error!(error = %e, "routing a peer's network into the tunnel; will retry on the next change");
+            error!(error = %e, "routing a peer's network into the tunnel; will retry");
         }
+        routed
     }
 
     /// Lets through the guard exactly the configured endpoints, the

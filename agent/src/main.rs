@@ -17,7 +17,7 @@ use isthmus_agent::{
     inspect, kubernetes,
     maps::{self, Counters},
     metrics::{self, BuildInfo, Metrics},
-    object::KIND_NODE,
+    object::{KIND_NODE, KIND_TUNNEL_ENDPOINT},
     overlay::{self, Overlay, OverlayOptions, PodDevices},
     policy::{self, Policy},
     reconcile::{MappingTable, PeerTable, Reconciler, Report},
@@ -469,7 +469,7 @@ impl Host {
         if let Some(overlay) = self.overlay.as_mut()
             && let Err(e) = overlay.sync(nodes)
         {
-            error!(kind = KIND_NODE, error = %e, "updating the overlay's node table; will retry on the next change");
+            error!(kind = KIND_NODE, error = %e, "updating the overlay's node table; will retry");
             synced = false;
         }
         self.refresh_devices();
@@ -554,6 +554,7 @@ async fn follow<P: PeerTable<Error = aya::maps::MapError>, M: MappingTable<Error
     let mut terminate = unix::signal(unix::SignalKind::terminate())?;
     let mut states = tokio::time::interval(STATE_REPORT);
     let mut synced = false;
+    let mut retry = Retry::default();
     loop {
         tokio::select! {
             event = events.recv() => {
@@ -566,10 +567,12 @@ async fn follow<P: PeerTable<Error = aya::maps::MapError>, M: MappingTable<Error
                     feedback.show(status::desired(reconciler.peers(), tunnel.as_deref(), reconciler.rejections()));
                 }
                 // A node address that came or went may allow or refuse a view.
-                if !reconciler.set_policy((host.policy)()) {
+                let changed = reconciler.set_policy((host.policy)());
+                if changed {
+                    info!("this node's networks changed; checking every peer's views again");
+                } else if !retry.due() {
                     continue;
                 }
-                info!("this node's networks changed; checking every peer's views again");
             }
             _ = terminate.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
@@ -581,34 +584,74 @@ async fn follow<P: PeerTable<Error = aya::maps::MapError>, M: MappingTable<Error
         if !synced {
             continue;
         }
-        match reconciler.reconcile() {
-            Ok(report) => {
-                record(&report, metrics);
-                if let Some(feedback) = feedback {
-                    feedback.rejected(&report.new_errors);
-                }
-                match host.sync_nodes(reconciler.nodes()) {
-                    true => metrics.reconciled(),
-                    false => metrics.reconcile_failed(KIND_NODE),
-                }
-                if let Some(gateway) = gateway.as_deref_mut() {
-                    gateway.sync(reconciler.peers()).await;
-                }
+        let (report, failure) = reconciler.reconcile();
+        record(&report, metrics);
+        metrics.set_peer_ids(reconciler.peer_ids());
+        if let Some(feedback) = feedback {
+            feedback.rejected(&report.new_errors);
+        }
+        // The overlay and the tunnel follow the accepted peers even when a
+        // table could not take them all: a removed peer loses its session
+        // and routes whatever else is full.
+        let nodes_synced = host.sync_nodes(reconciler.nodes());
+        let routed = match gateway.as_deref_mut() {
+            Some(gateway) => gateway.sync(reconciler.peers()).await,
+            None => true,
+        };
+        if let Some(e) = &failure {
+            if maps::is_full(&e.source) {
+                metrics.map_full.inc();
+                error!(kind = e.kind, error = %e, "a kernel table is full: entries that did not fit are not programmed, and nothing was evicted; raise its capacity or remove objects");
+            } else {
+                error!(kind = e.kind, error = %e, "updating the kernel tables; will retry");
             }
-            Err(e) => {
-                metrics.reconcile_failed(e.kind);
-                if maps::is_full(&e.source) {
-                    metrics.map_full.inc();
-                    error!(kind = e.kind, error = %e, "a kernel table is full: entries that did not fit are not programmed, and nothing was evicted; raise its capacity or remove objects");
-                } else {
-                    error!(kind = e.kind, error = %e, "updating the kernel tables; will retry on the next change");
-                }
+        }
+        let failed = [
+            failure.map(|e| e.kind),
+            (!nodes_synced).then_some(KIND_NODE),
+            (!routed).then_some(KIND_TUNNEL_ENDPOINT),
+        ];
+        match failed.into_iter().flatten().next() {
+            None => {
+                metrics.reconciled();
+                retry = Retry::default();
+            }
+            Some(kind) => {
+                metrics.reconcile_failed(kind);
+                let wait = retry.failed();
+                debug!(retry_in = ?wait, "a pass left work undone; trying it again");
             }
         }
         metrics.set_ready();
     }
     info!("stopping; the NAT programs stay attached (`isthmus-agent cleanup` removes them)");
     Ok(())
+}
+
+/// When a pass that failed to write a kernel table is tried again, without
+/// waiting for an object to change: after 1 s, then twice as long each
+/// time, up to a minute.
+#[derive(Default)]
+struct Retry {
+    at: Option<std::time::Instant>,
+    wait: std::time::Duration,
+}
+
+impl Retry {
+    const FIRST: std::time::Duration = std::time::Duration::from_secs(1);
+    const LONGEST: std::time::Duration = std::time::Duration::from_secs(60);
+
+    /// Records a failed pass; returns how long until the next try.
+    fn failed(&mut self) -> std::time::Duration {
+        self.wait = (self.wait * 2).clamp(Self::FIRST, Self::LONGEST);
+        self.at = Some(std::time::Instant::now() + self.wait);
+        self.wait
+    }
+
+    /// Whether a failed pass is due to be tried again.
+    fn due(&self) -> bool {
+        self.at.is_some_and(|at| std::time::Instant::now() >= at)
+    }
 }
 
 /// Feeds one event to the reconciler. Returns true for the end of the initial sync.

@@ -342,6 +342,12 @@ impl Counters {
         Self::with_slots(map, EVENTS.len() as u32)
     }
 
+    /// Wraps the counters of peers' denied packets taken from a freshly
+    /// loaded object.
+    pub fn denied(map: Map) -> Result<Self, MapError> {
+        Self::with_slots(map, counters::DENY_SLOTS)
+    }
+
     fn with_slots(map: Map, slots: u32) -> Result<Self, MapError> {
         Ok(Self {
             map: map.try_into()?,
@@ -357,6 +363,11 @@ impl Counters {
     /// Opens the guard's verdict counters pinned under `root`.
     pub fn open_guard(root: &Path) -> Result<Self, MapError> {
         Self::guard(open_pinned(root, names::MAP_GUARD_STATS)?)
+    }
+
+    /// Opens the counters of peers' denied packets pinned under `root`.
+    pub fn open_denied(root: &Path) -> Result<Self, MapError> {
+        Self::denied(open_pinned(root, names::MAP_PEER_DENIED)?)
     }
 
     /// Opens the overlay's event counters pinned under `root`.

@@ -4,6 +4,7 @@
 //! packet path never waits on the agent.
 
 use std::{
+    collections::BTreeMap,
     net::SocketAddr,
     path::Path,
     sync::{
@@ -24,6 +25,7 @@ use axum::{
     response::IntoResponse,
     routing::get,
 };
+use isthmus_common::counters::{DENY_REASONS, deny_slot};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric, text::encode},
@@ -38,8 +40,9 @@ use prometheus_client::{
 use tracing::warn;
 
 use crate::{
-    maps::{Occupancy, PinnedMaps},
+    maps::{Counters, Occupancy, PinnedMaps},
     object::{KIND_NAT_MAPPING, KIND_NODE, KIND_TUNNEL_ENDPOINT},
+    peer::Peer,
     samples::DataplaneCounters,
     tunnel::{Connection, PeerStatus, Tunnel},
 };
@@ -69,7 +72,12 @@ pub struct Metrics {
     pub status_writes: Family<[(&'static str, &'static str); 1], Counter>,
     /// When the last reconcile pass brought every kernel table up to date.
     last_reconcile: Gauge<f64, AtomicU64>,
+    /// The labels of each peer, by the ID the kernel counts it under.
+    peer_labels: PeerIds,
 }
+
+/// Each peer's labels by its ID in the kernel, shared with a collector.
+type PeerIds = Arc<std::sync::RwLock<BTreeMap<u32, PeerLabels>>>;
 
 /// What `isthmus_build_info` says of this agent.
 pub struct BuildInfo<'a> {
@@ -175,6 +183,11 @@ impl Metrics {
         if let Some(tunnel) = &tunnel {
             registry.register_collector(Box::new(TunnelMetrics(tunnel.clone())));
         }
+        let peer_labels = PeerIds::default();
+        registry.register_collector(Box::new(DeniedMetrics {
+            counters: Counters::open_denied(bpffs)?,
+            peers: peer_labels.clone(),
+        }));
         Ok(Arc::new(Self {
             registry,
             ready: AtomicBool::new(false),
@@ -188,7 +201,17 @@ impl Metrics {
             conntrack_entries,
             status_writes,
             last_reconcile,
+            peer_labels,
         }))
+    }
+
+    /// Names the peers the kernel counts by ID.
+    pub fn set_peer_ids<'a>(&self, peers: impl IntoIterator<Item = (u32, &'a Peer)>) {
+        let labels = peers
+            .into_iter()
+            .map(|(id, p)| (id, peer_labels(p.label(), p.name())))
+            .collect();
+        *self.peer_labels.write().unwrap_or_else(|p| p.into_inner()) = labels;
     }
 
     /// Records a reconcile pass that brought every kernel table up to date.
@@ -274,6 +297,59 @@ fn occupancy_families(
 /// Labels of a per-peer sample.
 type PeerLabels = [(&'static str, String); 2];
 
+fn peer_labels(cluster_id: &str, cluster_name: &str) -> PeerLabels {
+    [
+        ("cluster_id", cluster_id.to_owned()),
+        ("cluster_name", cluster_name.to_owned()),
+    ]
+}
+
+/// Peers' packets the ingress NAT dropped for where they were headed, read
+/// at scrape time.
+#[derive(Debug)]
+struct DeniedMetrics {
+    counters: Counters,
+    peers: PeerIds,
+}
+
+impl Collector for DeniedMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let sums = match self.counters.read() {
+            Ok(sums) => sums,
+            Err(e) => {
+                warn!(error = %e, "reading the denied-packet counters");
+                return Ok(());
+            }
+        };
+        let peers = self.peers.read().unwrap_or_else(|p| p.into_inner()).clone();
+        // ID 0 collects the peers beyond the map's reach.
+        let beyond = DENY_REASONS
+            .iter()
+            .any(|r| sums[deny_slot(0, *r) as usize] > 0);
+        let named = peers
+            .into_iter()
+            .chain(beyond.then(|| (0, peer_labels("other", "other"))));
+        let mut family = encoder.encode_descriptor(
+            "peer_denied_packets",
+            "Packets from the peer dropped for where they were headed, by reason: a peer reaches only our Pod and External networks, its NatMapping endpoints and flows we masqueraded",
+            None,
+            MetricType::Counter,
+        )?;
+        for (id, [cluster_id, cluster_name]) in named {
+            for reason in DENY_REASONS {
+                let labels = [
+                    cluster_id.clone(),
+                    cluster_name.clone(),
+                    ("reason", reason.as_str().to_owned()),
+                ];
+                ConstCounter::new(sums[deny_slot(id, reason) as usize])
+                    .encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Encodes one metric family: a descriptor, then one sample per label set.
 fn family<M: EncodeMetric>(
     encoder: &mut DescriptorEncoder,
@@ -301,12 +377,7 @@ impl std::fmt::Debug for TunnelMetrics {
 impl Collector for TunnelMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let peers = self.0.status();
-        let label = |p: &PeerStatus| {
-            [
-                ("cluster_id", p.label.clone()),
-                ("cluster_name", p.cluster_name.clone()),
-            ]
-        };
+        let label = |p: &PeerStatus| peer_labels(&p.label, &p.cluster_name);
         let gauge = |encoder: &mut DescriptorEncoder,
                      name: &str,
                      help: &str,

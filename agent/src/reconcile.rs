@@ -325,14 +325,24 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
         &self.accepted
     }
 
+    /// The accepted peers by the ID the kernel knows each by.
+    pub fn peer_ids(&self) -> Vec<(u32, &Peer)> {
+        self.accepted
+            .iter()
+            .filter_map(|p| Some((*self.ids.get(&p.key)?, p)))
+            .collect()
+    }
+
     /// The cluster's nodes as of the last pass, by name.
     pub fn nodes(&self) -> &[Node] {
         &self.nodes
     }
 
     /// Brings the kernel tables in line with the current objects. Every
-    /// change is attempted; the first failure is returned after.
-    pub fn reconcile(&mut self) -> Result<Report, TableFailure<P::Error>> {
+    /// change is attempted, in every table; the pass's report comes with
+    /// the first failure, if any, so that whatever depends on the accepted
+    /// peers (the tunnel, the routes) follows them whatever a table said.
+    pub fn reconcile(&mut self) -> (Report, Option<TableFailure<P::Error>>) {
         let mut errors = BTreeSet::new();
         self.nodes = self.select_nodes(&mut errors);
         let accepted = self.select(&mut errors);
@@ -383,11 +393,9 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
         self.accepted = accepted;
         let failure = peer_failure
             .map(|source| (KIND_TUNNEL_ENDPOINT, source))
-            .or(mapping_failure.map(|source| (KIND_NAT_MAPPING, source)));
-        match failure {
-            Some((kind, source)) => Err(TableFailure { kind, source }),
-            None => Ok(report),
-        }
+            .or(mapping_failure.map(|source| (KIND_NAT_MAPPING, source)))
+            .map(|(kind, source)| TableFailure { kind, source });
+        (report, failure)
     }
 
     /// The NatMapping entries to program: one NatMapping per cluster, held
@@ -634,7 +642,7 @@ fn endpoint_in_a_view(peer: &Peer, accepted: &[Peer]) -> Option<Problem> {
 
 #[cfg(test)]
 mod tests {
-    use std::{convert::Infallible, path::Path};
+    use std::{io, path::Path};
 
     use super::*;
     use crate::object::parse_documents;
@@ -643,10 +651,12 @@ mod tests {
         rejections.iter().map(|r| r.message.as_str()).collect()
     }
 
-    /// A kernel table stand-in: counts every write so tests can see diffs.
+    /// A kernel table stand-in: counts every write so tests can see diffs,
+    /// and refuses new entries beyond `capacity`, as a full map does.
     struct Table<K, V> {
         entries: BTreeMap<K, V>,
         writes: usize,
+        capacity: usize,
     }
 
     impl<K, V> Default for Table<K, V> {
@@ -654,6 +664,7 @@ mod tests {
             Self {
                 entries: BTreeMap::new(),
                 writes: 0,
+                capacity: usize::MAX,
             }
         }
     }
@@ -661,16 +672,19 @@ mod tests {
     impl<K: Ord + Copy, V: PartialEq + Copy> KernelTable for Table<K, V> {
         type Key = K;
         type Value = V;
-        type Error = Infallible;
-        fn entries(&self) -> Result<Vec<(K, V)>, Infallible> {
+        type Error = io::Error;
+        fn entries(&self) -> io::Result<Vec<(K, V)>> {
             Ok(self.entries.iter().map(|(k, v)| (*k, *v)).collect())
         }
-        fn put(&mut self, key: K, value: &V, _old: Option<&V>) -> Result<(), Infallible> {
+        fn put(&mut self, key: K, value: &V, _old: Option<&V>) -> io::Result<()> {
+            if !self.entries.contains_key(&key) && self.entries.len() == self.capacity {
+                return Err(io::Error::from_raw_os_error(libc::E2BIG));
+            }
             self.entries.insert(key, *value);
             self.writes += 1;
             Ok(())
         }
-        fn delete(&mut self, key: K, _old: &V) -> Result<(), Infallible> {
+        fn delete(&mut self, key: K, _old: &V) -> io::Result<()> {
             self.entries.remove(&key);
             self.writes += 1;
             Ok(())
@@ -707,7 +721,7 @@ mod tests {
             "b.yaml".into(),
             docs("b.yaml", &tep("b", "10.0.0.0/24", "10.0.1.0/24")),
         );
-        let report = r.reconcile().unwrap();
+        let report = r.reconcile().0;
         assert_eq!((report.written, report.removed, report.peers), (2, 0, 1));
         drop(r);
         assert_eq!(
@@ -730,15 +744,15 @@ mod tests {
             );
             r.set_origin(file.clone(), docs(&file, &yaml));
         }
-        assert_eq!(r.reconcile().unwrap().written, 100);
+        assert_eq!(r.reconcile().0.written, 100);
         r.set_origin(
             "p7.yaml".into(),
             docs("p7.yaml", &tep("p7", "10.7.0.0/24", "10.99.1.0/24")),
         );
-        let report = r.reconcile().unwrap();
+        let report = r.reconcile().0;
         assert_eq!((report.written, report.removed), (1, 1));
         r.remove_origin("p8.yaml");
-        let report = r.reconcile().unwrap();
+        let report = r.reconcile().0;
         assert_eq!((report.written, report.removed, report.peers), (0, 2, 49));
     }
 
@@ -750,13 +764,13 @@ mod tests {
             "z.yaml".into(),
             docs("z.yaml", &tep("z", "10.0.0.0/24", "10.0.1.0/24")),
         );
-        r.reconcile().unwrap();
+        r.reconcile();
         // Sorts before z.yaml, but z was accepted first and keeps its networks.
         r.set_origin(
             "a.yaml".into(),
             docs("a.yaml", &tep("a", "10.9.0.0/24", "10.0.0.0/24")),
         );
-        let report = r.reconcile().unwrap();
+        let report = r.reconcile().0;
         assert_eq!((report.written, report.peers, report.rejected), (0, 1, 1));
         assert_eq!(
             messages(&report.new_errors),
@@ -765,10 +779,10 @@ mod tests {
             ]
         );
         // The same error is not reported twice.
-        assert!(r.reconcile().unwrap().new_errors.is_empty());
+        assert!(r.reconcile().0.new_errors.is_empty());
         // Once z goes, a is accepted.
         r.remove_origin("z.yaml");
-        let report = r.reconcile().unwrap();
+        let report = r.reconcile().0;
         assert_eq!(
             (report.peers, report.rejected, report.cleared_errors.len()),
             (1, 0, 1)
@@ -783,7 +797,7 @@ mod tests {
             "s.yaml".into(),
             docs("s.yaml", &tep("s", "10.0.1.0/24", "10.0.1.0/24")),
         );
-        let report = r.reconcile().unwrap();
+        let report = r.reconcile().0;
         assert_eq!(report.peers, 0);
         assert!(report.new_errors[0].message.contains("field remoteNATExternalCIDR (10.0.1.0/24) overlaps field remoteNATPodCIDR (10.0.1.0/24) of TunnelEndpoint liqo-tenant-x/s"), "{:?}", report.new_errors);
     }
@@ -800,7 +814,7 @@ mod tests {
             "bad.yaml".into(),
             docs("bad.yaml", &tep("bad", "10.5.0.0/99", "10.0.9.0/24")),
         );
-        let report = r.reconcile().unwrap();
+        let report = r.reconcile().0;
         assert_eq!((report.peers, report.rejected, report.written), (1, 1, 2));
         assert!(
             report.new_errors[0]
@@ -824,6 +838,42 @@ mod tests {
     }
 
     #[test]
+    fn a_full_natmapping_table_still_lets_peers_come_and_go() {
+        let mut peers = Peers::default();
+        let mut mappings = Mappings {
+            capacity: 0,
+            ..Mappings::default()
+        };
+        let mut r = Reconciler::new(&mut peers, &mut mappings).unwrap();
+        let b = with_cluster_id(tep("b", "10.0.0.0/24", "10.0.1.0/24"), "cluster-b");
+        let c = with_cluster_id(tep("c", "10.0.2.0/24", "10.0.3.0/24"), "cluster-c");
+        let entry = [("10.1.0.5".to_owned(), "192.168.0.45".to_owned())];
+        r.set_origin("b.yaml".into(), docs("b.yaml", &b));
+        r.set_origin("c.yaml".into(), docs("c.yaml", &c));
+        r.set_origin(
+            "nm.yaml".into(),
+            docs("nm.yaml", &natmapping("cluster-b", &entry)),
+        );
+        let (report, failure) = r.reconcile();
+        assert_eq!(failure.map(|f| f.kind), Some(KIND_NAT_MAPPING));
+        assert_eq!((report.peers, report.written), (2, 4));
+        // c goes while the NatMapping table is still full: the report
+        // says so, for the tunnel and the routes to follow.
+        r.remove_origin("c.yaml");
+        let (report, failure) = r.reconcile();
+        assert!(failure.is_some(), "the NatMapping entry still does not fit");
+        assert_eq!(
+            report.dropped,
+            [ObjectKey {
+                namespace: "liqo-tenant-x".into(),
+                name: "c".into()
+            }]
+        );
+        assert_eq!(r.peers().len(), 1);
+        assert_eq!(report.removed, 2);
+    }
+
+    #[test]
     fn a_restart_that_reads_the_same_objects_writes_nothing() {
         let mut table = Peers::default();
         let yaml = format!(
@@ -834,7 +884,7 @@ mod tests {
         {
             let mut r = reconciler(&mut table);
             r.set_origin("x.yaml".into(), docs("x.yaml", &yaml));
-            r.reconcile().unwrap();
+            r.reconcile();
         }
         // Reverse the acceptance order: adopted IDs still match the kernel.
         let writes = table.writes;
@@ -845,7 +895,7 @@ mod tests {
             tep("b", "10.0.0.0/24", "10.0.1.0/24")
         );
         r.set_origin("x.yaml".into(), docs("x.yaml", &swapped));
-        let report = r.reconcile().unwrap();
+        let report = r.reconcile().0;
         assert_eq!((report.written, report.removed), (0, 0));
         drop(r);
         assert_eq!(table.writes, writes);
@@ -886,7 +936,7 @@ mod tests {
             None,
         );
         r.set_origin("b.yaml".into(), docs("b.yaml", &first));
-        r.reconcile().unwrap();
+        r.reconcile();
         let same_key = tep_of(
             "k",
             ("10.0.2.0/24", "10.0.3.0/24"),
@@ -903,7 +953,7 @@ mod tests {
         );
         r.set_origin("k.yaml".into(), docs("k.yaml", &same_key));
         r.set_origin("c.yaml".into(), docs("c.yaml", &same_cluster));
-        let report = r.reconcile().unwrap();
+        let report = r.reconcile().0;
         assert_eq!((report.peers, report.rejected), (1, 2));
         assert_eq!(
             messages(&report.new_errors),
@@ -927,7 +977,7 @@ mod tests {
             None,
         );
         r.set_origin("o.yaml".into(), docs("o.yaml", &own));
-        let report = r.reconcile().unwrap();
+        let report = r.reconcile().0;
         assert_eq!(
             messages(&report.new_errors),
             [
@@ -942,7 +992,7 @@ mod tests {
             None,
         );
         r.set_origin("o.yaml".into(), docs("o.yaml", &b));
-        r.reconcile().unwrap();
+        r.reconcile();
         // Another's endpoint in a newcomer's view, and the reverse.
         let over_b = tep_of(
             "v",
@@ -960,7 +1010,7 @@ mod tests {
         );
         r.set_origin("v.yaml".into(), docs("v.yaml", &over_b));
         r.set_origin("u.yaml".into(), docs("u.yaml", &under_b));
-        let report = r.reconcile().unwrap();
+        let report = r.reconcile().0;
         assert_eq!(report.peers, 1);
         assert_eq!(
             messages(&report.new_errors),
@@ -993,7 +1043,7 @@ mod tests {
         r.set_origin("all.yaml".into(), docs("all.yaml", &everything));
         r.set_origin("p.yaml".into(), docs("p.yaml", &our_pods));
         r.set_origin("l.yaml".into(), docs("l.yaml", &lan));
-        let report = r.reconcile().unwrap();
+        let report = r.reconcile().0;
         assert_eq!(
             report.peers, 1,
             "only l passes: the LAN is not protected yet"
@@ -1014,7 +1064,7 @@ mod tests {
         };
         assert!(r.set_policy(lan_protected.clone()));
         assert!(!r.set_policy(lan_protected));
-        let report = r.reconcile().unwrap();
+        let report = r.reconcile().0;
         assert_eq!((report.peers, report.removed), (0, 2));
         drop(r);
         assert!(table.entries.is_empty(), "the kernel still holds a view");
@@ -1041,7 +1091,7 @@ mod tests {
         let mut r = reconciler(&mut table);
         r.set_origin("b.yaml".into(), docs("b.yaml", &x));
         r.set_origin("a.yaml".into(), docs("a.yaml", &y));
-        assert_eq!(r.reconcile().unwrap().added[0].key.name, "x");
+        assert_eq!(r.reconcile().0.added[0].key.name, "x");
         drop(r);
         // Without timestamps, a restarted agent keeps what the kernel
         // holds, although y's file now sorts first.
@@ -1053,7 +1103,7 @@ mod tests {
         let mut r = reconciler(&mut table);
         r.set_origin("b.yaml".into(), docs("b.yaml", &strip(&x)));
         r.set_origin("a.yaml".into(), docs("a.yaml", &strip(&y)));
-        let report = r.reconcile().unwrap();
+        let report = r.reconcile().0;
         assert_eq!(
             report
                 .added
@@ -1097,7 +1147,7 @@ mod tests {
             "nm.yaml".into(),
             docs("nm.yaml", &natmapping("cluster-a", &entry)),
         );
-        let report = r.reconcile().unwrap();
+        let report = r.reconcile().0;
         assert_eq!((report.mappings, report.rejected), (0, 1));
         assert_eq!(
             messages(&report.new_errors),
@@ -1107,7 +1157,7 @@ mod tests {
         );
         let tep_a = with_cluster_id(tep("a", "10.0.40.0/24", "10.0.41.0/24"), "cluster-a");
         r.set_origin("a.yaml".into(), docs("a.yaml", &tep_a));
-        let report = r.reconcile().unwrap();
+        let report = r.reconcile().0;
         assert_eq!(
             (
                 report.mappings,
@@ -1137,7 +1187,7 @@ mod tests {
             "nm.yaml".into(),
             docs("nm.yaml", &natmapping("cluster-a", &entries)),
         );
-        let report = r.reconcile().unwrap();
+        let report = r.reconcile().0;
         assert_eq!(report.mappings, 1);
         assert_eq!(
             messages(&report.new_errors),
@@ -1172,14 +1222,14 @@ mod tests {
             "nm.yaml".into(),
             docs("nm.yaml", &natmapping("cluster-a", &entries)),
         );
-        let report = r.reconcile().unwrap();
+        let report = r.reconcile().0;
         assert_eq!((report.mappings, report.mappings_written), (10_000, 10_000));
         entries[4321].0 = "10.3.0.1".into();
         r.set_origin(
             "nm.yaml".into(),
             docs("nm.yaml", &natmapping("cluster-a", &entries)),
         );
-        let report = r.reconcile().unwrap();
+        let report = r.reconcile().0;
         assert_eq!(
             (
                 report.mappings_written,
@@ -1193,7 +1243,7 @@ mod tests {
             "nm.yaml".into(),
             docs("nm.yaml", &natmapping("cluster-a", &entries)),
         );
-        let report = r.reconcile().unwrap();
+        let report = r.reconcile().0;
         assert_eq!((report.mappings_written, report.mappings_removed), (0, 1));
         drop(r);
         assert_eq!(mappings.writes, 10_002);

@@ -50,6 +50,57 @@ pub enum DropReason {
     ConntrackFull = 0,
     /// Every masquerade port towards that peer was taken.
     NoFreePort = 1,
+    /// A peer's packet, once translated, was for somewhere the peer may not
+    /// reach (see [`DenyReason`]).
+    Denied = 2,
+}
+
+/// Where a peer's packet was headed that it may not reach: after the
+/// ingress translation, a peer reaches only our Pod and External networks,
+/// its NatMapping endpoints, and the sources of flows we masqueraded.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DenyReason {
+    /// One of the cluster's nodes.
+    NodeAddress = 0,
+    /// Another peer's networks, with no NatMapping of this peer's to it.
+    OtherPeer = 1,
+    /// Anywhere else outside our networks: a ClusterIP, the internet.
+    OutsideOurNetworks = 2,
+    /// A packet from a peer's network that could not be parsed.
+    Unparseable = 3,
+}
+
+/// Every deny reason, in slot order.
+pub const DENY_REASONS: [DenyReason; 4] = [
+    DenyReason::NodeAddress,
+    DenyReason::OtherPeer,
+    DenyReason::OutsideOurNetworks,
+    DenyReason::Unparseable,
+];
+
+/// Peer IDs with counters of their own in the denied-packets map; a larger
+/// ID counts under ID 0.
+pub const DENY_PEERS: u32 = names::MAX_PEER_NETWORKS / 2;
+/// Number of slots in the denied-packets map.
+pub const DENY_SLOTS: u32 = DENY_PEERS * DENY_REASONS.len() as u32;
+
+/// Index of the counter of packets from peer `peer_id` denied for `reason`.
+pub const fn deny_slot(peer_id: u32, reason: DenyReason) -> u32 {
+    let peer = if peer_id < DENY_PEERS { peer_id } else { 0 };
+    peer * DENY_REASONS.len() as u32 + reason as u32
+}
+
+impl DenyReason {
+    /// Lower-case name used in metrics.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DenyReason::NodeAddress => "node_address",
+            DenyReason::OtherPeer => "other_peer",
+            DenyReason::OutsideOurNetworks => "outside_our_networks",
+            DenyReason::Unparseable => "unparseable",
+        }
+    }
 }
 
 /// Which rule rewrote a packet; one packet may have several.
@@ -76,7 +127,11 @@ pub const OUTCOMES: [Outcome; 4] = [
     Outcome::Dropped,
 ];
 /// Every drop reason, in slot order.
-pub const DROP_REASONS: [DropReason; 2] = [DropReason::ConntrackFull, DropReason::NoFreePort];
+pub const DROP_REASONS: [DropReason; 3] = [
+    DropReason::ConntrackFull,
+    DropReason::NoFreePort,
+    DropReason::Denied,
+];
 /// Every kind of rule, in slot order.
 pub const KINDS: [Kind; 3] = [Kind::Prefix, Kind::NatMapping, Kind::Masquerade];
 
@@ -149,6 +204,7 @@ impl DropReason {
         match self {
             DropReason::ConntrackFull => "conntrack_full",
             DropReason::NoFreePort => "no_free_port",
+            DropReason::Denied => "denied",
         }
     }
 }
@@ -192,6 +248,17 @@ mod tests {
             }
         }
         assert!(seen.iter().all(|s| *s));
+    }
+
+    #[test]
+    fn deny_slots_are_distinct_and_a_large_id_counts_as_zero() {
+        let last = deny_slot(DENY_PEERS - 1, DenyReason::Unparseable);
+        assert_eq!(last, DENY_SLOTS - 1);
+        assert_eq!(deny_slot(1, DenyReason::NodeAddress), 4);
+        assert_eq!(
+            deny_slot(DENY_PEERS, DenyReason::OtherPeer),
+            deny_slot(0, DenyReason::OtherPeer)
+        );
     }
 
     #[test]

@@ -10,6 +10,10 @@ pub const MAP_PREFIX_LENS: &str = "ist_prefix_lens";
 /// Per-CPU array of packet counters, indexed by [`crate::counters::slot`].
 pub const MAP_COUNTERS: &str = "ist_counters";
 
+/// Per-CPU array of peers' packets denied, indexed by
+/// [`crate::counters::deny_slot`].
+pub const MAP_PEER_DENIED: &str = "ist_peer_denied";
+
 /// Hash: NatMapping DNAT, ([`crate::nat::MappingKey`] of an externalIP) →
 /// endpointIP, both wire order.
 pub const MAP_NATMAP: &str = "ist_natmap";
@@ -51,10 +55,11 @@ pub const MAP_OVERLAY_STATS: &str = "ist_overlay_st";
 pub const MAP_POD_DEVS: &str = "ist_pod_devs";
 
 /// Every map the agent pins, in the order it reports them.
-pub const MAPS: [&str; 16] = [
+pub const MAPS: [&str; 17] = [
     MAP_PEERS,
     MAP_PREFIX_LENS,
     MAP_COUNTERS,
+    MAP_PEER_DENIED,
     MAP_NATMAP,
     MAP_NATMAP_REV,
     MAP_CONNTRACK,

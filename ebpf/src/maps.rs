@@ -5,7 +5,7 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use isthmus_common::{
-    counters::{self, Direction, DropReason, KINDS, Link, Outcome},
+    counters::{self, DENY_SLOTS, DenyReason, Direction, DropReason, KINDS, Link, Outcome},
     guard::{GuardConfig, GuardSource, VERDICTS, Verdict},
     names::{
         DEFAULT_NAT_MAPPINGS, MAX_GUARD_INDEXES, MAX_GUARD_SOURCES, MAX_NODES, MAX_PEER_NETWORKS,
@@ -34,6 +34,16 @@ static NATMAP_REV: HashMap<MappingKey, u32, { DEFAULT_NAT_MAPPINGS as usize }> =
 /// Packets per direction and outcome; summed over CPUs by the agent.
 #[btf_map(name = "ist_counters")]
 static COUNTERS: PerCpuArray<u64, { counters::SLOTS as usize }> = PerCpuArray::new();
+
+/// Peers' packets denied, by peer and reason; summed over CPUs by the agent.
+#[btf_map(name = "ist_peer_denied")]
+static PEER_DENIED: PerCpuArray<u64, { DENY_SLOTS as usize }> = PerCpuArray::new();
+
+/// Counts a packet of peer `peer_id` denied for `reason`.
+#[inline(always)]
+pub fn count_denied(peer_id: u32, reason: DenyReason) {
+    increment(&PEER_DENIED, counters::deny_slot(peer_id, reason));
+}
 
 /// The peer whose networks hold `addr` (wire order), if any: one hash
 /// lookup per prefix length in use, longest first.

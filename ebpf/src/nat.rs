@@ -12,7 +12,7 @@ use aya_ebpf::{
 };
 use isthmus_common::{
     conntrack::PROTO_ICMP,
-    counters::{Direction, DropReason, Kind, Link, Outcome},
+    counters::{DenyReason, Direction, DropReason, Kind, Link, Outcome},
     nat::{PeerNat, find_rule},
 };
 
@@ -67,15 +67,26 @@ enum Verdict {
     Passed,
     /// A flow that needed masquerading could not have it.
     Dropped(DropReason),
+    /// A packet from peer `.0` for somewhere it may not reach.
+    Denied(u32, DenyReason),
 }
 
-/// Entry point shared by every NAT program. Drops only what must be
-/// masqueraded and cannot be: a packet that is not ours or cannot be parsed
-/// goes on untouched, and is counted.
+/// Entry point shared by every NAT program. Drops what must be masqueraded
+/// and cannot be, and what a peer sends where it may not reach; a packet
+/// that is no peer's, or that we send and cannot parse, goes on untouched.
+/// Each packet is counted.
 #[inline(always)]
 pub fn run(ctx: &TcContext, l3: usize, direction: Direction) -> i32 {
     let link = Link::of_l3(l3);
-    let (outcome, action) = match translate(ctx, l3, direction) {
+    let verdict = translate(ctx, l3, direction).or_else(|Malformed| match direction {
+        // A peer does not get in by sending what we cannot read.
+        Direction::Ingress => match unparseable_from(ctx, l3) {
+            Some(peer_id) => Ok(Verdict::Denied(peer_id, DenyReason::Unparseable)),
+            None => Err(Malformed),
+        },
+        Direction::Egress => Err(Malformed),
+    });
+    let (outcome, action) = match verdict {
         Ok(Verdict::Translated(kinds)) => {
             maps::count_kinds(link, direction, kinds);
             (Outcome::Translated, TC_ACT_UNSPEC)
@@ -83,6 +94,11 @@ pub fn run(ctx: &TcContext, l3: usize, direction: Direction) -> i32 {
         Ok(Verdict::Passed) => (Outcome::Passed, TC_ACT_UNSPEC),
         Ok(Verdict::Dropped(reason)) => {
             maps::count_drop(link, direction, reason);
+            (Outcome::Dropped, TC_ACT_SHOT)
+        }
+        Ok(Verdict::Denied(peer_id, reason)) => {
+            maps::count_drop(link, direction, DropReason::Denied);
+            maps::count_denied(peer_id, reason);
             (Outcome::Dropped, TC_ACT_SHOT)
         }
         Err(Malformed) => (Outcome::Unparseable, TC_ACT_UNSPEC),
@@ -133,7 +149,13 @@ fn translate(ctx: &TcContext, l3: usize, direction: Direction) -> Result<Verdict
             Err(Refused::Full) => return Ok(Verdict::Dropped(DropReason::ConntrackFull)),
             Err(Refused::NoPort) => return Ok(Verdict::Dropped(DropReason::NoFreePort)),
         },
-        Direction::Ingress => ingress(peer, &pkt, own),
+        Direction::Ingress => {
+            let rewrite = ingress(peer, &pkt, own);
+            if let Some(reason) = denied(peer, &rewrite) {
+                return Ok(Verdict::Denied(peer.peer_id, reason));
+            }
+            rewrite
+        }
     };
     let mut translated = false;
     let mut kinds = 0;
@@ -225,6 +247,41 @@ fn ingress(peer: &PeerNat, pkt: &Packet, own: u32) -> Rewrite {
         };
     }
     endpoint_of(peer, real)
+}
+
+/// Why a packet from `peer`, translated by `rewrite`, may not go on, if it
+/// may not: it goes on only into our Pod and External networks (where the
+/// peer's ingress rules lead), to an endpoint the peer's NatMapping named,
+/// or back to the source of a flow we masqueraded.
+#[inline(always)]
+fn denied(peer: &PeerNat, rewrite: &Rewrite) -> Option<DenyReason> {
+    let resolved = Kind::NatMapping.bit() | Kind::Masquerade.bit();
+    let dst = rewrite.addr;
+    if rewrite.kinds & resolved != 0
+        || peer
+            .ingress
+            .iter()
+            .any(|rule| rule.active != 0 && dst & rule.mask == rule.to)
+    {
+        return None;
+    }
+    Some(if maps::is_node(dst) {
+        DenyReason::NodeAddress
+    } else if maps::peer(dst).is_some() {
+        DenyReason::OtherPeer
+    } else {
+        DenyReason::OutsideOurNetworks
+    })
+}
+
+/// The peer a packet comes from when only its IPv4 source can be read.
+#[inline(always)]
+fn unparseable_from(ctx: &TcContext, l3: usize) -> Option<u32> {
+    if ctx.skb.protocol() != ETH_P_IP {
+        return None;
+    }
+    let src = ctx.load::<u32>(l3 + ip::SRC).ok()?;
+    maps::peer(src).map(|peer| peer.peer_id)
 }
 
 /// The stateless rules alone (prefix remap and NatMapping), for headers

@@ -545,3 +545,57 @@ fn forged_handshake_responses_do_not_take_a_peers_traffic() {
         );
     }
 }
+
+/// A known peer's packets reach our Pod networks, and nothing else of ours:
+/// one to a node's address is dropped by a-gw's ingress NAT and counted for
+/// that peer.
+#[test]
+fn a_known_peer_reaches_our_pods_but_not_our_nodes() {
+    let (mut outsider, object) = known_outsider();
+    let gw = A.gw();
+    let port = next_port();
+    let bind = |ns: &str| {
+        let socket = netns::run_in(ns, || UdpSocket::bind((Ipv4Addr::UNSPECIFIED, port)))
+            .unwrap()
+            .unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .unwrap();
+        socket
+    };
+    let (node, pod) = (bind(&A.node()), bind(&A.pod(1)));
+    let to = |dst: Ipv4Addr| {
+        Datagram::new(
+            [10, 77, 0, 9],
+            dst.octets(),
+            L4::Udp {
+                sport: 4000,
+                dport: port,
+                payload: b"from a peer".to_vec(),
+                zero_csum: false,
+            },
+        )
+        .bytes()
+    };
+    let denied = || {
+        sample(
+            &gw,
+            "isthmus_peer_denied_packets_total{cluster_id=\"cluster-outsider\",cluster_name=\"tep-outsider\",reason=\"node_address\"}",
+        )
+    };
+    let before = denied();
+    outsider.send_inner(&to(A.lan_node()));
+    wait_for("a-gw counts the denied packet", || denied() > before);
+    outsider.send_inner(&to(A.pod_addr(1)));
+    let mut buf = [0u8; 64];
+    let (n, _) = pod.recv_from(&mut buf).expect("a-pod1 got nothing");
+    assert_eq!(&buf[..n], b"from a peer");
+    assert!(
+        node.recv_from(&mut buf).is_err(),
+        "the peer's packet reached a-node's address"
+    );
+    fs::remove_file(&object).unwrap();
+    wait_for("a-gw drops the outsider", || {
+        sample(&gw, "isthmus_peers ") == 1.0
+    });
+}

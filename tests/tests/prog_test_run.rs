@@ -10,14 +10,14 @@ use aya::{Ebpf, EbpfLoader, programs::SchedClassifier};
 use isthmus_agent::{
     conntrack::Conntrack,
     dataplane::OBJECT,
-    maps::{Counters, MappingMap, PeerMap},
+    maps::{Counters, MappingMap, PeerMap, PresenceSet},
     object::{Object, parse_documents},
     peer::Peer,
     reconcile::KernelTable,
 };
 use isthmus_common::{
     conntrack::Timeouts,
-    counters::{self, Direction, DropReason, Kind, Link, Outcome},
+    counters::{self, DenyReason, Direction, DropReason, Kind, Link, Outcome},
     names,
     nat::{MappingKey, wire},
 };
@@ -61,10 +61,12 @@ spec:
   remoteNATExternalCIDR: None
 ";
 
-/// The object loaded fresh (nothing pinned), with cluster a's peers.
+/// The object loaded fresh (nothing pinned), with cluster a's peers and
+/// nodes.
 struct Harness {
     ebpf: Ebpf,
     counters: Counters,
+    denied: Counters,
     conntrack: Conntrack,
 }
 
@@ -122,10 +124,17 @@ impl Harness {
         conntrack
             .set_masquerade(masquerade.map(Ipv4Addr::from))
             .unwrap();
+        let mut nodes: PresenceSet<u32> =
+            PresenceSet::new(ebpf.take_map(names::MAP_NODE_ADDRS).unwrap()).unwrap();
+        for node in [NODE, NODE2] {
+            nodes.put(wire(node), &1, None).unwrap();
+        }
         let counters = Counters::new(ebpf.take_map(names::MAP_COUNTERS).unwrap()).unwrap();
+        let denied = Counters::denied(ebpf.take_map(names::MAP_PEER_DENIED).unwrap()).unwrap();
         Self {
             ebpf,
             counters,
+            denied,
             conntrack,
         }
     }
@@ -795,4 +804,95 @@ fn a_full_table_drops_new_flows_evicts_none_and_dead_flows_are_collected() {
     let gone = h.conntrack.collect(last + 61 * SECOND, &timeouts).unwrap();
     assert_eq!((gone.live, gone.removed), (0, 4));
     h.expect(Egress, &third, &third.between(A_MASQ_AT_B, B_POD1));
+}
+
+/// After the ingress translation, a peer reaches only our networks, its
+/// NatMapping endpoints and the sources of flows we masqueraded. Anything
+/// else it sends is dropped, and counted for that peer and reason; what we
+/// send and cannot parse still goes.
+#[test]
+fn a_peer_reaches_only_our_networks_its_mappings_and_our_flows() {
+    use Direction::{Egress, Ingress};
+    let h = Harness::build(Some(A_MASQ), names::DEFAULT_CONNTRACK);
+    let mut truncated = tcp_header_cut_at(10);
+    truncated[12..16].copy_from_slice(&B_POD1);
+    truncated[16..20].copy_from_slice(&A_POD1_AT_B);
+    truncated[10..12].fill(0);
+    let check = xtask::probe::internet_checksum(&truncated[..20]);
+    truncated[10..12].copy_from_slice(&check.to_be_bytes());
+    let denied = [
+        (
+            "to a node address",
+            udp(B_POD1, NODE).bytes(),
+            1,
+            DenyReason::NodeAddress,
+        ),
+        (
+            "to peer s, with no NatMapping",
+            udp(B_POD1, S_POD).bytes(),
+            1,
+            DenyReason::OtherPeer,
+        ),
+        (
+            "to a ClusterIP",
+            tcp(B_POD2, [10, 96, 0, 10]).bytes(),
+            1,
+            DenyReason::OutsideOurNetworks,
+        ),
+        (
+            "from s to b's pods",
+            udp(S_POD, B_POD1).bytes(),
+            2,
+            DenyReason::OtherPeer,
+        ),
+        (
+            "that cannot be parsed",
+            truncated.clone(),
+            1,
+            DenyReason::Unparseable,
+        ),
+    ];
+    for (name, packet, peer, reason) in denied {
+        let frame = eth_ipv4(&packet);
+        let before = (h.counters.read().unwrap(), h.denied.read().unwrap());
+        let (ret, out) = h.run(Ingress, &frame);
+        let after = (h.counters.read().unwrap(), h.denied.read().unwrap());
+        assert_eq!((ret, out), (DROP, frame), "{name}: dropped, untouched");
+        let moved = |b: &[u64], a: &[u64]| -> Vec<usize> {
+            (0..b.len()).filter(|i| a[*i] != b[*i]).collect()
+        };
+        let mut want = vec![
+            counters::outcome_slot(Link::Eth, Ingress, Outcome::Dropped) as usize,
+            counters::drop_slot(Link::Eth, Ingress, DropReason::Denied) as usize,
+        ];
+        want.sort();
+        assert_eq!(moved(&before.0, &after.0), want, "{name}: NAT counters");
+        assert_eq!(
+            moved(&before.1, &after.1),
+            [counters::deny_slot(peer, reason) as usize],
+            "{name}: counted for peer {peer} as {}",
+            reason.as_str()
+        );
+    }
+    // Allowed: our pods, the endpoint b's NatMapping names, a flow we masqueraded.
+    h.expect(Ingress, &udp(B_POD1, A_POD1_AT_B), &udp(B_POD1, A_POD1));
+    h.expect(Ingress, &udp(B_POD1, MAPPED_EXT_AT_B), &udp(B_POD1, S_POD));
+    h.expect(
+        Egress,
+        &tcp_ports(NODE, B_POD1, 40100, 80),
+        &tcp_ports(A_MASQ_AT_B, B_POD1, 40100, 80),
+    );
+    h.expect(
+        Ingress,
+        &tcp_ports(B_POD1, A_MASQ_AT_B, 80, 40100),
+        &tcp_ports(B_POD1, NODE, 80, 40100),
+    );
+    // What we send and cannot parse goes on, as before.
+    let mut ours = truncated;
+    ours[12..20].copy_from_slice(&[A_POD1, B_POD1].concat());
+    assert_eq!(
+        h.run(Egress, &eth_ipv4(&ours)).0,
+        HAND_ON,
+        "our own unparseable packet"
+    );
 }
