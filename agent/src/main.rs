@@ -132,9 +132,14 @@ struct RunArgs {
     /// Directory on bpffs to pin programs, links and maps under.
     #[arg(long, default_value = "/sys/fs/bpf/isthmus")]
     bpffs: PathBuf,
-    /// Address of the metrics and health endpoints.
-    #[arg(long, default_value = "0.0.0.0:9873")]
-    metrics_addr: SocketAddr,
+    /// Address of the metrics and health endpoints; by default this node's
+    /// address (`--node-ip`) on port 9873, else loopback.
+    #[arg(long)]
+    metrics_addr: Option<SocketAddr>,
+    /// This node's address, where the metrics are served by default (the
+    /// DaemonSet gives the pod's `status.hostIP`).
+    #[arg(long, env = "NODE_IP")]
+    node_ip: Option<Ipv4Addr>,
     /// Gateway: the tunnel-facing device the NAT programs attach to.
     #[arg(long, default_value = "isthmus0")]
     nat_dev: String,
@@ -381,9 +386,16 @@ async fn run(args: RunArgs) -> Result<()> {
         },
     )
     .context("opening the pinned maps for the metrics")?;
-    metrics::serve(args.metrics_addr, metrics.clone())
+    let metrics_addr = args.metrics_addr.unwrap_or_else(|| {
+        let ip = args.node_ip.unwrap_or_else(|| {
+            warn!("no --node-ip nor --metrics-addr: metrics are served on loopback only");
+            Ipv4Addr::LOCALHOST
+        });
+        SocketAddr::from((ip, metrics::DEFAULT_PORT))
+    });
+    metrics::serve(metrics_addr, metrics.clone())
         .await
-        .with_context(|| format!("serving metrics on {}", args.metrics_addr))?;
+        .with_context(|| format!("serving metrics on {metrics_addr}"))?;
     tokio::spawn(collect_flows(
         conntrack,
         Counters::open(&args.bpffs)?,

@@ -176,9 +176,11 @@ impl Metrics {
             "The agent's version, the kernel, how its programs are attached, its node and role; always 1",
             build_info,
         );
+        let occupancy = Occupancies::default();
+        count_occupancy(PinnedMaps::open(bpffs)?, occupancy.clone());
         registry.register_collector(Box::new(DataplaneMetrics {
             counters: DataplaneCounters::open(bpffs)?,
-            maps: PinnedMaps::open(bpffs)?,
+            occupancy,
         }));
         if let Some(tunnel) = &tunnel {
             registry.register_collector(Box::new(TunnelMetrics(tunnel.clone())));
@@ -239,11 +241,42 @@ impl Metrics {
     }
 }
 
-/// The dataplane's counters and how full each map is, read at scrape time.
+/// The dataplane's counters, read at scrape time, and how full each map
+/// is, as last counted.
 #[derive(Debug)]
 struct DataplaneMetrics {
     counters: DataplaneCounters,
-    maps: PinnedMaps,
+    occupancy: Occupancies,
+}
+
+/// How full each map was when last counted: walking a big hash map's keys
+/// takes a while, so it is done on a timer, off the async runtime, and a
+/// scrape reads the result.
+type Occupancies = Arc<std::sync::Mutex<Vec<Occupancy>>>;
+
+/// How often map occupancy is counted.
+const OCCUPANCY_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Counts map occupancy now, then every [`OCCUPANCY_EVERY`], on a thread
+/// of its own.
+fn count_occupancy(maps: PinnedMaps, into: Occupancies) {
+    let count = move || {
+        match maps.occupancy() {
+            Ok(counted) => *into.lock().unwrap_or_else(|p| p.into_inner()) = counted,
+            Err(e) => warn!(error = %e, "counting map entries"),
+        }
+        std::thread::sleep(OCCUPANCY_EVERY);
+    };
+    if let Err(e) = std::thread::Builder::new()
+        .name("map-occupancy".into())
+        .spawn(move || {
+            loop {
+                count()
+            }
+        })
+    {
+        warn!(error = %e, "starting the map occupancy counter: map occupancy will not be reported");
+    }
 }
 
 impl Collector for DataplaneMetrics {
@@ -260,11 +293,12 @@ impl Collector for DataplaneMetrics {
             }
             Err(e) => warn!(error = %e, "reading the per-CPU counters"),
         }
-        match self.maps.occupancy() {
-            Ok(maps) => occupancy_families(&mut encoder, &maps)?,
-            Err(e) => warn!(error = %e, "counting map entries"),
-        }
-        Ok(())
+        let occupancy = self
+            .occupancy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        occupancy_families(&mut encoder, &occupancy)
     }
 }
 
@@ -523,6 +557,9 @@ impl Collector for TunnelMetrics {
     }
 }
 
+/// The port of the metrics and health endpoints unless told otherwise.
+pub const DEFAULT_PORT: u16 = 9873;
+
 /// Binds `addr` and serves `/metrics`, `/healthz` and `/readyz` until the
 /// process exits. Binding happens before returning, so a busy port fails here.
 pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
@@ -541,9 +578,11 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<(
 }
 
 /// Serves OpenMetrics to a scraper that asks for it (Prometheus does), and
-/// the classic text format to anything else (`curl`, `promtool`).
+/// the classic text format to anything else (`curl`, `promtool`). Reading
+/// the kernel's counters takes system calls: done on a blocking thread, so
+/// that scrapes, however many, never hold up `/healthz`.
 async fn scrape(State(metrics): State<Arc<Metrics>>, headers: HeaderMap) -> impl IntoResponse {
-    let Ok(body) = metrics.text() else {
+    let Ok(Ok(body)) = tokio::task::spawn_blocking(move || metrics.text()).await else {
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     };
     let openmetrics = headers

@@ -183,16 +183,20 @@ impl Timeouts {
     };
 
     /// Seconds a flow lives after its last packet, given both directions.
+    /// A TCP flow is established only once its reply direction has said
+    /// something: a bare ACK from one side (anyone can send one) would
+    /// otherwise hold an entry for six hours.
     pub const fn lifetime(&self, proto: u8, out: TcpState, back: TcpState) -> u64 {
         let state = if (out as u8) > (back as u8) {
             out
         } else {
             back
         };
+        let answered = !matches!(back, TcpState::None);
         match (proto, state) {
             (PROTO_TCP, TcpState::Rst) => self.tcp_rst,
             (PROTO_TCP, TcpState::Fin) => self.tcp_fin,
-            (PROTO_TCP, TcpState::Established) => self.tcp_established,
+            (PROTO_TCP, TcpState::Established) if answered => self.tcp_established,
             (PROTO_TCP, _) => self.tcp_syn,
             (PROTO_ICMP, _) => self.icmp,
             _ => self.udp,
@@ -262,6 +266,10 @@ mod tests {
         // A SYN never answered: 60 s from the SYN.
         let (out, back) = (at(100, TcpState::Syn), at(0, TcpState::None));
         assert!(!t.expired(PROTO_TCP, &out, &back, 160 * s));
+        assert!(t.expired(PROTO_TCP, &out, &back, 161 * s));
+        // A bare ACK never answered, as a flood from outside sends: the
+        // same 60 s, not the six hours of an established flow.
+        let (out, back) = (at(100, TcpState::Established), at(0, TcpState::None));
         assert!(t.expired(PROTO_TCP, &out, &back, 161 * s));
         // The later of the two directions counts.
         let (out, back) = (

@@ -249,3 +249,34 @@ fn the_hub_counts_its_natmapping_and_masquerade_translations() {
         assert!(a - b >= 2.0, "{hub}: {kind} translations rose by {}", a - b);
     }
 }
+
+/// The metrics are served on the node's address only, and a burst of 50
+/// scrapes at once leaves `/healthz` answering within a second.
+#[test]
+fn fifty_scrapes_at_once_leave_healthz_prompt_and_only_the_node_address_serves() {
+    require_lab();
+    let gw = A.gw();
+    let elsewhere = std::net::SocketAddr::from((A.wan_addr(), topology::METRICS_PORT));
+    assert!(
+        lab::http_get_at(&gw, elsewhere, "/healthz").is_err(),
+        "a-gw serves its metrics on its WAN address too"
+    );
+    let scrapers: Vec<_> = (0..50)
+        .map(|_| {
+            let gw = gw.clone();
+            std::thread::spawn(move || lab::http_get(&gw, "/metrics").map(|(status, _)| status))
+        })
+        .collect();
+    let start = Instant::now();
+    let (status, _) = lab::http_get(&gw, "/healthz").unwrap();
+    let took = start.elapsed();
+    for scraper in scrapers {
+        assert_eq!(scraper.join().unwrap().unwrap(), 200, "a scrape failed");
+    }
+    assert_eq!(status, 200);
+    assert!(
+        took < Duration::from_secs(1),
+        "/healthz took {took:?} during the burst"
+    );
+    eprintln!("/healthz answered in {took:?} during 50 concurrent scrapes");
+}

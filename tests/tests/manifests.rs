@@ -59,40 +59,130 @@ fn every_manifest_validates_for_a_current_kubernetes() {
         );
     }
     let passed = report.lines().filter(|l| l.contains(" passed ")).count();
-    assert_eq!(passed, 9, "resources checked:\n{report}");
+    assert_eq!(passed, 13, "resources checked:\n{report}");
 }
 
 #[test]
-fn the_daemonset_grants_net_admin_bpf_perfmon_and_nothing_else() {
-    let ds = &yaml_file("daemonset.yaml")[0];
-    let pod = &ds["spec"]["template"]["spec"];
-    assert_eq!(pod["hostNetwork"], true);
-    let containers = pod["containers"].as_array().unwrap();
-    assert_eq!(containers.len(), 1);
-    let agent = &containers[0];
-    let security = &agent["securityContext"];
-    assert_eq!(security["privileged"], false);
-    assert_eq!(security["allowPrivilegeEscalation"], false);
-    assert_eq!(security["capabilities"]["drop"], serde_json::json!(["ALL"]));
-    assert_eq!(
-        security["capabilities"]["add"],
-        serde_json::json!(["NET_ADMIN", "BPF", "PERFMON"])
-    );
-    let mounts: Vec<&str> = agent["volumeMounts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["mountPath"].as_str().unwrap())
-        .collect();
-    assert_eq!(mounts, ["/sys/fs/bpf", "/dev/net/tun"]);
-    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
-        assert_eq!(agent[probe]["httpGet"]["path"], path);
-        assert_eq!(agent[probe]["httpGet"]["port"], "metrics");
+fn each_daemonset_grants_net_admin_bpf_perfmon_its_bpffs_directory_and_nothing_else() {
+    let sets = yaml_file("daemonset.yaml");
+    assert_eq!(sets.len(), 2, "a gateway and a worker DaemonSet");
+    let mut accounts = Vec::new();
+    let tun_on_gateways_only = [
+        vec!["/sys/fs/bpf/isthmus", "/dev/net/tun"],
+        vec!["/sys/fs/bpf/isthmus"],
+    ];
+    for (ds, paths) in sets.iter().zip(tun_on_gateways_only) {
+        let name = ds["metadata"]["name"].as_str().unwrap();
+        let pod = &ds["spec"]["template"]["spec"];
+        assert_eq!(pod["hostNetwork"], true, "{name}");
+        assert_eq!(
+            pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
+            "{name}"
+        );
+        accounts.push(pod["serviceAccountName"].as_str().unwrap().to_owned());
+        let containers = pod["containers"].as_array().unwrap();
+        assert_eq!(containers.len(), 1);
+        let agent = &containers[0];
+        let security = &agent["securityContext"];
+        assert_eq!(security["privileged"], false, "{name}");
+        assert_eq!(security["allowPrivilegeEscalation"], false, "{name}");
+        assert_eq!(security["capabilities"]["drop"], serde_json::json!(["ALL"]));
+        assert_eq!(
+            security["capabilities"]["add"],
+            serde_json::json!(["NET_ADMIN", "BPF", "PERFMON"])
+        );
+        let mounts: Vec<&str> = agent["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["mountPath"].as_str().unwrap())
+            .collect();
+        assert_eq!(mounts, paths, "{name}");
+        let host_paths: Vec<&str> = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["hostPath"]["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(host_paths, paths, "{name}");
+        for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+            assert_eq!(agent[probe]["httpGet"]["path"], path);
+            assert_eq!(agent[probe]["httpGet"]["port"], "metrics");
+        }
+        // Metrics on the node's own address (the agent's default with
+        // NODE_IP), not on every address of the node.
+        let args = agent["args"].to_string();
+        assert!(!args.contains("0.0.0.0"), "{name} binds everything: {args}");
+        assert!(
+            agent["env"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|e| e["name"] == "NODE_IP"
+                    && e["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"),
+            "{name} has no NODE_IP"
+        );
+        assert_eq!(agent["ports"][0]["containerPort"], 9873);
+        assert!(agent["resources"]["limits"]["memory"].is_string());
+        let annotations = &ds["spec"]["template"]["metadata"]["annotations"];
+        assert_eq!(annotations["prometheus.io/port"], "9873");
     }
-    assert_eq!(agent["ports"][0]["containerPort"], 9873);
-    assert!(agent["resources"]["limits"]["memory"].is_string());
-    let annotations = &ds["spec"]["template"]["metadata"]["annotations"];
-    assert_eq!(annotations["prometheus.io/port"], "9873");
+    assert_eq!(accounts, ["isthmus-gateway", "isthmus-worker"]);
+}
+
+/// The rules bound to ServiceAccount `account`, through any binding.
+fn rules_of(account: &str) -> Vec<Value> {
+    let rbac = yaml_file("rbac.yaml");
+    let roles: Vec<&str> = rbac
+        .iter()
+        .filter(|o| o["kind"].as_str().is_some_and(|k| k.ends_with("Binding")))
+        .filter(|b| {
+            b["subjects"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|s| s["name"] == account)
+        })
+        .map(|b| b["roleRef"]["name"].as_str().unwrap())
+        .collect();
+    rbac.iter()
+        .filter(|o| o["kind"].as_str().is_some_and(|k| k.ends_with("Role")))
+        .filter(|r| roles.contains(&r["metadata"]["name"].as_str().unwrap()))
+        .flat_map(|r| r["rules"].as_array().unwrap().clone())
+        .collect()
+}
+
+#[test]
+fn only_the_gateway_may_touch_secrets_or_write_anything() {
+    let reaches = |account: &str, resource: &str| {
+        rules_of(account).iter().any(|r| {
+            r["resources"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|x| x == resource)
+        })
+    };
+    assert!(reaches("isthmus-gateway", "secrets"));
+    assert!(reaches("isthmus-gateway", "tunnelendpoints/status"));
+    assert!(
+        !reaches("isthmus-worker", "secrets"),
+        "a worker can read Secrets"
+    );
+    for rule in rules_of("isthmus-worker") {
+        let verbs: Vec<&str> = rule["verbs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        assert_eq!(
+            verbs,
+            ["get", "list", "watch"],
+            "a worker may write: {rule}"
+        );
+    }
+    assert!(reaches("isthmus-worker", "tunnelendpoints"));
 }
 
 /// The schema of a CRD's served version, as a JSON Schema validator.

@@ -21,7 +21,9 @@ use anyhow::{Context, Result, bail};
 use crate::{
     cmd::{ip, run, sysctl},
     netns,
-    topology::{CLUSTERS, Cluster, METRICS_PORT, NAT_MAPPING, PEERINGS, WAN_NS, WAN_ROUTER},
+    topology::{
+        CLUSTERS, Cluster, METRICS_PORT, NAT_MAPPING, PEERINGS, WAN_NS, WAN_ROUTER, node_addr,
+    },
 };
 
 /// Where the lab keeps its state: PIDs, logs, objects, bpffs.
@@ -482,7 +484,11 @@ pub fn agent_args(node: &str) -> Result<Vec<String>> {
         "run".into(),
         format!("--node={node}"),
         format!("--role={}", role_of(node)),
-        format!("--metrics-addr=0.0.0.0:{METRICS_PORT}"),
+        // Metrics on the node's address, as the DaemonSet serves them.
+        format!(
+            "--node-ip={}",
+            node_addr(node).context("a node of no cluster")?
+        ),
         format!("--source=dir:{}", object_dir(node).display()),
         format!("--bpffs={}", bpffs(node).display()),
     ];
@@ -619,13 +625,12 @@ fn stray_agents() -> Vec<u32> {
     running_with(&["isthmus-agent", &bpffs_root().to_string_lossy()])
 }
 
-/// Asks node `node`'s agent for a metrics path, from inside its netns.
-pub fn http_get(node: &str, path: &str) -> Result<(u16, String)> {
-    http_get_at(
-        node,
-        SocketAddr::from((Ipv4Addr::LOCALHOST, METRICS_PORT)),
-        path,
-    )
+/// Asks the agent in netns `ns` for a metrics path, from inside that netns:
+/// a lab node's agent serves on the node's address, a test's own agent on
+/// loopback.
+pub fn http_get(ns: &str, path: &str) -> Result<(u16, String)> {
+    let addr = node_addr(ns).unwrap_or(Ipv4Addr::LOCALHOST);
+    http_get_at(ns, SocketAddr::from((addr, METRICS_PORT)), path)
 }
 
 /// An HTTP/1.0 GET of `path` from `addr`, from inside netns `ns`: the status

@@ -102,7 +102,7 @@ pub fn down() -> Result<()> {
 fn config_yaml() -> String {
     let mut targets = String::new();
     for c in CLUSTERS {
-        for (node, addr) in [(c.gw(), c.lan_gw()), (c.node(), c.lan_node())] {
+        for (node, addr) in c.node_addrs() {
             targets.push_str(&format!(
                 "      - targets: ['{addr}:{METRICS_PORT}']\n        labels: {{node: {node}, cluster: {}}}\n",
                 c.name

@@ -58,6 +58,14 @@ pub const C: Cluster = Cluster {
     external_cidr: "192.168.2.0/24",
 };
 
+/// The LAN address of lab node `node` (a gateway or worker netns).
+pub fn node_addr(node: &str) -> Option<Ipv4Addr> {
+    CLUSTERS
+        .iter()
+        .flat_map(|c| c.node_addrs())
+        .find_map(|(name, addr)| (name == node).then_some(addr))
+}
+
 /// The clusters the lab builds.
 pub const CLUSTERS: [&Cluster; 3] = [&A, &B, &C];
 
@@ -143,6 +151,11 @@ impl Cluster {
         })
         .collect::<Vec<_>>()
         .join("---\n")
+    }
+
+    /// Every node netns of the cluster with its LAN address.
+    pub fn node_addrs(&self) -> [(String, Ipv4Addr); 2] {
+        [(self.gw(), self.lan_gw()), (self.node(), self.lan_node())]
     }
 
     /// Every node netns of the cluster with its role.
