@@ -31,6 +31,7 @@ use crate::{
     maps::{
         GuardSettings, MappingMap, NodeMap, OverlayMaps, OverlaySettings, PeerMap, PresenceSet,
     },
+    pinned,
 };
 
 /// The compiled eBPF object, built by `build.rs`.
@@ -93,6 +94,12 @@ pub enum DataplaneError {
     /// A map is missing from the object.
     #[error("map {0} is missing from the eBPF object")]
     MissingMap(&'static str),
+    /// The object does not parse.
+    #[error("reading the eBPF object: {0}")]
+    Object(#[from] aya_obj::ParseError),
+    /// A pinned map cannot be reused.
+    #[error(transparent)]
+    Pinned(#[from] pinned::PinnedError),
 }
 
 /// How to attach TC programs.
@@ -208,23 +215,58 @@ pub struct Dataplane {
 }
 
 impl Dataplane {
-    /// Loads the object, reusing maps already pinned under `root`.
+    /// Loads the object, reusing the maps already pinned under `root` that
+    /// have the shape this agent creates, and migrating or replacing the
+    /// others (see [`pinned`]).
     pub fn load(root: &Path, capacity: &Capacity) -> Result<Self, DataplaneError> {
         ensure_bpffs(root)?;
         let pins = Pins::new(root);
         for dir in pins.dirs() {
             fs::create_dir_all(&dir).map_err(|source| DataplaneError::Io { path: dir, source })?;
         }
-        let map_paths: Vec<(&str, PathBuf)> =
-            names::MAPS.iter().map(|m| (*m, pins.map(m))).collect();
+        let sized = [
+            (names::MAP_NATMAP, capacity.nat_mappings),
+            (names::MAP_NATMAP_REV, capacity.nat_mappings),
+            (names::MAP_CONNTRACK, capacity.conntrack),
+        ];
+        let object = aya_obj::Object::parse(OBJECT)?;
+        let mut wanted = std::collections::HashMap::new();
+        for name in names::MAPS {
+            let map = object
+                .maps
+                .get(name)
+                .ok_or(DataplaneError::MissingMap(name))?;
+            let max_entries = sized
+                .iter()
+                .find_map(|(sized, entries)| (*sized == name).then_some(*entries))
+                .unwrap_or(map.max_entries());
+            let shape = pinned::Shape {
+                map_type: map.map_type(),
+                key_size: map.key_size(),
+                value_size: map.value_size(),
+                max_entries,
+            };
+            wanted.insert(name, (pins.map(name), shape));
+        }
+        let migrations = pinned::check(&wanted)?;
         let mut loader = EbpfLoader::new();
-        for (name, path) in &map_paths {
+        for (name, (path, _)) in &wanted {
             loader.map_pin_path(name, path.as_path());
         }
-        loader.map_max_entries(names::MAP_NATMAP, capacity.nat_mappings);
-        loader.map_max_entries(names::MAP_NATMAP_REV, capacity.nat_mappings);
-        loader.map_max_entries(names::MAP_CONNTRACK, capacity.conntrack);
+        for (name, entries) in sized {
+            loader.map_max_entries(name, entries);
+        }
         let ebpf = loader.load(OBJECT)?;
+        for migration in migrations {
+            let name = migration.name().to_owned();
+            let new =
+                aya::maps::MapData::from_pin(pins.map(&name)).map_err(|e| DataplaneError::Io {
+                    path: pins.map(&name),
+                    source: io::Error::other(e),
+                })?;
+            let copied = migration.copy_into(&new)?;
+            info!(map = name, entries = copied, "pinned map migrated");
+        }
         Ok(Self { ebpf, pins })
     }
 

@@ -12,6 +12,7 @@
 //! - [`reconcile`]: from objects to the kernel, as a diff;
 //! - [`conntrack`]: the masquerade's settings and garbage collector;
 //! - [`dataplane`]: loading, pinning, attaching, cleanup;
+//! - [`pinned`]: maps a previous agent pinned, kept, migrated or replaced;
 //! - [`gateway`]: the gateway's tunnel and routes, following the peers;
 //! - [`guard`]: the XDP guard's allowlist, following the tunnel;
 //! - [`overlay`]: the VXLAN device, the gateway node and the node table;
@@ -32,6 +33,7 @@ pub mod node;
 pub mod object;
 pub mod overlay;
 pub mod peer;
+pub mod pinned;
 pub mod policy;
 pub mod reconcile;
 pub mod samples;

@@ -17,7 +17,7 @@ use isthmus_common::{
     overlay::{EVENTS, OverlayConfig},
 };
 
-use crate::{dataplane::Pins, reconcile::KernelTable};
+use crate::{dataplane::Pins, pinned, reconcile::KernelTable};
 
 /// The peer table (`ist_peer_nets`) and the prefix lengths it holds
 /// (`ist_prefix_lens`), kept consistent: a length is listed while at least
@@ -430,7 +430,10 @@ impl PinnedMaps {
                 let capacity = info.max_entries();
                 let entries = match info.map_type()? {
                     aya::maps::MapType::Array | aya::maps::MapType::PerCpuArray => capacity,
-                    _ => count_keys(data, info.key_size(), capacity)?,
+                    // Entries that come and go meanwhile may be missed or
+                    // seen twice; the walk stops at twice the capacity.
+                    _ => pinned::keys(data, info.key_size(), capacity.saturating_mul(2))?.len()
+                        as u32,
                 };
                 Ok(Occupancy {
                     map,
@@ -440,57 +443,4 @@ impl PinnedMaps {
             })
             .collect()
     }
-}
-
-/// Counts the keys of `map` with `BPF_MAP_GET_NEXT_KEY`, whatever their
-/// type. Entries that come and go meanwhile may be missed or seen twice;
-/// the walk stops at twice the capacity.
-fn count_keys(map: &MapData, key_size: u32, capacity: u32) -> Result<u32, MapError> {
-    use std::os::fd::{AsFd, AsRawFd};
-    /// `union bpf_attr` as `BPF_MAP_GET_NEXT_KEY` reads it.
-    #[repr(C)]
-    struct NextKey {
-        map_fd: u32,
-        pad: u32,
-        key: u64,
-        next_key: u64,
-    }
-    const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
-    let fd = map.fd().as_fd().as_raw_fd() as u32;
-    let mut key = vec![0u8; key_size as usize];
-    let mut next = vec![0u8; key_size as usize];
-    let mut count = 0;
-    let mut first = true;
-    while count < capacity.saturating_mul(2) {
-        let attr = NextKey {
-            map_fd: fd,
-            pad: 0,
-            key: if first { 0 } else { key.as_ptr() as u64 },
-            next_key: next.as_mut_ptr() as u64,
-        };
-        // SAFETY: `attr` points at buffers of the map's key size, alive for
-        // the call.
-        let ret = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_GET_NEXT_KEY,
-                &attr as *const NextKey,
-                size_of::<NextKey>(),
-            )
-        };
-        if ret != 0 {
-            let error = std::io::Error::last_os_error();
-            if error.raw_os_error() == Some(libc::ENOENT) {
-                break;
-            }
-            return Err(MapError::SyscallError(aya::sys::SyscallError {
-                call: "bpf_map_get_next_key",
-                io_error: error,
-            }));
-        }
-        count += 1;
-        first = false;
-        std::mem::swap(&mut key, &mut next);
-    }
-    Ok(count)
 }

@@ -241,7 +241,13 @@ pub fn from_decoded(
 /// write (one `a.b.c.d: e.f.g.h` per line), that block is read here and the
 /// scanner reads the rest. Any other shape, or a file of several documents,
 /// returns None and goes to the scanner whole, which also reports errors.
-fn plain_natmapping(text: &str) -> Option<Value> {
+///
+/// The block's key is replaced by a sentinel before the scanner reads the
+/// rest, and the result is kept only if the scanner finds that sentinel as
+/// `spec.clusterMappings` and nowhere else: a look-alike block inside a
+/// quoted or block scalar, or under another key, sends the file to the
+/// scanner whole. Where it answers, it answers as the scanner would.
+pub fn plain_natmapping(text: &str) -> Option<Value> {
     let lines: Vec<&str> = text.lines().collect();
     if lines
         .iter()
@@ -249,17 +255,15 @@ fn plain_natmapping(text: &str) -> Option<Value> {
     {
         return None;
     }
-    // The block must be `spec`'s own key, not one nested elsewhere.
-    let under_spec = |at: usize| {
-        let indent = indent_of(lines[at]);
-        lines[..at]
-            .iter()
-            .rev()
-            .find(|l| !l.trim().is_empty() && indent_of(l) < indent)
-            .is_some_and(|parent| parent.trim_end() == "spec:" && indent_of(parent) == 0)
-    };
-    let start =
-        (0..lines.len()).find(|&i| lines[i].trim() == "clusterMappings:" && under_spec(i))?;
+    // The first `clusterMappings:` met while `spec:` is the open top-level
+    // key, in one pass; the sentinel checks it is really spec's.
+    let mut top = "";
+    let start = lines.iter().position(|l| {
+        if indent_of(l) == 0 && !l.trim().is_empty() {
+            top = l.trim_end();
+        }
+        top == "spec:" && l.trim() == "clusterMappings:"
+    })?;
     let indent = indent_of(lines[start]);
     let mut entries = Mapping::new();
     let mut end = start + 1;
@@ -293,18 +297,31 @@ fn plain_natmapping(text: &str) -> Option<Value> {
     {
         return None;
     }
-    let placeholder = format!("{}clusterMappings: {{}}", &lines[start][..indent]);
+    let placeholder = format!(
+        "{}clusterMappings: {{{SENTINEL}: 0}}",
+        &lines[start][..indent]
+    );
     let rest = [&lines[..start], &[placeholder.as_str()], &lines[end..]]
         .concat()
         .join("\n");
+    if rest.matches(SENTINEL).count() != 1 {
+        return None;
+    }
     let mut value: Value = serde_yaml_ng::from_str(&rest).ok()?;
     if value.get("kind").and_then(Value::as_str) != Some(KIND_NAT_MAPPING) {
         return None;
     }
     let slot = value.get_mut("spec")?.get_mut("clusterMappings")?;
+    let sentinel = Mapping::from_iter([(Value::String(SENTINEL.into()), Value::from(0))]);
+    if *slot != Value::Mapping(sentinel) {
+        return None;
+    }
     *slot = Value::Mapping(entries);
     Some(value)
 }
+
+/// The key the fast path puts in place of the block it read.
+const SENTINEL: &str = "isthmus-fast-path-sentinel";
 
 fn indent_of(line: &str) -> usize {
     line.len() - line.trim_start_matches(' ').len()
@@ -507,6 +524,22 @@ mod tests {
             (
                 format!("{head}{block}").replace("NatMapping", "TunnelEndpoint"),
                 false,
+            ),
+            // The block libyaml reads as the inside of a quoted annotation:
+            // the real one must win.
+            (
+                head.replace(
+                    "labels: {clusterID: a}",
+                    "annotations:\n    note: \"\nspec:\n  clusterMappings:\n    1.2.3.4: 5.6.7.8\n\"",
+                ) + block,
+                false,
+            ),
+            (
+                head.replace(
+                    "labels: {clusterID: a}",
+                    "annotations:\n    note: |\n      spec:\n        clusterMappings:\n          1.2.3.4: 5.6.7.8",
+                ) + block,
+                true,
             ),
         ];
         for (text, fast) in &cases {

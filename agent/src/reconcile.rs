@@ -251,9 +251,10 @@ pub struct Reconciler<P: PeerTable, M: MappingTable> {
     /// Order of acceptance: a peer accepted earlier wins an overlap.
     seniority: HashMap<ObjectKey, u64>,
     next_seniority: u64,
-    /// The views the kernel held when this agent started: those of the
-    /// peers a previous agent accepted, which keep winning after a restart.
-    inherited: BTreeSet<Ipv4Net>,
+    /// What the kernel held when this agent started: the views and rules of
+    /// the peers a previous agent accepted, which keep winning after a
+    /// restart.
+    inherited: BTreeMap<Ipv4Net, PeerNat>,
     policy: Policy,
     ids: HashMap<ObjectKey, u32>,
     errors: BTreeSet<Rejection>,
@@ -267,7 +268,7 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
     pub fn new(peers: P, mappings: M) -> Result<Self, P::Error> {
         let peer_table = Mirror::new(peers)?;
         Ok(Self {
-            inherited: peer_table.applied.keys().copied().collect(),
+            inherited: peer_table.applied.clone(),
             peer_table,
             mapping_table: Mirror::new(mappings)?,
             origins: BTreeMap::new(),
@@ -519,7 +520,14 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
     /// started, then by origin and name.
     fn rank(&self, p: &Peer) -> impl Ord + use<P, M> {
         let accepted = self.seniority.get(&p.key).copied().unwrap_or(u64::MAX);
-        let inherited = p.views().iter().all(|(_, v)| self.inherited.contains(v));
+        let inherited = p.views().iter().all(|(_, view)| {
+            self.inherited.get(view).is_some_and(|held| {
+                PeerNat {
+                    peer_id: held.peer_id,
+                    ..p.nat(0)
+                } == *held
+            })
+        });
         (
             p.created.is_none(),
             p.created.clone(),

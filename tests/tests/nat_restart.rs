@@ -188,3 +188,76 @@ fn restarting_the_agent_loses_no_datagram_through_the_nat() {
     );
     assert!(sent > 1000, "stream too short to span the restarts: {sent}");
 }
+
+/// A pinned map of another capacity or layout than this agent's is never
+/// adopted as it is: a hash whose capacity changed keeps its entries in a
+/// map of the new capacity (or the agent refuses to start if they do not
+/// fit), and one of another layout is replaced.
+#[test]
+fn pinned_maps_of_another_shape_are_migrated_or_replaced() {
+    use aya::{
+        EbpfLoader,
+        maps::{HashMap as BpfHash, MapData},
+    };
+    use isthmus_agent::{
+        dataplane::{Capacity, Dataplane, OBJECT},
+        pinned::shape_of,
+    };
+    use isthmus_common::{
+        conntrack::{DIR_OUT, FlowKey, FlowNat, PROTO_TCP},
+        counters, names,
+    };
+    require_root();
+    require_lab();
+    let root = lab::bpffs("ist-t-pins");
+    let _ = fs::remove_dir_all(&root);
+    let pin = |name: &str| root.join("maps").join(name);
+    let capacity = |conntrack| Capacity {
+        conntrack,
+        ..Capacity::default()
+    };
+    // An agent sized for 1024 flows leaves three of them.
+    drop(Dataplane::load(&root, &capacity(1024)).unwrap());
+    {
+        let map = MapData::from_pin(pin(names::MAP_CONNTRACK)).unwrap();
+        let mut flows: BpfHash<MapData, FlowKey, FlowNat> =
+            BpfHash::try_from(aya::maps::Map::HashMap(map)).unwrap();
+        for port in 1..=3 {
+            let key = FlowKey::new(1, 2, port, 80, PROTO_TCP, DIR_OUT);
+            flows.insert(key, FlowNat::default(), 0).unwrap();
+        }
+    }
+    let flows = || {
+        let map = MapData::from_pin(pin(names::MAP_CONNTRACK)).unwrap();
+        let shape = shape_of(&map).unwrap();
+        let flows: BpfHash<MapData, FlowKey, FlowNat> =
+            BpfHash::try_from(aya::maps::Map::HashMap(map)).unwrap();
+        (shape.max_entries, flows.keys().count())
+    };
+    // Grown: the flows move to a map of the new capacity.
+    drop(Dataplane::load(&root, &capacity(4096)).unwrap());
+    assert_eq!(flows(), (4096, 3));
+    // Shrunk below what it holds: refused, and the map stays as it was.
+    let refused = Dataplane::load(&root, &capacity(2)).err().expect("adopted");
+    assert!(
+        refused
+            .to_string()
+            .contains("holds 3 entries, more than the 2"),
+        "{refused}"
+    );
+    assert_eq!(flows(), (4096, 3));
+    // Another layout (a counter array of another length): replaced.
+    fs::remove_file(pin(names::MAP_COUNTERS)).unwrap();
+    drop(
+        EbpfLoader::new()
+            .map_max_entries(names::MAP_COUNTERS, 5)
+            .map_pin_path(names::MAP_COUNTERS, pin(names::MAP_COUNTERS))
+            .load(OBJECT)
+            .unwrap(),
+    );
+    let counters = || shape_of(&MapData::from_pin(pin(names::MAP_COUNTERS)).unwrap()).unwrap();
+    assert_eq!(counters().max_entries, 5);
+    drop(Dataplane::load(&root, &capacity(4096)).unwrap());
+    assert_eq!(counters().max_entries, counters::SLOTS);
+    fs::remove_dir_all(&root).unwrap();
+}

@@ -2,6 +2,7 @@
 
 mod bench;
 mod demo;
+mod fuzz;
 mod prereqs;
 
 use std::{path::PathBuf, process::Command, time::Instant};
@@ -34,6 +35,13 @@ enum Task {
         #[command(subcommand)]
         action: LabAction,
     },
+    /// Every cargo-fuzz target, each for a bounded time, from the committed
+    /// corpus; a crash fails the run.
+    Fuzz {
+        /// How long each target runs.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+    },
     /// Benchmarks against the peers named in the issues; without a
     /// subcommand, every one of them in one run.
     Bench {
@@ -59,6 +67,7 @@ fn main() -> Result<()> {
         Task::Build => build(),
         Task::Demo { keep } => demo::run(keep),
         Task::Test => test(),
+        Task::Fuzz { seconds } => fuzz::run(seconds),
         Task::Lab {
             action: LabAction::Up { tunnel },
         } => {

@@ -29,6 +29,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     // Renders the benchmark chart in docs/.
     "gnuplot-nox",
 ];
+/// cargo-fuzz, which runs the fuzz targets with the nightly's libFuzzer.
+const CARGO_FUZZ_VERSION: &str = "0.13.2";
 /// bpf-linker release known to build against LLVM 22 (DESIGN §3).
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const NIGHTLY: &str = "nightly";
@@ -39,6 +41,31 @@ pub fn ensure() -> Result<()> {
     bpf_linker()?;
     debian_packages()?;
     python_tools()?;
+    Ok(())
+}
+
+/// cargo-fuzz, from crates.io, installed once.
+pub fn cargo_fuzz() -> Result<()> {
+    let installed = Command::new("cargo")
+        .args(["fuzz", "--version"])
+        .output()
+        .is_ok_and(|o| {
+            o.status.success() && String::from_utf8_lossy(&o.stdout).contains(CARGO_FUZZ_VERSION)
+        });
+    if installed {
+        return Ok(());
+    }
+    println!("prereqs: installing cargo-fuzz {CARGO_FUZZ_VERSION}");
+    run(
+        "cargo",
+        &[
+            "install",
+            "--locked",
+            "--version",
+            CARGO_FUZZ_VERSION,
+            "cargo-fuzz",
+        ],
+    )?;
     Ok(())
 }
 

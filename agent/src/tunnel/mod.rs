@@ -12,7 +12,7 @@
 mod batch;
 pub mod datapath;
 pub mod key;
-mod offload;
+pub mod offload;
 pub mod peers;
 pub mod route;
 mod tun;

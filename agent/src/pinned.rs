@@ -1,0 +1,314 @@
+//! Maps a previous agent pinned, checked before they are reused: aya would
+//! adopt a pinned map whatever its shape, and a map of another capacity or
+//! layout (a changed flag, an upgrade) would then be read and written as if
+//! it were this agent's.
+//!
+//! A pin that matches what this agent would create is kept. A hash map that
+//! differs only in capacity is migrated: its entries are copied into the
+//! new one, or the agent refuses to start if they do not fit. Anything else
+//! is replaced by a new, empty map, and said so: counters restart, the
+//! tables the objects describe are written again, masqueraded flows are lost.
+
+use std::{
+    collections::HashMap,
+    os::fd::{AsFd, AsRawFd},
+    path::PathBuf,
+};
+
+use aya::maps::{MapData, MapError, MapType};
+use thiserror::Error;
+use tracing::{error, info};
+
+/// A map's shape, as the kernel reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    /// `bpf_map_type`.
+    pub map_type: u32,
+    /// Key size in bytes.
+    pub key_size: u32,
+    /// Value size in bytes.
+    pub value_size: u32,
+    /// Capacity.
+    pub max_entries: u32,
+}
+
+impl std::fmt::Display for Shape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "type {}, key {} B, value {} B, {} entries",
+            self.map_type, self.key_size, self.value_size, self.max_entries
+        )
+    }
+}
+
+/// A pinned map that cannot be reused.
+#[derive(Debug, Error)]
+pub enum PinnedError {
+    /// The kernel refused an operation on it.
+    #[error("pinned map {name} at {path}: {source}")]
+    Map {
+        /// The map.
+        name: String,
+        /// Its pin.
+        path: PathBuf,
+        /// What the kernel said.
+        source: Box<MapError>,
+    },
+    /// Its entries do not fit the capacity asked for.
+    #[error(
+        "pinned map {name} holds {entries} entries, more than the {capacity} it is to hold now; raise its capacity, or remove it with `isthmus-agent cleanup`"
+    )]
+    TooSmall {
+        /// The map.
+        name: String,
+        /// Entries it holds.
+        entries: usize,
+        /// The capacity asked for.
+        capacity: u32,
+    },
+}
+
+/// What became of a pinned map found under the root.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Fate {
+    /// Its shape is this agent's: reused as it is.
+    Kept,
+    /// Only its capacity differed: its entries are to be copied.
+    Migrated,
+    /// Its layout differed: unpinned, to be created anew.
+    Replaced,
+}
+
+/// The entries of a hash map whose capacity changes, held while the
+/// loader creates the new map in its place.
+pub struct Migration {
+    name: String,
+    old: MapData,
+    shape: Shape,
+}
+
+/// Checks every pinned map among `wanted` (name → pin and the shape this
+/// agent would create) before the loader reuses it. A pin whose shape
+/// differs is unpinned; the returned migrations copy the entries of those
+/// that can keep them, once the loader has created their successors.
+pub fn check(
+    wanted: &HashMap<&'static str, (PathBuf, Shape)>,
+) -> Result<Vec<Migration>, PinnedError> {
+    let mut migrations = Vec::new();
+    for (name, (path, shape)) in wanted {
+        if !path.exists() {
+            continue;
+        }
+        let failed = |source| PinnedError::Map {
+            name: (*name).to_owned(),
+            path: path.clone(),
+            source: Box::new(source),
+        };
+        let old = MapData::from_pin(path).map_err(failed)?;
+        let found = shape_of(&old).map_err(failed)?;
+        match fate(&found, shape) {
+            Fate::Kept => continue,
+            Fate::Migrated => {
+                let entries = keys(&old, found.key_size, found.max_entries)
+                    .map_err(failed)?
+                    .len();
+                if entries > shape.max_entries as usize {
+                    return Err(PinnedError::TooSmall {
+                        name: (*name).to_owned(),
+                        entries,
+                        capacity: shape.max_entries,
+                    });
+                }
+                info!(
+                    map = name,
+                    from = found.max_entries,
+                    to = shape.max_entries,
+                    entries,
+                    "migrating a pinned map to its new capacity"
+                );
+                migrations.push(Migration {
+                    name: (*name).to_owned(),
+                    old,
+                    shape: *shape,
+                });
+            }
+            Fate::Replaced => error!(
+                map = name, found = %found, wanted = %shape,
+                "a pinned map has another layout than this agent's: replaced by a new, empty one (its counters restart, its tables are rebuilt from the objects, its flows are lost)"
+            ),
+        }
+        std::fs::remove_file(path).map_err(|e| failed(MapError::SyscallError(io(e))))?;
+    }
+    Ok(migrations)
+}
+
+/// What to do with a pinned map of shape `found` where `wanted` is what
+/// this agent creates.
+pub fn fate(found: &Shape, wanted: &Shape) -> Fate {
+    if found == wanted {
+        return Fate::Kept;
+    }
+    let same_layout = Shape {
+        max_entries: wanted.max_entries,
+        ..*found
+    } == *wanted;
+    match same_layout && is_hash(found.map_type) {
+        true => Fate::Migrated,
+        false => Fate::Replaced,
+    }
+}
+
+impl Migration {
+    /// Copies the old map's entries into `new`, the map the loader created
+    /// in its place. Returns how many.
+    pub fn copy_into(&self, new: &MapData) -> Result<usize, PinnedError> {
+        let failed = |source| PinnedError::Map {
+            name: self.name.clone(),
+            path: PathBuf::new(),
+            source: Box::new(source),
+        };
+        let keys = keys(&self.old, self.shape.key_size, u32::MAX).map_err(failed)?;
+        let mut value = vec![0u8; self.shape.value_size as usize];
+        for key in &keys {
+            // Gone since it was listed: nothing to copy.
+            if syscall(
+                BPF_MAP_LOOKUP_ELEM,
+                &self.old,
+                key.as_ptr(),
+                value.as_mut_ptr(),
+            )
+            .is_ok()
+            {
+                syscall(BPF_MAP_UPDATE_ELEM, new, key.as_ptr(), value.as_mut_ptr())
+                    .map_err(|e| failed(MapError::SyscallError(e)))?;
+            }
+        }
+        Ok(keys.len())
+    }
+
+    /// The migrated map's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// The shape of `map`.
+pub fn shape_of(map: &MapData) -> Result<Shape, MapError> {
+    let info = map.info()?;
+    Ok(Shape {
+        map_type: info.map_type()? as u32,
+        key_size: info.key_size(),
+        value_size: info.value_size(),
+        max_entries: info.max_entries(),
+    })
+}
+
+fn is_hash(map_type: u32) -> bool {
+    [MapType::Hash, MapType::LruHash, MapType::LpmTrie]
+        .iter()
+        .any(|t| *t as u32 == map_type)
+}
+
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
+
+/// `union bpf_attr` as the element commands read it: the map, a key, and a
+/// value or the next key.
+#[repr(C)]
+struct ElemAttr {
+    map_fd: u32,
+    pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
+fn syscall(
+    cmd: libc::c_long,
+    map: &MapData,
+    key: *const u8,
+    out: *mut u8,
+) -> Result<(), aya::sys::SyscallError> {
+    let attr = ElemAttr {
+        map_fd: map.fd().as_fd().as_raw_fd() as u32,
+        pad: 0,
+        key: key as u64,
+        value: out as u64,
+        flags: 0,
+    };
+    // SAFETY: `attr` points at buffers of the map's key and value sizes,
+    // alive for the call.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            &attr as *const ElemAttr,
+            size_of::<ElemAttr>(),
+        )
+    };
+    match ret {
+        0 => Ok(()),
+        _ => Err(io(std::io::Error::last_os_error())),
+    }
+}
+
+fn io(io_error: std::io::Error) -> aya::sys::SyscallError {
+    aya::sys::SyscallError {
+        call: "bpf",
+        io_error,
+    }
+}
+
+/// The keys of `map`, at most `limit` of them, walked with
+/// `BPF_MAP_GET_NEXT_KEY` from userspace, which takes no lock the packet
+/// path waits on.
+pub fn keys(map: &MapData, key_size: u32, limit: u32) -> Result<Vec<Vec<u8>>, MapError> {
+    let mut keys: Vec<Vec<u8>> = Vec::new();
+    let mut next = vec![0u8; key_size as usize];
+    while keys.len() < limit as usize {
+        let current = keys.last().map_or(std::ptr::null(), |k| k.as_ptr());
+        match syscall(BPF_MAP_GET_NEXT_KEY, map, current, next.as_mut_ptr()) {
+            Ok(()) => keys.push(next.clone()),
+            Err(e) if e.io_error.raw_os_error() == Some(libc::ENOENT) => return Ok(keys),
+            Err(e) => return Err(MapError::SyscallError(e)),
+        }
+    }
+    Ok(keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(map_type: MapType, value_size: u32, max_entries: u32) -> Shape {
+        Shape {
+            map_type: map_type as u32,
+            key_size: 16,
+            value_size,
+            max_entries,
+        }
+    }
+
+    #[test]
+    fn only_a_hash_maps_capacity_migrates() {
+        let wanted = shape(MapType::Hash, 16, 1000);
+        assert_eq!(fate(&wanted, &wanted), Fate::Kept);
+        assert_eq!(fate(&shape(MapType::Hash, 16, 50), &wanted), Fate::Migrated);
+        assert_eq!(
+            fate(&shape(MapType::Hash, 24, 1000), &wanted),
+            Fate::Replaced
+        );
+        assert_eq!(
+            fate(&shape(MapType::LruHash, 16, 1000), &wanted),
+            Fate::Replaced
+        );
+        // A counter array of another length changed its layout.
+        let counters = shape(MapType::PerCpuArray, 8, 60);
+        assert_eq!(
+            fate(&shape(MapType::PerCpuArray, 8, 56), &counters),
+            Fate::Replaced
+        );
+    }
+}

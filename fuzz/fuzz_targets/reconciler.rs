@@ -1,0 +1,209 @@
+//! The reconciler, driven by a scripted stream of files coming, changing
+//! and going, over in-memory kernel tables. After every pass: no two
+//! accepted peers' views overlap, the tables hold exactly what the
+//! accepted objects describe, and a fresh reconciler (a restarted agent)
+//! reading the same files writes nothing.
+#![no_main]
+
+use std::{cell::RefCell, collections::BTreeMap, convert::Infallible, rc::Rc};
+
+use arbitrary::Arbitrary;
+use ipnet::Ipv4Net;
+use isthmus_agent::{
+    object::parse_documents,
+    policy::overlaps,
+    reconcile::{Entry, KernelTable, Reconciler},
+};
+use isthmus_common::nat::{MappingKey, PeerNat};
+use libfuzzer_sys::fuzz_target;
+
+/// A kernel table stand-in, shared as the kernel's is by every agent.
+struct Table<K, V>(Rc<RefCell<BTreeMap<K, V>>>);
+
+impl<K, V> Clone for Table<K, V> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<K: Ord + Copy, V: PartialEq + Copy> KernelTable for Table<K, V> {
+    type Key = K;
+    type Value = V;
+    type Error = Infallible;
+    fn entries(&self) -> Result<Vec<Entry<Self>>, Infallible> {
+        Ok(self.0.borrow().iter().map(|(k, v)| (*k, *v)).collect())
+    }
+    fn put(&mut self, key: K, value: &V, _old: Option<&V>) -> Result<(), Infallible> {
+        self.0.borrow_mut().insert(key, *value);
+        Ok(())
+    }
+    fn delete(&mut self, key: K, _old: &V) -> Result<(), Infallible> {
+        self.0.borrow_mut().remove(&key);
+        Ok(())
+    }
+}
+
+type Peers = Table<Ipv4Net, PeerNat>;
+type Mappings = Table<MappingKey, u32>;
+
+const NETS: [&str; 9] = [
+    "10.0.0.0/24",
+    "10.0.1.0/24",
+    "10.0.0.0/16",
+    "10.1.0.0/24",
+    "10.0.0.128/25",
+    "192.168.2.0/24",
+    "172.16.1.0/24",
+    "0.0.0.0/1",
+    "None",
+];
+const ENDPOINTS: [&str; 4] = ["203.0.113.2", "203.0.113.3", "10.0.0.7", "198.51.100.1"];
+const VALUES: [&str; 3] = ["10.0.41.45", "192.168.0.45", "10.0.41.46"];
+
+#[derive(Arbitrary, Debug)]
+struct Tep {
+    name: u8,
+    pod: u8,
+    external: u8,
+    remapped: bool,
+    endpoint: u8,
+    key: u8,
+    cluster: u8,
+    created: Option<u8>,
+}
+
+#[derive(Arbitrary, Debug)]
+struct Mapping {
+    cluster: u8,
+    entries: Vec<(bool, u8)>,
+}
+
+#[derive(Arbitrary, Debug)]
+enum Op {
+    Put {
+        file: u8,
+        peers: Vec<Tep>,
+        mapping: Option<Mapping>,
+    },
+    Remove {
+        file: u8,
+    },
+}
+
+fn pick<'a>(pool: &[&'a str], i: u8) -> &'a str {
+    pool[usize::from(i) % pool.len()]
+}
+
+fn tep_yaml(t: &Tep) -> String {
+    let namespace = if t.name % 5 == 4 { "default" } else { "liqo-tenant-x" };
+    let created = t
+        .created
+        .map(|c| format!(", creationTimestamp: \"2024-05-{:02}T10:00:00Z\"", 1 + c % 28))
+        .unwrap_or_default();
+    let (pod, external) = (pick(&NETS, t.pod), pick(&NETS, t.external));
+    let (real_pod, real_ext) = match t.remapped {
+        true => ("10.244.0.0/24", "192.168.0.0/24"),
+        false => (pod, external),
+    };
+    let nat = |net: &str| if t.remapped { net.to_owned() } else { "None".into() };
+    format!(
+        "apiVersion: net.liqo.io/v1alpha1\nkind: TunnelEndpoint\nmetadata: {{name: t{}, namespace: {namespace}{created}}}\nspec:\n  clusterID: c{}\n  localPodCIDR: 10.244.0.0/24\n  localNATPodCIDR: 10.0.40.0/24\n  localExternalCIDR: 192.168.0.0/24\n  localNATExternalCIDR: 10.0.41.0/24\n  remotePodCIDR: {real_pod}\n  remoteNATPodCIDR: {}\n  remoteExternalCIDR: {real_ext}\n  remoteNATExternalCIDR: {}\n  endpointIP: {}\n  backend_config: {{publicKey: \"{}\"}}\n",
+        t.name % 6,
+        t.cluster % 3,
+        nat(pod),
+        nat(external),
+        pick(&ENDPOINTS, t.endpoint),
+        ["AQ", "Ag", "Aw", "BA"][usize::from(t.key % 4)].to_owned()
+            + &"A".repeat(41)
+            + "=",
+    )
+}
+
+fn mapping_yaml(m: &Mapping) -> String {
+    let mut yaml = format!(
+        "apiVersion: net.liqo.io/v1alpha1\nkind: NatMapping\nmetadata: {{name: nm{}}}\nspec:\n  clusterID: c{}\n  clusterMappings:\n",
+        m.cluster % 3,
+        m.cluster % 3
+    );
+    for (second, value) in m.entries.iter().take(4) {
+        let endpoint = if *second { "10.1.0.6" } else { "10.1.0.5" };
+        yaml.push_str(&format!("    {endpoint}: {}\n", pick(&VALUES, *value)));
+    }
+    yaml
+}
+
+fn feed<P, M>(r: &mut Reconciler<P, M>, files: &BTreeMap<String, String>)
+where
+    P: isthmus_agent::reconcile::PeerTable<Error = Infallible>,
+    M: isthmus_agent::reconcile::MappingTable<Error = Infallible>,
+{
+    for (file, text) in files {
+        r.set_origin(file.clone(), parse_documents(file.as_ref(), text));
+    }
+}
+
+fuzz_target!(|ops: Vec<Op>| {
+    let peers = Peers(Rc::default());
+    let mappings = Mappings(Rc::default());
+    let mut live = Reconciler::new(peers.clone(), mappings.clone()).expect("infallible");
+    let mut files: BTreeMap<String, String> = BTreeMap::new();
+    for op in ops.into_iter().take(32) {
+        match op {
+            Op::Put {
+                file,
+                peers: teps,
+                mapping,
+            } => {
+                let mut docs: Vec<String> = teps.iter().take(3).map(tep_yaml).collect();
+                docs.extend(mapping.as_ref().map(mapping_yaml));
+                let name = format!("f{}.yaml", file % 4);
+                let text = docs.join("---\n");
+                live.set_origin(name.clone(), parse_documents(name.as_ref(), &text));
+                files.insert(name, text);
+            }
+            Op::Remove { file } => {
+                let name = format!("f{}.yaml", file % 4);
+                live.remove_origin(&name);
+                files.remove(&name);
+            }
+        }
+        let (_, failure) = live.reconcile();
+        assert!(failure.is_none(), "an infallible table failed");
+        let views: Vec<(Ipv4Net, PeerNat)> = live
+            .peer_ids()
+            .iter()
+            .flat_map(|(id, p)| p.views().map(|(_, net)| (net, p.nat(*id))))
+            .collect();
+        assert_eq!(views.len(), 2 * live.peers().len(), "an accepted peer has no ID");
+        for (i, (a, _)) in views.iter().enumerate() {
+            for (b, _) in &views[i + 1..] {
+                assert!(!overlaps(*a, *b), "accepted views {a} and {b} overlap");
+            }
+        }
+        let mut want = views.clone();
+        want.sort_by_key(|(net, _)| *net);
+        let table: Vec<(Ipv4Net, PeerNat)> =
+            peers.0.borrow().iter().map(|(k, v)| (*k, *v)).collect();
+        assert_eq!(table, want, "the peer table is not what the accepted peers say");
+        for key in mappings.0.borrow().keys() {
+            assert!(
+                views.iter().any(|(_, nat)| nat.peer_id == key.peer_id),
+                "a mapping of no accepted peer"
+            );
+        }
+        // A restarted agent reading the same files writes nothing.
+        let mut restarted = Reconciler::new(peers.clone(), mappings.clone()).expect("infallible");
+        feed(&mut restarted, &files);
+        let (report, _) = restarted.reconcile();
+        assert_eq!(
+            (
+                report.written,
+                report.removed,
+                report.mappings_written,
+                report.mappings_removed
+            ),
+            (0, 0, 0, 0),
+            "a restart rewrote the tables"
+        );
+    }
+});

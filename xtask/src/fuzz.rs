@@ -1,0 +1,59 @@
+//! `cargo xtask fuzz`: every cargo-fuzz target of `fuzz/`, each for a
+//! bounded time, from the committed corpus. A crash fails the run and
+//! leaves its input under `fuzz/artifacts/`, to become a regression test.
+
+use std::{fs, path::Path, process::Command, time::Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{prereqs, root};
+
+/// The targets, in the order they run.
+pub const TARGETS: [&str; 4] = ["offload", "datagram", "objects", "reconciler"];
+
+/// Runs each target for `seconds`.
+pub fn run(seconds: u64) -> Result<()> {
+    prereqs::cargo_fuzz()?;
+    let fuzz = root().join("fuzz");
+    let started = Instant::now();
+    for target in TARGETS {
+        // New inputs go to a scratch corpus; the committed one is only read.
+        let committed = fuzz.join("corpus").join(target);
+        let scratch = fuzz.join("target").join("corpus").join(target);
+        fs::create_dir_all(&committed)?;
+        fs::create_dir_all(&scratch)?;
+        println!("fuzz: {target} for {seconds} s");
+        let status = Command::new("cargo")
+            .args(["+nightly", "fuzz", "run", "--fuzz-dir"])
+            .arg(&fuzz)
+            .arg(target)
+            .args([&scratch, &committed])
+            .args([
+                "--",
+                &format!("-max_total_time={seconds}"),
+                "-rss_limit_mb=4096",
+                "-print_final_stats=1",
+            ])
+            .current_dir(root())
+            // The fuzz targets never load the eBPF object: no need to build it.
+            .env("AYA_BUILD_SKIP", "1")
+            .status()
+            .context("running cargo fuzz")?;
+        if !status.success() {
+            bail!(
+                "fuzz target {target} failed ({status}); its input is under {}",
+                artifacts(&fuzz, target)
+            );
+        }
+    }
+    println!(
+        "fuzz: {} targets, {seconds} s each, no crash, in {:.1?}",
+        TARGETS.len(),
+        started.elapsed()
+    );
+    Ok(())
+}
+
+fn artifacts(fuzz: &Path, target: &str) -> String {
+    fuzz.join("artifacts").join(target).display().to_string()
+}
