@@ -157,6 +157,6 @@ fn checksums_hold(packet: &[u8]) -> bool {
     let header = ip.header().to_header();
     header.header_checksum == header.calc_header_checksum()
         && tcp
-            .calc_checksum_ipv4(&ip.header().to_header(), tcp.payload())
+            .calc_checksum_ipv4(ip.header().source(), ip.header().destination())
             .is_ok_and(|c| c == tcp.checksum())
 }

@@ -143,8 +143,8 @@ where
 }
 
 fuzz_target!(|ops: Vec<Op>| {
-    let peers = Peers(Rc::default());
-    let mappings = Mappings(Rc::default());
+    let peers: Peers = Table(Rc::default());
+    let mappings: Mappings = Table(Rc::default());
     let mut live = Reconciler::new(peers.clone(), mappings.clone()).expect("infallible");
     let mut files: BTreeMap<String, String> = BTreeMap::new();
     for op in ops.into_iter().take(32) {

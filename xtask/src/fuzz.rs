@@ -8,6 +8,9 @@ use anyhow::{Context, Result, bail};
 
 use crate::{prereqs, root};
 
+/// How long `cargo xtask test` runs each target.
+pub const CI_SECONDS: u64 = 60;
+
 /// The targets, in the order they run.
 pub const TARGETS: [&str; 4] = ["offload", "datagram", "objects", "reconciler"];
 

@@ -28,7 +28,8 @@ enum Task {
         #[arg(long)]
         keep: bool,
     },
-    /// The whole test suite: style, unit, BPF_PROG_TEST_RUN and lab tests.
+    /// The whole test suite: style, unit, BPF_PROG_TEST_RUN and lab tests,
+    /// then a minute of each fuzz target.
     Test,
     /// Bring the reference lab up or down.
     Lab {
@@ -135,6 +136,7 @@ fn test() -> Result<()> {
     let down = lab::down();
     tests?;
     down?;
+    fuzz::run(fuzz::CI_SECONDS)?;
     println!("test: everything passed in {:.1?}", started.elapsed());
     Ok(())
 }
