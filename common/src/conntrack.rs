@@ -142,6 +142,24 @@ pub const fn reply_key(out: &FlowKey, nat: &FlowNat) -> FlowKey {
     FlowKey::new(out.daddr, nat.addr, out.dport, nat.port, out.proto, DIR_IN)
 }
 
+/// A fragment of a masqueraded datagram, as its later fragments name it:
+/// they carry no ports, so the translation of the first is kept under the
+/// addresses, protocol and identification all fragments share.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FragKey {
+    /// Source address, wire order, as the fragment arrived.
+    pub saddr: u32,
+    /// Destination address, wire order, as the fragment arrived.
+    pub daddr: u32,
+    /// IPv4 identification, wire order.
+    pub id: u16,
+    /// IP protocol.
+    pub proto: u8,
+    /// [`DIR_OUT`] or [`DIR_IN`].
+    pub dir: u8,
+}
+
 /// The masquerade settings of a gateway (a one-entry array).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -53,6 +53,10 @@ pub enum DropReason {
     /// A peer's packet, once translated, was for somewhere the peer may not
     /// reach (see [`DenyReason`]).
     Denied = 2,
+    /// A later fragment of a datagram that needs masquerading, whose first
+    /// fragment was not seen (reordered, or forgotten under load): sent on,
+    /// it would carry an address the far side cannot answer.
+    UnknownFragment = 3,
 }
 
 /// Where a peer's packet was headed that it may not reach: after the
@@ -127,10 +131,11 @@ pub const OUTCOMES: [Outcome; 4] = [
     Outcome::Dropped,
 ];
 /// Every drop reason, in slot order.
-pub const DROP_REASONS: [DropReason; 3] = [
+pub const DROP_REASONS: [DropReason; 4] = [
     DropReason::ConntrackFull,
     DropReason::NoFreePort,
     DropReason::Denied,
+    DropReason::UnknownFragment,
 ];
 /// Every kind of rule, in slot order.
 pub const KINDS: [Kind; 3] = [Kind::Prefix, Kind::NatMapping, Kind::Masquerade];
@@ -205,6 +210,7 @@ impl DropReason {
             DropReason::ConntrackFull => "conntrack_full",
             DropReason::NoFreePort => "no_free_port",
             DropReason::Denied => "denied",
+            DropReason::UnknownFragment => "unknown_fragment",
         }
     }
 }

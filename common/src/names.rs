@@ -23,6 +23,11 @@ pub const MAP_NATMAP_REV: &str = "ist_natmap_rev";
 /// Hash: masqueraded flows, both directions
 /// ([`crate::conntrack::FlowKey`] → [`crate::conntrack::FlowNat`]).
 pub const MAP_CONNTRACK: &str = "ist_conntrack";
+/// LRU hash: fragments of masqueraded datagrams
+/// ([`crate::conntrack::FragKey`] → the address the first was translated to).
+pub const MAP_FRAGMENTS: &str = "ist_frags";
+/// Capacity of [`MAP_FRAGMENTS`]: datagrams in flight in pieces.
+pub const MAX_FRAGMENTS: u32 = 8192;
 /// One-entry array: the gateway's masquerade settings
 /// ([`crate::conntrack::SnatConfig`]).
 pub const MAP_SNAT: &str = "ist_snat";
@@ -55,7 +60,7 @@ pub const MAP_OVERLAY_STATS: &str = "ist_overlay_st";
 pub const MAP_POD_DEVS: &str = "ist_pod_devs";
 
 /// Every map the agent pins, in the order it reports them.
-pub const MAPS: [&str; 17] = [
+pub const MAPS: [&str; 18] = [
     MAP_PEERS,
     MAP_PREFIX_LENS,
     MAP_COUNTERS,
@@ -63,6 +68,7 @@ pub const MAPS: [&str; 17] = [
     MAP_NATMAP,
     MAP_NATMAP_REV,
     MAP_CONNTRACK,
+    MAP_FRAGMENTS,
     MAP_SNAT,
     MAP_GUARD_SOURCES,
     MAP_GUARD_INDEXES,

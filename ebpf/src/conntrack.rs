@@ -3,23 +3,30 @@
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
-    btf_maps::{Array, HashMap},
+    btf_maps::{Array, HashMap, LruHashMap},
     helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},
     macros::btf_map,
 };
 use isthmus_common::{
     conntrack::{
-        DIR_IN, DIR_OUT, FlowKey, FlowNat, PORT_MIN, PROTO_ICMP, PROTO_TCP, SnatConfig, TcpState,
-        next_tcp_state, reply_key,
+        DIR_IN, DIR_OUT, FlowKey, FlowNat, FragKey, PORT_MIN, PROTO_ICMP, PROTO_TCP, SnatConfig,
+        TcpState, next_tcp_state, reply_key,
     },
-    names::DEFAULT_CONNTRACK,
+    names::{DEFAULT_CONNTRACK, MAX_FRAGMENTS},
 };
 
-use crate::parse::{ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, Transport};
+use crate::parse::{Fragment, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, Transport};
 
 /// Masqueraded flows, an entry per direction.
 #[btf_map(name = "ist_conntrack")]
 static FLOWS: HashMap<FlowKey, FlowNat, { DEFAULT_CONNTRACK as usize }> = HashMap::new();
+
+/// Where the first fragment of each masqueraded datagram was translated
+/// to, for the later ones, which carry no ports. An LRU: a forgotten
+/// datagram costs only its later fragments, which are then dropped and
+/// counted.
+#[btf_map(name = "ist_frags")]
+static FRAGS: LruHashMap<FragKey, u32, { MAX_FRAGMENTS as usize }> = LruHashMap::new();
 
 /// The gateway's masquerade settings.
 #[btf_map(name = "ist_snat")]
@@ -39,6 +46,38 @@ pub enum Refused {
     Full,
     /// Every port tried was taken.
     NoPort,
+    /// A later fragment whose first fragment was not seen.
+    UnknownFragment,
+}
+
+/// The key under which the fragments of `fragment`'s datagram, from `src`
+/// to `dst` in direction `dir`, find their translation.
+#[inline(always)]
+pub fn fragment_key(fragment: &Fragment, src: u32, dst: u32, dir: u8) -> FragKey {
+    FragKey {
+        saddr: src,
+        daddr: dst,
+        id: fragment.id,
+        proto: fragment.proto,
+        dir,
+    }
+}
+
+/// Remembers that the datagram of `key` was translated to `addr`, when
+/// its first fragment was.
+#[inline(always)]
+pub fn remember_fragment(key: &FragKey, addr: u32) {
+    // Full: the LRU makes room; a failure only costs the later fragments.
+    let _ = FRAGS.insert(key, addr, 0);
+}
+
+/// Where the first fragment of a later fragment's datagram was translated to.
+#[inline(always)]
+pub fn fragment_addr(key: &FragKey) -> Result<u32, Refused> {
+    // SAFETY: a u32 value, copied out at once.
+    unsafe { FRAGS.get(key) }
+        .copied()
+        .ok_or(Refused::UnknownFragment)
 }
 
 /// The masquerade address, when masquerading is on.

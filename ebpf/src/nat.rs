@@ -11,7 +11,7 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use isthmus_common::{
-    conntrack::PROTO_ICMP,
+    conntrack::{DIR_IN, DIR_OUT, PROTO_ICMP},
     counters::{DenyReason, Direction, DropReason, Kind, Link, Outcome},
     nat::{PeerNat, find_rule},
 };
@@ -69,6 +69,18 @@ enum Verdict {
     Dropped(DropReason),
     /// A packet from peer `.0` for somewhere it may not reach.
     Denied(u32, DenyReason),
+}
+
+impl Refused {
+    /// What the NAT counts a packet it drops for this under.
+    #[inline(always)]
+    fn reason(self) -> DropReason {
+        match self {
+            Refused::Full => DropReason::ConntrackFull,
+            Refused::NoPort => DropReason::NoFreePort,
+            Refused::UnknownFragment => DropReason::UnknownFragment,
+        }
+    }
 }
 
 /// Entry point shared by every NAT program. Drops what must be masqueraded
@@ -146,11 +158,13 @@ fn translate(ctx: &TcContext, l3: usize, direction: Direction) -> Result<Verdict
     let rewrite = match direction {
         Direction::Egress => match egress(peer, &pkt, own) {
             Ok(rewrite) => rewrite,
-            Err(Refused::Full) => return Ok(Verdict::Dropped(DropReason::ConntrackFull)),
-            Err(Refused::NoPort) => return Ok(Verdict::Dropped(DropReason::NoFreePort)),
+            Err(refused) => return Ok(Verdict::Dropped(refused.reason())),
         },
         Direction::Ingress => {
-            let rewrite = ingress(peer, &pkt, own);
+            let rewrite = match ingress(peer, &pkt, own) {
+                Ok(rewrite) => rewrite,
+                Err(refused) => return Ok(Verdict::Dropped(refused.reason())),
+            };
             if let Some(reason) = denied(peer, &rewrite) {
                 return Ok(Verdict::Denied(peer.peer_id, reason));
             }
@@ -212,6 +226,12 @@ fn egress(peer: &PeerNat, pkt: &Packet, own: u32) -> Result<Rewrite, Refused> {
     if pkt.icmp_error.is_some() {
         return Ok(to_peer_view(peer, external.then(masq, Kind::Masquerade)));
     }
+    // A later fragment, with no ports: where its first fragment went.
+    if let Some(fragment) = pkt.fragment.as_ref().filter(|f| !f.first) {
+        let key = conntrack::fragment_key(fragment, external.addr, pkt.ip.dst, DIR_OUT);
+        let addr = conntrack::fragment_addr(&key)?;
+        return Ok(to_peer_view(peer, external.then(addr, Kind::Masquerade)));
+    }
     let Some(t) = pkt
         .transport
         .as_ref()
@@ -224,6 +244,10 @@ fn egress(peer: &PeerNat, pkt: &Packet, own: u32) -> Result<Rewrite, Refused> {
         masq,
         t.tcp_flags,
     )?;
+    if let Some(fragment) = &pkt.fragment {
+        let key = conntrack::fragment_key(fragment, external.addr, pkt.ip.dst, DIR_OUT);
+        conntrack::remember_fragment(&key, nat.addr);
+    }
     Ok(Rewrite {
         port: port_change(t, Direction::Egress, nat.port),
         ..to_peer_view(peer, external.then(nat.addr, Kind::Masquerade))
@@ -231,22 +255,33 @@ fn egress(peer: &PeerNat, pkt: &Packet, own: u32) -> Result<Rewrite, Refused> {
 }
 
 /// From a peer: our networks come back from the peer's view; a reply to a
-/// masqueraded flow goes back to its source; an externalIP resolves to its
+/// masqueraded flow goes back to its source, and so do the later fragments
+/// of a reply whose first went there; an externalIP resolves to its
 /// endpoint.
 #[inline(always)]
-fn ingress(peer: &PeerNat, pkt: &Packet, own: u32) -> Rewrite {
+fn ingress(peer: &PeerNat, pkt: &Packet, own: u32) -> Result<Rewrite, Refused> {
     let real = from_peer_view(peer, own);
-    if let (Some(t), Some(masq)) = (&pkt.transport, conntrack::masquerade_addr())
-        && real.addr == masq
+    let Some(masq) = conntrack::masquerade_addr().filter(|masq| real.addr == *masq) else {
+        return Ok(endpoint_of(peer, real));
+    };
+    let fragment_key = |f| conntrack::fragment_key(f, pkt.ip.src, masq, DIR_IN);
+    if let Some(fragment) = pkt.fragment.as_ref().filter(|f| !f.first) {
+        let addr = conntrack::fragment_addr(&fragment_key(fragment))?;
+        return Ok(real.then(addr, Kind::Masquerade));
+    }
+    if let Some(t) = &pkt.transport
         && let Some(key) = conntrack::in_key(t, pkt.ip.src, masq)
         && let Some(back) = conntrack::inbound(&key, t.tcp_flags)
     {
-        return Rewrite {
+        if let Some(fragment) = &pkt.fragment {
+            conntrack::remember_fragment(&fragment_key(fragment), back.addr);
+        }
+        return Ok(Rewrite {
             port: port_change(t, Direction::Ingress, back.port),
             ..real.then(back.addr, Kind::Masquerade)
-        };
+        });
     }
-    endpoint_of(peer, real)
+    Ok(endpoint_of(peer, real))
 }
 
 /// Why a packet from `peer`, translated by `rewrite`, may not go on, if it

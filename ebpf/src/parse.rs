@@ -21,6 +21,9 @@ pub const ETH_HLEN: usize = 14;
 pub const ETH_P_IP: u32 = 0x0800u16.to_be() as u32;
 
 const IPV4_MIN_HLEN: usize = 20;
+/// The "more fragments" flag and the fragment offset of an IPv4 header.
+const IP_MF: u16 = 0x2000;
+const IP_OFFSET: u16 = 0x1fff;
 const TCP_CHECK: usize = 16;
 const TCP_MIN_HLEN: usize = 20;
 const UDP_CHECK: usize = 6;
@@ -86,10 +89,23 @@ pub const ICMP_ECHO_REQUEST: u8 = 8;
 /// Offset of the ICMP echo identifier.
 pub const ICMP_ECHO_ID: usize = 4;
 
+/// What a fragment shares with the others of its datagram.
+#[derive(Clone, Copy)]
+pub struct Fragment {
+    /// The IPv4 identification, wire order.
+    pub id: u16,
+    /// The first fragment, which alone carries the L4 header.
+    pub first: bool,
+    /// The IP protocol of the datagram.
+    pub proto: u8,
+}
+
 /// A parsed IPv4 packet.
 pub struct Packet {
     /// Its IPv4 header.
     pub ip: Ipv4,
+    /// Set when the packet is one fragment of a datagram.
+    pub fragment: Option<Fragment>,
     /// Set when the packet is an ICMP error carrying a quoted header.
     pub icmp_error: Option<IcmpError>,
     /// Its ports, when it is a whole first fragment of TCP, UDP or ICMP.
@@ -168,6 +184,12 @@ pub fn packet(ctx: &TcContext, off: usize) -> Result<Packet, Malformed> {
         end: ctx.data_end(),
     };
     let outer = header(&view, off, len, true)?;
+    let flags = view.span::<IPV4_MIN_HLEN>(off)?;
+    let fragment = (be16(flags, 6) & (IP_MF | IP_OFFSET) != 0).then(|| Fragment {
+        id: u16::from_ne_bytes([flags[4], flags[5]]),
+        first: outer.first,
+        proto: outer.proto,
+    });
     let icmp_error = if outer.proto == PROTO_ICMP && outer.first {
         icmp_error(&view, outer.l4, outer.end)?
     } else {
@@ -180,6 +202,7 @@ pub fn packet(ctx: &TcContext, off: usize) -> Result<Packet, Malformed> {
     };
     Ok(Packet {
         ip: outer.ip,
+        fragment,
         icmp_error,
         transport,
     })
@@ -246,7 +269,7 @@ fn header(view: &View, off: usize, end: usize, whole: bool) -> Result<Header, Ma
     } else {
         end
     };
-    let first = be16(h, 6) & 0x1fff == 0;
+    let first = be16(h, 6) & IP_OFFSET == 0;
     let proto = h[9];
     let l4 = off + hlen;
     let csum = if first {

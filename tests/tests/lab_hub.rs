@@ -294,3 +294,35 @@ fn a_gateways_own_traffic_gets_out_through_the_masquerade() {
         assert_eq!(seen.server_as_seen_by_client, Ipv4Addr::new(10, 0, 0, 5));
     }
 }
+
+/// A datagram of 4,000 bytes from a-pod1 to c-pod1 through the hub crosses
+/// in fragments, and b masquerades every one of them alike: c-pod1 gets it
+/// whole, from an address of b.
+#[test]
+fn a_fragmented_datagram_crosses_the_hub_whole() {
+    require_lab();
+    let port = next_port();
+    let server = netns::run_in(&C.pod(1), || UdpSocket::bind((Ipv4Addr::UNSPECIFIED, port)))
+        .unwrap()
+        .unwrap();
+    server
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .unwrap();
+    let payload: Vec<u8> = (0..4000u32).map(|i| (i * 7) as u8).collect();
+    let client = netns::run_in(&A.pod(1), || UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)))
+        .unwrap()
+        .unwrap();
+    client.send_to(&payload, (HUB_TARGET, port)).unwrap();
+    let mut buf = vec![0u8; 8192];
+    let (n, from) = server
+        .recv_from(&mut buf)
+        .expect("c-pod1 never got the fragmented datagram whole");
+    assert_eq!(&buf[..n], &payload[..], "the datagram arrived changed");
+    let SocketAddr::V4(from) = from else {
+        panic!("{from}")
+    };
+    assert!(
+        B.pods().contains(from.ip()),
+        "c-pod1 saw {from}, not an address of b"
+    );
+}

@@ -896,3 +896,65 @@ fn a_peer_reaches_only_our_networks_its_mappings_and_our_flows() {
         "our own unparseable packet"
     );
 }
+
+/// The same packet with IPv4 identification `id`, its header checksum
+/// computed again.
+fn with_id(mut packet: Vec<u8>, id: u16) -> Vec<u8> {
+    packet[4..6].copy_from_slice(&id.to_be_bytes());
+    packet[10..12].fill(0);
+    let check = xtask::probe::internet_checksum(&packet[..20]);
+    packet[10..12].copy_from_slice(&check.to_be_bytes());
+    packet
+}
+
+/// A masqueraded datagram in fragments: the first gets the flow's address
+/// and port, the later ones (no ports) the same address, both ways; a later
+/// fragment whose first was never seen is dropped and counted, never sent
+/// with an address the far side cannot answer.
+#[test]
+fn the_fragments_of_a_masqueraded_datagram_go_where_the_first_went() {
+    use Direction::{Egress, Ingress};
+    let h = Harness::build(Some(A_MASQ), names::DEFAULT_CONNTRACK);
+    let datagram = |src, dst, sport, dport| {
+        Datagram::new(
+            src,
+            dst,
+            L4::Udp {
+                sport,
+                dport,
+                payload: (0..64).collect(),
+                zero_csum: false,
+            },
+        )
+    };
+    let out = datagram(NODE, B_POD1, 5353, 53);
+    let out_nat = out.between(A_MASQ_AT_B, B_POD1);
+    let back = datagram(B_POD1, A_MASQ_AT_B, 53, 5353);
+    let back_nat = back.between(B_POD1, NODE);
+    for (direction, whole, translated) in [(Egress, &out, &out_nat), (Ingress, &back, &back_nat)] {
+        for (from, to) in [(0, 32), (32, 72)] {
+            let (ret, got) = h.run(direction, &eth_ipv4(&whole.fragment(from, to)));
+            assert_eq!(ret, HAND_ON, "{direction:?} fragment at {from}");
+            assert_eq!(
+                hex(&got),
+                hex(&eth_ipv4(&translated.fragment(from, to))),
+                "{direction:?} fragment at {from}"
+            );
+        }
+        let unknown = |h: &Harness| {
+            h.counter(counters::drop_slot(
+                Link::Eth,
+                direction,
+                DropReason::UnknownFragment,
+            ))
+        };
+        let before = unknown(&h);
+        let stray = eth_ipv4(&with_id(whole.fragment(32, 72), 0x4321));
+        assert_eq!(
+            h.run(direction, &stray),
+            (DROP, stray.clone()),
+            "{direction:?} stray"
+        );
+        assert_eq!(unknown(&h), before + 1, "{direction:?}: counted");
+    }
+}
