@@ -25,7 +25,7 @@ use xtask::{
     cmd::ip,
     lab, netns,
     probe::{self, Proto, next_port},
-    topology::{A, B, OVERLAY_PORT, OVERLAY_VNI},
+    topology::{A, B, OVERLAY_PORT, OVERLAY_VNI, WAN_NS},
 };
 
 /// b-pod1 as a sees it.
@@ -332,7 +332,7 @@ impl Digest {
 }
 
 #[test]
-fn a_pod_cannot_forge_the_overlay_to_pose_as_a_peer() {
+fn neither_a_pod_nor_a_wan_host_can_forge_the_overlay_to_pose_as_a_peer() {
     require_lab();
     let gw = A.gw();
     let port = next_port();
@@ -342,14 +342,34 @@ fn a_pod_cannot_forge_the_overlay_to_pose_as_a_peer() {
     listener
         .set_read_timeout(Some(Duration::from_millis(300)))
         .unwrap();
-    let sender = netns::run_in(&A.pod(1), || UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)))
+    let pod = netns::run_in(&A.pod(1), || UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)))
+        .unwrap()
+        .unwrap();
+    // A WAN host of the test's own, on the WAN bridge.
+    let stranger = "203.0.113.98";
+    let _ = ip(
+        WAN_NS,
+        &["addr", "del", &format!("{stranger}/24"), "dev", "br0"],
+    );
+    ip(
+        WAN_NS,
+        &["addr", "add", &format!("{stranger}/24"), "dev", "br0"],
+    )
+    .unwrap();
+    let wan = netns::run_in(WAN_NS, || UdpSocket::bind((stranger, 0)))
         .unwrap()
         .unwrap();
     let dropped_before = overlay(&gw, "unknown_node");
     // An inner packet that claims to come from peer b's 10.0.0.99, to
-    // a-pod2 on a-gw: small (taken off the uplink), and large enough to be
-    // fragmented on the LAN (reassembled, then through the VXLAN device).
-    for len in [32, 2000] {
+    // a-pod2 on a-gw: from a pod, small (taken off the uplink) and large
+    // enough to be fragmented on the LAN (reassembled, then through the
+    // VXLAN device); and from the WAN, to a-gw's WAN address.
+    let sends = [
+        (&pod, A.lan_gw(), 32),
+        (&pod, A.lan_gw(), 2000),
+        (&wan, A.wan_addr(), 32),
+    ];
+    for (sender, to, len) in sends {
         let inner = Datagram::new(
             [10, 0, 0, 99],
             A_POD2,
@@ -361,21 +381,21 @@ fn a_pod_cannot_forge_the_overlay_to_pose_as_a_peer() {
             },
         );
         let payload = vxlan_payload(OVERLAY_VNI, &eth_ipv4(&inner.bytes()));
-        sender
-            .send_to(&payload, (A.lan_gw(), OVERLAY_PORT))
-            .unwrap();
+        sender.send_to(&payload, (to, OVERLAY_PORT)).unwrap();
     }
     let start = Instant::now();
-    while overlay(&gw, "unknown_node") < dropped_before + 2.0 {
+    while overlay(&gw, "unknown_node") < dropped_before + sends.len() as f64 {
         assert!(
             start.elapsed() < Duration::from_secs(5),
-            "a-gw did not drop both forged overlay packets as from no node"
+            "a-gw did not drop every forged overlay packet as from no node"
         );
         std::thread::sleep(Duration::from_millis(10));
     }
     let mut buf = [0u8; 4096];
-    assert!(
-        listener.recv_from(&mut buf).is_err(),
-        "a forged overlay packet reached a-pod2"
+    let reached = listener.recv_from(&mut buf);
+    let _ = ip(
+        WAN_NS,
+        &["addr", "del", &format!("{stranger}/24"), "dev", "br0"],
     );
+    assert!(reached.is_err(), "a forged overlay packet reached a-pod2");
 }
