@@ -432,8 +432,7 @@ impl PinnedMaps {
                     aya::maps::MapType::Array | aya::maps::MapType::PerCpuArray => capacity,
                     // Entries that come and go meanwhile may be missed or
                     // seen twice; the walk stops at twice the capacity.
-                    _ => pinned::keys(data, info.key_size(), capacity.saturating_mul(2))?.len()
-                        as u32,
+                    _ => pinned::walk(data, info.key_size(), capacity.saturating_mul(2), |_| ())?,
                 };
                 Ok(Occupancy {
                     map,

@@ -261,21 +261,41 @@ fn io(io_error: std::io::Error) -> aya::sys::SyscallError {
     }
 }
 
-/// The keys of `map`, at most `limit` of them, walked with
-/// `BPF_MAP_GET_NEXT_KEY` from userspace, which takes no lock the packet
-/// path waits on.
+/// The keys of `map`, at most `limit` of them.
 pub fn keys(map: &MapData, key_size: u32, limit: u32) -> Result<Vec<Vec<u8>>, MapError> {
-    let mut keys: Vec<Vec<u8>> = Vec::new();
-    let mut next = vec![0u8; key_size as usize];
-    while keys.len() < limit as usize {
-        let current = keys.last().map_or(std::ptr::null(), |k| k.as_ptr());
+    let mut keys = Vec::new();
+    walk(map, key_size, limit, |key| keys.push(key.to_vec()))?;
+    Ok(keys)
+}
+
+/// Calls `each` on the keys of `map`, at most `limit` of them, walked with
+/// `BPF_MAP_GET_NEXT_KEY` from userspace, which takes no lock the packet
+/// path waits on. Returns how many.
+pub fn walk(
+    map: &MapData,
+    key_size: u32,
+    limit: u32,
+    mut each: impl FnMut(&[u8]),
+) -> Result<u32, MapError> {
+    let (mut key, mut next) = (vec![0u8; key_size as usize], vec![0u8; key_size as usize]);
+    let mut count = 0;
+    while count < limit {
+        let current = if count == 0 {
+            std::ptr::null()
+        } else {
+            key.as_ptr()
+        };
         match syscall(BPF_MAP_GET_NEXT_KEY, map, current, next.as_mut_ptr()) {
-            Ok(()) => keys.push(next.clone()),
-            Err(e) if e.io_error.raw_os_error() == Some(libc::ENOENT) => return Ok(keys),
+            Ok(()) => {
+                each(&next);
+                std::mem::swap(&mut key, &mut next);
+                count += 1;
+            }
+            Err(e) if e.io_error.raw_os_error() == Some(libc::ENOENT) => break,
             Err(e) => return Err(MapError::SyscallError(e)),
         }
     }
-    Ok(keys)
+    Ok(count)
 }
 
 #[cfg(test)]
