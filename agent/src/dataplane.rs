@@ -258,14 +258,17 @@ impl Dataplane {
         }
         let ebpf = loader.load(OBJECT)?;
         for migration in migrations {
-            let name = migration.name().to_owned();
             let new =
-                aya::maps::MapData::from_pin(pins.map(&name)).map_err(|e| DataplaneError::Io {
-                    path: pins.map(&name),
+                aya::maps::MapData::from_pin(migration.path()).map_err(|e| DataplaneError::Io {
+                    path: migration.path().to_owned(),
                     source: io::Error::other(e),
                 })?;
             let copied = migration.copy_into(&new)?;
-            info!(map = name, entries = copied, "pinned map migrated");
+            info!(
+                map = migration.name(),
+                entries = copied,
+                "pinned map migrated"
+            );
         }
         Ok(Self { ebpf, pins })
     }

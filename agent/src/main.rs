@@ -420,10 +420,7 @@ async fn run(args: RunArgs) -> Result<()> {
         overlay,
         pods,
         attach: args.attach,
-        policy: {
-            let flags = args.policy.clone();
-            Box::new(move || flags.policy())
-        },
+        policy: args.policy.clone(),
     };
     follow(
         events,
@@ -461,8 +458,8 @@ struct Host {
     overlay: Option<Overlay>,
     pods: PodDevices,
     attach: AttachMode,
-    /// The policy as of now: this node's addresses may change.
-    policy: Box<dyn Fn() -> Policy + Send>,
+    /// What objects may ask of this node; its addresses may change.
+    policy: PolicyArgs,
 }
 
 impl Host {
@@ -579,7 +576,7 @@ async fn follow<P: PeerTable<Error = aya::maps::MapError>, M: MappingTable<Error
                     feedback.show(status::desired(reconciler.peers(), tunnel.as_deref(), reconciler.rejections()));
                 }
                 // A node address that came or went may allow or refuse a view.
-                let changed = reconciler.set_policy((host.policy)());
+                let changed = reconciler.set_policy(host.policy.policy());
                 if changed {
                     info!("this node's networks changed; checking every peer's views again");
                 } else if !retry.due() {
@@ -598,7 +595,10 @@ async fn follow<P: PeerTable<Error = aya::maps::MapError>, M: MappingTable<Error
         }
         let (report, failure) = reconciler.reconcile();
         record(&report, metrics);
-        metrics.set_peer_ids(reconciler.peer_ids());
+        // A peer's ID is assigned when it is accepted and kept until it goes.
+        if !report.added.is_empty() || !report.dropped.is_empty() {
+            metrics.set_peer_ids(reconciler.peer_ids());
+        }
         if let Some(feedback) = feedback {
             feedback.rejected(&report.new_errors);
         }

@@ -260,21 +260,18 @@ const OCCUPANCY_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 /// Counts map occupancy now, then every [`OCCUPANCY_EVERY`], on a thread
 /// of its own.
 fn count_occupancy(maps: PinnedMaps, into: Occupancies) {
-    let count = move || {
-        match maps.occupancy() {
-            Ok(counted) => *into.lock().unwrap_or_else(|p| p.into_inner()) = counted,
-            Err(e) => warn!(error = %e, "counting map entries"),
-        }
-        std::thread::sleep(OCCUPANCY_EVERY);
-    };
-    if let Err(e) = std::thread::Builder::new()
+    let counter = std::thread::Builder::new()
         .name("map-occupancy".into())
         .spawn(move || {
             loop {
-                count()
+                match maps.occupancy() {
+                    Ok(counted) => *into.lock().unwrap_or_else(|p| p.into_inner()) = counted,
+                    Err(e) => warn!(error = %e, "counting map entries"),
+                }
+                std::thread::sleep(OCCUPANCY_EVERY);
             }
-        })
-    {
+        });
+    if let Err(e) = counter {
         warn!(error = %e, "starting the map occupancy counter: map occupancy will not be reported");
     }
 }

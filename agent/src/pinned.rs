@@ -84,6 +84,7 @@ pub enum Fate {
 /// loader creates the new map in its place.
 pub struct Migration {
     name: String,
+    path: PathBuf,
     old: MapData,
     shape: Shape,
 }
@@ -129,6 +130,7 @@ pub fn check(
                 );
                 migrations.push(Migration {
                     name: (*name).to_owned(),
+                    path: path.clone(),
                     old,
                     shape: *shape,
                 });
@@ -165,7 +167,7 @@ impl Migration {
     pub fn copy_into(&self, new: &MapData) -> Result<usize, PinnedError> {
         let failed = |source| PinnedError::Map {
             name: self.name.clone(),
-            path: PathBuf::new(),
+            path: self.path.clone(),
             source: Box::new(source),
         };
         let keys = keys(&self.old, self.shape.key_size, u32::MAX).map_err(failed)?;
@@ -190,6 +192,11 @@ impl Migration {
     /// The migrated map's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Where it is pinned.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
     }
 }
 

@@ -8,7 +8,10 @@
 
 use ipnet::Ipv4Net;
 
-use crate::peer::{Peer, Problem};
+use crate::{
+    node::Node,
+    peer::{Peer, Problem},
+};
 
 /// Networks no field of any TunnelEndpoint may touch, and why.
 const RESERVED: [(&str, &str); 5] = [
@@ -58,9 +61,9 @@ impl Default for Policy {
 }
 
 impl Policy {
-    /// What is wrong with `peer` on its own, if anything. `extra` are more
-    /// protected networks, known only now (the cluster's nodes' PodCIDRs).
-    pub fn check(&self, peer: &Peer, extra: &[Protected]) -> Result<(), Problem> {
+    /// What is wrong with `peer` on its own, if anything. `nodes` are the
+    /// cluster's nodes as of now: their PodCIDRs are protected too.
+    pub fn check(&self, peer: &Peer, nodes: &[Node]) -> Result<(), Problem> {
         if !self.namespace_allowed(&peer.key.namespace) {
             return Err(Problem::Namespace {
                 namespace: peer.key.namespace.clone(),
@@ -77,13 +80,13 @@ impl Policy {
             }
         }
         for (field, net) in peer.views() {
-            if let Some(p) = self
+            let what = self
                 .protected
                 .iter()
-                .chain(extra)
                 .find(|p| overlaps(net, p.net))
-            {
-                let what = p.what.clone();
+                .map(|p| p.what.clone())
+                .or_else(|| node_pod_cidr(nodes, net));
+            if let Some(what) = what {
                 return Err(Problem::Forbidden { field, net, what });
             }
         }
@@ -98,6 +101,15 @@ impl Policy {
                 None => namespace == pattern,
             })
     }
+}
+
+/// The node PodCIDR `net` touches, named: formatted only when one does, as
+/// every pass checks every peer against every node.
+fn node_pod_cidr(nodes: &[Node], net: Ipv4Net) -> Option<String> {
+    nodes.iter().find_map(|n| {
+        let cidr = n.pod_cidrs.iter().find(|c| overlaps(net, **c))?;
+        Some(format!("the PodCIDR {cidr} of node {}", n.name))
+    })
 }
 
 /// The reserved range `net` touches, named.
@@ -220,10 +232,13 @@ mod tests {
             "field remoteNATPodCIDR: 172.16.1.0/24 touches the network of lan0 (172.16.1.1/24); no peer may use it"
         );
         let over_services = ["10.96.0.0/24", "None", "192.168.2.0/24", "None"];
-        let services = cluster_networks(&[], &["10.96.0.0/12".parse().unwrap()]);
+        let mut policy = lan();
+        policy
+            .protected
+            .extend(cluster_networks(&[], &["10.96.0.0/12".parse().unwrap()]));
         let p = peer("liqo-tenant-b", over_services);
         assert_eq!(
-            lan().check(&p, &services).unwrap_err().to_string(),
+            policy.check(&p, &[]).unwrap_err().to_string(),
             "field remotePodCIDR: 10.96.0.0/24 touches this cluster's 10.96.0.0/12 (--service-cidr); no peer may use it"
         );
         let link_local = ["10.1.0.0/24", "None", "169.254.0.0/24", "None"];

@@ -14,7 +14,7 @@ use crate::{
     node::{Node, NodeError},
     object::{DocumentError, KIND_NAT_MAPPING, KIND_NODE, KIND_TUNNEL_ENDPOINT, Object, ObjectKey},
     peer::{Peer, PeerError, Problem},
-    policy::{Policy, Protected, overlaps},
+    policy::{Policy, overlaps},
 };
 
 /// A kernel map the reconciler keeps in line with the objects: the peer
@@ -476,20 +476,10 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
     /// Picks the peers to program among those the policy allows, senior
     /// peers first, so that a newcomer cannot displace a working peer.
     fn select(&self, errors: &mut BTreeSet<Rejection>) -> Vec<Peer> {
-        let node_pods: Vec<Protected> = self
-            .nodes
-            .iter()
-            .flat_map(|n| {
-                n.pod_cidrs.iter().map(|net| Protected {
-                    net: *net,
-                    what: format!("the PodCIDR {net} of node {}", n.name),
-                })
-            })
-            .collect();
         let mut candidates = Vec::new();
         for result in self.origins.values().flatten() {
             match result {
-                Ok(Valid::Peer(peer)) => match self.policy.check(peer, &node_pods) {
+                Ok(Valid::Peer(peer)) => match self.policy.check(peer, &self.nodes) {
                     Ok(()) => candidates.push(peer.clone()),
                     Err(problem) => {
                         errors.insert(PeerError::new(&peer.origin, &peer.key, problem).into());
@@ -569,12 +559,12 @@ fn conflict(peer: &Peer, accepted: &[Peer]) -> Option<PeerError> {
             Problem::Duplicate { other_file },
         ));
     }
-    // Views taken so far; the peer's own first view counts against its second.
     if let Some(e) =
         duplicate_identity(peer, accepted).or_else(|| endpoint_in_a_view(peer, accepted))
     {
         return Some(PeerError::new(&peer.origin, &peer.key, e));
     }
+    // Views taken so far; the peer's own first view counts against its second.
     let mut taken: Vec<(&Peer, (&'static str, Ipv4Net))> = accepted
         .iter()
         .flat_map(|other| other.views().map(|view| (other, view)))
@@ -653,7 +643,7 @@ mod tests {
     use std::{io, path::Path};
 
     use super::*;
-    use crate::object::parse_documents;
+    use crate::{object::parse_documents, policy::Protected};
 
     fn messages(rejections: &[Rejection]) -> Vec<&str> {
         rejections.iter().map(|r| r.message.as_str()).collect()

@@ -19,7 +19,7 @@ use isthmus_common::overlay::{OverlayConfig, OverlayEvent};
 
 use crate::{
     maps,
-    parse::{ETH_HLEN, ETH_P_IP, be16, bytes_at, ip, wire32},
+    parse::{ETH_HLEN, ETH_P_IP, IP_FRAG, IP_MF, IP_OFFSET, be16, bytes_at, ip, wire32},
 };
 /// `skb->pkt_type` of a packet addressed to this host.
 const PACKET_HOST: u32 = 0;
@@ -145,7 +145,7 @@ pub fn decapsulate(ctx: &TcContext) -> i32 {
     };
     if udp[OUTER_IP] != IPV4_WITHOUT_OPTIONS
         || udp[OUTER_IP + IP_PROTO] != PROTO_UDP
-        || be16(&udp, OUTER_IP + IP_FRAG) & IP_MF_AND_OFFSET != 0
+        || be16(&udp, OUTER_IP + IP_FRAG) & (IP_MF | IP_OFFSET) != 0
         || wire32(&udp, OUTER_IP + ip::DST) != config.local
         || be16(&udp, OUTER_UDP + 2) != config.port
     {
@@ -188,11 +188,8 @@ const IPV4_HLEN: usize = 20;
 /// IPv4 header fields forwarding reads.
 const IP_TOS: usize = 1;
 const IP_TOT_LEN: usize = 2;
-const IP_FRAG: usize = 6;
 const IP_TTL: usize = 8;
 const IP_PROTO: usize = 9;
-/// The "more fragments" flag and the fragment offset.
-const IP_MF_AND_OFFSET: u16 = 0x3fff;
 const ETH_TYPE_IPV4: u16 = 0x0800;
 
 /// Where the FIB sends a packet: out of `ifindex`, to `dmac`, from `smac`.

@@ -21,9 +21,12 @@ pub const ETH_HLEN: usize = 14;
 pub const ETH_P_IP: u32 = 0x0800u16.to_be() as u32;
 
 const IPV4_MIN_HLEN: usize = 20;
-/// The "more fragments" flag and the fragment offset of an IPv4 header.
-const IP_MF: u16 = 0x2000;
-const IP_OFFSET: u16 = 0x1fff;
+/// Offset of the flags and fragment offset of an IPv4 header.
+pub const IP_FRAG: usize = 6;
+/// The "more fragments" flag and the fragment offset, in that field.
+pub const IP_MF: u16 = 0x2000;
+/// The fragment offset alone.
+pub const IP_OFFSET: u16 = 0x1fff;
 const TCP_CHECK: usize = 16;
 const TCP_MIN_HLEN: usize = 20;
 const UDP_CHECK: usize = 6;
@@ -184,12 +187,6 @@ pub fn packet(ctx: &TcContext, off: usize) -> Result<Packet, Malformed> {
         end: ctx.data_end(),
     };
     let outer = header(&view, off, len, true)?;
-    let flags = view.span::<IPV4_MIN_HLEN>(off)?;
-    let fragment = (be16(flags, 6) & (IP_MF | IP_OFFSET) != 0).then(|| Fragment {
-        id: u16::from_ne_bytes([flags[4], flags[5]]),
-        first: outer.first,
-        proto: outer.proto,
-    });
     let icmp_error = if outer.proto == PROTO_ICMP && outer.first {
         icmp_error(&view, outer.l4, outer.end)?
     } else {
@@ -202,7 +199,7 @@ pub fn packet(ctx: &TcContext, off: usize) -> Result<Packet, Malformed> {
     };
     Ok(Packet {
         ip: outer.ip,
-        fragment,
+        fragment: outer.fragment,
         icmp_error,
         transport,
     })
@@ -248,6 +245,8 @@ struct Header {
     end: usize,
     /// A first fragment, or not a fragment at all.
     first: bool,
+    /// Set when the datagram is in fragments.
+    fragment: Option<Fragment>,
 }
 
 /// Reads the IPv4 header at `off`, within `end`. `whole` is false for a
@@ -269,8 +268,14 @@ fn header(view: &View, off: usize, end: usize, whole: bool) -> Result<Header, Ma
     } else {
         end
     };
-    let first = be16(h, 6) & IP_OFFSET == 0;
+    let frag = be16(h, IP_FRAG);
+    let first = frag & IP_OFFSET == 0;
     let proto = h[9];
+    let fragment = (frag & (IP_MF | IP_OFFSET) != 0).then(|| Fragment {
+        id: u16::from_ne_bytes([h[4], h[5]]),
+        first,
+        proto,
+    });
     let l4 = off + hlen;
     let csum = if first {
         pseudo_csum(proto, l4, end, whole)?
@@ -289,6 +294,7 @@ fn header(view: &View, off: usize, end: usize, whole: bool) -> Result<Header, Ma
         l4,
         end,
         first,
+        fragment,
     })
 }
 

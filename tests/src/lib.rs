@@ -28,6 +28,16 @@ where
     (result.return_value, out)
 }
 
+/// Polls `done` until it holds; fails the test, naming `what`, if it still
+/// does not after `within`.
+pub fn eventually(within: std::time::Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !done() {
+        assert!(start.elapsed() < within, "never within {within:?}: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// Fails the test unless the lab is up: lab tests never skip in silence.
 pub fn require_lab() {
     assert!(

@@ -12,7 +12,7 @@ use std::{
 use ipnet::Ipv4Net;
 use isthmus_agent::{maps::PeerMap, reconcile::KernelTable};
 use isthmus_common::nat::PeerNat;
-use isthmus_tests::{metrics::sample, require_lab};
+use isthmus_tests::{eventually, metrics::sample, require_lab};
 use xtask::{
     cmd::ip,
     lab,
@@ -253,29 +253,20 @@ fn a_route_that_is_not_ours_is_never_replaced() {
     );
     fs::write(&file.0, with_tunnel).unwrap();
     wait_log(&gw, "route 10.7.0.0/24 exists and is not Isthmus's");
-    let start = Instant::now();
-    while !ip(&gw, &["route", "show", "10.7.1.0/24"])
-        .unwrap()
-        .contains("isthmus0")
-    {
-        assert!(
-            start.elapsed() < GIVE_UP,
-            "x's other network was never routed into the tunnel"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let route = |net: &str| ip(&gw, &["route", "show", net]).unwrap();
+    eventually(
+        GIVE_UP,
+        "x's other network is routed into the tunnel",
+        || route("10.7.1.0/24").contains("isthmus0"),
+    );
     let kept = ip(&gw, &["route", "show", "10.7.0.0/24", "proto", "static"]).unwrap();
     assert!(
         kept.contains("via 172.16.1.2 dev lan0"),
         "the foreign route changed: {kept}"
     );
     drop(file);
-    while ip(&gw, &["route", "show", "10.7.1.0/24"])
-        .unwrap()
-        .contains("10.7.1.0/24")
-    {
-        assert!(start.elapsed() < GIVE_UP, "x's routes outlived it");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    eventually(GIVE_UP, "x's routes go with it", || {
+        !route("10.7.1.0/24").contains("10.7.1.0/24")
+    });
     ip(&gw, &[&["route", "del"][..], &foreign].concat()).unwrap();
 }

@@ -20,6 +20,7 @@ use isthmus_agent::{
 use isthmus_common::names;
 use isthmus_tests::{
     addrs::B_POD1,
+    eventually,
     metrics::sample,
     packet::{Datagram, L4},
     require_lab,
@@ -174,7 +175,7 @@ impl Drop for Outsider {
 fn known_outsider() -> (Outsider, PathBuf) {
     let mut outsider = Outsider::new();
     let object = Outsider::register(outsider.port(), &outsider.public);
-    wait_for("a-gw programs the outsider", || {
+    eventually(GIVE_UP, "a-gw programs the outsider", || {
         sample(&A.gw(), "isthmus_peers ") == 2.0
     });
     assert!(
@@ -182,14 +183,6 @@ fn known_outsider() -> (Outsider, PathBuf) {
         "no handshake with a-gw as a known peer"
     );
     (outsider, object)
-}
-
-fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < GIVE_UP, "never: {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// A file that makes a-gw expect a peer at the outsider's address, with
@@ -200,7 +193,7 @@ struct Impostor(PathBuf);
 impl Impostor {
     fn of(outsider: &Outsider) -> Self {
         let object = Outsider::register(outsider.port(), &[0x42; 32]);
-        wait_for("a-gw programs the expected peer", || {
+        eventually(GIVE_UP, "a-gw programs the expected peer", || {
             sample(&A.gw(), "isthmus_peers ") == 2.0
         });
         Self(object)
@@ -270,7 +263,9 @@ fn a_known_peer_cannot_send_from_outside_its_networks() {
 
     // Spoofing peer b's network: dropped and counted.
     outsider.send_inner(&inner([10, 0, 0, 5], b"spoofed"));
-    wait_for("the spoofed packet is counted", || violations() > before);
+    eventually(GIVE_UP, "the spoofed packet is counted", || {
+        violations() > before
+    });
     // From its own network: delivered.
     outsider.send_inner(&inner([10, 77, 0, 9], b"allowed"));
     let mut buf = [0u8; 64];
@@ -288,7 +283,7 @@ fn a_known_peer_cannot_send_from_outside_its_networks() {
     );
 
     fs::remove_file(&object).unwrap();
-    wait_for("a-gw drops the outsider", || {
+    eventually(GIVE_UP, "a-gw drops the outsider", || {
         sample(&gw, "isthmus_peers ") == 1.0
     });
 }
@@ -412,7 +407,7 @@ fn the_endpoint_roams_and_a_new_key_means_a_new_handshake() {
     let old_secret = random_secret();
     let (mut old, old_public) = identity(outsider.gateway_public, old_secret);
     Outsider::register(outsider.port(), &old_public);
-    wait_for("a-gw takes the second key", || {
+    eventually(GIVE_UP, "a-gw takes the second key", || {
         handshake(
             &outsider.socket,
             outsider.gateway,
@@ -422,7 +417,7 @@ fn the_endpoint_roams_and_a_new_key_means_a_new_handshake() {
     });
     let (mut new, new_public) = identity(outsider.gateway_public, random_secret());
     Outsider::register(outsider.port(), &new_public);
-    wait_for("a-gw takes the third key", || {
+    eventually(GIVE_UP, "a-gw takes the third key", || {
         handshake(
             &outsider.socket,
             outsider.gateway,
@@ -442,7 +437,7 @@ fn the_endpoint_roams_and_a_new_key_means_a_new_handshake() {
     );
 
     fs::remove_file(&object).unwrap();
-    wait_for("a-gw drops the outsider", || {
+    eventually(GIVE_UP, "a-gw drops the outsider", || {
         sample(&gw, "isthmus_peers ") == 1.0
     });
 }
@@ -499,7 +494,7 @@ fn oversized_fragmented_transport_messages_naming_our_sessions_change_nothing() 
             sent += 1.0;
         }
     }
-    wait_for("a-gw rejects every forged message", || {
+    eventually(GIVE_UP, "a-gw rejects every forged message", || {
         rejected() >= rejected_before + sent
     });
     assert_eq!(restarts(), restarts_before, "a datapath thread panicked");
@@ -585,7 +580,9 @@ fn a_known_peer_reaches_our_pods_but_not_our_nodes() {
     };
     let before = denied();
     outsider.send_inner(&to(A.lan_node()));
-    wait_for("a-gw counts the denied packet", || denied() > before);
+    eventually(GIVE_UP, "a-gw counts the denied packet", || {
+        denied() > before
+    });
     outsider.send_inner(&to(A.pod_addr(1)));
     let mut buf = [0u8; 64];
     let (n, _) = pod.recv_from(&mut buf).expect("a-pod1 got nothing");
@@ -595,7 +592,7 @@ fn a_known_peer_reaches_our_pods_but_not_our_nodes() {
         "the peer's packet reached a-node's address"
     );
     fs::remove_file(&object).unwrap();
-    wait_for("a-gw drops the outsider", || {
+    eventually(GIVE_UP, "a-gw drops the outsider", || {
         sample(&gw, "isthmus_peers ") == 1.0
     });
 }

@@ -2,13 +2,13 @@
 //! bounded time, from the committed corpus. A crash fails the run and
 //! leaves its input under `fuzz/artifacts/`, to become a regression test.
 
-use std::{fs, path::Path, process::Command, time::Instant};
+use std::{fs, process::Command, time::Instant};
 
 use anyhow::{Context, Result, bail};
 
 use crate::{prereqs, root};
 
-/// How long `cargo xtask test` runs each target.
+/// How long each target runs in `cargo xtask test`, and by default.
 pub const CI_SECONDS: u64 = 60;
 
 /// The targets, in the order they run.
@@ -43,9 +43,10 @@ pub fn run(seconds: u64) -> Result<()> {
             .status()
             .context("running cargo fuzz")?;
         if !status.success() {
+            let artifacts = fuzz.join("artifacts").join(target);
             bail!(
                 "fuzz target {target} failed ({status}); its input is under {}",
-                artifacts(&fuzz, target)
+                artifacts.display()
             );
         }
     }
@@ -55,8 +56,4 @@ pub fn run(seconds: u64) -> Result<()> {
         started.elapsed()
     );
     Ok(())
-}
-
-fn artifacts(fuzz: &Path, target: &str) -> String {
-    fuzz.join("artifacts").join(target).display().to_string()
 }

@@ -40,7 +40,7 @@ enum Task {
     /// corpus; a crash fails the run.
     Fuzz {
         /// How long each target runs.
-        #[arg(long, default_value_t = 60)]
+        #[arg(long, default_value_t = fuzz::CI_SECONDS)]
         seconds: u64,
     },
     /// Benchmarks against the peers named in the issues; without a

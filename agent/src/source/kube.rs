@@ -318,6 +318,30 @@ mod tests {
         assert_eq!(before_done, 3);
     }
 
+    /// The API server's creationTimestamp survives decoding, in the shape
+    /// seniority compares.
+    #[test]
+    fn reads_the_creation_timestamp_the_api_server_wrote() {
+        let listing = Listing::new(KIND_TUNNEL_ENDPOINT);
+        let object: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "net.liqo.io/v1alpha1",
+            "kind": "TunnelEndpoint",
+            "metadata": {
+                "name": "tep-b",
+                "namespace": "liqo-tenant-b-7f2c9a",
+                "creationTimestamp": "2024-05-01T10:00:00Z",
+            },
+            "spec": {},
+        }))
+        .unwrap();
+        match listing.read(object).1 {
+            Ok(Object::TunnelEndpoint(raw)) => {
+                assert_eq!(raw.created.as_deref(), Some("2024-05-01T10:00:00Z"));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[test]
     fn reads_objects_without_type_as_their_kind() {
         let listing = Listing::new(KIND_NAT_MAPPING);

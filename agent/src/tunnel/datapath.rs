@@ -608,6 +608,31 @@ mod tests {
     }
 
     #[test]
+    fn a_packet_from_tun_too_big_for_one_datagram_is_dropped_and_counted() {
+        let mut pair = Pair::new();
+        pair.handshake();
+        let sender = Sender {
+            shared: &pair.shared,
+            udp: &pair.ours,
+        };
+        let largest = pair.shared.max_sent() - OVERHEAD;
+        let (peer, to) = (pair.peer(), addr(&pair.remote_socket));
+        let mut outgoing = SendBatch::new(pair.shared.max_sent());
+        sender.encrypt(
+            &peer,
+            to,
+            &ipv4([10, 244, 0, 5], largest + 1),
+            &mut outgoing,
+        );
+        assert!(outgoing.is_empty(), "the oversized packet was encrypted");
+        let oversized = || pair.shared.counters.oversized.load(Ordering::Relaxed);
+        assert_eq!(oversized(), 1);
+        sender.encrypt(&peer, to, &ipv4([10, 244, 0, 5], largest), &mut outgoing);
+        assert!(!outgoing.is_empty(), "the largest packet that fits was not");
+        assert_eq!(oversized(), 1);
+    }
+
+    #[test]
     fn a_peer_with_jumbo_frames_is_heard_whole() {
         let mut pair = Pair::new();
         pair.handshake();

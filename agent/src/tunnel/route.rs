@@ -78,7 +78,7 @@ pub(crate) async fn link_by_name(
 
 /// One of the two routes of a network: into the device, or the blackhole
 /// behind it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Kind {
     Tunnel,
     Blackhole,
@@ -89,8 +89,7 @@ pub struct Routes {
     handle: Handle,
     dev: String,
     index: u32,
-    installed: BTreeSet<Ipv4Net>,
-    blackholed: BTreeSet<Ipv4Net>,
+    installed: BTreeSet<(Ipv4Net, Kind)>,
 }
 
 impl Routes {
@@ -114,24 +113,24 @@ impl Routes {
             .execute()
             .await
             .map_err(request)?;
-        let mut routes = Self {
+        let installed = ours(&handle)
+            .await?
+            .iter()
+            .filter_map(|route| {
+                let kind = match route.header.kind {
+                    RouteType::BlackHole => Kind::Blackhole,
+                    _ if out_of(route) == Some(index) => Kind::Tunnel,
+                    _ => return None,
+                };
+                Some((destination(route)?, kind))
+            })
+            .collect();
+        Ok(Self {
             handle,
             dev: dev.into(),
             index,
-            installed: BTreeSet::new(),
-            blackholed: BTreeSet::new(),
-        };
-        for route in ours(&routes.handle).await? {
-            let Some(net) = destination(&route) else {
-                continue;
-            };
-            match route.header.kind {
-                RouteType::BlackHole => routes.blackholed.insert(net),
-                _ if out_of(&route) == Some(index) => routes.installed.insert(net),
-                _ => false,
-            };
-        }
-        Ok(routes)
+            installed,
+        })
     }
 
     /// Routes exactly `desired` into the device, each behind its blackhole:
@@ -140,61 +139,42 @@ impl Routes {
     /// and the failures.
     pub async fn sync(&mut self, desired: &BTreeSet<Ipv4Net>) -> (usize, usize, Vec<RouteError>) {
         let mut failures = Vec::new();
-        let (mut added, mut removed) = (0, 0);
+        let mut added = 0;
         for net in desired {
             for kind in [Kind::Blackhole, Kind::Tunnel] {
-                if self.has(kind, net) {
+                if self.installed.contains(&(*net, kind)) {
                     continue;
                 }
                 match self.add(*net, kind).await {
                     Ok(()) => {
-                        self.set(kind, *net, true);
+                        self.installed.insert((*net, kind));
                         added += usize::from(kind == Kind::Tunnel);
                     }
                     Err(e) => failures.push(e),
                 }
             }
         }
-        let stale: BTreeSet<Ipv4Net> = self
+        let stale: Vec<(Ipv4Net, Kind)> = self
             .installed
-            .union(&self.blackholed)
-            .filter(|net| !desired.contains(net))
+            .iter()
+            .filter(|(net, _)| !desired.contains(net))
             .copied()
             .collect();
-        for net in stale {
-            for kind in [Kind::Tunnel, Kind::Blackhole] {
-                if self.has(kind, &net) {
-                    // Already gone (the device went down, say) is as good as removed.
-                    let _ = self
-                        .handle
-                        .route()
-                        .del(self.message(net, kind))
-                        .execute()
-                        .await;
-                    self.set(kind, net, false);
-                }
-            }
-            removed += 1;
+        for (net, kind) in &stale {
+            // Already gone (the device went down, say) is as good as removed.
+            let _ = self
+                .handle
+                .route()
+                .del(self.message(*net, *kind))
+                .execute()
+                .await;
+            self.installed.remove(&(*net, *kind));
         }
+        let removed = stale
+            .iter()
+            .filter(|(_, kind)| *kind == Kind::Tunnel)
+            .count();
         (added, removed, failures)
-    }
-
-    fn has(&self, kind: Kind, net: &Ipv4Net) -> bool {
-        match kind {
-            Kind::Tunnel => self.installed.contains(net),
-            Kind::Blackhole => self.blackholed.contains(net),
-        }
-    }
-
-    fn set(&mut self, kind: Kind, net: Ipv4Net, present: bool) {
-        let set = match kind {
-            Kind::Tunnel => &mut self.installed,
-            Kind::Blackhole => &mut self.blackholed,
-        };
-        match present {
-            true => set.insert(net),
-            false => set.remove(&net),
-        };
     }
 
     /// Creates the route, never replacing one: a route already there is
