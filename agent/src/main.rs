@@ -162,6 +162,10 @@ struct RunArgs {
     /// Gateway: seconds between keepalives to each peer (0: none).
     #[arg(long, default_value_t = 10)]
     keepalive: u16,
+    /// Gateway: seconds between lookups of an `endpointIP` that is a DNS
+    /// name (it is also looked up again after a failed handshake).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    resolve_interval: u64,
     /// Gateway: the uplink to attach the XDP guard of the tunnel port to,
     /// in native mode. It drops datagrams to the port from sources that are
     /// not peers' endpoints and name none of our sessions.
@@ -353,7 +357,15 @@ async fn run(args: RunArgs) -> Result<()> {
                 }
                 None => None,
             };
-            Some(Gateway::start(&tunnel_config(&args), key, guard).await?)
+            Some(
+                Gateway::start(
+                    &tunnel_config(&args),
+                    key,
+                    guard,
+                    std::time::Duration::from_secs(args.resolve_interval),
+                )
+                .await?,
+            )
         }
         _ => None,
     };
@@ -577,9 +589,13 @@ async fn follow<P: PeerTable<Error = aya::maps::MapError>, M: MappingTable<Error
                 }
                 // A node address that came or went may allow or refuse a view.
                 let changed = reconciler.set_policy(host.policy.policy());
+                let moved = match gateway.as_deref_mut() {
+                    Some(gateway) if synced => gateway.resolve(reconciler.peers()).await,
+                    _ => false,
+                };
                 if changed {
                     info!("this node's networks changed; checking every peer's views again");
-                } else if !retry.due() {
+                } else if !moved && !retry.due() {
                     continue;
                 }
             }

@@ -8,7 +8,7 @@ use std::{
 };
 
 use ipnet::Ipv4Net;
-use serde_yaml_ng::Value;
+use serde_yaml_ng::{Mapping, Value};
 use thiserror::Error;
 
 use crate::object::{ObjectKey, RawNatMapping};
@@ -42,9 +42,36 @@ pub enum MappingProblem {
     /// No cluster to map for.
     #[error("field spec.clusterID is missing")]
     NoClusterId,
-    /// No entries at all.
-    #[error("field spec.clusterMappings is missing or not a map")]
+    /// Entries that are not a map.
+    #[error("field spec.clusterMappings is not a map")]
     NoMappings,
+    /// A network field that does not parse.
+    #[error("field spec.{field}: {value:?} is not an IPv4 CIDR")]
+    BadCidr {
+        /// The field.
+        field: &'static str,
+        /// What it holds.
+        value: String,
+    },
+    /// A network that is not the one the cluster's TunnelEndpoint gives:
+    /// the object was written for other views (a stale or a foreign one).
+    #[error(
+        "field spec.{field}: {found} is not {expected}, the {meaning} ({tep_field} of TunnelEndpoint {tunnel_endpoint})"
+    )]
+    ViewMismatch {
+        /// The NatMapping's field.
+        field: &'static str,
+        /// What it holds.
+        found: Ipv4Net,
+        /// What the TunnelEndpoint gives.
+        expected: Ipv4Net,
+        /// What that network is.
+        meaning: &'static str,
+        /// The TunnelEndpoint's field.
+        tep_field: &'static str,
+        /// The TunnelEndpoint.
+        tunnel_endpoint: ObjectKey,
+    },
     /// An entry whose key or value is not an address.
     #[error("field spec.clusterMappings.{endpoint}: {value:?} is not an IPv4 address")]
     BadAddress {
@@ -67,15 +94,17 @@ pub enum MappingProblem {
     },
     /// An externalIP the peer cannot be reaching us at.
     #[error(
-        "field spec.clusterMappings.{endpoint}: externalIP {external} lies outside our ExternalCIDR {cidr} (localExternalCIDR of TunnelEndpoint {tunnel_endpoint})"
+        "field spec.clusterMappings.{endpoint}: externalIP {external} lies outside {cidr}, our ExternalCIDR as the peer sees it ({field} of TunnelEndpoint {tunnel_endpoint})"
     )]
     OutsideExternalCidr {
         /// The entry's endpoint.
         endpoint: Ipv4Addr,
         /// Its externalIP.
         external: Ipv4Addr,
-        /// Our ExternalCIDR.
+        /// Our ExternalCIDR as the peer sees it.
         cidr: Ipv4Net,
+        /// The TunnelEndpoint field that CIDR comes from.
+        field: &'static str,
         /// Where that CIDR comes from.
         tunnel_endpoint: ObjectKey,
     },
@@ -110,7 +139,12 @@ pub struct NatMapping {
     pub origin: String,
     /// `spec.clusterID`: the cluster whose traffic the entries translate.
     pub cluster_id: String,
-    /// Usable entries, externalIP → endpointIP.
+    /// `spec.podCIDR`: the cluster's PodCIDR as we see it, if given.
+    pub pod_cidr: Option<Ipv4Net>,
+    /// `spec.externalCIDR`: our ExternalCIDR as the cluster sees it, where
+    /// every externalIP lies, if given.
+    pub external_cidr: Option<Ipv4Net>,
+    /// Usable entries, externalIP (in the cluster's view) → endpointIP.
     pub entries: BTreeMap<Ipv4Addr, Ipv4Addr>,
     /// Entries that cannot be used, each with why.
     pub rejected: Vec<NatMappingError>,
@@ -127,11 +161,29 @@ impl NatMapping {
             .filter(|id| !id.is_empty())
             .ok_or_else(|| error(MappingProblem::NoClusterId))?
             .to_owned();
-        let mappings = raw
-            .spec
-            .get("clusterMappings")
-            .and_then(Value::as_mapping)
-            .ok_or_else(|| error(MappingProblem::NoMappings))?;
+        let cidr = |field: &'static str| match raw.spec.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_str()
+                .and_then(|t| t.parse::<Ipv4Net>().ok())
+                .map(|net| Some(net.trunc()))
+                .ok_or_else(|| {
+                    error(MappingProblem::BadCidr {
+                        field,
+                        value: v.as_str().map_or_else(|| format!("{v:?}"), str::to_owned),
+                    })
+                }),
+        };
+        let (pod_cidr, external_cidr) = (cidr("podCIDR")?, cidr("externalCIDR")?);
+        // Liqo writes a new NatMapping with no entries as `{}`, and Go
+        // marshals a nil map as null.
+        let empty = Mapping::new();
+        let mappings = match raw.spec.get("clusterMappings") {
+            None | Some(Value::Null) => &empty,
+            Some(v) => v
+                .as_mapping()
+                .ok_or_else(|| error(MappingProblem::NoMappings))?,
+        };
 
         let mut rejected = Vec::new();
         let mut entries = BTreeMap::new();
@@ -168,6 +220,8 @@ impl NatMapping {
             key: raw.key.clone(),
             origin: origin.to_owned(),
             cluster_id,
+            pod_cidr,
+            external_cidr,
             entries,
             rejected,
         })
@@ -236,18 +290,38 @@ mod tests {
     #[test]
     fn reads_the_liqo_shape() {
         let nm = parse(&natmapping(
-            "  clusterID: cluster-a\n  podCIDR: 10.0.40.0/24\n  clusterMappings:\n    10.1.0.5: 192.168.0.45\n    10.1.0.6: 192.168.0.46\n",
+            "  clusterID: cluster-a\n  podCIDR: 10.0.40.0/24\n  externalCIDR: 10.0.1.0/24\n  clusterMappings:\n    10.1.0.5: 10.0.1.45\n    169.254.0.1: 10.0.1.1\n",
         ))
         .unwrap();
         assert_eq!(nm.cluster_id, "cluster-a");
+        assert_eq!(nm.pod_cidr, Some("10.0.40.0/24".parse().unwrap()));
+        assert_eq!(nm.external_cidr, Some("10.0.1.0/24".parse().unwrap()));
         assert_eq!(
             nm.entries.into_iter().collect::<Vec<_>>(),
             [
-                (ip("192.168.0.45"), ip("10.1.0.5")),
-                (ip("192.168.0.46"), ip("10.1.0.6"))
+                (ip("10.0.1.1"), ip("169.254.0.1")),
+                (ip("10.0.1.45"), ip("10.1.0.5"))
             ]
         );
         assert!(nm.rejected.is_empty());
+    }
+
+    /// A NatMapping Liqo's IPAM has just created has no entries: `{}`, or
+    /// null from a nil Go map.
+    #[test]
+    fn an_empty_natmapping_is_accepted() {
+        for entries in ["{}", "null", ""] {
+            let nm = parse(&natmapping(&format!(
+                "  clusterID: a\n  podCIDR: 10.0.40.0/24\n  externalCIDR: 10.0.1.0/24\n  clusterMappings: {entries}\n"
+            )))
+            .unwrap();
+            assert!(nm.entries.is_empty() && nm.rejected.is_empty(), "{entries}");
+        }
+        let err = parse(&natmapping("  clusterID: a\n  externalCIDR: 10.0.1.0/33\n")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "nm.yaml: NatMapping nm-a: field spec.externalCIDR: \"10.0.1.0/33\" is not an IPv4 CIDR"
+        );
     }
 
     #[test]
@@ -291,7 +365,7 @@ mod tests {
             no_id.to_string(),
             "nm.yaml: NatMapping nm-a: field spec.clusterID is missing"
         );
-        let no_map = parse(&natmapping("  clusterID: a\n")).unwrap_err();
+        let no_map = parse(&natmapping("  clusterID: a\n  clusterMappings: [1, 2]\n")).unwrap_err();
         assert_eq!(*no_map.problem, MappingProblem::NoMappings);
     }
 

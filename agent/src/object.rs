@@ -37,23 +37,21 @@ impl fmt::Display for ObjectKey {
     }
 }
 
-/// Where Liqo put the fields: newer versions use `spec`, older ones `status`.
+/// Where Liqo put a TunnelEndpoint's networks (DESIGN §1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Layout {
-    /// Every field came from `spec`.
+    /// Liqo v0.3.1 and later: every network in `spec`, under its own name.
     Spec,
-    /// Every field came from `status`.
-    Status,
-    /// Some came from each; `spec` wins where both have one.
-    Both,
+    /// Liqo v0.2.1–v0.3.0: the peer's networks as `spec.podCIDR` and
+    /// `spec.externalCIDR`, ours and every remapped one in `status`.
+    Legacy,
 }
 
 impl fmt::Display for Layout {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Layout::Spec => "spec",
-            Layout::Status => "status",
-            Layout::Both => "spec and status",
+            Layout::Spec => "spec (Liqo v0.3.1+)",
+            Layout::Legacy => "spec.podCIDR/externalCIDR and status (Liqo v0.2.1-v0.3.0)",
         })
     }
 }
@@ -81,24 +79,49 @@ impl RawTunnelEndpoint {
         }
     }
 
-    /// The value of `field`, from `spec` if it has it, else from `status`.
+    /// The value of `spec.<field>`.
     pub fn field(&self, field: &str) -> Option<&Value> {
-        self.spec.get(field).or_else(|| self.status.get(field))
+        self.spec.get(field)
     }
 
-    /// Which halves the fields in `fields` were read from.
-    pub fn layout(&self, fields: &[&str]) -> Layout {
-        let in_spec = fields.iter().any(|f| self.spec.contains_key(*f));
-        let in_status = fields
-            .iter()
-            .any(|f| !self.spec.contains_key(*f) && self.status.contains_key(*f));
-        match (in_spec, in_status) {
-            (_, false) => Layout::Spec,
-            (false, true) => Layout::Status,
-            (true, true) => Layout::Both,
+    /// The layout the object was written in: the v0.2.1–v0.3.0 one when
+    /// its spec names the peer's PodCIDR `podCIDR` and not `remotePodCIDR`.
+    pub fn layout(&self) -> Layout {
+        if !self.spec.contains_key("remotePodCIDR") && self.spec.contains_key("podCIDR") {
+            Layout::Legacy
+        } else {
+            Layout::Spec
+        }
+    }
+
+    /// Network `field`, by its v0.3.1+ name, wherever the object's layout
+    /// keeps it, with the name it goes by there (for errors).
+    pub fn network(&self, field: &'static str) -> (&'static str, Option<&Value>) {
+        if self.layout() == Layout::Spec {
+            return (field, self.spec.get(field));
+        }
+        match LEGACY_PATHS.iter().find(|(name, _)| *name == field) {
+            Some((_, path)) => match path.split_once('.') {
+                Some(("spec", key)) => (path, self.spec.get(key)),
+                Some((_, key)) => (path, self.status.get(key)),
+                None => (path, None),
+            },
+            None => (field, self.spec.get(field)),
         }
     }
 }
+
+/// Where Liqo v0.2.1–v0.3.0 kept each network.
+const LEGACY_PATHS: [(&str, &str); 8] = [
+    ("remotePodCIDR", "spec.podCIDR"),
+    ("remoteExternalCIDR", "spec.externalCIDR"),
+    ("localPodCIDR", "status.localPodCIDR"),
+    ("localNATPodCIDR", "status.localNATPodCIDR"),
+    ("remoteNATPodCIDR", "status.remoteNATPodCIDR"),
+    ("localExternalCIDR", "status.localExternalCIDR"),
+    ("localNATExternalCIDR", "status.localNATExternalCIDR"),
+    ("remoteNATExternalCIDR", "status.remoteNATExternalCIDR"),
+];
 
 /// A NatMapping as read: cluster-scoped, its fields in `spec`.
 #[derive(Clone, Debug)]
@@ -423,25 +446,41 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reads_spec_and_status_layouts() {
+    fn reads_both_layouts_liqo_wrote() {
         let docs = parse_documents(
             Path::new("peers.yaml"),
-            "apiVersion: net.liqo.io/v1alpha1\nkind: TunnelEndpoint\nmetadata: {name: a, namespace: liqo}\nspec: {localPodCIDR: 10.0.0.0/24}\n---\n\
-             apiVersion: net.liqo.io/v1alpha1\nkind: TunnelEndpoint\nmetadata: {name: b}\nstatus: {localPodCIDR: 10.1.0.0/24}\n",
+            "apiVersion: net.liqo.io/v1alpha1\nkind: TunnelEndpoint\nmetadata: {name: a, namespace: liqo}\nspec: {remotePodCIDR: 10.0.0.0/24, podCIDR: 10.9.0.0/24}\nstatus: {remotePodCIDR: 10.8.0.0/24}\n---\n\
+             apiVersion: net.liqo.io/v1alpha1\nkind: TunnelEndpoint\nmetadata: {name: b}\nspec: {podCIDR: 10.2.0.0/24, externalCIDR: 10.3.0.0/24}\nstatus: {localPodCIDR: 10.1.0.0/24, remotePodCIDR: 10.8.0.0/24}\n",
         );
         assert_eq!(docs.len(), 2);
         let Ok(Object::TunnelEndpoint(a)) = &docs[0] else {
             panic!("{docs:?}")
         };
         assert_eq!(a.key.to_string(), "liqo/a");
-        assert_eq!(a.layout(&["localPodCIDR"]), Layout::Spec);
+        assert_eq!(a.layout(), Layout::Spec);
+        let (path, value) = a.network("remotePodCIDR");
+        assert_eq!(
+            (path, value.and_then(Value::as_str)),
+            ("remotePodCIDR", Some("10.0.0.0/24"))
+        );
+        // The invented "everything in status" layout is not read.
+        assert_eq!(a.network("localPodCIDR").1, None);
         let Ok(Object::TunnelEndpoint(b)) = &docs[1] else {
             panic!("{docs:?}")
         };
-        assert_eq!(b.layout(&["localPodCIDR"]), Layout::Status);
+        assert_eq!(b.layout(), Layout::Legacy);
+        let read = |f| {
+            let (path, value) = b.network(f);
+            (path, value.and_then(Value::as_str))
+        };
         assert_eq!(
-            b.field("localPodCIDR").and_then(Value::as_str),
-            Some("10.1.0.0/24")
+            read("localPodCIDR"),
+            ("status.localPodCIDR", Some("10.1.0.0/24"))
+        );
+        assert_eq!(read("remotePodCIDR"), ("spec.podCIDR", Some("10.2.0.0/24")));
+        assert_eq!(
+            read("remoteExternalCIDR"),
+            ("spec.externalCIDR", Some("10.3.0.0/24"))
         );
     }
 

@@ -210,6 +210,14 @@ impl Mapped {
         self.nat.unwrap_or(self.real)
     }
 
+    /// The real address behind `addr`, an address of the remapped network.
+    pub fn real_of(&self, addr: Ipv4Addr) -> Option<Ipv4Addr> {
+        let wire = isthmus_common::nat::wire(addr.octets());
+        self.seen()
+            .contains(&addr)
+            .then(|| Ipv4Addr::from(self.inbound().apply(wire).to_ne_bytes()))
+    }
+
     /// Real → remapped, or the identity when not remapped: the kernel
     /// still needs the real network, to tell our addresses from others'.
     fn outbound(&self) -> PrefixRewrite {
@@ -253,18 +261,6 @@ const REMOTE_EXTERNAL: Fields = Fields {
     nat: "remoteNATExternalCIDR",
 };
 
-/// Every field the dataplane reads from a TunnelEndpoint.
-const DATAPLANE_FIELDS: [&str; 8] = [
-    LOCAL_POD.real,
-    LOCAL_POD.nat,
-    LOCAL_EXTERNAL.real,
-    LOCAL_EXTERNAL.nat,
-    REMOTE_POD.real,
-    REMOTE_POD.nat,
-    REMOTE_EXTERNAL.real,
-    REMOTE_EXTERNAL.nat,
-];
-
 /// One peer, validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Peer {
@@ -295,12 +291,75 @@ pub struct Peer {
 }
 
 /// Where and how to reach a peer's gateway.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TunnelParams {
-    /// `endpointIP` and `backend_config.port`.
-    pub endpoint: SocketAddrV4,
+    /// `endpointIP`.
+    pub endpoint: Endpoint,
+    /// `backend_config.port`.
+    pub port: u16,
     /// `backend_config.publicKey`, decoded.
     pub public_key: [u8; 32],
+}
+
+/// `endpointIP`: an address, or a DNS name that Liqo copied from a
+/// LoadBalancer's status (an AWS ELB's, for instance).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Endpoint {
+    /// An IPv4 address.
+    Addr(Ipv4Addr),
+    /// A host name, resolved by the gateway through the system resolver.
+    Name(String),
+}
+
+impl Endpoint {
+    /// The address, when the object gives one rather than a name.
+    pub fn addr(&self) -> Option<Ipv4Addr> {
+        match self {
+            Endpoint::Addr(ip) => Some(*ip),
+            Endpoint::Name(_) => None,
+        }
+    }
+
+    fn parse(text: &str) -> Option<Self> {
+        if let Ok(ip) = text.parse::<Ipv4Addr>() {
+            return Some(Endpoint::Addr(ip));
+        }
+        is_host_name(text).then(|| Endpoint::Name(text.to_ascii_lowercase()))
+    }
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Endpoint::Addr(ip) => ip.fmt(f),
+            Endpoint::Name(name) => f.write_str(name),
+        }
+    }
+}
+
+impl TunnelParams {
+    /// The endpoint with its port, when it is an address.
+    pub fn socket(&self) -> Option<SocketAddrV4> {
+        Some(SocketAddrV4::new(self.endpoint.addr()?, self.port))
+    }
+}
+
+/// An RFC 1123 host name with at least one letter in its last label, so
+/// that a mistyped address (`203.0.113.300`) is not taken for a name.
+fn is_host_name(text: &str) -> bool {
+    let name = text.strip_suffix('.').unwrap_or(text);
+    let label_ok = |l: &str| {
+        (1..=63).contains(&l.len())
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    (1..=253).contains(&name.len())
+        && name.split('.').all(label_ok)
+        && name
+            .rsplit('.')
+            .next()
+            .is_some_and(|tld| tld.bytes().any(|b| b.is_ascii_alphabetic()))
 }
 
 /// WireGuard port when `backend_config.port` is absent (Liqo's default).
@@ -316,7 +375,7 @@ impl Peer {
             created: raw.created.clone(),
             cluster_id: identity(raw, "clusterID"),
             cluster_name: identity(raw, "clusterName"),
-            layout: raw.layout(&DATAPLANE_FIELDS),
+            layout: raw.layout(),
             local_pod: reader.mapped(&LOCAL_POD)?,
             local_external: reader.mapped(&LOCAL_EXTERNAL)?,
             remote_pod: reader.mapped(&REMOTE_POD)?,
@@ -338,6 +397,15 @@ impl Peer {
                 self.remote_external.seen(),
             ),
         ]
+    }
+
+    /// Our ExternalCIDR as the peer sees it, with its field: where the
+    /// peer reaches what our NatMapping for it exposes.
+    pub fn local_external_view(&self) -> (&'static str, Ipv4Net) {
+        (
+            seen_field(&self.local_external, &LOCAL_EXTERNAL),
+            self.local_external.seen(),
+        )
     }
 
     /// Every network of the object, each with its field: the real ones and
@@ -403,34 +471,39 @@ struct Reader<'a> {
 
 impl Reader<'_> {
     fn mapped(&self, fields: &Fields) -> Result<Mapped, PeerError> {
-        let real = self
-            .cidr(fields.real, false)?
-            .ok_or_else(|| self.error(Problem::Missing { field: fields.real }))?;
-        let nat = self.cidr(fields.nat, true)?;
+        let (real_field, real) = self.cidr(fields.real, false)?;
+        let real = real.ok_or_else(|| self.error(Problem::Missing { field: real_field }))?;
+        let (nat_field, nat) = self.cidr(fields.nat, true)?;
         if let Some(nat) = nat
             && nat.prefix_len() != real.prefix_len()
         {
             return Err(self.error(Problem::MaskMismatch {
-                field: fields.nat,
+                field: nat_field,
                 nat_len: nat.prefix_len(),
-                real_field: fields.real,
+                real_field,
                 real_len: real.prefix_len(),
             }));
         }
         Ok(Mapped { real, nat })
     }
 
-    /// The network in `field`; `None` if absent, or "None" where allowed.
-    fn cidr(&self, field: &'static str, none_allowed: bool) -> Result<Option<Ipv4Net>, PeerError> {
-        let Some(value) = self.raw.field(field) else {
-            return Ok(None);
+    /// The network in `field`, with the name it goes by in the object's
+    /// layout; `None` if absent, or "None" where allowed.
+    fn cidr(
+        &self,
+        field: &'static str,
+        none_allowed: bool,
+    ) -> Result<(&'static str, Option<Ipv4Net>), PeerError> {
+        let (field, value) = self.raw.network(field);
+        let Some(value) = value else {
+            return Ok((field, None));
         };
         let text = value.as_str().unwrap_or_default();
         if none_allowed && text == NONE {
-            return Ok(None);
+            return Ok((field, None));
         }
         text.parse::<Ipv4Net>()
-            .map(|net| Some(net.trunc()))
+            .map(|net| (field, Some(net.trunc())))
             .map_err(|_| {
                 self.error(Problem::BadCidr {
                     field,
@@ -467,9 +540,8 @@ impl Reader<'_> {
         let endpoint = match self.raw.field("endpointIP") {
             None => None,
             Some(v) => Some(
-                text(v)
-                    .parse::<Ipv4Addr>()
-                    .map_err(|_| bad("endpointIP", v, "an IPv4 address"))?,
+                Endpoint::parse(&text(v))
+                    .ok_or_else(|| bad("endpointIP", v, "an IPv4 address or a DNS name"))?,
             ),
         };
         let port = match backend.and_then(|b| b.get("port")) {
@@ -493,8 +565,9 @@ impl Reader<'_> {
         Ok(match (endpoint, public_key) {
             (None, _) => Err("endpointIP"),
             (_, None) => Err("backend_config.publicKey"),
-            (Some(ip), Some(public_key)) => Ok(TunnelParams {
-                endpoint: SocketAddrV4::new(ip, port),
+            (Some(endpoint), Some(public_key)) => Ok(TunnelParams {
+                endpoint,
+                port,
                 public_key,
             }),
         })
@@ -565,6 +638,17 @@ mod tests {
     }
 
     #[test]
+    fn an_address_of_a_remapped_network_has_a_real_one_with_the_same_host_bits() {
+        let peer = parse(&peer_yaml("b", A_TO_B)).unwrap();
+        let ip = |s: &str| s.parse::<Ipv4Addr>().unwrap();
+        assert_eq!(
+            peer.local_external.real_of(ip("10.0.41.45")),
+            Some(ip("192.168.0.45"))
+        );
+        assert_eq!(peer.local_external.real_of(ip("192.168.0.45")), None);
+    }
+
+    #[test]
     fn none_means_not_remapped() {
         let fields = "  localPodCIDR: 10.244.0.0/24\n  localNATPodCIDR: None\n  localExternalCIDR: 192.168.0.0/24\n  remotePodCIDR: 10.1.0.0/24\n  remoteNATPodCIDR: None\n  remoteExternalCIDR: 192.168.2.0/24\n  remoteNATExternalCIDR: None\n";
         let peer = parse(&peer_yaml("c", fields)).unwrap();
@@ -578,12 +662,41 @@ mod tests {
         assert_eq!(nat.ingress, identity);
     }
 
+    /// Liqo v0.2.1–v0.3.0: the peer's real networks in spec, under
+    /// other names; everything else in status.
+    const A_TO_B_V030: &str = "  clusterID: cluster-b\n  podCIDR: 10.244.0.0/24\n  externalCIDR: 192.168.0.0/24\n  endpointIP: 203.0.113.2\n  backendType: wireguard\n  backend_config: {port: \"5871\", publicKey: \"AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=\"}\nstatus:\n  phase: Ready\n  localPodCIDR: 10.244.0.0/24\n  localNATPodCIDR: 10.0.40.0/24\n  remoteNATPodCIDR: 10.0.0.0/24\n  localExternalCIDR: 192.168.0.0/24\n  localNATExternalCIDR: 10.0.41.0/24\n  remoteNATExternalCIDR: 10.0.1.0/24\n  connection: {status: connected}\n";
+
     #[test]
-    fn status_layout_is_read_and_reported() {
+    fn the_v0_3_0_layout_reads_as_the_same_peer_and_is_reported() {
+        let old = parse(&peer_yaml("b", A_TO_B_V030)).unwrap();
+        let new = parse(&peer_yaml("b", &format!("{A_TO_B}  endpointIP: 203.0.113.2\n  backend_config: {{port: \"5871\", publicKey: \"AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=\"}}\n"))).unwrap();
+        assert_eq!(old.layout, Layout::Legacy);
+        assert_eq!(new.layout, Layout::Spec);
+        assert_eq!(old.nat(1), new.nat(1));
+        assert_eq!(old.views(), new.views());
+        assert_eq!(old.tunnel, new.tunnel);
+        let broken = A_TO_B_V030.replace(
+            "localNATPodCIDR: 10.0.40.0/24",
+            "localNATPodCIDR: 10.0.40.0/23",
+        );
+        assert_eq!(
+            parse(&peer_yaml("b", &broken)).unwrap_err().to_string(),
+            "f.yaml: TunnelEndpoint liqo/b: field status.localNATPodCIDR: mask /23 differs from status.localPodCIDR /24"
+        );
+        let no_pod = A_TO_B_V030.replace("  localPodCIDR: 10.244.0.0/24\n", "");
+        assert_eq!(
+            parse(&peer_yaml("b", &no_pod)).unwrap_err().to_string(),
+            "f.yaml: TunnelEndpoint liqo/b: field status.localPodCIDR is missing"
+        );
+    }
+
+    #[test]
+    fn networks_only_in_status_are_not_a_layout_liqo_wrote() {
         let yaml = peer_yaml("b", "  {}\n").replace("spec:\n  {}\n", &format!("status:\n{A_TO_B}"));
-        let peer = parse(&yaml).unwrap();
-        assert_eq!(peer.layout, Layout::Status);
-        assert_eq!(peer.remote_pod.seen(), net("10.0.0.0/24"));
+        assert_eq!(
+            parse(&yaml).unwrap_err().to_string(),
+            "f.yaml: TunnelEndpoint liqo/b: field localPodCIDR is missing"
+        );
     }
 
     #[test]
@@ -628,7 +741,7 @@ mod tests {
         )))
         .unwrap();
         let tunnel = peer.tunnel.unwrap();
-        assert_eq!(tunnel.endpoint, "203.0.113.2:5871".parse().unwrap());
+        assert_eq!(tunnel.socket(), Some("203.0.113.2:5871".parse().unwrap()));
         assert_eq!(tunnel.public_key[31], 31);
         // No key: the peer is valid for NAT, with no tunnel.
         assert_eq!(
@@ -651,16 +764,32 @@ mod tests {
             err,
             "f.yaml: TunnelEndpoint liqo/b: field backend_config.publicKey: \"short\" is not a base64 32-byte WireGuard key"
         );
-        let err = parse(&peer_yaml(
+        for bad in [
+            "203.0.113.300",
+            "gw_1.example",
+            "-gw.example",
+            "10.0.0.1/24",
+            "\"\"",
+        ] {
+            let err = parse(&peer_yaml("b", &format!("{A_TO_B}  endpointIP: {bad}\n")))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("field endpointIP:")
+                    && err.ends_with("is not an IPv4 address or a DNS name"),
+                "{bad}: {err}"
+            );
+        }
+        // A LoadBalancer's host name, as Liqo copies it.
+        let elb = "a1b2c3-1234567890.eu-west-1.ELB.amazonaws.com";
+        let peer = parse(&peer_yaml(
             "b",
-            &format!("{A_TO_B}  endpointIP: gw.example\n"),
+            &format!("{A_TO_B}  endpointIP: {elb}\n  backend_config: {{port: \"32100\", publicKey: \"{key}\"}}\n"),
         ))
-        .unwrap_err()
-        .to_string();
-        assert!(
-            err.contains("field endpointIP: \"gw.example\" is not an IPv4 address"),
-            "{err}"
-        );
+        .unwrap();
+        let tunnel = peer.tunnel.unwrap();
+        assert_eq!(tunnel.endpoint, Endpoint::Name(elb.to_ascii_lowercase()));
+        assert_eq!((tunnel.port, tunnel.socket()), (32100, None));
     }
 
     #[test]

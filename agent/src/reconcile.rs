@@ -424,22 +424,29 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
                 errors.insert(mapping.error(MappingProblem::Held { cluster }).into());
                 continue;
             };
+            if let Some(problem) = view_mismatch(mapping, peer) {
+                errors.insert(mapping.error(problem).into());
+                continue;
+            }
             let peer_id = self.ids[&peer.key];
-            let cidr = peer.local_external.real;
+            let (field, cidr) = peer.local_external_view();
             for (external, endpoint) in &mapping.entries {
-                if !cidr.contains(external) {
+                // The kernel keys the entry by the real address the prefix
+                // step gives it: the same packets, with one lookup.
+                let Some(real) = peer.local_external.real_of(*external) else {
                     let problem = MappingProblem::OutsideExternalCidr {
                         endpoint: *endpoint,
                         external: *external,
                         cidr,
+                        field,
                         tunnel_endpoint: peer.key.clone(),
                     };
                     errors.insert(mapping.error(problem).into());
                     continue;
-                }
+                };
                 let key = MappingKey {
                     peer_id,
-                    addr: wire(external.octets()),
+                    addr: wire(real.octets()),
                 };
                 desired.insert(key, wire(endpoint.octets()));
             }
@@ -589,6 +596,41 @@ fn conflict(peer: &Peer, accepted: &[Peer]) -> Option<PeerError> {
     None
 }
 
+/// A network of `mapping` that is not the view `peer`'s TunnelEndpoint
+/// gives: its values would then be read in the wrong network.
+fn view_mismatch(mapping: &NatMapping, peer: &Peer) -> Option<MappingProblem> {
+    let (tep_field, expected) = peer.local_external_view();
+    let (pod_field, pod_view) = peer.views()[0];
+    [
+        (
+            "externalCIDR",
+            mapping.external_cidr,
+            expected,
+            "ExternalCIDR of ours the peer sees",
+            tep_field,
+        ),
+        (
+            "podCIDR",
+            mapping.pod_cidr,
+            pod_view,
+            "PodCIDR of the peer we see",
+            pod_field,
+        ),
+    ]
+    .into_iter()
+    .find_map(|(field, found, expected, meaning, tep_field)| {
+        let found = found.filter(|found| *found != expected)?;
+        Some(MappingProblem::ViewMismatch {
+            field,
+            found,
+            expected,
+            meaning,
+            tep_field,
+            tunnel_endpoint: peer.key.clone(),
+        })
+    })
+}
+
 /// A public key or cluster ID that `peer` shares with an accepted peer.
 fn duplicate_identity(peer: &Peer, accepted: &[Peer]) -> Option<Problem> {
     let key = |p: &Peer| p.tunnel.as_ref().ok().map(|t| t.public_key);
@@ -612,7 +654,7 @@ fn duplicate_identity(peer: &Peer, accepted: &[Peer]) -> Option<Problem> {
 /// A view of `peer` holding a WireGuard endpoint (its own included), or its
 /// endpoint inside an accepted peer's view.
 fn endpoint_in_a_view(peer: &Peer, accepted: &[Peer]) -> Option<Problem> {
-    let endpoint = |p: &Peer| p.tunnel.as_ref().ok().map(|t| *t.endpoint.ip());
+    let endpoint = |p: &Peer| p.tunnel.as_ref().ok().and_then(|t| t.endpoint.addr());
     for other in accepted.iter().chain([peer]) {
         let Some(at) = endpoint(other) else { continue };
         if let Some((field, net)) = peer.views().into_iter().find(|(_, v)| v.contains(&at)) {
@@ -1190,7 +1232,76 @@ mod tests {
         assert_eq!(
             messages(&report.new_errors),
             [
-                "nm.yaml: NatMapping nm-cluster-a: field spec.clusterMappings.10.1.0.6: externalIP 192.168.7.46 lies outside our ExternalCIDR 192.168.0.0/24 (localExternalCIDR of TunnelEndpoint liqo-tenant-x/a)"
+                "nm.yaml: NatMapping nm-cluster-a: field spec.clusterMappings.10.1.0.6: externalIP 192.168.7.46 lies outside 192.168.0.0/24, our ExternalCIDR as the peer sees it (localExternalCIDR of TunnelEndpoint liqo-tenant-x/a)"
+            ]
+        );
+    }
+
+    /// The hub case: the peer remapped our ExternalCIDR, and Liqo's IPAM
+    /// writes the values in that view (DESIGN §1, "NatMapping").
+    #[test]
+    fn values_in_the_peers_view_of_our_external_cidr_reach_the_kernel_as_real_addresses() {
+        let (mut peers, mut mappings) = (Peers::default(), Mappings::default());
+        let mut r = Reconciler::new(&mut peers, &mut mappings).unwrap();
+        let tep_a = with_cluster_id(tep("a", "10.0.40.0/24", "10.0.41.0/24"), "cluster-a").replace(
+            "localNATExternalCIDR: None",
+            "localNATExternalCIDR: 10.0.1.0/24",
+        );
+        r.set_origin("a.yaml".into(), docs("a.yaml", &tep_a));
+        let liqo = |pod: &str, external: &str, entries: &str| {
+            format!(
+                "apiVersion: net.liqo.io/v1alpha1\nkind: NatMapping\nmetadata:\n  generateName: natmapping-\n  name: natmapping-x7k2p\n  labels: {{net.liqo.io/natmapping: \"true\", clusterID: cluster-a}}\nspec:\n  clusterID: cluster-a\n  podCIDR: {pod}\n  externalCIDR: {external}\n  clusterMappings:\n{entries}"
+            )
+        };
+        let entries =
+            "    10.1.0.5: 10.0.1.45\n    169.254.0.1: 10.0.1.1\n    10.1.0.6: 192.168.0.46\n";
+        r.set_origin(
+            "nm.yaml".into(),
+            docs("nm.yaml", &liqo("10.0.40.0/24", "10.0.1.0/24", entries)),
+        );
+        let report = r.reconcile().0;
+        assert_eq!(report.mappings, 2);
+        assert_eq!(
+            messages(&report.new_errors),
+            [
+                "nm.yaml: NatMapping natmapping-x7k2p: field spec.clusterMappings.10.1.0.6: externalIP 192.168.0.46 lies outside 10.0.1.0/24, our ExternalCIDR as the peer sees it (localNATExternalCIDR of TunnelEndpoint liqo-tenant-x/a)"
+            ]
+        );
+        // A NatMapping written for other views is refused whole.
+        for (pod, external, field, found) in [
+            (
+                "10.0.40.0/24",
+                "192.168.0.0/24",
+                "externalCIDR",
+                "192.168.0.0/24",
+            ),
+            ("10.0.50.0/24", "10.0.1.0/24", "podCIDR", "10.0.50.0/24"),
+        ] {
+            r.set_origin(
+                "nm.yaml".into(),
+                docs("nm.yaml", &liqo(pod, external, entries)),
+            );
+            let report = r.reconcile().0;
+            assert_eq!(report.mappings, 0);
+            assert!(
+                messages(&report.new_errors)
+                    .iter()
+                    .any(|m| m.contains(&format!("field spec.{field}: {found} is not "))),
+                "{:?}",
+                messages(&report.new_errors)
+            );
+        }
+        r.set_origin(
+            "nm.yaml".into(),
+            docs("nm.yaml", &liqo("10.0.40.0/24", "10.0.1.0/24", entries)),
+        );
+        r.reconcile();
+        drop(r);
+        assert_eq!(
+            mappings.entries.into_iter().collect::<Vec<_>>(),
+            [
+                (mapping_key(1, [192, 168, 0, 1]), wire([169, 254, 0, 1])),
+                (mapping_key(1, [192, 168, 0, 45]), wire([10, 1, 0, 5]))
             ]
         );
     }

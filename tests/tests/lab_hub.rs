@@ -125,7 +125,8 @@ fn who_answers(port: u16) -> Option<String> {
 
 fn hub_entry_present() -> bool {
     let map = MappingMap::open(&lab::bpffs(&B.gw())).expect("b-gw's NatMapping table");
-    !map.entries().unwrap().is_empty()
+    let endpoint = isthmus_common::nat::wire(NAT_MAPPING.endpoint.octets());
+    map.entries().unwrap().iter().any(|(_, to)| *to == endpoint)
 }
 
 /// Waits until b-gw's kernel table holds the entry (or not); returns how long it took.

@@ -78,7 +78,7 @@ fn inspect_reads_every_table_while_the_agent_is_down() {
     let natmap = inspect("natmap");
     assert!(
         natmap.iter().any(
-            |r| cell(r, "external_ip") == NAT_MAPPING.external.to_string()
+            |r| cell(r, "external_ip") == NAT_MAPPING.real_external().to_string()
                 && cell(r, "endpoint_ip") == NAT_MAPPING.endpoint.to_string()
         ),
         "natmap: {natmap:?}"

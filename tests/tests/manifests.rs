@@ -238,7 +238,7 @@ fn liqo_objects_fit_the_crd_schemas_and_malformed_ones_do_not() {
     let nat_mappings = schema("crds/net.liqo.io_natmappings.yaml");
     let good = NAT_MAPPING.yaml(&[NAT_MAPPING.entry()]);
     assert!(nat_mappings.is_valid(&yaml(&good)), "{good}");
-    let bad = good.replace(": 192.168.0.45", ": 192.168.0.450");
+    let bad = good.replace(": 10.0.1.45", ": 10.0.1.450");
     assert!(
         !nat_mappings.is_valid(&yaml(&bad)),
         "bad externalIP accepted"

@@ -431,6 +431,13 @@ fn write_objects(tunnel: LabTunnel) -> Result<()> {
             write_object(&node, NODES_FILE, &cluster.nodes_yaml())?;
         }
     }
+    for p in &PEERINGS {
+        if !std::ptr::eq(p, NAT_MAPPING.peering()) {
+            for (node, _) in p.local.nodes() {
+                write_object(&node, &p.nat_mapping_file(), &p.nat_mapping_yaml(&[]))?;
+            }
+        }
+    }
     write_nat_mapping(&[NAT_MAPPING.entry()])
 }
 
@@ -441,7 +448,9 @@ pub const NODES_FILE: &str = "nodes.yaml";
 pub const POD_DEVS: &str = "pod*";
 
 /// Writes the hub's NatMapping for its client with `entries` (endpoint,
-/// externalIP) on both of the hub's nodes; the agents pick it up live.
+/// externalIP) besides the conncheck's, on both of the hub's nodes; the
+/// agents pick it up live. Every other peering's NatMapping holds only the
+/// conncheck's entry, as Liqo's do.
 pub fn write_nat_mapping(entries: &[(Ipv4Addr, Ipv4Addr)]) -> Result<()> {
     let yaml = NAT_MAPPING.yaml(entries);
     for (node, _) in NAT_MAPPING.hub.nodes() {

@@ -164,13 +164,14 @@ impl Cluster {
     }
 }
 
-/// Where Liqo put a TunnelEndpoint's fields.
+/// Where Liqo put a TunnelEndpoint's networks (DESIGN §1).
 #[derive(Clone, Copy, Debug)]
 pub enum Layout {
-    /// Newer Liqo: in `spec`.
+    /// Liqo v0.3.1 and later: all in `spec`.
     Spec,
-    /// Older Liqo: in `status`.
-    Status,
+    /// Liqo v0.2.1–v0.3.0: the peer's networks as `spec.podCIDR` and
+    /// `spec.externalCIDR`, the local and remapped ones in `status`.
+    Legacy,
 }
 
 /// One cluster's view of one peering (a row of DESIGN §2 "Peerings").
@@ -210,7 +211,7 @@ pub const PEERINGS: [Peering; 4] = [
         local_nat_pod: Some("10.0.0.0/24"),
         remote_nat_external: Some("10.0.41.0/24"),
         local_nat_external: Some("10.0.1.0/24"),
-        layout: Layout::Status,
+        layout: Layout::Legacy,
     },
     Peering {
         local: &B,
@@ -228,18 +229,22 @@ pub const PEERINGS: [Peering; 4] = [
         local_nat_pod: None,
         remote_nat_external: None,
         local_nat_external: None,
-        layout: Layout::Status,
+        layout: Layout::Legacy,
     },
 ];
 
-/// DESIGN §2: the NatMapping cluster b holds for cluster a, exposing c-pod1
-/// as externalIP 192.168.0.45 (seen by a as 10.0.1.45).
+/// DESIGN §2: the entry of the NatMapping cluster b holds for cluster a
+/// that exposes c-pod1, at 10.0.1.45 in a's view of b's ExternalCIDR.
 pub const NAT_MAPPING: HubMapping = HubMapping {
     hub: &B,
     client: &A,
     endpoint: Ipv4Addr::new(10, 1, 0, 5),
-    external: Ipv4Addr::new(192, 168, 0, 45),
+    external: Ipv4Addr::new(10, 0, 1, 45),
 };
+
+/// The address a Liqo gateway's conncheck answers on, behind the first
+/// host of every NatMapping's ExternalCIDR (`reference/liqo.md`).
+pub const CONNCHECK_ADDR: Ipv4Addr = Ipv4Addr::new(169, 254, 0, 1);
 
 /// A NatMapping entry held by a hub for one client cluster.
 #[derive(Debug)]
@@ -250,36 +255,24 @@ pub struct HubMapping {
     pub client: &'static Cluster,
     /// The endpoint exposed (behind the hub).
     pub endpoint: Ipv4Addr,
-    /// The hub's externalIP for it.
+    /// Its externalIP, in the client's view of the hub's ExternalCIDR.
     pub external: Ipv4Addr,
 }
 
 impl HubMapping {
+    /// The hub's peering with the client.
+    pub fn peering(&self) -> &'static Peering {
+        PEERINGS
+            .iter()
+            .find(|p| p.local.name == self.hub.name && p.remote.name == self.client.name)
+            .expect("the hub is peered with its client")
+    }
+
     /// The NatMapping as Liqo writes it, with `entries` (endpoint,
-    /// externalIP); the lab's own entry is [`HubMapping::entry`].
+    /// externalIP) besides the conncheck's; the lab's own entry is
+    /// [`HubMapping::entry`].
     pub fn yaml(&self, entries: &[(Ipv4Addr, Ipv4Addr)]) -> String {
-        let mut yaml = format!(
-            "apiVersion: net.liqo.io/v1alpha1
-kind: NatMapping
-metadata:
-  name: natmapping-{client}
-spec:
-  clusterID: cluster-{client}
-  podCIDR: {pod}
-  externalCIDR: {external}
-  clusterMappings:
-",
-            client = self.client.name,
-            pod = self.hub.pod_cidr,
-            external = self.hub.external_cidr,
-        );
-        for (endpoint, external) in entries {
-            yaml.push_str(&format!("    {endpoint}: {external}\n"));
-        }
-        if entries.is_empty() {
-            yaml = yaml.replace("  clusterMappings:\n", "  clusterMappings: {}\n");
-        }
-        yaml
+        self.peering().nat_mapping_yaml(entries)
     }
 
     /// The lab's entry.
@@ -287,9 +280,17 @@ spec:
         (self.endpoint, self.external)
     }
 
+    /// The externalIP as the hub's kernel keys it: the real address of
+    /// the hub's ExternalCIDR with the same host bits.
+    pub fn real_external(&self) -> Ipv4Addr {
+        let net: Ipv4Net = self.hub.external_cidr.parse().expect("valid CIDR");
+        let host = u32::from(self.external) & u32::from(net.hostmask());
+        Ipv4Addr::from(u32::from(net.network()) | host)
+    }
+
     /// The file name of the object in the hub's nodes' object directories.
     pub fn file_name(&self) -> String {
-        format!("natmapping-{}.yaml", self.client.name)
+        self.peering().nat_mapping_file()
     }
 }
 
@@ -298,6 +299,55 @@ fn or_none(v: Option<&str>) -> &str {
 }
 
 impl Peering {
+    /// The local cluster's ExternalCIDR as the peer sees it.
+    pub fn local_external_view(&self) -> Ipv4Net {
+        self.local_nat_external
+            .unwrap_or(self.local.external_cidr)
+            .parse()
+            .expect("valid CIDR")
+    }
+
+    /// Where the peer's conncheck reaches the local gateway: the first host
+    /// of [`Peering::local_external_view`].
+    pub fn conncheck_external(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.local_external_view().network()) + 1)
+    }
+
+    /// The NatMapping the local cluster holds for the peer, as Liqo v0.10's
+    /// IPAM writes it: values in the peer's view of our ExternalCIDR, the
+    /// conncheck's entry, and `entries` (endpoint, externalIP).
+    pub fn nat_mapping_yaml(&self, entries: &[(Ipv4Addr, Ipv4Addr)]) -> String {
+        let mut yaml = format!(
+            "apiVersion: net.liqo.io/v1alpha1
+kind: NatMapping
+metadata:
+  name: natmapping-{remote}
+  generateName: natmapping-
+  labels:
+    net.liqo.io/natmapping: \"true\"
+    clusterID: cluster-{remote}
+spec:
+  clusterID: cluster-{remote}
+  podCIDR: {pod}
+  externalCIDR: {external}
+  clusterMappings:
+",
+            remote = self.remote.name,
+            pod = self.remote_views()[0],
+            external = self.local_external_view(),
+        );
+        let conncheck = (CONNCHECK_ADDR, self.conncheck_external());
+        for (endpoint, external) in entries.iter().chain([&conncheck]) {
+            yaml.push_str(&format!("    {endpoint}: {external}\n"));
+        }
+        yaml
+    }
+
+    /// The file name of its NatMapping in the local nodes' directories.
+    pub fn nat_mapping_file(&self) -> String {
+        format!("natmapping-{}.yaml", self.remote.name)
+    }
+
     /// The networks the local cluster routes towards the peer.
     pub fn remote_views(&self) -> [Ipv4Net; 2] {
         [
@@ -314,9 +364,45 @@ impl Peering {
         let key = remote_public_key
             .map(|k| format!(", publicKey: \"{k}\""))
             .unwrap_or_default();
-        let half = match self.layout {
-            Layout::Spec => "spec",
-            Layout::Status => "status",
+        let nets = [
+            ("localPodCIDR", self.local.pod_cidr),
+            ("localNATPodCIDR", or_none(self.local_nat_pod)),
+            ("localExternalCIDR", self.local.external_cidr),
+            ("localNATExternalCIDR", or_none(self.local_nat_external)),
+            ("remotePodCIDR", self.remote.pod_cidr),
+            ("remoteNATPodCIDR", or_none(self.remote_nat_pod)),
+            ("remoteExternalCIDR", self.remote.external_cidr),
+            ("remoteNATExternalCIDR", or_none(self.remote_nat_external)),
+        ];
+        let lines = |names: &mut dyn Iterator<Item = &(&str, &str)>| {
+            names
+                .map(|(name, value)| format!("  {name}: {value}\n"))
+                .collect::<String>()
+        };
+        let remote = self.remote.name;
+        // Before v0.6 the peer's identity was a bare `clusterID`.
+        let (spec_nets, status) = match self.layout {
+            Layout::Spec => (
+                format!(
+                    "  clusterIdentity: {{clusterID: cluster-{remote}, clusterName: {remote}}}\n{}",
+                    lines(&mut nets.iter())
+                ),
+                String::new(),
+            ),
+            Layout::Legacy => {
+                (
+                    format!(
+                        "  clusterID: cluster-{remote}\n  podCIDR: {}\n  externalCIDR: {}\n",
+                        self.remote.pod_cidr, self.remote.external_cidr
+                    ),
+                    format!(
+                        "status:\n  phase: Ready\n{}",
+                        lines(&mut nets.iter().filter(|(n, _)| {
+                            !["remotePodCIDR", "remoteExternalCIDR"].contains(n)
+                        }))
+                    ),
+                )
+            }
         };
         format!(
             "apiVersion: net.liqo.io/v1alpha1
@@ -324,29 +410,11 @@ kind: TunnelEndpoint
 metadata:
   name: tep-{remote}
   namespace: liqo-tenant-{remote}
-{half}:
-  clusterIdentity: {{clusterID: cluster-{remote}, clusterName: {remote}}}
-  localPodCIDR: {local_pod}
-  localNATPodCIDR: {local_nat_pod}
-  localExternalCIDR: {local_ext}
-  localNATExternalCIDR: {local_nat_ext}
-  remotePodCIDR: {remote_pod}
-  remoteNATPodCIDR: {remote_nat_pod}
-  remoteExternalCIDR: {remote_ext}
-  remoteNATExternalCIDR: {remote_nat_ext}
-  endpointIP: {endpoint}
+spec:
+{spec_nets}  endpointIP: {endpoint}
   backendType: wireguard
   backend_config: {{port: \"{port}\"{key}}}
-",
-            remote = self.remote.name,
-            local_pod = self.local.pod_cidr,
-            local_nat_pod = or_none(self.local_nat_pod),
-            local_ext = self.local.external_cidr,
-            local_nat_ext = or_none(self.local_nat_external),
-            remote_pod = self.remote.pod_cidr,
-            remote_nat_pod = or_none(self.remote_nat_pod),
-            remote_ext = self.remote.external_cidr,
-            remote_nat_ext = or_none(self.remote_nat_external),
+{status}",
             endpoint = self.remote.wan_addr(),
             port = TUNNEL_PORT,
         )

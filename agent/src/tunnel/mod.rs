@@ -11,6 +11,7 @@
 
 mod batch;
 pub mod datapath;
+pub mod endpoint;
 pub mod key;
 pub mod offload;
 pub mod peers;
@@ -298,9 +299,7 @@ impl Tunnel {
         for config in configs {
             let peer = match current.by_key(&config.key) {
                 Some(old) if old.config.public == config.public => {
-                    if old.config.endpoint != config.endpoint {
-                        // A new configured endpoint replaces wherever the peer roamed.
-                        old.roam(config.endpoint);
+                    if old.reconfigure(config.endpoint) {
                         changes.push((config.key.clone(), PeerChange::Moved));
                     }
                     old.clone()

@@ -61,6 +61,9 @@ pub struct TunnelPeer {
     /// Current endpoint: starts at the configured one and roams to the
     /// source of the last authenticated packet. IPv4 and port packed in 48 bits.
     endpoint: AtomicU64,
+    /// The endpoint the object gives now (a name's address moves), packed
+    /// as `endpoint` is.
+    configured: AtomicU64,
     /// Datapath counters.
     pub counters: PeerCounters,
 }
@@ -102,6 +105,7 @@ impl TunnelPeer {
         );
         Self {
             endpoint: AtomicU64::new(pack(config.endpoint)),
+            configured: AtomicU64::new(pack(config.endpoint)),
             config,
             index,
             tunn: Mutex::new(tunn),
@@ -117,6 +121,16 @@ impl TunnelPeer {
     /// Follows the peer to `addr`, the source of an authenticated packet.
     pub fn roam(&self, addr: SocketAddrV4) {
         self.endpoint.store(pack(addr), Ordering::Relaxed);
+    }
+
+    /// Moves the peer to a new configured endpoint, keeping its session;
+    /// returns whether it changed. It replaces wherever the peer roamed.
+    pub fn reconfigure(&self, addr: SocketAddrV4) -> bool {
+        let moved = self.configured.swap(pack(addr), Ordering::Relaxed) != pack(addr);
+        if moved {
+            self.roam(addr);
+        }
+        moved
     }
 }
 
@@ -237,10 +251,15 @@ mod tests {
     }
 
     #[test]
-    fn endpoint_roams() {
+    fn endpoint_roams_and_only_a_new_configured_endpoint_moves_it_back() {
         let b = peer("b", 1, 2);
         assert_eq!(b.endpoint(), "203.0.113.2:5871".parse().unwrap());
         b.roam("198.51.100.9:40000".parse().unwrap());
         assert_eq!(b.endpoint(), "198.51.100.9:40000".parse().unwrap());
+        // The same configuration again leaves the roamed endpoint alone.
+        assert!(!b.reconfigure("203.0.113.2:5871".parse().unwrap()));
+        assert_eq!(b.endpoint(), "198.51.100.9:40000".parse().unwrap());
+        assert!(b.reconfigure("203.0.113.7:5871".parse().unwrap()));
+        assert_eq!(b.endpoint(), "203.0.113.7:5871".parse().unwrap());
     }
 }
