@@ -3,8 +3,8 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::SocketAddrV4,
-    sync::Arc,
+    net::{Ipv4Addr, SocketAddrV4},
+    sync::{Arc, Mutex},
     time::Instant,
 };
 
@@ -13,6 +13,7 @@ use ipnet::Ipv4Net;
 use tracing::{error, info, warn};
 
 use crate::{
+    conncheck::{self, Checks, Health},
     guard::Guard,
     object::ObjectKey,
     peer::{Endpoint, Peer, PeerError, Problem},
@@ -39,6 +40,23 @@ pub struct Gateway {
     resolver: Resolver,
     /// Peers left out of the tunnel for want of an endpoint address, with why.
     unresolved: BTreeMap<ObjectKey, String>,
+    /// The conncheck's state, shared with its socket's task and the metrics.
+    pub checks: Arc<Mutex<Checks>>,
+    /// What each peer's tunnel was given, and the cluster ID its PINGs carry.
+    configured_peers: BTreeMap<ObjectKey, (String, BTreeMap<String, String>)>,
+}
+
+/// What the gateway knows of each peer, for its TunnelEndpoint's status.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// The tunnel's sessions.
+    pub sessions: Vec<PeerStatus>,
+    /// The conncheck of each peer in the tunnel.
+    pub health: BTreeMap<ObjectKey, Health>,
+    /// Peers left out of the tunnel for want of an endpoint address, with why.
+    pub unresolved: BTreeMap<ObjectKey, String>,
+    /// What each peer's tunnel was given, as Liqo's `peerConfiguration`.
+    pub configurations: BTreeMap<ObjectKey, BTreeMap<String, String>>,
 }
 
 impl Gateway {
@@ -59,6 +77,20 @@ impl Gateway {
         })?;
         let routes = Routes::up(&config.dev, config.mtu).await?;
         info!(dev = %config.dev, port = config.port, public_key = %public, workers = config.workers, "tunnel up");
+        // The conncheck answers on an address of the tunnel device, as on
+        // Liqo's; the NatMapping's 169.254.0.1 entry leads there.
+        routes.add_address(conncheck::ADDR).await?;
+        let socket = tokio::net::UdpSocket::bind((conncheck::ADDR, conncheck::PORT))
+            .await
+            .with_context(|| {
+                format!(
+                    "binding the conncheck to {}:{}",
+                    conncheck::ADDR,
+                    conncheck::PORT
+                )
+            })?;
+        let checks = Arc::new(Mutex::new(Checks::default()));
+        conncheck::spawn(socket, checks.clone());
         Ok(Self {
             tunnel: Arc::new(tunnel),
             routes,
@@ -68,6 +100,8 @@ impl Gateway {
             configured: BTreeSet::new(),
             resolver: Resolver::new(resolve_every),
             unresolved: BTreeMap::new(),
+            checks,
+            configured_peers: BTreeMap::new(),
         })
     }
 
@@ -150,20 +184,29 @@ impl Gateway {
     /// could be written; it logs why not.
     pub async fn sync(&mut self, peers: &[Peer]) -> bool {
         self.resolve(peers).await;
+        let (mut configured, mut targets) = (BTreeMap::new(), BTreeMap::new());
         let mut configs = Vec::new();
         let mut problems = BTreeSet::new();
         let mut unresolved = BTreeMap::new();
         for peer in peers {
             match &peer.tunnel {
                 Ok(params) => match self.address(&params.endpoint, peers) {
-                    Ok(addr) => configs.push(PeerConfig {
-                        key: peer.key.clone(),
-                        label: peer.label().to_owned(),
-                        cluster_name: peer.name().to_owned(),
-                        public: params.public_key,
-                        endpoint: SocketAddrV4::new(addr, params.port),
-                        networks: peer.views().iter().map(|(_, net)| *net).collect(),
-                    }),
+                    Ok(addr) => {
+                        let config = PeerConfig {
+                            key: peer.key.clone(),
+                            label: peer.label().to_owned(),
+                            cluster_name: peer.name().to_owned(),
+                            public: params.public_key,
+                            endpoint: SocketAddrV4::new(addr, params.port),
+                            networks: peer.views().iter().map(|(_, net)| *net).collect(),
+                        };
+                        configured.insert(
+                            peer.key.clone(),
+                            (config.label.clone(), peer_configuration(&config)),
+                        );
+                        targets.insert(config.label.clone(), conncheck_target(peer));
+                        configs.push(config);
+                    }
                     Err(why) => {
                         unresolved.insert(peer.key.clone(), why);
                     }
@@ -171,12 +214,8 @@ impl Gateway {
                 Err(field) => {
                     problems.insert((
                         peer.key.to_string(),
-                        PeerError::new(
-                            &peer.origin,
-                            &peer.key,
-                            Problem::NoTunnel { field },
-                        )
-                        .to_string(),
+                        PeerError::new(&peer.origin, &peer.key, Problem::NoTunnel { field })
+                            .to_string(),
                     ));
                 }
             }
@@ -186,6 +225,11 @@ impl Gateway {
         }
         self.reported = problems;
         self.unresolved = unresolved;
+        self.configured_peers = configured;
+        self.checks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .set_targets(&targets, Instant::now());
         self.configured = configs.iter().map(|c| c.endpoint).collect();
         // Allowed before the handshake goes out, so its answer gets through.
         self.follow_guard(&self.tunnel.status());
@@ -225,9 +269,31 @@ impl Gateway {
         }
     }
 
+    /// What the gateway knows of every peer now, for the statuses; logs
+    /// every change of a session's state.
+    pub fn report(&mut self) -> Report {
+        let sessions = self.report_states();
+        let checks = self.checks.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        Report {
+            sessions,
+            health: self
+                .configured_peers
+                .iter()
+                .filter_map(|(key, (label, _))| Some((key.clone(), checks.health(label, now)?)))
+                .collect(),
+            unresolved: self.unresolved.clone(),
+            configurations: self
+                .configured_peers
+                .iter()
+                .map(|(key, (_, configuration))| (key.clone(), configuration.clone()))
+                .collect(),
+        }
+    }
+
     /// Logs every peer whose connection state changed since the last call,
     /// lets roamed endpoints through the guard, and returns every peer's state.
-    pub fn report_states(&mut self) -> Vec<PeerStatus> {
+    fn report_states(&mut self) -> Vec<PeerStatus> {
         let statuses = self.tunnel.status();
         self.follow_guard(&statuses);
         let mut now = BTreeMap::new();
@@ -248,4 +314,22 @@ impl Gateway {
         self.states = now;
         statuses
     }
+}
+
+/// Where the conncheck PINGs `peer`: the first host of its ExternalCIDR as
+/// we see it, which its NatMapping for us sends to its 169.254.0.1.
+fn conncheck_target(peer: &Peer) -> Ipv4Addr {
+    let view = peer.remote_external.seen();
+    Ipv4Addr::from(u32::from(view.network()).saturating_add(1))
+}
+
+/// Liqo's `status.connection.peerConfiguration` for a peer's tunnel.
+fn peer_configuration(config: &PeerConfig) -> BTreeMap<String, String> {
+    let allowed: Vec<String> = config.networks.iter().map(ToString::to_string).collect();
+    BTreeMap::from([
+        ("allowedIPs".to_owned(), allowed.join(", ")),
+        ("endpointIP".to_owned(), config.endpoint.ip().to_string()),
+        ("port".to_owned(), config.endpoint.port().to_string()),
+        ("publicKey".to_owned(), key::encode(&config.public)),
+    ])
 }

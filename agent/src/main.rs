@@ -16,7 +16,7 @@ use isthmus_agent::{
     gateway::Gateway,
     inspect, kubernetes,
     maps::{self, Counters},
-    metrics::{self, BuildInfo, Metrics},
+    metrics::{self, BuildInfo, GatewayState, Metrics},
     object::{KIND_NODE, KIND_TUNNEL_ENDPOINT},
     overlay::{self, Overlay, OverlayOptions, PodDevices},
     policy::{self, Policy},
@@ -389,7 +389,11 @@ async fn run(args: RunArgs) -> Result<()> {
     };
     let metrics = Metrics::new(
         &args.bpffs,
-        gateway.as_ref().map(|g| g.tunnel.clone()),
+        gateway.as_ref().map(|g| GatewayState {
+            tunnel: g.tunnel.clone(),
+            checks: g.checks.clone(),
+            device: args.tunnel_dev.clone(),
+        }),
         BuildInfo {
             node: &args.node,
             role: role_name,
@@ -583,9 +587,9 @@ async fn follow<P: PeerTable<Error = aya::maps::MapError>, M: MappingTable<Error
             }
             _ = states.tick() => {
                 host.refresh_devices();
-                let tunnel = gateway.as_deref_mut().map(Gateway::report_states);
+                let report = gateway.as_deref_mut().map(Gateway::report);
                 if let Some(feedback) = feedback.filter(|_| synced) {
-                    feedback.show(status::desired(reconciler.peers(), tunnel.as_deref(), reconciler.rejections()));
+                    feedback.show(status::desired(reconciler.peers(), report.as_ref(), reconciler.rejections()));
                 }
                 // A node address that came or went may allow or refuse a view.
                 let changed = reconciler.set_policy(host.policy.policy());

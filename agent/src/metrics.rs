@@ -8,7 +8,7 @@ use std::{
     net::SocketAddr,
     path::Path,
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
 };
@@ -28,7 +28,7 @@ use axum::{
 use isthmus_common::counters::{DENY_REASONS, deny_slot};
 use prometheus_client::{
     collector::Collector,
-    encoding::{DescriptorEncoder, EncodeMetric, text::encode},
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, text::encode},
     metrics::{
         MetricType,
         counter::{ConstCounter, Counter},
@@ -40,6 +40,7 @@ use prometheus_client::{
 use tracing::warn;
 
 use crate::{
+    conncheck::{Checks, Health},
     maps::{Counters, Occupancy, PinnedMaps},
     object::{KIND_NAT_MAPPING, KIND_NODE, KIND_TUNNEL_ENDPOINT},
     peer::Peer,
@@ -50,6 +51,9 @@ use crate::{
 /// The metrics one agent exposes.
 pub struct Metrics {
     registry: Registry,
+    /// The metrics Liqo's gateway exports, under Liqo's names, for the
+    /// dashboards that read them.
+    liqo: Registry,
     ready: AtomicBool,
     /// The embedded tunnel, whose threads `/healthz` vouches for.
     tunnel: Option<Arc<Tunnel>>,
@@ -96,10 +100,12 @@ impl Metrics {
     /// `bpffs`, and the embedded tunnel's state if this node has one.
     pub fn new(
         bpffs: &Path,
-        tunnel: Option<Arc<Tunnel>>,
+        gateway: Option<GatewayState>,
         build: BuildInfo,
     ) -> Result<Arc<Self>, MapError> {
         let mut registry = Registry::with_prefix("isthmus");
+        let mut liqo = Registry::with_prefix("liqo");
+        let tunnel = gateway.as_ref().map(|g| g.tunnel.clone());
         let peers = Gauge::default();
         let rejected_objects = Gauge::default();
         let map_updates = Family::default();
@@ -182,8 +188,9 @@ impl Metrics {
             counters: DataplaneCounters::open(bpffs)?,
             occupancy,
         }));
-        if let Some(tunnel) = &tunnel {
-            registry.register_collector(Box::new(TunnelMetrics(tunnel.clone())));
+        if let Some(gateway) = gateway {
+            registry.register_collector(Box::new(TunnelMetrics(gateway.tunnel.clone())));
+            liqo.register_collector(Box::new(LiqoMetrics(gateway)));
         }
         let peer_labels = PeerIds::default();
         registry.register_collector(Box::new(DeniedMetrics {
@@ -192,6 +199,7 @@ impl Metrics {
         }));
         Ok(Arc::new(Self {
             registry,
+            liqo,
             ready: AtomicBool::new(false),
             tunnel,
             peers,
@@ -236,6 +244,9 @@ impl Metrics {
 
     fn text(&self) -> Result<String, std::fmt::Error> {
         let mut out = String::new();
+        encode(&mut out, &self.liqo)?;
+        // One exposition: the first registry's end marker goes.
+        out.truncate(out.len() - "# EOF\n".len());
         encode(&mut out, &self.registry)?;
         Ok(out)
     }
@@ -382,18 +393,99 @@ impl Collector for DeniedMetrics {
 }
 
 /// Encodes one metric family: a descriptor, then one sample per label set.
-fn family<M: EncodeMetric>(
+fn family<L: EncodeLabelSet, M: EncodeMetric>(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
     metric_type: MetricType,
-    samples: impl IntoIterator<Item = (PeerLabels, M)>,
+    samples: impl IntoIterator<Item = (L, M)>,
 ) -> Result<(), std::fmt::Error> {
     let mut family = encoder.encode_descriptor(name, help, None, metric_type)?;
     for (labels, metric) in samples {
         metric.encode(family.encode_family(&labels)?)?;
     }
     Ok(())
+}
+
+/// What a gateway's metrics read at scrape time.
+pub struct GatewayState {
+    /// The embedded tunnel.
+    pub tunnel: Arc<Tunnel>,
+    /// The conncheck.
+    pub checks: Arc<Mutex<Checks>>,
+    /// The tunnel's device, Liqo's `device` label.
+    pub device: String,
+}
+
+/// Liqo's `pkg/liqonet/tunnel/metrics`, with its names and labels
+/// (`driver`, `device`, `cluster_id`, `cluster_name`): whether the
+/// conncheck answers, its round trip, and the bytes of peers it answers.
+struct LiqoMetrics(GatewayState);
+
+impl std::fmt::Debug for LiqoMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LiqoMetrics")
+    }
+}
+
+/// Liqo's labels of one peer.
+type LiqoLabels = [(&'static str, String); 4];
+
+impl Collector for LiqoMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let peers = self.0.tunnel.status();
+        let now = std::time::Instant::now();
+        let checks = self.0.checks.lock().unwrap_or_else(|p| p.into_inner());
+        let health: Vec<(LiqoLabels, &PeerStatus, Option<Health>)> = peers
+            .iter()
+            .map(|p| {
+                let labels = [
+                    ("driver", "wireguard".to_owned()),
+                    ("device", self.0.device.clone()),
+                    ("cluster_id", p.label.clone()),
+                    ("cluster_name", p.cluster_name.clone()),
+                ];
+                (labels, p, checks.health(&p.label, now))
+            })
+            .collect();
+        drop(checks);
+        let connected = |h: &Option<Health>| h.is_some_and(|h| h.connected);
+        family(
+            &mut encoder,
+            "peer_is_connected",
+            "Status of the connectivity to a given peer (true = the tunnel is up and gateways are pinging each other)",
+            MetricType::Gauge,
+            health
+                .iter()
+                .map(|(l, _, h)| (l.clone(), ConstGauge::new(i64::from(connected(h))))),
+        )?;
+        // As Liqo: the other three only for peers the conncheck reaches.
+        let up = || health.iter().filter(|(_, _, h)| connected(h));
+        family(
+            &mut encoder,
+            "peer_latency_us",
+            "Round-trip latency of a given peer in microseconds",
+            MetricType::Gauge,
+            up().map(|(l, _, h)| {
+                let rtt = h.and_then(|h| h.rtt).unwrap_or_default();
+                (l.clone(), ConstGauge::new(rtt.as_micros() as f64))
+            }),
+        )?;
+        family(
+            &mut encoder,
+            "peer_receive_bytes",
+            "Number of bytes received from a given peer",
+            MetricType::Counter,
+            up().map(|(l, p, _)| (l.clone(), ConstCounter::new(p.rx_bytes))),
+        )?;
+        family(
+            &mut encoder,
+            "peer_transmit_bytes",
+            "Number of bytes transmitted to a given peer",
+            MetricType::Counter,
+            up().map(|(l, p, _)| (l.clone(), ConstCounter::new(p.tx_bytes))),
+        )
+    }
 }
 
 /// Per-peer and tunnel-wide state of the embedded WireGuard, read at scrape time.

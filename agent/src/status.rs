@@ -26,13 +26,22 @@ use tokio::sync::{mpsc, watch};
 use tracing::{debug, warn};
 
 use crate::{
+    conncheck,
+    gateway::Report,
     metrics::Metrics,
     object::{API_VERSION, KIND_NAT_MAPPING, KIND_TUNNEL_ENDPOINT, ObjectKey},
     peer::Peer,
     reconcile::Rejection,
     source::{KubeSource, api_resource},
-    tunnel::{Connection, PeerStatus},
+    tunnel::Connection,
 };
+
+/// Liqo's `statusMessage` of a peering whose conncheck answers.
+pub const CONNECTED_MESSAGE: &str = "VPN connection established";
+/// Liqo's `statusMessage` while the tunnel or the conncheck is not up yet.
+pub const CONNECTING_MESSAGE: &str = "Waiting VPN connection to be established";
+/// Liqo's `statusMessage` once the conncheck went unanswered.
+pub const ERROR_MESSAGE: &str = "No network connectivity towards remote cluster";
 
 /// A status already written is written again with a new latency only this often.
 pub const LATENCY_REFRESH: Duration = Duration::from_secs(30);
@@ -45,7 +54,8 @@ const MANAGER: &str = "isthmus-agent";
 /// Longest Event note the API server accepts.
 const NOTE_MAX: usize = 1024;
 
-/// Liqo's connection states (`status.connection.status`).
+/// Liqo's connection states (`status.connection.status`); Liqo v0.2–v0.4
+/// wrote them in lower case.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum State {
     /// A session is up.
@@ -73,29 +83,44 @@ pub struct ConnectionStatus {
     pub state: State,
     /// Why, for people.
     pub message: String,
-    /// Round-trip time of the last handshake, as Go prints a duration ("3ms").
+    /// Round trip of the conncheck, as Liqo writes it ("640μs", "3ms",
+    /// "N/A"); None for an object that is not a peering.
     pub latency: Option<String>,
+    /// `peerConfiguration`: what the tunnel was given (`allowedIPs`,
+    /// `endpointIP`, `port`, `publicKey`), which `liqoctl status peer` shows.
+    pub peer_configuration: Option<BTreeMap<String, String>>,
 }
 
 impl ConnectionStatus {
     fn same_state(&self, other: &Self) -> bool {
-        self.state == other.state && self.message == other.message
+        self.state == other.state
+            && self.message == other.message
+            && self.peer_configuration == other.peer_configuration
     }
 
     /// What an object shows now, if anything.
     fn shown(object: &DynamicObject) -> Option<Self> {
         let connection = object.data.get("status")?.get("connection")?;
         let text = |v: Option<&serde_json::Value>| v.and_then(|v| v.as_str()).map(str::to_owned);
-        let state = match connection.get("status")?.as_str()? {
-            "Connected" => State::Connected,
-            "Connecting" => State::Connecting,
-            "Error" => State::Error,
+        let state = match connection
+            .get("status")?
+            .as_str()?
+            .to_ascii_lowercase()
+            .as_str()
+        {
+            "connected" => State::Connected,
+            "connecting" => State::Connecting,
+            "error" => State::Error,
             _ => return None,
         };
+        let peer_configuration = connection
+            .get("peerConfiguration")
+            .and_then(|c| serde_json::from_value(c.clone()).ok());
         Some(Self {
             state,
             message: text(connection.get("statusMessage")).unwrap_or_default(),
             latency: text(connection.get("latency").and_then(|l| l.get("value"))),
+            peer_configuration,
         })
     }
 
@@ -108,16 +133,19 @@ impl ConnectionStatus {
             "status": self.state.as_str(),
             "statusMessage": self.message,
             "latency": latency,
+            "peerConfiguration": self.peer_configuration,
         }}})
     }
 }
 
-/// The status each TunnelEndpoint should show. Without a tunnel
-/// (`tunnel` is None), only rejected objects get one: the connection
-/// belongs to whatever carries it.
+/// The status each TunnelEndpoint should show, as Liqo's gateway writes
+/// it: `Connected` while the conncheck answers, `Error` once it has not for
+/// [`conncheck::LOSSES_FOR_ERROR`] intervals, `Connecting` before. Without
+/// a gateway (`gateway` is None), only rejected objects get one: the
+/// connection belongs to whatever carries it.
 pub fn desired(
     peers: &[Peer],
-    tunnel: Option<&[PeerStatus]>,
+    gateway: Option<&Report>,
     rejections: &BTreeSet<Rejection>,
 ) -> BTreeMap<ObjectKey, ConnectionStatus> {
     let mut statuses = BTreeMap::new();
@@ -134,33 +162,51 @@ pub fn desired(
                 state: State::Error,
                 message: rejection.problem.clone(),
                 latency: None,
+                peer_configuration: None,
             });
     }
-    let Some(tunnel) = tunnel else {
+    let Some(gateway) = gateway else {
         return statuses;
     };
-    let sessions: BTreeMap<&ObjectKey, &PeerStatus> = tunnel.iter().map(|s| (&s.key, s)).collect();
     for peer in peers {
-        let status = match (&peer.tunnel, sessions.get(&peer.key)) {
-            (Err(field), _) => ConnectionStatus {
-                state: State::Error,
-                message: format!("field {field} is missing: no tunnel to this peer"),
-                latency: None,
-            },
-            (Ok(_), Some(s)) if s.connection == Connection::Connected => ConnectionStatus {
-                state: State::Connected,
-                message: format!("WireGuard session up with {}", s.endpoint),
-                latency: s.rtt_ms.map(|ms| format!("{ms}ms")),
-            },
-            (Ok(params), _) => ConnectionStatus {
-                state: State::Connecting,
-                message: format!("WireGuard handshake with {} not completed", params.endpoint),
-                latency: None,
-            },
-        };
-        statuses.insert(peer.key.clone(), status);
+        statuses.insert(peer.key.clone(), of_peer(peer, gateway));
     }
     statuses
+}
+
+fn of_peer(peer: &Peer, gateway: &Report) -> ConnectionStatus {
+    let status = |state, message: String, rtt| ConnectionStatus {
+        state,
+        message,
+        latency: Some(conncheck::format_latency(rtt)),
+        peer_configuration: gateway.configurations.get(&peer.key).cloned(),
+    };
+    if let Err(field) = &peer.tunnel {
+        return ConnectionStatus {
+            latency: None,
+            ..status(
+                State::Error,
+                format!("field {field} is missing: no tunnel to this peer"),
+                None,
+            )
+        };
+    }
+    if let Some(why) = gateway.unresolved.get(&peer.key) {
+        return status(
+            State::Connecting,
+            format!("{CONNECTING_MESSAGE}: {why}"),
+            None,
+        );
+    }
+    let session = gateway.sessions.iter().find(|s| s.key == peer.key);
+    let health = gateway.health.get(&peer.key);
+    match (session.map(|s| s.connection), health) {
+        (Some(Connection::Connected), Some(h)) if h.connected => {
+            status(State::Connected, CONNECTED_MESSAGE.into(), h.rtt)
+        }
+        (_, Some(h)) if h.failed => status(State::Error, ERROR_MESSAGE.into(), None),
+        _ => status(State::Connecting, CONNECTING_MESSAGE.into(), None),
+    }
 }
 
 /// What was last written to one object, and when.
@@ -384,6 +430,7 @@ mod tests {
             state,
             message: message.into(),
             latency: latency.map(Into::into),
+            peer_configuration: None,
         }
     }
 
@@ -458,8 +505,34 @@ mod tests {
                 "status": "Connected",
                 "statusMessage": "up",
                 "latency": {"value": "3ms", "timestamp": "2026-11-22T10:00:00Z"},
+                "peerConfiguration": null,
             }}})
         );
+        let configured = ConnectionStatus {
+            peer_configuration: Some(BTreeMap::from([
+                (
+                    "allowedIPs".to_owned(),
+                    "10.0.0.0/24, 10.0.1.0/24".to_owned(),
+                ),
+                ("endpointIP".to_owned(), "203.0.113.2".to_owned()),
+                ("port".to_owned(), "5871".to_owned()),
+                ("publicKey".to_owned(), "k".to_owned()),
+            ])),
+            ..status(State::Connected, "up", Some("640μs"))
+        };
+        let patch = configured.patch(now);
+        assert_eq!(
+            patch["status"]["connection"]["peerConfiguration"]["port"],
+            "5871"
+        );
+        assert_eq!(patch["status"]["connection"]["latency"]["value"], "640μs");
+        // What the patch writes reads back the same, and so does Liqo
+        // v0.2–v0.4's lower case.
+        let mut object = DynamicObject::new("tep", &api_resource(KIND_TUNNEL_ENDPOINT));
+        object.data = patch;
+        assert_eq!(ConnectionStatus::shown(&object), Some(configured.clone()));
+        object.data["status"]["connection"]["status"] = "connected".into();
+        assert_eq!(ConnectionStatus::shown(&object), Some(configured));
         let patch = status(State::Error, "bad", None).patch(now);
         assert_eq!(
             patch["status"]["connection"]["latency"],

@@ -136,12 +136,21 @@ fn tep(name: &str, cluster: &str, remote_pod: &str, remote_external: &str, extra
     tunnel_endpoint(name, cluster, &nets(remote_pod, remote_external), extra)
 }
 
-/// The same object in the older layout, with the fields under `status`.
-fn tep_in_status(name: &str, cluster: &str, remote_pod: &str, remote_external: &str) -> Value {
+/// The same object as Liqo v0.2.1–v0.3.0 wrote it: the peer's networks as
+/// `spec.podCIDR` and `spec.externalCIDR`, the others in `status`, and a
+/// lower-case connection status.
+fn tep_v030(name: &str, cluster: &str, remote_pod: &str, remote_external: &str) -> Value {
     let mut object = tep(name, cluster, remote_pod, remote_external, json!({}));
-    let spec = object["spec"].take();
-    object["status"] = spec;
-    object["spec"] = json!({"clusterID": cluster});
+    let mut status = object["spec"].take();
+    let status = status.as_object_mut().unwrap();
+    for gone in ["clusterIdentity", "remotePodCIDR", "remoteExternalCIDR"] {
+        status.remove(gone);
+    }
+    status.insert("phase".into(), json!("Ready"));
+    status.insert("connection".into(), json!({"status": "connected"}));
+    object["status"] = json!(status);
+    object["spec"] =
+        json!({"clusterID": cluster, "podCIDR": remote_pod, "externalCIDR": remote_external});
     object
 }
 
@@ -157,7 +166,7 @@ fn start(node: &mut KubeNode) {
 #[test]
 fn the_kube_source_follows_lists_watches_drops_410s_and_downtime() {
     let b = tep("tep-b", "b", "10.60.0.0/24", "10.61.0.0/24", json!({}));
-    let c = tep_in_status("tep-c", "c", "10.70.0.0/24", "10.71.0.0/24");
+    let c = tep_v030("tep-c", "c", "10.70.0.0/24", "10.71.0.0/24");
     let bad = tep("tep-bad", "bad", "10.5.0.0/99", "10.6.0.0/24", json!({}));
     let mapping = [
         ("10.244.0.10", "192.168.0.10"),
@@ -348,9 +357,42 @@ impl TestPeer {
                     let _ = socket.send_to(packet, from);
                     result = tunn.decapsulate(None, &[], &mut out);
                 }
+                // A Liqo gateway answers the conncheck's PINGs.
+                if let TunnResult::WriteToTunnelV4(packet, _) = result
+                    && let Some(pong) = pong_for(packet)
+                    && let TunnResult::WriteToNetwork(sealed) = tunn.encapsulate(&pong, &mut buf)
+                {
+                    let _ = socket.send_to(sealed, from);
+                }
             }
         }));
     }
+}
+
+/// The PONG a Liqo gateway sends for `packet`, if it is a conncheck PING:
+/// the same message, typed PONG, back to where it came from.
+fn pong_for(packet: &[u8]) -> Option<Vec<u8>> {
+    let ihl = usize::from(packet.first()? & 0x0f) * 4;
+    let udp = packet.get(ihl..)?;
+    if packet.get(9) != Some(&17) || udp.get(2..4)? != 12345u16.to_be_bytes() {
+        return None;
+    }
+    let mut message: Value = serde_json::from_slice(udp.get(8..)?).ok()?;
+    (message["msgType"] == "PING").then_some(())?;
+    message["msgType"] = json!("PONG");
+    let addr = |at: usize| -> Option<[u8; 4]> { packet.get(at..at + 4)?.try_into().ok() };
+    let sport = u16::from_be_bytes(udp.get(0..2)?.try_into().ok()?);
+    let reply = isthmus_tests::packet::Datagram::new(
+        addr(16)?,
+        addr(12)?,
+        isthmus_tests::packet::L4::Udp {
+            sport: 12345,
+            dport: sport,
+            payload: serde_json::to_vec(&message).ok()?,
+            zero_csum: false,
+        },
+    );
+    Some(reply.bytes())
 }
 
 impl Drop for TestPeer {
@@ -405,7 +447,10 @@ fn the_gateway_keeps_its_key_in_a_secret_and_reports_status_and_events() {
         "10.91.0.0/24",
         tunnel("127.0.0.4", 9, "not-a-key"),
     );
-    for object in [b, c, no_key, bad_key] {
+    // b's conncheck reaches us at our ExternalCIDR's first host, as Liqo's
+    // NatMapping for b says.
+    let conncheck = [("169.254.0.1", "192.168.0.1")];
+    for object in [b, c, no_key, bad_key, nat_mapping("b", &conncheck)] {
         node.api.apply(object);
     }
     start(&mut node);
@@ -426,33 +471,43 @@ fn the_gateway_keeps_its_key_in_a_secret_and_reports_status_and_events() {
         node.connection("liqo-tenant-b", "tep-b")["status"] == "Connected"
     });
     let connected = node.connection("liqo-tenant-b", "tep-b");
+    // The conncheck's round trip, as Liqo writes it: "640μs" or "3ms".
     let latency = connected["latency"]["value"]
         .as_str()
         .unwrap_or_default()
         .to_owned();
-    assert!(
-        latency.ends_with("ms") && latency.trim_end_matches("ms").parse::<u32>().is_ok(),
-        "latency {latency:?} in {connected}"
-    );
+    let number = latency
+        .strip_suffix("μs")
+        .or_else(|| latency.strip_suffix("ms"))
+        .unwrap_or_else(|| panic!("latency {latency:?} in {connected}"));
+    assert!(number.parse::<u32>().is_ok_and(|n| n > 0), "{connected}");
     assert!(
         connected["latency"]["timestamp"]
             .as_str()
             .is_some_and(|t| t.ends_with('Z'))
     );
-    assert!(
-        connected["statusMessage"]
-            .as_str()
-            .unwrap()
-            .contains(&format!("127.0.0.1:{}", peer.port))
+    assert_eq!(connected["statusMessage"], "VPN connection established");
+    assert_eq!(
+        connected["peerConfiguration"],
+        json!({"allowedIPs": "10.60.0.0/24, 10.61.0.0/24", "endpointIP": "127.0.0.1", "port": peer.port.to_string(), "publicKey": peer_key})
     );
     wait_for("tep-c Connecting", || {
         node.connection("liqo-tenant-c", "tep-c")["status"] == "Connecting"
     });
-    assert!(
-        node.connection("liqo-tenant-c", "tep-c")["statusMessage"]
-            .as_str()
-            .unwrap()
-            .contains("127.0.0.2:9")
+    let waiting = node.connection("liqo-tenant-c", "tep-c");
+    assert_eq!(
+        waiting["statusMessage"],
+        "Waiting VPN connection to be established"
+    );
+    assert_eq!(waiting["latency"]["value"], "N/A");
+    assert_eq!(waiting["peerConfiguration"]["endpointIP"], "127.0.0.2");
+    // Five PINGs (10 s) without a PONG: Error, as Liqo says it.
+    wait_for("tep-c Error once its conncheck is silent", || {
+        node.connection("liqo-tenant-c", "tep-c")["status"] == "Error"
+    });
+    assert_eq!(
+        node.connection("liqo-tenant-c", "tep-c")["statusMessage"],
+        "No network connectivity towards remote cluster"
     );
     wait_for("tep-nokey Error", || {
         node.connection("liqo-tenant-nokey", "tep-nokey")["status"] == "Error"

@@ -107,7 +107,12 @@ fn a_gateway_exposes_the_whole_metric_set_and_counts_what_it_sent() {
     for family in [
         "isthmus_peer_connected",
         "isthmus_peer_last_handshake_seconds",
-        "isthmus_peer_rtt_seconds",
+        // The handshake's RTT exists only on the side that initiated it;
+        // the conncheck's is measured by both.
+        "liqo_peer_latency_us",
+        "liqo_peer_is_connected",
+        "liqo_peer_receive_bytes_total",
+        "liqo_peer_transmit_bytes_total",
         "isthmus_peer_receive_bytes_total",
         "isthmus_peer_transmit_bytes_total",
         "isthmus_peer_receive_packets_total",
@@ -176,12 +181,14 @@ fn promtool_finds_nothing_to_report_in_any_agents_metrics() {
                 .write_all(body.as_bytes())
                 .unwrap();
             let out = promtool.wait_with_output().unwrap();
-            let said = [out.stdout, out.stderr].concat();
+            let said = String::from_utf8_lossy(&[out.stdout, out.stderr].concat()).into_owned();
+            // Liqo's dashboards read this name; it is Liqo's, not ours to fix.
+            let liqos = "liqo_peer_latency_us metric names should not contain abbreviated units";
+            let ours: Vec<&str> = said.lines().filter(|l| *l != liqos).collect();
             assert!(
-                out.status.success() && said.is_empty(),
-                "promtool on {node}'s metrics ({}): {}",
+                (out.status.success() || said.contains(liqos)) && ours.is_empty(),
+                "promtool on {node}'s metrics ({}): {said}",
                 out.status,
-                String::from_utf8_lossy(&said)
             );
         }
     }

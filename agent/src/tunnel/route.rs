@@ -133,6 +133,20 @@ impl Routes {
         })
     }
 
+    /// Gives the device the address `addr`/32 (kept if it has it already).
+    pub async fn add_address(&self, addr: Ipv4Addr) -> Result<(), RouteError> {
+        self.handle
+            .address()
+            .add(self.index, addr.into(), 32)
+            .replace()
+            .execute()
+            .await
+            .map_err(|source| RouteError::Request {
+                what: format!("address {addr}/32 on {}", self.dev),
+                source,
+            })
+    }
+
     /// Routes exactly `desired` into the device, each behind its blackhole:
     /// adds what is missing, removes what is no longer wanted. A route that
     /// cannot be written does not stop the others. Returns (added, removed)
