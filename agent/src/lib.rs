@@ -20,6 +20,7 @@
 //! - [`metrics`]: Prometheus and health endpoints;
 //! - [`tunnel`]: the gateway's embedded WireGuard.
 
+pub mod check;
 pub mod conncheck;
 pub mod conntrack;
 pub mod dataplane;

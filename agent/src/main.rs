@@ -63,6 +63,10 @@ enum Command {
         #[arg(long, default_value = DEFAULT_KEY_FILE)]
         private_key_file: PathBuf,
     },
+    /// Validate a directory of objects as `run` would, and print what it
+    /// would program and reject (file, object and field). Needs no root
+    /// and no kernel; exits 1 if anything is rejected.
+    Check(CheckArgs),
     /// Detach and unpin everything the agent attached or pinned.
     Cleanup {
         /// Directory on bpffs the agent pinned under.
@@ -217,6 +221,18 @@ struct RunArgs {
     policy: PolicyArgs,
 }
 
+#[derive(clap::Args)]
+struct CheckArgs {
+    /// Where the objects are: `dir:PATH`.
+    #[arg(long)]
+    source: SourceSpec,
+    /// One JSON object instead of aligned tables.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    policy: PolicyArgs,
+}
+
 /// What TunnelEndpoints may ask of this node.
 #[derive(clap::Args, Clone)]
 struct PolicyArgs {
@@ -245,6 +261,11 @@ impl PolicyArgs {
             error!(error = %e, "listing this node's addresses: they are not protected from peers' views");
             Vec::new()
         });
+        self.policy_with(host)
+    }
+
+    /// The policy, protecting `host` as this node's networks.
+    fn policy_with(&self, host: Vec<policy::Protected>) -> Policy {
         let mut namespaces = vec![policy::LIQO_TENANT_NAMESPACES.to_owned()];
         namespaces.extend(self.tunnelendpoint_namespaces.iter().cloned());
         Policy {
@@ -265,6 +286,7 @@ async fn main() -> Result<()> {
     init_logs(cli.log_format);
     match cli.command {
         Command::Run(args) => run(*args).await,
+        Command::Check(args) => check(&args),
         Command::Pubkey { private_key_file } => {
             let pair = key::load_or_generate(&private_key_file)?;
             println!("{}", key::encode(pair.public.as_bytes()));
@@ -447,6 +469,24 @@ async fn run(args: RunArgs) -> Result<()> {
         &metrics,
     )
     .await
+}
+
+/// `check`: the machine it runs on is not a gateway, so its own addresses
+/// are not protected.
+fn check(args: &CheckArgs) -> Result<()> {
+    let SourceSpec::Dir(dir) = &args.source else {
+        bail!("check reads --source dir:PATH only");
+    };
+    let verdict =
+        isthmus_agent::check::check(source::read_dir(dir)?, args.policy.policy_with(Vec::new()));
+    match args.json {
+        true => println!("{}", serde_json::to_string_pretty(&verdict.json())?),
+        false => print!("{}", verdict.text()),
+    }
+    if !verdict.clean() {
+        std::process::exit(1);
+    }
+    Ok(())
 }
 
 /// Creates the overlay's device, attaches its receiving program and

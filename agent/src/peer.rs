@@ -218,6 +218,14 @@ impl Mapped {
             .then(|| Ipv4Addr::from(self.inbound().apply(wire).to_ne_bytes()))
     }
 
+    /// The address of the remapped network behind `addr`, a real one.
+    pub fn seen_of(&self, addr: Ipv4Addr) -> Option<Ipv4Addr> {
+        let wire = isthmus_common::nat::wire(addr.octets());
+        self.real
+            .contains(&addr)
+            .then(|| Ipv4Addr::from(self.outbound().apply(wire).to_ne_bytes()))
+    }
+
     /// Real → remapped, or the identity when not remapped: the kernel
     /// still needs the real network, to tell our addresses from others'.
     fn outbound(&self) -> PrefixRewrite {
@@ -402,10 +410,21 @@ impl Peer {
     /// Our ExternalCIDR as the peer sees it, with its field: where the
     /// peer reaches what our NatMapping for it exposes.
     pub fn local_external_view(&self) -> (&'static str, Ipv4Net) {
-        (
-            seen_field(&self.local_external, &LOCAL_EXTERNAL),
-            self.local_external.seen(),
-        )
+        self.local_views()[1]
+    }
+
+    /// Our networks as the peer sees them, each with its field.
+    pub fn local_views(&self) -> [(&'static str, Ipv4Net); 2] {
+        [
+            (
+                seen_field(&self.local_pod, &LOCAL_POD),
+                self.local_pod.seen(),
+            ),
+            (
+                seen_field(&self.local_external, &LOCAL_EXTERNAL),
+                self.local_external.seen(),
+            ),
+        ]
     }
 
     /// Every network of the object, each with its field: the real ones and

@@ -65,6 +65,51 @@ impl<T: KernelTable> KernelTable for &mut T {
     }
 }
 
+/// A table in memory: what `check` programs instead of the kernel, and
+/// the tests' stand-in. It counts every write, so that a diff shows, and
+/// refuses new entries beyond `capacity`, as a full map does.
+#[derive(Debug)]
+pub struct MemoryTable<K, V> {
+    /// What it holds.
+    pub entries: BTreeMap<K, V>,
+    /// Entries written or removed so far.
+    pub writes: usize,
+    /// The most entries it takes.
+    pub capacity: usize,
+}
+
+impl<K, V> Default for MemoryTable<K, V> {
+    fn default() -> Self {
+        Self {
+            entries: BTreeMap::new(),
+            writes: 0,
+            capacity: usize::MAX,
+        }
+    }
+}
+
+impl<K: Ord + Copy, V: PartialEq + Copy> KernelTable for MemoryTable<K, V> {
+    type Key = K;
+    type Value = V;
+    type Error = std::io::Error;
+    fn entries(&self) -> std::io::Result<Vec<(K, V)>> {
+        Ok(self.entries.iter().map(|(k, v)| (*k, *v)).collect())
+    }
+    fn put(&mut self, key: K, value: &V, _old: Option<&V>) -> std::io::Result<()> {
+        if !self.entries.contains_key(&key) && self.entries.len() == self.capacity {
+            return Err(std::io::Error::from_raw_os_error(libc::E2BIG));
+        }
+        self.entries.insert(key, *value);
+        self.writes += 1;
+        Ok(())
+    }
+    fn delete(&mut self, key: K, _old: &V) -> std::io::Result<()> {
+        self.entries.remove(&key);
+        self.writes += 1;
+        Ok(())
+    }
+}
+
 /// The peer table: a peer's network as we see it → its rules.
 pub trait PeerTable: KernelTable<Key = Ipv4Net, Value = PeerNat> {}
 impl<T: KernelTable<Key = Ipv4Net, Value = PeerNat>> PeerTable for T {}
@@ -326,7 +371,17 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
         &self.accepted
     }
 
-    /// The accepted peers by the ID the kernel knows each by.
+    /// The NatMapping table as last written: (peer, real externalIP) →
+    /// endpointIP.
+    pub fn mapping_entries(&self) -> Vec<(MappingKey, u32)> {
+        self.mapping_table
+            .applied
+            .iter()
+            .map(|(k, v)| (*k, *v))
+            .collect()
+    }
+
+    /// Every accepted peer with its ID in the kernel.
     pub fn peer_ids(&self) -> Vec<(u32, &Peer)> {
         self.accepted
             .iter()
@@ -682,7 +737,7 @@ fn endpoint_in_a_view(peer: &Peer, accepted: &[Peer]) -> Option<Problem> {
 
 #[cfg(test)]
 mod tests {
-    use std::{io, path::Path};
+    use std::path::Path;
 
     use super::*;
     use crate::{object::parse_documents, policy::Protected};
@@ -691,48 +746,8 @@ mod tests {
         rejections.iter().map(|r| r.message.as_str()).collect()
     }
 
-    /// A kernel table stand-in: counts every write so tests can see diffs,
-    /// and refuses new entries beyond `capacity`, as a full map does.
-    struct Table<K, V> {
-        entries: BTreeMap<K, V>,
-        writes: usize,
-        capacity: usize,
-    }
-
-    impl<K, V> Default for Table<K, V> {
-        fn default() -> Self {
-            Self {
-                entries: BTreeMap::new(),
-                writes: 0,
-                capacity: usize::MAX,
-            }
-        }
-    }
-
-    impl<K: Ord + Copy, V: PartialEq + Copy> KernelTable for Table<K, V> {
-        type Key = K;
-        type Value = V;
-        type Error = io::Error;
-        fn entries(&self) -> io::Result<Vec<(K, V)>> {
-            Ok(self.entries.iter().map(|(k, v)| (*k, *v)).collect())
-        }
-        fn put(&mut self, key: K, value: &V, _old: Option<&V>) -> io::Result<()> {
-            if !self.entries.contains_key(&key) && self.entries.len() == self.capacity {
-                return Err(io::Error::from_raw_os_error(libc::E2BIG));
-            }
-            self.entries.insert(key, *value);
-            self.writes += 1;
-            Ok(())
-        }
-        fn delete(&mut self, key: K, _old: &V) -> io::Result<()> {
-            self.entries.remove(&key);
-            self.writes += 1;
-            Ok(())
-        }
-    }
-
-    type Peers = Table<Ipv4Net, PeerNat>;
-    type Mappings = Table<MappingKey, u32>;
+    type Peers = MemoryTable<Ipv4Net, PeerNat>;
+    type Mappings = MemoryTable<MappingKey, u32>;
 
     /// A reconciler over `peers` and a NatMapping table of its own.
     fn reconciler(peers: &mut Peers) -> Reconciler<&mut Peers, Mappings> {

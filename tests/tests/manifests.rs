@@ -25,14 +25,60 @@ fn yaml(text: &str) -> Value {
     serde_yaml_ng::from_str(text).unwrap()
 }
 
-#[test]
-fn every_manifest_validates_for_a_current_kubernetes() {
-    let kustomization = &yaml_file("kustomization.yaml")[0];
-    let files: Vec<String> = kustomization["resources"]
+/// The files a kustomization in `dir` (under `manifests/`) brings in,
+/// following directories to their own kustomizations, as kustomize does.
+fn kustomize(dir: &str) -> Vec<String> {
+    let kustomization = &yaml_file(&format!("{dir}/kustomization.yaml"))[0];
+    kustomization["resources"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|f| manifests().join(f.as_str().unwrap()).display().to_string())
+        .flat_map(|r| {
+            let path = format!("{dir}/{}", r.as_str().unwrap());
+            match manifests().join(&path).is_dir() {
+                true => kustomize(&path),
+                false => vec![path],
+            }
+        })
+        .collect()
+}
+
+fn kinds(files: &[String]) -> Vec<String> {
+    files
+        .iter()
+        .flat_map(|f| yaml_file(f))
+        .map(|o| o["kind"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Where Liqo's chart owns the CRDs, the base goes alone; `standalone`
+/// adds ours.
+#[test]
+fn the_base_has_no_crd_and_standalone_adds_both() {
+    let base = kustomize("base");
+    assert!(
+        !kinds(&base).contains(&"CustomResourceDefinition".to_owned()),
+        "{base:?}"
+    );
+    let standalone = kustomize("standalone");
+    let crds: Vec<&String> = standalone
+        .iter()
+        .filter(|f| !base.contains(&f.replace("standalone/../", "")))
+        .collect();
+    assert_eq!(
+        crds,
+        [
+            "standalone/../crds/net.liqo.io_tunnelendpoints.yaml",
+            "standalone/../crds/net.liqo.io_natmappings.yaml"
+        ]
+    );
+}
+
+#[test]
+fn every_manifest_validates_for_a_current_kubernetes() {
+    let files: Vec<String> = kustomize("standalone")
+        .iter()
+        .map(|f| manifests().join(f).display().to_string())
         .collect();
     let validator = tools::kubernetes_validate();
     let out = Command::new(&validator)
@@ -64,7 +110,7 @@ fn every_manifest_validates_for_a_current_kubernetes() {
 
 #[test]
 fn each_daemonset_grants_net_admin_bpf_perfmon_its_bpffs_directory_and_nothing_else() {
-    let sets = yaml_file("daemonset.yaml");
+    let sets = yaml_file("base/daemonset.yaml");
     assert_eq!(sets.len(), 2, "a gateway and a worker DaemonSet");
     let mut accounts = Vec::new();
     let tun_on_gateways_only = [
@@ -132,7 +178,7 @@ fn each_daemonset_grants_net_admin_bpf_perfmon_its_bpffs_directory_and_nothing_e
 
 /// The rules bound to ServiceAccount `account`, through any binding.
 fn rules_of(account: &str) -> Vec<Value> {
-    let rbac = yaml_file("rbac.yaml");
+    let rbac = yaml_file("base/rbac.yaml");
     let roles: Vec<&str> = rbac
         .iter()
         .filter(|o| o["kind"].as_str().is_some_and(|k| k.ends_with("Binding")))
@@ -197,7 +243,7 @@ const KEY: &str = "oR2+uQn4MBy1GmxIvBqEjW6sIpH9h5CTmhzRrTzB4W8=";
 #[test]
 fn liqo_objects_fit_the_crd_schemas_and_malformed_ones_do_not() {
     let tunnel_endpoints = schema("crds/net.liqo.io_tunnelendpoints.yaml");
-    // The lab's TunnelEndpoints, in both layouts (spec and status).
+    // The lab's TunnelEndpoints, in both layouts Liqo wrote.
     for p in &PEERINGS {
         let object = yaml(&p.tunnel_endpoint_yaml(Some(KEY)));
         let errors: Vec<String> = tunnel_endpoints
@@ -234,8 +280,35 @@ fn liqo_objects_fit_the_crd_schemas_and_malformed_ones_do_not() {
         !tunnel_endpoints.is_valid(&status),
         "unknown connection status accepted"
     );
+    // Liqo v0.2-v0.4 wrote statuses in lower case.
+    let status = serde_json::json!({"status": {"connection": {"status": "connected"}}});
+    assert!(tunnel_endpoints.is_valid(&status));
+    let elb = good.replace(
+        "endpointIP: 203.0.113.2",
+        "endpointIP: a1b2c3-1234567890.eu-west-1.elb.amazonaws.com",
+    );
+    assert!(tunnel_endpoints.is_valid(&yaml(&elb)), "{elb}");
 
+    // Every object of Liqo's shapes in the fixtures.
+    let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/liqo");
     let nat_mappings = schema("crds/net.liqo.io_natmappings.yaml");
+    for entry in std::fs::read_dir(&fixtures).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "yaml") {
+            continue;
+        }
+        let object = yaml(&std::fs::read_to_string(&path).unwrap());
+        let validator = match object["kind"].as_str() {
+            Some("TunnelEndpoint") => &tunnel_endpoints,
+            _ => &nat_mappings,
+        };
+        let errors: Vec<String> = validator
+            .iter_errors(&object)
+            .map(|e| e.to_string())
+            .collect();
+        assert!(errors.is_empty(), "{}: {errors:?}", path.display());
+    }
+
     let good = NAT_MAPPING.yaml(&[NAT_MAPPING.entry()]);
     assert!(nat_mappings.is_valid(&yaml(&good)), "{good}");
     let bad = good.replace(": 10.0.1.45", ": 10.0.1.450");
@@ -243,9 +316,84 @@ fn liqo_objects_fit_the_crd_schemas_and_malformed_ones_do_not() {
         !nat_mappings.is_valid(&yaml(&bad)),
         "bad externalIP accepted"
     );
-    let no_cluster = good.replace("  clusterID: cluster-a\n", "");
+    let no_cluster = good.replace("spec:\n  clusterID: cluster-a\n", "spec:\n");
     assert!(
         !nat_mappings.is_valid(&yaml(&no_cluster)),
         "missing clusterID accepted"
+    );
+}
+
+/// Every field, printer column and category of Liqo v0.10.3's CRDs
+/// (`deployments/liqo/crds`) is in ours, so that either may own them.
+#[test]
+fn our_crds_are_a_superset_of_liqo_v0_10() {
+    let crd = |file: &str| yaml_file(file).remove(0);
+    let tep = crd("crds/net.liqo.io_tunnelendpoints.yaml");
+    let nm = crd("crds/net.liqo.io_natmappings.yaml");
+    for c in [&tep, &nm] {
+        assert_eq!(
+            c["spec"]["names"]["categories"],
+            serde_json::json!(["liqo"])
+        );
+    }
+    let has = |c: &Value, path: &str| {
+        let mut node = &c["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+        for part in path.split('.') {
+            node = &node["properties"][part];
+        }
+        !node.is_null()
+    };
+    for path in [
+        "spec.backend_config",
+        "spec.backendType",
+        "spec.clusterIdentity.clusterID",
+        "spec.clusterIdentity.clusterName",
+        "spec.endpointIP",
+        "spec.localExternalCIDR",
+        "spec.localNATExternalCIDR",
+        "spec.localNATPodCIDR",
+        "spec.localPodCIDR",
+        "spec.remoteExternalCIDR",
+        "spec.remoteNATExternalCIDR",
+        "spec.remoteNATPodCIDR",
+        "spec.remotePodCIDR",
+        "status.connection.latency.timestamp",
+        "status.connection.latency.value",
+        "status.connection.peerConfiguration",
+        "status.connection.status",
+        "status.connection.statusMessage",
+        "status.gatewayIP",
+        "status.tunnelIFaceIndex",
+        "status.tunnelIFaceName",
+        "status.vethIFaceIndex",
+        "status.vethIFaceName",
+        "status.vethIP",
+    ] {
+        assert!(has(&tep, path), "TunnelEndpoint lacks Liqo's {path}");
+    }
+    for path in [
+        "spec.clusterID",
+        "spec.clusterMappings",
+        "spec.externalCIDR",
+        "spec.podCIDR",
+    ] {
+        assert!(has(&nm, path), "NatMapping lacks Liqo's {path}");
+    }
+    let columns: Vec<(&str, &str)> = tep["spec"]["versions"][0]["additionalPrinterColumns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["name"].as_str().unwrap(), c["jsonPath"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        columns,
+        [
+            ("Peering Cluster", ".spec.clusterIdentity.clusterName"),
+            ("Endpoint IP", ".spec.endpointIP"),
+            ("Backend type", ".spec.backendType"),
+            ("Latency", ".status.connection.latency.value"),
+            ("Connection status", ".status.connection.status"),
+            ("Age", ".metadata.creationTimestamp"),
+        ]
     );
 }

@@ -700,7 +700,7 @@ pub fn metric_sum(node: &str, name: &str, labels: &[(&str, &str)]) -> Result<f64
 }
 
 /// Node `node`'s metrics, in the text exposition format.
-fn scrape(node: &str) -> Result<String> {
+pub fn scrape(node: &str) -> Result<String> {
     let (status, body) = http_get(node, "/metrics")?;
     if status != 200 {
         bail!("{node}: /metrics answered {status}");

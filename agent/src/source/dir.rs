@@ -78,6 +78,11 @@ pub fn watch_dir(dir: &Path) -> Result<mpsc::Receiver<SourceEvent>, DirError> {
 /// Whether an event leaves a file complete, so it can be read now: closed
 /// after writing, renamed in or out, or removed. Creating and writing come
 /// before the close, and reading then could see half a file.
+/// Every object file of `dir` once, as `watch_dir` first sends them.
+pub fn read_dir(dir: &Path) -> Result<Vec<SourceEvent>, DirError> {
+    Ok(yaml_files(dir)?.iter().map(|path| read(path)).collect())
+}
+
 fn completes(kind: &EventKind) -> bool {
     matches!(
         kind,

@@ -5,7 +5,7 @@
 mod dir;
 mod kube;
 
-pub use dir::{DirError, watch_dir};
+pub use dir::{DirError, read_dir, watch_dir};
 pub use kube::{KubeSource, api_resource, origin, watch_kube};
 
 use std::path::PathBuf;
