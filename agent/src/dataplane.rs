@@ -300,6 +300,18 @@ impl Dataplane {
         Conntrack::new(flows, config).map_err(|e| DataplaneError::Map(names::MAP_CONNTRACK, e))
     }
 
+    /// Sets the largest MSS a SYN crossing the NAT device may advertise
+    /// (0: none is clamped).
+    pub fn set_tcp_mss(&mut self, mss: u16) -> Result<(), DataplaneError> {
+        let error = |e| DataplaneError::Map(names::MAP_TCP_MSS, e);
+        let map = self
+            .ebpf
+            .map_mut(names::MAP_TCP_MSS)
+            .ok_or(DataplaneError::MissingMap(names::MAP_TCP_MSS))?;
+        let mut array = aya::maps::Array::<_, u32>::try_from(map).map_err(error)?;
+        array.set(0, u32::from(mss), 0).map_err(error)
+    }
+
     /// The XDP guard's tables, watching tunnel port `port`.
     pub fn take_guard(&mut self, port: u16) -> Result<Guard, DataplaneError> {
         let map_error = |e| DataplaneError::Map(names::MAP_GUARD_SOURCES, e);

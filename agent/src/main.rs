@@ -28,7 +28,7 @@ use isthmus_agent::{
 use isthmus_common::{
     conntrack::Timeouts,
     counters::{DIRECTIONS, LINKS, Outcome, outcome_slot},
-    overlay as defaults,
+    overlay as defaults, tcp,
 };
 use tokio::{signal::unix, sync::mpsc};
 use tracing::{debug, error, info, warn};
@@ -166,6 +166,11 @@ struct RunArgs {
     /// Gateway: seconds between keepalives to each peer (0: none).
     #[arg(long, default_value_t = 10)]
     keepalive: u16,
+    /// Gateway: the largest MSS a TCP SYN or SYN-ACK crossing the NAT device
+    /// may advertise, lowered in the kernel (0: none). By default, what the
+    /// embedded tunnel's MTU carries (MTU - 40); none without it.
+    #[arg(long)]
+    tcp_mss: Option<u16>,
     /// Gateway: seconds between lookups of an `endpointIP` that is a DNS
     /// name (it is also looked up again after a failed handshake).
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
@@ -394,6 +399,13 @@ async fn run(args: RunArgs) -> Result<()> {
     let mut conntrack = dataplane.take_conntrack()?;
     conntrack.set_masquerade(args.masquerade_ip.filter(|_| role == Role::Gateway))?;
     if role == Role::Gateway {
+        let tunnel_mss = match args.tunnel {
+            TunnelMode::Userspace => {
+                u16::try_from(args.mtu.saturating_sub(tcp::IPV4_TCP_HEADERS)).unwrap_or(u16::MAX)
+            }
+            TunnelMode::None => 0,
+        };
+        dataplane.set_tcp_mss(args.tcp_mss.unwrap_or(tunnel_mss))?;
         dataplane.attach_nat(&args.nat_dev, args.attach)?;
     }
     let overlay = match args.no_overlay {

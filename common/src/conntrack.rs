@@ -10,6 +10,8 @@
 //! agent's garbage collector decides expiry, with a clock it is given, so
 //! tests choose the time.
 
+use crate::tcp::{ACK as TCP_ACK, FIN as TCP_FIN, RST as TCP_RST, SYN as TCP_SYN};
+
 /// IP protocol numbers the conntrack handles.
 pub const PROTO_ICMP: u8 = 1;
 /// TCP.
@@ -105,11 +107,6 @@ impl TcpState {
         }
     }
 }
-
-const TCP_FIN: u8 = 0x01;
-const TCP_SYN: u8 = 0x02;
-const TCP_RST: u8 = 0x04;
-const TCP_ACK: u8 = 0x10;
 
 /// The state after a packet with TCP `flags`. RST and FIN only move a flow
 /// towards its end; a bare SYN keeps it opening.

@@ -117,6 +117,8 @@ pub enum Kind {
     NatMapping = 1,
     /// Stateful source NAT to the masquerade address.
     Masquerade = 2,
+    /// A SYN's MSS option lowered to what the tunnel carries.
+    MssClamp = 3,
 }
 
 /// Both directions, in slot order.
@@ -138,7 +140,12 @@ pub const DROP_REASONS: [DropReason; 4] = [
     DropReason::UnknownFragment,
 ];
 /// Every kind of rule, in slot order.
-pub const KINDS: [Kind; 3] = [Kind::Prefix, Kind::NatMapping, Kind::Masquerade];
+pub const KINDS: [Kind; 4] = [
+    Kind::Prefix,
+    Kind::NatMapping,
+    Kind::Masquerade,
+    Kind::MssClamp,
+];
 
 /// Slots of one NAT program.
 pub const PER_PROGRAM: u32 = (OUTCOMES.len() + DROP_REASONS.len() + KINDS.len()) as u32;
@@ -222,6 +229,7 @@ impl Kind {
             Kind::Prefix => "prefix",
             Kind::NatMapping => "natmapping",
             Kind::Masquerade => "masquerade",
+            Kind::MssClamp => "mss_clamp",
         }
     }
 

@@ -11,6 +11,7 @@ pub mod guard;
 pub mod names;
 pub mod nat;
 pub mod overlay;
+pub mod tcp;
 
 #[cfg(feature = "user")]
 mod pod {

@@ -31,6 +31,9 @@ pub const MAX_FRAGMENTS: u32 = 8192;
 /// One-entry array: the gateway's masquerade settings
 /// ([`crate::conntrack::SnatConfig`]).
 pub const MAP_SNAT: &str = "ist_snat";
+/// One-entry array: the largest TCP MSS a SYN crossing the tunnel device
+/// may advertise (0: no clamping).
+pub const MAP_TCP_MSS: &str = "ist_tcp_mss";
 
 /// Hash: sources allowed to reach the tunnel port
 /// ([`crate::guard::GuardSource`] → 1).
@@ -60,7 +63,7 @@ pub const MAP_OVERLAY_STATS: &str = "ist_overlay_st";
 pub const MAP_POD_DEVS: &str = "ist_pod_devs";
 
 /// Every map the agent pins, in the order it reports them.
-pub const MAPS: [&str; 18] = [
+pub const MAPS: [&str; 19] = [
     MAP_PEERS,
     MAP_PREFIX_LENS,
     MAP_COUNTERS,
@@ -70,6 +73,7 @@ pub const MAPS: [&str; 18] = [
     MAP_CONNTRACK,
     MAP_FRAGMENTS,
     MAP_SNAT,
+    MAP_TCP_MSS,
     MAP_GUARD_SOURCES,
     MAP_GUARD_INDEXES,
     MAP_GUARD_CONFIG,

@@ -36,10 +36,11 @@ pub fn set_addr(
         .map_err(|_| Malformed)
 }
 
-/// Writes port (or ICMP echo identifier) `new` over `old` at packet offset
-/// `off`, and updates the L4 checksum at `check` (`udp`: where 0 means none).
+/// Writes the 16-bit L4 field `new` (a port, an ICMP echo identifier, a
+/// TCP MSS) over `old` at packet offset `off`, and updates the L4 checksum
+/// at `check` (`udp`: where 0 means none).
 #[inline(always)]
-pub fn set_port(
+pub fn set_be16(
     ctx: &TcContext,
     off: usize,
     check: usize,

@@ -10,6 +10,7 @@ mod conntrack;
 mod csum;
 mod guard;
 mod maps;
+mod mss;
 mod nat;
 mod overlay;
 mod parse;

@@ -31,6 +31,20 @@ static NATMAP: HashMap<MappingKey, u32, { DEFAULT_NAT_MAPPINGS as usize }> = Has
 #[btf_map(name = "ist_natmap_rev")]
 static NATMAP_REV: HashMap<MappingKey, u32, { DEFAULT_NAT_MAPPINGS as usize }> = HashMap::new();
 
+/// The largest MSS a SYN crossing the tunnel device may advertise.
+#[btf_map(name = "ist_tcp_mss")]
+static TCP_MSS: Array<u32, 1> = Array::new();
+
+/// The largest MSS a SYN crossing the tunnel device may advertise, when
+/// clamping is on.
+#[inline(always)]
+pub fn tcp_mss() -> Option<u16> {
+    TCP_MSS
+        .get(0)
+        .map(|mss| *mss as u16)
+        .filter(|mss| *mss != 0)
+}
+
 /// Packets per direction and outcome; summed over CPUs by the agent.
 #[btf_map(name = "ist_counters")]
 static COUNTERS: PerCpuArray<u64, { counters::SLOTS as usize }> = PerCpuArray::new();

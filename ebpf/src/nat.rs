@@ -18,7 +18,7 @@ use isthmus_common::{
 
 use crate::{
     conntrack::{self, Refused},
-    csum, maps,
+    csum, maps, mss,
     parse::{
         self, ETH_P_IP, ICMP_CHECK, ICMP_ECHO_ID, Ipv4, Malformed, Packet, PseudoCsum, Transport,
         ip,
@@ -153,6 +153,12 @@ fn translate(ctx: &TcContext, l3: usize, direction: Direction) -> Result<Verdict
     let Some(peer) = peer else {
         return Ok(Verdict::Passed);
     };
+    // Before the rules, while the verifier has one state to walk the
+    // options with, not one per path through them.
+    let clamped = match (&pkt.transport, pkt.ip.csum, maps::tcp_mss()) {
+        (Some(t), PseudoCsum::Tcp(check), Some(max)) => mss::clamp(ctx, t, check, max)?,
+        _ => false,
+    };
 
     let own = addr(&pkt.ip, fields.ours);
     let rewrite = match direction {
@@ -184,9 +190,13 @@ fn translate(ctx: &TcContext, l3: usize, direction: Direction) -> Result<Verdict
             PseudoCsum::Udp(off) => (off, true),
             PseudoCsum::None => (t.off + ICMP_CHECK, false),
         };
-        csum::set_port(ctx, port.off, check, udp, port.old, port.new)?;
+        csum::set_be16(ctx, port.off, check, udp, port.old, port.new)?;
         translated = true;
         kinds |= rewrite.kinds;
+    }
+    if clamped {
+        translated = true;
+        kinds |= Kind::MssClamp.bit();
     }
     // The quoted packet of an ICMP error gets the stateless rules only.
     if let Some(err) = &pkt.icmp_error {

@@ -1,7 +1,9 @@
 //! Packets built from scratch, every checksum computed in full: the oracle
 //! the kernel programs' incremental updates are compared against.
 
-use etherparse::{IpFragOffset, IpNumber, Ipv4Header, Ipv4Options, TcpHeader, UdpHeader};
+use etherparse::{
+    IpFragOffset, IpNumber, Ipv4Header, Ipv4Options, TcpHeader, TcpOptionElement, UdpHeader,
+};
 
 /// Ethertype of IPv4.
 pub const ETH_P_IP: u16 = 0x0800;
@@ -28,6 +30,14 @@ pub enum L4 {
         sport: u16,
         dport: u16,
         payload: Vec<u8>,
+    },
+    /// A TCP SYN (a SYN-ACK with `ack`) with the options Linux sends: MSS
+    /// `mss`, SACK permitted, timestamps, window scale.
+    TcpSyn {
+        sport: u16,
+        dport: u16,
+        ack: bool,
+        mss: u16,
     },
     /// ICMP echo request.
     Echo { id: u16, seq: u16 },
@@ -133,6 +143,27 @@ impl Datagram {
                 let ip = self.header(tcp.header_len() + payload.len(), IpNumber::TCP);
                 tcp.checksum = tcp.calc_checksum_ipv4(&ip, payload).expect("small payload");
                 (ip, [tcp.to_bytes().as_slice(), payload].concat())
+            }
+            L4::TcpSyn {
+                sport,
+                dport,
+                ack,
+                mss,
+            } => {
+                let mut tcp = TcpHeader::new(*sport, *dport, 1000, 64240);
+                tcp.syn = true;
+                tcp.ack = *ack;
+                tcp.set_options(&[
+                    TcpOptionElement::MaximumSegmentSize(*mss),
+                    TcpOptionElement::SelectiveAcknowledgementPermitted,
+                    TcpOptionElement::Timestamp(7, 0),
+                    TcpOptionElement::Noop,
+                    TcpOptionElement::WindowScale(7),
+                ])
+                .expect("options fit");
+                let ip = self.header(tcp.header_len(), IpNumber::TCP);
+                tcp.checksum = tcp.calc_checksum_ipv4(&ip, &[]).expect("no payload");
+                (ip, tcp.to_bytes().to_vec())
             }
             L4::Echo { id, seq } | L4::EchoReply { id, seq } => {
                 let icmp_type = if matches!(self.l4, L4::Echo { .. }) {

@@ -44,6 +44,8 @@ const B_GW_WAN: Addr = [203, 0, 113, 2];
 const MAPPED_EXT: Addr = [192, 168, 0, 45];
 /// ...which b sees remapped.
 const MAPPED_EXT_AT_B: Addr = [10, 0, 41, 45];
+/// The MSS a 1,340-byte tunnel carries, as the agent sets it.
+const TUNNEL_MSS: u16 = 1300;
 /// TC_ACT_UNSPEC: the programs always hand the packet on.
 const HAND_ON: i32 = -1;
 
@@ -129,6 +131,10 @@ impl Harness {
         for node in [NODE, NODE2] {
             nodes.put(wire(node), &1, None).unwrap();
         }
+        let mut mss =
+            aya::maps::Array::<_, u32>::try_from(ebpf.map_mut(names::MAP_TCP_MSS).unwrap())
+                .unwrap();
+        mss.set(0, u32::from(TUNNEL_MSS), 0).unwrap();
         let counters = Counters::new(ebpf.take_map(names::MAP_COUNTERS).unwrap()).unwrap();
         let denied = Counters::denied(ebpf.take_map(names::MAP_PEER_DENIED).unwrap()).unwrap();
         Self {
@@ -268,6 +274,57 @@ fn rows() -> Vec<Row> {
             &udp(S_POD, A_POD1),
         ),
     ];
+
+    // MSS clamping: a SYN or SYN-ACK, either way, advertises no more than
+    // the tunnel carries; one below that is left alone.
+    let syn = |src, dst, ack, mss| {
+        Datagram::new(
+            src,
+            dst,
+            L4::TcpSyn {
+                sport: 40100,
+                dport: 80,
+                ack,
+                mss,
+            },
+        )
+    };
+    let clamped = |name, direction, input: Datagram, expected: Datagram| Row {
+        kinds: &[Kind::Prefix, Kind::MssClamp],
+        ..translated(name, direction, &input, &expected)
+    };
+    rows.extend([
+        clamped(
+            "mss clamp, syn egress",
+            Egress,
+            syn(A_POD1, B_POD1, false, 1460),
+            syn(A_POD1_AT_B, B_POD1, false, TUNNEL_MSS),
+        ),
+        clamped(
+            "mss clamp, syn-ack egress",
+            Egress,
+            syn(A_POD2, B_POD2, true, 8960),
+            syn(A_POD2_AT_B, B_POD2, true, TUNNEL_MSS),
+        ),
+        clamped(
+            "mss clamp, syn-ack ingress",
+            Ingress,
+            syn(B_POD1, A_POD1_AT_B, true, 1460),
+            syn(B_POD1, A_POD1, true, TUNNEL_MSS),
+        ),
+        translated(
+            "mss below the clamp left alone",
+            Egress,
+            &syn(A_POD1, B_POD1, false, 1200),
+            &syn(A_POD1_AT_B, B_POD1, false, 1200),
+        ),
+        untouched(
+            "a syn of no peer keeps its mss",
+            Egress,
+            eth_ipv4(&syn(A_POD1, [198, 51, 100, 7], false, 1460).bytes()),
+            Outcome::Passed,
+        ),
+    ]);
 
     // NatMapping: after the prefix step, b's packets to the externalIP go to
     // the endpoint behind it; the endpoint's packets to b carry it back.
