@@ -7,7 +7,12 @@
 //!   `169.254.0.1` entry DNATs that to [`ADDR`].
 //! - Every [`INTERVAL`], it sends a PING to the first host of each peer's
 //!   ExternalCIDR as we see it. The PONG carries our own timestamp back,
-//!   which gives the round trip on our clock.
+//!   which gives the round trip on our clock. A Liqo gateway DNATs only
+//!   what comes from our PodCIDR as it sees it (Liqo SNATs its own PINGs
+//!   to that network's first address), so PINGs leave from
+//!   [`SENDER_ADDR`], which the masquerade moves there. Without a
+//!   masquerade they leave from [`ADDR`], which the NatMapping's reverse
+//!   entry moves into our ExternalCIDR: Isthmus peers answer that.
 //! - No PONG for [`LOSSES_FOR_ERROR`] intervals: the peering is in error.
 //!
 //! [`Checks`] is the protocol state, without I/O; [`spawn`] runs it on a
@@ -28,6 +33,8 @@ use tracing::{debug, warn};
 pub const PORT: u16 = 12345;
 /// The address the check answers on, behind every NatMapping.
 pub const ADDR: Ipv4Addr = Ipv4Addr::new(169, 254, 0, 1);
+/// The address PINGs leave from when the gateway masquerades.
+pub const SENDER_ADDR: Ipv4Addr = Ipv4Addr::new(169, 254, 0, 2);
 /// Time between two PINGs to a peer.
 pub const INTERVAL: Duration = Duration::from_secs(2);
 /// PINGs in a row without a PONG after which the peering is in error.
@@ -205,42 +212,61 @@ pub fn format_latency(rtt: Option<Duration>) -> String {
     }
 }
 
-/// Answers and sends on `socket` until the process ends: PINGs every
-/// [`INTERVAL`] to the targets in `checks`, PONGs to every PING.
-pub fn spawn(socket: tokio::net::UdpSocket, checks: Arc<Mutex<Checks>>) {
+/// Runs the check until the process ends: PINGs every [`INTERVAL`] from
+/// `pinger` to the targets in `checks`, and every message either socket
+/// receives taken in (a PONG) or answered from where it came (a PING).
+pub fn spawn(
+    responder: tokio::net::UdpSocket,
+    pinger: tokio::net::UdpSocket,
+    checks: Arc<Mutex<Checks>>,
+) {
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval(INTERVAL);
-        let mut buf = vec![0u8; MAX_MESSAGE + 1];
+        let (mut buf, mut pong_buf) = (vec![0u8; MAX_MESSAGE + 1], vec![0u8; MAX_MESSAGE + 1]);
         loop {
             tokio::select! {
                 _ = ticks.tick() => {
                     let pings = lock(&checks).pings(Timestamp::now());
                     for (target, ping) in pings {
-                        if let Err(e) = socket.send_to(&ping.bytes(), target).await {
+                        if let Err(e) = pinger.send_to(&ping.bytes(), target).await {
                             debug!(%target, error = %e, "conncheck PING not sent");
                         }
                     }
                 }
-                received = socket.recv_from(&mut buf) => {
-                    let (n, from) = match received {
-                        Ok(r) => r,
-                        Err(e) => {
-                            warn!(error = %e, "conncheck socket");
-                            continue;
-                        }
-                    };
-                    let Some(message) = Message::parse(&buf[..n]) else {
-                        debug!(%from, bytes = n, "conncheck: not a Liqo message; ignored");
-                        continue;
-                    };
-                    let answer = lock(&checks).receive(message, Instant::now(), Timestamp::now());
-                    if let (Some(pong), SocketAddr::V4(to)) = (answer, from) {
-                        let _ = socket.send_to(&pong.bytes(), to).await;
-                    }
+                received = responder.recv_from(&mut buf) => {
+                    take(&responder, received, &buf, &checks).await;
+                }
+                received = pinger.recv_from(&mut pong_buf) => {
+                    take(&pinger, received, &pong_buf, &checks).await;
                 }
             }
         }
     });
+}
+
+/// Takes in one datagram `socket` received into `buf`, and answers it on
+/// `socket` if it is a PING.
+async fn take(
+    socket: &tokio::net::UdpSocket,
+    received: std::io::Result<(usize, SocketAddr)>,
+    buf: &[u8],
+    checks: &Mutex<Checks>,
+) {
+    let (n, from) = match received {
+        Ok(r) => r,
+        Err(e) => {
+            warn!(error = %e, "conncheck socket");
+            return;
+        }
+    };
+    let Some(message) = Message::parse(&buf[..n]) else {
+        debug!(%from, bytes = n, "conncheck: not a Liqo message; ignored");
+        return;
+    };
+    let answer = lock(checks).receive(message, Instant::now(), Timestamp::now());
+    if let (Some(pong), SocketAddr::V4(to)) = (answer, from) {
+        let _ = socket.send_to(&pong.bytes(), to).await;
+    }
 }
 
 fn lock(checks: &Mutex<Checks>) -> std::sync::MutexGuard<'_, Checks> {

@@ -62,11 +62,14 @@ pub struct Report {
 impl Gateway {
     /// Starts the tunnel with `key` and brings its device up. `guard`, if
     /// any, is kept allowing exactly the peers' endpoints and sessions.
+    /// With `masquerading`, the conncheck's PINGs leave through the
+    /// masquerade, as Liqo peers expect (see [`conncheck`]).
     pub async fn start(
         config: &TunnelConfig,
         key: KeyPair,
         guard: Option<Guard>,
         resolve_every: std::time::Duration,
+        masquerading: bool,
     ) -> Result<Self> {
         let public = key::encode(key.public.as_bytes());
         let tunnel = Tunnel::start(config, key).with_context(|| {
@@ -79,18 +82,14 @@ impl Gateway {
         info!(dev = %config.dev, port = config.port, public_key = %public, workers = config.workers, "tunnel up");
         // The conncheck answers on an address of the tunnel device, as on
         // Liqo's; the NatMapping's 169.254.0.1 entry leads there.
-        routes.add_address(conncheck::ADDR).await?;
-        let socket = tokio::net::UdpSocket::bind((conncheck::ADDR, conncheck::PORT))
-            .await
-            .with_context(|| {
-                format!(
-                    "binding the conncheck to {}:{}",
-                    conncheck::ADDR,
-                    conncheck::PORT
-                )
-            })?;
+        let sender = match masquerading {
+            true => conncheck::SENDER_ADDR,
+            false => conncheck::ADDR,
+        };
+        let responder = conncheck_socket(&routes, conncheck::ADDR, conncheck::PORT).await?;
+        let pinger = conncheck_socket(&routes, sender, 0).await?;
         let checks = Arc::new(Mutex::new(Checks::default()));
-        conncheck::spawn(socket, checks.clone());
+        conncheck::spawn(responder, pinger, checks.clone());
         Ok(Self {
             tunnel: Arc::new(tunnel),
             routes,
@@ -314,6 +313,18 @@ impl Gateway {
         self.states = now;
         statuses
     }
+}
+
+/// A conncheck socket on `addr`, which the tunnel device gets.
+async fn conncheck_socket(
+    routes: &Routes,
+    addr: Ipv4Addr,
+    port: u16,
+) -> Result<tokio::net::UdpSocket> {
+    routes.add_address(addr).await?;
+    tokio::net::UdpSocket::bind((addr, port))
+        .await
+        .with_context(|| format!("binding the conncheck to {addr}:{port}"))
 }
 
 /// Where the conncheck PINGs `peer`: the first host of its ExternalCIDR as

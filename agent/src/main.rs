@@ -390,6 +390,7 @@ async fn run(args: RunArgs) -> Result<()> {
                     key,
                     guard,
                     std::time::Duration::from_secs(args.resolve_interval),
+                    args.masquerade_ip.is_some(),
                 )
                 .await?,
             )
@@ -632,6 +633,7 @@ async fn follow<P: PeerTable<Error = aya::maps::MapError>, M: MappingTable<Error
     let mut states = tokio::time::interval(STATE_REPORT);
     let mut synced = false;
     let mut retry = Retry::default();
+    let mut status_log = status::StatusLog::default();
     loop {
         tokio::select! {
             event = events.recv() => {
@@ -640,8 +642,12 @@ async fn follow<P: PeerTable<Error = aya::maps::MapError>, M: MappingTable<Error
             _ = states.tick() => {
                 host.refresh_devices();
                 let report = gateway.as_deref_mut().map(Gateway::report);
-                if let Some(feedback) = feedback.filter(|_| synced) {
-                    feedback.show(status::desired(reconciler.peers(), report.as_ref(), reconciler.rejections()));
+                if synced && (report.is_some() || feedback.is_some()) {
+                    let statuses = status::desired(reconciler.peers(), report.as_ref(), reconciler.rejections());
+                    status_log.record(&statuses);
+                    if let Some(feedback) = feedback {
+                        feedback.show(statuses);
+                    }
                 }
                 // A node address that came or went may allow or refuse a view.
                 let changed = reconciler.set_policy(host.policy.policy());

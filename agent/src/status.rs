@@ -209,6 +209,35 @@ fn of_peer(peer: &Peer, gateway: &Report) -> ConnectionStatus {
     }
 }
 
+/// Logs each TunnelEndpoint's status when its state or message changes,
+/// whatever the source: with `dir:`, the log is where it shows.
+#[derive(Default)]
+pub struct StatusLog {
+    last: BTreeMap<ObjectKey, ConnectionStatus>,
+}
+
+impl StatusLog {
+    /// Logs what changed in `statuses` since the last call.
+    pub fn record(&mut self, statuses: &BTreeMap<ObjectKey, ConnectionStatus>) {
+        for (key, status) in statuses {
+            if self
+                .last
+                .get(key)
+                .is_none_or(|last| !last.same_state(status))
+            {
+                tracing::info!(
+                    object = %key,
+                    status = status.state.as_str(),
+                    status_message = %status.message,
+                    latency = status.latency.as_deref().unwrap_or(""),
+                    "TunnelEndpoint status"
+                );
+            }
+        }
+        self.last = statuses.clone();
+    }
+}
+
 /// What was last written to one object, and when.
 struct Written {
     status: ConnectionStatus,

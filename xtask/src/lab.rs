@@ -55,7 +55,7 @@ fn all_namespaces() -> Vec<String> {
     names
 }
 
-fn state(sub: &str) -> PathBuf {
+pub(crate) fn state(sub: &str) -> PathBuf {
     Path::new(STATE_DIR).join(sub)
 }
 
@@ -136,6 +136,16 @@ pub fn is_up() -> bool {
 /// Builds the lab from nothing and starts every agent; returns once every
 /// agent reports ready.
 pub fn up(tunnel: LabTunnel) -> Result<()> {
+    build(tunnel, None)
+}
+
+/// The lab with `liqo` run as Liqo v0.10 runs a cluster
+/// ([`crate::liqo_peer`]) and the others with Isthmus' embedded tunnel.
+pub fn up_with_liqo_peer(liqo: &'static Cluster) -> Result<()> {
+    build(LabTunnel::Userspace, Some(liqo))
+}
+
+fn build(tunnel: LabTunnel, liqo: Option<&'static Cluster>) -> Result<()> {
     let agent = agent_binary();
     if !agent.exists() {
         bail!(
@@ -148,6 +158,9 @@ pub fn up(tunnel: LabTunnel) -> Result<()> {
         fs::create_dir_all(state(sub))?;
     }
     fs::write(state("tunnel"), tunnel.as_str())?;
+    if let Some(liqo) = liqo {
+        crate::liqo_peer::choose(liqo)?;
+    }
     run(
         "mount",
         &["-t", "bpf", "isthmus-lab", &bpffs_root().to_string_lossy()],
@@ -162,16 +175,32 @@ pub fn up(tunnel: LabTunnel) -> Result<()> {
     if tunnel == LabTunnel::WireguardGo {
         start_wireguard_go()?;
     }
+    if let Some(liqo) = liqo {
+        println!(
+            "lab: cluster {} runs as Liqo v0.10 (wireguard-go, iptables, conncheck)",
+            liqo.name
+        );
+        crate::liqo_peer::start(liqo)?;
+    }
+    let isthmus = || {
+        CLUSTERS
+            .iter()
+            .filter(|c| liqo.is_none_or(|l| l.name != c.name))
+    };
     println!("lab: starting agents");
-    for cluster in CLUSTERS {
+    for cluster in isthmus() {
         for (node, _) in cluster.nodes() {
             start_agent(&node)?;
         }
     }
-    for cluster in CLUSTERS {
+    for cluster in isthmus() {
         for (node, _) in cluster.nodes() {
             wait_ready(&node)?;
         }
+    }
+    if liqo.is_some() {
+        println!("lab: up; every Isthmus agent is ready");
+        return Ok(());
     }
     println!("lab: starting Prometheus in {}", crate::monitor::MON_NS);
     crate::monitor::up()?;
@@ -351,48 +380,53 @@ fn wg_socket(dev: &str) -> PathBuf {
 /// Runs wireguard-go on every gateway, configured with `wg` from the lab's
 /// keys and peerings, and routes peers' networks into it.
 fn start_wireguard_go() -> Result<()> {
+    CLUSTERS.iter().try_for_each(|c| start_wireguard_go_on(c))
+}
+
+/// Runs wireguard-go on `cluster`'s gateway, configured with `wg` from the
+/// lab's keys and the cluster's peerings, and routes its peers' networks
+/// into it.
+pub(crate) fn start_wireguard_go_on(cluster: &Cluster) -> Result<()> {
     fs::create_dir_all(state("wg-pids"))?;
-    for cluster in CLUSTERS {
-        let (gw, dev) = (cluster.gw(), wg_dev(&cluster.gw()));
-        let _ = fs::remove_file(wg_socket(&dev));
-        let child = Command::new("ip")
-            .args(["netns", "exec", &gw, "wireguard-go", &dev])
-            .env("WG_PROCESS_FOREGROUND", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting wireguard-go")?;
-        fs::write(state("wg-pids").join(&gw), child.id().to_string())?;
-        let deadline = Instant::now() + READY_TIMEOUT;
-        while std::os::unix::net::UnixStream::connect(wg_socket(&dev)).is_err() {
-            if Instant::now() > deadline {
-                bail!("wireguard-go on {gw} never opened its control socket");
-            }
-            std::thread::sleep(Duration::from_millis(10));
+    let (gw, dev) = (cluster.gw(), wg_dev(&cluster.gw()));
+    let _ = fs::remove_file(wg_socket(&dev));
+    let child = Command::new("ip")
+        .args(["netns", "exec", &gw, "wireguard-go", &dev])
+        .env("WG_PROCESS_FOREGROUND", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting wireguard-go")?;
+    fs::write(state("wg-pids").join(&gw), child.id().to_string())?;
+    let deadline = Instant::now() + READY_TIMEOUT;
+    while std::os::unix::net::UnixStream::connect(wg_socket(&dev)).is_err() {
+        if Instant::now() > deadline {
+            bail!("wireguard-go on {gw} never opened its control socket");
         }
-        let mut script = format!(
-            "wg set {dev} private-key {key} listen-port {port}",
-            key = key_file(&gw).display(),
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut script = format!(
+        "wg set {dev} private-key {key} listen-port {port}",
+        key = key_file(&gw).display(),
+        port = crate::topology::TUNNEL_PORT,
+    );
+    let mut views = Vec::new();
+    for p in PEERINGS.iter().filter(|p| p.local.name == cluster.name) {
+        let allowed: Vec<String> = p.remote_views().iter().map(|n| n.to_string()).collect();
+        script.push_str(&format!(
+            " peer {peer} endpoint {endpoint}:{port} allowed-ips {allowed} persistent-keepalive 10",
+            peer = public_key(&p.remote.gw())?,
+            endpoint = p.remote.wan_addr(),
             port = crate::topology::TUNNEL_PORT,
-        );
-        let mut views = Vec::new();
-        for p in PEERINGS.iter().filter(|p| p.local.name == cluster.name) {
-            let allowed: Vec<String> = p.remote_views().iter().map(|n| n.to_string()).collect();
-            script.push_str(&format!(
-                " peer {peer} endpoint {endpoint}:{port} allowed-ips {allowed} persistent-keepalive 10",
-                peer = public_key(&p.remote.gw())?,
-                endpoint = p.remote.wan_addr(),
-                port = crate::topology::TUNNEL_PORT,
-                allowed = allowed.join(","),
-            ));
-            views.extend(allowed);
-        }
-        run("ip", &["netns", "exec", &gw, "sh", "-c", &script])?;
-        ip(&gw, &["link", "set", &dev, "mtu", "1420", "up"])?;
-        for view in &views {
-            ip(&gw, &["route", "add", view, "dev", &dev])?;
-        }
+            allowed = allowed.join(","),
+        ));
+        views.extend(allowed);
+    }
+    run("ip", &["netns", "exec", &gw, "sh", "-c", &script])?;
+    ip(&gw, &["link", "set", &dev, "mtu", "1420", "up"])?;
+    for view in &views {
+        ip(&gw, &["route", "add", view, "dev", &dev])?;
     }
     Ok(())
 }
@@ -765,6 +799,7 @@ pub fn down() -> Result<()> {
     for pid in pids {
         stop_pid(pid)?;
     }
+    crate::liqo_peer::stop()?;
     for pid in lab_wireguard_go() {
         stop_pid(pid)?;
     }

@@ -5,6 +5,7 @@ pub mod cmd;
 pub mod fake_api;
 pub mod kube_lab;
 pub mod lab;
+pub mod liqo_peer;
 pub mod monitor;
 pub mod netns;
 pub mod probe;

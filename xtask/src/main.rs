@@ -7,7 +7,7 @@ mod prereqs;
 
 use std::{path::PathBuf, process::Command, time::Instant};
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use xtask::lab::{self, LabTunnel};
 
@@ -49,6 +49,14 @@ enum Task {
         #[command(subcommand)]
         which: Option<bench::Which>,
     },
+    /// The Liqo-peer lab's conncheck on a cluster's gateway (started by
+    /// `lab up --liqo-peer`).
+    #[command(hide = true)]
+    LiqoConncheck {
+        /// The cluster whose gateway it runs on.
+        #[arg(long)]
+        cluster: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -58,6 +66,10 @@ enum LabAction {
         /// What carries traffic between gateways.
         #[arg(long, value_enum, default_value_t = LabTunnel::Userspace)]
         tunnel: LabTunnel,
+        /// Run this cluster (a, b or c) as Liqo v0.10 does: wireguard-go,
+        /// Liqo's iptables rules and conncheck; the others run Isthmus.
+        #[arg(long, conflicts_with = "tunnel")]
+        liqo_peer: Option<String>,
     },
     /// Remove everything the lab created; succeeds when nothing is up.
     Down,
@@ -70,11 +82,15 @@ fn main() -> Result<()> {
         Task::Test => test(),
         Task::Fuzz { seconds } => fuzz::run(seconds),
         Task::Lab {
-            action: LabAction::Up { tunnel },
+            action: LabAction::Up { tunnel, liqo_peer },
         } => {
             build()?;
-            lab::up(tunnel)
+            match liqo_peer {
+                Some(name) => lab::up_with_liqo_peer(cluster_named(&name)?),
+                None => lab::up(tunnel),
+            }
         }
+        Task::LiqoConncheck { cluster } => xtask::liqo_peer::run_conncheck(&cluster),
         Task::Lab {
             action: LabAction::Down,
         } => {
@@ -90,6 +106,15 @@ fn main() -> Result<()> {
             }
         }
     }
+}
+
+/// The lab cluster called `name`.
+fn cluster_named(name: &str) -> Result<&'static xtask::topology::Cluster> {
+    xtask::topology::CLUSTERS
+        .iter()
+        .copied()
+        .find(|c| c.name == name)
+        .with_context(|| format!("no lab cluster {name:?}: a, b or c"))
 }
 
 /// The workspace root.
@@ -135,6 +160,20 @@ fn test() -> Result<()> {
     let tests = cargo(&["test", "--release", "--", "--test-threads=1"]);
     let down = lab::down();
     tests?;
+    down?;
+    // The tests that need cluster b run as Liqo, in that lab of their own.
+    lab::up_with_liqo_peer(&xtask::topology::B)?;
+    let interop = cargo(&[
+        "test",
+        "--release",
+        "--test",
+        "liqo_peer_interop",
+        "--",
+        "--ignored",
+        "--test-threads=1",
+    ]);
+    let down = lab::down();
+    interop?;
     down?;
     fuzz::run(fuzz::CI_SECONDS)?;
     println!("test: everything passed in {:.1?}", started.elapsed());
