@@ -447,7 +447,31 @@ pub fn public_key(node: &str) -> Result<String> {
     Ok(out.trim().to_owned())
 }
 
+/// The hosts file `ip netns exec` gives gateway `gw`'s processes: its
+/// peers' endpoint names, and localhost.
+pub fn hosts_file(gw: &str) -> PathBuf {
+    Path::new("/etc/netns").join(gw).join("hosts")
+}
+
+/// Writes every gateway's hosts file, resolving the endpoint names of its
+/// TunnelEndpoints to the peers' uplink addresses.
+fn write_hosts() -> Result<()> {
+    for cluster in CLUSTERS {
+        let mut hosts = String::from("127.0.0.1 localhost\n");
+        for p in PEERINGS.iter().filter(|p| p.local.name == cluster.name) {
+            if let Some(name) = p.endpoint_name {
+                hosts.push_str(&format!("{} {name}\n", p.remote.wan_addr()));
+            }
+        }
+        let path = hosts_file(&cluster.gw());
+        fs::create_dir_all(path.parent().expect("a directory"))?;
+        fs::write(path, hosts)?;
+    }
+    Ok(())
+}
+
 fn write_objects(tunnel: LabTunnel) -> Result<()> {
+    write_hosts()?;
     for p in &PEERINGS {
         let key = match tunnel {
             LabTunnel::Userspace | LabTunnel::WireguardGo => Some(public_key(&p.remote.gw())?),
@@ -466,7 +490,7 @@ fn write_objects(tunnel: LabTunnel) -> Result<()> {
         }
     }
     for p in &PEERINGS {
-        if !std::ptr::eq(p, NAT_MAPPING.peering()) {
+        if !NAT_MAPPING.is_for(p) {
             for (node, _) in p.local.nodes() {
                 write_object(&node, &p.nat_mapping_file(), &p.nat_mapping_yaml(&[]))?;
             }
@@ -474,6 +498,9 @@ fn write_objects(tunnel: LabTunnel) -> Result<()> {
     }
     write_nat_mapping(&[NAT_MAPPING.entry()])
 }
+
+/// Seconds between the gateways' lookups of endpoint names.
+pub const RESOLVE_INTERVAL: u64 = 2;
 
 /// The nodes file in every node's object directory.
 pub const NODES_FILE: &str = "nodes.yaml";
@@ -541,6 +568,8 @@ pub fn agent_args(node: &str) -> Result<Vec<String>> {
             .find(|c| c.gw() == node)
             .context("a gateway of no cluster")?;
         args.push(format!("--masquerade-ip={}", cluster.masquerade_addr()));
+        // Endpoint names are looked up again often, so a test sees a move.
+        args.push(format!("--resolve-interval={RESOLVE_INTERVAL}"));
     } else {
         args.push(format!("--pod-devs={POD_DEVS}"));
     }
@@ -802,6 +831,9 @@ pub fn down() -> Result<()> {
     crate::liqo_peer::stop()?;
     for pid in lab_wireguard_go() {
         stop_pid(pid)?;
+    }
+    for cluster in CLUSTERS {
+        let _ = fs::remove_dir_all(hosts_file(&cluster.gw()).parent().expect("a directory"));
     }
     crate::monitor::down()?;
     for gw in ["a-gw", "b-gw", "c-gw"] {

@@ -179,7 +179,7 @@ pub fn nat_rules(cluster: &Cluster) -> String {
                 "-A {post} ! -s {local} -d {view} -j SNAT --to-source {nat_ip}"
             );
         }
-        let hub = std::ptr::eq(p, NAT_MAPPING.peering());
+        let hub = NAT_MAPPING.is_for(p);
         let entries = hub.then(|| NAT_MAPPING.entry()).into_iter();
         for (endpoint, external) in entries.chain([(CONNCHECK_ADDR, p.conncheck_external())]) {
             let _ = writeln!(

@@ -191,6 +191,10 @@ pub struct Peering {
     pub local_nat_external: Option<&'static str>,
     /// Which layout the lab writes the object in: both are exercised.
     pub layout: Layout,
+    /// A host name the object gives as `endpointIP` instead of the peer's
+    /// address, as Liqo copies a LoadBalancer's; the local gateway's
+    /// `/etc/hosts` resolves it.
+    pub endpoint_name: Option<&'static str>,
 }
 
 /// Every peering, from each side.
@@ -203,6 +207,7 @@ pub const PEERINGS: [Peering; 4] = [
         remote_nat_external: Some("10.0.1.0/24"),
         local_nat_external: Some("10.0.41.0/24"),
         layout: Layout::Spec,
+        endpoint_name: Some("b-gw.wan.isthmus.test"),
     },
     Peering {
         local: &B,
@@ -212,6 +217,7 @@ pub const PEERINGS: [Peering; 4] = [
         remote_nat_external: Some("10.0.41.0/24"),
         local_nat_external: Some("10.0.1.0/24"),
         layout: Layout::Legacy,
+        endpoint_name: None,
     },
     Peering {
         local: &B,
@@ -221,6 +227,7 @@ pub const PEERINGS: [Peering; 4] = [
         remote_nat_external: None,
         local_nat_external: None,
         layout: Layout::Spec,
+        endpoint_name: None,
     },
     Peering {
         local: &C,
@@ -230,6 +237,7 @@ pub const PEERINGS: [Peering; 4] = [
         remote_nat_external: None,
         local_nat_external: None,
         layout: Layout::Legacy,
+        endpoint_name: None,
     },
 ];
 
@@ -264,8 +272,13 @@ impl HubMapping {
     pub fn peering(&self) -> &'static Peering {
         PEERINGS
             .iter()
-            .find(|p| p.local.name == self.hub.name && p.remote.name == self.client.name)
+            .find(|p| self.is_for(p))
             .expect("the hub is peered with its client")
+    }
+
+    /// Whether `p` is the hub's peering with the client.
+    pub fn is_for(&self, p: &Peering) -> bool {
+        p.local.name == self.hub.name && p.remote.name == self.client.name
     }
 
     /// The NatMapping as Liqo writes it, with `entries` (endpoint,
@@ -415,7 +428,9 @@ spec:
   backendType: wireguard
   backend_config: {{port: \"{port}\"{key}}}
 {status}",
-            endpoint = self.remote.wan_addr(),
+            endpoint = self
+                .endpoint_name
+                .map_or_else(|| self.remote.wan_addr().to_string(), str::to_owned),
             port = TUNNEL_PORT,
         )
     }
