@@ -30,8 +30,9 @@ use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 
 /// The UDP port of the check.
-pub const PORT: u16 = 12345;
-/// The address the check answers on, behind every NatMapping.
+pub const PORT: u16 = isthmus_common::nat::CONNCHECK_PORT;
+/// The address the check answers on, behind every NatMapping; the ingress
+/// NAT lets peers reach only [`PORT`] there.
 pub const ADDR: Ipv4Addr = Ipv4Addr::new(169, 254, 0, 1);
 /// The address PINGs leave from when the gateway masquerades.
 pub const SENDER_ADDR: Ipv4Addr = Ipv4Addr::new(169, 254, 0, 2);
@@ -276,6 +277,14 @@ fn lock(checks: &Mutex<Checks>) -> std::sync::MutexGuard<'_, Checks> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_kernel_and_the_agent_agree_on_the_address() {
+        assert_eq!(
+            isthmus_common::nat::CONNCHECK_ADDR,
+            isthmus_common::nat::wire(ADDR.octets())
+        );
+    }
 
     fn targets(pairs: &[(&str, [u8; 4])]) -> BTreeMap<String, Ipv4Addr> {
         pairs

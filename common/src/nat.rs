@@ -112,6 +112,12 @@ pub struct MappingKey {
     pub addr: u32,
 }
 
+/// The address Liqo's conncheck answers on, on every gateway (169.254.0.1):
+/// each NatMapping's `169.254.0.1` entry leads a peer there. In wire order.
+pub const CONNCHECK_ADDR: u32 = wire([169, 254, 0, 1]);
+/// The conncheck's UDP port, the only one a peer reaches that address on.
+pub const CONNCHECK_PORT: u16 = 12345;
+
 /// Most prefix lengths a table can hold: /0 to /32.
 pub const PREFIX_LENS: usize = 33;
 

@@ -11,9 +11,9 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use isthmus_common::{
-    conntrack::{DIR_IN, DIR_OUT, PROTO_ICMP},
+    conntrack::{DIR_IN, DIR_OUT, PROTO_ICMP, PROTO_UDP},
     counters::{DenyReason, Direction, DropReason, Kind, Link, Outcome},
-    nat::{PeerNat, find_rule},
+    nat::{CONNCHECK_ADDR, CONNCHECK_PORT, PeerNat, find_rule},
 };
 
 use crate::{
@@ -171,7 +171,7 @@ fn translate(ctx: &TcContext, l3: usize, direction: Direction) -> Result<Verdict
                 Ok(rewrite) => rewrite,
                 Err(refused) => return Ok(Verdict::Dropped(refused.reason())),
             };
-            if let Some(reason) = denied(peer, &rewrite) {
+            if let Some(reason) = denied(peer, &rewrite, pkt.transport.as_ref()) {
                 return Ok(Verdict::Denied(peer.peer_id, reason));
             }
             rewrite
@@ -297,11 +297,17 @@ fn ingress(peer: &PeerNat, pkt: &Packet, own: u32) -> Result<Rewrite, Refused> {
 /// Why a packet from `peer`, translated by `rewrite`, may not go on, if it
 /// may not: it goes on only into our Pod and External networks (where the
 /// peer's ingress rules lead), to an endpoint the peer's NatMapping named,
-/// or back to the source of a flow we masqueraded.
+/// or back to the source of a flow we masqueraded. The conncheck's address
+/// is the gateway itself: a peer reaches only the conncheck's port there.
 #[inline(always)]
-fn denied(peer: &PeerNat, rewrite: &Rewrite) -> Option<DenyReason> {
+fn denied(peer: &PeerNat, rewrite: &Rewrite, t: Option<&Transport>) -> Option<DenyReason> {
     let resolved = Kind::NatMapping.bit() | Kind::Masquerade.bit();
     let dst = rewrite.addr;
+    if dst == CONNCHECK_ADDR
+        && !t.is_some_and(|t| t.proto == PROTO_UDP && t.dport == CONNCHECK_PORT)
+    {
+        return Some(DenyReason::NodeAddress);
+    }
     if rewrite.kinds & resolved != 0
         || peer
             .ingress

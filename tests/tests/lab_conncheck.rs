@@ -11,7 +11,7 @@ use std::{
 use isthmus_tests::{eventually, require_lab};
 use xtask::{
     lab, netns,
-    topology::{B, CONNCHECK_ADDR, NAT_MAPPING, PEERINGS},
+    topology::{A, B, CONNCHECK_ADDR, NAT_MAPPING, PEERINGS},
 };
 
 /// Liqo's PING every 2 s, and Error after 5 unanswered: 10 s, and margin.
@@ -84,6 +84,38 @@ fn a_liqo_ping_through_the_natmapping_is_answered_and_garbage_is_not() {
     assert_eq!(
         pong,
         serde_json::json!({"clusterID": "cluster-a", "msgType": "PONG", "timeStamp": "2024-03-01T10:20:30.123456789+01:00"})
+    );
+}
+
+/// The conncheck's address is the gateway itself: through it a peer
+/// reaches the conncheck's port and nothing else the gateway listens on.
+#[test]
+fn a_peer_reaches_no_other_port_of_the_gateway_through_the_conncheck_address() {
+    require_lab();
+    let port = xtask::probe::next_port();
+    let listener = netns::run_in(&A.gw(), || std::net::TcpListener::bind(("0.0.0.0", port)))
+        .unwrap()
+        .unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let denied = || {
+        lab::metric_sum(
+            &A.gw(),
+            "isthmus_peer_denied_packets_total",
+            &[("cluster_id", "cluster-b"), ("reason", "node_address")],
+        )
+        .unwrap_or(0.0)
+    };
+    let before = denied();
+    let target = (Ipv4Addr::new(10, 0, 41, 1), port);
+    let connected = netns::run_in(&B.pod(1), || {
+        std::net::TcpStream::connect_timeout(&target.into(), Duration::from_millis(500))
+    })
+    .unwrap();
+    assert!(connected.is_err(), "b-pod1 reached a-gw's TCP port {port}");
+    assert!(listener.accept().is_err(), "a-gw accepted b-pod1");
+    assert!(
+        denied() > before,
+        "a-gw did not count the attempt as denied"
     );
 }
 

@@ -44,6 +44,11 @@ const B_GW_WAN: Addr = [203, 0, 113, 2];
 const MAPPED_EXT: Addr = [192, 168, 0, 45];
 /// ...which b sees remapped.
 const MAPPED_EXT_AT_B: Addr = [10, 0, 41, 45];
+/// Our ExternalCIDR's first host, how b sees it, and the conncheck's
+/// address behind it.
+const A_EXT_FIRST: Addr = [192, 168, 0, 1];
+const A_EXT_FIRST_AT_B: Addr = [10, 0, 41, 1];
+const CONNCHECK: Addr = [169, 254, 0, 1];
 /// The MSS a 1,340-byte tunnel carries, as the agent sets it.
 const TUNNEL_MSS: u16 = 1300;
 /// TC_ACT_UNSPEC: the programs always hand the packet on.
@@ -118,6 +123,13 @@ impl Harness {
             addr: wire(MAPPED_EXT),
         };
         mappings.put(key, &wire(S_POD), None).unwrap();
+        // The conncheck's entry of b's NatMapping: our ExternalCIDR's
+        // first host leads to the gateway's conncheck address.
+        let conncheck = MappingKey {
+            peer_id: 1,
+            addr: wire(A_EXT_FIRST),
+        };
+        mappings.put(conncheck, &wire(CONNCHECK), None).unwrap();
         let mut conntrack = Conntrack::new(
             ebpf.take_map(names::MAP_CONNTRACK).unwrap(),
             ebpf.take_map(names::MAP_SNAT).unwrap(),
@@ -371,6 +383,24 @@ fn rows() -> Vec<Row> {
         Ingress,
         &err,
         &want,
+    ));
+    let ping = |dst| {
+        Datagram::new(
+            B_POD1,
+            dst,
+            L4::Udp {
+                sport: 40200,
+                dport: 12345,
+                payload: br#"{"msgType":"PING"}"#.to_vec(),
+                zero_csum: false,
+            },
+        )
+    };
+    rows.push(mapped(
+        "natmapping to the conncheck, udp 12345",
+        Ingress,
+        &ping(A_EXT_FIRST_AT_B),
+        &ping(CONNCHECK),
     ));
     rows.push(untouched(
         "natmapping of b does not apply to peer s",
@@ -901,6 +931,12 @@ fn a_peer_reaches_only_our_networks_its_mappings_and_our_flows() {
             udp(S_POD, B_POD1).bytes(),
             2,
             DenyReason::OtherPeer,
+        ),
+        (
+            "to the conncheck's address, not its port",
+            tcp(B_POD1, A_EXT_FIRST_AT_B).bytes(),
+            1,
+            DenyReason::NodeAddress,
         ),
         (
             "that cannot be parsed",

@@ -14,8 +14,9 @@ use std::{collections::BTreeSet, net::Ipv4Addr};
 
 use futures::TryStreamExt;
 use ipnet::Ipv4Net;
-use netlink_packet_route::route::{
-    RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteType,
+use netlink_packet_route::{
+    address::AddressScope,
+    route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteType},
 };
 use rtnetlink::{
     Handle, LinkUnspec, RouteMessageBuilder, new_connection, packet_route::link::LinkMessage,
@@ -133,12 +134,17 @@ impl Routes {
         })
     }
 
-    /// Gives the device the address `addr`/32 (kept if it has it already).
+    /// Gives the device the address `addr`/32 (kept if it has it already),
+    /// of host scope: the node never picks it as the source of its own
+    /// traffic, which goes out through the masquerade as before.
     pub async fn add_address(&self, addr: Ipv4Addr) -> Result<(), RouteError> {
-        self.handle
+        let mut request = self
+            .handle
             .address()
             .add(self.index, addr.into(), 32)
-            .replace()
+            .replace();
+        request.message_mut().header.scope = AddressScope::Host;
+        request
             .execute()
             .await
             .map_err(|source| RouteError::Request {
