@@ -11,8 +11,8 @@
 //!   what comes from our PodCIDR as it sees it (Liqo SNATs its own PINGs
 //!   to that network's first address), so PINGs leave from
 //!   [`SENDER_ADDR`], which the masquerade moves there. Without a
-//!   masquerade they leave from [`ADDR`], which the NatMapping's reverse
-//!   entry moves into our ExternalCIDR: Isthmus peers answer that.
+//!   masquerade they leave from [`ADDR`]:[`PORT`], which the NatMapping's
+//!   reverse entry moves into our ExternalCIDR: Isthmus peers answer that.
 //! - No PONG for [`LOSSES_FOR_ERROR`] intervals: the peering is in error.
 //!
 //! [`Checks`] is the protocol state, without I/O; [`spawn`] runs it on a
@@ -214,22 +214,24 @@ pub fn format_latency(rtt: Option<Duration>) -> String {
 }
 
 /// Runs the check until the process ends: PINGs every [`INTERVAL`] from
-/// `pinger` to the targets in `checks`, and every message either socket
-/// receives taken in (a PONG) or answered from where it came (a PING).
+/// `pinger` (else from `responder`, as Liqo's one socket does) to the
+/// targets in `checks`, and every message either socket receives taken in
+/// (a PONG) or answered from where it came (a PING).
 pub fn spawn(
     responder: tokio::net::UdpSocket,
-    pinger: tokio::net::UdpSocket,
+    pinger: Option<tokio::net::UdpSocket>,
     checks: Arc<Mutex<Checks>>,
 ) {
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval(INTERVAL);
         let (mut buf, mut pong_buf) = (vec![0u8; MAX_MESSAGE + 1], vec![0u8; MAX_MESSAGE + 1]);
+        let sender = pinger.as_ref().unwrap_or(&responder);
         loop {
             tokio::select! {
                 _ = ticks.tick() => {
                     let pings = lock(&checks).pings(Timestamp::now());
                     for (target, ping) in pings {
-                        if let Err(e) = pinger.send_to(&ping.bytes(), target).await {
+                        if let Err(e) = sender.send_to(&ping.bytes(), target).await {
                             debug!(%target, error = %e, "conncheck PING not sent");
                         }
                     }
@@ -237,8 +239,8 @@ pub fn spawn(
                 received = responder.recv_from(&mut buf) => {
                     take(&responder, received, &buf, &checks).await;
                 }
-                received = pinger.recv_from(&mut pong_buf) => {
-                    take(&pinger, received, &pong_buf, &checks).await;
+                received = sender.recv_from(&mut pong_buf), if pinger.is_some() => {
+                    take(sender, received, &pong_buf, &checks).await;
                 }
             }
         }

@@ -82,12 +82,11 @@ impl Gateway {
         info!(dev = %config.dev, port = config.port, public_key = %public, workers = config.workers, "tunnel up");
         // The conncheck answers on an address of the tunnel device, as on
         // Liqo's; the NatMapping's 169.254.0.1 entry leads there.
-        let sender = match masquerading {
-            true => conncheck::SENDER_ADDR,
-            false => conncheck::ADDR,
-        };
         let responder = conncheck_socket(&routes, conncheck::ADDR, conncheck::PORT).await?;
-        let pinger = conncheck_socket(&routes, sender, 0).await?;
+        let pinger = match masquerading {
+            true => Some(conncheck_socket(&routes, conncheck::SENDER_ADDR, 0).await?),
+            false => None,
+        };
         let checks = Arc::new(Mutex::new(Checks::default()));
         conncheck::spawn(responder, pinger, checks.clone());
         Ok(Self {
