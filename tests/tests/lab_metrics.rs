@@ -103,6 +103,20 @@ fn a_gateway_exposes_the_whole_metric_set_and_counts_what_it_sent() {
     send_traffic();
     wait_until_risen(&a_to_b().map(|(name, _)| name.to_owned()), before, read);
 
+    // An earlier test may have restarted a-gw: its conncheck answers
+    // within a few PINGs.
+    isthmus_tests::eventually(
+        Duration::from_secs(20),
+        "a-gw's conncheck reaches b",
+        || {
+            lab::metric_sum(
+                &gw,
+                "liqo_peer_is_connected",
+                &[("cluster_id", "cluster-b")],
+            )
+            .is_ok_and(|v| v == 1.0)
+        },
+    );
     let (_, body) = lab::http_get(&gw, "/metrics").unwrap();
     for family in [
         "isthmus_peer_connected",
