@@ -258,11 +258,18 @@ fn liqo_objects_fit_the_crd_schemas_and_malformed_ones_do_not() {
         );
     }
     let good = PEERINGS[0].tunnel_endpoint_yaml(Some(KEY));
+    let endpoint = format!(
+        "endpointIP: {}",
+        PEERINGS[0]
+            .endpoint_name
+            .expect("the lab names b by host name")
+    );
+    assert!(good.contains(&endpoint), "{good}");
     for (what, bad) in [
         ("bad CIDR", good.replace("10.0.40.0/24", "10.0.40.0/33")),
         (
             "bad IP",
-            good.replace("endpointIP: 203.0.113.2", "endpointIP: 203.0.113.256"),
+            good.replace(&endpoint, "endpointIP: 203.0.113.256"),
         ),
         (
             "bad port",
@@ -284,7 +291,7 @@ fn liqo_objects_fit_the_crd_schemas_and_malformed_ones_do_not() {
     let status = serde_json::json!({"status": {"connection": {"status": "connected"}}});
     assert!(tunnel_endpoints.is_valid(&status));
     let elb = good.replace(
-        "endpointIP: 203.0.113.2",
+        &endpoint,
         "endpointIP: a1b2c3-1234567890.eu-west-1.elb.amazonaws.com",
     );
     assert!(tunnel_endpoints.is_valid(&yaml(&elb)), "{elb}");
