@@ -83,9 +83,20 @@ fn isthmus_measures_the_liqo_gateway_and_the_liqo_gateway_measures_isthmus() {
         "a-gw measures {latency} µs to b"
     );
 
-    eventually(CONNCHECK, "b's Liqo conncheck hears a-gw's PONGs", || {
-        liqo_side()["peers"]["cluster-a"]["connected"] == true
-    });
+    // The first PING waits in wireguard-go for the handshake: the round
+    // trip is read once a few have come back, as Liqo's status refreshes.
+    eventually(
+        CONNCHECK,
+        "b's Liqo conncheck hears a-gw's PONGs and PINGs",
+        || {
+            let b = liqo_side();
+            b["peers"]["cluster-a"]["connected"] == true
+                && b["peers"]["cluster-a"]["pongs"]
+                    .as_u64()
+                    .is_some_and(|n| n >= 3)
+                && b["pings_answered"].as_u64().is_some_and(|n| n > 0)
+        },
+    );
     let b = liqo_side();
     let rtt = b["peers"]["cluster-a"]["latency_us"].as_f64().unwrap();
     assert!(
