@@ -3,21 +3,17 @@
 //! than the tunnel carries.
 
 use aya_ebpf::programs::TcContext;
-use isthmus_common::tcp::{self, DATA_OFFSET, MIN_HEADER, SYN};
+use isthmus_common::tcp::{self, DATA_OFFSET, MIN_HEADER};
 
 use crate::{
     csum,
     parse::{Malformed, Transport},
 };
 
-/// Lowers the MSS option of `t`, a TCP segment whose checksum is at
-/// `check`, to `max` if it is a SYN that advertises more. Returns whether
-/// it did.
+/// Lowers the MSS option of `t`, a TCP SYN whose checksum is at `check`,
+/// to `max` if it advertises more. Returns whether it did.
 #[inline(always)]
 pub fn clamp(ctx: &TcContext, t: &Transport, check: usize, max: u16) -> Result<bool, Malformed> {
-    if t.tcp_flags & SYN == 0 {
-        return Ok(false);
-    }
     let data_offset: u8 = ctx.load(t.off + DATA_OFFSET).map_err(|_| Malformed)?;
     let header = usize::from(data_offset >> 4) * 4;
     if header <= MIN_HEADER {

@@ -14,6 +14,7 @@ use isthmus_common::{
     conntrack::{DIR_IN, DIR_OUT, PROTO_ICMP, PROTO_UDP},
     counters::{DenyReason, Direction, DropReason, Kind, Link, Outcome},
     nat::{CONNCHECK_ADDR, CONNCHECK_PORT, PeerNat, find_rule},
+    tcp::SYN,
 };
 
 use crate::{
@@ -155,8 +156,12 @@ fn translate(ctx: &TcContext, l3: usize, direction: Direction) -> Result<Verdict
     };
     // Before the rules, while the verifier has one state to walk the
     // options with, not one per path through them.
-    let clamped = match (&pkt.transport, pkt.ip.csum, maps::tcp_mss()) {
-        (Some(t), PseudoCsum::Tcp(check), Some(max)) => mss::clamp(ctx, t, check, max)?,
+    // The map is read only for a SYN: one in a flow's packets.
+    let clamped = match (&pkt.transport, pkt.ip.csum) {
+        (Some(t), PseudoCsum::Tcp(check)) if t.tcp_flags & SYN != 0 => match maps::tcp_mss() {
+            Some(max) => mss::clamp(ctx, t, check, max)?,
+            None => false,
+        },
         _ => false,
     };
 

@@ -2,7 +2,10 @@
 //! against the packet before anything is rewritten.
 
 use aya_ebpf::programs::TcContext;
-use isthmus_common::conntrack::{PROTO_ICMP, PROTO_TCP, PROTO_UDP};
+use isthmus_common::{
+    conntrack::{PROTO_ICMP, PROTO_TCP, PROTO_UDP},
+    tcp,
+};
 
 /// Offsets of fields inside an IPv4 header.
 pub mod ip {
@@ -28,7 +31,6 @@ pub const IP_MF: u16 = 0x2000;
 /// The fragment offset alone.
 pub const IP_OFFSET: u16 = 0x1fff;
 const TCP_CHECK: usize = 16;
-const TCP_MIN_HLEN: usize = 20;
 const UDP_CHECK: usize = 6;
 const UDP_HLEN: usize = 8;
 /// Offset of the ICMP checksum.
@@ -212,7 +214,7 @@ fn transport(view: &View, proto: u8, l4: usize) -> Result<Option<Transport>, Mal
     // (source port, destination port, TCP flags, ICMP type)
     let (sport, dport, tcp_flags, icmp_type) = match proto {
         PROTO_TCP => {
-            let h = view.span::<TCP_MIN_HLEN>(l4)?;
+            let h = view.span::<{ tcp::MIN_HEADER }>(l4)?;
             (be16(h, 0), be16(h, 2), h[13], 0)
         }
         PROTO_UDP => {
@@ -304,7 +306,7 @@ fn header(view: &View, off: usize, end: usize, whole: bool) -> Result<Header, Ma
 #[inline(always)]
 fn pseudo_csum(proto: u8, l4: usize, end: usize, whole: bool) -> Result<PseudoCsum, Malformed> {
     let (check, hlen) = match proto {
-        PROTO_TCP => (l4 + TCP_CHECK, TCP_MIN_HLEN),
+        PROTO_TCP => (l4 + TCP_CHECK, tcp::MIN_HEADER),
         PROTO_UDP => (l4 + UDP_CHECK, UDP_HLEN),
         PROTO_ICMP if whole && l4 + ICMP_HLEN > end => return Err(Malformed),
         _ => return Ok(PseudoCsum::None),
