@@ -106,21 +106,26 @@ impl Gateway {
     /// Looks up again the endpoint names that are due: on the interval, or
     /// after the peer's handshakes failed. Returns whether an address changed.
     pub async fn resolve(&mut self, peers: &[Peer]) -> bool {
-        let failures: BTreeMap<ObjectKey, u64> = self
-            .tunnel
-            .status()
-            .into_iter()
-            .map(|s| (s.key, s.handshake_failures))
-            .collect();
-        let names: Vec<(&str, u64)> = peers
+        let named: Vec<(&ObjectKey, &str)> = peers
             .iter()
             .filter_map(|p| match &p.tunnel.as_ref().ok()?.endpoint {
-                Endpoint::Name(name) => Some((
-                    name.as_str(),
-                    failures.get(&p.key).copied().unwrap_or_default(),
-                )),
+                Endpoint::Name(name) => Some((&p.key, name.as_str())),
                 Endpoint::Addr(_) => None,
             })
+            .collect();
+        // Most gateways have no names: no status to read on every tick.
+        let failures: BTreeMap<ObjectKey, u64> = match named.is_empty() {
+            true => BTreeMap::new(),
+            false => self
+                .tunnel
+                .status()
+                .into_iter()
+                .map(|s| (s.key, s.handshake_failures))
+                .collect(),
+        };
+        let names: Vec<(&str, u64)> = named
+            .into_iter()
+            .map(|(key, name)| (name, failures.get(key).copied().unwrap_or_default()))
             .collect();
         self.resolver
             .retain(&names.iter().map(|(n, _)| *n).collect::<Vec<_>>());
