@@ -1,44 +1,20 @@
-//! The Isthmus node agent, as a library: the binary wires these together,
-//! and tests and tools reuse them.
+//! The Isthmus node agent, as a library: the binary parses arguments and
+//! calls [`control::run`]; tests and tools reuse the rest.
 //!
-//! - [`object`]: the Liqo objects as read;
-//! - [`peer`]: a validated TunnelEndpoint and the kernel rules it makes;
-//! - [`policy`]: what a TunnelEndpoint may ask of this node;
-//! - [`natmapping`]: a validated NatMapping;
-//! - [`node`]: a validated Node: PodCIDRs, address, labels;
-//! - [`source`]: where objects come from: a directory, or the Kubernetes API;
-//! - [`kubernetes`]: the client, the node's role and the key Secret;
-//! - [`status`]: TunnelEndpoint status and Events, written back;
-//! - [`reconcile`]: from objects to the kernel, as a diff;
-//! - [`conntrack`]: the masquerade's settings and garbage collector;
-//! - [`dataplane`]: loading, pinning, attaching, cleanup;
-//! - [`pinned`]: maps a previous agent pinned, kept, migrated or replaced;
-//! - [`gateway`]: the gateway's tunnel and routes, following the peers;
-//! - [`guard`]: the XDP guard's allowlist, following the tunnel;
-//! - [`overlay`]: the VXLAN device, the gateway node and the node table;
-//! - [`maps`]: typed views of the kernel maps;
-//! - [`metrics`]: Prometheus and health endpoints;
-//! - [`tunnel`]: the gateway's embedded WireGuard.
+//! The layers, each using only those above it in this list:
+//!
+//! - [`model`]: what the Liqo objects mean, with no I/O;
+//! - [`kernel`]: the eBPF programs and maps: loading, pinning, attaching,
+//!   typed maps and the diff that writes them;
+//! - [`tunnel`]: the gateway's embedded WireGuard;
+//! - [`roles`]: what a gateway and a worker run beside the kernel tables;
+//! - [`observe`]: metrics, health, counters and `inspect`;
+//! - [`control`]: where objects come from, the arbitration between them, and
+//!   the run loop that drives everything else.
 
-pub mod check;
-pub mod conncheck;
-pub mod conntrack;
-pub mod dataplane;
-pub mod gateway;
-pub mod guard;
-pub mod inspect;
-pub mod kubernetes;
-pub mod maps;
-pub mod metrics;
-pub mod natmapping;
-pub mod node;
-pub mod object;
-pub mod overlay;
-pub mod peer;
-pub mod pinned;
-pub mod policy;
-pub mod reconcile;
-pub mod samples;
-pub mod source;
-pub mod status;
+pub mod control;
+pub mod kernel;
+pub mod model;
+pub mod observe;
+pub mod roles;
 pub mod tunnel;

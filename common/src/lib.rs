@@ -11,6 +11,8 @@ pub mod guard;
 pub mod names;
 pub mod nat;
 pub mod overlay;
+#[cfg(feature = "user")]
+pub mod pins;
 pub mod tcp;
 
 #[cfg(feature = "user")]

@@ -16,7 +16,7 @@ use boringtun::{
     x25519::{PublicKey, StaticSecret},
 };
 use isthmus_agent::{
-    object::ObjectKey,
+    model::object::ObjectKey,
     tunnel::{
         Shared,
         datapath::{MAX_DATAGRAM, Receiver},

@@ -5,11 +5,11 @@
 #![no_main]
 
 use isthmus_agent::{
-    natmapping::NatMapping,
-    node::Node,
-    object::{Object, parse_documents, plain_natmapping},
-    peer::Peer,
-    policy::Policy,
+    model::natmapping::NatMapping,
+    model::node::Node,
+    model::object::{Object, parse_documents, plain_natmapping},
+    model::peer::Peer,
+    model::policy::Policy,
 };
 use libfuzzer_sys::fuzz_target;
 

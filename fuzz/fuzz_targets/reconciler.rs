@@ -10,9 +10,9 @@ use std::{cell::RefCell, collections::BTreeMap, convert::Infallible, rc::Rc};
 use arbitrary::Arbitrary;
 use ipnet::Ipv4Net;
 use isthmus_agent::{
-    object::parse_documents,
-    policy::overlaps,
-    reconcile::{Entry, KernelTable, Reconciler},
+    control::reconcile::Reconciler,
+    kernel::table::{Entry, KernelTable},
+    model::{object::parse_documents, policy::overlaps},
 };
 use isthmus_common::nat::{MappingKey, PeerNat};
 use libfuzzer_sys::fuzz_target;
@@ -40,6 +40,9 @@ impl<K: Ord + Copy, V: PartialEq + Copy> KernelTable for Table<K, V> {
     fn delete(&mut self, key: K, _old: &V) -> Result<(), Infallible> {
         self.0.borrow_mut().remove(&key);
         Ok(())
+    }
+    fn is_full(error: &Infallible) -> bool {
+        match *error {}
     }
 }
 
@@ -134,8 +137,8 @@ fn mapping_yaml(m: &Mapping) -> String {
 
 fn feed<P, M>(r: &mut Reconciler<P, M>, files: &BTreeMap<String, String>)
 where
-    P: isthmus_agent::reconcile::PeerTable<Error = Infallible>,
-    M: isthmus_agent::reconcile::MappingTable<Error = Infallible>,
+    P: isthmus_agent::kernel::table::PeerTable<Error = Infallible>,
+    M: isthmus_agent::kernel::table::MappingTable<Error = Infallible>,
 {
     for (file, text) in files {
         r.set_origin(file.clone(), parse_documents(file.as_ref(), text));

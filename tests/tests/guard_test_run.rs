@@ -4,9 +4,9 @@
 
 use aya::{Ebpf, programs::Xdp};
 use isthmus_agent::{
-    dataplane::OBJECT,
-    guard::{Guard, source},
-    maps::{Counters, GuardSettings, PresenceSet},
+    kernel::dataplane::OBJECT,
+    kernel::maps::{Counters, GuardMaps, GuardSettings, PresenceSet},
+    roles::gateway::guard::{Guard, source},
 };
 use isthmus_common::{guard::VERDICTS, names};
 use isthmus_tests::{
@@ -33,13 +33,12 @@ struct Harness {
 impl Harness {
     fn new() -> Self {
         let mut ebpf = loaded_guard();
-        let mut guard = Guard::new(
-            PresenceSet::new(ebpf.take_map(names::MAP_GUARD_SOURCES).unwrap()).unwrap(),
-            PresenceSet::new(ebpf.take_map(names::MAP_GUARD_INDEXES).unwrap()).unwrap(),
-            GuardSettings::new(ebpf.take_map(names::MAP_GUARD_CONFIG).unwrap()).unwrap(),
-            PORT,
-        )
-        .unwrap();
+        let maps = GuardMaps {
+            sources: PresenceSet::new(ebpf.take_map(names::MAP_GUARD_SOURCES).unwrap()).unwrap(),
+            indexes: PresenceSet::new(ebpf.take_map(names::MAP_GUARD_INDEXES).unwrap()).unwrap(),
+            settings: GuardSettings::new(ebpf.take_map(names::MAP_GUARD_CONFIG).unwrap()).unwrap(),
+        };
+        let mut guard = Guard::new(maps, PORT).unwrap();
         let peer = std::net::SocketAddrV4::new(PEER.into(), PORT);
         guard
             .sync(&BTreeSet::from([peer]), &BTreeSet::from([PEER_INDEX]))

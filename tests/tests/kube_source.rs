@@ -21,9 +21,9 @@ use boringtun::{
 };
 use ipnet::Ipv4Net;
 use isthmus_agent::{
-    maps::{MappingMap, NodeMap, OverlaySettings, PeerMap},
-    reconcile::KernelTable,
-    tunnel::key,
+    kernel::maps::{MappingMap, NodeMap, OverlaySettings, PeerMap},
+    kernel::table::KernelTable,
+    model::key,
 };
 use isthmus_tests::{metrics::sample, require_lab};
 use serde_json::{Value, json};

@@ -10,7 +10,7 @@ use std::{
 };
 
 use ipnet::Ipv4Net;
-use isthmus_agent::{maps::PeerMap, reconcile::KernelTable};
+use isthmus_agent::{kernel::maps::PeerMap, kernel::table::KernelTable};
 use isthmus_common::nat::PeerNat;
 use isthmus_tests::{eventually, metrics::sample, require_lab};
 use xtask::{

@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use isthmus_agent::{maps::MappingMap, reconcile::KernelTable};
+use isthmus_agent::{kernel::maps::MappingMap, kernel::table::KernelTable};
 use isthmus_tests::{netns as test_netns, require_lab};
 use xtask::{
     cmd::ip,

@@ -13,9 +13,9 @@ use boringtun::{
     x25519::{PublicKey, StaticSecret},
 };
 use isthmus_agent::{
-    maps::{self, PresenceSet},
-    reconcile::KernelTable,
-    tunnel::key,
+    kernel::maps::{self, PresenceSet},
+    kernel::table::KernelTable,
+    model::key,
 };
 use isthmus_common::names;
 use isthmus_tests::{

@@ -200,8 +200,8 @@ fn pinned_maps_of_another_shape_are_migrated_or_replaced() {
         maps::{HashMap as BpfHash, MapData},
     };
     use isthmus_agent::{
-        dataplane::{Capacity, Dataplane, OBJECT},
-        pinned::shape_of,
+        kernel::dataplane::{Capacity, Dataplane, OBJECT},
+        kernel::pinned::shape_of,
     };
     use isthmus_common::{
         conntrack::{DIR_OUT, FlowKey, FlowNat, PROTO_TCP},

@@ -9,11 +9,11 @@
 
 use aya::{Ebpf, EbpfLoader, programs::SchedClassifier};
 use isthmus_agent::{
-    dataplane::OBJECT,
-    maps::{Counters, NodeMap, OverlaySettings, PeerMap, PresenceSet},
-    object::{Object, parse_documents},
-    peer::Peer,
-    reconcile::KernelTable,
+    kernel::dataplane::OBJECT,
+    kernel::maps::{Counters, NodeMap, OverlaySettings, PeerMap, PresenceSet},
+    kernel::table::KernelTable,
+    model::object::{Object, parse_documents},
+    model::peer::Peer,
 };
 use isthmus_common::{
     names,

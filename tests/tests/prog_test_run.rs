@@ -8,12 +8,12 @@
 
 use aya::{Ebpf, EbpfLoader, programs::SchedClassifier};
 use isthmus_agent::{
-    conntrack::Conntrack,
-    dataplane::OBJECT,
-    maps::{Counters, MappingMap, PeerMap, PresenceSet},
-    object::{Object, parse_documents},
-    peer::Peer,
-    reconcile::KernelTable,
+    kernel::conntrack::Conntrack,
+    kernel::dataplane::OBJECT,
+    kernel::maps::{Counters, MappingMap, PeerMap, PresenceSet},
+    kernel::table::KernelTable,
+    model::object::{Object, parse_documents},
+    model::peer::Peer,
 };
 use isthmus_common::{
     conntrack::Timeouts,

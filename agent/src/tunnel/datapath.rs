@@ -453,7 +453,7 @@ mod tests {
     use boringtun::x25519::{PublicKey, StaticSecret};
 
     use super::*;
-    use crate::{object::ObjectKey, tunnel::peers::PeerConfig};
+    use crate::{model::object::ObjectKey, tunnel::peers::PeerConfig};
 
     /// Our gateway's tunnel with one peer, the peer's own state machine
     /// and socket, and our socket, all on loopback.

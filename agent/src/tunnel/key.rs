@@ -7,9 +7,10 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use base64::{Engine, engine::general_purpose::STANDARD};
 use boringtun::x25519::{PublicKey, StaticSecret};
 use thiserror::Error;
+
+use crate::model::key::{decode, encode};
 
 /// A key file that cannot be used. The messages never include key material.
 #[derive(Debug, Error)]
@@ -68,16 +69,6 @@ impl std::fmt::Debug for KeyPair {
             encode(self.public.as_bytes())
         )
     }
-}
-
-/// Base64, as WireGuard tools print keys.
-pub fn encode(bytes: &[u8; 32]) -> String {
-    STANDARD.encode(bytes)
-}
-
-/// Parses a base64 32-byte key.
-pub fn decode(text: &str) -> Option<[u8; 32]> {
-    STANDARD.decode(text.trim()).ok()?.try_into().ok()
 }
 
 /// Loads the key in `path`, or generates one there (mode 0600) if the file

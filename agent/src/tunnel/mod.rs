@@ -40,7 +40,7 @@ use self::{
     key::KeyPair,
     peers::{PeerConfig, PeerSet, TunnelPeer},
 };
-use crate::object::ObjectKey;
+use crate::model::object::ObjectKey;
 
 /// Handshakes per second above which the gateway answers with cookies.
 const HANDSHAKE_LIMIT: u64 = 100;

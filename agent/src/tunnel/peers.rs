@@ -14,7 +14,7 @@ use boringtun::noise::Tunn;
 use boringtun::x25519::{PublicKey, StaticSecret};
 use ipnet::Ipv4Net;
 
-use crate::object::ObjectKey;
+use crate::model::object::ObjectKey;
 
 /// What the agent knows of a peer from its TunnelEndpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]

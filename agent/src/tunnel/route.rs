@@ -18,10 +18,10 @@ use netlink_packet_route::{
     address::AddressScope,
     route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteType},
 };
-use rtnetlink::{
-    Handle, LinkUnspec, RouteMessageBuilder, new_connection, packet_route::link::LinkMessage,
-};
+use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder, new_connection};
 use thiserror::Error;
+
+use crate::kernel::link::link_by_name;
 
 /// The protocol number of Isthmus's routes (`ip route` prints `proto 153`).
 pub const ROUTE_PROTOCOL: u8 = 153;
@@ -57,24 +57,6 @@ pub enum RouteError {
         /// How the kernel describes the route there.
         existing: String,
     },
-}
-
-/// The link named `dev`, or None if there is none.
-pub(crate) async fn link_by_name(
-    handle: &Handle,
-    dev: &str,
-) -> Result<Option<LinkMessage>, rtnetlink::Error> {
-    match handle
-        .link()
-        .get()
-        .match_name(dev.to_owned())
-        .execute()
-        .try_next()
-        .await
-    {
-        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => Ok(None),
-        other => other,
-    }
 }
 
 /// One of the two routes of a network: into the device, or the blackhole

@@ -8,7 +8,7 @@ use ipnet::Ipv4Net;
 use serde_yaml_ng::Value;
 use thiserror::Error;
 
-use crate::object::{ObjectKey, RawNode};
+use crate::model::object::{ObjectKey, RawNode};
 
 /// The node address the overlay sends to, as Kubernetes lists it.
 const ADDRESS_TYPE: &str = "InternalIP";
@@ -128,7 +128,7 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::object::{Object, parse_documents};
+    use crate::model::object::{Object, parse_documents};
 
     fn node(yaml: &str) -> Result<Node, NodeError> {
         let docs = parse_documents(Path::new("nodes.yaml"), yaml);

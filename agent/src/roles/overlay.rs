@@ -19,11 +19,11 @@ use thiserror::Error;
 use tracing::{info, warn};
 
 use crate::{
-    dataplane::{self, AttachMode, Dataplane},
-    maps::{NodeMap, OverlayMaps, OverlaySettings, PresenceSet},
-    node::Node,
-    reconcile::{KernelTable, Mirror},
-    tunnel::route::link_by_name,
+    kernel::dataplane::{AttachMode, Dataplane},
+    kernel::link::{self, device_holding, link_by_name},
+    kernel::maps::{NodeMap, OverlayMaps, OverlaySettings, PresenceSet},
+    kernel::table::{KernelTable, Mirror},
+    model::node::Node,
 };
 
 /// What the operator chose for the overlay.
@@ -215,26 +215,6 @@ impl Overlay {
     }
 }
 
-/// The device that holds IPv4 address `address`, if any.
-fn device_holding(address: Ipv4Addr) -> Option<String> {
-    let addresses = match nix::ifaddrs::getifaddrs() {
-        Ok(addresses) => addresses,
-        Err(e) => {
-            warn!(error = %e, "listing this node's addresses");
-            return None;
-        }
-    };
-    addresses
-        .filter(|a| {
-            a.address
-                .as_ref()
-                .and_then(|s| s.as_sockaddr_in())
-                .is_some_and(|s| s.ip() == address)
-        })
-        .map(|a| a.interface_name)
-        .next()
-}
-
 /// Creates the collect-metadata VXLAN device `options.dev`, or keeps the
 /// one a previous agent created if it is configured alike, and brings it up.
 /// Returns its ifindex.
@@ -352,7 +332,7 @@ impl PodDevices {
     /// forgets devices that are gone. A device that refuses is retried on
     /// the next call; the others are unaffected.
     pub fn refresh(&mut self, dataplane: &mut Dataplane, mode: AttachMode) {
-        let Ok(present) = dataplane::devices() else {
+        let Ok(present) = link::devices() else {
             return;
         };
         let present: BTreeSet<String> = present
@@ -398,7 +378,7 @@ impl PodDevices {
         mode: AttachMode,
     ) -> Result<u32, Box<dyn std::error::Error>> {
         dataplane.attach_steer(dev, mode)?;
-        let ifindex = dataplane::ifindex(dev)?;
+        let ifindex = link::ifindex(dev)?;
         self.table.put(ifindex, &1, None)?;
         Ok(ifindex)
     }

@@ -9,11 +9,14 @@ use ipnet::Ipv4Net;
 use isthmus_common::nat::{MappingKey, PeerNat};
 
 use crate::{
-    inspect::Table,
-    peer::Peer,
-    policy::Policy,
-    reconcile::{MemoryTable, Reconciler, Rejection},
-    source::SourceEvent,
+    control::{
+        options::CheckArgs,
+        reconcile::Reconciler,
+        source::{self, SourceEvent, SourceSpec},
+    },
+    kernel::table::MemoryTable,
+    model::{peer::Peer, policy::Policy, rejection::Rejection},
+    observe::inspect::Table,
 };
 
 /// What `run` would do with a set of objects.
@@ -60,6 +63,22 @@ impl Verdict {
 
 /// Validates the objects of `events` (as the directory source reads them)
 /// under `policy`.
+/// `isthmus-agent check`: prints the verdict on `args.source`. Returns
+/// whether it is clean. The machine it runs on is not a gateway, so its own
+/// addresses are not protected.
+pub fn command(args: &CheckArgs) -> anyhow::Result<bool> {
+    let SourceSpec::Dir(dir) = &args.source else {
+        anyhow::bail!("check reads --source dir:PATH only");
+    };
+    let verdict = check(source::read_dir(dir)?, args.policy.policy_with(Vec::new()));
+    match args.json {
+        true => println!("{}", serde_json::to_string_pretty(&verdict.json())?),
+        false => print!("{}", verdict.text()),
+    }
+    Ok(verdict.clean())
+}
+
+/// What `run` would do with `events`, under `policy`.
 pub fn check(events: Vec<SourceEvent>, policy: Policy) -> Verdict {
     let mut reconciler = Reconciler::new(
         MemoryTable::<Ipv4Net, PeerNat>::default(),

@@ -11,7 +11,7 @@ use isthmus_common::{
     overlay::EVENTS,
 };
 
-use crate::maps::Counters;
+use crate::kernel::maps::Counters;
 
 /// Label names and values of one sample.
 pub type Labels = Vec<(&'static str, &'static str)>;

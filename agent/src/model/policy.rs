@@ -9,8 +9,8 @@
 use ipnet::Ipv4Net;
 
 use crate::{
-    node::Node,
-    peer::{Peer, Problem},
+    model::node::Node,
+    model::peer::{Peer, Problem},
 };
 
 /// Networks no field of any TunnelEndpoint may touch, and why.
@@ -166,7 +166,7 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::object::{Object, parse_documents};
+    use crate::model::object::{Object, parse_documents};
 
     /// A peer in `namespace` whose remote networks are `remote` (pod and
     /// external, each real then as we see it).

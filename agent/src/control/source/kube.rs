@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use super::SourceEvent;
-use crate::object::{
+use crate::model::object::{
     self, API_VERSION, CORE_API_VERSION, KIND_NAT_MAPPING, KIND_NODE, KIND_TUNNEL_ENDPOINT, Object,
     ObjectKey,
 };

@@ -11,13 +11,14 @@ use aya::maps::{
 use ipnet::Ipv4Net;
 use isthmus_common::{
     counters,
-    guard::{GuardConfig, VERDICTS},
+    guard::{GuardConfig, GuardSource, VERDICTS},
     names,
     nat::{MappingKey, PeerKey, PeerNat, PrefixLens, wire},
     overlay::{EVENTS, OverlayConfig},
+    pins::Pins,
 };
 
-use crate::{dataplane::Pins, pinned, reconcile::KernelTable};
+use crate::kernel::{pinned, table::KernelTable};
 
 /// The peer table (`ist_peer_nets`) and the prefix lengths it holds
 /// (`ist_prefix_lens`), kept consistent: a length is listed while at least
@@ -70,6 +71,9 @@ impl KernelTable for PeerMap {
     type Key = Ipv4Net;
     type Value = PeerNat;
     type Error = MapError;
+    fn is_full(error: &MapError) -> bool {
+        is_full(error)
+    }
 
     fn entries(&self) -> Result<Vec<(Ipv4Net, PeerNat)>, MapError> {
         self.nets
@@ -153,6 +157,9 @@ impl KernelTable for MappingMap {
     type Key = MappingKey;
     type Value = u32;
     type Error = MapError;
+    fn is_full(error: &MapError) -> bool {
+        is_full(error)
+    }
 
     fn entries(&self) -> Result<Vec<(MappingKey, u32)>, MapError> {
         self.forward.iter().collect()
@@ -193,6 +200,9 @@ impl<K: aya::Pod + Ord> KernelTable for PresenceSet<K> {
     type Key = K;
     type Value = u8;
     type Error = MapError;
+    fn is_full(error: &MapError) -> bool {
+        is_full(error)
+    }
 
     fn entries(&self) -> Result<Vec<(K, u8)>, MapError> {
         self.0.keys().map(|k| Ok((k?, 1))).collect()
@@ -205,6 +215,17 @@ impl<K: aya::Pod + Ord> KernelTable for PresenceSet<K> {
     fn delete(&mut self, key: K, _old: &u8) -> Result<(), MapError> {
         gone_is_fine(self.0.remove(&key))
     }
+}
+
+/// The XDP guard's tables: the sources that may reach the tunnel port,
+/// our peers' session indexes, and its settings.
+pub struct GuardMaps {
+    /// Allowed sources (`ist_guard_src`).
+    pub sources: PresenceSet<GuardSource>,
+    /// Our peers' session indexes (`ist_guard_idx`).
+    pub indexes: PresenceSet<u32>,
+    /// The settings (`ist_guard_cfg`).
+    pub settings: GuardSettings,
 }
 
 /// The guard's settings (`ist_guard_cfg`).
@@ -249,6 +270,9 @@ impl KernelTable for NodeMap {
     type Key = Ipv4Net;
     type Value = u32;
     type Error = MapError;
+    fn is_full(error: &MapError) -> bool {
+        is_full(error)
+    }
 
     fn entries(&self) -> Result<Vec<(Ipv4Net, u32)>, MapError> {
         self.0

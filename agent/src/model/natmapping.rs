@@ -11,7 +11,7 @@ use ipnet::Ipv4Net;
 use serde_yaml_ng::{Mapping, Value};
 use thiserror::Error;
 
-use crate::object::{ObjectKey, RawNatMapping};
+use crate::model::object::{ObjectKey, RawNatMapping};
 
 /// A NatMapping, or one of its entries, that cannot be used.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -267,7 +267,7 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::object::{Object, parse_documents};
+    use crate::model::object::{Object, parse_documents};
 
     fn parse(yaml: &str) -> Result<NatMapping, NatMappingError> {
         let docs = parse_documents(Path::new("nm.yaml"), yaml);

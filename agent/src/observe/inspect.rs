@@ -10,10 +10,11 @@ use isthmus_common::{
     conntrack::{DIR_OUT, FlowKey, FlowNat, SnatConfig, TcpState},
     names,
     nat::{MappingKey, PeerKey, PeerNat, PrefixRewrite},
+    pins::Pins,
 };
 use thiserror::Error;
 
-use crate::{dataplane::Pins, maps::open_pinned, samples::DataplaneCounters};
+use crate::{kernel::maps::open_pinned, observe::samples::DataplaneCounters};
 
 /// What to show.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -216,7 +217,7 @@ fn natmap(root: &Path) -> Result<Table, InspectError> {
 }
 
 fn conntrack(root: &Path) -> Result<Table, InspectError> {
-    let now = crate::conntrack::now();
+    let now = crate::kernel::conntrack::now();
     let mut rows: Vec<Vec<String>> = entries::<FlowKey, FlowNat>(root, names::MAP_CONNTRACK)?
         .into_iter()
         .map(|(key, nat)| {

@@ -21,17 +21,21 @@ use aya::{
         tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcHandle},
     },
 };
-use isthmus_common::names;
+use isthmus_common::{
+    names,
+    pins::{Direction, Pins},
+};
 use thiserror::Error;
 use tracing::{info, warn};
 
 use crate::{
-    conntrack::Conntrack,
-    guard::Guard,
-    maps::{
-        GuardSettings, MappingMap, NodeMap, OverlayMaps, OverlaySettings, PeerMap, PresenceSet,
+    kernel::conntrack::Conntrack,
+    kernel::link::{self, DeviceError},
+    kernel::maps::{
+        GuardMaps, GuardSettings, MappingMap, NodeMap, OverlayMaps, OverlaySettings, PeerMap,
+        PresenceSet,
     },
-    pinned,
+    kernel::pinned,
 };
 
 /// The compiled eBPF object, built by `build.rs`.
@@ -50,8 +54,6 @@ fn nl_handle(program: &str) -> TcHandle {
     let index = names::PROGRAMS.iter().position(|p| *p == program);
     TcHandle::new(0x1517, 1 + index.unwrap_or(0) as u16)
 }
-const ARPHRD_ETHER: u32 = 1;
-const ARPHRD_NONE: u32 = 0xfffe;
 
 /// Failures of loading, attaching or cleaning up.
 #[derive(Debug, Error)]
@@ -68,13 +70,8 @@ pub enum DataplaneError {
         source: io::Error,
     },
     /// The device cannot carry the NAT programs.
-    #[error("device {dev}: {reason}")]
-    Device {
-        /// The device.
-        dev: String,
-        /// Why it cannot be used.
-        reason: String,
-    },
+    #[error(transparent)]
+    Device(#[from] DeviceError),
     /// aya refused to load the object.
     #[error("loading the eBPF object: {0}")]
     Load(#[from] aya::EbpfError),
@@ -143,50 +140,11 @@ impl Attached {
     }
 }
 
-/// Paths of everything the agent pins under one root.
-#[derive(Clone, Debug)]
-pub struct Pins {
-    root: PathBuf,
-}
-
-impl Pins {
-    /// The layout under `root`.
-    pub fn new(root: &Path) -> Self {
-        Self {
-            root: root.to_owned(),
-        }
-    }
-
-    /// Pin path of a map.
-    pub fn map(&self, name: &str) -> PathBuf {
-        self.root.join("maps").join(name)
-    }
-
-    /// Pin path of a program.
-    pub fn program(&self, name: &str) -> PathBuf {
-        self.root.join("progs").join(name)
-    }
-
-    /// Pin path of a program's TCX link on a device. bpffs refuses names
-    /// with a `.`, which device names may hold (`isthmus.vx`); it becomes a
-    /// `:`, which they may not, so two devices never share a pin.
-    pub fn link(&self, dev: &str, attach_type: TcAttachType, program: &str) -> PathBuf {
-        self.root.join("links").join(format!(
-            "{}-{}-{program}",
-            dev.replace('.', ":"),
-            direction(attach_type)
-        ))
-    }
-
-    fn dirs(&self) -> [PathBuf; 3] {
-        ["maps", "progs", "links"].map(|d| self.root.join(d))
-    }
-}
-
-fn direction(attach_type: TcAttachType) -> &'static str {
+/// The hook of `attach_type`, as a link's pin names it.
+fn direction(attach_type: TcAttachType) -> Direction {
     match attach_type {
-        TcAttachType::Egress => "egress",
-        _ => "ingress",
+        TcAttachType::Egress => Direction::Egress,
+        _ => Direction::Ingress,
     }
 }
 
@@ -312,14 +270,18 @@ impl Dataplane {
         array.set(0, u32::from(mss), 0).map_err(error)
     }
 
-    /// The XDP guard's tables, watching tunnel port `port`.
-    pub fn take_guard(&mut self, port: u16) -> Result<Guard, DataplaneError> {
+    /// The XDP guard's tables.
+    pub fn take_guard(&mut self) -> Result<GuardMaps, DataplaneError> {
         let map_error = |e| DataplaneError::Map(names::MAP_GUARD_SOURCES, e);
         let sources = PresenceSet::new(self.take(names::MAP_GUARD_SOURCES)?).map_err(map_error)?;
         let indexes = PresenceSet::new(self.take(names::MAP_GUARD_INDEXES)?).map_err(map_error)?;
         let settings =
             GuardSettings::new(self.take(names::MAP_GUARD_CONFIG)?).map_err(map_error)?;
-        Guard::new(sources, indexes, settings, port).map_err(map_error)
+        Ok(GuardMaps {
+            sources,
+            indexes,
+            settings,
+        })
     }
 
     /// Attaches the XDP guard to `dev` in native (driver) mode. The link
@@ -375,14 +337,15 @@ impl Dataplane {
     /// Attaches the NAT programs to both directions of `dev`, replacing
     /// whatever a previous agent attached there.
     pub fn attach_nat(&mut self, dev: &str, mode: AttachMode) -> Result<(), DataplaneError> {
-        let (egress, ingress) = match link_type(dev)? {
-            ARPHRD_ETHER => (names::PROG_EGRESS_ETH, names::PROG_INGRESS_ETH),
-            ARPHRD_NONE => (names::PROG_EGRESS_IP, names::PROG_INGRESS_IP),
+        let (egress, ingress) = match link::link_type(dev)? {
+            link::ARPHRD_ETHER => (names::PROG_EGRESS_ETH, names::PROG_INGRESS_ETH),
+            link::ARPHRD_NONE => (names::PROG_EGRESS_IP, names::PROG_INGRESS_IP),
             other => {
-                return Err(DataplaneError::Device {
+                return Err(DeviceError {
                     dev: dev.into(),
                     reason: format!("link type {other} is neither Ethernet nor a raw L3 device"),
-                });
+                }
+                .into());
             }
         };
         let mode = mode.resolve();
@@ -413,7 +376,7 @@ impl Dataplane {
     pub fn forget_device(&mut self, dev: &str) -> Result<(), DataplaneError> {
         for program in names::PROGRAMS {
             for attach_type in [TcAttachType::Ingress, TcAttachType::Egress] {
-                remove_pin(&self.pins.link(dev, attach_type, program))?;
+                remove_pin(&self.pins.link(dev, direction(attach_type), program))?;
             }
         }
         Ok(())
@@ -433,11 +396,7 @@ impl Dataplane {
     /// the uplink.
     pub fn detach_decap(&mut self, dev: &str) -> Result<(), DataplaneError> {
         let _ = tc::qdisc_detach_program(dev, TcAttachType::Ingress, names::PROG_DECAP);
-        unpin_link(
-            &self
-                .pins
-                .link(dev, TcAttachType::Ingress, names::PROG_DECAP),
-        )
+        unpin_link(&self.pins.link(dev, Direction::Ingress, names::PROG_DECAP))
     }
 
     /// Attaches the worker's steering program to pod-facing device `dev`.
@@ -481,7 +440,7 @@ impl Dataplane {
         if prog.fd().is_err() {
             prog.load()?;
         }
-        let link = self.pins.link(dev, attach_type, program);
+        let link = self.pins.link(dev, direction(attach_type), program);
         // Attach first, then drop what an agent in the other mode left: the
         // device is never without the program.
         match mode {
@@ -567,17 +526,21 @@ fn attach_clsact(
 pub fn cleanup(root: &Path) -> Result<Vec<String>, DataplaneError> {
     let pins = Pins::new(root);
     let mut removed = Vec::new();
-    for link in pin_entries(&pins.root.join("links"))? {
+    for link in pin_entries(&pins.links())? {
         unpin_link(&link)?;
         removed.push(format!("link {}", link.display()));
     }
-    for dev in devices()? {
+    let devices = link::devices().map_err(|source| DataplaneError::Io {
+        path: link::SYS_CLASS_NET.into(),
+        source,
+    })?;
+    for dev in devices {
         for program in names::PROGRAMS {
             for attach_type in [TcAttachType::Egress, TcAttachType::Ingress] {
                 if tc::qdisc_detach_program(&dev, attach_type, program).is_ok() {
                     removed.push(format!(
                         "clsact filter {program} on {dev} {}",
-                        direction(attach_type)
+                        direction(attach_type).as_str()
                     ));
                 }
             }
@@ -590,7 +553,7 @@ pub fn cleanup(root: &Path) -> Result<Vec<String>, DataplaneError> {
         }
         remove_dir(&dir)?;
     }
-    remove_dir(&pins.root)?;
+    remove_dir(pins.root())?;
     Ok(removed)
 }
 
@@ -641,40 +604,6 @@ fn already_gone_is_fine(path: &Path, result: io::Result<()>) -> Result<(), Datap
         }),
         _ => Ok(()),
     }
-}
-
-/// The names of this netns's network devices.
-pub fn devices() -> Result<Vec<String>, DataplaneError> {
-    let dir = Path::new("/sys/class/net");
-    let entries = fs::read_dir(dir).map_err(|source| DataplaneError::Io {
-        path: dir.into(),
-        source,
-    })?;
-    Ok(entries
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .collect())
-}
-
-fn link_type(dev: &str) -> Result<u32, DataplaneError> {
-    device_number(dev, "type")
-}
-
-/// The ifindex of device `dev`.
-pub fn ifindex(dev: &str) -> Result<u32, DataplaneError> {
-    device_number(dev, "ifindex")
-}
-
-/// A number the kernel shows in `/sys/class/net/<dev>/<file>`.
-fn device_number(dev: &str, file: &str) -> Result<u32, DataplaneError> {
-    let path = PathBuf::from(format!("/sys/class/net/{dev}/{file}"));
-    let text = fs::read_to_string(&path).map_err(|e| DataplaneError::Device {
-        dev: dev.into(),
-        reason: format!("cannot read {}: {e}", path.display()),
-    })?;
-    text.trim().parse().map_err(|_| DataplaneError::Device {
-        dev: dev.into(),
-        reason: format!("unexpected {file} {text:?}"),
-    })
 }
 
 fn tcx_supported() -> bool {

@@ -40,11 +40,11 @@ use prometheus_client::{
 use tracing::warn;
 
 use crate::{
-    conncheck::{Checks, Health},
-    maps::{Counters, Occupancy, PinnedMaps},
-    object::{KIND_NAT_MAPPING, KIND_NODE, KIND_TUNNEL_ENDPOINT},
-    peer::Peer,
-    samples::DataplaneCounters,
+    kernel::maps::{Counters, Occupancy, PinnedMaps},
+    model::object::{KIND_NAT_MAPPING, KIND_NODE, KIND_TUNNEL_ENDPOINT},
+    model::peer::Peer,
+    observe::samples::DataplaneCounters,
+    roles::gateway::conncheck::{Checks, Health},
     tunnel::{Connection, PeerStatus, Tunnel},
 };
 
@@ -97,9 +97,10 @@ pub struct BuildInfo<'a> {
 
 impl Metrics {
     /// Registers every metric, reading the dataplane's maps pinned under
-    /// `bpffs`, and the embedded tunnel's state if this node has one.
+    /// `bpffs` (none without it: the tables are then not the kernel's), and
+    /// the embedded tunnel's state if this node has one.
     pub fn new(
-        bpffs: &Path,
+        bpffs: Option<&Path>,
         gateway: Option<GatewayState>,
         build: BuildInfo,
     ) -> Result<Arc<Self>, MapError> {
@@ -182,21 +183,23 @@ impl Metrics {
             "The agent's version, the kernel, how its programs are attached, its node and role; always 1",
             build_info,
         );
-        let occupancy = Occupancies::default();
-        count_occupancy(PinnedMaps::open(bpffs)?, occupancy.clone());
-        registry.register_collector(Box::new(DataplaneMetrics {
-            counters: DataplaneCounters::open(bpffs)?,
-            occupancy,
-        }));
         if let Some(gateway) = gateway {
             registry.register_collector(Box::new(TunnelMetrics(gateway.tunnel.clone())));
             liqo.register_collector(Box::new(LiqoMetrics(gateway)));
         }
         let peer_labels = PeerIds::default();
-        registry.register_collector(Box::new(DeniedMetrics {
-            counters: Counters::open_denied(bpffs)?,
-            peers: peer_labels.clone(),
-        }));
+        if let Some(bpffs) = bpffs {
+            let occupancy = Occupancies::default();
+            count_occupancy(PinnedMaps::open(bpffs)?, occupancy.clone());
+            registry.register_collector(Box::new(DataplaneMetrics {
+                counters: DataplaneCounters::open(bpffs)?,
+                occupancy,
+            }));
+            registry.register_collector(Box::new(DeniedMetrics {
+                counters: Counters::open_denied(bpffs)?,
+                peers: peer_labels.clone(),
+            }));
+        }
         Ok(Arc::new(Self {
             registry,
             liqo,

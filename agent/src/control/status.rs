@@ -26,13 +26,13 @@ use tokio::sync::{mpsc, watch};
 use tracing::{debug, warn};
 
 use crate::{
-    conncheck,
-    gateway::Report,
-    metrics::Metrics,
-    object::{API_VERSION, KIND_NAT_MAPPING, KIND_TUNNEL_ENDPOINT, ObjectKey},
-    peer::Peer,
-    reconcile::Rejection,
-    source::{KubeSource, api_resource},
+    control::source::{KubeSource, api_resource},
+    model::object::{API_VERSION, KIND_NAT_MAPPING, KIND_TUNNEL_ENDPOINT, ObjectKey},
+    model::peer::Peer,
+    model::rejection::Rejection,
+    observe::metrics::Metrics,
+    roles::gateway::Report,
+    roles::gateway::conncheck,
     tunnel::Connection,
 };
 

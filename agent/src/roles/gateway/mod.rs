@@ -12,15 +12,22 @@ use anyhow::{Context, Result};
 use ipnet::Ipv4Net;
 use tracing::{error, info, warn};
 
+pub mod conncheck;
+pub mod guard;
+
+use conncheck::{Checks, Health};
+use guard::Guard;
+
 use crate::{
-    conncheck::{self, Checks, Health},
-    guard::Guard,
-    object::ObjectKey,
-    peer::{Endpoint, Peer, PeerError, Problem},
+    model::{
+        key,
+        object::ObjectKey,
+        peer::{Endpoint, Peer, PeerError, Problem},
+    },
     tunnel::{
         Connection, PeerStatus, Tunnel, TunnelConfig,
         endpoint::{self, Resolver},
-        key::{self, KeyPair},
+        key::KeyPair,
         peers::PeerConfig,
         route::Routes,
     },

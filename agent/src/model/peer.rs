@@ -8,7 +8,7 @@ use isthmus_common::nat::{PeerNat, PrefixRewrite};
 use serde_yaml_ng::Value;
 use thiserror::Error;
 
-use crate::object::{Layout, ObjectKey, RawTunnelEndpoint};
+use crate::model::object::{Layout, ObjectKey, RawTunnelEndpoint};
 
 /// The value Liqo writes for "not remapped".
 pub const NONE: &str = "None";
@@ -573,7 +573,7 @@ impl Reader<'_> {
         };
         let public_key = match backend.and_then(|b| b.get("publicKey")) {
             None => None,
-            Some(v) => Some(crate::tunnel::key::decode(&text(v)).ok_or_else(|| {
+            Some(v) => Some(crate::model::key::decode(&text(v)).ok_or_else(|| {
                 bad(
                     "backend_config.publicKey",
                     v,
@@ -602,7 +602,7 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::object::{Object, parse_documents};
+    use crate::model::object::{Object, parse_documents};
 
     pub(crate) fn peer_yaml(name: &str, fields: &str) -> String {
         format!(

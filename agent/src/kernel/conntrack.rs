@@ -15,7 +15,7 @@ use isthmus_common::{
     nat::wire,
 };
 
-use crate::maps::open_pinned;
+use crate::kernel::maps::open_pinned;
 
 /// What one collection found.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -12,9 +12,9 @@ use std::{
 use aya::maps::MapError;
 use isthmus_common::guard::GuardSource;
 
-use crate::{
-    maps::{GuardSettings, PresenceSet},
-    reconcile::Mirror,
+use crate::kernel::{
+    maps::{GuardMaps, PresenceSet},
+    table::Mirror,
 };
 
 /// The guard's tables.
@@ -25,12 +25,12 @@ pub struct Guard {
 
 impl Guard {
     /// Starts from what the tables hold, and sets the tunnel `port`.
-    pub fn new(
-        sources: PresenceSet<GuardSource>,
-        indexes: PresenceSet<u32>,
-        mut settings: GuardSettings,
-        port: u16,
-    ) -> Result<Self, MapError> {
+    pub fn new(maps: GuardMaps, port: u16) -> Result<Self, MapError> {
+        let GuardMaps {
+            sources,
+            indexes,
+            mut settings,
+        } = maps;
         settings.set_port(port)?;
         Ok(Self {
             sources: Mirror::new(sources)?,

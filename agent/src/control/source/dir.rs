@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use tracing::warn;
 
 use super::SourceEvent;
-use crate::object::{DocumentError, parse_documents};
+use crate::model::object::{DocumentError, parse_documents};
 
 /// A directory that cannot be watched.
 #[derive(Debug, Error)]

@@ -15,7 +15,10 @@ use kube::{
 use thiserror::Error;
 use tracing::info;
 
-use crate::tunnel::key::{self, KeyError, KeyPair};
+use crate::{
+    model::key,
+    tunnel::key::{KeyError, KeyPair, generate},
+};
 
 /// The Secret key holding the private key, as text (base64).
 pub const PRIVATE_KEY: &str = "privateKey";
@@ -136,7 +139,7 @@ pub async fn key_from_secret(
             }
             return Ok(pair);
         }
-        let private = key::generate()?;
+        let private = generate()?;
         let pair = KeyPair::from_private(private);
         let public = key::encode(pair.public.as_bytes());
         let secret = Secret {

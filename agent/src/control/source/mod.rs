@@ -12,7 +12,7 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 
-use crate::object::{DocumentError, Object};
+use crate::model::object::{DocumentError, Object};
 
 /// One change seen by a source.
 #[derive(Debug)]

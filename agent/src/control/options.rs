@@ -1,0 +1,222 @@
+//! The options of `isthmus-agent run` and `check`, as the command line and
+//! the environment give them.
+
+use std::{
+    net::{Ipv4Addr, SocketAddr},
+    path::PathBuf,
+};
+
+use clap::ValueEnum;
+use ipnet::Ipv4Net;
+use isthmus_common::overlay as defaults;
+use tracing::error;
+
+use crate::{
+    control::source::SourceSpec,
+    kernel::dataplane::{AttachMode, Capacity},
+    model::policy::{self, Policy},
+};
+
+/// Where a gateway keeps its WireGuard private key, without Kubernetes.
+pub const DEFAULT_KEY_FILE: &str = "/var/lib/isthmus/private.key";
+
+/// What carries traffic between gateways.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TunnelMode {
+    /// The embedded WireGuard (boringtun) carries peers' traffic.
+    Userspace,
+    /// No tunnel: another one carries the traffic; the agent only does NAT.
+    None,
+}
+
+/// What this node does.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Role {
+    /// Holds the tunnel: attaches the NAT programs.
+    Gateway,
+    /// Steers remote-bound traffic to the gateway.
+    Worker,
+}
+
+/// `isthmus-agent run`.
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// Where objects come from: `dir:PATH` or `kube`.
+    #[arg(long)]
+    pub source: SourceSpec,
+    /// This node's name.
+    #[arg(long, env = "NODE_NAME")]
+    pub node: String,
+    /// This node's role. With `--source kube` it defaults to what the node's
+    /// labels say (see `--gateway-label`).
+    #[arg(long, value_enum)]
+    pub role: Option<Role>,
+    /// A node carrying this label (`key=value`) is a gateway: with `--source
+    /// kube` this decides the role, and in any case the overlay's gateway.
+    #[arg(long, default_value = "net.liqo.io/gateway=true")]
+    pub gateway_label: String,
+    /// `--source kube`: the kubeconfig to use; by default the pod's service
+    /// account, else `$KUBECONFIG` or `~/.kube/config`.
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// `--source kube`: the agent's namespace, where the key Secret lives.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "isthmus-system")]
+    pub namespace: String,
+    /// `--source kube`, gateway: the Secret holding the WireGuard key,
+    /// created if missing; the public key is published in it as `publicKey`.
+    #[arg(long, default_value = "isthmus-wireguard")]
+    pub key_secret: String,
+    /// Directory on bpffs to pin programs, links and maps under.
+    #[arg(long, default_value = "/sys/fs/bpf/isthmus")]
+    pub bpffs: PathBuf,
+    /// Address of the metrics and health endpoints; by default this node's
+    /// address (`--node-ip`) on port 9873, else loopback.
+    #[arg(long)]
+    pub metrics_addr: Option<SocketAddr>,
+    /// This node's address, where the metrics are served by default (the
+    /// DaemonSet gives the pod's `status.hostIP`).
+    #[arg(long, env = "NODE_IP")]
+    pub node_ip: Option<Ipv4Addr>,
+    /// Gateway: the tunnel-facing device the NAT programs attach to.
+    #[arg(long, default_value = "isthmus0")]
+    pub nat_dev: String,
+    /// Gateway: what carries traffic between gateways.
+    #[arg(long, value_enum, default_value_t = TunnelMode::Userspace)]
+    pub tunnel: TunnelMode,
+    /// Gateway with `--source dir:PATH`: the WireGuard private key file;
+    /// created (mode 0600) if missing.
+    #[arg(long, default_value = DEFAULT_KEY_FILE)]
+    pub private_key_file: PathBuf,
+    /// Gateway: the TUN device of the tunnel.
+    #[arg(long, default_value = "isthmus0")]
+    pub tunnel_dev: String,
+    /// Gateway: the TUN device's MTU.
+    #[arg(long, default_value_t = 1420)]
+    pub mtu: u32,
+    /// Gateway: the UDP port WireGuard listens on.
+    #[arg(long, default_value_t = 5871)]
+    pub listen_port: u16,
+    /// Gateway: seconds between keepalives to each peer (0: none).
+    #[arg(long, default_value_t = 10)]
+    pub keepalive: u16,
+    /// Gateway: the largest MSS a TCP SYN or SYN-ACK crossing the NAT device
+    /// may advertise, lowered in the kernel (0: none). By default, what the
+    /// embedded tunnel's MTU carries (MTU - 40); none without it.
+    #[arg(long)]
+    pub tcp_mss: Option<u16>,
+    /// Gateway: seconds between lookups of an `endpointIP` that is a DNS
+    /// name (it is also looked up again after a failed handshake).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub resolve_interval: u64,
+    /// Gateway: the uplink to attach the XDP guard of the tunnel port to,
+    /// in native mode. It drops datagrams to the port from sources that are
+    /// not peers' endpoints and name none of our sessions.
+    #[arg(long)]
+    pub guard_dev: Option<String>,
+    /// Gateway: datapath threads (default: one per CPU).
+    #[arg(long)]
+    pub tunnel_workers: Option<usize>,
+    /// Worker: the pod-facing host devices whose pods' remote-bound
+    /// traffic is sent to the gateway node: names, or prefixes ending in
+    /// `*` (comma-separated; for example `lxc*,cali*`).
+    #[arg(long, value_delimiter = ',')]
+    pub pod_devs: Vec<String>,
+    /// The collect-metadata VXLAN device of the overlay between nodes.
+    #[arg(long, default_value = defaults::DEFAULT_DEVICE)]
+    pub overlay_dev: String,
+    /// The overlay's VNI.
+    #[arg(long, default_value_t = defaults::DEFAULT_VNI)]
+    pub overlay_vni: u32,
+    /// The overlay's UDP port.
+    #[arg(long, default_value_t = defaults::DEFAULT_PORT)]
+    pub overlay_port: u16,
+    /// The gateway node's address for the overlay. By default it is the
+    /// InternalIP of the Node carrying `--gateway-label`.
+    #[arg(long)]
+    pub gateway_ip: Option<Ipv4Addr>,
+    /// No overlay: another mechanism carries traffic between this node
+    /// and the gateway node.
+    #[arg(long)]
+    pub no_overlay: bool,
+    /// How to attach TC programs.
+    #[arg(long, value_enum, default_value_t = AttachMode::Auto)]
+    pub attach: AttachMode,
+    /// Capacity of the NatMapping tables, in entries over every cluster.
+    #[arg(long, default_value_t = Capacity::default().nat_mappings)]
+    pub nat_mapping_capacity: u32,
+    /// Gateway: an address of our own networks to masquerade flows to when
+    /// their source is none of ours (the node's own traffic, transit
+    /// through this cluster). Without it, such flows leave unchanged.
+    #[arg(long)]
+    pub masquerade_ip: Option<Ipv4Addr>,
+    /// Capacity of the conntrack table, in entries (two per flow).
+    #[arg(long, default_value_t = Capacity::default().conntrack)]
+    pub conntrack_capacity: u32,
+    /// Seconds between conntrack garbage collections.
+    #[arg(long, default_value_t = 10)]
+    pub conntrack_gc_interval: u64,
+    /// What objects may ask of this node.
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+}
+
+/// `isthmus-agent check`.
+#[derive(clap::Args)]
+pub struct CheckArgs {
+    /// Where the objects are: `dir:PATH`.
+    #[arg(long)]
+    pub source: SourceSpec,
+    /// One JSON object instead of aligned tables.
+    #[arg(long)]
+    pub json: bool,
+    /// What objects may ask of this node.
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+}
+
+/// What TunnelEndpoints may ask of this node.
+#[derive(clap::Args, Clone)]
+pub struct PolicyArgs {
+    /// Namespaces TunnelEndpoints are accepted from, besides Liqo's
+    /// `liqo-tenant-*`: names, or prefixes ending in `*` (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub tunnelendpoint_namespaces: Vec<String>,
+    /// The shortest prefix of any network of a TunnelEndpoint.
+    #[arg(long, default_value_t = policy::DEFAULT_MIN_PREFIX)]
+    pub min_view_prefix: u8,
+    /// This cluster's Pod networks, which no peer may be seen under (the
+    /// Node objects' PodCIDRs count too; comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub pod_cidr: Vec<Ipv4Net>,
+    /// This cluster's Service networks, which no peer may be seen under
+    /// (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub service_cidr: Vec<Ipv4Net>,
+}
+
+impl PolicyArgs {
+    /// The policy objects must follow, with this node's networks as they
+    /// are now.
+    pub fn policy(&self) -> Policy {
+        let host = policy::host_networks().unwrap_or_else(|e| {
+            error!(error = %e, "listing this node's addresses: they are not protected from peers' views");
+            Vec::new()
+        });
+        self.policy_with(host)
+    }
+
+    /// The policy, protecting `host` as this node's networks.
+    pub fn policy_with(&self, host: Vec<policy::Protected>) -> Policy {
+        let mut namespaces = vec![policy::LIQO_TENANT_NAMESPACES.to_owned()];
+        namespaces.extend(self.tunnelendpoint_namespaces.iter().cloned());
+        Policy {
+            namespaces,
+            min_prefix: self.min_view_prefix,
+            protected: [
+                host,
+                policy::cluster_networks(&self.pod_cidr, &self.service_cidr),
+            ]
+            .concat(),
+        }
+    }
+}

@@ -1,0 +1,390 @@
+//! From the objects of every origin to the kernel's tables, as a diff.
+//!
+//! The reconciler is replayable: it keeps no history beyond which peer was
+//! accepted first, and it starts from what the kernel already holds, so a
+//! restarted agent that reads the same objects writes nothing.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use ipnet::Ipv4Net;
+use isthmus_common::nat::{MappingKey, PeerNat, wire};
+
+mod conflict;
+
+use conflict::{conflict, view_mismatch};
+
+use crate::{
+    kernel::table::{MappingTable, Mirror, PeerTable, TableFailure},
+    model::{
+        natmapping::{self, MappingProblem, NatMapping},
+        node::{Node, NodeError},
+        object::{DocumentError, KIND_NAT_MAPPING, KIND_TUNNEL_ENDPOINT, Object, ObjectKey},
+        peer::{Peer, PeerError},
+        policy::Policy,
+        rejection::Rejection,
+    },
+};
+
+/// What one pass changed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Peer table entries written or replaced.
+    pub written: usize,
+    /// Peer table entries removed.
+    pub removed: usize,
+    /// NatMapping entries written or replaced.
+    pub mappings_written: usize,
+    /// NatMapping entries removed.
+    pub mappings_removed: usize,
+    /// Peers accepted after this pass.
+    pub peers: usize,
+    /// NatMapping entries in the kernel after this pass.
+    pub mappings: usize,
+    /// Objects or entries rejected (or held) after this pass.
+    pub rejected: usize,
+    /// Peers accepted by this pass that were not, or differed, before.
+    pub added: Vec<Peer>,
+    /// Peers no longer accepted.
+    pub dropped: Vec<ObjectKey>,
+    /// Rejections that were not reported before.
+    pub new_errors: Vec<Rejection>,
+    /// Rejections reported before that no longer hold.
+    pub cleared_errors: Vec<Rejection>,
+}
+
+/// A document of an origin, as parsed.
+type Document = Result<Object, DocumentError>;
+
+/// A document of an origin, validated as far as it can be alone.
+enum Valid {
+    Peer(Peer),
+    Mapping(NatMapping),
+    Node(Node),
+}
+
+/// Keeps the kernel's tables equal to what the objects describe.
+pub struct Reconciler<P: PeerTable, M: MappingTable> {
+    peer_table: Mirror<P>,
+    mapping_table: Mirror<M>,
+    /// Each origin's documents, validated once when the origin changes.
+    origins: BTreeMap<String, Vec<Result<Valid, Rejection>>>,
+    /// Order of acceptance: a peer accepted earlier wins an overlap.
+    seniority: HashMap<ObjectKey, u64>,
+    next_seniority: u64,
+    /// What the kernel held when this agent started: the views and rules of
+    /// the peers a previous agent accepted, which keep winning after a
+    /// restart.
+    inherited: BTreeMap<Ipv4Net, PeerNat>,
+    policy: Policy,
+    ids: HashMap<ObjectKey, u32>,
+    errors: BTreeSet<Rejection>,
+    accepted: Vec<Peer>,
+    nodes: Vec<Node>,
+}
+
+impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
+    /// Starts from what the tables already hold (a previous agent's work),
+    /// with Liqo's default policy.
+    pub fn new(peers: P, mappings: M) -> Result<Self, P::Error> {
+        let peer_table = Mirror::new(peers)?;
+        Ok(Self {
+            inherited: peer_table.applied().clone(),
+            peer_table,
+            mapping_table: Mirror::new(mappings)?,
+            origins: BTreeMap::new(),
+            seniority: HashMap::new(),
+            next_seniority: 0,
+            policy: Policy::default(),
+            ids: HashMap::new(),
+            errors: BTreeSet::new(),
+            accepted: Vec::new(),
+            nodes: Vec::new(),
+        })
+    }
+
+    /// Replaces the documents of `origin` (a file, for the directory source),
+    /// validating them now: a pass over every origin then only arbitrates.
+    pub fn set_origin(&mut self, origin: String, documents: Vec<Document>) {
+        let validated = documents
+            .into_iter()
+            .map(|document| match document {
+                Err(e) => Err(e.into()),
+                Ok(Object::TunnelEndpoint(raw)) => Peer::from_raw(&raw, &origin)
+                    .map(Valid::Peer)
+                    .map_err(Rejection::from),
+                Ok(Object::NatMapping(raw)) => NatMapping::from_raw(&raw, &origin)
+                    .map(Valid::Mapping)
+                    .map_err(Rejection::from),
+                Ok(Object::Node(raw)) => Node::from_raw(&raw, &origin)
+                    .map(Valid::Node)
+                    .map_err(Rejection::from),
+            })
+            .collect();
+        self.origins.insert(origin, validated);
+    }
+
+    /// Replaces the policy; returns whether it changed, so that the caller
+    /// knows a pass is due.
+    pub fn set_policy(&mut self, policy: Policy) -> bool {
+        let changed = policy != self.policy;
+        self.policy = policy;
+        changed
+    }
+
+    /// Forgets `origin` and everything it held.
+    pub fn remove_origin(&mut self, origin: &str) {
+        self.origins.remove(origin);
+    }
+
+    /// Everything the last pass rejected or held.
+    pub fn rejections(&self) -> &BTreeSet<Rejection> {
+        &self.errors
+    }
+
+    /// The peers accepted by the last pass.
+    pub fn peers(&self) -> &[Peer] {
+        &self.accepted
+    }
+
+    /// The NatMapping table as last written: (peer, real externalIP) →
+    /// endpointIP.
+    pub fn mapping_entries(&self) -> Vec<(MappingKey, u32)> {
+        self.mapping_table
+            .applied()
+            .iter()
+            .map(|(k, v)| (*k, *v))
+            .collect()
+    }
+
+    /// Every accepted peer with its ID in the kernel.
+    pub fn peer_ids(&self) -> Vec<(u32, &Peer)> {
+        self.accepted
+            .iter()
+            .filter_map(|p| Some((*self.ids.get(&p.key)?, p)))
+            .collect()
+    }
+
+    /// The cluster's nodes as of the last pass, by name.
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    /// Brings the kernel tables in line with the current objects. Every
+    /// change is attempted, in every table; the pass's report comes with
+    /// the first failure, if any, so that whatever depends on the accepted
+    /// peers (the tunnel, the routes) follows them whatever a table said.
+    pub fn reconcile(&mut self) -> (Report, Option<TableFailure<P::Error>>) {
+        let mut errors = BTreeSet::new();
+        self.nodes = self.select_nodes(&mut errors);
+        let accepted = self.select(&mut errors);
+        self.seniority
+            .retain(|key, _| accepted.iter().any(|p| &p.key == key));
+        for peer in &accepted {
+            if !self.seniority.contains_key(&peer.key) {
+                self.seniority.insert(peer.key.clone(), self.next_seniority);
+                self.next_seniority += 1;
+            }
+        }
+        self.assign_ids(&accepted);
+        let desired: BTreeMap<Ipv4Net, PeerNat> = accepted
+            .iter()
+            .flat_map(|peer| {
+                let nat = peer.nat(self.ids[&peer.key]);
+                peer.views().map(|(_, net)| (net, nat))
+            })
+            .collect();
+        let mappings = self.select_mappings(&accepted, &mut errors);
+
+        let (written, removed, peer_failure) = self.peer_table.apply(&desired);
+        let (mappings_written, mappings_removed, mapping_failure) =
+            self.mapping_table.apply(&mappings);
+        let report = Report {
+            written,
+            removed,
+            mappings_written,
+            mappings_removed,
+            peers: accepted.len(),
+            mappings: self.mapping_table.applied().len(),
+            rejected: errors.len(),
+            added: accepted
+                .iter()
+                .filter(|p| !self.accepted.contains(p))
+                .cloned()
+                .collect(),
+            dropped: self
+                .accepted
+                .iter()
+                .filter(|old| !accepted.iter().any(|p| p.key == old.key))
+                .map(|old| old.key.clone())
+                .collect(),
+            new_errors: errors.difference(&self.errors).cloned().collect(),
+            cleared_errors: self.errors.difference(&errors).cloned().collect(),
+        };
+        self.errors = errors;
+        self.accepted = accepted;
+        let failure = peer_failure
+            .map(|source| (KIND_TUNNEL_ENDPOINT, source))
+            .or(mapping_failure.map(|source| (KIND_NAT_MAPPING, source)))
+            .map(|(kind, source)| TableFailure { kind, source });
+        (report, failure)
+    }
+
+    /// The NatMapping entries to program: one NatMapping per cluster, held
+    /// while its cluster has no accepted TunnelEndpoint, each entry checked
+    /// against our ExternalCIDR for that cluster.
+    fn select_mappings(
+        &self,
+        accepted: &[Peer],
+        errors: &mut BTreeSet<Rejection>,
+    ) -> BTreeMap<MappingKey, u32> {
+        let candidates = self.origins.values().flatten().filter_map(|v| match v {
+            Ok(Valid::Mapping(m)) => Some(m),
+            _ => None,
+        });
+        let (kept, duplicates) = natmapping::one_per_cluster(candidates);
+        errors.extend(duplicates.into_iter().map(Rejection::from));
+        let mut desired = BTreeMap::new();
+        for mapping in kept {
+            errors.extend(mapping.rejected.iter().cloned().map(Rejection::from));
+            let Some(peer) = accepted
+                .iter()
+                .find(|p| p.cluster_id.as_deref() == Some(mapping.cluster_id.as_str()))
+            else {
+                let cluster = mapping.cluster_id.clone();
+                errors.insert(mapping.error(MappingProblem::Held { cluster }).into());
+                continue;
+            };
+            if let Some(problem) = view_mismatch(mapping, peer) {
+                errors.insert(mapping.error(problem).into());
+                continue;
+            }
+            let peer_id = self.ids[&peer.key];
+            let (field, cidr) = peer.local_external_view();
+            for (external, endpoint) in &mapping.entries {
+                // The kernel keys the entry by the real address the prefix
+                // step gives it: the same packets, with one lookup.
+                let Some(real) = peer.local_external.real_of(*external) else {
+                    let problem = MappingProblem::OutsideExternalCidr {
+                        endpoint: *endpoint,
+                        external: *external,
+                        cidr,
+                        field,
+                        tunnel_endpoint: peer.key.clone(),
+                    };
+                    errors.insert(mapping.error(problem).into());
+                    continue;
+                };
+                let key = MappingKey {
+                    peer_id,
+                    addr: wire(real.octets()),
+                };
+                desired.insert(key, wire(endpoint.octets()));
+            }
+        }
+        desired
+    }
+
+    /// Every valid Node, once: where two origins define the same node,
+    /// the first (in origin order) wins and the other is rejected.
+    fn select_nodes(&self, errors: &mut BTreeSet<Rejection>) -> Vec<Node> {
+        let mut nodes: BTreeMap<&str, (&str, &Node)> = BTreeMap::new();
+        for (origin, results) in &self.origins {
+            for node in results.iter().filter_map(|v| match v {
+                Ok(Valid::Node(node)) => Some(node),
+                _ => None,
+            }) {
+                if let Some((first, _)) = nodes.get(node.name.as_str()) {
+                    errors.insert(Rejection::from(NodeError {
+                        origin: origin.clone(),
+                        object: ObjectKey {
+                            namespace: String::new(),
+                            name: node.name.clone(),
+                        },
+                        problem: format!("field metadata.name: node already defined in {first}"),
+                    }));
+                    continue;
+                }
+                nodes.insert(&node.name, (origin, node));
+            }
+        }
+        nodes.into_values().map(|(_, node)| node.clone()).collect()
+    }
+
+    /// Picks the peers to program among those the policy allows, senior
+    /// peers first, so that a newcomer cannot displace a working peer.
+    fn select(&self, errors: &mut BTreeSet<Rejection>) -> Vec<Peer> {
+        let mut candidates = Vec::new();
+        for result in self.origins.values().flatten() {
+            match result {
+                Ok(Valid::Peer(peer)) => match self.policy.check(peer, &self.nodes) {
+                    Ok(()) => candidates.push(peer.clone()),
+                    Err(problem) => {
+                        errors.insert(PeerError::new(&peer.origin, &peer.key, problem).into());
+                    }
+                },
+                Ok(Valid::Mapping(_) | Valid::Node(_)) => {}
+                Err(e) => {
+                    errors.insert(e.clone());
+                }
+            }
+        }
+        candidates.sort_by_cached_key(|p| self.rank(p));
+        let mut accepted: Vec<Peer> = Vec::new();
+        for peer in candidates {
+            match conflict(&peer, &accepted) {
+                Some(e) => {
+                    errors.insert(e.into());
+                }
+                None => accepted.push(peer),
+            }
+        }
+        accepted
+    }
+
+    /// Seniority, the same on every node and across restarts as far as the
+    /// objects allow: created first (by the API server's timestamps), then
+    /// accepted first by this agent, then held by the kernel when it
+    /// started, then by origin and name.
+    fn rank(&self, p: &Peer) -> impl Ord + use<P, M> {
+        let accepted = self.seniority.get(&p.key).copied().unwrap_or(u64::MAX);
+        let inherited = p.views().iter().all(|(_, view)| {
+            self.inherited.get(view).is_some_and(|held| {
+                PeerNat {
+                    peer_id: held.peer_id,
+                    ..p.nat(0)
+                } == *held
+            })
+        });
+        (
+            p.created.is_none(),
+            p.created.clone(),
+            accepted,
+            !inherited,
+            p.origin.clone(),
+            p.key.clone(),
+        )
+    }
+
+    /// Keeps each peer's ID; a new peer takes the ID the kernel already holds
+    /// for its networks (so a restart rewrites nothing), else the lowest free.
+    fn assign_ids(&mut self, accepted: &[Peer]) {
+        self.ids
+            .retain(|key, _| accepted.iter().any(|p| &p.key == key));
+        for peer in accepted {
+            if self.ids.contains_key(&peer.key) {
+                continue;
+            }
+            let used: BTreeSet<u32> = self.ids.values().copied().collect();
+            let adopted = peer
+                .views()
+                .iter()
+                .filter_map(|(_, net)| self.peer_table.applied().get(net).map(|nat| nat.peer_id))
+                .find(|id| *id != 0 && !used.contains(id));
+            let id = adopted.unwrap_or_else(|| (1..).find(|id| !used.contains(id)).unwrap_or(1));
+            self.ids.insert(peer.key.clone(), id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,196 @@
+//! NatMappings: held, rejected alone, read in the peer's view, and
+//! written as a diff.
+
+use super::*;
+use isthmus_common::nat::wire;
+
+fn mapping_key(peer_id: u32, external: [u8; 4]) -> MappingKey {
+    MappingKey {
+        peer_id,
+        addr: wire(external),
+    }
+}
+
+#[test]
+fn a_natmapping_is_held_until_its_cluster_has_a_tunnel_endpoint() {
+    let (mut peers, mut mappings) = (Peers::default(), Mappings::default());
+    let mut r = Reconciler::new(&mut peers, &mut mappings).unwrap();
+    let entry = [("10.1.0.5".to_owned(), "192.168.0.45".to_owned())];
+    r.set_origin(
+        "nm.yaml".into(),
+        docs("nm.yaml", &natmapping("cluster-a", &entry)),
+    );
+    let report = r.reconcile().0;
+    assert_eq!((report.mappings, report.rejected), (0, 1));
+    assert_eq!(
+        messages(&report.new_errors),
+        [
+            "nm.yaml: NatMapping nm-cluster-a: field spec.clusterID: cluster cluster-a has no TunnelEndpoint yet; its mappings are held until one appears"
+        ]
+    );
+    let tep_a = with_cluster_id(tep("a", "10.0.40.0/24", "10.0.41.0/24"), "cluster-a");
+    r.set_origin("a.yaml".into(), docs("a.yaml", &tep_a));
+    let report = r.reconcile().0;
+    assert_eq!(
+        (
+            report.mappings,
+            report.mappings_written,
+            report.cleared_errors.len()
+        ),
+        (1, 1, 1)
+    );
+    drop(r);
+    assert_eq!(
+        mappings.entries.into_iter().collect::<Vec<_>>(),
+        [(mapping_key(1, [192, 168, 0, 45]), wire([10, 1, 0, 5]))]
+    );
+}
+
+#[test]
+fn an_external_ip_outside_our_external_cidr_is_rejected_alone() {
+    let (mut peers, mut mappings) = (Peers::default(), Mappings::default());
+    let mut r = Reconciler::new(&mut peers, &mut mappings).unwrap();
+    let tep_a = with_cluster_id(tep("a", "10.0.40.0/24", "10.0.41.0/24"), "cluster-a");
+    r.set_origin("a.yaml".into(), docs("a.yaml", &tep_a));
+    let entries = [
+        ("10.1.0.5".to_owned(), "192.168.0.45".to_owned()),
+        ("10.1.0.6".to_owned(), "192.168.7.46".to_owned()),
+    ];
+    r.set_origin(
+        "nm.yaml".into(),
+        docs("nm.yaml", &natmapping("cluster-a", &entries)),
+    );
+    let report = r.reconcile().0;
+    assert_eq!(report.mappings, 1);
+    assert_eq!(
+        messages(&report.new_errors),
+        [
+            "nm.yaml: NatMapping nm-cluster-a: field spec.clusterMappings.10.1.0.6: externalIP 192.168.7.46 lies outside 192.168.0.0/24, our ExternalCIDR as the peer sees it (localExternalCIDR of TunnelEndpoint liqo-tenant-x/a)"
+        ]
+    );
+}
+
+/// The hub case: the peer remapped our ExternalCIDR, and Liqo's IPAM
+/// writes the values in that view (DESIGN §1, "NatMapping").
+#[test]
+fn values_in_the_peers_view_of_our_external_cidr_reach_the_kernel_as_real_addresses() {
+    let (mut peers, mut mappings) = (Peers::default(), Mappings::default());
+    let mut r = Reconciler::new(&mut peers, &mut mappings).unwrap();
+    let tep_a = with_cluster_id(tep("a", "10.0.40.0/24", "10.0.41.0/24"), "cluster-a").replace(
+        "localNATExternalCIDR: None",
+        "localNATExternalCIDR: 10.0.1.0/24",
+    );
+    r.set_origin("a.yaml".into(), docs("a.yaml", &tep_a));
+    let liqo = |pod: &str, external: &str, entries: &str| {
+        format!(
+            "apiVersion: net.liqo.io/v1alpha1\nkind: NatMapping\nmetadata:\n  generateName: natmapping-\n  name: natmapping-x7k2p\n  labels: {{net.liqo.io/natmapping: \"true\", clusterID: cluster-a}}\nspec:\n  clusterID: cluster-a\n  podCIDR: {pod}\n  externalCIDR: {external}\n  clusterMappings:\n{entries}"
+        )
+    };
+    let entries =
+        "    10.1.0.5: 10.0.1.45\n    169.254.0.1: 10.0.1.1\n    10.1.0.6: 192.168.0.46\n";
+    r.set_origin(
+        "nm.yaml".into(),
+        docs("nm.yaml", &liqo("10.0.40.0/24", "10.0.1.0/24", entries)),
+    );
+    let report = r.reconcile().0;
+    assert_eq!(report.mappings, 2);
+    assert_eq!(
+        messages(&report.new_errors),
+        [
+            "nm.yaml: NatMapping natmapping-x7k2p: field spec.clusterMappings.10.1.0.6: externalIP 192.168.0.46 lies outside 10.0.1.0/24, our ExternalCIDR as the peer sees it (localNATExternalCIDR of TunnelEndpoint liqo-tenant-x/a)"
+        ]
+    );
+    // A NatMapping written for other views is refused whole.
+    for (pod, external, field, found) in [
+        (
+            "10.0.40.0/24",
+            "192.168.0.0/24",
+            "externalCIDR",
+            "192.168.0.0/24",
+        ),
+        ("10.0.50.0/24", "10.0.1.0/24", "podCIDR", "10.0.50.0/24"),
+    ] {
+        r.set_origin(
+            "nm.yaml".into(),
+            docs("nm.yaml", &liqo(pod, external, entries)),
+        );
+        let report = r.reconcile().0;
+        assert_eq!(report.mappings, 0);
+        assert!(
+            messages(&report.new_errors)
+                .iter()
+                .any(|m| m.contains(&format!("field spec.{field}: {found} is not "))),
+            "{:?}",
+            messages(&report.new_errors)
+        );
+    }
+    r.set_origin(
+        "nm.yaml".into(),
+        docs("nm.yaml", &liqo("10.0.40.0/24", "10.0.1.0/24", entries)),
+    );
+    r.reconcile();
+    drop(r);
+    assert_eq!(
+        mappings.entries.into_iter().collect::<Vec<_>>(),
+        [
+            (mapping_key(1, [192, 168, 0, 1]), wire([169, 254, 0, 1])),
+            (mapping_key(1, [192, 168, 0, 45]), wire([10, 1, 0, 5]))
+        ]
+    );
+}
+
+#[test]
+fn one_changed_entry_of_ten_thousand_touches_one_element() {
+    let (mut peers, mut mappings) = (Peers::default(), Mappings::default());
+    let mut r = Reconciler::new(&mut peers, &mut mappings).unwrap();
+    // A /16 ExternalCIDR, so that 10,000 externalIPs fit in it.
+    let tep_a = tep("a", "10.0.40.0/24", "10.0.41.0/24").replace(
+        "localExternalCIDR: 192.168.0.0/24",
+        "localExternalCIDR: 192.168.0.0/16",
+    );
+    r.set_origin(
+        "a.yaml".into(),
+        docs("a.yaml", &with_cluster_id(tep_a, "cluster-a")),
+    );
+    let mut entries: Vec<(String, String)> = (0..10_000u32)
+        .map(|i| {
+            (
+                format!("10.2.{}.{}", i / 256, i % 256),
+                format!("192.168.{}.{}", i / 256, i % 256),
+            )
+        })
+        .collect();
+    r.set_origin(
+        "nm.yaml".into(),
+        docs("nm.yaml", &natmapping("cluster-a", &entries)),
+    );
+    let report = r.reconcile().0;
+    assert_eq!((report.mappings, report.mappings_written), (10_000, 10_000));
+    entries[4321].0 = "10.3.0.1".into();
+    r.set_origin(
+        "nm.yaml".into(),
+        docs("nm.yaml", &natmapping("cluster-a", &entries)),
+    );
+    let report = r.reconcile().0;
+    assert_eq!(
+        (
+            report.mappings_written,
+            report.mappings_removed,
+            report.written
+        ),
+        (1, 0, 0)
+    );
+    entries.remove(17);
+    r.set_origin(
+        "nm.yaml".into(),
+        docs("nm.yaml", &natmapping("cluster-a", &entries)),
+    );
+    let report = r.reconcile().0;
+    assert_eq!((report.mappings_written, report.mappings_removed), (0, 1));
+    drop(r);
+    assert_eq!(mappings.writes, 10_002);
+    assert_eq!(
+        mappings.entries[&mapping_key(1, [192, 168, 16, 225])],
+        wire([10, 3, 0, 1])
+    );
+}

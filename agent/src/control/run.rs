@@ -1,0 +1,251 @@
+//! The run loop: source events in, kernel tables, tunnel, overlay, status
+//! and metrics out. It holds no I/O of its own beyond what it is given, so
+//! a test drives it with a directory source and tables in memory.
+
+use std::{future::Future, sync::Arc, time::Duration};
+
+use anyhow::{Context, Result};
+use tokio::sync::mpsc;
+use tracing::{debug, error, info, warn};
+
+use crate::{
+    control::{
+        reconcile::{Reconciler, Report},
+        source::SourceEvent,
+        status::{self, Feedback},
+    },
+    kernel::table::{MappingTable, PeerTable},
+    model::{
+        node::Node,
+        object::{KIND_NODE, KIND_TUNNEL_ENDPOINT},
+        policy::Policy,
+    },
+    observe::metrics::Metrics,
+    roles::gateway::Gateway,
+};
+
+/// How often peers' connection states are checked for changes to log, and
+/// a failed pass is considered for a retry.
+const TICK: Duration = Duration::from_secs(1);
+
+/// This node's side of the dataplane, as the loop drives it: the devices
+/// programs attach to, the overlay's node table, and this node's networks.
+pub trait Host {
+    /// Follows devices that came or went.
+    fn refresh_devices(&mut self);
+    /// Brings the overlay's tables up to date. Returns whether it could;
+    /// it logs why not.
+    fn sync_nodes(&mut self, nodes: &[Node]) -> bool;
+    /// What objects may ask of this node, with its networks as they are now.
+    fn policy(&self) -> Policy;
+}
+
+/// Everything the loop drives.
+pub struct RunLoop<P: PeerTable, M: MappingTable<Error = P::Error>, H: Host> {
+    /// From objects to the kernel's peer and NatMapping tables.
+    pub reconciler: Reconciler<P, M>,
+    /// The tunnel and its routes, on a gateway.
+    pub gateway: Option<Gateway>,
+    /// This node's devices, overlay and networks.
+    pub host: H,
+    /// Status and Events written back, by the gateway of a Kubernetes source.
+    pub feedback: Option<Feedback>,
+    /// Where every pass is counted.
+    pub metrics: Arc<Metrics>,
+}
+
+impl<P: PeerTable, M: MappingTable<Error = P::Error>, H: Host> RunLoop<P, M, H> {
+    /// Applies source events until `stop` completes. Nothing is written
+    /// before the source has sent every existing object, so a restart never
+    /// removes peers it has not read yet. A pass that leaves work undone is
+    /// tried again on a tick, with backoff, even if no object changes.
+    pub async fn follow(
+        &mut self,
+        mut events: mpsc::Receiver<SourceEvent>,
+        stop: impl Future<Output = ()>,
+    ) -> Result<()> {
+        self.host.refresh_devices();
+        let mut ticks = tokio::time::interval(TICK);
+        let mut synced = false;
+        let mut retry = Retry::default();
+        let mut status_log = status::StatusLog::default();
+        let mut stop = std::pin::pin!(stop);
+        loop {
+            tokio::select! {
+                event = events.recv() => {
+                    synced |= apply_event(&mut self.reconciler, event.context("the source stopped")?);
+                }
+                _ = ticks.tick() => {
+                    let moved = self.tick(synced, &mut status_log).await;
+                    if !moved && !retry.due() {
+                        continue;
+                    }
+                }
+                _ = &mut stop => break,
+            };
+            // Fold whatever else is already queued into the same pass.
+            while let Ok(event) = events.try_recv() {
+                synced |= apply_event(&mut self.reconciler, event);
+            }
+            if synced {
+                self.pass(&mut retry).await;
+            }
+        }
+        info!("stopping; the NAT programs stay attached (`isthmus-agent cleanup` removes them)");
+        Ok(())
+    }
+
+    /// The periodic work: devices, statuses, this node's networks and
+    /// peers' endpoint names. Returns whether a pass is needed.
+    async fn tick(&mut self, synced: bool, status_log: &mut status::StatusLog) -> bool {
+        self.host.refresh_devices();
+        let report = self.gateway.as_mut().map(Gateway::report);
+        if synced && (report.is_some() || self.feedback.is_some()) {
+            let statuses = status::desired(
+                self.reconciler.peers(),
+                report.as_ref(),
+                self.reconciler.rejections(),
+            );
+            status_log.record(&statuses);
+            if let Some(feedback) = &self.feedback {
+                feedback.show(statuses);
+            }
+        }
+        // A node address that came or went may allow or refuse a view.
+        let changed = self.reconciler.set_policy(self.host.policy());
+        if changed {
+            info!("this node's networks changed; checking every peer's views again");
+        }
+        let moved = match self.gateway.as_mut() {
+            Some(gateway) if synced => gateway.resolve(self.reconciler.peers()).await,
+            _ => false,
+        };
+        changed || moved
+    }
+
+    /// One reconcile pass, followed by the overlay and the tunnel.
+    async fn pass(&mut self, retry: &mut Retry) {
+        let (report, failure) = self.reconciler.reconcile();
+        record(&report, &self.metrics);
+        // A peer's ID is assigned when it is accepted and kept until it goes.
+        if !report.added.is_empty() || !report.dropped.is_empty() {
+            self.metrics.set_peer_ids(self.reconciler.peer_ids());
+        }
+        if let Some(feedback) = &self.feedback {
+            feedback.rejected(&report.new_errors);
+        }
+        // The overlay and the tunnel follow the accepted peers even when a
+        // table could not take them all: a removed peer loses its session
+        // and routes whatever else is full.
+        let nodes_synced = self.host.sync_nodes(self.reconciler.nodes());
+        let routed = match self.gateway.as_mut() {
+            Some(gateway) => gateway.sync(self.reconciler.peers()).await,
+            None => true,
+        };
+        if let Some(e) = &failure {
+            if P::is_full(&e.source) {
+                self.metrics.map_full.inc();
+                error!(kind = e.kind, error = %e, "a kernel table is full: entries that did not fit are not programmed, and nothing was evicted; raise its capacity or remove objects");
+            } else {
+                error!(kind = e.kind, error = %e, "updating the kernel tables; will retry");
+            }
+        }
+        let failed = [
+            failure.map(|e| e.kind),
+            (!nodes_synced).then_some(KIND_NODE),
+            (!routed).then_some(KIND_TUNNEL_ENDPOINT),
+        ];
+        match failed.into_iter().flatten().next() {
+            None => {
+                self.metrics.reconciled();
+                *retry = Retry::default();
+            }
+            Some(kind) => {
+                self.metrics.reconcile_failed(kind);
+                let wait = retry.failed();
+                debug!(retry_in = ?wait, "a pass left work undone; trying it again");
+            }
+        }
+        self.metrics.set_ready();
+    }
+}
+
+/// When a pass that failed to write a kernel table is tried again, without
+/// waiting for an object to change: after 1 s, then twice as long each
+/// time, up to a minute.
+#[derive(Default)]
+struct Retry {
+    at: Option<std::time::Instant>,
+    wait: Duration,
+}
+
+impl Retry {
+    const FIRST: Duration = Duration::from_secs(1);
+    const LONGEST: Duration = Duration::from_secs(60);
+
+    /// Records a failed pass; returns how long until the next try.
+    fn failed(&mut self) -> Duration {
+        self.wait = (self.wait * 2).clamp(Self::FIRST, Self::LONGEST);
+        self.at = Some(std::time::Instant::now() + self.wait);
+        self.wait
+    }
+
+    /// Whether a failed pass is due to be tried again.
+    fn due(&self) -> bool {
+        self.at.is_some_and(|at| std::time::Instant::now() >= at)
+    }
+}
+
+/// Feeds one event to the reconciler. Returns true for the end of the initial sync.
+fn apply_event<P: PeerTable, M: MappingTable<Error = P::Error>>(
+    reconciler: &mut Reconciler<P, M>,
+    event: SourceEvent,
+) -> bool {
+    match event {
+        SourceEvent::Origin { origin, documents } => reconciler.set_origin(origin, documents),
+        SourceEvent::Removed { origin } => reconciler.remove_origin(&origin),
+        SourceEvent::Synced => return true,
+    }
+    false
+}
+
+/// Logs what a pass changed and counts it.
+fn record(report: &Report, metrics: &Metrics) {
+    for peer in &report.added {
+        info!(
+            object = %peer.key, peer = peer.label(), file = %peer.origin, fields_from = %peer.layout,
+            pod = %peer.remote_pod.seen(), external = %peer.remote_external.seen(),
+            "peer programmed"
+        );
+    }
+    for key in &report.dropped {
+        info!(object = %key, "peer removed");
+    }
+    for e in &report.new_errors {
+        let (kind, object) = e.kind_and_key();
+        error!(kind, object, error = %e, "object rejected");
+    }
+    for e in &report.cleared_errors {
+        let (kind, object) = e.kind_and_key();
+        warn!(kind, object, error = %e, "rejection cleared");
+    }
+    if report.mappings_written + report.mappings_removed > 0 {
+        info!(
+            written = report.mappings_written,
+            removed = report.mappings_removed,
+            entries = report.mappings,
+            "NatMapping entries programmed"
+        );
+    }
+    metrics.peers.set(report.peers as i64);
+    metrics.nat_mappings.set(report.mappings as i64);
+    metrics.rejected_objects.set(report.rejected as i64);
+    metrics
+        .map_updates
+        .get_or_create(&[("op", "write")])
+        .inc_by(report.written as u64);
+    metrics
+        .map_updates
+        .get_or_create(&[("op", "remove")])
+        .inc_by(report.removed as u64);
+}

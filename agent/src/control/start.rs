@@ -1,0 +1,312 @@
+//! Starting the agent: the dataplane is loaded, this node's role started
+//! and the source opened, then [`RunLoop`] follows the source.
+
+use std::{
+    net::{Ipv4Addr, SocketAddr},
+    sync::Arc,
+    time::Duration,
+};
+
+use anyhow::{Context, Result, bail};
+use isthmus_common::{
+    conntrack::Timeouts,
+    counters::{DIRECTIONS, LINKS, Outcome, outcome_slot},
+    tcp,
+};
+use tokio::signal::unix;
+use tracing::{debug, error, info, warn};
+
+use crate::{
+    control::{
+        kubernetes,
+        options::{PolicyArgs, Role, RunArgs, TunnelMode},
+        reconcile::Reconciler,
+        run::{Host, RunLoop},
+        source::{self, SourceSpec},
+        status::Feedback,
+    },
+    kernel::{
+        conntrack::{self, Conntrack},
+        dataplane::{AttachMode, Capacity, Dataplane},
+        maps::Counters,
+    },
+    model::{node::Node, object::KIND_NODE, policy::Policy},
+    observe::metrics::{self, BuildInfo, GatewayState, Metrics},
+    roles::{
+        gateway::{Gateway, guard::Guard},
+        overlay::{self, Overlay, OverlayOptions, PodDevices},
+    },
+    tunnel::{TunnelConfig, key},
+};
+
+/// `isthmus-agent run`: loads the dataplane, starts this node's role and
+/// follows the source until a signal arrives.
+pub async fn run(args: RunArgs) -> Result<()> {
+    let client = match args.source {
+        SourceSpec::Kube => Some(kubernetes::client(args.kubeconfig.as_deref()).await?),
+        SourceSpec::Dir(_) => None,
+    };
+    let role = match (args.role, &client) {
+        (Some(role), _) => role,
+        (None, Some(client)) => {
+            if kubernetes::node_has_label(client, &args.node, &args.gateway_label).await? {
+                Role::Gateway
+            } else {
+                Role::Worker
+            }
+        }
+        (None, None) => bail!("--role is required with --source dir:PATH"),
+    };
+    let role_name = match role {
+        Role::Gateway => "gateway",
+        Role::Worker => "worker",
+    };
+    let capacity = Capacity {
+        nat_mappings: args.nat_mapping_capacity,
+        conntrack: args.conntrack_capacity,
+    };
+    let mut dataplane = Dataplane::load(&args.bpffs, &capacity)
+        .with_context(|| format!("loading the dataplane under {}", args.bpffs.display()))?;
+    let mut reconciler = Reconciler::new(dataplane.take_peer_map()?, dataplane.take_mapping_map()?)
+        .context("reading the pinned tables")?;
+    reconciler.set_policy(args.policy.policy());
+    let gateway = match (role, args.tunnel) {
+        (Role::Gateway, TunnelMode::Userspace) => {
+            let key = match &client {
+                Some(client) => {
+                    kubernetes::key_from_secret(client, &args.namespace, &args.key_secret).await?
+                }
+                None => key::load_or_generate(&args.private_key_file)?,
+            };
+            let guard = match &args.guard_dev {
+                Some(dev) => {
+                    dataplane.attach_guard(dev)?;
+                    Some(Guard::new(dataplane.take_guard()?, args.listen_port)?)
+                }
+                None => None,
+            };
+            Some(
+                Gateway::start(
+                    &tunnel_config(&args),
+                    key,
+                    guard,
+                    Duration::from_secs(args.resolve_interval),
+                    args.masquerade_ip.is_some(),
+                )
+                .await?,
+            )
+        }
+        _ => None,
+    };
+    let mut conntrack = dataplane.take_conntrack()?;
+    conntrack.set_masquerade(args.masquerade_ip.filter(|_| role == Role::Gateway))?;
+    if role == Role::Gateway {
+        let tunnel_mss = match args.tunnel {
+            TunnelMode::Userspace => {
+                u16::try_from(args.mtu.saturating_sub(tcp::IPV4_TCP_HEADERS)).unwrap_or(u16::MAX)
+            }
+            TunnelMode::None => 0,
+        };
+        dataplane.set_tcp_mss(args.tcp_mss.unwrap_or(tunnel_mss))?;
+        dataplane.attach_nat(&args.nat_dev, args.attach)?;
+    }
+    let overlay = match args.no_overlay {
+        true => None,
+        false => Some(start_overlay(&args, &mut dataplane).await?),
+    };
+    let patterns = match role {
+        Role::Worker => args.pod_devs.clone(),
+        Role::Gateway => Vec::new(),
+    };
+    let pods = PodDevices::new(patterns, dataplane.take_pod_devs()?)?;
+    let xdp_mode = match gateway.is_some() && args.guard_dev.is_some() {
+        true => "native",
+        false => "none",
+    };
+    let metrics = Metrics::new(
+        Some(&args.bpffs),
+        gateway.as_ref().map(|g| GatewayState {
+            tunnel: g.tunnel.clone(),
+            checks: g.checks.clone(),
+            device: args.tunnel_dev.clone(),
+        }),
+        BuildInfo {
+            node: &args.node,
+            role: role_name,
+            attach_mode: args.attach.resolve().as_str(),
+            xdp_mode,
+        },
+    )
+    .context("opening the pinned maps for the metrics")?;
+    let metrics_addr = args.metrics_addr.unwrap_or_else(|| {
+        let ip = args.node_ip.unwrap_or_else(|| {
+            warn!("no --node-ip nor --metrics-addr: metrics are served on loopback only");
+            Ipv4Addr::LOCALHOST
+        });
+        SocketAddr::from((ip, metrics::DEFAULT_PORT))
+    });
+    metrics::serve(metrics_addr, metrics.clone())
+        .await
+        .with_context(|| format!("serving metrics on {metrics_addr}"))?;
+    tokio::spawn(collect_flows(
+        conntrack,
+        Counters::open(&args.bpffs)?,
+        Duration::from_secs(args.conntrack_gc_interval.max(1)),
+        capacity.conntrack,
+        metrics.clone(),
+    ));
+    let (events, feedback) = match (&args.source, client) {
+        (SourceSpec::Dir(dir), _) => (source::watch_dir(dir)?, None),
+        (SourceSpec::Kube, Some(client)) => {
+            let (events, objects) = source::watch_kube(client.clone());
+            // The gateway speaks for the cluster's tunnels; workers only read.
+            let feedback = (role == Role::Gateway)
+                .then(|| Feedback::spawn(client, objects, &args.node, metrics.clone()));
+            (events, feedback)
+        }
+        (SourceSpec::Kube, None) => unreachable!("a kube source has a client"),
+    };
+    info!(node = %args.node, role = role_name, source = ?args.source, bpffs = %args.bpffs.display(), "agent started");
+    let host = NodeHost {
+        dataplane,
+        overlay,
+        pods,
+        attach: args.attach,
+        policy: args.policy.clone(),
+    };
+    let mut run_loop = RunLoop {
+        reconciler,
+        gateway,
+        host,
+        feedback,
+        metrics,
+    };
+    run_loop.follow(events, signal()?).await
+}
+
+/// Completes on SIGTERM or SIGINT.
+fn signal() -> Result<impl std::future::Future<Output = ()>> {
+    let mut terminate = unix::signal(unix::SignalKind::terminate())?;
+    Ok(async move {
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    })
+}
+
+/// Creates the overlay's device, attaches its receiving program and
+/// writes its settings.
+async fn start_overlay(args: &RunArgs, dataplane: &mut Dataplane) -> Result<Overlay> {
+    let options = OverlayOptions {
+        dev: args.overlay_dev.clone(),
+        vni: args.overlay_vni,
+        port: args.overlay_port,
+        gateway: args.gateway_ip,
+        gateway_label: args.gateway_label.clone(),
+        node: args.node.clone(),
+    };
+    let ifindex = overlay::ensure_device(&options).await?;
+    dataplane.attach_accept(&options.dev, args.attach)?;
+    let maps = dataplane.take_overlay()?;
+    Ok(Overlay::new(options, maps, ifindex)?)
+}
+
+/// This host's side of the dataplane: the loaded programs, the overlay and
+/// the pod devices it steers from.
+struct NodeHost {
+    /// Kept for the agent's lifetime: the XDP guard's link lives with it.
+    dataplane: Dataplane,
+    overlay: Option<Overlay>,
+    pods: PodDevices,
+    attach: AttachMode,
+    /// What objects may ask of this node; its addresses may change.
+    policy: PolicyArgs,
+}
+
+impl Host for NodeHost {
+    /// Follows the devices the overlay attaches to: pods', and the uplink.
+    fn refresh_devices(&mut self) {
+        self.pods.refresh(&mut self.dataplane, self.attach);
+        if let Some(overlay) = self.overlay.as_mut() {
+            overlay.refresh_uplink(&mut self.dataplane, self.attach);
+        }
+    }
+
+    /// Brings the overlay's tables up to date. Returns whether it could;
+    /// it logs why not.
+    fn sync_nodes(&mut self, nodes: &[Node]) -> bool {
+        let mut synced = true;
+        if let Some(overlay) = self.overlay.as_mut()
+            && let Err(e) = overlay.sync(nodes)
+        {
+            error!(kind = KIND_NODE, error = %e, "updating the overlay's node table; will retry");
+            synced = false;
+        }
+        self.refresh_devices();
+        synced
+    }
+
+    fn policy(&self) -> Policy {
+        self.policy.policy()
+    }
+}
+
+fn tunnel_config(args: &RunArgs) -> TunnelConfig {
+    TunnelConfig {
+        dev: args.tunnel_dev.clone(),
+        mtu: args.mtu,
+        port: args.listen_port,
+        keepalive: args.keepalive,
+        workers: args
+            .tunnel_workers
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+    }
+}
+
+/// Removes dead masqueraded flows every `every`, and says when the kernel
+/// had to drop flows because the table was full or out of ports.
+async fn collect_flows(
+    mut conntrack: Conntrack,
+    counters: Counters,
+    every: Duration,
+    capacity: u32,
+    metrics: Arc<Metrics>,
+) {
+    let dropped = || {
+        counters.read().map_or(0, |sums| {
+            LINKS
+                .iter()
+                .flat_map(|l| DIRECTIONS.map(|d| outcome_slot(*l, d, Outcome::Dropped)))
+                .map(|slot| sums[slot as usize])
+                .sum::<u64>()
+        })
+    };
+    let mut ticks = tokio::time::interval(every);
+    let mut dropped_before = dropped();
+    loop {
+        ticks.tick().await;
+        match conntrack.collect(conntrack::now(), &Timeouts::DEFAULT) {
+            Ok(collected) => {
+                metrics.conntrack_entries.set(collected.live as i64);
+                if collected.removed > 0 {
+                    debug!(
+                        removed = collected.removed,
+                        live = collected.live,
+                        "conntrack collected"
+                    );
+                }
+            }
+            Err(e) => error!(error = %e, "reading the conntrack table"),
+        }
+        let dropped = dropped();
+        if dropped > dropped_before {
+            error!(
+                packets = dropped - dropped_before,
+                capacity,
+                "packets dropped: the conntrack table is full or out of ports for a peer; no live flow was evicted"
+            );
+        }
+        dropped_before = dropped;
+    }
+}

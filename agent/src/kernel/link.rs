@@ -1,0 +1,96 @@
+//! The host's network devices, as the loader and the roles need them:
+//! which exist, their ifindex and link type, and lookups over netlink.
+
+use std::{fs, net::Ipv4Addr, path::PathBuf};
+
+use futures::TryStreamExt;
+use netlink_packet_route::link::LinkMessage;
+use rtnetlink::Handle;
+use thiserror::Error;
+use tracing::warn;
+
+/// `ARPHRD_ETHER`: an Ethernet device.
+pub const ARPHRD_ETHER: u32 = 1;
+/// `ARPHRD_NONE`: a raw L3 device, such as a TUN.
+pub const ARPHRD_NONE: u32 = 0xfffe;
+
+/// Where the kernel lists this netns's devices.
+pub const SYS_CLASS_NET: &str = "/sys/class/net";
+
+/// A device that cannot be used, or read.
+#[derive(Debug, Error)]
+#[error("device {dev}: {reason}")]
+pub struct DeviceError {
+    /// The device.
+    pub dev: String,
+    /// Why it cannot be used.
+    pub reason: String,
+}
+
+/// The names of this netns's network devices.
+pub fn devices() -> std::io::Result<Vec<String>> {
+    Ok(fs::read_dir(SYS_CLASS_NET)?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect())
+}
+
+/// The link type (`ARPHRD_*`) of device `dev`.
+pub fn link_type(dev: &str) -> Result<u32, DeviceError> {
+    device_number(dev, "type")
+}
+
+/// The ifindex of device `dev`.
+pub fn ifindex(dev: &str) -> Result<u32, DeviceError> {
+    device_number(dev, "ifindex")
+}
+
+/// A number the kernel shows in `/sys/class/net/<dev>/<file>`.
+fn device_number(dev: &str, file: &str) -> Result<u32, DeviceError> {
+    let path = PathBuf::from(format!("/sys/class/net/{dev}/{file}"));
+    let text = fs::read_to_string(&path).map_err(|e| DeviceError {
+        dev: dev.into(),
+        reason: format!("cannot read {}: {e}", path.display()),
+    })?;
+    text.trim().parse().map_err(|_| DeviceError {
+        dev: dev.into(),
+        reason: format!("unexpected {file} {text:?}"),
+    })
+}
+
+/// The link named `dev`, or None if there is none.
+pub async fn link_by_name(
+    handle: &Handle,
+    dev: &str,
+) -> Result<Option<LinkMessage>, rtnetlink::Error> {
+    match handle
+        .link()
+        .get()
+        .match_name(dev.to_owned())
+        .execute()
+        .try_next()
+        .await
+    {
+        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => Ok(None),
+        other => other,
+    }
+}
+
+/// The device that holds IPv4 address `address`, if any.
+pub fn device_holding(address: Ipv4Addr) -> Option<String> {
+    let addresses = match nix::ifaddrs::getifaddrs() {
+        Ok(addresses) => addresses,
+        Err(e) => {
+            warn!(error = %e, "listing this node's addresses");
+            return None;
+        }
+    };
+    addresses
+        .filter(|a| {
+            a.address
+                .as_ref()
+                .and_then(|s| s.as_sockaddr_in())
+                .is_some_and(|s| s.ip() == address)
+        })
+        .map(|a| a.interface_name)
+        .next()
+}

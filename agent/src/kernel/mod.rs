@@ -1,0 +1,9 @@
+//! The eBPF side, seen from userspace: loading, pinning and attaching the
+//! programs, the typed maps, the diff that writes them, and devices.
+
+pub mod conntrack;
+pub mod dataplane;
+pub mod link;
+pub mod maps;
+pub mod pinned;
+pub mod table;

@@ -1,0 +1,188 @@
+//! The generic diff between what a kernel table should hold and what it
+//! holds: every table the agent writes (peers, NatMappings, nodes, the
+//! guard's allowlist) goes through [`Mirror`], so each pass writes only what
+//! changed, and a restarted agent that wants the same entries writes nothing.
+
+use std::collections::BTreeMap;
+
+use ipnet::Ipv4Net;
+use isthmus_common::nat::{MappingKey, PeerNat};
+
+/// A kernel map the reconciler keeps in line with the objects: the peer
+/// table, the NatMapping table, or a stand-in in tests.
+pub trait KernelTable {
+    /// What an entry is found by.
+    type Key: Ord + Copy;
+    /// What an entry holds.
+    type Value: PartialEq + Copy;
+    /// Failure of the underlying store.
+    type Error: std::error::Error + Send + Sync + 'static;
+    /// Every entry, as the store holds it now.
+    fn entries(&self) -> Result<Vec<Entry<Self>>, Self::Error>;
+    /// Inserts or replaces the entry for `key`.
+    /// `old` is what the entry held, as the caller's mirror knows it: no
+    /// store needs to read it back.
+    fn put(
+        &mut self,
+        key: Self::Key,
+        value: &Self::Value,
+        old: Option<&Self::Value>,
+    ) -> Result<(), Self::Error>;
+    /// Removes the entry for `key`, which held `old`.
+    fn delete(&mut self, key: Self::Key, old: &Self::Value) -> Result<(), Self::Error>;
+    /// Whether `error` is a write refused because the store is full.
+    fn is_full(error: &Self::Error) -> bool;
+}
+
+/// One entry of a table.
+pub type Entry<T> = (<T as KernelTable>::Key, <T as KernelTable>::Value);
+
+/// A borrowed table is a table, so a caller can keep it after the reconciler.
+impl<T: KernelTable> KernelTable for &mut T {
+    type Key = T::Key;
+    type Value = T::Value;
+    type Error = T::Error;
+    fn entries(&self) -> Result<Vec<Entry<T>>, T::Error> {
+        (**self).entries()
+    }
+    fn put(
+        &mut self,
+        key: T::Key,
+        value: &T::Value,
+        old: Option<&T::Value>,
+    ) -> Result<(), T::Error> {
+        (**self).put(key, value, old)
+    }
+    fn delete(&mut self, key: T::Key, old: &T::Value) -> Result<(), T::Error> {
+        (**self).delete(key, old)
+    }
+    fn is_full(error: &T::Error) -> bool {
+        T::is_full(error)
+    }
+}
+
+/// A table in memory: what `check` programs instead of the kernel, and
+/// the tests' stand-in. It counts every write, so that a diff shows, and
+/// refuses new entries beyond `capacity`, as a full map does.
+#[derive(Debug)]
+pub struct MemoryTable<K, V> {
+    /// What it holds.
+    pub entries: BTreeMap<K, V>,
+    /// Entries written or removed so far.
+    pub writes: usize,
+    /// The most entries it takes.
+    pub capacity: usize,
+}
+
+impl<K, V> Default for MemoryTable<K, V> {
+    fn default() -> Self {
+        Self {
+            entries: BTreeMap::new(),
+            writes: 0,
+            capacity: usize::MAX,
+        }
+    }
+}
+
+impl<K: Ord + Copy, V: PartialEq + Copy> KernelTable for MemoryTable<K, V> {
+    type Key = K;
+    type Value = V;
+    type Error = std::io::Error;
+    fn entries(&self) -> std::io::Result<Vec<(K, V)>> {
+        Ok(self.entries.iter().map(|(k, v)| (*k, *v)).collect())
+    }
+    fn put(&mut self, key: K, value: &V, _old: Option<&V>) -> std::io::Result<()> {
+        if !self.entries.contains_key(&key) && self.entries.len() == self.capacity {
+            return Err(std::io::Error::from_raw_os_error(libc::E2BIG));
+        }
+        self.entries.insert(key, *value);
+        self.writes += 1;
+        Ok(())
+    }
+    fn delete(&mut self, key: K, _old: &V) -> std::io::Result<()> {
+        self.entries.remove(&key);
+        self.writes += 1;
+        Ok(())
+    }
+    fn is_full(error: &std::io::Error) -> bool {
+        error.raw_os_error() == Some(libc::E2BIG)
+    }
+}
+
+/// The peer table: a peer's network as we see it → its rules.
+pub trait PeerTable: KernelTable<Key = Ipv4Net, Value = PeerNat> {}
+impl<T: KernelTable<Key = Ipv4Net, Value = PeerNat>> PeerTable for T {}
+
+/// The NatMapping table: (peer, externalIP) → endpointIP, wire order.
+pub trait MappingTable: KernelTable<Key = MappingKey, Value = u32> {}
+impl<T: KernelTable<Key = MappingKey, Value = u32>> MappingTable for T {}
+
+/// A kernel table and a mirror of what it holds, so that a pass writes
+/// only what changed.
+pub(crate) struct Mirror<T: KernelTable> {
+    table: T,
+    applied: BTreeMap<T::Key, T::Value>,
+}
+
+impl<T: KernelTable> Mirror<T> {
+    pub(crate) fn new(table: T) -> Result<Self, T::Error> {
+        let applied = table.entries()?.into_iter().collect();
+        Ok(Self { table, applied })
+    }
+
+    /// Writes new and changed entries, then removes stale ones: longest-prefix
+    /// match keeps traffic flowing while both exist. A failed write (a full
+    /// map) does not stop the others, and is retried on the next pass; the
+    /// first failure is returned once everything was tried.
+    pub(crate) fn apply(
+        &mut self,
+        desired: &BTreeMap<T::Key, T::Value>,
+    ) -> (usize, usize, Option<T::Error>) {
+        let (mut written, mut removed, mut failure) = (0, 0, None);
+        for (key, value) in desired {
+            let old = self.applied.get(key);
+            if old != Some(value) {
+                match self.table.put(*key, value, old) {
+                    Ok(()) => {
+                        self.applied.insert(*key, *value);
+                        written += 1;
+                    }
+                    Err(e) => failure = failure.or(Some(e)),
+                }
+            }
+        }
+        let stale: Vec<Entry<T>> = self
+            .applied
+            .iter()
+            .filter(|(key, _)| !desired.contains_key(key))
+            .map(|(key, value)| (*key, *value))
+            .collect();
+        for (key, old) in stale {
+            match self.table.delete(key, &old) {
+                Ok(()) => {
+                    self.applied.remove(&key);
+                    removed += 1;
+                }
+                Err(e) => failure = failure.or(Some(e)),
+            }
+        }
+        (written, removed, failure)
+    }
+
+    /// What the table holds, as far as this agent knows.
+    pub(crate) fn applied(&self) -> &BTreeMap<T::Key, T::Value> {
+        &self.applied
+    }
+}
+
+/// A kernel table a reconcile pass could not bring up to date; the next
+/// pass tries again.
+#[derive(Debug, thiserror::Error)]
+#[error("the {kind} table: {source}")]
+pub struct TableFailure<E: std::error::Error + 'static> {
+    /// The kind of object whose table failed.
+    pub kind: &'static str,
+    /// What the kernel said.
+    #[source]
+    pub source: E,
+}

@@ -1,0 +1,6 @@
+//! What runs beside the kernel tables on each kind of node: the gateway's
+//! tunnel, guard and conncheck, and the overlay that brings workers'
+//! remote-bound traffic to the gateway.
+
+pub mod gateway;
+pub mod overlay;
