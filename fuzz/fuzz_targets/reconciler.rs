@@ -16,6 +16,7 @@ use isthmus_agent::{
 };
 use isthmus_common::nat::{MappingKey, PeerNat};
 use libfuzzer_sys::fuzz_target;
+use xtask::objects::TunnelEndpoint;
 
 /// A kernel table stand-in, shared as the kernel's is by every agent.
 struct Table<K, V>(Rc<RefCell<BTreeMap<K, V>>>);
@@ -99,27 +100,23 @@ fn pick<'a>(pool: &[&'a str], i: u8) -> &'a str {
 
 fn tep_yaml(t: &Tep) -> String {
     let namespace = if t.name % 5 == 4 { "default" } else { "liqo-tenant-x" };
-    let created = t
-        .created
-        .map(|c| format!(", creationTimestamp: \"2024-05-{:02}T10:00:00Z\"", 1 + c % 28))
-        .unwrap_or_default();
     let (pod, external) = (pick(&NETS, t.pod), pick(&NETS, t.external));
-    let (real_pod, real_ext) = match t.remapped {
-        true => ("10.244.0.0/24", "192.168.0.0/24"),
-        false => (pod, external),
+    let remote = match t.remapped {
+        true => ["10.244.0.0/24", pod, "192.168.0.0/24", external],
+        false => [pod, "None", external, "None"],
     };
-    let nat = |net: &str| if t.remapped { net.to_owned() } else { "None".into() };
-    format!(
-        "apiVersion: net.liqo.io/v1alpha1\nkind: TunnelEndpoint\nmetadata: {{name: t{}, namespace: {namespace}{created}}}\nspec:\n  clusterID: c{}\n  localPodCIDR: 10.244.0.0/24\n  localNATPodCIDR: 10.0.40.0/24\n  localExternalCIDR: 192.168.0.0/24\n  localNATExternalCIDR: 10.0.41.0/24\n  remotePodCIDR: {real_pod}\n  remoteNATPodCIDR: {}\n  remoteExternalCIDR: {real_ext}\n  remoteNATExternalCIDR: {}\n  endpointIP: {}\n  backend_config: {{publicKey: \"{}\"}}\n",
-        t.name % 6,
-        t.cluster % 3,
-        nat(pod),
-        nat(external),
-        pick(&ENDPOINTS, t.endpoint),
-        ["AQ", "Ag", "Aw", "BA"][usize::from(t.key % 4)].to_owned()
-            + &"A".repeat(41)
-            + "=",
-    )
+    let key = ["AQ", "Ag", "Aw", "BA"][usize::from(t.key % 4)].to_owned() + &"A".repeat(41) + "=";
+    let tep = TunnelEndpoint::new(&format!("t{}", t.name % 6), namespace)
+        .cluster_id(&format!("c{}", t.cluster % 3))
+        .local(["10.244.0.0/24", "10.0.40.0/24", "192.168.0.0/24", "10.0.41.0/24"])
+        .remote(remote)
+        .endpoint(pick(&ENDPOINTS, t.endpoint))
+        .public_key(&key);
+    match t.created {
+        Some(c) => tep.created(&format!("2024-05-{:02}T10:00:00Z", 1 + c % 28)),
+        None => tep,
+    }
+    .to_string()
 }
 
 fn mapping_yaml(m: &Mapping) -> String {

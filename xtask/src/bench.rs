@@ -21,6 +21,7 @@ use isthmus_common::nat::{MappingKey, PeerKey, PeerNat, wire};
 use xtask::{
     cmd::{ip, run},
     lab, netns,
+    objects::TunnelEndpoint,
     topology::{A, B, Cluster, PEERINGS, Peering},
 };
 
@@ -564,26 +565,16 @@ fn plain_routes(add: bool) -> Result<()> {
 fn synthetic_peers(local: &Cluster, count: usize) -> Vec<String> {
     (1..count)
         .map(|i| {
-            format!(
-                "apiVersion: net.liqo.io/v1alpha1
-kind: TunnelEndpoint
-metadata: {{name: tep-bench-{i}, namespace: liqo-tenant-bench-{i}}}
-spec:
-  localPodCIDR: {pod}
-  localNATPodCIDR: 10.130.{i}.0/24
-  localExternalCIDR: {ext}
-  localNATExternalCIDR: 10.131.{i}.0/24
-  remotePodCIDR: 10.50.0.0/24
-  remoteNATPodCIDR: 10.128.{i}.0/24
-  remoteExternalCIDR: 192.168.50.0/24
-  remoteNATExternalCIDR: 10.129.{i}.0/24
-  endpointIP: 203.0.113.200
-  backend_config: {{port: \"5871\", publicKey: \"{key}\"}}
-",
-                key = synthetic_key(i),
-                pod = local.pod_cidr,
-                ext = local.external_cidr,
-            )
+            let view = |second: u8| format!("10.{second}.{i}.0/24");
+            let (local_pod, local_ext, remote_pod, remote_ext) =
+                (view(130), view(131), view(128), view(129));
+            TunnelEndpoint::new(&format!("tep-bench-{i}"), &format!("liqo-tenant-bench-{i}"))
+                .local([local.pod_cidr, &local_pod, local.external_cidr, &local_ext])
+                .remote(["10.50.0.0/24", &remote_pod, "192.168.50.0/24", &remote_ext])
+                .endpoint("203.0.113.200")
+                .port(5871)
+                .public_key(&synthetic_key(i))
+                .to_string()
         })
         .collect()
 }
@@ -1010,7 +1001,7 @@ fn pinned<K: aya::Pod, V: aya::Pod>(
     root: &std::path::Path,
     map: &str,
 ) -> Result<HashMap<MapData, K, V>> {
-    let path = root.join("maps").join(map);
+    let path = isthmus_common::pins::Pins::new(root).map(map);
     let data = MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))?;
     Ok(aya::maps::Map::from_map_data(data)?.try_into()?)
 }

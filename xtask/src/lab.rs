@@ -70,6 +70,11 @@ pub fn bpffs(node: &str) -> PathBuf {
     bpffs_root().join(node)
 }
 
+/// The paths of what node `node` pinned.
+pub fn pins(node: &str) -> isthmus_common::pins::Pins {
+    isthmus_common::pins::Pins::new(&bpffs(node))
+}
+
 /// The directory node `node` reads its objects from.
 pub fn object_dir(node: &str) -> PathBuf {
     state("objects").join(node)

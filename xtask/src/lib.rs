@@ -8,6 +8,7 @@ pub mod lab;
 pub mod liqo_peer;
 pub mod monitor;
 pub mod netns;
+pub mod objects;
 pub mod probe;
 pub mod tools;
 pub mod topology;

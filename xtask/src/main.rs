@@ -4,6 +4,7 @@ mod bench;
 mod demo;
 mod fuzz;
 mod prereqs;
+mod test;
 
 use std::{path::PathBuf, process::Command, time::Instant};
 
@@ -28,9 +29,14 @@ enum Task {
         #[arg(long)]
         keep: bool,
     },
-    /// The whole test suite: style, unit, BPF_PROG_TEST_RUN and lab tests,
-    /// then a minute of each fuzz target.
-    Test,
+    /// The test suite in tiers: style and unit tests, BPF_PROG_TEST_RUN,
+    /// the lab, the slow tests; then a minute of each fuzz target. Each
+    /// tier's wall time is printed at the end.
+    Test {
+        /// Run only this tier (and no fuzzing).
+        #[arg(long, value_enum)]
+        tier: Option<test::Tier>,
+    },
     /// Bring the reference lab up or down.
     Lab {
         #[command(subcommand)]
@@ -79,7 +85,7 @@ fn main() -> Result<()> {
     match Cli::parse().task {
         Task::Build => build(),
         Task::Demo { keep } => demo::run(keep),
-        Task::Test => test(),
+        Task::Test { tier } => test::run(tier),
         Task::Fuzz { seconds } => fuzz::run(seconds),
         Task::Lab {
             action: LabAction::Up { tunnel, liqo_peer },
@@ -123,7 +129,7 @@ fn root() -> PathBuf {
 }
 
 /// Runs a cargo command in the workspace, failing if it fails.
-fn cargo(args: &[&str]) -> Result<()> {
+pub(crate) fn cargo(args: &[&str]) -> Result<()> {
     println!("==> cargo {}", args.join(" "));
     let status = Command::new(env!("CARGO"))
         .args(args)
@@ -135,47 +141,10 @@ fn cargo(args: &[&str]) -> Result<()> {
     Ok(())
 }
 
-fn build() -> Result<()> {
+pub(crate) fn build() -> Result<()> {
     let started = Instant::now();
     prereqs::ensure()?;
     cargo(&["build", "--release"])?;
     println!("build: done in {:.1?}", started.elapsed());
-    Ok(())
-}
-
-fn test() -> Result<()> {
-    let started = Instant::now();
-    build()?;
-    cargo(&["fmt", "--all", "--check"])?;
-    cargo(&[
-        "clippy",
-        "--release",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ])?;
-    lab::up(LabTunnel::Userspace)?;
-    // Lab tests share one lab and restart its agents: one test at a time.
-    let tests = cargo(&["test", "--release", "--", "--test-threads=1"]);
-    let down = lab::down();
-    tests?;
-    down?;
-    // The tests that need cluster b run as Liqo, in that lab of their own.
-    lab::up_with_liqo_peer(&xtask::topology::B)?;
-    let interop = cargo(&[
-        "test",
-        "--release",
-        "--test",
-        "liqo_peer_interop",
-        "--",
-        "--ignored",
-        "--test-threads=1",
-    ]);
-    let down = lab::down();
-    interop?;
-    down?;
-    fuzz::run(fuzz::CI_SECONDS)?;
-    println!("test: everything passed in {:.1?}", started.elapsed());
     Ok(())
 }

@@ -6,6 +6,8 @@ use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 
+use crate::objects::{Layout, TunnelEndpoint};
+
 /// Netns holding the WAN bridge.
 pub const WAN_NS: &str = "ist-wan";
 /// The WAN's router, on the WAN bridge: every gateway's default route, as
@@ -162,16 +164,6 @@ impl Cluster {
     pub fn nodes(&self) -> [(String, &'static str); 2] {
         [(self.gw(), "gateway"), (self.node(), "worker")]
     }
-}
-
-/// Where Liqo put a TunnelEndpoint's networks (DESIGN §1).
-#[derive(Clone, Copy, Debug)]
-pub enum Layout {
-    /// Liqo v0.3.1 and later: all in `spec`.
-    Spec,
-    /// Liqo v0.2.1–v0.3.0: the peer's networks as `spec.podCIDR` and
-    /// `spec.externalCIDR`, the local and remapped ones in `status`.
-    Legacy,
 }
 
 /// One cluster's view of one peering (a row of DESIGN §2 "Peerings").
@@ -374,65 +366,35 @@ spec:
     /// The TunnelEndpoint the local cluster holds, as Liqo writes it, with
     /// the remote gateway's WireGuard public key if there is one.
     pub fn tunnel_endpoint_yaml(&self, remote_public_key: Option<&str>) -> String {
-        let key = remote_public_key
-            .map(|k| format!(", publicKey: \"{k}\""))
-            .unwrap_or_default();
-        let nets = [
-            ("localPodCIDR", self.local.pod_cidr),
-            ("localNATPodCIDR", or_none(self.local_nat_pod)),
-            ("localExternalCIDR", self.local.external_cidr),
-            ("localNATExternalCIDR", or_none(self.local_nat_external)),
-            ("remotePodCIDR", self.remote.pod_cidr),
-            ("remoteNATPodCIDR", or_none(self.remote_nat_pod)),
-            ("remoteExternalCIDR", self.remote.external_cidr),
-            ("remoteNATExternalCIDR", or_none(self.remote_nat_external)),
-        ];
-        let lines = |names: &mut dyn Iterator<Item = &(&str, &str)>| {
-            names
-                .map(|(name, value)| format!("  {name}: {value}\n"))
-                .collect::<String>()
-        };
         let remote = self.remote.name;
-        // Before v0.6 the peer's identity was a bare `clusterID`.
-        let (spec_nets, status) = match self.layout {
-            Layout::Spec => (
-                format!(
-                    "  clusterIdentity: {{clusterID: cluster-{remote}, clusterName: {remote}}}\n{}",
-                    lines(&mut nets.iter())
-                ),
-                String::new(),
-            ),
-            Layout::Legacy => {
-                (
-                    format!(
-                        "  clusterID: cluster-{remote}\n  podCIDR: {}\n  externalCIDR: {}\n",
-                        self.remote.pod_cidr, self.remote.external_cidr
-                    ),
-                    format!(
-                        "status:\n  phase: Ready\n{}",
-                        lines(&mut nets.iter().filter(|(n, _)| {
-                            !["remotePodCIDR", "remoteExternalCIDR"].contains(n)
-                        }))
-                    ),
-                )
-            }
+        let tep = TunnelEndpoint::new(&format!("tep-{remote}"), &format!("liqo-tenant-{remote}"))
+            .local([
+                self.local.pod_cidr,
+                or_none(self.local_nat_pod),
+                self.local.external_cidr,
+                or_none(self.local_nat_external),
+            ])
+            .remote([
+                self.remote.pod_cidr,
+                or_none(self.remote_nat_pod),
+                self.remote.external_cidr,
+                or_none(self.remote_nat_external),
+            ])
+            .endpoint(
+                self.endpoint_name
+                    .map_or_else(|| self.remote.wan_addr().to_string(), str::to_owned),
+            )
+            .port(TUNNEL_PORT);
+        let tep = match remote_public_key {
+            Some(key) => tep.public_key(key),
+            None => tep,
         };
-        format!(
-            "apiVersion: net.liqo.io/v1alpha1
-kind: TunnelEndpoint
-metadata:
-  name: tep-{remote}
-  namespace: liqo-tenant-{remote}
-spec:
-{spec_nets}  endpointIP: {endpoint}
-  backendType: wireguard
-  backend_config: {{port: \"{port}\"{key}}}
-{status}",
-            endpoint = self
-                .endpoint_name
-                .map_or_else(|| self.remote.wan_addr().to_string(), str::to_owned),
-            port = TUNNEL_PORT,
-        )
+        // Before v0.6 the peer's identity was a bare `clusterID`.
+        let tep = match self.layout {
+            Layout::Spec => tep.cluster_identity(&format!("cluster-{remote}"), remote),
+            Layout::Legacy => tep.cluster_id(&format!("cluster-{remote}")),
+        };
+        tep.layout(self.layout).to_string()
     }
 }
 

@@ -165,16 +165,19 @@ pub fn cluster_networks(pods: &[Ipv4Net], services: &[Ipv4Net]) -> Vec<Protected
 mod tests {
     use std::path::Path;
 
+    use xtask::objects::TunnelEndpoint;
+
     use super::*;
     use crate::model::object::{Object, parse_documents};
 
     /// A peer in `namespace` whose remote networks are `remote` (pod and
     /// external, each real then as we see it).
     fn peer(namespace: &str, remote: [&str; 4]) -> Peer {
-        let [pod, nat_pod, external, nat_external] = remote;
-        let yaml = format!(
-            "apiVersion: net.liqo.io/v1alpha1\nkind: TunnelEndpoint\nmetadata: {{name: tep, namespace: {namespace}}}\nspec:\n  localPodCIDR: 10.244.0.0/24\n  localNATPodCIDR: None\n  localExternalCIDR: 192.168.0.0/24\n  localNATExternalCIDR: None\n  remotePodCIDR: {pod}\n  remoteNATPodCIDR: {nat_pod}\n  remoteExternalCIDR: {external}\n  remoteNATExternalCIDR: {nat_external}\n  endpointIP: 203.0.113.2\n  backend_config: {{publicKey: AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=}}\n"
-        );
+        let yaml = TunnelEndpoint::new("tep", namespace)
+            .remote(remote)
+            .endpoint("203.0.113.2")
+            .public_key("AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=")
+            .to_string();
         let docs = parse_documents(Path::new("t.yaml"), &yaml);
         let Ok(Object::TunnelEndpoint(raw)) = &docs[0] else {
             panic!("{docs:?}")

@@ -18,6 +18,7 @@ use isthmus_common::{
 };
 use xtask::{
     lab::{self, LabTunnel},
+    objects::TunnelEndpoint,
     topology::{A, B, C, NAT_MAPPING},
 };
 
@@ -192,25 +193,13 @@ Agent resident memory with {ENTRIES} entries: {rss:.1} MiB.
 }
 
 fn bench_peer() -> String {
-    format!(
-        "apiVersion: net.liqo.io/v1alpha1
-kind: TunnelEndpoint
-metadata: {{name: tep-bench, namespace: liqo-tenant-bench}}
-spec:
-  clusterID: {BENCH_CLUSTER}
-  localPodCIDR: {pod}
-  localNATPodCIDR: None
-  localExternalCIDR: 100.64.0.0/16
-  localNATExternalCIDR: None
-  remotePodCIDR: {BENCH_VIEW}
-  remoteNATPodCIDR: None
-  remoteExternalCIDR: 192.168.50.0/24
-  remoteNATExternalCIDR: None
-  endpointIP: 203.0.113.200
-  backend_config: {{port: \"5871\"}}
-",
-        pod = B.pod_cidr
-    )
+    TunnelEndpoint::new("tep-bench", "liqo-tenant-bench")
+        .cluster_id(BENCH_CLUSTER)
+        .local([B.pod_cidr, "None", "100.64.0.0/16", "None"])
+        .remote([BENCH_VIEW, "None", "192.168.50.0/24", "None"])
+        .endpoint("203.0.113.200")
+        .port(5871)
+        .to_string()
 }
 
 /// Entry `i` of the large table: (endpointIP, externalIP).

@@ -12,7 +12,10 @@ use std::time::Duration;
 
 use anyhow::Result;
 use aya::maps::{LpmTrie, Map, MapData};
-use isthmus_common::names::MAP_NODES;
+use isthmus_common::{
+    names::{MAP_NODES, PROG_STEER},
+    pins::Direction,
+};
 use xtask::{
     cmd::{ip, run},
     lab::{self, LabTunnel},
@@ -252,9 +255,7 @@ fn isthmus_overlay(c: &Cluster, on: bool) -> Result<()> {
         for node in &nodes {
             std::fs::remove_file(lab::object_dir(node).join(lab::NODES_FILE))?;
         }
-        let link = lab::bpffs(&c.node())
-            .join("links")
-            .join("pod1-ingress-overlay_steer");
+        let link = lab::pins(&c.node()).link("pod1", Direction::Ingress, PROG_STEER);
         std::fs::remove_file(&link)?;
     }
     // The gateway sends tunnel traffic on to the worker while it knows it.
@@ -269,7 +270,7 @@ fn isthmus_overlay(c: &Cluster, on: bool) -> Result<()> {
 
 /// Entries of `node`'s pinned node table.
 fn node_entries(node: &str) -> Result<usize> {
-    let path = lab::bpffs(node).join("maps").join(MAP_NODES);
+    let path = lab::pins(node).map(MAP_NODES);
     let trie: LpmTrie<MapData, u32, u32> =
         Map::from_map_data(MapData::from_pin(path)?)?.try_into()?;
     Ok(trie.keys().count())

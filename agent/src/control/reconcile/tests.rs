@@ -3,6 +3,8 @@
 
 use std::path::Path;
 
+use xtask::objects::TunnelEndpoint;
+
 use super::*;
 use crate::kernel::table::MemoryTable;
 use crate::{model::object::parse_documents, model::policy::Protected};
@@ -21,10 +23,16 @@ fn reconciler(peers: &mut Peers) -> Reconciler<&mut Peers, Mappings> {
     Reconciler::new(peers, Mappings::default()).unwrap()
 }
 
+/// Peer `name`, whose networks are ours: we see its pods and externals as
+/// `remote_pod` and `remote_ext`.
+fn peer(name: &str, remote_pod: &str, remote_ext: &str) -> TunnelEndpoint {
+    TunnelEndpoint::new(name, "liqo-tenant-x")
+        .local(["10.244.0.0/24", "10.0.40.0/24", "192.168.0.0/24", "None"])
+        .remote(["10.244.0.0/24", remote_pod, "192.168.0.0/24", remote_ext])
+}
+
 fn tep(name: &str, remote_pod: &str, remote_ext: &str) -> String {
-    format!(
-        "apiVersion: net.liqo.io/v1alpha1\nkind: TunnelEndpoint\nmetadata: {{name: {name}, namespace: liqo-tenant-x}}\nspec:\n  localPodCIDR: 10.244.0.0/24\n  localNATPodCIDR: 10.0.40.0/24\n  localExternalCIDR: 192.168.0.0/24\n  localNATExternalCIDR: None\n  remotePodCIDR: 10.244.0.0/24\n  remoteNATPodCIDR: {remote_pod}\n  remoteExternalCIDR: 192.168.0.0/24\n  remoteNATExternalCIDR: {remote_ext}\n"
-    )
+    peer(name, remote_pod, remote_ext).to_string()
 }
 
 fn docs(file: &str, yaml: &str) -> Vec<Document> {
@@ -167,8 +175,12 @@ fn a_full_natmapping_table_still_lets_peers_come_and_go() {
         ..Mappings::default()
     };
     let mut r = Reconciler::new(&mut peers, &mut mappings).unwrap();
-    let b = with_cluster_id(tep("b", "10.0.0.0/24", "10.0.1.0/24"), "cluster-b");
-    let c = with_cluster_id(tep("c", "10.0.2.0/24", "10.0.3.0/24"), "cluster-c");
+    let b = peer("b", "10.0.0.0/24", "10.0.1.0/24")
+        .cluster_id("cluster-b")
+        .to_string();
+    let c = peer("c", "10.0.2.0/24", "10.0.3.0/24")
+        .cluster_id("cluster-c")
+        .to_string();
     let entry = [("10.1.0.5".to_owned(), "192.168.0.45".to_owned())];
     r.set_origin("b.yaml".into(), docs("b.yaml", &b));
     r.set_origin("c.yaml".into(), docs("c.yaml", &c));
@@ -233,17 +245,15 @@ fn tep_of(
     created: Option<&str>,
 ) -> String {
     let key = crate::model::key::encode(&[tunnel.1; 32]);
-    let mut yaml = tep(name, views.0, views.1);
-    if let Some(at) = created {
-        yaml = yaml.replace(
-            "namespace: liqo-tenant-x}",
-            &format!("namespace: liqo-tenant-x, creationTimestamp: \"{at}\"}}"),
-        );
+    let tep = peer(name, views.0, views.1)
+        .cluster_id(cluster)
+        .endpoint(tunnel.0)
+        .public_key(&key);
+    match created {
+        Some(at) => tep.created(at),
+        None => tep,
     }
-    format!(
-        "{yaml}  clusterID: {cluster}\n  endpointIP: {}\n  backend_config: {{publicKey: \"{key}\"}}\n",
-        tunnel.0
-    )
+    .to_string()
 }
 
 #[test]
@@ -447,10 +457,6 @@ fn natmapping(cluster: &str, entries: &[(String, String)]) -> String {
         yaml.push_str(&format!("    {endpoint}: {external}\n"));
     }
     yaml
-}
-
-fn with_cluster_id(yaml: String, id: &str) -> String {
-    yaml.replace("spec:\n", &format!("spec:\n  clusterID: {id}\n"))
 }
 
 mod mappings;

@@ -28,7 +28,9 @@ fn a_natmapping_is_held_until_its_cluster_has_a_tunnel_endpoint() {
             "nm.yaml: NatMapping nm-cluster-a: field spec.clusterID: cluster cluster-a has no TunnelEndpoint yet; its mappings are held until one appears"
         ]
     );
-    let tep_a = with_cluster_id(tep("a", "10.0.40.0/24", "10.0.41.0/24"), "cluster-a");
+    let tep_a = peer("a", "10.0.40.0/24", "10.0.41.0/24")
+        .cluster_id("cluster-a")
+        .to_string();
     r.set_origin("a.yaml".into(), docs("a.yaml", &tep_a));
     let report = r.reconcile().0;
     assert_eq!(
@@ -50,7 +52,9 @@ fn a_natmapping_is_held_until_its_cluster_has_a_tunnel_endpoint() {
 fn an_external_ip_outside_our_external_cidr_is_rejected_alone() {
     let (mut peers, mut mappings) = (Peers::default(), Mappings::default());
     let mut r = Reconciler::new(&mut peers, &mut mappings).unwrap();
-    let tep_a = with_cluster_id(tep("a", "10.0.40.0/24", "10.0.41.0/24"), "cluster-a");
+    let tep_a = peer("a", "10.0.40.0/24", "10.0.41.0/24")
+        .cluster_id("cluster-a")
+        .to_string();
     r.set_origin("a.yaml".into(), docs("a.yaml", &tep_a));
     let entries = [
         ("10.1.0.5".to_owned(), "192.168.0.45".to_owned()),
@@ -76,10 +80,13 @@ fn an_external_ip_outside_our_external_cidr_is_rejected_alone() {
 fn values_in_the_peers_view_of_our_external_cidr_reach_the_kernel_as_real_addresses() {
     let (mut peers, mut mappings) = (Peers::default(), Mappings::default());
     let mut r = Reconciler::new(&mut peers, &mut mappings).unwrap();
-    let tep_a = with_cluster_id(tep("a", "10.0.40.0/24", "10.0.41.0/24"), "cluster-a").replace(
-        "localNATExternalCIDR: None",
-        "localNATExternalCIDR: 10.0.1.0/24",
-    );
+    let tep_a = peer("a", "10.0.40.0/24", "10.0.41.0/24")
+        .cluster_id("cluster-a")
+        .to_string()
+        .replace(
+            "localNATExternalCIDR: None",
+            "localNATExternalCIDR: 10.0.1.0/24",
+        );
     r.set_origin("a.yaml".into(), docs("a.yaml", &tep_a));
     let liqo = |pod: &str, external: &str, entries: &str| {
         format!(
@@ -144,14 +151,11 @@ fn one_changed_entry_of_ten_thousand_touches_one_element() {
     let (mut peers, mut mappings) = (Peers::default(), Mappings::default());
     let mut r = Reconciler::new(&mut peers, &mut mappings).unwrap();
     // A /16 ExternalCIDR, so that 10,000 externalIPs fit in it.
-    let tep_a = tep("a", "10.0.40.0/24", "10.0.41.0/24").replace(
-        "localExternalCIDR: 192.168.0.0/24",
-        "localExternalCIDR: 192.168.0.0/16",
-    );
-    r.set_origin(
-        "a.yaml".into(),
-        docs("a.yaml", &with_cluster_id(tep_a, "cluster-a")),
-    );
+    let tep_a = peer("a", "10.0.40.0/24", "10.0.41.0/24")
+        .cluster_id("cluster-a")
+        .local(["10.244.0.0/24", "10.0.40.0/24", "192.168.0.0/16", "None"])
+        .to_string();
+    r.set_origin("a.yaml".into(), docs("a.yaml", &tep_a));
     let mut entries: Vec<(String, String)> = (0..10_000u32)
         .map(|i| {
             (

@@ -28,7 +28,7 @@ use isthmus_tests::{
 };
 use std::net::Ipv4Addr;
 
-use xtask::topology::PEERINGS;
+use xtask::{objects::TunnelEndpoint, topology::PEERINGS};
 
 const A_EXT: Addr = [192, 168, 0, 7];
 /// How b sees a's externals.
@@ -54,19 +54,12 @@ const TUNNEL_MSS: u16 = 1300;
 /// TC_ACT_UNSPEC: the programs always hand the packet on.
 const HAND_ON: i32 = -1;
 
-const PEER_S: &str = "apiVersion: net.liqo.io/v1alpha1
-kind: TunnelEndpoint
-metadata: {name: tep-s, namespace: liqo-tenant-s}
-spec:
-  localPodCIDR: 10.244.0.0/24
-  localNATPodCIDR: 10.0.50.0/24
-  localExternalCIDR: 192.168.0.0/24
-  localNATExternalCIDR: None
-  remotePodCIDR: 10.1.0.0/24
-  remoteNATPodCIDR: None
-  remoteExternalCIDR: 192.168.2.0/24
-  remoteNATExternalCIDR: None
-";
+/// A second peer, whose networks are its own (no remapping).
+fn peer_s() -> TunnelEndpoint {
+    TunnelEndpoint::new("tep-s", "liqo-tenant-s")
+        .local(["10.244.0.0/24", "10.0.50.0/24", "192.168.0.0/24", "None"])
+        .remote(["10.1.0.0/24", "None", "192.168.2.0/24", "None"])
+}
 
 /// The object loaded fresh (nothing pinned), with cluster a's peers and
 /// nodes.
@@ -102,7 +95,7 @@ impl Harness {
         .unwrap();
         for (id, yaml) in [
             (1, PEERINGS[0].tunnel_endpoint_yaml(None)),
-            (2, PEER_S.to_owned()),
+            (2, peer_s().to_string()),
         ] {
             let docs = parse_documents("test.yaml".as_ref(), &yaml);
             let Ok(Object::TunnelEndpoint(raw)) = &docs[0] else {

@@ -19,6 +19,7 @@ use isthmus_tests::{netns as test_netns, require_lab, require_root};
 use xtask::{
     cmd::{ip, run},
     lab, netns,
+    objects::TunnelEndpoint,
     probe::next_port,
 };
 
@@ -114,24 +115,14 @@ impl Pair {
         // Isthmus, with the peer as Liqo would describe it.
         fs::write(
             dir.join("objects/peer-go.yaml"),
-            format!(
-                "apiVersion: net.liqo.io/v1alpha1
-kind: TunnelEndpoint
-metadata: {{name: tep-go, namespace: liqo-tenant-go}}
-spec:
-  clusterID: cluster-go
-  localPodCIDR: 10.244.0.0/24
-  localNATPodCIDR: 10.0.40.0/24
-  localExternalCIDR: 192.168.0.0/24
-  localNATExternalCIDR: None
-  remotePodCIDR: 10.1.0.0/24
-  remoteNATPodCIDR: None
-  remoteExternalCIDR: 10.2.0.0/24
-  remoteNATExternalCIDR: None
-  endpointIP: 192.0.2.2
-  backend_config: {{port: \"5871\", publicKey: \"{go_public}\"}}
-"
-            ),
+            TunnelEndpoint::new("tep-go", "liqo-tenant-go")
+                .cluster_id("cluster-go")
+                .local(["10.244.0.0/24", "10.0.40.0/24", "192.168.0.0/24", "None"])
+                .remote(["10.1.0.0/24", "None", "10.2.0.0/24", "None"])
+                .endpoint("192.0.2.2")
+                .port(5871)
+                .public_key(&go_public)
+                .to_string(),
         )
         .unwrap();
         let args = vec![

@@ -29,6 +29,7 @@ use isthmus_tests::{
 use xtask::{
     cmd::{ip, run},
     lab, netns,
+    objects::TunnelEndpoint,
     probe::{self, Proto, next_port},
     topology::{A, B, TUNNEL_PORT, WAN_NS},
 };
@@ -133,25 +134,13 @@ impl Outsider {
         let object = lab::object_dir(&gw).join("peer-outsider.yaml");
         fs::write(
             &object,
-            format!(
-                "apiVersion: net.liqo.io/v1alpha1
-kind: TunnelEndpoint
-metadata: {{name: tep-outsider, namespace: liqo-tenant-outsider}}
-spec:
-  clusterID: cluster-outsider
-  localPodCIDR: 10.244.0.0/24
-  localNATPodCIDR: None
-  localExternalCIDR: 192.168.0.0/24
-  localNATExternalCIDR: None
-  remotePodCIDR: 10.77.0.0/24
-  remoteNATPodCIDR: None
-  remoteExternalCIDR: 10.78.0.0/24
-  remoteNATExternalCIDR: None
-  endpointIP: 203.0.113.99
-  backend_config: {{port: \"{port}\", publicKey: \"{}\"}}
-",
-                key::encode(public)
-            ),
+            TunnelEndpoint::new("tep-outsider", "liqo-tenant-outsider")
+                .cluster_id("cluster-outsider")
+                .remote(["10.77.0.0/24", "None", "10.78.0.0/24", "None"])
+                .endpoint("203.0.113.99")
+                .port(port)
+                .public_key(&key::encode(public))
+                .to_string(),
         )
         .unwrap();
         object

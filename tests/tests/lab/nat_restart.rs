@@ -211,7 +211,8 @@ fn pinned_maps_of_another_shape_are_migrated_or_replaced() {
     require_lab();
     let root = lab::bpffs("ist-t-pins");
     let _ = fs::remove_dir_all(&root);
-    let pin = |name: &str| root.join("maps").join(name);
+    let pins = isthmus_common::pins::Pins::new(&root);
+    let pin = |name: &str| pins.map(name);
     let capacity = |conntrack| Capacity {
         conntrack,
         ..Capacity::default()

@@ -4,7 +4,7 @@
 
 use std::{collections::BTreeSet, fs, process::Command};
 
-use isthmus_common::names;
+use isthmus_common::{names, pins};
 use isthmus_tests::require_lab;
 use serde_json::Value;
 use xtask::{
@@ -15,7 +15,7 @@ use xtask::{
 
 /// `bpftool -j map dump pinned` of map `map` on `node`: its entries.
 fn dump(node: &str, map: &str) -> Vec<Value> {
-    let path = lab::bpffs(node).join("maps").join(map);
+    let path = lab::pins(node).map(map);
     let out = Command::new("bpftool")
         .args(["-j", "map", "dump", "pinned"])
         .arg(&path)
@@ -111,19 +111,19 @@ fn every_pin_has_a_documented_name() {
                 .map(|e| e.unwrap().file_name().into_string().unwrap())
                 .collect()
         };
-        let pinned_maps = listed("maps");
+        let pinned_maps = listed(pins::MAPS);
         assert_eq!(pinned_maps.len(), maps.len(), "{node}: {pinned_maps:?}");
         for map in pinned_maps {
             assert!(maps.contains(map.as_str()), "{node}: map {map}");
         }
-        for program in listed("progs") {
+        for program in listed(pins::PROGRAMS) {
             assert!(
                 programs.contains(program.as_str()),
                 "{node}: program {program}"
             );
         }
         // A link pin is `<device>-<direction>-<program>`.
-        for link in listed("links") {
+        for link in listed(pins::LINKS) {
             assert!(
                 programs
                     .iter()

@@ -16,6 +16,7 @@ use isthmus_tests::{eventually, metrics::sample, require_lab};
 use xtask::{
     cmd::ip,
     lab,
+    objects::TunnelEndpoint,
     probe::{self, Proto},
     topology::{A, reachability},
 };
@@ -66,21 +67,15 @@ fn wait_log(node: &str, needle: &str) {
 }
 
 fn peer_x(remote_nat_pod: &str) -> String {
-    format!(
-        "apiVersion: net.liqo.io/v1alpha1
-kind: TunnelEndpoint
-metadata: {{name: tep-x, namespace: liqo-tenant-x}}
-spec:
-  localPodCIDR: 10.244.0.0/24
-  localNATPodCIDR: 10.0.70.0/24
-  localExternalCIDR: 192.168.0.0/24
-  localNATExternalCIDR: None
-  remotePodCIDR: 10.50.0.0/24
-  remoteNATPodCIDR: {remote_nat_pod}
-  remoteExternalCIDR: 192.168.50.0/24
-  remoteNATExternalCIDR: 10.7.1.0/24
-"
-    )
+    TunnelEndpoint::new("tep-x", "liqo-tenant-x")
+        .local(["10.244.0.0/24", "10.0.70.0/24", "192.168.0.0/24", "None"])
+        .remote([
+            "10.50.0.0/24",
+            remote_nat_pod,
+            "192.168.50.0/24",
+            "10.7.1.0/24",
+        ])
+        .to_string()
 }
 
 struct Scratch(PathBuf);

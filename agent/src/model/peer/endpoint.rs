@@ -1,0 +1,79 @@
+//! Where and how to reach a peer's gateway: `endpointIP` (an address, or a
+//! host name), the port and the WireGuard key.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+/// Where and how to reach a peer's gateway.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TunnelParams {
+    /// `endpointIP`.
+    pub endpoint: Endpoint,
+    /// `backend_config.port`.
+    pub port: u16,
+    /// `backend_config.publicKey`, decoded.
+    pub public_key: [u8; 32],
+}
+
+/// `endpointIP`: an address, or a DNS name that Liqo copied from a
+/// LoadBalancer's status (an AWS ELB's, for instance).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Endpoint {
+    /// An IPv4 address.
+    Addr(Ipv4Addr),
+    /// A host name, resolved by the gateway through the system resolver.
+    Name(String),
+}
+
+impl Endpoint {
+    /// The address, when the object gives one rather than a name.
+    pub fn addr(&self) -> Option<Ipv4Addr> {
+        match self {
+            Endpoint::Addr(ip) => Some(*ip),
+            Endpoint::Name(_) => None,
+        }
+    }
+
+    pub(super) fn parse(text: &str) -> Option<Self> {
+        if let Ok(ip) = text.parse::<Ipv4Addr>() {
+            return Some(Endpoint::Addr(ip));
+        }
+        is_host_name(text).then(|| Endpoint::Name(text.to_ascii_lowercase()))
+    }
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Endpoint::Addr(ip) => ip.fmt(f),
+            Endpoint::Name(name) => f.write_str(name),
+        }
+    }
+}
+
+impl TunnelParams {
+    /// The endpoint with its port, when it is an address.
+    pub fn socket(&self) -> Option<SocketAddrV4> {
+        Some(SocketAddrV4::new(self.endpoint.addr()?, self.port))
+    }
+}
+
+/// An RFC 1123 host name with at least one letter in its last label, so
+/// that a mistyped address (`203.0.113.300`) is not taken for a name.
+fn is_host_name(text: &str) -> bool {
+    let name = text.strip_suffix('.').unwrap_or(text);
+    let label_ok = |l: &str| {
+        (1..=63).contains(&l.len())
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    (1..=253).contains(&name.len())
+        && name.split('.').all(label_ok)
+        && name
+            .rsplit('.')
+            .next()
+            .is_some_and(|tld| tld.bytes().any(|b| b.is_ascii_alphabetic()))
+}
+
+/// WireGuard port when `backend_config.port` is absent (Liqo's default).
+pub const DEFAULT_TUNNEL_PORT: u16 = 5871;

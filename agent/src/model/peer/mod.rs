@@ -1,0 +1,348 @@
+//! A validated peer: the networks of one TunnelEndpoint, checked field by
+//! field, and the kernel rules they turn into.
+
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use isthmus_common::nat::{PeerNat, PrefixRewrite};
+use serde_yaml_ng::Value;
+
+use crate::model::object::{Layout, ObjectKey, RawTunnelEndpoint};
+
+mod endpoint;
+mod error;
+
+pub use endpoint::{DEFAULT_TUNNEL_PORT, Endpoint, TunnelParams};
+pub use error::{PeerError, Problem};
+
+/// The value Liqo writes for "not remapped".
+pub const NONE: &str = "None";
+/// A real network and, when the other side remapped it, its remapped form.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mapped {
+    /// The real network.
+    pub real: Ipv4Net,
+    /// The network it is remapped to, if any.
+    pub nat: Option<Ipv4Net>,
+}
+
+impl Mapped {
+    /// The network as it appears after remapping.
+    pub fn seen(&self) -> Ipv4Net {
+        self.nat.unwrap_or(self.real)
+    }
+
+    /// The real address behind `addr`, an address of the remapped network.
+    pub fn real_of(&self, addr: Ipv4Addr) -> Option<Ipv4Addr> {
+        let wire = isthmus_common::nat::wire(addr.octets());
+        self.seen()
+            .contains(&addr)
+            .then(|| Ipv4Addr::from(self.inbound().apply(wire).to_ne_bytes()))
+    }
+
+    /// The address of the remapped network behind `addr`, a real one.
+    pub fn seen_of(&self, addr: Ipv4Addr) -> Option<Ipv4Addr> {
+        let wire = isthmus_common::nat::wire(addr.octets());
+        self.real
+            .contains(&addr)
+            .then(|| Ipv4Addr::from(self.outbound().apply(wire).to_ne_bytes()))
+    }
+
+    /// Real → remapped, or the identity when not remapped: the kernel
+    /// still needs the real network, to tell our addresses from others'.
+    fn outbound(&self) -> PrefixRewrite {
+        rewrite(self.real, self.seen())
+    }
+
+    /// Remapped → real, or the identity when not remapped.
+    fn inbound(&self) -> PrefixRewrite {
+        rewrite(self.seen(), self.real)
+    }
+}
+
+fn rewrite(from: Ipv4Net, to: Ipv4Net) -> PrefixRewrite {
+    PrefixRewrite::new(
+        from.network().octets(),
+        to.network().octets(),
+        from.prefix_len(),
+    )
+}
+
+/// The Liqo field names of one network pair.
+struct Fields {
+    real: &'static str,
+    nat: &'static str,
+}
+
+const LOCAL_POD: Fields = Fields {
+    real: "localPodCIDR",
+    nat: "localNATPodCIDR",
+};
+const LOCAL_EXTERNAL: Fields = Fields {
+    real: "localExternalCIDR",
+    nat: "localNATExternalCIDR",
+};
+const REMOTE_POD: Fields = Fields {
+    real: "remotePodCIDR",
+    nat: "remoteNATPodCIDR",
+};
+const REMOTE_EXTERNAL: Fields = Fields {
+    real: "remoteExternalCIDR",
+    nat: "remoteNATExternalCIDR",
+};
+
+/// One peer, validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    /// The TunnelEndpoint it came from.
+    pub key: ObjectKey,
+    /// File (or other origin) it was read from.
+    pub origin: String,
+    /// When the API server created the object, if it says.
+    pub created: Option<String>,
+    /// The peer's cluster ID, if the object carries one.
+    pub cluster_id: Option<String>,
+    /// The peer's cluster name (`clusterIdentity.clusterName`), if the
+    /// object carries one.
+    pub cluster_name: Option<String>,
+    /// Where the fields were found.
+    pub layout: Layout,
+    /// Our PodCIDR, and how the peer sees it.
+    pub local_pod: Mapped,
+    /// Our ExternalCIDR, and how the peer sees it.
+    pub local_external: Mapped,
+    /// The peer's PodCIDR, and how we see it.
+    pub remote_pod: Mapped,
+    /// The peer's ExternalCIDR, and how we see it.
+    pub remote_external: Mapped,
+    /// The peer gateway's WireGuard endpoint and key, or the first of their
+    /// fields the object lacks.
+    pub tunnel: Result<TunnelParams, &'static str>,
+}
+
+impl Peer {
+    /// Validates a TunnelEndpoint read from `origin`.
+    pub fn from_raw(raw: &RawTunnelEndpoint, origin: &str) -> Result<Self, PeerError> {
+        let reader = Reader { raw, origin };
+        Ok(Self {
+            key: raw.key.clone(),
+            origin: origin.to_owned(),
+            created: raw.created.clone(),
+            cluster_id: identity(raw, "clusterID"),
+            cluster_name: identity(raw, "clusterName"),
+            layout: raw.layout(),
+            local_pod: reader.mapped(&LOCAL_POD)?,
+            local_external: reader.mapped(&LOCAL_EXTERNAL)?,
+            remote_pod: reader.mapped(&REMOTE_POD)?,
+            remote_external: reader.mapped(&REMOTE_EXTERNAL)?,
+            tunnel: reader.tunnel()?,
+        })
+    }
+
+    /// The networks we see the peer under, with the field each comes from.
+    /// The kernel finds the peer of a packet by these.
+    pub fn views(&self) -> [(&'static str, Ipv4Net); 2] {
+        [
+            (
+                seen_field(&self.remote_pod, &REMOTE_POD),
+                self.remote_pod.seen(),
+            ),
+            (
+                seen_field(&self.remote_external, &REMOTE_EXTERNAL),
+                self.remote_external.seen(),
+            ),
+        ]
+    }
+
+    /// Our ExternalCIDR as the peer sees it, with its field: where the
+    /// peer reaches what our NatMapping for it exposes.
+    pub fn local_external_view(&self) -> (&'static str, Ipv4Net) {
+        self.local_views()[1]
+    }
+
+    /// Our networks as the peer sees them, each with its field.
+    pub fn local_views(&self) -> [(&'static str, Ipv4Net); 2] {
+        [
+            (
+                seen_field(&self.local_pod, &LOCAL_POD),
+                self.local_pod.seen(),
+            ),
+            (
+                seen_field(&self.local_external, &LOCAL_EXTERNAL),
+                self.local_external.seen(),
+            ),
+        ]
+    }
+
+    /// Every network of the object, each with its field: the real ones and
+    /// those remapped.
+    pub fn networks(&self) -> Vec<(&'static str, Ipv4Net)> {
+        [
+            (&self.local_pod, &LOCAL_POD),
+            (&self.local_external, &LOCAL_EXTERNAL),
+            (&self.remote_pod, &REMOTE_POD),
+            (&self.remote_external, &REMOTE_EXTERNAL),
+        ]
+        .into_iter()
+        .flat_map(|(mapped, fields)| {
+            [(fields.real, Some(mapped.real)), (fields.nat, mapped.nat)]
+                .into_iter()
+                .filter_map(|(field, net)| Some((field, net?)))
+        })
+        .collect()
+    }
+
+    /// The kernel rules for this peer.
+    pub fn nat(&self, peer_id: u32) -> PeerNat {
+        PeerNat {
+            peer_id,
+            egress: [self.local_pod.outbound(), self.local_external.outbound()],
+            ingress: [self.local_pod.inbound(), self.local_external.inbound()],
+        }
+    }
+
+    /// A label for logs and metrics: the cluster ID, else the object name.
+    pub fn label(&self) -> &str {
+        self.cluster_id.as_deref().unwrap_or(&self.key.name)
+    }
+
+    /// The cluster's name for metrics: its `clusterName`, else the object
+    /// name.
+    pub fn name(&self) -> &str {
+        self.cluster_name.as_deref().unwrap_or(&self.key.name)
+    }
+}
+
+fn seen_field(mapped: &Mapped, fields: &Fields) -> &'static str {
+    if mapped.nat.is_some() {
+        fields.nat
+    } else {
+        fields.real
+    }
+}
+
+/// A field of the peer's identity: in the spec before Liqo v0.6, in
+/// `clusterIdentity` since.
+fn identity(raw: &RawTunnelEndpoint, field: &str) -> Option<String> {
+    raw.field(field)
+        .or_else(|| raw.field("clusterIdentity").and_then(|i| i.get(field)))
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+}
+
+struct Reader<'a> {
+    raw: &'a RawTunnelEndpoint,
+    origin: &'a str,
+}
+
+impl Reader<'_> {
+    fn mapped(&self, fields: &Fields) -> Result<Mapped, PeerError> {
+        let (real_field, real) = self.cidr(fields.real, false)?;
+        let real = real.ok_or_else(|| self.error(Problem::Missing { field: real_field }))?;
+        let (nat_field, nat) = self.cidr(fields.nat, true)?;
+        if let Some(nat) = nat
+            && nat.prefix_len() != real.prefix_len()
+        {
+            return Err(self.error(Problem::MaskMismatch {
+                field: nat_field,
+                nat_len: nat.prefix_len(),
+                real_field,
+                real_len: real.prefix_len(),
+            }));
+        }
+        Ok(Mapped { real, nat })
+    }
+
+    /// The network in `field`, with the name it goes by in the object's
+    /// layout; `None` if absent, or "None" where allowed.
+    fn cidr(
+        &self,
+        field: &'static str,
+        none_allowed: bool,
+    ) -> Result<(&'static str, Option<Ipv4Net>), PeerError> {
+        let (field, value) = self.raw.network(field);
+        let Some(value) = value else {
+            return Ok((field, None));
+        };
+        let text = value.as_str().unwrap_or_default();
+        if none_allowed && text == NONE {
+            return Ok((field, None));
+        }
+        text.parse::<Ipv4Net>()
+            .map(|net| (field, Some(net.trunc())))
+            .map_err(|_| {
+                self.error(Problem::BadCidr {
+                    field,
+                    value: match value {
+                        Value::String(s) => s.clone(),
+                        other => serde_yaml_ng::to_string(other)
+                            .unwrap_or_default()
+                            .trim()
+                            .to_owned(),
+                    },
+                    none: if none_allowed { " or \"None\"" } else { "" },
+                })
+            })
+    }
+
+    /// `endpointIP` and `backend_config`: absent fields leave no tunnel,
+    /// malformed ones are errors.
+    fn tunnel(&self) -> Result<Result<TunnelParams, &'static str>, PeerError> {
+        let text = |v: &Value| match v {
+            Value::String(s) => s.clone(),
+            other => serde_yaml_ng::to_string(other)
+                .unwrap_or_default()
+                .trim()
+                .to_owned(),
+        };
+        let bad = |field: &'static str, value: &Value, what: &'static str| {
+            self.error(Problem::BadValue {
+                field,
+                value: text(value),
+                what,
+            })
+        };
+        let backend = self.raw.field("backend_config");
+        let endpoint = match self.raw.field("endpointIP") {
+            None => None,
+            Some(v) => Some(
+                Endpoint::parse(&text(v))
+                    .ok_or_else(|| bad("endpointIP", v, "an IPv4 address or a DNS name"))?,
+            ),
+        };
+        let port = match backend.and_then(|b| b.get("port")) {
+            None => DEFAULT_TUNNEL_PORT,
+            Some(v) => text(v)
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| bad("backend_config.port", v, "a UDP port"))?,
+        };
+        let public_key = match backend.and_then(|b| b.get("publicKey")) {
+            None => None,
+            Some(v) => Some(crate::model::key::decode(&text(v)).ok_or_else(|| {
+                bad(
+                    "backend_config.publicKey",
+                    v,
+                    "a base64 32-byte WireGuard key",
+                )
+            })?),
+        };
+        Ok(match (endpoint, public_key) {
+            (None, _) => Err("endpointIP"),
+            (_, None) => Err("backend_config.publicKey"),
+            (Some(endpoint), Some(public_key)) => Ok(TunnelParams {
+                endpoint,
+                port,
+                public_key,
+            }),
+        })
+    }
+
+    fn error(&self, problem: Problem) -> PeerError {
+        PeerError::new(self.origin, &self.raw.key, problem)
+    }
+}
+
+#[cfg(test)]
+mod tests;

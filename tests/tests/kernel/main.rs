@@ -1,0 +1,7 @@
+//! The kernel tier: the real eBPF programs on crafted packets
+//! (`BPF_PROG_TEST_RUN`), checked byte for byte. Needs root; each test loads
+//! its own copy of the object, so they run in parallel.
+
+mod guard_test_run;
+mod overlay_test_run;
+mod prog_test_run;

@@ -1,0 +1,24 @@
+//! The lab tier: tests against the reference lab of DESIGN.md, with real
+//! sockets in its namespaces. They share one lab and restart its agents, so
+//! `cargo xtask test` runs them one at a time.
+
+mod attach_modes;
+mod bpftool;
+mod conncheck;
+mod dashboard;
+mod dir_watch;
+mod guard;
+mod hostname;
+mod hub;
+mod inspect;
+mod kube_source;
+mod liqo_shapes;
+mod logs;
+mod metrics;
+mod mss_clamp;
+mod nat_restart;
+mod overlay;
+mod reachability;
+mod tunnel_offload;
+mod tunnel_security;
+mod wan_capture;

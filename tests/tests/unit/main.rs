@@ -1,0 +1,4 @@
+//! The unit tier's integration tests: no root, no kernel, in parallel.
+
+mod manifests;
+mod run_loop;

@@ -1,0 +1,243 @@
+//! The agent's run loop in-process: a directory source, Liqo's exact object
+//! shapes, and kernel tables in memory that the test reads while the loop
+//! writes them. No root, no kernel.
+
+use std::{
+    collections::BTreeSet,
+    fs,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use ipnet::Ipv4Net;
+use isthmus_agent::{
+    control::{
+        reconcile::Reconciler,
+        run::{Host, RunLoop},
+        source,
+    },
+    kernel::table::{Entry, KernelTable, MemoryTable},
+    model::{node::Node, object::KIND_TUNNEL_ENDPOINT, policy::Policy},
+    observe::metrics::{BuildInfo, Metrics},
+};
+use isthmus_common::nat::{MappingKey, PeerNat};
+use isthmus_tests::eventually;
+use tokio::sync::oneshot;
+
+/// Long enough for a loaded machine; a broken loop fails instead of hanging.
+const GIVE_UP: Duration = Duration::from_secs(20);
+
+/// A table in memory that the test reads, and resizes, while the loop
+/// writes it.
+struct Shared<K, V>(Arc<Mutex<MemoryTable<K, V>>>);
+
+impl<K, V> Shared<K, V> {
+    fn new(capacity: usize) -> Self {
+        let table = MemoryTable {
+            capacity,
+            ..MemoryTable::default()
+        };
+        Self(Arc::new(Mutex::new(table)))
+    }
+
+    fn handle(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<K: Ord + Copy, V: PartialEq + Copy> Shared<K, V> {
+    fn keys(&self) -> BTreeSet<K> {
+        self.0.lock().unwrap().entries.keys().copied().collect()
+    }
+
+    fn values(&self) -> Vec<V> {
+        self.0.lock().unwrap().entries.values().copied().collect()
+    }
+}
+
+impl<K: Ord + Copy, V: PartialEq + Copy> KernelTable for Shared<K, V> {
+    type Key = K;
+    type Value = V;
+    type Error = std::io::Error;
+    fn entries(&self) -> std::io::Result<Vec<Entry<Self>>> {
+        self.0.lock().unwrap().entries()
+    }
+    fn put(&mut self, key: K, value: &V, old: Option<&V>) -> std::io::Result<()> {
+        self.0.lock().unwrap().put(key, value, old)
+    }
+    fn delete(&mut self, key: K, old: &V) -> std::io::Result<()> {
+        self.0.lock().unwrap().delete(key, old)
+    }
+    fn is_full(error: &std::io::Error) -> bool {
+        MemoryTable::<K, V>::is_full(error)
+    }
+}
+
+/// A node with no devices to follow, no overlay, and Liqo's default policy.
+struct NoDevices;
+
+impl Host for NoDevices {
+    fn refresh_devices(&mut self) {}
+    fn sync_nodes(&mut self, _nodes: &[Node]) -> bool {
+        true
+    }
+    fn policy(&self) -> Policy {
+        Policy::default()
+    }
+}
+
+type Peers = Shared<Ipv4Net, PeerNat>;
+type Mappings = Shared<MappingKey, u32>;
+
+/// The loop, running on a thread of its own until `stop` is sent.
+struct Running {
+    metrics: Arc<Metrics>,
+    peers: Peers,
+    mappings: Mappings,
+    stop: oneshot::Sender<()>,
+    thread: JoinHandle<anyhow::Result<()>>,
+}
+
+impl Running {
+    fn start(dir: &Path, peer_capacity: usize) -> Self {
+        let (peers, mappings) = (Peers::new(peer_capacity), Mappings::new(usize::MAX));
+        let metrics = Metrics::new(
+            None,
+            None,
+            BuildInfo {
+                node: "test",
+                role: "worker",
+                attach_mode: "none",
+                xdp_mode: "none",
+            },
+        )
+        .unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let mut run_loop = RunLoop {
+            reconciler: Reconciler::new(peers.handle(), mappings.handle()).unwrap(),
+            gateway: None,
+            host: NoDevices,
+            feedback: None,
+            metrics: metrics.clone(),
+        };
+        let dir = dir.to_owned();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(async move {
+                let events = source::watch_dir(&dir)?;
+                run_loop
+                    .follow(events, async {
+                        let _ = stopped.await;
+                    })
+                    .await
+            })
+        });
+        Self {
+            metrics,
+            peers,
+            mappings,
+            stop,
+            thread,
+        }
+    }
+
+    fn finish(self) {
+        self.stop.send(()).unwrap();
+        self.thread.join().unwrap().unwrap();
+    }
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/liqo")
+        .join(name)
+}
+
+/// A directory holding the named fixtures.
+fn objects(names: &[&str]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for name in names {
+        fs::copy(fixture(name), dir.path().join(name)).unwrap();
+    }
+    dir
+}
+
+fn nets(list: &[&str]) -> BTreeSet<Ipv4Net> {
+    list.iter().map(|n| n.parse().unwrap()).collect()
+}
+
+const MILAN: [&str; 2] = ["10.50.0.0/16", "10.51.0.0/16"];
+const TURIN: [&str; 2] = ["10.80.0.0/16", "10.81.0.0/16"];
+
+#[test]
+fn the_loop_follows_a_directory_into_the_tables() {
+    let dir = objects(&[
+        "milan-v0.10.yaml",
+        "natmapping-milan.yaml",
+        "turin-v0.3.0.yaml",
+    ]);
+    let running = Running::start(dir.path(), usize::MAX);
+    let both = nets(&[MILAN, TURIN].concat());
+    eventually(
+        GIVE_UP,
+        "milan's and turin's views in the peer table",
+        || running.peers.keys() == both,
+    );
+    // milan's two NatMapping entries: the conncheck and a pod.
+    let wire = |a: &str| u32::from_ne_bytes(a.parse::<Ipv4Addr>().unwrap().octets());
+    eventually(GIVE_UP, "milan's NatMapping entries", || {
+        let mut values = running.mappings.values();
+        values.sort();
+        let mut want = vec![wire("169.254.0.1"), wire("10.70.4.21")];
+        want.sort();
+        values == want
+    });
+    assert_eq!(running.metrics.peers.get(), 2);
+
+    fs::remove_file(dir.path().join("turin-v0.3.0.yaml")).unwrap();
+    eventually(GIVE_UP, "turin's views removed", || {
+        running.peers.keys() == nets(&MILAN)
+    });
+
+    // Another cluster claiming milan's views is rejected; milan stays.
+    let rival = fs::read_to_string(fixture("milan-v0.10.yaml"))
+        .unwrap()
+        .replace("name: milan\n", "name: rival\n")
+        .replace("6a0e9f1c-2f3a-4c55-9d0e-8e1b2c3d4e5f", "rival-cluster");
+    fs::write(dir.path().join("rival.yaml"), rival).unwrap();
+    eventually(GIVE_UP, "the rival rejected", || {
+        running.metrics.rejected_objects.get() == 1
+    });
+    assert_eq!(running.peers.keys(), nets(&MILAN));
+    running.finish();
+}
+
+#[test]
+fn a_failed_write_is_retried_on_a_tick_without_an_object_change() {
+    let dir = objects(&["milan-v0.10.yaml", "turin-v0.3.0.yaml"]);
+    // Room for one peer's two views: the second peer's write fails.
+    let running = Running::start(dir.path(), 2);
+    let failed = || {
+        running
+            .metrics
+            .reconcile_errors
+            .get_or_create(&[("kind", KIND_TUNNEL_ENDPOINT)])
+            .get()
+    };
+    eventually(GIVE_UP, "a full peer table counted", || {
+        failed() > 0 && running.metrics.map_full.get() > 0
+    });
+    assert_eq!(running.peers.keys().len(), 2);
+
+    // The table grows (as after an operator frees room); no file changes.
+    running.peers.0.lock().unwrap().capacity = usize::MAX;
+    eventually(GIVE_UP, "the retry writes the rest", || {
+        running.peers.keys() == nets(&[MILAN, TURIN].concat())
+    });
+    running.finish();
+}
