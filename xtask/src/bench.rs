@@ -1027,3 +1027,10 @@ fn result_lines(results: &[(&str, f64, f64)], decimals: usize) -> String {
     }
     lines
 }
+
+/// The `p`th percentile of `values`, by rank.
+fn percentile(values: &[f64], p: usize) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[(sorted.len() * p / 100).min(sorted.len() - 1)]
+}

@@ -5,8 +5,6 @@ pub mod cmd;
 pub mod fake_api;
 pub mod kube_lab;
 pub mod lab;
-pub mod liqo_peer;
-pub mod monitor;
 pub mod netns;
 pub mod objects;
 pub mod probe;

@@ -96,7 +96,7 @@ fn main() -> Result<()> {
                 None => lab::up(tunnel),
             }
         }
-        Task::LiqoConncheck { cluster } => xtask::liqo_peer::run_conncheck(&cluster),
+        Task::LiqoConncheck { cluster } => xtask::lab::liqo_peer::run_conncheck(&cluster),
         Task::Lab {
             action: LabAction::Down,
         } => {

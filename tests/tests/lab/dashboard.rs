@@ -5,7 +5,7 @@ use std::{collections::BTreeSet, path::PathBuf};
 
 use isthmus_tests::require_lab;
 use serde_json::Value;
-use xtask::monitor;
+use xtask::lab::monitor;
 
 fn dashboard() -> Value {
     let path =

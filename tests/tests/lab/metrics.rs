@@ -11,7 +11,8 @@ use std::{
 
 use isthmus_tests::require_lab;
 use xtask::{
-    lab, monitor, netns,
+    lab::{self, monitor},
+    netns,
     probe::{self, Proto},
     topology::{self, A, B, CLUSTERS},
 };

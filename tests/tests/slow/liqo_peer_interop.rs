@@ -12,7 +12,7 @@ use std::time::Duration;
 use isthmus_tests::{eventually, require_lab};
 use serde_json::Value;
 use xtask::{
-    lab, liqo_peer,
+    lab::{self, liqo_peer},
     probe::{self, Proto},
     topology::{self, A, B},
 };

@@ -23,8 +23,8 @@ use xtask::{
 };
 
 use super::{
-    Flow, disable_isthmus, enable_isthmus, maps_to, measure, median, peer_id, pinned, poll,
-    result_lines, write_section,
+    Flow, disable_isthmus, enable_isthmus, maps_to, measure, median, peer_id, percentile, pinned,
+    poll, result_lines, write_section,
 };
 
 /// Entries in the large table.
@@ -341,12 +341,6 @@ fn update_latencies(node: &str, peer_id: u32, format: Format) -> Result<Vec<f64>
         latencies.push((done - start).as_secs_f64() * 1e3);
     }
     Ok(latencies)
-}
-
-pub(super) fn percentile(values: &[f64], p: usize) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted[(sorted.len() * p / 100).min(sorted.len() - 1)]
 }
 
 struct IptablesApply {

@@ -22,8 +22,7 @@ use xtask::{
 };
 
 use super::{
-    control::percentile, maps_to, peer_id, pinned, poll, result_lines, rss_mib, synthetic_key,
-    write_section,
+    maps_to, peer_id, percentile, pinned, poll, result_lines, rss_mib, synthetic_key, write_section,
 };
 
 /// TunnelEndpoints delivered.

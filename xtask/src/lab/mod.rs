@@ -6,6 +6,9 @@
 //! of it, by name, whatever state a crash left. No lab address or route is
 //! ever added to the root namespace, and no lab namespace is linked to it.
 
+pub mod liqo_peer;
+pub mod monitor;
+
 use std::{
     fs,
     io::{Read, Write},
@@ -39,7 +42,7 @@ pub const TEST_NS_PREFIX: &str = "ist-t-";
 /// Every netns name the lab may create, including ones of later issues and
 /// the tests' own (`ist-t-*`), so that `down` removes whatever any run left.
 fn all_namespaces() -> Vec<String> {
-    let mut names = vec![WAN_NS.to_owned(), crate::monitor::MON_NS.to_owned()];
+    let mut names = vec![WAN_NS.to_owned(), monitor::MON_NS.to_owned()];
     if let Ok(entries) = fs::read_dir("/run/netns") {
         names.extend(
             entries
@@ -145,7 +148,7 @@ pub fn up(tunnel: LabTunnel) -> Result<()> {
 }
 
 /// The lab with `liqo` run as Liqo v0.10 runs a cluster
-/// ([`crate::liqo_peer`]) and the others with Isthmus' embedded tunnel.
+/// ([`liqo_peer`]) and the others with Isthmus' embedded tunnel.
 pub fn up_with_liqo_peer(liqo: &'static Cluster) -> Result<()> {
     build(LabTunnel::Userspace, Some(liqo))
 }
@@ -164,7 +167,7 @@ fn build(tunnel: LabTunnel, liqo: Option<&'static Cluster>) -> Result<()> {
     }
     fs::write(state("tunnel"), tunnel.as_str())?;
     if let Some(liqo) = liqo {
-        crate::liqo_peer::choose(liqo)?;
+        liqo_peer::choose(liqo)?;
     }
     run(
         "mount",
@@ -185,7 +188,7 @@ fn build(tunnel: LabTunnel, liqo: Option<&'static Cluster>) -> Result<()> {
             "lab: cluster {} runs as Liqo v0.10 (wireguard-go, iptables, conncheck)",
             liqo.name
         );
-        crate::liqo_peer::start(liqo)?;
+        liqo_peer::start(liqo)?;
     }
     let isthmus = || {
         CLUSTERS
@@ -207,8 +210,8 @@ fn build(tunnel: LabTunnel, liqo: Option<&'static Cluster>) -> Result<()> {
         println!("lab: up; every Isthmus agent is ready");
         return Ok(());
     }
-    println!("lab: starting Prometheus in {}", crate::monitor::MON_NS);
-    crate::monitor::up()?;
+    println!("lab: starting Prometheus in {}", monitor::MON_NS);
+    monitor::up()?;
     println!("lab: up; every agent is ready, and Prometheus scrapes them all");
     Ok(())
 }
@@ -833,14 +836,14 @@ pub fn down() -> Result<()> {
     for pid in pids {
         stop_pid(pid)?;
     }
-    crate::liqo_peer::stop()?;
+    liqo_peer::stop()?;
     for pid in lab_wireguard_go() {
         stop_pid(pid)?;
     }
     for cluster in CLUSTERS {
         let _ = fs::remove_dir_all(hosts_file(&cluster.gw()).parent().expect("a directory"));
     }
-    crate::monitor::down()?;
+    monitor::down()?;
     for gw in ["a-gw", "b-gw", "c-gw"] {
         let _ = fs::remove_file(wg_socket(&wg_dev(gw)));
     }

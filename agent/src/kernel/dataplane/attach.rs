@@ -1,0 +1,251 @@
+//! Attaching the programs to devices: TCX links where the kernel has them
+//! (6.6+), netlink filters on a clsact qdisc elsewhere, each replaced in
+//! place when a previous agent attached one.
+
+use std::path::Path;
+
+use aya::programs::{
+    LinkOrder, SchedClassifier, TcAttachType,
+    links::{FdLink, PinnedLink},
+    tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcHandle},
+};
+use isthmus_common::{names, pins::Direction};
+use tracing::{info, warn};
+
+use crate::kernel::link::{self, DeviceError};
+
+use super::{Dataplane, DataplaneError, NL_PRIORITY, direction, nl_handle, remove_pin, unpin_link};
+
+/// How to attach TC programs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AttachMode {
+    /// TCX links where the kernel has them (6.6+), clsact otherwise.
+    Auto,
+    /// TCX links only.
+    Tcx,
+    /// A clsact qdisc with netlink filters only.
+    Clsact,
+}
+
+impl AttachMode {
+    /// The mode this kernel gets.
+    pub fn resolve(self) -> Attached {
+        match self {
+            AttachMode::Auto if tcx_supported() => Attached::Tcx,
+            AttachMode::Auto | AttachMode::Clsact => Attached::Clsact,
+            AttachMode::Tcx => Attached::Tcx,
+        }
+    }
+}
+
+/// How the programs ended up attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attached {
+    /// Through pinned TCX links.
+    Tcx,
+    /// Through netlink filters on a clsact qdisc.
+    Clsact,
+}
+
+impl Attached {
+    /// Lower-case name for logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Attached::Tcx => "tcx",
+            Attached::Clsact => "clsact",
+        }
+    }
+}
+
+impl Dataplane {
+    /// Attaches the NAT programs to both directions of `dev`, replacing
+    /// whatever a previous agent attached there.
+    pub fn attach_nat(&mut self, dev: &str, mode: AttachMode) -> Result<(), DataplaneError> {
+        let (egress, ingress) = match link::link_type(dev)? {
+            link::ARPHRD_ETHER => (names::PROG_EGRESS_ETH, names::PROG_INGRESS_ETH),
+            link::ARPHRD_NONE => (names::PROG_EGRESS_IP, names::PROG_INGRESS_IP),
+            other => {
+                return Err(DeviceError {
+                    dev: dev.into(),
+                    reason: format!("link type {other} is neither Ethernet nor a raw L3 device"),
+                }
+                .into());
+            }
+        };
+        let mode = mode.resolve();
+        self.attach(egress, dev, TcAttachType::Egress, mode)?;
+        self.attach(ingress, dev, TcAttachType::Ingress, mode)?;
+        info!(
+            dev,
+            mode = mode.as_str(),
+            egress,
+            ingress,
+            "NAT programs attached"
+        );
+        Ok(())
+    }
+
+    /// Attaches the overlay's receiving program to the VXLAN device `dev`.
+    pub fn attach_accept(&mut self, dev: &str, mode: AttachMode) -> Result<(), DataplaneError> {
+        self.attach(
+            names::PROG_ACCEPT,
+            dev,
+            TcAttachType::Ingress,
+            mode.resolve(),
+        )
+    }
+
+    /// Unpins the TCX links of `dev`, a device that is gone: the kernel
+    /// detached them with it.
+    pub fn forget_device(&mut self, dev: &str) -> Result<(), DataplaneError> {
+        for program in names::PROGRAMS {
+            for attach_type in [TcAttachType::Ingress, TcAttachType::Egress] {
+                remove_pin(&self.pins.link(dev, direction(attach_type), program))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Attaches the overlay's decapsulation to the uplink `dev`.
+    pub fn attach_decap(&mut self, dev: &str, mode: AttachMode) -> Result<(), DataplaneError> {
+        self.attach(
+            names::PROG_DECAP,
+            dev,
+            TcAttachType::Ingress,
+            mode.resolve(),
+        )
+    }
+
+    /// Detaches the overlay's decapsulation from `dev`, which is no longer
+    /// the uplink.
+    pub fn detach_decap(&mut self, dev: &str) -> Result<(), DataplaneError> {
+        let _ = tc::qdisc_detach_program(dev, TcAttachType::Ingress, names::PROG_DECAP);
+        unpin_link(&self.pins.link(dev, Direction::Ingress, names::PROG_DECAP))
+    }
+
+    /// Attaches the worker's steering program to pod-facing device `dev`.
+    pub fn attach_steer(&mut self, dev: &str, mode: AttachMode) -> Result<(), DataplaneError> {
+        self.attach(
+            names::PROG_STEER,
+            dev,
+            TcAttachType::Ingress,
+            mode.resolve(),
+        )
+    }
+
+    fn attach(
+        &mut self,
+        program: &'static str,
+        dev: &str,
+        attach_type: TcAttachType,
+        mode: Attached,
+    ) -> Result<(), DataplaneError> {
+        self.attach_program(program, dev, attach_type, mode)
+            .map_err(|source| DataplaneError::Program {
+                program,
+                dev: dev.into(),
+                source,
+            })
+    }
+
+    fn attach_program(
+        &mut self,
+        program: &'static str,
+        dev: &str,
+        attach_type: TcAttachType,
+        mode: Attached,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        let prog: &mut SchedClassifier = self
+            .ebpf
+            .program_mut(program)
+            .ok_or("missing from the object")?
+            .try_into()?;
+        // One program serves every device it is attached to.
+        if prog.fd().is_err() {
+            prog.load()?;
+        }
+        let link = self.pins.link(dev, direction(attach_type), program);
+        // Attach first, then drop what an agent in the other mode left: the
+        // device is never without the program.
+        match mode {
+            Attached::Tcx => {
+                attach_tcx(prog, dev, attach_type, &link)?;
+                let _ = tc::qdisc_detach_program(dev, attach_type, program);
+            }
+            Attached::Clsact => {
+                attach_clsact(prog, dev, attach_type, nl_handle(program))?;
+                unpin_link(&link)?;
+            }
+        }
+        let pin = self.pins.program(program);
+        remove_pin(&pin)?;
+        prog.pin(&pin)?;
+        Ok(())
+    }
+}
+
+/// Swaps `prog` into the TCX link pinned at `pin`, or creates and pins one.
+fn attach_tcx(
+    prog: &mut SchedClassifier,
+    dev: &str,
+    attach_type: TcAttachType,
+    pin: &Path,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    if pin.exists() {
+        let link = SchedClassifierLink::try_from(FdLink::from(PinnedLink::from_pin(pin)?))?;
+        match prog.attach_to_link(link) {
+            Ok(id) => {
+                // The pin keeps the link; closing our descriptor detaches nothing.
+                drop(FdLink::try_from(prog.take_link(id)?)?);
+                return Ok(());
+            }
+            // The device was recreated since: the old link is defunct.
+            Err(e) => {
+                warn!(dev, pin = %pin.display(), error = %e, "replacing a stale TCX link");
+                remove_pin(pin)?;
+            }
+        }
+    }
+    let id = prog.attach_with_options(
+        dev,
+        attach_type,
+        TcAttachOptions::TcxOrder(LinkOrder::default()),
+    )?;
+    FdLink::try_from(prog.take_link(id)?)?.pin(pin)?;
+    Ok(())
+}
+
+/// Replaces our netlink filter on `dev`, or creates it.
+fn attach_clsact(
+    prog: &mut SchedClassifier,
+    dev: &str,
+    attach_type: TcAttachType,
+    handle: TcHandle,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    if let Err(e) = tc::qdisc_add_clsact(dev)
+        && !matches!(&e, tc::TcError::NetlinkError(n) if n.raw_os_error() == Some(libc::EEXIST))
+    {
+        return Err(e.into());
+    }
+    let ours = SchedClassifierLink::attached(dev, attach_type, NL_PRIORITY, handle, None)?;
+    let id = match prog.attach_to_link(ours) {
+        Ok(id) => id,
+        Err(_) => prog.attach_with_options(
+            dev,
+            attach_type,
+            TcAttachOptions::Netlink(NlOptions {
+                priority: NL_PRIORITY,
+                handle,
+                classid: None,
+            }),
+        )?,
+    };
+    // A netlink filter outlives the process unless detached: keep it, so the
+    // dataplane forwards while the agent restarts.
+    std::mem::forget(prog.take_link(id)?);
+    Ok(())
+}
+
+fn tcx_supported() -> bool {
+    aya::util::KernelVersion::current().is_ok_and(|v| v >= aya::util::KernelVersion::new(6, 6, 0))
+}

@@ -1,0 +1,375 @@
+//! Loading, pinning and attaching the kernel programs, adopting what a
+//! previous agent left behind, and removing it all on request.
+//!
+//! Everything lives under one bpffs directory:
+//! `maps/<map>`, `progs/<program>` and, with TCX,
+//! `links/<device>-<direction>-<program>`.
+//! An agent that stops leaves all of it in place, so the dataplane keeps
+//! forwarding; the next agent reuses the maps and swaps its programs in
+//! atomically (`bpf_link_update`, or a netlink filter replace).
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    programs::{TcAttachType, Xdp, XdpMode, links::PinnedLink, tc::TcHandle},
+};
+use isthmus_common::{
+    names,
+    pins::{Direction, Pins},
+};
+use thiserror::Error;
+use tracing::info;
+
+use crate::{
+    kernel::conntrack::Conntrack,
+    kernel::link::DeviceError,
+    kernel::maps::{
+        GuardMaps, GuardSettings, MappingMap, NodeMap, OverlayMaps, OverlaySettings, PeerMap,
+        PresenceSet,
+    },
+    kernel::pinned,
+};
+
+mod attach;
+mod cleanup;
+
+pub use attach::{AttachMode, Attached};
+pub use cleanup::cleanup;
+
+/// The compiled eBPF object, built by `build.rs`.
+pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/isthmus"));
+
+/// `statfs` magic of a bpf filesystem.
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// Failures of loading, attaching or cleaning up.
+#[derive(Debug, Error)]
+pub enum DataplaneError {
+    /// The pin directory is not on a bpf filesystem.
+    #[error("{0}: not on a bpf filesystem (mount one with `mount -t bpf bpf /sys/fs/bpf`)")]
+    NotBpffs(PathBuf),
+    /// A file operation under the pin directory failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path involved.
+        path: PathBuf,
+        /// What went wrong.
+        source: io::Error,
+    },
+    /// The device cannot carry the NAT programs.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    /// aya refused to load the object.
+    #[error("loading the eBPF object: {0}")]
+    Load(#[from] aya::EbpfError),
+    /// A program could not be loaded or attached.
+    #[error("program {program} on {dev}: {source}")]
+    Program {
+        /// The program.
+        program: &'static str,
+        /// The device.
+        dev: String,
+        /// What went wrong.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A map has the wrong type.
+    #[error("map {0}: {1}")]
+    Map(&'static str, aya::maps::MapError),
+    /// A map is missing from the object.
+    #[error("map {0} is missing from the eBPF object")]
+    MissingMap(&'static str),
+    /// The object does not parse.
+    #[error("reading the eBPF object: {0}")]
+    Object(#[from] aya_obj::ParseError),
+    /// A pinned map cannot be reused.
+    #[error(transparent)]
+    Pinned(#[from] pinned::PinnedError),
+}
+
+/// Sizes of the maps whose capacity the operator chooses.
+#[derive(Clone, Copy, Debug)]
+pub struct Capacity {
+    /// NatMapping entries, over every cluster.
+    pub nat_mappings: u32,
+    /// Conntrack entries, two per masqueraded flow.
+    pub conntrack: u32,
+}
+
+impl Default for Capacity {
+    fn default() -> Self {
+        Self {
+            nat_mappings: names::DEFAULT_NAT_MAPPINGS,
+            conntrack: names::DEFAULT_CONNTRACK,
+        }
+    }
+}
+
+/// The loaded object, with its maps pinned.
+pub struct Dataplane {
+    ebpf: Ebpf,
+    pins: Pins,
+}
+
+impl Dataplane {
+    /// Loads the object, reusing the maps already pinned under `root` that
+    /// have the shape this agent creates, and migrating or replacing the
+    /// others (see [`pinned`]).
+    pub fn load(root: &Path, capacity: &Capacity) -> Result<Self, DataplaneError> {
+        ensure_bpffs(root)?;
+        let pins = Pins::new(root);
+        for dir in pins.dirs() {
+            fs::create_dir_all(&dir).map_err(|source| DataplaneError::Io { path: dir, source })?;
+        }
+        let sized = [
+            (names::MAP_NATMAP, capacity.nat_mappings),
+            (names::MAP_NATMAP_REV, capacity.nat_mappings),
+            (names::MAP_CONNTRACK, capacity.conntrack),
+        ];
+        let object = aya_obj::Object::parse(OBJECT)?;
+        let mut wanted = std::collections::HashMap::new();
+        for name in names::MAPS {
+            let map = object
+                .maps
+                .get(name)
+                .ok_or(DataplaneError::MissingMap(name))?;
+            let max_entries = sized
+                .iter()
+                .find_map(|(sized, entries)| (*sized == name).then_some(*entries))
+                .unwrap_or(map.max_entries());
+            let shape = pinned::Shape {
+                map_type: map.map_type(),
+                key_size: map.key_size(),
+                value_size: map.value_size(),
+                max_entries,
+            };
+            wanted.insert(name, (pins.map(name), shape));
+        }
+        let migrations = pinned::check(&wanted)?;
+        let mut loader = EbpfLoader::new();
+        for (name, (path, _)) in &wanted {
+            loader.map_pin_path(name, path.as_path());
+        }
+        for (name, entries) in sized {
+            loader.map_max_entries(name, entries);
+        }
+        let ebpf = loader.load(OBJECT)?;
+        for migration in migrations {
+            let new =
+                aya::maps::MapData::from_pin(migration.path()).map_err(|e| DataplaneError::Io {
+                    path: migration.path().to_owned(),
+                    source: io::Error::other(e),
+                })?;
+            let copied = migration.copy_into(&new)?;
+            info!(
+                map = migration.name(),
+                entries = copied,
+                "pinned map migrated"
+            );
+        }
+        Ok(Self { ebpf, pins })
+    }
+
+    /// The peer table, for the reconciler.
+    pub fn take_peer_map(&mut self) -> Result<PeerMap, DataplaneError> {
+        let (nets, lens) = (
+            self.take(names::MAP_PEERS)?,
+            self.take(names::MAP_PREFIX_LENS)?,
+        );
+        PeerMap::new(nets, lens).map_err(|e| DataplaneError::Map(names::MAP_PEERS, e))
+    }
+
+    /// The NatMapping tables, for the reconciler.
+    pub fn take_mapping_map(&mut self) -> Result<MappingMap, DataplaneError> {
+        let (forward, reverse) = (
+            self.take(names::MAP_NATMAP)?,
+            self.take(names::MAP_NATMAP_REV)?,
+        );
+        MappingMap::new(forward, reverse).map_err(|e| DataplaneError::Map(names::MAP_NATMAP, e))
+    }
+
+    /// The masquerade's flow table and settings.
+    pub fn take_conntrack(&mut self) -> Result<Conntrack, DataplaneError> {
+        let (flows, config) = (
+            self.take(names::MAP_CONNTRACK)?,
+            self.take(names::MAP_SNAT)?,
+        );
+        Conntrack::new(flows, config).map_err(|e| DataplaneError::Map(names::MAP_CONNTRACK, e))
+    }
+
+    /// Sets the largest MSS a SYN crossing the NAT device may advertise
+    /// (0: none is clamped).
+    pub fn set_tcp_mss(&mut self, mss: u16) -> Result<(), DataplaneError> {
+        let error = |e| DataplaneError::Map(names::MAP_TCP_MSS, e);
+        let map = self
+            .ebpf
+            .map_mut(names::MAP_TCP_MSS)
+            .ok_or(DataplaneError::MissingMap(names::MAP_TCP_MSS))?;
+        let mut array = aya::maps::Array::<_, u32>::try_from(map).map_err(error)?;
+        array.set(0, u32::from(mss), 0).map_err(error)
+    }
+
+    /// The XDP guard's tables.
+    pub fn take_guard(&mut self) -> Result<GuardMaps, DataplaneError> {
+        let map_error = |e| DataplaneError::Map(names::MAP_GUARD_SOURCES, e);
+        let sources = PresenceSet::new(self.take(names::MAP_GUARD_SOURCES)?).map_err(map_error)?;
+        let indexes = PresenceSet::new(self.take(names::MAP_GUARD_INDEXES)?).map_err(map_error)?;
+        let settings =
+            GuardSettings::new(self.take(names::MAP_GUARD_CONFIG)?).map_err(map_error)?;
+        Ok(GuardMaps {
+            sources,
+            indexes,
+            settings,
+        })
+    }
+
+    /// Attaches the XDP guard to `dev` in native (driver) mode. The link
+    /// lives as long as the agent: the guard protects the userspace tunnel,
+    /// which does not outlive it either.
+    pub fn attach_guard(&mut self, dev: &str) -> Result<(), DataplaneError> {
+        let program = names::PROG_GUARD;
+        let attach = |ebpf: &mut Ebpf| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+            let prog: &mut Xdp = ebpf
+                .program_mut(program)
+                .ok_or("missing from the object")?
+                .try_into()?;
+            prog.load()?;
+            prog.attach(dev, XdpMode::Driver)?;
+            Ok(())
+        };
+        attach(&mut self.ebpf).map_err(|source| DataplaneError::Program {
+            program,
+            dev: dev.into(),
+            source,
+        })?;
+        info!(dev, mode = "native", program, "XDP guard attached");
+        Ok(())
+    }
+
+    /// The table of pod veths the overlay delivers into directly.
+    pub fn take_pod_devs(&mut self) -> Result<PresenceSet<u32>, DataplaneError> {
+        PresenceSet::new(self.take(names::MAP_POD_DEVS)?)
+            .map_err(|e| DataplaneError::Map(names::MAP_POD_DEVS, e))
+    }
+
+    /// The overlay's settings, node table and node addresses.
+    pub fn take_overlay(&mut self) -> Result<OverlayMaps, DataplaneError> {
+        let settings = OverlaySettings::new(self.take(names::MAP_OVERLAY)?)
+            .map_err(|e| DataplaneError::Map(names::MAP_OVERLAY, e))?;
+        let nodes = NodeMap::new(self.take(names::MAP_NODES)?)
+            .map_err(|e| DataplaneError::Map(names::MAP_NODES, e))?;
+        let addresses = PresenceSet::new(self.take(names::MAP_NODE_ADDRS)?)
+            .map_err(|e| DataplaneError::Map(names::MAP_NODE_ADDRS, e))?;
+        Ok(OverlayMaps {
+            settings,
+            nodes,
+            addresses,
+        })
+    }
+
+    fn take(&mut self, name: &'static str) -> Result<aya::maps::Map, DataplaneError> {
+        self.ebpf
+            .take_map(name)
+            .ok_or(DataplaneError::MissingMap(name))
+    }
+}
+
+/// Fails unless `root` (or the directory it will be created in) is on bpffs.
+fn ensure_bpffs(root: &Path) -> Result<(), DataplaneError> {
+    let existing = root
+        .ancestors()
+        .find(|p| p.exists())
+        .unwrap_or(Path::new("/"));
+    let c_path = std::ffi::CString::new(existing.as_os_str().as_encoded_bytes()).map_err(|e| {
+        DataplaneError::Io {
+            path: root.into(),
+            source: io::Error::other(e),
+        }
+    })?;
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid NUL-terminated path and a properly sized out-buffer.
+    if unsafe { libc::statfs(c_path.as_ptr(), &mut stat) } != 0 {
+        return Err(DataplaneError::Io {
+            path: existing.into(),
+            source: io::Error::last_os_error(),
+        });
+    }
+    if stat.f_type as i64 != BPF_FS_MAGIC {
+        return Err(DataplaneError::NotBpffs(root.into()));
+    }
+    Ok(())
+}
+
+/// Netlink filter priority used in clsact mode, fixed so a restarted agent
+/// can find and replace its own filters.
+pub(super) const NL_PRIORITY: u16 = 0x1517;
+
+/// The netlink filter handle of `program` in clsact mode: one per program,
+/// since two of them may share a device's hook (NAT and the overlay's
+/// decapsulation on a single-NIC gateway).
+pub(super) fn nl_handle(program: &str) -> TcHandle {
+    let index = names::PROGRAMS.iter().position(|p| *p == program);
+    TcHandle::new(0x1517, 1 + index.unwrap_or(0) as u16)
+}
+
+/// The hook of `attach_type`, as a link's pin names it.
+pub(super) fn direction(attach_type: TcAttachType) -> Direction {
+    match attach_type {
+        TcAttachType::Egress => Direction::Egress,
+        _ => Direction::Ingress,
+    }
+}
+
+/// Unpins a TCX link, if pinned. That drops the last reference to it, so
+/// the kernel detaches it.
+pub(super) fn unpin_link(path: &Path) -> Result<(), DataplaneError> {
+    if !path.exists() {
+        return Ok(());
+    }
+    PinnedLink::from_pin(path)
+        .map_err(|e| DataplaneError::Io {
+            path: path.into(),
+            source: io::Error::other(e),
+        })?
+        .unpin()
+        .map_err(|source| DataplaneError::Io {
+            path: path.into(),
+            source,
+        })?;
+    Ok(())
+}
+
+pub(super) fn pin_entries(dir: &Path) -> Result<Vec<PathBuf>, DataplaneError> {
+    match fs::read_dir(dir) {
+        Ok(entries) => Ok(entries.filter_map(|e| e.ok().map(|e| e.path())).collect()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(source) => Err(DataplaneError::Io {
+            path: dir.into(),
+            source,
+        }),
+    }
+}
+
+pub(super) fn remove_pin(path: &Path) -> Result<(), DataplaneError> {
+    already_gone_is_fine(path, fs::remove_file(path))
+}
+
+pub(super) fn remove_dir(path: &Path) -> Result<(), DataplaneError> {
+    already_gone_is_fine(path, fs::remove_dir(path))
+}
+
+/// Cleanup is idempotent: what is already gone counts as removed.
+pub(super) fn already_gone_is_fine(
+    path: &Path,
+    result: io::Result<()>,
+) -> Result<(), DataplaneError> {
+    match result {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(DataplaneError::Io {
+            path: path.into(),
+            source: e,
+        }),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,174 @@
+//! The collectors that read the kernel at scrape time: the dataplane's
+//! counters, map occupancy, and peers' denied packets.
+
+use std::sync::Arc;
+
+use isthmus_common::counters::{DENY_REASONS, deny_slot};
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
+    metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
+};
+use tracing::warn;
+
+use crate::{
+    kernel::maps::{Counters, Occupancy, PinnedMaps},
+    observe::samples::DataplaneCounters,
+};
+
+use super::PeerIds;
+
+/// The dataplane's counters, read at scrape time, and how full each map
+/// is, as last counted.
+#[derive(Debug)]
+pub(super) struct DataplaneMetrics {
+    pub(super) counters: DataplaneCounters,
+    pub(super) occupancy: Occupancies,
+}
+
+/// How full each map was when last counted: walking a big hash map's keys
+/// takes a while, so it is done on a timer, off the async runtime, and a
+/// scrape reads the result.
+pub(super) type Occupancies = Arc<std::sync::Mutex<Vec<Occupancy>>>;
+
+/// How often map occupancy is counted.
+const OCCUPANCY_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Counts map occupancy now, then every [`OCCUPANCY_EVERY`], on a thread
+/// of its own.
+pub(super) fn count_occupancy(maps: PinnedMaps, into: Occupancies) {
+    let counter = std::thread::Builder::new()
+        .name("map-occupancy".into())
+        .spawn(move || {
+            loop {
+                match maps.occupancy() {
+                    Ok(counted) => *into.lock().unwrap_or_else(|p| p.into_inner()) = counted,
+                    Err(e) => warn!(error = %e, "counting map entries"),
+                }
+                std::thread::sleep(OCCUPANCY_EVERY);
+            }
+        });
+    if let Err(e) = counter {
+        warn!(error = %e, "starting the map occupancy counter: map occupancy will not be reported");
+    }
+}
+
+impl Collector for DataplaneMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        match self.counters.families() {
+            Ok(families) => {
+                for f in families {
+                    let mut family =
+                        encoder.encode_descriptor(f.name, f.help, None, MetricType::Counter)?;
+                    for (labels, value) in f.samples {
+                        ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
+                    }
+                }
+            }
+            Err(e) => warn!(error = %e, "reading the per-CPU counters"),
+        }
+        let occupancy = self
+            .occupancy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        occupancy_families(&mut encoder, &occupancy)
+    }
+}
+
+/// How full each map is against its capacity.
+fn occupancy_families(
+    encoder: &mut DescriptorEncoder,
+    maps: &[Occupancy],
+) -> Result<(), std::fmt::Error> {
+    for (name, help, value) in [
+        (
+            "map_entries",
+            "Entries in use in each pinned map (an array's slots always are)",
+            (|o: &Occupancy| o.entries) as fn(&Occupancy) -> u32,
+        ),
+        (
+            "map_capacity_entries",
+            "Entries each pinned map can hold",
+            |o: &Occupancy| o.capacity,
+        ),
+    ] {
+        let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+        for o in maps {
+            ConstGauge::new(i64::from(value(o)))
+                .encode(family.encode_family(&[("map", o.map)])?)?;
+        }
+    }
+    Ok(())
+}
+
+/// Labels of a per-peer sample.
+pub(super) type PeerLabels = [(&'static str, String); 2];
+
+pub(super) fn peer_labels(cluster_id: &str, cluster_name: &str) -> PeerLabels {
+    [
+        ("cluster_id", cluster_id.to_owned()),
+        ("cluster_name", cluster_name.to_owned()),
+    ]
+}
+
+/// Peers' packets the ingress NAT dropped for where they were headed, read
+/// at scrape time.
+#[derive(Debug)]
+pub(super) struct DeniedMetrics {
+    pub(super) counters: Counters,
+    pub(super) peers: PeerIds,
+}
+
+impl Collector for DeniedMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let sums = match self.counters.read() {
+            Ok(sums) => sums,
+            Err(e) => {
+                warn!(error = %e, "reading the denied-packet counters");
+                return Ok(());
+            }
+        };
+        let peers = self.peers.read().unwrap_or_else(|p| p.into_inner()).clone();
+        // ID 0 collects the peers beyond the map's reach.
+        let beyond = DENY_REASONS
+            .iter()
+            .any(|r| sums[deny_slot(0, *r) as usize] > 0);
+        let named = peers
+            .into_iter()
+            .chain(beyond.then(|| (0, peer_labels("other", "other"))));
+        let mut family = encoder.encode_descriptor(
+            "peer_denied_packets",
+            "Packets from the peer dropped for where they were headed, by reason: a peer reaches only our Pod and External networks, its NatMapping endpoints and flows we masqueraded",
+            None,
+            MetricType::Counter,
+        )?;
+        for (id, [cluster_id, cluster_name]) in named {
+            for reason in DENY_REASONS {
+                let labels = [
+                    cluster_id.clone(),
+                    cluster_name.clone(),
+                    ("reason", reason.as_str().to_owned()),
+                ];
+                ConstCounter::new(sums[deny_slot(id, reason) as usize])
+                    .encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Encodes one metric family: a descriptor, then one sample per label set.
+pub(super) fn family<L: EncodeLabelSet, M: EncodeMetric>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    metric_type: MetricType,
+    samples: impl IntoIterator<Item = (L, M)>,
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, None, metric_type)?;
+    for (labels, metric) in samples {
+        metric.encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,247 @@
+//! Prometheus metrics and health endpoints, served on `--metrics-addr`.
+//!
+//! Dataplane counters are read from the per-CPU map at scrape time, so the
+//! packet path never waits on the agent.
+
+use std::{
+    collections::BTreeMap,
+    path::Path,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+};
+
+use aya::maps::MapError;
+
+use prometheus_client::{
+    encoding::text::encode,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
+
+use crate::{
+    kernel::maps::{Counters, PinnedMaps},
+    model::object::{KIND_NAT_MAPPING, KIND_NODE, KIND_TUNNEL_ENDPOINT},
+    model::peer::Peer,
+    observe::samples::DataplaneCounters,
+    tunnel::Tunnel,
+};
+
+mod collect;
+mod gateway;
+mod http;
+
+use collect::{
+    DataplaneMetrics, DeniedMetrics, Occupancies, PeerLabels, count_occupancy, peer_labels,
+};
+pub use gateway::GatewayState;
+use gateway::{LiqoMetrics, TunnelMetrics};
+pub use http::{DEFAULT_PORT, serve};
+
+/// The metrics one agent exposes.
+pub struct Metrics {
+    registry: Registry,
+    /// The metrics Liqo's gateway exports, under Liqo's names, for the
+    /// dashboards that read them.
+    liqo: Registry,
+    ready: AtomicBool,
+    /// The embedded tunnel, whose threads `/healthz` vouches for.
+    tunnel: Option<Arc<Tunnel>>,
+    /// Peers programmed into the kernel.
+    pub peers: Gauge,
+    /// Objects currently rejected.
+    pub rejected_objects: Gauge,
+    /// Kernel map elements written or removed, by operation.
+    pub map_updates: Family<[(&'static str, &'static str); 1], Counter>,
+    /// Reconcile passes that failed to write the kernel, by object kind.
+    pub reconcile_errors: Family<[(&'static str, &'static str); 1], Counter>,
+    /// Reconcile passes that found a kernel table full.
+    pub map_full: Counter,
+    /// NatMapping entries programmed into the kernel.
+    pub nat_mappings: Gauge,
+    /// Conntrack entries in use after the last collection (two per flow).
+    pub conntrack_entries: Gauge,
+    /// TunnelEndpoint status decisions, by outcome: written, skipped
+    /// (already shown, or not due), failed.
+    pub status_writes: Family<[(&'static str, &'static str); 1], Counter>,
+    /// When the last reconcile pass brought every kernel table up to date.
+    last_reconcile: Gauge<f64, AtomicU64>,
+    /// The labels of each peer, by the ID the kernel counts it under.
+    peer_labels: PeerIds,
+}
+
+/// Each peer's labels by its ID in the kernel, shared with a collector.
+type PeerIds = Arc<std::sync::RwLock<BTreeMap<u32, PeerLabels>>>;
+
+/// What `isthmus_build_info` says of this agent.
+pub struct BuildInfo<'a> {
+    /// The node it runs on.
+    pub node: &'a str,
+    /// `gateway` or `worker`.
+    pub role: &'a str,
+    /// How the TC programs are attached: `tcx` or `clsact`.
+    pub attach_mode: &'a str,
+    /// How the XDP guard is attached (`native`), or `none`.
+    pub xdp_mode: &'a str,
+}
+
+impl Metrics {
+    /// Registers every metric, reading the dataplane's maps pinned under
+    /// `bpffs` (none without it: the tables are then not the kernel's), and
+    /// the embedded tunnel's state if this node has one.
+    pub fn new(
+        bpffs: Option<&Path>,
+        gateway: Option<GatewayState>,
+        build: BuildInfo,
+    ) -> Result<Arc<Self>, MapError> {
+        let mut registry = Registry::with_prefix("isthmus");
+        let mut liqo = Registry::with_prefix("liqo");
+        let tunnel = gateway.as_ref().map(|g| g.tunnel.clone());
+        let peers = Gauge::default();
+        let rejected_objects = Gauge::default();
+        let map_updates = Family::default();
+        let reconcile_errors = Family::default();
+        let map_full = Counter::default();
+        let nat_mappings = Gauge::default();
+        let conntrack_entries = Gauge::default();
+        let status_writes = Family::default();
+        let last_reconcile = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "last_reconcile_timestamp_seconds",
+            "When a reconcile pass last brought every kernel table up to date (Unix time)",
+            last_reconcile.clone(),
+        );
+        registry.register(
+            "status_writes",
+            "TunnelEndpoint status decisions of the gateway, by outcome",
+            status_writes.clone(),
+        );
+        registry.register(
+            "conntrack_entries",
+            "Conntrack entries in use after the last garbage collection, two per masqueraded flow",
+            conntrack_entries.clone(),
+        );
+        registry.register("peers", "Peers programmed into the kernel", peers.clone());
+        registry.register(
+            "nat_mappings",
+            "NatMapping entries programmed into the kernel",
+            nat_mappings.clone(),
+        );
+        registry.register(
+            "map_full",
+            "Reconcile passes that found a kernel table full; nothing is evicted",
+            map_full.clone(),
+        );
+        registry.register(
+            "rejected_objects",
+            "Objects rejected by validation",
+            rejected_objects.clone(),
+        );
+        registry.register(
+            "map_updates",
+            "Kernel map elements written or removed",
+            map_updates.clone(),
+        );
+        // Every kind's series exists from the start, so a rate over it works
+        // before the first failure.
+        for kind in [KIND_TUNNEL_ENDPOINT, KIND_NAT_MAPPING, KIND_NODE] {
+            let _ = reconcile_errors.get_or_create(&[("kind", kind)]);
+        }
+        registry.register(
+            "reconcile_errors",
+            "Reconcile passes that failed to update a kernel table, by the kind of object it holds",
+            reconcile_errors.clone(),
+        );
+        let kernel = nix::sys::utsname::uname()
+            .map(|u| u.release().to_string_lossy().into_owned())
+            .unwrap_or_default();
+        // A gauge of 1, not an OpenMetrics info: the Prometheus text format
+        // that promtool checks has no info type.
+        let build_info = Family::<[(&'static str, String); 6], Gauge>::default();
+        build_info
+            .get_or_create(&[
+                ("version", env!("CARGO_PKG_VERSION").to_owned()),
+                ("kernel", kernel),
+                ("attach_mode", build.attach_mode.to_owned()),
+                ("xdp_mode", build.xdp_mode.to_owned()),
+                ("node", build.node.to_owned()),
+                ("role", build.role.to_owned()),
+            ])
+            .set(1);
+        registry.register(
+            "build_info",
+            "The agent's version, the kernel, how its programs are attached, its node and role; always 1",
+            build_info,
+        );
+        if let Some(gateway) = gateway {
+            registry.register_collector(Box::new(TunnelMetrics(gateway.tunnel.clone())));
+            liqo.register_collector(Box::new(LiqoMetrics(gateway)));
+        }
+        let peer_labels = PeerIds::default();
+        if let Some(bpffs) = bpffs {
+            let occupancy = Occupancies::default();
+            count_occupancy(PinnedMaps::open(bpffs)?, occupancy.clone());
+            registry.register_collector(Box::new(DataplaneMetrics {
+                counters: DataplaneCounters::open(bpffs)?,
+                occupancy,
+            }));
+            registry.register_collector(Box::new(DeniedMetrics {
+                counters: Counters::open_denied(bpffs)?,
+                peers: peer_labels.clone(),
+            }));
+        }
+        Ok(Arc::new(Self {
+            registry,
+            liqo,
+            ready: AtomicBool::new(false),
+            tunnel,
+            peers,
+            rejected_objects,
+            map_updates,
+            reconcile_errors,
+            map_full,
+            nat_mappings,
+            conntrack_entries,
+            status_writes,
+            last_reconcile,
+            peer_labels,
+        }))
+    }
+
+    /// Names the peers the kernel counts by ID.
+    pub fn set_peer_ids<'a>(&self, peers: impl IntoIterator<Item = (u32, &'a Peer)>) {
+        let labels = peers
+            .into_iter()
+            .map(|(id, p)| (id, peer_labels(p.label(), p.name())))
+            .collect();
+        *self.peer_labels.write().unwrap_or_else(|p| p.into_inner()) = labels;
+    }
+
+    /// Records a reconcile pass that brought every kernel table up to date.
+    pub fn reconciled(&self) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        self.last_reconcile.set(now);
+    }
+
+    /// Records a reconcile pass that failed to update the table of `kind`.
+    pub fn reconcile_failed(&self, kind: &'static str) {
+        self.reconcile_errors.get_or_create(&[("kind", kind)]).inc();
+    }
+
+    /// Marks the agent ready: the dataplane is attached and the source synced.
+    pub fn set_ready(&self) {
+        self.ready.store(true, Ordering::Release);
+    }
+
+    fn text(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        encode(&mut out, &self.liqo)?;
+        // One exposition: the first registry's end marker goes.
+        out.truncate(out.len() - "# EOF\n".len());
+        encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}

@@ -1,0 +1,270 @@
+//! The datapath between real boringtun sessions: what is delivered,
+//! dropped and counted, and forged input that must change nothing.
+
+use std::time::Instant;
+
+use boringtun::x25519::{PublicKey, StaticSecret};
+
+use super::*;
+use crate::{model::object::ObjectKey, tunnel::peers::PeerConfig};
+
+/// Our gateway's tunnel with one peer, the peer's own state machine
+/// and socket, and our socket, all on loopback.
+struct Pair {
+    shared: Arc<Shared>,
+    ours: UdpSocket,
+    remote: Tunn,
+    remote_socket: UdpSocket,
+    bufs: Buffers,
+}
+
+fn loopback() -> UdpSocket {
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    socket
+}
+
+fn addr(socket: &UdpSocket) -> SocketAddrV4 {
+    match socket.local_addr().unwrap() {
+        std::net::SocketAddr::V4(a) => a,
+        other => panic!("{other}"),
+    }
+}
+
+impl Pair {
+    fn new() -> Self {
+        let our_secret = StaticSecret::from([1u8; 32]);
+        let remote_secret = StaticSecret::from([2u8; 32]);
+        let our_public = PublicKey::from(&our_secret);
+        let key = crate::tunnel::key::KeyPair {
+            private: our_secret.clone(),
+            public: our_public,
+        };
+        let shared = Arc::new(Shared::new(key, 1420));
+        let remote_socket = loopback();
+        let config = PeerConfig {
+            key: ObjectKey {
+                namespace: "liqo-tenant-b".into(),
+                name: "b".into(),
+            },
+            label: "b".into(),
+            cluster_name: "b".into(),
+            public: *PublicKey::from(&remote_secret).as_bytes(),
+            endpoint: addr(&remote_socket),
+            networks: vec!["10.77.0.0/24".parse().unwrap()],
+        };
+        let networks = config.networks.clone();
+        let peer = Arc::new(TunnelPeer::new(config, 5, &our_secret, None));
+        shared.set_snapshot(PeerSet::new([(peer, networks)]));
+        let remote = Tunn::new(remote_secret, our_public, None, None, 0x99, None);
+        let bufs = Buffers::new(&shared);
+        Self {
+            shared,
+            ours: loopback(),
+            remote,
+            remote_socket,
+            bufs,
+        }
+    }
+
+    fn peer(&self) -> Arc<TunnelPeer> {
+        self.shared.snapshot().iter().next().unwrap().clone()
+    }
+
+    /// Hands `datagram` to our gateway as if it came from `source`.
+    fn receive(&mut self, datagram: &[u8], source: SocketAddrV4) -> Option<Vec<u8>> {
+        let peers = self.shared.snapshot();
+        let receiver = Receiver {
+            shared: &self.shared,
+            peers: &peers,
+            udp: &self.ours,
+        };
+        let len = receiver.receive(
+            datagram,
+            source,
+            &mut self.bufs.packet,
+            &mut self.bufs.scratch,
+        )?;
+        Some(self.bufs.packet[VNET_HDR_LEN..VNET_HDR_LEN + len].to_vec())
+    }
+
+    /// What our gateway sent to the remote's socket.
+    fn answer(&self) -> Vec<u8> {
+        let mut buf = vec![0u8; 2048];
+        let (n, _) = self.remote_socket.recv_from(&mut buf).unwrap();
+        buf.truncate(n);
+        buf
+    }
+
+    /// The remote initiates; our gateway answers; the remote confirms.
+    fn handshake(&mut self) {
+        let mut buf = vec![0u8; 2048];
+        let TunnResult::WriteToNetwork(init) =
+            self.remote.format_handshake_initiation(&mut buf, false)
+        else {
+            panic!("no initiation");
+        };
+        let (init, from) = (init.to_vec(), addr(&self.remote_socket));
+        assert_eq!(self.receive(&init, from), None);
+        let response = self.answer();
+        let TunnResult::WriteToNetwork(keepalive) =
+            self.remote.decapsulate(None, &response, &mut buf)
+        else {
+            panic!("the response did not complete the handshake");
+        };
+        let keepalive = keepalive.to_vec();
+        assert_eq!(self.receive(&keepalive, from), None);
+    }
+
+    /// `packet` encrypted by the remote.
+    fn sealed(&mut self, packet: &[u8]) -> Vec<u8> {
+        let mut buf = vec![0u8; packet.len() + 64];
+        match self.remote.encapsulate(packet, &mut buf) {
+            TunnResult::WriteToNetwork(datagram) => datagram.to_vec(),
+            _ => panic!("no session to encrypt with"),
+        }
+    }
+}
+
+/// An IPv4 packet of `len` bytes from `src`, with a zeroed payload.
+fn ipv4(src: [u8; 4], len: usize) -> Vec<u8> {
+    let mut packet = vec![0u8; len];
+    packet[0] = 0x45;
+    packet[2..4].copy_from_slice(&(len as u16).to_be_bytes());
+    packet[8] = 64;
+    packet[9] = 17;
+    packet[12..16].copy_from_slice(&src);
+    packet[16..20].copy_from_slice(&[10, 244, 0, 5]);
+    packet
+}
+
+#[test]
+fn an_oversized_forged_transport_message_is_rejected_without_a_panic() {
+    let mut pair = Pair::new();
+    pair.handshake();
+    let genuine = pair.sealed(&ipv4([10, 77, 0, 9], 100));
+    // Our session's receiver index, as a WAN observer reads it off a
+    // genuine message, on 2,064 bytes and more of garbage.
+    for len in [2064, 9000, MAX_DATAGRAM] {
+        let mut forged = vec![0xa5u8; len];
+        forged[..16].copy_from_slice(&genuine[..16]);
+        let stranger = "203.0.113.99:40000".parse().unwrap();
+        assert_eq!(pair.receive(&forged, stranger), None);
+        assert_eq!(pair.peer().endpoint(), addr(&pair.remote_socket));
+    }
+    assert_eq!(pair.shared.counters.rejected.load(Ordering::Relaxed), 3);
+    // The session still works.
+    let from = addr(&pair.remote_socket);
+    assert_eq!(pair.receive(&genuine, from).map(|p| p.len()), Some(100));
+}
+
+#[test]
+fn a_packet_from_tun_too_big_for_one_datagram_is_dropped_and_counted() {
+    let mut pair = Pair::new();
+    pair.handshake();
+    let sender = Sender {
+        shared: &pair.shared,
+        udp: &pair.ours,
+    };
+    let largest = pair.shared.max_sent() - OVERHEAD;
+    let (peer, to) = (pair.peer(), addr(&pair.remote_socket));
+    let mut outgoing = SendBatch::new(pair.shared.max_sent());
+    sender.encrypt(
+        &peer,
+        to,
+        &ipv4([10, 244, 0, 5], largest + 1),
+        &mut outgoing,
+    );
+    assert!(outgoing.is_empty(), "the oversized packet was encrypted");
+    let oversized = || pair.shared.counters.oversized.load(Ordering::Relaxed);
+    assert_eq!(oversized(), 1);
+    sender.encrypt(&peer, to, &ipv4([10, 244, 0, 5], largest), &mut outgoing);
+    assert!(!outgoing.is_empty(), "the largest packet that fits was not");
+    assert_eq!(oversized(), 1);
+}
+
+#[test]
+fn a_peer_with_jumbo_frames_is_heard_whole() {
+    let mut pair = Pair::new();
+    pair.handshake();
+    let datagram = pair.sealed(&ipv4([10, 77, 0, 9], 9000));
+    let from = addr(&pair.remote_socket);
+    assert_eq!(pair.receive(&datagram, from).map(|p| p.len()), Some(9000));
+}
+
+#[test]
+fn replayed_handshake_responses_do_not_move_the_peer() {
+    let mut pair = Pair::new();
+    let home = addr(&pair.remote_socket);
+    // Our gateway initiates; the remote's response completes the
+    // handshake when it arrives from home.
+    let mut buf = vec![0u8; 2048];
+    let init = match lock(&pair.peer()).format_handshake_initiation(&mut buf, false) {
+        TunnResult::WriteToNetwork(init) => init.to_vec(),
+        _ => panic!("no initiation"),
+    };
+    let response = match pair.remote.decapsulate(None, &init, &mut buf) {
+        TunnResult::WriteToNetwork(response) => response.to_vec(),
+        _ => panic!("no response"),
+    };
+    assert_eq!(pair.receive(&response, home), None);
+    // Our keepalive lets the responder send.
+    let keepalive = pair.answer();
+    assert!(matches!(
+        pair.remote.decapsulate(None, &keepalive, &mut buf),
+        TunnResult::Done
+    ));
+    // A stranger replays it: mac1 holds, and past the peer's limit of
+    // 10 a second boringtun answers with cookies.
+    let stranger_socket = loopback();
+    let stranger = addr(&stranger_socket);
+    for _ in 0..15 {
+        assert_eq!(pair.receive(&response, stranger), None);
+    }
+    let mut cookie = [0u8; 128];
+    let (n, _) = stranger_socket
+        .recv_from(&mut cookie)
+        .expect("boringtun answered no replayed response with a cookie");
+    assert_eq!((n, cookie[0]), (64, MESSAGE_COOKIE_REPLY));
+    assert_eq!(
+        pair.peer().endpoint(),
+        home,
+        "a cookie reply moved the peer"
+    );
+    // A transport message that decrypts is what moves it.
+    let datagram = pair.sealed(&ipv4([10, 77, 0, 9], 60));
+    let roamed = "127.0.0.1:40001".parse().unwrap();
+    assert!(pair.receive(&datagram, roamed).is_some());
+    assert_eq!(pair.peer().endpoint(), roamed);
+}
+
+#[test]
+fn a_thread_that_panics_is_restarted_and_unhealthy_meanwhile() {
+    let pair = Pair::new();
+    let shared = pair.shared.clone();
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = runs.clone();
+    let thread = shared
+        .spawn_supervised("test".into(), move |shared| {
+            if seen.fetch_add(1, Ordering::SeqCst) == 0 {
+                panic!("a datagram made a library panic");
+            }
+            shared.stop.store(true, Ordering::SeqCst);
+        })
+        .unwrap();
+    // Down for the restart delay: long enough to be seen here.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while shared.down.load(Ordering::SeqCst) == 0 {
+        assert!(
+            Instant::now() < deadline && runs.load(Ordering::SeqCst) < 2,
+            "the thread was never seen down"
+        );
+        std::thread::yield_now();
+    }
+    thread.join().unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "not run again");
+    assert_eq!(shared.counters.thread_restarts.load(Ordering::Relaxed), 1);
+    assert_eq!(shared.down.load(Ordering::SeqCst), 0);
+}

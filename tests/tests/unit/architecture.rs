@@ -1,0 +1,325 @@
+//! The shape of the code, checked: the import graph of every crate in the
+//! workspace has no cycle between files, the agent's layers import only
+//! downwards, and no agent file outgrows a reader.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs,
+    path::{Path, PathBuf},
+};
+
+/// The agent's layers, lowest first: each may use only those before it.
+const LAYERS: [&str; 6] = ["model", "kernel", "tunnel", "roles", "observe", "control"];
+/// The longest a file of `agent/src` may be, in lines.
+const LONGEST_FILE: usize = 600;
+/// The longest `main.rs` may be: argument parsing and one call.
+const LONGEST_MAIN: usize = 150;
+/// The most entries at the top of `agent/src`.
+const MOST_TOP_ENTRIES: usize = 8;
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// One crate's module tree: module path → file, from its root file.
+fn modules(root: &Path) -> BTreeMap<Vec<String>, PathBuf> {
+    let mut found = BTreeMap::new();
+    let mut pending = vec![(Vec::new(), root.to_owned())];
+    while let Some((path, file)) = pending.pop() {
+        let text = non_test_code(&fs::read_to_string(&file).unwrap());
+        let dir = match file.file_name().unwrap().to_str().unwrap() {
+            "mod.rs" | "lib.rs" | "main.rs" => file.parent().unwrap().to_owned(),
+            _ => file.with_extension(""),
+        };
+        for child in declared_modules(&text) {
+            let candidates = [
+                dir.join(format!("{child}.rs")),
+                dir.join(&child).join("mod.rs"),
+            ];
+            let child_file = candidates
+                .into_iter()
+                .find(|c| c.exists())
+                .unwrap_or_else(|| panic!("{}: mod {child} has no file", file.display()));
+            pending.push(([path.clone(), vec![child]].concat(), child_file));
+        }
+        found.insert(path, file);
+    }
+    found
+}
+
+/// The text before any `#[cfg(test)]`: tests may use anything.
+fn non_test_code(text: &str) -> String {
+    text.split("#[cfg(test)]").next().unwrap().to_owned()
+}
+
+/// Lines without their `//` comments.
+fn code_lines(text: &str) -> impl Iterator<Item = &str> {
+    text.lines().map(|l| l.split("//").next().unwrap())
+}
+
+/// The modules `text` declares with `mod name;`.
+fn declared_modules(text: &str) -> Vec<String> {
+    code_lines(text)
+        .map(str::trim)
+        .filter_map(|l| l.strip_prefix("pub ").or(Some(l)))
+        .filter_map(|l| l.strip_prefix("pub(crate) ").or(Some(l)))
+        .filter_map(|l| l.strip_prefix("mod ")?.strip_suffix(';'))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Every path a file names: its `use` trees, expanded, and the paths in
+/// its code that start at `crate`, `super` or `self`.
+fn named_paths(text: &str) -> Vec<Vec<String>> {
+    let code: String = code_lines(text).collect::<Vec<_>>().join("\n");
+    let mut paths = Vec::new();
+    let mut statement: Option<String> = None;
+    for line in code.lines().map(str::trim) {
+        let opening = line
+            .split_once("use ")
+            .filter(|(before, _)| before.is_empty() || before.starts_with("pub"))
+            .map(|(_, tree)| tree.to_owned());
+        let Some(tree) = statement.take().map(|s| s + line).or(opening) else {
+            continue;
+        };
+        match tree.split_once(';') {
+            Some((tree, _)) => expand(&tree.replace(char::is_whitespace, ""), &mut paths),
+            None => statement = Some(tree),
+        }
+    }
+    for start in ["crate::", "super::", "self::"] {
+        let mut rest = code.as_str();
+        while let Some(at) = rest.find(start) {
+            let tail = &rest[at..];
+            let end = tail
+                .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+                .unwrap_or(tail.len());
+            let path = segments(&tail[..end]);
+            // `crate::{…}` is a use tree, read above.
+            if path.len() > 1 {
+                paths.push(path);
+            }
+            rest = &tail[end..];
+        }
+    }
+    paths
+}
+
+fn segments(path: &str) -> Vec<String> {
+    path.split("::")
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Expands a use tree (`a::{b, c::{d, e}}`) into its paths.
+fn expand(tree: &str, into: &mut Vec<Vec<String>>) {
+    match tree.find('{') {
+        None => {
+            let path = tree.split(" as ").next().unwrap();
+            into.push(segments(path));
+        }
+        Some(open) => {
+            let prefix = segments(&tree[..open]);
+            let inner = &tree[open + 1..tree.rfind('}').unwrap()];
+            let mut depth = 0;
+            let mut start = 0;
+            let mut items = Vec::new();
+            for (i, c) in inner.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        items.push(&inner[start..i]);
+                        start = i + 1;
+                    }
+                    _ => {}
+                }
+            }
+            items.push(&inner[start..]);
+            for item in items.into_iter().filter(|i| !i.is_empty()) {
+                let mut expanded = Vec::new();
+                expand(item, &mut expanded);
+                for path in expanded {
+                    into.push([prefix.clone(), path].concat());
+                }
+            }
+        }
+    }
+}
+
+/// The module a path names from module `from`: the longest known prefix.
+fn resolve(
+    from: &[String],
+    children: &BTreeSet<String>,
+    path: &[String],
+    known: &BTreeMap<Vec<String>, PathBuf>,
+) -> Option<Vec<String>> {
+    let (mut base, rest) = match path.first()?.as_str() {
+        "crate" => (Vec::new(), &path[1..]),
+        "self" => (from.to_vec(), &path[1..]),
+        "super" => {
+            let mut base = from.to_vec();
+            let mut rest = path;
+            while rest.first().is_some_and(|s| s == "super") {
+                base.pop();
+                rest = &rest[1..];
+            }
+            (base, rest)
+        }
+        child if children.contains(child) => (from.to_vec(), path),
+        _ => return None,
+    };
+    let mut found = base.clone();
+    for segment in rest {
+        base.push(segment.clone());
+        if !known.contains_key(&base) {
+            break;
+        }
+        found = base.clone();
+    }
+    known.contains_key(&found).then_some(found)
+}
+
+/// Module → the modules it imports (not its own ancestors), for the crate
+/// rooted at `root`.
+fn import_graph(root: &Path) -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
+    let known = modules(root);
+    known
+        .iter()
+        .map(|(module, file)| {
+            let text = non_test_code(&fs::read_to_string(file).unwrap());
+            let children: BTreeSet<String> = declared_modules(&text).into_iter().collect();
+            let imports = named_paths(&text)
+                .iter()
+                .filter_map(|path| resolve(module, &children, path, &known))
+                // A module is part of its ancestors: naming their items
+                // (`super::`) is containment, not an import.
+                .filter(|target| !module.starts_with(target))
+                .collect();
+            (module.clone(), imports)
+        })
+        .collect()
+}
+
+/// A cycle in `graph`, if there is one.
+fn cycle(graph: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>) -> Option<Vec<String>> {
+    fn visit(
+        node: &Vec<String>,
+        graph: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>,
+        done: &mut BTreeSet<Vec<String>>,
+        stack: &mut Vec<Vec<String>>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = stack.iter().position(|n| n == node) {
+            let mut cycle: Vec<String> = stack[at..].iter().map(|m| m.join("::")).collect();
+            cycle.push(node.join("::"));
+            return Some(cycle);
+        }
+        if !done.insert(node.clone()) {
+            return None;
+        }
+        stack.push(node.clone());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(cycle) = visit(next, graph, done, stack) {
+                return Some(cycle);
+            }
+        }
+        stack.pop();
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|node| visit(node, graph, &mut done, &mut Vec::new()))
+}
+
+/// Every crate root of the workspace.
+fn crate_roots() -> Vec<PathBuf> {
+    let root = workspace();
+    [
+        "agent/src/lib.rs",
+        "agent/src/main.rs",
+        "common/src/lib.rs",
+        "ebpf/src/main.rs",
+        "tests/src/lib.rs",
+        "xtask/src/lib.rs",
+        "xtask/src/main.rs",
+    ]
+    .iter()
+    .map(|r| root.join(r))
+    .collect()
+}
+
+#[test]
+fn no_file_of_any_crate_imports_one_that_imports_it_back() {
+    for root in crate_roots() {
+        let graph = import_graph(&root);
+        assert!(
+            graph.len() > 1 || root.ends_with("main.rs"),
+            "{}: no modules found",
+            root.display()
+        );
+        if let Some(cycle) = cycle(&graph) {
+            panic!("{}: import cycle {}", root.display(), cycle.join(" -> "));
+        }
+    }
+}
+
+#[test]
+fn the_agents_layers_import_only_downwards() {
+    let graph = import_graph(&workspace().join("agent/src/lib.rs"));
+    let layer = |module: &[String]| {
+        module
+            .first()
+            .and_then(|top| LAYERS.iter().position(|l| l == top))
+    };
+    let mut upwards = Vec::new();
+    for (from, imports) in &graph {
+        for to in imports {
+            if let (Some(a), Some(b)) = (layer(from), layer(to))
+                && b > a
+            {
+                upwards.push(format!("{} -> {}", from.join("::"), to.join("::")));
+            }
+        }
+    }
+    assert!(
+        upwards.is_empty(),
+        "imports against the layers: {upwards:#?}"
+    );
+    // Every layer is imported by some module: the check sees real imports.
+    let imported: BTreeSet<usize> = graph.values().flatten().filter_map(|m| layer(m)).collect();
+    assert_eq!(imported.len(), LAYERS.len(), "{imported:?}");
+}
+
+#[test]
+fn the_agent_is_small_pieces() {
+    let src = workspace().join("agent/src");
+    let top: Vec<String> = fs::read_dir(&src)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(top.len() <= MOST_TOP_ENTRIES, "agent/src holds {top:?}");
+    let main = fs::read_to_string(src.join("main.rs")).unwrap();
+    assert!(
+        main.lines().count() < LONGEST_MAIN,
+        "main.rs has {} lines",
+        main.lines().count()
+    );
+    let mut long = Vec::new();
+    let mut dirs = vec![src];
+    while let Some(dir) = dirs.pop() {
+        for entry in fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let lines = fs::read_to_string(&path).unwrap().lines().count();
+                if lines > LONGEST_FILE {
+                    long.push(format!("{}: {lines}", path.display()));
+                }
+            }
+        }
+    }
+    assert!(long.is_empty(), "files over {LONGEST_FILE} lines: {long:?}");
+}
