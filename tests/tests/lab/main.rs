@@ -6,7 +6,6 @@ mod attach_modes;
 mod bpftool;
 mod conncheck;
 mod dashboard;
-mod dir_watch;
 mod guard;
 mod hostname;
 mod hub;
