@@ -47,6 +47,8 @@ pub struct FlowKey {
     pub pad: u16,
 }
 
+assert_layout!(FlowKey, size = 16, align = 4);
+
 impl FlowKey {
     /// The key of a packet from `saddr:sport` to `daddr:dport`, in direction `dir`.
     #[inline(always)]
@@ -78,6 +80,8 @@ pub struct FlowNat {
     /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) when a packet last used it.
     pub last_seen: u64,
 }
+
+assert_layout!(FlowNat, size = 16, align = 8);
 
 /// What the packets of a TCP flow have said so far, in one direction.
 #[repr(u8)]
@@ -157,6 +161,8 @@ pub struct FragKey {
     pub dir: u8,
 }
 
+assert_layout!(FragKey, size = 12, align = 4);
+
 /// The masquerade settings of a gateway (a one-entry array).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -167,6 +173,8 @@ pub struct SnatConfig {
     /// Non-zero when masquerading is on.
     pub enabled: u32,
 }
+
+assert_layout!(SnatConfig, size = 8, align = 4);
 
 /// How long an entry lives after its last packet, by state, in seconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

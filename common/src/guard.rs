@@ -20,6 +20,8 @@ pub struct GuardSource {
     pub pad: u16,
 }
 
+assert_layout!(GuardSource, size = 8, align = 4);
+
 impl GuardSource {
     /// The source `addr:port`, both given in wire order.
     pub const fn new(addr: u32, port: u16) -> Self {
@@ -37,6 +39,8 @@ pub struct GuardConfig {
     /// Zero.
     pub pad: u16,
 }
+
+assert_layout!(GuardConfig, size = 4, align = 2);
 
 /// What the guard did with a datagram aimed at the tunnel port.
 #[repr(u32)]

@@ -4,6 +4,18 @@
 //! part of the contract between `isthmus-ebpf` and `isthmus-agent`.
 #![no_std]
 
+/// Fails the build unless `$t` has the size and alignment that both sides
+/// of a map assume (as Cilium's `build_bug_on`): a field added, reordered
+/// or widened on one side only would otherwise corrupt the map silently.
+macro_rules! assert_layout {
+    ($t:ty, size = $size:expr, align = $align:expr) => {
+        const _: () = assert!(
+            core::mem::size_of::<$t>() == $size && core::mem::align_of::<$t>() == $align,
+            concat!("the layout of ", stringify!($t), " changed")
+        );
+    };
+}
+
 pub mod conntrack;
 pub mod counters;
 pub mod csum;

@@ -38,6 +38,8 @@ pub struct PrefixRewrite {
     pub active: u32,
 }
 
+assert_layout!(PrefixRewrite, size = 16, align = 4);
+
 impl PrefixRewrite {
     /// A rule that moves `from/prefix_len` to `to/prefix_len`.
     pub const fn new(from: [u8; 4], to: [u8; 4], prefix_len: u8) -> Self {
@@ -76,6 +78,8 @@ pub struct PeerNat {
     pub ingress: [PrefixRewrite; 2],
 }
 
+assert_layout!(PeerNat, size = 68, align = 4);
+
 /// Key of the peer table: a network, as its prefix length and its masked
 /// address in wire order. A hash lookup per prefix length in use replaces a
 /// trie walk, which costs a cache miss per node on a busy path.
@@ -87,6 +91,8 @@ pub struct PeerKey {
     /// The network address, masked to `prefix_len`, in wire order.
     pub addr: u32,
 }
+
+assert_layout!(PeerKey, size = 8, align = 4);
 
 impl PeerKey {
     /// The key of the `prefix_len` network holding `addr` (wire order).
@@ -112,6 +118,8 @@ pub struct MappingKey {
     pub addr: u32,
 }
 
+assert_layout!(MappingKey, size = 8, align = 4);
+
 /// The address Liqo's conncheck answers on, on every gateway (169.254.0.1):
 /// each NatMapping's `169.254.0.1` entry leads a peer there. In wire order.
 pub const CONNCHECK_ADDR: u32 = wire([169, 254, 0, 1]);
@@ -131,6 +139,8 @@ pub struct PrefixLens {
     /// The lengths, longest first.
     pub lens: [u32; PREFIX_LENS],
 }
+
+assert_layout!(PrefixLens, size = 136, align = 4);
 
 impl Default for PrefixLens {
     fn default() -> Self {

@@ -37,6 +37,8 @@ pub struct OverlayConfig {
     pub pad: u16,
 }
 
+assert_layout!(OverlayConfig, size = 20, align = 4);
+
 /// What the overlay did with a packet.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
