@@ -272,9 +272,12 @@ pub fn from_decoded(
 /// scanner whole. Where it answers, it answers as the scanner would.
 pub fn plain_natmapping(text: &str) -> Option<Value> {
     let lines: Vec<&str> = text.lines().collect();
-    if lines
-        .iter()
-        .any(|l| l.starts_with("---") || l.starts_with("..."))
+    // YAML refuses a tab where it would indent, and this reader does not
+    // tell where that is: a tab anywhere sends the text to the scanner.
+    if text.contains('\t')
+        || lines
+            .iter()
+            .any(|l| l.starts_with("---") || l.starts_with("..."))
     {
         return None;
     }

@@ -106,6 +106,12 @@ fn the_plain_natmapping_reader_agrees_with_the_scanner_or_steps_aside() {
             false,
         ),
         (format!("---\n{head}{block}"), false),
+        // A tab in an entry's indentation: YAML refuses it (found by the
+        // objects fuzz target).
+        (
+            format!("{head}  clusterMappings:\n   \t 10.1.0.5: 192.168.0.45\n"),
+            false,
+        ),
         (
             format!("{head}  clusterMappings: {{10.1.0.5: 192.168.0.45}}\n"),
             false,
