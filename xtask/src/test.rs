@@ -14,8 +14,8 @@ use crate::{build, cargo, fuzz};
 /// A tier of the suite, cheapest first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Tier {
-    /// Style, the crates' unit tests and the pure integration tests: no
-    /// root, in parallel.
+    /// The crates' unit tests and the pure integration tests: no root, in
+    /// parallel.
     Unit,
     /// `BPF_PROG_TEST_RUN` of the real programs: root, in parallel.
     Kernel,
@@ -31,6 +31,21 @@ const TIERS: [Tier; 4] = [Tier::Unit, Tier::Kernel, Tier::Lab, Tier::Slow];
 pub fn run(only: Option<Tier>) -> Result<()> {
     let started = Instant::now();
     build()?;
+    if only.is_none_or(|tier| tier == Tier::Unit) {
+        cargo(&["fmt", "--all", "--check"])?;
+        cargo(&[
+            "clippy",
+            "--release",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ])?;
+    }
+    // Every test binary is linked before the first tier starts, so that a
+    // tier's time is its tests' time.
+    cargo(&["test", "--release", "--no-run"])?;
+    println!("build: done, tests included, in {:.1?}", started.elapsed());
     let tiers = only.map_or(TIERS.to_vec(), |tier| vec![tier]);
     let mut times = Vec::new();
     for tier in tiers {
@@ -52,20 +67,9 @@ pub fn run(only: Option<Tier>) -> Result<()> {
 
 fn run_tier(tier: Tier) -> Result<()> {
     match tier {
-        Tier::Unit => {
-            cargo(&["fmt", "--all", "--check"])?;
-            cargo(&[
-                "clippy",
-                "--release",
-                "--all-targets",
-                "--",
-                "-D",
-                "warnings",
-            ])?;
-            // The default members, as every tier selects: one feature
-            // resolution, so the tiers share their builds.
-            cargo(&["test", "--release", "--lib", "--bins", "--test", "unit"])
-        }
+        // The default members, as every tier selects: one feature
+        // resolution, so the tiers share their builds.
+        Tier::Unit => cargo(&["test", "--release", "--lib", "--bins", "--test", "unit"]),
         Tier::Kernel => cargo(&["test", "--release", "--test", "kernel"]),
         Tier::Lab => in_lab(None, &["--test", "lab", "--", "--test-threads=1"]),
         Tier::Slow => {
