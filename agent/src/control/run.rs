@@ -143,7 +143,7 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>, H: Host> RunLoop<P, M, H> 
             None => true,
         };
         if let Some(e) = &failure {
-            if P::is_full(&e.source) {
+            if e.full {
                 self.metrics.map_full.inc();
                 error!(kind = e.kind, error = %e, "a kernel table is full: entries that did not fit are not programmed, and nothing was evicted; raise its capacity or remove objects");
             } else {

@@ -1,7 +1,7 @@
 //! The host's network devices, as the loader and the roles need them:
 //! which exist, their ifindex and link type, and lookups over netlink.
 
-use std::{fs, net::Ipv4Addr, path::PathBuf};
+use std::{fs, net::Ipv4Addr, path::Path};
 
 use futures::TryStreamExt;
 use netlink_packet_route::link::LinkMessage;
@@ -46,7 +46,7 @@ pub fn ifindex(dev: &str) -> Result<u32, DeviceError> {
 
 /// A number the kernel shows in `/sys/class/net/<dev>/<file>`.
 fn device_number(dev: &str, file: &str) -> Result<u32, DeviceError> {
-    let path = PathBuf::from(format!("/sys/class/net/{dev}/{file}"));
+    let path = Path::new(SYS_CLASS_NET).join(dev).join(file);
     let text = fs::read_to_string(&path).map_err(|e| DeviceError {
         dev: dev.into(),
         reason: format!("cannot read {}: {e}", path.display()),

@@ -3,7 +3,10 @@
 //! guard's allowlist) goes through [`Mirror`], so each pass writes only what
 //! changed, and a restarted agent that wants the same entries writes nothing.
 
-use std::collections::BTreeMap;
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex},
+};
 
 use ipnet::Ipv4Net;
 use isthmus_common::nat::{MappingKey, PeerNat};
@@ -55,6 +58,35 @@ impl<T: KernelTable> KernelTable for &mut T {
     }
     fn delete(&mut self, key: T::Key, old: &T::Value) -> Result<(), T::Error> {
         (**self).delete(key, old)
+    }
+    fn is_full(error: &T::Error) -> bool {
+        T::is_full(error)
+    }
+}
+
+/// A table behind a lock is a table, so a reader can watch it while a
+/// reconciler on another thread writes it.
+impl<T: KernelTable> KernelTable for Arc<Mutex<T>> {
+    type Key = T::Key;
+    type Value = T::Value;
+    type Error = T::Error;
+    fn entries(&self) -> Result<Vec<Entry<T>>, T::Error> {
+        self.lock().unwrap_or_else(|p| p.into_inner()).entries()
+    }
+    fn put(
+        &mut self,
+        key: T::Key,
+        value: &T::Value,
+        old: Option<&T::Value>,
+    ) -> Result<(), T::Error> {
+        self.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .put(key, value, old)
+    }
+    fn delete(&mut self, key: T::Key, old: &T::Value) -> Result<(), T::Error> {
+        self.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .delete(key, old)
     }
     fn is_full(error: &T::Error) -> bool {
         T::is_full(error)
@@ -182,6 +214,8 @@ impl<T: KernelTable> Mirror<T> {
 pub struct TableFailure<E: std::error::Error + 'static> {
     /// The kind of object whose table failed.
     pub kind: &'static str,
+    /// Whether the table refused a write because it is full.
+    pub full: bool,
     /// What the kernel said.
     #[source]
     pub source: E,

@@ -19,7 +19,7 @@ use isthmus_agent::{
         run::{Host, RunLoop},
         source,
     },
-    kernel::table::{Entry, KernelTable, MemoryTable},
+    kernel::table::MemoryTable,
     model::{node::Node, object::KIND_TUNNEL_ENDPOINT, policy::Policy},
     observe::metrics::{BuildInfo, Metrics},
 };
@@ -32,48 +32,17 @@ const GIVE_UP: Duration = Duration::from_secs(20);
 
 /// A table in memory that the test reads, and resizes, while the loop
 /// writes it.
-struct Shared<K, V>(Arc<Mutex<MemoryTable<K, V>>>);
+type Shared<K, V> = Arc<Mutex<MemoryTable<K, V>>>;
 
-impl<K, V> Shared<K, V> {
-    fn new(capacity: usize) -> Self {
-        let table = MemoryTable {
-            capacity,
-            ..MemoryTable::default()
-        };
-        Self(Arc::new(Mutex::new(table)))
-    }
-
-    fn handle(&self) -> Self {
-        Self(self.0.clone())
-    }
+fn shared<K, V>(capacity: usize) -> Shared<K, V> {
+    Arc::new(Mutex::new(MemoryTable {
+        capacity,
+        ..MemoryTable::default()
+    }))
 }
 
-impl<K: Ord + Copy, V: PartialEq + Copy> Shared<K, V> {
-    fn keys(&self) -> BTreeSet<K> {
-        self.0.lock().unwrap().entries.keys().copied().collect()
-    }
-
-    fn values(&self) -> Vec<V> {
-        self.0.lock().unwrap().entries.values().copied().collect()
-    }
-}
-
-impl<K: Ord + Copy, V: PartialEq + Copy> KernelTable for Shared<K, V> {
-    type Key = K;
-    type Value = V;
-    type Error = std::io::Error;
-    fn entries(&self) -> std::io::Result<Vec<Entry<Self>>> {
-        self.0.lock().unwrap().entries()
-    }
-    fn put(&mut self, key: K, value: &V, old: Option<&V>) -> std::io::Result<()> {
-        self.0.lock().unwrap().put(key, value, old)
-    }
-    fn delete(&mut self, key: K, old: &V) -> std::io::Result<()> {
-        self.0.lock().unwrap().delete(key, old)
-    }
-    fn is_full(error: &std::io::Error) -> bool {
-        MemoryTable::<K, V>::is_full(error)
-    }
+fn keys<K: Copy + Ord, V>(table: &Shared<K, V>) -> BTreeSet<K> {
+    table.lock().unwrap().entries.keys().copied().collect()
 }
 
 /// A node with no devices to follow, no overlay, and Liqo's default policy.
@@ -103,7 +72,7 @@ struct Running {
 
 impl Running {
     fn start(dir: &Path, peer_capacity: usize) -> Self {
-        let (peers, mappings) = (Peers::new(peer_capacity), Mappings::new(usize::MAX));
+        let (peers, mappings): (Peers, Mappings) = (shared(peer_capacity), shared(usize::MAX));
         let metrics = Metrics::new(
             None,
             None,
@@ -117,7 +86,7 @@ impl Running {
         .unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let mut run_loop = RunLoop {
-            reconciler: Reconciler::new(peers.handle(), mappings.handle()).unwrap(),
+            reconciler: Reconciler::new(peers.clone(), mappings.clone()).unwrap(),
             gateway: None,
             host: NoDevices,
             feedback: None,
@@ -186,12 +155,19 @@ fn the_loop_follows_a_directory_into_the_tables() {
     eventually(
         GIVE_UP,
         "milan's and turin's views in the peer table",
-        || running.peers.keys() == both,
+        || keys(&running.peers) == both,
     );
     // milan's two NatMapping entries: the conncheck and a pod.
     let wire = |a: &str| u32::from_ne_bytes(a.parse::<Ipv4Addr>().unwrap().octets());
     eventually(GIVE_UP, "milan's NatMapping entries", || {
-        let mut values = running.mappings.values();
+        let mut values: Vec<u32> = running
+            .mappings
+            .lock()
+            .unwrap()
+            .entries
+            .values()
+            .copied()
+            .collect();
         values.sort();
         let mut want = vec![wire("169.254.0.1"), wire("10.70.4.21")];
         want.sort();
@@ -201,7 +177,7 @@ fn the_loop_follows_a_directory_into_the_tables() {
 
     fs::remove_file(dir.path().join("turin-v0.3.0.yaml")).unwrap();
     eventually(GIVE_UP, "turin's views removed", || {
-        running.peers.keys() == nets(&MILAN)
+        keys(&running.peers) == nets(&MILAN)
     });
 
     // Another cluster claiming milan's views is rejected; milan stays.
@@ -213,7 +189,7 @@ fn the_loop_follows_a_directory_into_the_tables() {
     eventually(GIVE_UP, "the rival rejected", || {
         running.metrics.rejected_objects.get() == 1
     });
-    assert_eq!(running.peers.keys(), nets(&MILAN));
+    assert_eq!(keys(&running.peers), nets(&MILAN));
     running.finish();
 }
 
@@ -232,12 +208,12 @@ fn a_failed_write_is_retried_on_a_tick_without_an_object_change() {
     eventually(GIVE_UP, "a full peer table counted", || {
         failed() > 0 && running.metrics.map_full.get() > 0
     });
-    assert_eq!(running.peers.keys().len(), 2);
+    assert_eq!(keys(&running.peers).len(), 2);
 
     // The table grows (as after an operator frees room); no file changes.
-    running.peers.0.lock().unwrap().capacity = usize::MAX;
+    running.peers.lock().unwrap().capacity = usize::MAX;
     eventually(GIVE_UP, "the retry writes the rest", || {
-        running.peers.keys() == nets(&[MILAN, TURIN].concat())
+        keys(&running.peers) == nets(&[MILAN, TURIN].concat())
     });
     running.finish();
 }

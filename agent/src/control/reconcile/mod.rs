@@ -223,9 +223,16 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
         self.errors = errors;
         self.accepted = accepted;
         let failure = peer_failure
-            .map(|source| (KIND_TUNNEL_ENDPOINT, source))
-            .or(mapping_failure.map(|source| (KIND_NAT_MAPPING, source)))
-            .map(|(kind, source)| TableFailure { kind, source });
+            .map(|source| TableFailure {
+                kind: KIND_TUNNEL_ENDPOINT,
+                full: P::is_full(&source),
+                source,
+            })
+            .or(mapping_failure.map(|source| TableFailure {
+                kind: KIND_NAT_MAPPING,
+                full: M::is_full(&source),
+                source,
+            }));
         (report, failure)
     }
 

@@ -3,13 +3,10 @@
 
 use std::path::Path;
 
-use aya::programs::{
-    TcAttachType,
-    tc::{self},
-};
+use aya::programs::{TcAttachType, tc};
 use isthmus_common::{names, pins::Pins};
 
-use crate::kernel::link::{self};
+use crate::kernel::link;
 
 use super::{DataplaneError, direction, pin_entries, remove_dir, remove_pin, unpin_link};
 

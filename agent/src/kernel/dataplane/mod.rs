@@ -7,6 +7,7 @@
 //! An agent that stops leaves all of it in place, so the dataplane keeps
 //! forwarding; the next agent reuses the maps and swaps its programs in
 //! atomically (`bpf_link_update`, or a netlink filter replace).
+
 use std::{
     fs, io,
     path::{Path, PathBuf},
@@ -361,10 +362,7 @@ pub(super) fn remove_dir(path: &Path) -> Result<(), DataplaneError> {
 }
 
 /// Cleanup is idempotent: what is already gone counts as removed.
-pub(super) fn already_gone_is_fine(
-    path: &Path,
-    result: io::Result<()>,
-) -> Result<(), DataplaneError> {
+fn already_gone_is_fine(path: &Path, result: io::Result<()>) -> Result<(), DataplaneError> {
     match result {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(DataplaneError::Io {
             path: path.into(),
