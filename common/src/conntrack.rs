@@ -10,14 +10,11 @@
 //! agent's garbage collector decides expiry, with a clock it is given, so
 //! tests choose the time.
 
-use crate::tcp::{ACK as TCP_ACK, FIN as TCP_FIN, RST as TCP_RST, SYN as TCP_SYN};
-
-/// IP protocol numbers the conntrack handles.
-pub const PROTO_ICMP: u8 = 1;
-/// TCP.
-pub const PROTO_TCP: u8 = 6;
-/// UDP.
-pub const PROTO_UDP: u8 = 17;
+use crate::{
+    ipv4::{PROTO_ICMP, PROTO_TCP},
+    tcp::{ACK as TCP_ACK, FIN as TCP_FIN, RST as TCP_RST, SYN as TCP_SYN},
+    wire::{Be16, Be32},
+};
 
 /// An entry keyed by a packet leaving towards a peer.
 pub const DIR_OUT: u8 = 0;
@@ -27,14 +24,14 @@ pub const DIR_IN: u8 = 1;
 /// Our ports are taken from here when the original one is taken.
 pub const PORT_MIN: u16 = 1024;
 
-/// A flow as one packet names it, addresses in wire order, ports in host order.
+/// A flow as one packet names it; ports in host order.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FlowKey {
     /// Source address.
-    pub saddr: u32,
+    pub saddr: Be32,
     /// Destination address.
-    pub daddr: u32,
+    pub daddr: Be32,
     /// Source port (ICMP echo: the identifier outbound, 0 inbound).
     pub sport: u16,
     /// Destination port (ICMP echo: 0 outbound, the identifier inbound).
@@ -52,7 +49,7 @@ assert_layout!(FlowKey, size = 16, align = 4);
 impl FlowKey {
     /// The key of a packet from `saddr:sport` to `daddr:dport`, in direction `dir`.
     #[inline(always)]
-    pub const fn new(saddr: u32, daddr: u32, sport: u16, dport: u16, proto: u8, dir: u8) -> Self {
+    pub const fn new(saddr: Be32, daddr: Be32, sport: u16, dport: u16, proto: u8, dir: u8) -> Self {
         Self {
             saddr,
             daddr,
@@ -70,7 +67,7 @@ impl FlowKey {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FlowNat {
     /// Outbound: the masquerade address; inbound: the original source.
-    pub addr: u32,
+    pub addr: Be32,
     /// Outbound: our port after SNAT; inbound: the original source port.
     pub port: u16,
     /// A [`TcpState`] as a byte.
@@ -149,12 +146,12 @@ pub const fn reply_key(out: &FlowKey, nat: &FlowNat) -> FlowKey {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FragKey {
-    /// Source address, wire order, as the fragment arrived.
-    pub saddr: u32,
-    /// Destination address, wire order, as the fragment arrived.
-    pub daddr: u32,
-    /// IPv4 identification, wire order.
-    pub id: u16,
+    /// Source address, as the fragment arrived.
+    pub saddr: Be32,
+    /// Destination address, as the fragment arrived.
+    pub daddr: Be32,
+    /// IPv4 identification.
+    pub id: Be16,
     /// IP protocol.
     pub proto: u8,
     /// [`DIR_OUT`] or [`DIR_IN`].
@@ -167,9 +164,9 @@ assert_layout!(FragKey, size = 12, align = 4);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SnatConfig {
-    /// The address flows are masqueraded to, in wire order, in our own
-    /// networks: each peer then sees it through its prefix remap.
-    pub addr: u32,
+    /// The address flows are masqueraded to, in our own networks: each
+    /// peer then sees it through its prefix remap.
+    pub addr: Be32,
     /// Non-zero when masquerading is on.
     pub enabled: u32,
 }
@@ -246,6 +243,7 @@ impl Timeouts {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ipv4::PROTO_UDP;
 
     #[test]
     fn tcp_states_follow_the_flags() {
@@ -263,16 +261,17 @@ mod tests {
 
     #[test]
     fn the_reply_key_mirrors_the_masqueraded_flow() {
-        let out = FlowKey::new(1, 2, 40000, 80, PROTO_TCP, DIR_OUT);
+        let [a, b, masq] = [1, 2, 9].map(|last| Be32::from_bytes([10, 0, 0, last]));
+        let out = FlowKey::new(a, b, 40000, 80, PROTO_TCP, DIR_OUT);
         let nat = FlowNat {
-            addr: 9,
+            addr: masq,
             port: 1234,
             ..FlowNat::default()
         };
         let back = reply_key(&out, &nat);
         assert_eq!(
             (back.saddr, back.daddr, back.sport, back.dport),
-            (2, 9, 80, 1234)
+            (b, masq, 80, 1234)
         );
         assert_eq!(back.dir, DIR_IN);
     }

@@ -37,8 +37,7 @@ pub enum Outcome {
     Passed = 1,
     /// The packet could not be parsed; it went on untouched.
     Unparseable = 2,
-    /// A flow needed masquerading and could not have it: dropped rather
-    /// than sent where no reply could return.
+    /// Dropped, for a [`DropReason`].
     Dropped = 3,
 }
 
@@ -57,6 +56,10 @@ pub enum DropReason {
     /// fragment was not seen (reordered, or forgotten under load): sent on,
     /// it would carry an address the far side cannot answer.
     UnknownFragment = 3,
+    /// A kernel helper refused a write or checksum update half-way through
+    /// the packet's rewrite: sent on, its fields and checksums could
+    /// disagree. Not a parse failure: the packet had been read whole.
+    RewriteFailed = 4,
 }
 
 /// Where a peer's packet was headed that it may not reach: after the
@@ -133,11 +136,12 @@ pub const OUTCOMES: [Outcome; 4] = [
     Outcome::Dropped,
 ];
 /// Every drop reason, in slot order.
-pub const DROP_REASONS: [DropReason; 4] = [
+pub const DROP_REASONS: [DropReason; 5] = [
     DropReason::ConntrackFull,
     DropReason::NoFreePort,
     DropReason::Denied,
     DropReason::UnknownFragment,
+    DropReason::RewriteFailed,
 ];
 /// Every kind of rule, in slot order.
 pub const KINDS: [Kind; 4] = [
@@ -218,6 +222,7 @@ impl DropReason {
             DropReason::NoFreePort => "no_free_port",
             DropReason::Denied => "denied",
             DropReason::UnknownFragment => "unknown_fragment",
+            DropReason::RewriteFailed => "rewrite_failed",
         }
     }
 }

@@ -8,14 +8,16 @@
 //! userspace, which authenticates it and then allows its new source.
 //! Everything else aimed at the port is dropped in XDP.
 
+use crate::wire::{Be16, Be32};
+
 /// A source allowed to reach the tunnel port.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct GuardSource {
-    /// IPv4 address, wire order.
-    pub addr: u32,
-    /// UDP port, wire order.
-    pub port: u16,
+    /// IPv4 address.
+    pub addr: Be32,
+    /// UDP port.
+    pub port: Be16,
     /// Zero.
     pub pad: u16,
 }
@@ -23,8 +25,8 @@ pub struct GuardSource {
 assert_layout!(GuardSource, size = 8, align = 4);
 
 impl GuardSource {
-    /// The source `addr:port`, both given in wire order.
-    pub const fn new(addr: u32, port: u16) -> Self {
+    /// The source `addr:port`.
+    pub const fn new(addr: Be32, port: Be16) -> Self {
         Self { addr, port, pad: 0 }
     }
 }
@@ -33,9 +35,9 @@ impl GuardSource {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GuardConfig {
-    /// The tunnel's UDP port, wire order; 0 until the agent sets it, and
-    /// then the guard passes everything.
-    pub port: u16,
+    /// The tunnel's UDP port; 0 until the agent sets it, and then the
+    /// guard passes everything.
+    pub port: Be16,
     /// Zero.
     pub pad: u16,
 }

@@ -20,12 +20,14 @@ pub mod conntrack;
 pub mod counters;
 pub mod csum;
 pub mod guard;
+pub mod ipv4;
 pub mod names;
 pub mod nat;
 pub mod overlay;
 #[cfg(feature = "user")]
 pub mod pins;
 pub mod tcp;
+pub mod wire;
 
 #[cfg(feature = "user")]
 mod pod {
@@ -41,4 +43,6 @@ mod pod {
     unsafe impl aya::Pod for crate::guard::GuardSource {}
     unsafe impl aya::Pod for crate::guard::GuardConfig {}
     unsafe impl aya::Pod for crate::overlay::OverlayConfig {}
+    // SAFETY: a transparent u32.
+    unsafe impl aya::Pod for crate::wire::Be32 {}
 }

@@ -15,7 +15,7 @@ pub const MAP_COUNTERS: &str = "ist_counters";
 pub const MAP_PEER_DENIED: &str = "ist_peer_denied";
 
 /// Hash: NatMapping DNAT, ([`crate::nat::MappingKey`] of an externalIP) →
-/// endpointIP, both wire order.
+/// endpointIP ([`crate::wire::Be32`]).
 pub const MAP_NATMAP: &str = "ist_natmap";
 /// Hash: the reverse of [`MAP_NATMAP`], (key of an endpointIP) → externalIP.
 pub const MAP_NATMAP_REV: &str = "ist_natmap_rev";
@@ -48,10 +48,10 @@ pub const MAP_GUARD_STATS: &str = "ist_guard_stats";
 /// One-entry array: the overlay's settings
 /// ([`crate::overlay::OverlayConfig`]).
 pub const MAP_OVERLAY: &str = "ist_overlay";
-/// LPM trie: the cluster's other nodes, (PodCIDR) → node address, both
-/// wire order.
+/// LPM trie: the cluster's other nodes, (PodCIDR) → node address
+/// ([`crate::wire::Be32`]).
 pub const MAP_NODES: &str = "ist_nodes";
-/// Hash: the cluster's nodes' addresses (wire order → 1): the only outer
+/// Hash: the cluster's nodes' addresses ([`crate::wire::Be32`] → 1): the only outer
 /// sources the overlay takes packets from.
 pub const MAP_NODE_ADDRS: &str = "ist_node_addrs";
 /// Per-CPU array of overlay events, indexed by

@@ -1,39 +1,21 @@
 //! Stateless prefix remapping (DESIGN §1, "Prefix remapping").
 //!
-//! Addresses are kept in *wire order*: the four bytes as they sit in the
-//! packet, read into a native `u32`. Masking and or-ing are byte-wise, so the
-//! maths needs no byte swaps on either side.
+//! Addresses are [`Be32`]s: the four bytes as they sit in the packet.
+//! Masking and or-ing are byte-wise, so the maths needs no byte swaps on
+//! either side.
 
-/// Converts the octets of an IPv4 address to wire order.
-pub const fn wire(octets: [u8; 4]) -> u32 {
-    u32::from_ne_bytes(octets)
-}
-
-/// The netmask of a prefix length, in wire order.
-pub const fn wire_mask(prefix_len: u8) -> u32 {
-    let host_order = match prefix_len {
-        0 => 0,
-        len if len >= 32 => u32::MAX,
-        len => u32::MAX << (32 - len as u32),
-    };
-    wire(host_order.to_be_bytes())
-}
-
-/// `map(ip, net)`: the network bits of `net` followed by the host bits of `ip`.
-pub const fn remap(addr: u32, net: u32, mask: u32) -> u32 {
-    (net & mask) | (addr & !mask)
-}
+use crate::wire::Be32;
 
 /// One prefix swap: addresses in `from/mask` move to `to/mask`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PrefixRewrite {
-    /// Network that matches, in wire order, already masked.
-    pub from: u32,
-    /// Network that replaces it, in wire order, already masked.
-    pub to: u32,
-    /// Mask shared by both networks, in wire order.
-    pub mask: u32,
+    /// Network that matches, already masked.
+    pub from: Be32,
+    /// Network that replaces it, already masked.
+    pub to: Be32,
+    /// Mask shared by both networks.
+    pub mask: Be32,
     /// Non-zero when the rule applies; an empty table slot is zero.
     pub active: u32,
 }
@@ -43,25 +25,25 @@ assert_layout!(PrefixRewrite, size = 16, align = 4);
 impl PrefixRewrite {
     /// A rule that moves `from/prefix_len` to `to/prefix_len`.
     pub const fn new(from: [u8; 4], to: [u8; 4], prefix_len: u8) -> Self {
-        let mask = wire_mask(prefix_len);
+        let mask = Be32::mask(prefix_len);
         Self {
-            from: wire(from) & mask,
-            to: wire(to) & mask,
+            from: Be32::from_bytes(from).masked(mask),
+            to: Be32::from_bytes(to).masked(mask),
             mask,
             active: 1,
         }
     }
 
-    /// Whether `addr` (wire order) lies in the network this rule moves.
+    /// Whether `addr` lies in the network this rule moves.
     #[inline(always)]
-    pub const fn matches(&self, addr: u32) -> bool {
-        self.active != 0 && addr & self.mask == self.from
+    pub const fn matches(&self, addr: Be32) -> bool {
+        self.active != 0 && addr.masked(self.mask).to_bits() == self.from.to_bits()
     }
 
     /// `addr` moved into the target network, keeping its host bits.
     #[inline(always)]
-    pub const fn apply(&self, addr: u32) -> u32 {
-        remap(addr, self.to, self.mask)
+    pub const fn apply(&self, addr: Be32) -> Be32 {
+        addr.remap(self.to, self.mask)
     }
 }
 
@@ -81,26 +63,26 @@ pub struct PeerNat {
 assert_layout!(PeerNat, size = 68, align = 4);
 
 /// Key of the peer table: a network, as its prefix length and its masked
-/// address in wire order. A hash lookup per prefix length in use replaces a
+/// address. A hash lookup per prefix length in use replaces a
 /// trie walk, which costs a cache miss per node on a busy path.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PeerKey {
     /// Prefix length, 0 to 32.
     pub prefix_len: u32,
-    /// The network address, masked to `prefix_len`, in wire order.
-    pub addr: u32,
+    /// The network address, masked to `prefix_len`.
+    pub addr: Be32,
 }
 
 assert_layout!(PeerKey, size = 8, align = 4);
 
 impl PeerKey {
-    /// The key of the `prefix_len` network holding `addr` (wire order).
+    /// The key of the `prefix_len` network holding `addr`.
     #[inline(always)]
-    pub const fn of(addr: u32, prefix_len: u8) -> Self {
+    pub const fn of(addr: Be32, prefix_len: u8) -> Self {
         Self {
             prefix_len: prefix_len as u32,
-            addr: addr & wire_mask(prefix_len),
+            addr: addr.masked(Be32::mask(prefix_len)),
         }
     }
 }
@@ -113,16 +95,15 @@ impl PeerKey {
 pub struct MappingKey {
     /// [`PeerNat::peer_id`] of the cluster the mapping is for.
     pub peer_id: u32,
-    /// The address, in wire order: an externalIP in the forward table, an
-    /// endpointIP in the reverse one.
-    pub addr: u32,
+    /// An externalIP in the forward table, an endpointIP in the reverse one.
+    pub addr: Be32,
 }
 
 assert_layout!(MappingKey, size = 8, align = 4);
 
 /// The address Liqo's conncheck answers on, on every gateway (169.254.0.1):
-/// each NatMapping's `169.254.0.1` entry leads a peer there. In wire order.
-pub const CONNCHECK_ADDR: u32 = wire([169, 254, 0, 1]);
+/// each NatMapping's `169.254.0.1` entry leads a peer there.
+pub const CONNCHECK_ADDR: Be32 = Be32::from_bytes([169, 254, 0, 1]);
 /// The conncheck's UDP port, the only one a peer reaches that address on.
 pub const CONNCHECK_PORT: u16 = 12345;
 
@@ -153,7 +134,7 @@ impl Default for PrefixLens {
 
 /// Finds the first rule of `rules` that matches `addr`.
 #[inline(always)]
-pub fn find_rule(rules: &[PrefixRewrite; 2], addr: u32) -> Option<&PrefixRewrite> {
+pub fn find_rule(rules: &[PrefixRewrite; 2], addr: Be32) -> Option<&PrefixRewrite> {
     if rules[0].matches(addr) {
         Some(&rules[0])
     } else if rules[1].matches(addr) {
@@ -167,8 +148,8 @@ pub fn find_rule(rules: &[PrefixRewrite; 2], addr: u32) -> Option<&PrefixRewrite
 mod tests {
     use super::*;
 
-    fn w(a: u8, b: u8, c: u8, d: u8) -> u32 {
-        wire([a, b, c, d])
+    fn w(a: u8, b: u8, c: u8, d: u8) -> Be32 {
+        Be32::from_bytes([a, b, c, d])
     }
 
     #[test]
@@ -220,7 +201,7 @@ mod tests {
 
     #[test]
     fn an_empty_slot_never_matches() {
-        assert!(!PrefixRewrite::default().matches(0));
+        assert!(!PrefixRewrite::default().matches(Be32::ZERO));
         assert!(!PrefixRewrite::default().matches(w(10, 244, 0, 5)));
     }
 
@@ -244,7 +225,7 @@ mod tests {
             PeerKey::of(w(10, 0, 40, 77), 0),
             PeerKey {
                 prefix_len: 0,
-                addr: 0
+                addr: Be32::ZERO
             }
         );
         assert_eq!(PeerKey::of(w(10, 0, 40, 77), 32).addr, w(10, 0, 40, 77));

@@ -16,21 +16,23 @@ pub const DEFAULT_PORT: u16 = 4879;
 /// Ethernet header.
 pub const OVERHEAD: u32 = 20 + 8 + 8 + 14;
 
+use crate::wire::Be32;
+
 /// The overlay's settings on one node.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OverlayConfig {
-    /// The active gateway node's address (wire order), where workers send
-    /// remote-bound traffic; 0 while unknown, and on the gateway itself.
-    pub gateway: u32,
+    /// The active gateway node's address, where workers send remote-bound
+    /// traffic; 0 while unknown, and on the gateway itself.
+    pub gateway: Be32,
     /// The VNI of every overlay packet.
     pub vni: u32,
     /// The VXLAN device's ifindex; 0 until the agent has created it, and
     /// then the programs encapsulate nothing.
     pub ifindex: u32,
-    /// This node's own address (wire order), where overlay packets arrive;
-    /// 0 while unknown, and then only the VXLAN device takes them in.
-    pub local: u32,
+    /// This node's own address, where overlay packets arrive; 0 while
+    /// unknown, and then only the VXLAN device takes them in.
+    pub local: Be32,
     /// The overlay's UDP port (host order).
     pub port: u16,
     /// Zero.

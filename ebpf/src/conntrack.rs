@@ -1,6 +1,8 @@
 //! Stateful source NAT: the flow table and port allocation. See
 //! `isthmus_common::conntrack` for the layout and the state machine.
 
+use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
+
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     btf_maps::{Array, HashMap, LruHashMap},
@@ -9,10 +11,12 @@ use aya_ebpf::{
 };
 use isthmus_common::{
     conntrack::{
-        DIR_IN, DIR_OUT, FlowKey, FlowNat, FragKey, PORT_MIN, PROTO_ICMP, PROTO_TCP, SnatConfig,
-        TcpState, next_tcp_state, reply_key,
+        DIR_IN, DIR_OUT, FlowKey, FlowNat, FragKey, PORT_MIN, SnatConfig, TcpState, next_tcp_state,
+        reply_key,
     },
+    ipv4::{PROTO_ICMP, PROTO_TCP},
     names::{DEFAULT_CONNTRACK, MAX_FRAGMENTS},
+    wire::Be32,
 };
 
 use crate::parse::{Fragment, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, Transport};
@@ -26,7 +30,7 @@ static FLOWS: HashMap<FlowKey, FlowNat, { DEFAULT_CONNTRACK as usize }> = HashMa
 /// datagram costs only its later fragments, which are then dropped and
 /// counted.
 #[btf_map(name = "ist_frags")]
-static FRAGS: LruHashMap<FragKey, u32, { MAX_FRAGMENTS as usize }> = LruHashMap::new();
+static FRAGS: LruHashMap<FragKey, Be32, { MAX_FRAGMENTS as usize }> = LruHashMap::new();
 
 /// The gateway's masquerade settings.
 #[btf_map(name = "ist_snat")]
@@ -53,7 +57,7 @@ pub enum Refused {
 /// The key under which the fragments of `fragment`'s datagram, from `src`
 /// to `dst` in direction `dir`, find their translation.
 #[inline(always)]
-pub fn fragment_key(fragment: &Fragment, src: u32, dst: u32, dir: u8) -> FragKey {
+pub fn fragment_key(fragment: &Fragment, src: Be32, dst: Be32, dir: u8) -> FragKey {
     FragKey {
         saddr: src,
         daddr: dst,
@@ -66,15 +70,15 @@ pub fn fragment_key(fragment: &Fragment, src: u32, dst: u32, dir: u8) -> FragKey
 /// Remembers that the datagram of `key` was translated to `addr`, when
 /// its first fragment was.
 #[inline(always)]
-pub fn remember_fragment(key: &FragKey, addr: u32) {
+pub fn remember_fragment(key: &FragKey, addr: Be32) {
     // Full: the LRU makes room; a failure only costs the later fragments.
     let _ = FRAGS.insert(key, addr, 0);
 }
 
 /// Where the first fragment of a later fragment's datagram was translated to.
 #[inline(always)]
-pub fn fragment_addr(key: &FragKey) -> Result<u32, Refused> {
-    // SAFETY: a u32 value, copied out at once.
+pub fn fragment_addr(key: &FragKey) -> Result<Be32, Refused> {
+    // SAFETY: a four-byte value, copied out at once.
     unsafe { FRAGS.get(key) }
         .copied()
         .ok_or(Refused::UnknownFragment)
@@ -82,7 +86,7 @@ pub fn fragment_addr(key: &FragKey) -> Result<u32, Refused> {
 
 /// The masquerade address, when masquerading is on.
 #[inline(always)]
-pub fn masquerade_addr() -> Option<u32> {
+pub fn masquerade_addr() -> Option<Be32> {
     let config = SNAT.get(0)?;
     (config.enabled != 0).then_some(config.addr)
 }
@@ -96,14 +100,14 @@ pub fn outbound_kind(t: &Transport) -> bool {
 
 /// The flow key of a packet leaving towards a peer.
 #[inline(always)]
-pub fn out_key(t: &Transport, src: u32, dst: u32) -> FlowKey {
+pub fn out_key(t: &Transport, src: Be32, dst: Be32) -> FlowKey {
     FlowKey::new(src, dst, t.sport, t.dport, t.proto, DIR_OUT)
 }
 
 /// The flow key of a reply arriving from a peer, or None when `t` cannot
 /// be one (an ICMP that is not an echo reply).
 #[inline(always)]
-pub fn in_key(t: &Transport, src: u32, dst: u32) -> Option<FlowKey> {
+pub fn in_key(t: &Transport, src: Be32, dst: Be32) -> Option<FlowKey> {
     let (sport, dport) = match t.proto {
         PROTO_ICMP if t.icmp_type != ICMP_ECHO_REPLY => return None,
         PROTO_ICMP => (0, t.sport),
@@ -116,13 +120,12 @@ pub fn in_key(t: &Transport, src: u32, dst: u32) -> Option<FlowKey> {
 /// with a port of ours that no other flow to the same peer address and
 /// port holds.
 #[inline(always)]
-pub fn outbound(key: &FlowKey, masq: u32, tcp_flags: u8) -> Result<FlowNat, Refused> {
+pub fn outbound(key: &FlowKey, masq: Be32, tcp_flags: u8) -> Result<FlowNat, Refused> {
     // SAFETY: bpf_ktime_get_ns has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     if let Some(entry) = FLOWS.get_ptr_mut(key) {
-        // SAFETY: a valid entry pointer from the map; a racing writer only
-        // makes a timestamp or state slightly stale.
-        return Ok(unsafe { refresh(&mut *entry, key.proto, tcp_flags, now) });
+        // SAFETY: a valid entry pointer from the map.
+        return Ok(unsafe { refresh(entry, key.proto, tcp_flags, now) });
     }
     let state = initial_state(key.proto, tcp_flags);
     let mut nat = FlowNat {
@@ -178,8 +181,8 @@ pub fn inbound(key: &FlowKey, tcp_flags: u8) -> Option<FlowNat> {
     let entry = FLOWS.get_ptr_mut(key)?;
     // SAFETY: bpf_ktime_get_ns has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
-    // SAFETY: as in `outbound`.
-    Some(unsafe { refresh(&mut *entry, key.proto, tcp_flags, now) })
+    // SAFETY: a valid entry pointer from the map.
+    Some(unsafe { refresh(entry, key.proto, tcp_flags, now) })
 }
 
 #[inline(always)]
@@ -191,17 +194,39 @@ fn initial_state(proto: u8, tcp_flags: u8) -> u8 {
     }
 }
 
-/// Records a packet on `entry` and returns a copy of it.
+/// Records a packet on the entry at `entry` and returns a copy of it.
+///
+/// Other CPUs update the same entry while this one does: the entry is
+/// never borrowed, and each field is read and written once, whole, with a
+/// volatile access, so the compiler neither caches nor splits one. Two
+/// racing updates leave one writer's state and timestamp, both valid.
+///
+/// # Safety
+/// `entry` points at a live entry of [`FLOWS`].
 #[inline(always)]
-fn refresh(entry: &mut FlowNat, proto: u8, tcp_flags: u8, now: u64) -> FlowNat {
-    let state = if proto == PROTO_TCP {
-        next_tcp_state(TcpState::from_u8(entry.state), tcp_flags) as u8
-    } else {
-        entry.state
-    };
-    if state != entry.state || now.wrapping_sub(entry.last_seen) > REFRESH_NS {
-        entry.state = state;
-        entry.last_seen = now;
+unsafe fn refresh(entry: *mut FlowNat, proto: u8, tcp_flags: u8, now: u64) -> FlowNat {
+    // SAFETY: fields of a live, aligned map entry (the caller's promise).
+    unsafe {
+        let state_at = addr_of_mut!((*entry).state);
+        let seen_at = addr_of_mut!((*entry).last_seen);
+        let seen = read_volatile(seen_at);
+        let before = read_volatile(state_at);
+        let state = if proto == PROTO_TCP {
+            next_tcp_state(TcpState::from_u8(before), tcp_flags) as u8
+        } else {
+            before
+        };
+        let refreshed = state != before || now.wrapping_sub(seen) > REFRESH_NS;
+        if refreshed {
+            write_volatile(state_at, state);
+            write_volatile(seen_at, now);
+        }
+        FlowNat {
+            addr: read_volatile(addr_of!((*entry).addr)),
+            port: read_volatile(addr_of!((*entry).port)),
+            state,
+            pad: 0,
+            last_seen: if refreshed { now } else { seen },
+        }
     }
-    *entry
 }

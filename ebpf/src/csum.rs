@@ -4,13 +4,24 @@ use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
     programs::TcContext,
 };
-use isthmus_common::csum::replace4;
+use isthmus_common::{csum::replace4, ipv4, wire::Be32};
 
-use crate::parse::{IcmpError, Ipv4, Malformed, PseudoCsum, ip};
+use crate::parse::{IcmpError, Ipv4, PseudoCsum};
 
 const PSEUDO: u64 = BPF_F_PSEUDO_HDR as u64;
 /// A UDP checksum of zero means "none": the kernel leaves it so.
 const UDP_ZERO_STAYS: u64 = BPF_F_MARK_MANGLED_0 as u64;
+
+/// A kernel helper refused a write or a checksum update, possibly after
+/// an earlier one of the same packet succeeded: its fields and checksums
+/// may disagree, so it must not go on.
+pub struct RewriteFailed;
+
+/// Turns a helper's error into [`RewriteFailed`].
+#[inline(always)]
+fn done<E>(result: Result<(), E>) -> Result<(), RewriteFailed> {
+    result.map_err(|_| RewriteFailed)
+}
 
 /// Writes `new` over the address at `field` of the packet's own header, and
 /// updates the IP header checksum and the pseudo-header L4 checksum. The
@@ -21,19 +32,18 @@ pub fn set_addr(
     ctx: &TcContext,
     hdr: &Ipv4,
     field: usize,
-    old: u32,
-    new: u32,
-) -> Result<(), Malformed> {
-    ctx.store(hdr.off + field, &new, 0).map_err(|_| Malformed)?;
-    ctx.l3_csum_replace(hdr.off + ip::CHECK, old as u64, new as u64, 4)
-        .map_err(|_| Malformed)?;
+    old: Be32,
+    new: Be32,
+) -> Result<(), RewriteFailed> {
+    let (old, new) = (old.to_bits(), new.to_bits());
+    done(ctx.store(hdr.off + field, &new, 0))?;
+    done(ctx.l3_csum_replace(hdr.off + ipv4::CHECK, old.into(), new.into(), 4))?;
     let (off, flags) = match hdr.csum {
         PseudoCsum::None => return Ok(()),
         PseudoCsum::Tcp(off) => (off, PSEUDO),
         PseudoCsum::Udp(off) => (off, PSEUDO | UDP_ZERO_STAYS),
     };
-    ctx.l4_csum_replace(off, old as u64, new as u64, flags | 4)
-        .map_err(|_| Malformed)
+    done(ctx.l4_csum_replace(off, old.into(), new.into(), flags | 4))
 }
 
 /// Writes the 16-bit L4 field `new` (a port, an ICMP echo identifier, a
@@ -47,12 +57,11 @@ pub fn set_be16(
     udp: bool,
     old: u16,
     new: u16,
-) -> Result<(), Malformed> {
+) -> Result<(), RewriteFailed> {
     let (old, new) = (old.to_be(), new.to_be());
-    ctx.store(off, &new, 0).map_err(|_| Malformed)?;
+    done(ctx.store(off, &new, 0))?;
     let flags = if udp { UDP_ZERO_STAYS } else { 0 };
-    ctx.l4_csum_replace(check, old as u64, new as u64, flags | 2)
-        .map_err(|_| Malformed)
+    done(ctx.l4_csum_replace(check, old.into(), new.into(), flags | 2))
 }
 
 /// Writes `new` over the address at `field` of the header quoted in an ICMP
@@ -63,15 +72,21 @@ pub fn set_quoted_addr(
     ctx: &TcContext,
     err: &IcmpError,
     field: usize,
-    old: u32,
-    new: u32,
-) -> Result<(), Malformed> {
+    old: Be32,
+    new: Be32,
+) -> Result<(), RewriteFailed> {
     let quoted = &err.quoted;
-    ctx.store(quoted.off + field, &new, 0)
-        .map_err(|_| Malformed)?;
-    ctx.l4_csum_replace(err.check_off, old as u64, new as u64, 4)
-        .map_err(|_| Malformed)?;
-    update_quoted_check(ctx, err.check_off, quoted.off + ip::CHECK, old, new, false)?;
+    let (old, new) = (old.to_bits(), new.to_bits());
+    done(ctx.store(quoted.off + field, &new, 0))?;
+    done(ctx.l4_csum_replace(err.check_off, old.into(), new.into(), 4))?;
+    update_quoted_check(
+        ctx,
+        err.check_off,
+        quoted.off + ipv4::CHECK,
+        old,
+        new,
+        false,
+    )?;
     match quoted.csum {
         PseudoCsum::None => Ok(()),
         PseudoCsum::Tcp(off) => update_quoted_check(ctx, err.check_off, off, old, new, false),
@@ -89,8 +104,8 @@ fn update_quoted_check(
     old: u32,
     new: u32,
     udp: bool,
-) -> Result<(), Malformed> {
-    let before: u16 = ctx.load(off).map_err(|_| Malformed)?;
+) -> Result<(), RewriteFailed> {
+    let before: u16 = ctx.load(off).map_err(|_| RewriteFailed)?;
     if udp && before == 0 {
         return Ok(());
     }
@@ -98,7 +113,6 @@ fn update_quoted_check(
     if udp && after == 0 {
         after = 0xffff;
     }
-    ctx.store(off, &after, 0).map_err(|_| Malformed)?;
-    ctx.l4_csum_replace(icmp_check, before as u64, after as u64, 2)
-        .map_err(|_| Malformed)
+    done(ctx.store(off, &after, 0))?;
+    done(ctx.l4_csum_replace(icmp_check, before.into(), after.into(), 2))
 }

@@ -7,8 +7,9 @@ use core::mem::size_of;
 
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use isthmus_common::{
-    conntrack::PROTO_UDP,
     guard::{GuardSource, Verdict, peer_index, receiver_offset},
+    ipv4::{self, Header, PROTO_UDP},
+    wire::Be16,
 };
 
 use crate::{maps, parse::ETH_HLEN};
@@ -49,23 +50,18 @@ fn verdict(ctx: &XdpContext) -> Option<Verdict> {
     if read::<[u8; 2]>(ctx, 12)? != ETHERTYPE_IPV4 {
         return None;
     }
-    let version_ihl: u8 = read(ctx, ETH_HLEN)?;
-    let ihl = ((version_ihl & 0x0f) as usize) * 4;
-    if version_ihl >> 4 != 4 || ihl < 20 {
-        return None;
-    }
+    let ip: [u8; ipv4::MIN_HLEN] = read(ctx, ETH_HLEN)?;
+    let ip = Header(&ip);
     // A later fragment has no UDP header to judge by.
-    let fragment: [u8; 2] = read(ctx, ETH_HLEN + 6)?;
-    if u16::from_be_bytes(fragment) & 0x1fff != 0 || read::<u8>(ctx, ETH_HLEN + 9)? != PROTO_UDP {
+    if !ip.is_valid() || !ip.is_first_fragment() || ip.proto() != PROTO_UDP {
         return None;
     }
-    let src: u32 = read(ctx, ETH_HLEN + 12)?;
-    let udp = ETH_HLEN + ihl;
+    let udp = ETH_HLEN + ip.header_len();
     let (sport, dport): (u16, u16) = (read(ctx, udp)?, read(ctx, udp + 2)?);
-    if dport != port {
+    if Be16::from_bits(dport) != port {
         return None;
     }
-    if maps::guard_source_known(&GuardSource::new(src, sport)) {
+    if maps::guard_source_known(&GuardSource::new(ip.src(), Be16::from_bits(sport))) {
         return Some(Verdict::KnownSource);
     }
     let message = udp + UDP_HLEN;

@@ -13,6 +13,7 @@ use isthmus_common::{
     },
     nat::{MappingKey, PREFIX_LENS, PeerKey, PeerNat, PrefixLens},
     overlay::{EVENTS, OverlayConfig, OverlayEvent},
+    wire::{Be16, Be32},
 };
 
 /// A peer's networks as we see them → what to rewrite for that peer.
@@ -25,11 +26,11 @@ static LENS: Array<PrefixLens, 1> = Array::new();
 
 /// NatMapping DNAT: a peer cluster's externalIP → the endpoint behind it.
 #[btf_map(name = "ist_natmap")]
-static NATMAP: HashMap<MappingKey, u32, { DEFAULT_NAT_MAPPINGS as usize }> = HashMap::new();
+static NATMAP: HashMap<MappingKey, Be32, { DEFAULT_NAT_MAPPINGS as usize }> = HashMap::new();
 
 /// The reverse: an endpoint → the externalIP that peer cluster knows it by.
 #[btf_map(name = "ist_natmap_rev")]
-static NATMAP_REV: HashMap<MappingKey, u32, { DEFAULT_NAT_MAPPINGS as usize }> = HashMap::new();
+static NATMAP_REV: HashMap<MappingKey, Be32, { DEFAULT_NAT_MAPPINGS as usize }> = HashMap::new();
 
 /// The largest MSS a SYN crossing the tunnel device may advertise.
 #[btf_map(name = "ist_tcp_mss")]
@@ -59,10 +60,10 @@ pub fn count_denied(peer_id: u32, reason: DenyReason) {
     increment(&PEER_DENIED, counters::deny_slot(peer_id, reason));
 }
 
-/// The peer whose networks hold `addr` (wire order), if any: one hash
-/// lookup per prefix length in use, longest first.
+/// The peer whose networks hold `addr`, if any: one hash lookup per prefix
+/// length in use, longest first.
 #[inline(always)]
-pub fn peer(addr: u32) -> Option<&'static PeerNat> {
+pub fn peer(addr: Be32) -> Option<&'static PeerNat> {
     let lens = LENS.get(0)?;
     for i in 0..PREFIX_LENS {
         if i as u32 >= lens.count {
@@ -78,25 +79,25 @@ pub fn peer(addr: u32) -> Option<&'static PeerNat> {
     None
 }
 
-/// The endpoint that peer `peer_id` reaches at `external` (wire order).
+/// The endpoint that peer `peer_id` reaches at `external`.
 #[inline(always)]
-pub fn endpoint_of(peer_id: u32, external: u32) -> Option<u32> {
+pub fn endpoint_of(peer_id: u32, external: Be32) -> Option<Be32> {
     lookup(&NATMAP, peer_id, external)
 }
 
-/// The externalIP under which peer `peer_id` knows `endpoint` (wire order).
+/// The externalIP under which peer `peer_id` knows `endpoint`.
 #[inline(always)]
-pub fn external_of(peer_id: u32, endpoint: u32) -> Option<u32> {
+pub fn external_of(peer_id: u32, endpoint: Be32) -> Option<Be32> {
     lookup(&NATMAP_REV, peer_id, endpoint)
 }
 
 #[inline(always)]
 fn lookup(
-    map: &HashMap<MappingKey, u32, { DEFAULT_NAT_MAPPINGS as usize }>,
+    map: &HashMap<MappingKey, Be32, { DEFAULT_NAT_MAPPINGS as usize }>,
     peer_id: u32,
-    addr: u32,
-) -> Option<u32> {
-    // SAFETY: a u32 value, copied out at once.
+    addr: Be32,
+) -> Option<Be32> {
+    // SAFETY: a four-byte value, copied out at once.
     unsafe { map.get(&MappingKey { peer_id, addr }) }.copied()
 }
 
@@ -148,10 +149,10 @@ static GUARD_CONFIG: Array<GuardConfig, 1> = Array::new();
 #[btf_map(name = "ist_guard_stats")]
 static GUARD_STATS: PerCpuArray<u64, { VERDICTS.len() }> = PerCpuArray::new();
 
-/// The tunnel port (wire order), once the agent has set it.
+/// The tunnel port, once the agent has set it.
 #[inline(always)]
-pub fn guard_port() -> Option<u16> {
-    GUARD_CONFIG.get(0).map(|c| c.port).filter(|p| *p != 0)
+pub fn guard_port() -> Option<Be16> {
+    GUARD_CONFIG.get(0).map(|c| c.port).filter(|p| !p.is_zero())
 }
 
 /// Whether `source` is a peer's endpoint.
@@ -178,13 +179,13 @@ pub fn count_guard(verdict: Verdict) {
 #[btf_map(name = "ist_overlay")]
 static OVERLAY: Array<OverlayConfig, 1> = Array::new();
 
-/// The cluster's other nodes: PodCIDR → node address, both wire order.
+/// The cluster's other nodes: PodCIDR → node address.
 #[btf_map(name = "ist_nodes")]
-static NODES: LpmTrie<u32, u32, { MAX_NODES as usize }> = LpmTrie::new();
+static NODES: LpmTrie<Be32, Be32, { MAX_NODES as usize }> = LpmTrie::new();
 
-/// The cluster's nodes' addresses (wire order).
+/// The cluster's nodes' addresses.
 #[btf_map(name = "ist_node_addrs")]
-static NODE_ADDRS: HashMap<u32, u8, { MAX_NODES as usize }> = HashMap::new();
+static NODE_ADDRS: HashMap<Be32, u8, { MAX_NODES as usize }> = HashMap::new();
 
 /// Overlay events; summed over CPUs by the agent.
 #[btf_map(name = "ist_overlay_st")]
@@ -196,15 +197,15 @@ pub fn overlay() -> Option<&'static OverlayConfig> {
     OVERLAY.get(0).filter(|c| c.ifindex != 0)
 }
 
-/// The address of the other node whose PodCIDR holds `addr` (wire order).
+/// The address of the other node whose PodCIDR holds `addr`.
 #[inline(always)]
-pub fn node_of(addr: u32) -> Option<u32> {
+pub fn node_of(addr: Be32) -> Option<Be32> {
     NODES.get(&Key::new(32, addr)).copied()
 }
 
-/// Whether `addr` (wire order) is the address of one of the cluster's nodes.
+/// Whether `addr` is the address of one of the cluster's nodes.
 #[inline(always)]
-pub fn is_node(addr: u32) -> bool {
+pub fn is_node(addr: Be32) -> bool {
     // SAFETY: only presence is read.
     unsafe { NODE_ADDRS.get(&addr) }.is_some()
 }

@@ -5,29 +5,31 @@
 use aya_ebpf::programs::TcContext;
 use isthmus_common::tcp::{self, DATA_OFFSET, MIN_HEADER};
 
-use crate::{
-    csum,
-    parse::{Malformed, Transport},
-};
+use crate::parse::{Malformed, Transport};
 
-/// Lowers the MSS option of `t`, a TCP SYN whose checksum is at `check`,
-/// to `max` if it advertises more. Returns whether it did.
+/// An MSS option that advertises more than the tunnel carries.
+pub struct Oversized {
+    /// Packet offset of the option's value.
+    pub off: usize,
+    /// The value advertised.
+    pub mss: u16,
+}
+
+/// The MSS option of `t`, a TCP SYN, if it advertises more than `max`.
+/// Only reads: the NAT rewrites it with the packet's other fields.
 #[inline(always)]
-pub fn clamp(ctx: &TcContext, t: &Transport, check: usize, max: u16) -> Result<bool, Malformed> {
+pub fn oversized(ctx: &TcContext, t: &Transport, max: u16) -> Result<Option<Oversized>, Malformed> {
     let data_offset: u8 = ctx.load(t.off + DATA_OFFSET).map_err(|_| Malformed)?;
     let header = usize::from(data_offset >> 4) * 4;
     if header <= MIN_HEADER {
-        return Ok(false);
+        return Ok(None);
     }
     let options = t.off + MIN_HEADER;
     let Some(at) = tcp::mss_value_offset(header - MIN_HEADER, |i| ctx.load::<u8>(options + i).ok())
     else {
-        return Ok(false);
+        return Ok(None);
     };
-    let mss = u16::from_be(ctx.load::<u16>(options + at).map_err(|_| Malformed)?);
-    if mss <= max {
-        return Ok(false);
-    }
-    csum::set_be16(ctx, options + at, check, false, mss, max)?;
-    Ok(true)
+    let off = options + at;
+    let mss = u16::from_be(ctx.load::<u16>(off).map_err(|_| Malformed)?);
+    Ok((mss > max).then_some(Oversized { off, mss }))
 }

@@ -11,18 +11,20 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use isthmus_common::{
-    conntrack::{DIR_IN, DIR_OUT, PROTO_ICMP, PROTO_UDP},
+    conntrack::{DIR_IN, DIR_OUT},
     counters::{DenyReason, Direction, DropReason, Kind, Link, Outcome},
+    ipv4::{self, PROTO_ICMP, PROTO_UDP},
     nat::{CONNCHECK_ADDR, CONNCHECK_PORT, PeerNat, find_rule},
     tcp::SYN,
+    wire::Be32,
 };
 
 use crate::{
     conntrack::{self, Refused},
-    csum, maps, mss,
+    csum, maps,
+    mss::{self, Oversized},
     parse::{
         self, ETH_P_IP, ICMP_CHECK, ICMP_ECHO_ID, Ipv4, Malformed, Packet, PseudoCsum, Transport,
-        ip,
     },
 };
 
@@ -37,12 +39,12 @@ impl Fields {
     const fn of(direction: Direction) -> Self {
         match direction {
             Direction::Egress => Self {
-                ours: ip::SRC,
-                theirs: ip::DST,
+                ours: ipv4::SRC,
+                theirs: ipv4::DST,
             },
             Direction::Ingress => Self {
-                ours: ip::DST,
-                theirs: ip::SRC,
+                ours: ipv4::DST,
+                theirs: ipv4::SRC,
             },
         }
     }
@@ -57,8 +59,8 @@ impl Fields {
 }
 
 #[inline(always)]
-fn addr(hdr: &Ipv4, field: usize) -> u32 {
-    if field == ip::SRC { hdr.src } else { hdr.dst }
+fn addr(hdr: &Ipv4, field: usize) -> Be32 {
+    if field == ipv4::SRC { hdr.src } else { hdr.dst }
 }
 
 /// What a program did with a packet.
@@ -91,6 +93,13 @@ impl Refused {
 #[inline(always)]
 pub fn run(ctx: &TcContext, l3: usize, direction: Direction) -> i32 {
     let link = Link::of_l3(l3);
+    // Not IPv4: nothing of ours to read or rewrite. Decided here, not as an
+    // early verdict of `translate`, where LLVM read the unset payload of
+    // that verdict from a register the verifier calls uninitialised.
+    if ctx.skb.protocol() != ETH_P_IP {
+        maps::count(link, direction, Outcome::Passed);
+        return TC_ACT_UNSPEC;
+    }
     let verdict = translate(ctx, l3, direction).or_else(|Malformed| match direction {
         // A peer does not get in by sending what we cannot read.
         Direction::Ingress => match unparseable_from(ctx, l3) {
@@ -121,10 +130,21 @@ pub fn run(ctx: &TcContext, l3: usize, direction: Direction) -> i32 {
     action
 }
 
+/// Runs one write of a packet's rewrite. A write the kernel refuses may
+/// follow others that succeeded, so the packet's fields and checksums may
+/// disagree: it is dropped, and counted apart from what cannot be parsed.
+macro_rules! or_drop {
+    ($write:expr) => {
+        if $write.is_err() {
+            return Ok(Verdict::Dropped(DropReason::RewriteFailed));
+        }
+    };
+}
+
 /// Our side's new address, and port if it changes too, and the kinds of
 /// rule that produced them (a set of [`Kind::bit`]s).
 struct Rewrite {
-    addr: u32,
+    addr: Be32,
     port: Option<PortChange>,
     kinds: u8,
 }
@@ -138,9 +158,6 @@ struct PortChange {
 
 #[inline(always)]
 fn translate(ctx: &TcContext, l3: usize, direction: Direction) -> Result<Verdict, Malformed> {
-    if ctx.skb.protocol() != ETH_P_IP {
-        return Ok(Verdict::Passed);
-    }
     let pkt = parse::packet(ctx, l3)?;
     let fields = Fields::of(direction);
     let quoted_fields = fields.swapped();
@@ -157,13 +174,15 @@ fn translate(ctx: &TcContext, l3: usize, direction: Direction) -> Result<Verdict
     // Before the rules, while the verifier has one state to walk the
     // options with, not one per path through them.
     // The map is read only for a SYN: one in a flow's packets.
-    let clamped = match (&pkt.transport, pkt.ip.csum) {
-        (Some(t), PseudoCsum::Tcp(check)) if t.tcp_flags & SYN != 0 => match maps::tcp_mss() {
-            Some(max) => mss::clamp(ctx, t, check, max)?,
-            None => false,
-        },
-        _ => false,
-    };
+    let mut clamped = false;
+    if let (Some(t), PseudoCsum::Tcp(check)) = (&pkt.transport, pkt.ip.csum)
+        && t.tcp_flags & SYN != 0
+        && let Some(max) = maps::tcp_mss()
+        && let Some(Oversized { off, mss }) = mss::oversized(ctx, t, max)?
+    {
+        or_drop!(csum::set_be16(ctx, off, check, false, mss, max));
+        clamped = true;
+    }
 
     let own = addr(&pkt.ip, fields.ours);
     let rewrite = match direction {
@@ -185,7 +204,7 @@ fn translate(ctx: &TcContext, l3: usize, direction: Direction) -> Result<Verdict
     let mut translated = false;
     let mut kinds = 0;
     if rewrite.addr != own {
-        csum::set_addr(ctx, &pkt.ip, fields.ours, own, rewrite.addr)?;
+        or_drop!(csum::set_addr(ctx, &pkt.ip, fields.ours, own, rewrite.addr));
         translated = true;
         kinds |= rewrite.kinds;
     }
@@ -195,7 +214,9 @@ fn translate(ctx: &TcContext, l3: usize, direction: Direction) -> Result<Verdict
             PseudoCsum::Udp(off) => (off, true),
             PseudoCsum::None => (t.off + ICMP_CHECK, false),
         };
-        csum::set_be16(ctx, port.off, check, udp, port.old, port.new)?;
+        or_drop!(csum::set_be16(
+            ctx, port.off, check, udp, port.old, port.new
+        ));
         translated = true;
         kinds |= rewrite.kinds;
     }
@@ -208,7 +229,13 @@ fn translate(ctx: &TcContext, l3: usize, direction: Direction) -> Result<Verdict
         let own = addr(&err.quoted, quoted_fields.ours);
         let quoted = stateless(peer, direction, own);
         if quoted.addr != own {
-            csum::set_quoted_addr(ctx, err, quoted_fields.ours, own, quoted.addr)?;
+            or_drop!(csum::set_quoted_addr(
+                ctx,
+                err,
+                quoted_fields.ours,
+                own,
+                quoted.addr
+            ));
             translated = true;
             kinds |= quoted.kinds;
         }
@@ -224,7 +251,7 @@ fn translate(ctx: &TcContext, l3: usize, direction: Direction) -> Result<Verdict
 /// a source that is none of ours (the node's own, or a transit flow) is
 /// masqueraded; then our networks move into the peer's view of them.
 #[inline(always)]
-fn egress(peer: &PeerNat, pkt: &Packet, own: u32) -> Result<Rewrite, Refused> {
+fn egress(peer: &PeerNat, pkt: &Packet, own: Be32) -> Result<Rewrite, Refused> {
     let external = external_of(peer, own);
     if let Some(rule) = find_rule(&peer.egress, external.addr) {
         let remapped = rule.apply(external.addr);
@@ -274,7 +301,7 @@ fn egress(peer: &PeerNat, pkt: &Packet, own: u32) -> Result<Rewrite, Refused> {
 /// of a reply whose first went there; an externalIP resolves to its
 /// endpoint.
 #[inline(always)]
-fn ingress(peer: &PeerNat, pkt: &Packet, own: u32) -> Result<Rewrite, Refused> {
+fn ingress(peer: &PeerNat, pkt: &Packet, own: Be32) -> Result<Rewrite, Refused> {
     let real = from_peer_view(peer, own);
     let Some(masq) = conntrack::masquerade_addr().filter(|masq| real.addr == *masq) else {
         return Ok(endpoint_of(peer, real));
@@ -333,17 +360,14 @@ fn denied(peer: &PeerNat, rewrite: &Rewrite, t: Option<&Transport>) -> Option<De
 /// The peer a packet comes from when only its IPv4 source can be read.
 #[inline(always)]
 fn unparseable_from(ctx: &TcContext, l3: usize) -> Option<u32> {
-    if ctx.skb.protocol() != ETH_P_IP {
-        return None;
-    }
-    let src = ctx.load::<u32>(l3 + ip::SRC).ok()?;
+    let src = Be32::from_bits(ctx.load::<u32>(l3 + ipv4::SRC).ok()?);
     maps::peer(src).map(|peer| peer.peer_id)
 }
 
 /// The stateless rules alone (prefix remap and NatMapping), for headers
 /// quoted in ICMP errors.
 #[inline(always)]
-fn stateless(peer: &PeerNat, direction: Direction, own: u32) -> Rewrite {
+fn stateless(peer: &PeerNat, direction: Direction, own: Be32) -> Rewrite {
     match direction {
         Direction::Ingress => endpoint_of(peer, from_peer_view(peer, own)),
         Direction::Egress => to_peer_view(peer, external_of(peer, own)),
@@ -365,7 +389,7 @@ fn to_peer_view(peer: &PeerNat, rewrite: Rewrite) -> Rewrite {
 
 /// An address in the peer's view of our networks, as it really is.
 #[inline(always)]
-fn from_peer_view(peer: &PeerNat, addr: u32) -> Rewrite {
+fn from_peer_view(peer: &PeerNat, addr: Be32) -> Rewrite {
     let rewrite = address_only(addr);
     match find_rule(&peer.ingress, addr) {
         Some(rule) => rewrite.then(rule.apply(addr), Kind::Prefix),
@@ -375,7 +399,7 @@ fn from_peer_view(peer: &PeerNat, addr: u32) -> Rewrite {
 
 /// The externalIP under which the peer knows endpoint `addr`, if any.
 #[inline(always)]
-fn external_of(peer: &PeerNat, addr: u32) -> Rewrite {
+fn external_of(peer: &PeerNat, addr: Be32) -> Rewrite {
     let rewrite = address_only(addr);
     match maps::external_of(peer.peer_id, addr) {
         Some(external) => rewrite.then(external, Kind::NatMapping),
@@ -394,7 +418,7 @@ fn endpoint_of(peer: &PeerNat, rewrite: Rewrite) -> Rewrite {
 
 /// A rewrite of the address alone, by no rule yet.
 #[inline(always)]
-fn address_only(addr: u32) -> Rewrite {
+fn address_only(addr: Be32) -> Rewrite {
     Rewrite {
         addr,
         port: None,
@@ -406,7 +430,7 @@ impl Rewrite {
     /// This rewrite followed by a rule of `kind` that gives `addr`; the
     /// kind counts only if the address changes.
     #[inline(always)]
-    fn then(self, addr: u32, kind: Kind) -> Self {
+    fn then(self, addr: Be32, kind: Kind) -> Self {
         let kinds = if addr != self.addr {
             self.kinds | kind.bit()
         } else {

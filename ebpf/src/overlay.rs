@@ -15,11 +15,15 @@ use aya_ebpf::{
     },
     programs::TcContext,
 };
-use isthmus_common::overlay::{OverlayConfig, OverlayEvent};
+use isthmus_common::{
+    ipv4::{self, Header, MIN_HLEN, PROTO_UDP},
+    overlay::{OverlayConfig, OverlayEvent},
+    wire::Be32,
+};
 
 use crate::{
     maps,
-    parse::{ETH_HLEN, ETH_P_IP, IP_FRAG, IP_MF, IP_OFFSET, be16, bytes_at, ip, wire32},
+    parse::{ETH_HLEN, ETH_P_IP, be16, bytes_at},
 };
 /// `skb->pkt_type` of a packet addressed to this host.
 const PACKET_HOST: u32 = 0;
@@ -42,7 +46,7 @@ pub fn steer(ctx: &TcContext, l3: usize) -> i32 {
     let Some(config) = maps::overlay() else {
         return TC_ACT_UNSPEC;
     };
-    if config.gateway == 0 {
+    if config.gateway.is_zero() {
         maps::count_overlay(OverlayEvent::NoGateway);
         return TC_ACT_UNSPEC;
     }
@@ -90,7 +94,7 @@ pub fn accept(ctx: &TcContext) -> i32 {
         return TC_ACT_SHOT;
     }
     // SAFETY: an IPv4 key, as asked for; the helper gives it in host order.
-    let remote = u32::to_be(unsafe { key.__bindgen_anon_1.remote_ipv4 });
+    let remote = Be32::from_host(unsafe { key.__bindgen_anon_1.remote_ipv4 });
     if !maps::is_node(remote) {
         maps::count_overlay(OverlayEvent::UnknownNode);
         return TC_ACT_SHOT;
@@ -100,11 +104,11 @@ pub fn accept(ctx: &TcContext) -> i32 {
         return TC_ACT_UNSPEC;
     }
     maps::count_overlay(OverlayEvent::Received);
-    let Some(ip) = bytes_at::<IPV4_HLEN>(ctx, ETH_HLEN) else {
+    let Some(ip) = bytes_at::<MIN_HLEN>(ctx, ETH_HLEN) else {
         return TC_ACT_UNSPEC;
     };
-    match route(ctx, &ip) {
-        Some(next_hop) => send(ctx, ETH_HLEN, &ip, &next_hop),
+    match route(ctx, Header(&ip)) {
+        Some(next_hop) => send(ctx, ETH_HLEN, Header(&ip), &next_hop),
         None => TC_ACT_UNSPEC,
     }
 }
@@ -112,15 +116,12 @@ pub fn accept(ctx: &TcContext) -> i32 {
 /// Where the outer headers end and the inner IPv4 header starts, in a
 /// VXLAN frame on the node's uplink.
 const OUTER_IP: usize = ETH_HLEN;
-const OUTER_UDP: usize = OUTER_IP + IPV4_HLEN;
+const OUTER_UDP: usize = OUTER_IP + MIN_HLEN;
 const VXLAN: usize = OUTER_UDP + 8;
 const INNER_ETH: usize = VXLAN + 8;
 const INNER_IP: usize = INNER_ETH + ETH_HLEN;
-/// The first byte of an IPv4 header of 20 bytes: version 4, IHL 5.
-const IPV4_WITHOUT_OPTIONS: u8 = 0x45;
 /// The VXLAN header's flags byte with the "VNI present" bit.
 const VXLAN_VNI_PRESENT: u8 = 0x08;
-const PROTO_UDP: u8 = 17;
 
 /// Every node, on its uplink: a VXLAN datagram of our VNI to this node's
 /// overlay port whose inner packet the FIB forwards in one step loses its
@@ -136,22 +137,25 @@ pub fn decapsulate(ctx: &TcContext) -> i32 {
     };
     // SAFETY: reading a field of the context.
     let gso = unsafe { (*ctx.skb.skb).gso_size } != 0;
-    if config.local == 0 || gso || ctx.skb.protocol() != ETH_P_IP {
+    if config.local.is_zero() || gso || ctx.skb.protocol() != ETH_P_IP {
         return TC_ACT_UNSPEC;
     }
     // Most packets on the uplink are not ours: this read is all they cost.
     let Some(udp) = bytes_at::<{ VXLAN }>(ctx, 0) else {
         return TC_ACT_UNSPEC;
     };
-    if udp[OUTER_IP] != IPV4_WITHOUT_OPTIONS
-        || udp[OUTER_IP + IP_PROTO] != PROTO_UDP
-        || be16(&udp, OUTER_IP + IP_FRAG) & (IP_MF | IP_OFFSET) != 0
-        || wire32(&udp, OUTER_IP + ip::DST) != config.local
+    let Some(outer) = udp[OUTER_IP..].first_chunk::<MIN_HLEN>().map(Header) else {
+        return TC_ACT_UNSPEC;
+    };
+    if !outer.is_minimal()
+        || outer.proto() != PROTO_UDP
+        || outer.is_fragment()
+        || outer.dst() != config.local
         || be16(&udp, OUTER_UDP + 2) != config.port
     {
         return TC_ACT_UNSPEC;
     }
-    let Some(frame) = bytes_at::<{ INNER_IP + IPV4_HLEN }>(ctx, 0) else {
+    let Some(frame) = bytes_at::<{ INNER_IP + MIN_HLEN }>(ctx, 0) else {
         return TC_ACT_UNSPEC;
     };
     let vni = u32::from_be_bytes([0, frame[VXLAN + 4], frame[VXLAN + 5], frame[VXLAN + 6]]);
@@ -161,13 +165,13 @@ pub fn decapsulate(ctx: &TcContext) -> i32 {
     {
         return TC_ACT_UNSPEC;
     }
-    if !maps::is_node(wire32(&frame, OUTER_IP + ip::SRC)) {
+    if !maps::is_node(outer.src()) {
         maps::count_overlay(OverlayEvent::UnknownNode);
         return TC_ACT_SHOT;
     }
-    let mut ip = [0u8; IPV4_HLEN];
+    let mut ip = [0u8; MIN_HLEN];
     ip.copy_from_slice(&frame[INNER_IP..]);
-    let Some(next_hop) = route(ctx, &ip) else {
+    let Some(next_hop) = route(ctx, Header(&ip)) else {
         return TC_ACT_UNSPEC;
     };
     // Drops the outer IPv4, UDP and VXLAN headers and the inner Ethernet
@@ -180,16 +184,10 @@ pub fn decapsulate(ctx: &TcContext) -> i32 {
         return TC_ACT_UNSPEC;
     }
     maps::count_overlay(OverlayEvent::Decapsulated);
-    send(ctx, ETH_HLEN, &ip, &next_hop)
+    send(ctx, ETH_HLEN, Header(&ip), &next_hop)
 }
 
 const AF_INET: u8 = 2;
-const IPV4_HLEN: usize = 20;
-/// IPv4 header fields forwarding reads.
-const IP_TOS: usize = 1;
-const IP_TOT_LEN: usize = 2;
-const IP_TTL: usize = 8;
-const IP_PROTO: usize = 9;
 const ETH_TYPE_IPV4: u16 = 0x0800;
 
 /// Where the FIB sends a packet: out of `ifindex`, to `dmac`, from `smac`.
@@ -199,24 +197,24 @@ struct NextHop {
     smac: [u8; 6],
 }
 
-/// The FIB's next hop for the IPv4 header `ip`, when it settles the packet
+/// The FIB's next hop for a packet with header `ip`, when it settles it
 /// in one step. Not for a packet to this host, too big for the way out,
 /// to a next hop not resolved yet, or whose TTL runs out: the stack does
 /// those, and answers with the ICMP errors path MTU discovery and
 /// traceroute need.
 #[inline(always)]
-fn route(ctx: &TcContext, ip: &[u8; IPV4_HLEN]) -> Option<NextHop> {
-    if ip[0] >> 4 != 4 || ip[IP_TTL] <= 1 {
+fn route(ctx: &TcContext, ip: Header) -> Option<NextHop> {
+    if !ip.is_valid() || ip.ttl() <= 1 {
         return None;
     }
     // SAFETY: all-zero is a valid bpf_fib_lookup.
     let mut fib: bpf_fib_lookup = unsafe { core::mem::zeroed() };
     fib.family = AF_INET;
-    fib.l4_protocol = ip[IP_PROTO];
-    fib.__bindgen_anon_1.tot_len = be16(ip, IP_TOT_LEN);
-    fib.__bindgen_anon_2.tos = ip[IP_TOS];
-    fib.__bindgen_anon_3.ipv4_src = wire32(ip, ip::SRC);
-    fib.__bindgen_anon_4.ipv4_dst = wire32(ip, ip::DST);
+    fib.l4_protocol = ip.proto();
+    fib.__bindgen_anon_1.tot_len = ip.total_len();
+    fib.__bindgen_anon_2.tos = ip.tos();
+    fib.__bindgen_anon_3.ipv4_src = ip.src().to_bits();
+    fib.__bindgen_anon_4.ipv4_dst = ip.dst().to_bits();
     // SAFETY: reading a field of the context.
     fib.ifindex = unsafe { (*ctx.skb.skb).ifindex };
     // SAFETY: `fib` is a complete bpf_fib_lookup of the size given.
@@ -238,14 +236,14 @@ fn route(ctx: &TcContext, ip: &[u8; IPV4_HLEN]) -> Option<NextHop> {
 /// Sends the packet whose IPv4 header `ip` starts at `l3` to `next_hop`,
 /// as the stack would forward it: the next hop's MACs, a TTL one lower.
 #[inline(always)]
-fn send(ctx: &TcContext, l3: usize, ip: &[u8; IPV4_HLEN], next_hop: &NextHop) -> i32 {
-    let ttl_proto = [ip[IP_TTL], ip[IP_PROTO]];
+fn send(ctx: &TcContext, l3: usize, ip: Header, next_hop: &NextHop) -> i32 {
+    let ttl_proto = [ip.ttl(), ip.proto()];
     let lowered = [ttl_proto[0] - 1, ttl_proto[1]];
     let old = u16::from_ne_bytes(ttl_proto);
     let new = u16::from_ne_bytes(lowered);
     let rewritten = ctx
-        .l3_csum_replace(l3 + ip::CHECK, u64::from(old), u64::from(new), 2)
-        .and_then(|()| ctx.store(l3 + IP_TTL, &lowered, 0))
+        .l3_csum_replace(l3 + ipv4::CHECK, u64::from(old), u64::from(new), 2)
+        .and_then(|()| ctx.store(l3 + ipv4::TTL, &lowered, 0))
         .and_then(|()| ctx.store(0, &next_hop.dmac, 0))
         .and_then(|()| ctx.store(6, &next_hop.smac, 0));
     if rewritten.is_err() {
@@ -263,13 +261,13 @@ fn send(ctx: &TcContext, l3: usize, ip: &[u8; IPV4_HLEN], next_hop: &NextHop) ->
     unsafe { bpf_redirect(next_hop.ifindex, 0) as i32 }
 }
 
-/// The IPv4 destination (wire order) of an IPv4 packet starting at `l3`.
+/// The IPv4 destination of an IPv4 packet starting at `l3`.
 #[inline(always)]
-fn ipv4_dst(ctx: &TcContext, l3: usize) -> Option<u32> {
+fn ipv4_dst(ctx: &TcContext, l3: usize) -> Option<Be32> {
     if ctx.skb.protocol() != ETH_P_IP {
         return None;
     }
-    ctx.load::<u32>(l3 + ip::DST).ok()
+    ctx.load::<u32>(l3 + ipv4::DST).ok().map(Be32::from_bits)
 }
 
 /// Prepends an Ethernet header to an L3 packet.
@@ -280,16 +278,16 @@ fn push_l2_header(ctx: &TcContext) -> bool {
     grown == 0 && ctx.store(0, &L2_HEADER, 0).is_ok()
 }
 
-/// Sets the tunnel key to `remote` (wire order) and redirects the packet
-/// to the VXLAN device, which encapsulates it. A refusal leaves the packet
-/// to the stack: never dropped for our sake.
+/// Sets the tunnel key to `remote` and redirects the packet to the VXLAN
+/// device, which encapsulates it. A refusal leaves the packet to the
+/// stack: never dropped for our sake.
 #[inline(always)]
-fn encapsulate(ctx: &TcContext, config: &OverlayConfig, remote: u32, event: OverlayEvent) -> i32 {
+fn encapsulate(ctx: &TcContext, config: &OverlayConfig, remote: Be32, event: OverlayEvent) -> i32 {
     // SAFETY: all-zero is a valid bpf_tunnel_key.
     let mut key: bpf_tunnel_key = unsafe { core::mem::zeroed() };
     key.tunnel_id = config.vni;
     // The helper takes the address in host order.
-    key.__bindgen_anon_1.remote_ipv4 = u32::from_be(remote);
+    key.__bindgen_anon_1.remote_ipv4 = remote.to_host();
     key.tunnel_ttl = OUTER_TTL;
     // SAFETY: `key` is a complete bpf_tunnel_key of the size given.
     let set = unsafe {

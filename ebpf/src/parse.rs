@@ -3,19 +3,10 @@
 
 use aya_ebpf::programs::TcContext;
 use isthmus_common::{
-    conntrack::{PROTO_ICMP, PROTO_TCP, PROTO_UDP},
+    ipv4::{self, PROTO_ICMP, PROTO_TCP, PROTO_UDP},
     tcp,
+    wire::{Be16, Be32},
 };
-
-/// Offsets of fields inside an IPv4 header.
-pub mod ip {
-    /// Header checksum.
-    pub const CHECK: usize = 10;
-    /// Source address.
-    pub const SRC: usize = 12;
-    /// Destination address.
-    pub const DST: usize = 16;
-}
 
 /// Length of an Ethernet header: where IPv4 starts on veth and VXLAN.
 pub const ETH_HLEN: usize = 14;
@@ -23,13 +14,6 @@ pub const ETH_HLEN: usize = 14;
 /// `skb->protocol` of IPv4: a big-endian ethertype in a `u32`.
 pub const ETH_P_IP: u32 = 0x0800u16.to_be() as u32;
 
-const IPV4_MIN_HLEN: usize = 20;
-/// Offset of the flags and fragment offset of an IPv4 header.
-pub const IP_FRAG: usize = 6;
-/// The "more fragments" flag and the fragment offset, in that field.
-pub const IP_MF: u16 = 0x2000;
-/// The fragment offset alone.
-pub const IP_OFFSET: u16 = 0x1fff;
 const TCP_CHECK: usize = 16;
 const UDP_CHECK: usize = 6;
 const UDP_HLEN: usize = 8;
@@ -55,10 +39,10 @@ pub enum PseudoCsum {
 pub struct Ipv4 {
     /// Packet offset of the header.
     pub off: usize,
-    /// Source address, wire order.
-    pub src: u32,
-    /// Destination address, wire order.
-    pub dst: u32,
+    /// Source address.
+    pub src: Be32,
+    /// Destination address.
+    pub dst: Be32,
     /// The L4 checksum that an address change must update.
     pub csum: PseudoCsum,
 }
@@ -97,8 +81,8 @@ pub const ICMP_ECHO_ID: usize = 4;
 /// What a fragment shares with the others of its datagram.
 #[derive(Clone, Copy)]
 pub struct Fragment {
-    /// The IPv4 identification, wire order.
-    pub id: u16,
+    /// The IPv4 identification.
+    pub id: Be16,
     /// The first fragment, which alone carries the L4 header.
     pub first: bool,
     /// The IP protocol of the datagram.
@@ -164,11 +148,6 @@ pub fn bytes_at<const N: usize>(ctx: &TcContext, off: usize) -> Option<[u8; N]> 
 /// The big-endian `u16` at `at`.
 pub fn be16(b: &[u8], at: usize) -> u16 {
     u16::from_be_bytes([b[at], b[at + 1]])
-}
-
-/// The `u32` at `at`, left in wire order.
-pub fn wire32(b: &[u8], at: usize) -> u32 {
-    u32::from_ne_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
 /// Parses the IPv4 packet at `off`. Fails if any header it needs is cut off.
@@ -255,14 +234,14 @@ struct Header {
 /// quoted header, whose total length describes a packet we do not have.
 #[inline(always)]
 fn header(view: &View, off: usize, end: usize, whole: bool) -> Result<Header, Malformed> {
-    let h = view.span::<IPV4_MIN_HLEN>(off)?;
-    let hlen = ((h[0] & 0x0f) as usize) * 4;
-    if h[0] >> 4 != 4 || hlen < IPV4_MIN_HLEN || off + hlen > end {
+    let h = ipv4::Header(view.span::<{ ipv4::MIN_HLEN }>(off)?);
+    let hlen = h.header_len();
+    if !h.is_valid() || off + hlen > end {
         return Err(Malformed);
     }
     // The packet may be longer than its datagram (link padding), never shorter.
     let end = if whole {
-        let total = be16(h, 2) as usize;
+        let total = h.total_len() as usize;
         if total < hlen || off + total > end {
             return Err(Malformed);
         }
@@ -270,11 +249,10 @@ fn header(view: &View, off: usize, end: usize, whole: bool) -> Result<Header, Ma
     } else {
         end
     };
-    let frag = be16(h, IP_FRAG);
-    let first = frag & IP_OFFSET == 0;
-    let proto = h[9];
-    let fragment = (frag & (IP_MF | IP_OFFSET) != 0).then(|| Fragment {
-        id: u16::from_ne_bytes([h[4], h[5]]),
+    let first = h.is_first_fragment();
+    let proto = h.proto();
+    let fragment = h.is_fragment().then(|| Fragment {
+        id: h.id(),
         first,
         proto,
     });
@@ -286,8 +264,8 @@ fn header(view: &View, off: usize, end: usize, whole: bool) -> Result<Header, Ma
     };
     let ip = Ipv4 {
         off,
-        src: wire32(h, ip::SRC),
-        dst: wire32(h, ip::DST),
+        src: h.src(),
+        dst: h.dst(),
         csum,
     };
     Ok(Header {

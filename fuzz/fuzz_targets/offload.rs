@@ -8,6 +8,10 @@
 use arbitrary::Arbitrary;
 use etherparse::{PacketBuilder, SlicedPacket, TransportSlice};
 use isthmus_agent::tunnel::offload::{self, Coalescer, MAX_PACKET, VNET_HDR_LEN};
+use isthmus_common::{
+    csum::{checksum, ipv4_l4_checksum},
+    wire::Be16,
+};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]
@@ -154,9 +158,7 @@ fn checksums_hold(packet: &[u8]) -> bool {
     else {
         return false;
     };
-    let header = ip.header().to_header();
-    header.header_checksum == header.calc_header_checksum()
-        && tcp
-            .calc_checksum_ipv4(ip.header().source(), ip.header().destination())
-            .is_ok_and(|c| c == tcp.checksum())
+    let header = ip.header();
+    checksum(header.slice()) == Be16::ZERO
+        && ipv4_l4_checksum(header.source(), header.destination(), 6, tcp.slice()) == Be16::ZERO
 }

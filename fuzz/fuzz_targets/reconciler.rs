@@ -14,7 +14,10 @@ use isthmus_agent::{
     kernel::table::{Entry, KernelTable},
     model::{object::parse_documents, policy::overlaps},
 };
-use isthmus_common::nat::{MappingKey, PeerNat};
+use isthmus_common::{
+    nat::{MappingKey, PeerNat},
+    wire::Be32,
+};
 use libfuzzer_sys::fuzz_target;
 use xtask::objects::TunnelEndpoint;
 
@@ -48,7 +51,7 @@ impl<K: Ord + Copy, V: PartialEq + Copy> KernelTable for Table<K, V> {
 }
 
 type Peers = Table<Ipv4Net, PeerNat>;
-type Mappings = Table<MappingKey, u32>;
+type Mappings = Table<MappingKey, Be32>;
 
 const NETS: [&str; 9] = [
     "10.0.0.0/24",

@@ -216,8 +216,8 @@ impl Datagram {
 }
 
 fn with_icmp_checksum(mut icmp: Vec<u8>) -> Vec<u8> {
-    let check = xtask::probe::internet_checksum(&icmp);
-    icmp[2..4].copy_from_slice(&check.to_be_bytes());
+    let check = isthmus_common::csum::checksum(&icmp);
+    icmp[2..4].copy_from_slice(&check.bytes());
     icmp
 }
 

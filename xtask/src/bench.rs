@@ -17,7 +17,10 @@ mod overlay;
 use anyhow::{Context, Result, bail};
 use aya::maps::{HashMap, MapData};
 use clap::Subcommand;
-use isthmus_common::nat::{MappingKey, PeerKey, PeerNat, wire};
+use isthmus_common::{
+    nat::{MappingKey, PeerKey, PeerNat},
+    wire::Be32,
+};
 use xtask::{
     cmd::{ip, run},
     lab, netns,
@@ -978,22 +981,22 @@ fn poll<T>(
 
 /// The peer ID the kernel's peer table holds for network `view`.
 fn peer_id(peers: &HashMap<MapData, PeerKey, PeerNat>, view: ipnet::Ipv4Net) -> Option<u32> {
-    let key = PeerKey::of(wire(view.network().octets()), view.prefix_len());
+    let key = PeerKey::of(Be32::from(view.network()), view.prefix_len());
     peers.get(&key, 0).ok().map(|nat| nat.peer_id)
 }
 
 /// Whether the NatMapping table sends peer `peer_id`'s `external` to `endpoint`.
 fn maps_to(
-    table: &HashMap<MapData, MappingKey, u32>,
+    table: &HashMap<MapData, MappingKey, Be32>,
     peer_id: u32,
     external: std::net::Ipv4Addr,
     endpoint: std::net::Ipv4Addr,
 ) -> bool {
     let key = MappingKey {
         peer_id,
-        addr: wire(external.octets()),
+        addr: Be32::from(external),
     };
-    table.get(&key, 0).ok() == Some(wire(endpoint.octets()))
+    table.get(&key, 0).ok() == Some(Be32::from(endpoint))
 }
 
 /// Opens the map `map` pinned under bpffs directory `root`.

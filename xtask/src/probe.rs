@@ -172,21 +172,9 @@ fn echo_request(id: u16, seq: u16) -> Vec<u8> {
     packet.extend(id.to_be_bytes());
     packet.extend(seq.to_be_bytes());
     packet.extend(b"isthmus-probe");
-    let check = internet_checksum(&packet);
-    packet[2..4].copy_from_slice(&check.to_be_bytes());
+    let check = isthmus_common::csum::checksum(&packet);
+    packet[2..4].copy_from_slice(&check.bytes());
     packet
-}
-
-/// RFC 1071 checksum, big-endian.
-pub fn internet_checksum(data: &[u8]) -> u16 {
-    let mut sum: u32 = data
-        .chunks(2)
-        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
 }
 
 /// Reads a raw ICMP socket until an ICMP message of `icmp_type` with echo

@@ -6,7 +6,10 @@
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
-use isthmus_common::nat::{MappingKey, PeerNat};
+use isthmus_common::{
+    nat::{MappingKey, PeerNat},
+    wire::Be32,
+};
 
 use crate::{
     control::{
@@ -82,7 +85,7 @@ pub fn command(args: &CheckArgs) -> anyhow::Result<bool> {
 pub fn check(events: Vec<SourceEvent>, policy: Policy) -> Verdict {
     let mut reconciler = Reconciler::new(
         MemoryTable::<Ipv4Net, PeerNat>::default(),
-        MemoryTable::<MappingKey, u32>::default(),
+        MemoryTable::<MappingKey, Be32>::default(),
     )
     .expect("a table in memory always reads");
     reconciler.set_policy(policy);
@@ -134,17 +137,17 @@ fn peer_table<'p>(peers: impl Iterator<Item = &'p Peer>) -> Table {
     }
 }
 
-fn mapping_table(peers: &[(u32, &Peer)], entries: &[(MappingKey, u32)]) -> Table {
+fn mapping_table(peers: &[(u32, &Peer)], entries: &[(MappingKey, Be32)]) -> Table {
     let rows = entries
         .iter()
         .filter_map(|(key, endpoint)| {
             let (_, peer) = peers.iter().find(|(id, _)| *id == key.peer_id)?;
-            let real = Ipv4Addr::from(key.addr.to_ne_bytes());
+            let real = Ipv4Addr::from(key.addr);
             let seen = peer.local_external.seen_of(real)?;
             Some(vec![
                 peer.label().to_owned(),
                 seen.to_string(),
-                Ipv4Addr::from(endpoint.to_ne_bytes()).to_string(),
+                Ipv4Addr::from(*endpoint).to_string(),
                 real.to_string(),
             ])
         })

@@ -12,7 +12,7 @@ use aya::maps::{Array, HashMap, Map, MapData, MapError};
 use isthmus_common::{
     conntrack::{DIR_IN, DIR_OUT, FlowKey, FlowNat, SnatConfig, Timeouts, reply_key},
     names,
-    nat::wire,
+    wire::Be32,
 };
 
 use crate::kernel::maps::open_pinned;
@@ -53,7 +53,7 @@ impl Conntrack {
     /// or stops masquerading.
     pub fn set_masquerade(&mut self, addr: Option<Ipv4Addr>) -> Result<(), MapError> {
         let config = SnatConfig {
-            addr: addr.map_or(0, |a| wire(a.octets())),
+            addr: addr.map_or(Be32::ZERO, Be32::from),
             enabled: u32::from(addr.is_some()),
         };
         self.config.set(0, config, 0)

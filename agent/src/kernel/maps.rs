@@ -13,9 +13,10 @@ use isthmus_common::{
     counters,
     guard::{GuardConfig, GuardSource, VERDICTS},
     names,
-    nat::{MappingKey, PeerKey, PeerNat, PrefixLens, wire},
+    nat::{MappingKey, PeerKey, PeerNat, PrefixLens},
     overlay::{EVENTS, OverlayConfig},
     pins::Pins,
+    wire::{Be16, Be32},
 };
 
 use crate::kernel::{pinned, table::KernelTable};
@@ -64,7 +65,7 @@ impl PeerMap {
 }
 
 fn key(net: Ipv4Net) -> PeerKey {
-    PeerKey::of(wire(net.network().octets()), net.prefix_len())
+    PeerKey::of(Be32::from(net.network()), net.prefix_len())
 }
 
 impl KernelTable for PeerMap {
@@ -81,8 +82,7 @@ impl KernelTable for PeerMap {
             .map(|entry| {
                 let (key, nat) = entry?;
                 let len = key.prefix_len.min(32) as u8;
-                let net = Ipv4Net::new(key.addr.to_ne_bytes().into(), len)
-                    .expect("prefix length within 32");
+                let net = Ipv4Net::new(key.addr.into(), len).expect("prefix length within 32");
                 Ok((net, nat))
             })
             .collect()
@@ -118,8 +118,8 @@ impl KernelTable for PeerMap {
 /// The NatMapping tables (`ist_natmap` and its reverse `ist_natmap_rev`),
 /// kept consistent: every forward entry has its reverse.
 pub struct MappingMap {
-    forward: HashMap<MapData, MappingKey, u32>,
-    reverse: HashMap<MapData, MappingKey, u32>,
+    forward: HashMap<MapData, MappingKey, Be32>,
+    reverse: HashMap<MapData, MappingKey, Be32>,
 }
 
 impl MappingMap {
@@ -141,7 +141,12 @@ impl MappingMap {
 
     /// Removes the reverse entry of `endpoint` if it still names `external`:
     /// an endpoint that moved to another externalIP keeps its new one.
-    fn drop_reverse(&mut self, peer_id: u32, endpoint: u32, external: u32) -> Result<(), MapError> {
+    fn drop_reverse(
+        &mut self,
+        peer_id: u32,
+        endpoint: Be32,
+        external: Be32,
+    ) -> Result<(), MapError> {
         let key = MappingKey {
             peer_id,
             addr: endpoint,
@@ -155,19 +160,24 @@ impl MappingMap {
 
 impl KernelTable for MappingMap {
     type Key = MappingKey;
-    type Value = u32;
+    type Value = Be32;
     type Error = MapError;
     fn is_full(error: &MapError) -> bool {
         is_full(error)
     }
 
-    fn entries(&self) -> Result<Vec<(MappingKey, u32)>, MapError> {
+    fn entries(&self) -> Result<Vec<(MappingKey, Be32)>, MapError> {
         self.forward.iter().collect()
     }
 
     /// Writes the reverse entry first: a reply must never find a forward
     /// entry without the way back.
-    fn put(&mut self, key: MappingKey, endpoint: &u32, old: Option<&u32>) -> Result<(), MapError> {
+    fn put(
+        &mut self,
+        key: MappingKey,
+        endpoint: &Be32,
+        old: Option<&Be32>,
+    ) -> Result<(), MapError> {
         let reverse = MappingKey {
             peer_id: key.peer_id,
             addr: *endpoint,
@@ -180,7 +190,7 @@ impl KernelTable for MappingMap {
         }
     }
 
-    fn delete(&mut self, key: MappingKey, endpoint: &u32) -> Result<(), MapError> {
+    fn delete(&mut self, key: MappingKey, endpoint: &Be32) -> Result<(), MapError> {
         gone_is_fine(self.forward.remove(&key))?;
         self.drop_reverse(key.peer_id, *endpoint, key.addr)
     }
@@ -237,10 +247,10 @@ impl GuardSettings {
         Ok(Self(map.try_into()?))
     }
 
-    /// Sets the tunnel port (host order) the guard watches.
+    /// Sets the tunnel port the guard watches.
     pub fn set_port(&mut self, port: u16) -> Result<(), MapError> {
         let config = GuardConfig {
-            port: port.to_be(),
+            port: Be16::from_host(port),
             pad: 0,
         };
         self.0.set(0, config, 0)
@@ -248,7 +258,7 @@ impl GuardSettings {
 }
 
 /// The cluster's other nodes (`ist_nodes`): PodCIDR → node address.
-pub struct NodeMap(LpmTrie<MapData, u32, u32>);
+pub struct NodeMap(LpmTrie<MapData, Be32, Be32>);
 
 impl NodeMap {
     /// Wraps the map taken from a freshly loaded object.
@@ -262,35 +272,35 @@ impl NodeMap {
     }
 }
 
-fn node_key(net: Ipv4Net) -> Key<u32> {
-    Key::new(u32::from(net.prefix_len()), wire(net.network().octets()))
+fn node_key(net: Ipv4Net) -> Key<Be32> {
+    Key::new(u32::from(net.prefix_len()), Be32::from(net.network()))
 }
 
 impl KernelTable for NodeMap {
     type Key = Ipv4Net;
-    type Value = u32;
+    type Value = Be32;
     type Error = MapError;
     fn is_full(error: &MapError) -> bool {
         is_full(error)
     }
 
-    fn entries(&self) -> Result<Vec<(Ipv4Net, u32)>, MapError> {
+    fn entries(&self) -> Result<Vec<(Ipv4Net, Be32)>, MapError> {
         self.0
             .iter()
             .map(|entry| {
                 let (key, node) = entry?;
-                let addr = std::net::Ipv4Addr::from(key.data().to_ne_bytes());
+                let addr = std::net::Ipv4Addr::from(key.data());
                 // The kernel keeps a 4-byte trie's prefix lengths within 32.
                 Ok((Ipv4Net::new_assert(addr, key.prefix_len() as u8), node))
             })
             .collect()
     }
 
-    fn put(&mut self, net: Ipv4Net, node: &u32, _old: Option<&u32>) -> Result<(), MapError> {
+    fn put(&mut self, net: Ipv4Net, node: &Be32, _old: Option<&Be32>) -> Result<(), MapError> {
         self.0.insert(&node_key(net), node, 0)
     }
 
-    fn delete(&mut self, net: Ipv4Net, _old: &u32) -> Result<(), MapError> {
+    fn delete(&mut self, net: Ipv4Net, _old: &Be32) -> Result<(), MapError> {
         gone_is_fine(self.0.remove(&node_key(net)))
     }
 }
@@ -335,7 +345,7 @@ pub struct OverlayMaps {
     /// The other nodes' PodCIDRs.
     pub nodes: NodeMap,
     /// Every node's address: the outer sources it takes packets from.
-    pub addresses: PresenceSet<u32>,
+    pub addresses: PresenceSet<Be32>,
 }
 
 /// Whether `error` is a write refused because the map is full.

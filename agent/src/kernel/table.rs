@@ -9,7 +9,10 @@ use std::{
 };
 
 use ipnet::Ipv4Net;
-use isthmus_common::nat::{MappingKey, PeerNat};
+use isthmus_common::{
+    nat::{MappingKey, PeerNat},
+    wire::Be32,
+};
 
 /// A kernel map the reconciler keeps in line with the objects: the peer
 /// table, the NatMapping table, or a stand-in in tests.
@@ -145,9 +148,9 @@ impl<K: Ord + Copy, V: PartialEq + Copy> KernelTable for MemoryTable<K, V> {
 pub trait PeerTable: KernelTable<Key = Ipv4Net, Value = PeerNat> {}
 impl<T: KernelTable<Key = Ipv4Net, Value = PeerNat>> PeerTable for T {}
 
-/// The NatMapping table: (peer, externalIP) → endpointIP, wire order.
-pub trait MappingTable: KernelTable<Key = MappingKey, Value = u32> {}
-impl<T: KernelTable<Key = MappingKey, Value = u32>> MappingTable for T {}
+/// The NatMapping table: (peer, externalIP) → endpointIP.
+pub trait MappingTable: KernelTable<Key = MappingKey, Value = Be32> {}
+impl<T: KernelTable<Key = MappingKey, Value = Be32>> MappingTable for T {}
 
 /// A kernel table and a mirror of what it holds, so that a pass writes
 /// only what changed.

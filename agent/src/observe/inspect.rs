@@ -11,6 +11,7 @@ use isthmus_common::{
     names,
     nat::{MappingKey, PeerKey, PeerNat, PrefixRewrite},
     pins::Pins,
+    wire::Be32,
 };
 use thiserror::Error;
 
@@ -126,12 +127,12 @@ fn entries<K: aya::Pod, V: aya::Pod>(
         .map_err(|source| InspectError::Map { map, source })
 }
 
-fn addr(wire: u32) -> Ipv4Addr {
-    Ipv4Addr::from(wire.to_ne_bytes())
+fn addr(addr: Be32) -> Ipv4Addr {
+    addr.into()
 }
 
-fn network(addr_wire: u32, mask_wire: u32) -> String {
-    format!("{}/{}", addr(addr_wire), mask_wire.count_ones())
+fn network(net: Be32, mask: Be32) -> String {
+    format!("{}/{}", addr(net), mask.to_bits().count_ones())
 }
 
 fn peers(root: &Path) -> Result<Table, InspectError> {
@@ -199,7 +200,7 @@ fn nat(root: &Path) -> Result<Table, InspectError> {
 }
 
 fn natmap(root: &Path) -> Result<Table, InspectError> {
-    let mut rows: Vec<Vec<String>> = entries::<MappingKey, u32>(root, names::MAP_NATMAP)?
+    let mut rows: Vec<Vec<String>> = entries::<MappingKey, Be32>(root, names::MAP_NATMAP)?
         .into_iter()
         .map(|(key, endpoint)| {
             vec![

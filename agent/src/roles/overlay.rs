@@ -10,7 +10,7 @@ use std::{
 
 use aya::maps::MapError;
 use ipnet::Ipv4Net;
-use isthmus_common::{nat::wire, overlay::OverlayConfig};
+use isthmus_common::{overlay::OverlayConfig, wire::Be32};
 use rtnetlink::{
     Handle, LinkUnspec, LinkVxlan, new_connection,
     packet_route::link::{InfoData, InfoVxlan, LinkAttribute, LinkInfo, LinkMessage},
@@ -75,7 +75,7 @@ pub struct Overlay {
     config: OverlayConfig,
     nodes: Mirror<NodeMap>,
     /// Every node's address: the overlay takes packets from nowhere else.
-    addresses: Mirror<PresenceSet<u32>>,
+    addresses: Mirror<PresenceSet<Be32>>,
     /// The device the decapsulation is attached to: the one holding this
     /// node's address.
     uplink: Option<String>,
@@ -97,9 +97,7 @@ impl Overlay {
         } = maps;
         let previous = settings.get()?;
         let config = OverlayConfig {
-            gateway: options
-                .gateway
-                .map_or(previous.gateway, |a| wire(a.octets())),
+            gateway: options.gateway.map_or(previous.gateway, Be32::from),
             vni: options.vni,
             ifindex,
             local: previous.local,
@@ -121,16 +119,16 @@ impl Overlay {
     /// other node's PodCIDRs, and every node's address. Returns the first
     /// failure after trying every change.
     pub fn sync(&mut self, nodes: &[Node]) -> Result<(), MapError> {
-        let desired: BTreeMap<Ipv4Net, u32> = nodes
+        let desired: BTreeMap<Ipv4Net, Be32> = nodes
             .iter()
             .filter(|n| n.name != self.options.node)
-            .flat_map(|n| n.pod_cidrs.iter().map(|c| (*c, wire(n.address.octets()))))
+            .flat_map(|n| n.pod_cidrs.iter().map(|c| (*c, Be32::from(n.address))))
             .collect();
-        let addresses: BTreeMap<u32, u8> = nodes
+        let addresses: BTreeMap<Be32, u8> = nodes
             .iter()
             .map(|n| n.address)
             .chain(self.options.gateway)
-            .map(|a| (wire(a.octets()), 1))
+            .map(|a| (Be32::from(a), 1))
             .collect();
         let (_, _, address_failure) = self.addresses.apply(&addresses);
         let (written, removed, failure) = self.nodes.apply(&desired);
@@ -147,13 +145,13 @@ impl Overlay {
             local: nodes
                 .iter()
                 .find(|n| n.name == self.options.node)
-                .map_or(0, |n| wire(n.address.octets())),
+                .map_or(Be32::ZERO, |n| Be32::from(n.address)),
             ..self.config
         };
         if config != self.config {
             self.settings.set(config)?;
             if config.gateway != self.config.gateway {
-                let address = Ipv4Addr::from(config.gateway.to_ne_bytes());
+                let address = Ipv4Addr::from(config.gateway);
                 info!(gateway = %address, "overlay sends remote-bound traffic to this gateway node");
             }
             self.config = config;
@@ -165,10 +163,11 @@ impl Overlay {
     /// found again on every call, so an address that appears late or moves
     /// is followed. Without it, the VXLAN device takes every packet in.
     pub fn refresh_uplink(&mut self, dataplane: &mut Dataplane, mode: AttachMode) {
-        let local = Ipv4Addr::from(self.config.local.to_ne_bytes());
-        let wanted = match self.config.local {
-            0 => None,
-            _ => device_holding(local),
+        let local = Ipv4Addr::from(self.config.local);
+        let wanted = if local.is_unspecified() {
+            None
+        } else {
+            device_holding(local)
         };
         if wanted == self.uplink {
             return;
@@ -192,25 +191,25 @@ impl Overlay {
         }
     }
 
-    /// The gateway node's address (wire order) workers send to: 0 on the
-    /// gateway itself, and while none is known.
-    fn gateway(&self, nodes: &[Node]) -> u32 {
+    /// The gateway node's address workers send to: 0 on the gateway
+    /// itself, and while none is known.
+    fn gateway(&self, nodes: &[Node]) -> Be32 {
         if let Some(fixed) = self.options.gateway {
-            return wire(fixed.octets());
+            return Be32::from(fixed);
         }
         let mut labelled = nodes
             .iter()
             .filter(|n| n.has_label(&self.options.gateway_label));
         let Some(gateway) = labelled.next() else {
-            return 0;
+            return Be32::ZERO;
         };
         if let Some(other) = labelled.next() {
             warn!(chosen = %gateway.name, other = %other.name, label = %self.options.gateway_label, "several nodes carry the gateway label; the first by name is used");
         }
         if gateway.name == self.options.node {
-            0
+            Be32::ZERO
         } else {
-            wire(gateway.address.octets())
+            Be32::from(gateway.address)
         }
     }
 }

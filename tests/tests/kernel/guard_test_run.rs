@@ -216,8 +216,8 @@ fn the_guard_passes_peers_and_sessions_and_drops_the_rest() {
 #[test]
 fn the_guard_keys_sources_by_address_and_port_in_wire_order() {
     let key = source(std::net::SocketAddrV4::new(PEER.into(), PORT));
-    assert_eq!(key.addr.to_ne_bytes(), PEER);
-    assert_eq!(key.port.to_ne_bytes(), PORT.to_be_bytes());
+    assert_eq!(key.addr.bytes(), PEER);
+    assert_eq!(key.port.bytes(), PORT.to_be_bytes());
 }
 
 #[test]

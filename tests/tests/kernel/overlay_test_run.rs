@@ -17,8 +17,8 @@ use isthmus_agent::{
 };
 use isthmus_common::{
     names,
-    nat::wire,
     overlay::{EVENTS, OverlayConfig, OverlayEvent},
+    wire::Be32,
 };
 use isthmus_tests::{
     addrs::{A_POD1, A_POD1_AT_B, A_POD2, A_POD2_AT_B, B_POD1},
@@ -77,12 +77,12 @@ impl Harness {
         }
         let mut nodes = NodeMap::new(ebpf.take_map(names::MAP_NODES).unwrap()).unwrap();
         nodes
-            .put(A.pod_half(1), &wire(A.lan_node().octets()), None)
+            .put(A.pod_half(1), &Be32::from(A.lan_node()), None)
             .unwrap();
-        let mut addresses: PresenceSet<u32> =
+        let mut addresses: PresenceSet<Be32> =
             PresenceSet::new(ebpf.take_map(names::MAP_NODE_ADDRS).unwrap()).unwrap();
         for node in [A.lan_gw(), A.lan_node()] {
-            addresses.put(wire(node.octets()), &1, None).unwrap();
+            addresses.put(Be32::from(node), &1, None).unwrap();
         }
         let settings = OverlaySettings::new(ebpf.take_map(names::MAP_OVERLAY).unwrap()).unwrap();
         let events = Counters::overlay(ebpf.take_map(names::MAP_OVERLAY_STATS).unwrap()).unwrap();
@@ -90,10 +90,10 @@ impl Harness {
             ebpf,
             settings,
             config: OverlayConfig {
-                gateway: wire(A.lan_gw().octets()),
+                gateway: Be32::from(A.lan_gw()),
                 vni: VNI,
                 ifindex: 1,
-                local: wire(A.lan_node().octets()),
+                local: Be32::from(A.lan_node()),
                 port: OVERLAY_PORT,
                 pad: 0,
             },
@@ -213,7 +213,7 @@ fn the_overlay_programs_decide_and_leave_frames_as_they_should() {
         ],
     );
 
-    h.configure(|c| c.gateway = 0);
+    h.configure(|c| c.gateway = Be32::ZERO);
     check(
         &h,
         vec![(
@@ -227,7 +227,7 @@ fn the_overlay_programs_decide_and_leave_frames_as_they_should() {
     );
 
     h.configure(|c| {
-        c.gateway = wire(A.lan_gw().octets());
+        c.gateway = Be32::from(A.lan_gw());
         c.ifindex = 0;
     });
     check(
@@ -390,7 +390,7 @@ fn the_uplink_decapsulates_only_what_the_fib_forwards_in_one_step() {
     ]));
     check(&h, table);
 
-    h.configure(|c| c.local = 0);
+    h.configure(|c| c.local = Be32::ZERO);
     check(&h, rows(vec![("this node's address unknown", arrived)]));
     netns::remove(&[NODE_NS, NEXT_HOP_NS]);
 }

@@ -19,7 +19,8 @@ use isthmus_common::{
     conntrack::Timeouts,
     counters::{self, DenyReason, Direction, DropReason, Kind, Link, Outcome},
     names,
-    nat::{MappingKey, wire},
+    nat::MappingKey,
+    wire::Be32,
 };
 use isthmus_tests::{
     addrs::{A_POD1, A_POD1_AT_B, A_POD2, A_POD2_AT_B, B_POD1},
@@ -113,16 +114,18 @@ impl Harness {
         .unwrap();
         let key = MappingKey {
             peer_id: 1,
-            addr: wire(MAPPED_EXT),
+            addr: Be32::from_bytes(MAPPED_EXT),
         };
-        mappings.put(key, &wire(S_POD), None).unwrap();
+        mappings.put(key, &Be32::from_bytes(S_POD), None).unwrap();
         // The conncheck's entry of b's NatMapping: our ExternalCIDR's
         // first host leads to the gateway's conncheck address.
         let conncheck = MappingKey {
             peer_id: 1,
-            addr: wire(A_EXT_FIRST),
+            addr: Be32::from_bytes(A_EXT_FIRST),
         };
-        mappings.put(conncheck, &wire(CONNCHECK), None).unwrap();
+        mappings
+            .put(conncheck, &Be32::from_bytes(CONNCHECK), None)
+            .unwrap();
         let mut conntrack = Conntrack::new(
             ebpf.take_map(names::MAP_CONNTRACK).unwrap(),
             ebpf.take_map(names::MAP_SNAT).unwrap(),
@@ -131,10 +134,10 @@ impl Harness {
         conntrack
             .set_masquerade(masquerade.map(Ipv4Addr::from))
             .unwrap();
-        let mut nodes: PresenceSet<u32> =
+        let mut nodes: PresenceSet<Be32> =
             PresenceSet::new(ebpf.take_map(names::MAP_NODE_ADDRS).unwrap()).unwrap();
         for node in [NODE, NODE2] {
-            nodes.put(wire(node), &1, None).unwrap();
+            nodes.put(Be32::from_bytes(node), &1, None).unwrap();
         }
         let mut mss =
             aya::maps::Array::<_, u32>::try_from(ebpf.map_mut(names::MAP_TCP_MSS).unwrap())
@@ -607,8 +610,8 @@ fn tcp_header_cut_at(keep: usize) -> Vec<u8> {
     let total = (bytes.len() as u16).to_be_bytes();
     bytes[2..4].copy_from_slice(&total);
     bytes[10..12].fill(0);
-    let check = xtask::probe::internet_checksum(&bytes[..20]);
-    bytes[10..12].copy_from_slice(&check.to_be_bytes());
+    let check = isthmus_common::csum::checksum(&bytes[..20]);
+    bytes[10..12].copy_from_slice(&check.bytes());
     bytes
 }
 
@@ -898,8 +901,8 @@ fn a_peer_reaches_only_our_networks_its_mappings_and_our_flows() {
     truncated[12..16].copy_from_slice(&B_POD1);
     truncated[16..20].copy_from_slice(&A_POD1_AT_B);
     truncated[10..12].fill(0);
-    let check = xtask::probe::internet_checksum(&truncated[..20]);
-    truncated[10..12].copy_from_slice(&check.to_be_bytes());
+    let check = isthmus_common::csum::checksum(&truncated[..20]);
+    truncated[10..12].copy_from_slice(&check.bytes());
     let denied = [
         (
             "to a node address",
@@ -988,8 +991,8 @@ fn a_peer_reaches_only_our_networks_its_mappings_and_our_flows() {
 fn with_id(mut packet: Vec<u8>, id: u16) -> Vec<u8> {
     packet[4..6].copy_from_slice(&id.to_be_bytes());
     packet[10..12].fill(0);
-    let check = xtask::probe::internet_checksum(&packet[..20]);
-    packet[10..12].copy_from_slice(&check.to_be_bytes());
+    let check = isthmus_common::csum::checksum(&packet[..20]);
+    packet[10..12].copy_from_slice(&check.bytes());
     packet
 }
 

@@ -125,7 +125,7 @@ fn who_answers(port: u16) -> Option<String> {
 
 fn hub_entry_present() -> bool {
     let map = MappingMap::open(&lab::bpffs(&B.gw())).expect("b-gw's NatMapping table");
-    let endpoint = isthmus_common::nat::wire(NAT_MAPPING.endpoint.octets());
+    let endpoint = isthmus_common::wire::Be32::from(NAT_MAPPING.endpoint);
     map.entries().unwrap().iter().any(|(_, to)| *to == endpoint)
 }
 

@@ -619,9 +619,9 @@ fn overlay_of(node: &KubeNode) -> (Ipv4Addr, BTreeSet<(Ipv4Net, Ipv4Addr)>) {
         .entries()
         .unwrap()
         .into_iter()
-        .map(|(net, addr)| (net, Ipv4Addr::from(addr.to_ne_bytes())))
+        .map(|(net, addr)| (net, Ipv4Addr::from(addr)))
         .collect();
-    (Ipv4Addr::from(gateway.to_ne_bytes()), table)
+    (Ipv4Addr::from(gateway), table)
 }
 
 /// In kube mode the overlay follows the Node objects: the node carrying

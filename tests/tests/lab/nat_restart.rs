@@ -204,8 +204,11 @@ fn pinned_maps_of_another_shape_are_migrated_or_replaced() {
         kernel::pinned::shape_of,
     };
     use isthmus_common::{
-        conntrack::{DIR_OUT, FlowKey, FlowNat, PROTO_TCP},
-        counters, names,
+        conntrack::{DIR_OUT, FlowKey, FlowNat},
+        counters,
+        ipv4::PROTO_TCP,
+        names,
+        wire::Be32,
     };
     require_root();
     require_lab();
@@ -224,7 +227,8 @@ fn pinned_maps_of_another_shape_are_migrated_or_replaced() {
         let mut flows: BpfHash<MapData, FlowKey, FlowNat> =
             BpfHash::try_from(aya::maps::Map::HashMap(map)).unwrap();
         for port in 1..=3 {
-            let key = FlowKey::new(1, 2, port, 80, PROTO_TCP, DIR_OUT);
+            let [src, dst] = [1, 2].map(|last| Be32::from_bytes([10, 0, 0, last]));
+            let key = FlowKey::new(src, dst, port, 80, PROTO_TCP, DIR_OUT);
             flows.insert(key, FlowNat::default(), 0).unwrap();
         }
     }

@@ -23,7 +23,10 @@ use isthmus_agent::{
     model::{node::Node, object::KIND_TUNNEL_ENDPOINT, policy::Policy},
     observe::metrics::{BuildInfo, Metrics},
 };
-use isthmus_common::nat::{MappingKey, PeerNat};
+use isthmus_common::{
+    nat::{MappingKey, PeerNat},
+    wire::Be32,
+};
 use isthmus_tests::eventually;
 use tokio::sync::oneshot;
 
@@ -59,7 +62,7 @@ impl Host for NoDevices {
 }
 
 type Peers = Shared<Ipv4Net, PeerNat>;
-type Mappings = Shared<MappingKey, u32>;
+type Mappings = Shared<MappingKey, Be32>;
 
 /// The loop, running on a thread of its own until `stop` is sent.
 struct Running {
@@ -158,9 +161,9 @@ fn the_loop_follows_a_directory_into_the_tables() {
         || keys(&running.peers) == both,
     );
     // milan's two NatMapping entries: the conncheck and a pod.
-    let wire = |a: &str| u32::from_ne_bytes(a.parse::<Ipv4Addr>().unwrap().octets());
+    let addr = |a: &str| Be32::from(a.parse::<Ipv4Addr>().unwrap());
     eventually(GIVE_UP, "milan's NatMapping entries", || {
-        let mut values: Vec<u32> = running
+        let mut values: Vec<Be32> = running
             .mappings
             .lock()
             .unwrap()
@@ -169,7 +172,7 @@ fn the_loop_follows_a_directory_into_the_tables() {
             .copied()
             .collect();
         values.sort();
-        let mut want = vec![wire("169.254.0.1"), wire("10.70.4.21")];
+        let mut want = vec![addr("169.254.0.1"), addr("10.70.4.21")];
         want.sort();
         values == want
     });

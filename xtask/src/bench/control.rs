@@ -14,7 +14,8 @@ use anyhow::{Result, bail};
 use aya::maps::{HashMap, MapData};
 use isthmus_common::{
     names,
-    nat::{MappingKey, PeerKey, PeerNat, wire},
+    nat::{MappingKey, PeerKey, PeerNat},
+    wire::Be32,
 };
 use xtask::{
     lab::{self, LabTunnel},
@@ -275,7 +276,7 @@ fn wait_for_peer(node: &str) -> Result<u32> {
 
 /// Waits until `node` holds exactly `count` entries for `peer_id`.
 fn wait_entries(node: &str, peer_id: u32, count: usize) -> Result<()> {
-    let table: HashMap<MapData, MappingKey, u32> = pinned(&lab::bpffs(node), names::MAP_NATMAP)?;
+    let table: HashMap<MapData, MappingKey, Be32> = pinned(&lab::bpffs(node), names::MAP_NATMAP)?;
     let held = || {
         table
             .keys()
@@ -293,7 +294,7 @@ fn wait_entries(node: &str, peer_id: u32, count: usize) -> Result<()> {
 /// Polls `node`'s NatMapping table until entry `i` maps to its endpoint of
 /// `generation`; returns when that was seen.
 fn wait_entry(
-    table: &HashMap<MapData, MappingKey, u32>,
+    table: &HashMap<MapData, MappingKey, Be32>,
     peer_id: u32,
     i: usize,
     generation: u8,
@@ -308,14 +309,14 @@ fn wait_entry(
 }
 
 fn apply_isthmus(node: &str, peer_id: u32, format: Format) -> Result<Duration> {
-    let table: HashMap<MapData, MappingKey, u32> = pinned(&lab::bpffs(node), names::MAP_NATMAP)?;
+    let table: HashMap<MapData, MappingKey, Be32> = pinned(&lab::bpffs(node), names::MAP_NATMAP)?;
     let text = bench_mapping(ENTRIES, None, format);
     let start = Instant::now();
     lab::write_object(node, format.file(), &text)?;
-    // The reconciler writes in key order, the address in wire order: the
+    // The reconciler writes in key order (a [`Be32`] orders by its bytes): the
     // entry with the largest key goes last.
     let last = (0..ENTRIES)
-        .max_by_key(|&i| wire(entry(i, 0).1.octets()))
+        .max_by_key(|&i| Be32::from(entry(i, 0).1))
         .expect("entries");
     let done = wait_entry(&table, peer_id, last, 0)?;
     let held = table
@@ -329,7 +330,7 @@ fn apply_isthmus(node: &str, peer_id: u32, format: Format) -> Result<Duration> {
 }
 
 fn update_latencies(node: &str, peer_id: u32, format: Format) -> Result<Vec<f64>> {
-    let table: HashMap<MapData, MappingKey, u32> = pinned(&lab::bpffs(node), names::MAP_NATMAP)?;
+    let table: HashMap<MapData, MappingKey, Be32> = pinned(&lab::bpffs(node), names::MAP_NATMAP)?;
     let mut latencies = Vec::with_capacity(UPDATES);
     for n in 0..UPDATES {
         let i = (n * 7919) % ENTRIES;

@@ -14,6 +14,7 @@ use aya::maps::{HashMap, MapData};
 use isthmus_common::{
     names,
     nat::{MappingKey, PeerKey, PeerNat},
+    wire::Be32,
 };
 use serde_json::{Value, json};
 use xtask::{
@@ -121,7 +122,7 @@ pub fn measure() -> Result<KubeFigures> {
     }
     let pid = node.start_agent(&[])?;
     let peers: HashMap<MapData, PeerKey, PeerNat> = pinned(&node.bpffs(), names::MAP_PEERS)?;
-    let mappings: HashMap<MapData, MappingKey, u32> = pinned(&node.bpffs(), names::MAP_NATMAP)?;
+    let mappings: HashMap<MapData, MappingKey, Be32> = pinned(&node.bpffs(), names::MAP_NATMAP)?;
     let holds = |id, (endpoint, external)| maps_to(&mappings, id, external, endpoint);
 
     println!(

@@ -15,6 +15,7 @@ use aya::maps::{LpmTrie, Map, MapData};
 use isthmus_common::{
     names::{MAP_NODES, PROG_STEER},
     pins::Direction,
+    wire::Be32,
 };
 use xtask::{
     cmd::{ip, run},
@@ -271,7 +272,7 @@ fn isthmus_overlay(c: &Cluster, on: bool) -> Result<()> {
 /// Entries of `node`'s pinned node table.
 fn node_entries(node: &str) -> Result<usize> {
     let path = lab::pins(node).map(MAP_NODES);
-    let trie: LpmTrie<MapData, u32, u32> =
+    let trie: LpmTrie<MapData, Be32, Be32> =
         Map::from_map_data(MapData::from_pin(path)?)?.try_into()?;
     Ok(trie.keys().count())
 }

@@ -7,7 +7,10 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use ipnet::Ipv4Net;
-use isthmus_common::nat::{MappingKey, PeerNat, wire};
+use isthmus_common::{
+    nat::{MappingKey, PeerNat},
+    wire::Be32,
+};
 
 mod conflict;
 
@@ -148,7 +151,7 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
 
     /// The NatMapping table as last written: (peer, real externalIP) →
     /// endpointIP.
-    pub fn mapping_entries(&self) -> Vec<(MappingKey, u32)> {
+    pub fn mapping_entries(&self) -> Vec<(MappingKey, Be32)> {
         self.mapping_table
             .applied()
             .iter()
@@ -243,7 +246,7 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
         &self,
         accepted: &[Peer],
         errors: &mut BTreeSet<Rejection>,
-    ) -> BTreeMap<MappingKey, u32> {
+    ) -> BTreeMap<MappingKey, Be32> {
         let candidates = self.origins.values().flatten().filter_map(|v| match v {
             Ok(Valid::Mapping(m)) => Some(m),
             _ => None,
@@ -283,9 +286,9 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
                 };
                 let key = MappingKey {
                     peer_id,
-                    addr: wire(real.octets()),
+                    addr: Be32::from(real),
                 };
-                desired.insert(key, wire(endpoint.octets()));
+                desired.insert(key, Be32::from(*endpoint));
             }
         }
         desired

@@ -16,7 +16,7 @@ fn messages(rejections: &[Rejection]) -> Vec<&str> {
 }
 
 type Peers = MemoryTable<Ipv4Net, PeerNat>;
-type Mappings = MemoryTable<MappingKey, u32>;
+type Mappings = MemoryTable<MappingKey, Be32>;
 
 /// A reconciler over `peers` and a NatMapping table of its own.
 fn reconciler(peers: &mut Peers) -> Reconciler<&mut Peers, Mappings> {

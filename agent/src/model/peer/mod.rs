@@ -34,18 +34,18 @@ impl Mapped {
 
     /// The real address behind `addr`, an address of the remapped network.
     pub fn real_of(&self, addr: Ipv4Addr) -> Option<Ipv4Addr> {
-        let wire = isthmus_common::nat::wire(addr.octets());
+        let wire = isthmus_common::wire::Be32::from(addr);
         self.seen()
             .contains(&addr)
-            .then(|| Ipv4Addr::from(self.inbound().apply(wire).to_ne_bytes()))
+            .then(|| Ipv4Addr::from(self.inbound().apply(wire)))
     }
 
     /// The address of the remapped network behind `addr`, a real one.
     pub fn seen_of(&self, addr: Ipv4Addr) -> Option<Ipv4Addr> {
-        let wire = isthmus_common::nat::wire(addr.octets());
+        let wire = isthmus_common::wire::Be32::from(addr);
         self.real
             .contains(&addr)
-            .then(|| Ipv4Addr::from(self.outbound().apply(wire).to_ne_bytes()))
+            .then(|| Ipv4Addr::from(self.outbound().apply(wire)))
     }
 
     /// Real → remapped, or the identity when not remapped: the kernel

@@ -284,7 +284,7 @@ mod tests {
     fn the_kernel_and_the_agent_agree_on_the_address() {
         assert_eq!(
             isthmus_common::nat::CONNCHECK_ADDR,
-            isthmus_common::nat::wire(ADDR.octets())
+            isthmus_common::wire::Be32::from(ADDR)
         );
     }
 

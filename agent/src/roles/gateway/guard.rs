@@ -10,7 +10,10 @@ use std::{
 };
 
 use aya::maps::MapError;
-use isthmus_common::guard::GuardSource;
+use isthmus_common::{
+    guard::GuardSource,
+    wire::{Be16, Be32},
+};
 
 use crate::kernel::{
     maps::{GuardMaps, PresenceSet},
@@ -57,12 +60,9 @@ impl Guard {
     }
 }
 
-/// The guard's key for `endpoint`: address and port in wire order.
+/// The guard's key for `endpoint`.
 pub fn source(endpoint: SocketAddrV4) -> GuardSource {
-    GuardSource::new(
-        u32::from_ne_bytes(endpoint.ip().octets()),
-        endpoint.port().to_be(),
-    )
+    GuardSource::new(Be32::from(*endpoint.ip()), Be16::from_host(endpoint.port()))
 }
 
 #[cfg(test)]

@@ -2,12 +2,12 @@
 //! written as a diff.
 
 use super::*;
-use isthmus_common::nat::wire;
+use isthmus_common::wire::Be32;
 
 fn mapping_key(peer_id: u32, external: [u8; 4]) -> MappingKey {
     MappingKey {
         peer_id,
-        addr: wire(external),
+        addr: Be32::from_bytes(external),
     }
 }
 
@@ -44,7 +44,10 @@ fn a_natmapping_is_held_until_its_cluster_has_a_tunnel_endpoint() {
     drop(r);
     assert_eq!(
         mappings.entries.into_iter().collect::<Vec<_>>(),
-        [(mapping_key(1, [192, 168, 0, 45]), wire([10, 1, 0, 5]))]
+        [(
+            mapping_key(1, [192, 168, 0, 45]),
+            Be32::from_bytes([10, 1, 0, 5])
+        )]
     );
 }
 
@@ -140,8 +143,14 @@ fn values_in_the_peers_view_of_our_external_cidr_reach_the_kernel_as_real_addres
     assert_eq!(
         mappings.entries.into_iter().collect::<Vec<_>>(),
         [
-            (mapping_key(1, [192, 168, 0, 1]), wire([169, 254, 0, 1])),
-            (mapping_key(1, [192, 168, 0, 45]), wire([10, 1, 0, 5]))
+            (
+                mapping_key(1, [192, 168, 0, 1]),
+                Be32::from_bytes([169, 254, 0, 1])
+            ),
+            (
+                mapping_key(1, [192, 168, 0, 45]),
+                Be32::from_bytes([10, 1, 0, 5])
+            )
         ]
     );
 }
@@ -195,6 +204,6 @@ fn one_changed_entry_of_ten_thousand_touches_one_element() {
     assert_eq!(mappings.writes, 10_002);
     assert_eq!(
         mappings.entries[&mapping_key(1, [192, 168, 16, 225])],
-        wire([10, 3, 0, 1])
+        Be32::from_bytes([10, 3, 0, 1])
     );
 }

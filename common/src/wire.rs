@@ -1,0 +1,206 @@
+//! Network byte order as a type.
+//!
+//! A [`Be32`] or [`Be16`] holds its bytes as they sit in the packet, in a
+//! native integer, so the kernel programs copy header fields into map keys
+//! with no byte swaps, and masks and prefixes work byte-wise. Only the
+//! constructors and accessors say which order a number is in; the rest of
+//! the code cannot mix the two up.
+
+use core::{
+    fmt,
+    net::Ipv4Addr,
+    ops::{BitAnd, BitOr, Not},
+};
+
+macro_rules! network_order {
+    ($(#[$doc:meta])* $name:ident, $int:ty, $len:literal) => {
+        $(#[$doc])*
+        #[repr(transparent)]
+        #[derive(Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name($int);
+
+        impl $name {
+            /// Zero, in either order.
+            pub const ZERO: Self = Self(0);
+
+            /// The value whose bytes, most significant first, are `bytes`.
+            #[inline(always)]
+            pub const fn from_bytes(bytes: [u8; $len]) -> Self {
+                Self(<$int>::from_ne_bytes(bytes))
+            }
+
+            /// Its bytes, most significant first: as on the wire.
+            #[inline(always)]
+            pub const fn bytes(self) -> [u8; $len] {
+                self.0.to_ne_bytes()
+            }
+
+            /// The number `value`, given in the host's order.
+            #[inline(always)]
+            pub const fn from_host(value: $int) -> Self {
+                Self(value.to_be())
+            }
+
+            /// The number, in the host's order.
+            #[inline(always)]
+            pub const fn to_host(self) -> $int {
+                <$int>::from_be(self.0)
+            }
+
+            /// The value whose memory holds `bits`: what a native load of
+            /// the field from a packet gives.
+            #[inline(always)]
+            pub const fn from_bits(bits: $int) -> Self {
+                Self(bits)
+            }
+
+            /// Its memory as a native integer: what a native store into a
+            /// packet, or a kernel helper, takes.
+            #[inline(always)]
+            pub const fn to_bits(self) -> $int {
+                self.0
+            }
+
+            /// Whether it is zero: an unset field.
+            #[inline(always)]
+            pub const fn is_zero(self) -> bool {
+                self.0 == 0
+            }
+        }
+
+        impl BitAnd for $name {
+            type Output = Self;
+            #[inline(always)]
+            fn bitand(self, rhs: Self) -> Self {
+                Self(self.0 & rhs.0)
+            }
+        }
+
+        impl BitOr for $name {
+            type Output = Self;
+            #[inline(always)]
+            fn bitor(self, rhs: Self) -> Self {
+                Self(self.0 | rhs.0)
+            }
+        }
+
+        impl Not for $name {
+            type Output = Self;
+            #[inline(always)]
+            fn not(self) -> Self {
+                Self(!self.0)
+            }
+        }
+    };
+}
+
+network_order!(
+    /// A 32-bit field in network byte order: an IPv4 address or netmask.
+    Be32,
+    u32,
+    4
+);
+
+network_order!(
+    /// A 16-bit field in network byte order: a port, an IPv4 identification.
+    Be16,
+    u16,
+    2
+);
+
+impl Be32 {
+    /// The netmask of a prefix length (0 to 32; longer counts as 32).
+    #[inline(always)]
+    pub const fn mask(prefix_len: u8) -> Self {
+        let host = match prefix_len {
+            0 => 0,
+            len if len >= 32 => u32::MAX,
+            len => u32::MAX << (32 - len as u32),
+        };
+        Self::from_host(host)
+    }
+
+    /// The address with every bit outside `mask` cleared: usable in `const`.
+    #[inline(always)]
+    pub const fn masked(self, mask: Be32) -> Self {
+        Self(self.0 & mask.0)
+    }
+
+    /// `map(ip, net)` of DESIGN §1: the network bits of `net` under `mask`
+    /// followed by the host bits of `self`.
+    #[inline(always)]
+    pub const fn remap(self, net: Be32, mask: Be32) -> Self {
+        Self((net.0 & mask.0) | (self.0 & !mask.0))
+    }
+}
+
+impl From<Ipv4Addr> for Be32 {
+    fn from(addr: Ipv4Addr) -> Self {
+        Self::from_bytes(addr.octets())
+    }
+}
+
+impl From<Be32> for Ipv4Addr {
+    fn from(addr: Be32) -> Self {
+        Ipv4Addr::from(addr.bytes())
+    }
+}
+
+impl fmt::Debug for Be32 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&Ipv4Addr::from(*self), f)
+    }
+}
+
+impl fmt::Debug for Be16 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.to_host(), f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_are_kept_as_on_the_wire() {
+        let addr = Be32::from_bytes([10, 244, 0, 5]);
+        assert_eq!(addr.bytes(), [10, 244, 0, 5]);
+        assert_eq!(addr.to_host(), 0x0af4_0005);
+        assert_eq!(Be32::from_host(0x0af4_0005), addr);
+        assert_eq!(Ipv4Addr::from(addr), Ipv4Addr::new(10, 244, 0, 5));
+        assert_eq!(Be16::from_host(51820).bytes(), [0xca, 0x6c]);
+        assert_eq!(Be16::from_bytes([0xca, 0x6c]).to_host(), 51820);
+    }
+
+    #[test]
+    fn bits_are_the_memory_a_native_load_gives() {
+        let addr = Be32::from_bytes([192, 168, 0, 1]);
+        assert_eq!(addr.to_bits(), u32::from_ne_bytes([192, 168, 0, 1]));
+        assert_eq!(Be32::from_bits(addr.to_bits()), addr);
+    }
+
+    #[test]
+    fn masks_and_remaps_work_byte_wise() {
+        assert_eq!(Be32::mask(0), Be32::ZERO);
+        assert_eq!(Be32::mask(19).bytes(), [255, 255, 224, 0]);
+        assert_eq!(Be32::mask(32).bytes(), [255; 4]);
+        assert_eq!(Be32::mask(40), Be32::mask(32));
+        let a = Be32::from_bytes([172, 16, 31, 255]);
+        let net = Be32::from_bytes([192, 168, 64, 0]);
+        assert_eq!(a.remap(net, Be32::mask(19)).bytes(), [192, 168, 95, 255]);
+        assert_eq!(a & Be32::mask(16), a.masked(Be32::mask(16)));
+        assert_eq!((a | !a), Be32::from_bytes([255; 4]));
+    }
+
+    #[test]
+    fn debug_prints_an_address_and_a_number() {
+        extern crate std;
+        use std::format;
+        assert_eq!(
+            format!("{:?}", Be32::from_bytes([10, 0, 40, 5])),
+            "10.0.40.5"
+        );
+        assert_eq!(format!("{:?}", Be16::from_host(8080)), "8080");
+    }
+}
