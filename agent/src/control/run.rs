@@ -15,11 +15,7 @@ use crate::{
         status::{self, Feedback},
     },
     kernel::table::{MappingTable, PeerTable},
-    model::{
-        node::Node,
-        object::{KIND_NODE, KIND_TUNNEL_ENDPOINT},
-        policy::Policy,
-    },
+    model::{node::Node, object::ObjectKind, policy::Policy},
     observe::metrics::Metrics,
     roles::gateway::Gateway,
 };
@@ -145,15 +141,15 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>, H: Host> RunLoop<P, M, H> 
         if let Some(e) = &failure {
             if e.full {
                 self.metrics.map_full.inc();
-                error!(kind = e.kind, error = %e, "a kernel table is full: entries that did not fit are not programmed, and nothing was evicted; raise its capacity or remove objects");
+                error!(kind = %e.kind, error = %e, "a kernel table is full: entries that did not fit are not programmed, and nothing was evicted; raise its capacity or remove objects");
             } else {
-                error!(kind = e.kind, error = %e, "updating the kernel tables; will retry");
+                error!(kind = %e.kind, error = %e, "updating the kernel tables; will retry");
             }
         }
         let failed = [
             failure.map(|e| e.kind),
-            (!nodes_synced).then_some(KIND_NODE),
-            (!routed).then_some(KIND_TUNNEL_ENDPOINT),
+            (!nodes_synced).then_some(ObjectKind::Node),
+            (!routed).then_some(ObjectKind::TunnelEndpoint),
         ];
         match failed.into_iter().flatten().next() {
             None => {

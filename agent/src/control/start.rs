@@ -30,7 +30,7 @@ use crate::{
         dataplane::{AttachMode, Capacity, Dataplane},
         maps::Counters,
     },
-    model::{node::Node, object::KIND_NODE, policy::Policy},
+    model::{node::Node, object::ObjectKind, policy::Policy},
     observe::metrics::{self, BuildInfo, GatewayState, Metrics},
     roles::{
         gateway::{Gateway, guard::Guard},
@@ -240,7 +240,7 @@ impl Host for NodeHost {
         if let Some(overlay) = self.overlay.as_mut()
             && let Err(e) = overlay.sync(nodes)
         {
-            error!(kind = KIND_NODE, error = %e, "updating the overlay's node table; will retry");
+            error!(kind = %ObjectKind::Node, error = %e, "updating the overlay's node table; will retry");
             synced = false;
         }
         self.refresh_devices();

@@ -27,7 +27,7 @@ use tracing::{debug, warn};
 
 use crate::{
     control::source::{KubeSource, api_resource},
-    model::object::{API_VERSION, KIND_NAT_MAPPING, KIND_TUNNEL_ENDPOINT, ObjectKey},
+    model::object::{ObjectKey, ObjectKind},
     model::peer::Peer,
     model::rejection::Rejection,
     observe::metrics::Metrics,
@@ -150,7 +150,7 @@ pub fn desired(
 ) -> BTreeMap<ObjectKey, ConnectionStatus> {
     let mut statuses = BTreeMap::new();
     for rejection in rejections {
-        let Some((KIND_TUNNEL_ENDPOINT, key)) = &rejection.object else {
+        let Some((ObjectKind::TunnelEndpoint, key)) = &rejection.object else {
             continue;
         };
         statuses
@@ -305,7 +305,7 @@ impl Feedback {
     pub fn rejected(&self, rejections: &[Rejection]) {
         let nat_mappings = rejections
             .iter()
-            .filter(|r| matches!(r.object, Some((KIND_NAT_MAPPING, _))));
+            .filter(|r| matches!(r.object, Some((ObjectKind::NatMapping, _))));
         for rejection in nat_mappings {
             let _ = self.rejected.send(rejection.clone());
         }
@@ -352,7 +352,7 @@ impl Writer {
         self.written.retain(|key, _| desired.contains_key(key));
         let mut due_now: Vec<(&ObjectKey, &ConnectionStatus, bool)> = Vec::new();
         for (key, status) in desired {
-            let Some(object) = self.find(KIND_TUNNEL_ENDPOINT, key) else {
+            let Some(object) = self.find(ObjectKind::TunnelEndpoint, key) else {
                 continue;
             };
             let shown = ConnectionStatus::shown(&object);
@@ -368,7 +368,7 @@ impl Writer {
             let api = Api::<DynamicObject>::namespaced_with(
                 self.client.clone(),
                 &key.namespace,
-                &api_resource(KIND_TUNNEL_ENDPOINT),
+                &api_resource(ObjectKind::TunnelEndpoint),
             );
             let params = PatchParams::apply(MANAGER);
             let patch = Patch::Merge(status.patch(Timestamp::now()));
@@ -377,7 +377,8 @@ impl Writer {
                     self.outcome("written", 1);
                     debug!(object = %key, state = status.state.as_str(), "status written");
                     if state_change && status.state == State::Error {
-                        self.event(KIND_TUNNEL_ENDPOINT, key, &status.message).await;
+                        self.event(ObjectKind::TunnelEndpoint, key, &status.message)
+                            .await;
                     }
                     self.written.insert(
                         key.clone(),
@@ -403,11 +404,12 @@ impl Writer {
     }
 
     /// The object `kind` `key` as the API server last sent it.
-    fn find(&self, kind: &str, key: &ObjectKey) -> Option<Arc<DynamicObject>> {
-        let store = if kind == KIND_NAT_MAPPING {
-            &self.source.nat_mappings
-        } else {
-            &self.source.tunnel_endpoints
+    fn find(&self, kind: ObjectKind, key: &ObjectKey) -> Option<Arc<DynamicObject>> {
+        let store = match kind {
+            ObjectKind::NatMapping => &self.source.nat_mappings,
+            ObjectKind::TunnelEndpoint => &self.source.tunnel_endpoints,
+            // Nodes are read, never written back to.
+            ObjectKind::Node => return None,
         };
         let reference = ObjectRef::new_with(&key.name, api_resource(kind));
         let reference = if key.namespace.is_empty() {
@@ -419,10 +421,10 @@ impl Writer {
     }
 
     /// A Warning Event on a rejected object, saying why.
-    async fn event(&self, kind: &str, key: &ObjectKey, problem: &str) {
+    async fn event(&self, kind: ObjectKind, key: &ObjectKey, problem: &str) {
         let reference = ObjectReference {
-            api_version: Some(API_VERSION.into()),
-            kind: Some(kind.into()),
+            api_version: Some(kind.api_version().into()),
+            kind: Some(kind.as_str().into()),
             name: Some(key.name.clone()),
             namespace: (!key.namespace.is_empty()).then(|| key.namespace.clone()),
             uid: self.find(kind, key).and_then(|o| o.uid()),
@@ -557,7 +559,7 @@ mod tests {
         assert_eq!(patch["status"]["connection"]["latency"]["value"], "640μs");
         // What the patch writes reads back the same, and so does Liqo
         // v0.2–v0.4's lower case.
-        let mut object = DynamicObject::new("tep", &api_resource(KIND_TUNNEL_ENDPOINT));
+        let mut object = DynamicObject::new("tep", &api_resource(ObjectKind::TunnelEndpoint));
         object.data = patch;
         assert_eq!(ConnectionStatus::shown(&object), Some(configured.clone()));
         object.data["status"]["connection"]["status"] = "connected".into();
@@ -576,12 +578,12 @@ mod tests {
             name: "bad".into(),
         };
         let rejection = |problem: &str| Rejection {
-            object: Some((KIND_TUNNEL_ENDPOINT, key.clone())),
+            object: Some((ObjectKind::TunnelEndpoint, key.clone())),
             problem: problem.into(),
             message: format!("kube:x: {problem}"),
         };
         let nat_mapping = Rejection {
-            object: Some((KIND_NAT_MAPPING, key.clone())),
+            object: Some((ObjectKind::NatMapping, key.clone())),
             problem: "not for a TunnelEndpoint".into(),
             message: String::new(),
         };

@@ -8,6 +8,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
+use crate::model::object::ObjectKind;
 use ipnet::Ipv4Net;
 use isthmus_common::{
     nat::{MappingKey, PeerNat},
@@ -216,7 +217,7 @@ impl<T: KernelTable> Mirror<T> {
 #[error("the {kind} table: {source}")]
 pub struct TableFailure<E: std::error::Error + 'static> {
     /// The kind of object whose table failed.
-    pub kind: &'static str,
+    pub kind: ObjectKind,
     /// Whether the table refused a write because it is full.
     pub full: bool,
     /// What the kernel said.

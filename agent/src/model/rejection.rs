@@ -5,7 +5,7 @@
 use crate::model::{
     natmapping::NatMappingError,
     node::NodeError,
-    object::{DocumentError, KIND_NAT_MAPPING, KIND_NODE, KIND_TUNNEL_ENDPOINT, ObjectKey},
+    object::{DocumentError, ObjectKey, ObjectKind},
     peer::PeerError,
 };
 
@@ -13,7 +13,7 @@ use crate::model::{
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Rejection {
     /// The object's kind and key; None for a document that names no object.
-    pub object: Option<(&'static str, ObjectKey)>,
+    pub object: Option<(ObjectKind, ObjectKey)>,
     /// What is wrong, naming the field, for the object's own status.
     pub problem: String,
     /// The whole message, naming the origin too, for logs.
@@ -26,7 +26,9 @@ impl Rejection {
     pub fn kind_and_key(&self) -> (&'static str, String) {
         self.object
             .as_ref()
-            .map_or(("", String::new()), |(kind, key)| (*kind, key.to_string()))
+            .map_or(("", String::new()), |(kind, key)| {
+                (kind.as_str(), key.to_string())
+            })
     }
 }
 
@@ -39,7 +41,7 @@ impl std::fmt::Display for Rejection {
 impl From<PeerError> for Rejection {
     fn from(e: PeerError) -> Self {
         Self {
-            object: Some((KIND_TUNNEL_ENDPOINT, e.object.clone())),
+            object: Some((ObjectKind::TunnelEndpoint, e.object.clone())),
             problem: e.problem.to_string(),
             message: e.to_string(),
         }
@@ -49,7 +51,7 @@ impl From<PeerError> for Rejection {
 impl From<NatMappingError> for Rejection {
     fn from(e: NatMappingError) -> Self {
         Self {
-            object: Some((KIND_NAT_MAPPING, e.object.clone())),
+            object: Some((ObjectKind::NatMapping, e.object.clone())),
             problem: e.problem.to_string(),
             message: e.to_string(),
         }
@@ -59,7 +61,7 @@ impl From<NatMappingError> for Rejection {
 impl From<NodeError> for Rejection {
     fn from(e: NodeError) -> Self {
         Self {
-            object: Some((KIND_NODE, e.object.clone())),
+            object: Some((ObjectKind::Node, e.object.clone())),
             problem: e.problem.clone(),
             message: e.to_string(),
         }

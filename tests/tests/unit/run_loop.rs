@@ -20,7 +20,7 @@ use isthmus_agent::{
         source,
     },
     kernel::table::MemoryTable,
-    model::{node::Node, object::KIND_TUNNEL_ENDPOINT, policy::Policy},
+    model::{node::Node, object::ObjectKind, policy::Policy},
     observe::metrics::{BuildInfo, Metrics},
 };
 use isthmus_common::{
@@ -205,7 +205,7 @@ fn a_failed_write_is_retried_on_a_tick_without_an_object_change() {
         running
             .metrics
             .reconcile_errors
-            .get_or_create(&[("kind", KIND_TUNNEL_ENDPOINT)])
+            .get_or_create(&[("kind", ObjectKind::TunnelEndpoint.as_str())])
             .get()
     };
     eventually(GIVE_UP, "a full peer table counted", || {

@@ -21,7 +21,7 @@ use crate::{
     model::{
         natmapping::{self, MappingProblem, NatMapping},
         node::{Node, NodeError},
-        object::{DocumentError, KIND_NAT_MAPPING, KIND_TUNNEL_ENDPOINT, Object, ObjectKey},
+        object::{DocumentError, Object, ObjectKey, ObjectKind},
         peer::{Peer, PeerError},
         policy::Policy,
         rejection::Rejection,
@@ -227,12 +227,12 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
         self.accepted = accepted;
         let failure = peer_failure
             .map(|source| TableFailure {
-                kind: KIND_TUNNEL_ENDPOINT,
+                kind: ObjectKind::TunnelEndpoint,
                 full: P::is_full(&source),
                 source,
             })
             .or(mapping_failure.map(|source| TableFailure {
-                kind: KIND_NAT_MAPPING,
+                kind: ObjectKind::NatMapping,
                 full: M::is_full(&source),
                 source,
             }));

@@ -158,7 +158,7 @@ fn bad_document_does_not_disturb_other_peers() {
     };
     assert_eq!(
         report.new_errors[0].object,
-        Some((KIND_TUNNEL_ENDPOINT, bad))
+        Some((ObjectKind::TunnelEndpoint, bad))
     );
     assert!(
         report.new_errors[0]
@@ -189,7 +189,7 @@ fn a_full_natmapping_table_still_lets_peers_come_and_go() {
         docs("nm.yaml", &natmapping("cluster-b", &entry)),
     );
     let (report, failure) = r.reconcile();
-    assert_eq!(failure.map(|f| f.kind), Some(KIND_NAT_MAPPING));
+    assert_eq!(failure.map(|f| f.kind), Some(ObjectKind::NatMapping));
     assert_eq!((report.peers, report.written), (2, 4));
     // c goes while the NatMapping table is still full: the report
     // says so, for the tunnel and the routes to follow.

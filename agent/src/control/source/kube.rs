@@ -23,13 +23,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use super::SourceEvent;
-use crate::model::object::{
-    self, API_VERSION, CORE_API_VERSION, KIND_NAT_MAPPING, KIND_NODE, KIND_TUNNEL_ENDPOINT, Object,
-    ObjectKey,
-};
-
-/// Every kind the source watches.
-const KINDS: [&str; 3] = [KIND_TUNNEL_ENDPOINT, KIND_NAT_MAPPING, KIND_NODE];
+use crate::model::object::{self, Object, ObjectKey, ObjectKind};
 
 /// The objects as the API server last sent them, for writing back status
 /// and events.
@@ -41,52 +35,34 @@ pub struct KubeSource {
     pub nat_mappings: Store<DynamicObject>,
 }
 
-/// The resource name of `kind`, one of [`KINDS`].
-fn plural(kind: &str) -> &'static str {
-    match kind {
-        KIND_NAT_MAPPING => "natmappings",
-        KIND_NODE => "nodes",
-        _ => "tunnelendpoints",
-    }
-}
-
-/// The `apiVersion` of `kind`, one of [`KINDS`].
-fn api_version(kind: &str) -> &'static str {
-    if kind == KIND_NODE {
-        CORE_API_VERSION
-    } else {
-        API_VERSION
-    }
-}
-
-/// The API resource of `kind`, one of [`KINDS`].
-pub fn api_resource(kind: &str) -> ApiResource {
-    let api_version = api_version(kind);
+/// The API resource of `kind`.
+pub fn api_resource(kind: ObjectKind) -> ApiResource {
+    let api_version = kind.api_version();
     // The core group has no name: `v1`.
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
     ApiResource {
         group: group.into(),
         version: version.into(),
         api_version: api_version.into(),
-        kind: kind.into(),
-        plural: plural(kind).into(),
+        kind: kind.as_str().into(),
+        plural: kind.plural().into(),
     }
 }
 
 /// The origin an object is kept under: one per object.
-pub fn origin(kind: &str, key: &ObjectKey) -> String {
-    format!("kube:{}/{key}", plural(kind))
+pub fn origin(kind: ObjectKind, key: &ObjectKey) -> String {
+    format!("kube:{}/{key}", kind.plural())
 }
 
 /// Watches every kind and sends their changes; `Synced` follows once each
 /// was listed in full. Events stop when the receiver is dropped.
 pub fn watch_kube(client: Client) -> (mpsc::Receiver<SourceEvent>, KubeSource) {
     let [(tunnel_endpoints, te), (nat_mappings, nm), (_, nodes)] =
-        KINDS.map(|kind| reflected(&client, kind));
+        ObjectKind::ALL.map(|kind| reflected(&client, kind));
     let streams = [te, nm, nodes];
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
-        let mut kinds = KINDS.map(Listing::new);
+        let mut kinds = ObjectKind::ALL.map(Listing::new);
         let mut synced = false;
         let mut events = futures::stream::select_all(
             streams
@@ -99,7 +75,7 @@ pub fn watch_kube(client: Client) -> (mpsc::Receiver<SourceEvent>, KubeSource) {
             let event = match event {
                 Ok(event) => event,
                 Err(e) => {
-                    warn!(kind = listing.kind, error = %e, "watching the API server; retrying with backoff, and the kernel keeps what it has");
+                    warn!(kind = %listing.kind, error = %e, "watching the API server; retrying with backoff, and the kernel keeps what it has");
                     continue;
                 }
             };
@@ -131,7 +107,7 @@ type WatchResult = watcher::Result<watcher::Event<DynamicObject>>;
 /// also keeps a store of the objects.
 fn reflected(
     client: &Client,
-    kind: &str,
+    kind: ObjectKind,
 ) -> (Store<DynamicObject>, BoxStream<'static, WatchResult>) {
     let resource = api_resource(kind);
     let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
@@ -146,7 +122,7 @@ fn reflected(
 
 /// What one kind's watch has delivered so far.
 struct Listing {
-    kind: &'static str,
+    kind: ObjectKind,
     /// Origins sent and not removed since.
     known: BTreeSet<String>,
     /// Origins seen by a relist under way.
@@ -156,7 +132,7 @@ struct Listing {
 }
 
 impl Listing {
-    fn new(kind: &'static str) -> Self {
+    fn new(kind: ObjectKind) -> Self {
         Self {
             kind,
             known: BTreeSet::new(),
@@ -169,7 +145,7 @@ impl Listing {
     fn apply(&mut self, event: watcher::Event<DynamicObject>) -> Vec<SourceEvent> {
         match event {
             watcher::Event::Init => {
-                debug!(kind = self.kind, "listing");
+                debug!(kind = %self.kind, "listing");
                 self.relisting = Some(BTreeSet::new());
                 Vec::new()
             }
@@ -191,7 +167,7 @@ impl Listing {
                 self.known = seen;
                 self.synced = true;
                 debug!(
-                    kind = self.kind,
+                    kind = %self.kind,
                     objects = self.known.len(),
                     removed = gone.len(),
                     "listed"
@@ -214,8 +190,8 @@ impl Listing {
         let origin = origin(self.kind, &key(&object));
         // List items need not carry their type; the watch says what they are.
         object.types = Some(TypeMeta {
-            api_version: api_version(self.kind).into(),
-            kind: self.kind.into(),
+            api_version: self.kind.api_version().into(),
+            kind: self.kind.as_str().into(),
         });
         let document = object::from_decoded(&origin, &object);
         (origin, document)
@@ -233,8 +209,8 @@ fn key(object: &DynamicObject) -> ObjectKey {
 mod tests {
     use super::*;
 
-    fn object(kind: &str, name: &str, spec: serde_json::Value) -> DynamicObject {
-        let namespace = (kind == KIND_TUNNEL_ENDPOINT).then_some("liqo");
+    fn object(kind: ObjectKind, name: &str, spec: serde_json::Value) -> DynamicObject {
+        let namespace = (kind == ObjectKind::TunnelEndpoint).then_some("liqo");
         let mut object =
             DynamicObject::new(name, &api_resource(kind)).data(serde_json::json!({ "spec": spec }));
         object.metadata.namespace = namespace.map(Into::into);
@@ -255,7 +231,7 @@ mod tests {
 
     #[test]
     fn names_resources_as_the_crds_do() {
-        let resource = api_resource(KIND_TUNNEL_ENDPOINT);
+        let resource = api_resource(ObjectKind::TunnelEndpoint);
         assert_eq!(
             (
                 resource.group.as_str(),
@@ -264,8 +240,8 @@ mod tests {
             ),
             ("net.liqo.io", "v1alpha1", "tunnelendpoints")
         );
-        assert_eq!(api_resource(KIND_NAT_MAPPING).plural, "natmappings");
-        let nodes = api_resource(KIND_NODE);
+        assert_eq!(api_resource(ObjectKind::NatMapping).plural, "natmappings");
+        let nodes = api_resource(ObjectKind::Node);
         assert_eq!(
             (
                 nodes.group.as_str(),
@@ -278,13 +254,13 @@ mod tests {
 
     #[test]
     fn a_relist_removes_only_what_it_no_longer_lists_and_only_at_its_end() {
-        let mut listing = Listing::new(KIND_TUNNEL_ENDPOINT);
+        let mut listing = Listing::new(ObjectKind::TunnelEndpoint);
         let spec = serde_json::json!({});
         let mut events = Vec::new();
         events.extend(listing.apply(watcher::Event::Init));
         for name in ["a", "b"] {
             events.extend(listing.apply(watcher::Event::InitApply(object(
-                KIND_TUNNEL_ENDPOINT,
+                ObjectKind::TunnelEndpoint,
                 name,
                 spec.clone(),
             ))));
@@ -294,14 +270,14 @@ mod tests {
         // The watch broke; while the relist runs, nothing is removed.
         events.extend(listing.apply(watcher::Event::Init));
         events.extend(listing.apply(watcher::Event::InitApply(object(
-            KIND_TUNNEL_ENDPOINT,
+            ObjectKind::TunnelEndpoint,
             "b",
             spec.clone(),
         ))));
         let before_done = events.len();
         events.extend(listing.apply(watcher::Event::InitDone));
         events.extend(listing.apply(watcher::Event::Delete(object(
-            KIND_TUNNEL_ENDPOINT,
+            ObjectKind::TunnelEndpoint,
             "b",
             spec,
         ))));
@@ -322,7 +298,7 @@ mod tests {
     /// seniority compares.
     #[test]
     fn reads_the_creation_timestamp_the_api_server_wrote() {
-        let listing = Listing::new(KIND_TUNNEL_ENDPOINT);
+        let listing = Listing::new(ObjectKind::TunnelEndpoint);
         let object: DynamicObject = serde_json::from_value(serde_json::json!({
             "apiVersion": "net.liqo.io/v1alpha1",
             "kind": "TunnelEndpoint",
@@ -344,10 +320,10 @@ mod tests {
 
     #[test]
     fn reads_objects_without_type_as_their_kind() {
-        let listing = Listing::new(KIND_NAT_MAPPING);
+        let listing = Listing::new(ObjectKind::NatMapping);
         let spec =
             serde_json::json!({"clusterID": "x", "clusterMappings": {"10.0.0.1": "10.1.0.1"}});
-        let (origin, document) = listing.read(object(KIND_NAT_MAPPING, "nm", spec));
+        let (origin, document) = listing.read(object(ObjectKind::NatMapping, "nm", spec));
         assert_eq!(origin, "kube:natmappings/nm");
         match document {
             Ok(Object::NatMapping(raw)) => {

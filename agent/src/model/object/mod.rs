@@ -6,17 +6,67 @@ use std::{fmt, path::Path};
 use serde_yaml_ng::{Mapping, Value};
 use thiserror::Error;
 
-/// The API group and version of every object the agent reads.
+/// The API group and version of Liqo's objects the agent reads.
 pub const API_VERSION: &str = "net.liqo.io/v1alpha1";
-/// Kind of the per-peer object.
-pub const KIND_TUNNEL_ENDPOINT: &str = "TunnelEndpoint";
-/// Kind of the per-cluster DNAT table.
-pub const KIND_NAT_MAPPING: &str = "NatMapping";
 /// The API version of Kubernetes core objects.
 pub const CORE_API_VERSION: &str = "v1";
-/// Kind of a cluster node, read for the overlay: its PodCIDRs, its address
-/// and whether it is the gateway.
-pub const KIND_NODE: &str = "Node";
+
+/// A kind of object the agent reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ObjectKind {
+    /// Liqo's per-peer object.
+    TunnelEndpoint,
+    /// Liqo's per-cluster DNAT table.
+    NatMapping,
+    /// A cluster node, read for the overlay: its PodCIDRs, its address and
+    /// whether it is the gateway.
+    Node,
+}
+
+impl ObjectKind {
+    /// Every kind, in the order the agent reads them.
+    pub const ALL: [ObjectKind; 3] = [Self::TunnelEndpoint, Self::NatMapping, Self::Node];
+
+    /// The `kind` field of such an object.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::TunnelEndpoint => "TunnelEndpoint",
+            Self::NatMapping => "NatMapping",
+            Self::Node => "Node",
+        }
+    }
+
+    /// The `apiVersion` such an object carries.
+    pub const fn api_version(self) -> &'static str {
+        match self {
+            Self::TunnelEndpoint | Self::NatMapping => API_VERSION,
+            Self::Node => CORE_API_VERSION,
+        }
+    }
+
+    /// The API's resource name of the kind.
+    pub const fn plural(self) -> &'static str {
+        match self {
+            Self::TunnelEndpoint => "tunnelendpoints",
+            Self::NatMapping => "natmappings",
+            Self::Node => "nodes",
+        }
+    }
+
+    /// The kind an object with these `apiVersion` and `kind` fields is, if
+    /// the agent reads it.
+    pub fn of(api_version: &str, kind: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.api_version() == api_version && k.as_str() == kind)
+    }
+}
+
+impl fmt::Display for ObjectKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// `namespace/name` of an object; cluster-scoped objects have no namespace.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -171,7 +221,7 @@ pub enum DocumentError {
     },
     /// Valid YAML of another kind.
     #[error(
-        "{file}: document {index} ({name}): not an object Isthmus reads: apiVersion {api_version:?}, kind {kind:?} (field apiVersion/kind; want {API_VERSION} {KIND_TUNNEL_ENDPOINT} or {KIND_NAT_MAPPING}, or {CORE_API_VERSION} {KIND_NODE})"
+        "{file}: document {index} ({name}): not an object Isthmus reads: apiVersion {api_version:?}, kind {kind:?} (field apiVersion/kind; want {API_VERSION} TunnelEndpoint or NatMapping, or {CORE_API_VERSION} Node)"
     )]
     WrongKind {
         /// File holding the document.
@@ -334,7 +384,7 @@ pub fn plain_natmapping(text: &str) -> Option<Value> {
         return None;
     }
     let mut value: Value = serde_yaml_ng::from_str(&rest).ok()?;
-    if value.get("kind").and_then(Value::as_str) != Some(KIND_NAT_MAPPING) {
+    if value.get("kind").and_then(Value::as_str) != Some(ObjectKind::NatMapping.as_str()) {
         return None;
     }
     let slot = value.get_mut("spec")?.get_mut("clusterMappings")?;
@@ -372,10 +422,7 @@ fn object(file: &str, index: usize, mut value: Value) -> Result<Object, Document
     let kind = text(value.get("kind"));
     let metadata = value.get("metadata");
     let name = text(metadata.and_then(|m| m.get("name")));
-    let liqo = api_version == API_VERSION
-        && [KIND_TUNNEL_ENDPOINT, KIND_NAT_MAPPING].contains(&kind.as_str());
-    let node = api_version == CORE_API_VERSION && kind == KIND_NODE;
-    if !liqo && !node {
+    let Some(object_kind) = ObjectKind::of(&api_version, &kind) else {
         return Err(DocumentError::WrongKind {
             file: file.to_owned(),
             index,
@@ -387,7 +434,7 @@ fn object(file: &str, index: usize, mut value: Value) -> Result<Object, Document
             api_version,
             kind,
         });
-    }
+    };
     if name.is_empty() {
         return Err(DocumentError::NoName {
             file: file.to_owned(),
@@ -414,22 +461,22 @@ fn object(file: &str, index: usize, mut value: Value) -> Result<Object, Document
         Some(Value::Mapping(mapping)) => mapping,
         _ => Mapping::new(),
     };
-    Ok(if node {
-        Object::Node(RawNode {
+    Ok(match object_kind {
+        ObjectKind::Node => Object::Node(RawNode {
             key,
             labels,
             spec: half("spec"),
             status: half("status"),
-        })
-    } else if kind == KIND_NAT_MAPPING {
-        Object::NatMapping(RawNatMapping {
+        }),
+        ObjectKind::NatMapping => Object::NatMapping(RawNatMapping {
             key,
             spec: half("spec"),
-        })
-    } else {
-        let spec = half("spec");
-        let raw = RawTunnelEndpoint::new(key, spec, half("status"));
-        Object::TunnelEndpoint(RawTunnelEndpoint { created, ..raw })
+        }),
+        ObjectKind::TunnelEndpoint => {
+            let spec = half("spec");
+            let raw = RawTunnelEndpoint::new(key, spec, half("status"));
+            Object::TunnelEndpoint(RawTunnelEndpoint { created, ..raw })
+        }
     })
 }
 

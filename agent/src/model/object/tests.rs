@@ -162,3 +162,18 @@ fn reports_broken_yaml_with_its_position() {
     let err = docs[0].as_ref().unwrap_err().to_string();
     assert!(err.starts_with("y.yaml: document 1: invalid YAML"), "{err}");
 }
+
+#[test]
+fn a_kind_is_known_only_with_its_own_api_version() {
+    for kind in ObjectKind::ALL {
+        assert_eq!(
+            ObjectKind::of(kind.api_version(), kind.as_str()),
+            Some(kind)
+        );
+        assert_eq!(kind.to_string(), kind.as_str());
+    }
+    assert_eq!(ObjectKind::of("v1", "TunnelEndpoint"), None);
+    assert_eq!(ObjectKind::of(API_VERSION, "Node"), None);
+    assert_eq!(ObjectKind::of(API_VERSION, "tunnelendpoint"), None);
+    assert_eq!(ObjectKind::NatMapping.plural(), "natmappings");
+}

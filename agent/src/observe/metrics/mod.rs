@@ -22,7 +22,7 @@ use prometheus_client::{
 
 use crate::{
     kernel::maps::{Counters, PinnedMaps},
-    model::object::{KIND_NAT_MAPPING, KIND_NODE, KIND_TUNNEL_ENDPOINT},
+    model::object::ObjectKind,
     model::peer::Peer,
     observe::samples::DataplaneCounters,
     tunnel::Tunnel,
@@ -145,8 +145,8 @@ impl Metrics {
         );
         // Every kind's series exists from the start, so a rate over it works
         // before the first failure.
-        for kind in [KIND_TUNNEL_ENDPOINT, KIND_NAT_MAPPING, KIND_NODE] {
-            let _ = reconcile_errors.get_or_create(&[("kind", kind)]);
+        for kind in ObjectKind::ALL {
+            let _ = reconcile_errors.get_or_create(&[("kind", kind.as_str())]);
         }
         registry.register(
             "reconcile_errors",
@@ -227,8 +227,10 @@ impl Metrics {
     }
 
     /// Records a reconcile pass that failed to update the table of `kind`.
-    pub fn reconcile_failed(&self, kind: &'static str) {
-        self.reconcile_errors.get_or_create(&[("kind", kind)]).inc();
+    pub fn reconcile_failed(&self, kind: ObjectKind) {
+        self.reconcile_errors
+            .get_or_create(&[("kind", kind.as_str())])
+            .inc();
     }
 
     /// Marks the agent ready: the dataplane is attached and the source synced.
