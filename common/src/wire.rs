@@ -15,56 +15,61 @@ use core::{
 macro_rules! network_order {
     ($(#[$doc:meta])* $name:ident, $int:ty, $len:literal) => {
         $(#[$doc])*
+        ///
+        /// The one field's name is what `bpftool` shows in a map dump. Values
+        /// order by their memory, as the kernel's hash keys do, not by number.
         #[repr(transparent)]
         #[derive(Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub struct $name($int);
+        pub struct $name {
+            network_order: $int,
+        }
 
         impl $name {
             /// Zero, in either order.
-            pub const ZERO: Self = Self(0);
+            pub const ZERO: Self = Self { network_order: 0 };
 
             /// The value whose bytes, most significant first, are `bytes`.
             #[inline(always)]
             pub const fn from_bytes(bytes: [u8; $len]) -> Self {
-                Self(<$int>::from_ne_bytes(bytes))
+                Self { network_order: <$int>::from_ne_bytes(bytes) }
             }
 
             /// Its bytes, most significant first: as on the wire.
             #[inline(always)]
             pub const fn bytes(self) -> [u8; $len] {
-                self.0.to_ne_bytes()
+                self.network_order.to_ne_bytes()
             }
 
             /// The number `value`, given in the host's order.
             #[inline(always)]
             pub const fn from_host(value: $int) -> Self {
-                Self(value.to_be())
+                Self { network_order: value.to_be() }
             }
 
             /// The number, in the host's order.
             #[inline(always)]
             pub const fn to_host(self) -> $int {
-                <$int>::from_be(self.0)
+                <$int>::from_be(self.network_order)
             }
 
             /// The value whose memory holds `bits`: what a native load of
             /// the field from a packet gives.
             #[inline(always)]
             pub const fn from_bits(bits: $int) -> Self {
-                Self(bits)
+                Self { network_order: bits }
             }
 
             /// Its memory as a native integer: what a native store into a
             /// packet, or a kernel helper, takes.
             #[inline(always)]
             pub const fn to_bits(self) -> $int {
-                self.0
+                self.network_order
             }
 
             /// Whether it is zero: an unset field.
             #[inline(always)]
             pub const fn is_zero(self) -> bool {
-                self.0 == 0
+                self.network_order == 0
             }
         }
 
@@ -72,7 +77,7 @@ macro_rules! network_order {
             type Output = Self;
             #[inline(always)]
             fn bitand(self, rhs: Self) -> Self {
-                Self(self.0 & rhs.0)
+                Self::from_bits(self.network_order & rhs.network_order)
             }
         }
 
@@ -80,7 +85,7 @@ macro_rules! network_order {
             type Output = Self;
             #[inline(always)]
             fn bitor(self, rhs: Self) -> Self {
-                Self(self.0 | rhs.0)
+                Self::from_bits(self.network_order | rhs.network_order)
             }
         }
 
@@ -88,7 +93,7 @@ macro_rules! network_order {
             type Output = Self;
             #[inline(always)]
             fn not(self) -> Self {
-                Self(!self.0)
+                Self::from_bits(!self.network_order)
             }
         }
     };
@@ -123,14 +128,14 @@ impl Be32 {
     /// The address with every bit outside `mask` cleared: usable in `const`.
     #[inline(always)]
     pub const fn masked(self, mask: Be32) -> Self {
-        Self(self.0 & mask.0)
+        Self::from_bits(self.to_bits() & mask.to_bits())
     }
 
     /// `map(ip, net)` of DESIGN §1: the network bits of `net` under `mask`
     /// followed by the host bits of `self`.
     #[inline(always)]
     pub const fn remap(self, net: Be32, mask: Be32) -> Self {
-        Self((net.0 & mask.0) | (self.0 & !mask.0))
+        Self::from_bits((net.to_bits() & mask.to_bits()) | (self.to_bits() & !mask.to_bits()))
     }
 }
 

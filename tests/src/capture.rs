@@ -4,7 +4,7 @@ use std::{
     fs,
     path::PathBuf,
     process::{Child, Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use xtask::lab;
@@ -38,22 +38,14 @@ pub fn start(ns: &str, dev: &str, args: &[&str], name: &str) -> Child {
         .stderr(fs::File::create(&log_path).unwrap())
         .spawn()
         .expect("tcpdump");
-    let start = Instant::now();
-    while !fs::read_to_string(&log_path)
-        .unwrap_or_default()
-        .contains("listening on")
-    {
+    crate::eventually(Duration::from_secs(10), "tcpdump listening", || {
+        let log = fs::read_to_string(&log_path).unwrap_or_default();
         assert!(
             tcpdump.try_wait().unwrap().is_none(),
-            "tcpdump exited: {}",
-            fs::read_to_string(&log_path).unwrap_or_default()
+            "tcpdump exited: {log}"
         );
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "tcpdump never started"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+        log.contains("listening on")
+    });
     tcpdump
 }
 

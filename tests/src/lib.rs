@@ -28,14 +28,17 @@ where
     (result.return_value, out)
 }
 
-/// Polls `done` until it holds; fails the test, naming `what`, if it still
-/// does not after `within`.
-pub fn eventually(within: std::time::Duration, what: &str, mut done: impl FnMut() -> bool) {
-    let start = std::time::Instant::now();
-    while !done() {
-        assert!(start.elapsed() < within, "never within {within:?}: {what}");
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+/// How often [`eventually`] tries its condition.
+pub const POLL: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// Polls `done` until it holds and returns how long that took; fails the
+/// test, naming `what`, if it still does not after `within`.
+pub fn eventually(
+    within: std::time::Duration,
+    what: &str,
+    done: impl FnMut() -> bool,
+) -> std::time::Duration {
+    xtask::wait::until(within, POLL, what, done).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Fails the test unless the lab is up: lab tests never skip in silence.

@@ -26,6 +26,7 @@ use xtask::{
     lab, netns,
     objects::TunnelEndpoint,
     topology::{A, B, Cluster, PEERINGS, Peering},
+    wait,
 };
 
 /// Which benchmark to run.
@@ -243,14 +244,18 @@ fn iperf(client: &str, server: &str, target: std::net::Ipv4Addr, streams: u8) ->
         .stderr(Stdio::null())
         .spawn()
         .context("starting iperf3 -s")?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !listening(server, port.parse()?)? {
-        if Instant::now() > deadline {
-            let _ = daemon.kill();
-            bail!("iperf3 server never listened");
-        }
-        std::thread::sleep(Duration::from_millis(10));
+    let port_number = port.parse()?;
+    let listens = || Ok(listening(server, port_number)?.then_some(()));
+    let waited = wait::try_poll(
+        Duration::from_secs(10),
+        Duration::from_millis(10),
+        "the iperf3 server listening",
+        listens,
+    );
+    if waited.is_err() {
+        let _ = daemon.kill();
     }
+    waited?;
     let out = run(
         "timeout",
         &[
@@ -327,13 +332,12 @@ fn tunnel_rss_with_peers(count: usize) -> Result<f64> {
     for (i, yaml) in synthetic_peers(&A, count).iter().enumerate() {
         fs::write(dir.join(format!("bench-{i}.yaml")), yaml)?;
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while peers_programmed(&A.gw())? != count as f64 {
-        if Instant::now() > deadline {
-            bail!("a-gw never programmed {count} peers");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait::try_poll(
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        &format!("a-gw programs {count} peers"),
+        || Ok((peers_programmed(&A.gw())? == count as f64).then_some(())),
+    )?;
     agent_rss_mib(&A.gw())
 }
 
@@ -608,7 +612,6 @@ fn set_isthmus_peers(count: usize) -> Result<()> {
             fs::write(dir.join(format!("bench-{i}.yaml")), yaml)?;
         }
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
     for p in gateway_peerings() {
         let gw = p.local.gw();
         // The synthetic peers replace the measured one's count, not the others'.
@@ -617,12 +620,12 @@ fn set_isthmus_peers(count: usize) -> Result<()> {
             .filter(|q| q.local.name == p.local.name)
             .count()
             - 1;
-        while peers_programmed(&gw)? != (count + others) as f64 {
-            if Instant::now() > deadline {
-                bail!("{gw} never programmed {count} peers");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait::try_poll(
+            Duration::from_secs(30),
+            Duration::from_millis(20),
+            &format!("{gw} programs {count} peers"),
+            || Ok((peers_programmed(&gw)? == (count + others) as f64).then_some(())),
+        )?;
     }
     Ok(())
 }
@@ -858,21 +861,22 @@ const PATH_PROOF: u64 = 1000;
 
 fn windows(flow: &Flow, generator: &mut std::process::Child) -> Result<Vec<f64>> {
     let start = rx_packets(&flow.server)?;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while rx_packets(&flow.server)? < start + PATH_PROOF {
+    let proven = || {
         if let Some(status) = generator.try_wait()? {
             let log =
                 fs::read_to_string(format!("{}/trafgen.log", lab::STATE_DIR)).unwrap_or_default();
             bail!("trafgen exited ({status}): {log}");
         }
-        if Instant::now() > deadline {
-            bail!(
-                "fewer than {PATH_PROOF} packets reached {} in 5 s: the path is broken",
-                flow.server
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+        Ok((rx_packets(&flow.server)? >= start + PATH_PROOF).then_some(()))
+    };
+    let what = format!("{PATH_PROOF} packets reach {}", flow.server);
+    wait::try_poll(
+        Duration::from_secs(5),
+        Duration::from_millis(10),
+        &what,
+        proven,
+    )
+    .context("the path is broken")?;
     std::thread::sleep(WARMUP);
     (0..WINDOWS)
         .map(|_| {
@@ -956,27 +960,6 @@ trip over plain forwarding, copy included.
 "
     );
     write_section("nat", &report)
-}
-
-/// Calls `probe` every `nap` until it gives a value, for at most `give_up`.
-/// Pollers of the kernel maps nap rather than spin: on two cores a spinning
-/// poller would take the CPU the agent needs.
-fn poll<T>(
-    what: &str,
-    give_up: Duration,
-    nap: Duration,
-    mut probe: impl FnMut() -> Option<T>,
-) -> Result<T> {
-    let deadline = Instant::now() + give_up;
-    loop {
-        if let Some(value) = probe() {
-            return Ok(value);
-        }
-        if Instant::now() > deadline {
-            bail!("never: {what}");
-        }
-        std::thread::sleep(nap);
-    }
 }
 
 /// The peer ID the kernel's peer table holds for network `view`.

@@ -10,3 +10,4 @@ pub mod objects;
 pub mod probe;
 pub mod tools;
 pub mod topology;
+pub mod wait;

@@ -91,18 +91,13 @@ fn tcp(client_ns: &str, server_ns: &str, target: Ipv4Addr) -> Result<Seen> {
     })??;
     let server = std::thread::spawn(move || -> Result<Ipv4Addr> {
         listener.set_nonblocking(true)?;
-        let deadline = Instant::now() + TIMEOUT;
-        let (mut stream, peer) = loop {
-            match listener.accept() {
-                Ok(conn) => break conn,
-                Err(e)
-                    if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline =>
-                {
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-                Err(e) => return Err(e).context("server accept"),
-            }
+        let accepted = || match listener.accept() {
+            Ok(conn) => Ok(Some(conn)),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) => Err(e).context("server accept"),
         };
+        let (mut stream, peer) =
+            crate::wait::try_poll(TIMEOUT, Duration::from_millis(2), "a connection", accepted)?;
         stream.set_nonblocking(false)?;
         let peer = v4(peer)?;
         stream.write_all(peer.to_string().as_bytes())?;

@@ -61,7 +61,8 @@ fn map_dumps_show_named_fields() {
             B.gw(),
             names::MAP_NATMAP,
             set(&["peer_id", "addr"]),
-            set(&[]),
+            // An endpoint address, in network byte order as the type says.
+            set(&["network_order"]),
         ),
         (
             B.gw(),

@@ -112,15 +112,19 @@ fn a_handshake_flood_from_a_stranger_dies_in_xdp() {
 
     // Counters are read at scrape time; the flood's last datagrams may
     // still be on the veth for a moment.
-    let start = std::time::Instant::now();
-    while guard("dropped") - dropped < sent as f64 * 0.9 {
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "the guard dropped {} of {sent} datagrams",
+    let enough = || guard("dropped") - dropped >= sent as f64 * 0.9;
+    xtask::wait::until(
+        Duration::from_secs(5),
+        isthmus_tests::POLL,
+        "90% dropped",
+        enough,
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}: the guard dropped {} of {sent} datagrams",
             guard("dropped") - dropped
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        )
+    });
     let dropped = guard("dropped") - dropped;
     println!(
         "flood: {sent} sent, {dropped} dropped in XDP, {exchanges} TCP exchanges a-b meanwhile"

@@ -131,15 +131,12 @@ fn hub_entry_present() -> bool {
 
 /// Waits until b-gw's kernel table holds the entry (or not); returns how long it took.
 fn until_entry(present: bool) -> Duration {
-    let start = Instant::now();
-    while hub_entry_present() != present {
-        assert!(
-            start.elapsed() < GIVE_UP,
-            "b-gw's NatMapping entry never became {present}"
-        );
-        thread::sleep(Duration::from_millis(1));
-    }
-    start.elapsed()
+    let what = format!("b-gw's NatMapping entry present: {present}");
+    // Every millisecond: these waits are timed.
+    xtask::wait::until(GIVE_UP, Duration::from_millis(1), &what, || {
+        hub_entry_present() == present
+    })
+    .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The impostor pod, and servers on one port in c-pod1 and in it.
@@ -222,13 +219,8 @@ fn removing_the_entry_stops_new_connections_within_100ms_and_restoring_it_brings
             .filter(|(t, _)| *t >= from)
             .count()
     };
-    let wait_for = |what: &str, done: &dyn Fn() -> bool| {
-        let start = Instant::now();
-        while !done() {
-            assert!(start.elapsed() < GIVE_UP, "timed out waiting for {what}");
-            thread::sleep(Duration::from_millis(5));
-        }
-    };
+    let wait_for =
+        |what: &str, done: &dyn Fn() -> bool| isthmus_tests::eventually(GIVE_UP, what, done);
     wait_for("traffic through the hub", &|| {
         successes_after(Duration::ZERO) >= 10
     });

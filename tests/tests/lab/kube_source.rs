@@ -35,14 +35,9 @@ use xtask::{
 const GIVE_UP: Duration = Duration::from_secs(30);
 const KEY_SECRET: &str = "isthmus-wireguard";
 
-/// Polls `done` until it holds; fails with `what` after [`GIVE_UP`].
-fn wait_for(what: &str, mut done: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < GIVE_UP, "never: {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    start.elapsed()
+/// [`eventually`] within [`GIVE_UP`].
+fn wait_for(what: &str, done: impl FnMut() -> bool) -> Duration {
+    isthmus_tests::eventually(GIVE_UP, what, done)
 }
 
 /// What the tests read from a node: the kernel maps its agent pinned, and

@@ -2,11 +2,7 @@
 //! object per line, and its lines about objects and peers carry them as
 //! fields: a peer programmed and connected, and an object rejected.
 
-use std::{
-    fs,
-    path::PathBuf,
-    time::{Duration, Instant},
-};
+use std::{fs, path::PathBuf, time::Duration};
 
 use isthmus_tests::require_lab;
 use serde_json::Value;
@@ -53,23 +49,22 @@ fn lines(log: &PathBuf) -> Vec<Value> {
 
 /// Waits for a line with `message` and every field of `fields`.
 fn wait_for(log: &PathBuf, message: &str, fields: &[(&str, &str)]) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let found = lines(log).into_iter().find(|l| {
+    let line = || {
+        lines(log).into_iter().find(|l| {
             let f = &l["fields"];
             f["message"] == message && fields.iter().all(|(k, v)| f[*k] == *v)
-        });
-        if let Some(line) = found {
-            return line;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no {message:?} line with {fields:?} in {}:\n{}",
-            log.display(),
-            fs::read_to_string(log).unwrap()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        })
+    };
+    let what = format!("a {message:?} line with {fields:?}");
+    xtask::wait::poll(Duration::from_secs(20), isthmus_tests::POLL, &what, line).unwrap_or_else(
+        |e| {
+            panic!(
+                "{e} in {}:\n{}",
+                log.display(),
+                fs::read_to_string(log).unwrap()
+            )
+        },
+    )
 }
 
 #[test]

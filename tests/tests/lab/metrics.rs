@@ -66,26 +66,25 @@ fn a_to_b() -> [(&'static str, Vec<(&'static str, &'static str)>); 3] {
 /// packets, and the agent counts them as it encrypts them (and Prometheus
 /// as it scrapes). Fails after 15 s, naming what fell short.
 fn wait_until_risen(names: &[String; 3], before: [f64; 3], read: impl Fn() -> [f64; 3]) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let now = read();
-        let short: Vec<String> = names
+    let mut short = Vec::new();
+    let risen = || {
+        short = names
             .iter()
-            .zip(now.iter().zip(before))
+            .zip(read().iter().zip(before))
             .zip(SENT)
             .filter(|((_, (n, b)), sent)| *n - b < *sent)
             .map(|((name, (n, b)), sent)| format!("{name} rose by {}, not {sent}", n - b))
             .collect();
-        if short.is_empty() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "after 15 s: {}",
-            short.join("; ")
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        short.is_empty()
+    };
+    // Every 100 ms: each try is a scrape.
+    let waited = xtask::wait::until(
+        Duration::from_secs(15),
+        Duration::from_millis(100),
+        "every counter risen",
+        risen,
+    );
+    waited.unwrap_or_else(|e| panic!("{e}: {}", short.join("; ")));
 }
 
 /// What `a_to_b` must rise by at least.

@@ -150,15 +150,14 @@ fn restarting_the_agent_loses_no_datagram_through_the_nat() {
         })
     };
     let wait_received = |count: u32| {
-        let start = Instant::now();
-        while received.load(Ordering::Relaxed) < count {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "the stream stalled at {}",
-                received.load(Ordering::Relaxed)
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let got = || received.load(Ordering::Relaxed) >= count;
+        xtask::wait::until(
+            Duration::from_secs(10),
+            isthmus_tests::POLL,
+            "the stream going on",
+            got,
+        )
+        .unwrap_or_else(|e| panic!("{e}: it stalled at {}", received.load(Ordering::Relaxed)));
     };
 
     wait_received(500);

@@ -10,7 +10,7 @@ use std::{
     net::{Ipv4Addr, TcpListener, TcpStream, UdpSocket},
     os::fd::AsRawFd,
     path::PathBuf,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use etherparse::{NetSlice, SlicedPacket, TransportSlice};
@@ -196,21 +196,22 @@ fn path_mtu(ns: &str, target: Ipv4Addr, size: usize) -> usize {
         set(IP_MTU_DISCOVER, IP_PMTUDISC_DO);
         socket.connect((target, next_port())).unwrap();
         let payload = vec![0x5a; size - 28];
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match socket.send(&payload) {
-                Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => break,
-                // The ICMP error itself is reported once, on a connected socket.
-                Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => {}
-                Err(e) => panic!("sending to {target}: {e}"),
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no fragmentation needed for {size} bytes to {target}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let what = format!("fragmentation needed for {size} bytes to {target}");
+        // A datagram every 20 ms until the kernel learns the path's MTU.
+        let told = || match socket.send(&payload) {
+            Ok(_) => false,
+            Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => true,
+            // The ICMP error itself is reported once, on a connected socket.
+            Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => false,
+            Err(e) => panic!("sending to {target}: {e}"),
+        };
+        xtask::wait::until(
+            Duration::from_secs(10),
+            Duration::from_millis(20),
+            &what,
+            told,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         let mut mtu: libc::c_int = 0;
         let mut len: libc::socklen_t = 4;
         // SAFETY: a valid socket and an int out-parameter.

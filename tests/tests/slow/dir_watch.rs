@@ -2,12 +2,7 @@
 //! TunnelEndpoint file reaches the pinned kernel map within 100 ms, as a
 //! diff, and bad objects are rejected by name without disturbing the rest.
 
-use std::{
-    collections::BTreeMap,
-    fs,
-    path::PathBuf,
-    time::{Duration, Instant},
-};
+use std::{collections::BTreeMap, fs, path::PathBuf, time::Duration};
 
 use ipnet::Ipv4Net;
 use isthmus_agent::{kernel::maps::PeerMap, kernel::table::KernelTable};
@@ -39,31 +34,25 @@ fn wait_map(
     what: &str,
     done: impl Fn(&BTreeMap<Ipv4Net, PeerNat>) -> bool,
 ) -> Duration {
-    let start = Instant::now();
-    while !done(&entries(map)) {
-        assert!(
-            start.elapsed() < GIVE_UP,
-            "kernel map never showed {what}: {:?}",
-            entries(map).keys()
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    start.elapsed()
+    // Every millisecond: these waits measure a 100 ms budget.
+    xtask::wait::until(GIVE_UP, Duration::from_millis(1), what, || {
+        done(&entries(map))
+    })
+    .unwrap_or_else(|e| panic!("{e}; the map holds {:?}", entries(map).keys()))
 }
 
 fn wait_log(node: &str, needle: &str) {
-    let start = Instant::now();
-    while !fs::read_to_string(lab::log_file(node))
-        .unwrap_or_default()
-        .contains(needle)
-    {
-        assert!(
-            start.elapsed() < GIVE_UP,
-            "{node}'s log never said {needle:?}; it ends:\n{}",
+    let said = || {
+        fs::read_to_string(lab::log_file(node))
+            .unwrap_or_default()
+            .contains(needle)
+    };
+    xtask::wait::until(GIVE_UP, isthmus_tests::POLL, needle, said).unwrap_or_else(|e| {
+        panic!(
+            "{node}'s log: {e}; it ends:\n{}",
             lab::log_tail(&lab::log_file(node))
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+        )
+    });
 }
 
 fn peer_x(remote_nat_pod: &str) -> String {
@@ -224,11 +213,9 @@ fn rejections_name_the_file_object_and_field_and_spare_the_rest() {
     assert_eq!(seen.client_as_seen_by_server, row.client_seen_as);
 
     drop(files);
-    let start = Instant::now();
-    while sample(&gw, "isthmus_rejected_objects") != 0.0 {
-        assert!(start.elapsed() < GIVE_UP, "rejections never cleared");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    eventually(GIVE_UP, "rejections cleared", || {
+        sample(&gw, "isthmus_rejected_objects") == 0.0
+    });
 }
 
 /// A route someone else wrote for a network a peer is seen under stays as

@@ -12,7 +12,7 @@ use std::{
     os::unix::fs::OpenOptionsExt,
     path::PathBuf,
     process::{Child, Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use isthmus_tests::{netns as test_netns, require_lab, require_root};
@@ -93,14 +93,11 @@ impl Pair {
             .spawn()
             .map(Reaped)
             .expect("wireguard-go");
-        let start = Instant::now();
-        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "wireguard-go never opened its control socket"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        isthmus_tests::eventually(
+            Duration::from_secs(10),
+            "wireguard-go's control socket open",
+            || std::os::unix::net::UnixStream::connect(&socket).is_ok(),
+        );
         sh(
             GO,
             &format!(
@@ -246,18 +243,15 @@ fn traffic_flows_both_ways_with_wireguard_go_and_survives_a_rekey() {
     assert!(first > 0, "wireguard-go reports no handshake with Isthmus");
 
     // Keep a little traffic flowing until a new handshake replaces the session.
-    let start = Instant::now();
-    while pair.latest_handshake() == first {
-        assert!(
-            start.elapsed() < REKEY_WAIT,
-            "no rekey within {REKEY_WAIT:?}"
-        );
+    // An echo a second: a little traffic, not a flood.
+    let took = xtask::wait::until(REKEY_WAIT, Duration::from_secs(1), "a rekey", || {
         assert!(
             echo(ISO, ISO_POD, GO, GO_POD, GO_POD).is_some(),
             "traffic stopped before the rekey"
         );
-        std::thread::sleep(Duration::from_secs(1));
-    }
-    eprintln!("rekeyed after {:?}", start.elapsed());
+        pair.latest_handshake() != first
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("rekeyed after {took:?}");
     both_ways();
 }

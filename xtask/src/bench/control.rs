@@ -21,11 +21,12 @@ use xtask::{
     lab::{self, LabTunnel},
     objects::TunnelEndpoint,
     topology::{A, B, C, NAT_MAPPING},
+    wait::poll,
 };
 
 use super::{
     Flow, disable_isthmus, enable_isthmus, maps_to, measure, median, peer_id, percentile, pinned,
-    poll, result_lines, write_section,
+    result_lines, write_section,
 };
 
 /// Entries in the large table.
@@ -267,9 +268,9 @@ fn wait_for_peer(node: &str) -> Result<u32> {
     let peers: HashMap<MapData, PeerKey, PeerNat> = pinned(&lab::bpffs(node), names::MAP_PEERS)?;
     let view = BENCH_VIEW.parse()?;
     poll(
-        &format!("{node} programs the bench peer"),
         Duration::from_secs(10),
         Duration::from_millis(5),
+        &format!("{node} programs the bench peer"),
         || peer_id(&peers, view),
     )
 }
@@ -284,9 +285,9 @@ fn wait_entries(node: &str, peer_id: u32, count: usize) -> Result<()> {
             .count()
     };
     poll(
-        &format!("{node} holds {count} bench entries"),
         Duration::from_secs(30),
         Duration::from_millis(10),
+        &format!("{node} holds {count} bench entries"),
         || (held() == count).then_some(()),
     )
 }
@@ -301,9 +302,9 @@ fn wait_entry(
 ) -> Result<Instant> {
     let (endpoint, external) = entry(i, generation);
     poll(
-        &format!("entry {i} reaches the kernel"),
         Duration::from_secs(30),
         Duration::from_micros(100),
+        &format!("entry {i} reaches the kernel"),
         || maps_to(table, peer_id, external, endpoint).then(Instant::now),
     )
 }

@@ -20,10 +20,11 @@ use serde_json::{Value, json};
 use xtask::{
     cmd::ip,
     kube_lab::{KubeNode, Networks, nat_mapping, tunnel_endpoint},
+    wait::poll,
 };
 
 use super::{
-    maps_to, peer_id, percentile, pinned, poll, result_lines, rss_mib, synthetic_key, write_section,
+    maps_to, peer_id, percentile, pinned, result_lines, rss_mib, synthetic_key, write_section,
 };
 
 /// TunnelEndpoints delivered.
@@ -139,7 +140,7 @@ pub fn measure() -> Result<KubeFigures> {
     // the last object's last entry is the last to land.
     let last = PEERS - 1;
     let mut last_id = None;
-    let done = poll("the last NatMapping in the kernel", GIVE_UP, NAP, || {
+    let done = poll(GIVE_UP, NAP, "the last NatMapping in the kernel", || {
         last_id = last_id.or_else(|| peer_id(&peers, pod_view(last, false)));
         let id = last_id?;
         holds(id, entry(last, ENTRIES_PER_PEER - 1, 0)).then(Instant::now)
@@ -163,7 +164,7 @@ pub fn measure() -> Result<KubeFigures> {
             let id = peer_id(&peers, pod_view(i, remapped[i]))
                 .ok_or_else(|| anyhow::anyhow!("peer {i} is not programmed"))?;
             node.api.apply(mapping(i, Some((k, generation))));
-            poll("a NatMapping change in the kernel", GIVE_UP, NAP, || {
+            poll(GIVE_UP, NAP, "a NatMapping change in the kernel", || {
                 holds(id, entry(i, k, generation)).then(Instant::now)
             })?
         } else {
@@ -171,9 +172,9 @@ pub fn measure() -> Result<KubeFigures> {
             remapped[i] = !remapped[i];
             node.api.apply(peer(i, remapped[i]));
             poll(
-                "a TunnelEndpoint change in the kernel",
                 GIVE_UP,
                 NAP,
+                "a TunnelEndpoint change in the kernel",
                 || peer_id(&peers, pod_view(i, remapped[i])).map(|_| Instant::now()),
             )?
         };

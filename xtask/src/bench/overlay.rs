@@ -21,9 +21,10 @@ use xtask::{
     cmd::{ip, run},
     lab::{self, LabTunnel},
     topology::{A, B, Cluster, OVERLAY_VNI, PEERINGS},
+    wait::poll,
 };
 
-use super::{Flow, ROUNDS, iperf, measure, median, poll, result_lines, write_section};
+use super::{Flow, ROUNDS, iperf, measure, median, result_lines, write_section};
 
 /// Liqo's routing table, which is also its VXLAN's VNI.
 const LIQO_TABLE: &str = "18952";
@@ -262,9 +263,9 @@ fn isthmus_overlay(c: &Cluster, on: bool) -> Result<()> {
     // The gateway sends tunnel traffic on to the worker while it knows it.
     let want = usize::from(on);
     poll(
-        &format!("{}'s node table holds {want} entries", c.gw()),
         Duration::from_secs(10),
         Duration::from_millis(20),
+        &format!("{}'s node table holds {want} entries", c.gw()),
         || (node_entries(&c.gw()).ok()? == want).then_some(()),
     )
 }

@@ -16,7 +16,7 @@ use std::{
     os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::{Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use anyhow::{Context, Result, bail};
@@ -407,13 +407,12 @@ pub(crate) fn start_wireguard_go_on(cluster: &Cluster) -> Result<()> {
         .spawn()
         .context("starting wireguard-go")?;
     fs::write(state("wg-pids").join(&gw), child.id().to_string())?;
-    let deadline = Instant::now() + READY_TIMEOUT;
-    while std::os::unix::net::UnixStream::connect(wg_socket(&dev)).is_err() {
-        if Instant::now() > deadline {
-            bail!("wireguard-go on {gw} never opened its control socket");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    crate::wait::until(
+        READY_TIMEOUT,
+        Duration::from_millis(10),
+        &format!("wireguard-go on {gw} opens its control socket"),
+        || std::os::unix::net::UnixStream::connect(wg_socket(&dev)).is_ok(),
+    )?;
     let mut script = format!(
         "wg set {dev} private-key {key} listen-port {port}",
         key = key_file(&gw).display(),
@@ -653,17 +652,20 @@ pub fn restart_agent(node: &str) -> Result<()> {
 pub fn stop_pid(pid: u32) -> Result<()> {
     let target = nix::unistd::Pid::from_raw(pid as i32);
     let _ = nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGTERM);
-    let deadline = Instant::now() + STOP_TIMEOUT;
-    while alive(pid) {
-        // Reap it if it is our child; harmless otherwise.
-        let _ = nix::sys::wait::waitpid(target, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
-        if Instant::now() > deadline {
-            let _ = nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGKILL);
-            bail!("agent {pid} ignored SIGTERM for {STOP_TIMEOUT:?}; killed");
-        }
-        std::thread::sleep(Duration::from_millis(10));
+    let exited = crate::wait::until(
+        STOP_TIMEOUT,
+        Duration::from_millis(10),
+        &format!("agent {pid} exits on SIGTERM"),
+        || {
+            // Reap it if it is our child; harmless otherwise.
+            let _ = nix::sys::wait::waitpid(target, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+            !alive(pid)
+        },
+    );
+    if exited.is_err() {
+        let _ = nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGKILL);
     }
-    Ok(())
+    exited.map(drop).context("killed it")
 }
 
 /// Whether `pid` runs and is not a zombie.
@@ -793,26 +795,18 @@ pub fn wait_ready(node: &str) -> Result<()> {
 
 /// Waits until the agent `pid` in netns `ns` answers `/readyz` with 200.
 pub fn wait_ready_in(ns: &str, pid: u32, log: &Path) -> Result<()> {
-    let deadline = Instant::now() + READY_TIMEOUT;
-    loop {
-        if !alive(pid) {
-            bail!(
-                "agent {pid} in {ns} exited; end of {}:\n{}",
-                log.display(),
-                log_tail(log)
-            );
-        }
-        if matches!(http_get(ns, "/readyz"), Ok((200, _))) {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "agent {pid} in {ns} not ready after {READY_TIMEOUT:?}; end of its log:\n{}",
-                log_tail(log)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let ready = || {
+        anyhow::ensure!(
+            alive(pid),
+            "agent {pid} in {ns} exited; end of {}:\n{}",
+            log.display(),
+            log_tail(log)
+        );
+        Ok(matches!(http_get(ns, "/readyz"), Ok((200, _))).then_some(()))
+    };
+    let what = format!("agent {pid} in {ns} ready");
+    crate::wait::try_poll(READY_TIMEOUT, Duration::from_millis(20), &what, ready)
+        .with_context(|| format!("end of its log:\n{}", log_tail(log)))
 }
 
 /// The last lines of an agent log.

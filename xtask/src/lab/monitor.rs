@@ -9,7 +9,7 @@ use std::{
     net::{Ipv4Addr, SocketAddr},
     path::PathBuf,
     process::{Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use anyhow::{Context, Result, bail};
@@ -118,20 +118,18 @@ fn config_yaml() -> String {
 /// an agent restarts, the scrape that missed it says 0 for a second).
 pub fn wait_until_every_agent_is_up() -> Result<()> {
     let agents = CLUSTERS.len() * 2;
-    let deadline = Instant::now() + READY_TIMEOUT;
-    loop {
-        let up = query("up{job=\"isthmus\"} == 1").map(|s| s.len());
-        if matches!(up, Ok(n) if n == agents) {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            let log = fs::read_to_string(lab::log_file("prometheus")).unwrap_or_default();
-            bail!(
-                "prometheus does not see all {agents} agents up after {READY_TIMEOUT:?} ({up:?}):\n{log}"
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let mut up = Ok(0);
+    let what = format!("prometheus sees all {agents} agents up");
+    // Every 100 ms: each try is a query.
+    crate::wait::until(READY_TIMEOUT, Duration::from_millis(100), &what, || {
+        up = query("up{job=\"isthmus\"} == 1").map(|s| s.len());
+        matches!(up, Ok(n) if n == agents)
+    })
+    .map(drop)
+    .with_context(|| {
+        let log = fs::read_to_string(lab::log_file("prometheus")).unwrap_or_default();
+        format!("it saw {up:?}; its log:\n{log}")
+    })
 }
 
 /// Evaluates PromQL `expr` now, through the HTTP API; returns every series

@@ -1,0 +1,146 @@
+//! What a TunnelEndpoint's status says, and when the writer writes it.
+
+use super::*;
+
+fn status(state: State, message: &str, latency: Option<&str>) -> ConnectionStatus {
+    ConnectionStatus {
+        state,
+        message: message.into(),
+        latency: latency.map(Into::into),
+        peer_configuration: None,
+    }
+}
+
+#[test]
+fn writes_a_change_of_state_at_once_and_a_latency_only_every_refresh() {
+    let now = Instant::now();
+    let connecting = status(State::Connecting, "handshake", None);
+    let connected = status(State::Connected, "up", Some("3ms"));
+    let slower = status(State::Connected, "up", Some("4ms"));
+    // (why, shown, desired, last written and how many seconds ago, due)
+    let rows = [
+        ("nothing shown or written yet", None, &connected, None, true),
+        (
+            "shown already",
+            Some(&connected),
+            &connected,
+            Some((&connected, 1)),
+            false,
+        ),
+        (
+            "the state changed, even right after a write",
+            Some(&connecting),
+            &connected,
+            Some((&connecting, 0)),
+            true,
+        ),
+        (
+            "just written, the watch has not brought it back",
+            Some(&connecting),
+            &connected,
+            Some((&connected, 1)),
+            false,
+        ),
+        (
+            "written long ago and still not shown: overwritten?",
+            Some(&connecting),
+            &connected,
+            Some((&connected, 11)),
+            true,
+        ),
+        (
+            "only the latency moved, before the refresh",
+            Some(&connected),
+            &slower,
+            Some((&connected, 5)),
+            false,
+        ),
+        (
+            "only the latency moved, after the refresh",
+            Some(&connected),
+            &slower,
+            Some((&connected, 31)),
+            true,
+        ),
+    ];
+    for (why, shown, desired, last, want) in rows {
+        let last = last.map(|(s, ago): (&ConnectionStatus, u64)| Written {
+            status: s.clone(),
+            at: now - Duration::from_secs(ago),
+        });
+        assert_eq!(due(shown, desired, last.as_ref(), now), want, "{why}");
+    }
+}
+
+#[test]
+fn the_patch_has_liqos_shape() {
+    let now: Timestamp = "2026-11-22T10:00:00Z".parse().unwrap();
+    let patch = status(State::Connected, "up", Some("3ms")).patch(now);
+    assert_eq!(
+        patch,
+        serde_json::json!({"status": {"connection": {
+            "status": "Connected",
+            "statusMessage": "up",
+            "latency": {"value": "3ms", "timestamp": "2026-11-22T10:00:00Z"},
+            "peerConfiguration": null,
+        }}})
+    );
+    let configured = ConnectionStatus {
+        peer_configuration: Some(BTreeMap::from([
+            (
+                "allowedIPs".to_owned(),
+                "10.0.0.0/24, 10.0.1.0/24".to_owned(),
+            ),
+            ("endpointIP".to_owned(), "203.0.113.2".to_owned()),
+            ("port".to_owned(), "5871".to_owned()),
+            ("publicKey".to_owned(), "k".to_owned()),
+        ])),
+        ..status(State::Connected, "up", Some("640μs"))
+    };
+    let patch = configured.patch(now);
+    assert_eq!(
+        patch["status"]["connection"]["peerConfiguration"]["port"],
+        "5871"
+    );
+    assert_eq!(patch["status"]["connection"]["latency"]["value"], "640μs");
+    // What the patch writes reads back the same, and so does Liqo
+    // v0.2–v0.4's lower case.
+    let mut object = DynamicObject::new("tep", &api_resource(ObjectKind::TunnelEndpoint));
+    object.data = patch;
+    assert_eq!(ConnectionStatus::shown(&object), Some(configured.clone()));
+    object.data["status"]["connection"]["status"] = "connected".into();
+    assert_eq!(ConnectionStatus::shown(&object), Some(configured));
+    let patch = status(State::Error, "bad", None).patch(now);
+    assert_eq!(
+        patch["status"]["connection"]["latency"],
+        serde_json::Value::Null
+    );
+}
+
+#[test]
+fn a_rejected_tunnel_endpoint_shows_error_with_every_problem() {
+    let key = ObjectKey {
+        namespace: "liqo".into(),
+        name: "bad".into(),
+    };
+    let rejection = |problem: &str| Rejection {
+        object: Some((ObjectKind::TunnelEndpoint, key.clone())),
+        problem: problem.into(),
+        message: format!("kube:x: {problem}"),
+    };
+    let nat_mapping = Rejection {
+        object: Some((ObjectKind::NatMapping, key.clone())),
+        problem: "not for a TunnelEndpoint".into(),
+        message: String::new(),
+    };
+    let rejections = BTreeSet::from([
+        rejection("field a: x"),
+        rejection("field b: y"),
+        nat_mapping,
+    ]);
+    let statuses = desired(&[], None, &rejections);
+    assert_eq!(
+        statuses,
+        BTreeMap::from([(key, status(State::Error, "field a: x; field b: y", None))])
+    );
+}
