@@ -5,3 +5,4 @@
 mod guard_test_run;
 mod overlay_test_run;
 mod prog_test_run;
+mod verifier_budget;
