@@ -322,9 +322,10 @@ pub fn from_decoded(
 /// scanner whole. Where it answers, it answers as the scanner would.
 pub fn plain_natmapping(text: &str) -> Option<Value> {
     let lines: Vec<&str> = text.lines().collect();
-    // YAML refuses a tab where it would indent, and this reader does not
-    // tell where that is: a tab anywhere sends the text to the scanner.
-    if text.contains('\t')
+    // YAML refuses a tab where it would indent, and any other control
+    // character anywhere, and this reader does not tell where those are:
+    // one anywhere sends the text to the scanner.
+    if text.chars().any(refused_by_yaml)
         || lines
             .iter()
             .any(|l| l.starts_with("---") || l.starts_with("..."))
@@ -394,6 +395,12 @@ pub fn plain_natmapping(text: &str) -> Option<Value> {
     }
     *slot = Value::Mapping(entries);
     Some(value)
+}
+
+/// Whether YAML may refuse `c` where this reader would take it: outside
+/// YAML 1.2's printable set (a tab is in it, but not where it indents).
+fn refused_by_yaml(c: char) -> bool {
+    (c.is_control() && c != '\n') || matches!(c, '\u{fffe}' | '\u{ffff}')
 }
 
 /// The key the fast path puts in place of the block it read.

@@ -112,6 +112,16 @@ fn the_plain_natmapping_reader_agrees_with_the_scanner_or_steps_aside() {
             format!("{head}  clusterMappings:\n   \t 10.1.0.5: 192.168.0.45\n"),
             false,
         ),
+        // Control characters in an entry's indentation: YAML refuses them
+        // anywhere (found by the objects fuzz target, after the tab).
+        (
+            format!("{head}  clusterMappings:\n    \x0b\x0b10.1.0.5: 192.168.0.45\n"),
+            false,
+        ),
+        (
+            format!("{head}{block}    10.1.0.6: 192.168.0.46\x7f\n"),
+            false,
+        ),
         (
             format!("{head}  clusterMappings: {{10.1.0.5: 192.168.0.45}}\n"),
             false,
