@@ -60,6 +60,9 @@ pub enum DropReason {
     /// the packet's rewrite: sent on, its fields and checksums could
     /// disagree. Not a parse failure: the packet had been read whole.
     RewriteFailed = 4,
+    /// A flow our side opened towards a segregated peer found the table of
+    /// such flows full: sent on, its replies would be denied.
+    PeerFlowsFull = 5,
 }
 
 /// Where a peer's packet was headed that it may not reach: after the
@@ -76,14 +79,18 @@ pub enum DenyReason {
     OutsideOurNetworks = 2,
     /// A packet from a peer's network that could not be parsed.
     Unparseable = 3,
+    /// From a segregated peer (see [`crate::isolation`]): a connection to
+    /// what was neither offloaded from it nor exported to it.
+    NotAllowed = 4,
 }
 
 /// Every deny reason, in slot order.
-pub const DENY_REASONS: [DenyReason; 4] = [
+pub const DENY_REASONS: [DenyReason; 5] = [
     DenyReason::NodeAddress,
     DenyReason::OtherPeer,
     DenyReason::OutsideOurNetworks,
     DenyReason::Unparseable,
+    DenyReason::NotAllowed,
 ];
 
 /// Peer IDs with counters of their own in the denied-packets map; a larger
@@ -106,6 +113,7 @@ impl DenyReason {
             DenyReason::OtherPeer => "other_peer",
             DenyReason::OutsideOurNetworks => "outside_our_networks",
             DenyReason::Unparseable => "unparseable",
+            DenyReason::NotAllowed => "not_allowed",
         }
     }
 }
@@ -136,12 +144,13 @@ pub const OUTCOMES: [Outcome; 4] = [
     Outcome::Dropped,
 ];
 /// Every drop reason, in slot order.
-pub const DROP_REASONS: [DropReason; 5] = [
+pub const DROP_REASONS: [DropReason; 6] = [
     DropReason::ConntrackFull,
     DropReason::NoFreePort,
     DropReason::Denied,
     DropReason::UnknownFragment,
     DropReason::RewriteFailed,
+    DropReason::PeerFlowsFull,
 ];
 /// Every kind of rule, in slot order.
 pub const KINDS: [Kind; 4] = [
@@ -223,6 +232,7 @@ impl DropReason {
             DropReason::Denied => "denied",
             DropReason::UnknownFragment => "unknown_fragment",
             DropReason::RewriteFailed => "rewrite_failed",
+            DropReason::PeerFlowsFull => "peer_flows_full",
         }
     }
 }
@@ -271,9 +281,9 @@ mod tests {
 
     #[test]
     fn deny_slots_are_distinct_and_a_large_id_counts_as_zero() {
-        let last = deny_slot(DENY_PEERS - 1, DenyReason::Unparseable);
+        let last = deny_slot(DENY_PEERS - 1, DenyReason::NotAllowed);
         assert_eq!(last, DENY_SLOTS - 1);
-        assert_eq!(deny_slot(1, DenyReason::NodeAddress), 4);
+        assert_eq!(deny_slot(1, DenyReason::NodeAddress), 5);
         assert_eq!(
             deny_slot(DENY_PEERS, DenyReason::OtherPeer),
             deny_slot(0, DenyReason::OtherPeer)

@@ -21,6 +21,7 @@ pub mod counters;
 pub mod csum;
 pub mod guard;
 pub mod ipv4;
+pub mod isolation;
 pub mod names;
 pub mod nat;
 pub mod overlay;
@@ -43,6 +44,7 @@ mod pod {
     unsafe impl aya::Pod for crate::guard::GuardSource {}
     unsafe impl aya::Pod for crate::guard::GuardConfig {}
     unsafe impl aya::Pod for crate::overlay::OverlayConfig {}
+    unsafe impl aya::Pod for crate::isolation::AllowKey {}
     // SAFETY: a transparent u32.
     unsafe impl aya::Pod for crate::wire::Be32 {}
 }

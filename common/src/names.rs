@@ -28,6 +28,13 @@ pub const MAP_CONNTRACK: &str = "ist_conntrack";
 pub const MAP_FRAGMENTS: &str = "ist_frags";
 /// Capacity of [`MAP_FRAGMENTS`]: datagrams in flight in pieces.
 pub const MAX_FRAGMENTS: u32 = 8192;
+/// Hash: what segregated peers may open connections to
+/// ([`crate::isolation::AllowKey`] → 1).
+pub const MAP_ALLOWED: &str = "ist_allowed";
+/// Hash: flows our side opened towards segregated peers, keyed as their
+/// replies arrive ([`crate::conntrack::FlowKey`] → [`crate::conntrack::FlowNat`],
+/// whose state and last packet alone are used).
+pub const MAP_PEER_FLOWS: &str = "ist_peer_flows";
 /// One-entry array: the gateway's masquerade settings
 /// ([`crate::conntrack::SnatConfig`]).
 pub const MAP_SNAT: &str = "ist_snat";
@@ -63,7 +70,7 @@ pub const MAP_OVERLAY_STATS: &str = "ist_overlay_st";
 pub const MAP_POD_DEVS: &str = "ist_pod_devs";
 
 /// Every map the agent pins, in the order it reports them.
-pub const MAPS: [&str; 19] = [
+pub const MAPS: [&str; 21] = [
     MAP_PEERS,
     MAP_PREFIX_LENS,
     MAP_COUNTERS,
@@ -74,6 +81,8 @@ pub const MAPS: [&str; 19] = [
     MAP_FRAGMENTS,
     MAP_SNAT,
     MAP_TCP_MSS,
+    MAP_ALLOWED,
+    MAP_PEER_FLOWS,
     MAP_GUARD_SOURCES,
     MAP_GUARD_INDEXES,
     MAP_GUARD_CONFIG,
@@ -134,3 +143,9 @@ pub const DEFAULT_NAT_MAPPINGS: u32 = 65536;
 /// Default capacity of [`MAP_CONNTRACK`], in entries (two per flow); the
 /// agent may set another at load time.
 pub const DEFAULT_CONNTRACK: u32 = 131072;
+/// Default capacity of [`MAP_ALLOWED`]; the agent may set another at load
+/// time.
+pub const DEFAULT_ALLOWED: u32 = 65536;
+/// Default capacity of [`MAP_PEER_FLOWS`]; the agent may set another at
+/// load time.
+pub const DEFAULT_PEER_FLOWS: u32 = 65536;

@@ -54,13 +54,15 @@ impl PrefixRewrite {
 pub struct PeerNat {
     /// Agent-assigned index of the peer, stable while the peer exists.
     pub peer_id: u32,
+    /// How the peer is treated: [`crate::isolation::SEGREGATED`] or 0.
+    pub flags: u32,
     /// Source rewrites towards the peer: PodCIDR, then ExternalCIDR.
     pub egress: [PrefixRewrite; 2],
     /// Destination rewrites from the peer: PodCIDR, then ExternalCIDR.
     pub ingress: [PrefixRewrite; 2],
 }
 
-assert_layout!(PeerNat, size = 68, align = 4);
+assert_layout!(PeerNat, size = 72, align = 4);
 
 /// Key of the peer table: a network, as its prefix length and its masked
 /// address. A hash lookup per prefix length in use replaces a

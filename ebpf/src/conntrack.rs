@@ -42,7 +42,7 @@ const PORT_TRIES: u32 = 8;
 /// per packet would bounce its cache line between CPUs.
 const REFRESH_NS: u64 = 1_000_000_000;
 /// `-E2BIG`: the map is full.
-const E2BIG: i32 = -7;
+pub(crate) const E2BIG: i32 = -7;
 
 /// Why a flow could not be masqueraded.
 pub enum Refused {
@@ -186,7 +186,7 @@ pub fn inbound(key: &FlowKey, tcp_flags: u8) -> Option<FlowNat> {
 }
 
 #[inline(always)]
-fn initial_state(proto: u8, tcp_flags: u8) -> u8 {
+pub(crate) fn initial_state(proto: u8, tcp_flags: u8) -> u8 {
     if proto == PROTO_TCP {
         next_tcp_state(TcpState::None, tcp_flags) as u8
     } else {
@@ -202,9 +202,10 @@ fn initial_state(proto: u8, tcp_flags: u8) -> u8 {
 /// racing updates leave one writer's state and timestamp, both valid.
 ///
 /// # Safety
-/// `entry` points at a live entry of [`FLOWS`].
+/// `entry` points at a live entry of a flow table: [`FLOWS`], or the
+/// isolation's flows towards segregated peers.
 #[inline(always)]
-unsafe fn refresh(entry: *mut FlowNat, proto: u8, tcp_flags: u8, now: u64) -> FlowNat {
+pub(crate) unsafe fn refresh(entry: *mut FlowNat, proto: u8, tcp_flags: u8, now: u64) -> FlowNat {
     // SAFETY: fields of a live, aligned map entry (the caller's promise).
     unsafe {
         let state_at = addr_of_mut!((*entry).state);

@@ -9,6 +9,7 @@
 mod conntrack;
 mod csum;
 mod guard;
+mod isolation;
 mod maps;
 mod mss;
 mod nat;

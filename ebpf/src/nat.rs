@@ -14,6 +14,7 @@ use isthmus_common::{
     conntrack::{DIR_IN, DIR_OUT},
     counters::{DenyReason, Direction, DropReason, Kind, Link, Outcome},
     ipv4::{self, PROTO_ICMP, PROTO_UDP},
+    isolation::SEGREGATED,
     nat::{CONNCHECK_ADDR, CONNCHECK_PORT, PeerNat, find_rule},
     tcp::SYN,
     wire::Be32,
@@ -21,7 +22,7 @@ use isthmus_common::{
 
 use crate::{
     conntrack::{self, Refused},
-    csum, maps,
+    csum, isolation, maps,
     mss::{self, Oversized},
     parse::{
         self, ETH_P_IP, ICMP_CHECK, ICMP_ECHO_ID, Ipv4, Malformed, Packet, PseudoCsum, Transport,
@@ -186,16 +187,31 @@ fn translate(ctx: &TcContext, l3: usize, direction: Direction) -> Result<Verdict
 
     let own = addr(&pkt.ip, fields.ours);
     let rewrite = match direction {
-        Direction::Egress => match egress(peer, &pkt, own) {
-            Ok(rewrite) => rewrite,
-            Err(refused) => return Ok(Verdict::Dropped(refused.reason())),
-        },
+        Direction::Egress => {
+            let rewrite = match egress(peer, &pkt, own) {
+                Ok(rewrite) => rewrite,
+                Err(refused) => return Ok(Verdict::Dropped(refused.reason())),
+            };
+            // A segregated peer's replies pass by this record; a masqueraded
+            // flow's by its conntrack entry.
+            if peer.flags & SEGREGATED != 0
+                && rewrite.kinds & Kind::Masquerade.bit() == 0
+                && let Some(t) = pkt
+                    .transport
+                    .as_ref()
+                    .filter(|t| conntrack::outbound_kind(t))
+                && isolation::remember(t, own, pkt.ip.dst).is_err()
+            {
+                return Ok(Verdict::Dropped(DropReason::PeerFlowsFull));
+            }
+            rewrite
+        }
         Direction::Ingress => {
             let rewrite = match ingress(peer, &pkt, own) {
                 Ok(rewrite) => rewrite,
                 Err(refused) => return Ok(Verdict::Dropped(refused.reason())),
             };
-            if let Some(reason) = denied(peer, &rewrite, pkt.transport.as_ref()) {
+            if let Some(reason) = denied(peer, &pkt, &rewrite) {
                 return Ok(Verdict::Denied(peer.peer_id, reason));
             }
             rewrite
@@ -331,22 +347,28 @@ fn ingress(peer: &PeerNat, pkt: &Packet, own: Be32) -> Result<Rewrite, Refused> 
 /// peer's ingress rules lead), to an endpoint the peer's NatMapping named,
 /// or back to the source of a flow we masqueraded. The conncheck's address
 /// is the gateway itself: a peer reaches only the conncheck's port there.
+/// A segregated peer reaches in our networks only what it is allowed to.
 #[inline(always)]
-fn denied(peer: &PeerNat, rewrite: &Rewrite, t: Option<&Transport>) -> Option<DenyReason> {
+fn denied(peer: &PeerNat, pkt: &Packet, rewrite: &Rewrite) -> Option<DenyReason> {
     let resolved = Kind::NatMapping.bit() | Kind::Masquerade.bit();
     let dst = rewrite.addr;
+    let t = pkt.transport.as_ref();
     if dst == CONNCHECK_ADDR
         && !t.is_some_and(|t| t.proto == PROTO_UDP && t.dport == CONNCHECK_PORT)
     {
         return Some(DenyReason::NodeAddress);
     }
-    if rewrite.kinds & resolved != 0
-        || peer
-            .ingress
-            .iter()
-            .any(|rule| rule.active != 0 && dst & rule.mask == rule.to)
-    {
+    if rewrite.kinds & resolved != 0 {
         return None;
+    }
+    if peer
+        .ingress
+        .iter()
+        .any(|rule| rule.active != 0 && dst & rule.mask == rule.to)
+    {
+        let segregated = peer.flags & SEGREGATED != 0;
+        return (segregated && !isolation::admits(peer.peer_id, pkt, pkt.ip.src, dst))
+            .then_some(DenyReason::NotAllowed);
     }
     Some(if maps::is_node(dst) {
         DenyReason::NodeAddress

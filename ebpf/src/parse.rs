@@ -53,6 +53,19 @@ pub struct IcmpError {
     pub check_off: usize,
     /// The header of the packet that caused the error.
     pub quoted: Ipv4,
+    /// That packet's flow, when the error quotes enough of it.
+    pub quoted_flow: Option<QuotedFlow>,
+}
+
+/// The flow of a packet quoted in an ICMP error, as its sender named it.
+#[derive(Clone, Copy)]
+pub struct QuotedFlow {
+    /// IP protocol.
+    pub proto: u8,
+    /// Source port; an ICMP echo's identifier.
+    pub sport: u16,
+    /// Destination port; 0 for ICMP.
+    pub dport: u16,
 }
 
 /// The ports of a whole first fragment: what names its flow.
@@ -310,9 +323,25 @@ fn icmp_error(view: &View, l4: usize, end: usize) -> Result<Option<IcmpError>, M
     if !matches!(icmp_type, 3 | 4 | 5 | 11 | 12) {
         return Ok(None);
     }
-    let quoted = header(view, l4 + ICMP_HLEN, end, false)?.ip;
+    let quoted = header(view, l4 + ICMP_HLEN, end, false)?;
+    // RFC 792 quotes 8 bytes of the L4 header: both ports, or an echo's
+    // identifier.
+    let quoted_flow = match view.span::<ICMP_HLEN>(quoted.l4) {
+        Ok(h) if quoted.first && quoted.l4 + ICMP_HLEN <= end => match quoted.proto {
+            PROTO_TCP | PROTO_UDP => Some((be16(h, 0), be16(h, 2))),
+            PROTO_ICMP => Some((be16(h, ICMP_ECHO_ID), 0)),
+            _ => None,
+        },
+        _ => None,
+    }
+    .map(|(sport, dport)| QuotedFlow {
+        proto: quoted.proto,
+        sport,
+        dport,
+    });
     Ok(Some(IcmpError {
         check_off: l4 + ICMP_CHECK,
-        quoted,
+        quoted: quoted.ip,
+        quoted_flow,
     }))
 }

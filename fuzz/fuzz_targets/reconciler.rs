@@ -12,7 +12,7 @@ use ipnet::Ipv4Net;
 use isthmus_agent::{
     control::reconcile::Reconciler,
     kernel::table::{Entry, KernelTable},
-    model::{object::parse_documents, policy::overlaps},
+    model::{isolation::SecurityMode, object::parse_documents, policy::overlaps},
 };
 use isthmus_common::{
     nat::{MappingKey, PeerNat},
@@ -175,7 +175,7 @@ fuzz_target!(|ops: Vec<Op>| {
         let views: Vec<(Ipv4Net, PeerNat)> = live
             .peer_ids()
             .iter()
-            .flat_map(|(id, p)| p.views().map(|(_, net)| (net, p.nat(*id))))
+            .flat_map(|(id, p)| p.views().map(|(_, net)| (net, p.nat(*id, SecurityMode::default()))))
             .collect();
         assert_eq!(views.len(), 2 * live.peers().len(), "an accepted peer has no ID");
         for (i, (a, _)) in views.iter().enumerate() {

@@ -31,6 +31,7 @@ pub struct TunnelEndpoint {
     endpoint: Option<String>,
     port: Option<u16>,
     public_key: Option<String>,
+    annotations: Vec<(String, String)>,
     layout: Layout,
 }
 
@@ -53,6 +54,7 @@ impl TunnelEndpoint {
             endpoint: None,
             port: None,
             public_key: None,
+            annotations: Vec::new(),
             layout: Layout::Spec,
         }
     }
@@ -97,6 +99,12 @@ impl TunnelEndpoint {
     /// The peer gateway's WireGuard public key, in `backend_config`.
     pub fn public_key(mut self, key: &str) -> Self {
         self.public_key = Some(key.into());
+        self
+    }
+
+    /// An entry of `metadata.annotations`, its value written as given.
+    pub fn annotation(mut self, key: &str, value: &str) -> Self {
+        self.annotations.push((key.into(), value.into()));
         self
     }
 
@@ -165,6 +173,16 @@ impl fmt::Display for TunnelEndpoint {
             .as_ref()
             .map(|at| format!("\n  creationTimestamp: \"{at}\""))
             .unwrap_or_default();
+        let annotations: String = self
+            .annotations
+            .iter()
+            .map(|(key, value)| format!("\n    {key}: {value}"))
+            .collect();
+        let created = if annotations.is_empty() {
+            created
+        } else {
+            format!("{created}\n  annotations:{annotations}")
+        };
         write!(
             f,
             "apiVersion: net.liqo.io/v1alpha1\nkind: TunnelEndpoint\nmetadata:\n  name: {}\n  namespace: {}{created}\nspec:\n{}",

@@ -14,7 +14,10 @@ use tracing::error;
 use crate::{
     control::source::SourceSpec,
     kernel::dataplane::{AttachMode, Capacity},
-    model::policy::{self, Policy},
+    model::{
+        isolation::SecurityMode,
+        policy::{self, Policy},
+    },
 };
 
 /// Where a gateway keeps its WireGuard private key, without Kubernetes.
@@ -152,6 +155,15 @@ pub struct RunArgs {
     /// Capacity of the conntrack table, in entries (two per flow).
     #[arg(long, default_value_t = Capacity::default().conntrack)]
     pub conntrack_capacity: u32,
+    /// Capacity of the table of endpoints segregated peers may open
+    /// connections to, in entries over every peer.
+    #[arg(long, default_value_t = Capacity::default().allowed)]
+    pub allowed_capacity: u32,
+    /// Capacity of the table of flows our side opened towards segregated
+    /// peers; when it is full, a new such flow is dropped and counted
+    /// (reason peer_flows_full).
+    #[arg(long, default_value_t = Capacity::default().peer_flows)]
+    pub peer_flow_capacity: u32,
     /// Seconds between conntrack garbage collections.
     #[arg(long, default_value_t = 10)]
     pub conntrack_gc_interval: u64,
@@ -192,6 +204,13 @@ pub struct PolicyArgs {
     /// (comma-separated).
     #[arg(long, value_delimiter = ',')]
     pub service_cidr: Vec<Ipv4Net>,
+    /// What peers reach in this cluster (Liqo's security modes):
+    /// FullPodToPod, or IntraClusterTrafficSegregation, where a peer opens
+    /// connections only to pods offloaded from it and endpoints exported to
+    /// it. A TunnelEndpoint's annotation isthmus.io/security-mode overrides
+    /// it for that peer.
+    #[arg(long, env = "ISTHMUS_SECURITY_MODE", default_value = "FullPodToPod")]
+    pub security_mode: SecurityMode,
 }
 
 impl PolicyArgs {
@@ -217,6 +236,7 @@ impl PolicyArgs {
                 policy::cluster_networks(&self.pod_cidr, &self.service_cidr),
             ]
             .concat(),
+            security_mode: self.security_mode,
         }
     }
 }

@@ -10,7 +10,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use isthmus_common::{
     conntrack::Timeouts,
-    counters::{DIRECTIONS, LINKS, Outcome, outcome_slot},
+    counters::{DIRECTIONS, DropReason, LINKS, drop_slot},
     tcp,
 };
 use tokio::signal::unix;
@@ -26,7 +26,7 @@ use crate::{
         status::Feedback,
     },
     kernel::{
-        conntrack::{self, Conntrack},
+        conntrack::{self, Conntrack, PeerFlows},
         dataplane::{AttachMode, Capacity, Dataplane},
         maps::Counters,
     },
@@ -64,6 +64,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let capacity = Capacity {
         nat_mappings: args.nat_mapping_capacity,
         conntrack: args.conntrack_capacity,
+        allowed: args.allowed_capacity,
+        peer_flows: args.peer_flow_capacity,
     };
     let mut dataplane = Dataplane::load(&args.bpffs, &capacity)
         .with_context(|| format!("loading the dataplane under {}", args.bpffs.display()))?;
@@ -149,10 +151,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
         .await
         .with_context(|| format!("serving metrics on {metrics_addr}"))?;
     tokio::spawn(collect_flows(
-        conntrack,
+        FlowTables {
+            conntrack,
+            peer_flows: dataplane.take_peer_flows()?,
+        },
         Counters::open(&args.bpffs)?,
         Duration::from_secs(args.conntrack_gc_interval.max(1)),
-        capacity.conntrack,
+        capacity,
         metrics.clone(),
     ));
     let (events, feedback) = match (&args.source, client) {
@@ -266,27 +271,49 @@ fn tunnel_config(args: &RunArgs) -> TunnelConfig {
 
 /// Removes dead masqueraded flows every `every`, and says when the kernel
 /// had to drop flows because the table was full or out of ports.
+/// The kernel's flow tables the garbage collector sweeps.
+struct FlowTables {
+    conntrack: Conntrack,
+    peer_flows: PeerFlows,
+}
+
 async fn collect_flows(
-    mut conntrack: Conntrack,
+    mut tables: FlowTables,
     counters: Counters,
     every: Duration,
-    capacity: u32,
+    capacity: Capacity,
     metrics: Arc<Metrics>,
 ) {
-    let dropped = || {
+    // Drops for want of room, over every NAT program.
+    let dropped = |reasons: &[DropReason]| {
         counters.read().map_or(0, |sums| {
             LINKS
                 .iter()
-                .flat_map(|l| DIRECTIONS.map(|d| outcome_slot(*l, d, Outcome::Dropped)))
+                .flat_map(|l| DIRECTIONS.map(|d| (*l, d)))
+                .flat_map(|(l, d)| reasons.iter().map(move |r| drop_slot(l, d, *r)))
                 .map(|slot| sums[slot as usize])
                 .sum::<u64>()
         })
     };
+    let masquerade = [DropReason::ConntrackFull, DropReason::NoFreePort];
+    let towards_segregated = [DropReason::PeerFlowsFull];
     let mut ticks = tokio::time::interval(every);
-    let mut dropped_before = dropped();
+    let mut dropped_before = [dropped(&masquerade), dropped(&towards_segregated)];
     loop {
         ticks.tick().await;
-        match conntrack.collect(conntrack::now(), &Timeouts::DEFAULT) {
+        let now = conntrack::now();
+        match tables.peer_flows.collect(now, &Timeouts::DEFAULT) {
+            Ok(collected) if collected.removed > 0 => {
+                debug!(
+                    removed = collected.removed,
+                    live = collected.live,
+                    "flows towards segregated peers collected"
+                );
+            }
+            Ok(_) => {}
+            Err(e) => error!(error = %e, "reading the table of flows towards segregated peers"),
+        }
+        match tables.conntrack.collect(now, &Timeouts::DEFAULT) {
             Ok(collected) => {
                 metrics.conntrack_entries.set(collected.live as i64);
                 if collected.removed > 0 {
@@ -299,12 +326,19 @@ async fn collect_flows(
             }
             Err(e) => error!(error = %e, "reading the conntrack table"),
         }
-        let dropped = dropped();
-        if dropped > dropped_before {
+        let dropped = [dropped(&masquerade), dropped(&towards_segregated)];
+        if dropped[0] > dropped_before[0] {
             error!(
-                packets = dropped - dropped_before,
-                capacity,
+                packets = dropped[0] - dropped_before[0],
+                capacity = capacity.conntrack,
                 "packets dropped: the conntrack table is full or out of ports for a peer; no live flow was evicted"
+            );
+        }
+        if dropped[1] > dropped_before[1] {
+            error!(
+                packets = dropped[1] - dropped_before[1],
+                capacity = capacity.peer_flows,
+                "packets dropped: the table of flows towards segregated peers is full (--peer-flow-capacity); no live flow was evicted"
             );
         }
         dropped_before = dropped;

@@ -1,6 +1,7 @@
-//! The masquerade's flow table from userspace: its settings, and the
-//! garbage collector that removes dead flows. Expiry is decided here, with
-//! a clock the caller passes, so tests choose the time.
+//! The kernel's flow tables from userspace: the masquerade's, with its
+//! settings, and the flows our side opened towards segregated peers; and
+//! the garbage collector that removes dead flows from both. Expiry is
+//! decided here, with a clock the caller passes, so tests choose the time.
 
 use std::{
     collections::{HashMap as StdHashMap, HashSet},
@@ -85,18 +86,50 @@ impl Conntrack {
                 dead.push(*key);
             }
         }
-        let mut removed = 0;
-        for key in &dead {
-            // Already gone is fine: the kernel may have lost a race for it.
-            if self.flows.remove(key).is_ok() {
-                removed += 1;
-            }
-        }
+        let removed = remove_all(&mut self.flows, &dead);
         Ok(Collected {
             live: entries.len() - removed,
             removed,
         })
     }
+}
+
+/// The flows our side opened towards segregated peers (`ist_peer_flows`),
+/// one entry each, keyed as their replies arrive.
+pub struct PeerFlows(HashMap<MapData, FlowKey, FlowNat>);
+
+impl PeerFlows {
+    /// Wraps the map taken from a freshly loaded object.
+    pub fn new(map: Map) -> Result<Self, MapError> {
+        Ok(Self(map.try_into()?))
+    }
+
+    /// Every entry, as the kernel holds it now.
+    pub fn entries(&self) -> Result<Vec<(FlowKey, FlowNat)>, MapError> {
+        self.0.iter().collect()
+    }
+
+    /// Removes the flows dead at `now`, with the conntrack's lifetimes: a
+    /// flow's one entry stands for both of its directions.
+    pub fn collect(&mut self, now: u64, timeouts: &Timeouts) -> Result<Collected, MapError> {
+        let entries = self.entries()?;
+        let dead: Vec<FlowKey> = entries
+            .iter()
+            .filter(|(key, life)| timeouts.expired(key.proto, life, life, now))
+            .map(|(key, _)| *key)
+            .collect();
+        let removed = remove_all(&mut self.0, &dead);
+        Ok(Collected {
+            live: entries.len() - removed,
+            removed,
+        })
+    }
+}
+
+/// Removes `keys` from `table`; returns how many it removed. Already gone
+/// is fine: the kernel may have lost a race for an entry.
+fn remove_all(table: &mut HashMap<MapData, FlowKey, FlowNat>, keys: &[FlowKey]) -> usize {
+    keys.iter().filter(|key| table.remove(key).is_ok()).count()
 }
 
 /// The kernel's clock for conntrack timestamps: CLOCK_MONOTONIC, in ns.

@@ -2,6 +2,7 @@
 //! NatMappings and Nodes, and what a TunnelEndpoint may ask of this node.
 //! Nothing here does I/O, so all of it is tested in memory.
 
+pub mod isolation;
 pub mod key;
 pub mod natmapping;
 pub mod node;

@@ -9,6 +9,7 @@
 use ipnet::Ipv4Net;
 
 use crate::{
+    model::isolation::SecurityMode,
     model::node::Node,
     model::peer::{Peer, Problem},
 };
@@ -47,6 +48,8 @@ pub struct Policy {
     /// Networks no view may overlap: the node's own, the cluster's Pod and
     /// Service networks.
     pub protected: Vec<Protected>,
+    /// The security mode of a peer whose TunnelEndpoint asks for none.
+    pub security_mode: SecurityMode,
 }
 
 impl Default for Policy {
@@ -56,6 +59,7 @@ impl Default for Policy {
             namespaces: vec![LIQO_TENANT_NAMESPACES.into()],
             min_prefix: DEFAULT_MIN_PREFIX,
             protected: Vec::new(),
+            security_mode: SecurityMode::default(),
         }
     }
 }

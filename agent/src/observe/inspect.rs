@@ -8,6 +8,7 @@ use aya::maps::{HashMap, MapData, MapError};
 use clap::ValueEnum;
 use isthmus_common::{
     conntrack::{DIR_OUT, FlowKey, FlowNat, SnatConfig, TcpState},
+    isolation::AllowKey,
     names,
     nat::{MappingKey, PeerKey, PeerNat, PrefixRewrite},
     pins::Pins,
@@ -26,6 +27,9 @@ pub enum View {
     Nat,
     /// NatMapping entries: externalIP to endpointIP, per peer (`ist_natmap`).
     Natmap,
+    /// What segregated peers may open connections to, per peer
+    /// (`ist_allowed`).
+    Allowed,
     /// Masqueraded flows (`ist_conntrack`).
     Conntrack,
     /// Every per-CPU counter, summed.
@@ -111,6 +115,7 @@ pub fn read(root: &Path, view: View) -> Result<Table, InspectError> {
         View::Peers => peers(root),
         View::Nat => nat(root),
         View::Natmap => natmap(root),
+        View::Allowed => allowed(root),
         View::Conntrack => conntrack(root),
         View::Counters => counters(root),
     }
@@ -213,6 +218,29 @@ fn natmap(root: &Path) -> Result<Table, InspectError> {
     rows.sort();
     Ok(Table {
         columns: vec!["peer_id", "external_ip", "endpoint_ip"],
+        rows,
+    })
+}
+
+fn allowed(root: &Path) -> Result<Table, InspectError> {
+    let mut rows: Vec<Vec<String>> = entries::<AllowKey, u8>(root, names::MAP_ALLOWED)?
+        .into_iter()
+        .map(|(key, _)| {
+            let (proto, port) = match key.proto {
+                0 => ("any".to_owned(), "any".to_owned()),
+                proto => (protocol(proto).to_owned(), key.port.to_string()),
+            };
+            vec![
+                key.peer_id.to_string(),
+                addr(key.addr).to_string(),
+                proto,
+                port,
+            ]
+        })
+        .collect();
+    rows.sort();
+    Ok(Table {
+        columns: vec!["peer_id", "address", "protocol", "port"],
         rows,
     })
 }

@@ -12,6 +12,7 @@ use isthmus_agent::{
     kernel::dataplane::OBJECT,
     kernel::maps::{Counters, NodeMap, OverlaySettings, PeerMap, PresenceSet},
     kernel::table::KernelTable,
+    model::isolation::SecurityMode,
     model::object::{Object, parse_documents},
     model::peer::Peer,
 };
@@ -73,7 +74,9 @@ impl Harness {
         };
         let peer = Peer::from_raw(raw, "test.yaml").unwrap();
         for (_, net) in peer.views() {
-            peers.put(net, &peer.nat(1), None).unwrap();
+            peers
+                .put(net, &peer.nat(1, SecurityMode::default()), None)
+                .unwrap();
         }
         let mut nodes = NodeMap::new(ebpf.take_map(names::MAP_NODES).unwrap()).unwrap();
         nodes

@@ -12,12 +12,15 @@ use isthmus_agent::{
     kernel::dataplane::OBJECT,
     kernel::maps::{Counters, MappingMap, PeerMap, PresenceSet},
     kernel::table::KernelTable,
+    model::isolation::SecurityMode,
     model::object::{Object, parse_documents},
     model::peer::Peer,
 };
 use isthmus_common::{
     conntrack::Timeouts,
     counters::{self, DenyReason, Direction, DropReason, Kind, Link, Outcome},
+    ipv4::PROTO_TCP,
+    isolation::AllowKey,
     names,
     nat::MappingKey,
     wire::Be32,
@@ -69,6 +72,7 @@ struct Harness {
     counters: Counters,
     denied: Counters,
     conntrack: Conntrack,
+    allowed: PresenceSet<AllowKey>,
 }
 
 impl Harness {
@@ -79,9 +83,22 @@ impl Harness {
 
     /// With masquerading to `masquerade`, in a conntrack of `capacity` entries.
     fn build(masquerade: Option<Addr>, capacity: u32) -> Self {
+        Self::build_with(masquerade, capacity, None)
+    }
+
+    /// Peer b (id 1) segregated, with room for `peer_flows` flows towards it.
+    fn segregated(peer_flows: u32) -> Self {
+        Self::build_with(None, names::DEFAULT_CONNTRACK, Some(peer_flows))
+    }
+
+    fn build_with(masquerade: Option<Addr>, capacity: u32, peer_flows: Option<u32>) -> Self {
         require_root();
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(names::MAP_CONNTRACK, capacity)
+            .map_max_entries(
+                names::MAP_PEER_FLOWS,
+                peer_flows.unwrap_or(names::DEFAULT_PEER_FLOWS),
+            )
             .load(OBJECT)
             .expect("loading the eBPF object");
         for name in [names::PROG_EGRESS_ETH, names::PROG_INGRESS_ETH] {
@@ -103,8 +120,12 @@ impl Harness {
                 panic!("{docs:?}")
             };
             let peer = Peer::from_raw(raw, "test.yaml").unwrap();
+            let mode = match (id, peer_flows) {
+                (1, Some(_)) => SecurityMode::IntraClusterTrafficSegregation,
+                _ => SecurityMode::FullPodToPod,
+            };
             for (_, net) in peer.views() {
-                peers.put(net, &peer.nat(id), None).unwrap();
+                peers.put(net, &peer.nat(id, mode), None).unwrap();
             }
         }
         let mut mappings = MappingMap::new(
@@ -145,11 +166,13 @@ impl Harness {
         mss.set(0, u32::from(TUNNEL_MSS), 0).unwrap();
         let counters = Counters::new(ebpf.take_map(names::MAP_COUNTERS).unwrap()).unwrap();
         let denied = Counters::denied(ebpf.take_map(names::MAP_PEER_DENIED).unwrap()).unwrap();
+        let allowed = PresenceSet::new(ebpf.take_map(names::MAP_ALLOWED).unwrap()).unwrap();
         Self {
             ebpf,
             counters,
             denied,
             conntrack,
+            allowed,
         }
     }
 
@@ -730,6 +753,42 @@ impl Harness {
         );
     }
 
+    /// Runs `packet` and asserts the program dropped it untouched, counted
+    /// once for `reason`, and for a denied peer's packet, once for that
+    /// peer and its deny reason.
+    fn expect_dropped(
+        &self,
+        name: &str,
+        direction: Direction,
+        packet: &[u8],
+        reason: DropReason,
+        denied: Option<(u32, DenyReason)>,
+    ) {
+        let frame = eth_ipv4(packet);
+        let before = (self.counters.read().unwrap(), self.denied.read().unwrap());
+        let (ret, out) = self.run(direction, &frame);
+        let after = (self.counters.read().unwrap(), self.denied.read().unwrap());
+        assert_eq!((ret, out), (DROP, frame), "{name}: dropped, untouched");
+        let moved = |b: &[u64], a: &[u64]| -> Vec<usize> {
+            (0..b.len()).filter(|i| a[*i] != b[*i]).collect()
+        };
+        let mut want = vec![
+            counters::outcome_slot(Link::Eth, direction, Outcome::Dropped) as usize,
+            counters::drop_slot(Link::Eth, direction, reason) as usize,
+        ];
+        want.sort();
+        assert_eq!(moved(&before.0, &after.0), want, "{name}: NAT counters");
+        let want_denied: Vec<usize> = denied
+            .map(|(peer, why)| counters::deny_slot(peer, why) as usize)
+            .into_iter()
+            .collect();
+        assert_eq!(
+            moved(&before.1, &after.1),
+            want_denied,
+            "{name}: counted as {denied:?}"
+        );
+    }
+
     /// The NAT counter at `slot`, summed over CPUs.
     fn counter(&self, slot: u32) -> u64 {
         self.counters.read().unwrap()[slot as usize]
@@ -942,25 +1001,12 @@ fn a_peer_reaches_only_our_networks_its_mappings_and_our_flows() {
         ),
     ];
     for (name, packet, peer, reason) in denied {
-        let frame = eth_ipv4(&packet);
-        let before = (h.counters.read().unwrap(), h.denied.read().unwrap());
-        let (ret, out) = h.run(Ingress, &frame);
-        let after = (h.counters.read().unwrap(), h.denied.read().unwrap());
-        assert_eq!((ret, out), (DROP, frame), "{name}: dropped, untouched");
-        let moved = |b: &[u64], a: &[u64]| -> Vec<usize> {
-            (0..b.len()).filter(|i| a[*i] != b[*i]).collect()
-        };
-        let mut want = vec![
-            counters::outcome_slot(Link::Eth, Ingress, Outcome::Dropped) as usize,
-            counters::drop_slot(Link::Eth, Ingress, DropReason::Denied) as usize,
-        ];
-        want.sort();
-        assert_eq!(moved(&before.0, &after.0), want, "{name}: NAT counters");
-        assert_eq!(
-            moved(&before.1, &after.1),
-            [counters::deny_slot(peer, reason) as usize],
-            "{name}: counted for peer {peer} as {}",
-            reason.as_str()
+        h.expect_dropped(
+            name,
+            Ingress,
+            &packet,
+            DropReason::Denied,
+            Some((peer, reason)),
         );
     }
     // Allowed: our pods, the endpoint b's NatMapping names, a flow we masqueraded.
@@ -1046,4 +1092,116 @@ fn the_fragments_of_a_masqueraded_datagram_go_where_the_first_went() {
         );
         assert_eq!(unknown(&h), before + 1, "{direction:?}: counted");
     }
+}
+
+#[test]
+fn a_segregated_peer_reaches_only_what_it_is_allowed_and_our_flows() {
+    use Direction::{Egress, Ingress};
+    let mut h = Harness::segregated(names::DEFAULT_PEER_FLOWS);
+    let not_allowed = Some((1, DenyReason::NotAllowed));
+    let allow = |h: &mut Harness, key| h.allowed.put(key, &1, None).unwrap();
+    // Nothing allowed yet: b opens nothing in our networks.
+    let to_pod1 = tcp_ports(B_POD1, A_POD1_AT_B, 40000, 18080);
+    h.expect_dropped(
+        "before any allow",
+        Ingress,
+        &to_pod1.bytes(),
+        DropReason::Denied,
+        not_allowed,
+    );
+    // An endpoint exported to b: that protocol and port alone.
+    allow(
+        &mut h,
+        AllowKey::endpoint(1, Be32::from_bytes(A_POD1), PROTO_TCP, 18080),
+    );
+    h.expect(Ingress, &to_pod1, &tcp_ports(B_POD1, A_POD1, 40000, 18080));
+    let other_port = tcp_ports(B_POD1, A_POD1_AT_B, 40000, 18082);
+    h.expect_dropped(
+        "another port",
+        Ingress,
+        &other_port.bytes(),
+        DropReason::Denied,
+        not_allowed,
+    );
+    let udp_same_port = udp_ports(B_POD1, A_POD1_AT_B, 40000, 18080);
+    h.expect_dropped(
+        "udp on that port",
+        Ingress,
+        &udp_same_port.bytes(),
+        DropReason::Denied,
+        not_allowed,
+    );
+    // A pod offloaded from b: any port, any protocol, pings too.
+    allow(&mut h, AllowKey::any_port(1, Be32::from_bytes(A_POD2)));
+    h.expect(Ingress, &udp(B_POD1, A_POD2_AT_B), &udp(B_POD1, A_POD2));
+    let echo = Datagram::new(B_POD1, A_POD2_AT_B, L4::Echo { id: 5, seq: 1 });
+    h.expect(Ingress, &echo, &echo.between(B_POD1, A_POD2));
+    // b's NatMapping endpoint, as before.
+    h.expect(Ingress, &udp(B_POD1, MAPPED_EXT_AT_B), &udp(B_POD1, S_POD));
+    // A flow a-pod1 opens towards b: its replies pass, a flow b opens does not.
+    let out = tcp_ports(A_POD1, B_POD1, 40200, 443);
+    h.expect(Egress, &out, &tcp_ports(A_POD1_AT_B, B_POD1, 40200, 443));
+    h.expect(
+        Ingress,
+        &tcp_ports(B_POD1, A_POD1_AT_B, 443, 40200),
+        &tcp_ports(B_POD1, A_POD1, 443, 40200),
+    );
+    let other_flow = tcp_ports(B_POD1, A_POD1_AT_B, 443, 40201);
+    h.expect_dropped(
+        "not our flow",
+        Ingress,
+        &other_flow.bytes(),
+        DropReason::Denied,
+        not_allowed,
+    );
+    let ping = Datagram::new(A_POD1, B_POD1, L4::Echo { id: 31, seq: 1 });
+    h.expect(Egress, &ping, &ping.between(A_POD1_AT_B, B_POD1));
+    let pong = Datagram::new(B_POD1, A_POD1_AT_B, L4::EchoReply { id: 31, seq: 1 });
+    h.expect(Ingress, &pong, &pong.between(B_POD1, A_POD1));
+    // ICMP errors about our flow pass, quoting it as it left; about another, not.
+    let quoted = tcp_ports(A_POD1_AT_B, B_POD1, 40200, 443);
+    let len = quoted.bytes().len();
+    let err = icmp_error(3, 4, B_GW_WAN, A_POD1_AT_B, quoted, len);
+    let want = err.between(B_GW_WAN, A_POD1).quoting(A_POD1, B_POD1);
+    h.expect(Ingress, &err, &want);
+    let stray = icmp_error(
+        3,
+        4,
+        B_GW_WAN,
+        A_POD1_AT_B,
+        tcp_ports(A_POD1_AT_B, B_POD1, 40999, 443),
+        len,
+    );
+    h.expect_dropped(
+        "an error about no flow of ours",
+        Ingress,
+        &stray.bytes(),
+        DropReason::Denied,
+        not_allowed,
+    );
+    // Peer s is not segregated: it reaches our pods as ever.
+    h.expect(Ingress, &udp(S_POD, A_POD1_AT_S), &udp(S_POD, A_POD1));
+}
+
+#[test]
+fn a_full_table_of_flows_towards_a_segregated_peer_drops_new_ones_and_keeps_the_rest() {
+    use Direction::{Egress, Ingress};
+    let h = Harness::segregated(1);
+    let first = tcp_ports(A_POD1, B_POD1, 40300, 443);
+    h.expect(Egress, &first, &tcp_ports(A_POD1_AT_B, B_POD1, 40300, 443));
+    let second = tcp_ports(A_POD1, B_POD1, 40301, 443);
+    h.expect_dropped(
+        "a second flow",
+        Egress,
+        &second.bytes(),
+        DropReason::PeerFlowsFull,
+        None,
+    );
+    // The first flow's packets and replies go on.
+    h.expect(Egress, &first, &tcp_ports(A_POD1_AT_B, B_POD1, 40300, 443));
+    h.expect(
+        Ingress,
+        &tcp_ports(B_POD1, A_POD1_AT_B, 443, 40300),
+        &tcp_ports(B_POD1, A_POD1, 443, 40300),
+    );
 }

@@ -192,7 +192,7 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
         let desired: BTreeMap<Ipv4Net, PeerNat> = accepted
             .iter()
             .flat_map(|peer| {
-                let nat = peer.nat(self.ids[&peer.key]);
+                let nat = peer.nat(self.ids[&peer.key], self.policy.security_mode);
                 peer.views().map(|(_, net)| (net, nat))
             })
             .collect();
@@ -361,7 +361,7 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
             self.inherited.get(view).is_some_and(|held| {
                 PeerNat {
                     peer_id: held.peer_id,
-                    ..p.nat(0)
+                    ..p.nat(0, self.policy.security_mode)
                 } == *held
             })
         });

@@ -25,7 +25,7 @@ use thiserror::Error;
 use tracing::info;
 
 use crate::{
-    kernel::conntrack::Conntrack,
+    kernel::conntrack::{Conntrack, PeerFlows},
     kernel::link::DeviceError,
     kernel::maps::{
         GuardMaps, GuardSettings, MappingMap, NodeMap, OverlayMaps, OverlaySettings, PeerMap,
@@ -97,6 +97,10 @@ pub struct Capacity {
     pub nat_mappings: u32,
     /// Conntrack entries, two per masqueraded flow.
     pub conntrack: u32,
+    /// Endpoints segregated peers may open connections to, over every peer.
+    pub allowed: u32,
+    /// Flows our side opened towards segregated peers.
+    pub peer_flows: u32,
 }
 
 impl Default for Capacity {
@@ -104,6 +108,8 @@ impl Default for Capacity {
         Self {
             nat_mappings: names::DEFAULT_NAT_MAPPINGS,
             conntrack: names::DEFAULT_CONNTRACK,
+            allowed: names::DEFAULT_ALLOWED,
+            peer_flows: names::DEFAULT_PEER_FLOWS,
         }
     }
 }
@@ -128,6 +134,8 @@ impl Dataplane {
             (names::MAP_NATMAP, capacity.nat_mappings),
             (names::MAP_NATMAP_REV, capacity.nat_mappings),
             (names::MAP_CONNTRACK, capacity.conntrack),
+            (names::MAP_ALLOWED, capacity.allowed),
+            (names::MAP_PEER_FLOWS, capacity.peer_flows),
         ];
         let object = aya_obj::Object::parse(OBJECT)?;
         let mut wanted = std::collections::HashMap::new();
@@ -198,6 +206,12 @@ impl Dataplane {
             self.take(names::MAP_SNAT)?,
         );
         Conntrack::new(flows, config).map_err(|e| DataplaneError::Map(names::MAP_CONNTRACK, e))
+    }
+
+    /// The flows our side opened towards segregated peers.
+    pub fn take_peer_flows(&mut self) -> Result<PeerFlows, DataplaneError> {
+        let map = self.take(names::MAP_PEER_FLOWS)?;
+        PeerFlows::new(map).map_err(|e| DataplaneError::Map(names::MAP_PEER_FLOWS, e))
     }
 
     /// Sets the largest MSS a SYN crossing the NAT device may advertise

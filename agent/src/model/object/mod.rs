@@ -114,6 +114,8 @@ pub struct RawTunnelEndpoint {
     /// Its `metadata.creationTimestamp`, as the API server writes it
     /// (`YYYY-MM-DDThh:mm:ssZ`, which sorts as time does); None otherwise.
     pub created: Option<String>,
+    /// Its `metadata.annotations`.
+    pub annotations: Mapping,
     spec: Mapping,
     status: Mapping,
 }
@@ -124,6 +126,7 @@ impl RawTunnelEndpoint {
         Self {
             key,
             created: None,
+            annotations: Mapping::new(),
             spec,
             status,
         }
@@ -455,14 +458,16 @@ fn object(file: &str, index: usize, mut value: Value) -> Result<Object, Document
     };
     let created = Some(text(metadata.and_then(|m| m.get("creationTimestamp"))))
         .filter(|t| is_api_timestamp(t));
-    let labels = match value
+    let mut metadata_map = |name: &str| match value
         .get_mut("metadata")
-        .and_then(|m| m.get_mut("labels"))
+        .and_then(|m| m.get_mut(name))
         .map(std::mem::take)
     {
-        Some(Value::Mapping(labels)) => labels,
+        Some(Value::Mapping(mapping)) => mapping,
         _ => Mapping::new(),
     };
+    let labels = metadata_map("labels");
+    let annotations = metadata_map("annotations");
     // Taken, not cloned: a NatMapping's spec may hold thousands of entries.
     let mut half = |name: &str| match value.get_mut(name).map(std::mem::take) {
         Some(Value::Mapping(mapping)) => mapping,
@@ -482,7 +487,11 @@ fn object(file: &str, index: usize, mut value: Value) -> Result<Object, Document
         ObjectKind::TunnelEndpoint => {
             let spec = half("spec");
             let raw = RawTunnelEndpoint::new(key, spec, half("status"));
-            Object::TunnelEndpoint(RawTunnelEndpoint { created, ..raw })
+            Object::TunnelEndpoint(RawTunnelEndpoint {
+                created,
+                annotations,
+                ..raw
+            })
         }
     })
 }

@@ -4,10 +4,16 @@
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
-use isthmus_common::nat::{PeerNat, PrefixRewrite};
+use isthmus_common::{
+    isolation::SEGREGATED,
+    nat::{PeerNat, PrefixRewrite},
+};
 use serde_yaml_ng::Value;
 
-use crate::model::object::{Layout, ObjectKey, RawTunnelEndpoint};
+use crate::model::{
+    isolation::{self, SecurityMode},
+    object::{Layout, ObjectKey, RawTunnelEndpoint},
+};
 
 mod endpoint;
 mod error;
@@ -118,6 +124,8 @@ pub struct Peer {
     /// The peer gateway's WireGuard endpoint and key, or the first of their
     /// fields the object lacks.
     pub tunnel: Result<TunnelParams, &'static str>,
+    /// The security mode its annotation asks for; None for the agent's.
+    pub security_mode: Option<SecurityMode>,
 }
 
 impl Peer {
@@ -136,6 +144,7 @@ impl Peer {
             remote_pod: reader.mapped(&REMOTE_POD)?,
             remote_external: reader.mapped(&REMOTE_EXTERNAL)?,
             tunnel: reader.tunnel()?,
+            security_mode: reader.security_mode()?,
         })
     }
 
@@ -193,9 +202,11 @@ impl Peer {
     }
 
     /// The kernel rules for this peer.
-    pub fn nat(&self, peer_id: u32) -> PeerNat {
+    pub fn nat(&self, peer_id: u32, default_mode: SecurityMode) -> PeerNat {
+        let mode = self.security_mode.unwrap_or(default_mode);
         PeerNat {
             peer_id,
+            flags: if mode.segregates() { SEGREGATED } else { 0 },
             egress: [self.local_pod.outbound(), self.local_external.outbound()],
             ingress: [self.local_pod.inbound(), self.local_external.inbound()],
         }
@@ -228,6 +239,20 @@ fn identity(raw: &RawTunnelEndpoint, field: &str) -> Option<String> {
         .or_else(|| raw.field("clusterIdentity").and_then(|i| i.get(field)))
         .and_then(Value::as_str)
         .map(str::to_owned)
+}
+
+/// Where the security mode is asked for.
+const MODE_FIELD: &str = "metadata.annotations[isthmus.io/security-mode]";
+
+/// A field's value as the object's author wrote it.
+fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => serde_yaml_ng::to_string(other)
+            .unwrap_or_default()
+            .trim()
+            .to_owned(),
+    }
 }
 
 struct Reader<'a> {
@@ -287,14 +312,22 @@ impl Reader<'_> {
 
     /// `endpointIP` and `backend_config`: absent fields leave no tunnel,
     /// malformed ones are errors.
-    fn tunnel(&self) -> Result<Result<TunnelParams, &'static str>, PeerError> {
-        let text = |v: &Value| match v {
-            Value::String(s) => s.clone(),
-            other => serde_yaml_ng::to_string(other)
-                .unwrap_or_default()
-                .trim()
-                .to_owned(),
+    /// The mode of the security-mode annotation, if it has one.
+    fn security_mode(&self) -> Result<Option<SecurityMode>, PeerError> {
+        let Some(value) = self.raw.annotations.get(isolation::ANNOTATION) else {
+            return Ok(None);
         };
+        let mode = value.as_str().and_then(|s| s.parse().ok());
+        mode.map(Some).ok_or_else(|| {
+            self.error(Problem::BadValue {
+                field: MODE_FIELD,
+                value: text(value),
+                what: "FullPodToPod or IntraClusterTrafficSegregation",
+            })
+        })
+    }
+
+    fn tunnel(&self) -> Result<Result<TunnelParams, &'static str>, PeerError> {
         let bad = |field: &'static str, value: &Value, what: &'static str| {
             self.error(Problem::BadValue {
                 field,

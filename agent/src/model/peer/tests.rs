@@ -6,7 +6,10 @@ use std::path::Path;
 use xtask::objects::{Layout as Written, TunnelEndpoint};
 
 use super::*;
-use crate::model::object::{Object, parse_documents};
+use crate::model::{
+    isolation::SecurityMode,
+    object::{Object, parse_documents},
+};
 
 const KEY: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
 
@@ -53,7 +56,7 @@ fn double_nat_rules_for_cluster_a() {
             ("remoteNATExternalCIDR", net("10.0.1.0/24"))
         ]
     );
-    let nat = peer.nat(7);
+    let nat = peer.nat(7, SecurityMode::default());
     assert_eq!(nat.peer_id, 7);
     assert_eq!(
         nat.egress[0],
@@ -90,7 +93,7 @@ fn none_means_not_remapped() {
         TunnelEndpoint::new("c", "liqo").remote(["10.1.0.0/24", "None", "192.168.2.0/24", "None"]);
     let peer = parse(&c.to_string()).unwrap();
     assert_eq!(peer.views()[0], ("remotePodCIDR", net("10.1.0.0/24")));
-    let nat = peer.nat(1);
+    let nat = peer.nat(1, SecurityMode::default());
     let identity = [
         PrefixRewrite::new([10, 244, 0, 0], [10, 244, 0, 0], 24),
         PrefixRewrite::new([192, 168, 0, 0], [192, 168, 0, 0], 24),
@@ -123,7 +126,10 @@ fn the_v0_3_0_layout_reads_as_the_same_peer_and_is_reported() {
     .unwrap();
     assert_eq!(old.layout, Layout::Legacy);
     assert_eq!(new.layout, Layout::Spec);
-    assert_eq!(old.nat(1), new.nat(1));
+    assert_eq!(
+        old.nat(1, SecurityMode::default()),
+        new.nat(1, SecurityMode::default())
+    );
     assert_eq!(old.views(), new.views());
     assert_eq!(old.tunnel, new.tunnel);
     let broken = a_to_b_v030().replace(
@@ -237,4 +243,44 @@ fn missing_network_is_named() {
         err,
         "f.yaml: TunnelEndpoint liqo/b: field remotePodCIDR is missing"
     );
+}
+
+#[test]
+fn the_security_mode_annotation_overrides_the_agents_for_its_peer() {
+    use SecurityMode::{FullPodToPod, IntraClusterTrafficSegregation as Segregation};
+    use isthmus_common::isolation::SEGREGATED;
+    let plain = parse(&a_to_b().to_string()).unwrap();
+    assert_eq!(plain.security_mode, None);
+    assert_eq!(plain.nat(1, FullPodToPod).flags, 0);
+    assert_eq!(plain.nat(1, Segregation).flags, SEGREGATED);
+    let annotated = |value: &str| {
+        parse(
+            &a_to_b()
+                .annotation("isthmus.io/security-mode", value)
+                .to_string(),
+        )
+    };
+    let segregated = annotated("IntraClusterTrafficSegregation").unwrap();
+    assert_eq!(segregated.security_mode, Some(Segregation));
+    assert_eq!(segregated.nat(1, FullPodToPod).flags, SEGREGATED);
+    let open = annotated("FullPodToPod").unwrap();
+    assert_eq!(open.nat(1, Segregation).flags, 0);
+    // Both modes give the same rewrites: only the flag differs.
+    assert_eq!(
+        PeerNat {
+            flags: 0,
+            ..segregated.nat(1, FullPodToPod)
+        },
+        plain.nat(1, FullPodToPod)
+    );
+    for bad in ["Segregated", "{mode: x}", "\"\""] {
+        let e = annotated(bad).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("field metadata.annotations[isthmus.io/security-mode]")
+                && e.to_string()
+                    .contains("FullPodToPod or IntraClusterTrafficSegregation"),
+            "{bad}: {e}"
+        );
+    }
 }

@@ -1,0 +1,112 @@
+//! Cross-cluster isolation (`isthmus_common::isolation`): what a segregated
+//! peer may open connections to, and the flows our side opened towards it,
+//! whose replies pass.
+
+use aya_ebpf::{btf_maps::HashMap, helpers::bpf_ktime_get_ns, macros::btf_map};
+use isthmus_common::{
+    conntrack::{FlowKey, FlowNat},
+    ipv4::PROTO_ICMP,
+    isolation::{AllowKey, reply_key},
+    names::{DEFAULT_ALLOWED, DEFAULT_PEER_FLOWS},
+    wire::Be32,
+};
+
+use crate::{
+    conntrack::{self, E2BIG},
+    parse::{Packet, Transport},
+};
+
+/// What segregated peers may open connections to.
+#[btf_map(name = "ist_allowed")]
+static ALLOWED: HashMap<AllowKey, u8, { DEFAULT_ALLOWED as usize }> = HashMap::new();
+
+/// Flows our side opened towards segregated peers, keyed as their replies
+/// arrive; the value's state and last packet alone are used.
+#[btf_map(name = "ist_peer_flows")]
+static FLOWS: HashMap<FlowKey, FlowNat, { DEFAULT_PEER_FLOWS as usize }> = HashMap::new();
+
+/// The table of flows towards segregated peers is full.
+pub struct Full;
+
+/// Towards a segregated peer: remembers the flow of `t`, from `ours` (real,
+/// before the translation) to the peer's `theirs`, so its replies pass.
+#[inline(always)]
+pub fn remember(t: &Transport, ours: Be32, theirs: Be32) -> Result<(), Full> {
+    let key = reply_key(t.proto, ours, t.sport, theirs, t.dport);
+    // SAFETY: bpf_ktime_get_ns has no preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if let Some(entry) = FLOWS.get_ptr_mut(&key) {
+        // SAFETY: a valid entry pointer from the map.
+        unsafe { conntrack::refresh(entry, t.proto, t.tcp_flags, now) };
+        return Ok(());
+    }
+    let life = FlowNat {
+        addr: Be32::ZERO,
+        port: 0,
+        state: conntrack::initial_state(t.proto, t.tcp_flags),
+        pad: 0,
+        last_seen: now,
+    };
+    match FLOWS.insert(&key, &life, 0) {
+        Err(E2BIG) => Err(Full),
+        // Another CPU inserted it first, or it is there now: either way remembered.
+        _ => Ok(()),
+    }
+}
+
+/// From segregated peer `peer_id`: whether `pkt`, from the peer's `theirs`
+/// to `ours` (translated), may go on. An ICMP error passes when the flow
+/// it quotes would.
+#[inline(always)]
+pub fn admits(peer_id: u32, pkt: &Packet, theirs: Be32, ours: Be32) -> bool {
+    if let Some(err) = &pkt.icmp_error {
+        // The quoted packet went from us to the peer: its source port is ours.
+        return err.quoted_flow.is_some_and(|f| {
+            reply(
+                reply_key(f.proto, ours, f.sport, err.quoted.dst, f.dport),
+                f.proto,
+                0,
+            ) || allowed(peer_id, ours, f.proto, f.sport)
+        });
+    }
+    match &pkt.transport {
+        Some(t) => {
+            // Arriving, our port is the destination's; an echo's identifier either way.
+            let our_port = if t.proto == PROTO_ICMP {
+                t.sport
+            } else {
+                t.dport
+            };
+            let key = reply_key(t.proto, ours, our_port, theirs, t.sport);
+            reply(key, t.proto, t.tcp_flags) || allowed(peer_id, ours, t.proto, t.dport)
+        }
+        // A later fragment, or another protocol: only where any port is open.
+        None => exists(&AllowKey::any_port(peer_id, ours)),
+    }
+}
+
+/// Whether `key` is a reply to a flow our side opened; it refreshes the flow.
+#[inline(always)]
+fn reply(key: FlowKey, proto: u8, tcp_flags: u8) -> bool {
+    let Some(entry) = FLOWS.get_ptr_mut(&key) else {
+        return false;
+    };
+    // SAFETY: bpf_ktime_get_ns has no preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: a valid entry pointer from the map.
+    unsafe { conntrack::refresh(entry, proto, tcp_flags, now) };
+    true
+}
+
+/// Whether `addr`'s `port` on `proto`, or any port of it, is open to the peer.
+#[inline(always)]
+fn allowed(peer_id: u32, addr: Be32, proto: u8, port: u16) -> bool {
+    exists(&AllowKey::endpoint(peer_id, addr, proto, port))
+        || exists(&AllowKey::any_port(peer_id, addr))
+}
+
+#[inline(always)]
+fn exists(key: &AllowKey) -> bool {
+    // SAFETY: only presence is read.
+    unsafe { ALLOWED.get(key) }.is_some()
+}
