@@ -8,7 +8,7 @@
 
 use aya::{Ebpf, EbpfLoader, programs::SchedClassifier};
 use isthmus_agent::{
-    kernel::conntrack::Conntrack,
+    kernel::conntrack::{Conntrack, PeerFlows},
     kernel::dataplane::OBJECT,
     kernel::maps::{Counters, MappingMap, PeerMap, PresenceSet},
     kernel::table::KernelTable,
@@ -17,7 +17,7 @@ use isthmus_agent::{
     model::peer::Peer,
 };
 use isthmus_common::{
-    conntrack::Timeouts,
+    conntrack::{TcpState, Timeouts},
     counters::{self, DenyReason, Direction, DropReason, Kind, Link, Outcome},
     ipv4::PROTO_TCP,
     isolation::AllowKey,
@@ -73,6 +73,7 @@ struct Harness {
     denied: Counters,
     conntrack: Conntrack,
     allowed: PresenceSet<AllowKey>,
+    peer_flows: PeerFlows,
 }
 
 impl Harness {
@@ -167,12 +168,14 @@ impl Harness {
         let counters = Counters::new(ebpf.take_map(names::MAP_COUNTERS).unwrap()).unwrap();
         let denied = Counters::denied(ebpf.take_map(names::MAP_PEER_DENIED).unwrap()).unwrap();
         let allowed = PresenceSet::new(ebpf.take_map(names::MAP_ALLOWED).unwrap()).unwrap();
+        let peer_flows = PeerFlows::new(ebpf.take_map(names::MAP_PEER_FLOWS).unwrap()).unwrap();
         Self {
             ebpf,
             counters,
             denied,
             conntrack,
             allowed,
+            peer_flows,
         }
     }
 
@@ -1186,7 +1189,7 @@ fn a_segregated_peer_reaches_only_what_it_is_allowed_and_our_flows() {
 #[test]
 fn a_full_table_of_flows_towards_a_segregated_peer_drops_new_ones_and_keeps_the_rest() {
     use Direction::{Egress, Ingress};
-    let h = Harness::segregated(1);
+    let mut h = Harness::segregated(1);
     let first = tcp_ports(A_POD1, B_POD1, 40300, 443);
     h.expect(Egress, &first, &tcp_ports(A_POD1_AT_B, B_POD1, 40300, 443));
     let second = tcp_ports(A_POD1, B_POD1, 40301, 443);
@@ -1204,4 +1207,20 @@ fn a_full_table_of_flows_towards_a_segregated_peer_drops_new_ones_and_keeps_the_
         &tcp_ports(B_POD1, A_POD1_AT_B, 443, 40300),
         &tcp_ports(B_POD1, A_POD1, 443, 40300),
     );
+    // Once collected past the lifetime of its state, as the conntrack's
+    // flows are, the room goes to the next flow.
+    let [(_, life)] = h.peer_flows.entries().unwrap()[..] else {
+        panic!("one flow recorded")
+    };
+    let state = TcpState::from_u8(life.state);
+    let lifetime = Timeouts::DEFAULT.lifetime(PROTO_TCP, state, state) * SECOND;
+    let kept = h
+        .peer_flows
+        .collect(life.last_seen + lifetime - SECOND, &Timeouts::DEFAULT);
+    assert_eq!(kept.map(|c| (c.live, c.removed)).unwrap(), (1, 0));
+    let gone = h
+        .peer_flows
+        .collect(life.last_seen + lifetime + SECOND, &Timeouts::DEFAULT);
+    assert_eq!(gone.map(|c| (c.live, c.removed)).unwrap(), (0, 1));
+    h.expect(Egress, &second, &tcp_ports(A_POD1_AT_B, B_POD1, 40301, 443));
 }
