@@ -18,6 +18,7 @@ mod mss_clamp;
 mod nat_restart;
 mod overlay;
 mod reachability;
+mod segregation;
 mod tunnel_offload;
 mod tunnel_security;
 mod wan_capture;
