@@ -78,6 +78,9 @@ pub struct Reconciler<P: PeerTable, M: MappingTable> {
     /// the peers a previous agent accepted, which keep winning after a
     /// restart.
     inherited: BTreeMap<Ipv4Net, PeerNat>,
+    /// The peer IDs under which the kernel held NatMapping entries when
+    /// this agent started.
+    inherited_mapped: BTreeSet<u32>,
     policy: Policy,
     ids: HashMap<ObjectKey, u32>,
     errors: BTreeSet<Rejection>,
@@ -90,10 +93,12 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
     /// with Liqo's default policy.
     pub fn new(peers: P, mappings: M) -> Result<Self, P::Error> {
         let peer_table = Mirror::new(peers)?;
+        let mapping_table = Mirror::new(mappings)?;
         Ok(Self {
             inherited: peer_table.applied().clone(),
+            inherited_mapped: mapping_table.applied().keys().map(|k| k.peer_id).collect(),
             peer_table,
-            mapping_table: Mirror::new(mappings)?,
+            mapping_table,
             origins: BTreeMap::new(),
             seniority: HashMap::new(),
             next_seniority: 0,
@@ -355,24 +360,46 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
     /// objects allow: created first (by the API server's timestamps), then
     /// accepted first by this agent, then held by the kernel when it
     /// started, then by origin and name.
+    ///
+    /// The kernel's peer table tells two peers with the same views and the
+    /// same networks of ours apart only by their NatMappings: the one held
+    /// had entries under its ID if and only if its cluster has a NatMapping.
     fn rank(&self, p: &Peer) -> impl Ord + use<P, M> {
         let accepted = self.seniority.get(&p.key).copied().unwrap_or(u64::MAX);
-        let inherited = p.views().iter().all(|(_, view)| {
-            self.inherited.get(view).is_some_and(|held| {
+        let held: Vec<&PeerNat> = p
+            .views()
+            .iter()
+            .filter_map(|(_, view)| self.inherited.get(view))
+            .collect();
+        let inherited = held.len() == 2
+            && held.iter().all(|held| {
                 PeerNat {
                     peer_id: held.peer_id,
                     ..p.nat(0, self.policy.security_mode)
-                } == *held
-            })
-        });
+                } == **held
+            });
+        let mapped_alike = held
+            .iter()
+            .all(|held| self.inherited_mapped.contains(&held.peer_id) == self.has_mapping(p));
         (
             p.created.is_none(),
             p.created.clone(),
             accepted,
             !inherited,
+            !mapped_alike,
             p.origin.clone(),
             p.key.clone(),
         )
+    }
+
+    /// Whether `p`'s cluster has a NatMapping with entries among the objects.
+    fn has_mapping(&self, p: &Peer) -> bool {
+        let Some(cluster) = p.cluster_id.as_deref() else {
+            return false;
+        };
+        self.origins.values().flatten().any(|v| {
+            matches!(v, Ok(Valid::Mapping(m)) if m.cluster_id == cluster && !m.entries.is_empty())
+        })
     }
 
     /// Keeps each peer's ID; a new peer takes the ID the kernel already holds

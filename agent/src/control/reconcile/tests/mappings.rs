@@ -207,3 +207,52 @@ fn one_changed_entry_of_ten_thousand_touches_one_element() {
         Be32::from_bytes([10, 3, 0, 1])
     );
 }
+
+/// Twins: two peers with the same views, neither created by the API server.
+/// The one the first agent accepted had NatMapping entries; a restart that
+/// meets the files the other way round keeps it, told apart by those
+/// entries in the kernel, and writes nothing (found by the reconciler fuzz
+/// target).
+#[test]
+fn a_restart_tells_twin_peers_apart_by_their_natmapping_entries() {
+    let (mut peers, mut mappings) = (Peers::default(), Mappings::default());
+    let twin = |name: &str, cluster: &str| {
+        peer(name, "10.0.0.0/24", "10.0.1.0/24")
+            .cluster_id(cluster)
+            .to_string()
+    };
+    let entry = [("10.1.0.5".to_owned(), "192.168.0.45".to_owned())];
+    let files = [
+        (
+            "z-mapped.yaml",
+            format!(
+                "{}---\n{}",
+                twin("m", "cluster-m"),
+                natmapping("cluster-m", &entry)
+            ),
+        ),
+        ("a-plain.yaml", twin("p", "cluster-p")),
+    ];
+    let winner = |r: &Reconciler<&mut Peers, &mut Mappings>| r.peers()[0].key.name.clone();
+    {
+        let mut r = Reconciler::new(&mut peers, &mut mappings).unwrap();
+        for (file, yaml) in &files {
+            r.set_origin((*file).into(), docs(file, yaml));
+            r.reconcile();
+        }
+        assert_eq!(winner(&r), "m", "the first to arrive wins");
+    }
+    let mut r = Reconciler::new(&mut peers, &mut mappings).unwrap();
+    for (file, yaml) in files.iter().rev() {
+        r.set_origin((*file).into(), docs(file, yaml));
+    }
+    let report = r.reconcile().0;
+    let writes = (
+        report.written,
+        report.removed,
+        report.mappings_written,
+        report.mappings_removed,
+    );
+    assert_eq!(writes, (0, 0, 0, 0), "a restart rewrote the tables");
+    assert_eq!(winner(&r), "m");
+}
