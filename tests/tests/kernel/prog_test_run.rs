@@ -1182,6 +1182,17 @@ fn a_segregated_peer_reaches_only_what_it_is_allowed_and_our_flows() {
         DropReason::Denied,
         not_allowed,
     );
+    // A forged error that quotes too little of our flow to name it: the
+    // quote ends inside the ports, so nothing vouches for it.
+    let quoted = tcp_ports(A_POD1_AT_B, B_POD1, 40200, 443);
+    let short = icmp_error(3, 4, B_GW_WAN, A_POD1_AT_B, quoted, 20 + 4);
+    h.expect_dropped(
+        "an error quoting 4 bytes of our flow",
+        Ingress,
+        &short.bytes(),
+        DropReason::Denied,
+        not_allowed,
+    );
     // Peer s is not segregated: it reaches our pods as ever.
     h.expect(Ingress, &udp(S_POD, A_POD1_AT_S), &udp(S_POD, A_POD1));
 }

@@ -343,7 +343,8 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
                 }
             }
         }
-        candidates.sort_by_cached_key(|p| self.rank(p));
+        let mapped = self.clusters_with_mappings();
+        candidates.sort_by_cached_key(|p| self.rank(p, &mapped));
         let mut accepted: Vec<Peer> = Vec::new();
         for peer in candidates {
             match conflict(&peer, &accepted) {
@@ -364,7 +365,7 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
     /// The kernel's peer table tells two peers with the same views and the
     /// same networks of ours apart only by their NatMappings: the one held
     /// had entries under its ID if and only if its cluster has a NatMapping.
-    fn rank(&self, p: &Peer) -> impl Ord + use<P, M> {
+    fn rank(&self, p: &Peer, mapped: &BTreeSet<&str>) -> impl Ord + use<P, M> {
         let accepted = self.seniority.get(&p.key).copied().unwrap_or(u64::MAX);
         let held: Vec<&PeerNat> = p
             .views()
@@ -378,9 +379,10 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
                     ..p.nat(0, self.policy.security_mode)
                 } == **held
             });
+        let has_mapping = p.cluster_id.as_deref().is_some_and(|c| mapped.contains(c));
         let mapped_alike = held
             .iter()
-            .all(|held| self.inherited_mapped.contains(&held.peer_id) == self.has_mapping(p));
+            .all(|held| self.inherited_mapped.contains(&held.peer_id) == has_mapping);
         (
             p.created.is_none(),
             p.created.clone(),
@@ -392,14 +394,17 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
         )
     }
 
-    /// Whether `p`'s cluster has a NatMapping with entries among the objects.
-    fn has_mapping(&self, p: &Peer) -> bool {
-        let Some(cluster) = p.cluster_id.as_deref() else {
-            return false;
-        };
-        self.origins.values().flatten().any(|v| {
-            matches!(v, Ok(Valid::Mapping(m)) if m.cluster_id == cluster && !m.entries.is_empty())
-        })
+    /// The clusters with a NatMapping that has entries, among the objects:
+    /// read once a pass, not once a candidate.
+    fn clusters_with_mappings(&self) -> BTreeSet<&str> {
+        self.origins
+            .values()
+            .flatten()
+            .filter_map(|v| match v {
+                Ok(Valid::Mapping(m)) if !m.entries.is_empty() => Some(m.cluster_id.as_str()),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Keeps each peer's ID; a new peer takes the ID the kernel already holds
