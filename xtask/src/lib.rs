@@ -7,6 +7,7 @@ pub mod kube_lab;
 pub mod lab;
 pub mod netns;
 pub mod objects;
+pub mod offloading;
 pub mod probe;
 pub mod tools;
 pub mod topology;

@@ -10,11 +10,11 @@ use tracing::{debug, error, info, warn};
 
 use crate::{
     control::{
-        reconcile::{Reconciler, Report},
+        reconcile::{NoAllowedTable, Reconciler, Report},
         source::SourceEvent,
         status::{self, Feedback},
     },
-    kernel::table::{MappingTable, PeerTable},
+    kernel::table::{AllowedTable, MappingTable, PeerTable},
     model::{node::Node, object::ObjectKind, policy::Policy},
     observe::metrics::Metrics,
     roles::gateway::Gateway,
@@ -37,9 +37,15 @@ pub trait Host {
 }
 
 /// Everything the loop drives.
-pub struct RunLoop<P: PeerTable, M: MappingTable<Error = P::Error>, H: Host> {
-    /// From objects to the kernel's peer and NatMapping tables.
-    pub reconciler: Reconciler<P, M>,
+pub struct RunLoop<P, M, H, A = NoAllowedTable>
+where
+    P: PeerTable,
+    M: MappingTable<Error = P::Error>,
+    H: Host,
+    A: AllowedTable<Error = P::Error>,
+{
+    /// From objects to the kernel's peer, NatMapping and allowed tables.
+    pub reconciler: Reconciler<P, M, A>,
     /// The tunnel and its routes, on a gateway.
     pub gateway: Option<Gateway>,
     /// This node's devices, overlay and networks.
@@ -50,7 +56,13 @@ pub struct RunLoop<P: PeerTable, M: MappingTable<Error = P::Error>, H: Host> {
     pub metrics: Arc<Metrics>,
 }
 
-impl<P: PeerTable, M: MappingTable<Error = P::Error>, H: Host> RunLoop<P, M, H> {
+impl<P, M, H, A> RunLoop<P, M, H, A>
+where
+    P: PeerTable,
+    M: MappingTable<Error = P::Error>,
+    H: Host,
+    A: AllowedTable<Error = P::Error>,
+{
     /// Applies source events until `stop` completes. Nothing is written
     /// before the source has sent every existing object, so a restart never
     /// removes peers it has not read yet. A pass that leaves work undone is
@@ -193,10 +205,12 @@ impl Retry {
 }
 
 /// Feeds one event to the reconciler. Returns true for the end of the initial sync.
-fn apply_event<P: PeerTable, M: MappingTable<Error = P::Error>>(
-    reconciler: &mut Reconciler<P, M>,
-    event: SourceEvent,
-) -> bool {
+fn apply_event<P, M, A>(reconciler: &mut Reconciler<P, M, A>, event: SourceEvent) -> bool
+where
+    P: PeerTable,
+    M: MappingTable<Error = P::Error>,
+    A: AllowedTable<Error = P::Error>,
+{
     match event {
         SourceEvent::Origin { origin, documents } => reconciler.set_origin(origin, documents),
         SourceEvent::Removed { origin } => reconciler.remove_origin(&origin),
@@ -224,6 +238,14 @@ fn record(report: &Report, metrics: &Metrics) {
     for e in &report.cleared_errors {
         let (kind, object) = e.kind_and_key();
         warn!(kind, object, error = %e, "rejection cleared");
+    }
+    if report.allowed_written + report.allowed_removed > 0 {
+        info!(
+            written = report.allowed_written,
+            removed = report.allowed_removed,
+            entries = report.allowed,
+            "allowed entries of segregated peers programmed"
+        );
     }
     if report.mappings_written + report.mappings_removed > 0 {
         info!(

@@ -69,8 +69,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
     };
     let mut dataplane = Dataplane::load(&args.bpffs, &capacity)
         .with_context(|| format!("loading the dataplane under {}", args.bpffs.display()))?;
-    let mut reconciler = Reconciler::new(dataplane.take_peer_map()?, dataplane.take_mapping_map()?)
-        .context("reading the pinned tables")?;
+    let mut reconciler = Reconciler::with_allowed(
+        dataplane.take_peer_map()?,
+        dataplane.take_mapping_map()?,
+        dataplane.take_allowed()?,
+    )
+    .context("reading the pinned tables")?;
     reconciler.set_policy(args.policy.policy());
     let gateway = match (role, args.tunnel) {
         (Role::Gateway, TunnelMode::Userspace) => {
@@ -160,10 +164,16 @@ pub async fn run(args: RunArgs) -> Result<()> {
         capacity,
         metrics.clone(),
     ));
+    // Only a gateway enforces isolation: a worker does not watch every
+    // offloaded pod.
+    let kinds: Vec<ObjectKind> = ObjectKind::ALL
+        .into_iter()
+        .filter(|kind| role == Role::Gateway || !ObjectKind::ISOLATION.contains(kind))
+        .collect();
     let (events, feedback) = match (&args.source, client) {
         (SourceSpec::Dir(dir), _) => (source::watch_dir(dir)?, None),
         (SourceSpec::Kube, Some(client)) => {
-            let (events, objects) = source::watch_kube(client.clone());
+            let (events, objects) = source::watch_kube(client.clone(), &kinds);
             // The gateway speaks for the cluster's tunnels; workers only read.
             let feedback = (role == Role::Gateway)
                 .then(|| Feedback::spawn(client, objects, &args.node, metrics.clone()));

@@ -11,6 +11,7 @@ use std::{
 use crate::model::object::ObjectKind;
 use ipnet::Ipv4Net;
 use isthmus_common::{
+    isolation::AllowKey,
     nat::{MappingKey, PeerNat},
     wire::Be32,
 };
@@ -153,6 +154,10 @@ impl<T: KernelTable<Key = Ipv4Net, Value = PeerNat>> PeerTable for T {}
 pub trait MappingTable: KernelTable<Key = MappingKey, Value = Be32> {}
 impl<T: KernelTable<Key = MappingKey, Value = Be32>> MappingTable for T {}
 
+/// The allowed table: what segregated peers may open connections to.
+pub trait AllowedTable: KernelTable<Key = AllowKey, Value = u8> {}
+impl<T: KernelTable<Key = AllowKey, Value = u8>> AllowedTable for T {}
+
 /// A kernel table and a mirror of what it holds, so that a pass writes
 /// only what changed.
 pub(crate) struct Mirror<T: KernelTable> {
@@ -216,7 +221,8 @@ impl<T: KernelTable> Mirror<T> {
 #[derive(Debug, thiserror::Error)]
 #[error("the {kind} table: {source}")]
 pub struct TableFailure<E: std::error::Error + 'static> {
-    /// The kind of object whose table failed.
+    /// The kind of object whose table failed (Pod for the allowed table,
+    /// which Pods and EndpointSlices feed).
     pub kind: ObjectKind,
     /// Whether the table refused a write because it is full.
     pub full: bool,

@@ -1,5 +1,6 @@
 //! What the objects mean: parsing and validating TunnelEndpoints,
-//! NatMappings and Nodes, and what a TunnelEndpoint may ask of this node.
+//! NatMappings, Nodes, and what is offloaded from or exported to each
+//! peer, and what a TunnelEndpoint may ask of this node.
 //! Nothing here does I/O, so all of it is tested in memory.
 
 pub mod isolation;
@@ -7,6 +8,7 @@ pub mod key;
 pub mod natmapping;
 pub mod node;
 pub mod object;
+pub mod offloading;
 pub mod peer;
 pub mod policy;
 pub mod rejection;

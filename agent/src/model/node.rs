@@ -6,9 +6,8 @@ use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use ipnet::Ipv4Net;
 use serde_yaml_ng::Value;
-use thiserror::Error;
 
-use crate::model::object::{ObjectKey, RawNode};
+use crate::model::object::{ObjectError, ObjectKind, RawObject};
 
 /// The node address the overlay sends to, as Kubernetes lists it.
 const ADDRESS_TYPE: &str = "InternalIP";
@@ -26,32 +25,16 @@ pub struct Node {
     pub labels: BTreeMap<String, String>,
 }
 
-/// A Node that cannot be used, naming the origin, object and field.
-#[derive(Debug, Error, Clone, PartialEq, Eq)]
-#[error("{origin}: Node {object}: {problem}")]
-pub struct NodeError {
-    /// Where the object came from.
-    pub origin: String,
-    /// The object.
-    pub object: ObjectKey,
-    /// What is wrong, naming the field.
-    pub problem: String,
-}
-
 impl Node {
     /// Validates a Node read from `origin`.
-    pub fn from_raw(raw: &RawNode, origin: &str) -> Result<Self, NodeError> {
-        let error = |problem: String| NodeError {
-            origin: origin.to_owned(),
-            object: raw.key.clone(),
-            problem,
-        };
+    pub fn from_raw(raw: &RawObject, origin: &str) -> Result<Self, ObjectError> {
+        let error = |problem| ObjectError::new(origin, ObjectKind::Node, raw, problem);
         let pod_cidrs = pod_cidrs(raw).map_err(error)?;
         let address = internal_ip(raw).map_err(error)?;
         let labels = raw
             .labels
             .iter()
-            .filter_map(|(k, v)| Some((k.as_str()?.to_owned(), label_value(v)?)))
+            .filter_map(|(k, _)| Some((k.as_str()?.to_owned(), raw.label(k.as_str()?)?)))
             .collect();
         Ok(Self {
             name: raw.key.name.clone(),
@@ -71,25 +54,15 @@ impl Node {
     }
 }
 
-/// YAML reads `"true"` as a string but an unquoted `true` as a boolean.
-fn label_value(value: &Value) -> Option<String> {
-    match value {
-        Value::String(s) => Some(s.clone()),
-        Value::Bool(b) => Some(b.to_string()),
-        Value::Number(n) => Some(n.to_string()),
-        _ => None,
-    }
-}
-
 /// `spec.podCIDRs`, else `spec.podCIDR`; IPv6 entries are skipped, as the
 /// dataplane is IPv4. A node without any is valid: it holds no pods yet.
-fn pod_cidrs(raw: &RawNode) -> Result<Vec<Ipv4Net>, String> {
-    let (field, values): (&str, Vec<&Value>) = match raw.spec.get("podCIDRs") {
+fn pod_cidrs(raw: &RawObject) -> Result<Vec<Ipv4Net>, String> {
+    let (field, values): (&str, Vec<&Value>) = match raw.get(&["spec", "podCIDRs"]) {
         Some(Value::Sequence(list)) => ("spec.podCIDRs", list.iter().collect()),
         Some(_) => return Err("field spec.podCIDRs: not a list".into()),
         None => (
             "spec.podCIDR",
-            raw.spec.get("podCIDR").into_iter().collect(),
+            raw.get(&["spec", "podCIDR"]).into_iter().collect(),
         ),
     };
     let mut cidrs = Vec::new();
@@ -109,8 +82,8 @@ fn pod_cidrs(raw: &RawNode) -> Result<Vec<Ipv4Net>, String> {
 }
 
 /// The first IPv4 `InternalIP` in `status.addresses`.
-fn internal_ip(raw: &RawNode) -> Result<Ipv4Addr, String> {
-    let addresses = match raw.status.get("addresses") {
+fn internal_ip(raw: &RawObject) -> Result<Ipv4Addr, String> {
+    let addresses = match raw.get(&["status", "addresses"]) {
         Some(Value::Sequence(list)) => list,
         Some(_) => return Err("field status.addresses: not a list".into()),
         None => return Err("field status.addresses is missing".into()),
@@ -130,7 +103,7 @@ mod tests {
     use super::*;
     use crate::model::object::{Object, parse_documents};
 
-    fn node(yaml: &str) -> Result<Node, NodeError> {
+    fn node(yaml: &str) -> Result<Node, ObjectError> {
         let docs = parse_documents(Path::new("nodes.yaml"), yaml);
         match docs.into_iter().next() {
             Some(Ok(Object::Node(raw))) => Node::from_raw(&raw, "nodes.yaml"),

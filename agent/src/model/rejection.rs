@@ -4,8 +4,7 @@
 
 use crate::model::{
     natmapping::NatMappingError,
-    node::NodeError,
-    object::{DocumentError, ObjectKey, ObjectKind},
+    object::{DocumentError, ObjectError, ObjectKey, ObjectKind},
     peer::PeerError,
 };
 
@@ -58,10 +57,10 @@ impl From<NatMappingError> for Rejection {
     }
 }
 
-impl From<NodeError> for Rejection {
-    fn from(e: NodeError) -> Self {
+impl From<ObjectError> for Rejection {
+    fn from(e: ObjectError) -> Self {
         Self {
-            object: Some((ObjectKind::Node, e.object.clone())),
+            object: Some((e.kind, e.object.clone())),
             problem: e.problem.clone(),
             message: e.to_string(),
         }

@@ -8,20 +8,23 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use ipnet::Ipv4Net;
 use isthmus_common::{
+    isolation::AllowKey,
     nat::{MappingKey, PeerNat},
     wire::Be32,
 };
 
+mod allowed;
 mod conflict;
 
 use conflict::{conflict, view_mismatch};
 
 use crate::{
-    kernel::table::{MappingTable, Mirror, PeerTable, TableFailure},
+    kernel::table::{AllowedTable, MappingTable, MemoryTable, Mirror, PeerTable, TableFailure},
     model::{
         natmapping::{self, MappingProblem, NatMapping},
-        node::{Node, NodeError},
-        object::{DocumentError, Object, ObjectKey, ObjectKind},
+        node::Node,
+        object::{DocumentError, Object, ObjectError, ObjectKey, ObjectKind},
+        offloading::{ExportedSlice, OffloadedPod, Offloading},
         peer::{Peer, PeerError},
         policy::Policy,
         rejection::Rejection,
@@ -43,6 +46,12 @@ pub struct Report {
     pub peers: usize,
     /// NatMapping entries in the kernel after this pass.
     pub mappings: usize,
+    /// Allowed table entries written.
+    pub allowed_written: usize,
+    /// Allowed table entries removed.
+    pub allowed_removed: usize,
+    /// Allowed table entries in the kernel after this pass.
+    pub allowed: usize,
     /// Objects or entries rejected (or held) after this pass.
     pub rejected: usize,
     /// Peers accepted by this pass that were not, or differed, before.
@@ -63,12 +72,20 @@ enum Valid {
     Peer(Peer),
     Mapping(NatMapping),
     Node(Node),
+    Pod(OffloadedPod),
+    Slice(ExportedSlice),
+    Offloading(Offloading),
 }
 
+/// The allowed table of a reconciler that has none of the kernel's: on a
+/// node that segregates no peer, or in tests.
+pub type NoAllowedTable = MemoryTable<AllowKey, u8>;
+
 /// Keeps the kernel's tables equal to what the objects describe.
-pub struct Reconciler<P: PeerTable, M: MappingTable> {
+pub struct Reconciler<P: PeerTable, M: MappingTable, A: AllowedTable = NoAllowedTable> {
     peer_table: Mirror<P>,
     mapping_table: Mirror<M>,
+    allowed_table: Mirror<A>,
     /// Each origin's documents, validated once when the origin changes.
     origins: BTreeMap<String, Vec<Result<Valid, Rejection>>>,
     /// Order of acceptance: a peer accepted earlier wins an overlap.
@@ -88,17 +105,33 @@ pub struct Reconciler<P: PeerTable, M: MappingTable> {
     nodes: Vec<Node>,
 }
 
-impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
+impl<P: PeerTable<Error = std::io::Error>, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
+    /// Starts from what the peer and NatMapping tables already hold (a
+    /// previous agent's work), with Liqo's default policy, keeping the
+    /// allowed table in memory.
+    pub fn new(peers: P, mappings: M) -> Result<Self, P::Error> {
+        Reconciler::with_allowed(peers, mappings, NoAllowedTable::default())
+    }
+}
+
+impl<P, M, A> Reconciler<P, M, A>
+where
+    P: PeerTable,
+    M: MappingTable<Error = P::Error>,
+    A: AllowedTable<Error = P::Error>,
+{
     /// Starts from what the tables already hold (a previous agent's work),
     /// with Liqo's default policy.
-    pub fn new(peers: P, mappings: M) -> Result<Self, P::Error> {
+    pub fn with_allowed(peers: P, mappings: M, allowed: A) -> Result<Self, P::Error> {
         let peer_table = Mirror::new(peers)?;
         let mapping_table = Mirror::new(mappings)?;
+        let allowed_table = Mirror::new(allowed)?;
         Ok(Self {
             inherited: peer_table.applied().clone(),
             inherited_mapped: mapping_table.applied().keys().map(|k| k.peer_id).collect(),
             peer_table,
             mapping_table,
+            allowed_table,
             origins: BTreeMap::new(),
             seniority: HashMap::new(),
             next_seniority: 0,
@@ -115,20 +148,14 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
     pub fn set_origin(&mut self, origin: String, documents: Vec<Document>) {
         let validated = documents
             .into_iter()
-            .map(|document| match document {
-                Err(e) => Err(e.into()),
-                Ok(Object::TunnelEndpoint(raw)) => Peer::from_raw(&raw, &origin)
-                    .map(Valid::Peer)
-                    .map_err(Rejection::from),
-                Ok(Object::NatMapping(raw)) => NatMapping::from_raw(&raw, &origin)
-                    .map(Valid::Mapping)
-                    .map_err(Rejection::from),
-                Ok(Object::Node(raw)) => Node::from_raw(&raw, &origin)
-                    .map(Valid::Node)
-                    .map_err(Rejection::from),
-            })
+            .filter_map(|document| validate(document, &origin))
             .collect();
         self.origins.insert(origin, validated);
+    }
+
+    /// What the allowed table holds, as this agent wrote it.
+    pub fn allowed_entries(&self) -> Vec<AllowKey> {
+        self.allowed_table.applied().keys().copied().collect()
     }
 
     /// Replaces the policy; returns whether it changed, so that the caller
@@ -202,10 +229,18 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
             })
             .collect();
         let mappings = self.select_mappings(&accepted, &mut errors);
+        let segregated: Vec<(u32, &Peer)> = accepted
+            .iter()
+            .filter(|p| p.segregated(self.policy.security_mode))
+            .map(|p| (self.ids[&p.key], p))
+            .collect();
+        let allowed = allowed::desired(&segregated, self.valid());
 
         let (written, removed, peer_failure) = self.peer_table.apply(&desired);
         let (mappings_written, mappings_removed, mapping_failure) =
             self.mapping_table.apply(&mappings);
+        let (allowed_written, allowed_removed, allowed_failure) =
+            self.allowed_table.apply(&allowed);
         let report = Report {
             written,
             removed,
@@ -213,6 +248,9 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
             mappings_removed,
             peers: accepted.len(),
             mappings: self.mapping_table.applied().len(),
+            allowed_written,
+            allowed_removed,
+            allowed: self.allowed_table.applied().len(),
             rejected: errors.len(),
             added: accepted
                 .iter()
@@ -239,6 +277,11 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
             .or(mapping_failure.map(|source| TableFailure {
                 kind: ObjectKind::NatMapping,
                 full: M::is_full(&source),
+                source,
+            }))
+            .or(allowed_failure.map(|source| TableFailure {
+                kind: ObjectKind::Pod,
+                full: A::is_full(&source),
                 source,
             }));
         (report, failure)
@@ -309,8 +352,9 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
                 _ => None,
             }) {
                 if let Some((first, _)) = nodes.get(node.name.as_str()) {
-                    errors.insert(Rejection::from(NodeError {
+                    errors.insert(Rejection::from(ObjectError {
                         origin: origin.clone(),
+                        kind: ObjectKind::Node,
                         object: ObjectKey {
                             namespace: String::new(),
                             name: node.name.clone(),
@@ -337,7 +381,7 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
                         errors.insert(PeerError::new(&peer.origin, &peer.key, problem).into());
                     }
                 },
-                Ok(Valid::Mapping(_) | Valid::Node(_)) => {}
+                Ok(_) => {}
                 Err(e) => {
                     errors.insert(e.clone());
                 }
@@ -365,7 +409,7 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
     /// The kernel's peer table tells two peers with the same views and the
     /// same networks of ours apart only by their NatMappings: the one held
     /// had entries under its ID if and only if its cluster has a NatMapping.
-    fn rank(&self, p: &Peer, mapped: &BTreeSet<&str>) -> impl Ord + use<P, M> {
+    fn rank(&self, p: &Peer, mapped: &BTreeSet<&str>) -> impl Ord + use<P, M, A> {
         let accepted = self.seniority.get(&p.key).copied().unwrap_or(u64::MAX);
         let held: Vec<&PeerNat> = p
             .views()
@@ -392,6 +436,14 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
             p.origin.clone(),
             p.key.clone(),
         )
+    }
+
+    /// Every valid document of every origin.
+    fn valid(&self) -> impl Iterator<Item = &Valid> + Clone {
+        self.origins
+            .values()
+            .flatten()
+            .filter_map(|v| v.as_ref().ok())
     }
 
     /// The clusters with a NatMapping that has entries, among the objects:
@@ -426,6 +478,34 @@ impl<P: PeerTable, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
             self.ids.insert(peer.key.clone(), id);
         }
     }
+}
+
+/// Validates one document of `origin`; None for an object that concerns
+/// no table (a Pod not offloaded, an EndpointSlice of another manager).
+fn validate(document: Document, origin: &str) -> Option<Result<Valid, Rejection>> {
+    fn valid<T, E: Into<Rejection>>(
+        result: Result<T, E>,
+        into: fn(T) -> Valid,
+    ) -> Result<Valid, Rejection> {
+        result.map(into).map_err(Into::into)
+    }
+    Some(match document {
+        Err(e) => Err(e.into()),
+        Ok(Object::TunnelEndpoint(raw)) => valid(Peer::from_raw(&raw, origin), Valid::Peer),
+        Ok(Object::NatMapping(raw)) => valid(NatMapping::from_raw(&raw, origin), Valid::Mapping),
+        Ok(Object::Node(raw)) => valid(Node::from_raw(&raw, origin), Valid::Node),
+        Ok(Object::Pod(raw)) => valid(
+            OffloadedPod::from_raw(&raw, origin).transpose()?,
+            Valid::Pod,
+        ),
+        Ok(Object::EndpointSlice(raw)) => valid(
+            ExportedSlice::from_raw(&raw, origin).transpose()?,
+            Valid::Slice,
+        ),
+        Ok(Object::NamespaceOffloading(raw)) => {
+            valid(Offloading::from_raw(&raw, origin), Valid::Offloading)
+        }
+    })
 }
 
 #[cfg(test)]

@@ -459,4 +459,5 @@ fn natmapping(cluster: &str, entries: &[(String, String)]) -> String {
     yaml
 }
 
+mod allowed;
 mod mappings;

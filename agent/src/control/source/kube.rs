@@ -1,6 +1,7 @@
 //! The Kubernetes source: TunnelEndpoints in every namespace, the
-//! cluster-scoped NatMappings, and the Nodes the overlay needs, through
-//! kube-rs's watcher and reflector.
+//! cluster-scoped NatMappings, the Nodes the overlay needs and, on a
+//! gateway, what isolation reads (offloaded Pods, managed EndpointSlices,
+//! NamespaceOffloadings), through kube-rs's watcher and reflector.
 //!
 //! Each object is an origin of its own. The watcher relists after a `410
 //! Gone` or a broken watch, and backs off with jitter while the API server
@@ -23,7 +24,10 @@ use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use super::SourceEvent;
-use crate::model::object::{self, Object, ObjectKey, ObjectKind};
+use crate::model::{
+    object::{self, Object, ObjectKey, ObjectKind},
+    offloading::{ENDPOINTSLICE_CONTROLLER, MANAGED_BY_LABEL, ORIGIN_LABEL},
+};
 
 /// The objects as the API server last sent them, for writing back status
 /// and events.
@@ -54,24 +58,44 @@ pub fn origin(kind: ObjectKind, key: &ObjectKey) -> String {
     format!("kube:{}/{key}", kind.plural())
 }
 
-/// Watches every kind and sends their changes; `Synced` follows once each
+/// Watches `kinds` and sends their changes; `Synced` follows once each
 /// was listed in full. Events stop when the receiver is dropped.
-pub fn watch_kube(client: Client) -> (mpsc::Receiver<SourceEvent>, KubeSource) {
-    let [(tunnel_endpoints, te), (nat_mappings, nm), (_, nodes)] =
-        ObjectKind::ALL.map(|kind| reflected(&client, kind));
-    let streams = [te, nm, nodes];
+pub fn watch_kube(
+    client: Client,
+    kinds: &[ObjectKind],
+) -> (mpsc::Receiver<SourceEvent>, KubeSource) {
+    let empty = |kind| reflector::store::Writer::new(api_resource(kind)).as_reader();
+    let mut source = KubeSource {
+        tunnel_endpoints: empty(ObjectKind::TunnelEndpoint),
+        nat_mappings: empty(ObjectKind::NatMapping),
+    };
+    let streams: Vec<(ObjectKind, BoxStream<'static, WatchResult>)> = kinds
+        .iter()
+        .map(|&kind| {
+            let (store, stream) = watched(&client, kind);
+            match kind {
+                ObjectKind::TunnelEndpoint => source.tunnel_endpoints = store,
+                ObjectKind::NatMapping => source.nat_mappings = store,
+                _ => {}
+            }
+            (kind, stream)
+        })
+        .collect();
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
-        let mut kinds = ObjectKind::ALL.map(Listing::new);
+        let mut listings: Vec<Listing> = streams
+            .iter()
+            .map(|(kind, _)| Listing::new(*kind))
+            .collect();
         let mut synced = false;
         let mut events = futures::stream::select_all(
             streams
                 .into_iter()
                 .enumerate()
-                .map(|(i, stream)| stream.map(move |e| (i, e))),
+                .map(|(i, (_, stream))| stream.map(move |e| (i, e))),
         );
-        while let Some((kind, event)) = events.next().await {
-            let listing = &mut kinds[kind];
+        while let Some((index, event)) = events.next().await {
+            let listing = &mut listings[index];
             let event = match event {
                 Ok(event) => event,
                 Err(e) => {
@@ -84,7 +108,7 @@ pub fn watch_kube(client: Client) -> (mpsc::Receiver<SourceEvent>, KubeSource) {
                     return;
                 }
             }
-            if !synced && kinds.iter().all(|k| k.synced) {
+            if !synced && listings.iter().all(|k| k.synced) {
                 synced = true;
                 if tx.send(SourceEvent::Synced).await.is_err() {
                     return;
@@ -92,20 +116,15 @@ pub fn watch_kube(client: Client) -> (mpsc::Receiver<SourceEvent>, KubeSource) {
             }
         }
     });
-    (
-        rx,
-        KubeSource {
-            tunnel_endpoints,
-            nat_mappings,
-        },
-    )
+    (rx, source)
 }
 
 type WatchResult = watcher::Result<watcher::Event<DynamicObject>>;
 
-/// A watcher of `kind` in every namespace, backing off with jitter, that
-/// also keeps a store of the objects.
-fn reflected(
+/// A watcher of `kind` in every namespace, backing off with jitter. The
+/// kinds whose status the agent writes keep a store of their objects; the
+/// others (Pods above all) are not held in memory twice.
+fn watched(
     client: &Client,
     kind: ObjectKind,
 ) -> (Store<DynamicObject>, BoxStream<'static, WatchResult>) {
@@ -113,11 +132,25 @@ fn reflected(
     let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
     let writer = reflector::store::Writer::new(resource);
     let store = writer.as_reader();
-    let stream = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .reflect(writer)
-        .boxed();
+    let watch = watcher(api, selector(kind)).default_backoff();
+    let stream = match kind {
+        ObjectKind::TunnelEndpoint | ObjectKind::NatMapping => watch.reflect(writer).boxed(),
+        _ => watch.boxed(),
+    };
     (store, stream)
+}
+
+/// Only what isolation reads: offloaded pods, and the slices Kubernetes'
+/// own controller manages. The reader checks the same labels again.
+fn selector(kind: ObjectKind) -> watcher::Config {
+    let config = watcher::Config::default();
+    match kind {
+        ObjectKind::Pod => config.labels(ORIGIN_LABEL),
+        ObjectKind::EndpointSlice => {
+            config.labels(&format!("{MANAGED_BY_LABEL}={ENDPOINTSLICE_CONTROLLER}"))
+        }
+        _ => config,
+    }
 }
 
 /// What one kind's watch has delivered so far.

@@ -408,8 +408,11 @@ impl Writer {
         let store = match kind {
             ObjectKind::NatMapping => &self.source.nat_mappings,
             ObjectKind::TunnelEndpoint => &self.source.tunnel_endpoints,
-            // Nodes are read, never written back to.
-            ObjectKind::Node => return None,
+            // Nodes and what isolation reads are read, never written back to.
+            ObjectKind::Node
+            | ObjectKind::Pod
+            | ObjectKind::EndpointSlice
+            | ObjectKind::NamespaceOffloading => return None,
         };
         let reference = ObjectRef::new_with(&key.name, api_resource(kind));
         let reference = if key.namespace.is_empty() {

@@ -18,6 +18,7 @@ use aya::{
     programs::{TcAttachType, Xdp, XdpMode, links::PinnedLink, tc::TcHandle},
 };
 use isthmus_common::{
+    isolation::AllowKey,
     names,
     pins::{Direction, Pins},
 };
@@ -197,6 +198,12 @@ impl Dataplane {
             self.take(names::MAP_NATMAP_REV)?,
         );
         MappingMap::new(forward, reverse).map_err(|e| DataplaneError::Map(names::MAP_NATMAP, e))
+    }
+
+    /// The allowed table of segregated peers, for the reconciler.
+    pub fn take_allowed(&mut self) -> Result<PresenceSet<AllowKey>, DataplaneError> {
+        PresenceSet::new(self.take(names::MAP_ALLOWED)?)
+            .map_err(|e| DataplaneError::Map(names::MAP_ALLOWED, e))
     }
 
     /// The masquerade's flow table and settings.

@@ -10,6 +10,10 @@ use thiserror::Error;
 pub const API_VERSION: &str = "net.liqo.io/v1alpha1";
 /// The API version of Kubernetes core objects.
 pub const CORE_API_VERSION: &str = "v1";
+/// The API version of EndpointSlices.
+pub const DISCOVERY_API_VERSION: &str = "discovery.k8s.io/v1";
+/// The API version of Liqo's NamespaceOffloadings.
+pub const OFFLOADING_API_VERSION: &str = "offloading.liqo.io/v1alpha1";
 
 /// A kind of object the agent reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -21,11 +25,32 @@ pub enum ObjectKind {
     /// A cluster node, read for the overlay: its PodCIDRs, its address and
     /// whether it is the gateway.
     Node,
+    /// A pod, read for isolation: whether it was offloaded from a peer,
+    /// and its addresses.
+    Pod,
+    /// Endpoints of a Service, read for isolation: what a namespace
+    /// offloaded to a peer exports to it.
+    EndpointSlice,
+    /// Liqo's per-namespace offloading, read for isolation: which peers a
+    /// namespace is offloaded to.
+    NamespaceOffloading,
 }
 
 impl ObjectKind {
     /// Every kind, in the order the agent reads them.
-    pub const ALL: [ObjectKind; 3] = [Self::TunnelEndpoint, Self::NatMapping, Self::Node];
+    pub const ALL: [ObjectKind; 6] = [
+        Self::TunnelEndpoint,
+        Self::NatMapping,
+        Self::Node,
+        Self::Pod,
+        Self::EndpointSlice,
+        Self::NamespaceOffloading,
+    ];
+
+    /// The kinds a segregating gateway reads to know what each peer may
+    /// reach.
+    pub const ISOLATION: [ObjectKind; 3] =
+        [Self::Pod, Self::EndpointSlice, Self::NamespaceOffloading];
 
     /// The `kind` field of such an object.
     pub const fn as_str(self) -> &'static str {
@@ -33,6 +58,9 @@ impl ObjectKind {
             Self::TunnelEndpoint => "TunnelEndpoint",
             Self::NatMapping => "NatMapping",
             Self::Node => "Node",
+            Self::Pod => "Pod",
+            Self::EndpointSlice => "EndpointSlice",
+            Self::NamespaceOffloading => "NamespaceOffloading",
         }
     }
 
@@ -40,7 +68,9 @@ impl ObjectKind {
     pub const fn api_version(self) -> &'static str {
         match self {
             Self::TunnelEndpoint | Self::NatMapping => API_VERSION,
-            Self::Node => CORE_API_VERSION,
+            Self::Node | Self::Pod => CORE_API_VERSION,
+            Self::EndpointSlice => DISCOVERY_API_VERSION,
+            Self::NamespaceOffloading => OFFLOADING_API_VERSION,
         }
     }
 
@@ -50,6 +80,9 @@ impl ObjectKind {
             Self::TunnelEndpoint => "tunnelendpoints",
             Self::NatMapping => "natmappings",
             Self::Node => "nodes",
+            Self::Pod => "pods",
+            Self::EndpointSlice => "endpointslices",
+            Self::NamespaceOffloading => "namespaceoffloadings",
         }
     }
 
@@ -185,17 +218,66 @@ pub struct RawNatMapping {
     pub spec: Mapping,
 }
 
-/// A Kubernetes Node as read: the parts the overlay uses.
+/// A Kubernetes object read for a few of its fields (a Node, a Pod, an
+/// EndpointSlice, a NamespaceOffloading): its name, labels and every
+/// top-level field but `metadata`.
 #[derive(Clone, Debug)]
-pub struct RawNode {
+pub struct RawObject {
     /// Its `metadata`.
     pub key: ObjectKey,
     /// Its `metadata.labels`.
     pub labels: Mapping,
-    /// Its `spec`.
-    pub spec: Mapping,
-    /// Its `status`.
-    pub status: Mapping,
+    /// Its other top-level fields (`spec`, `status`, an EndpointSlice's
+    /// `endpoints`, …).
+    pub body: Mapping,
+}
+
+impl RawObject {
+    /// The value at `path` (`["status", "podIP"]`), if every step is a
+    /// mapping that holds the next.
+    pub fn get(&self, path: &[&str]) -> Option<&Value> {
+        let (first, rest) = path.split_first()?;
+        rest.iter()
+            .try_fold(self.body.get(*first)?, |value, step| value.get(*step))
+    }
+
+    /// The text of label `key`, if it has one (YAML may read an unquoted
+    /// `true` or a number as such).
+    pub fn label(&self, key: &str) -> Option<String> {
+        match self.labels.get(key)? {
+            Value::String(s) => Some(s.clone()),
+            Value::Bool(b) => Some(b.to_string()),
+            Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        }
+    }
+}
+
+/// An object, or a field of one, that cannot be used: the origin, the
+/// object and the problem, naming the field.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[error("{origin}: {kind} {object}: {problem}")]
+pub struct ObjectError {
+    /// Where the object came from.
+    pub origin: String,
+    /// Its kind.
+    pub kind: ObjectKind,
+    /// The object.
+    pub object: ObjectKey,
+    /// What is wrong, naming the field.
+    pub problem: String,
+}
+
+impl ObjectError {
+    /// `problem` with `raw`, a `kind` read from `origin`.
+    pub fn new(origin: &str, kind: ObjectKind, raw: &RawObject, problem: String) -> Self {
+        Self {
+            origin: origin.to_owned(),
+            kind,
+            object: raw.key.clone(),
+            problem,
+        }
+    }
 }
 
 /// One document of a source, recognised by its `apiVersion` and `kind`.
@@ -206,7 +288,13 @@ pub enum Object {
     /// A `NatMapping`.
     NatMapping(RawNatMapping),
     /// A `v1` `Node`.
-    Node(RawNode),
+    Node(RawObject),
+    /// A `v1` `Pod`.
+    Pod(RawObject),
+    /// A `discovery.k8s.io/v1` `EndpointSlice`.
+    EndpointSlice(RawObject),
+    /// An `offloading.liqo.io/v1alpha1` `NamespaceOffloading`.
+    NamespaceOffloading(RawObject),
 }
 
 /// A document that is not an object the agent reads.
@@ -224,7 +312,7 @@ pub enum DocumentError {
     },
     /// Valid YAML of another kind.
     #[error(
-        "{file}: document {index} ({name}): not an object Isthmus reads: apiVersion {api_version:?}, kind {kind:?} (field apiVersion/kind; want {API_VERSION} TunnelEndpoint or NatMapping, or {CORE_API_VERSION} Node)"
+        "{file}: document {index} ({name}): not an object Isthmus reads: apiVersion {api_version:?}, kind {kind:?} (field apiVersion/kind; want {API_VERSION} TunnelEndpoint or NatMapping, {CORE_API_VERSION} Node or Pod, {DISCOVERY_API_VERSION} EndpointSlice, or {OFFLOADING_API_VERSION} NamespaceOffloading)"
     )]
     WrongKind {
         /// File holding the document.
@@ -312,120 +400,6 @@ pub fn from_decoded(
     }
 }
 
-/// A NatMapping of 10,000 entries spends 9 ms in the YAML scanner, nearly
-/// all of it on `spec.clusterMappings`. In the plain shape kubectl and Liqo
-/// write (one `a.b.c.d: e.f.g.h` per line), that block is read here and the
-/// scanner reads the rest. Any other shape, or a file of several documents,
-/// returns None and goes to the scanner whole, which also reports errors.
-///
-/// The block's key is replaced by a sentinel before the scanner reads the
-/// rest, and the result is kept only if the scanner finds that sentinel as
-/// `spec.clusterMappings` and nowhere else: a look-alike block inside a
-/// quoted or block scalar, or under another key, sends the file to the
-/// scanner whole. Where it answers, it answers as the scanner would.
-pub fn plain_natmapping(text: &str) -> Option<Value> {
-    let lines: Vec<&str> = text.lines().collect();
-    // YAML refuses a tab where it would indent, and any other control
-    // character anywhere, and this reader does not tell where those are:
-    // one anywhere sends the text to the scanner.
-    if text.chars().any(refused_by_yaml)
-        || lines
-            .iter()
-            .any(|l| l.starts_with("---") || l.starts_with("..."))
-    {
-        return None;
-    }
-    // The first `clusterMappings:` met while `spec:` is the open top-level
-    // key, in one pass; the sentinel checks it is really spec's.
-    let mut top = "";
-    let start = lines.iter().position(|l| {
-        if indent_of(l) == 0 && !l.trim().is_empty() {
-            top = l.trim_end();
-        }
-        top == "spec:" && l.trim() == "clusterMappings:"
-    })?;
-    let indent = indent_of(lines[start]);
-    let mut entries = Mapping::new();
-    let mut end = start + 1;
-    let entry_indent = indent_of(lines.get(end)?);
-    while let Some(line) = lines
-        .get(end)
-        .filter(|l| indent_of(l) > indent && !l.trim().is_empty())
-    {
-        let (endpoint, external) = plain_pair(line)?;
-        if indent_of(line) != entry_indent
-            || entries
-                .insert(
-                    Value::String(endpoint.into()),
-                    Value::String(external.into()),
-                )
-                .is_some()
-        {
-            return None;
-        }
-        end += 1;
-    }
-    // `clusterMappings:` with nothing under it is null to the scanner.
-    if entries.is_empty() {
-        return None;
-    }
-    // After a blank line, nothing may continue the block.
-    if lines[end..]
-        .iter()
-        .find(|l| !l.trim().is_empty())
-        .is_some_and(|l| indent_of(l) > indent)
-    {
-        return None;
-    }
-    let placeholder = format!(
-        "{}clusterMappings: {{{SENTINEL}: 0}}",
-        &lines[start][..indent]
-    );
-    let rest = [&lines[..start], &[placeholder.as_str()], &lines[end..]]
-        .concat()
-        .join("\n");
-    if rest.matches(SENTINEL).count() != 1 {
-        return None;
-    }
-    let mut value: Value = serde_yaml_ng::from_str(&rest).ok()?;
-    if value.get("kind").and_then(Value::as_str) != Some(ObjectKind::NatMapping.as_str()) {
-        return None;
-    }
-    let slot = value.get_mut("spec")?.get_mut("clusterMappings")?;
-    let sentinel = Mapping::from_iter([(Value::String(SENTINEL.into()), Value::from(0))]);
-    if *slot != Value::Mapping(sentinel) {
-        return None;
-    }
-    *slot = Value::Mapping(entries);
-    Some(value)
-}
-
-/// Whether YAML may refuse `c` where this reader would take it: outside
-/// YAML 1.2's printable set (a tab is in it, but not where it indents).
-fn refused_by_yaml(c: char) -> bool {
-    (c.is_control() && c != '\n') || matches!(c, '\u{fffe}' | '\u{ffff}')
-}
-
-/// The key the fast path puts in place of the block it read.
-const SENTINEL: &str = "isthmus-fast-path-sentinel";
-
-fn indent_of(line: &str) -> usize {
-    line.len() - line.trim_start_matches(' ').len()
-}
-
-/// `a.b.c.d: e.f.g.h`, both plain dotted quads, which YAML reads as strings.
-fn plain_pair(line: &str) -> Option<(&str, &str)> {
-    let (key, value) = line.trim().split_once(": ")?;
-    let (key, value) = (key.trim_end(), value.trim_start());
-    (dotted_quad(key) && dotted_quad(value)).then_some((key, value))
-}
-
-fn dotted_quad(s: &str) -> bool {
-    s.split('.').count() == 4
-        && s.split('.')
-            .all(|part| (1..=3).contains(&part.len()) && part.bytes().all(|b| b.is_ascii_digit()))
-}
-
 fn object(file: &str, index: usize, mut value: Value) -> Result<Object, DocumentError> {
     let text = |v: Option<&Value>| v.and_then(Value::as_str).unwrap_or("").to_owned();
     let api_version = text(value.get("apiVersion"));
@@ -469,17 +443,18 @@ fn object(file: &str, index: usize, mut value: Value) -> Result<Object, Document
     let labels = metadata_map("labels");
     let annotations = metadata_map("annotations");
     // Taken, not cloned: a NatMapping's spec may hold thousands of entries.
-    let mut half = |name: &str| match value.get_mut(name).map(std::mem::take) {
+    let mut body = match value {
+        Value::Mapping(body) => body,
+        _ => Mapping::new(),
+    };
+    for field in ["apiVersion", "kind", "metadata"] {
+        body.remove(field);
+    }
+    let mut half = |name: &str| match body.remove(name) {
         Some(Value::Mapping(mapping)) => mapping,
         _ => Mapping::new(),
     };
     Ok(match object_kind {
-        ObjectKind::Node => Object::Node(RawNode {
-            key,
-            labels,
-            spec: half("spec"),
-            status: half("status"),
-        }),
         ObjectKind::NatMapping => Object::NatMapping(RawNatMapping {
             key,
             spec: half("spec"),
@@ -492,6 +467,12 @@ fn object(file: &str, index: usize, mut value: Value) -> Result<Object, Document
                 annotations,
                 ..raw
             })
+        }
+        ObjectKind::Node => Object::Node(RawObject { key, labels, body }),
+        ObjectKind::Pod => Object::Pod(RawObject { key, labels, body }),
+        ObjectKind::EndpointSlice => Object::EndpointSlice(RawObject { key, labels, body }),
+        ObjectKind::NamespaceOffloading => {
+            Object::NamespaceOffloading(RawObject { key, labels, body })
         }
     })
 }
@@ -506,6 +487,10 @@ fn is_api_timestamp(t: &str) -> bool {
             _ => c == s,
         })
 }
+
+mod plain;
+
+pub use plain::plain_natmapping;
 
 #[cfg(test)]
 mod tests;

@@ -203,13 +203,23 @@ impl Peer {
 
     /// The kernel rules for this peer.
     pub fn nat(&self, peer_id: u32, default_mode: SecurityMode) -> PeerNat {
-        let mode = self.security_mode.unwrap_or(default_mode);
         PeerNat {
             peer_id,
-            flags: if mode.segregates() { SEGREGATED } else { 0 },
+            flags: if self.segregated(default_mode) {
+                SEGREGATED
+            } else {
+                0
+            },
             egress: [self.local_pod.outbound(), self.local_external.outbound()],
             ingress: [self.local_pod.inbound(), self.local_external.inbound()],
         }
+    }
+
+    /// Whether the kernel holds the peer to the allowed table: its
+    /// annotation says so, or the agent's `default_mode` where it says
+    /// nothing.
+    pub fn segregated(&self, default_mode: SecurityMode) -> bool {
+        self.security_mode.unwrap_or(default_mode).segregates()
     }
 
     /// A label for logs and metrics: the cluster ID, else the object name.

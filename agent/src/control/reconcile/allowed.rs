@@ -1,0 +1,89 @@
+//! The allowed table (`isthmus_common::isolation`): what each segregated
+//! peer may open connections to, from what was offloaded from it and what
+//! is exported to it.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use isthmus_common::{isolation::AllowKey, wire::Be32};
+
+use super::Valid;
+use crate::model::{
+    offloading::{ExportedPort, namespace_map_name},
+    peer::Peer,
+};
+
+/// Every entry the `segregated` peers (with their IDs) are owed by the
+/// objects: each pod offloaded from a peer on any port, and each endpoint
+/// of a namespace offloaded to a peer on its ports.
+pub(super) fn desired<'a>(
+    segregated: &[(u32, &Peer)],
+    objects: impl Iterator<Item = &'a Valid> + Clone,
+) -> BTreeMap<AllowKey, u8> {
+    let mut allowed = BTreeMap::new();
+    if segregated.is_empty() {
+        return allowed;
+    }
+    let mut by_cluster: HashMap<&str, Vec<u32>> = HashMap::new();
+    let mut by_map_name: HashMap<String, Vec<u32>> = HashMap::new();
+    for (id, peer) in segregated {
+        let Some(cluster) = peer.cluster_id.as_deref() else {
+            continue;
+        };
+        by_cluster.entry(cluster).or_default().push(*id);
+        if let Some(name) = peer.cluster_name.as_deref() {
+            let map_name = namespace_map_name(name, cluster);
+            by_map_name.entry(map_name).or_default().push(*id);
+        }
+    }
+    let mut offloaded_to: HashMap<&str, BTreeSet<u32>> = HashMap::new();
+    for offloading in objects.clone().filter_map(|v| match v {
+        Valid::Offloading(o) => Some(o),
+        _ => None,
+    }) {
+        let peers = offloading
+            .selected
+            .iter()
+            .filter_map(|name| by_map_name.get(name))
+            .flatten();
+        offloaded_to
+            .entry(offloading.key.namespace.as_str())
+            .or_default()
+            .extend(peers);
+    }
+    for object in objects {
+        match object {
+            Valid::Pod(pod) => {
+                for id in by_cluster
+                    .get(pod.origin_cluster.as_str())
+                    .into_iter()
+                    .flatten()
+                {
+                    for addr in &pod.addresses {
+                        allowed.insert(AllowKey::any_port(*id, Be32::from(*addr)), 1);
+                    }
+                }
+            }
+            Valid::Slice(slice) => {
+                let Some(peers) = offloaded_to.get(slice.key.namespace.as_str()) else {
+                    continue;
+                };
+                for id in peers {
+                    for addr in &slice.addresses {
+                        for port in &slice.ports {
+                            allowed.insert(key(*id, Be32::from(*addr), *port), 1);
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    allowed
+}
+
+fn key(peer_id: u32, addr: Be32, port: ExportedPort) -> AllowKey {
+    match port {
+        ExportedPort::Exact { proto, port } => AllowKey::endpoint(peer_id, addr, proto, port),
+        ExportedPort::Any => AllowKey::any_port(peer_id, addr),
+    }
+}

@@ -1,0 +1,223 @@
+//! The allowed table: what a segregated peer may reach, from the Pods,
+//! EndpointSlices and NamespaceOffloadings Liqo and Kubernetes write, as a
+//! diff.
+
+use std::net::Ipv4Addr;
+
+use isthmus_common::{
+    ipv4::{PROTO_TCP, PROTO_UDP},
+    isolation::SEGREGATED,
+};
+use xtask::offloading::{Listed, endpoint_slice, namespace_offloading, pod};
+
+use super::*;
+use crate::model::isolation::{ANNOTATION, SecurityMode};
+
+type Allowed = MemoryTable<AllowKey, u8>;
+
+/// Peer `name` with cluster ID `cluster-<name>`, segregated or not.
+fn cluster(name: &str, third_octet: u8, segregated: bool) -> String {
+    let mut tep = peer(
+        name,
+        &format!("10.{third_octet}.0.0/24"),
+        &format!("10.{third_octet}.1.0/24"),
+    )
+    .cluster_identity(&format!("cluster-{name}"), name);
+    if segregated {
+        tep = tep.annotation(
+            ANNOTATION,
+            SecurityMode::IntraClusterTrafficSegregation.as_str(),
+        );
+    }
+    tep.to_string()
+}
+
+fn listed(name: &'static str, cluster_id: &'static str, selected: bool) -> Listed<'static> {
+    Listed {
+        cluster_name: name,
+        cluster_id,
+        selected,
+    }
+}
+
+fn ip(last: u8) -> Ipv4Addr {
+    Ipv4Addr::new(10, 244, 0, last)
+}
+
+/// Peers a (segregated, ID 1) and c (not, ID 2); a pod offloaded from
+/// each; namespace `shop` offloaded to a and not c, exporting b-pod1's
+/// TCP 18080 and UDP 53; namespace `other`, offloaded to nobody.
+fn lab(r: &mut Reconciler<&mut Peers, Mappings, &mut Allowed>) {
+    let files = [
+        ("a.yaml", cluster("a", 40, true)),
+        ("c.yaml", cluster("c", 41, false)),
+        (
+            "pod-from-a.yaml",
+            pod("web", "shop", Some("cluster-a"), ip(133)),
+        ),
+        (
+            "pod-from-c.yaml",
+            pod("db", "shop", Some("cluster-c"), ip(134)),
+        ),
+        ("pod-local.yaml", pod("local", "shop", None, ip(135))),
+        (
+            "slice-shop.yaml",
+            endpoint_slice(
+                "web",
+                "shop",
+                &[ip(5)],
+                &[("http", 18080, "TCP"), ("dns", 53, "UDP")],
+            ),
+        ),
+        (
+            "offloading-shop.yaml",
+            namespace_offloading(
+                "shop",
+                &[
+                    listed("a", "cluster-a", true),
+                    listed("c", "cluster-c", false),
+                ],
+            ),
+        ),
+        (
+            "slice-other.yaml",
+            endpoint_slice("api", "other", &[ip(7)], &[("http", 80, "TCP")]),
+        ),
+    ];
+    for (file, yaml) in files {
+        r.set_origin(file.into(), docs(file, &yaml));
+    }
+}
+
+fn entries(allowed: &Allowed) -> Vec<AllowKey> {
+    allowed.entries.keys().copied().collect()
+}
+
+#[test]
+fn a_segregated_peer_is_allowed_its_offloaded_pods_and_the_endpoints_exported_to_it() {
+    let (mut peers, mut allowed) = (Peers::default(), Allowed::default());
+    let mut r = Reconciler::with_allowed(&mut peers, Mappings::default(), &mut allowed).unwrap();
+    lab(&mut r);
+    let report = r.reconcile().0;
+    assert_eq!(
+        (report.rejected, report.allowed),
+        (0, 3),
+        "{:?}",
+        report.new_errors
+    );
+    drop(r);
+    let a = 1;
+    assert_eq!(
+        entries(&allowed),
+        [
+            AllowKey::endpoint(a, Be32::from(ip(5)), PROTO_UDP, 53),
+            AllowKey::endpoint(a, Be32::from(ip(5)), PROTO_TCP, 18080),
+            AllowKey::any_port(a, Be32::from(ip(133))),
+        ]
+    );
+    assert_eq!(peers.entries[&net("10.40.0.0/24")].flags, SEGREGATED);
+    assert_eq!(peers.entries[&net("10.41.0.0/24")].flags, 0);
+}
+
+#[test]
+fn each_change_reaches_the_table_as_a_diff() {
+    let (mut peers, mut allowed) = (Peers::default(), Allowed::default());
+    let mut r = Reconciler::with_allowed(&mut peers, Mappings::default(), &mut allowed).unwrap();
+    lab(&mut r);
+    r.reconcile();
+    // The pod's label removed: it is no longer a's.
+    r.set_origin(
+        "pod-from-a.yaml".into(),
+        docs("pod-from-a.yaml", &pod("web", "shop", None, ip(133))),
+    );
+    let report = r.reconcile().0;
+    assert_eq!((report.allowed_written, report.allowed_removed), (0, 1));
+    // The namespace no longer offloaded to a.
+    r.set_origin(
+        "offloading-shop.yaml".into(),
+        docs(
+            "offloading-shop.yaml",
+            &namespace_offloading("shop", &[listed("a", "cluster-a", false)]),
+        ),
+    );
+    let report = r.reconcile().0;
+    assert_eq!((report.allowed_removed, report.allowed), (2, 0));
+    // c turns segregated: its own pod opens, and nothing else.
+    r.set_origin("c.yaml".into(), docs("c.yaml", &cluster("c", 41, true)));
+    let report = r.reconcile().0;
+    assert_eq!((report.allowed_written, report.allowed), (1, 1));
+    drop(r);
+    assert_eq!(
+        entries(&allowed),
+        [AllowKey::any_port(2, Be32::from(ip(134)))]
+    );
+}
+
+#[test]
+fn a_peer_no_longer_segregated_or_gone_leaves_nothing_behind() {
+    let (mut peers, mut allowed) = (Peers::default(), Allowed::default());
+    let mut r = Reconciler::with_allowed(&mut peers, Mappings::default(), &mut allowed).unwrap();
+    lab(&mut r);
+    r.reconcile();
+    r.set_origin("a.yaml".into(), docs("a.yaml", &cluster("a", 40, false)));
+    assert_eq!(r.reconcile().0.allowed, 0);
+    r.set_origin("a.yaml".into(), docs("a.yaml", &cluster("a", 40, true)));
+    assert_eq!(r.reconcile().0.allowed, 3);
+    r.remove_origin("a.yaml");
+    assert_eq!(r.reconcile().0.allowed, 0);
+}
+
+#[test]
+fn the_agents_mode_segregates_every_peer_without_an_annotation() {
+    let (mut peers, mut allowed) = (Peers::default(), Allowed::default());
+    let mut r = Reconciler::with_allowed(&mut peers, Mappings::default(), &mut allowed).unwrap();
+    lab(&mut r);
+    r.set_policy(Policy {
+        security_mode: SecurityMode::IntraClusterTrafficSegregation,
+        ..Policy::default()
+    });
+    // c's pod opens too; a's entries stay.
+    assert_eq!(r.reconcile().0.allowed, 4);
+}
+
+#[test]
+fn a_broken_object_is_rejected_alone_naming_its_field() {
+    let (mut peers, mut allowed) = (Peers::default(), Allowed::default());
+    let mut r = Reconciler::with_allowed(&mut peers, Mappings::default(), &mut allowed).unwrap();
+    lab(&mut r);
+    let broken = pod("web", "shop", Some("cluster-a"), ip(133))
+        .replace("- ip: 10.244.0.133", "- ip: 10.244.0.1333");
+    r.set_origin("pod-from-a.yaml".into(), docs("pod-from-a.yaml", &broken));
+    let report = r.reconcile().0;
+    assert_eq!(report.allowed, 2);
+    assert_eq!(
+        messages(&report.new_errors),
+        [
+            "pod-from-a.yaml: Pod shop/web: field status.podIPs[0].ip: \"10.244.0.1333\" is not an IPv4 address"
+        ]
+    );
+}
+
+#[test]
+fn ten_thousand_endpoints_change_one_entry_at_a_time() {
+    let (mut peers, mut allowed) = (Peers::default(), Allowed::default());
+    let mut r = Reconciler::with_allowed(&mut peers, Mappings::default(), &mut allowed).unwrap();
+    lab(&mut r);
+    r.reconcile();
+    let addresses: Vec<Ipv4Addr> = (0..10_000u32)
+        .map(|i| Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 244, 64, 0)) + i))
+        .collect();
+    let slice = endpoint_slice("big", "shop", &addresses, &[("http", 8080, "TCP")]);
+    r.set_origin("big.yaml".into(), docs("big.yaml", &slice));
+    assert_eq!(r.reconcile().0.allowed_written, 10_000);
+    r.set_origin(
+        "pod-from-a.yaml".into(),
+        docs(
+            "pod-from-a.yaml",
+            &pod("web", "shop", Some("cluster-a"), ip(136)),
+        ),
+    );
+    let report = r.reconcile().0;
+    assert_eq!((report.allowed_written, report.allowed_removed), (1, 1));
+    assert_eq!(report.allowed, 10_003);
+}

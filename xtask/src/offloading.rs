@@ -1,0 +1,92 @@
+//! What Liqo offloads and Kubernetes exports, as they write it: Pods the
+//! virtual kubelet created for a peer, EndpointSlices of Kubernetes' own
+//! controller, and NamespaceOffloadings with Liqo v0.10's status. The
+//! lab's, the benchmarks' and the tests' isolation objects.
+
+use std::net::Ipv4Addr;
+
+use sha2::{Digest, Sha256};
+
+/// A pod in `namespace` at `ip`, offloaded from the cluster
+/// `origin_cluster_id`, or local with None.
+pub fn pod(name: &str, namespace: &str, origin_cluster_id: Option<&str>, ip: Ipv4Addr) -> String {
+    let origin = origin_cluster_id
+        .map(|id| {
+            format!("\n    virtualkubelet.liqo.io/origin: {id}\n    liqo.io/managed-by: shadowpod")
+        })
+        .unwrap_or_default();
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {namespace}\n  labels:\n    app: {name}{origin}\n\
+         spec:\n  containers:\n  - name: main\n    image: registry.k8s.io/pause:3.9\n\
+         status:\n  phase: Running\n  podIP: {ip}\n  podIPs:\n  - ip: {ip}\n"
+    )
+}
+
+/// The EndpointSlice Kubernetes' endpointslice controller writes for
+/// Service `service` in `namespace`: `addresses` on `ports` (name, port,
+/// protocol).
+pub fn endpoint_slice(
+    service: &str,
+    namespace: &str,
+    addresses: &[Ipv4Addr],
+    ports: &[(&str, u16, &str)],
+) -> String {
+    let endpoints: String = addresses
+        .iter()
+        .map(|a| format!("- addresses:\n  - {a}\n  conditions:\n    ready: true\n    serving: true\n    terminating: false\n"))
+        .collect();
+    let ports: String = ports
+        .iter()
+        .map(|(name, port, protocol)| {
+            format!("- name: {name}\n  port: {port}\n  protocol: {protocol}\n")
+        })
+        .collect();
+    format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {service}-x7k2p\n  namespace: {namespace}\n  generateName: {service}-\n\
+         \x20 labels:\n    endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io\n    kubernetes.io/service-name: {service}\n\
+         addressType: IPv4\nendpoints:\n{endpoints}ports:\n{ports}"
+    )
+}
+
+/// A peer as a NamespaceOffloading's status lists it.
+pub struct Listed<'a> {
+    /// Its `clusterIdentity.clusterName`.
+    pub cluster_name: &'a str,
+    /// Its `clusterIdentity.clusterID`.
+    pub cluster_id: &'a str,
+    /// Whether the cluster selector picked it.
+    pub selected: bool,
+}
+
+/// The NamespaceOffloading of `namespace` as Liqo v0.10's controller
+/// leaves it: every peer listed under its NamespaceMap's name, with
+/// `OffloadingRequired` True for those selected.
+pub fn namespace_offloading(namespace: &str, peers: &[Listed]) -> String {
+    let conditions: String = peers
+        .iter()
+        .map(|p| {
+            let (status, reason) = match p.selected {
+                true => ("True", "ClusterSelected"),
+                false => ("False", "ClusterNotSelected"),
+            };
+            format!(
+                "    {}:\n    - lastTransitionTime: \"2024-05-01T10:00:00Z\"\n      reason: {reason}\n      status: \"{status}\"\n      type: OffloadingRequired\n",
+                namespace_map_name(p.cluster_name, p.cluster_id)
+            )
+        })
+        .collect();
+    format!(
+        "apiVersion: offloading.liqo.io/v1alpha1\nkind: NamespaceOffloading\nmetadata:\n  name: offloading\n  namespace: {namespace}\n\
+         spec:\n  namespaceMappingStrategy: DefaultName\n  podOffloadingStrategy: LocalAndRemote\n\
+         status:\n  offloadingPhase: Ready\n  remoteNamespacesConditions:\n{conditions}"
+    )
+}
+
+/// Liqo's name of a peer's NamespaceMap (`foreignclusterutils.UniqueName`):
+/// the cluster name, a dash, and the first three bytes of the SHA-256 of
+/// the cluster ID in hex.
+pub fn namespace_map_name(cluster_name: &str, cluster_id: &str) -> String {
+    let digest = Sha256::digest(cluster_id.as_bytes());
+    let hex: String = digest[..3].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{cluster_name}-{hex}")
+}
