@@ -1,4 +1,5 @@
-//! Objects as an author writes them: any text, read as the directory source
+//! Objects as an author writes them (TunnelEndpoints, NatMappings, Nodes,
+//! and what isolation reads): any text, read as the directory source
 //! reads a file, then every document validated as the reconciler does.
 //! Nothing may panic, every error names its file, and the NatMapping fast
 //! path, where it answers, must agree with the YAML scanner.
@@ -8,6 +9,7 @@ use isthmus_agent::{
     model::natmapping::NatMapping,
     model::node::Node,
     model::object::{Object, parse_documents, plain_natmapping},
+    model::offloading::{ExportedSlice, OffloadedPod, Offloading},
     model::peer::Peer,
     model::policy::Policy,
 };
@@ -39,6 +41,18 @@ fuzz_target!(|text: &str| {
                 Err(e) => e.to_string(),
             },
             Ok(Object::Node(raw)) => match Node::from_raw(&raw, FILE) {
+                Ok(_) => continue,
+                Err(e) => e.to_string(),
+            },
+            Ok(Object::Pod(raw)) => match OffloadedPod::from_raw(&raw, FILE) {
+                Ok(_) => continue,
+                Err(e) => e.to_string(),
+            },
+            Ok(Object::EndpointSlice(raw)) => match ExportedSlice::from_raw(&raw, FILE) {
+                Ok(_) => continue,
+                Err(e) => e.to_string(),
+            },
+            Ok(Object::NamespaceOffloading(raw)) => match Offloading::from_raw(&raw, FILE) {
                 Ok(_) => continue,
                 Err(e) => e.to_string(),
             },

@@ -982,16 +982,6 @@ fn maps_to(
     table.get(&key, 0).ok() == Some(Be32::from(endpoint))
 }
 
-/// Opens the map `map` pinned under bpffs directory `root`.
-fn pinned<K: aya::Pod, V: aya::Pod>(
-    root: &std::path::Path,
-    map: &str,
-) -> Result<HashMap<MapData, K, V>> {
-    let path = isthmus_common::pins::Pins::new(root).map(map);
-    let data = MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))?;
-    Ok(aya::maps::Map::from_map_data(data)?.try_into()?)
-}
-
 /// Prints one `RESULT name=… isthmus=… peer=… ratio=…` line per comparison,
 /// with `decimals` places, and returns them for the report.
 fn result_lines(results: &[(&str, f64, f64)], decimals: usize) -> String {

@@ -76,6 +76,10 @@ enum LabAction {
         /// Liqo's iptables rules and conncheck; the others run Isthmus.
         #[arg(long, conflicts_with = "tunnel")]
         liqo_peer: Option<String>,
+        /// Run cluster b's gateway in IntraClusterTrafficSegregation, with
+        /// a pod offloaded from a and a service exported to a.
+        #[arg(long, conflicts_with = "liqo_peer")]
+        segregation: bool,
     },
     /// Remove everything the lab created; succeeds when nothing is up.
     Down,
@@ -88,13 +92,27 @@ fn main() -> Result<()> {
         Task::Test { tier } => test::run(tier),
         Task::Fuzz { seconds } => fuzz::run(seconds),
         Task::Lab {
-            action: LabAction::Up { tunnel, liqo_peer },
+            action:
+                LabAction::Up {
+                    tunnel,
+                    liqo_peer,
+                    segregation,
+                },
         } => {
             build()?;
             match liqo_peer {
                 Some(name) => lab::up_with_liqo_peer(cluster_named(&name)?),
                 None => lab::up(tunnel),
+            }?;
+            if segregation {
+                lab::segregation::set(true)?;
+                println!(
+                    "lab: {} segregates its peers ({})",
+                    lab::segregation::CLUSTER.gw(),
+                    lab::segregation::MODE
+                );
             }
+            Ok(())
         }
         Task::LiqoConncheck { cluster } => xtask::lab::liqo_peer::run_conncheck(&cluster),
         Task::Lab {

@@ -62,16 +62,27 @@ pub fn next_port() -> u16 {
 }
 
 /// One exchange: a server in `server_ns`, a client in `client_ns` that
-/// sends to `target`.
+/// sends to `target`, on a port no other probe uses.
 pub fn exchange(proto: Proto, client_ns: &str, server_ns: &str, target: Ipv4Addr) -> Result<Seen> {
+    exchange_on(proto, client_ns, server_ns, target, next_port())
+}
+
+/// One exchange on `port` (ICMP has none).
+pub fn exchange_on(
+    proto: Proto,
+    client_ns: &str,
+    server_ns: &str,
+    target: Ipv4Addr,
+    port: u16,
+) -> Result<Seen> {
     match proto {
-        Proto::Tcp => tcp(client_ns, server_ns, target),
-        Proto::Udp => udp(client_ns, server_ns, target),
+        Proto::Tcp => tcp(client_ns, server_ns, target, port),
+        Proto::Udp => udp(client_ns, server_ns, target, port),
         Proto::Icmp => icmp(client_ns, server_ns, target),
     }
     .with_context(|| {
         format!(
-            "{} from {client_ns} to {target} (server in {server_ns})",
+            "{} from {client_ns} to {target} port {port} (server in {server_ns})",
             proto.as_str()
         )
     })
@@ -84,8 +95,7 @@ fn v4(addr: SocketAddr) -> Result<Ipv4Addr> {
     }
 }
 
-fn tcp(client_ns: &str, server_ns: &str, target: Ipv4Addr) -> Result<Seen> {
-    let port = next_port();
+fn tcp(client_ns: &str, server_ns: &str, target: Ipv4Addr, port: u16) -> Result<Seen> {
     let listener = netns::run_in(server_ns, || {
         TcpListener::bind((Ipv4Addr::UNSPECIFIED, port))
     })??;
@@ -124,8 +134,7 @@ fn tcp(client_ns: &str, server_ns: &str, target: Ipv4Addr) -> Result<Seen> {
     })
 }
 
-fn udp(client_ns: &str, server_ns: &str, target: Ipv4Addr) -> Result<Seen> {
-    let port = next_port();
+fn udp(client_ns: &str, server_ns: &str, target: Ipv4Addr, port: u16) -> Result<Seen> {
     let server = netns::run_in(server_ns, || UdpSocket::bind((Ipv4Addr::UNSPECIFIED, port)))??;
     let client = netns::run_in(client_ns, || UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)))??;
     server.set_read_timeout(Some(TIMEOUT))?;

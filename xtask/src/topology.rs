@@ -77,6 +77,10 @@ const POD1_HOST: u32 = 5;
 const POD2_HOST: u32 = 133;
 
 impl Cluster {
+    /// The cluster ID its peers' TunnelEndpoints carry.
+    pub fn cluster_id(&self) -> String {
+        format!("cluster-{}", self.name)
+    }
     /// Its gateway node's netns.
     pub fn gw(&self) -> String {
         format!("{}-gw", self.name)
@@ -391,8 +395,8 @@ spec:
         };
         // Before v0.6 the peer's identity was a bare `clusterID`.
         let tep = match self.layout {
-            Layout::Spec => tep.cluster_identity(&format!("cluster-{remote}"), remote),
-            Layout::Legacy => tep.cluster_id(&format!("cluster-{remote}")),
+            Layout::Spec => tep.cluster_identity(&self.remote.cluster_id(), remote),
+            Layout::Legacy => tep.cluster_id(&self.remote.cluster_id()),
         };
         tep.layout(self.layout).to_string()
     }

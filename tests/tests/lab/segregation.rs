@@ -1,26 +1,231 @@
-//! Cross-cluster isolation, as far as it goes today (issue 17): b holds a
-//! segregated, by the annotation on b's TunnelEndpoint for a. Nothing is
-//! offloaded from a or exported to it yet, so a opens nothing in b's
-//! networks and b-gw counts each try; b's own connections to a are
-//! answered, the hub path through b's NatMapping still carries a to c, and
-//! without the annotation a is back.
+//! Cross-cluster isolation (issue 17) in the lab, over TCP, UDP and ICMP:
+//! - the `--segregation` lab's table: b's gateway segregates its peers, a
+//!   reaches the pod offloaded from it on any port and the service
+//!   exported to it on its port alone, c reaches nothing, b's own
+//!   connections and the hub path go on, and b-gw counts each denial per
+//!   peer;
+//! - a change of the objects cuts a's new connections within 100 ms;
+//! - the TunnelEndpoint annotation segregates one peer of an agent that
+//!   does not.
 
-use std::time::Duration;
+use std::{net::Ipv4Addr, time::Duration};
 
+use isthmus_common::{isolation::AllowKey, names};
 use isthmus_tests::{eventually, require_lab};
 use xtask::{
-    lab,
+    lab::{self, segregation},
     probe::{self, Proto},
-    topology::{A, B, PEERINGS, Reach, reachability},
+    topology::{A, B, C, Cluster, PEERINGS, Reach, reachability},
 };
 
 const GIVE_UP: Duration = Duration::from_secs(30);
-const SEGREGATED: &str =
-    "  annotations:\n    isthmus.io/security-mode: IntraClusterTrafficSegregation\n";
+/// How soon a change of the objects must reach b-gw's kernel.
+const CUT_OFF: Duration = Duration::from_millis(100);
 
-/// Writes b's TunnelEndpoint for a, with or without the annotation, on
-/// every node of b.
-fn segregate_a(on: bool) {
+/// b segregating (the `--segregation` lab) until dropped, even when an
+/// assertion fails, for the tests after.
+struct Segregated;
+
+impl Segregated {
+    fn on() -> Self {
+        segregation::set(true).expect("b-gw restarted segregating");
+        Segregated
+    }
+}
+
+impl Drop for Segregated {
+    fn drop(&mut self) {
+        segregation::set(false).expect("b-gw restarted as before");
+    }
+}
+
+/// Whether `proto` from `from` to `target` (on `port`, if given) is
+/// answered by `server`, who sees the client as `seen_as`.
+fn answered(
+    proto: Proto,
+    from: &str,
+    server: &str,
+    target: Ipv4Addr,
+    port: Option<u16>,
+    seen_as: Ipv4Addr,
+) -> bool {
+    exchange(proto, from, server, target, port)
+        .is_ok_and(|seen| seen.client_as_seen_by_server == seen_as)
+}
+
+fn exchange(
+    proto: Proto,
+    from: &str,
+    server: &str,
+    target: Ipv4Addr,
+    port: Option<u16>,
+) -> anyhow::Result<probe::Seen> {
+    match port {
+        Some(port) => probe::exchange_on(proto, from, server, target, port),
+        None => probe::exchange(proto, from, server, target),
+    }
+}
+
+fn row_answered(row: &Reach, proto: Proto) -> bool {
+    answered(
+        proto,
+        &row.from,
+        &row.answered_by,
+        row.target,
+        None,
+        row.client_seen_as,
+    )
+}
+
+/// b-gw's count of `peer`'s packets denied as not allowed.
+fn denied(peer: &Cluster) -> f64 {
+    lab::metric_sum(
+        &B.gw(),
+        "isthmus_peer_denied_packets_total",
+        &[
+            ("cluster_id", peer.cluster_id().as_str()),
+            ("reason", "not_allowed"),
+        ],
+    )
+    .unwrap_or(0.0)
+}
+
+/// Asserts that `proto` from `peer`'s pod `from` to b's pod `server` (at
+/// `target`, on `port` if given) gets no answer, and that b-gw counted it.
+fn assert_refused(
+    proto: Proto,
+    peer: &Cluster,
+    from: &str,
+    server: &str,
+    target: Ipv4Addr,
+    port: Option<u16>,
+) {
+    let before = denied(peer);
+    let seen = exchange(proto, from, server, target, port);
+    assert!(
+        seen.is_err(),
+        "{proto:?} from {from} to {target}:{port:?} was answered: {seen:?}"
+    );
+    assert!(
+        denied(peer) > before,
+        "{proto:?} from {from} to {target}:{port:?}: b-gw counted no denial for {}",
+        peer.name
+    );
+}
+
+#[test]
+fn the_segregation_labs_table_holds() {
+    require_lab();
+    let rows = reachability();
+    let (a_to_b_pod1, a_to_b_pod2, b_to_a, hub) = (&rows[0], &rows[1], &rows[2], &rows[4]);
+    assert_eq!(
+        (a_to_b_pod1.row, a_to_b_pod2.row, b_to_a.row, hub.row),
+        (1, 2, 3, 5)
+    );
+    let _segregated = Segregated::on();
+    let service = Some(segregation::SERVICE_PORT);
+    // a-pod1 to b-pod1's service: answered on TCP, its protocol, only.
+    assert!(answered(
+        Proto::Tcp,
+        &a_to_b_pod1.from,
+        &a_to_b_pod1.answered_by,
+        a_to_b_pod1.target,
+        service,
+        a_to_b_pod1.client_seen_as
+    ));
+    let (a_pod1, b_pod1) = (&a_to_b_pod1.from, &a_to_b_pod1.answered_by);
+    assert_refused(Proto::Udp, &A, a_pod1, b_pod1, a_to_b_pod1.target, service);
+    assert_refused(Proto::Icmp, &A, a_pod1, b_pod1, a_to_b_pod1.target, None);
+    // Another port of b-pod1: refused.
+    for proto in [Proto::Tcp, Proto::Udp] {
+        let other = Some(segregation::SERVICE_PORT + 2);
+        assert_refused(proto, &A, a_pod1, b_pod1, a_to_b_pod1.target, other);
+    }
+    // c reaches b-pod1 as 10.244.0.5, and was offloaded nothing.
+    let c_view_of_b_pod1 = B.pod_addr(1);
+    for proto in Proto::ALL {
+        let port = (proto != Proto::Icmp).then_some(segregation::SERVICE_PORT);
+        assert_refused(proto, &C, &C.pod(1), b_pod1, c_view_of_b_pod1, port);
+    }
+    for proto in Proto::ALL {
+        // b-pod2, offloaded from a: any port.
+        assert!(
+            row_answered(a_to_b_pod2, proto),
+            "{proto:?}: a-pod2 to b-pod2"
+        );
+        // b opens to a: the replies pass.
+        assert!(row_answered(b_to_a, proto), "{proto:?}: b-pod1 to a-pod1");
+        // a to c through b's NatMapping.
+        assert!(
+            row_answered(hub, proto),
+            "{proto:?}: a-pod1 to c-pod1 through b"
+        );
+    }
+}
+
+/// Every key of b-gw's allowed table for `addr`.
+fn allowed(addr: Ipv4Addr) -> Vec<AllowKey> {
+    let table = lab::pinned_hash::<AllowKey, u8>(&lab::bpffs(&B.gw()), names::MAP_ALLOWED)
+        .expect("b-gw's allowed table");
+    table
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|key| Ipv4Addr::from(key.addr) == addr)
+        .collect()
+}
+
+#[test]
+fn a_pod_no_longer_offloaded_or_a_namespace_no_longer_offloaded_is_cut_within_100_ms() {
+    require_lab();
+    let rows = reachability();
+    let (a_to_b_pod1, a_to_b_pod2) = (&rows[0], &rows[1]);
+    let _segregated = Segregated::on();
+    let service = Some(segregation::SERVICE_PORT);
+    assert!(row_answered(a_to_b_pod2, Proto::Tcp));
+
+    segregation::write_pod(false).unwrap();
+    let took = eventually(GIVE_UP, "b-pod2 leaving b-gw's allowed table", || {
+        allowed(B.pod_addr(2)).is_empty()
+    });
+    assert!(
+        took < CUT_OFF,
+        "the label's removal took {took:?} to reach the kernel"
+    );
+    let (from, to) = (&a_to_b_pod2.from, &a_to_b_pod2.answered_by);
+    assert_refused(Proto::Tcp, &A, from, to, a_to_b_pod2.target, None);
+    segregation::write_pod(true).unwrap();
+    eventually(GIVE_UP, "a reaching b-pod2 again", || {
+        row_answered(a_to_b_pod2, Proto::Tcp)
+    });
+
+    let a_to_service = || {
+        answered(
+            Proto::Tcp,
+            &a_to_b_pod1.from,
+            &a_to_b_pod1.answered_by,
+            a_to_b_pod1.target,
+            service,
+            a_to_b_pod1.client_seen_as,
+        )
+    };
+    assert!(a_to_service());
+    segregation::write_offloading(false).unwrap();
+    let took = eventually(
+        GIVE_UP,
+        "b-pod1's service leaving b-gw's allowed table",
+        || allowed(B.pod_addr(1)).is_empty(),
+    );
+    assert!(
+        took < CUT_OFF,
+        "the namespace's offloading took {took:?} to reach the kernel"
+    );
+    let (from, to) = (&a_to_b_pod1.from, &a_to_b_pod1.answered_by);
+    assert_refused(Proto::Tcp, &A, from, to, a_to_b_pod1.target, service);
+}
+
+/// Writes b's TunnelEndpoint for a, with or without the annotation that
+/// segregates a, on every node of b.
+fn annotate_a(on: bool) {
     let peering = PEERINGS
         .iter()
         .find(|p| p.local.name == B.name && p.remote.name == A.name)
@@ -28,62 +233,57 @@ fn segregate_a(on: bool) {
     let key = lab::public_key(&A.gw()).unwrap();
     let mut yaml = peering.tunnel_endpoint_yaml(Some(&key));
     if on {
-        yaml = yaml.replacen("metadata:\n", &format!("metadata:\n{SEGREGATED}"), 1);
+        let annotation = format!(
+            "  annotations:\n    isthmus.io/security-mode: {}\n",
+            segregation::MODE
+        );
+        yaml = yaml.replacen("metadata:\n", &format!("metadata:\n{annotation}"), 1);
     }
     for (node, _) in B.nodes() {
         lab::write_object(&node, &format!("peer-{}.yaml", A.name), &yaml).unwrap();
     }
 }
 
-/// Lifts the annotation even when an assertion fails, for the tests after.
-struct Restore;
+/// Lifts the annotation even when an assertion fails.
+struct Annotated;
 
-impl Drop for Restore {
+impl Drop for Annotated {
     fn drop(&mut self) {
-        segregate_a(false);
+        annotate_a(false);
     }
-}
-
-fn answered(row: &Reach, proto: Proto) -> bool {
-    probe::exchange(proto, &row.from, &row.answered_by, row.target)
-        .is_ok_and(|seen| seen.client_as_seen_by_server == row.client_seen_as)
-}
-
-fn not_allowed() -> f64 {
-    lab::metric_sum(
-        &B.gw(),
-        "isthmus_peer_denied_packets_total",
-        &[("cluster_id", "cluster-a"), ("reason", "not_allowed")],
-    )
-    .unwrap_or(0.0)
 }
 
 #[test]
-fn a_segregated_peer_opens_nothing_it_was_not_given_and_the_rest_goes_on() {
+fn the_annotation_segregates_one_peer_of_an_agent_that_does_not() {
     require_lab();
     let rows = reachability();
-    let (a_to_b, b_to_a, hub) = (&rows[0], &rows[2], &rows[4]);
-    assert_eq!((a_to_b.row, b_to_a.row, hub.row), (1, 3, 5));
-    let _restore = Restore;
-    segregate_a(true);
+    let (a_to_b, b_to_a, c_from_b) = (&rows[0], &rows[2], &rows[3]);
+    let _annotated = Annotated;
+    annotate_a(true);
     eventually(GIVE_UP, "b-gw refusing a's new connections", || {
-        !answered(a_to_b, Proto::Udp)
+        !row_answered(a_to_b, Proto::Udp)
     });
-    for proto in [Proto::Tcp, Proto::Udp, Proto::Icmp] {
-        let before = not_allowed();
-        assert!(!answered(a_to_b, proto), "{proto:?}: a reached b-pod1");
-        assert!(
-            not_allowed() > before,
-            "{proto:?}: b-gw counted no denial for a"
+    // Nothing is offloaded from a or exported to it in this lab.
+    for proto in Proto::ALL {
+        assert_refused(
+            proto,
+            &A,
+            &a_to_b.from,
+            &a_to_b.answered_by,
+            a_to_b.target,
+            None,
         );
-        assert!(answered(b_to_a, proto), "{proto:?}: b-pod1 opens to a-pod1");
         assert!(
-            answered(hub, proto),
-            "{proto:?}: a-pod1 to c-pod1 through b"
+            row_answered(b_to_a, proto),
+            "{proto:?}: b-pod1 opens to a-pod1"
+        );
+        assert!(
+            row_answered(c_from_b, proto),
+            "{proto:?}: b and c, not segregated"
         );
     }
-    segregate_a(false);
+    annotate_a(false);
     eventually(GIVE_UP, "a reaching b again", || {
-        answered(a_to_b, Proto::Tcp)
+        row_answered(a_to_b, Proto::Tcp)
     });
 }

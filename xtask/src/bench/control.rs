@@ -25,7 +25,7 @@ use xtask::{
 };
 
 use super::{
-    Flow, disable_isthmus, enable_isthmus, maps_to, measure, median, peer_id, percentile, pinned,
+    Flow, disable_isthmus, enable_isthmus, maps_to, measure, median, peer_id, percentile,
     result_lines, write_section,
 };
 
@@ -265,7 +265,8 @@ fn bench_mapping(count: usize, changed: Option<(usize, u8)>, format: Format) -> 
 
 /// Waits until `node` programs the synthetic peer; returns its peer ID.
 fn wait_for_peer(node: &str) -> Result<u32> {
-    let peers: HashMap<MapData, PeerKey, PeerNat> = pinned(&lab::bpffs(node), names::MAP_PEERS)?;
+    let peers: HashMap<MapData, PeerKey, PeerNat> =
+        lab::pinned_hash(&lab::bpffs(node), names::MAP_PEERS)?;
     let view = BENCH_VIEW.parse()?;
     poll(
         Duration::from_secs(10),
@@ -277,7 +278,8 @@ fn wait_for_peer(node: &str) -> Result<u32> {
 
 /// Waits until `node` holds exactly `count` entries for `peer_id`.
 fn wait_entries(node: &str, peer_id: u32, count: usize) -> Result<()> {
-    let table: HashMap<MapData, MappingKey, Be32> = pinned(&lab::bpffs(node), names::MAP_NATMAP)?;
+    let table: HashMap<MapData, MappingKey, Be32> =
+        lab::pinned_hash(&lab::bpffs(node), names::MAP_NATMAP)?;
     let held = || {
         table
             .keys()
@@ -310,7 +312,8 @@ fn wait_entry(
 }
 
 fn apply_isthmus(node: &str, peer_id: u32, format: Format) -> Result<Duration> {
-    let table: HashMap<MapData, MappingKey, Be32> = pinned(&lab::bpffs(node), names::MAP_NATMAP)?;
+    let table: HashMap<MapData, MappingKey, Be32> =
+        lab::pinned_hash(&lab::bpffs(node), names::MAP_NATMAP)?;
     let text = bench_mapping(ENTRIES, None, format);
     let start = Instant::now();
     lab::write_object(node, format.file(), &text)?;
@@ -331,7 +334,8 @@ fn apply_isthmus(node: &str, peer_id: u32, format: Format) -> Result<Duration> {
 }
 
 fn update_latencies(node: &str, peer_id: u32, format: Format) -> Result<Vec<f64>> {
-    let table: HashMap<MapData, MappingKey, Be32> = pinned(&lab::bpffs(node), names::MAP_NATMAP)?;
+    let table: HashMap<MapData, MappingKey, Be32> =
+        lab::pinned_hash(&lab::bpffs(node), names::MAP_NATMAP)?;
     let mut latencies = Vec::with_capacity(UPDATES);
     for n in 0..UPDATES {
         let i = (n * 7919) % ENTRIES;

@@ -23,9 +23,7 @@ use xtask::{
     wait::poll,
 };
 
-use super::{
-    maps_to, peer_id, percentile, pinned, result_lines, rss_mib, synthetic_key, write_section,
-};
+use super::{maps_to, peer_id, percentile, result_lines, rss_mib, synthetic_key, write_section};
 
 /// TunnelEndpoints delivered.
 const PEERS: usize = 200;
@@ -122,8 +120,10 @@ pub fn measure() -> Result<KubeFigures> {
         ip(NS, &["link", "set", dev, "up"])?;
     }
     let pid = node.start_agent(&[])?;
-    let peers: HashMap<MapData, PeerKey, PeerNat> = pinned(&node.bpffs(), names::MAP_PEERS)?;
-    let mappings: HashMap<MapData, MappingKey, Be32> = pinned(&node.bpffs(), names::MAP_NATMAP)?;
+    let peers: HashMap<MapData, PeerKey, PeerNat> =
+        crate::lab::pinned_hash(&node.bpffs(), names::MAP_PEERS)?;
+    let mappings: HashMap<MapData, MappingKey, Be32> =
+        crate::lab::pinned_hash(&node.bpffs(), names::MAP_NATMAP)?;
     let holds = |id, (endpoint, external)| maps_to(&mappings, id, external, endpoint);
 
     println!(

@@ -8,6 +8,7 @@
 
 pub mod liqo_peer;
 pub mod monitor;
+pub mod segregation;
 
 use std::{
     fs,
@@ -577,6 +578,9 @@ pub fn agent_args(node: &str) -> Result<Vec<String>> {
         args.push(format!("--masquerade-ip={}", cluster.masquerade_addr()));
         // Endpoint names are looked up again often, so a test sees a move.
         args.push(format!("--resolve-interval={RESOLVE_INTERVAL}"));
+        if segregation::is_on() && node == segregation::CLUSTER.gw() {
+            args.push(format!("--security-mode={}", segregation::MODE));
+        }
     } else {
         args.push(format!("--pod-devs={POD_DEVS}"));
     }
@@ -639,6 +643,17 @@ pub fn stop_agent(node: &str) -> Result<()> {
     }
     let _ = fs::remove_file(pid_file(node));
     Ok(())
+}
+
+/// Opens the map `map` pinned under bpffs directory `root`.
+pub fn pinned_hash<K: aya::Pod, V: aya::Pod>(
+    root: &std::path::Path,
+    map: &str,
+) -> Result<aya::maps::HashMap<aya::maps::MapData, K, V>> {
+    let path = isthmus_common::pins::Pins::new(root).map(map);
+    let data = aya::maps::MapData::from_pin(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    Ok(aya::maps::Map::from_map_data(data)?.try_into()?)
 }
 
 /// Stops and starts node `node`'s agent, and waits until it is ready.

@@ -1,0 +1,96 @@
+//! The lab's `--segregation` variant (issue 17): cluster b's gateway runs in
+//! IntraClusterTrafficSegregation, and b's objects say that b-pod2 was
+//! offloaded from a, and that b-pod1 is the endpoint of a TCP service on
+//! port 18080 in a namespace offloaded to a and to nobody else.
+
+use std::{fs, net::Ipv4Addr};
+
+use anyhow::Result;
+
+use super::{restart_agent, state, write_object};
+use crate::{
+    offloading::{Listed, endpoint_slice, namespace_offloading, pod},
+    topology::{A, B, C, Cluster},
+};
+
+/// The cluster whose gateway segregates its peers.
+pub const CLUSTER: &Cluster = &B;
+/// The namespace b offloads to a, holding b-pod1's service.
+pub const NAMESPACE: &str = "shop";
+/// The port of b-pod1's service.
+pub const SERVICE_PORT: u16 = 18080;
+/// The mode b's gateway runs in.
+pub const MODE: &str = "IntraClusterTrafficSegregation";
+/// The file holding b-pod2's Pod.
+pub const POD_FILE: &str = "isolation-pod2.yaml";
+/// The file holding the namespace's NamespaceOffloading.
+pub const OFFLOADING_FILE: &str = "isolation-offloading.yaml";
+/// The file holding the service's EndpointSlice.
+const SLICE_FILE: &str = "isolation-slice.yaml";
+
+fn marker() -> std::path::PathBuf {
+    state("segregation")
+}
+
+/// Whether the lab's b gateway segregates its peers.
+pub fn is_on() -> bool {
+    marker().exists()
+}
+
+/// Turns segregation on (or off): b's isolation objects are written (or
+/// removed) and b's gateway restarted in the mode; returns once it is ready.
+pub fn set(on: bool) -> Result<()> {
+    let gw = CLUSTER.gw();
+    if on {
+        fs::write(marker(), MODE)?;
+        write_pod(true)?;
+        write_offloading(true)?;
+        let slice = endpoint_slice(
+            "web",
+            NAMESPACE,
+            &[CLUSTER.pod_addr(1)],
+            &[("http", SERVICE_PORT, "TCP")],
+        );
+        write_object(&gw, SLICE_FILE, &slice)?;
+    } else {
+        let _ = fs::remove_file(marker());
+        for file in [POD_FILE, OFFLOADING_FILE, SLICE_FILE] {
+            let _ = fs::remove_file(super::object_dir(&gw).join(file));
+        }
+    }
+    restart_agent(&gw)
+}
+
+/// Writes b-pod2's Pod, offloaded from a or (`false`) not.
+pub fn write_pod(from_a: bool) -> Result<()> {
+    let origin = from_a.then(|| A.cluster_id());
+    let yaml = pod("b-pod2", NAMESPACE, origin.as_deref(), pod2());
+    write_object(&CLUSTER.gw(), POD_FILE, &yaml)
+}
+
+/// Writes the namespace's NamespaceOffloading, as Liqo lists both of b's
+/// peers, with a selected or (`false`) not, and c never.
+pub fn write_offloading(to_a: bool) -> Result<()> {
+    let (a_id, c_id) = (A.cluster_id(), C.cluster_id());
+    let listed = [
+        Listed {
+            cluster_name: A.name,
+            cluster_id: &a_id,
+            selected: to_a,
+        },
+        Listed {
+            cluster_name: C.name,
+            cluster_id: &c_id,
+            selected: false,
+        },
+    ];
+    write_object(
+        &CLUSTER.gw(),
+        OFFLOADING_FILE,
+        &namespace_offloading(NAMESPACE, &listed),
+    )
+}
+
+fn pod2() -> Ipv4Addr {
+    CLUSTER.pod_addr(2)
+}
