@@ -11,6 +11,7 @@ use std::{
 mod chart;
 mod control;
 mod guard;
+mod isolation;
 mod kube;
 mod overlay;
 
@@ -33,7 +34,8 @@ use xtask::{
 #[derive(Subcommand)]
 pub enum Which {
     /// 64-byte UDP packets per second through the gateways: no NAT, Isthmus,
-    /// and the iptables NETMAP rules Liqo installs, with 1 and 200 peers.
+    /// and the iptables NETMAP rules Liqo installs, with 1 and 200 peers;
+    /// and Isthmus segregating a peer with 10,000 allowed endpoints.
     Nat,
     /// TCP throughput and round-trip time from a-pod1 to b-pod1 through the
     /// embedded tunnel, and through wireguard-go in its place.
@@ -386,14 +388,18 @@ enum Setup {
     Iptables(usize),
     /// Isthmus with this many peers.
     Isthmus(usize),
+    /// Isthmus with one peer, which b's gateway segregates, with
+    /// `isolation::ENDPOINTS` endpoints allowed to it.
+    Segregated,
 }
 
-const SETUPS: [Setup; 5] = [
+const SETUPS: [Setup; 6] = [
     Setup::Plain,
     Setup::Iptables(1),
     Setup::Iptables(200),
     Setup::Isthmus(1),
     Setup::Isthmus(200),
+    Setup::Segregated,
 ];
 
 impl Setup {
@@ -402,6 +408,7 @@ impl Setup {
             Setup::Plain => "plain",
             Setup::Iptables(_) => "iptables",
             Setup::Isthmus(_) => "isthmus",
+            Setup::Segregated => "isthmus, segregated",
         }
     }
 
@@ -409,6 +416,7 @@ impl Setup {
         match self {
             Setup::Plain => 0,
             Setup::Iptables(n) | Setup::Isthmus(n) => n,
+            Setup::Segregated => 1,
         }
     }
 
@@ -433,6 +441,14 @@ impl Setup {
                 enable_isthmus()?;
                 set_isthmus_peers(peers)?;
                 measure(flow)
+            }
+            Setup::Segregated => {
+                enable_isthmus()?;
+                set_isthmus_peers(1)?;
+                isolation::segregate()?;
+                let rates = measure(flow);
+                isolation::unsegregate()?;
+                rates
             }
         }
     }
@@ -474,6 +490,11 @@ fn nat() -> Result<()> {
         }
     }
     let rss = agent_rss_mib(&A.gw())?;
+    println!("bench: timing updates of b-gw's allowed table");
+    isolation::segregate()?;
+    let update_p99 = isolation::update_p99_ms();
+    isolation::unsegregate()?;
+    let update_p99 = update_p99?;
     let pps: Vec<(Setup, f64)> = samples
         .iter()
         .map(|(s, rates)| (*s, median(rates)))
@@ -513,6 +534,16 @@ fn nat() -> Result<()> {
             cost_ns(get(Setup::Iptables(200))),
         ),
         ("agent-rss-mib-200peers-vs-budget", rss, RSS_BUDGET_MIB),
+        (
+            "nat-pps-segregation-10k-vs-isthmus",
+            get(Setup::Segregated),
+            get(Setup::Isthmus(1)),
+        ),
+        (
+            "isolation-update-p99-ms-10k-vs-budget",
+            update_p99,
+            isolation::UPDATE_BUDGET_MS,
+        ),
     ];
     let lines = result_lines(&results, 1);
     write_report(&samples, rss, &lines)
@@ -924,6 +955,7 @@ fn write_report(samples: &[(Setup, Vec<f64>)], rss: f64, results: &str) -> Resul
             median(rates)
         );
     }
+    let endpoints = isolation::ENDPOINTS;
     let report = format!(
         "## NAT: 64-byte UDP through two gateways
 
@@ -943,11 +975,21 @@ warm-up); the table gives the median and the range of all windows.
   `SNAT` for other sources), generated from the same TunnelEndpoints; the
   peer under test is last in every chain.
 - **isthmus**: the TC programs, with the peers in their hash table (one lookup per prefix length in use).
+- **isthmus, segregated**: the same with one peer, and `b-gw` in
+  IntraClusterTrafficSegregation (issue 17) with {endpoints} endpoints
+  exported to a beside `b-pod2`, which is offloaded from a: each packet
+  from a also misses the flows b opened and the exact endpoint, and hits
+  `b-pod2`'s any-port entry.
 
 | setup | peers | packets/s (median) | range |
 |---|---|---|---|
 {table}
 Agent resident memory, idle with 200 peers: {rss:.1} MiB.
+
+`isolation-update-p99` is the p99 of 40 changes of `b-pod2`'s
+`virtualkubelet.liqo.io/origin` label (removed, restored), from the write of
+its file in `b-gw`'s object directory until `b-gw`'s allowed table shows it,
+with those {endpoints} endpoints in the table.
 
 ```
 {results}```
