@@ -15,6 +15,7 @@ use isthmus_agent::{
     model::{isolation::SecurityMode, object::parse_documents, policy::overlaps},
 };
 use isthmus_common::{
+    isolation::AllowKey,
     nat::{MappingKey, PeerNat},
     wire::Be32,
 };
@@ -52,6 +53,7 @@ impl<K: Ord + Copy, V: PartialEq + Copy> KernelTable for Table<K, V> {
 
 type Peers = Table<Ipv4Net, PeerNat>;
 type Mappings = Table<MappingKey, Be32>;
+type Allowed = Table<AllowKey, u8>;
 
 const NETS: [&str; 9] = [
     "10.0.0.0/24",
@@ -135,10 +137,11 @@ fn mapping_yaml(m: &Mapping) -> String {
     yaml
 }
 
-fn feed<P, M>(r: &mut Reconciler<P, M>, files: &BTreeMap<String, String>)
+fn feed<P, M, A>(r: &mut Reconciler<P, M, A>, files: &BTreeMap<String, String>)
 where
     P: isthmus_agent::kernel::table::PeerTable<Error = Infallible>,
     M: isthmus_agent::kernel::table::MappingTable<Error = Infallible>,
+    A: isthmus_agent::kernel::table::AllowedTable<Error = Infallible>,
 {
     for (file, text) in files {
         r.set_origin(file.clone(), parse_documents(file.as_ref(), text));
@@ -148,7 +151,9 @@ where
 fuzz_target!(|ops: Vec<Op>| {
     let peers: Peers = Table(Rc::default());
     let mappings: Mappings = Table(Rc::default());
-    let mut live = Reconciler::new(peers.clone(), mappings.clone()).expect("infallible");
+    let allowed: Allowed = Table(Rc::default());
+    let mut live =
+        Reconciler::new(peers.clone(), mappings.clone(), allowed.clone()).expect("infallible");
     let mut files: BTreeMap<String, String> = BTreeMap::new();
     for op in ops.into_iter().take(32) {
         match op {
@@ -195,7 +200,8 @@ fuzz_target!(|ops: Vec<Op>| {
             );
         }
         // A restarted agent reading the same files writes nothing.
-        let mut restarted = Reconciler::new(peers.clone(), mappings.clone()).expect("infallible");
+        let mut restarted = Reconciler::new(peers.clone(), mappings.clone(), allowed.clone())
+            .expect("infallible");
         feed(&mut restarted, &files);
         let (report, _) = restarted.reconcile();
         assert_eq!(
@@ -203,9 +209,11 @@ fuzz_target!(|ops: Vec<Op>| {
                 report.written,
                 report.removed,
                 report.mappings_written,
-                report.mappings_removed
+                report.mappings_removed,
+                report.allowed_written,
+                report.allowed_removed,
             ),
-            (0, 0, 0, 0),
+            (0, 0, 0, 0, 0, 0),
             "a restart rewrote the tables"
         );
     }

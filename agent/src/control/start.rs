@@ -69,7 +69,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     };
     let mut dataplane = Dataplane::load(&args.bpffs, &capacity)
         .with_context(|| format!("loading the dataplane under {}", args.bpffs.display()))?;
-    let mut reconciler = Reconciler::with_allowed(
+    let mut reconciler = Reconciler::new(
         dataplane.take_peer_map()?,
         dataplane.take_mapping_map()?,
         dataplane.take_allowed()?,

@@ -15,7 +15,7 @@ use std::{
 use ipnet::Ipv4Net;
 use isthmus_agent::{
     control::{
-        reconcile::Reconciler,
+        reconcile::{NoAllowedTable, Reconciler},
         run::{Host, RunLoop},
         source,
     },
@@ -89,7 +89,8 @@ impl Running {
         .unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let mut run_loop = RunLoop {
-            reconciler: Reconciler::new(peers.clone(), mappings.clone()).unwrap(),
+            reconciler: Reconciler::new(peers.clone(), mappings.clone(), NoAllowedTable::default())
+                .unwrap(),
             gateway: None,
             host: NoDevices,
             feedback: None,

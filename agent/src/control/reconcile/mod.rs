@@ -77,8 +77,7 @@ enum Valid {
     Offloading(Offloading),
 }
 
-/// The allowed table of a reconciler that has none of the kernel's: on a
-/// node that segregates no peer, or in tests.
+/// An allowed table in memory: what `check` programs, and the tests'.
 pub type NoAllowedTable = MemoryTable<AllowKey, u8>;
 
 /// Keeps the kernel's tables equal to what the objects describe.
@@ -105,15 +104,6 @@ pub struct Reconciler<P: PeerTable, M: MappingTable, A: AllowedTable = NoAllowed
     nodes: Vec<Node>,
 }
 
-impl<P: PeerTable<Error = std::io::Error>, M: MappingTable<Error = P::Error>> Reconciler<P, M> {
-    /// Starts from what the peer and NatMapping tables already hold (a
-    /// previous agent's work), with Liqo's default policy, keeping the
-    /// allowed table in memory.
-    pub fn new(peers: P, mappings: M) -> Result<Self, P::Error> {
-        Reconciler::with_allowed(peers, mappings, NoAllowedTable::default())
-    }
-}
-
 impl<P, M, A> Reconciler<P, M, A>
 where
     P: PeerTable,
@@ -122,7 +112,7 @@ where
 {
     /// Starts from what the tables already hold (a previous agent's work),
     /// with Liqo's default policy.
-    pub fn with_allowed(peers: P, mappings: M, allowed: A) -> Result<Self, P::Error> {
+    pub fn new(peers: P, mappings: M, allowed: A) -> Result<Self, P::Error> {
         let peer_table = Mirror::new(peers)?;
         let mapping_table = Mirror::new(mappings)?;
         let allowed_table = Mirror::new(allowed)?;

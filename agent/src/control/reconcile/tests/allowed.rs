@@ -96,7 +96,7 @@ fn entries(allowed: &Allowed) -> Vec<AllowKey> {
 #[test]
 fn a_segregated_peer_is_allowed_its_offloaded_pods_and_the_endpoints_exported_to_it() {
     let (mut peers, mut allowed) = (Peers::default(), Allowed::default());
-    let mut r = Reconciler::with_allowed(&mut peers, Mappings::default(), &mut allowed).unwrap();
+    let mut r = Reconciler::new(&mut peers, Mappings::default(), &mut allowed).unwrap();
     lab(&mut r);
     let report = r.reconcile().0;
     assert_eq!(
@@ -122,7 +122,7 @@ fn a_segregated_peer_is_allowed_its_offloaded_pods_and_the_endpoints_exported_to
 #[test]
 fn each_change_reaches_the_table_as_a_diff() {
     let (mut peers, mut allowed) = (Peers::default(), Allowed::default());
-    let mut r = Reconciler::with_allowed(&mut peers, Mappings::default(), &mut allowed).unwrap();
+    let mut r = Reconciler::new(&mut peers, Mappings::default(), &mut allowed).unwrap();
     lab(&mut r);
     r.reconcile();
     // The pod's label removed: it is no longer a's.
@@ -156,7 +156,7 @@ fn each_change_reaches_the_table_as_a_diff() {
 #[test]
 fn a_peer_no_longer_segregated_or_gone_leaves_nothing_behind() {
     let (mut peers, mut allowed) = (Peers::default(), Allowed::default());
-    let mut r = Reconciler::with_allowed(&mut peers, Mappings::default(), &mut allowed).unwrap();
+    let mut r = Reconciler::new(&mut peers, Mappings::default(), &mut allowed).unwrap();
     lab(&mut r);
     r.reconcile();
     r.set_origin("a.yaml".into(), docs("a.yaml", &cluster("a", 40, false)));
@@ -170,7 +170,7 @@ fn a_peer_no_longer_segregated_or_gone_leaves_nothing_behind() {
 #[test]
 fn the_agents_mode_segregates_every_peer_without_an_annotation() {
     let (mut peers, mut allowed) = (Peers::default(), Allowed::default());
-    let mut r = Reconciler::with_allowed(&mut peers, Mappings::default(), &mut allowed).unwrap();
+    let mut r = Reconciler::new(&mut peers, Mappings::default(), &mut allowed).unwrap();
     lab(&mut r);
     r.set_policy(Policy {
         security_mode: SecurityMode::IntraClusterTrafficSegregation,
@@ -183,7 +183,7 @@ fn the_agents_mode_segregates_every_peer_without_an_annotation() {
 #[test]
 fn a_broken_object_is_rejected_alone_naming_its_field() {
     let (mut peers, mut allowed) = (Peers::default(), Allowed::default());
-    let mut r = Reconciler::with_allowed(&mut peers, Mappings::default(), &mut allowed).unwrap();
+    let mut r = Reconciler::new(&mut peers, Mappings::default(), &mut allowed).unwrap();
     lab(&mut r);
     let broken = pod("web", "shop", Some("cluster-a"), ip(133))
         .replace("- ip: 10.244.0.133", "- ip: 10.244.0.1333");
@@ -201,7 +201,7 @@ fn a_broken_object_is_rejected_alone_naming_its_field() {
 #[test]
 fn ten_thousand_endpoints_change_one_entry_at_a_time() {
     let (mut peers, mut allowed) = (Peers::default(), Allowed::default());
-    let mut r = Reconciler::with_allowed(&mut peers, Mappings::default(), &mut allowed).unwrap();
+    let mut r = Reconciler::new(&mut peers, Mappings::default(), &mut allowed).unwrap();
     lab(&mut r);
     r.reconcile();
     let addresses: Vec<Ipv4Addr> = (0..10_000u32)
