@@ -50,16 +50,18 @@ pub fn endpoint_slice(
 
 /// A peer as a NamespaceOffloading's status lists it.
 pub struct Listed<'a> {
-    /// Its `clusterIdentity.clusterName`.
-    pub cluster_name: &'a str,
+    /// Its `clusterIdentity.clusterName`; None where the TunnelEndpoint
+    /// has none, as before Liqo v0.6, whose status keys peers by cluster ID.
+    pub cluster_name: Option<&'a str>,
     /// Its `clusterIdentity.clusterID`.
     pub cluster_id: &'a str,
     /// Whether the cluster selector picked it.
     pub selected: bool,
 }
 
-/// The NamespaceOffloading of `namespace` as Liqo v0.10's controller
-/// leaves it: every peer listed under its NamespaceMap's name, with
+/// The NamespaceOffloading of `namespace` as Liqo's controller leaves it:
+/// every peer listed under its NamespaceMap's name (its cluster ID for a
+/// peer without a cluster name, as Liqo v0.3 and v0.4 key it), with
 /// `OffloadingRequired` True for those selected.
 pub fn namespace_offloading(namespace: &str, peers: &[Listed]) -> String {
     let conditions: String = peers
@@ -71,7 +73,10 @@ pub fn namespace_offloading(namespace: &str, peers: &[Listed]) -> String {
             };
             format!(
                 "    {}:\n    - lastTransitionTime: \"2024-05-01T10:00:00Z\"\n      reason: {reason}\n      status: \"{status}\"\n      type: OffloadingRequired\n",
-                namespace_map_name(p.cluster_name, p.cluster_id)
+                p.cluster_name.map_or_else(
+                    || p.cluster_id.to_owned(),
+                    |name| namespace_map_name(name, p.cluster_id)
+                )
             )
         })
         .collect();

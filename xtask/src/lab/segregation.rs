@@ -9,8 +9,9 @@ use anyhow::Result;
 
 use super::{restart_agent, state, write_object};
 use crate::{
+    objects::Layout,
     offloading::{Listed, endpoint_slice, namespace_offloading, pod},
-    topology::{A, B, C, Cluster},
+    topology::{A, B, C, Cluster, PEERINGS},
 };
 
 /// The cluster whose gateway segregates its peers.
@@ -72,23 +73,24 @@ pub fn write_pod(from_a: bool) -> Result<()> {
 /// peers, with a selected or (`false`) not, and c never.
 pub fn write_offloading(to_a: bool) -> Result<()> {
     let (a_id, c_id) = (A.cluster_id(), C.cluster_id());
-    let listed = [
-        Listed {
-            cluster_name: A.name,
-            cluster_id: &a_id,
-            selected: to_a,
-        },
-        Listed {
-            cluster_name: C.name,
-            cluster_id: &c_id,
-            selected: false,
-        },
-    ];
-    write_object(
-        &CLUSTER.gw(),
-        OFFLOADING_FILE,
-        &namespace_offloading(NAMESPACE, &listed),
-    )
+    let listed = [listed(&A, &a_id, to_a), listed(&C, &c_id, false)];
+    let yaml = namespace_offloading(NAMESPACE, &listed);
+    write_object(&CLUSTER.gw(), OFFLOADING_FILE, &yaml)
+}
+
+/// `peer` as the Liqo that wrote b's TunnelEndpoint for it lists it: by
+/// NamespaceMap name where the object carries a cluster name, else (Liqo
+/// v0.3, v0.4) by cluster ID.
+fn listed<'a>(peer: &'a Cluster, cluster_id: &'a str, selected: bool) -> Listed<'a> {
+    let layout = PEERINGS
+        .iter()
+        .find(|p| p.local.name == CLUSTER.name && p.remote.name == peer.name)
+        .map(|p| p.layout);
+    Listed {
+        cluster_name: (layout == Some(Layout::Spec)).then_some(peer.name),
+        cluster_id,
+        selected,
+    }
 }
 
 fn pod2() -> Ipv4Addr {

@@ -24,15 +24,21 @@ pub(super) fn desired<'a>(
         return allowed;
     }
     let mut by_cluster: HashMap<&str, Vec<u32>> = HashMap::new();
-    let mut by_map_name: HashMap<String, Vec<u32>> = HashMap::new();
+    // A NamespaceOffloading names a peer by its NamespaceMap (Liqo v0.5
+    // on) or by its cluster ID (v0.3 and v0.4).
+    let mut by_status_key: HashMap<String, Vec<u32>> = HashMap::new();
     for (id, peer) in segregated {
         let Some(cluster) = peer.cluster_id.as_deref() else {
             continue;
         };
         by_cluster.entry(cluster).or_default().push(*id);
+        by_status_key
+            .entry(cluster.to_owned())
+            .or_default()
+            .push(*id);
         if let Some(name) = peer.cluster_name.as_deref() {
             let map_name = namespace_map_name(name, cluster);
-            by_map_name.entry(map_name).or_default().push(*id);
+            by_status_key.entry(map_name).or_default().push(*id);
         }
     }
     let mut offloaded_to: HashMap<&str, BTreeSet<u32>> = HashMap::new();
@@ -43,7 +49,7 @@ pub(super) fn desired<'a>(
         let peers = offloading
             .selected
             .iter()
-            .filter_map(|name| by_map_name.get(name))
+            .filter_map(|key| by_status_key.get(key))
             .flatten();
         offloaded_to
             .entry(offloading.key.namespace.as_str())

@@ -6,7 +6,9 @@
 //!   offloaded from that peer: it may reach the pod on any port.
 //! - An EndpointSlice that Kubernetes' endpointslice controller manages,
 //!   in a namespace whose NamespaceOffloading selected the peer, exports
-//!   its endpoints' ports to it.
+//!   its endpoints' ports to it. The NamespaceOffloading's status names
+//!   each peer by its NamespaceMap (Liqo v0.5 on) or by its cluster ID
+//!   (v0.3 and v0.4).
 
 use std::{collections::BTreeSet, net::Ipv4Addr};
 
@@ -213,8 +215,9 @@ fn slice_ports(raw: &RawObject) -> Result<Vec<ExportedPort>, String> {
 pub struct Offloading {
     /// The NamespaceOffloading; its namespace is the one offloaded.
     pub key: ObjectKey,
-    /// The peers selected, by the name of their NamespaceMap
-    /// ([`namespace_map_name`]), which keys Liqo's status.
+    /// The peers selected, by the key of Liqo's status: the name of their
+    /// NamespaceMap ([`namespace_map_name`], Liqo v0.5 on) or their
+    /// cluster ID (v0.3 and v0.4).
     pub selected: BTreeSet<String>,
 }
 

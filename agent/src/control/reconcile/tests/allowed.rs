@@ -34,7 +34,7 @@ fn cluster(name: &str, third_octet: u8, segregated: bool) -> String {
 
 fn listed(name: &'static str, cluster_id: &'static str, selected: bool) -> Listed<'static> {
     Listed {
-        cluster_name: name,
+        cluster_name: Some(name),
         cluster_id,
         selected,
     }
@@ -178,6 +178,43 @@ fn the_agents_mode_segregates_every_peer_without_an_annotation() {
     });
     // c's pod opens too; a's entries stay.
     assert_eq!(r.reconcile().0.allowed, 4);
+}
+
+/// Liqo v0.3 and v0.4 keyed a NamespaceOffloading's status by cluster
+/// ID, and their TunnelEndpoints carry no cluster name.
+#[test]
+fn an_offloading_keyed_by_cluster_id_selects_the_peer_too() {
+    let (mut peers, mut allowed) = (Peers::default(), Allowed::default());
+    let mut r = Reconciler::new(&mut peers, Mappings::default(), &mut allowed).unwrap();
+    let old = peer("a", "10.40.0.0/24", "10.40.1.0/24")
+        .cluster_id("cluster-a")
+        .annotation(
+            ANNOTATION,
+            SecurityMode::IntraClusterTrafficSegregation.as_str(),
+        );
+    let by_id = Listed {
+        cluster_name: None,
+        cluster_id: "cluster-a",
+        selected: true,
+    };
+    let files = [
+        ("a.yaml", old.to_string()),
+        ("offloading.yaml", namespace_offloading("shop", &[by_id])),
+        (
+            "slice.yaml",
+            endpoint_slice("web", "shop", &[ip(5)], &[("http", 18080, "TCP")]),
+        ),
+    ];
+    for (file, yaml) in files {
+        r.set_origin(file.into(), docs(file, &yaml));
+    }
+    let report = r.reconcile().0;
+    assert_eq!(
+        (report.rejected, report.allowed),
+        (0, 1),
+        "{:?}",
+        report.new_errors
+    );
 }
 
 #[test]
