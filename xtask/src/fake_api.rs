@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 
 /// Resources served, as (path prefix, plural, kind, namespaced).
-const RESOURCES: [(&str, &str, &str, bool); 5] = [
+const RESOURCES: [(&str, &str, &str, bool); 8] = [
     (
         "/apis/net.liqo.io/v1alpha1",
         "tunnelendpoints",
@@ -43,6 +43,19 @@ const RESOURCES: [(&str, &str, &str, bool); 5] = [
         false,
     ),
     ("/api/v1", "nodes", "Node", false),
+    ("/api/v1", "pods", "Pod", true),
+    (
+        "/apis/discovery.k8s.io/v1",
+        "endpointslices",
+        "EndpointSlice",
+        true,
+    ),
+    (
+        "/apis/offloading.liqo.io/v1alpha1",
+        "namespaceoffloadings",
+        "NamespaceOffloading",
+        true,
+    ),
     ("/api/v1", "secrets", "Secret", true),
     ("/apis/events.k8s.io/v1", "events", "Event", true),
 ];

@@ -25,11 +25,12 @@ use isthmus_agent::{
     kernel::table::KernelTable,
     model::key,
 };
+use isthmus_common::{isolation::AllowKey, names};
 use isthmus_tests::{metrics::sample, require_lab};
 use serde_json::{Value, json};
 use xtask::{
     kube_lab::{AGENT_NS, KubeNode, Networks, nat_mapping, tunnel_endpoint},
-    netns,
+    netns, offloading,
 };
 
 const GIVE_UP: Duration = Duration::from_secs(30);
@@ -654,5 +655,78 @@ fn the_overlay_follows_node_objects() {
     let rest: BTreeSet<_> = [entry("10.90.0.0/25", [172, 30, 0, 1])].into();
     wait_for("the node table without w-2, and no gateway", || {
         overlay_of(&node) == (Ipv4Addr::UNSPECIFIED, rest.clone())
+    });
+}
+
+/// A YAML object of `xtask::offloading`, as the API server serves it.
+fn served(yaml: &str) -> Value {
+    serde_yaml_ng::from_str(yaml).expect("the fixtures are valid YAML")
+}
+
+fn allowed_entries(node: &KubeNode) -> usize {
+    xtask::lab::pinned_hash::<AllowKey, u8>(&node.bpffs(), names::MAP_ALLOWED)
+        .map_or(0, |table| table.keys().count())
+}
+
+#[test]
+fn a_segregating_gateway_follows_offloaded_pods_exported_slices_and_offloadings() {
+    let mut node = node("ist-t-kube4", true);
+    let offloaded = |origin: Option<&str>| {
+        served(&offloading::pod(
+            "web",
+            "shop",
+            origin,
+            Ipv4Addr::new(10, 244, 0, 133),
+        ))
+    };
+    let slice = offloading::endpoint_slice(
+        "api",
+        "shop",
+        &[Ipv4Addr::new(10, 244, 0, 5)],
+        &[("http", 18080, "TCP"), ("dns", 53, "UDP")],
+    );
+    let offloaded_to_b = |selected| {
+        let b = offloading::Listed {
+            cluster_name: Some("b"),
+            cluster_id: "b",
+            selected,
+        };
+        served(&offloading::namespace_offloading("shop", &[b]))
+    };
+    for object in [
+        tep("tep-b", "b", "10.60.0.0/24", "10.61.0.0/24", json!({})),
+        offloaded(Some("b")),
+        served(&slice),
+        offloaded_to_b(true),
+    ] {
+        node.api.apply(object);
+    }
+    node.start_agent(&[
+        "--keepalive=0",
+        "--security-mode=IntraClusterTrafficSegregation",
+    ])
+    .unwrap();
+    // The pod on any port, the service's two ports.
+    wait_for("the allowed table from the API server", || {
+        allowed_entries(&node) == 3
+    });
+    // Pods and slices are listed by their labels, not all of them.
+    for selector in [
+        "pods?&labelSelector=virtualkubelet.liqo.io%2Forigin&",
+        "endpointslices?&labelSelector=endpointslice.kubernetes.io%2Fmanaged-by%3Dendpointslice-controller.k8s.io&",
+    ] {
+        assert!(node.requests("GET", selector) > 0, "no list of {selector}");
+    }
+    assert!(node.lists("namespaceoffloadings") > 0);
+    // The pod loses its label, then the namespace its offloading to b.
+    node.api.apply(offloaded(None));
+    wait_for("the pod's entry gone", || allowed_entries(&node) == 2);
+    node.api.apply(offloaded_to_b(false));
+    wait_for("the service's entries gone", || allowed_entries(&node) == 0);
+    node.api.apply(offloaded_to_b(true));
+    wait_for("the service's entries back", || allowed_entries(&node) == 2);
+    assert!(node.api.delete("endpointslices", "shop", "api-x7k2p"));
+    wait_for("the deleted slice's entries gone", || {
+        allowed_entries(&node) == 0
     });
 }
