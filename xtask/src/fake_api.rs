@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 
 /// Resources served, as (path prefix, plural, kind, namespaced).
-const RESOURCES: [(&str, &str, &str, bool); 8] = [
+const RESOURCES: [(&str, &str, &str, bool); 9] = [
     (
         "/apis/net.liqo.io/v1alpha1",
         "tunnelendpoints",
@@ -57,6 +57,7 @@ const RESOURCES: [(&str, &str, &str, bool); 8] = [
         true,
     ),
     ("/api/v1", "secrets", "Secret", true),
+    ("/apis/coordination.k8s.io/v1", "leases", "Lease", true),
     ("/apis/events.k8s.io/v1", "events", "Event", true),
 ];
 
@@ -536,11 +537,30 @@ async fn handle(
             shared.changes.send_modify(|(seen, _)| *seen += 1);
             (StatusCode::CREATED, ok(stored)).into_response()
         }
+        (Method::PUT, Some(name)) => {
+            let Some(stored) = state.objects.get(&key(name)) else {
+                return not_found(name);
+            };
+            let mut object = body.unwrap_or_default();
+            if let Some(refused) = stale(&object, stored, &target.plural, name) {
+                return refused;
+            }
+            object["metadata"]["namespace"] = json!(target.namespace);
+            object["kind"] = json!(kind_of(&target.plural));
+            state.put(object);
+            let stored = state.objects[&key(name)].clone();
+            drop(state);
+            shared.changes.send_modify(|(seen, _)| *seen += 1);
+            ok(stored)
+        }
         (Method::PATCH, Some(name)) => {
             let Some(mut object) = state.objects.get(&key(name)).cloned() else {
                 return not_found(name);
             };
             let patch = body.unwrap_or_default();
+            if let Some(refused) = stale(&patch, &object, &target.plural, name) {
+                return refused;
+            }
             if target.status {
                 // `put` keeps the stored status, so the new one is stored first.
                 let mut new_status = object.get("status").cloned().unwrap_or_else(|| json!({}));
@@ -561,6 +581,23 @@ async fn handle(
             format!("{method} {}", uri.path()),
         ),
     }
+}
+
+/// The `409 Conflict` the API server answers a write that names a
+/// `metadata.resourceVersion` other than the stored one; a write naming
+/// none is unconditional.
+fn stale(write: &Value, stored: &Value, plural: &str, name: &str) -> Option<Response> {
+    let wanted = write["metadata"]["resourceVersion"].as_str()?;
+    let current = stored["metadata"]["resourceVersion"].as_str();
+    (Some(wanted) != current).then(|| {
+        status(
+            StatusCode::CONFLICT,
+            "Conflict",
+            format!(
+                "Operation cannot be fulfilled on {plural} {name:?}: the object has been modified; please apply your changes to the latest version and try again"
+            ),
+        )
+    })
 }
 
 /// A watch: every change after `since`, then new ones as they happen, one

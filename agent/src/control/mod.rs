@@ -2,6 +2,7 @@
 //! that drives the kernel tables, the roles and the status from them.
 
 pub mod check;
+pub mod election;
 pub mod kubernetes;
 pub mod options;
 pub mod reconcile;

@@ -1,5 +1,6 @@
 //! The unit tier's integration tests: no root, no kernel, in parallel.
 
 mod architecture;
+mod election;
 mod manifests;
 mod run_loop;

@@ -1,0 +1,105 @@
+//! The election's Lease on the API server: read, created, and written with
+//! the `resourceVersion` it was read at as the precondition, so that of two
+//! writers of one version the second gets `409 Conflict`.
+
+use k8s_openapi::{
+    api::coordination::v1::{Lease, LeaseSpec},
+    apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
+    jiff::Timestamp,
+};
+use kube::{Api, Client, api::PostParams};
+
+use super::{Record, Step, Timings};
+
+/// The Lease the gateways of one cluster elect by.
+pub struct LeaseClient {
+    api: Api<Lease>,
+    name: String,
+}
+
+impl LeaseClient {
+    /// Lease `name` in `namespace`.
+    pub fn new(client: Client, namespace: &str, name: &str) -> Self {
+        Self {
+            api: Api::namespaced(client, namespace),
+            name: name.to_owned(),
+        }
+    }
+
+    /// The Lease as it is now, if it exists.
+    pub async fn read(&self) -> Result<Option<Lease>, kube::Error> {
+        self.api.get_opt(&self.name).await
+    }
+
+    /// Carries out `step` for `identity` on `current` (the Lease as read).
+    /// Returns the record written, or None when another writer came first.
+    pub async fn write(
+        &self,
+        step: &Step,
+        current: Option<&Lease>,
+        identity: &str,
+        timings: Timings,
+    ) -> Result<Option<Record>, kube::Error> {
+        let now = MicroTime(Timestamp::now());
+        let mut lease = match (step, current) {
+            (Step::Follow { .. }, _) => return Ok(None),
+            (Step::Create, _) => Lease {
+                metadata: ObjectMeta {
+                    name: Some(self.name.clone()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(LeaseSpec::default()),
+            },
+            (Step::Write { .. }, Some(current)) => current.clone(),
+            (Step::Write { .. }, None) => return Ok(None),
+        };
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        if let Step::Write {
+            resource_version,
+            transitions,
+            renewal,
+        } = step
+        {
+            // The version read is the precondition, whatever the copy says.
+            lease.metadata.resource_version = Some(resource_version.clone());
+            spec.lease_transitions = Some(*transitions);
+            if !renewal {
+                spec.acquire_time = Some(now.clone());
+            }
+        } else {
+            spec.acquire_time = Some(now.clone());
+            spec.lease_transitions = Some(0);
+        }
+        spec.holder_identity = Some(identity.to_owned());
+        spec.renew_time = Some(now);
+        spec.lease_duration_seconds = Some(whole_seconds(timings));
+        let params = PostParams::default();
+        let written = match step {
+            Step::Create => self.api.create(&params, &lease).await,
+            _ => self.api.replace(&self.name, &params, &lease).await,
+        };
+        match written {
+            Ok(lease) => Ok(Some(record(&lease))),
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// The Lease as the election reads it.
+pub fn record(lease: &Lease) -> Record {
+    let spec = lease.spec.clone().unwrap_or_default();
+    Record {
+        holder: spec.holder_identity,
+        renew_time: spec.renew_time.map(|t| t.0.to_string()),
+        transitions: spec.lease_transitions.unwrap_or(0),
+        resource_version: lease.metadata.resource_version.clone().unwrap_or_default(),
+    }
+}
+
+/// The API's field counts whole seconds; other clients (kubectl, client-go)
+/// read it, so it is rounded up, never down.
+fn whole_seconds(timings: Timings) -> i32 {
+    let millis = timings.lease_duration.as_millis();
+    i32::try_from(millis.div_ceil(1000)).unwrap_or(i32::MAX)
+}
