@@ -26,6 +26,11 @@ impl LeaseClient {
         }
     }
 
+    /// The Lease's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// The Lease as it is now, if it exists.
     pub async fn read(&self) -> Result<Option<Lease>, kube::Error> {
         self.api.get_opt(&self.name).await

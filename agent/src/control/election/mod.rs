@@ -1,8 +1,9 @@
 //! Which of a cluster's gateway agents is active: an election over a
 //! `coordination.k8s.io/v1` Lease, as client-go's leader election holds one.
 //!
-//! This module is the protocol's state, without I/O (`lease` reads and
-//! writes the object). Its rules:
+//! This module is the protocol's state, without I/O: `lease` reads and
+//! writes the object, and `elector` takes the turns and labels the pods.
+//! Its rules:
 //! - a candidate takes the Lease only once the record has not changed, as
 //!   this agent observed it, for a whole lease duration: the agents'
 //!   clocks are never compared;
@@ -18,6 +19,7 @@
 //! decides by server-side-apply field ownership, where sub-second failover
 //! needs durations in milliseconds.
 
+pub mod elector;
 pub mod lease;
 
 use std::time::{Duration, Instant};

@@ -1,0 +1,167 @@
+//! The election as a task: one turn every retry period (read the Lease,
+//! write it if the rules say so), whether this gateway is active published
+//! on a watch channel, and the gateway pods labelled as Liqo labels them
+//! (`net.liqo.io/gateway=active` on the active one, `standby` on the
+//! others), so that a Service or a load balancer follows the active one.
+
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::{
+    Api, Client,
+    api::{ListParams, Patch, PatchParams},
+};
+use serde_json::json;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use super::{Election, Step, lease::LeaseClient, lease::record};
+
+/// The label Liqo's gateway pods carry, and its two values.
+pub const GATEWAY_LABEL: &str = "net.liqo.io/gateway";
+/// The value of [`GATEWAY_LABEL`] on the active gateway's pod.
+pub const ACTIVE: &str = "active";
+/// The value of [`GATEWAY_LABEL`] on a standby gateway's pod.
+pub const STANDBY: &str = "standby";
+
+/// The gateway pods of the agent's namespace, by name.
+pub struct PodLabels {
+    api: Api<Pod>,
+    own: String,
+}
+
+impl PodLabels {
+    /// Pod `own` (this agent's) among those of `namespace`.
+    pub fn new(client: Client, namespace: &str, own: &str) -> Self {
+        Self {
+            api: Api::namespaced(client, namespace),
+            own: own.to_owned(),
+        }
+    }
+
+    /// Labels our pod `active` or `standby`; the active one also labels
+    /// `standby` any other pod still labelled active (a dead holder's).
+    async fn mark(&self, active: bool) -> Result<(), kube::Error> {
+        if active {
+            let selector = format!("{GATEWAY_LABEL}={ACTIVE}");
+            let labelled = self
+                .api
+                .list(&ListParams::default().labels(&selector))
+                .await?;
+            for pod in labelled.items {
+                let name = pod.metadata.name.unwrap_or_default();
+                if name != self.own {
+                    self.label(&name, STANDBY).await?;
+                }
+            }
+        }
+        self.label(&self.own, if active { ACTIVE } else { STANDBY })
+            .await
+    }
+
+    async fn label(&self, pod: &str, value: &str) -> Result<(), kube::Error> {
+        let patch = json!({"metadata": {"labels": {GATEWAY_LABEL: value}}});
+        self.api
+            .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(drop)
+    }
+}
+
+/// Runs the election of one gateway agent.
+pub struct Elector {
+    election: Election,
+    lease: LeaseClient,
+    pods: Option<PodLabels>,
+    /// Whether the pods carry the labels of the last transition.
+    labelled: bool,
+    active: watch::Sender<bool>,
+}
+
+impl Elector {
+    /// An elector that has not taken a turn yet: standing by. Without
+    /// `pods` (no pod name known), no pod is labelled.
+    pub fn new(election: Election, lease: LeaseClient, pods: Option<PodLabels>) -> Self {
+        Self {
+            election,
+            lease,
+            pods,
+            labelled: false,
+            active: watch::channel(false).0,
+        }
+    }
+
+    /// Whether this gateway is active, as it changes.
+    pub fn subscribe(&self) -> watch::Receiver<bool> {
+        self.active.subscribe()
+    }
+
+    /// Takes a turn every retry period until the task is dropped.
+    pub async fn run(mut self) {
+        let mut clock = tokio::time::interval(self.election.timings().retry_period);
+        clock.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            clock.tick().await;
+            self.turn().await;
+        }
+    }
+
+    /// One turn: read, write if due, publish and label on a change.
+    pub async fn turn(&mut self) {
+        let step = match self.vote().await {
+            Ok(step) => Some(step),
+            Err(e) => {
+                warn!(lease = self.lease.name(), error = %e, "the election's Lease cannot be read or written; an active gateway stands by once its renew deadline passes");
+                None
+            }
+        };
+        let active = self.election.leading(Instant::now());
+        let changed = self
+            .active
+            .send_if_modified(|was| std::mem::replace(was, active) != active);
+        if changed {
+            match (&step, active) {
+                (_, true) => info!(
+                    identity = self.election.identity(),
+                    "this gateway is now active"
+                ),
+                (Some(Step::Follow { holder }), false) => {
+                    info!(active = %holder, "this gateway stands by")
+                }
+                (_, false) => info!("this gateway stands by: its lease was not renewed in time"),
+            }
+            self.labelled = false;
+        }
+        if !self.labelled
+            && let Some(pods) = &self.pods
+        {
+            match pods.mark(active).await {
+                Ok(()) => self.labelled = true,
+                Err(e) => warn!(error = %e, "labelling the gateway pods; trying again next turn"),
+            }
+        }
+    }
+
+    async fn vote(&mut self) -> Result<Step, kube::Error> {
+        let current = self.lease.read().await?;
+        let step = self
+            .election
+            .next(current.as_ref().map(record).as_ref(), Instant::now());
+        let identity = self.election.identity().to_owned();
+        let timings = self.election.timings();
+        match self
+            .lease
+            .write(&step, current.as_ref(), &identity, timings)
+            .await
+        {
+            Ok(Some(written)) => self.election.written(written, Instant::now()),
+            Ok(None) if matches!(step, Step::Follow { .. }) => {}
+            Ok(None) => self.election.refused(),
+            Err(e) => {
+                self.election.refused();
+                return Err(e);
+            }
+        }
+        Ok(step)
+    }
+}
