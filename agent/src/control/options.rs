@@ -4,6 +4,7 @@
 use std::{
     net::{Ipv4Addr, SocketAddr},
     path::PathBuf,
+    time::Duration,
 };
 
 use clap::ValueEnum;
@@ -12,7 +13,10 @@ use isthmus_common::overlay as defaults;
 use tracing::error;
 
 use crate::{
-    control::source::SourceSpec,
+    control::{
+        election::{Timings, TimingsError},
+        source::SourceSpec,
+    },
     kernel::dataplane::{AttachMode, Capacity},
     model::{
         isolation::SecurityMode,
@@ -170,6 +174,44 @@ pub struct RunArgs {
     /// What objects may ask of this node.
     #[command(flatten)]
     pub policy: PolicyArgs,
+    /// How the gateways of the cluster elect the active one.
+    #[command(flatten)]
+    pub election: ElectionArgs,
+}
+
+/// How the gateways of a cluster elect the active one (`--source kube`):
+/// the defaults replace a dead active gateway in about 1.2 s.
+#[derive(clap::Args, Clone)]
+pub struct ElectionArgs {
+    /// The Lease the gateways elect by, in `--namespace`.
+    #[arg(long, default_value = "isthmus-gateway")]
+    pub lease_name: String,
+    /// Milliseconds the Lease must stand unchanged before a standby
+    /// gateway takes over.
+    #[arg(long, default_value_t = 1000)]
+    pub lease_duration_ms: u64,
+    /// Milliseconds the active gateway goes on without a successful
+    /// renewal; shorter than the lease duration.
+    #[arg(long, default_value_t = 800)]
+    pub lease_renew_deadline_ms: u64,
+    /// Milliseconds between renewals, and between a standby's looks.
+    #[arg(long, default_value_t = 200)]
+    pub lease_retry_period_ms: u64,
+    /// This agent's pod, labelled `net.liqo.io/gateway=active` or
+    /// `standby` as Liqo labels its gateway pods.
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
+}
+
+impl ElectionArgs {
+    /// The election's timings, checked.
+    pub fn timings(&self) -> Result<Timings, TimingsError> {
+        Timings::new(
+            Duration::from_millis(self.lease_duration_ms),
+            Duration::from_millis(self.lease_renew_deadline_ms),
+            Duration::from_millis(self.lease_retry_period_ms),
+        )
+    }
 }
 
 /// `isthmus-agent check`.

@@ -5,7 +5,7 @@
 use std::{future::Future, sync::Arc, time::Duration};
 
 use anyhow::{Context, Result};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tracing::{debug, error, info, warn};
 
 use crate::{
@@ -52,6 +52,9 @@ where
     pub host: H,
     /// Status and Events written back, by the gateway of a Kubernetes source.
     pub feedback: Option<Feedback>,
+    /// Whether this gateway is the active one, where gateways elect one;
+    /// None where it is the only one.
+    pub active: Option<watch::Receiver<bool>>,
     /// Where every pass is counted.
     pub metrics: Arc<Metrics>,
 }
@@ -89,6 +92,8 @@ where
                         continue;
                     }
                 }
+                // Becoming active or standing by takes or drops the peers at once.
+                () = elected(&mut self.active) => {}
                 _ = &mut stop => break,
             };
             // Fold whatever else is already queued into the same pass.
@@ -103,19 +108,32 @@ where
         Ok(())
     }
 
+    /// Whether this node acts as the gateway: it is one, and the active one
+    /// where gateways elect.
+    fn acting(&self) -> bool {
+        self.gateway.is_some() && self.active.as_ref().is_none_or(|active| *active.borrow())
+    }
+
     /// The periodic work: devices, statuses, this node's networks and
     /// peers' endpoint names. Returns whether a pass is needed.
     async fn tick(&mut self, synced: bool, status_log: &mut status::StatusLog) -> bool {
         self.host.refresh_devices();
-        let report = self.gateway.as_mut().map(Gateway::report);
-        if synced && (report.is_some() || self.feedback.is_some()) {
+        // A standby gateway speaks for no tunnel: the active one writes.
+        let acting = self.acting();
+        let report = self
+            .gateway
+            .as_mut()
+            .filter(|_| acting)
+            .map(Gateway::report);
+        let feedback = self.feedback.as_ref().filter(|_| acting);
+        if synced && (report.is_some() || feedback.is_some()) {
             let statuses = status::desired(
                 self.reconciler.peers(),
                 report.as_ref(),
                 self.reconciler.rejections(),
             );
             status_log.record(&statuses);
-            if let Some(feedback) = &self.feedback {
+            if let Some(feedback) = feedback {
                 feedback.show(statuses);
             }
         }
@@ -125,7 +143,7 @@ where
             info!("this node's networks changed; checking every peer's views again");
         }
         let moved = match self.gateway.as_mut() {
-            Some(gateway) if synced => gateway.resolve(self.reconciler.peers()).await,
+            Some(gateway) if synced && acting => gateway.resolve(self.reconciler.peers()).await,
             _ => false,
         };
         changed || moved
@@ -139,15 +157,20 @@ where
         if !report.added.is_empty() || !report.dropped.is_empty() {
             self.metrics.set_peer_ids(self.reconciler.peer_ids());
         }
-        if let Some(feedback) = &self.feedback {
+        if let Some(feedback) = self.feedback.as_ref().filter(|_| self.acting()) {
             feedback.rejected(&report.new_errors);
         }
         // The overlay and the tunnel follow the accepted peers even when a
         // table could not take them all: a removed peer loses its session
         // and routes whatever else is full.
         let nodes_synced = self.host.sync_nodes(self.reconciler.nodes());
+        // A standby gateway keeps its device, key and programs, and holds
+        // no peer: it sends nothing to them, and routes nothing to them.
+        let acting = self.acting();
+        self.metrics.gateway_active.set(i64::from(acting));
+        let peers = if acting { self.reconciler.peers() } else { &[] };
         let routed = match self.gateway.as_mut() {
-            Some(gateway) => gateway.sync(self.reconciler.peers()).await,
+            Some(gateway) => gateway.sync(peers).await,
             None => true,
         };
         if let Some(e) = &failure {
@@ -175,6 +198,19 @@ where
             }
         }
         self.metrics.set_ready();
+    }
+}
+
+/// Completes when the election's verdict changes; never without an election.
+async fn elected(active: &mut Option<watch::Receiver<bool>>) {
+    let changed = match active {
+        Some(active) => active.changed().await.is_ok(),
+        None => false,
+    };
+    // Without an election, or once the elector is gone (the agent stops),
+    // nothing changes any more.
+    if !changed {
+        std::future::pending::<()>().await;
     }
 }
 

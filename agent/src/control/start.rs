@@ -13,11 +13,16 @@ use isthmus_common::{
     counters::{DIRECTIONS, DropReason, LINKS, drop_slot},
     tcp,
 };
-use tokio::signal::unix;
+use tokio::{signal::unix, sync::watch};
 use tracing::{debug, error, info, warn};
 
 use crate::{
     control::{
+        election::{
+            Election,
+            elector::{Elector, PodLabels},
+            lease::LeaseClient,
+        },
         kubernetes,
         options::{PolicyArgs, Role, RunArgs, TunnelMode},
         reconcile::Reconciler,
@@ -170,14 +175,19 @@ pub async fn run(args: RunArgs) -> Result<()> {
         .into_iter()
         .filter(|kind| role == Role::Gateway || !ObjectKind::ISOLATION.contains(kind))
         .collect();
-    let (events, feedback) = match (&args.source, client) {
-        (SourceSpec::Dir(dir), _) => (source::watch_dir(dir)?, None),
+    let (events, feedback, active) = match (&args.source, client) {
+        (SourceSpec::Dir(dir), _) => (source::watch_dir(dir)?, None, None),
         (SourceSpec::Kube, Some(client)) => {
             let (events, objects) = source::watch_kube(client.clone(), &kinds);
             // The gateway speaks for the cluster's tunnels; workers only read.
-            let feedback = (role == Role::Gateway)
-                .then(|| Feedback::spawn(client, objects, &args.node, metrics.clone()));
-            (events, feedback)
+            let gateway = role == Role::Gateway;
+            let active = match gateway {
+                true => Some(elect(&client, &args)?),
+                false => None,
+            };
+            let feedback =
+                gateway.then(|| Feedback::spawn(client, objects, &args.node, metrics.clone()));
+            (events, feedback, active)
         }
         (SourceSpec::Kube, None) => unreachable!("a kube source has a client"),
     };
@@ -194,9 +204,30 @@ pub async fn run(args: RunArgs) -> Result<()> {
         gateway,
         host,
         feedback,
+        active,
         metrics,
     };
     run_loop.follow(events, signal()?).await
+}
+
+/// Starts this gateway's election among the cluster's gateways; returns
+/// whether it is the active one, as that changes.
+fn elect(client: &kube::Client, args: &RunArgs) -> Result<watch::Receiver<bool>> {
+    let election = &args.election;
+    let timings = election.timings()?;
+    let lease = LeaseClient::new(client.clone(), &args.namespace, &election.lease_name);
+    let pods = election
+        .pod_name
+        .as_deref()
+        .map(|pod| PodLabels::new(client.clone(), &args.namespace, pod));
+    if pods.is_none() {
+        warn!("no --pod-name (POD_NAME): the gateway pods are not labelled active or standby");
+    }
+    let elector = Elector::new(Election::new(&args.node, timings), lease, pods);
+    let active = elector.subscribe();
+    info!(lease = %election.lease_name, namespace = %args.namespace, ?timings, "electing the active gateway");
+    tokio::spawn(elector.run());
+    Ok(active)
 }
 
 /// Completes on SIGTERM or SIGINT.

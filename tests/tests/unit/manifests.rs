@@ -105,7 +105,7 @@ fn every_manifest_validates_for_a_current_kubernetes() {
         );
     }
     let passed = report.lines().filter(|l| l.contains(" passed ")).count();
-    assert_eq!(passed, 13, "resources checked:\n{report}");
+    assert_eq!(passed, 15, "resources checked:\n{report}");
 }
 
 #[test]
@@ -209,8 +209,18 @@ fn only_the_gateway_may_touch_secrets_or_write_anything() {
                 .any(|x| x == resource)
         })
     };
-    assert!(reaches("isthmus-gateway", "secrets"));
-    assert!(reaches("isthmus-gateway", "tunnelendpoints/status"));
+    for resource in [
+        "secrets",
+        "tunnelendpoints/status",
+        // The election, and what isolation reads.
+        "leases",
+        "pods",
+        "endpointslices",
+        "namespaceoffloadings",
+    ] {
+        assert!(reaches("isthmus-gateway", resource), "{resource}");
+    }
+    assert!(!reaches("isthmus-worker", "leases"), "a worker can elect");
     assert!(
         !reaches("isthmus-worker", "secrets"),
         "a worker can read Secrets"

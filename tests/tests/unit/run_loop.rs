@@ -94,6 +94,7 @@ impl Running {
             gateway: None,
             host: NoDevices,
             feedback: None,
+            active: None,
             metrics: metrics.clone(),
         };
         let dir = dir.to_owned();

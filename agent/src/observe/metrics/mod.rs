@@ -62,6 +62,8 @@ pub struct Metrics {
     pub nat_mappings: Gauge,
     /// Conntrack entries in use after the last collection (two per flow).
     pub conntrack_entries: Gauge,
+    /// 1 while this gateway is the active one (or the only one), else 0.
+    pub gateway_active: Gauge,
     /// TunnelEndpoint status decisions, by outcome: written, skipped
     /// (already shown, or not due), failed.
     pub status_writes: Family<[(&'static str, &'static str); 1], Counter>,
@@ -105,6 +107,7 @@ impl Metrics {
         let map_full = Counter::default();
         let nat_mappings = Gauge::default();
         let conntrack_entries = Gauge::default();
+        let gateway_active = Gauge::default();
         let status_writes = Family::default();
         let last_reconcile = Gauge::<f64, AtomicU64>::default();
         registry.register(
@@ -123,6 +126,11 @@ impl Metrics {
             conntrack_entries.clone(),
         );
         registry.register("peers", "Peers programmed into the kernel", peers.clone());
+        registry.register(
+            "gateway_active",
+            "1 while this gateway is the active one, or the only one; 0 on a standby gateway and on workers",
+            gateway_active.clone(),
+        );
         registry.register(
             "nat_mappings",
             "NatMapping entries programmed into the kernel",
@@ -203,6 +211,7 @@ impl Metrics {
             map_full,
             nat_mappings,
             conntrack_entries,
+            gateway_active,
             status_writes,
             last_reconcile,
             peer_labels,
