@@ -29,9 +29,10 @@ const TICK: Duration = Duration::from_secs(1);
 pub trait Host {
     /// Follows devices that came or went.
     fn refresh_devices(&mut self);
-    /// Brings the overlay's tables up to date. Returns whether it could;
-    /// it logs why not.
-    fn sync_nodes(&mut self, nodes: &[Node]) -> bool;
+    /// Brings the overlay's tables up to date, sending remote-bound
+    /// traffic to `active` (the elected gateway node) where gateways elect.
+    /// Returns whether it could; it logs why not.
+    fn sync_nodes(&mut self, nodes: &[Node], active: Option<&str>) -> bool;
     /// What objects may ask of this node, with its networks as they are now.
     fn policy(&self) -> Policy;
 }
@@ -163,7 +164,9 @@ where
         // The overlay and the tunnel follow the accepted peers even when a
         // table could not take them all: a removed peer loses its session
         // and routes whatever else is full.
-        let nodes_synced = self.host.sync_nodes(self.reconciler.nodes());
+        let nodes_synced = self
+            .host
+            .sync_nodes(self.reconciler.nodes(), self.reconciler.active_gateway());
         // A standby gateway keeps its device, key and programs, and holds
         // no peer: it sends nothing to them, and routes nothing to them.
         let acting = self.acting();

@@ -178,7 +178,11 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let (events, feedback, active) = match (&args.source, client) {
         (SourceSpec::Dir(dir), _) => (source::watch_dir(dir)?, None, None),
         (SourceSpec::Kube, Some(client)) => {
-            let (events, objects) = source::watch_kube(client.clone(), &kinds);
+            let lease = source::ElectionLease {
+                namespace: args.namespace.clone(),
+                name: args.election.lease_name.clone(),
+            };
+            let (events, objects) = source::watch_kube(client.clone(), &kinds, &lease);
             // The gateway speaks for the cluster's tunnels; workers only read.
             let gateway = role == Role::Gateway;
             let active = match gateway {
@@ -281,10 +285,10 @@ impl Host for NodeHost {
 
     /// Brings the overlay's tables up to date. Returns whether it could;
     /// it logs why not.
-    fn sync_nodes(&mut self, nodes: &[Node]) -> bool {
+    fn sync_nodes(&mut self, nodes: &[Node], active: Option<&str>) -> bool {
         let mut synced = true;
         if let Some(overlay) = self.overlay.as_mut()
-            && let Err(e) = overlay.sync(nodes)
+            && let Err(e) = overlay.sync(nodes, active)
         {
             error!(kind = %ObjectKind::Node, error = %e, "updating the overlay's node table; will retry");
             synced = false;

@@ -7,7 +7,7 @@ use std::{collections::BTreeMap, net::Ipv4Addr};
 use ipnet::Ipv4Net;
 use serde_yaml_ng::Value;
 
-use crate::model::object::{ObjectError, ObjectKind, RawObject};
+use crate::model::object::{ObjectError, ObjectKey, ObjectKind, RawObject};
 
 /// The node address the overlay sends to, as Kubernetes lists it.
 const ADDRESS_TYPE: &str = "InternalIP";
@@ -51,6 +51,34 @@ impl Node {
             Some((key, value)) => self.labels.get(key).is_some_and(|v| v == value),
             None => self.labels.contains_key(label),
         }
+    }
+}
+
+/// The gateways' Lease, as the overlay reads it: the node holding it is
+/// the active gateway, where remote-bound traffic goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ActiveGateway {
+    /// The Lease.
+    pub lease: ObjectKey,
+    /// `spec.holderIdentity`: the active gateway node's name, if any.
+    pub node: Option<String>,
+}
+
+impl ActiveGateway {
+    /// Reads a Lease.
+    pub fn from_raw(raw: &RawObject, origin: &str) -> Result<Self, ObjectError> {
+        let node = match raw.get(&["spec", "holderIdentity"]) {
+            None | Some(Value::Null) => None,
+            Some(Value::String(holder)) => Some(holder.clone()).filter(|h| !h.is_empty()),
+            Some(other) => {
+                let problem = format!("field spec.holderIdentity: {other:?} is not a string");
+                return Err(ObjectError::new(origin, ObjectKind::Lease, raw, problem));
+            }
+        };
+        Ok(Self {
+            lease: raw.key.clone(),
+            node,
+        })
     }
 }
 

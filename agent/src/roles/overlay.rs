@@ -118,7 +118,7 @@ impl Overlay {
     /// Follows the cluster's nodes: the gateway workers send to, every
     /// other node's PodCIDRs, and every node's address. Returns the first
     /// failure after trying every change.
-    pub fn sync(&mut self, nodes: &[Node]) -> Result<(), MapError> {
+    pub fn sync(&mut self, nodes: &[Node], active: Option<&str>) -> Result<(), MapError> {
         let desired: BTreeMap<Ipv4Net, Be32> = nodes
             .iter()
             .filter(|n| n.name != self.options.node)
@@ -141,7 +141,7 @@ impl Overlay {
             );
         }
         let config = OverlayConfig {
-            gateway: self.gateway(nodes),
+            gateway: self.gateway(nodes, active),
             local: nodes
                 .iter()
                 .find(|n| n.name == self.options.node)
@@ -192,19 +192,22 @@ impl Overlay {
     }
 
     /// The gateway node's address workers send to: 0 on the gateway
-    /// itself, and while none is known.
-    fn gateway(&self, nodes: &[Node]) -> Be32 {
+    /// itself, and while none is known. Where several nodes carry the
+    /// gateway label, the one holding the election's Lease (`active`).
+    fn gateway(&self, nodes: &[Node], active: Option<&str>) -> Be32 {
         if let Some(fixed) = self.options.gateway {
             return Be32::from(fixed);
         }
-        let mut labelled = nodes
+        let labelled: Vec<&Node> = nodes
             .iter()
-            .filter(|n| n.has_label(&self.options.gateway_label));
-        let Some(gateway) = labelled.next() else {
+            .filter(|n| n.has_label(&self.options.gateway_label))
+            .collect();
+        let elected = labelled.iter().find(|n| Some(n.name.as_str()) == active);
+        let Some(gateway) = elected.or(labelled.first()) else {
             return Be32::ZERO;
         };
-        if let Some(other) = labelled.next() {
-            warn!(chosen = %gateway.name, other = %other.name, label = %self.options.gateway_label, "several nodes carry the gateway label; the first by name is used");
+        if elected.is_none() && labelled.len() > 1 {
+            warn!(chosen = %gateway.name, label = %self.options.gateway_label, "several nodes carry the gateway label and none holds the election's Lease; the first by name is used");
         }
         if gateway.name == self.options.node {
             Be32::ZERO

@@ -730,3 +730,51 @@ fn a_segregating_gateway_follows_offloaded_pods_exported_slices_and_offloadings(
         allowed_entries(&node) == 0
     });
 }
+
+/// The election's Lease, held by `holder` (None: released).
+fn lease_object(holder: Option<&str>) -> Value {
+    json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "isthmus-gateway", "namespace": AGENT_NS},
+        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 1},
+    })
+}
+
+/// Where several nodes carry the gateway label, a worker sends to the one
+/// holding the election's Lease, and moves as soon as it changes hands.
+#[test]
+fn a_worker_follows_the_elected_gateway() {
+    let mut node = node("ist-t-kube5", false);
+    for object in [
+        node_object("gw-1", "10.90.0.0/25", "172.30.0.1", true),
+        node_object("gw-2", "10.90.1.0/25", "172.30.0.2", true),
+        lease_object(Some("gw-2")),
+        // Another namespace's Lease of the same name is not the election's.
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "isthmus-gateway", "namespace": "elsewhere"},
+            "spec": {"holderIdentity": "gw-1"}}),
+    ] {
+        node.api.apply(object);
+    }
+    start(&mut node);
+    let gateway = |node: &KubeNode| overlay_of(node).0;
+    wait_for("the worker sending to gw-2, the Lease's holder", || {
+        gateway(&node) == Ipv4Addr::new(172, 30, 0, 2)
+    });
+    node.api.apply(lease_object(Some("gw-1")));
+    let moved = wait_for("the worker sending to gw-1, the new holder", || {
+        gateway(&node) == Ipv4Addr::new(172, 30, 0, 1)
+    });
+    println!("the worker followed the Lease in {moved:?}");
+    // Released: the first labelled node by name.
+    node.api.apply(lease_object(None));
+    node.api.apply(lease_object(Some("gw-2")));
+    wait_for("the worker back on gw-2", || {
+        gateway(&node) == Ipv4Addr::new(172, 30, 0, 2)
+    });
+    assert!(
+        node.lists("leases") > 0
+            && node.requests("GET", "fieldSelector=metadata.name%3Disthmus-gateway") > 0,
+        "the Lease is not watched by name"
+    );
+}

@@ -53,7 +53,7 @@ struct NoDevices;
 
 impl Host for NoDevices {
     fn refresh_devices(&mut self) {}
-    fn sync_nodes(&mut self, _nodes: &[Node]) -> bool {
+    fn sync_nodes(&mut self, _nodes: &[Node], _active: Option<&str>) -> bool {
         true
     }
     fn policy(&self) -> Policy {

@@ -22,7 +22,7 @@ use crate::{
     kernel::table::{AllowedTable, MappingTable, MemoryTable, Mirror, PeerTable, TableFailure},
     model::{
         natmapping::{self, MappingProblem, NatMapping},
-        node::Node,
+        node::{ActiveGateway, Node},
         object::{DocumentError, Object, ObjectError, ObjectKey, ObjectKind},
         offloading::{ExportedSlice, OffloadedPod, Offloading},
         peer::{Peer, PeerError},
@@ -75,6 +75,7 @@ enum Valid {
     Pod(OffloadedPod),
     Slice(ExportedSlice),
     Offloading(Offloading),
+    Lease(ActiveGateway),
 }
 
 /// An allowed table in memory: what `check` programs, and the tests'.
@@ -192,6 +193,15 @@ where
     /// The cluster's nodes as of the last pass, by name.
     pub fn nodes(&self) -> &[Node] {
         &self.nodes
+    }
+
+    /// The node holding the gateways' Lease, where gateways elect: the
+    /// active gateway. The source reads the one Lease of the election.
+    pub fn active_gateway(&self) -> Option<&str> {
+        self.valid().find_map(|v| match v {
+            Valid::Lease(lease) => lease.node.as_deref(),
+            _ => None,
+        })
     }
 
     /// Brings the kernel tables in line with the current objects. Every
@@ -495,6 +505,7 @@ fn validate(document: Document, origin: &str) -> Option<Result<Valid, Rejection>
         Ok(Object::NamespaceOffloading(raw)) => {
             valid(Offloading::from_raw(&raw, origin), Valid::Offloading)
         }
+        Ok(Object::Lease(raw)) => valid(ActiveGateway::from_raw(&raw, origin), Valid::Lease),
     })
 }
 

@@ -58,11 +58,22 @@ pub fn origin(kind: ObjectKind, key: &ObjectKey) -> String {
     format!("kube:{}/{key}", kind.plural())
 }
 
-/// Watches `kinds` and sends their changes; `Synced` follows once each
-/// was listed in full. Events stop when the receiver is dropped.
+/// The one Lease the source reads: the gateways' election's.
+#[derive(Clone, Debug)]
+pub struct ElectionLease {
+    /// Its namespace (the agent's).
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+}
+
+/// Watches `kinds` (of Leases, `lease` alone) and sends their changes;
+/// `Synced` follows once each was listed in full. Events stop when the
+/// receiver is dropped.
 pub fn watch_kube(
     client: Client,
     kinds: &[ObjectKind],
+    lease: &ElectionLease,
 ) -> (mpsc::Receiver<SourceEvent>, KubeSource) {
     let empty = |kind| reflector::store::Writer::new(api_resource(kind)).as_reader();
     let mut source = KubeSource {
@@ -72,7 +83,7 @@ pub fn watch_kube(
     let streams: Vec<(ObjectKind, BoxStream<'static, WatchResult>)> = kinds
         .iter()
         .map(|&kind| {
-            let (store, stream) = watched(&client, kind);
+            let (store, stream) = watched(&client, kind, lease);
             match kind {
                 ObjectKind::TunnelEndpoint => source.tunnel_endpoints = store,
                 ObjectKind::NatMapping => source.nat_mappings = store,
@@ -127,12 +138,24 @@ type WatchResult = watcher::Result<watcher::Event<DynamicObject>>;
 fn watched(
     client: &Client,
     kind: ObjectKind,
+    lease: &ElectionLease,
 ) -> (Store<DynamicObject>, BoxStream<'static, WatchResult>) {
     let resource = api_resource(kind);
-    let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
+    let (api, config) = match kind {
+        // Every node renews a Lease of its own every few seconds: only the
+        // election's is watched.
+        ObjectKind::Lease => (
+            Api::<DynamicObject>::namespaced_with(client.clone(), &lease.namespace, &resource),
+            watcher::Config::default().fields(&format!("metadata.name={}", lease.name)),
+        ),
+        _ => (
+            Api::<DynamicObject>::all_with(client.clone(), &resource),
+            selector(kind),
+        ),
+    };
     let writer = reflector::store::Writer::new(resource);
     let store = writer.as_reader();
-    let watch = watcher(api, selector(kind)).default_backoff();
+    let watch = watcher(api, config).default_backoff();
     let stream = match kind {
         ObjectKind::TunnelEndpoint | ObjectKind::NatMapping => watch.reflect(writer).boxed(),
         _ => watch.boxed(),

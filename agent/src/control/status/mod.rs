@@ -412,7 +412,8 @@ impl Writer {
             ObjectKind::Node
             | ObjectKind::Pod
             | ObjectKind::EndpointSlice
-            | ObjectKind::NamespaceOffloading => return None,
+            | ObjectKind::NamespaceOffloading
+            | ObjectKind::Lease => return None,
         };
         let reference = ObjectRef::new_with(&key.name, api_resource(kind));
         let reference = if key.namespace.is_empty() {

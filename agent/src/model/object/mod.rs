@@ -14,6 +14,8 @@ pub const CORE_API_VERSION: &str = "v1";
 pub const DISCOVERY_API_VERSION: &str = "discovery.k8s.io/v1";
 /// The API version of Liqo's NamespaceOffloadings.
 pub const OFFLOADING_API_VERSION: &str = "offloading.liqo.io/v1alpha1";
+/// The API version of Leases.
+pub const COORDINATION_API_VERSION: &str = "coordination.k8s.io/v1";
 
 /// A kind of object the agent reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -34,17 +36,21 @@ pub enum ObjectKind {
     /// Liqo's per-namespace offloading, read for isolation: which peers a
     /// namespace is offloaded to.
     NamespaceOffloading,
+    /// The gateways' election: which gateway node is active, where the
+    /// overlay sends remote-bound traffic.
+    Lease,
 }
 
 impl ObjectKind {
     /// Every kind, in the order the agent reads them.
-    pub const ALL: [ObjectKind; 6] = [
+    pub const ALL: [ObjectKind; 7] = [
         Self::TunnelEndpoint,
         Self::NatMapping,
         Self::Node,
         Self::Pod,
         Self::EndpointSlice,
         Self::NamespaceOffloading,
+        Self::Lease,
     ];
 
     /// The kinds a segregating gateway reads to know what each peer may
@@ -61,6 +67,7 @@ impl ObjectKind {
             Self::Pod => "Pod",
             Self::EndpointSlice => "EndpointSlice",
             Self::NamespaceOffloading => "NamespaceOffloading",
+            Self::Lease => "Lease",
         }
     }
 
@@ -71,6 +78,7 @@ impl ObjectKind {
             Self::Node | Self::Pod => CORE_API_VERSION,
             Self::EndpointSlice => DISCOVERY_API_VERSION,
             Self::NamespaceOffloading => OFFLOADING_API_VERSION,
+            Self::Lease => COORDINATION_API_VERSION,
         }
     }
 
@@ -83,6 +91,7 @@ impl ObjectKind {
             Self::Pod => "pods",
             Self::EndpointSlice => "endpointslices",
             Self::NamespaceOffloading => "namespaceoffloadings",
+            Self::Lease => "leases",
         }
     }
 
@@ -295,6 +304,8 @@ pub enum Object {
     EndpointSlice(RawObject),
     /// An `offloading.liqo.io/v1alpha1` `NamespaceOffloading`.
     NamespaceOffloading(RawObject),
+    /// A `coordination.k8s.io/v1` `Lease`.
+    Lease(RawObject),
 }
 
 /// A document that is not an object the agent reads.
@@ -312,7 +323,7 @@ pub enum DocumentError {
     },
     /// Valid YAML of another kind.
     #[error(
-        "{file}: document {index} ({name}): not an object Isthmus reads: apiVersion {api_version:?}, kind {kind:?} (field apiVersion/kind; want {API_VERSION} TunnelEndpoint or NatMapping, {CORE_API_VERSION} Node or Pod, {DISCOVERY_API_VERSION} EndpointSlice, or {OFFLOADING_API_VERSION} NamespaceOffloading)"
+        "{file}: document {index} ({name}): not an object Isthmus reads: apiVersion {api_version:?}, kind {kind:?} (field apiVersion/kind; want {API_VERSION} TunnelEndpoint or NatMapping, {CORE_API_VERSION} Node or Pod, {DISCOVERY_API_VERSION} EndpointSlice, {OFFLOADING_API_VERSION} NamespaceOffloading, or {COORDINATION_API_VERSION} Lease)"
     )]
     WrongKind {
         /// File holding the document.
@@ -474,6 +485,7 @@ fn object(file: &str, index: usize, mut value: Value) -> Result<Object, Document
         ObjectKind::NamespaceOffloading => {
             Object::NamespaceOffloading(RawObject { key, labels, body })
         }
+        ObjectKind::Lease => Object::Lease(RawObject { key, labels, body }),
     })
 }
 
