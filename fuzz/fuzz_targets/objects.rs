@@ -1,5 +1,5 @@
 //! Objects as an author writes them (TunnelEndpoints, NatMappings, Nodes,
-//! and what isolation reads): any text, read as the directory source
+//! what isolation reads, and the election's Lease): any text, read as the directory source
 //! reads a file, then every document validated as the reconciler does.
 //! Nothing may panic, every error names its file, and the NatMapping fast
 //! path, where it answers, must agree with the YAML scanner.
@@ -7,7 +7,7 @@
 
 use isthmus_agent::{
     model::natmapping::NatMapping,
-    model::node::Node,
+    model::node::{ActiveGateway, Node},
     model::object::{Object, parse_documents, plain_natmapping},
     model::offloading::{ExportedSlice, OffloadedPod, Offloading},
     model::peer::Peer,
@@ -53,6 +53,10 @@ fuzz_target!(|text: &str| {
                 Err(e) => e.to_string(),
             },
             Ok(Object::NamespaceOffloading(raw)) => match Offloading::from_raw(&raw, FILE) {
+                Ok(_) => continue,
+                Err(e) => e.to_string(),
+            },
+            Ok(Object::Lease(raw)) => match ActiveGateway::from_raw(&raw, FILE) {
                 Ok(_) => continue,
                 Err(e) => e.to_string(),
             },

@@ -4,7 +4,7 @@
 //! (`net.liqo.io/gateway=active` on the active one, `standby` on the
 //! others), so that a Service or a load balancer follows the active one.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
@@ -23,6 +23,10 @@ pub const GATEWAY_LABEL: &str = "net.liqo.io/gateway";
 pub const ACTIVE: &str = "active";
 /// The value of [`GATEWAY_LABEL`] on a standby gateway's pod.
 pub const STANDBY: &str = "standby";
+/// How long a failed labelling waits before it is tried again, unless the
+/// verdict changes first: a missing pod or permission is not fixed by the
+/// next turn.
+const LABEL_RETRY: Duration = Duration::from_secs(5);
 
 /// The gateway pods of the agent's namespace, by name.
 pub struct PodLabels {
@@ -75,6 +79,8 @@ pub struct Elector {
     pods: Option<PodLabels>,
     /// Whether the pods carry the labels of the last transition.
     labelled: bool,
+    /// When a failed labelling may be tried again.
+    label_retry: Option<Instant>,
     active: watch::Sender<bool>,
 }
 
@@ -87,6 +93,7 @@ impl Elector {
             lease,
             pods,
             labelled: false,
+            label_retry: None,
             active: watch::channel(false).0,
         }
     }
@@ -131,13 +138,19 @@ impl Elector {
                 (_, false) => info!("this gateway stands by: its lease was not renewed in time"),
             }
             self.labelled = false;
+            self.label_retry = None;
         }
+        let due = self.label_retry.is_none_or(|at| Instant::now() >= at);
         if !self.labelled
+            && due
             && let Some(pods) = &self.pods
         {
             match pods.mark(active).await {
                 Ok(()) => self.labelled = true,
-                Err(e) => warn!(error = %e, "labelling the gateway pods; trying again next turn"),
+                Err(e) => {
+                    self.label_retry = Some(Instant::now() + LABEL_RETRY);
+                    warn!(error = %e, retry_in = ?LABEL_RETRY, "labelling the gateway pods");
+                }
             }
         }
     }
