@@ -14,6 +14,23 @@ pub const CI_SECONDS: u64 = 60;
 /// The targets, in the order they run.
 pub const TARGETS: [&str; 4] = ["offload", "datagram", "objects", "reconciler"];
 
+/// Type-checks the fuzz targets: their crate lies outside the workspace,
+/// so the workspace's clippy never compiles them, and a change of the
+/// agent's API would otherwise surface only when fuzzing starts.
+pub fn check() -> Result<()> {
+    let status = Command::new("cargo")
+        .args(["+nightly", "check", "--bins", "--manifest-path"])
+        .arg(root().join("fuzz").join("Cargo.toml"))
+        .current_dir(root())
+        .env("AYA_BUILD_SKIP", "1")
+        .status()
+        .context("running cargo check on the fuzz targets")?;
+    if !status.success() {
+        bail!("the fuzz targets do not compile ({status})");
+    }
+    Ok(())
+}
+
 /// Runs each target for `seconds`.
 pub fn run(seconds: u64) -> Result<()> {
     prereqs::cargo_fuzz()?;

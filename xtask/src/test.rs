@@ -41,6 +41,7 @@ pub fn run(only: Option<Tier>) -> Result<()> {
             "-D",
             "warnings",
         ])?;
+        fuzz::check()?;
     }
     // Every test binary is linked before the first tier starts, so that a
     // tier's time is its tests' time.
