@@ -38,6 +38,8 @@ pub const PROTO_ICMP: u8 = 1;
 pub const PROTO_TCP: u8 = 6;
 /// UDP.
 pub const PROTO_UDP: u8 = 17;
+/// SCTP, which a Service's port may name.
+pub const PROTO_SCTP: u8 = 132;
 
 /// The first 20 bytes of an IPv4 header.
 #[derive(Clone, Copy)]

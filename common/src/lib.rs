@@ -22,6 +22,8 @@ pub mod csum;
 pub mod guard;
 pub mod ipv4;
 pub mod isolation;
+#[cfg(feature = "user")]
+pub mod liqo;
 pub mod names;
 pub mod nat;
 pub mod overlay;

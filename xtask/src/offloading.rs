@@ -5,7 +5,7 @@
 
 use std::net::Ipv4Addr;
 
-use sha2::{Digest, Sha256};
+use isthmus_common::liqo::namespace_map_name;
 
 /// A pod in `namespace` at `ip`, offloaded from the cluster
 /// `origin_cluster_id`, or local with None.
@@ -85,13 +85,4 @@ pub fn namespace_offloading(namespace: &str, peers: &[Listed]) -> String {
          spec:\n  namespaceMappingStrategy: DefaultName\n  podOffloadingStrategy: LocalAndRemote\n\
          status:\n  offloadingPhase: Ready\n  remoteNamespacesConditions:\n{conditions}"
     )
-}
-
-/// Liqo's name of a peer's NamespaceMap (`foreignclusterutils.UniqueName`):
-/// the cluster name, a dash, and the first three bytes of the SHA-256 of
-/// the cluster ID in hex.
-pub fn namespace_map_name(cluster_name: &str, cluster_id: &str) -> String {
-    let digest = Sha256::digest(cluster_id.as_bytes());
-    let hex: String = digest[..3].iter().map(|b| format!("{b:02x}")).collect();
-    format!("{cluster_name}-{hex}")
 }

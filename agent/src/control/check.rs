@@ -14,7 +14,7 @@ use isthmus_common::{
 use crate::{
     control::{
         options::CheckArgs,
-        reconcile::{NoAllowedTable, Reconciler},
+        reconcile::{MemoryAllowedTable, Reconciler},
         source::{self, SourceEvent, SourceSpec},
     },
     kernel::table::MemoryTable,
@@ -86,7 +86,7 @@ pub fn check(events: Vec<SourceEvent>, policy: Policy) -> Verdict {
     let mut reconciler = Reconciler::new(
         MemoryTable::<Ipv4Net, PeerNat>::default(),
         MemoryTable::<MappingKey, Be32>::default(),
-        NoAllowedTable::default(),
+        MemoryAllowedTable::default(),
     )
     .expect("a table in memory always reads");
     reconciler.set_policy(policy);

@@ -10,7 +10,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::{
     control::{
-        reconcile::{NoAllowedTable, Reconciler, Report},
+        reconcile::{MemoryAllowedTable, Reconciler, Report},
         source::SourceEvent,
         status::{self, Feedback},
     },
@@ -38,7 +38,7 @@ pub trait Host {
 }
 
 /// Everything the loop drives.
-pub struct RunLoop<P, M, H, A = NoAllowedTable>
+pub struct RunLoop<P, M, H, A = MemoryAllowedTable>
 where
     P: PeerTable,
     M: MappingTable<Error = P::Error>,
@@ -278,21 +278,24 @@ fn record(report: &Report, metrics: &Metrics) {
         let (kind, object) = e.kind_and_key();
         warn!(kind, object, error = %e, "rejection cleared");
     }
-    if report.allowed_written + report.allowed_removed > 0 {
-        info!(
-            written = report.allowed_written,
-            removed = report.allowed_removed,
-            entries = report.allowed,
-            "allowed entries of segregated peers programmed"
-        );
-    }
-    if report.mappings_written + report.mappings_removed > 0 {
-        info!(
-            written = report.mappings_written,
-            removed = report.mappings_removed,
-            entries = report.mappings,
-            "NatMapping entries programmed"
-        );
+    let tables = [
+        (
+            "allowed entries of segregated peers",
+            report.allowed_written,
+            report.allowed_removed,
+            report.allowed,
+        ),
+        (
+            "NatMapping entries",
+            report.mappings_written,
+            report.mappings_removed,
+            report.mappings,
+        ),
+    ];
+    for (what, written, removed, entries) in tables {
+        if written + removed > 0 {
+            info!(written, removed, entries, "{what} programmed");
+        }
     }
     metrics.peers.set(report.peers as i64);
     metrics.nat_mappings.set(report.mappings as i64);

@@ -185,10 +185,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             let (events, objects) = source::watch_kube(client.clone(), &kinds, &lease);
             // The gateway speaks for the cluster's tunnels; workers only read.
             let gateway = role == Role::Gateway;
-            let active = match gateway {
-                true => Some(elect(&client, &args)?),
-                false => None,
-            };
+            let active = gateway.then(|| elect(&client, &args)).transpose()?;
             let feedback =
                 gateway.then(|| Feedback::spawn(client, objects, &args.node, metrics.clone()));
             (events, feedback, active)

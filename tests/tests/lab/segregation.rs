@@ -56,6 +56,7 @@ fn answered(
         .is_ok_and(|seen| seen.client_as_seen_by_server == seen_as)
 }
 
+/// An exchange on `port`, or on a port no other probe uses.
 fn exchange(
     proto: Proto,
     from: &str,
@@ -63,10 +64,8 @@ fn exchange(
     target: Ipv4Addr,
     port: Option<u16>,
 ) -> anyhow::Result<probe::Seen> {
-    match port {
-        Some(port) => probe::exchange_on(proto, from, server, target, port),
-        None => probe::exchange(proto, from, server, target),
-    }
+    let port = port.unwrap_or_else(probe::next_port);
+    probe::exchange_on(proto, from, server, target, port)
 }
 
 fn row_answered(row: &Reach, proto: Proto) -> bool {
@@ -177,6 +176,22 @@ fn allowed(addr: Ipv4Addr) -> Vec<AllowKey> {
         .collect()
 }
 
+/// Asserts that `change`, timed from before its write (the file's trip is
+/// part of the change's), empties b-gw's allowed table of `addr` within
+/// [`CUT_OFF`].
+fn cut_off(change: &str, addr: Ipv4Addr, write: impl FnOnce() -> anyhow::Result<()>) {
+    let start = Instant::now();
+    write().unwrap();
+    eventually(
+        GIVE_UP,
+        &format!("{addr} leaving b-gw's allowed table"),
+        || allowed(addr).is_empty(),
+    );
+    let took = start.elapsed();
+    println!("{change} reached b-gw's kernel in {took:?}");
+    assert!(took < CUT_OFF, "{change} took {took:?} to reach the kernel");
+}
+
 #[test]
 fn a_pod_no_longer_offloaded_or_a_namespace_no_longer_offloaded_is_cut_within_100_ms() {
     require_lab();
@@ -186,18 +201,9 @@ fn a_pod_no_longer_offloaded_or_a_namespace_no_longer_offloaded_is_cut_within_10
     let service = Some(segregation::SERVICE_PORT);
     assert!(row_answered(a_to_b_pod2, Proto::Tcp));
 
-    // Timed from before the write: the file's trip is part of the change's.
-    let start = Instant::now();
-    segregation::write_pod(false).unwrap();
-    eventually(GIVE_UP, "b-pod2 leaving b-gw's allowed table", || {
-        allowed(B.pod_addr(2)).is_empty()
+    cut_off("the label's removal", B.pod_addr(2), || {
+        segregation::write_pod(false)
     });
-    let took = start.elapsed();
-    println!("the label's removal reached b-gw's kernel in {took:?}");
-    assert!(
-        took < CUT_OFF,
-        "the label's removal took {took:?} to reach the kernel"
-    );
     let (from, to) = (&a_to_b_pod2.from, &a_to_b_pod2.answered_by);
     assert_refused(Proto::Tcp, &A, from, to, a_to_b_pod2.target, None);
     segregation::write_pod(true).unwrap();
@@ -216,19 +222,9 @@ fn a_pod_no_longer_offloaded_or_a_namespace_no_longer_offloaded_is_cut_within_10
         )
     };
     assert!(a_to_service());
-    let start = Instant::now();
-    segregation::write_offloading(false).unwrap();
-    eventually(
-        GIVE_UP,
-        "b-pod1's service leaving b-gw's allowed table",
-        || allowed(B.pod_addr(1)).is_empty(),
-    );
-    let took = start.elapsed();
-    println!("the namespace's offloading reached b-gw's kernel in {took:?}");
-    assert!(
-        took < CUT_OFF,
-        "the namespace's offloading took {took:?} to reach the kernel"
-    );
+    cut_off("the namespace's offloading", B.pod_addr(1), || {
+        segregation::write_offloading(false)
+    });
     let (from, to) = (&a_to_b_pod1.from, &a_to_b_pod1.answered_by);
     assert_refused(Proto::Tcp, &A, from, to, a_to_b_pod1.target, service);
 }

@@ -184,3 +184,21 @@ async fn a_dead_active_gateway_is_replaced_after_the_lease_duration_and_relabell
     a.turn().await;
     assert!(!*a_active.borrow() && *b_active.borrow());
 }
+
+/// A Lease someone else wrote in a shape the API would not hold (a
+/// holder that is no string) is an error of that turn: nobody leads on it,
+/// and nothing panics.
+#[tokio::test]
+async fn a_malformed_lease_makes_nobody_active() {
+    let api = api();
+    api.fake.apply(
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": LEASE, "namespace": NAMESPACE},
+        "spec": {"holderIdentity": 7, "leaseTransitions": "many"}}),
+    );
+    let mut a = elector(&api, "a-gw").await;
+    let active = a.subscribe();
+    a.turn().await;
+    assert!(!*active.borrow());
+    assert!(lease(&api.kubeconfig).await.read().await.is_err());
+}

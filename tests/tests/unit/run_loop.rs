@@ -15,7 +15,7 @@ use std::{
 use ipnet::Ipv4Net;
 use isthmus_agent::{
     control::{
-        reconcile::{NoAllowedTable, Reconciler},
+        reconcile::{MemoryAllowedTable, Reconciler},
         run::{Host, RunLoop},
         source,
     },
@@ -89,8 +89,12 @@ impl Running {
         .unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let mut run_loop = RunLoop {
-            reconciler: Reconciler::new(peers.clone(), mappings.clone(), NoAllowedTable::default())
-                .unwrap(),
+            reconciler: Reconciler::new(
+                peers.clone(),
+                mappings.clone(),
+                MemoryAllowedTable::default(),
+            )
+            .unwrap(),
             gateway: None,
             host: NoDevices,
             feedback: None,

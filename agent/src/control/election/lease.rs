@@ -46,35 +46,40 @@ impl LeaseClient {
         timings: Timings,
     ) -> Result<Option<Record>, kube::Error> {
         let now = MicroTime(Timestamp::now());
-        let mut lease = match (step, current) {
-            (Step::Follow { .. }, _) => return Ok(None),
-            (Step::Create, _) => Lease {
-                metadata: ObjectMeta {
+        // The Lease to write, its transitions, and whether we take it now
+        // (a renewal keeps the `acquireTime` it had).
+        let (mut lease, transitions, acquired) = match (step, current) {
+            (Step::Follow { .. }, _) | (Step::Write { .. }, None) => return Ok(None),
+            (Step::Create, _) => {
+                let metadata = ObjectMeta {
                     name: Some(self.name.clone()),
                     ..ObjectMeta::default()
+                };
+                let lease = Lease {
+                    metadata,
+                    spec: None,
+                };
+                (lease, 0, true)
+            }
+            (
+                Step::Write {
+                    resource_version,
+                    transitions,
+                    renewal,
                 },
-                spec: Some(LeaseSpec::default()),
-            },
-            (Step::Write { .. }, Some(current)) => current.clone(),
-            (Step::Write { .. }, None) => return Ok(None),
+                Some(current),
+            ) => {
+                let mut lease = current.clone();
+                // The version read is the precondition, whatever the copy says.
+                lease.metadata.resource_version = Some(resource_version.clone());
+                (lease, *transitions, !renewal)
+            }
         };
         let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-        if let Step::Write {
-            resource_version,
-            transitions,
-            renewal,
-        } = step
-        {
-            // The version read is the precondition, whatever the copy says.
-            lease.metadata.resource_version = Some(resource_version.clone());
-            spec.lease_transitions = Some(*transitions);
-            if !renewal {
-                spec.acquire_time = Some(now.clone());
-            }
-        } else {
+        if acquired {
             spec.acquire_time = Some(now.clone());
-            spec.lease_transitions = Some(0);
         }
+        spec.lease_transitions = Some(transitions);
         spec.holder_identity = Some(identity.to_owned());
         spec.renew_time = Some(now);
         spec.lease_duration_seconds = Some(whole_seconds(timings));
@@ -93,11 +98,13 @@ impl LeaseClient {
 
 /// The Lease as the election reads it.
 pub fn record(lease: &Lease) -> Record {
-    let spec = lease.spec.clone().unwrap_or_default();
+    let spec = lease.spec.as_ref();
     Record {
-        holder: spec.holder_identity,
-        renew_time: spec.renew_time.map(|t| t.0.to_string()),
-        transitions: spec.lease_transitions.unwrap_or(0),
+        holder: spec.and_then(|s| s.holder_identity.clone()),
+        renew_time: spec
+            .and_then(|s| s.renew_time.as_ref())
+            .map(|t| t.0.to_string()),
+        transitions: spec.and_then(|s| s.lease_transitions).unwrap_or(0),
         resource_version: lease.metadata.resource_version.clone().unwrap_or_default(),
     }
 }

@@ -4,13 +4,10 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use isthmus_common::{isolation::AllowKey, wire::Be32};
+use isthmus_common::{isolation::AllowKey, liqo::namespace_map_name, wire::Be32};
 
 use super::Valid;
-use crate::model::{
-    offloading::{ExportedPort, namespace_map_name},
-    peer::Peer,
-};
+use crate::model::{offloading::ExportedPort, peer::Peer};
 
 /// Every entry the `segregated` peers (with their IDs) are owed by the
 /// objects: each pod offloaded from a peer on any port, and each endpoint

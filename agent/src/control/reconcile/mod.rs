@@ -79,10 +79,10 @@ enum Valid {
 }
 
 /// An allowed table in memory: what `check` programs, and the tests'.
-pub type NoAllowedTable = MemoryTable<AllowKey, u8>;
+pub type MemoryAllowedTable = MemoryTable<AllowKey, u8>;
 
 /// Keeps the kernel's tables equal to what the objects describe.
-pub struct Reconciler<P: PeerTable, M: MappingTable, A: AllowedTable = NoAllowedTable> {
+pub struct Reconciler<P: PeerTable, M: MappingTable, A: AllowedTable = MemoryAllowedTable> {
     peer_table: Mirror<P>,
     mapping_table: Mirror<M>,
     allowed_table: Mirror<A>,
@@ -142,11 +142,6 @@ where
             .filter_map(|document| validate(document, &origin))
             .collect();
         self.origins.insert(origin, validated);
-    }
-
-    /// What the allowed table holds, as this agent wrote it.
-    pub fn allowed_entries(&self) -> Vec<AllowKey> {
-        self.allowed_table.applied().keys().copied().collect()
     }
 
     /// Replaces the policy; returns whether it changed, so that the caller

@@ -20,7 +20,7 @@ type Mappings = MemoryTable<MappingKey, Be32>;
 
 /// A reconciler over `peers` and a NatMapping table of its own.
 fn reconciler(peers: &mut Peers) -> Reconciler<&mut Peers, Mappings> {
-    Reconciler::new(peers, Mappings::default(), NoAllowedTable::default()).unwrap()
+    Reconciler::new(peers, Mappings::default(), MemoryAllowedTable::default()).unwrap()
 }
 
 /// Peer `name`, whose networks are ours: we see its pods and externals as
@@ -174,7 +174,7 @@ fn a_full_natmapping_table_still_lets_peers_come_and_go() {
         capacity: 0,
         ..Mappings::default()
     };
-    let mut r = Reconciler::new(&mut peers, &mut mappings, NoAllowedTable::default()).unwrap();
+    let mut r = Reconciler::new(&mut peers, &mut mappings, MemoryAllowedTable::default()).unwrap();
     let b = peer("b", "10.0.0.0/24", "10.0.1.0/24")
         .cluster_id("cluster-b")
         .to_string();

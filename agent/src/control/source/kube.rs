@@ -8,7 +8,7 @@
 //! is away; objects missing from a relist are removed only once the relist
 //! is complete, so the kernel never sees a gap.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use futures::{StreamExt, stream::BoxStream};
 use kube::{
@@ -31,12 +31,20 @@ use crate::model::{
 
 /// The objects as the API server last sent them, for writing back status
 /// and events.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct KubeSource {
-    /// Every TunnelEndpoint.
-    pub tunnel_endpoints: Store<DynamicObject>,
-    /// Every NatMapping.
-    pub nat_mappings: Store<DynamicObject>,
+    stores: BTreeMap<ObjectKind, Store<DynamicObject>>,
+}
+
+impl KubeSource {
+    /// The kinds whose status and Events the agent writes. Only these keep
+    /// a store: the others (Pods above all) are not held in memory twice.
+    const STORED: [ObjectKind; 2] = [ObjectKind::TunnelEndpoint, ObjectKind::NatMapping];
+
+    /// Every object of `kind`, if the agent writes back to that kind.
+    pub fn store(&self, kind: ObjectKind) -> Option<&Store<DynamicObject>> {
+        self.stores.get(&kind)
+    }
 }
 
 /// The API resource of `kind`.
@@ -75,20 +83,19 @@ pub fn watch_kube(
     kinds: &[ObjectKind],
     lease: &ElectionLease,
 ) -> (mpsc::Receiver<SourceEvent>, KubeSource) {
-    let empty = |kind| reflector::store::Writer::new(api_resource(kind)).as_reader();
-    let mut source = KubeSource {
-        tunnel_endpoints: empty(ObjectKind::TunnelEndpoint),
-        nat_mappings: empty(ObjectKind::NatMapping),
-    };
+    let mut source = KubeSource::default();
     let streams: Vec<(ObjectKind, BoxStream<'static, WatchResult>)> = kinds
         .iter()
         .map(|&kind| {
-            let (store, stream) = watched(&client, kind, lease);
-            match kind {
-                ObjectKind::TunnelEndpoint => source.tunnel_endpoints = store,
-                ObjectKind::NatMapping => source.nat_mappings = store,
-                _ => {}
-            }
+            let watch = watcher(api(&client, kind, lease), config(kind, lease)).default_backoff();
+            let stream = match KubeSource::STORED.contains(&kind) {
+                true => {
+                    let writer = reflector::store::Writer::new(api_resource(kind));
+                    source.stores.insert(kind, writer.as_reader());
+                    watch.reflect(writer).boxed()
+                }
+                false => watch.boxed(),
+            };
             (kind, stream)
         })
         .collect();
@@ -132,46 +139,28 @@ pub fn watch_kube(
 
 type WatchResult = watcher::Result<watcher::Event<DynamicObject>>;
 
-/// A watcher of `kind` in every namespace, backing off with jitter. The
-/// kinds whose status the agent writes keep a store of their objects; the
-/// others (Pods above all) are not held in memory twice.
-fn watched(
-    client: &Client,
-    kind: ObjectKind,
-    lease: &ElectionLease,
-) -> (Store<DynamicObject>, BoxStream<'static, WatchResult>) {
+/// Where `kind` is watched: every namespace, but the election's Lease in
+/// the agent's alone.
+fn api(client: &Client, kind: ObjectKind, lease: &ElectionLease) -> Api<DynamicObject> {
     let resource = api_resource(kind);
-    let (api, config) = match kind {
-        // Every node renews a Lease of its own every few seconds: only the
-        // election's is watched.
-        ObjectKind::Lease => (
-            Api::<DynamicObject>::namespaced_with(client.clone(), &lease.namespace, &resource),
-            watcher::Config::default().fields(&format!("metadata.name={}", lease.name)),
-        ),
-        _ => (
-            Api::<DynamicObject>::all_with(client.clone(), &resource),
-            selector(kind),
-        ),
-    };
-    let writer = reflector::store::Writer::new(resource);
-    let store = writer.as_reader();
-    let watch = watcher(api, config).default_backoff();
-    let stream = match kind {
-        ObjectKind::TunnelEndpoint | ObjectKind::NatMapping => watch.reflect(writer).boxed(),
-        _ => watch.boxed(),
-    };
-    (store, stream)
+    match kind {
+        ObjectKind::Lease => Api::namespaced_with(client.clone(), &lease.namespace, &resource),
+        _ => Api::all_with(client.clone(), &resource),
+    }
 }
 
-/// Only what isolation reads: offloaded pods, and the slices Kubernetes'
-/// own controller manages. The reader checks the same labels again.
-fn selector(kind: ObjectKind) -> watcher::Config {
+/// Which objects of `kind` are watched: of Pods and EndpointSlices only
+/// what isolation reads (offloaded pods, the slices Kubernetes' own
+/// controller manages; the reader checks the same labels again), and of
+/// Leases only the election's, since every node renews one of its own.
+fn config(kind: ObjectKind, lease: &ElectionLease) -> watcher::Config {
     let config = watcher::Config::default();
     match kind {
         ObjectKind::Pod => config.labels(ORIGIN_LABEL),
         ObjectKind::EndpointSlice => {
             config.labels(&format!("{MANAGED_BY_LABEL}={ENDPOINTSLICE_CONTROLLER}"))
         }
+        ObjectKind::Lease => config.fields(&format!("metadata.name={}", lease.name)),
         _ => config,
     }
 }

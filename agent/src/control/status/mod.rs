@@ -405,16 +405,8 @@ impl Writer {
 
     /// The object `kind` `key` as the API server last sent it.
     fn find(&self, kind: ObjectKind, key: &ObjectKey) -> Option<Arc<DynamicObject>> {
-        let store = match kind {
-            ObjectKind::NatMapping => &self.source.nat_mappings,
-            ObjectKind::TunnelEndpoint => &self.source.tunnel_endpoints,
-            // Nodes and what isolation reads are read, never written back to.
-            ObjectKind::Node
-            | ObjectKind::Pod
-            | ObjectKind::EndpointSlice
-            | ObjectKind::NamespaceOffloading
-            | ObjectKind::Lease => return None,
-        };
+        // Nodes, what isolation reads and the Lease are never written back to.
+        let store = self.source.store(kind)?;
         let reference = ObjectRef::new_with(&key.name, api_resource(kind));
         let reference = if key.namespace.is_empty() {
             reference

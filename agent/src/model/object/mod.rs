@@ -1,7 +1,7 @@
 //! The objects the agent reads, in the shape Liqo's network manager writes
 //! them (`net.liqo.io/v1alpha1`), before validation.
 
-use std::{fmt, path::Path};
+use std::{collections::BTreeMap, fmt, path::Path};
 
 use serde_yaml_ng::{Mapping, Value};
 use thiserror::Error;
@@ -250,15 +250,28 @@ impl RawObject {
             .try_fold(self.body.get(*first)?, |value, step| value.get(*step))
     }
 
-    /// The text of label `key`, if it has one (YAML may read an unquoted
-    /// `true` or a number as such).
+    /// The text of label `key`, if it has one.
     pub fn label(&self, key: &str) -> Option<String> {
-        match self.labels.get(key)? {
-            Value::String(s) => Some(s.clone()),
-            Value::Bool(b) => Some(b.to_string()),
-            Value::Number(n) => Some(n.to_string()),
-            _ => None,
-        }
+        label_text(self.labels.get(key)?)
+    }
+
+    /// Every label with a text value, by key.
+    pub fn label_texts(&self) -> BTreeMap<String, String> {
+        self.labels
+            .iter()
+            .filter_map(|(k, v)| Some((k.as_str()?.to_owned(), label_text(v)?)))
+            .collect()
+    }
+}
+
+/// YAML reads `"true"` as a string but an unquoted `true` (or a number)
+/// as such; a label is text either way.
+fn label_text(value: &Value) -> Option<String> {
+    match value {
+        Value::String(s) => Some(s.clone()),
+        Value::Bool(b) => Some(b.to_string()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
     }
 }
 

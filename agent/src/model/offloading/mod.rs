@@ -12,9 +12,8 @@
 
 use std::{collections::BTreeSet, net::Ipv4Addr};
 
-use isthmus_common::ipv4::{PROTO_TCP, PROTO_UDP};
+use isthmus_common::ipv4::{PROTO_SCTP, PROTO_TCP, PROTO_UDP};
 use serde_yaml_ng::Value;
-use sha2::{Digest, Sha256};
 
 use crate::model::object::{ObjectError, ObjectKey, ObjectKind, RawObject};
 
@@ -28,8 +27,6 @@ pub const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
 pub const ENDPOINTSLICE_CONTROLLER: &str = "endpointslice-controller.k8s.io";
 /// The condition of a NamespaceOffloading that says a peer was selected.
 pub const OFFLOADING_REQUIRED: &str = "OffloadingRequired";
-/// SCTP's protocol number.
-const PROTO_SCTP: u8 = 132;
 
 /// A pod offloaded from a peer.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -216,7 +213,7 @@ pub struct Offloading {
     /// The NamespaceOffloading; its namespace is the one offloaded.
     pub key: ObjectKey,
     /// The peers selected, by the key of Liqo's status: the name of their
-    /// NamespaceMap ([`namespace_map_name`], Liqo v0.5 on) or their
+    /// NamespaceMap (`isthmus_common::liqo::namespace_map_name`, Liqo v0.5 on) or their
     /// cluster ID (v0.3 and v0.4).
     pub selected: BTreeSet<String>,
 }
@@ -260,15 +257,6 @@ impl Offloading {
             selected,
         })
     }
-}
-
-/// The name Liqo gives a peer's NamespaceMap, which keys a
-/// NamespaceOffloading's status: the cluster name, a dash and the first
-/// three bytes of the SHA-256 of the cluster ID, in hex.
-pub fn namespace_map_name(cluster_name: &str, cluster_id: &str) -> String {
-    let digest = Sha256::digest(cluster_id.as_bytes());
-    let hex: String = digest[..3].iter().map(|b| format!("{b:02x}")).collect();
-    format!("{cluster_name}-{hex}")
 }
 
 #[cfg(test)]

@@ -280,10 +280,3 @@ fn an_offloading_selects_the_peers_whose_offloading_is_required() {
         "f: NamespaceOffloading shop/offloading: field status.remoteNamespacesConditions.c-9ad7dd: not a list"
     );
 }
-
-#[test]
-fn namespace_maps_are_named_as_liqo_names_them() {
-    // sha256("cluster-a") begins 34ab3e…; Liqo's UniqueName takes 3 bytes.
-    assert_eq!(namespace_map_name("a", "cluster-a"), "a-34ab3e");
-    assert_eq!(namespace_map_name("c", "cluster-c"), "c-9ad7dd");
-}

@@ -44,10 +44,15 @@ fn ip(last: u8) -> Ipv4Addr {
     Ipv4Addr::new(10, 244, 0, last)
 }
 
-/// Peers a (segregated, ID 1) and c (not, ID 2); a pod offloaded from
+/// A reconciler over `peers` and `allowed`, fed the objects of peers a
+/// (segregated, ID 1) and c (not, ID 2); a pod offloaded from
 /// each; namespace `shop` offloaded to a and not c, exporting b-pod1's
 /// TCP 18080 and UDP 53; namespace `other`, offloaded to nobody.
-fn lab(r: &mut Reconciler<&mut Peers, Mappings, &mut Allowed>) {
+fn lab<'a>(
+    peers: &'a mut Peers,
+    allowed: &'a mut Allowed,
+) -> Reconciler<&'a mut Peers, Mappings, &'a mut Allowed> {
+    let mut r = Reconciler::new(peers, Mappings::default(), allowed).unwrap();
     let files = [
         ("a.yaml", cluster("a", 40, true)),
         ("c.yaml", cluster("c", 41, false)),
@@ -87,6 +92,7 @@ fn lab(r: &mut Reconciler<&mut Peers, Mappings, &mut Allowed>) {
     for (file, yaml) in files {
         r.set_origin(file.into(), docs(file, &yaml));
     }
+    r
 }
 
 fn entries(allowed: &Allowed) -> Vec<AllowKey> {
@@ -96,8 +102,7 @@ fn entries(allowed: &Allowed) -> Vec<AllowKey> {
 #[test]
 fn a_segregated_peer_is_allowed_its_offloaded_pods_and_the_endpoints_exported_to_it() {
     let (mut peers, mut allowed) = (Peers::default(), Allowed::default());
-    let mut r = Reconciler::new(&mut peers, Mappings::default(), &mut allowed).unwrap();
-    lab(&mut r);
+    let mut r = lab(&mut peers, &mut allowed);
     let report = r.reconcile().0;
     assert_eq!(
         (report.rejected, report.allowed),
@@ -122,8 +127,7 @@ fn a_segregated_peer_is_allowed_its_offloaded_pods_and_the_endpoints_exported_to
 #[test]
 fn each_change_reaches_the_table_as_a_diff() {
     let (mut peers, mut allowed) = (Peers::default(), Allowed::default());
-    let mut r = Reconciler::new(&mut peers, Mappings::default(), &mut allowed).unwrap();
-    lab(&mut r);
+    let mut r = lab(&mut peers, &mut allowed);
     r.reconcile();
     // The pod's label removed: it is no longer a's.
     r.set_origin(
@@ -156,8 +160,7 @@ fn each_change_reaches_the_table_as_a_diff() {
 #[test]
 fn a_peer_no_longer_segregated_or_gone_leaves_nothing_behind() {
     let (mut peers, mut allowed) = (Peers::default(), Allowed::default());
-    let mut r = Reconciler::new(&mut peers, Mappings::default(), &mut allowed).unwrap();
-    lab(&mut r);
+    let mut r = lab(&mut peers, &mut allowed);
     r.reconcile();
     r.set_origin("a.yaml".into(), docs("a.yaml", &cluster("a", 40, false)));
     assert_eq!(r.reconcile().0.allowed, 0);
@@ -170,8 +173,7 @@ fn a_peer_no_longer_segregated_or_gone_leaves_nothing_behind() {
 #[test]
 fn the_agents_mode_segregates_every_peer_without_an_annotation() {
     let (mut peers, mut allowed) = (Peers::default(), Allowed::default());
-    let mut r = Reconciler::new(&mut peers, Mappings::default(), &mut allowed).unwrap();
-    lab(&mut r);
+    let mut r = lab(&mut peers, &mut allowed);
     r.set_policy(Policy {
         security_mode: SecurityMode::IntraClusterTrafficSegregation,
         ..Policy::default()
@@ -220,8 +222,7 @@ fn an_offloading_keyed_by_cluster_id_selects_the_peer_too() {
 #[test]
 fn a_broken_object_is_rejected_alone_naming_its_field() {
     let (mut peers, mut allowed) = (Peers::default(), Allowed::default());
-    let mut r = Reconciler::new(&mut peers, Mappings::default(), &mut allowed).unwrap();
-    lab(&mut r);
+    let mut r = lab(&mut peers, &mut allowed);
     let broken = pod("web", "shop", Some("cluster-a"), ip(133))
         .replace("- ip: 10.244.0.133", "- ip: 10.244.0.1333");
     r.set_origin("pod-from-a.yaml".into(), docs("pod-from-a.yaml", &broken));
@@ -238,8 +239,7 @@ fn a_broken_object_is_rejected_alone_naming_its_field() {
 #[test]
 fn ten_thousand_endpoints_change_one_entry_at_a_time() {
     let (mut peers, mut allowed) = (Peers::default(), Allowed::default());
-    let mut r = Reconciler::new(&mut peers, Mappings::default(), &mut allowed).unwrap();
-    lab(&mut r);
+    let mut r = lab(&mut peers, &mut allowed);
     r.reconcile();
     let addresses: Vec<Ipv4Addr> = (0..10_000u32)
         .map(|i| Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 244, 64, 0)) + i))

@@ -14,7 +14,7 @@ fn mapping_key(peer_id: u32, external: [u8; 4]) -> MappingKey {
 #[test]
 fn a_natmapping_is_held_until_its_cluster_has_a_tunnel_endpoint() {
     let (mut peers, mut mappings) = (Peers::default(), Mappings::default());
-    let mut r = Reconciler::new(&mut peers, &mut mappings, NoAllowedTable::default()).unwrap();
+    let mut r = Reconciler::new(&mut peers, &mut mappings, MemoryAllowedTable::default()).unwrap();
     let entry = [("10.1.0.5".to_owned(), "192.168.0.45".to_owned())];
     r.set_origin(
         "nm.yaml".into(),
@@ -54,7 +54,7 @@ fn a_natmapping_is_held_until_its_cluster_has_a_tunnel_endpoint() {
 #[test]
 fn an_external_ip_outside_our_external_cidr_is_rejected_alone() {
     let (mut peers, mut mappings) = (Peers::default(), Mappings::default());
-    let mut r = Reconciler::new(&mut peers, &mut mappings, NoAllowedTable::default()).unwrap();
+    let mut r = Reconciler::new(&mut peers, &mut mappings, MemoryAllowedTable::default()).unwrap();
     let tep_a = peer("a", "10.0.40.0/24", "10.0.41.0/24")
         .cluster_id("cluster-a")
         .to_string();
@@ -82,7 +82,7 @@ fn an_external_ip_outside_our_external_cidr_is_rejected_alone() {
 #[test]
 fn values_in_the_peers_view_of_our_external_cidr_reach_the_kernel_as_real_addresses() {
     let (mut peers, mut mappings) = (Peers::default(), Mappings::default());
-    let mut r = Reconciler::new(&mut peers, &mut mappings, NoAllowedTable::default()).unwrap();
+    let mut r = Reconciler::new(&mut peers, &mut mappings, MemoryAllowedTable::default()).unwrap();
     let tep_a = peer("a", "10.0.40.0/24", "10.0.41.0/24")
         .cluster_id("cluster-a")
         .to_string()
@@ -158,7 +158,7 @@ fn values_in_the_peers_view_of_our_external_cidr_reach_the_kernel_as_real_addres
 #[test]
 fn one_changed_entry_of_ten_thousand_touches_one_element() {
     let (mut peers, mut mappings) = (Peers::default(), Mappings::default());
-    let mut r = Reconciler::new(&mut peers, &mut mappings, NoAllowedTable::default()).unwrap();
+    let mut r = Reconciler::new(&mut peers, &mut mappings, MemoryAllowedTable::default()).unwrap();
     // A /16 ExternalCIDR, so that 10,000 externalIPs fit in it.
     let tep_a = peer("a", "10.0.40.0/24", "10.0.41.0/24")
         .cluster_id("cluster-a")
@@ -235,14 +235,15 @@ fn a_restart_tells_twin_peers_apart_by_their_natmapping_entries() {
     ];
     let winner = |r: &Reconciler<&mut Peers, &mut Mappings>| r.peers()[0].key.name.clone();
     {
-        let mut r = Reconciler::new(&mut peers, &mut mappings, NoAllowedTable::default()).unwrap();
+        let mut r =
+            Reconciler::new(&mut peers, &mut mappings, MemoryAllowedTable::default()).unwrap();
         for (file, yaml) in &files {
             r.set_origin((*file).into(), docs(file, yaml));
             r.reconcile();
         }
         assert_eq!(winner(&r), "m", "the first to arrive wins");
     }
-    let mut r = Reconciler::new(&mut peers, &mut mappings, NoAllowedTable::default()).unwrap();
+    let mut r = Reconciler::new(&mut peers, &mut mappings, MemoryAllowedTable::default()).unwrap();
     for (file, yaml) in files.iter().rev() {
         r.set_origin((*file).into(), docs(file, yaml));
     }
