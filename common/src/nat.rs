@@ -60,9 +60,13 @@ pub struct PeerNat {
     pub egress: [PrefixRewrite; 2],
     /// Destination rewrites from the peer: PodCIDR, then ExternalCIDR.
     pub ingress: [PrefixRewrite; 2],
+    /// Which object the entry was written for: a fingerprint of its origin
+    /// and name. Only the agent reads it: a restarted agent meeting two
+    /// peers with the same networks keeps the one its predecessor accepted.
+    pub owner: u64,
 }
 
-assert_layout!(PeerNat, size = 72, align = 4);
+assert_layout!(PeerNat, size = 80, align = 8);
 
 /// Key of the peer table: a network, as its prefix length and its masked
 /// address. A hash lookup per prefix length in use replaces a

@@ -95,9 +95,6 @@ pub struct Reconciler<P: PeerTable, M: MappingTable, A: AllowedTable = MemoryAll
     /// the peers a previous agent accepted, which keep winning after a
     /// restart.
     inherited: BTreeMap<Ipv4Net, PeerNat>,
-    /// The peer IDs under which the kernel held NatMapping entries when
-    /// this agent started.
-    inherited_mapped: BTreeSet<u32>,
     policy: Policy,
     ids: HashMap<ObjectKey, u32>,
     errors: BTreeSet<Rejection>,
@@ -119,7 +116,6 @@ where
         let allowed_table = Mirror::new(allowed)?;
         Ok(Self {
             inherited: peer_table.applied().clone(),
-            inherited_mapped: mapping_table.applied().keys().map(|k| k.peer_id).collect(),
             peer_table,
             mapping_table,
             allowed_table,
@@ -382,8 +378,7 @@ where
                 }
             }
         }
-        let mapped = self.clusters_with_mappings();
-        candidates.sort_by_cached_key(|p| self.rank(p, &mapped));
+        candidates.sort_by_cached_key(|p| self.rank(p));
         let mut accepted: Vec<Peer> = Vec::new();
         for peer in candidates {
             match conflict(&peer, &accepted) {
@@ -399,35 +394,21 @@ where
     /// Seniority, the same on every node and across restarts as far as the
     /// objects allow: created first (by the API server's timestamps), then
     /// accepted first by this agent, then held by the kernel when it
-    /// started, then by origin and name.
-    ///
-    /// The kernel's peer table tells two peers with the same views and the
-    /// same networks of ours apart only by their NatMappings: the one held
-    /// had entries under its ID if and only if its cluster has a NatMapping.
-    fn rank(&self, p: &Peer, mapped: &BTreeSet<&str>) -> impl Ord + use<P, M, A> {
+    /// started (both views, written for this very object), then by origin
+    /// and name.
+    fn rank(&self, p: &Peer) -> impl Ord + use<P, M, A> {
         let accepted = self.seniority.get(&p.key).copied().unwrap_or(u64::MAX);
-        let held: Vec<&PeerNat> = p
-            .views()
-            .iter()
-            .filter_map(|(_, view)| self.inherited.get(view))
-            .collect();
-        let inherited = held.len() == 2
-            && held.iter().all(|held| {
-                PeerNat {
-                    peer_id: held.peer_id,
-                    ..p.nat(0, self.policy.security_mode)
-                } == **held
-            });
-        let has_mapping = p.cluster_id.as_deref().is_some_and(|c| mapped.contains(c));
-        let mapped_alike = held
-            .iter()
-            .all(|held| self.inherited_mapped.contains(&held.peer_id) == has_mapping);
+        let owner = p.owner();
+        let inherited = p.views().iter().all(|(_, view)| {
+            self.inherited
+                .get(view)
+                .is_some_and(|held| held.owner == owner)
+        });
         (
             p.created.is_none(),
             p.created.clone(),
             accepted,
             !inherited,
-            !mapped_alike,
             p.origin.clone(),
             p.key.clone(),
         )
@@ -439,19 +420,6 @@ where
             .values()
             .flatten()
             .filter_map(|v| v.as_ref().ok())
-    }
-
-    /// The clusters with a NatMapping that has entries, among the objects:
-    /// read once a pass, not once a candidate.
-    fn clusters_with_mappings(&self) -> BTreeSet<&str> {
-        self.origins
-            .values()
-            .flatten()
-            .filter_map(|v| match v {
-                Ok(Valid::Mapping(m)) if !m.entries.is_empty() => Some(m.cluster_id.as_str()),
-                _ => None,
-            })
-            .collect()
     }
 
     /// Keeps each peer's ID; a new peer takes the ID the kernel already holds

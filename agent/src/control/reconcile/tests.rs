@@ -461,3 +461,4 @@ fn natmapping(cluster: &str, entries: &[(String, String)]) -> String {
 
 mod allowed;
 mod mappings;
+mod restart;

@@ -9,6 +9,7 @@ use isthmus_common::{
     nat::{PeerNat, PrefixRewrite},
 };
 use serde_yaml_ng::Value;
+use sha2::{Digest, Sha256};
 
 use crate::model::{
     isolation::{self, SecurityMode},
@@ -212,7 +213,21 @@ impl Peer {
             },
             egress: [self.local_pod.outbound(), self.local_external.outbound()],
             ingress: [self.local_pod.inbound(), self.local_external.inbound()],
+            owner: self.owner(),
         }
+    }
+
+    /// A fingerprint of the object this peer came from, its origin and
+    /// name, the same in every agent version: SHA-256's first 8 bytes.
+    pub fn owner(&self) -> u64 {
+        let digest = Sha256::new()
+            .chain_update(&self.origin)
+            .chain_update([0])
+            .chain_update(&self.key.namespace)
+            .chain_update([0])
+            .chain_update(&self.key.name)
+            .finalize();
+        u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"))
     }
 
     /// Whether the kernel holds the peer to the allowed table: its
