@@ -89,6 +89,9 @@ struct State {
     /// Watches from before this version get `410 Gone`.
     oldest: u64,
     down: bool,
+    /// Requests are taken and never answered, as behind a partition that
+    /// swallows packets.
+    stalled: bool,
     requests: Vec<Request>,
     next_uid: u64,
 }
@@ -97,6 +100,18 @@ struct Shared {
     state: Mutex<State>,
     /// Bumped on every change; `.1` is bumped to end every open watch.
     changes: watch::Sender<(u64, u64)>,
+}
+
+/// Waits for changes of a [`FakeApi`]'s objects.
+pub struct Changes(watch::Receiver<(u64, u64)>);
+
+impl Changes {
+    /// Blocks until an object changes after the last call (or the first).
+    pub fn wait(&mut self) {
+        // The sender lives as long as the server: an error cannot come
+        // while the caller holds the server.
+        let _ = futures::executor::block_on(self.0.changed());
+    }
 }
 
 /// A running fake API server. Dropping it stops the server.
@@ -166,6 +181,11 @@ current-context: fake
         )
     }
 
+    /// A waiter for the next change of any object.
+    pub fn changes(&self) -> Changes {
+        Changes(self.shared.changes.subscribe())
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         self.shared.state.lock().expect("fake API state")
     }
@@ -221,6 +241,13 @@ current-context: fake
         if down {
             self.notify(true);
         }
+    }
+
+    /// Stops answering (requests hang, as behind a partition that
+    /// swallows packets) or answers again.
+    pub fn set_stalled(&self, stalled: bool) {
+        self.state().stalled = stalled;
+        self.notify(false);
     }
 
     /// An object, as stored.
@@ -445,6 +472,10 @@ async fn handle(
     uri: Uri,
     body: Bytes,
 ) -> Response {
+    let mut changes = shared.changes.subscribe();
+    while shared.state.lock().expect("fake API state").stalled {
+        let _ = changes.changed().await;
+    }
     let body: Option<Value> = serde_json::from_slice(&body).ok();
     let query: BTreeMap<&str, &str> = uri
         .query()

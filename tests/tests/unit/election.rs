@@ -185,6 +185,46 @@ async fn a_dead_active_gateway_is_replaced_after_the_lease_duration_and_relabell
     assert!(!*a_active.borrow() && *b_active.borrow());
 }
 
+/// An API server that stops answering, as behind a partition that
+/// swallows packets, must not keep the active gateway acting past its renew
+/// deadline, whatever its client's own timeouts: a standby takes over once
+/// the lease duration has passed, and the two would both act.
+#[tokio::test]
+async fn an_api_server_that_stops_answering_makes_the_active_gateway_stand_down_in_time() {
+    let api = api();
+    api.fake.apply(gateway_pod("a-gw-agent"));
+    let timings = Timings::default();
+    let mut a = elector(&api, "a-gw").await;
+    let mut active = a.subscribe();
+    a.turn().await;
+    assert!(*active.borrow_and_update(), "a leads");
+    let renewed = Instant::now();
+    api.fake.set_stalled(true);
+    // The agent's run loop reads the verdict as it is published.
+    let turns = tokio::spawn(async move {
+        let mut clock = tokio::time::interval(timings.retry_period);
+        loop {
+            clock.tick().await;
+            a.turn().await;
+        }
+    });
+    let published = tokio::time::timeout(Duration::from_secs(5), active.changed()).await;
+    let stood_down = renewed.elapsed();
+    turns.abort();
+    api.fake.set_stalled(false);
+    published
+        .expect("a turn hung on the silent API server")
+        .unwrap();
+    assert!(!*active.borrow());
+    // It stands down at its deadline, give or take a loaded machine's
+    // scheduling, well before a standby could take over.
+    assert!(
+        stood_down <= timings.renew_deadline + timings.retry_period / 2,
+        "a stood down {stood_down:?} after its last renewal"
+    );
+    assert!(stood_down < timings.lease_duration);
+}
+
 /// A Lease someone else wrote in a shape the API would not hold (a
 /// holder that is no string) is an error of that turn: nobody leads on it,
 /// and nothing panics.

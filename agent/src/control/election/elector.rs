@@ -45,7 +45,7 @@ impl PodLabels {
 
     /// Labels our pod `active` or `standby`; the active one also labels
     /// `standby` any other pod still labelled active (a dead holder's).
-    async fn mark(&self, active: bool) -> Result<(), kube::Error> {
+    async fn mark(&self, active: bool) -> Result<(), VoteError> {
         if active {
             let selector = format!("{GATEWAY_LABEL}={ACTIVE}");
             let labelled = self
@@ -60,7 +60,8 @@ impl PodLabels {
             }
         }
         self.label(&self.own, if active { ACTIVE } else { STANDBY })
-            .await
+            .await?;
+        Ok(())
     }
 
     async fn label(&self, pod: &str, value: &str) -> Result<(), kube::Error> {
@@ -70,6 +71,17 @@ impl PodLabels {
             .await
             .map(drop)
     }
+}
+
+/// Why a turn cast no vote, or labelled no pod.
+#[derive(Debug, thiserror::Error)]
+enum VoteError {
+    /// The API server refused or failed.
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    /// The API server did not answer in time.
+    #[error("no answer within {0:?}")]
+    TimedOut(Duration),
 }
 
 /// Runs the election of one gateway agent.
@@ -113,9 +125,25 @@ impl Elector {
         }
     }
 
-    /// One turn: read, write if due, publish and label on a change.
+    /// One turn: read, write if due, publish and label on a change. A vote
+    /// the API server does not answer is given up within a retry period,
+    /// and never past the instant this gateway must stand down: a hung
+    /// request must not keep an active gateway acting after a standby may
+    /// have taken over.
     pub async fn turn(&mut self) {
-        let step = match self.vote().await {
+        let timings = self.election.timings();
+        let mut give_up = Instant::now() + timings.retry_period;
+        if let Some(at) = self.election.standing_down_at() {
+            give_up = give_up.min(at);
+        }
+        let vote = match tokio::time::timeout_at(give_up.into(), self.vote()).await {
+            Ok(vote) => vote,
+            Err(_) => {
+                self.election.refused();
+                Err(VoteError::TimedOut(timings.retry_period))
+            }
+        };
+        let step = match vote {
             Ok(step) => Some(step),
             Err(e) => {
                 warn!(lease = self.lease.name(), error = %e, "the election's Lease cannot be read or written; an active gateway stands by once its renew deadline passes");
@@ -145,7 +173,9 @@ impl Elector {
             && due
             && let Some(pods) = &self.pods
         {
-            match pods.mark(active).await {
+            // Bounded as the vote is, so the next turn comes on time.
+            let marked = tokio::time::timeout(timings.retry_period, pods.mark(active)).await;
+            match marked.unwrap_or_else(|_| Err(VoteError::TimedOut(timings.retry_period))) {
                 Ok(()) => self.labelled = true,
                 Err(e) => {
                     self.label_retry = Some(Instant::now() + LABEL_RETRY);
@@ -155,7 +185,7 @@ impl Elector {
         }
     }
 
-    async fn vote(&mut self) -> Result<Step, kube::Error> {
+    async fn vote(&mut self) -> Result<Step, VoteError> {
         let current = self.lease.read().await?;
         let step = self
             .election
@@ -172,7 +202,7 @@ impl Elector {
             Ok(None) => self.election.refused(),
             Err(e) => {
                 self.election.refused();
-                return Err(e);
+                return Err(e.into());
             }
         }
         Ok(step)

@@ -221,6 +221,12 @@ impl Election {
         self.renewed
             .is_some_and(|at| now.duration_since(at) < self.timings.renew_deadline)
     }
+
+    /// When this gateway stops leading unless it renews first; None while
+    /// it does not lead.
+    pub fn standing_down_at(&self) -> Option<Instant> {
+        self.renewed.map(|at| at + self.timings.renew_deadline)
+    }
 }
 
 #[cfg(test)]
