@@ -50,11 +50,15 @@ enum Command {
     /// would program and reject (file, object and field). Needs no root
     /// and no kernel; exits 1 if anything is rejected.
     Check(CheckArgs),
-    /// Detach and unpin everything the agent attached or pinned.
+    /// Detach and unpin everything the agent attached or pinned, and
+    /// delete its routes and its persistent TUN device.
     Cleanup {
         /// Directory on bpffs the agent pinned under.
         #[arg(long, default_value = "/sys/fs/bpf/isthmus")]
         bpffs: PathBuf,
+        /// The tunnel's TUN device.
+        #[arg(long, default_value = "isthmus0")]
+        tunnel_dev: String,
     },
     /// Print a kernel table, read from the pinned maps (works while the
     /// agent is down).
@@ -88,8 +92,11 @@ async fn main() -> Result<()> {
             println!("{}", key_text::encode(pair.public.as_bytes()));
             Ok(())
         }
-        Command::Cleanup { bpffs } => {
+        Command::Cleanup { bpffs, tunnel_dev } => {
             let mut removed = dataplane::cleanup(&bpffs)?;
+            if route::delete_device(&tunnel_dev).await? {
+                removed.push(format!("TUN device {tunnel_dev}"));
+            }
             let routes = route::cleanup().await?;
             if routes > 0 {
                 removed.push(format!(

@@ -10,6 +10,7 @@ use std::{
 
 mod chart;
 mod control;
+mod failover;
 mod guard;
 mod isolation;
 mod kube;
@@ -55,6 +56,10 @@ pub enum Which {
         #[arg(long)]
         kube_only: bool,
     },
+    /// How long traffic stops when the active gateway dies (the `--ha`
+    /// lab), when a gateway agent restarts in place, and when wireguard-go
+    /// restarts, as Liqo's gateway does.
+    Failover,
     /// Draw `docs/benchmarks.png` from the results already in
     /// `docs/benchmarks.md`, running nothing (every benchmark redraws it).
     Chart,
@@ -69,6 +74,7 @@ pub fn run_all() -> Result<()> {
         Which::Overlay,
         Which::Guard,
         Which::Control { kube_only: false },
+        Which::Failover,
     ];
     let count = all.len();
     for (i, which) in all.into_iter().enumerate() {
@@ -86,6 +92,7 @@ impl Which {
             Which::Overlay => "overlay",
             Which::Guard => "guard",
             Which::Control { .. } => "control",
+            Which::Failover => "failover",
             Which::Chart => "chart",
         }
     }
@@ -105,6 +112,7 @@ pub fn run_bench(which: Which) -> Result<()> {
         Which::Guard => guard::run_guard(),
         Which::Overlay => overlay::run_overlay(),
         Which::Control { kube_only } => control::run_control(kube_only),
+        Which::Failover => failover::run_failover(),
         Which::Chart => chart::render(),
     }
 }

@@ -9,6 +9,7 @@ pub mod netns;
 pub mod objects;
 pub mod offloading;
 pub mod probe;
+pub mod stream;
 pub mod tools;
 pub mod topology;
 pub mod wait;

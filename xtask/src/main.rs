@@ -55,6 +55,10 @@ enum Task {
         #[command(subcommand)]
         which: Option<bench::Which>,
     },
+    /// The `--ha` lab's API server stand-in and load balancer (started by
+    /// `lab up --ha`).
+    #[command(hide = true)]
+    LabControl,
     /// The Liqo-peer lab's conncheck on a cluster's gateway (started by
     /// `lab up --liqo-peer`).
     #[command(hide = true)]
@@ -80,6 +84,11 @@ enum LabAction {
         /// a pod offloaded from a and a service exported to a.
         #[arg(long, conflicts_with = "liqo_peer")]
         segregation: bool,
+        /// Give cluster a a second gateway node (a-gw2), its agents on the
+        /// kube source against the lab's API server stand-in, electing the
+        /// active gateway; a's endpoint address follows the active one.
+        #[arg(long, conflicts_with = "liqo_peer")]
+        ha: bool,
     },
     /// Remove everything the lab created; succeeds when nothing is up.
     Down,
@@ -97,6 +106,7 @@ fn main() -> Result<()> {
                     tunnel,
                     liqo_peer,
                     segregation,
+                    ha,
                 },
         } => {
             build()?;
@@ -112,8 +122,18 @@ fn main() -> Result<()> {
                     lab::segregation::MODE
                 );
             }
+            if ha {
+                lab::ha::set(true)?;
+                println!(
+                    "lab: cluster a has two gateways ({}); {} is on {}",
+                    lab::ha::gateways().join(", "),
+                    xtask::topology::A.wan_addr(),
+                    lab::ha::endpoint_holder().unwrap_or_default()
+                );
+            }
             Ok(())
         }
+        Task::LabControl => lab::ha::serve(),
         Task::LiqoConncheck { cluster } => xtask::lab::liqo_peer::run_conncheck(&cluster),
         Task::Lab {
             action: LabAction::Down,

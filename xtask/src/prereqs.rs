@@ -22,6 +22,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "tcpdump",
     "wireguard-go",
     "wireguard-tools",
+    // The `--ha` lab announces a moved endpoint address (gratuitous ARP).
+    "iputils-arping",
     // The benches flush NAT state between setups.
     "conntrack",
     // The lab's Prometheus server, and promtool, which checks our metrics.

@@ -60,11 +60,26 @@ pub const C: Cluster = Cluster {
     external_cidr: "192.168.2.0/24",
 };
 
+/// The `--ha` lab's second gateway node of cluster a.
+pub const GW2: &str = "a-gw2";
+/// a-gw2's LAN address.
+pub const GW2_LAN: Ipv4Addr = Ipv4Addr::new(172, 16, 1, 3);
+/// a-gw2's own uplink address.
+pub const GW2_WAN: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 11);
+/// a-gw's own uplink address in the `--ha` lab, where cluster a's endpoint
+/// address (203.0.113.1) floats between its gateway nodes.
+pub const GW1_WAN: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
+/// The pod on a-gw2.
+pub const POD3: &str = "a-pod3";
+/// a-pod3's address.
+pub const POD3_ADDR: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 134);
+
 /// The LAN address of lab node `node` (a gateway or worker netns).
 pub fn node_addr(node: &str) -> Option<Ipv4Addr> {
     CLUSTERS
         .iter()
         .flat_map(|c| c.node_addrs())
+        .chain([(GW2.to_owned(), GW2_LAN)])
         .find_map(|(name, addr)| (name == node).then_some(addr))
 }
 

@@ -225,7 +225,8 @@ pub enum PeerChange {
     Removed,
 }
 
-/// The running tunnel. Dropping it stops the threads and removes the device.
+/// The running tunnel. Dropping it stops the threads; the device stays,
+/// for the next agent (see [`tun`]).
 pub struct Tunnel {
     shared: Arc<Shared>,
     control: UdpSocket,

@@ -8,6 +8,7 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
+    time::{Duration, Instant},
 };
 
 use boringtun::noise::Tunn;
@@ -66,6 +67,52 @@ pub struct TunnelPeer {
     configured: AtomicU64,
     /// Datapath counters.
     pub counters: PeerCounters,
+    /// The first handshake's retries, until a session is up.
+    first_contact: Mutex<FirstContact>,
+}
+
+/// The initiation of a peer's first handshake, sent again on a short
+/// backoff until a session is up: a gateway that just became active, or
+/// just restarted, has no session at all, and its first initiation may be
+/// lost while the address peers know moves to it. WireGuard's own retry,
+/// after Rekey-Timeout (5 s), would otherwise make every failover last
+/// that long. Once a session has been up, or the backoff reaches 5 s,
+/// WireGuard's timers alone decide.
+#[derive(Debug)]
+pub struct FirstContact {
+    next: Option<Instant>,
+    step: Duration,
+}
+
+/// The first retry's delay; each next one doubles it.
+const FIRST_RETRY: Duration = Duration::from_millis(100);
+/// WireGuard's Rekey-Timeout: from there, its own retries take over.
+const REKEY_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl FirstContact {
+    /// A backoff whose first retry falls `FIRST_RETRY` after `now`.
+    pub fn new(now: Instant) -> Self {
+        Self {
+            next: Some(now + FIRST_RETRY),
+            step: FIRST_RETRY,
+        }
+    }
+
+    /// Whether the initiation is due again at `now`, for a peer that has
+    /// (`connected`) or has not had a session yet; schedules the next.
+    pub fn due(&mut self, now: Instant, connected: bool) -> bool {
+        let Some(next) = self.next else { return false };
+        if connected {
+            self.next = None;
+            return false;
+        }
+        if now < next {
+            return false;
+        }
+        self.step *= 2;
+        self.next = (self.step < REKEY_TIMEOUT).then(|| now + self.step);
+        true
+    }
 }
 
 impl std::fmt::Debug for TunnelPeer {
@@ -110,7 +157,16 @@ impl TunnelPeer {
             index,
             tunn: Mutex::new(tunn),
             counters: PeerCounters::default(),
+            first_contact: Mutex::new(FirstContact::new(Instant::now())),
         }
+    }
+
+    /// Whether the first handshake's initiation is due again at `now`.
+    pub fn first_contact_due(&self, now: Instant, connected: bool) -> bool {
+        self.first_contact
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .due(now, connected)
     }
 
     /// Where to send to the peer now.
@@ -261,5 +317,21 @@ mod tests {
         assert_eq!(b.endpoint(), "198.51.100.9:40000".parse().unwrap());
         assert!(b.reconfigure("203.0.113.7:5871".parse().unwrap()));
         assert_eq!(b.endpoint(), "203.0.113.7:5871".parse().unwrap());
+    }
+
+    #[test]
+    fn the_first_initiation_is_retried_on_a_doubling_backoff_until_a_session_or_five_seconds() {
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let mut contact = FirstContact::new(start);
+        let due: Vec<u64> = (0..=6000)
+            .step_by(25)
+            .filter(|ms| contact.due(at(*ms), false))
+            .collect();
+        assert_eq!(due, [100, 300, 700, 1500, 3100]);
+        let mut answered = FirstContact::new(start);
+        assert!(answered.due(at(100), false));
+        assert!(!answered.due(at(300), true), "a session ends the retries");
+        assert!(!answered.due(at(700), false), "for good");
     }
 }

@@ -261,6 +261,27 @@ pub async fn cleanup() -> Result<usize, RouteError> {
     Ok(removed)
 }
 
+/// Deletes the persistent TUN device `dev` (and with it every route into
+/// it); returns whether it existed.
+pub async fn delete_device(dev: &str) -> Result<bool, RouteError> {
+    let (connection, handle, _) = new_connection()?;
+    tokio::spawn(connection);
+    let request = |source| RouteError::Request {
+        what: format!("deleting link {dev}"),
+        source,
+    };
+    let Some(link) = link_by_name(&handle, dev).await.map_err(request)? else {
+        return Ok(false);
+    };
+    handle
+        .link()
+        .del(link.header.index)
+        .execute()
+        .await
+        .map_err(request)?;
+    Ok(true)
+}
+
 /// Every IPv4 route of the main table.
 async fn dump(handle: &Handle) -> Result<Vec<RouteMessage>, RouteError> {
     handle

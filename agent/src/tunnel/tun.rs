@@ -2,6 +2,12 @@
 //! so the kernel spreads packets over the queues and no lock is shared.
 //! Every packet carries a virtio-net header, and the device offers TSO
 //! and checksum offload for IPv4 (see [`super::offload`]).
+//!
+//! The device is persistent: it outlives the agent, with its routes, so
+//! that a restarted agent re-attaches to it and traffic resumes as soon as
+//! the new sessions are up, without routes to write again. While no agent
+//! holds it, the kernel drops what is routed into it. `isthmus-agent
+//! cleanup` deletes it.
 
 use std::{
     fs::OpenOptions,
@@ -23,8 +29,8 @@ struct IfReq {
     _pad: [u8; 22],
 }
 
-/// Creates (or attaches to) TUN device `name` with `queues` queues. The
-/// device lives as long as any returned descriptor.
+/// Creates (or attaches to) the persistent TUN device `name` with `queues`
+/// queues.
 pub fn open(name: &str, queues: usize) -> io::Result<Vec<OwnedFd>> {
     if name.is_empty() || name.len() >= libc::IFNAMSIZ {
         return Err(io::Error::new(
@@ -52,8 +58,10 @@ pub fn open(name: &str, queues: usize) -> io::Result<Vec<OwnedFd>> {
             if unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETIFF, &mut req) } < 0 {
                 return Err(io::Error::last_os_error());
             }
-            // SAFETY: TUNSETOFFLOAD takes its flags by value.
-            if unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETOFFLOAD, OFFLOADS) } < 0 {
+            // SAFETY: TUNSETOFFLOAD and TUNSETPERSIST take their argument by value.
+            if unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETOFFLOAD, OFFLOADS) } < 0
+                || unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETPERSIST, 1) } < 0
+            {
                 return Err(io::Error::last_os_error());
             }
             Ok(OwnedFd::from(file))

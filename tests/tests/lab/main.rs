@@ -7,6 +7,7 @@ mod bpftool;
 mod conncheck;
 mod dashboard;
 mod guard;
+mod ha;
 mod hostname;
 mod hub;
 mod inspect;

@@ -6,6 +6,7 @@
 //! of it, by name, whatever state a crash left. No lab address or route is
 //! ever added to the root namespace, and no lab namespace is linked to it.
 
+pub mod ha;
 pub mod liqo_peer;
 pub mod monitor;
 pub mod segregation;
@@ -26,7 +27,8 @@ use crate::{
     cmd::{ip, run, sysctl},
     netns,
     topology::{
-        CLUSTERS, Cluster, METRICS_PORT, NAT_MAPPING, PEERINGS, WAN_NS, WAN_ROUTER, node_addr,
+        CLUSTERS, Cluster, GW2, METRICS_PORT, NAT_MAPPING, PEERINGS, POD3, WAN_NS, WAN_ROUTER,
+        node_addr,
     },
 };
 
@@ -43,7 +45,12 @@ pub const TEST_NS_PREFIX: &str = "ist-t-";
 /// Every netns name the lab may create, including ones of later issues and
 /// the tests' own (`ist-t-*`), so that `down` removes whatever any run left.
 fn all_namespaces() -> Vec<String> {
-    let mut names = vec![WAN_NS.to_owned(), monitor::MON_NS.to_owned()];
+    let mut names = vec![
+        WAN_NS.to_owned(),
+        monitor::MON_NS.to_owned(),
+        GW2.to_owned(),
+        POD3.to_owned(),
+    ];
     if let Ok(entries) = fs::read_dir("/run/netns") {
         names.extend(
             entries
@@ -395,7 +402,7 @@ fn start_wireguard_go() -> Result<()> {
 /// Runs wireguard-go on `cluster`'s gateway, configured with `wg` from the
 /// lab's keys and the cluster's peerings, and routes its peers' networks
 /// into it.
-pub(crate) fn start_wireguard_go_on(cluster: &Cluster) -> Result<()> {
+pub fn start_wireguard_go_on(cluster: &Cluster) -> Result<()> {
     fs::create_dir_all(state("wg-pids"))?;
     let (gw, dev) = (cluster.gw(), wg_dev(&cluster.gw()));
     let _ = fs::remove_file(wg_socket(&dev));
@@ -436,6 +443,17 @@ pub(crate) fn start_wireguard_go_on(cluster: &Cluster) -> Result<()> {
     for view in &views {
         ip(&gw, &["route", "add", view, "dev", &dev])?;
     }
+    Ok(())
+}
+
+/// Stops the wireguard-go of `cluster`'s gateway, which takes its device
+/// and routes with it.
+pub fn stop_wireguard_go_on(cluster: &Cluster) -> Result<()> {
+    let dev = wg_dev(&cluster.gw());
+    for pid in running_with(&["wireguard-go", &dev]) {
+        stop_pid(pid)?;
+    }
+    let _ = fs::remove_file(wg_socket(&dev));
     Ok(())
 }
 
@@ -540,11 +558,19 @@ pub fn write_object(node: &str, name: &str, text: &str) -> Result<()> {
 }
 
 fn role_of(node: &str) -> &'static str {
-    if node.ends_with("-gw") {
+    if node.ends_with("-gw") || node == GW2 {
         "gateway"
     } else {
         "worker"
     }
+}
+
+/// The cluster lab node `node` belongs to.
+fn cluster_of(node: &str) -> Option<&'static Cluster> {
+    CLUSTERS.iter().copied().find(|c| {
+        node.strip_prefix(c.name)
+            .is_some_and(|rest| rest.starts_with('-'))
+    })
 }
 
 /// Starts node `node`'s agent in its netns and records its PID. Does not
@@ -567,14 +593,22 @@ pub fn agent_args(node: &str) -> Result<Vec<String>> {
             "--node-ip={}",
             node_addr(node).context("a node of no cluster")?
         ),
-        format!("--source=dir:{}", object_dir(node).display()),
         format!("--bpffs={}", bpffs(node).display()),
     ];
+    if ha::is_ha_node(node) {
+        args.extend([
+            "--source=kube".into(),
+            format!("--kubeconfig={}", ha::kubeconfig().display()),
+            format!("--namespace={}", crate::kube_lab::AGENT_NS),
+        ]);
+        if role_of(node) == "gateway" {
+            args.push(format!("--pod-name={}", ha::pod_name(node)));
+        }
+    } else {
+        args.push(format!("--source=dir:{}", object_dir(node).display()));
+    }
     if role_of(node) == "gateway" {
-        let cluster = CLUSTERS
-            .iter()
-            .find(|c| c.gw() == node)
-            .context("a gateway of no cluster")?;
+        let cluster = cluster_of(node).context("a gateway of no cluster")?;
         args.push(format!("--masquerade-ip={}", cluster.masquerade_addr()));
         // Endpoint names are looked up again often, so a test sees a move.
         args.push(format!("--resolve-interval={RESOLVE_INTERVAL}"));
@@ -846,11 +880,12 @@ pub fn down() -> Result<()> {
         stop_pid(pid)?;
     }
     liqo_peer::stop()?;
+    ha::stop_control()?;
     for pid in lab_wireguard_go() {
         stop_pid(pid)?;
     }
-    for cluster in CLUSTERS {
-        let _ = fs::remove_dir_all(hosts_file(&cluster.gw()).parent().expect("a directory"));
+    for gw in CLUSTERS.iter().map(|c| c.gw()).chain([GW2.to_owned()]) {
+        let _ = fs::remove_dir_all(hosts_file(&gw).parent().expect("a directory"));
     }
     monitor::down()?;
     for gw in ["a-gw", "b-gw", "c-gw"] {

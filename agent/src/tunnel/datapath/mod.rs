@@ -26,6 +26,8 @@ use super::{
 const IDLE: Duration = Duration::from_millis(200);
 /// How often WireGuard's timers run (boringtun's own device uses 250 ms).
 const TICK: Duration = Duration::from_millis(250);
+/// How often the first handshakes' retries are looked at.
+const FIRST_CONTACT_TICK: Duration = Duration::from_millis(25);
 
 /// Frames read from TUN per wake-up, before the UDP side gets a turn.
 const TUN_READS: usize = 64;
@@ -418,31 +420,58 @@ fn is_handshake(datagram: &[u8]) -> bool {
 }
 
 /// Runs every peer's WireGuard timers (handshake retries, rekeying,
-/// keepalives) and resets the shared rate limiter each second.
+/// keepalives) and its first handshake's quick retries, and resets the
+/// shared rate limiter each second.
 pub fn timers(shared: &Shared, udp: &UdpSocket) {
     let mut buf = vec![0u8; shared.max_sent()];
     let mut last_reset = Instant::now();
+    let mut last_tick = Instant::now();
     while !shared.stop.load(Ordering::Relaxed) {
-        std::thread::sleep(TICK);
-        if last_reset.elapsed() >= Duration::from_secs(1) {
+        std::thread::sleep(FIRST_CONTACT_TICK);
+        let now = Instant::now();
+        if now - last_reset >= Duration::from_secs(1) {
             shared.limiter.reset_count();
-            last_reset = Instant::now();
+            last_reset = now;
+        }
+        let tick = now - last_tick >= TICK;
+        if tick {
+            last_tick = now;
         }
         for peer in shared.snapshot().iter() {
-            let endpoint = peer.endpoint();
-            let result = lock(peer).update_timers(&mut buf);
-            let expired = matches!(result, TunnResult::Err(WireGuardError::ConnectionExpired));
-            if expired && !peer.counters.expired.swap(true, Ordering::Relaxed) {
-                peer.counters
-                    .handshake_failures
-                    .fetch_add(1, Ordering::Relaxed);
-            } else if !expired {
-                peer.counters.expired.store(false, Ordering::Relaxed);
+            if tick {
+                run_timers(peer, udp, &mut buf);
             }
-            if let TunnResult::WriteToNetwork(datagram) = result {
-                let _ = udp.send_to(datagram, endpoint);
-            }
+            retry_first_contact(peer, udp, &mut buf, now);
         }
+    }
+}
+
+/// WireGuard's timers of `peer`: keepalives, rekeys, expiry.
+fn run_timers(peer: &TunnelPeer, udp: &UdpSocket, buf: &mut [u8]) {
+    let endpoint = peer.endpoint();
+    let result = lock(peer).update_timers(buf);
+    let expired = matches!(result, TunnResult::Err(WireGuardError::ConnectionExpired));
+    if expired && !peer.counters.expired.swap(true, Ordering::Relaxed) {
+        peer.counters
+            .handshake_failures
+            .fetch_add(1, Ordering::Relaxed);
+    } else if !expired {
+        peer.counters.expired.store(false, Ordering::Relaxed);
+    }
+    if let TunnResult::WriteToNetwork(datagram) = result {
+        let _ = udp.send_to(datagram, endpoint);
+    }
+}
+
+/// Sends `peer`'s first initiation again if its backoff says so.
+fn retry_first_contact(peer: &TunnelPeer, udp: &UdpSocket, buf: &mut [u8], now: Instant) {
+    let mut tunn = lock(peer);
+    let connected = tunn.stats().0.is_some();
+    if !peer.first_contact_due(now, connected) {
+        return;
+    }
+    if let TunnResult::WriteToNetwork(init) = tunn.format_handshake_initiation(buf, true) {
+        let _ = udp.send_to(init, peer.endpoint());
     }
 }
 

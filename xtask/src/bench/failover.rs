@@ -1,0 +1,135 @@
+//! `cargo xtask bench failover`: how long traffic a-pod1 → b-pod1 stops
+//! (the longest silence of a numbered UDP stream, echoed back) when
+//! - cluster a's active gateway agent is killed and its standby takes over
+//!   (the `--ha` lab), against the lease duration;
+//! - a-gw's agent is restarted in place (SIGTERM, then start), against the
+//!   issue's 200 ms budget;
+//! - Liqo's way: wireguard-go on a-gw is restarted and handshakes from
+//!   cold, measured in the same run on the same path.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use super::{result_lines, write_section};
+use xtask::{
+    cmd::run,
+    lab::{self, LabTunnel, ha},
+    stream::UdpStream,
+    topology::{A, B, reachability},
+};
+
+/// Events measured per setup; the median is reported.
+const EVENTS: usize = 3;
+/// The agents' default lease duration, which bounds a failover.
+const LEASE_DURATION_MS: f64 = 1000.0;
+/// The issue's budget for a restart in place.
+const RESTART_BUDGET_MS: f64 = 200.0;
+const GIVE_UP: Duration = Duration::from_secs(20);
+
+/// Runs the three setups and records them.
+pub fn run_failover() -> Result<()> {
+    let restart = on_lab(LabTunnel::Userspace, || {
+        gaps("isthmus restart in place", || lab::restart_agent(&A.gw()))
+    })?;
+    let failover = on_lab(LabTunnel::Userspace, || {
+        ha::set(true)?;
+        gaps(
+            "isthmus failover (SIGKILL of the active agent)",
+            kill_active,
+        )
+    })?;
+    let wireguard_go = on_lab(LabTunnel::WireguardGo, || {
+        gaps("wireguard-go restart, cold", || {
+            lab::stop_wireguard_go_on(&A)?;
+            lab::start_wireguard_go_on(&A)
+        })
+    })?;
+    let go_version = run("dpkg-query", &["-W", "-f", "${Version}", "wireguard-go"])?;
+    let lines = result_lines(
+        &[
+            (
+                "failover-gap-ms-vs-lease-duration",
+                failover,
+                LEASE_DURATION_MS,
+            ),
+            ("restart-gap-ms-vs-budget", restart, RESTART_BUDGET_MS),
+            ("restart-gap-ms-vs-wireguard-go-cold", restart, wireguard_go),
+        ],
+        1,
+    );
+    let body = format!(
+        "## Failover and restart (issue 18)
+
+`cargo xtask bench failover`: the longest silence of a numbered UDP
+stream a-pod1 → b-pod1 (1,000 datagrams a second, echoed back), the
+median of {EVENTS} events each:
+- failover: the `--ha` lab, cluster a's active gateway agent killed with
+  SIGKILL; its standby takes the Lease (duration {LEASE_DURATION_MS} ms)
+  and a's endpoint address. Against the lease duration.
+- restart: a-gw's agent restarted in place (SIGTERM, then start), no
+  failover. Against the issue's budget of {RESTART_BUDGET_MS} ms, and
+  against Liqo's way, wireguard-go {go_version} (Debian) on a-gw
+  restarted and handshaking from cold, in the same run on the same path.
+
+```
+{lines}```
+
+Failover: {failover:.0} ms; restart in place: {restart:.0} ms;
+wireguard-go restarted: {wireguard_go:.0} ms.
+"
+    );
+    write_section("failover", &body)
+}
+
+/// Brings the lab up with `tunnel`, runs `measure`, and takes it down
+/// whatever `measure` gave.
+fn on_lab<T>(tunnel: LabTunnel, measure: impl FnOnce() -> Result<T>) -> Result<T> {
+    lab::up(tunnel)?;
+    let result = measure();
+    lab::down()?;
+    result
+}
+
+/// The median gap of [`EVENTS`] events `event`, each during its own stream.
+fn gaps(what: &str, mut event: impl FnMut() -> Result<()>) -> Result<f64> {
+    let row = &reachability()[0];
+    let mut measured = Vec::new();
+    for i in 0..EVENTS {
+        let stream = UdpStream::start(&row.from, &row.answered_by, B.pod_addr(1), row.target)?;
+        stream
+            .wait_more(300, GIVE_UP)
+            .context("the stream before")?;
+        event()?;
+        stream.wait_more(500, GIVE_UP).context("the stream after")?;
+        let report = stream.finish()?;
+        let gap = report.longest_gap.as_secs_f64() * 1e3;
+        println!(
+            "bench: {what} {}/{EVENTS}: gap {gap:.1} ms ({} of {} datagrams back)",
+            i + 1,
+            report.received,
+            report.sent
+        );
+        measured.push(gap);
+    }
+    Ok(super::percentile(&measured, 50))
+}
+
+/// Kills the active gateway's agent, waits for the standby to take a's
+/// endpoint address, then starts the killed agent again as the standby.
+fn kill_active() -> Result<()> {
+    let active = ha::endpoint_holder().context("no active gateway")?;
+    let pid = lab::agent_pid(&active).context("the active agent is not running")?;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )?;
+    xtask::wait::until(
+        GIVE_UP,
+        Duration::from_millis(10),
+        "the standby takes a's endpoint address",
+        || ha::endpoint_holder().is_some_and(|h| h != active),
+    )?;
+    lab::start_agent(&active)?;
+    lab::wait_ready(&active)
+}

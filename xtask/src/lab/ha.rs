@@ -1,0 +1,469 @@
+//! The lab's `--ha` variant (issue 18): cluster a gets a second gateway
+//! node, and its two gateways elect the active one through a Lease.
+//!
+//! - `a-gw2` joins a's LAN (172.16.1.3) and the WAN (203.0.113.11), with a
+//!   pod `a-pod3` (10.244.0.134). a-gw's own uplink address becomes
+//!   203.0.113.10.
+//! - a's three agents run `--source kube` against the API server stand-in
+//!   ([`crate::fake_api`]), served from a-lan at [`API_ADDR`]. It holds what
+//!   a's object directory held, the three Nodes, the gateways' pods and the
+//!   WireGuard key Secret both gateways share; its Leases refuse stale
+//!   writes with `409 Conflict`, as the real server's do.
+//! - a's endpoint address, 203.0.113.1, floats: the lab moves it to the
+//!   node of the pod labelled `net.liqo.io/gateway=active` and announces it
+//!   with a gratuitous ARP, as a load balancer following that label would.
+//!   The agents never touch it.
+//!
+//! The stand-in and the balancer live in a background process of their own
+//! (`cargo xtask lab-control`), which `set(false)` and `lab down` end.
+
+use std::{
+    fs,
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream},
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{
+    NODES_FILE, add_ns, hosts_file, key_file, object_dir, restart_agent, start_agent, state,
+    stop_agent, veth, wait_ready, wire_pod,
+};
+use crate::{
+    cmd::{ip, run, sysctl},
+    fake_api::FakeApi,
+    kube_lab::AGENT_NS,
+    netns,
+    topology::{
+        A, Cluster, GATEWAY_LABEL, GW1_WAN, GW2, GW2_LAN, GW2_WAN, POD3, POD3_ADDR, WAN_NS,
+    },
+};
+
+/// The cluster with two gateways.
+pub const CLUSTER: &Cluster = &A;
+/// Where the API server stand-in listens, on a-lan's bridge.
+pub const API_ADDR: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(172, 16, 1, 254), 6443);
+/// The label value of the active gateway's pod.
+pub const ACTIVE: &str = "active";
+/// The hidden xtask command that runs the stand-in and the balancer.
+pub const CONTROL_COMMAND: &str = "lab-control";
+/// How long the control process may take to serve.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// a's gateway nodes, with their LAN and own uplink addresses, and the
+/// PodCIDR each Node object gives (the pod on each, alone in a /31).
+const GATEWAYS: [(&str, Ipv4Addr, Ipv4Addr, &str); 2] = [
+    (
+        "a-gw",
+        Ipv4Addr::new(172, 16, 1, 1),
+        GW1_WAN,
+        "10.244.0.132/31",
+    ),
+    (GW2, GW2_LAN, GW2_WAN, "10.244.0.134/31"),
+];
+
+fn marker() -> PathBuf {
+    state("ha")
+}
+
+fn pid_file() -> PathBuf {
+    state("ha-control.pid")
+}
+
+/// Where the balancer writes the node holding a's endpoint address.
+fn holder_file() -> PathBuf {
+    state("ha-endpoint")
+}
+
+/// The kubeconfig a's agents use.
+pub fn kubeconfig() -> PathBuf {
+    state("a.kubeconfig")
+}
+
+/// Whether the lab runs cluster a with two gateways.
+pub fn is_on() -> bool {
+    marker().exists()
+}
+
+/// Whether `node` is a node of the `--ha` cluster.
+pub fn is_ha_node(node: &str) -> bool {
+    is_on() && (node == CLUSTER.gw() || node == CLUSTER.node() || node == GW2)
+}
+
+/// The name of gateway `node`'s pod.
+pub fn pod_name(node: &str) -> String {
+    format!("isthmus-gateway-{node}")
+}
+
+/// The gateway nodes of cluster a.
+pub fn gateways() -> [&'static str; 2] {
+    GATEWAYS.map(|(node, ..)| node)
+}
+
+/// The node that holds a's endpoint address now, as the balancer last
+/// placed it.
+pub fn endpoint_holder() -> Option<String> {
+    fs::read_to_string(holder_file()).ok()
+}
+
+/// Turns the second gateway on (or off), restarting a's agents on the
+/// kube source (or back on their directories); returns once every agent is
+/// ready and the endpoint address sits on the active gateway.
+pub fn set(on: bool) -> Result<()> {
+    if on == is_on() {
+        return Ok(());
+    }
+    if on {
+        build_nodes()?;
+        fs::write(marker(), "")?;
+        start_control()?;
+        restart_agent(&CLUSTER.gw())?;
+        restart_agent(&CLUSTER.node())?;
+        start_agent(GW2)?;
+        wait_ready(GW2)?;
+        crate::wait::until(
+            START_TIMEOUT,
+            Duration::from_millis(20),
+            "a's endpoint address placed on the active gateway",
+            || endpoint_holder().is_some(),
+        )?;
+    } else {
+        stop_agent(GW2)?;
+        stop_control()?;
+        let _ = fs::remove_file(marker());
+        remove_nodes()?;
+        restart_agent(&CLUSTER.gw())?;
+        restart_agent(&CLUSTER.node())?;
+    }
+    Ok(())
+}
+
+/// a-gw2 and a-pod3, the floating endpoint address, and the routes the
+/// CNI stand-in needs for pods on three nodes.
+fn build_nodes() -> Result<()> {
+    let (gw, node, lan) = (CLUSTER.gw(), CLUSTER.node(), CLUSTER.lan());
+    add_ns(GW2)?;
+    sysctl(GW2, "net.ipv4.ip_forward", "1")?;
+    veth(GW2, "wan0", WAN_NS, GW2)?;
+    ip(WAN_NS, &["link", "set", GW2, "master", "br0"])?;
+    veth(GW2, "lan0", &lan, "gw2")?;
+    ip(&lan, &["link", "set", "gw2", "master", "br0"])?;
+    ip(
+        GW2,
+        &["addr", "add", &format!("{GW2_LAN}/24"), "dev", "lan0"],
+    )?;
+    // Own uplink addresses are /32s: only the floating /24 gives a node
+    // the WAN's connected route, so whatever it sends there leaves from
+    // 203.0.113.1, the address peers know.
+    ip(&gw, &["addr", "flush", "dev", "wan0"])?;
+    for (node, _, wan, _) in GATEWAYS {
+        ip(node, &["addr", "add", &format!("{wan}/32"), "dev", "wan0"])?;
+        let router = crate::topology::WAN_ROUTER;
+        ip(
+            node,
+            &[
+                "route", "replace", "default", "via", router, "dev", "wan0", "onlink",
+            ],
+        )?;
+    }
+    add_ns(POD3)?;
+    wire_pod(POD3, GW2, "pod3", POD3_ADDR)?;
+    let pod3 = format!("{POD3_ADDR}/32");
+    for host in [&gw, &node] {
+        ip(host, &["route", "add", &pod3, "via", &GW2_LAN.to_string()])?;
+    }
+    let lower = CLUSTER.pod_half(1).to_string();
+    ip(
+        GW2,
+        &[
+            "route",
+            "add",
+            &lower,
+            "via",
+            &CLUSTER.lan_node().to_string(),
+        ],
+    )?;
+    let pod2 = format!("{}/32", CLUSTER.pod_addr(2));
+    ip(
+        GW2,
+        &["route", "add", &pod2, "via", &CLUSTER.lan_gw().to_string()],
+    )?;
+    ip(
+        &lan,
+        &[
+            "addr",
+            "add",
+            &format!("{}/24", API_ADDR.ip()),
+            "dev",
+            "br0",
+        ],
+    )?;
+    // a-gw2 resolves a's peers' endpoint names as a-gw does.
+    let hosts = hosts_file(GW2);
+    fs::create_dir_all(hosts.parent().context("a directory")?)?;
+    fs::copy(hosts_file(&gw), hosts)?;
+    Ok(())
+}
+
+/// Undoes [`build_nodes`]: a-gw's uplink is 203.0.113.1 alone again.
+fn remove_nodes() -> Result<()> {
+    let (gw, node, lan) = (CLUSTER.gw(), CLUSTER.node(), CLUSTER.lan());
+    for ns in [GW2, POD3] {
+        if netns::exists(ns) {
+            ip("", &["netns", "del", ns])?;
+        }
+    }
+    let _ = fs::remove_dir_all(super::bpffs(GW2));
+    let _ = fs::remove_dir_all(hosts_file(GW2).parent().context("a directory")?);
+    let pod3 = format!("{POD3_ADDR}/32");
+    for host in [&gw, &node] {
+        let _ = ip(host, &["route", "del", &pod3]);
+    }
+    let _ = ip(
+        &lan,
+        &[
+            "addr",
+            "del",
+            &format!("{}/24", API_ADDR.ip()),
+            "dev",
+            "br0",
+        ],
+    );
+    ip(&gw, &["addr", "flush", "dev", "wan0"])?;
+    ip(
+        &gw,
+        &[
+            "addr",
+            "add",
+            &format!("{}/24", CLUSTER.wan_addr()),
+            "dev",
+            "wan0",
+        ],
+    )?;
+    let router = crate::topology::WAN_ROUTER;
+    ip(
+        &gw,
+        &["route", "replace", "default", "via", router, "dev", "wan0"],
+    )?;
+    let _ = fs::remove_file(holder_file());
+    Ok(())
+}
+
+/// The xtask binary, which runs the control process: `cargo xtask` builds it.
+fn xtask_binary() -> Result<PathBuf> {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let binary = target.join("debug/xtask");
+    if !binary.exists() {
+        bail!(
+            "{} is missing: run `cargo xtask build` first",
+            binary.display()
+        );
+    }
+    Ok(binary)
+}
+
+/// Starts the control process in a session of its own and waits until
+/// its API server answers.
+fn start_control() -> Result<()> {
+    let log = fs::File::create(super::log_file("ha-control"))?;
+    let mut command = Command::new(xtask_binary()?);
+    command
+        .arg(CONTROL_COMMAND)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    // SAFETY: setsid is async-signal-safe; the process outlives `lab up`.
+    unsafe {
+        command.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let child = command
+        .spawn()
+        .context("starting the lab's control process")?;
+    fs::write(pid_file(), child.id().to_string())?;
+    let lan = CLUSTER.lan();
+    crate::wait::until(
+        START_TIMEOUT,
+        Duration::from_millis(20),
+        "the API server stand-in answers in a-lan",
+        || {
+            netns::run_in(&lan, || {
+                TcpStream::connect_timeout(&SocketAddr::V4(API_ADDR), Duration::from_secs(1))
+            })
+            .is_ok_and(|c| c.is_ok())
+        },
+    )
+    .with_context(|| {
+        format!(
+            "its log:\n{}",
+            super::log_tail(&super::log_file("ha-control"))
+        )
+    })?;
+    Ok(())
+}
+
+/// Ends the control process, if it runs.
+pub fn stop_control() -> Result<()> {
+    let recorded = fs::read_to_string(pid_file())
+        .ok()
+        .and_then(|p| p.trim().parse().ok());
+    let mut pids: Vec<u32> = recorded.into_iter().collect();
+    pids.extend(super::running_with(&["xtask", CONTROL_COMMAND]));
+    pids.sort_unstable();
+    pids.dedup();
+    for pid in pids {
+        if super::runs_with(pid, &["xtask", CONTROL_COMMAND]) {
+            super::stop_pid(pid)?;
+        }
+    }
+    let _ = fs::remove_file(pid_file());
+    Ok(())
+}
+
+/// The control process: serves a's objects and moves a's endpoint address
+/// after the active label, until it is signalled.
+pub fn serve() -> Result<()> {
+    let listener = netns::run_in(&CLUSTER.lan(), || TcpListener::bind(API_ADDR))??;
+    let api = FakeApi::start(listener)?;
+    fs::write(kubeconfig(), api.kubeconfig())?;
+    seed(&api)?;
+    println!("lab-control: serving cluster a's objects on {API_ADDR}");
+    let mut changes = api.changes();
+    let mut holder = None;
+    loop {
+        follow_active_label(&api, &mut holder)?;
+        changes.wait();
+    }
+}
+
+/// Cluster a's objects, as its API server would hold them.
+fn seed(api: &FakeApi) -> Result<()> {
+    let dir = object_dir(&CLUSTER.gw());
+    let mut files: Vec<PathBuf> = fs::read_dir(&dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .filter(|p| p.file_name().is_some_and(|n| n != NODES_FILE))
+        .collect();
+    files.sort();
+    for file in files {
+        let text = fs::read_to_string(&file)?;
+        for document in serde_yaml_ng::Deserializer::from_str(&text) {
+            let object = Value::deserialize(document)
+                .with_context(|| format!("parsing {}", file.display()))?;
+            if !object.is_null() {
+                api.apply(object);
+            }
+        }
+    }
+    for object in nodes().into_iter().chain(gateway_pods()) {
+        api.apply(object);
+    }
+    let key = fs::read_to_string(key_file(&CLUSTER.gw()))?;
+    api.apply(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "isthmus-wireguard", "namespace": AGENT_NS},
+        "stringData": {"privateKey": key.trim()},
+    }));
+    Ok(())
+}
+
+/// a's three Nodes: the gateways labelled, each with its PodCIDR.
+fn nodes() -> Vec<Value> {
+    let node = |name: &str, address: Ipv4Addr, pod_cidr: &str, gateway: bool| {
+        let labels = match gateway {
+            true => json!({GATEWAY_LABEL: "true"}),
+            false => json!({}),
+        };
+        json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"podCIDR": pod_cidr, "podCIDRs": [pod_cidr]},
+            "status": {"addresses": [{"type": "InternalIP", "address": address.to_string()}]},
+        })
+    };
+    let worker = CLUSTER.pod_half(1).to_string();
+    let mut all = vec![node(&CLUSTER.node(), CLUSTER.lan_node(), &worker, false)];
+    all.extend(
+        GATEWAYS
+            .iter()
+            .map(|(name, lan, _, pods)| node(name, *lan, pods, true)),
+    );
+    all
+}
+
+/// The gateway agents' pods, which the agents label active or standby.
+fn gateway_pods() -> Vec<Value> {
+    GATEWAYS
+        .iter()
+        .map(|(node, lan, ..)| {
+            json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod_name(node), "namespace": AGENT_NS,
+                             "labels": {"app.kubernetes.io/name": "isthmus-gateway"}},
+                "spec": {"nodeName": node, "hostNetwork": true},
+                "status": {"phase": "Running", "podIP": lan.to_string()},
+            })
+        })
+        .collect()
+}
+
+/// Moves a's endpoint address to the node whose gateway pod alone is
+/// labelled active. While none or several are (a relabelling in flight),
+/// the address stays where it is.
+fn follow_active_label(api: &FakeApi, holder: &mut Option<String>) -> Result<()> {
+    let active: Vec<String> = api
+        .list("pods")
+        .iter()
+        .filter(|pod| pod["metadata"]["labels"][GATEWAY_LABEL] == ACTIVE)
+        .filter_map(|pod| Some(pod["spec"]["nodeName"].as_str()?.to_owned()))
+        .collect();
+    let [node] = active.as_slice() else {
+        return Ok(());
+    };
+    if holder.as_ref() == Some(node) {
+        return Ok(());
+    }
+    move_endpoint(node)?;
+    println!("lab-control: {} now on {node}", CLUSTER.wan_addr());
+    fs::write(holder_file(), node)?;
+    *holder = Some(node.clone());
+    Ok(())
+}
+
+/// Takes a's endpoint address off every other gateway node, puts it on
+/// `node`, and announces it there.
+fn move_endpoint(node: &str) -> Result<()> {
+    let endpoint = format!("{}/24", CLUSTER.wan_addr());
+    for other in gateways().into_iter().filter(|g| *g != node) {
+        // A node whose links are down (the failover test) still lets go.
+        let _ = ip(other, &["addr", "del", &endpoint, "dev", "wan0"]);
+    }
+    ip(node, &["addr", "replace", &endpoint, "dev", "wan0"])?;
+    let address = CLUSTER.wan_addr().to_string();
+    run(
+        "ip",
+        &[
+            "netns", "exec", node, "arping", "-q", "-U", "-c", "1", "-w", "1", "-I", "wan0", "-s",
+            &address, &address,
+        ],
+    )
+    .map(drop)
+    .or_else(|e| {
+        // arping exits 1 when no reply came, which a gratuitous ARP never gets.
+        if e.to_string().contains("exit status: 1") {
+            Ok(())
+        } else {
+            Err(e)
+        }
+    })
+}
