@@ -8,10 +8,12 @@ use std::{fs, net::TcpListener, path::PathBuf};
 use anyhow::{Context, Result, ensure};
 use serde_json::{Value, json};
 
-use crate::{cmd::ip, fake_api::FakeApi, lab, netns, topology::METRICS_PORT};
-
-/// The namespace the agent runs in, where its key Secret lives.
-pub const AGENT_NS: &str = "isthmus-system";
+use crate::{
+    cmd::ip,
+    fake_api::FakeApi,
+    lab, netns,
+    topology::{AGENT_NS, METRICS_PORT},
+};
 
 /// A netns with a fake API server and, once started, an agent.
 pub struct KubeNode {

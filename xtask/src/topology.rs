@@ -17,6 +17,8 @@ pub const WAN_ROUTER: &str = "203.0.113.254";
 pub const TUNNEL_PORT: u16 = 5871;
 /// Metrics port of every agent.
 pub const METRICS_PORT: u16 = 9873;
+/// The namespace a kube-sourced agent runs in, where its key Secret lives.
+pub const AGENT_NS: &str = "isthmus-system";
 /// The label of a gateway node (the agent's default `--gateway-label`).
 pub const GATEWAY_LABEL: &str = "net.liqo.io/gateway";
 /// The VNI of the overlay between a cluster's nodes (the agent's default).

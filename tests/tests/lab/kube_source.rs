@@ -29,8 +29,9 @@ use isthmus_common::{isolation::AllowKey, names};
 use isthmus_tests::{metrics::sample, require_lab};
 use serde_json::{Value, json};
 use xtask::{
-    kube_lab::{AGENT_NS, KubeNode, Networks, nat_mapping, tunnel_endpoint},
+    kube_lab::{KubeNode, Networks, nat_mapping, tunnel_endpoint},
     netns, offloading,
+    topology::AGENT_NS,
 };
 
 const GIVE_UP: Duration = Duration::from_secs(30);

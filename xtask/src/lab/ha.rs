@@ -37,10 +37,10 @@ use super::{
 use crate::{
     cmd::{ip, run, sysctl},
     fake_api::FakeApi,
-    kube_lab::AGENT_NS,
     netns,
     topology::{
-        A, Cluster, GATEWAY_LABEL, GW1_WAN, GW2, GW2_LAN, GW2_WAN, POD3, POD3_ADDR, WAN_NS,
+        A, AGENT_NS, Cluster, GATEWAY_LABEL, GW1_WAN, GW2, GW2_LAN, GW2_WAN, POD3, POD3_ADDR,
+        WAN_NS,
     },
 };
 

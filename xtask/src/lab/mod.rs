@@ -599,7 +599,7 @@ pub fn agent_args(node: &str) -> Result<Vec<String>> {
         args.extend([
             "--source=kube".into(),
             format!("--kubeconfig={}", ha::kubeconfig().display()),
-            format!("--namespace={}", crate::kube_lab::AGENT_NS),
+            format!("--namespace={}", crate::topology::AGENT_NS),
         ]);
         if role_of(node) == "gateway" {
             args.push(format!("--pod-name={}", ha::pod_name(node)));
