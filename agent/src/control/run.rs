@@ -35,6 +35,9 @@ pub trait Host {
     fn sync_nodes(&mut self, nodes: &[Node], active: Option<&str>) -> bool;
     /// What objects may ask of this node, with its networks as they are now.
     fn policy(&self) -> Policy;
+    /// Work that waits for the first pass, so that a restarted agent
+    /// carries traffic before it does its slow work.
+    fn after_first_pass(&mut self) {}
 }
 
 /// Everything the loop drives.
@@ -82,6 +85,7 @@ where
         let mut retry = Retry::default();
         let mut status_log = status::StatusLog::default();
         let mut stop = std::pin::pin!(stop);
+        let mut first_pass = true;
         loop {
             tokio::select! {
                 event = events.recv() => {
@@ -103,6 +107,9 @@ where
             }
             if synced {
                 self.pass(&mut retry).await;
+                if std::mem::take(&mut first_pass) {
+                    self.host.after_first_pass();
+                }
             }
         }
         info!("stopping; the NAT programs stay attached (`isthmus-agent cleanup` removes them)");

@@ -119,8 +119,18 @@ pub async fn run(args: RunArgs) -> Result<()> {
             TunnelMode::None => 0,
         };
         dataplane.set_tcp_mss(args.tcp_mss.unwrap_or(tunnel_mss))?;
-        dataplane.attach_nat(&args.nat_dev, args.attach)?;
     }
+    // Verifying the NAT programs takes seconds. Where a previous agent's
+    // are attached (a restart), they keep translating, and ours replace them
+    // after the first pass: the tunnel's sessions start first.
+    let deferred_nat = match role {
+        Role::Gateway if dataplane.nat_attached(&args.nat_dev) => Some(args.nat_dev.clone()),
+        Role::Gateway => {
+            dataplane.attach_nat(&args.nat_dev, args.attach)?;
+            None
+        }
+        Role::Worker => None,
+    };
     let overlay = match args.no_overlay {
         true => None,
         false => Some(start_overlay(&args, &mut dataplane).await?),
@@ -194,6 +204,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     };
     info!(node = %args.node, role = role_name, source = ?args.source, bpffs = %args.bpffs.display(), "agent started");
     let host = NodeHost {
+        deferred_nat,
         dataplane,
         overlay,
         pods,
@@ -269,6 +280,8 @@ struct NodeHost {
     attach: AttachMode,
     /// What objects may ask of this node; its addresses may change.
     policy: PolicyArgs,
+    /// The device whose NAT programs are replaced after the first pass.
+    deferred_nat: Option<String>,
 }
 
 impl Host for NodeHost {
@@ -296,6 +309,14 @@ impl Host for NodeHost {
 
     fn policy(&self) -> Policy {
         self.policy.policy()
+    }
+
+    fn after_first_pass(&mut self) {
+        if let Some(dev) = self.deferred_nat.take()
+            && let Err(e) = self.dataplane.attach_nat(&dev, self.attach)
+        {
+            error!(dev, error = %e, "replacing the NAT programs a previous agent attached; they stay, and translate as they did");
+        }
     }
 }
 

@@ -2,7 +2,9 @@
 //! gateways elect the active one, and traffic a-pod1 ↔ b-pod1 (a numbered
 //! UDP stream and a TCP transfer) survives the active one's death, whether
 //! its agent is killed or its node's links go down. The stream's longest
-//! silence is the failover's gap; b's objects never change.
+//! silence is the failover's gap; b's objects never change. A gateway's
+//! agent restarted in place (no failover) keeps the gap under 200 ms, and
+//! stops promptly even while it verifies its programs.
 
 use std::{collections::BTreeMap, fs, path::PathBuf, time::Duration};
 
@@ -136,4 +138,54 @@ fn killing_the_active_gateways_agent_fails_over_within_two_seconds() {
 #[test]
 fn the_active_gateway_node_dying_fails_over_within_two_seconds() {
     fails_over(LinksDown::take);
+}
+
+/// The bound on the gap of a restart in place.
+const MAX_RESTART_GAP: Duration = Duration::from_millis(200);
+
+#[test]
+fn restarting_the_gateway_agent_in_place_keeps_the_gap_under_200_ms() {
+    require_lab();
+    let gw = reachability()[0].clusters_crossed()[0].gw();
+    let row = &reachability()[0];
+    let bind = B.pod_addr(1);
+    let udp = UdpStream::start(&row.from, &row.answered_by, bind, row.target).unwrap();
+    let tcp = TcpTransfer::start(&row.from, &row.answered_by, bind, row.target).unwrap();
+    udp.wait_more(300, GIVE_UP)
+        .expect("the stream flows before");
+    lab::restart_agent(&gw).unwrap();
+    udp.wait_more(500, GIVE_UP).expect("the stream flows after");
+    let stream = udp.finish().unwrap();
+    let transfer = tcp.finish().unwrap();
+    eprintln!("restart of {gw}: {stream:?}, {transfer:?}");
+    assert!(
+        stream.longest_gap < MAX_RESTART_GAP,
+        "the stream was silent {:?} (bound {MAX_RESTART_GAP:?})",
+        stream.longest_gap
+    );
+    assert_eq!(
+        transfer.verified, transfer.sent,
+        "the TCP transfer lost bytes"
+    );
+}
+
+/// How long a stop may take: well under the 10 s after which the lab
+/// SIGKILLs an agent. A stop signal that interrupts the verifier once made
+/// aya load the programs again with a verifier log, for minutes.
+const MAX_STOP: Duration = Duration::from_secs(5);
+
+#[test]
+fn an_agent_stopped_while_it_verifies_its_programs_exits_promptly() {
+    require_lab();
+    let gw = reachability()[0].clusters_crossed()[0].gw();
+    // Ready after its first pass, when it replaces the NAT programs its
+    // predecessor left attached: the stop arrives during the verification.
+    lab::restart_agent(&gw).unwrap();
+    let started = std::time::Instant::now();
+    let stopped = lab::stop_agent(&gw);
+    let took = started.elapsed();
+    lab::start_agent(&gw).unwrap();
+    lab::wait_ready(&gw).unwrap();
+    stopped.expect("the agent stops on SIGTERM");
+    assert!(took < MAX_STOP, "the agent took {took:?} to stop");
 }

@@ -113,34 +113,44 @@ pub fn endpoint_holder() -> Option<String> {
 
 /// Turns the second gateway on (or off), restarting a's agents on the
 /// kube source (or back on their directories); returns once every agent is
-/// ready and the endpoint address sits on the active gateway.
+/// ready and the endpoint address sits on the active gateway. A failure to
+/// turn it on turns it off again, so that no half-built cluster remains.
 pub fn set(on: bool) -> Result<()> {
-    if on == is_on() {
-        return Ok(());
+    match (on, is_on()) {
+        (true, true) | (false, false) => Ok(()),
+        (true, false) => turn_on().inspect_err(|_| {
+            if let Err(e) = turn_off() {
+                eprintln!("lab: taking the half-built second gateway down: {e:#}");
+            }
+        }),
+        (false, true) => turn_off(),
     }
-    if on {
-        build_nodes()?;
-        fs::write(marker(), "")?;
-        start_control()?;
-        restart_agent(&CLUSTER.gw())?;
-        restart_agent(&CLUSTER.node())?;
-        start_agent(GW2)?;
-        wait_ready(GW2)?;
-        crate::wait::until(
-            START_TIMEOUT,
-            Duration::from_millis(20),
-            "a's endpoint address placed on the active gateway",
-            || endpoint_holder().is_some(),
-        )?;
-    } else {
-        stop_agent(GW2)?;
-        stop_control()?;
-        let _ = fs::remove_file(marker());
-        remove_nodes()?;
-        restart_agent(&CLUSTER.gw())?;
-        restart_agent(&CLUSTER.node())?;
-    }
-    Ok(())
+}
+
+fn turn_on() -> Result<()> {
+    build_nodes()?;
+    fs::write(marker(), "")?;
+    start_control()?;
+    restart_agent(&CLUSTER.gw())?;
+    restart_agent(&CLUSTER.node())?;
+    start_agent(GW2)?;
+    wait_ready(GW2)?;
+    crate::wait::until(
+        START_TIMEOUT,
+        Duration::from_millis(20),
+        "a's endpoint address placed on the active gateway",
+        || endpoint_holder().is_some(),
+    )
+    .map(drop)
+}
+
+fn turn_off() -> Result<()> {
+    stop_agent(GW2)?;
+    stop_control()?;
+    let _ = fs::remove_file(marker());
+    remove_nodes()?;
+    restart_agent(&CLUSTER.gw())?;
+    restart_agent(&CLUSTER.node())
 }
 
 /// a-gw2 and a-pod3, the floating endpoint address, and the routes the

@@ -259,7 +259,14 @@ pub(crate) fn veth(ns_a: &str, name_a: &str, ns_b: &str, name_b: &str) -> Result
 }
 
 fn bridge(ns: &str) -> Result<()> {
-    ip(ns, &["link", "add", "br0", "type", "bridge"])?;
+    // A bridge takes the lowest MAC of its ports unless given one, so
+    // `--ha` adding a port would change it under the neighbours' caches
+    // (the API server's and the router's address unreachable for ~30 s).
+    let mac = bridge_mac(ns);
+    ip(
+        ns,
+        &["link", "add", "br0", "address", &mac, "type", "bridge"],
+    )?;
     ip(ns, &["link", "set", "br0", "up"])?;
     // Where br_netfilter is loaded, it would run iptables on bridged frames:
     // the lab's switches are plain switches.
@@ -270,6 +277,18 @@ fn bridge(ns: &str) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A locally administered MAC of its own for `ns`'s bridge.
+fn bridge_mac(ns: &str) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    ns.hash(&mut hasher);
+    let b = hasher.finish().to_be_bytes();
+    format!(
+        "02:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+        b[0], b[1], b[2], b[3], b[4]
+    )
 }
 
 fn build_wan() -> Result<()> {

@@ -14,7 +14,9 @@ use tracing::{info, warn};
 
 use crate::kernel::link::{self, DeviceError};
 
-use super::{Dataplane, DataplaneError, NL_PRIORITY, direction, nl_handle, remove_pin, unpin_link};
+use super::{
+    Dataplane, DataplaneError, NL_PRIORITY, direction, nl_handle, remove_pin, unpin_link, verify,
+};
 
 /// How to attach TC programs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -83,6 +85,27 @@ impl Dataplane {
             "NAT programs attached"
         );
         Ok(())
+    }
+
+    /// Whether a previous agent's NAT programs are attached to both
+    /// directions of `dev` through pinned TCX links.
+    pub fn nat_attached(&self, dev: &str) -> bool {
+        [
+            (
+                Direction::Egress,
+                [names::PROG_EGRESS_ETH, names::PROG_EGRESS_IP],
+            ),
+            (
+                Direction::Ingress,
+                [names::PROG_INGRESS_ETH, names::PROG_INGRESS_IP],
+            ),
+        ]
+        .iter()
+        .all(|(direction, programs)| {
+            programs
+                .iter()
+                .any(|program| self.pins.link(dev, *direction, program).exists())
+        })
     }
 
     /// Attaches the overlay's receiving program to the VXLAN device `dev`.
@@ -162,7 +185,7 @@ impl Dataplane {
             .try_into()?;
         // One program serves every device it is attached to.
         if prog.fd().is_err() {
-            prog.load()?;
+            verify::uninterrupted(|| prog.load())?;
         }
         let link = self.pins.link(dev, direction(attach_type), program);
         // Attach first, then drop what an agent in the other mode left: the

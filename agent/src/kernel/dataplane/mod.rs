@@ -37,6 +37,7 @@ use crate::{
 
 mod attach;
 mod cleanup;
+mod verify;
 
 pub use attach::{AttachMode, Attached};
 pub use cleanup::cleanup;
@@ -257,7 +258,7 @@ impl Dataplane {
                 .program_mut(program)
                 .ok_or("missing from the object")?
                 .try_into()?;
-            prog.load()?;
+            verify::uninterrupted(|| prog.load())?;
             prog.attach(dev, XdpMode::Driver)?;
             Ok(())
         };
