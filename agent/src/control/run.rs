@@ -38,6 +38,10 @@ pub trait Host {
     /// Work that waits for the first pass, so that a restarted agent
     /// carries traffic before it does its slow work.
     fn after_first_pass(&mut self) {}
+    /// Resolves when devices may have come, gone or been recreated.
+    fn devices_changed(&mut self) -> impl Future<Output = ()> + Send {
+        std::future::pending()
+    }
 }
 
 /// Everything the loop drives.
@@ -96,6 +100,10 @@ where
                     if !moved && !retry.due() {
                         continue;
                     }
+                }
+                () = self.host.devices_changed() => {
+                    self.host.refresh_devices();
+                    continue;
                 }
                 // Becoming active or standing by takes or drops the peers at once.
                 () = elected(&mut self.active) => {}

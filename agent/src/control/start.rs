@@ -33,12 +33,14 @@ use crate::{
     kernel::{
         conntrack::{self, Conntrack, PeerFlows},
         dataplane::{AttachMode, Capacity, Dataplane},
+        link::LinkEvents,
         maps::Counters,
     },
     model::{node::Node, object::ObjectKind, policy::Policy},
     observe::metrics::{self, BuildInfo, GatewayState, Metrics},
     roles::{
         gateway::{Gateway, guard::Guard},
+        nat_device::NatDevice,
         overlay::{self, Overlay, OverlayOptions, PodDevices},
     },
     tunnel::{TunnelConfig, key},
@@ -120,15 +122,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
         };
         dataplane.set_tcp_mss(args.tcp_mss.unwrap_or(tunnel_mss))?;
     }
-    // Verifying the NAT programs takes seconds. Where a previous agent's
-    // are attached (a restart), they keep translating, and ours replace them
-    // after the first pass: the tunnel's sessions start first.
-    let deferred_nat = match role {
-        Role::Gateway if dataplane.nat_attached(&args.nat_dev) => Some(args.nat_dev.clone()),
-        Role::Gateway => {
-            dataplane.attach_nat(&args.nat_dev, args.attach)?;
-            None
-        }
+    let nat = match role {
+        Role::Gateway => Some(NatDevice::start(
+            &mut dataplane,
+            &args.nat_dev,
+            args.attach,
+        )?),
         Role::Worker => None,
     };
     let overlay = match args.no_overlay {
@@ -204,7 +203,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
     };
     info!(node = %args.node, role = role_name, source = ?args.source, bpffs = %args.bpffs.display(), "agent started");
     let host = NodeHost {
-        deferred_nat,
+        nat,
+        links: LinkEvents::subscribe()?,
         dataplane,
         overlay,
         pods,
@@ -280,13 +280,19 @@ struct NodeHost {
     attach: AttachMode,
     /// What objects may ask of this node; its addresses may change.
     policy: PolicyArgs,
-    /// The device whose NAT programs are replaced after the first pass.
-    deferred_nat: Option<String>,
+    /// The gateway's NAT device.
+    nat: Option<NatDevice>,
+    /// Device changes, to follow them at once.
+    links: LinkEvents,
 }
 
 impl Host for NodeHost {
-    /// Follows the devices the overlay attaches to: pods', and the uplink.
+    /// Follows the devices the programs attach to: the NAT device, pods',
+    /// and the overlay's uplink.
     fn refresh_devices(&mut self) {
+        if let Some(nat) = self.nat.as_mut() {
+            nat.refresh(&mut self.dataplane, self.attach);
+        }
         self.pods.refresh(&mut self.dataplane, self.attach);
         if let Some(overlay) = self.overlay.as_mut() {
             overlay.refresh_uplink(&mut self.dataplane, self.attach);
@@ -312,11 +318,13 @@ impl Host for NodeHost {
     }
 
     fn after_first_pass(&mut self) {
-        if let Some(dev) = self.deferred_nat.take()
-            && let Err(e) = self.dataplane.attach_nat(&dev, self.attach)
-        {
-            error!(dev, error = %e, "replacing the NAT programs a previous agent attached; they stay, and translate as they did");
+        if let Some(nat) = self.nat.as_mut() {
+            nat.replace_inherited(&mut self.dataplane, self.attach);
         }
+    }
+
+    fn devices_changed(&mut self) -> impl Future<Output = ()> + Send {
+        self.links.changed()
     }
 }
 

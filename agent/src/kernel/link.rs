@@ -3,7 +3,7 @@
 
 use std::{fs, net::Ipv4Addr, path::Path};
 
-use futures::TryStreamExt;
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use netlink_packet_route::link::LinkMessage;
 use rtnetlink::Handle;
 use thiserror::Error;
@@ -93,4 +93,34 @@ pub fn device_holding(address: Ipv4Addr) -> Option<String> {
         })
         .map(|a| a.interface_name)
         .next()
+}
+
+/// The kernel's announcements of link changes (a device created, deleted,
+/// renamed, brought up or down), so that devices are followed when they
+/// change rather than on the next tick.
+pub struct LinkEvents {
+    announcements: futures::stream::BoxStream<'static, ()>,
+}
+
+impl LinkEvents {
+    /// Subscribes to the link group of rtnetlink in this netns; the
+    /// connection runs on the current tokio runtime.
+    pub fn subscribe() -> std::io::Result<Self> {
+        let (connection, _, messages) =
+            rtnetlink::new_multicast_connection(&[rtnetlink::MulticastGroup::Link])?;
+        tokio::spawn(connection);
+        Ok(Self {
+            announcements: messages.map(drop).boxed(),
+        })
+    }
+
+    /// Waits for the next change, folding in those already announced. If
+    /// the subscription ends, never returns: the tick still follows devices.
+    pub async fn changed(&mut self) {
+        if self.announcements.next().await.is_none() {
+            warn!("the kernel's link announcements stopped; devices are followed on the tick");
+            std::future::pending::<()>().await;
+        }
+        while let Some(Some(())) = self.announcements.next().now_or_never() {}
+    }
 }

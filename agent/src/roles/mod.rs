@@ -1,6 +1,7 @@
 //! What runs beside the kernel tables on each kind of node: the gateway's
-//! tunnel, guard and conncheck, and the overlay that brings workers'
-//! remote-bound traffic to the gateway.
+//! tunnel, guard and conncheck, the device its NAT translates on, and the
+//! overlay that brings workers' remote-bound traffic to the gateway.
 
 pub mod gateway;
+pub mod nat_device;
 pub mod overlay;

@@ -16,6 +16,7 @@ mod liqo_shapes;
 mod logs;
 mod metrics;
 mod mss_clamp;
+mod nat_device;
 mod nat_restart;
 mod overlay;
 mod reachability;

@@ -87,24 +87,27 @@ impl Dataplane {
         Ok(())
     }
 
-    /// Whether a previous agent's NAT programs are attached to both
-    /// directions of `dev` through pinned TCX links.
+    /// Whether NAT programs (a previous agent's) are attached to both
+    /// directions of `dev` through TCX, as the kernel says: pins can
+    /// outlive the device they were made for.
     pub fn nat_attached(&self, dev: &str) -> bool {
         [
             (
-                Direction::Egress,
+                TcAttachType::Egress,
                 [names::PROG_EGRESS_ETH, names::PROG_EGRESS_IP],
             ),
             (
-                Direction::Ingress,
+                TcAttachType::Ingress,
                 [names::PROG_INGRESS_ETH, names::PROG_INGRESS_IP],
             ),
         ]
-        .iter()
-        .all(|(direction, programs)| {
-            programs
-                .iter()
-                .any(|program| self.pins.link(dev, *direction, program).exists())
+        .into_iter()
+        .all(|(attach_type, programs)| {
+            SchedClassifier::query_tcx(dev, attach_type).is_ok_and(|(_, attached)| {
+                attached
+                    .iter()
+                    .any(|p| p.name_as_str().is_some_and(|name| programs.contains(&name)))
+            })
         })
     }
 
