@@ -76,7 +76,13 @@ median of {EVENTS} events each:
 {lines}```
 
 Failover: {failover:.0} ms; restart in place: {restart:.0} ms;
-wireguard-go restarted: {wireguard_go:.0} ms.
+wireguard-go restarted: {wireguard_go:.0} ms. Lower is better: a ratio
+under 1 is a shorter gap than the reference. A failover waits out the
+lease (the standby cannot tell a dead holder from a slow one), then
+takes it on its next retry (200 ms) and the balancer moves the address
+with a gratuitous ARP; the tunnel's handshake adds one round trip. A
+restart in place keeps the TUN device, the routes and the NAT programs,
+so the gap is the new process's start and one handshake.
 "
     );
     write_section("failover", &body)
