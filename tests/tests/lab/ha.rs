@@ -4,11 +4,22 @@
 //! its agent is killed or its node's links go down. The stream's longest
 //! silence is the failover's gap; b's objects never change. A gateway's
 //! agent restarted in place (no failover) keeps the gap under 200 ms, and
-//! stops promptly even while it verifies its programs.
+//! stops promptly even while it verifies its programs. An active gateway
+//! cut off from the API server stands down before its standby acts.
 
-use std::{collections::BTreeMap, fs, path::PathBuf, time::Duration};
+use std::{
+    collections::BTreeMap,
+    fs,
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
 
 use isthmus_tests::require_lab;
+use serde_json::{Value, json};
 use xtask::{
     cmd::ip,
     lab::{self, ha},
@@ -181,11 +192,175 @@ fn an_agent_stopped_while_it_verifies_its_programs_exits_promptly() {
     // Ready after its first pass, when it replaces the NAT programs its
     // predecessor left attached: the stop arrives during the verification.
     lab::restart_agent(&gw).unwrap();
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     let stopped = lab::stop_agent(&gw);
     let took = started.elapsed();
     lab::start_agent(&gw).unwrap();
     lab::wait_ready(&gw).unwrap();
     stopped.expect("the agent stops on SIGTERM");
     assert!(took < MAX_STOP, "the agent took {took:?} to stop");
+}
+
+/// The agents' default Lease, in the agents' namespace.
+const LEASE_PATH: &str =
+    "/apis/coordination.k8s.io/v1/namespaces/isthmus-system/leases/isthmus-gateway";
+/// The gauge that says a gateway acts as the active one.
+const ACTIVE_GAUGE: &str = "isthmus_gateway_active";
+
+/// An HTTP request to the lab's API server stand-in, made from a-lan:
+/// the status code and the body.
+fn api(method: &str, body: Option<&Value>) -> (u16, Value) {
+    let url = format!("http://{}{LEASE_PATH}", ha::API_ADDR);
+    let mut args = vec![
+        "netns",
+        "exec",
+        "a-lan",
+        "curl",
+        "-s",
+        "-m",
+        "5",
+        "-X",
+        method,
+        "-w",
+        "\n%{http_code}",
+    ];
+    let data = body.map(Value::to_string);
+    if let Some(data) = &data {
+        args.extend([
+            "-H",
+            "Content-Type: application/json",
+            "--data-binary",
+            data,
+        ]);
+    }
+    args.push(&url);
+    let out = xtask::cmd::run("ip", &args).expect("the API server answers");
+    let (body, code) = out.trim_end().rsplit_once('\n').expect("a status code");
+    (
+        code.parse().expect("a numeric status"),
+        serde_json::from_str(body).unwrap_or(Value::Null),
+    )
+}
+
+/// The API server out of `node`'s reach until dropped: its packets to it
+/// vanish, as behind a partition.
+struct Partitioned(String);
+
+impl Partitioned {
+    fn from_api(node: &str) -> Self {
+        let api = format!("{}/32", ha::API_ADDR.ip());
+        ip(node, &["route", "add", "blackhole", &api]).expect("a blackhole route");
+        Partitioned(node.to_owned())
+    }
+}
+
+impl Drop for Partitioned {
+    fn drop(&mut self) {
+        let api = format!("{}/32", ha::API_ADDR.ip());
+        let _ = ip(&self.0, &["route", "del", "blackhole", &api]);
+    }
+}
+
+/// Samples both gateways' active gauges until stopped (or a bound), and
+/// returns every pair read.
+struct Sampler {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<(f64, f64)>>,
+}
+
+impl Sampler {
+    const BOUND: Duration = Duration::from_secs(60);
+
+    fn start(first: &'static str, second: &'static str) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let started = Instant::now();
+            let mut pairs = Vec::new();
+            while !stopping.load(Ordering::Relaxed) && started.elapsed() < Self::BOUND {
+                let a = lab::metric(first, ACTIVE_GAUGE).unwrap_or(0.0);
+                let b = lab::metric(second, ACTIVE_GAUGE).unwrap_or(0.0);
+                pairs.push((a, b));
+            }
+            pairs
+        });
+        Sampler { stop, thread }
+    }
+
+    fn finish(self) -> Vec<(f64, f64)> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("the sampler")
+    }
+}
+
+/// The active gateway behind a partition from the API server: it stands
+/// down before the standby takes the Lease, a write it makes with the
+/// `resourceVersion` it last saw is refused with a conflict, and once the
+/// partition heals it stays a standby. At no sample do both act as active.
+#[test]
+fn a_partitioned_active_gateway_and_its_standby_never_both_act() {
+    let _ha = Ha::on();
+    let active = ha::endpoint_holder().expect("an active gateway");
+    let [first, second] = ha::gateways();
+    let (active, standby) = if active == first {
+        (first, second)
+    } else {
+        (second, first)
+    };
+    let (code, lease) = api("GET", None);
+    assert_eq!(code, 200, "the Lease: {lease}");
+    assert_eq!(lease["spec"]["holderIdentity"], active);
+    let sampler = Sampler::start(active, standby);
+
+    let partition = Partitioned::from_api(active);
+    xtask::wait::until(
+        GIVE_UP,
+        Duration::from_millis(20),
+        "the standby acts",
+        || lab::metric(standby, ACTIVE_GAUGE).unwrap_or(0.0) == 1.0,
+    )
+    .unwrap();
+    // What the deposed holder would write, had its renewal been delayed
+    // past the takeover: its own name, on the version it read.
+    let mut stale = lease.clone();
+    stale["spec"]["renewTime"] = json!("2026-01-01T00:00:00.000000Z");
+    let (code, refusal) = api("PUT", Some(&stale));
+    assert_eq!(code, 409, "a stale write is refused: {refusal}");
+    drop(partition);
+
+    // The standby renews a few times while the healed one watches.
+    let renewals_after = |n: usize| {
+        let mut seen = std::collections::BTreeSet::new();
+        move || {
+            let (_, now) = api("GET", None);
+            seen.insert(now["metadata"]["resourceVersion"].to_string());
+            seen.len() > n
+        }
+    };
+    xtask::wait::until(
+        GIVE_UP,
+        Duration::from_millis(50),
+        "the standby renews",
+        renewals_after(5),
+    )
+    .unwrap();
+    let pairs = sampler.finish();
+
+    let (_, now) = api("GET", None);
+    assert_eq!(
+        now["spec"]["holderIdentity"], standby,
+        "the Lease stays taken"
+    );
+    assert_eq!(
+        lab::metric(active, ACTIVE_GAUGE).unwrap(),
+        0.0,
+        "the healed one stands by"
+    );
+    let both = pairs.iter().filter(|(a, b)| *a == 1.0 && *b == 1.0).count();
+    eprintln!(
+        "{} samples of both gauges; both active in {both}",
+        pairs.len()
+    );
+    assert!(pairs.len() > 20, "too few samples: {}", pairs.len());
+    assert_eq!(both, 0, "both gateways acted as active");
 }
