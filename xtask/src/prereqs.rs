@@ -24,6 +24,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "wireguard-tools",
     // The `--ha` lab announces a moved endpoint address (gratuitous ARP).
     "iputils-arping",
+    // The HA tests speak to the lab's API server stand-in from a-lan.
+    "curl",
     // The benches flush NAT state between setups.
     "conntrack",
     // The lab's Prometheus server, and promtool, which checks our metrics.
