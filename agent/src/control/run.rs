@@ -118,6 +118,9 @@ where
                 if std::mem::take(&mut first_pass) {
                     self.host.after_first_pass();
                 }
+                // Ready once the slow work of the start is done too, so
+                // that whoever waits for readiness finds the loop free.
+                self.metrics.set_ready();
             }
         }
         info!("stopping; the NAT programs stay attached (`isthmus-agent cleanup` removes them)");
@@ -215,7 +218,6 @@ where
                 debug!(retry_in = ?wait, "a pass left work undone; trying it again");
             }
         }
-        self.metrics.set_ready();
     }
 }
 
