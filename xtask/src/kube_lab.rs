@@ -3,7 +3,11 @@
 //! run with `--source kube`. The kube tests and the control bench use it;
 //! the lab's bpffs and state directory must exist (`lab up`).
 
-use std::{fs, net::TcpListener, path::PathBuf};
+use std::{
+    fs,
+    net::{Ipv4Addr, TcpListener},
+    path::PathBuf,
+};
 
 use anyhow::{Context, Result, ensure};
 use serde_json::{Value, json};
@@ -12,7 +16,7 @@ use crate::{
     cmd::ip,
     fake_api::FakeApi,
     lab, netns,
-    topology::{AGENT_NS, METRICS_PORT},
+    topology::{self, AGENT_NS, METRICS_PORT},
 };
 
 /// A netns with a fake API server and, once started, an agent.
@@ -47,15 +51,7 @@ impl KubeNode {
         ip(ns, &["link", "set", "lo", "up"])?;
         let listener = netns::run_in(ns, || TcpListener::bind("127.0.0.1:0"))??;
         let api = FakeApi::start(listener)?;
-        let labels = if gateway {
-            json!({"net.liqo.io/gateway": "true"})
-        } else {
-            json!({})
-        };
-        api.apply(json!({
-            "apiVersion": "v1", "kind": "Node", "metadata": {"name": ns, "labels": labels},
-            "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]},
-        }));
+        api.apply(topology::node(ns, Ipv4Addr::LOCALHOST, None, gateway));
         let kubeconfig = PathBuf::from(lab::STATE_DIR).join(format!("{ns}.kubeconfig"));
         fs::write(&kubeconfig, api.kubeconfig())?;
         let log = lab::log_file(ns);

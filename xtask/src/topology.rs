@@ -5,6 +5,7 @@
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
+use serde_json::{Value, json};
 
 use crate::objects::{Layout, TunnelEndpoint};
 
@@ -162,15 +163,9 @@ impl Cluster {
         ]
         .iter()
         .map(|(name, half, address, gateway)| {
-            let labels = if *gateway {
-                format!("\n  labels: {{{GATEWAY_LABEL}: \"true\"}}")
-            } else {
-                String::new()
-            };
-            format!(
-                "apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}{labels}\nspec:\n  podCIDR: {}\nstatus:\n  addresses:\n  - {{type: InternalIP, address: {address}}}\n",
-                self.pod_half(*half)
-            )
+            let pod_cidr = self.pod_half(*half).to_string();
+            let node = node(name, *address, Some(&pod_cidr), *gateway);
+            serde_yaml_ng::to_string(&node).expect("a JSON value serialises")
         })
         .collect::<Vec<_>>()
         .join("---\n")
@@ -485,6 +480,24 @@ pub fn reachability() -> Vec<Reach> {
             B.masquerade_addr().octets(),
         ),
     ]
+}
+
+/// A Node as the API server holds it: its InternalIP `address`, its
+/// PodCIDR if it has one, and the gateway label if it is a gateway.
+pub fn node(name: &str, address: Ipv4Addr, pod_cidr: Option<&str>, gateway: bool) -> Value {
+    let labels = match gateway {
+        true => json!({GATEWAY_LABEL: "true"}),
+        false => json!({}),
+    };
+    let mut node = json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "status": {"addresses": [{"type": "InternalIP", "address": address.to_string()}]},
+    });
+    if let Some(cidr) = pod_cidr {
+        node["spec"] = json!({"podCIDR": cidr, "podCIDRs": [cidr]});
+    }
+    node
 }
 
 #[cfg(test)]

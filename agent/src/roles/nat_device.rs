@@ -43,10 +43,9 @@ impl NatDevice {
         if !std::mem::take(&mut self.inherited) {
             return;
         }
-        match dataplane.attach_nat(&self.dev, mode) {
-            Ok(()) => self.attached_to = link::ifindex(&self.dev).ok(),
-            Err(e) => error!(dev = %self.dev, error = %e,
-                "replacing the NAT programs a previous agent attached; they stay, and translate as they did"),
+        if let Err(e) = self.attach(dataplane, mode) {
+            error!(dev = %self.dev, error = %e,
+                "replacing the NAT programs a previous agent attached; they stay, and translate as they did");
         }
     }
 
@@ -59,14 +58,24 @@ impl NatDevice {
         if self.attached_to == Some(now) {
             return;
         }
-        match dataplane.attach_nat(&self.dev, mode) {
+        match self.attach(dataplane, mode) {
             Ok(()) => {
-                info!(dev = %self.dev, ifindex = now, "NAT device recreated; programs attached again");
-                self.attached_to = Some(now);
+                info!(dev = %self.dev, ifindex = now, "NAT device recreated; programs attached again")
             }
             Err(e) => {
                 warn!(dev = %self.dev, error = %e, "attaching the NAT programs to a recreated device; will retry")
             }
         }
+    }
+
+    /// Attaches our programs and records the device they are on.
+    fn attach(
+        &mut self,
+        dataplane: &mut Dataplane,
+        mode: AttachMode,
+    ) -> Result<(), DataplaneError> {
+        dataplane.attach_nat(&self.dev, mode)?;
+        self.attached_to = link::ifindex(&self.dev).ok();
+        Ok(())
     }
 }

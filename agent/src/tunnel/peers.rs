@@ -99,14 +99,15 @@ impl FirstContact {
     }
 
     /// Whether the initiation is due again at `now`, for a peer that has
-    /// (`connected`) or has not had a session yet; schedules the next.
-    pub fn due(&mut self, now: Instant, connected: bool) -> bool {
+    /// (`connected`, asked only when the time has come) or has not had a
+    /// session yet; schedules the next.
+    pub fn due(&mut self, now: Instant, connected: impl FnOnce() -> bool) -> bool {
         let Some(next) = self.next else { return false };
-        if connected {
-            self.next = None;
+        if now < next {
             return false;
         }
-        if now < next {
+        if connected() {
+            self.next = None;
             return false;
         }
         self.step *= 2;
@@ -162,7 +163,7 @@ impl TunnelPeer {
     }
 
     /// Whether the first handshake's initiation is due again at `now`.
-    pub fn first_contact_due(&self, now: Instant, connected: bool) -> bool {
+    pub fn first_contact_due(&self, now: Instant, connected: impl FnOnce() -> bool) -> bool {
         self.first_contact
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -326,12 +327,15 @@ mod tests {
         let mut contact = FirstContact::new(start);
         let due: Vec<u64> = (0..=6000)
             .step_by(25)
-            .filter(|ms| contact.due(at(*ms), false))
+            .filter(|ms| contact.due(at(*ms), || false))
             .collect();
         assert_eq!(due, [100, 300, 700, 1500, 3100]);
         let mut answered = FirstContact::new(start);
-        assert!(answered.due(at(100), false));
-        assert!(!answered.due(at(300), true), "a session ends the retries");
-        assert!(!answered.due(at(700), false), "for good");
+        assert!(answered.due(at(100), || false));
+        assert!(
+            !answered.due(at(300), || true),
+            "a session ends the retries"
+        );
+        assert!(!answered.due(at(700), || false), "for good");
     }
 }

@@ -13,7 +13,6 @@ use xtask::{cmd::ip, lab, netns, topology::PEERINGS};
 struct Node {
     ns: String,
     objects: PathBuf,
-    log: PathBuf,
 }
 
 impl Node {
@@ -36,11 +35,9 @@ impl Node {
             PEERINGS[0].tunnel_endpoint_yaml(None),
         )
         .unwrap();
-        let log = lab::log_file(ns);
         Self {
             ns: ns.to_owned(),
             objects,
-            log,
         }
     }
 
@@ -50,19 +47,8 @@ impl Node {
 
     /// Runs an agent in `mode` until it is ready, then stops it.
     fn run_agent(&self, mode: &str) {
-        let args = vec![
-            "run".to_owned(),
-            "--node=t".to_owned(),
-            "--role=gateway".to_owned(),
-            "--nat-dev=v0".to_owned(),
-            "--tunnel=none".to_owned(),
-            format!("--attach={mode}"),
-            format!("--source=dir:{}", self.objects.display()),
-            format!("--bpffs={}", self.bpffs().display()),
-            format!("--metrics-addr=127.0.0.1:{}", xtask::topology::METRICS_PORT),
-        ];
-        let pid = lab::spawn_agent(&self.ns, &args, &self.log).unwrap();
-        lab::wait_ready_in(&self.ns, pid, &self.log).unwrap();
+        let attach = format!("--attach={mode}");
+        let pid = lab::start_tunnelless_gateway(&self.ns, "v0", &self.objects, &[&attach]).unwrap();
         lab::stop_pid(pid).unwrap();
     }
 

@@ -82,6 +82,48 @@ fn objects_of_b() -> BTreeMap<PathBuf, Vec<u8>> {
         .collect()
 }
 
+/// A numbered UDP stream and a TCP transfer a-pod1 → b-pod1, flowing.
+struct Traffic {
+    udp: UdpStream,
+    tcp: TcpTransfer,
+}
+
+impl Traffic {
+    fn start() -> Self {
+        let row = &reachability()[0];
+        let bind = B.pod_addr(1);
+        let udp = UdpStream::start(&row.from, &row.answered_by, bind, row.target).unwrap();
+        let tcp = TcpTransfer::start(&row.from, &row.answered_by, bind, row.target).unwrap();
+        udp.wait_more(300, GIVE_UP)
+            .expect("the stream flows before");
+        Traffic { udp, tcp }
+    }
+
+    /// Waits for the stream to flow again.
+    fn flows_again(&self) {
+        self.udp
+            .wait_more(500, GIVE_UP)
+            .expect("the stream flows after");
+    }
+
+    /// Ends both and checks them: the stream's longest silence under
+    /// `bound`, and every TCP byte delivered.
+    fn check(self, event: &str, bound: Duration) {
+        let stream = self.udp.finish().unwrap();
+        let transfer = self.tcp.finish().unwrap();
+        eprintln!("{event}: {stream:?}, {transfer:?}");
+        assert!(
+            stream.longest_gap < bound,
+            "the stream was silent {:?} (bound {bound:?})",
+            stream.longest_gap
+        );
+        assert_eq!(
+            transfer.verified, transfer.sent,
+            "the TCP transfer lost bytes"
+        );
+    }
+}
+
 /// Kills the active gateway with `kill` during a UDP stream and a TCP
 /// transfer a-pod1 → b-pod1, and checks the failover: the standby takes
 /// a's endpoint address, the stream's gap is under 2 s, every TCP byte
@@ -94,12 +136,7 @@ fn fails_over<T>(kill: impl FnOnce(&str) -> T) {
         .find(|g| *g != active)
         .expect("a standby gateway");
     let b_objects = objects_of_b();
-    let row = &reachability()[0];
-    let bind = B.pod_addr(1);
-    let udp = UdpStream::start(&row.from, &row.answered_by, bind, row.target).unwrap();
-    let tcp = TcpTransfer::start(&row.from, &row.answered_by, bind, row.target).unwrap();
-    udp.wait_more(300, GIVE_UP)
-        .expect("the stream flows before");
+    let traffic = Traffic::start();
 
     let _killed = kill(&active);
     xtask::wait::until(
@@ -109,28 +146,16 @@ fn fails_over<T>(kill: impl FnOnce(&str) -> T) {
         || ha::endpoint_holder().as_deref() == Some(standby),
     )
     .unwrap();
-    udp.wait_more(500, GIVE_UP).expect("the stream flows after");
-    let sent_after = tcp.sent();
+    traffic.flows_again();
+    let sent_after = traffic.tcp.sent();
     xtask::wait::until(
         GIVE_UP,
         Duration::from_millis(20),
         "TCP writes again",
-        || tcp.sent() > sent_after + (1 << 20),
+        || traffic.tcp.sent() > sent_after + (1 << 20),
     )
     .unwrap();
-
-    let stream = udp.finish().unwrap();
-    let transfer = tcp.finish().unwrap();
-    eprintln!("failover {active} → {standby}: {stream:?}, {transfer:?}");
-    assert!(
-        stream.longest_gap < MAX_GAP,
-        "the stream was silent {:?} (bound {MAX_GAP:?})",
-        stream.longest_gap
-    );
-    assert_eq!(
-        transfer.verified, transfer.sent,
-        "the TCP transfer lost bytes"
-    );
+    traffic.check(&format!("failover {active} → {standby}"), MAX_GAP);
     assert_eq!(objects_of_b(), b_objects, "b's objects changed");
 }
 
@@ -158,26 +183,10 @@ const MAX_RESTART_GAP: Duration = Duration::from_millis(200);
 fn restarting_the_gateway_agent_in_place_keeps_the_gap_under_200_ms() {
     require_lab();
     let gw = reachability()[0].clusters_crossed()[0].gw();
-    let row = &reachability()[0];
-    let bind = B.pod_addr(1);
-    let udp = UdpStream::start(&row.from, &row.answered_by, bind, row.target).unwrap();
-    let tcp = TcpTransfer::start(&row.from, &row.answered_by, bind, row.target).unwrap();
-    udp.wait_more(300, GIVE_UP)
-        .expect("the stream flows before");
+    let traffic = Traffic::start();
     lab::restart_agent(&gw).unwrap();
-    udp.wait_more(500, GIVE_UP).expect("the stream flows after");
-    let stream = udp.finish().unwrap();
-    let transfer = tcp.finish().unwrap();
-    eprintln!("restart of {gw}: {stream:?}, {transfer:?}");
-    assert!(
-        stream.longest_gap < MAX_RESTART_GAP,
-        "the stream was silent {:?} (bound {MAX_RESTART_GAP:?})",
-        stream.longest_gap
-    );
-    assert_eq!(
-        transfer.verified, transfer.sent,
-        "the TCP transfer lost bytes"
-    );
+    traffic.flows_again();
+    traffic.check(&format!("restart of {gw}"), MAX_RESTART_GAP);
 }
 
 /// How long a stop may take: well under the 10 s after which the lab

@@ -31,20 +31,7 @@ impl Node {
         let objects = PathBuf::from(lab::STATE_DIR).join("natdev-objects");
         let _ = fs::remove_dir_all(&objects);
         fs::create_dir_all(&objects).unwrap();
-        let args = vec![
-            "run".to_owned(),
-            "--node=natdev".to_owned(),
-            "--role=gateway".to_owned(),
-            "--tunnel=none".to_owned(),
-            format!("--nat-dev={DEV}"),
-            "--no-overlay".to_owned(),
-            format!("--source=dir:{}", objects.display()),
-            format!("--bpffs={}", lab::bpffs(NS).display()),
-            format!("--metrics-addr=127.0.0.1:{}", xtask::topology::METRICS_PORT),
-        ];
-        let log = lab::log_file(NS);
-        let agent = lab::spawn_agent(NS, &args, &log).unwrap();
-        lab::wait_ready_in(NS, agent, &log).unwrap();
+        let agent = lab::start_tunnelless_gateway(NS, DEV, &objects, &["--no-overlay"]).unwrap();
         Self { agent, objects }
     }
 }

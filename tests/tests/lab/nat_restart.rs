@@ -37,7 +37,6 @@ const MAX_TIME: Duration = Duration::from_secs(60);
 
 struct Topology {
     objects: PathBuf,
-    log: PathBuf,
 }
 
 impl Topology {
@@ -57,26 +56,11 @@ impl Topology {
             PEERINGS[0].tunnel_endpoint_yaml(None),
         )
         .unwrap();
-        Self {
-            objects,
-            log: lab::log_file(GW),
-        }
+        Self { objects }
     }
 
     fn start_agent(&self) -> u32 {
-        let args = vec![
-            "run".to_owned(),
-            "--node=t".to_owned(),
-            "--role=gateway".to_owned(),
-            "--tunnel=none".to_owned(),
-            "--nat-dev=v0".to_owned(),
-            format!("--source=dir:{}", self.objects.display()),
-            format!("--bpffs={}", lab::bpffs(GW).display()),
-            format!("--metrics-addr=127.0.0.1:{}", xtask::topology::METRICS_PORT),
-        ];
-        let pid = lab::spawn_agent(GW, &args, &self.log).unwrap();
-        lab::wait_ready_in(GW, pid, &self.log).unwrap();
-        pid
+        lab::start_tunnelless_gateway(GW, "v0", &self.objects, &[]).unwrap()
     }
 }
 

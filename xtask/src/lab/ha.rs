@@ -20,9 +20,8 @@
 use std::{
     fs,
     net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream},
-    os::unix::process::CommandExt,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Command,
     time::Duration,
 };
 
@@ -40,7 +39,7 @@ use crate::{
     netns,
     topology::{
         A, AGENT_NS, Cluster, GATEWAY_LABEL, GW1_WAN, GW2, GW2_LAN, GW2_WAN, POD3, POD3_ADDR,
-        WAN_NS,
+        WAN_NS, node,
     },
 };
 
@@ -284,22 +283,9 @@ fn xtask_binary() -> Result<PathBuf> {
 fn start_control() -> Result<()> {
     let log = fs::File::create(super::log_file("ha-control"))?;
     let mut command = Command::new(xtask_binary()?);
-    command
-        .arg(CONTROL_COMMAND)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log);
-    // SAFETY: setsid is async-signal-safe; the process outlives `lab up`.
-    unsafe {
-        command.pre_exec(|| {
-            libc::setsid();
-            Ok(())
-        });
-    }
-    let child = command
-        .spawn()
-        .context("starting the lab's control process")?;
-    fs::write(pid_file(), child.id().to_string())?;
+    command.arg(CONTROL_COMMAND);
+    let pid = super::spawn_detached(command, log).context("starting the lab's control process")?;
+    fs::write(pid_file(), pid.to_string())?;
     let lan = CLUSTER.lan();
     crate::wait::until(
         START_TIMEOUT,
@@ -389,24 +375,17 @@ fn seed(api: &FakeApi) -> Result<()> {
 
 /// a's three Nodes: the gateways labelled, each with its PodCIDR.
 fn nodes() -> Vec<Value> {
-    let node = |name: &str, address: Ipv4Addr, pod_cidr: &str, gateway: bool| {
-        let labels = match gateway {
-            true => json!({GATEWAY_LABEL: "true"}),
-            false => json!({}),
-        };
-        json!({
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": labels},
-            "spec": {"podCIDR": pod_cidr, "podCIDRs": [pod_cidr]},
-            "status": {"addresses": [{"type": "InternalIP", "address": address.to_string()}]},
-        })
-    };
     let worker = CLUSTER.pod_half(1).to_string();
-    let mut all = vec![node(&CLUSTER.node(), CLUSTER.lan_node(), &worker, false)];
+    let mut all = vec![node(
+        &CLUSTER.node(),
+        CLUSTER.lan_node(),
+        Some(&worker),
+        false,
+    )];
     all.extend(
         GATEWAYS
             .iter()
-            .map(|(name, lan, _, pods)| node(name, *lan, pods, true)),
+            .map(|(name, lan, _, pods)| node(name, *lan, Some(pods), true)),
     );
     all
 }

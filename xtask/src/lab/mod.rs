@@ -661,21 +661,53 @@ pub fn spawn_agent(ns: &str, args: &[String], log: &Path) -> Result<u32> {
     command
         .args(["netns", "exec", ns])
         .arg(agent_binary())
-        .args(args)
+        .args(args);
+    // `ip netns exec` execs the agent, so this PID is the agent's.
+    spawn_detached(command, log).context("starting the agent")
+}
+
+/// Starts a gateway agent without a tunnel of its own in netns `ns` (a
+/// test's): its NAT on `nat_dev`, its objects read from `objects`, its
+/// pins in the lab's bpffs, `extra` arguments after these. Waits until it
+/// is ready; returns its PID.
+pub fn start_tunnelless_gateway(
+    ns: &str,
+    nat_dev: &str,
+    objects: &Path,
+    extra: &[&str],
+) -> Result<u32> {
+    let mut args: Vec<String> = ["run", "--node=t", "--role=gateway", "--tunnel=none"]
+        .map(str::to_owned)
+        .into();
+    args.extend([
+        format!("--nat-dev={nat_dev}"),
+        format!("--source=dir:{}", objects.display()),
+        format!("--bpffs={}", bpffs(ns).display()),
+        format!("--metrics-addr=127.0.0.1:{METRICS_PORT}"),
+    ]);
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    let log = log_file(ns);
+    let pid = spawn_agent(ns, &args, &log)?;
+    wait_ready_in(ns, pid, &log)?;
+    Ok(pid)
+}
+
+/// Starts `command` in a session of its own, with no input and its output
+/// to `log`, so that it survives the terminal that ran `lab up`. Returns
+/// its PID.
+pub(crate) fn spawn_detached(mut command: Command, log: fs::File) -> Result<u32> {
+    command
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
-    // SAFETY: setsid is async-signal-safe; the agent must not share our
-    // session, so it survives the terminal that ran `lab up`.
+    // SAFETY: setsid is async-signal-safe.
     unsafe {
         command.pre_exec(|| {
             libc::setsid();
             Ok(())
         });
     }
-    let child = command.spawn().context("starting the agent")?;
-    // `ip netns exec` execs the agent, so this PID is the agent's.
-    Ok(child.id())
+    Ok(command.spawn()?.id())
 }
 
 /// The PID of node `node`'s agent, if it runs.

@@ -63,17 +63,7 @@ impl Dataplane {
     /// Attaches the NAT programs to both directions of `dev`, replacing
     /// whatever a previous agent attached there.
     pub fn attach_nat(&mut self, dev: &str, mode: AttachMode) -> Result<(), DataplaneError> {
-        let (egress, ingress) = match link::link_type(dev)? {
-            link::ARPHRD_ETHER => (names::PROG_EGRESS_ETH, names::PROG_INGRESS_ETH),
-            link::ARPHRD_NONE => (names::PROG_EGRESS_IP, names::PROG_INGRESS_IP),
-            other => {
-                return Err(DeviceError {
-                    dev: dev.into(),
-                    reason: format!("link type {other} is neither Ethernet nor a raw L3 device"),
-                }
-                .into());
-            }
-        };
+        let (egress, ingress) = nat_programs(dev)?;
         let mode = mode.resolve();
         self.attach(egress, dev, TcAttachType::Egress, mode)?;
         self.attach(ingress, dev, TcAttachType::Ingress, mode)?;
@@ -87,26 +77,21 @@ impl Dataplane {
         Ok(())
     }
 
-    /// Whether NAT programs (a previous agent's) are attached to both
-    /// directions of `dev` through TCX, as the kernel says: pins can
-    /// outlive the device they were made for.
+    /// Whether the NAT programs for `dev` (a previous agent's) are
+    /// attached to both its directions through TCX, as the kernel says:
+    /// pins can outlive the device they were made for.
     pub fn nat_attached(&self, dev: &str) -> bool {
+        let Ok((egress, ingress)) = nat_programs(dev) else {
+            return false;
+        };
         [
-            (
-                TcAttachType::Egress,
-                [names::PROG_EGRESS_ETH, names::PROG_EGRESS_IP],
-            ),
-            (
-                TcAttachType::Ingress,
-                [names::PROG_INGRESS_ETH, names::PROG_INGRESS_IP],
-            ),
+            (TcAttachType::Egress, egress),
+            (TcAttachType::Ingress, ingress),
         ]
         .into_iter()
-        .all(|(attach_type, programs)| {
+        .all(|(attach_type, program)| {
             SchedClassifier::query_tcx(dev, attach_type).is_ok_and(|(_, attached)| {
-                attached
-                    .iter()
-                    .any(|p| p.name_as_str().is_some_and(|name| programs.contains(&name)))
+                attached.iter().any(|p| p.name_as_str() == Some(program))
             })
         })
     }
@@ -207,6 +192,18 @@ impl Dataplane {
         remove_pin(&pin)?;
         prog.pin(&pin)?;
         Ok(())
+    }
+}
+
+/// The NAT programs, egress and ingress, for `dev`'s link type.
+fn nat_programs(dev: &str) -> Result<(&'static str, &'static str), DeviceError> {
+    match link::link_type(dev)? {
+        link::ARPHRD_ETHER => Ok((names::PROG_EGRESS_ETH, names::PROG_INGRESS_ETH)),
+        link::ARPHRD_NONE => Ok((names::PROG_EGRESS_IP, names::PROG_INGRESS_IP)),
+        other => Err(DeviceError {
+            dev: dev.into(),
+            reason: format!("link type {other} is neither Ethernet nor a raw L3 device"),
+        }),
     }
 }
 

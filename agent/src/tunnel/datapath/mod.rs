@@ -463,14 +463,14 @@ fn run_timers(peer: &TunnelPeer, udp: &UdpSocket, buf: &mut [u8]) {
     }
 }
 
-/// Sends `peer`'s first initiation again if its backoff says so.
+/// Sends `peer`'s first initiation again if its backoff says so. The
+/// session's lock, which the datapath takes for every packet, is taken
+/// only when a retry is due.
 fn retry_first_contact(peer: &TunnelPeer, udp: &UdpSocket, buf: &mut [u8], now: Instant) {
-    let mut tunn = lock(peer);
-    let connected = tunn.stats().0.is_some();
-    if !peer.first_contact_due(now, connected) {
+    if !peer.first_contact_due(now, || lock(peer).stats().0.is_some()) {
         return;
     }
-    if let TunnResult::WriteToNetwork(init) = tunn.format_handshake_initiation(buf, true) {
+    if let TunnResult::WriteToNetwork(init) = lock(peer).format_handshake_initiation(buf, true) {
         let _ = udp.send_to(init, peer.endpoint());
     }
 }
