@@ -236,7 +236,6 @@ fn path_mtu(ns: &str, target: Ipv4Addr, size: usize) -> usize {
 /// link narrower than the tunnel), the error crosses the remote NAT, the
 /// tunnel and our NAT, and still names the pod's own packet.
 #[test]
-#[ignore = "fails after earlier lab tests since issue 18's changes (passes on a fresh lab; run it with --ignored); being bisected under issue 18"]
 fn path_mtu_discovery_works_through_the_overlay_the_tunnel_and_the_nat() {
     require_lab();
     assert_eq!(path_mtu(&A.pod(1), B_POD1, 1500), TUNNEL_MTU);

@@ -259,6 +259,8 @@ fn remove_nodes() -> Result<()> {
         &gw,
         &["route", "replace", "default", "via", router, "dev", "wan0"],
     )?;
+    // The node-death test took a-gw's LAN down, and its routes with it.
+    super::route_pod_halves(CLUSTER)?;
     let _ = fs::remove_file(holder_file());
     Ok(())
 }

@@ -336,14 +336,29 @@ fn build_cluster(c: &Cluster) -> Result<()> {
         ip(ns, &["addr", "add", &format!("{addr}/24"), "dev", "lan0"])?;
     }
 
-    // Pods: pod1 on the worker, pod2 on the gateway; each node routes the
-    // other half of the PodCIDR over the LAN.
-    for (i, host, other) in [(1, &node, c.lan_gw()), (2, &gw, c.lan_node())] {
-        add_pod(c, i, host)?;
-        let other_half = c.pod_half(3 - i).to_string();
+    // Pods: pod1 on the worker, pod2 on the gateway.
+    add_pod(c, 1, &node)?;
+    add_pod(c, 2, &gw)?;
+    route_pod_halves(c)
+}
+
+/// The CNI stand-in's routes: each node routes the other's half of the
+/// PodCIDR over the LAN. Idempotent, so that a node whose LAN link went
+/// down (and took these routes with it) gets them back.
+pub(crate) fn route_pod_halves(c: &Cluster) -> Result<()> {
+    for (host, other_half, via) in [
+        (c.node(), c.pod_half(2), c.lan_gw()),
+        (c.gw(), c.pod_half(1), c.lan_node()),
+    ] {
         ip(
-            host,
-            &["route", "add", &other_half, "via", &other.to_string()],
+            &host,
+            &[
+                "route",
+                "replace",
+                &other_half.to_string(),
+                "via",
+                &via.to_string(),
+            ],
         )?;
     }
     Ok(())
