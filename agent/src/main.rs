@@ -97,13 +97,7 @@ async fn main() -> Result<()> {
             if route::delete_device(&tunnel_dev).await? {
                 removed.push(format!("TUN device {tunnel_dev}"));
             }
-            let routes = route::cleanup().await?;
-            if routes > 0 {
-                removed.push(format!(
-                    "{routes} route(s) of protocol {}",
-                    route::ROUTE_PROTOCOL
-                ));
-            }
+            removed.extend(route::cleanup().await?);
             for item in &removed {
                 println!("removed {item}");
             }

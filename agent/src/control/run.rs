@@ -185,13 +185,12 @@ where
         let nodes_synced = self
             .host
             .sync_nodes(self.reconciler.nodes(), self.reconciler.active_gateway());
-        // A standby gateway keeps its device, key and programs, and holds
-        // no peer: it sends nothing to them, and routes nothing to them.
+        // A standby gateway keeps its device, key, programs and staged
+        // routes, and holds no peer: it sends nothing to them.
         let acting = self.acting();
         self.metrics.gateway_active.set(i64::from(acting));
-        let peers = if acting { self.reconciler.peers() } else { &[] };
         let routed = match self.gateway.as_mut() {
-            Some(gateway) => gateway.sync(peers).await,
+            Some(gateway) => gateway.sync(self.reconciler.peers(), acting).await,
             None => true,
         };
         if let Some(e) = &failure {

@@ -3,22 +3,28 @@
 //!
 //! Every route the agent writes carries its own protocol number
 //! ([`ROUTE_PROTOCOL`]), so that ours are told from anyone else's: a route
-//! that exists and is not ours is an error, never replaced. Behind each
-//! route into the tunnel lies a blackhole route for the same network, of a
-//! lower priority, which outlives the agent: when the agent stops and the
-//! TUN device and its routes go, peer-bound traffic is dropped instead of
-//! following the default route in clear. Only a removed peer, or
-//! `isthmus-agent cleanup`, removes it.
+//! that exists and is not ours is an error, never replaced.
+//!
+//! The routes into the tunnel live in their own table ([`TUNNEL_TABLE`]),
+//! on every gateway, active or standby: a standby has them staged, and
+//! becoming active is one rule ([`RULE_PRIORITY`], just before main's) that
+//! sends lookups there. Behind each network, in main, lies a blackhole
+//! route, which outlives the agent: on a standby, and when the agent stops
+//! and the TUN device and its routes go, peer-bound traffic is dropped
+//! instead of following the default route in clear. Only a removed peer,
+//! or `isthmus-agent cleanup`, removes it.
 
 use std::{collections::BTreeSet, net::Ipv4Addr};
 
 use futures::TryStreamExt;
 use ipnet::Ipv4Net;
 use netlink_packet_route::{
+    AddressFamily,
     address::AddressScope,
-    route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteType},
+    route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteType},
+    rule::{RuleAction, RuleAttribute, RuleMessage},
 };
-use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder, new_connection};
+use rtnetlink::{Handle, IpVersion, LinkUnspec, RouteMessageBuilder, new_connection};
 use thiserror::Error;
 
 use crate::kernel::link::link_by_name;
@@ -27,6 +33,12 @@ use crate::kernel::link::link_by_name;
 pub const ROUTE_PROTOCOL: u8 = 153;
 /// The metric of the blackhole routes: below any route into the tunnel.
 pub const BLACKHOLE_METRIC: u32 = 1 << 30;
+/// The table of the routes into the tunnel (`ip route show table 153`).
+pub const TUNNEL_TABLE: u32 = 153;
+/// The priority of the active gateway's rule `lookup 153`: after any
+/// policy of the node's, just before the main table's rule (32766).
+pub const RULE_PRIORITY: u32 = 32765;
+const MAIN_TABLE: u32 = RouteHeader::RT_TABLE_MAIN as u32;
 
 /// A netlink request that failed.
 #[derive(Debug, Error)]
@@ -59,8 +71,8 @@ pub enum RouteError {
     },
 }
 
-/// One of the two routes of a network: into the device, or the blackhole
-/// behind it.
+/// One of the two routes of a network: into the device (in the tunnel's
+/// table), or the blackhole behind it (in main).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Kind {
     Tunnel,
@@ -73,11 +85,15 @@ pub struct Routes {
     dev: String,
     index: u32,
     installed: BTreeSet<(Ipv4Net, Kind)>,
+    /// Whether the rule that sends lookups to the tunnel's table is there.
+    active: bool,
 }
 
 impl Routes {
-    /// Sets `dev`'s MTU and brings it up, and adopts the routes of ours a
-    /// previous agent left: its blackholes, and routes into this device.
+    /// Sets `dev`'s MTU and brings it up, and adopts what of ours a
+    /// previous agent left: its blackholes, its routes into this device,
+    /// and its rule. Its routes into the device in main (agents before the
+    /// tunnel's table) are removed.
     pub async fn up(dev: &str, mtu: u32) -> Result<Self, RouteError> {
         let (connection, handle, _) = new_connection()?;
         tokio::spawn(connection);
@@ -96,24 +112,69 @@ impl Routes {
             .execute()
             .await
             .map_err(request)?;
-        let installed = ours(&handle)
-            .await?
-            .iter()
-            .filter_map(|route| {
-                let kind = match route.header.kind {
-                    RouteType::BlackHole => Kind::Blackhole,
-                    _ if out_of(route) == Some(index) => Kind::Tunnel,
-                    _ => return None,
-                };
-                Some((destination(route)?, kind))
-            })
-            .collect();
+        let mut installed = BTreeSet::new();
+        for route in ours(&handle).await? {
+            let kind = match (route.header.kind, table(&route)) {
+                (RouteType::BlackHole, MAIN_TABLE) => Kind::Blackhole,
+                (_, TUNNEL_TABLE) if out_of(&route) == Some(index) => Kind::Tunnel,
+                (_, MAIN_TABLE) if out_of(&route) == Some(index) => {
+                    let what = format!("deleting route {:?} from main", destination(&route));
+                    handle
+                        .route()
+                        .del(route)
+                        .execute()
+                        .await
+                        .map_err(|source| RouteError::Request { what, source })?;
+                    continue;
+                }
+                _ => continue,
+            };
+            installed.extend(destination(&route).map(|net| (net, kind)));
+        }
+        let active = !our_rules(&handle).await?.is_empty();
         Ok(Self {
             handle,
             dev: dev.into(),
             index,
             installed,
+            active,
         })
+    }
+
+    /// Sends lookups to the tunnel's table (the active gateway), or stops
+    /// (a standby): the routes stay staged either way. Returns whether
+    /// that changed.
+    pub async fn set_active(&mut self, active: bool) -> Result<bool, RouteError> {
+        if self.active == active {
+            return Ok(false);
+        }
+        let rule = self.handle.rule();
+        let done = match active {
+            true => {
+                let mut add = rule.add();
+                *add.message_mut() = rule_message();
+                add.execute().await
+            }
+            false => rule.del(rule_message()).execute().await,
+        };
+        let already = match active {
+            true => -libc::EEXIST,
+            false => -libc::ENOENT,
+        };
+        match done {
+            Ok(()) => {}
+            // Someone (a previous agent) was there first.
+            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == already => {}
+            Err(source) => {
+                let verb = if active { "adding" } else { "deleting" };
+                return Err(RouteError::Request {
+                    what: format!("{verb} rule {RULE_PRIORITY} lookup {TUNNEL_TABLE}"),
+                    source,
+                });
+            }
+        }
+        self.active = active;
+        Ok(true)
     }
 
     /// Gives the device the address `addr`/32 (kept if it has it already),
@@ -180,8 +241,16 @@ impl Routes {
     }
 
     /// Creates the route, never replacing one: a route already there is
-    /// someone else's (ours were adopted at start).
+    /// someone else's (ours were adopted at start). A route into the tunnel
+    /// is also refused where main has someone else's route for the same
+    /// network, which the tunnel's table would otherwise override.
     async fn add(&self, net: Ipv4Net, kind: Kind) -> Result<(), RouteError> {
+        if kind == Kind::Tunnel {
+            let foreign = self.routes_for(net, MAIN_TABLE).await;
+            if !foreign.is_empty() {
+                return Err(not_ours(net, kind, &foreign));
+            }
+        }
         let added = self
             .handle
             .route()
@@ -191,14 +260,8 @@ impl Routes {
         match added {
             Ok(()) => Ok(()),
             Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::EEXIST => {
-                Err(RouteError::NotOurs {
-                    net,
-                    metric: match kind {
-                        Kind::Blackhole => format!(" metric {BLACKHOLE_METRIC}"),
-                        Kind::Tunnel => String::new(),
-                    },
-                    existing: self.describe(net).await,
-                })
+                let there = self.routes_for(net, kind.table()).await;
+                Err(not_ours(net, kind, &there))
             }
             Err(source) => Err(RouteError::Request {
                 what: format!("route {net} dev {}", self.dev),
@@ -207,32 +270,18 @@ impl Routes {
         }
     }
 
-    /// How the kernel's routes for exactly `net` look, for an error message.
-    async fn describe(&self, net: Ipv4Net) -> String {
-        let found: Vec<String> = dump(&self.handle)
-            .await
-            .unwrap_or_default()
-            .iter()
-            .filter(|r| destination(r) == Some(net))
-            .map(|r| {
-                format!(
-                    "{:?} route, proto {}, oif {}",
-                    r.header.kind,
-                    u8::from(r.header.protocol),
-                    out_of(r).map_or("none".into(), |i| i.to_string())
-                )
-            })
-            .collect();
-        match found.is_empty() {
-            true => "the kernel says it exists".into(),
-            false => found.join("; "),
-        }
+    /// The routes of `table` for exactly `net` that are not ours.
+    async fn routes_for(&self, net: Ipv4Net, table_id: u32) -> Vec<RouteMessage> {
+        let mut routes = dump(&self.handle).await.unwrap_or_default();
+        routes.retain(|r| destination(r) == Some(net) && table(r) == table_id && !is_ours(r));
+        routes
     }
 
     fn message(&self, net: Ipv4Net, kind: Kind) -> RouteMessage {
         let route = RouteMessageBuilder::<Ipv4Addr>::new()
             .destination_prefix(net.network(), net.prefix_len())
-            .protocol(RouteProtocol::Other(ROUTE_PROTOCOL));
+            .protocol(RouteProtocol::Other(ROUTE_PROTOCOL))
+            .table_id(kind.table());
         match kind {
             Kind::Tunnel => route.output_interface(self.index).build(),
             Kind::Blackhole => route
@@ -243,20 +292,88 @@ impl Routes {
     }
 }
 
-/// Removes every route of ours, blackholes included. Returns how many.
-pub async fn cleanup() -> Result<usize, RouteError> {
+impl Kind {
+    fn table(self) -> u32 {
+        match self {
+            Kind::Tunnel => TUNNEL_TABLE,
+            Kind::Blackhole => MAIN_TABLE,
+        }
+    }
+}
+
+/// The refusal of a route for `net` because of the routes `there`.
+fn not_ours(net: Ipv4Net, kind: Kind, there: &[RouteMessage]) -> RouteError {
+    let found: Vec<String> = there
+        .iter()
+        .map(|r| {
+            format!(
+                "{:?} route, proto {}, oif {}",
+                r.header.kind,
+                u8::from(r.header.protocol),
+                out_of(r).map_or("none".into(), |i| i.to_string())
+            )
+        })
+        .collect();
+    RouteError::NotOurs {
+        net,
+        metric: match kind {
+            Kind::Blackhole => format!(" metric {BLACKHOLE_METRIC}"),
+            Kind::Tunnel => String::new(),
+        },
+        existing: match found.is_empty() {
+            true => "the kernel says it exists".into(),
+            false => found.join("; "),
+        },
+    }
+}
+
+/// The rule that sends lookups to the tunnel's table.
+fn rule_message() -> RuleMessage {
+    let mut rule = RuleMessage::default();
+    rule.header.family = AddressFamily::Inet;
+    rule.header.table = TUNNEL_TABLE as u8;
+    rule.header.action = RuleAction::ToTable;
+    rule.attributes = vec![
+        RuleAttribute::Priority(RULE_PRIORITY),
+        RuleAttribute::Table(TUNNEL_TABLE),
+        RuleAttribute::Protocol(RouteProtocol::Other(ROUTE_PROTOCOL)),
+    ];
+    rule
+}
+
+/// Removes every route and rule of ours, blackholes included. Returns
+/// what it removed, for the operator.
+pub async fn cleanup() -> Result<Vec<String>, RouteError> {
     let (connection, handle, _) = new_connection()?;
     tokio::spawn(connection);
-    let mut removed = 0;
-    for route in ours(&handle).await? {
-        let what = format!("deleting route {:?}", destination(&route));
+    let mut removed = Vec::new();
+    let routes = ours(&handle).await?;
+    for route in &routes {
+        let what = format!("deleting route {:?}", destination(route));
         handle
             .route()
-            .del(route)
+            .del(route.clone())
             .execute()
             .await
             .map_err(|source| RouteError::Request { what, source })?;
-        removed += 1;
+    }
+    if !routes.is_empty() {
+        removed.push(format!(
+            "{} route(s) of protocol {ROUTE_PROTOCOL}",
+            routes.len()
+        ));
+    }
+    for rule in our_rules(&handle).await? {
+        handle
+            .rule()
+            .del(rule)
+            .execute()
+            .await
+            .map_err(|source| RouteError::Request {
+                what: format!("deleting rule {RULE_PRIORITY} lookup {TUNNEL_TABLE}"),
+                source,
+            })?;
+        removed.push(format!("rule {RULE_PRIORITY} lookup {TUNNEL_TABLE}"));
     }
     Ok(removed)
 }
@@ -282,7 +399,8 @@ pub async fn delete_device(dev: &str) -> Result<bool, RouteError> {
     Ok(true)
 }
 
-/// Every IPv4 route of the main table.
+/// Every IPv4 route, of every table: without strict checking, the
+/// kernel ignores the table of a dump request.
 async fn dump(handle: &Handle) -> Result<Vec<RouteMessage>, RouteError> {
     handle
         .route()
@@ -299,8 +417,47 @@ async fn dump(handle: &Handle) -> Result<Vec<RouteMessage>, RouteError> {
 /// Every route carrying our protocol number.
 async fn ours(handle: &Handle) -> Result<Vec<RouteMessage>, RouteError> {
     let mut routes = dump(handle).await?;
-    routes.retain(|r| r.header.protocol == RouteProtocol::Other(ROUTE_PROTOCOL));
+    routes.retain(is_ours);
     Ok(routes)
+}
+
+fn is_ours(route: &RouteMessage) -> bool {
+    route.header.protocol == RouteProtocol::Other(ROUTE_PROTOCOL)
+}
+
+/// Our rules (one, or none): those sending lookups to the tunnel's table.
+async fn our_rules(handle: &Handle) -> Result<Vec<RuleMessage>, RouteError> {
+    let mut rules: Vec<RuleMessage> = handle
+        .rule()
+        .get(IpVersion::V4)
+        .execute()
+        .try_collect()
+        .await
+        .map_err(|source| RouteError::Request {
+            what: "listing rules".into(),
+            source,
+        })?;
+    rules.retain(|rule| {
+        let table = rule.attributes.iter().find_map(|a| match a {
+            RuleAttribute::Table(id) => Some(*id),
+            _ => None,
+        });
+        table.unwrap_or(u32::from(rule.header.table)) == TUNNEL_TABLE
+    });
+    Ok(rules)
+}
+
+/// The table a route is in: the attribute, which holds ids beyond 255,
+/// or else the header's.
+fn table(route: &RouteMessage) -> u32 {
+    route
+        .attributes
+        .iter()
+        .find_map(|a| match a {
+            RouteAttribute::Table(id) => Some(*id),
+            _ => None,
+        })
+        .unwrap_or(u32::from(route.header.table))
 }
 
 fn destination(route: &RouteMessage) -> Option<Ipv4Net> {

@@ -136,6 +136,11 @@ fn fails_over<T>(kill: impl FnOnce(&str) -> T) {
         .find(|g| *g != active)
         .expect("a standby gateway");
     let b_objects = objects_of_b();
+    assert!(
+        routes_in_use(&active),
+        "the active gateway's routes are used"
+    );
+    assert!(!routes_in_use(standby), "the standby's routes are used");
     let traffic = Traffic::start();
 
     let _killed = kill(&active);
@@ -147,6 +152,10 @@ fn fails_over<T>(kill: impl FnOnce(&str) -> T) {
     )
     .unwrap();
     traffic.flows_again();
+    assert!(
+        routes_in_use(standby),
+        "the new active gateway's routes are used"
+    );
     let sent_after = traffic.tcp.sent();
     xtask::wait::until(
         GIVE_UP,
@@ -157,6 +166,22 @@ fn fails_over<T>(kill: impl FnOnce(&str) -> T) {
     .unwrap();
     traffic.check(&format!("failover {active} → {standby}"), MAX_GAP);
     assert_eq!(objects_of_b(), b_objects, "b's objects changed");
+}
+
+/// Whether `node`'s rule sends lookups to its table of routes into the
+/// tunnel, after checking that the table holds a's views of its peers'
+/// networks: active or standby, a gateway has them staged.
+fn routes_in_use(node: &str) -> bool {
+    let table = ip(node, &["route", "show", "table", "153"]).unwrap();
+    for view in ["10.0.0.0/24", "10.0.1.0/24"] {
+        assert!(
+            table
+                .lines()
+                .any(|l| l.starts_with(view) && l.contains("dev isthmus0")),
+            "{node} has no route for {view} in table 153: {table}"
+        );
+    }
+    ip(node, &["rule", "show"]).unwrap().contains("lookup 153")
 }
 
 #[test]

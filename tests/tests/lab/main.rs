@@ -20,6 +20,7 @@ mod nat_device;
 mod nat_restart;
 mod overlay;
 mod reachability;
+mod routes;
 mod segregation;
 mod tunnel_offload;
 mod tunnel_security;

@@ -183,7 +183,7 @@ fn rejections_name_the_file_object_and_field_and_spare_the_rest() {
             "configmap.yaml: document 1 (not-a-tep): not an object Isthmus reads",
         ),
     ];
-    let routes = || ip(&gw, &["route", "show"]).unwrap();
+    let routes = || ip(&gw, &["route", "show", "table", "all"]).unwrap();
     let routes_before = routes();
     let files: Vec<Scratch> = cases
         .iter()
@@ -235,7 +235,7 @@ fn a_route_that_is_not_ours_is_never_replaced() {
     );
     fs::write(&file.0, with_tunnel).unwrap();
     wait_log(&gw, "route 10.7.0.0/24 exists and is not Isthmus's");
-    let route = |net: &str| ip(&gw, &["route", "show", net]).unwrap();
+    let route = |net: &str| ip(&gw, &["route", "show", "table", "all", net]).unwrap();
     eventually(
         GIVE_UP,
         "x's other network is routed into the tunnel",

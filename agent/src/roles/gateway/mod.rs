@@ -189,10 +189,13 @@ impl Gateway {
         }
     }
 
-    /// Gives the tunnel exactly the accepted peers that can have one, and
-    /// routes their networks into the device. Returns whether every route
-    /// could be written; it logs why not.
-    pub async fn sync(&mut self, peers: &[Peer]) -> bool {
+    /// Routes the networks of the accepted peers that can have a tunnel
+    /// into the device, in the tunnel's table; when `active`, also gives
+    /// the tunnel exactly those peers and sends lookups to that table. A
+    /// standby holds no peer (it sends nothing to them) and keeps its
+    /// routes staged. Returns whether every route could be written; it logs
+    /// why not.
+    pub async fn sync(&mut self, peers: &[Peer], active: bool) -> bool {
         self.resolve(peers).await;
         let (mut configured, mut targets) = (BTreeMap::new(), BTreeMap::new());
         let mut configs = Vec::new();
@@ -236,6 +239,14 @@ impl Gateway {
         self.reported = problems;
         self.unresolved = unresolved;
         self.configured_peers = configured;
+        let desired: BTreeSet<Ipv4Net> = configs
+            .iter()
+            .flat_map(|c| c.networks.iter().copied())
+            .collect();
+        if !active {
+            configs.clear();
+            targets.clear();
+        }
         self.checks
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -247,13 +258,16 @@ impl Gateway {
             info!(object = %object, change = ?change, "tunnel peer");
         }
         self.follow_guard(&self.tunnel.status());
-        let desired: BTreeSet<Ipv4Net> = configs
-            .iter()
-            .flat_map(|c| c.networks.iter().copied())
-            .collect();
-        let (added, removed, failures) = self.routes.sync(&desired).await;
+        let (added, removed, mut failures) = self.routes.sync(&desired).await;
         if added + removed > 0 {
-            info!(added, removed, "routes into the tunnel updated");
+            info!(added, removed, "routes into the tunnel's table updated");
+        }
+        // Routes staged first, so the rule never leads to a half table.
+        match self.routes.set_active(active).await {
+            Ok(true) if active => info!("routes into the tunnel in use"),
+            Ok(true) => info!("routes into the tunnel staged, not in use"),
+            Ok(false) => {}
+            Err(e) => failures.push(e),
         }
         let routed = failures.is_empty();
         for e in failures {
