@@ -15,6 +15,7 @@ mod guard;
 mod isolation;
 mod kube;
 mod overlay;
+mod tunnel;
 
 use anyhow::{Context, Result, bail};
 use aya::maps::{HashMap, MapData};
@@ -38,8 +39,10 @@ pub enum Which {
     /// and the iptables NETMAP rules Liqo installs, with 1 and 200 peers;
     /// and Isthmus segregating a peer with 10,000 allowed endpoints.
     Nat,
-    /// TCP throughput and round-trip time from a-pod1 to b-pod1 through the
-    /// embedded tunnel, and through wireguard-go in its place.
+    /// TCP and UDP throughput, round-trip time and CPU per gigabyte from
+    /// a-pod1 to b-pod1 through the embedded tunnel, and through each other
+    /// userspace WireGuard in its place: wireguard-go (bookworm and
+    /// bookworm-backports), gotatun-cli and boringtun-cli.
     Tunnel,
     /// A handshake flood at the tunnel port: the XDP guard's drop rate,
     /// and the CPU the agent spends with and without it.
@@ -108,7 +111,7 @@ pub fn run_bench(which: Which) -> Result<()> {
             lab::down()?;
             result
         }
-        Which::Tunnel => tunnel(),
+        Which::Tunnel => tunnel::run_tunnel(),
         Which::Guard => guard::run_guard(),
         Which::Overlay => overlay::run_overlay(),
         Which::Control { kube_only } => control::run_control(kube_only),
@@ -117,118 +120,8 @@ pub fn run_bench(which: Which) -> Result<()> {
     }
 }
 
-/// Idle memory budget of a gateway agent with 100 tunnel peers.
-const TUNNEL_RSS_BUDGET_MIB: f64 = 64.0;
+/// How long each iperf3 run lasts, in seconds.
 const IPERF_SECONDS: &str = "8";
-const RTT_SAMPLES: usize = 2000;
-
-/// What one tunnel setup achieved.
-struct TunnelFigures {
-    gbps_1: f64,
-    gbps_4: f64,
-    rtt_p50_us: f64,
-    rtt_p99_us: f64,
-}
-
-fn tunnel() -> Result<()> {
-    let mut figures = Vec::new();
-    let mut rss = 0.0;
-    for mode in [lab::LabTunnel::Userspace, lab::LabTunnel::WireguardGo] {
-        println!("bench: tunnel setup {mode:?}");
-        lab::up(mode)?;
-        let measured = measure_tunnel().and_then(|f| {
-            if mode == lab::LabTunnel::Userspace {
-                rss = tunnel_rss_with_peers(100)?;
-            }
-            Ok(f)
-        });
-        lab::down()?;
-        figures.push(measured?);
-    }
-    let (ours, go) = (&figures[0], &figures[1]);
-    let results = [
-        (
-            "tunnel-tcp-1stream-gbps-vs-wireguard-go",
-            ours.gbps_1,
-            go.gbps_1,
-        ),
-        (
-            "tunnel-tcp-4streams-gbps-vs-wireguard-go",
-            ours.gbps_4,
-            go.gbps_4,
-        ),
-        (
-            "tunnel-rtt-p50-us-vs-wireguard-go",
-            ours.rtt_p50_us,
-            go.rtt_p50_us,
-        ),
-        (
-            "tunnel-rtt-p99-us-vs-wireguard-go",
-            ours.rtt_p99_us,
-            go.rtt_p99_us,
-        ),
-        (
-            "agent-rss-mib-100-tunnel-peers-vs-budget",
-            rss,
-            TUNNEL_RSS_BUDGET_MIB,
-        ),
-    ];
-    let lines = result_lines(&results, 3);
-    let go_version = run("dpkg-query", &["-W", "-f", "${Version}", "wireguard-go"])?;
-    let section = format!(
-        "## Tunnel: a-pod1 to b-pod1 through the gateways
-
-`cargo xtask bench tunnel` runs the lab twice: with the agents' embedded
-WireGuard, and with wireguard-go (Debian, configured with `wg` from the
-same keys) in its place, the agents NATting on its device. Throughput is
-iperf3 TCP over {IPERF_SECONDS} s; round-trip time is {RTT_SAMPLES} UDP
-ping-pongs, one at a time. Both gateways, both pods and the generator
-share the machine's CPUs.
-
-| setup | TCP 1 stream | TCP 4 streams | RTT p50 | RTT p99 |
-|---|---|---|---|---|
-| embedded tunnel | {:.2} Gbit/s | {:.2} Gbit/s | {:.0} µs | {:.0} µs |
-| wireguard-go | {:.2} Gbit/s | {:.2} Gbit/s | {:.0} µs | {:.0} µs |
-
-Gateway agent resident memory with 100 tunnel peers: {rss:.1} MiB.
-
-Most of the lead is offloads: the embedded tunnel reads TSO super-packets
-from its TUN device and writes GRO-coalesced ones, and sends and receives
-UDP GSO/GRO trains, so one system call and one stack traversal carry dozens
-of packets (`agent/src/tunnel/offload.rs`, `batch.rs`). The wireguard-go
-measured here is Debian's {go_version}, which predates wireguard-go's own
-TUN and UDP offloads (2023); a current build would narrow the gap.
-
-```
-{lines}```
-",
-        ours.gbps_1,
-        ours.gbps_4,
-        ours.rtt_p50_us,
-        ours.rtt_p99_us,
-        go.gbps_1,
-        go.gbps_4,
-        go.rtt_p50_us,
-        go.rtt_p99_us
-    );
-    write_section("tunnel", &section)
-}
-
-fn measure_tunnel() -> Result<TunnelFigures> {
-    let row = &xtask::topology::reachability()[0];
-    let gbps_1 = iperf(&row.from, &row.answered_by, row.target, 1)?;
-    let gbps_4 = iperf(&row.from, &row.answered_by, row.target, 4)?;
-    let (rtt_p50_us, rtt_p99_us) = rtt(&row.from, &row.answered_by, row.target)?;
-    println!(
-        "bench:   {gbps_1:.2} / {gbps_4:.2} Gbit/s, RTT p50 {rtt_p50_us:.0} µs p99 {rtt_p99_us:.0} µs"
-    );
-    Ok(TunnelFigures {
-        gbps_1,
-        gbps_4,
-        rtt_p50_us,
-        rtt_p99_us,
-    })
-}
 
 /// Whether a TCP socket listens on `port` in netns `ns` (IPv4 or dual-stack).
 fn listening(ns: &str, port: u16) -> Result<bool> {
@@ -245,6 +138,21 @@ fn listening(ns: &str, port: u16) -> Result<bool> {
 
 /// iperf3 TCP throughput from `client` to `target` (served in `server`), in Gbit/s.
 fn iperf(client: &str, server: &str, target: std::net::Ipv4Addr, streams: u8) -> Result<f64> {
+    let report = iperf3(client, server, target, &["-P", &streams.to_string()])?;
+    let bps = report["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .context("no sum_received in iperf3's report")?;
+    Ok(bps / 1e9)
+}
+
+/// The JSON report of an iperf3 run of [`IPERF_SECONDS`] from `client` to
+/// `target` (served in `server`), with `args` for the client.
+fn iperf3(
+    client: &str,
+    server: &str,
+    target: std::net::Ipv4Addr,
+    args: &[&str],
+) -> Result<serde_json::Value> {
     let port = xtask::probe::next_port().to_string();
     let mut daemon = Command::new("timeout")
         .args([
@@ -266,89 +174,26 @@ fn iperf(client: &str, server: &str, target: std::net::Ipv4Addr, streams: u8) ->
         let _ = daemon.kill();
     }
     waited?;
-    let out = run(
-        "timeout",
-        &[
-            "60",
-            "ip",
-            "netns",
-            "exec",
-            client,
-            "iperf3",
-            "-c",
-            &target.to_string(),
-            "-p",
-            &port,
-            "-t",
-            IPERF_SECONDS,
-            "-P",
-            &streams.to_string(),
-            "-J",
-        ],
-    );
+    let target = target.to_string();
+    let mut full = vec![
+        "60",
+        "ip",
+        "netns",
+        "exec",
+        client,
+        "iperf3",
+        "-c",
+        &target,
+        "-p",
+        &port,
+        "-t",
+        IPERF_SECONDS,
+        "-J",
+    ];
+    full.extend_from_slice(args);
+    let out = run("timeout", &full);
     let _ = daemon.wait();
-    let report: serde_json::Value = serde_json::from_str(&out?)?;
-    let bps = report["end"]["sum_received"]["bits_per_second"]
-        .as_f64()
-        .context("no sum_received in iperf3's report")?;
-    Ok(bps / 1e9)
-}
-
-/// Round-trip time percentiles (p50, p99) of UDP ping-pongs, in microseconds.
-fn rtt(client: &str, server: &str, target: std::net::Ipv4Addr) -> Result<(f64, f64)> {
-    let port = xtask::probe::next_port();
-    let echo = netns::run_in(server, || {
-        std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, port))
-    })??;
-    let socket = netns::run_in(client, || {
-        std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, 0))
-    })??;
-    echo.set_read_timeout(Some(Duration::from_secs(1)))?;
-    socket.set_read_timeout(Some(Duration::from_secs(1)))?;
-    let echoer = std::thread::spawn(move || {
-        let mut buf = [0u8; 64];
-        while let Ok((n, from)) = echo.recv_from(&mut buf) {
-            let _ = echo.send_to(&buf[..n], from);
-        }
-    });
-    let mut samples = Vec::with_capacity(RTT_SAMPLES);
-    let mut buf = [0u8; 64];
-    for i in 0..RTT_SAMPLES as u32 {
-        let sent = Instant::now();
-        socket.send_to(&i.to_be_bytes(), (target, port))?;
-        loop {
-            let (n, _) = socket
-                .recv_from(&mut buf)
-                .context("an echo never came back")?;
-            if n == 4 && buf[..4] == i.to_be_bytes() {
-                break;
-            }
-        }
-        samples.push(sent.elapsed().as_secs_f64() * 1e6);
-    }
-    echoer
-        .join()
-        .map_err(|_| anyhow::anyhow!("echo thread panicked"))?;
-    samples.sort_by(f64::total_cmp);
-    Ok((
-        samples[samples.len() / 2],
-        samples[samples.len() * 99 / 100],
-    ))
-}
-
-/// Resident memory of a-gw's agent once it runs `count` tunnel peers.
-fn tunnel_rss_with_peers(count: usize) -> Result<f64> {
-    let dir = lab::object_dir(&A.gw());
-    for (i, yaml) in synthetic_peers(&A, count).iter().enumerate() {
-        fs::write(dir.join(format!("bench-{i}.yaml")), yaml)?;
-    }
-    wait::try_poll(
-        Duration::from_secs(30),
-        Duration::from_millis(20),
-        &format!("a-gw programs {count} peers"),
-        || Ok((peers_programmed(&A.gw())? == count as f64).then_some(())),
-    )?;
-    agent_rss_mib(&A.gw())
+    Ok(serde_json::from_str(&out?)?)
 }
 
 /// Replaces (or adds) the section `name` of docs/benchmarks.md, so each
@@ -1039,9 +884,10 @@ fn maps_to(
 
 /// Prints one `RESULT name=… isthmus=… peer=… ratio=…` line per comparison,
 /// with `decimals` places, and returns them for the report.
-fn result_lines(results: &[(&str, f64, f64)], decimals: usize) -> String {
+fn result_lines<N: AsRef<str>>(results: &[(N, f64, f64)], decimals: usize) -> String {
     let mut lines = String::new();
     for (name, ours, peer) in results {
+        let name = name.as_ref();
         let ratio = ours / peer;
         // Three decimals would print a thousandfold speed-up as 0.000.
         let ratio = if ratio.abs() < 0.01 {

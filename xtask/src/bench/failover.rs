@@ -13,8 +13,11 @@ use anyhow::{Context, Result};
 
 use super::{result_lines, write_section};
 use xtask::{
-    cmd::run,
-    lab::{self, LabTunnel, ha},
+    lab::{
+        self, LabTunnel,
+        external_tunnel::{self, Implementation},
+        ha,
+    },
     stream::UdpStream,
     topology::{A, B, reachability},
 };
@@ -41,11 +44,11 @@ pub fn run_failover() -> Result<()> {
     })?;
     let wireguard_go = on_lab(LabTunnel::WireguardGo, || {
         gaps("wireguard-go restart, cold", || {
-            lab::stop_wireguard_go_on(&A)?;
-            lab::start_wireguard_go_on(&A)
+            external_tunnel::stop_on(&A)?;
+            external_tunnel::start_on(Implementation::WireguardGoBookworm, &A).map(drop)
         })
     })?;
-    let go_version = run("dpkg-query", &["-W", "-f", "${Version}", "wireguard-go"])?;
+    let go_version = Implementation::WireguardGoBookworm.version()?;
     let lines = result_lines(
         &[
             (
@@ -69,7 +72,7 @@ median of {EVENTS} events each:
   and a's endpoint address. Against the lease duration.
 - restart: a-gw's agent restarted in place (SIGTERM, then start), no
   failover. Against the issue's budget of {RESTART_BUDGET_MS} ms, and
-  against Liqo's way, wireguard-go {go_version} (Debian) on a-gw
+  against Liqo's way, {go_version} on a-gw
   restarted and handshaking from cold, in the same run on the same path.
 
 ```

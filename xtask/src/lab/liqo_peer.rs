@@ -53,8 +53,11 @@ pub fn choose(cluster: &Cluster) -> Result<()> {
 /// Sets up `cluster`'s gateway and worker as Liqo v0.10 would.
 pub fn start(cluster: &'static Cluster) -> Result<()> {
     let gw = cluster.gw();
-    lab::start_wireguard_go_on(cluster)?;
-    let dev = lab::wg_dev(&gw);
+    lab::external_tunnel::start_on(
+        lab::external_tunnel::Implementation::WireguardGoBookworm,
+        cluster,
+    )?;
+    let dev = lab::external_tunnel::dev(&gw);
     ip(
         &gw,
         &["addr", "add", &format!("{CONNCHECK_ADDR}/32"), "dev", &dev],

@@ -6,6 +6,7 @@
 //! of it, by name, whatever state a crash left. No lab address or route is
 //! ever added to the root namespace, and no lab namespace is linked to it.
 
+pub mod external_tunnel;
 pub mod ha;
 pub mod liqo_peer;
 pub mod monitor;
@@ -22,6 +23,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
+use nix::sys::signal::Signal;
 
 use crate::{
     cmd::{ip, run, sysctl},
@@ -115,28 +117,55 @@ pub enum LabTunnel {
     Userspace,
     /// None: gateways route peers' networks over `wan0` in clear, and NAT there.
     None,
-    /// wireguard-go configured with `wg` carries the traffic; the agents only
-    /// NAT, on its device. The peer the tunnel benchmark compares with.
+    /// Debian bookworm's wireguard-go, configured with `wg`, carries the
+    /// traffic; the agents only NAT, on its device. Liqo v0.10's way.
     WireguardGo,
+    /// wireguard-go from bookworm-backports in its place.
+    WireguardGoCurrent,
+    /// gotatun-cli in its place.
+    Gotatun,
+    /// boringtun-cli in its place.
+    BoringtunCli,
 }
 
 impl LabTunnel {
-    fn as_str(self) -> &'static str {
+    /// The other WireGuard that carries the traffic, if one does.
+    pub fn external(self) -> Option<external_tunnel::Implementation> {
+        use external_tunnel::Implementation as I;
         match self {
-            LabTunnel::Userspace => "userspace",
-            LabTunnel::None => "none",
-            LabTunnel::WireguardGo => "wireguard-go",
+            LabTunnel::Userspace | LabTunnel::None => None,
+            LabTunnel::WireguardGo => Some(I::WireguardGoBookworm),
+            LabTunnel::WireguardGoCurrent => Some(I::WireguardGoCurrent),
+            LabTunnel::Gotatun => Some(I::Gotatun),
+            LabTunnel::BoringtunCli => Some(I::BoringtunCli),
         }
+    }
+
+    /// The lab setup in which `imp` carries the traffic.
+    pub fn running(imp: external_tunnel::Implementation) -> Self {
+        use clap::ValueEnum;
+        *Self::value_variants()
+            .iter()
+            .find(|t| t.external() == Some(imp))
+            .expect("every implementation has a lab setup")
+    }
+
+    fn as_str(self) -> String {
+        use clap::ValueEnum;
+        self.to_possible_value()
+            .expect("no variant is skipped")
+            .get_name()
+            .to_owned()
     }
 }
 
 /// The tunnel mode the lab was brought up with.
 pub fn tunnel_mode() -> LabTunnel {
-    match fs::read_to_string(state("tunnel")).as_deref() {
-        Ok("none") => LabTunnel::None,
-        Ok("wireguard-go") => LabTunnel::WireguardGo,
-        _ => LabTunnel::Userspace,
-    }
+    use clap::ValueEnum;
+    fs::read_to_string(state("tunnel"))
+        .ok()
+        .and_then(|s| LabTunnel::from_str(&s, false).ok())
+        .unwrap_or(LabTunnel::Userspace)
 }
 
 /// The WireGuard key file of gateway `node`.
@@ -188,8 +217,10 @@ fn build(tunnel: LabTunnel, liqo: Option<&'static Cluster>) -> Result<()> {
     }
     route_peers(tunnel)?;
     write_objects(tunnel)?;
-    if tunnel == LabTunnel::WireguardGo {
-        start_wireguard_go()?;
+    if let Some(imp) = tunnel.external() {
+        for cluster in CLUSTERS {
+            external_tunnel::start_on(imp, cluster)?;
+        }
     }
     if let Some(liqo) = liqo {
         println!(
@@ -417,86 +448,6 @@ fn route_peers(tunnel: LabTunnel) -> Result<()> {
     Ok(())
 }
 
-/// wireguard-go's device on gateway `node`; its control socket lives in a
-/// machine-wide directory, so the name is the lab's own.
-pub fn wg_dev(node: &str) -> String {
-    format!("istwg-{}", node.trim_end_matches("-gw"))
-}
-
-fn wg_socket(dev: &str) -> PathBuf {
-    Path::new("/var/run/wireguard").join(format!("{dev}.sock"))
-}
-
-/// Runs wireguard-go on every gateway, configured with `wg` from the lab's
-/// keys and peerings, and routes peers' networks into it.
-fn start_wireguard_go() -> Result<()> {
-    CLUSTERS.iter().try_for_each(|c| start_wireguard_go_on(c))
-}
-
-/// Runs wireguard-go on `cluster`'s gateway, configured with `wg` from the
-/// lab's keys and the cluster's peerings, and routes its peers' networks
-/// into it.
-pub fn start_wireguard_go_on(cluster: &Cluster) -> Result<()> {
-    fs::create_dir_all(state("wg-pids"))?;
-    let (gw, dev) = (cluster.gw(), wg_dev(&cluster.gw()));
-    let _ = fs::remove_file(wg_socket(&dev));
-    let child = Command::new("ip")
-        .args(["netns", "exec", &gw, "wireguard-go", &dev])
-        .env("WG_PROCESS_FOREGROUND", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting wireguard-go")?;
-    fs::write(state("wg-pids").join(&gw), child.id().to_string())?;
-    crate::wait::until(
-        READY_TIMEOUT,
-        Duration::from_millis(10),
-        &format!("wireguard-go on {gw} opens its control socket"),
-        || std::os::unix::net::UnixStream::connect(wg_socket(&dev)).is_ok(),
-    )?;
-    let mut script = format!(
-        "wg set {dev} private-key {key} listen-port {port}",
-        key = key_file(&gw).display(),
-        port = crate::topology::TUNNEL_PORT,
-    );
-    let mut views = Vec::new();
-    for p in PEERINGS.iter().filter(|p| p.local.name == cluster.name) {
-        let allowed: Vec<String> = p.remote_views().iter().map(|n| n.to_string()).collect();
-        script.push_str(&format!(
-            " peer {peer} endpoint {endpoint}:{port} allowed-ips {allowed} persistent-keepalive 10",
-            peer = public_key(&p.remote.gw())?,
-            endpoint = p.remote.wan_addr(),
-            port = crate::topology::TUNNEL_PORT,
-            allowed = allowed.join(","),
-        ));
-        views.extend(allowed);
-    }
-    run("ip", &["netns", "exec", &gw, "sh", "-c", &script])?;
-    ip(&gw, &["link", "set", &dev, "mtu", "1420", "up"])?;
-    for view in &views {
-        ip(&gw, &["route", "add", view, "dev", &dev])?;
-    }
-    Ok(())
-}
-
-/// Stops the wireguard-go of `cluster`'s gateway, which takes its device
-/// and routes with it.
-pub fn stop_wireguard_go_on(cluster: &Cluster) -> Result<()> {
-    let dev = wg_dev(&cluster.gw());
-    for pid in running_with(&["wireguard-go", &dev]) {
-        stop_pid(pid)?;
-    }
-    let _ = fs::remove_file(wg_socket(&dev));
-    Ok(())
-}
-
-/// wireguard-go processes the lab started: recorded, or found by their
-/// command line naming a lab device. Only these are ever signalled.
-fn lab_wireguard_go() -> Vec<u32> {
-    running_with(&["wireguard-go", "istwg-"])
-}
-
 /// The public key of gateway `node`, creating its key file if needed.
 pub fn public_key(node: &str) -> Result<String> {
     let key = key_file(node).to_string_lossy().into_owned();
@@ -534,8 +485,8 @@ fn write_objects(tunnel: LabTunnel) -> Result<()> {
     write_hosts()?;
     for p in &PEERINGS {
         let key = match tunnel {
-            LabTunnel::Userspace | LabTunnel::WireguardGo => Some(public_key(&p.remote.gw())?),
             LabTunnel::None => None,
+            _ => Some(public_key(&p.remote.gw())?),
         };
         let yaml = p.tunnel_endpoint_yaml(key.as_deref());
         for (node, _) in p.local.nodes() {
@@ -660,9 +611,9 @@ pub fn agent_args(node: &str) -> Result<Vec<String>> {
             }
         }
         LabTunnel::None => args.extend(["--tunnel=none".into(), "--nat-dev=wan0".into()]),
-        LabTunnel::WireguardGo => args.extend([
+        _ => args.extend([
             "--tunnel=none".into(),
-            format!("--nat-dev={}", wg_dev(node)),
+            format!("--nat-dev={}", external_tunnel::dev(node)),
         ]),
     }
     Ok(args)
@@ -763,24 +714,43 @@ pub fn restart_agent(node: &str) -> Result<()> {
     wait_ready(node)
 }
 
-/// Stops an agent this process started, by PID, and waits for it to exit.
+/// Stops an agent this process started, by PID, and waits for it to exit;
+/// fails if it had to be killed.
 pub fn stop_pid(pid: u32) -> Result<()> {
+    if signal_and_wait(pid, Signal::SIGTERM, STOP_TIMEOUT) {
+        return Ok(());
+    }
+    signal_and_wait(pid, Signal::SIGKILL, STOP_TIMEOUT);
+    bail!("agent {pid} did not exit within {STOP_TIMEOUT:?} of SIGTERM: killed it")
+}
+
+/// Ends a process this process started, by PID, for sure: SIGTERM, and
+/// SIGKILL once `grace` has passed.
+pub fn end_pid(pid: u32, grace: Duration) -> Result<()> {
+    if signal_and_wait(pid, Signal::SIGTERM, grace)
+        || signal_and_wait(pid, Signal::SIGKILL, STOP_TIMEOUT)
+    {
+        return Ok(());
+    }
+    bail!("process {pid} is still there after SIGKILL")
+}
+
+/// Sends `signal` to `pid` and waits up to `timeout` for it to exit;
+/// whether it did.
+fn signal_and_wait(pid: u32, signal: Signal, timeout: Duration) -> bool {
     let target = nix::unistd::Pid::from_raw(pid as i32);
-    let _ = nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGTERM);
-    let exited = crate::wait::until(
-        STOP_TIMEOUT,
+    let _ = nix::sys::signal::kill(target, signal);
+    crate::wait::until(
+        timeout,
         Duration::from_millis(10),
-        &format!("agent {pid} exits on SIGTERM"),
+        &format!("process {pid} exits on {signal}"),
         || {
             // Reap it if it is our child; harmless otherwise.
             let _ = nix::sys::wait::waitpid(target, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
             !alive(pid)
         },
-    );
-    if exited.is_err() {
-        let _ = nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGKILL);
-    }
-    exited.map(drop).context("killed it")
+    )
+    .is_ok()
 }
 
 /// Whether `pid` runs and is not a zombie.
@@ -947,16 +917,11 @@ pub fn down() -> Result<()> {
     }
     liqo_peer::stop()?;
     ha::stop_control()?;
-    for pid in lab_wireguard_go() {
-        stop_pid(pid)?;
-    }
+    external_tunnel::stop_all()?;
     for gw in CLUSTERS.iter().map(|c| c.gw()).chain([GW2.to_owned()]) {
         let _ = fs::remove_dir_all(hosts_file(&gw).parent().expect("a directory"));
     }
     monitor::down()?;
-    for gw in ["a-gw", "b-gw", "c-gw"] {
-        let _ = fs::remove_file(wg_socket(&wg_dev(gw)));
-    }
     // Deleting a netns deletes its devices, and with them every TCX link
     // and clsact filter on them.
     for name in all_namespaces() {

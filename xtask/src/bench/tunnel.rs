@@ -1,0 +1,313 @@
+//! `cargo xtask bench tunnel`: a-pod1 → b-pod1 through the gateways, with
+//! the agents' embedded WireGuard and with each other userspace WireGuard
+//! in its place ([`Implementation::ALL`]), one after the other on the same
+//! lab, with the same pods, MTU and iperf3 settings.
+
+use std::{
+    fs,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use xtask::{
+    lab::{self, LabTunnel, external_tunnel::Implementation},
+    netns,
+    topology::{A, B, Cluster},
+    wait,
+};
+
+use super::{
+    IPERF_SECONDS, agent_rss_mib, iperf, iperf3, peers_programmed, result_lines, synthetic_peers,
+    write_section,
+};
+
+/// Idle memory budget of a gateway agent with 100 tunnel peers.
+const TUNNEL_RSS_BUDGET_MIB: f64 = 64.0;
+const RTT_SAMPLES: usize = 2000;
+/// The UDP test's packets: 1,400 bytes on the pods' wire, which the
+/// tunnels' MTU of 1,420 carries whole.
+const UDP_PAYLOAD: &str = "1372";
+
+/// What one tunnel setup achieved.
+struct TunnelFigures {
+    gbps_1: f64,
+    gbps_4: f64,
+    udp_kpps: f64,
+    udp_loss_percent: f64,
+    rtt_p50_us: f64,
+    rtt_p99_us: f64,
+    /// CPU seconds the tunnel's process on a-gw and on b-gw spent per
+    /// gigabyte of the TCP runs.
+    cpu_s_per_gb: [f64; 2],
+}
+
+impl TunnelFigures {
+    /// Both gateways' CPU per gigabyte: the cost of carrying it end to end.
+    fn cpu_total(&self) -> f64 {
+        self.cpu_s_per_gb.iter().sum()
+    }
+}
+
+/// Runs the benchmark and records it.
+pub fn run_tunnel() -> Result<()> {
+    // Installing the peers takes minutes the first time: not in a lab.
+    for imp in Implementation::ALL {
+        imp.install()?;
+    }
+    println!("bench: tunnel setup: embedded");
+    let mut rss = 0.0;
+    let ours = on_lab(
+        LabTunnel::Userspace,
+        |c| lab::agent_pid(&c.gw()),
+        || {
+            rss = tunnel_rss_with_peers(100)?;
+            Ok(())
+        },
+    )?;
+    let mut peers = Vec::new();
+    for imp in Implementation::ALL {
+        println!("bench: tunnel setup: {}", imp.version()?);
+        let figures = on_lab(
+            LabTunnel::running(imp),
+            lab::external_tunnel::pid_on,
+            || Ok(()),
+        )?;
+        peers.push((imp, figures));
+    }
+    report(&ours, &peers, rss)
+}
+
+/// Brings the lab up with `tunnel`, measures it (the tunnel's process on a
+/// gateway is `pid_on`), runs `then`, and takes the lab down whatever
+/// happened.
+fn on_lab(
+    tunnel: LabTunnel,
+    pid_on: impl Fn(&Cluster) -> Option<u32>,
+    then: impl FnOnce() -> Result<()>,
+) -> Result<TunnelFigures> {
+    lab::up(tunnel)?;
+    let measured = measure(pid_on).and_then(|f| then().map(|()| f));
+    lab::down()?;
+    measured
+}
+
+fn measure(pid_on: impl Fn(&Cluster) -> Option<u32>) -> Result<TunnelFigures> {
+    let row = &xtask::topology::reachability()[0];
+    let (client, server, target) = (&row.from, &row.answered_by, row.target);
+    let pid = |c: &Cluster| pid_on(c).with_context(|| format!("no tunnel runs on {}", c.gw()));
+    let pids = [pid(&A)?, pid(&B)?];
+    let cpu = || -> Result<[f64; 2]> { Ok([cpu_seconds(pids[0])?, cpu_seconds(pids[1])?]) };
+    let before = cpu()?;
+    let gbps_1 = iperf(client, server, target, 1)?;
+    let gbps_4 = iperf(client, server, target, 4)?;
+    let after = cpu()?;
+    let gigabytes = (gbps_1 + gbps_4) * IPERF_SECONDS.parse::<f64>()? / 8.0;
+    let cpu_s_per_gb = [0, 1].map(|i| (after[i] - before[i]) / gigabytes);
+    let (udp_kpps, udp_loss_percent) = udp(client, server, target)?;
+    let (rtt_p50_us, rtt_p99_us) = rtt(client, server, target)?;
+    println!(
+        "bench:   TCP {gbps_1:.2} / {gbps_4:.2} Gbit/s, UDP {udp_kpps:.0} kpps ({udp_loss_percent:.1}% lost), \
+         RTT p50 {rtt_p50_us:.0} µs p99 {rtt_p99_us:.0} µs, CPU {:.2} + {:.2} s/GB",
+        cpu_s_per_gb[0], cpu_s_per_gb[1]
+    );
+    Ok(TunnelFigures {
+        gbps_1,
+        gbps_4,
+        udp_kpps,
+        udp_loss_percent,
+        rtt_p50_us,
+        rtt_p99_us,
+        cpu_s_per_gb,
+    })
+}
+
+/// UDP of 1,400-byte packets from `client` to `target` as fast as iperf3
+/// sends: packets per second received, in thousands, and the share lost.
+fn udp(client: &str, server: &str, target: std::net::Ipv4Addr) -> Result<(f64, f64)> {
+    let report = iperf3(
+        client,
+        server,
+        target,
+        &["-u", "-b", "0", "-l", UDP_PAYLOAD],
+    )?;
+    let sum = &report["end"]["sum"];
+    let field = |name: &str| {
+        sum[name]
+            .as_f64()
+            .with_context(|| format!("no end.sum.{name} in iperf3's UDP report"))
+    };
+    let received = field("packets")? - field("lost_packets")?;
+    Ok((received / field("seconds")? / 1e3, field("lost_percent")?))
+}
+
+/// CPU seconds (user and system, every thread) process `pid` has used.
+fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The fields after the command name, which may hold spaces: state is
+    // the first, utime and stime the 12th and 13th.
+    let fields: Vec<&str> = stat
+        .rsplit_once(") ")
+        .context("an unreadable /proc/PID/stat")?
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: f64 = fields[11].parse::<f64>()? + fields[12].parse::<f64>()?;
+    let per_second =
+        nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)?.context("no clock tick rate")?;
+    Ok(ticks / per_second as f64)
+}
+/// Round-trip time percentiles (p50, p99) of UDP ping-pongs, in microseconds.
+fn rtt(client: &str, server: &str, target: std::net::Ipv4Addr) -> Result<(f64, f64)> {
+    let port = xtask::probe::next_port();
+    let echo = netns::run_in(server, || {
+        std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, port))
+    })??;
+    let socket = netns::run_in(client, || {
+        std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, 0))
+    })??;
+    echo.set_read_timeout(Some(Duration::from_secs(1)))?;
+    socket.set_read_timeout(Some(Duration::from_secs(1)))?;
+    let echoer = std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        while let Ok((n, from)) = echo.recv_from(&mut buf) {
+            let _ = echo.send_to(&buf[..n], from);
+        }
+    });
+    let mut samples = Vec::with_capacity(RTT_SAMPLES);
+    let mut buf = [0u8; 64];
+    for i in 0..RTT_SAMPLES as u32 {
+        let sent = Instant::now();
+        socket.send_to(&i.to_be_bytes(), (target, port))?;
+        loop {
+            let (n, _) = socket
+                .recv_from(&mut buf)
+                .context("an echo never came back")?;
+            if n == 4 && buf[..4] == i.to_be_bytes() {
+                break;
+            }
+        }
+        samples.push(sent.elapsed().as_secs_f64() * 1e6);
+    }
+    echoer
+        .join()
+        .map_err(|_| anyhow::anyhow!("echo thread panicked"))?;
+    samples.sort_by(f64::total_cmp);
+    Ok((
+        samples[samples.len() / 2],
+        samples[samples.len() * 99 / 100],
+    ))
+}
+
+/// Resident memory of a-gw's agent once it runs `count` tunnel peers.
+fn tunnel_rss_with_peers(count: usize) -> Result<f64> {
+    let dir = lab::object_dir(&A.gw());
+    for (i, yaml) in synthetic_peers(&A, count).iter().enumerate() {
+        fs::write(dir.join(format!("bench-{i}.yaml")), yaml)?;
+    }
+    wait::try_poll(
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        &format!("a-gw programs {count} peers"),
+        || Ok((peers_programmed(&A.gw())? == count as f64).then_some(())),
+    )?;
+    agent_rss_mib(&A.gw())
+}
+
+/// One figure of a setup.
+type Metric = fn(&TunnelFigures) -> f64;
+
+/// The best `metric` among the other implementations: the highest, or the
+/// lowest where `lower_is_better`.
+fn best(peers: &[(Implementation, TunnelFigures)], metric: Metric, lower_is_better: bool) -> f64 {
+    let values = peers.iter().map(|(_, f)| metric(f));
+    let pick = if lower_is_better { f64::min } else { f64::max };
+    values.reduce(pick).unwrap_or(f64::NAN)
+}
+
+/// Prints the `RESULT` lines and writes the section of docs/benchmarks.md.
+fn report(ours: &TunnelFigures, peers: &[(Implementation, TunnelFigures)], rss: f64) -> Result<()> {
+    let mut results: Vec<(String, f64, f64)> = Vec::new();
+    for (imp, theirs) in peers {
+        let name = imp.name();
+        results.push((
+            format!("tunnel-tcp-1stream-gbps-vs-{name}"),
+            ours.gbps_1,
+            theirs.gbps_1,
+        ));
+        results.push((
+            format!("tunnel-tcp-4streams-gbps-vs-{name}"),
+            ours.gbps_4,
+            theirs.gbps_4,
+        ));
+    }
+    let metrics: [(&str, Metric, bool); 6] = [
+        ("tunnel-tcp-1stream-gbps", |f| f.gbps_1, false),
+        ("tunnel-tcp-4streams-gbps", |f| f.gbps_4, false),
+        ("tunnel-udp-1400b-kpps", |f| f.udp_kpps, false),
+        ("tunnel-rtt-p50-us", |f| f.rtt_p50_us, true),
+        ("tunnel-rtt-p99-us", |f| f.rtt_p99_us, true),
+        ("tunnel-cpu-s-per-gb", TunnelFigures::cpu_total, true),
+    ];
+    for (name, metric, lower_is_better) in metrics {
+        results.push((
+            format!("{name}-vs-best"),
+            metric(ours),
+            best(peers, metric, lower_is_better),
+        ));
+    }
+    results.push((
+        "agent-rss-mib-100-tunnel-peers-vs-budget".into(),
+        rss,
+        TUNNEL_RSS_BUDGET_MIB,
+    ));
+    let lines = result_lines(&results, 3);
+    let mut table = String::from(
+        "| setup | TCP 1 stream | TCP 4 streams | UDP 1,400 B | UDP lost | RTT p50 | RTT p99 | CPU a-gw | CPU b-gw |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
+    );
+    let rows = std::iter::once(("embedded tunnel".to_owned(), ours)).chain(
+        peers
+            .iter()
+            .map(|(imp, f)| (imp.version().unwrap_or_default(), f)),
+    );
+    for (setup, f) in rows {
+        table.push_str(&format!(
+            "| {setup} | {:.2} Gbit/s | {:.2} Gbit/s | {:.0} kpps | {:.1} % | {:.0} µs | {:.0} µs | {:.2} s/GB | {:.2} s/GB |\n",
+            f.gbps_1,
+            f.gbps_4,
+            f.udp_kpps,
+            f.udp_loss_percent,
+            f.rtt_p50_us,
+            f.rtt_p99_us,
+            f.cpu_s_per_gb[0],
+            f.cpu_s_per_gb[1],
+        ));
+    }
+    let section = format!(
+        "## Tunnel: a-pod1 to b-pod1 through the gateways
+
+`cargo xtask bench tunnel` runs the lab once with the agents' embedded
+WireGuard and once with each other userspace WireGuard in its place
+(configured with `wg` from the same keys, the agents NATting on its
+device), with the same pods, MTU (1,420) and iperf3 settings:
+TCP over {IPERF_SECONDS} s with 1 and 4 streams; UDP of 1,400-byte
+packets as fast as iperf3 sends them (packets per second received, and
+the share lost); round-trip time of {RTT_SAMPLES} UDP ping-pongs, one
+at a time; and the CPU time of the tunnel's process on each gateway
+(`/proc/PID/stat`, every thread, user and system) per gigabyte of the
+two TCP runs. Both gateways, both pods and the generator share the
+machine's 2 CPUs, so throughput is bounded by CPU, and CPU per gigabyte
+says what each byte costs.
+
+{table}
+Gateway agent resident memory with 100 tunnel peers: {rss:.1} MiB.
+
+The issue's targets, against the best of the others: TCP at least 1.5×,
+CPU per gigabyte at most 0.7×, RTT p50 no worse.
+
+```
+{lines}```
+"
+    );
+    write_section("tunnel", &section)
+}
