@@ -120,6 +120,15 @@ pub fn run_bench(which: Which) -> Result<()> {
     }
 }
 
+/// Brings the lab up with `tunnel`, runs `measure`, and takes it down
+/// whatever `measure` gave.
+fn on_lab<T>(tunnel: lab::LabTunnel, measure: impl FnOnce() -> Result<T>) -> Result<T> {
+    lab::up(tunnel)?;
+    let result = measure();
+    lab::down()?;
+    result
+}
+
 /// How long each iperf3 run lasts, in seconds.
 const IPERF_SECONDS: &str = "8";
 

@@ -411,9 +411,13 @@ impl Counters {
 
     /// Every slot, summed over CPUs, in slot order.
     pub fn read(&self) -> Result<Vec<u64>, MapError> {
-        (0..self.slots)
-            .map(|slot| Ok(self.map.get(&slot, 0)?.iter().sum()))
-            .collect()
+        (0..self.slots).map(|slot| self.slot(slot)).collect()
+    }
+
+    /// One slot, summed over CPUs: one system call, where [`Counters::read`]
+    /// makes one per slot.
+    pub fn slot(&self, slot: u32) -> Result<u64, MapError> {
+        Ok(self.map.get(&slot, 0)?.iter().sum())
     }
 }
 

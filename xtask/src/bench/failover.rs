@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use super::{result_lines, write_section};
+use super::{on_lab, result_lines, write_section};
 use xtask::{
     lab::{
         self, LabTunnel,
@@ -89,15 +89,6 @@ so the gap is the new process's start and one handshake.
 "
     );
     write_section("failover", &body)
-}
-
-/// Brings the lab up with `tunnel`, runs `measure`, and takes it down
-/// whatever `measure` gave.
-fn on_lab<T>(tunnel: LabTunnel, measure: impl FnOnce() -> Result<T>) -> Result<T> {
-    lab::up(tunnel)?;
-    let result = measure();
-    lab::down()?;
-    result
 }
 
 /// The median gap of [`EVENTS`] events `event`, each during its own stream.

@@ -173,6 +173,25 @@ pub fn key_file(node: &str) -> PathBuf {
     state("keys").join(format!("{node}.key"))
 }
 
+/// Whether the embedded tunnel's gateways run the XDP guard on their
+/// uplinks, as the lab starts them; [`set_guard`] turns it off.
+pub fn guard_is_on() -> bool {
+    !state("no-guard").exists()
+}
+
+/// Turns the gateways' XDP guard on or off, restarting their agents;
+/// returns once they are ready. The guard is an option of the agent, off
+/// by default: the tunnel benchmark measures the tunnel with and without.
+pub fn set_guard(on: bool) -> Result<()> {
+    match on {
+        true => {
+            let _ = fs::remove_file(state("no-guard"));
+        }
+        false => fs::write(state("no-guard"), "")?,
+    }
+    CLUSTERS.iter().try_for_each(|c| restart_agent(&c.gw()))
+}
+
 /// Whether the lab is up: its namespaces and state directory exist.
 pub fn is_up() -> bool {
     netns::exists(WAN_NS) && Path::new(STATE_DIR).is_dir()
@@ -606,7 +625,7 @@ pub fn agent_args(node: &str) -> Result<Vec<String>> {
     match tunnel_mode() {
         LabTunnel::Userspace => {
             args.push(format!("--private-key-file={}", key_file(node).display()));
-            if role_of(node) == "gateway" {
+            if role_of(node) == "gateway" && guard_is_on() {
                 args.push("--guard-dev=wan0".into());
             }
         }

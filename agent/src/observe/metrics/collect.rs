@@ -122,18 +122,23 @@ pub(super) struct DeniedMetrics {
 
 impl Collector for DeniedMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let sums = match self.counters.read() {
-            Ok(sums) => sums,
-            Err(e) => {
-                warn!(error = %e, "reading the denied-packet counters");
-                return Ok(());
-            }
-        };
+        // Only the slots of peers in use: the map has room for thousands,
+        // and each slot read is a system call, on every scrape.
         let peers = self.peers.read().unwrap_or_else(|p| p.into_inner()).clone();
         // ID 0 collects the peers beyond the map's reach.
-        let beyond = DENY_REASONS
-            .iter()
-            .any(|r| sums[deny_slot(0, *r) as usize] > 0);
+        let ids = peers.keys().copied().chain([0]);
+        let mut sums = std::collections::BTreeMap::new();
+        for slot in ids.flat_map(|id| DENY_REASONS.map(|r| deny_slot(id, r))) {
+            match self.counters.slot(slot) {
+                Ok(sum) => sums.insert(slot, sum),
+                Err(e) => {
+                    warn!(error = %e, "reading the denied-packet counters");
+                    return Ok(());
+                }
+            };
+        }
+        let sum = |id, reason| sums.get(&deny_slot(id, reason)).copied().unwrap_or(0);
+        let beyond = DENY_REASONS.iter().any(|r| sum(0, *r) > 0);
         let named = peers
             .into_iter()
             .chain(beyond.then(|| (0, peer_labels("other", "other"))));
@@ -150,8 +155,7 @@ impl Collector for DeniedMetrics {
                     cluster_name.clone(),
                     ("reason", reason.as_str().to_owned()),
                 ];
-                ConstCounter::new(sums[deny_slot(id, reason) as usize])
-                    .encode(family.encode_family(&labels)?)?;
+                ConstCounter::new(sum(id, reason)).encode(family.encode_family(&labels)?)?;
             }
         }
         Ok(())
