@@ -5,24 +5,26 @@
 //! ([`ROUTE_PROTOCOL`]), so that ours are told from anyone else's: a route
 //! that exists and is not ours is an error, never replaced.
 //!
-//! The routes into the tunnel live in their own table ([`TUNNEL_TABLE`]),
-//! on every gateway, active or standby: a standby has them staged, and
-//! becoming active is one rule ([`RULE_PRIORITY`], just before main's) that
-//! sends lookups there. Behind each network, in main, lies a blackhole
-//! route, which outlives the agent: on a standby, and when the agent stops
-//! and the TUN device and its routes go, peer-bound traffic is dropped
-//! instead of following the default route in clear. Only a removed peer,
-//! or `isthmus-agent cleanup`, removes it.
+//! Every gateway, active or standby, keeps the routes into the tunnel
+//! staged in their own table ([`TUNNEL_TABLE`]), which no lookup consults;
+//! the active gateway also has them in main, where they are used. A rule
+//! sending lookups to the staged table would make every route lookup on
+//! the node walk the policy rules, a cost on every packet the gateway
+//! forwards; copying a few routes at a failover costs once. Behind each
+//! network, in main, lies a blackhole route, which outlives the agent: on
+//! a standby, and when the agent stops and the TUN device and its routes
+//! go, peer-bound traffic is dropped instead of following the default
+//! route in clear. Only a removed peer, or `isthmus-agent cleanup`,
+//! removes it.
 
 use std::{collections::BTreeSet, net::Ipv4Addr};
 
 use futures::TryStreamExt;
 use ipnet::Ipv4Net;
 use netlink_packet_route::{
-    AddressFamily,
     address::AddressScope,
     route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteType},
-    rule::{RuleAction, RuleAttribute, RuleMessage},
+    rule::{RuleAttribute, RuleMessage},
 };
 use rtnetlink::{Handle, IpVersion, LinkUnspec, RouteMessageBuilder, new_connection};
 use thiserror::Error;
@@ -33,11 +35,8 @@ use crate::kernel::link::link_by_name;
 pub const ROUTE_PROTOCOL: u8 = 153;
 /// The metric of the blackhole routes: below any route into the tunnel.
 pub const BLACKHOLE_METRIC: u32 = 1 << 30;
-/// The table of the routes into the tunnel (`ip route show table 153`).
+/// The table of the staged routes into the tunnel (`ip route show table 153`).
 pub const TUNNEL_TABLE: u32 = 153;
-/// The priority of the active gateway's rule `lookup 153`: after any
-/// policy of the node's, just before the main table's rule (32766).
-pub const RULE_PRIORITY: u32 = 32765;
 const MAIN_TABLE: u32 = RouteHeader::RT_TABLE_MAIN as u32;
 
 /// A netlink request that failed.
@@ -71,12 +70,14 @@ pub enum RouteError {
     },
 }
 
-/// One of the two routes of a network: into the device (in the tunnel's
-/// table), or the blackhole behind it (in main).
+/// One of the three routes of a network, in the order they are added: the
+/// blackhole (in main), the staged route into the device (in the tunnel's
+/// table), and the route in use (in main, on the active gateway).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Kind {
-    Tunnel,
     Blackhole,
+    Staged,
+    Live,
 }
 
 /// The device's routes, and the blackholes behind them, as installed.
@@ -85,15 +86,29 @@ pub struct Routes {
     dev: String,
     index: u32,
     installed: BTreeSet<(Ipv4Net, Kind)>,
-    /// Whether the rule that sends lookups to the tunnel's table is there.
+    /// Whether the routes are in use (the active gateway).
     active: bool,
+}
+
+/// What a [`Routes::sync`] changed.
+#[derive(Debug, Default)]
+pub struct Synced {
+    /// Networks newly routed into the tunnel (staged).
+    pub added: usize,
+    /// Networks no longer routed into it.
+    pub removed: usize,
+    /// `Some(true)` when the routes were put in use, `Some(false)` when
+    /// they were taken out of use.
+    pub activated: Option<bool>,
+    /// Routes that could not be written; the others were.
+    pub failures: Vec<RouteError>,
 }
 
 impl Routes {
     /// Sets `dev`'s MTU and brings it up, and adopts what of ours a
-    /// previous agent left: its blackholes, its routes into this device,
-    /// and its rule. Its routes into the device in main (agents before the
-    /// tunnel's table) are removed.
+    /// previous agent left: its blackholes and its routes into this device,
+    /// staged or in use. The rule of agents that sent lookups to the
+    /// tunnel's table instead is removed.
     pub async fn up(dev: &str, mtu: u32) -> Result<Self, RouteError> {
         let (connection, handle, _) = new_connection()?;
         tokio::spawn(connection);
@@ -114,24 +129,17 @@ impl Routes {
             .map_err(request)?;
         let mut installed = BTreeSet::new();
         for route in ours(&handle).await? {
+            let into_device = out_of(&route) == Some(index);
             let kind = match (route.header.kind, table(&route)) {
                 (RouteType::BlackHole, MAIN_TABLE) => Kind::Blackhole,
-                (_, TUNNEL_TABLE) if out_of(&route) == Some(index) => Kind::Tunnel,
-                (_, MAIN_TABLE) if out_of(&route) == Some(index) => {
-                    let what = format!("deleting route {:?} from main", destination(&route));
-                    handle
-                        .route()
-                        .del(route)
-                        .execute()
-                        .await
-                        .map_err(|source| RouteError::Request { what, source })?;
-                    continue;
-                }
+                (_, TUNNEL_TABLE) if into_device => Kind::Staged,
+                (_, MAIN_TABLE) if into_device => Kind::Live,
                 _ => continue,
             };
             installed.extend(destination(&route).map(|net| (net, kind)));
         }
-        let active = !our_rules(&handle).await?.is_empty();
+        remove_rules(&handle).await?;
+        let active = installed.iter().any(|(_, kind)| *kind == Kind::Live);
         Ok(Self {
             handle,
             dev: dev.into(),
@@ -139,42 +147,6 @@ impl Routes {
             installed,
             active,
         })
-    }
-
-    /// Sends lookups to the tunnel's table (the active gateway), or stops
-    /// (a standby): the routes stay staged either way. Returns whether
-    /// that changed.
-    pub async fn set_active(&mut self, active: bool) -> Result<bool, RouteError> {
-        if self.active == active {
-            return Ok(false);
-        }
-        let rule = self.handle.rule();
-        let done = match active {
-            true => {
-                let mut add = rule.add();
-                *add.message_mut() = rule_message();
-                add.execute().await
-            }
-            false => rule.del(rule_message()).execute().await,
-        };
-        let already = match active {
-            true => -libc::EEXIST,
-            false => -libc::ENOENT,
-        };
-        match done {
-            Ok(()) => {}
-            // Someone (a previous agent) was there first.
-            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == already => {}
-            Err(source) => {
-                let verb = if active { "adding" } else { "deleting" };
-                return Err(RouteError::Request {
-                    what: format!("{verb} rule {RULE_PRIORITY} lookup {TUNNEL_TABLE}"),
-                    source,
-                });
-            }
-        }
-        self.active = active;
-        Ok(true)
     }
 
     /// Gives the device the address `addr`/32 (kept if it has it already),
@@ -196,34 +168,32 @@ impl Routes {
             })
     }
 
-    /// Routes exactly `desired` into the device, each behind its blackhole:
-    /// adds what is missing, removes what is no longer wanted. A route that
-    /// cannot be written does not stop the others. Returns (added, removed)
-    /// and the failures.
-    pub async fn sync(&mut self, desired: &BTreeSet<Ipv4Net>) -> (usize, usize, Vec<RouteError>) {
-        let mut failures = Vec::new();
-        let mut added = 0;
-        for net in desired {
-            for kind in [Kind::Blackhole, Kind::Tunnel] {
-                if self.installed.contains(&(*net, kind)) {
-                    continue;
+    /// Routes exactly `desired` into the device, each behind its
+    /// blackhole: staged on every gateway, and in use where `active`. Adds
+    /// what is missing and removes what is no longer wanted; a route that
+    /// cannot be written does not stop the others.
+    pub async fn sync(&mut self, desired: &BTreeSet<Ipv4Net>, active: bool) -> Synced {
+        let mut synced = Synced::default();
+        let kinds: &[Kind] = match active {
+            true => &[Kind::Blackhole, Kind::Staged, Kind::Live],
+            false => &[Kind::Blackhole, Kind::Staged],
+        };
+        let wanted: BTreeSet<(Ipv4Net, Kind)> = desired
+            .iter()
+            .flat_map(|net| kinds.iter().map(|kind| (*net, *kind)))
+            .collect();
+        for (net, kind) in wanted.difference(&self.installed.clone()) {
+            match self.add(*net, *kind).await {
+                Ok(()) => {
+                    self.installed.insert((*net, *kind));
+                    synced.added += usize::from(*kind == Kind::Staged);
                 }
-                match self.add(*net, kind).await {
-                    Ok(()) => {
-                        self.installed.insert((*net, kind));
-                        added += usize::from(kind == Kind::Tunnel);
-                    }
-                    Err(e) => failures.push(e),
-                }
+                Err(e) => synced.failures.push(e),
             }
         }
-        let stale: Vec<(Ipv4Net, Kind)> = self
-            .installed
-            .iter()
-            .filter(|(net, _)| !desired.contains(net))
-            .copied()
-            .collect();
-        for (net, kind) in &stale {
+        let stale: Vec<(Ipv4Net, Kind)> = self.installed.difference(&wanted).copied().collect();
+        // In reverse: a network's route in use goes before its blackhole.
+        for (net, kind) in stale.iter().rev() {
             // Already gone (the device went down, say) is as good as removed.
             let _ = self
                 .handle
@@ -232,20 +202,21 @@ impl Routes {
                 .execute()
                 .await;
             self.installed.remove(&(*net, *kind));
+            synced.removed += usize::from(*kind == Kind::Staged);
         }
-        let removed = stale
-            .iter()
-            .filter(|(_, kind)| *kind == Kind::Tunnel)
-            .count();
-        (added, removed, failures)
+        if self.active != active {
+            self.active = active;
+            synced.activated = Some(active);
+        }
+        synced
     }
 
     /// Creates the route, never replacing one: a route already there is
-    /// someone else's (ours were adopted at start). A route into the tunnel
-    /// is also refused where main has someone else's route for the same
-    /// network, which the tunnel's table would otherwise override.
+    /// someone else's (ours were adopted at start). A route in use is also
+    /// refused where main has someone else's route for the same network
+    /// with another metric, which it would silently override.
     async fn add(&self, net: Ipv4Net, kind: Kind) -> Result<(), RouteError> {
-        if kind == Kind::Tunnel {
+        if kind == Kind::Live {
             let foreign = self.routes_for(net, MAIN_TABLE).await;
             if !foreign.is_empty() {
                 return Err(not_ours(net, kind, &foreign));
@@ -283,7 +254,7 @@ impl Routes {
             .protocol(RouteProtocol::Other(ROUTE_PROTOCOL))
             .table_id(kind.table());
         match kind {
-            Kind::Tunnel => route.output_interface(self.index).build(),
+            Kind::Staged | Kind::Live => route.output_interface(self.index).build(),
             Kind::Blackhole => route
                 .kind(RouteType::BlackHole)
                 .priority(BLACKHOLE_METRIC)
@@ -295,8 +266,8 @@ impl Routes {
 impl Kind {
     fn table(self) -> u32 {
         match self {
-            Kind::Tunnel => TUNNEL_TABLE,
-            Kind::Blackhole => MAIN_TABLE,
+            Kind::Staged => TUNNEL_TABLE,
+            Kind::Blackhole | Kind::Live => MAIN_TABLE,
         }
     }
 }
@@ -318,27 +289,13 @@ fn not_ours(net: Ipv4Net, kind: Kind, there: &[RouteMessage]) -> RouteError {
         net,
         metric: match kind {
             Kind::Blackhole => format!(" metric {BLACKHOLE_METRIC}"),
-            Kind::Tunnel => String::new(),
+            Kind::Staged | Kind::Live => String::new(),
         },
         existing: match found.is_empty() {
             true => "the kernel says it exists".into(),
             false => found.join("; "),
         },
     }
-}
-
-/// The rule that sends lookups to the tunnel's table.
-fn rule_message() -> RuleMessage {
-    let mut rule = RuleMessage::default();
-    rule.header.family = AddressFamily::Inet;
-    rule.header.table = TUNNEL_TABLE as u8;
-    rule.header.action = RuleAction::ToTable;
-    rule.attributes = vec![
-        RuleAttribute::Priority(RULE_PRIORITY),
-        RuleAttribute::Table(TUNNEL_TABLE),
-        RuleAttribute::Protocol(RouteProtocol::Other(ROUTE_PROTOCOL)),
-    ];
-    rule
 }
 
 /// Removes every route and rule of ours, blackholes included. Returns
@@ -363,18 +320,7 @@ pub async fn cleanup() -> Result<Vec<String>, RouteError> {
             routes.len()
         ));
     }
-    for rule in our_rules(&handle).await? {
-        handle
-            .rule()
-            .del(rule)
-            .execute()
-            .await
-            .map_err(|source| RouteError::Request {
-                what: format!("deleting rule {RULE_PRIORITY} lookup {TUNNEL_TABLE}"),
-                source,
-            })?;
-        removed.push(format!("rule {RULE_PRIORITY} lookup {TUNNEL_TABLE}"));
-    }
+    removed.extend(remove_rules(&handle).await?);
     Ok(removed)
 }
 
@@ -425,26 +371,50 @@ fn is_ours(route: &RouteMessage) -> bool {
     route.header.protocol == RouteProtocol::Other(ROUTE_PROTOCOL)
 }
 
-/// Our rules (one, or none): those sending lookups to the tunnel's table.
-async fn our_rules(handle: &Handle) -> Result<Vec<RuleMessage>, RouteError> {
-    let mut rules: Vec<RuleMessage> = handle
+/// Removes the rules of older agents, which sent lookups to the tunnel's
+/// table; returns what it removed.
+async fn remove_rules(handle: &Handle) -> Result<Vec<String>, RouteError> {
+    let listed = |source| RouteError::Request {
+        what: "listing rules".into(),
+        source,
+    };
+    let rules: Vec<RuleMessage> = handle
         .rule()
         .get(IpVersion::V4)
         .execute()
         .try_collect()
         .await
-        .map_err(|source| RouteError::Request {
-            what: "listing rules".into(),
-            source,
-        })?;
-    rules.retain(|rule| {
-        let table = rule.attributes.iter().find_map(|a| match a {
-            RuleAttribute::Table(id) => Some(*id),
-            _ => None,
-        });
-        table.unwrap_or(u32::from(rule.header.table)) == TUNNEL_TABLE
+        .map_err(listed)?;
+    let mut removed = Vec::new();
+    for rule in rules.into_iter().filter(looks_up_tunnel_table) {
+        let what = format!("rule {:?} lookup {TUNNEL_TABLE}", priority(&rule));
+        handle
+            .rule()
+            .del(rule)
+            .execute()
+            .await
+            .map_err(|source| RouteError::Request {
+                what: format!("deleting {what}"),
+                source,
+            })?;
+        removed.push(what);
+    }
+    Ok(removed)
+}
+
+fn looks_up_tunnel_table(rule: &RuleMessage) -> bool {
+    let table = rule.attributes.iter().find_map(|a| match a {
+        RuleAttribute::Table(id) => Some(*id),
+        _ => None,
     });
-    Ok(rules)
+    table.unwrap_or(u32::from(rule.header.table)) == TUNNEL_TABLE
+}
+
+fn priority(rule: &RuleMessage) -> Option<u32> {
+    rule.attributes.iter().find_map(|a| match a {
+        RuleAttribute::Priority(p) => Some(*p),
+        _ => None,
+    })
 }
 
 /// The table a route is in: the attribute, which holds ids beyond 255,

@@ -168,9 +168,9 @@ fn fails_over<T>(kill: impl FnOnce(&str) -> T) {
     assert_eq!(objects_of_b(), b_objects, "b's objects changed");
 }
 
-/// Whether `node`'s rule sends lookups to its table of routes into the
-/// tunnel, after checking that the table holds a's views of its peers'
-/// networks: active or standby, a gateway has them staged.
+/// Whether `node` routes into the tunnel from main, after checking that
+/// its table 153 holds a's views of its peers' networks, staged, whether
+/// it is active or not.
 fn routes_in_use(node: &str) -> bool {
     let table = ip(node, &["route", "show", "table", "153"]).unwrap();
     for view in ["10.0.0.0/24", "10.0.1.0/24"] {
@@ -181,7 +181,9 @@ fn routes_in_use(node: &str) -> bool {
             "{node} has no route for {view} in table 153: {table}"
         );
     }
-    ip(node, &["rule", "show"]).unwrap().contains("lookup 153")
+    ip(node, &["route", "show", "table", "main", "10.0.0.0/24"])
+        .unwrap()
+        .contains("dev isthmus0")
 }
 
 #[test]

@@ -258,17 +258,17 @@ impl Gateway {
             info!(object = %object, change = ?change, "tunnel peer");
         }
         self.follow_guard(&self.tunnel.status());
-        let (added, removed, mut failures) = self.routes.sync(&desired).await;
+        let synced = self.routes.sync(&desired, active).await;
+        let (added, removed) = (synced.added, synced.removed);
         if added + removed > 0 {
-            info!(added, removed, "routes into the tunnel's table updated");
+            info!(added, removed, "routes into the tunnel updated");
         }
-        // Routes staged first, so the rule never leads to a half table.
-        match self.routes.set_active(active).await {
-            Ok(true) if active => info!("routes into the tunnel in use"),
-            Ok(true) => info!("routes into the tunnel staged, not in use"),
-            Ok(false) => {}
-            Err(e) => failures.push(e),
+        match synced.activated {
+            Some(true) => info!("routes into the tunnel in use"),
+            Some(false) => info!("routes into the tunnel staged, not in use"),
+            None => {}
         }
+        let failures = synced.failures;
         let routed = failures.is_empty();
         for e in failures {
             error!(error = %e, "routing a peer's network into the tunnel; will retry");
