@@ -257,7 +257,15 @@ fn report(
         "| setup | TCP 1 stream | TCP 4 streams | UDP 1,400 B | UDP lost | RTT p50 | RTT p99 | CPU a-gw | CPU b-gw |\n\
          |---|---|---|---|---|---|---|---|---|\n",
     );
-    let rows = std::iter::once(("embedded tunnel".to_owned(), ours)).chain(
+    let rows = [
+        ("embedded tunnel".to_owned(), ours),
+        (
+            "embedded tunnel, XDP guard on the uplink".to_owned(),
+            guarded,
+        ),
+    ]
+    .into_iter()
+    .chain(
         peers
             .iter()
             .map(|(imp, f)| (imp.version().unwrap_or_default(), f)),
