@@ -104,13 +104,8 @@ impl Which {
 /// Runs one benchmark.
 pub fn run_bench(which: Which) -> Result<()> {
     match which {
-        Which::Nat => {
-            // NAT alone: gateways route over the WAN in clear.
-            lab::up(lab::LabTunnel::None)?;
-            let result = nat();
-            lab::down()?;
-            result
-        }
+        // NAT alone: gateways route over the WAN in clear.
+        Which::Nat => on_lab(lab::LabTunnel::None, nat),
         Which::Tunnel => tunnel::run_tunnel(),
         Which::Guard => guard::run_guard(),
         Which::Overlay => overlay::run_overlay(),
@@ -787,6 +782,23 @@ fn agent_rss_mib(node: &str) -> Result<f64> {
 }
 
 /// Resident memory of process `pid`, in MiB.
+/// CPU seconds (user and system, every thread) process `pid` has used.
+fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The fields after the command name, which may hold spaces: state is
+    // the first, utime and stime (fields 14 and 15) the 12th and 13th.
+    let fields: Vec<&str> = stat
+        .rsplit_once(") ")
+        .context("an unreadable /proc/PID/stat")?
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: f64 = fields[11].parse::<f64>()? + fields[12].parse::<f64>()?;
+    let per_second =
+        nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)?.context("no clock tick rate")?;
+    Ok(ticks / per_second as f64)
+}
+
 fn rss_mib(pid: u32) -> Result<f64> {
     let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
     let kib: f64 = status

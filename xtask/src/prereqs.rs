@@ -60,17 +60,7 @@ pub fn cargo_fuzz() -> Result<()> {
         return Ok(());
     }
     println!("prereqs: installing cargo-fuzz {CARGO_FUZZ_VERSION}");
-    run(
-        "cargo",
-        &[
-            "install",
-            "--locked",
-            "--version",
-            CARGO_FUZZ_VERSION,
-            "cargo-fuzz",
-        ],
-    )?;
-    Ok(())
+    tools::cargo_install("cargo-fuzz", CARGO_FUZZ_VERSION, None)
 }
 
 /// A private Python environment with kubernetes-validate, which checks the

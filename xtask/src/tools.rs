@@ -1,6 +1,11 @@
 //! Tools the build installs outside the system: where they live.
 
-use std::path::PathBuf;
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Result, bail};
 
 /// kubernetes-validate (PyPI) release the manifests are checked with.
 pub const KUBERNETES_VALIDATE: &str = "1.37.0";
@@ -13,6 +18,21 @@ pub fn python_env() -> PathBuf {
 /// The kubernetes-validate command.
 pub fn kubernetes_validate() -> PathBuf {
     python_env().join("bin/kubernetes-validate")
+}
+
+/// `cargo install --locked` of `krate` at `version` (into `root`, or
+/// cargo's own bin directory), its progress shown.
+pub fn cargo_install(krate: &str, version: &str, root: Option<&Path>) -> Result<()> {
+    let mut command = Command::new("cargo");
+    command.args(["install", "--locked", "--version", version]);
+    if let Some(root) = root {
+        command.arg("--root").arg(root);
+    }
+    let status = command.arg(krate).status()?;
+    if !status.success() {
+        bail!("cargo install {krate} {version} failed ({status})");
+    }
+    Ok(())
 }
 
 /// Where the other WireGuard implementations `bench tunnel` measures are

@@ -182,11 +182,12 @@ impl Routes {
             .iter()
             .flat_map(|net| kinds.iter().map(|kind| (*net, *kind)))
             .collect();
-        for (net, kind) in wanted.difference(&self.installed.clone()) {
-            match self.add(*net, *kind).await {
+        let missing: Vec<(Ipv4Net, Kind)> = wanted.difference(&self.installed).copied().collect();
+        for (net, kind) in missing {
+            match self.add(net, kind).await {
                 Ok(()) => {
-                    self.installed.insert((*net, *kind));
-                    synced.added += usize::from(*kind == Kind::Staged);
+                    self.installed.insert((net, kind));
+                    synced.added += usize::from(kind == Kind::Staged);
                 }
                 Err(e) => synced.failures.push(e),
             }
@@ -387,7 +388,10 @@ async fn remove_rules(handle: &Handle) -> Result<Vec<String>, RouteError> {
         .map_err(listed)?;
     let mut removed = Vec::new();
     for rule in rules.into_iter().filter(looks_up_tunnel_table) {
-        let what = format!("rule {:?} lookup {TUNNEL_TABLE}", priority(&rule));
+        let what = match priority(&rule) {
+            Some(priority) => format!("rule {priority} lookup {TUNNEL_TABLE}"),
+            None => format!("rule lookup {TUNNEL_TABLE}"),
+        };
         handle
             .rule()
             .del(rule)

@@ -45,7 +45,7 @@ pub fn run_failover() -> Result<()> {
     let wireguard_go = on_lab(LabTunnel::WireguardGo, || {
         gaps("wireguard-go restart, cold", || {
             external_tunnel::stop_on(&A)?;
-            external_tunnel::start_on(Implementation::WireguardGoBookworm, &A).map(drop)
+            external_tunnel::start_on(Implementation::WireguardGoBookworm, &A)
         })
     })?;
     let go_version = Implementation::WireguardGoBookworm.version()?;

@@ -16,7 +16,7 @@ use xtask::{
     topology::{A, TUNNEL_PORT, WAN_NS},
 };
 
-use super::{mac_bytes, result_lines, write_section};
+use super::{cpu_seconds, mac_bytes, result_lines, write_section};
 
 /// An address on the WAN bridge that no peer uses.
 const STRANGER: [u8; 4] = [203, 0, 113, 98];
@@ -160,21 +160,6 @@ fn measure(gw: &str, pid: u32, generator: &mut std::process::Child) -> Result<Fl
         userspace_pps: (u1 - u0) / secs,
         agent_cpu: (c1 - c0) / secs * 100.0,
     })
-}
-
-/// User and system CPU time of `pid`, in seconds.
-fn cpu_seconds(pid: u32) -> Result<f64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let fields: Vec<&str> = stat
-        .rsplit_once(") ")
-        .context("malformed stat")?
-        .1
-        .split_whitespace()
-        .collect();
-    // utime and stime are fields 14 and 15 of stat, 12 and 13 after the name.
-    let ticks: f64 = fields[11].parse::<f64>()? + fields[12].parse::<f64>()?;
-    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)?.context("CLK_TCK")? as f64;
-    Ok(ticks / hz)
 }
 
 /// 148-byte datagrams of type 1 from the stranger to a-gw's tunnel port,

@@ -17,8 +17,8 @@ use xtask::{
 };
 
 use super::{
-    IPERF_SECONDS, agent_rss_mib, iperf, iperf3, median, on_lab, peers_programmed, result_lines,
-    synthetic_peers, write_section,
+    IPERF_SECONDS, agent_rss_mib, cpu_seconds, iperf, iperf3, median, on_lab, peers_programmed,
+    result_lines, synthetic_peers, write_section,
 };
 
 /// Idle memory budget of a gateway agent with 100 tunnel peers.
@@ -131,22 +131,6 @@ fn udp(client: &str, server: &str, target: std::net::Ipv4Addr) -> Result<(f64, f
     Ok((received / field("seconds")? / 1e3, field("lost_percent")?))
 }
 
-/// CPU seconds (user and system, every thread) process `pid` has used.
-fn cpu_seconds(pid: u32) -> Result<f64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // The fields after the command name, which may hold spaces: state is
-    // the first, utime and stime the 12th and 13th.
-    let fields: Vec<&str> = stat
-        .rsplit_once(") ")
-        .context("an unreadable /proc/PID/stat")?
-        .1
-        .split_whitespace()
-        .collect();
-    let ticks: f64 = fields[11].parse::<f64>()? + fields[12].parse::<f64>()?;
-    let per_second =
-        nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)?.context("no clock tick rate")?;
-    Ok(ticks / per_second as f64)
-}
 /// Round-trip time percentiles (p50, p99) of UDP ping-pongs, in microseconds.
 fn rtt(client: &str, server: &str, target: std::net::Ipv4Addr) -> Result<(f64, f64)> {
     let port = xtask::probe::next_port();

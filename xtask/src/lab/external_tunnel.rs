@@ -17,10 +17,10 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use super::{READY_TIMEOUT, key_file, public_key, running_with, state};
+use super::{READY_TIMEOUT, key_file, public_key, running_with};
 use crate::{
     cmd::{ip, run},
-    topology::{Cluster, PEERINGS, TUNNEL_PORT},
+    topology::{CLUSTERS, Cluster, PEERINGS, TUNNEL_PORT},
 };
 
 /// A userspace WireGuard that is not ours.
@@ -190,7 +190,7 @@ impl Implementation {
         );
         match spec.source {
             Source::Backports => unpack_backport(spec.package, release, &dir)?,
-            _ => cargo_install(spec.package, release, &dir)?,
+            _ => crate::tools::cargo_install(spec.package, release, Some(&dir))?,
         }
         if !binary.exists() {
             bail!("installing {} left no {}", self.name(), binary.display());
@@ -267,19 +267,6 @@ fn write_if_changed(path: &str, text: &str) -> Result<bool> {
     Ok(true)
 }
 
-/// `cargo install` of `krate` at `version`, with its own lock file, into `root`.
-fn cargo_install(krate: &str, version: &str, root: &Path) -> Result<()> {
-    let status = Command::new("cargo")
-        .args(["install", "--locked", "--version", version, "--root"])
-        .arg(root)
-        .arg(krate)
-        .status()?;
-    if !status.success() {
-        bail!("cargo install {krate} {version} failed ({status})");
-    }
-    Ok(())
-}
-
 /// The device of an external tunnel on gateway `node`; its control socket
 /// lives in a machine-wide directory, so the name is the lab's own.
 pub fn dev(node: &str) -> String {
@@ -292,29 +279,24 @@ fn socket(dev: &str) -> PathBuf {
 
 /// Runs `imp` on `cluster`'s gateway, configured with `wg` from the lab's
 /// keys and the cluster's peerings, and routes its peers' networks into
-/// it. Returns its PID.
-pub fn start_on(imp: Implementation, cluster: &Cluster) -> Result<u32> {
+/// it.
+pub fn start_on(imp: Implementation, cluster: &Cluster) -> Result<()> {
     imp.install()?;
     let (gw, dev) = (cluster.gw(), dev(&cluster.gw()));
     let _ = fs::remove_file(socket(&dev));
-    let pid = imp
-        .command(&gw, &dev)
+    imp.command(&gw, &dev)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .with_context(|| format!("starting {}", imp.name()))?
-        .id();
-    fs::create_dir_all(state("wg-pids"))?;
-    fs::write(state("wg-pids").join(&gw), pid.to_string())?;
+        .with_context(|| format!("starting {}", imp.name()))?;
     crate::wait::until(
         READY_TIMEOUT,
         Duration::from_millis(10),
         &format!("{} on {gw} opens its control socket", imp.name()),
         || std::os::unix::net::UnixStream::connect(socket(&dev)).is_ok(),
     )?;
-    configure(cluster, &dev)?;
-    Ok(pid)
+    configure(cluster, &dev)
 }
 
 /// Gives the tunnel on `cluster`'s gateway its key and peers with `wg`,
@@ -378,8 +360,8 @@ pub fn stop_all() -> Result<()> {
     for pid in processes("istwg-") {
         super::end_pid(pid, STOP_GRACE)?;
     }
-    for gw in ["a-gw", "b-gw", "c-gw"] {
-        let _ = fs::remove_file(socket(&dev(gw)));
+    for cluster in CLUSTERS {
+        let _ = fs::remove_file(socket(&dev(&cluster.gw())));
     }
     Ok(())
 }
