@@ -115,7 +115,18 @@ pub const PROG_ACCEPT: &str = "overlay_accept";
 /// removing the outer headers itself.
 pub const PROG_DECAP: &str = "overlay_decap";
 
-/// Every TC program the agent loads.
+/// Program array: what follows a gateway's ingress NAT, indexed by
+/// [`crate::counters::Link`]. Not pinned: it holds this agent's programs,
+/// and a previous agent's NAT programs without it leave to the stack what
+/// they would have forwarded.
+pub const MAP_ONWARD: &str = "ist_onward";
+/// The programs of [`MAP_ONWARD`], in its order: a peer's packet that the
+/// ingress NAT let through goes to its pod, on another node through the
+/// overlay, or on this one past the stack. Separate programs, so that the
+/// verifier walks them once, not once for every path through the NAT.
+pub const ONWARD_PROGRAMS: [&str; 2] = ["nat_onward_eth", "nat_onward_ip"];
+
+/// Every TC program the agent attaches.
 pub const PROGRAMS: [&str; 7] = [
     PROG_EGRESS_ETH,
     PROG_INGRESS_ETH,

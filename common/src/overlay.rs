@@ -23,7 +23,9 @@ use crate::wire::Be32;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OverlayConfig {
     /// The active gateway node's address, where workers send remote-bound
-    /// traffic; 0 while unknown, and on the gateway itself.
+    /// traffic: this node's own (`local`) on the gateway itself, whose pods'
+    /// remote-bound traffic goes to the tunnel past the stack; 0 while
+    /// unknown.
     pub gateway: Be32,
     /// The VNI of every overlay packet.
     pub vni: u32,
@@ -59,7 +61,8 @@ pub enum OverlayEvent {
     /// The kernel refused to encapsulate or rewrite; the packet went on to
     /// the stack.
     Failed = 5,
-    /// A packet taken in was forwarded by the FIB, without the stack.
+    /// A packet taken in from the overlay, or a peer's from the tunnel,
+    /// was forwarded by the FIB, without the stack.
     Forwarded = 6,
     /// A node took in a packet from the overlay on its uplink, removing the
     /// outer headers itself rather than through the VXLAN device.

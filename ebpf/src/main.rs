@@ -8,6 +8,7 @@
 
 mod conntrack;
 mod csum;
+mod forward;
 mod guard;
 mod isolation;
 mod maps;
@@ -21,14 +22,17 @@ use aya_ebpf::{
     macros::{classifier, xdp},
     programs::{TcContext, XdpContext},
 };
-use isthmus_common::counters::Direction;
+use isthmus_common::{
+    counters::{Direction, Link},
+    ipv4::{Header, MIN_HLEN},
+};
 
 use parse::ETH_HLEN;
 
 /// Rewrites sources of packets leaving towards a peer, on an Ethernet device.
 #[classifier]
 pub fn nat_egress_eth(ctx: TcContext) -> i32 {
-    nat::run(&ctx, ETH_HLEN, Direction::Egress)
+    nat::run(&ctx, ETH_HLEN, Direction::Egress).action
 }
 
 /// Rewrites destinations of packets arriving from a peer, on an Ethernet
@@ -41,7 +45,7 @@ pub fn nat_ingress_eth(ctx: TcContext) -> i32 {
 /// Rewrites sources of packets leaving towards a peer, on an L3 device (tun).
 #[classifier]
 pub fn nat_egress_ip(ctx: TcContext) -> i32 {
-    nat::run(&ctx, 0, Direction::Egress)
+    nat::run(&ctx, 0, Direction::Egress).action
 }
 
 /// Rewrites destinations of packets arriving from a peer, on an L3 device
@@ -51,16 +55,41 @@ pub fn nat_ingress_ip(ctx: TcContext) -> i32 {
     ingress(&ctx, 0)
 }
 
+/// A peer's packet that goes on continues in the onward program.
 #[inline(always)]
 fn ingress(ctx: &TcContext, l3: usize) -> i32 {
-    match nat::run(ctx, l3, Direction::Ingress) {
-        TC_ACT_UNSPEC => overlay::to_node(ctx, l3),
-        action => action,
+    let handled = nat::run(ctx, l3, Direction::Ingress);
+    if handled.action == TC_ACT_UNSPEC && handled.peers {
+        maps::onward(ctx, Link::of_l3(l3));
     }
+    handled.action
 }
 
-/// Worker: sends pods' packets for peers' networks to the gateway node, on
-/// a pod-facing host device (ingress).
+/// After `nat_ingress_eth`, by tail call: a peer's packet goes to its pod.
+#[classifier]
+pub fn nat_onward_eth(ctx: TcContext) -> i32 {
+    onward(&ctx, ETH_HLEN)
+}
+
+/// After `nat_ingress_ip`, by tail call: a peer's packet goes to its pod.
+#[classifier]
+pub fn nat_onward_ip(ctx: TcContext) -> i32 {
+    onward(&ctx, 0)
+}
+
+/// A peer's packet for a pod of another node goes there through the
+/// overlay; one for a pod of this node, past the stack where the FIB
+/// settles it, as the overlay's packets do on the node that takes them in.
+#[inline(always)]
+fn onward(ctx: &TcContext, l3: usize) -> i32 {
+    let Ok(ip) = ctx.load::<[u8; MIN_HLEN]>(l3) else {
+        return TC_ACT_UNSPEC;
+    };
+    overlay::to_node(ctx, l3, Header(&ip).dst()).unwrap_or_else(|| forward::onward(ctx, l3, &ip))
+}
+
+/// Sends pods' packets for peers' networks to the gateway node, or on the
+/// gateway node towards the tunnel, on a pod-facing host device (ingress).
 #[classifier]
 pub fn overlay_steer(ctx: TcContext) -> i32 {
     overlay::steer(&ctx, ETH_HLEN)

@@ -1,8 +1,9 @@
 //! The maps the programs share with the agent.
 
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
+    btf_maps::{Array, HashMap, LpmTrie, PerCpuArray, ProgramArray, lpm_trie::Key},
     macros::btf_map,
+    programs::TcContext,
 };
 use isthmus_common::{
     counters::{self, DENY_SLOTS, DenyReason, Direction, DropReason, KINDS, Link, Outcome},
@@ -31,6 +32,18 @@ static NATMAP: HashMap<MappingKey, Be32, { DEFAULT_NAT_MAPPINGS as usize }> = Ha
 /// The reverse: an endpoint → the externalIP that peer cluster knows it by.
 #[btf_map(name = "ist_natmap_rev")]
 static NATMAP_REV: HashMap<MappingKey, Be32, { DEFAULT_NAT_MAPPINGS as usize }> = HashMap::new();
+
+/// The programs after the ingress NAT (`names::ONWARD_PROGRAMS`), by link.
+#[btf_map(name = "ist_onward")]
+static ONWARD: ProgramArray<2> = ProgramArray::new();
+
+/// Goes on in the program after the ingress NAT for `link`. Returns only
+/// when there is none: then the stack takes the packet.
+#[inline(always)]
+pub fn onward(ctx: &TcContext, link: Link) {
+    // SAFETY: a tail call into a TC program of the agent's own object.
+    unsafe { ONWARD.tail_call(ctx, link as u32) }
+}
 
 /// The largest MSS a SYN crossing the tunnel device may advertise.
 #[btf_map(name = "ist_tcp_mss")]

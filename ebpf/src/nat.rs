@@ -68,6 +68,9 @@ fn addr(hdr: &Ipv4, field: usize) -> Be32 {
 enum Verdict {
     /// Rewritten by the rules in a set of [`Kind::bit`]s.
     Translated(u8),
+    /// A peer's packet that needed no rewrite.
+    Unchanged,
+    /// No peer's packet.
     Passed,
     /// A flow that needed masquerading could not have it.
     Dropped(DropReason),
@@ -87,19 +90,31 @@ impl Refused {
     }
 }
 
+/// What a NAT program did with a packet.
+pub struct Handled {
+    /// The TC action.
+    pub action: i32,
+    /// The packet is a peer's, and goes on: translated, or needing no
+    /// rewrite.
+    pub peers: bool,
+}
+
 /// Entry point shared by every NAT program. Drops what must be masqueraded
 /// and cannot be, and what a peer sends where it may not reach; a packet
 /// that is no peer's, or that we send and cannot parse, goes on untouched.
 /// Each packet is counted.
 #[inline(always)]
-pub fn run(ctx: &TcContext, l3: usize, direction: Direction) -> i32 {
+pub fn run(ctx: &TcContext, l3: usize, direction: Direction) -> Handled {
     let link = Link::of_l3(l3);
     // Not IPv4: nothing of ours to read or rewrite. Decided here, not as an
     // early verdict of `translate`, where LLVM read the unset payload of
     // that verdict from a register the verifier calls uninitialised.
     if ctx.skb.protocol() != ETH_P_IP {
         maps::count(link, direction, Outcome::Passed);
-        return TC_ACT_UNSPEC;
+        return Handled {
+            action: TC_ACT_UNSPEC,
+            peers: false,
+        };
     }
     let verdict = translate(ctx, l3, direction).or_else(|Malformed| match direction {
         // A peer does not get in by sending what we cannot read.
@@ -109,12 +124,13 @@ pub fn run(ctx: &TcContext, l3: usize, direction: Direction) -> i32 {
         },
         Direction::Egress => Err(Malformed),
     });
+    let peers = matches!(verdict, Ok(Verdict::Translated(_) | Verdict::Unchanged));
     let (outcome, action) = match verdict {
         Ok(Verdict::Translated(kinds)) => {
             maps::count_kinds(link, direction, kinds);
             (Outcome::Translated, TC_ACT_UNSPEC)
         }
-        Ok(Verdict::Passed) => (Outcome::Passed, TC_ACT_UNSPEC),
+        Ok(Verdict::Unchanged | Verdict::Passed) => (Outcome::Passed, TC_ACT_UNSPEC),
         Ok(Verdict::Dropped(reason)) => {
             maps::count_drop(link, direction, reason);
             (Outcome::Dropped, TC_ACT_SHOT)
@@ -128,7 +144,7 @@ pub fn run(ctx: &TcContext, l3: usize, direction: Direction) -> i32 {
     };
     maps::count(link, direction, outcome);
     // UNSPEC lets any later program on the hook run, then the stack.
-    action
+    Handled { action, peers }
 }
 
 /// Runs one write of a packet's rewrite. A write the kernel refuses may
@@ -259,7 +275,7 @@ fn translate(ctx: &TcContext, l3: usize, direction: Direction) -> Result<Verdict
     Ok(if translated {
         Verdict::Translated(kinds)
     } else {
-        Verdict::Passed
+        Verdict::Unchanged
     })
 }
 

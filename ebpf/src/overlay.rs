@@ -5,42 +5,35 @@
 use core::mem::size_of;
 
 use aya_ebpf::{
-    bindings::{
-        BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_SHOT, TC_ACT_UNSPEC, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC,
-        bpf_fib_lookup, bpf_tunnel_key,
-    },
-    helpers::{
-        bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_redirect_peer, bpf_skb_change_head,
-        bpf_skb_get_tunnel_key, bpf_skb_set_tunnel_key,
-    },
+    bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, bpf_tunnel_key},
+    helpers::{bpf_redirect, bpf_skb_get_tunnel_key, bpf_skb_set_tunnel_key},
     programs::TcContext,
 };
 use isthmus_common::{
-    ipv4::{self, Header, MIN_HLEN, PROTO_UDP},
+    ipv4::{Header, MIN_HLEN, PROTO_UDP},
     overlay::{OverlayConfig, OverlayEvent},
     wire::Be32,
 };
 
 use crate::{
-    maps,
+    forward, maps,
     parse::{ETH_HLEN, ETH_P_IP, be16, bytes_at},
 };
+
 /// `skb->pkt_type` of a packet addressed to this host.
 const PACKET_HOST: u32 = 0;
-/// An Ethernet header for an L3 packet: any MACs will do, since the
-/// receiving node's `accept` makes it ours; the ethertype is IPv4.
-const L2_HEADER: [u8; 14] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x08, 0x00];
 /// Outer TTL of overlay packets.
 const OUTER_TTL: u8 = 64;
 
-/// Worker, on a pod-facing device: a packet for a peer's networks goes to
-/// the gateway node; anything else goes on untouched.
+/// On a pod-facing device: a packet for a peer's networks goes to the
+/// gateway node, or, on the gateway node itself, towards the tunnel past
+/// the stack (its egress NAT still runs); anything else goes on untouched.
 #[inline(always)]
 pub fn steer(ctx: &TcContext, l3: usize) -> i32 {
-    let Some(dst) = ipv4_dst(ctx, l3) else {
+    let Some(ip) = ipv4_header(ctx, l3) else {
         return TC_ACT_UNSPEC;
     };
-    if maps::peer(dst).is_none() {
+    if maps::peer(Header(&ip).dst()).is_none() {
         return TC_ACT_UNSPEC;
     }
     let Some(config) = maps::overlay() else {
@@ -50,28 +43,26 @@ pub fn steer(ctx: &TcContext, l3: usize) -> i32 {
         maps::count_overlay(OverlayEvent::NoGateway);
         return TC_ACT_UNSPEC;
     }
+    if config.gateway == config.local {
+        return forward::onward(ctx, l3, &ip);
+    }
     encapsulate(ctx, config, config.gateway, OverlayEvent::ToGateway)
 }
 
-/// Gateway, after the ingress NAT: a packet from the tunnel for a pod of
-/// another node goes to that node. `l3` is 0 on an L3 device (tun), whose
+/// Gateway, after the ingress NAT: a packet from the tunnel for `dst`, a
+/// pod of another node, goes to that node, and this is the TC action; None
+/// for a packet for no other node. `l3` is 0 on an L3 device (tun), whose
 /// packets get an Ethernet header first, as the VXLAN device carries frames.
 #[inline(always)]
-pub fn to_node(ctx: &TcContext, l3: usize) -> i32 {
-    let Some(dst) = ipv4_dst(ctx, l3) else {
-        return TC_ACT_UNSPEC;
-    };
-    let Some(node) = maps::node_of(dst) else {
-        return TC_ACT_UNSPEC;
-    };
-    let Some(config) = maps::overlay() else {
-        return TC_ACT_UNSPEC;
-    };
-    if l3 == 0 && !push_l2_header(ctx) {
+pub fn to_node(ctx: &TcContext, l3: usize, dst: Be32) -> Option<i32> {
+    let node = maps::node_of(dst)?;
+    let config = maps::overlay()?;
+    // Any MACs will do: the receiving node's `accept` makes it ours.
+    if l3 == 0 && !forward::push_l2_header(ctx) {
         maps::count_overlay(OverlayEvent::Failed);
-        return TC_ACT_UNSPEC;
+        return Some(TC_ACT_UNSPEC);
     }
-    encapsulate(ctx, config, node, OverlayEvent::ToNode)
+    Some(encapsulate(ctx, config, node, OverlayEvent::ToNode))
 }
 
 /// Every node, on the VXLAN device: a frame of our VNI from another node is
@@ -104,11 +95,8 @@ pub fn accept(ctx: &TcContext) -> i32 {
         return TC_ACT_UNSPEC;
     }
     maps::count_overlay(OverlayEvent::Received);
-    let Some(ip) = bytes_at::<MIN_HLEN>(ctx, ETH_HLEN) else {
-        return TC_ACT_UNSPEC;
-    };
-    match route(ctx, Header(&ip)) {
-        Some(next_hop) => send(ctx, ETH_HLEN, Header(&ip), &next_hop),
+    match bytes_at::<MIN_HLEN>(ctx, ETH_HLEN) {
+        Some(ip) => forward::onward(ctx, ETH_HLEN, &ip),
         None => TC_ACT_UNSPEC,
     }
 }
@@ -171,7 +159,7 @@ pub fn decapsulate(ctx: &TcContext) -> i32 {
     }
     let mut ip = [0u8; MIN_HLEN];
     ip.copy_from_slice(&frame[INNER_IP..]);
-    let Some(next_hop) = route(ctx, Header(&ip)) else {
+    let Some(next_hop) = forward::route(ctx, Header(&ip)) else {
         return TC_ACT_UNSPEC;
     };
     // Drops the outer IPv4, UDP and VXLAN headers and the inner Ethernet
@@ -184,98 +172,18 @@ pub fn decapsulate(ctx: &TcContext) -> i32 {
         return TC_ACT_UNSPEC;
     }
     maps::count_overlay(OverlayEvent::Decapsulated);
-    send(ctx, ETH_HLEN, Header(&ip), &next_hop)
+    forward::send(ctx, ETH_HLEN, Header(&ip), &next_hop)
 }
 
-const AF_INET: u8 = 2;
 const ETH_TYPE_IPV4: u16 = 0x0800;
 
-/// Where the FIB sends a packet: out of `ifindex`, to `dmac`, from `smac`.
-struct NextHop {
-    ifindex: u32,
-    dmac: [u8; 6],
-    smac: [u8; 6],
-}
-
-/// The FIB's next hop for a packet with header `ip`, when it settles it
-/// in one step. Not for a packet to this host, too big for the way out,
-/// to a next hop not resolved yet, or whose TTL runs out: the stack does
-/// those, and answers with the ICMP errors path MTU discovery and
-/// traceroute need.
+/// The IPv4 header of an IPv4 packet starting at `l3`.
 #[inline(always)]
-fn route(ctx: &TcContext, ip: Header) -> Option<NextHop> {
-    if !ip.is_valid() || ip.ttl() <= 1 {
-        return None;
-    }
-    // SAFETY: all-zero is a valid bpf_fib_lookup.
-    let mut fib: bpf_fib_lookup = unsafe { core::mem::zeroed() };
-    fib.family = AF_INET;
-    fib.l4_protocol = ip.proto();
-    fib.__bindgen_anon_1.tot_len = ip.total_len();
-    fib.__bindgen_anon_2.tos = ip.tos();
-    fib.__bindgen_anon_3.ipv4_src = ip.src().to_bits();
-    fib.__bindgen_anon_4.ipv4_dst = ip.dst().to_bits();
-    // SAFETY: reading a field of the context.
-    fib.ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    // SAFETY: `fib` is a complete bpf_fib_lookup of the size given.
-    let found = unsafe {
-        fib_lookup(
-            ctx.skb.skb.cast(),
-            &mut fib,
-            size_of::<bpf_fib_lookup>() as i32,
-            0,
-        )
-    };
-    (found == i64::from(BPF_FIB_LKUP_RET_SUCCESS)).then_some(NextHop {
-        ifindex: fib.ifindex,
-        dmac: fib.dmac,
-        smac: fib.smac,
-    })
-}
-
-/// Sends the packet whose IPv4 header `ip` starts at `l3` to `next_hop`,
-/// as the stack would forward it: the next hop's MACs, a TTL one lower.
-#[inline(always)]
-fn send(ctx: &TcContext, l3: usize, ip: Header, next_hop: &NextHop) -> i32 {
-    let ttl_proto = [ip.ttl(), ip.proto()];
-    let lowered = [ttl_proto[0] - 1, ttl_proto[1]];
-    let old = u16::from_ne_bytes(ttl_proto);
-    let new = u16::from_ne_bytes(lowered);
-    let rewritten = ctx
-        .l3_csum_replace(l3 + ipv4::CHECK, u64::from(old), u64::from(new), 2)
-        .and_then(|()| ctx.store(l3 + ipv4::TTL, &lowered, 0))
-        .and_then(|()| ctx.store(0, &next_hop.dmac, 0))
-        .and_then(|()| ctx.store(6, &next_hop.smac, 0));
-    if rewritten.is_err() {
-        maps::count_overlay(OverlayEvent::Failed);
-        return TC_ACT_UNSPEC;
-    }
-    maps::count_overlay(OverlayEvent::Forwarded);
-    // A pod's veth: straight into the pod's netns, skipping the veth's
-    // transmit and a second pass through the backlog.
-    if maps::is_pod_dev(next_hop.ifindex) {
-        // SAFETY: plain helper call on a veth, from TC ingress.
-        return unsafe { bpf_redirect_peer(next_hop.ifindex, 0) as i32 };
-    }
-    // SAFETY: plain helper call; an L3 device drops the MAC header itself.
-    unsafe { bpf_redirect(next_hop.ifindex, 0) as i32 }
-}
-
-/// The IPv4 destination of an IPv4 packet starting at `l3`.
-#[inline(always)]
-fn ipv4_dst(ctx: &TcContext, l3: usize) -> Option<Be32> {
+fn ipv4_header(ctx: &TcContext, l3: usize) -> Option<[u8; MIN_HLEN]> {
     if ctx.skb.protocol() != ETH_P_IP {
         return None;
     }
-    ctx.load::<u32>(l3 + ipv4::DST).ok().map(Be32::from_bits)
-}
-
-/// Prepends an Ethernet header to an L3 packet.
-#[inline(always)]
-fn push_l2_header(ctx: &TcContext) -> bool {
-    // SAFETY: the helper checks the skb itself.
-    let grown = unsafe { bpf_skb_change_head(ctx.skb.skb, L2_HEADER.len() as u32, 0) };
-    grown == 0 && ctx.store(0, &L2_HEADER, 0).is_ok()
+    ctx.load(l3).ok()
 }
 
 /// Sets the tunnel key to `remote` and redirects the packet to the VXLAN

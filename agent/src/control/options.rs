@@ -123,9 +123,10 @@ pub struct RunArgs {
     /// Gateway: datapath threads (default: one per CPU).
     #[arg(long)]
     pub tunnel_workers: Option<usize>,
-    /// Worker: the pod-facing host devices whose pods' remote-bound
-    /// traffic is sent to the gateway node: names, or prefixes ending in
-    /// `*` (comma-separated; for example `lxc*,cali*`).
+    /// The pod-facing host devices whose pods' remote-bound traffic is
+    /// sent to the gateway node, or on the gateway node towards the tunnel
+    /// past the stack: names, or prefixes ending in `*` (comma-separated;
+    /// for example `lxc*,cali*`).
     #[arg(long, value_delimiter = ',')]
     pub pod_devs: Vec<String>,
     /// The collect-metadata VXLAN device of the overlay between nodes.

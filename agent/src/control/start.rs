@@ -134,11 +134,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         true => None,
         false => Some(start_overlay(&args, &mut dataplane).await?),
     };
-    let patterns = match role {
-        Role::Worker => args.pod_devs.clone(),
-        Role::Gateway => Vec::new(),
-    };
-    let pods = PodDevices::new(patterns, dataplane.take_pod_devs()?)?;
+    let pods = PodDevices::new(args.pod_devs.clone(), dataplane.take_pod_devs()?)?;
     let xdp_mode = match gateway.is_some() && args.guard_dev.is_some() {
         true => "native",
         false => "none",

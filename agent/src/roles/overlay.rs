@@ -191,8 +191,8 @@ impl Overlay {
         }
     }
 
-    /// The gateway node's address workers send to: 0 on the gateway
-    /// itself, and while none is known. Where several nodes carry the
+    /// The gateway node's address workers send to (its own on the gateway
+    /// itself), or 0 while none is known. Where several nodes carry the
     /// gateway label, the one holding the election's Lease (`active`).
     fn gateway(&self, nodes: &[Node], active: Option<&str>) -> Be32 {
         if let Some(fixed) = self.options.gateway {
@@ -209,11 +209,7 @@ impl Overlay {
         if elected.is_none() && labelled.len() > 1 {
             warn!(chosen = %gateway.name, label = %self.options.gateway_label, "several nodes carry the gateway label and none holds the election's Lease; the first by name is used");
         }
-        if gateway.name == self.options.node {
-            Be32::ZERO
-        } else {
-            Be32::from(gateway.address)
-        }
+        Be32::from(gateway.address)
     }
 }
 

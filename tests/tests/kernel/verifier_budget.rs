@@ -30,7 +30,11 @@ fn every_program_verifies_within_three_quarters_of_the_limit() {
     require_root();
     let mut ebpf = Ebpf::load(OBJECT).expect("loading the eBPF object");
     let mut counts = Vec::new();
-    for name in names::PROGRAMS.into_iter().chain([names::PROG_GUARD]) {
+    for name in names::PROGRAMS
+        .into_iter()
+        .chain(names::ONWARD_PROGRAMS)
+        .chain([names::PROG_GUARD])
+    {
         let program = ebpf
             .program_mut(name)
             .unwrap_or_else(|| panic!("{name} is missing"));

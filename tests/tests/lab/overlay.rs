@@ -15,7 +15,7 @@ use std::{
 
 use etherparse::{NetSlice, SlicedPacket, TransportSlice};
 use isthmus_tests::{
-    addrs::A_POD2,
+    addrs::{A_POD2, A_POD2_AT_B},
     capture::{self, frames},
     eventually,
     metrics::sample,
@@ -109,6 +109,67 @@ fn worker_pods_reach_remote_worker_pods_through_both_overlays() {
             after[i] - before[i]
         );
     }
+}
+
+/// Pods on the gateway nodes: a-pod2's packets for b-pod2 go from its veth
+/// towards the tunnel past a-gw's IP layer (its egress NAT still
+/// translates them), and b-gw sends them from the tunnel straight into
+/// b-pod2, past its own; the replies likewise. Each gateway's IP layer
+/// forwards at most the flows' first packets, while next hops are resolved.
+#[test]
+fn gateway_pods_exchange_with_peers_past_both_gateways_ip_layers() {
+    require_lab();
+    let gateways = [A.gw(), B.gw()];
+    let counts = || {
+        gateways
+            .each_ref()
+            .map(|gw| (overlay(gw, "forwarded"), ip_forwarded(gw)))
+    };
+    let before = counts();
+    for proto in Proto::ALL {
+        let there = probe::exchange(proto, &A.pod(2), &B.pod(2), B_POD2).unwrap();
+        assert_eq!(
+            there.client_as_seen_by_server,
+            Ipv4Addr::from(A_POD2_AT_B),
+            "{}",
+            proto.as_str()
+        );
+        assert_eq!(there.server_as_seen_by_client, B_POD2, "{}", proto.as_str());
+    }
+    let after = counts();
+    // Each exchange is a packet each way through each gateway.
+    let packets = 2.0 * Proto::ALL.len() as f64;
+    for (i, gw) in gateways.iter().enumerate() {
+        let past_the_stack = after[i].0 - before[i].0;
+        let through_the_stack = after[i].1 - before[i].1;
+        assert!(
+            past_the_stack >= packets / 2.0,
+            "{gw} forwarded {past_the_stack} of {packets} packets past its IP layer"
+        );
+        assert!(
+            through_the_stack <= packets / 2.0,
+            "{gw}'s IP layer forwarded {through_the_stack} of {packets} packets"
+        );
+    }
+}
+
+/// Datagrams the IP layer of `ns` has forwarded (`IpForwDatagrams`).
+fn ip_forwarded(ns: &str) -> f64 {
+    let snmp = netns::run_in(ns, || fs::read_to_string("/proc/thread-self/net/snmp"))
+        .unwrap()
+        .unwrap();
+    let mut ip = snmp.lines().filter(|l| l.starts_with("Ip:"));
+    let (names, values) = (ip.next().unwrap(), ip.next().unwrap());
+    let column = names
+        .split_whitespace()
+        .position(|n| n == "ForwDatagrams")
+        .expect("no ForwDatagrams in /proc/net/snmp");
+    values
+        .split_whitespace()
+        .nth(column)
+        .unwrap()
+        .parse()
+        .unwrap()
 }
 
 /// The LAN carries the worker's pod traffic as VXLAN from the worker to the

@@ -619,9 +619,8 @@ pub fn agent_args(node: &str) -> Result<Vec<String>> {
         if segregation::is_on() && node == segregation::CLUSTER.gw() {
             args.push(format!("--security-mode={}", segregation::MODE));
         }
-    } else {
-        args.push(format!("--pod-devs={POD_DEVS}"));
     }
+    args.push(format!("--pod-devs={POD_DEVS}"));
     match tunnel_mode() {
         LabTunnel::Userspace => {
             args.push(format!("--private-key-file={}", key_file(node).display()));

@@ -4,10 +4,13 @@
 
 use std::path::Path;
 
-use aya::programs::{
-    LinkOrder, SchedClassifier, TcAttachType,
-    links::{FdLink, PinnedLink},
-    tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcHandle},
+use aya::{
+    maps::ProgramArray,
+    programs::{
+        LinkOrder, SchedClassifier, TcAttachType,
+        links::{FdLink, PinnedLink},
+        tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcHandle},
+    },
 };
 use isthmus_common::{names, pins::Direction};
 use tracing::{info, warn};
@@ -17,6 +20,9 @@ use crate::kernel::link::{self, DeviceError};
 use super::{
     Dataplane, DataplaneError, NL_PRIORITY, direction, nl_handle, remove_pin, unpin_link, verify,
 };
+
+/// Any failure of a load or an attach, which the caller names.
+type BoxedError = Box<dyn std::error::Error + Send + Sync>;
 
 /// How to attach TC programs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -64,6 +70,12 @@ impl Dataplane {
     /// whatever a previous agent attached there.
     pub fn attach_nat(&mut self, dev: &str, mode: AttachMode) -> Result<(), DataplaneError> {
         let (egress, ingress) = nat_programs(dev)?;
+        self.load_onward()
+            .map_err(|(program, source)| DataplaneError::Program {
+                program,
+                dev: dev.into(),
+                source,
+            })?;
         let mode = mode.resolve();
         self.attach(egress, dev, TcAttachType::Egress, mode)?;
         self.attach(ingress, dev, TcAttachType::Ingress, mode)?;
@@ -74,6 +86,31 @@ impl Dataplane {
             ingress,
             "NAT programs attached"
         );
+        Ok(())
+    }
+
+    /// Loads the programs the ingress NAT goes on in, once, into its
+    /// program array.
+    fn load_onward(&mut self) -> Result<(), (&'static str, BoxedError)> {
+        for (index, program) in names::ONWARD_PROGRAMS.into_iter().enumerate() {
+            let load = |ebpf: &mut aya::Ebpf| -> Result<(), BoxedError> {
+                let prog: &mut SchedClassifier = ebpf
+                    .program_mut(program)
+                    .ok_or("missing from the object")?
+                    .try_into()?;
+                if prog.fd().is_ok() {
+                    return Ok(());
+                }
+                verify::uninterrupted(|| prog.load())?;
+                let fd = prog.fd()?.try_clone()?;
+                let map = ebpf
+                    .map_mut(names::MAP_ONWARD)
+                    .ok_or("its program array is missing from the object")?;
+                ProgramArray::try_from(map)?.set(index as u32, &fd, 0)?;
+                Ok(())
+            };
+            load(&mut self.ebpf).map_err(|e| (program, e))?;
+        }
         Ok(())
     }
 
@@ -165,7 +202,7 @@ impl Dataplane {
         dev: &str,
         attach_type: TcAttachType,
         mode: Attached,
-    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    ) -> Result<(), BoxedError> {
         let prog: &mut SchedClassifier = self
             .ebpf
             .program_mut(program)
