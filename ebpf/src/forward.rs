@@ -7,11 +7,16 @@
 use core::mem::size_of;
 
 use aya_ebpf::{
-    bindings::{BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_UNSPEC, bpf_fib_lookup},
+    bindings::{
+        BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_UNSPEC, bpf_fib_lookup, bpf_fib_lookup__bindgen_ty_1,
+        bpf_fib_lookup__bindgen_ty_2, bpf_fib_lookup__bindgen_ty_3, bpf_fib_lookup__bindgen_ty_4,
+        bpf_fib_lookup__bindgen_ty_5,
+    },
     helpers::{bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_redirect_peer, bpf_skb_change_head},
     programs::TcContext,
 };
 use isthmus_common::{
+    csum::replace2,
     ipv4::{self, Header, MIN_HLEN},
     overlay::OverlayEvent,
 };
@@ -40,16 +45,32 @@ pub fn route(ctx: &TcContext, ip: Header) -> Option<NextHop> {
     if !ip.is_valid() || ip.ttl() <= 1 {
         return None;
     }
-    // SAFETY: all-zero is a valid bpf_fib_lookup.
-    let mut fib: bpf_fib_lookup = unsafe { core::mem::zeroed() };
-    fib.family = AF_INET;
-    fib.l4_protocol = ip.proto();
-    fib.__bindgen_anon_1.tot_len = ip.total_len();
-    fib.__bindgen_anon_2.tos = ip.tos();
-    fib.__bindgen_anon_3.ipv4_src = ip.src().to_bits();
-    fib.__bindgen_anon_4.ipv4_dst = ip.dst().to_bits();
-    // SAFETY: reading a field of the context.
-    fib.ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    // Every byte set here, the unions through their widest member: zeroing
+    // the whole struct first costs a call to a memset of its own per packet.
+    let mut fib = bpf_fib_lookup {
+        family: AF_INET,
+        l4_protocol: ip.proto(),
+        sport: 0,
+        dport: 0,
+        __bindgen_anon_1: bpf_fib_lookup__bindgen_ty_1 {
+            tot_len: ip.total_len(),
+        },
+        // SAFETY: reading a field of the context.
+        ifindex: unsafe { (*ctx.skb.skb).ifindex },
+        // The TOS is the union's first byte.
+        __bindgen_anon_2: bpf_fib_lookup__bindgen_ty_2 {
+            flowinfo: u32::from_ne_bytes([ip.tos(), 0, 0, 0]),
+        },
+        __bindgen_anon_3: bpf_fib_lookup__bindgen_ty_3 {
+            ipv6_src: [ip.src().to_bits(), 0, 0, 0],
+        },
+        __bindgen_anon_4: bpf_fib_lookup__bindgen_ty_4 {
+            ipv6_dst: [ip.dst().to_bits(), 0, 0, 0],
+        },
+        __bindgen_anon_5: bpf_fib_lookup__bindgen_ty_5 { tbid: 0 },
+        smac: [0; 6],
+        dmac: [0; 6],
+    };
     // SAFETY: `fib` is a complete bpf_fib_lookup of the size given.
     let found = unsafe {
         fib_lookup(
@@ -70,16 +91,7 @@ pub fn route(ctx: &TcContext, ip: Header) -> Option<NextHop> {
 /// as the stack would forward it: the next hop's MACs, a TTL one lower.
 #[inline(always)]
 pub fn send(ctx: &TcContext, l3: usize, ip: Header, next_hop: &NextHop) -> i32 {
-    let ttl_proto = [ip.ttl(), ip.proto()];
-    let lowered = [ttl_proto[0] - 1, ttl_proto[1]];
-    let old = u16::from_ne_bytes(ttl_proto);
-    let new = u16::from_ne_bytes(lowered);
-    let rewritten = ctx
-        .l3_csum_replace(l3 + ipv4::CHECK, u64::from(old), u64::from(new), 2)
-        .and_then(|()| ctx.store(l3 + ipv4::TTL, &lowered, 0))
-        .and_then(|()| ctx.store(0, &next_hop.dmac, 0))
-        .and_then(|()| ctx.store(6, &next_hop.smac, 0));
-    if rewritten.is_err() {
+    if rewrite(ctx, l3, ip, next_hop).is_none() {
         maps::count_overlay(OverlayEvent::Failed);
         return TC_ACT_UNSPEC;
     }
@@ -92,6 +104,42 @@ pub fn send(ctx: &TcContext, l3: usize, ip: Header, next_hop: &NextHop) -> i32 {
     }
     // SAFETY: plain helper call; an L3 device drops the MAC header itself.
     unsafe { bpf_redirect(next_hop.ifindex, 0) as i32 }
+}
+
+/// Writes the next hop's MACs and the lowered TTL, with its checksum,
+/// straight into the packet: no helper call per field. The headers are
+/// pulled into the linear part first if they are not there.
+#[inline(always)]
+fn rewrite(ctx: &TcContext, l3: usize, ip: Header, next_hop: &NextHop) -> Option<()> {
+    let headers = l3 + MIN_HLEN;
+    if ctx.data() + headers > ctx.data_end() {
+        ctx.pull_data(headers as u32).ok()?;
+    }
+    let start = ctx.data();
+    if start + headers > ctx.data_end() {
+        return None;
+    }
+    let ttl_proto = [ip.ttl(), ip.proto()];
+    let lowered = [ttl_proto[0] - 1, ttl_proto[1]];
+    let check = replace2(
+        u16::from_ne_bytes([ip.0[ipv4::CHECK], ip.0[ipv4::CHECK + 1]]),
+        u16::from_ne_bytes(ttl_proto),
+        u16::from_ne_bytes(lowered),
+    );
+    // SAFETY: every byte written lies below `start + headers`, checked
+    // against the packet's end just above; TC programs may write packet
+    // data, and the kernel unclones the skb first.
+    unsafe {
+        let frame = start as *mut u8;
+        frame.cast::<[u8; 6]>().write(next_hop.dmac);
+        frame.add(6).cast::<[u8; 6]>().write(next_hop.smac);
+        *frame.add(l3 + ipv4::TTL) = lowered[0];
+        frame
+            .add(l3 + ipv4::CHECK)
+            .cast::<[u8; 2]>()
+            .write(check.to_ne_bytes());
+    }
+    Some(())
 }
 
 /// TC ingress, a packet whose IPv4 header `ip` starts at `l3` (0 on an L3

@@ -9,7 +9,7 @@
 
 use aya::{Ebpf, EbpfLoader, programs::SchedClassifier};
 use isthmus_agent::{
-    kernel::dataplane::OBJECT,
+    kernel::dataplane::{OBJECT, load_onward},
     kernel::maps::{Counters, NodeMap, OverlaySettings, PeerMap, PresenceSet},
     kernel::table::KernelTable,
     model::isolation::SecurityMode,
@@ -62,6 +62,8 @@ impl Harness {
             prog.load()
                 .unwrap_or_else(|e| panic!("verifier rejected {name}: {e}"));
         }
+        // What the ingress NAT goes on in, as the agent loads it.
+        load_onward(&mut ebpf).unwrap();
         let mut peers = PeerMap::new(
             ebpf.take_map(names::MAP_PEERS).unwrap(),
             ebpf.take_map(names::MAP_PREFIX_LENS).unwrap(),

@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use aya::{
+    Ebpf,
     maps::ProgramArray,
     programs::{
         LinkOrder, SchedClassifier, TcAttachType,
@@ -70,12 +71,7 @@ impl Dataplane {
     /// whatever a previous agent attached there.
     pub fn attach_nat(&mut self, dev: &str, mode: AttachMode) -> Result<(), DataplaneError> {
         let (egress, ingress) = nat_programs(dev)?;
-        self.load_onward()
-            .map_err(|(program, source)| DataplaneError::Program {
-                program,
-                dev: dev.into(),
-                source,
-            })?;
+        load_onward(&mut self.ebpf)?;
         let mode = mode.resolve();
         self.attach(egress, dev, TcAttachType::Egress, mode)?;
         self.attach(ingress, dev, TcAttachType::Ingress, mode)?;
@@ -86,31 +82,6 @@ impl Dataplane {
             ingress,
             "NAT programs attached"
         );
-        Ok(())
-    }
-
-    /// Loads the programs the ingress NAT goes on in, once, into its
-    /// program array.
-    fn load_onward(&mut self) -> Result<(), (&'static str, BoxedError)> {
-        for (index, program) in names::ONWARD_PROGRAMS.into_iter().enumerate() {
-            let load = |ebpf: &mut aya::Ebpf| -> Result<(), BoxedError> {
-                let prog: &mut SchedClassifier = ebpf
-                    .program_mut(program)
-                    .ok_or("missing from the object")?
-                    .try_into()?;
-                if prog.fd().is_ok() {
-                    return Ok(());
-                }
-                verify::uninterrupted(|| prog.load())?;
-                let fd = prog.fd()?.try_clone()?;
-                let map = ebpf
-                    .map_mut(names::MAP_ONWARD)
-                    .ok_or("its program array is missing from the object")?;
-                ProgramArray::try_from(map)?.set(index as u32, &fd, 0)?;
-                Ok(())
-            };
-            load(&mut self.ebpf).map_err(|e| (program, e))?;
-        }
         Ok(())
     }
 
@@ -230,6 +201,31 @@ impl Dataplane {
         prog.pin(&pin)?;
         Ok(())
     }
+}
+
+/// Loads the programs the ingress NAT goes on in, once, into its program
+/// array ([`names::MAP_ONWARD`]).
+pub fn load_onward(ebpf: &mut Ebpf) -> Result<(), DataplaneError> {
+    for (index, program) in names::ONWARD_PROGRAMS.into_iter().enumerate() {
+        let load = |ebpf: &mut Ebpf| -> Result<(), BoxedError> {
+            let prog: &mut SchedClassifier = ebpf
+                .program_mut(program)
+                .ok_or("missing from the object")?
+                .try_into()?;
+            if prog.fd().is_ok() {
+                return Ok(());
+            }
+            verify::uninterrupted(|| prog.load())?;
+            let fd = prog.fd()?.try_clone()?;
+            let map = ebpf
+                .map_mut(names::MAP_ONWARD)
+                .ok_or("its program array is missing from the object")?;
+            ProgramArray::try_from(map)?.set(index as u32, &fd, 0)?;
+            Ok(())
+        };
+        load(ebpf).map_err(|source| DataplaneError::Onward { program, source })?;
+    }
+    Ok(())
 }
 
 /// The NAT programs, egress and ingress, for `dev`'s link type.

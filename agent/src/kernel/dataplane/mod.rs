@@ -39,7 +39,7 @@ mod attach;
 mod cleanup;
 mod verify;
 
-pub use attach::{AttachMode, Attached};
+pub use attach::{AttachMode, Attached, load_onward};
 pub use cleanup::cleanup;
 
 /// The compiled eBPF object, built by `build.rs`.
@@ -75,6 +75,14 @@ pub enum DataplaneError {
         program: &'static str,
         /// The device.
         dev: String,
+        /// What went wrong.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A program the ingress NAT goes on in could not be loaded.
+    #[error("program {program}, after the ingress NAT: {source}")]
+    Onward {
+        /// The program.
+        program: &'static str,
         /// What went wrong.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
