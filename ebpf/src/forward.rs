@@ -26,7 +26,7 @@ use crate::{maps, parse::ETH_HLEN};
 const AF_INET: u8 = 2;
 /// An Ethernet header for an L3 packet, whose MACs are set later; the
 /// ethertype is IPv4.
-pub const L2_HEADER: [u8; 14] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x08, 0x00];
+const L2_HEADER: [u8; 14] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x08, 0x00];
 
 /// Where the FIB sends a packet: out of `ifindex`, to `dmac`, from `smac`.
 pub struct NextHop {
@@ -87,11 +87,11 @@ pub fn route(ctx: &TcContext, ip: Header) -> Option<NextHop> {
     })
 }
 
-/// Sends the packet whose IPv4 header `ip` starts at `l3` to `next_hop`,
-/// as the stack would forward it: the next hop's MACs, a TTL one lower.
+/// Sends the Ethernet frame whose IPv4 header is `ip` to `next_hop`, as the
+/// stack would forward it: the next hop's MACs, a TTL one lower.
 #[inline(always)]
-pub fn send(ctx: &TcContext, l3: usize, ip: Header, next_hop: &NextHop) -> i32 {
-    if rewrite(ctx, l3, ip, next_hop).is_none() {
+pub fn send(ctx: &TcContext, ip: Header, next_hop: &NextHop) -> i32 {
+    if rewrite(ctx, ip, next_hop).is_none() {
         maps::count_overlay(OverlayEvent::Failed);
         return TC_ACT_UNSPEC;
     }
@@ -110,8 +110,8 @@ pub fn send(ctx: &TcContext, l3: usize, ip: Header, next_hop: &NextHop) -> i32 {
 /// straight into the packet: no helper call per field. The headers are
 /// pulled into the linear part first if they are not there.
 #[inline(always)]
-fn rewrite(ctx: &TcContext, l3: usize, ip: Header, next_hop: &NextHop) -> Option<()> {
-    let headers = l3 + MIN_HLEN;
+fn rewrite(ctx: &TcContext, ip: Header, next_hop: &NextHop) -> Option<()> {
+    let headers = ETH_HLEN + MIN_HLEN;
     if ctx.data() + headers > ctx.data_end() {
         ctx.pull_data(headers as u32).ok()?;
     }
@@ -133,9 +133,9 @@ fn rewrite(ctx: &TcContext, l3: usize, ip: Header, next_hop: &NextHop) -> Option
         let frame = start as *mut u8;
         frame.cast::<[u8; 6]>().write(next_hop.dmac);
         frame.add(6).cast::<[u8; 6]>().write(next_hop.smac);
-        *frame.add(l3 + ipv4::TTL) = lowered[0];
+        *frame.add(ETH_HLEN + ipv4::TTL) = lowered[0];
         frame
-            .add(l3 + ipv4::CHECK)
+            .add(ETH_HLEN + ipv4::CHECK)
             .cast::<[u8; 2]>()
             .write(check.to_ne_bytes());
     }
@@ -146,7 +146,7 @@ fn rewrite(ctx: &TcContext, l3: usize, ip: Header, next_hop: &NextHop) -> Option
 /// device): forwarded past the stack when the FIB settles it in one step
 /// out of an Ethernet device; left to the stack otherwise.
 #[inline(always)]
-pub fn onward(ctx: &TcContext, l3: usize, ip: &[u8; MIN_HLEN]) -> i32 {
+pub fn to_next_hop(ctx: &TcContext, l3: usize, ip: &[u8; MIN_HLEN]) -> i32 {
     let Some(next_hop) = route(ctx, Header(ip)) else {
         return TC_ACT_UNSPEC;
     };
@@ -154,7 +154,7 @@ pub fn onward(ctx: &TcContext, l3: usize, ip: &[u8; MIN_HLEN]) -> i32 {
         maps::count_overlay(OverlayEvent::Failed);
         return TC_ACT_UNSPEC;
     }
-    send(ctx, ETH_HLEN, Header(ip), &next_hop)
+    send(ctx, Header(ip), &next_hop)
 }
 
 /// Prepends an Ethernet header to an L3 packet.

@@ -85,7 +85,8 @@ fn onward(ctx: &TcContext, l3: usize) -> i32 {
     let Ok(ip) = ctx.load::<[u8; MIN_HLEN]>(l3) else {
         return TC_ACT_UNSPEC;
     };
-    overlay::to_node(ctx, l3, Header(&ip).dst()).unwrap_or_else(|| forward::onward(ctx, l3, &ip))
+    overlay::to_node(ctx, l3, Header(&ip).dst())
+        .unwrap_or_else(|| forward::to_next_hop(ctx, l3, &ip))
 }
 
 /// Sends pods' packets for peers' networks to the gateway node, or on the

@@ -10,7 +10,7 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use isthmus_common::{
-    ipv4::{Header, MIN_HLEN, PROTO_UDP},
+    ipv4::{DST, Header, MIN_HLEN, PROTO_UDP},
     overlay::{OverlayConfig, OverlayEvent},
     wire::Be32,
 };
@@ -30,10 +30,10 @@ const OUTER_TTL: u8 = 64;
 /// the stack (its egress NAT still runs); anything else goes on untouched.
 #[inline(always)]
 pub fn steer(ctx: &TcContext, l3: usize) -> i32 {
-    let Some(ip) = ipv4_header(ctx, l3) else {
+    let Some(dst) = ipv4_dst(ctx, l3) else {
         return TC_ACT_UNSPEC;
     };
-    if maps::peer(Header(&ip).dst()).is_none() {
+    if maps::peer(dst).is_none() {
         return TC_ACT_UNSPEC;
     }
     let Some(config) = maps::overlay() else {
@@ -44,7 +44,10 @@ pub fn steer(ctx: &TcContext, l3: usize) -> i32 {
         return TC_ACT_UNSPEC;
     }
     if config.gateway == config.local {
-        return forward::onward(ctx, l3, &ip);
+        return match ctx.load::<[u8; MIN_HLEN]>(l3) {
+            Ok(ip) => forward::to_next_hop(ctx, l3, &ip),
+            Err(_) => TC_ACT_UNSPEC,
+        };
     }
     encapsulate(ctx, config, config.gateway, OverlayEvent::ToGateway)
 }
@@ -96,7 +99,7 @@ pub fn accept(ctx: &TcContext) -> i32 {
     }
     maps::count_overlay(OverlayEvent::Received);
     match bytes_at::<MIN_HLEN>(ctx, ETH_HLEN) {
-        Some(ip) => forward::onward(ctx, ETH_HLEN, &ip),
+        Some(ip) => forward::to_next_hop(ctx, ETH_HLEN, &ip),
         None => TC_ACT_UNSPEC,
     }
 }
@@ -172,18 +175,19 @@ pub fn decapsulate(ctx: &TcContext) -> i32 {
         return TC_ACT_UNSPEC;
     }
     maps::count_overlay(OverlayEvent::Decapsulated);
-    forward::send(ctx, ETH_HLEN, Header(&ip), &next_hop)
+    forward::send(ctx, Header(&ip), &next_hop)
 }
 
 const ETH_TYPE_IPV4: u16 = 0x0800;
 
-/// The IPv4 header of an IPv4 packet starting at `l3`.
+/// The IPv4 destination of an IPv4 packet starting at `l3`: all a pod's
+/// packet that is for no peer costs.
 #[inline(always)]
-fn ipv4_header(ctx: &TcContext, l3: usize) -> Option<[u8; MIN_HLEN]> {
+fn ipv4_dst(ctx: &TcContext, l3: usize) -> Option<Be32> {
     if ctx.skb.protocol() != ETH_P_IP {
         return None;
     }
-    ctx.load(l3).ok()
+    ctx.load::<u32>(l3 + DST).ok().map(Be32::from_bits)
 }
 
 /// Sets the tunnel key to `remote` and redirects the packet to the VXLAN
