@@ -36,7 +36,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tracing::error;
 
 use self::{
-    datapath::Worker,
+    datapath::{Devices, Worker},
     key::KeyPair,
     peers::{PeerConfig, PeerSet, TunnelPeer},
 };
@@ -251,9 +251,10 @@ impl Tunnel {
         let control = sockets[0].try_clone()?;
         let mut threads = Vec::new();
         for (i, (tun, udp)) in queues.into_iter().zip(sockets).enumerate() {
+            let devices = Devices::new(tun, udp)?;
             threads.push(
                 shared.spawn_supervised(format!("tunnel-{i}"), move |shared| {
-                    Worker::new(shared, &tun, &udp).run()
+                    Worker::new(shared, &devices).run()
                 })?,
             );
         }

@@ -13,6 +13,7 @@ use std::{
 use boringtun::noise::{
     Packet, Tunn, TunnResult, errors::WireGuardError, handshake::parse_handshake_anon,
 };
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 use tracing::debug;
 
 use super::{
@@ -22,8 +23,8 @@ use super::{
     peers::{PeerSet, TunnelPeer},
 };
 
-/// How often a worker wakes with nothing to do, to notice a stop.
-const IDLE: Duration = Duration::from_millis(200);
+/// How often a worker wakes with nothing to do, to notice a stop, in ms.
+const IDLE_MS: u16 = 200;
 /// How often WireGuard's timers run (boringtun's own device uses 250 ms).
 const TICK: Duration = Duration::from_millis(250);
 /// How often the first handshakes' retries are looked at.
@@ -64,44 +65,68 @@ impl Buffers {
     }
 }
 
+/// A worker's two devices, watched for input together. An epoll set
+/// rather than `poll`: the latter registers with both devices' wait
+/// queues and unregisters again on every call, twice per round trip of a
+/// request and its answer, which is what a latency-bound flow pays for.
+pub struct Devices {
+    tun: OwnedFd,
+    udp: UdpSocket,
+    ready: Epoll,
+}
+
+/// Which device an epoll event is for.
+const TUN_EVENT: u64 = 0;
+const UDP_EVENT: u64 = 1;
+
+impl Devices {
+    /// Watches one TUN queue and one UDP socket (level-triggered).
+    pub fn new(tun: OwnedFd, udp: UdpSocket) -> std::io::Result<Self> {
+        let ready = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
+        ready.add(&tun, EpollEvent::new(EpollFlags::EPOLLIN, TUN_EVENT))?;
+        ready.add(&udp, EpollEvent::new(EpollFlags::EPOLLIN, UDP_EVENT))?;
+        Ok(Self { tun, udp, ready })
+    }
+
+    /// Which devices have input, after waiting at most [`IDLE_MS`].
+    fn wait(&self) -> (bool, bool) {
+        let mut events = [EpollEvent::empty(); 2];
+        let count = self.ready.wait(&mut events, IDLE_MS).unwrap_or(0);
+        let has = |device| events[..count].iter().any(|e| e.data() == device);
+        (has(TUN_EVENT), has(UDP_EVENT))
+    }
+}
+
 /// One datapath thread's devices and buffers.
 pub struct Worker<'a> {
     shared: &'a Shared,
-    tun: &'a OwnedFd,
-    udp: &'a UdpSocket,
+    devices: &'a Devices,
     bufs: Buffers,
 }
 
 impl<'a> Worker<'a> {
     /// A worker on one TUN queue and one UDP socket, with fresh buffers.
-    pub fn new(shared: &'a Shared, tun: &'a OwnedFd, udp: &'a UdpSocket) -> Self {
+    pub fn new(shared: &'a Shared, devices: &'a Devices) -> Self {
         Self {
             shared,
-            tun,
-            udp,
+            devices,
             bufs: Buffers::new(shared),
         }
     }
 
     /// Moves packets until the tunnel stops.
     pub fn run(&mut self) {
-        batch::enable_gro(self.udp);
-        let mut fds = [self.tun.as_raw_fd(), self.udp.as_raw_fd()].map(|fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        });
+        batch::enable_gro(&self.devices.udp);
         while !self.shared.stop.load(Ordering::Relaxed) {
-            // SAFETY: two valid pollfds.
-            let ready = unsafe { libc::poll(fds.as_mut_ptr(), 2, IDLE.as_millis() as i32) };
-            if ready <= 0 {
+            let (tun, udp) = self.devices.wait();
+            if !tun && !udp {
                 continue;
             }
             let peers = self.shared.snapshot();
-            if fds[0].revents & libc::POLLIN != 0 {
+            if tun {
                 self.tun_to_network(&peers);
             }
-            if fds[1].revents & libc::POLLIN != 0 {
+            if udp {
                 self.network_to_tun(&peers);
             }
         }
@@ -111,14 +136,14 @@ impl<'a> Worker<'a> {
     fn tun_to_network(&mut self, peers: &PeerSet) {
         let sender = Sender {
             shared: self.shared,
-            udp: self.udp,
+            udp: &self.devices.udp,
         };
         let counters = &self.shared.counters;
         for _ in 0..TUN_READS {
             // SAFETY: reading into an owned buffer of the given length.
             let n = unsafe {
                 libc::read(
-                    self.tun.as_raw_fd(),
+                    self.devices.tun.as_raw_fd(),
                     self.bufs.frame.as_mut_ptr().cast(),
                     self.bufs.frame.len(),
                 )
@@ -162,15 +187,15 @@ impl<'a> Worker<'a> {
 
     /// UDP → decrypt → coalesce → TUN, a batch at a time.
     fn network_to_tun(&mut self, peers: &PeerSet) {
-        let Ok(count) = self.bufs.incoming.recv(self.udp) else {
+        let Ok(count) = self.bufs.incoming.recv(&self.devices.udp) else {
             return;
         };
         let receiver = Receiver {
             shared: self.shared,
             peers,
-            udp: self.udp,
+            udp: &self.devices.udp,
         };
-        let tun = self.tun;
+        let tun = &self.devices.tun;
         let mut write = |frame: &[u8]| write_tun(tun, frame);
         let mut coalesced = 0;
         for i in 0..count {
