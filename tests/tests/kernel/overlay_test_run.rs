@@ -24,7 +24,7 @@ use isthmus_common::{
 use isthmus_tests::{
     addrs::{A_POD1, A_POD1_AT_B, A_POD2, A_POD2_AT_B, B_POD1},
     netns,
-    packet::{ETH_P_ARP, eth_ipv4, ethernet, tcp, udp, vxlan},
+    packet::{Datagram, ETH_P_ARP, L4, eth_ipv4, ethernet, tcp, udp, vxlan},
     require_root, test_run,
 };
 use xtask::topology::{A, OVERLAY_PORT, PEERINGS};
@@ -258,15 +258,19 @@ fn the_overlay_programs_decide_and_leave_frames_as_they_should() {
     );
 }
 
-/// The test's node (`v0`, 192.0.2.1) and the next hop it forwards a-pod1's
-/// address to (`v1`, 192.0.2.2, with a permanent neighbour entry).
+/// A test's node (`v0`, 192.0.2.1) and the next hop it forwards a's pods'
+/// addresses to (`v1`, 192.0.2.2, with a permanent neighbour entry).
 const NODE_NS: &str = "ist-t-decap";
 const NEXT_HOP_NS: &str = "ist-t-decap-nh";
+/// The same for the ingress NAT's test, which runs beside the other.
+const GATEWAY_NS: &str = "ist-t-onward";
+const GATEWAY_NEXT_HOP_NS: &str = "ist-t-onward-nh";
 
-/// Builds the node's netns, and returns the next hop's MAC and the node's.
-fn node_with_a_route_to_a_pod1() -> ([u8; 6], [u8; 6]) {
-    netns::fresh(&[NODE_NS, NEXT_HOP_NS]);
-    netns::link(NODE_NS, NEXT_HOP_NS);
+/// Builds the node's netns `node_ns` with a route to a's PodCIDR through
+/// `next_hop_ns`, and returns the next hop's MAC and the node's.
+fn node_with_a_route_to_a_pods(node_ns: &str, next_hop_ns: &str) -> ([u8; 6], [u8; 6]) {
+    netns::fresh(&[node_ns, next_hop_ns]);
+    netns::link(node_ns, next_hop_ns);
     let mac = |ns: &str, dev: &str| -> [u8; 6] {
         let text = xtask::cmd::ip(ns, &["-br", "link", "show", dev]).unwrap();
         let field = text.split_whitespace().nth(2).unwrap();
@@ -276,7 +280,7 @@ fn node_with_a_route_to_a_pod1() -> ([u8; 6], [u8; 6]) {
             .collect();
         bytes.try_into().unwrap()
     };
-    let (next_hop, node) = (mac(NEXT_HOP_NS, "v1"), mac(NODE_NS, "v0"));
+    let (next_hop, node) = (mac(next_hop_ns, "v1"), mac(node_ns, "v0"));
     let lladdr = next_hop.map(|b| format!("{b:02x}")).join(":");
     for args in [
         &[
@@ -293,21 +297,21 @@ fn node_with_a_route_to_a_pod1() -> ([u8; 6], [u8; 6]) {
         &[
             "route",
             "add",
-            "10.244.0.0/25",
+            "10.244.0.0/24",
             "via",
             "192.0.2.2",
             "dev",
             "v0",
         ],
     ] {
-        xtask::cmd::ip(NODE_NS, args).unwrap();
+        xtask::cmd::ip(node_ns, args).unwrap();
     }
     xtask::cmd::run(
         "ip",
         &[
             "netns",
             "exec",
-            NODE_NS,
+            node_ns,
             "sysctl",
             "-qw",
             "net.ipv4.ip_forward=1",
@@ -320,7 +324,7 @@ fn node_with_a_route_to_a_pod1() -> ([u8; 6], [u8; 6]) {
 #[test]
 fn the_uplink_decapsulates_only_what_the_fib_forwards_in_one_step() {
     let mut h = Harness::new();
-    let (next_hop, node) = node_with_a_route_to_a_pod1();
+    let (next_hop, node) = node_with_a_route_to_a_pods(NODE_NS, NEXT_HOP_NS);
     h.netns = Some(NODE_NS);
     let (gw, here) = (A.lan_gw().octets(), A.lan_node().octets());
     let inner = tcp(B_POD1, A_POD1);
@@ -398,4 +402,103 @@ fn the_uplink_decapsulates_only_what_the_fib_forwards_in_one_step() {
     h.configure(|c| c.local = Be32::ZERO);
     check(&h, rows(vec![("this node's address unknown", arrived)]));
     netns::remove(&[NODE_NS, NEXT_HOP_NS]);
+}
+
+/// The ingress NAT's onward step on the gateway node, where a's PodCIDR is
+/// routed: a peer's packet for a pod of this node goes past the stack once
+/// translated, and only such a packet. What a peer may not reach is
+/// dropped though the FIB has a route for it, and what comes from no peer
+/// stays with the stack (and its netfilter hooks). And the other way, the
+/// steering of the gateway's own pods' packets for a peer.
+#[test]
+fn only_a_peers_translated_packet_for_a_pod_of_this_node_goes_past_the_stack() {
+    const CLUSTER_IP: [u8; 4] = [10, 96, 0, 10];
+    let mut h = Harness::new();
+    let (next_hop, node) = node_with_a_route_to_a_pods(GATEWAY_NS, GATEWAY_NEXT_HOP_NS);
+    let route = |to| ["route", "add", to, "via", "192.0.2.2", "dev", "v0"];
+    xtask::cmd::ip(GATEWAY_NS, &route("10.96.0.0/12")).unwrap();
+    h.netns = Some(GATEWAY_NS);
+    let from_b = |dst, ttl| eth_ipv4(&tcp(B_POD1, dst).with_ttl(ttl).bytes());
+    let mut forwarded = [next_hop, node].concat();
+    forwarded.extend(from_b(A_POD2, 63).split_off(12));
+    let big = |dst| {
+        let payload = vec![0x5a; 1600];
+        let l4 = L4::Udp {
+            sport: 40000,
+            dport: 53,
+            payload,
+            zero_csum: false,
+        };
+        eth_ipv4(&Datagram::new(B_POD1, dst, l4).bytes())
+    };
+    let stays = |name, input: Vec<u8>, out: Vec<u8>| -> Row {
+        (name, names::PROG_INGRESS_ETH, input, HAND_ON, out, &[][..])
+    };
+    use OverlayEvent::*;
+    check(
+        &h,
+        vec![
+            (
+                "b's packet for a-pod2: translated, next hop's MACs, TTL 63",
+                names::PROG_INGRESS_ETH,
+                from_b(A_POD2_AT_B, 64),
+                REDIRECT,
+                forwarded,
+                &[Forwarded],
+            ),
+            stays(
+                "b's packet for a-pod2 with TTL 1: translated, the stack answers time-exceeded",
+                from_b(A_POD2_AT_B, 1),
+                from_b(A_POD2, 1),
+            ),
+            stays(
+                "b's packet for a-pod2, over the way out's MTU: translated, the stack answers frag-needed",
+                big(A_POD2_AT_B),
+                big(A_POD2),
+            ),
+            (
+                "b's packet to a ClusterIP, which b may not reach: dropped, though routed",
+                names::PROG_INGRESS_ETH,
+                from_b(CLUSTER_IP, 64),
+                SHOT,
+                from_b(CLUSTER_IP, 64),
+                &[],
+            ),
+            stays(
+                "a packet from no peer for a-pod2: untouched, to the stack",
+                eth_ipv4(&tcp([192, 0, 2, 77], A_POD2).bytes()),
+                eth_ipv4(&tcp([192, 0, 2, 77], A_POD2).bytes()),
+            ),
+        ],
+    );
+
+    // The other way: on the active gateway node, its own pods' packets for
+    // b go towards the NAT device by the FIB, here through v0.
+    h.configure(|c| c.local = c.gateway);
+    xtask::cmd::ip(GATEWAY_NS, &route("10.0.0.0/24")).unwrap();
+    let to_b = |ttl| eth_ipv4(&udp(A_POD2, B_POD1).with_ttl(ttl).bytes());
+    let mut steered = [next_hop, node].concat();
+    steered.extend(to_b(63).split_off(12));
+    check(
+        &h,
+        vec![
+            (
+                "active gateway: a-pod2's packet for b: next hop's MACs, TTL 63",
+                names::PROG_STEER,
+                to_b(64),
+                REDIRECT,
+                steered,
+                &[Forwarded],
+            ),
+            (
+                "active gateway: a-pod2's packet for b with TTL 1: to the stack",
+                names::PROG_STEER,
+                to_b(1),
+                HAND_ON,
+                to_b(1),
+                &[],
+            ),
+        ],
+    );
+    netns::remove(&[GATEWAY_NS, GATEWAY_NEXT_HOP_NS]);
 }
