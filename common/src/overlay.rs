@@ -37,9 +37,16 @@ pub struct OverlayConfig {
     pub local: Be32,
     /// The overlay's UDP port (host order).
     pub port: u16,
-    /// Zero.
-    pub pad: u16,
+    /// [`PAST_NETFILTER`] or nothing.
+    pub flags: u16,
 }
+
+/// [`OverlayConfig::flags`]: forward what the FIB settles in one step past
+/// the node's IP layer, netfilter included: the overlay's packets for this
+/// node's pods, peers' packets for the gateway node's pods, and those pods'
+/// packets for peers. Off, the stack forwards them all, and netfilter's
+/// FORWARD chain (where some CNIs enforce NetworkPolicy) sees them.
+pub const PAST_NETFILTER: u16 = 1;
 
 assert_layout!(OverlayConfig, size = 20, align = 4);
 

@@ -18,7 +18,7 @@ use aya_ebpf::{
 use isthmus_common::{
     csum::replace2,
     ipv4::{self, Header, MIN_HLEN},
-    overlay::OverlayEvent,
+    overlay::{OverlayEvent, PAST_NETFILTER},
 };
 
 use crate::{maps, parse::ETH_HLEN};
@@ -36,13 +36,15 @@ pub struct NextHop {
 }
 
 /// The FIB's next hop for a packet with header `ip`, when it settles it
-/// in one step. Not for a packet to this host, too big for the way out (a
-/// GSO packet's total length says so too), to a next hop not resolved
-/// yet, or whose TTL runs out: the stack does those, and answers with the
-/// ICMP errors path MTU discovery and traceroute need.
+/// in one step and the node forwards past netfilter ([`PAST_NETFILTER`]).
+/// Not for a packet to this host, too big for the way out (a GSO packet's
+/// total length says so too), to a next hop not resolved yet, or whose TTL
+/// runs out: the stack does those, and answers with the ICMP errors path
+/// MTU discovery and traceroute need.
 #[inline(always)]
 pub fn route(ctx: &TcContext, ip: Header) -> Option<NextHop> {
-    if !ip.is_valid() || ip.ttl() <= 1 {
+    let past_netfilter = maps::overlay().is_some_and(|c| c.flags & PAST_NETFILTER != 0);
+    if !past_netfilter || !ip.is_valid() || ip.ttl() <= 1 {
         return None;
     }
     // Every byte set here, the unions through their widest member: zeroing

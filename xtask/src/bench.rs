@@ -854,9 +854,11 @@ warm-up); the table gives the median and the range of all windows.
   `SNAT` for other sources), generated from the same TunnelEndpoints; the
   peer under test is last in every chain.
 - **isthmus**: the TC programs, with the peers in their hash table (one lookup per prefix length in use).
-  Each gateway also forwards by the FIB from TC, past its IP layer:
-  `a-gw` from `a-pod2`'s veth towards the NAT device, `b-gw` from the NAT
-  device into `b-pod2`. The other setups go through both gateways' stacks.
+  Each gateway also forwards by the FIB from TC, past its IP layer, as the
+  lab runs the agents (`--forward-past-netfilter`; off by default, for
+  NetworkPolicy enforced in netfilter): `a-gw` from `a-pod2`'s veth
+  towards the NAT device, `b-gw` from the NAT device into `b-pod2`. The
+  other setups go through both gateways' stacks.
 - **isthmus, segregated**: the same with one peer, and `b-gw` in
   IntraClusterTrafficSegregation (issue 17) with {endpoints} endpoints
   exported to a beside `b-pod2`, which is offloaded from a: each packet

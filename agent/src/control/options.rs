@@ -146,6 +146,14 @@ pub struct RunArgs {
     /// and the gateway node.
     #[arg(long)]
     pub no_overlay: bool,
+    /// Forward, with the overlay, what the FIB settles in one step past
+    /// this node's IP layer and netfilter: the overlay's packets for this
+    /// node's pods; on the gateway node, peers' packets for its pods and its
+    /// pods' packets for peers. Faster, but the FORWARD chain does not see
+    /// them: leave it off where the CNI enforces NetworkPolicy there (as
+    /// Calico's iptables dataplane and kube-router do).
+    #[arg(long)]
+    pub forward_past_netfilter: bool,
     /// How to attach TC programs.
     #[arg(long, value_enum, default_value_t = AttachMode::Auto)]
     pub attach: AttachMode,

@@ -259,6 +259,7 @@ async fn start_overlay(args: &RunArgs, dataplane: &mut Dataplane) -> Result<Over
         gateway: args.gateway_ip,
         gateway_label: args.gateway_label.clone(),
         node: args.node.clone(),
+        past_netfilter: args.forward_past_netfilter,
     };
     let ifindex = overlay::ensure_device(&options).await?;
     dataplane.attach_accept(&options.dev, args.attach)?;

@@ -10,7 +10,10 @@ use std::{
 
 use aya::maps::MapError;
 use ipnet::Ipv4Net;
-use isthmus_common::{overlay::OverlayConfig, wire::Be32};
+use isthmus_common::{
+    overlay::{OverlayConfig, PAST_NETFILTER},
+    wire::Be32,
+};
 use rtnetlink::{
     Handle, LinkUnspec, LinkVxlan, new_connection,
     packet_route::link::{InfoData, InfoVxlan, LinkAttribute, LinkInfo, LinkMessage},
@@ -42,6 +45,8 @@ pub struct OverlayOptions {
     pub gateway_label: String,
     /// This node's name: its own PodCIDRs are not overlay destinations.
     pub node: String,
+    /// Whether to forward past netfilter ([`PAST_NETFILTER`]).
+    pub past_netfilter: bool,
 }
 
 /// Failures setting the overlay up.
@@ -102,7 +107,11 @@ impl Overlay {
             ifindex,
             local: previous.local,
             port: options.port,
-            pad: 0,
+            flags: if options.past_netfilter {
+                PAST_NETFILTER
+            } else {
+                0
+            },
         };
         settings.set(config)?;
         Ok(Self {
@@ -161,10 +170,12 @@ impl Overlay {
 
     /// Keeps the decapsulation on the device holding this node's address,
     /// found again on every call, so an address that appears late or moves
-    /// is followed. Without it, the VXLAN device takes every packet in.
+    /// is followed. Without it, the VXLAN device takes every packet in, as
+    /// it does when the node does not forward past netfilter: then the
+    /// decapsulation could forward nothing.
     pub fn refresh_uplink(&mut self, dataplane: &mut Dataplane, mode: AttachMode) {
         let local = Ipv4Addr::from(self.config.local);
-        let wanted = if local.is_unspecified() {
+        let wanted = if local.is_unspecified() || !self.options.past_netfilter {
             None
         } else {
             device_holding(local)

@@ -18,7 +18,7 @@ use isthmus_agent::{
 };
 use isthmus_common::{
     names,
-    overlay::{EVENTS, OverlayConfig, OverlayEvent},
+    overlay::{EVENTS, OverlayConfig, OverlayEvent, PAST_NETFILTER},
     wire::Be32,
 };
 use isthmus_tests::{
@@ -100,7 +100,7 @@ impl Harness {
                 ifindex: 1,
                 local: Be32::from(A.lan_node()),
                 port: OVERLAY_PORT,
-                pad: 0,
+                flags: PAST_NETFILTER,
             },
             events,
             netns: None,
@@ -399,7 +399,19 @@ fn the_uplink_decapsulates_only_what_the_fib_forwards_in_one_step() {
     ]));
     check(&h, table);
 
-    h.configure(|c| c.local = Be32::ZERO);
+    h.configure(|c| c.flags = 0);
+    check(
+        &h,
+        rows(vec![(
+            "ours, to a-pod1, not forwarding past netfilter: for the VXLAN device",
+            arrived.clone(),
+        )]),
+    );
+
+    h.configure(|c| {
+        c.flags = PAST_NETFILTER;
+        c.local = Be32::ZERO;
+    });
     check(&h, rows(vec![("this node's address unknown", arrived)]));
     netns::remove(&[NODE_NS, NEXT_HOP_NS]);
 }
@@ -496,6 +508,27 @@ fn only_a_peers_translated_packet_for_a_pod_of_this_node_goes_past_the_stack() {
                 to_b(1),
                 HAND_ON,
                 to_b(1),
+                &[],
+            ),
+        ],
+    );
+
+    // Not forwarding past netfilter, both ways go through the stack.
+    h.configure(|c| c.flags = 0);
+    check(
+        &h,
+        vec![
+            stays(
+                "not past netfilter: b's packet for a-pod2, translated, to the stack",
+                from_b(A_POD2_AT_B, 64),
+                from_b(A_POD2, 64),
+            ),
+            (
+                "not past netfilter: a-pod2's packet for b, to the stack",
+                names::PROG_STEER,
+                to_b(64),
+                HAND_ON,
+                to_b(64),
                 &[],
             ),
         ],

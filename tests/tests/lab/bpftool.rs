@@ -74,7 +74,7 @@ fn map_dumps_show_named_fields() {
             A.node(),
             names::MAP_OVERLAY,
             set(&[]),
-            set(&["gateway", "vni", "ifindex", "local", "port", "pad"]),
+            set(&["gateway", "vni", "ifindex", "local", "port", "flags"]),
         ),
     ] {
         let entries = dump(&node, map);

@@ -153,6 +153,114 @@ fn gateway_pods_exchange_with_peers_past_both_gateways_ip_layers() {
     }
 }
 
+/// A NetworkPolicy of a CNI that enforces it in netfilter, as Calico's
+/// iptables dataplane does, stood in for by a FORWARD rule on a-gw that
+/// drops TCP to a-pod2 on one port. Without `--forward-past-netfilter`,
+/// b's packets for a-pod2 cross a-gw's FORWARD chain, and the rule stops
+/// them; with it (the lab's default), they go past the chain, as the
+/// option's help says.
+#[test]
+fn a_forward_rule_on_the_gateway_applies_to_peers_packets_for_its_pods_unless_past_netfilter() {
+    require_lab();
+    let policy = ForwardPolicy::new(next_port());
+    let exchange = |port| {
+        probe::exchange_on(
+            Proto::Tcp,
+            &B.pod(2),
+            &A.pod(2),
+            Ipv4Addr::from(A_POD2_AT_B),
+            port,
+        )
+    };
+    lab::set_forward_past_netfilter(false).unwrap();
+    exchange(next_port()).expect("another port: not the policy's");
+    assert!(
+        exchange(policy.port).is_err(),
+        "through netfilter, the policy's port was reached"
+    );
+    let dropped = policy.dropped();
+    assert!(dropped >= 1.0, "the FORWARD rule saw {dropped} packets");
+
+    lab::set_forward_past_netfilter(true).unwrap();
+    exchange(next_port()).expect("another port, past netfilter");
+    exchange(policy.port).expect("past netfilter, the policy's port");
+    assert_eq!(
+        policy.dropped(),
+        dropped,
+        "past netfilter, the FORWARD rule saw b's packets"
+    );
+}
+
+/// The FORWARD rule of [`a_forward_rule_on_the_gateway_applies_to_peers_packets_for_its_pods_unless_past_netfilter`]
+/// on a-gw while it lives; the lab forwards past netfilter again after it.
+struct ForwardPolicy {
+    port: u16,
+}
+
+impl ForwardPolicy {
+    fn new(port: u16) -> Self {
+        Self::rule("-I", port).unwrap();
+        Self { port }
+    }
+
+    /// Runs `iptables` in a-gw with `action` on the rule for `port`.
+    fn rule(action: &str, port: u16) -> anyhow::Result<String> {
+        let (a_pod2, port) = (Ipv4Addr::from(A_POD2).to_string(), port.to_string());
+        xtask::cmd::run(
+            "ip",
+            &[
+                "netns",
+                "exec",
+                &A.gw(),
+                "iptables",
+                "-w",
+                action,
+                "FORWARD",
+                "-p",
+                "tcp",
+                "-d",
+                &a_pod2,
+                "--dport",
+                &port,
+                "-j",
+                "DROP",
+            ],
+        )
+    }
+
+    /// Packets the rule dropped.
+    fn dropped(&self) -> f64 {
+        let listing = xtask::cmd::run(
+            "ip",
+            &[
+                "netns",
+                "exec",
+                &A.gw(),
+                "iptables",
+                "-w",
+                "-nvxL",
+                "FORWARD",
+            ],
+        )
+        .unwrap();
+        let port = format!("dpt:{}", self.port);
+        let line = listing
+            .lines()
+            .find(|l| l.contains(&port))
+            .unwrap_or_else(|| panic!("no rule for {port} in a-gw's FORWARD chain:\n{listing}"));
+        line.split_whitespace().next().unwrap().parse().unwrap()
+    }
+}
+
+impl Drop for ForwardPolicy {
+    fn drop(&mut self) {
+        let _ = Self::rule("-D", self.port);
+        if !lab::forwards_past_netfilter() {
+            let _ = lab::set_forward_past_netfilter(true);
+        }
+    }
+}
+
 /// Datagrams the IP layer of `ns` has forwarded (`IpForwDatagrams`).
 fn ip_forwarded(ns: &str) -> f64 {
     let snmp = netns::run_in(ns, || fs::read_to_string("/proc/thread-self/net/snmp"))

@@ -118,7 +118,8 @@ sets it. It then alternates {ROUNDS} rounds of two setups:
 - **Isthmus**: the workers' `overlay_steer` and the gateways' ingress NAT
   set the tunnel key and redirect into `isthmus.vx`; every node's
   `overlay_decap` takes the packets in on `lan0` and forwards them by the
-  FIB (into the pod's netns on b-node); no route, rule or FDB entry. TCP's
+  FIB (into the pod's netns on b-node; the lab runs the agents with
+  `--forward-past-netfilter`); no route, rule or FDB entry. TCP's
   GSO packets are taken in by `isthmus.vx` instead.
 - **Liqo way**: the Isthmus overlay is off (no Node objects, the steering
   program detached) and each node has `{LIQO_DEV}` (VNI {OVERLAY_VNI}, port

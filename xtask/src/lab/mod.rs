@@ -183,13 +183,38 @@ pub fn guard_is_on() -> bool {
 /// returns once they are ready. The guard is an option of the agent, off
 /// by default: the tunnel benchmark measures the tunnel with and without.
 pub fn set_guard(on: bool) -> Result<()> {
+    let gateways: Vec<String> = CLUSTERS.iter().map(|c| c.gw()).collect();
+    set_option("no-guard", on, &gateways)
+}
+
+/// Whether the agents forward past netfilter (`--forward-past-netfilter`),
+/// as the lab starts them; [`set_forward_past_netfilter`] turns it off.
+pub fn forwards_past_netfilter() -> bool {
+    !state("through-netfilter").exists()
+}
+
+/// Turns forwarding past netfilter on or off, restarting every agent;
+/// returns once they are ready. The lab's pods have no NetworkPolicy that
+/// netfilter would enforce, so the lab forwards past it unless a test
+/// turns that off.
+pub fn set_forward_past_netfilter(on: bool) -> Result<()> {
+    let nodes: Vec<String> = CLUSTERS
+        .iter()
+        .flat_map(|c| c.nodes().map(|(name, _)| name))
+        .collect();
+    set_option("through-netfilter", on, &nodes)
+}
+
+/// Turns an option of the agents on or off, as a marker file in the lab's
+/// state says (present: off), and restarts the agents of `nodes`.
+fn set_option(off_marker: &str, on: bool, nodes: &[String]) -> Result<()> {
     match on {
         true => {
-            let _ = fs::remove_file(state("no-guard"));
+            let _ = fs::remove_file(state(off_marker));
         }
-        false => fs::write(state("no-guard"), "")?,
+        false => fs::write(state(off_marker), "")?,
     }
-    CLUSTERS.iter().try_for_each(|c| restart_agent(&c.gw()))
+    nodes.iter().try_for_each(|node| restart_agent(node))
 }
 
 /// Whether the lab is up: its namespaces and state directory exist.
@@ -621,6 +646,9 @@ pub fn agent_args(node: &str) -> Result<Vec<String>> {
         }
     }
     args.push(format!("--pod-devs={POD_DEVS}"));
+    if forwards_past_netfilter() {
+        args.push("--forward-past-netfilter".into());
+    }
     match tunnel_mode() {
         LabTunnel::Userspace => {
             args.push(format!("--private-key-file={}", key_file(node).display()));
