@@ -264,7 +264,9 @@ async fn start_overlay(args: &RunArgs, dataplane: &mut Dataplane) -> Result<Over
     let ifindex = overlay::ensure_device(&options).await?;
     dataplane.attach_accept(&options.dev, args.attach)?;
     let maps = dataplane.take_overlay()?;
-    Ok(Overlay::new(options, maps, ifindex)?)
+    let overlay = Overlay::new(options, maps, ifindex)?;
+    overlay.drop_stale_decap(dataplane);
+    Ok(overlay)
 }
 
 /// This host's side of the dataplane: the loaded programs, the overlay and

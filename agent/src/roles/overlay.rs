@@ -168,6 +168,23 @@ impl Overlay {
         failure.or(address_failure).map_or(Ok(()), Err)
     }
 
+    /// Takes away the decapsulation a previous agent that forwarded past
+    /// netfilter left pinned on the uplink, when this one does not: an
+    /// older agent's program does not read the setting, and would go on
+    /// forwarding past netfilter.
+    pub fn drop_stale_decap(&self, dataplane: &mut Dataplane) {
+        let local = Ipv4Addr::from(self.config.local);
+        if self.options.past_netfilter || local.is_unspecified() {
+            return;
+        }
+        let Some(dev) = device_holding(local) else {
+            return;
+        };
+        if let Err(e) = dataplane.detach_decap(&dev) {
+            warn!(dev = %dev, error = %e, "detaching a previous agent's decapsulation");
+        }
+    }
+
     /// Keeps the decapsulation on the device holding this node's address,
     /// found again on every call, so an address that appears late or moves
     /// is followed. Without it, the VXLAN device takes every packet in, as

@@ -14,6 +14,10 @@ use std::{
 };
 
 use etherparse::{NetSlice, SlicedPacket, TransportSlice};
+use isthmus_common::{
+    names,
+    pins::{Direction, Pins},
+};
 use isthmus_tests::{
     addrs::{A_POD2, A_POD2_AT_B},
     capture::{self, frames},
@@ -158,10 +162,13 @@ fn gateway_pods_exchange_with_peers_past_both_gateways_ip_layers() {
 /// drops TCP to a-pod2 on one port. Without `--forward-past-netfilter`,
 /// b's packets for a-pod2 cross a-gw's FORWARD chain, and the rule stops
 /// them; with it (the lab's default), they go past the chain, as the
-/// option's help says.
+/// option's help says. A worker's uplink has the decapsulation only with
+/// it: an agent without it takes away the one its predecessor left.
 #[test]
 fn a_forward_rule_on_the_gateway_applies_to_peers_packets_for_its_pods_unless_past_netfilter() {
     require_lab();
+    let decap = || decap_pinned(&A.node());
+    eventually(Duration::from_secs(5), "a-node decapsulates on lan0", decap);
     let policy = ForwardPolicy::new(next_port());
     let exchange = |port| {
         probe::exchange_on(
@@ -173,6 +180,10 @@ fn a_forward_rule_on_the_gateway_applies_to_peers_packets_for_its_pods_unless_pa
         )
     };
     lab::set_forward_past_netfilter(false).unwrap();
+    assert!(
+        !decap(),
+        "a-node's new agent left the decapsulation on lan0"
+    );
     exchange(next_port()).expect("another port: not the policy's");
     assert!(
         exchange(policy.port).is_err(),
@@ -189,6 +200,18 @@ fn a_forward_rule_on_the_gateway_applies_to_peers_packets_for_its_pods_unless_pa
         dropped,
         "past netfilter, the FORWARD rule saw b's packets"
     );
+    eventually(
+        Duration::from_secs(5),
+        "a-node decapsulates on lan0 again",
+        decap,
+    );
+}
+
+/// Whether the overlay's decapsulation is pinned on `node`'s uplink.
+fn decap_pinned(node: &str) -> bool {
+    Pins::new(&lab::bpffs(node))
+        .link("lan0", Direction::Ingress, names::PROG_DECAP)
+        .exists()
 }
 
 /// The FORWARD rule of [`a_forward_rule_on_the_gateway_applies_to_peers_packets_for_its_pods_unless_past_netfilter`]
