@@ -18,7 +18,7 @@ use aya_ebpf::{
 use isthmus_common::{
     csum::replace2,
     ipv4::{self, Header, MIN_HLEN},
-    overlay::{OverlayEvent, PAST_NETFILTER},
+    overlay::{OverlayConfig, OverlayEvent, PAST_NETFILTER},
 };
 
 use crate::{maps, parse::ETH_HLEN};
@@ -36,15 +36,15 @@ pub struct NextHop {
 }
 
 /// The FIB's next hop for a packet with header `ip`, when it settles it
-/// in one step and the node forwards past netfilter ([`PAST_NETFILTER`]).
+/// in one step and the node forwards past netfilter ([`PAST_NETFILTER`] in
+/// the overlay's `config`, which every caller has already read).
 /// Not for a packet to this host, too big for the way out (a GSO packet's
 /// total length says so too), to a next hop not resolved yet, or whose TTL
 /// runs out: the stack does those, and answers with the ICMP errors path
 /// MTU discovery and traceroute need.
 #[inline(always)]
-pub fn route(ctx: &TcContext, ip: Header) -> Option<NextHop> {
-    let past_netfilter = maps::overlay().is_some_and(|c| c.flags & PAST_NETFILTER != 0);
-    if !past_netfilter || !ip.is_valid() || ip.ttl() <= 1 {
+pub fn route(ctx: &TcContext, config: &OverlayConfig, ip: Header) -> Option<NextHop> {
+    if config.flags & PAST_NETFILTER == 0 || !ip.is_valid() || ip.ttl() <= 1 {
         return None;
     }
     // Every byte set here, the unions through their widest member: zeroing
@@ -148,8 +148,8 @@ fn rewrite(ctx: &TcContext, ip: Header, next_hop: &NextHop) -> Option<()> {
 /// device): forwarded past the stack when the FIB settles it in one step
 /// out of an Ethernet device; left to the stack otherwise.
 #[inline(always)]
-pub fn to_next_hop(ctx: &TcContext, l3: usize, ip: &[u8; MIN_HLEN]) -> i32 {
-    let Some(next_hop) = route(ctx, Header(ip)) else {
+pub fn to_next_hop(ctx: &TcContext, config: &OverlayConfig, l3: usize, ip: &[u8; MIN_HLEN]) -> i32 {
+    let Some(next_hop) = route(ctx, config, Header(ip)) else {
         return TC_ACT_UNSPEC;
     };
     if l3 == 0 && !push_l2_header(ctx) {

@@ -82,11 +82,11 @@ pub fn nat_onward_ip(ctx: TcContext) -> i32 {
 /// settles it, as the overlay's packets do on the node that takes them in.
 #[inline(always)]
 fn onward(ctx: &TcContext, l3: usize) -> i32 {
-    let Ok(ip) = ctx.load::<[u8; MIN_HLEN]>(l3) else {
+    let (Some(config), Ok(ip)) = (maps::overlay(), ctx.load::<[u8; MIN_HLEN]>(l3)) else {
         return TC_ACT_UNSPEC;
     };
-    overlay::to_node(ctx, l3, Header(&ip).dst())
-        .unwrap_or_else(|| forward::to_next_hop(ctx, l3, &ip))
+    overlay::to_node(ctx, config, l3, Header(&ip).dst())
+        .unwrap_or_else(|| forward::to_next_hop(ctx, config, l3, &ip))
 }
 
 /// Sends pods' packets for peers' networks to the gateway node, or on the

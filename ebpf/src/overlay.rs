@@ -45,7 +45,7 @@ pub fn steer(ctx: &TcContext, l3: usize) -> i32 {
     }
     if config.gateway == config.local {
         return match ctx.load::<[u8; MIN_HLEN]>(l3) {
-            Ok(ip) => forward::to_next_hop(ctx, l3, &ip),
+            Ok(ip) => forward::to_next_hop(ctx, config, l3, &ip),
             Err(_) => TC_ACT_UNSPEC,
         };
     }
@@ -57,9 +57,8 @@ pub fn steer(ctx: &TcContext, l3: usize) -> i32 {
 /// for a packet for no other node. `l3` is 0 on an L3 device (tun), whose
 /// packets get an Ethernet header first, as the VXLAN device carries frames.
 #[inline(always)]
-pub fn to_node(ctx: &TcContext, l3: usize, dst: Be32) -> Option<i32> {
+pub fn to_node(ctx: &TcContext, config: &OverlayConfig, l3: usize, dst: Be32) -> Option<i32> {
     let node = maps::node_of(dst)?;
-    let config = maps::overlay()?;
     // Any MACs will do: the receiving node's `accept` makes it ours.
     if l3 == 0 && !forward::push_l2_header(ctx) {
         maps::count_overlay(OverlayEvent::Failed);
@@ -99,7 +98,7 @@ pub fn accept(ctx: &TcContext) -> i32 {
     }
     maps::count_overlay(OverlayEvent::Received);
     match bytes_at::<MIN_HLEN>(ctx, ETH_HLEN) {
-        Some(ip) => forward::to_next_hop(ctx, ETH_HLEN, &ip),
+        Some(ip) => forward::to_next_hop(ctx, config, ETH_HLEN, &ip),
         None => TC_ACT_UNSPEC,
     }
 }
@@ -162,7 +161,7 @@ pub fn decapsulate(ctx: &TcContext) -> i32 {
     }
     let mut ip = [0u8; MIN_HLEN];
     ip.copy_from_slice(&frame[INNER_IP..]);
-    let Some(next_hop) = forward::route(ctx, Header(&ip)) else {
+    let Some(next_hop) = forward::route(ctx, config, Header(&ip)) else {
         return TC_ACT_UNSPEC;
     };
     // Drops the outer IPv4, UDP and VXLAN headers and the inner Ethernet

@@ -25,7 +25,7 @@ use isthmus_common::{
     wire::Be32,
 };
 use xtask::{
-    cmd::{ip, run},
+    cmd::{ip, iptables, run},
     lab, netns,
     objects::TunnelEndpoint,
     topology::{A, B, Cluster, PEERINGS, Peering},
@@ -619,10 +619,7 @@ fn flush_iptables() -> Result<()> {
 fn flush_nat_rules(gateways: &[String]) -> Result<()> {
     for gw in gateways {
         for args in [["-t", "nat", "-F"], ["-t", "nat", "-X"]] {
-            run(
-                "ip",
-                &[&["netns", "exec", gw, "iptables"][..], &args[..]].concat(),
-            )?;
+            iptables(gw, &args)?;
         }
         // `conntrack -F` exits non-zero when the table was already empty.
         let _ = run("ip", &["netns", "exec", gw, "conntrack", "-F"]);

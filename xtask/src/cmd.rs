@@ -32,6 +32,14 @@ pub fn ip(ns: &str, args: &[&str]) -> Result<String> {
     run("ip", &full)
 }
 
+/// `iptables -w args…` inside netns `ns`.
+pub fn iptables(ns: &str, args: &[&str]) -> Result<String> {
+    run(
+        "ip",
+        &[&["netns", "exec", ns, "iptables", "-w"][..], args].concat(),
+    )
+}
+
 /// Sets a sysctl inside netns `ns`. Network sysctls resolve against the
 /// netns of the thread that opens them, so no `sysctl` binary is needed.
 pub fn sysctl(ns: &str, key: &str, value: &str) -> Result<()> {

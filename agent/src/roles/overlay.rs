@@ -173,16 +173,23 @@ impl Overlay {
     /// older agent's program does not read the setting, and would go on
     /// forwarding past netfilter.
     pub fn drop_stale_decap(&self, dataplane: &mut Dataplane) {
-        let local = Ipv4Addr::from(self.config.local);
-        if self.options.past_netfilter || local.is_unspecified() {
+        if self.options.past_netfilter {
             return;
         }
-        let Some(dev) = device_holding(local) else {
+        let Some(dev) = self.uplink_now() else {
             return;
         };
         if let Err(e) = dataplane.detach_decap(&dev) {
             warn!(dev = %dev, error = %e, "detaching a previous agent's decapsulation");
         }
+    }
+
+    /// The device holding this node's address now, if it is known.
+    fn uplink_now(&self) -> Option<String> {
+        let local = Ipv4Addr::from(self.config.local);
+        (!local.is_unspecified())
+            .then(|| device_holding(local))
+            .flatten()
     }
 
     /// Keeps the decapsulation on the device holding this node's address,
@@ -191,12 +198,7 @@ impl Overlay {
     /// it does when the node does not forward past netfilter: then the
     /// decapsulation could forward nothing.
     pub fn refresh_uplink(&mut self, dataplane: &mut Dataplane, mode: AttachMode) {
-        let local = Ipv4Addr::from(self.config.local);
-        let wanted = if local.is_unspecified() || !self.options.past_netfilter {
-            None
-        } else {
-            device_holding(local)
-        };
+        let wanted = self.uplink_now().filter(|_| self.options.past_netfilter);
         if wanted == self.uplink {
             return;
         }
@@ -210,7 +212,8 @@ impl Overlay {
         };
         match dataplane.attach_decap(&dev, mode) {
             Ok(()) => {
-                info!(dev = %dev, address = %local, "overlay decapsulation attached to the uplink");
+                let address = Ipv4Addr::from(self.config.local);
+                info!(dev = %dev, %address, "overlay decapsulation attached to the uplink");
                 self.uplink = Some(dev);
             }
             Err(e) => {

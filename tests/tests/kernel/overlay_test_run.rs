@@ -266,24 +266,31 @@ const NEXT_HOP_NS: &str = "ist-t-decap-nh";
 const GATEWAY_NS: &str = "ist-t-onward";
 const GATEWAY_NEXT_HOP_NS: &str = "ist-t-onward-nh";
 
-/// Builds the node's netns `node_ns` with a route to a's PodCIDR through
-/// `next_hop_ns`, and returns the next hop's MAC and the node's.
-fn node_with_a_route_to_a_pods(node_ns: &str, next_hop_ns: &str) -> ([u8; 6], [u8; 6]) {
-    netns::fresh(&[node_ns, next_hop_ns]);
-    netns::link(node_ns, next_hop_ns);
-    let mac = |ns: &str, dev: &str| -> [u8; 6] {
-        let text = xtask::cmd::ip(ns, &["-br", "link", "show", dev]).unwrap();
-        let field = text.split_whitespace().nth(2).unwrap();
-        let bytes: Vec<u8> = field
-            .split(':')
-            .map(|b| u8::from_str_radix(b, 16).unwrap())
-            .collect();
-        bytes.try_into().unwrap()
-    };
-    let (next_hop, node) = (mac(next_hop_ns, "v1"), mac(node_ns, "v0"));
-    let lladdr = next_hop.map(|b| format!("{b:02x}")).join(":");
-    for args in [
-        &[
+/// A test's node netns, linked to its next hop's, and both ends' MACs.
+struct ForwardingNode {
+    ns: &'static str,
+    next_hop: [u8; 6],
+    node: [u8; 6],
+}
+
+impl ForwardingNode {
+    /// Builds netns `ns`, forwarding, with a route to a's PodCIDR through
+    /// `next_hop_ns`.
+    fn new(ns: &'static str, next_hop_ns: &str) -> Self {
+        netns::fresh(&[ns, next_hop_ns]);
+        netns::link(ns, next_hop_ns);
+        let mac = |ns: &str, dev: &str| -> [u8; 6] {
+            let text = xtask::cmd::ip(ns, &["-br", "link", "show", dev]).unwrap();
+            let field = text.split_whitespace().nth(2).unwrap();
+            let bytes: Vec<u8> = field
+                .split(':')
+                .map(|b| u8::from_str_radix(b, 16).unwrap())
+                .collect();
+            bytes.try_into().unwrap()
+        };
+        let (next_hop, node) = (mac(next_hop_ns, "v1"), mac(ns, "v0"));
+        let lladdr = next_hop.map(|b| format!("{b:02x}")).join(":");
+        let neighbour = [
             "neigh",
             "replace",
             "192.0.2.2",
@@ -293,46 +300,42 @@ fn node_with_a_route_to_a_pods(node_ns: &str, next_hop_ns: &str) -> ([u8; 6], [u
             "v0",
             "nud",
             "permanent",
-        ][..],
-        &[
-            "route",
-            "add",
-            "10.244.0.0/24",
-            "via",
-            "192.0.2.2",
-            "dev",
-            "v0",
-        ],
-    ] {
-        xtask::cmd::ip(node_ns, args).unwrap();
+        ];
+        xtask::cmd::ip(ns, &neighbour).unwrap();
+        xtask::cmd::sysctl(ns, "net.ipv4.ip_forward", "1").unwrap();
+        let this = Self { ns, next_hop, node };
+        this.route("10.244.0.0/24");
+        this
     }
-    xtask::cmd::run(
-        "ip",
-        &[
-            "netns",
-            "exec",
-            node_ns,
-            "sysctl",
-            "-qw",
-            "net.ipv4.ip_forward=1",
-        ],
-    )
-    .unwrap();
-    (next_hop, node)
+
+    /// Routes `to` through the next hop.
+    fn route(&self, to: &str) {
+        xtask::cmd::ip(
+            self.ns,
+            &["route", "add", to, "via", "192.0.2.2", "dev", "v0"],
+        )
+        .unwrap();
+    }
+
+    /// `frame` as this node forwards it to the next hop: the next hop's
+    /// MACs in place of its own.
+    fn to_next_hop(&self, mut frame: Vec<u8>) -> Vec<u8> {
+        frame.splice(..12, [self.next_hop, self.node].concat());
+        frame
+    }
 }
 
 #[test]
 fn the_uplink_decapsulates_only_what_the_fib_forwards_in_one_step() {
     let mut h = Harness::new();
-    let (next_hop, node) = node_with_a_route_to_a_pods(NODE_NS, NEXT_HOP_NS);
+    let node = ForwardingNode::new(NODE_NS, NEXT_HOP_NS);
     h.netns = Some(NODE_NS);
     let (gw, here) = (A.lan_gw().octets(), A.lan_node().octets());
     let inner = tcp(B_POD1, A_POD1);
     let overlay = |dport, vni, inner: &[u8]| vxlan(gw, here, dport, vni, inner);
     let ours = |inner: &[u8]| eth_ipv4(&overlay(OVERLAY_PORT, VNI, inner).bytes());
     let arrived = ours(&eth_ipv4(&inner.bytes()));
-    let mut forwarded = [next_hop, node].concat();
-    forwarded.extend(eth_ipv4(&inner.with_ttl(63).bytes()).split_off(12));
+    let forwarded = node.to_next_hop(eth_ipv4(&inner.with_ttl(63).bytes()));
     let unchanged = |frame: Vec<u8>| (frame.clone(), HAND_ON, frame);
     let rows = |cases: Vec<(&'static str, Vec<u8>)>| -> Vec<Row> {
         cases
@@ -426,13 +429,11 @@ fn the_uplink_decapsulates_only_what_the_fib_forwards_in_one_step() {
 fn only_a_peers_translated_packet_for_a_pod_of_this_node_goes_past_the_stack() {
     const CLUSTER_IP: [u8; 4] = [10, 96, 0, 10];
     let mut h = Harness::new();
-    let (next_hop, node) = node_with_a_route_to_a_pods(GATEWAY_NS, GATEWAY_NEXT_HOP_NS);
-    let route = |to| ["route", "add", to, "via", "192.0.2.2", "dev", "v0"];
-    xtask::cmd::ip(GATEWAY_NS, &route("10.96.0.0/12")).unwrap();
+    let node = ForwardingNode::new(GATEWAY_NS, GATEWAY_NEXT_HOP_NS);
+    node.route("10.96.0.0/12");
     h.netns = Some(GATEWAY_NS);
     let from_b = |dst, ttl| eth_ipv4(&tcp(B_POD1, dst).with_ttl(ttl).bytes());
-    let mut forwarded = [next_hop, node].concat();
-    forwarded.extend(from_b(A_POD2, 63).split_off(12));
+    let forwarded = node.to_next_hop(from_b(A_POD2, 63));
     let big = |dst| {
         let payload = vec![0x5a; 1600];
         let l4 = L4::Udp {
@@ -487,10 +488,9 @@ fn only_a_peers_translated_packet_for_a_pod_of_this_node_goes_past_the_stack() {
     // The other way: on the active gateway node, its own pods' packets for
     // b go towards the NAT device by the FIB, here through v0.
     h.configure(|c| c.local = c.gateway);
-    xtask::cmd::ip(GATEWAY_NS, &route("10.0.0.0/24")).unwrap();
+    node.route("10.0.0.0/24");
     let to_b = |ttl| eth_ipv4(&udp(A_POD2, B_POD1).with_ttl(ttl).bytes());
-    let mut steered = [next_hop, node].concat();
-    steered.extend(to_b(63).split_off(12));
+    let steered = node.to_next_hop(to_b(63));
     check(
         &h,
         vec![

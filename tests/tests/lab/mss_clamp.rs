@@ -41,12 +41,7 @@ impl IcmpFiltered {
     fn new() -> Self {
         for gw in [A.gw(), B.gw()] {
             for chain in ["OUTPUT", "FORWARD", "INPUT"] {
-                let args = [
-                    &["netns", "exec", &gw, "iptables", "-w", "-I", chain][..],
-                    &FILTER,
-                ]
-                .concat();
-                xtask::cmd::run("ip", &args).unwrap();
+                xtask::cmd::iptables(&gw, &[&["-I", chain][..], &FILTER].concat()).unwrap();
             }
         }
         Self
@@ -57,12 +52,7 @@ impl Drop for IcmpFiltered {
     fn drop(&mut self) {
         for gw in [A.gw(), B.gw()] {
             for chain in ["OUTPUT", "FORWARD", "INPUT"] {
-                let args = [
-                    &["netns", "exec", &gw, "iptables", "-w", "-D", chain][..],
-                    &FILTER,
-                ]
-                .concat();
-                let _ = xtask::cmd::run("ip", &args);
+                let _ = xtask::cmd::iptables(&gw, &[&["-D", chain][..], &FILTER].concat());
             }
         }
     }

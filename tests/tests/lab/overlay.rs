@@ -229,43 +229,13 @@ impl ForwardPolicy {
     /// Runs `iptables` in a-gw with `action` on the rule for `port`.
     fn rule(action: &str, port: u16) -> anyhow::Result<String> {
         let (a_pod2, port) = (Ipv4Addr::from(A_POD2).to_string(), port.to_string());
-        xtask::cmd::run(
-            "ip",
-            &[
-                "netns",
-                "exec",
-                &A.gw(),
-                "iptables",
-                "-w",
-                action,
-                "FORWARD",
-                "-p",
-                "tcp",
-                "-d",
-                &a_pod2,
-                "--dport",
-                &port,
-                "-j",
-                "DROP",
-            ],
-        )
+        let rule = ["-p", "tcp", "-d", &a_pod2, "--dport", &port, "-j", "DROP"];
+        xtask::cmd::iptables(&A.gw(), &[&[action, "FORWARD"][..], &rule].concat())
     }
 
     /// Packets the rule dropped.
     fn dropped(&self) -> f64 {
-        let listing = xtask::cmd::run(
-            "ip",
-            &[
-                "netns",
-                "exec",
-                &A.gw(),
-                "iptables",
-                "-w",
-                "-nvxL",
-                "FORWARD",
-            ],
-        )
-        .unwrap();
+        let listing = xtask::cmd::iptables(&A.gw(), &["-nvxL", "FORWARD"]).unwrap();
         let port = format!("dpt:{}", self.port);
         let line = listing
             .lines()
