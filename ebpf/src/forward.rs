@@ -4,14 +4,10 @@
 //! a second pass through the backlog. Anything the FIB does not settle so
 //! is left to the stack.
 
-use core::mem::size_of;
+use core::mem::{MaybeUninit, size_of};
 
 use aya_ebpf::{
-    bindings::{
-        BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_UNSPEC, bpf_fib_lookup, bpf_fib_lookup__bindgen_ty_1,
-        bpf_fib_lookup__bindgen_ty_2, bpf_fib_lookup__bindgen_ty_3, bpf_fib_lookup__bindgen_ty_4,
-        bpf_fib_lookup__bindgen_ty_5,
-    },
+    bindings::{BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_UNSPEC, bpf_fib_lookup},
     helpers::{bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_redirect_peer, bpf_skb_change_head},
     programs::TcContext,
 };
@@ -21,7 +17,7 @@ use isthmus_common::{
     overlay::{OverlayConfig, OverlayEvent, PAST_NETFILTER},
 };
 
-use crate::{maps, parse::ETH_HLEN};
+use crate::{maps, parse::ETH_HLEN, stack};
 
 const AF_INET: u8 = 2;
 /// An Ethernet header for an L3 packet, whose MACs are set later; the
@@ -47,37 +43,22 @@ pub fn route(ctx: &TcContext, config: &OverlayConfig, ip: Header) -> Option<Next
     if config.flags & PAST_NETFILTER == 0 || !ip.is_valid() || ip.ttl() <= 1 {
         return None;
     }
-    // Every byte set here, the unions through their widest member: zeroing
-    // the whole struct first costs a call to a memset of its own per packet.
-    let mut fib = bpf_fib_lookup {
-        family: AF_INET,
-        l4_protocol: ip.proto(),
-        sport: 0,
-        dport: 0,
-        __bindgen_anon_1: bpf_fib_lookup__bindgen_ty_1 {
-            tot_len: ip.total_len(),
-        },
-        // SAFETY: reading a field of the context.
-        ifindex: unsafe { (*ctx.skb.skb).ifindex },
-        // The TOS is the union's first byte.
-        __bindgen_anon_2: bpf_fib_lookup__bindgen_ty_2 {
-            flowinfo: u32::from_ne_bytes([ip.tos(), 0, 0, 0]),
-        },
-        __bindgen_anon_3: bpf_fib_lookup__bindgen_ty_3 {
-            ipv6_src: [ip.src().to_bits(), 0, 0, 0],
-        },
-        __bindgen_anon_4: bpf_fib_lookup__bindgen_ty_4 {
-            ipv6_dst: [ip.dst().to_bits(), 0, 0, 0],
-        },
-        __bindgen_anon_5: bpf_fib_lookup__bindgen_ty_5 { tbid: 0 },
-        smac: [0; 6],
-        dmac: [0; 6],
-    };
+    let mut slot = MaybeUninit::uninit();
+    // SAFETY: all-zero is a valid bpf_fib_lookup.
+    let fib: &mut bpf_fib_lookup = unsafe { stack::zeroed(&mut slot) };
+    fib.family = AF_INET;
+    fib.l4_protocol = ip.proto();
+    fib.__bindgen_anon_1.tot_len = ip.total_len();
+    // SAFETY: reading a field of the context.
+    fib.ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    fib.__bindgen_anon_2.tos = ip.tos();
+    fib.__bindgen_anon_3.ipv4_src = ip.src().to_bits();
+    fib.__bindgen_anon_4.ipv4_dst = ip.dst().to_bits();
     // SAFETY: `fib` is a complete bpf_fib_lookup of the size given.
     let found = unsafe {
         fib_lookup(
             ctx.skb.skb.cast(),
-            &mut fib,
+            &mut *fib,
             size_of::<bpf_fib_lookup>() as i32,
             0,
         )

@@ -16,6 +16,7 @@ mod mss;
 mod nat;
 mod overlay;
 mod parse;
+mod stack;
 
 use aya_ebpf::{
     bindings::TC_ACT_UNSPEC,
@@ -82,7 +83,8 @@ pub fn nat_onward_ip(ctx: TcContext) -> i32 {
 /// settles it, as the overlay's packets do on the node that takes them in.
 #[inline(always)]
 fn onward(ctx: &TcContext, l3: usize) -> i32 {
-    let (Some(config), Ok(ip)) = (maps::overlay(), ctx.load::<[u8; MIN_HLEN]>(l3)) else {
+    // The NAT's parser left the headers linear: read in place.
+    let (Some(config), Some(ip)) = (maps::overlay(), parse::bytes_at::<MIN_HLEN>(ctx, l3)) else {
         return TC_ACT_UNSPEC;
     };
     overlay::to_node(ctx, config, l3, Header(&ip).dst())

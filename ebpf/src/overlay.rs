@@ -2,7 +2,7 @@
 //! `isthmus_common::overlay`): the tunnel key names the node, and the
 //! collect-metadata VXLAN device does the encapsulation.
 
-use core::mem::size_of;
+use core::mem::{MaybeUninit, size_of};
 
 use aya_ebpf::{
     bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, bpf_tunnel_key},
@@ -17,7 +17,8 @@ use isthmus_common::{
 
 use crate::{
     forward, maps,
-    parse::{ETH_HLEN, ETH_P_IP, be16, bytes_at},
+    parse::{self, ETH_HLEN, ETH_P_IP, be16, bytes_at},
+    stack,
 };
 
 /// `skb->pkt_type` of a packet addressed to this host.
@@ -44,9 +45,13 @@ pub fn steer(ctx: &TcContext, l3: usize) -> i32 {
         return TC_ACT_UNSPEC;
     }
     if config.gateway == config.local {
-        return match ctx.load::<[u8; MIN_HLEN]>(l3) {
-            Ok(ip) => forward::to_next_hop(ctx, config, l3, &ip),
-            Err(_) => TC_ACT_UNSPEC,
+        // The egress NAT parses the packet next: pulled once, for both.
+        if parse::linearize(ctx, l3).is_err() {
+            return TC_ACT_UNSPEC;
+        }
+        return match bytes_at::<MIN_HLEN>(ctx, l3) {
+            Some(ip) => forward::to_next_hop(ctx, config, l3, &ip),
+            None => TC_ACT_UNSPEC,
         };
     }
     encapsulate(ctx, config, config.gateway, OverlayEvent::ToGateway)
@@ -76,11 +81,17 @@ pub fn accept(ctx: &TcContext) -> i32 {
     let Some(config) = maps::overlay() else {
         return TC_ACT_UNSPEC;
     };
+    let mut slot = MaybeUninit::uninit();
     // SAFETY: all-zero is a valid bpf_tunnel_key.
-    let mut key: bpf_tunnel_key = unsafe { core::mem::zeroed() };
+    let key: &mut bpf_tunnel_key = unsafe { stack::zeroed(&mut slot) };
     // SAFETY: the helper writes at most `size` bytes into `key`.
     let got = unsafe {
-        bpf_skb_get_tunnel_key(ctx.skb.skb, &mut key, size_of::<bpf_tunnel_key>() as u32, 0)
+        bpf_skb_get_tunnel_key(
+            ctx.skb.skb,
+            &mut *key,
+            size_of::<bpf_tunnel_key>() as u32,
+            0,
+        )
     };
     if got != 0 || key.tunnel_id != config.vni {
         maps::count_overlay(OverlayEvent::WrongVni);
@@ -186,7 +197,7 @@ fn ipv4_dst(ctx: &TcContext, l3: usize) -> Option<Be32> {
     if ctx.skb.protocol() != ETH_P_IP {
         return None;
     }
-    ctx.load::<u32>(l3 + DST).ok().map(Be32::from_bits)
+    parse::peek::<4>(ctx, l3 + DST).map(Be32::from_bytes)
 }
 
 /// Sets the tunnel key to `remote` and redirects the packet to the VXLAN
@@ -194,15 +205,21 @@ fn ipv4_dst(ctx: &TcContext, l3: usize) -> Option<Be32> {
 /// stack: never dropped for our sake.
 #[inline(always)]
 fn encapsulate(ctx: &TcContext, config: &OverlayConfig, remote: Be32, event: OverlayEvent) -> i32 {
+    let mut slot = MaybeUninit::uninit();
     // SAFETY: all-zero is a valid bpf_tunnel_key.
-    let mut key: bpf_tunnel_key = unsafe { core::mem::zeroed() };
+    let key: &mut bpf_tunnel_key = unsafe { stack::zeroed(&mut slot) };
     key.tunnel_id = config.vni;
     // The helper takes the address in host order.
     key.__bindgen_anon_1.remote_ipv4 = remote.to_host();
     key.tunnel_ttl = OUTER_TTL;
     // SAFETY: `key` is a complete bpf_tunnel_key of the size given.
     let set = unsafe {
-        bpf_skb_set_tunnel_key(ctx.skb.skb, &mut key, size_of::<bpf_tunnel_key>() as u32, 0)
+        bpf_skb_set_tunnel_key(
+            ctx.skb.skb,
+            &mut *key,
+            size_of::<bpf_tunnel_key>() as u32,
+            0,
+        )
     };
     if set != 0 {
         maps::count_overlay(OverlayEvent::Failed);

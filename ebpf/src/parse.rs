@@ -158,14 +158,26 @@ pub fn bytes_at<const N: usize>(ctx: &TcContext, off: usize) -> Option<[u8; N]> 
     view.span::<N>(off).ok().copied()
 }
 
-/// The big-endian `u16` at `at`.
-pub fn be16(b: &[u8], at: usize) -> u16 {
-    u16::from_be_bytes([b[at], b[at + 1]])
+/// A copy of the `N` bytes at `off`: read in place from the linear part,
+/// or copied out by the kernel when they are not there, without pulling
+/// the packet: for a read that most packets go no further than.
+#[inline(always)]
+pub fn peek<const N: usize>(ctx: &TcContext, off: usize) -> Option<[u8; N]> {
+    let view = View {
+        start: ctx.data(),
+        end: ctx.data_end(),
+    };
+    match view.span::<N>(off) {
+        Ok(bytes) => Some(*bytes),
+        Err(Malformed) => ctx.load::<[u8; N]>(off).ok(),
+    }
 }
 
-/// Parses the IPv4 packet at `off`. Fails if any header it needs is cut off.
+/// Makes the headers [`packet`] parses at `off` linear, pulling them in
+/// when the packet is longer than its linear part, as a generator's or a
+/// GRO packet may be.
 #[inline(always)]
-pub fn packet(ctx: &TcContext, off: usize) -> Result<Packet, Malformed> {
+pub fn linearize(ctx: &TcContext, off: usize) -> Result<(), Malformed> {
     let len = ctx.len() as usize;
     let wanted = if len < off + MAX_PARSED {
         len
@@ -176,6 +188,19 @@ pub fn packet(ctx: &TcContext, off: usize) -> Result<Packet, Malformed> {
     if ctx.data() + wanted > ctx.data_end() {
         ctx.pull_data(wanted as u32).map_err(|_| Malformed)?;
     }
+    Ok(())
+}
+
+/// The big-endian `u16` at `at`.
+pub fn be16(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([b[at], b[at + 1]])
+}
+
+/// Parses the IPv4 packet at `off`. Fails if any header it needs is cut off.
+#[inline(always)]
+pub fn packet(ctx: &TcContext, off: usize) -> Result<Packet, Malformed> {
+    let len = ctx.len() as usize;
+    linearize(ctx, off)?;
     let view = View {
         start: ctx.data(),
         end: ctx.data_end(),
