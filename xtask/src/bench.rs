@@ -431,19 +431,7 @@ fn disable_isthmus() -> Result<()> {
             continue;
         }
         lab::stop_agent(&gw)?;
-        let agent = lab::agent_binary();
-        run(
-            "ip",
-            &[
-                "netns",
-                "exec",
-                &gw,
-                &agent.to_string_lossy(),
-                "cleanup",
-                "--bpffs",
-                &lab::bpffs(&gw).to_string_lossy(),
-            ],
-        )?;
+        lab::clean_up_agent(&gw)?;
     }
     Ok(())
 }

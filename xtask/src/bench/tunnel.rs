@@ -1,7 +1,8 @@
 //! `cargo xtask bench tunnel`: a-pod1 → b-pod1 through the gateways, with
 //! the agents' embedded WireGuard and with each other userspace WireGuard
-//! in its place ([`Implementation::ALL`]), one after the other on the same
-//! lab, with the same pods, MTU and iperf3 settings.
+//! in its place ([`Implementation::ALL`]), on one lab, with the same pods,
+//! MTU and iperf3 settings. The setups take turns round by round, so that
+//! a slow minute of the shared machine falls on all of them.
 
 use std::{
     fs,
@@ -23,20 +24,81 @@ use super::{
 
 /// Idle memory budget of a gateway agent with 100 tunnel peers.
 const TUNNEL_RSS_BUDGET_MIB: f64 = 64.0;
-/// Rounds of UDP ping-pongs, each from a socket of its own: a round's
-/// source port decides which TUN queue, and so which of a multi-queue
-/// tunnel's threads, carries it, and a single round's p50 moved by up to
-/// a fifth from one run to the next.
-const RTT_ROUNDS: usize = 7;
-/// Ping-pongs per round.
+/// Rounds in which every setup takes its turn; each figure is the median
+/// of its rounds.
+const ROUNDS: usize = 3;
+/// Rounds of UDP ping-pongs per turn, each from a socket of its own: a
+/// round's source port decides which TUN queue, and so which of a
+/// multi-queue tunnel's threads, carries it.
+const RTT_ROUNDS_PER_TURN: usize = 3;
+/// Ping-pongs per RTT round.
 const RTT_SAMPLES: usize = 1000;
-/// Runs of each TCP measurement; the median is reported.
-const TCP_RUNS: usize = 3;
 /// The UDP test's packets: 1,400 bytes on the pods' wire, which the
 /// tunnels' MTU of 1,420 carries whole.
 const UDP_PAYLOAD: &str = "1372";
 
-/// What one tunnel setup achieved.
+/// One tunnel between the gateways.
+#[derive(Clone, Copy)]
+enum Setup {
+    /// The agents' embedded WireGuard, with the XDP guard of the tunnel
+    /// port on the uplink or without.
+    Embedded { guard: bool },
+    /// Another userspace WireGuard in its place.
+    Other(Implementation),
+}
+
+impl Setup {
+    /// Every setup, in the order of their turns.
+    fn all() -> Vec<Setup> {
+        [false, true]
+            .map(|guard| Setup::Embedded { guard })
+            .into_iter()
+            .chain(Implementation::ALL.map(Setup::Other))
+            .collect()
+    }
+
+    fn name(self) -> Result<String> {
+        Ok(match self {
+            Setup::Embedded { guard: false } => "embedded tunnel".into(),
+            Setup::Embedded { guard: true } => "embedded tunnel, XDP guard on the uplink".into(),
+            Setup::Other(imp) => imp.version()?,
+        })
+    }
+
+    /// Puts this tunnel between the gateways.
+    fn apply(self) -> Result<()> {
+        match self {
+            Setup::Embedded { guard } => lab::set_gateway_tunnel(LabTunnel::Userspace, guard),
+            Setup::Other(imp) => lab::set_gateway_tunnel(LabTunnel::running(imp), false),
+        }
+    }
+
+    /// The process that carries the tunnel on `cluster`'s gateway.
+    fn pid_on(self, cluster: &Cluster) -> Result<u32> {
+        match self {
+            Setup::Embedded { .. } => lab::agent_pid(&cluster.gw()),
+            Setup::Other(_) => lab::external_tunnel::pid_on(cluster),
+        }
+        .with_context(|| format!("no tunnel runs on {}", cluster.gw()))
+    }
+}
+
+/// What one setup's turns measured.
+#[derive(Default)]
+struct Samples {
+    /// TCP throughput in Gbit/s with 1 and with 4 streams.
+    gbps: [Vec<f64>; 2],
+    /// UDP: thousands of packets per second received, and the share lost.
+    udp: Vec<(f64, f64)>,
+    /// p50 and p99 of each RTT round, in microseconds.
+    rtt: Vec<[f64; 2]>,
+    /// CPU seconds of the tunnel's process on a-gw and on b-gw during the
+    /// TCP runs, and the gigabytes those carried.
+    cpu_s: [f64; 2],
+    gigabytes: f64,
+}
+
+/// What one tunnel setup achieved: the medians of its rounds.
 struct TunnelFigures {
     gbps_1: f64,
     gbps_4: f64,
@@ -56,66 +118,91 @@ impl TunnelFigures {
     }
 }
 
+impl Samples {
+    fn figures(&self) -> TunnelFigures {
+        let column = |i: usize, of: &[[f64; 2]]| of.iter().map(|r| r[i]).collect::<Vec<_>>();
+        let udp: Vec<[f64; 2]> = self.udp.iter().map(|&(kpps, loss)| [kpps, loss]).collect();
+        TunnelFigures {
+            gbps_1: median(&self.gbps[0]),
+            gbps_4: median(&self.gbps[1]),
+            udp_kpps: median(&column(0, &udp)),
+            udp_loss_percent: median(&column(1, &udp)),
+            rtt_p50_us: median(&column(0, &self.rtt)),
+            rtt_p99_us: median(&column(1, &self.rtt)),
+            cpu_s_per_gb: self.cpu_s.map(|s| s / self.gigabytes),
+        }
+    }
+}
+
 /// Runs the benchmark and records it.
 pub fn run_tunnel() -> Result<()> {
     // Installing the peers takes minutes the first time: not in a lab.
     for imp in Implementation::ALL {
         imp.install()?;
     }
-    println!("bench: tunnel setup: embedded, with the XDP guard, then without");
-    let agent_on = |c: &Cluster| lab::agent_pid(&c.gw());
-    let (guarded, ours, rss) = on_lab(LabTunnel::Userspace, || {
-        let guarded = measure(agent_on)?;
-        lab::set_guard(false)?;
-        let ours = measure(agent_on)?;
-        Ok((guarded, ours, tunnel_rss_with_peers(100)?))
-    })?;
-    let mut peers = Vec::new();
-    for imp in Implementation::ALL {
-        println!("bench: tunnel setup: {}", imp.version()?);
-        let figures = on_lab(LabTunnel::running(imp), || {
-            measure(lab::external_tunnel::pid_on)
-        })?;
-        peers.push((imp, figures));
-    }
-    report(&ours, &guarded, &peers, rss)
+    let setups = Setup::all();
+    on_lab(LabTunnel::Userspace, || {
+        let mut samples: Vec<Samples> = setups.iter().map(|_| Samples::default()).collect();
+        for round in 1..=ROUNDS {
+            for (setup, samples) in setups.iter().zip(&mut samples) {
+                println!("bench: round {round}/{ROUNDS}, {}", setup.name()?);
+                setup.apply()?;
+                take_turn(*setup, samples)?;
+            }
+        }
+        let mut figures = Vec::new();
+        for (setup, samples) in setups.iter().zip(&samples) {
+            let listed = |i: usize| {
+                let values: Vec<String> =
+                    samples.rtt.iter().map(|r| format!("{:.0}", r[i])).collect();
+                values.join(" ")
+            };
+            println!(
+                "bench: {}: RTT rounds, p50 µs: {}; p99 µs: {}",
+                setup.name()?,
+                listed(0),
+                listed(1)
+            );
+            figures.push((*setup, samples.figures()));
+        }
+        Setup::Embedded { guard: false }.apply()?;
+        let rss = tunnel_rss_with_peers(100)?;
+        report(&figures, rss)
+    })
 }
 
-fn measure(pid_on: impl Fn(&Cluster) -> Option<u32>) -> Result<TunnelFigures> {
+/// One turn of `setup`, which carries the traffic now: a TCP run with 1
+/// and with 4 streams, a UDP run and [`RTT_ROUNDS_PER_TURN`] RTT rounds.
+fn take_turn(setup: Setup, samples: &mut Samples) -> Result<()> {
     let row = &xtask::topology::reachability()[0];
     let (client, server, target) = (&row.from, &row.answered_by, row.target);
-    let pid = |c: &Cluster| pid_on(c).with_context(|| format!("no tunnel runs on {}", c.gw()));
-    let pids = [pid(&A)?, pid(&B)?];
+    let pids = [setup.pid_on(&A)?, setup.pid_on(&B)?];
     let cpu = || -> Result<[f64; 2]> { Ok([cpu_seconds(pids[0])?, cpu_seconds(pids[1])?]) };
     let before = cpu()?;
-    // Interleaved, so that a slow moment of the shared machine does not
-    // fall on one stream count only.
-    let mut runs: [Vec<f64>; 2] = Default::default();
-    for _ in 0..TCP_RUNS {
-        for (i, streams) in [1, 4].into_iter().enumerate() {
-            runs[i].push(iperf(client, server, target, streams)?);
-        }
+    let mut gbps = [0.0; 2];
+    for (i, streams) in [1, 4].into_iter().enumerate() {
+        gbps[i] = iperf(client, server, target, streams)?;
+        samples.gbps[i].push(gbps[i]);
     }
     let after = cpu()?;
-    let gigabytes = runs.iter().flatten().sum::<f64>() * IPERF_SECONDS.parse::<f64>()? / 8.0;
-    let [gbps_1, gbps_4] = runs.map(|r| median(&r));
-    let cpu_s_per_gb = [0, 1].map(|i| (after[i] - before[i]) / gigabytes);
-    let (udp_kpps, udp_loss_percent) = udp(client, server, target)?;
-    let (rtt_p50_us, rtt_p99_us) = rtt(client, server, target)?;
+    for i in 0..2 {
+        samples.cpu_s[i] += after[i] - before[i];
+    }
+    samples.gigabytes += gbps.iter().sum::<f64>() * IPERF_SECONDS.parse::<f64>()? / 8.0;
+    let (kpps, loss) = udp(client, server, target)?;
+    samples.udp.push((kpps, loss));
+    let rtt = rtt(client, server, target)?;
     println!(
-        "bench:   TCP {gbps_1:.2} / {gbps_4:.2} Gbit/s, UDP {udp_kpps:.0} kpps ({udp_loss_percent:.1}% lost), \
-         RTT p50 {rtt_p50_us:.0} µs p99 {rtt_p99_us:.0} µs, CPU {:.2} + {:.2} s/GB",
-        cpu_s_per_gb[0], cpu_s_per_gb[1]
+        "bench:   TCP {:.2} / {:.2} Gbit/s, UDP {kpps:.0} kpps ({loss:.1}% lost), RTT p50 {} µs",
+        gbps[0],
+        gbps[1],
+        rtt.iter()
+            .map(|r| format!("{:.0}", r[0]))
+            .collect::<Vec<_>>()
+            .join(" "),
     );
-    Ok(TunnelFigures {
-        gbps_1,
-        gbps_4,
-        udp_kpps,
-        udp_loss_percent,
-        rtt_p50_us,
-        rtt_p99_us,
-        cpu_s_per_gb,
-    })
+    samples.rtt.extend(rtt);
+    Ok(())
 }
 
 /// UDP of 1,400-byte packets from `client` to `target` as fast as iperf3
@@ -137,9 +224,9 @@ fn udp(client: &str, server: &str, target: std::net::Ipv4Addr) -> Result<(f64, f
     Ok((received / field("seconds")? / 1e3, field("lost_percent")?))
 }
 
-/// Round-trip time percentiles (p50, p99) of UDP ping-pongs, in
-/// microseconds: each the median over [`RTT_ROUNDS`] rounds.
-fn rtt(client: &str, server: &str, target: std::net::Ipv4Addr) -> Result<(f64, f64)> {
+/// [`RTT_ROUNDS_PER_TURN`] rounds of UDP ping-pongs: each round's p50 and
+/// p99, in microseconds.
+fn rtt(client: &str, server: &str, target: std::net::Ipv4Addr) -> Result<Vec<[f64; 2]>> {
     let port = xtask::probe::next_port();
     let echo = netns::run_in(server, || {
         std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, port))
@@ -151,26 +238,13 @@ fn rtt(client: &str, server: &str, target: std::net::Ipv4Addr) -> Result<(f64, f
             let _ = echo.send_to(&buf[..n], from);
         }
     });
-    let mut rounds = Vec::with_capacity(RTT_ROUNDS);
-    for _ in 0..RTT_ROUNDS {
-        rounds.push(rtt_round(client, (target, port))?);
-    }
+    let rounds = (0..RTT_ROUNDS_PER_TURN)
+        .map(|_| rtt_round(client, (target, port)))
+        .collect::<Result<Vec<_>>>()?;
     echoer
         .join()
         .map_err(|_| anyhow::anyhow!("echo thread panicked"))?;
-    let [p50s, p99s] = [0, 1].map(|i| rounds.iter().map(|r| r[i]).collect::<Vec<_>>());
-    let listed = |v: &[f64]| {
-        v.iter()
-            .map(|x| format!("{x:.0}"))
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
-    println!(
-        "bench:   RTT rounds, p50 µs: {}; p99 µs: {}",
-        listed(&p50s),
-        listed(&p99s)
-    );
-    Ok((median(&p50s), median(&p99s)))
+    Ok(rounds)
 }
 
 /// One round of [`RTT_SAMPLES`] ping-pongs from a new socket in `client`
@@ -222,19 +296,30 @@ type Metric = fn(&TunnelFigures) -> f64;
 
 /// The best `metric` among the other implementations: the highest, or the
 /// lowest where `lower_is_better`.
-fn best(peers: &[(Implementation, TunnelFigures)], metric: Metric, lower_is_better: bool) -> f64 {
+fn best(peers: &[(Implementation, &TunnelFigures)], metric: Metric, lower_is_better: bool) -> f64 {
     let values = peers.iter().map(|(_, f)| metric(f));
     let pick = if lower_is_better { f64::min } else { f64::max };
     values.reduce(pick).unwrap_or(f64::NAN)
 }
 
 /// Prints the `RESULT` lines and writes the section of docs/benchmarks.md.
-fn report(
-    ours: &TunnelFigures,
-    guarded: &TunnelFigures,
-    peers: &[(Implementation, TunnelFigures)],
-    rss: f64,
-) -> Result<()> {
+fn report(figures: &[(Setup, TunnelFigures)], rss: f64) -> Result<()> {
+    let embedded = |with_guard: bool| {
+        figures
+            .iter()
+            .find(|(s, _)| matches!(s, Setup::Embedded { guard } if *guard == with_guard))
+            .map(|(_, f)| f)
+            .context("the embedded tunnel was not measured")
+    };
+    let (ours, guarded) = (embedded(false)?, embedded(true)?);
+    let peers: Vec<(Implementation, &TunnelFigures)> = figures
+        .iter()
+        .filter_map(|(s, f)| match s {
+            Setup::Other(imp) => Some((*imp, f)),
+            Setup::Embedded { .. } => None,
+        })
+        .collect();
+    let peers = &peers[..];
     let mut results: Vec<(String, f64, f64)> = Vec::new();
     for (imp, theirs) in peers {
         let name = imp.name();
@@ -279,19 +364,9 @@ fn report(
         "| setup | TCP 1 stream | TCP 4 streams | UDP 1,400 B | UDP lost | RTT p50 | RTT p99 | CPU a-gw | CPU b-gw |\n\
          |---|---|---|---|---|---|---|---|---|\n",
     );
-    let rows = [
-        ("embedded tunnel".to_owned(), ours),
-        (
-            "embedded tunnel, XDP guard on the uplink".to_owned(),
-            guarded,
-        ),
-    ]
-    .into_iter()
-    .chain(
-        peers
-            .iter()
-            .map(|(imp, f)| (imp.version().unwrap_or_default(), f)),
-    );
+    let rows = figures
+        .iter()
+        .map(|(setup, f)| (setup.name().unwrap_or_default(), f));
     for (setup, f) in rows {
         table.push_str(&format!(
             "| {setup} | {:.2} Gbit/s | {:.2} Gbit/s | {:.0} kpps | {:.1} % | {:.0} µs | {:.0} µs | {:.2} s/GB | {:.2} s/GB |\n",
@@ -308,21 +383,24 @@ fn report(
     let section = format!(
         "## Tunnel: a-pod1 to b-pod1 through the gateways
 
-`cargo xtask bench tunnel` runs the lab once with the agents' embedded
-WireGuard and once with each other userspace WireGuard in its place
-(configured with `wg` from the same keys, the agents NATting on its
-device), with the same pods, MTU (1,420) and iperf3 settings:
-TCP over {IPERF_SECONDS} s with 1 and 4 streams, {TCP_RUNS} runs of each,
-interleaved, of which the median is given; UDP of 1,400-byte
-packets as fast as iperf3 sends them (packets per second received, and
-the share lost); round-trip time of UDP ping-pongs, one at a time, in
-{RTT_ROUNDS} rounds of {RTT_SAMPLES} from a socket of their own each
-(the median of the rounds' p50 and p99 is given: a round's source port
-decides which TUN queue, and so which thread, carries it); and the CPU time of the tunnel's process on each gateway
-(`/proc/PID/stat`, every thread, user and system) per gigabyte of all
-the TCP runs. Both gateways, both pods and the generator share the
-machine's 2 CPUs, so throughput is bounded by CPU, and CPU per gigabyte
-says what each byte costs.
+`cargo xtask bench tunnel` compares the agents' embedded WireGuard
+with each other userspace WireGuard in its place (configured with `wg`
+from the same keys, the agents NATting on its device) on one lab, with
+the same pods, MTU (1,420) and iperf3 settings. The setups take turns:
+in each of {ROUNDS} rounds, each setup in turn gets the gateways (their
+agents restarted, the other WireGuard started in place of the embedded
+one), so that a slow minute of the shared machine falls on all of them.
+A turn runs TCP over {IPERF_SECONDS} s with 1 and with 4 streams; UDP of
+1,400-byte packets as fast as iperf3 sends them (packets per second
+received, and the share lost); and {RTT_ROUNDS_PER_TURN} rounds of
+{RTT_SAMPLES} UDP ping-pongs, one at a time, each from a socket of its
+own (a round's source port decides which TUN queue, and so which
+thread, carries it). Each figure is the median of the rounds (of the RTT
+rounds' p50 and p99). CPU is the time of the tunnel's process on each
+gateway (`/proc/PID/stat`, every thread, user and system) per gigabyte
+of all the TCP runs. Both gateways, both pods and the generator share
+the machine's 2 CPUs, so throughput is bounded by CPU, and CPU per
+gigabyte says what each byte costs.
 
 {table}
 Gateway agent resident memory with 100 tunnel peers: {rss:.1} MiB.

@@ -187,6 +187,37 @@ pub fn set_guard(on: bool) -> Result<()> {
     set_option("no-guard", on, &gateways)
 }
 
+/// Puts `tunnel` between the gateways in place of the one running, with
+/// the embedded tunnel's XDP guard on or off, restarting the gateways'
+/// agents only; returns once they are ready. The tunnel benchmark compares
+/// setups round by round on one lab this way, so that a slow minute of
+/// the shared machine falls on all of them. Not to or from
+/// [`LabTunnel::None`], whose lab routes peers' networks itself.
+pub fn set_gateway_tunnel(tunnel: LabTunnel, guard: bool) -> Result<()> {
+    if tunnel == LabTunnel::None || tunnel_mode() == LabTunnel::None {
+        bail!("a lab without a tunnel routes peers' networks itself: bring it up anew");
+    }
+    let gateways: Vec<String> = CLUSTERS.iter().map(|c| c.gw()).collect();
+    // From a clean slate, as in a new lab: the embedded tunnel's device
+    // and routes outlive its agent, for a restart in place.
+    for gw in &gateways {
+        stop_agent(gw)?;
+        clean_up_agent(gw)?;
+    }
+    external_tunnel::stop_all()?;
+    fs::write(state("tunnel"), tunnel.as_str())?;
+    set_marker("no-guard", guard)?;
+    if let Some(imp) = tunnel.external() {
+        for cluster in CLUSTERS {
+            external_tunnel::start_on(imp, cluster)?;
+        }
+    }
+    for gw in &gateways {
+        start_agent(gw)?;
+    }
+    gateways.iter().try_for_each(|gw| wait_ready(gw))
+}
+
 /// Whether the agents forward past netfilter (`--forward-past-netfilter`),
 /// as the lab starts them; [`set_forward_past_netfilter`] turns it off.
 pub fn forwards_past_netfilter() -> bool {
@@ -208,13 +239,20 @@ pub fn set_forward_past_netfilter(on: bool) -> Result<()> {
 /// Turns an option of the agents on or off, as a marker file in the lab's
 /// state says (present: off), and restarts the agents of `nodes`.
 fn set_option(off_marker: &str, on: bool, nodes: &[String]) -> Result<()> {
+    set_marker(off_marker, on)?;
+    nodes.iter().try_for_each(|node| restart_agent(node))
+}
+
+/// Writes the marker file that turns an option of the agents off, or
+/// removes it; the agents started next follow it.
+fn set_marker(off_marker: &str, on: bool) -> Result<()> {
     match on {
         true => {
             let _ = fs::remove_file(state(off_marker));
         }
         false => fs::write(state(off_marker), "")?,
     }
-    nodes.iter().try_for_each(|node| restart_agent(node))
+    Ok(())
 }
 
 /// Whether the lab is up: its namespaces and state directory exist.
@@ -751,6 +789,27 @@ pub fn pinned_hash<K: aya::Pod, V: aya::Pod>(
     let data = aya::maps::MapData::from_pin(&path)
         .with_context(|| format!("opening {}", path.display()))?;
     Ok(aya::maps::Map::from_map_data(data)?.try_into()?)
+}
+
+/// Removes what the stopped agent of `node` left behind for a restart in
+/// place, with its own `cleanup`: programs, pins, routes and its TUN
+/// device.
+pub fn clean_up_agent(node: &str) -> Result<()> {
+    let agent = agent_binary();
+    let bpffs = bpffs(node);
+    run(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            node,
+            &agent.to_string_lossy(),
+            "cleanup",
+            "--bpffs",
+            &bpffs.to_string_lossy(),
+        ],
+    )?;
+    Ok(())
 }
 
 /// Stops and starts node `node`'s agent, and waits until it is ready.
