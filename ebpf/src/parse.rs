@@ -174,8 +174,9 @@ pub fn peek<const N: usize>(ctx: &TcContext, off: usize) -> Option<[u8; N]> {
 }
 
 /// Makes the headers [`packet`] parses at `off` linear, pulling them in
-/// when the packet is longer than its linear part, as a generator's or a
-/// GRO packet may be.
+/// when the packet is longer than its linear part: a TCP segment's payload
+/// usually lies in page fragments, and so may a GRO packet's or one sent
+/// from a packet socket's ring.
 #[inline(always)]
 pub fn linearize(ctx: &TcContext, off: usize) -> Result<(), Malformed> {
     let len = ctx.len() as usize;
