@@ -89,7 +89,7 @@ struct Samples {
     /// TCP throughput in Gbit/s with 1 and with 4 streams.
     gbps: [Vec<f64>; 2],
     /// UDP: thousands of packets per second received, and the share lost.
-    udp: Vec<(f64, f64)>,
+    udp: Vec<[f64; 2]>,
     /// p50 and p99 of each RTT round, in microseconds.
     rtt: Vec<[f64; 2]>,
     /// CPU seconds of the tunnel's process on a-gw and on b-gw during the
@@ -120,18 +120,27 @@ impl TunnelFigures {
 
 impl Samples {
     fn figures(&self) -> TunnelFigures {
-        let column = |i: usize, of: &[[f64; 2]]| of.iter().map(|r| r[i]).collect::<Vec<_>>();
-        let udp: Vec<[f64; 2]> = self.udp.iter().map(|&(kpps, loss)| [kpps, loss]).collect();
         TunnelFigures {
             gbps_1: median(&self.gbps[0]),
             gbps_4: median(&self.gbps[1]),
-            udp_kpps: median(&column(0, &udp)),
-            udp_loss_percent: median(&column(1, &udp)),
+            udp_kpps: median(&column(0, &self.udp)),
+            udp_loss_percent: median(&column(1, &self.udp)),
             rtt_p50_us: median(&column(0, &self.rtt)),
             rtt_p99_us: median(&column(1, &self.rtt)),
             cpu_s_per_gb: self.cpu_s.map(|s| s / self.gigabytes),
         }
     }
+}
+
+/// Field `i` of each sample.
+fn column(i: usize, samples: &[[f64; 2]]) -> Vec<f64> {
+    samples.iter().map(|s| s[i]).collect()
+}
+
+/// Figures rounded to whole units, as a line of the output lists them.
+fn listed(values: &[f64]) -> String {
+    let shown: Vec<String> = values.iter().map(|v| format!("{v:.0}")).collect();
+    shown.join(" ")
 }
 
 /// Runs the benchmark and records it.
@@ -152,16 +161,11 @@ pub fn run_tunnel() -> Result<()> {
         }
         let mut figures = Vec::new();
         for (setup, samples) in setups.iter().zip(&samples) {
-            let listed = |i: usize| {
-                let values: Vec<String> =
-                    samples.rtt.iter().map(|r| format!("{:.0}", r[i])).collect();
-                values.join(" ")
-            };
             println!(
                 "bench: {}: RTT rounds, p50 µs: {}; p99 µs: {}",
                 setup.name()?,
-                listed(0),
-                listed(1)
+                listed(&column(0, &samples.rtt)),
+                listed(&column(1, &samples.rtt))
             );
             figures.push((*setup, samples.figures()));
         }
@@ -190,16 +194,13 @@ fn take_turn(setup: Setup, samples: &mut Samples) -> Result<()> {
     }
     samples.gigabytes += gbps.iter().sum::<f64>() * IPERF_SECONDS.parse::<f64>()? / 8.0;
     let (kpps, loss) = udp(client, server, target)?;
-    samples.udp.push((kpps, loss));
+    samples.udp.push([kpps, loss]);
     let rtt = rtt(client, server, target)?;
     println!(
         "bench:   TCP {:.2} / {:.2} Gbit/s, UDP {kpps:.0} kpps ({loss:.1}% lost), RTT p50 {} µs",
         gbps[0],
         gbps[1],
-        rtt.iter()
-            .map(|r| format!("{:.0}", r[0]))
-            .collect::<Vec<_>>()
-            .join(" "),
+        listed(&column(0, &rtt)),
     );
     samples.rtt.extend(rtt);
     Ok(())
