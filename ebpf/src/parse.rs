@@ -127,6 +127,15 @@ struct View {
 }
 
 impl View {
+    /// The packet's linear part as it is now.
+    #[inline(always)]
+    fn of(ctx: &TcContext) -> Self {
+        Self {
+            start: ctx.data(),
+            end: ctx.data_end(),
+        }
+    }
+
     /// The `N` bytes at `off`. Every read goes through one fixed-size span
     /// check: the verifier then accepts constant offsets into it, where a
     /// check per field can be folded by LLVM into a form it rejects.
@@ -151,10 +160,7 @@ pub fn bytes_at<const N: usize>(ctx: &TcContext, off: usize) -> Option<[u8; N]> 
         }
         ctx.pull_data((off + N) as u32).ok()?;
     }
-    let view = View {
-        start: ctx.data(),
-        end: ctx.data_end(),
-    };
+    let view = View::of(ctx);
     view.span::<N>(off).ok().copied()
 }
 
@@ -163,10 +169,7 @@ pub fn bytes_at<const N: usize>(ctx: &TcContext, off: usize) -> Option<[u8; N]> 
 /// the packet: for a read that most packets go no further than.
 #[inline(always)]
 pub fn peek<const N: usize>(ctx: &TcContext, off: usize) -> Option<[u8; N]> {
-    let view = View {
-        start: ctx.data(),
-        end: ctx.data_end(),
-    };
+    let view = View::of(ctx);
     match view.span::<N>(off) {
         Ok(bytes) => Some(*bytes),
         Err(Malformed) => ctx.load::<[u8; N]>(off).ok(),
@@ -202,10 +205,7 @@ pub fn be16(b: &[u8], at: usize) -> u16 {
 pub fn packet(ctx: &TcContext, off: usize) -> Result<Packet, Malformed> {
     let len = ctx.len() as usize;
     linearize(ctx, off)?;
-    let view = View {
-        start: ctx.data(),
-        end: ctx.data_end(),
-    };
+    let view = View::of(ctx);
     let outer = header(&view, off, len, true)?;
     let icmp_error = if outer.proto == PROTO_ICMP && outer.first {
         icmp_error(&view, outer.l4, outer.end)?

@@ -53,21 +53,7 @@ impl Node {
     }
 
     fn cleanup(&self) -> String {
-        let agent = lab::agent_binary();
-        let bpffs = self.bpffs();
-        xtask::cmd::run(
-            "ip",
-            &[
-                "netns",
-                "exec",
-                &self.ns,
-                &agent.to_string_lossy(),
-                "cleanup",
-                "--bpffs",
-                &bpffs.to_string_lossy(),
-            ],
-        )
-        .unwrap()
+        lab::clean_up_agent(&self.ns).unwrap()
     }
 
     /// IDs of the clsact filters named `program` on v0.

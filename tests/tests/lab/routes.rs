@@ -6,7 +6,7 @@
 
 use isthmus_tests::require_lab;
 use xtask::{
-    cmd::{ip, run},
+    cmd::ip,
     lab,
     probe::{self, Proto},
     topology::{A, reachability},
@@ -70,20 +70,7 @@ fn cleanup_removes_the_routes_and_the_blackholes() {
     require_lab();
     let gw = A.gw();
     lab::stop_agent(&gw).unwrap();
-    let agent = lab::agent_binary();
-    let bpffs = lab::bpffs(&gw);
-    let report = run(
-        "ip",
-        &[
-            "netns",
-            "exec",
-            &gw,
-            &agent.to_string_lossy(),
-            "cleanup",
-            "--bpffs",
-            &bpffs.to_string_lossy(),
-        ],
-    );
+    let report = lab::clean_up_agent(&gw);
     let routes_left = ip(&gw, &["route", "show", "table", "all", "proto", "153"]).unwrap();
     // The lab gets its agent back whatever was found.
     lab::start_agent(&gw).unwrap();

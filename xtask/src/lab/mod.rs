@@ -173,10 +173,14 @@ pub fn key_file(node: &str) -> PathBuf {
     state("keys").join(format!("{node}.key"))
 }
 
+/// The lab state's marker files that turn an option of the agents off.
+const NO_GUARD: &str = "no-guard";
+const THROUGH_NETFILTER: &str = "through-netfilter";
+
 /// Whether the embedded tunnel's gateways run the XDP guard on their
 /// uplinks, as the lab starts them; [`set_guard`] turns it off.
 pub fn guard_is_on() -> bool {
-    !state("no-guard").exists()
+    !state(NO_GUARD).exists()
 }
 
 /// Turns the gateways' XDP guard on or off, restarting their agents;
@@ -184,7 +188,7 @@ pub fn guard_is_on() -> bool {
 /// by default: the tunnel benchmark measures the tunnel with and without.
 pub fn set_guard(on: bool) -> Result<()> {
     let gateways: Vec<String> = CLUSTERS.iter().map(|c| c.gw()).collect();
-    set_option("no-guard", on, &gateways)
+    set_option(NO_GUARD, on, &gateways)
 }
 
 /// Puts `tunnel` between the gateways in place of the one running, with
@@ -206,7 +210,7 @@ pub fn set_gateway_tunnel(tunnel: LabTunnel, guard: bool) -> Result<()> {
     }
     external_tunnel::stop_all()?;
     fs::write(state("tunnel"), tunnel.as_str())?;
-    set_marker("no-guard", guard)?;
+    set_marker(NO_GUARD, guard)?;
     if let Some(imp) = tunnel.external() {
         for cluster in CLUSTERS {
             external_tunnel::start_on(imp, cluster)?;
@@ -221,7 +225,7 @@ pub fn set_gateway_tunnel(tunnel: LabTunnel, guard: bool) -> Result<()> {
 /// Whether the agents forward past netfilter (`--forward-past-netfilter`),
 /// as the lab starts them; [`set_forward_past_netfilter`] turns it off.
 pub fn forwards_past_netfilter() -> bool {
-    !state("through-netfilter").exists()
+    !state(THROUGH_NETFILTER).exists()
 }
 
 /// Turns forwarding past netfilter on or off, restarting every agent;
@@ -233,7 +237,7 @@ pub fn set_forward_past_netfilter(on: bool) -> Result<()> {
         .iter()
         .flat_map(|c| c.nodes().map(|(name, _)| name))
         .collect();
-    set_option("through-netfilter", on, &nodes)
+    set_option(THROUGH_NETFILTER, on, &nodes)
 }
 
 /// Turns an option of the agents on or off, as a marker file in the lab's
@@ -793,10 +797,9 @@ pub fn pinned_hash<K: aya::Pod, V: aya::Pod>(
 
 /// Removes what the stopped agent of `node` left behind for a restart in
 /// place, with its own `cleanup`: programs, pins, routes and its TUN
-/// device.
-pub fn clean_up_agent(node: &str) -> Result<()> {
+/// device. Returns what `cleanup` reported.
+pub fn clean_up_agent(node: &str) -> Result<String> {
     let agent = agent_binary();
-    let bpffs = bpffs(node);
     run(
         "ip",
         &[
@@ -806,10 +809,9 @@ pub fn clean_up_agent(node: &str) -> Result<()> {
             &agent.to_string_lossy(),
             "cleanup",
             "--bpffs",
-            &bpffs.to_string_lossy(),
+            &bpffs(node).to_string_lossy(),
         ],
-    )?;
-    Ok(())
+    )
 }
 
 /// Stops and starts node `node`'s agent, and waits until it is ready.
