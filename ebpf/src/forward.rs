@@ -31,16 +31,25 @@ pub struct NextHop {
     smac: [u8; 6],
 }
 
-/// The FIB's next hop for a packet with header `ip`, when it settles it
-/// in one step and the node forwards past netfilter ([`PAST_NETFILTER`] in
-/// the overlay's `config`, which every caller has already read).
+/// The FIB's next hop for a packet with header `ip`, at `l3`, when it
+/// settles it in one step and the node forwards past netfilter
+/// ([`PAST_NETFILTER`] in the overlay's `config`, which every caller has
+/// already read).
 /// Not for a packet to this host, too big for the way out (a GSO packet's
 /// total length says so too), to a next hop not resolved yet, or whose TTL
 /// runs out: the stack does those, and answers with the ICMP errors path
-/// MTU discovery and traceroute need.
+/// MTU discovery and traceroute need. Nor for one whose total length does
+/// not hold its header or is more than the packet holds, which the stack
+/// drops.
 #[inline(always)]
-pub fn route(ctx: &TcContext, config: &OverlayConfig, ip: Header) -> Option<NextHop> {
-    if config.flags & PAST_NETFILTER == 0 || !ip.is_valid() || ip.ttl() <= 1 {
+pub fn route(ctx: &TcContext, config: &OverlayConfig, l3: usize, ip: Header) -> Option<NextHop> {
+    let total = usize::from(ip.total_len());
+    if config.flags & PAST_NETFILTER == 0
+        || !ip.is_valid()
+        || total < ip.header_len()
+        || l3 + total > ctx.len() as usize
+        || ip.ttl() <= 1
+    {
         return None;
     }
     let mut slot = MaybeUninit::uninit();
@@ -130,7 +139,7 @@ fn rewrite(ctx: &TcContext, ip: Header, next_hop: &NextHop) -> Option<()> {
 /// out of an Ethernet device; left to the stack otherwise.
 #[inline(always)]
 pub fn to_next_hop(ctx: &TcContext, config: &OverlayConfig, l3: usize, ip: &[u8; MIN_HLEN]) -> i32 {
-    let Some(next_hop) = route(ctx, config, Header(ip)) else {
+    let Some(next_hop) = route(ctx, config, l3, Header(ip)) else {
         return TC_ACT_UNSPEC;
     };
     if l3 == 0 && !push_l2_header(ctx) {

@@ -172,7 +172,7 @@ pub fn decapsulate(ctx: &TcContext) -> i32 {
     }
     let mut ip = [0u8; MIN_HLEN];
     ip.copy_from_slice(&frame[INNER_IP..]);
-    let Some(next_hop) = forward::route(ctx, config, Header(&ip)) else {
+    let Some(next_hop) = forward::route(ctx, config, INNER_IP, Header(&ip)) else {
         return TC_ACT_UNSPEC;
     };
     // Drops the outer IPv4, UDP and VXLAN headers and the inner Ethernet

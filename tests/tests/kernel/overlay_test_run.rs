@@ -258,6 +258,9 @@ fn the_overlay_programs_decide_and_leave_frames_as_they_should() {
     );
 }
 
+/// Length of an Ethernet header, where the frames' IPv4 header starts.
+const ETH_HLEN: usize = 14;
+
 /// A test's node (`v0`, 192.0.2.1) and the next hop it forwards a's pods'
 /// addresses to (`v1`, 192.0.2.2, with a permanent neighbour entry).
 const NODE_NS: &str = "ist-t-decap";
@@ -398,6 +401,10 @@ fn the_uplink_decapsulates_only_what_the_fib_forwards_in_one_step() {
             "inner TTL 1: the stack answers time-exceeded",
             ours(&eth_ipv4(&inner.with_ttl(1).bytes())),
         ),
+        (
+            "inner packet shorter than its header says: the stack drops it",
+            ours(&eth_ipv4(&inner.bytes())[..ETH_HLEN + 24]),
+        ),
         ("plain TCP on the uplink", eth_ipv4(&inner.bytes())),
     ]));
     check(&h, table);
@@ -508,6 +515,14 @@ fn only_a_peers_translated_packet_for_a_pod_of_this_node_goes_past_the_stack() {
                 to_b(1),
                 HAND_ON,
                 to_b(1),
+                &[],
+            ),
+            (
+                "active gateway: a packet for b shorter than its header says: to the stack",
+                names::PROG_STEER,
+                to_b(64)[..ETH_HLEN + 24].to_vec(),
+                HAND_ON,
+                to_b(64)[..ETH_HLEN + 24].to_vec(),
                 &[],
             ),
         ],
