@@ -231,12 +231,26 @@ impl Timeouts {
         } else {
             back.last_seen
         };
-        let lifetime = self.lifetime(
+        self.expired_since(
             proto,
             TcpState::from_u8(out.state),
             TcpState::from_u8(back.state),
-        );
-        now.saturating_sub(last) > lifetime * 1_000_000_000
+            last,
+            now,
+        )
+    }
+
+    /// Whether a flow whose directions said `out` and `back`, and whose
+    /// last packet either way was at `last`, is dead at `now`.
+    pub const fn expired_since(
+        &self,
+        proto: u8,
+        out: TcpState,
+        back: TcpState,
+        last: u64,
+        now: u64,
+    ) -> bool {
+        now.saturating_sub(last) > self.lifetime(proto, out, back) * 1_000_000_000
     }
 }
 

@@ -10,7 +10,7 @@
 //! counted per peer.
 
 use crate::{
-    conntrack::{DIR_IN, FlowKey},
+    conntrack::{DIR_IN, FlowKey, TcpState, Timeouts},
     ipv4::PROTO_ICMP,
     wire::Be32,
 };
@@ -55,6 +55,39 @@ impl AllowKey {
     }
 }
 
+/// A flow our side opened towards a segregated peer, as the table of such
+/// flows keeps it: what each direction said, so that a flow the peer never
+/// answers lives only as long as an unanswered one, and when either last
+/// spoke. The size of the conntrack's entries, whose place it took.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeerFlow {
+    /// What our side's packets said: a [`TcpState`] as a byte.
+    pub ours: u8,
+    /// What the peer's replies said: [`TcpState::None`] until it answers.
+    pub theirs: u8,
+    /// Zero.
+    pub pad: [u8; 6],
+    /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) of the last packet either way.
+    pub last_seen: u64,
+}
+
+assert_layout!(PeerFlow, size = 16, align = 8);
+
+impl PeerFlow {
+    /// Whether the flow is dead at `now`, each direction judged by what it
+    /// said itself.
+    pub const fn expired(&self, proto: u8, timeouts: &Timeouts, now: u64) -> bool {
+        timeouts.expired_since(
+            proto,
+            TcpState::from_u8(self.ours),
+            TcpState::from_u8(self.theirs),
+            self.last_seen,
+            now,
+        )
+    }
+}
+
 /// The key under which the replies of a flow our side sends, from `ours`
 /// (real) port `our_port` to the peer's `theirs` port `their_port`, arrive
 /// from the peer once translated. An ICMP echo's identifier is our port,
@@ -88,6 +121,26 @@ mod tests {
         let echo = reply_key(PROTO_ICMP, ours, 7, theirs, 0);
         assert_eq!((echo.sport, echo.dport), (0, 7));
         assert_ne!(reply_key(PROTO_UDP, ours, 40000, theirs, 80), key);
+    }
+
+    #[test]
+    fn a_flow_the_peer_never_answered_lives_as_an_unanswered_one() {
+        let t = Timeouts::DEFAULT;
+        let s = 1_000_000_000;
+        let flow = |ours: TcpState, theirs: TcpState| PeerFlow {
+            ours: ours as u8,
+            theirs: theirs as u8,
+            last_seen: 100 * s,
+            ..PeerFlow::default()
+        };
+        // Our SYN-ACK or data, never answered: a SYN's 60 s, not six hours.
+        let unanswered = flow(TcpState::Established, TcpState::None);
+        assert!(!unanswered.expired(PROTO_TCP, &t, 160 * s));
+        assert!(unanswered.expired(PROTO_TCP, &t, 161 * s));
+        // Both sides spoke: established.
+        let answered = flow(TcpState::Established, TcpState::Established);
+        assert!(!answered.expired(PROTO_TCP, &t, (100 + 21599) * s));
+        assert!(answered.expired(PROTO_UDP, &t, 161 * s));
     }
 
     #[test]

@@ -42,6 +42,7 @@ mod pod {
     unsafe impl aya::Pod for crate::nat::MappingKey {}
     unsafe impl aya::Pod for crate::conntrack::FlowKey {}
     unsafe impl aya::Pod for crate::conntrack::FlowNat {}
+    unsafe impl aya::Pod for crate::isolation::PeerFlow {}
     unsafe impl aya::Pod for crate::conntrack::SnatConfig {}
     unsafe impl aya::Pod for crate::guard::GuardSource {}
     unsafe impl aya::Pod for crate::guard::GuardConfig {}

@@ -196,20 +196,51 @@ pub(crate) fn initial_state(proto: u8, tcp_flags: u8) -> u8 {
 
 /// Records a packet on the entry at `entry` and returns a copy of it.
 ///
+/// # Safety
+/// `entry` points at a live entry of [`FLOWS`].
+#[inline(always)]
+unsafe fn refresh(entry: *mut FlowNat, proto: u8, tcp_flags: u8, now: u64) -> FlowNat {
+    // SAFETY: fields of a live, aligned map entry (the caller's promise).
+    unsafe {
+        let (state, last_seen) = touch(
+            addr_of_mut!((*entry).state),
+            addr_of_mut!((*entry).last_seen),
+            proto,
+            tcp_flags,
+            now,
+        );
+        FlowNat {
+            addr: read_volatile(addr_of!((*entry).addr)),
+            port: read_volatile(addr_of!((*entry).port)),
+            state,
+            pad: 0,
+            last_seen,
+        }
+    }
+}
+
+/// Records a packet with `tcp_flags` at `now` on one direction's state at
+/// `state_at` and its flow's timestamp at `seen_at`; returns both as they
+/// now are.
+///
 /// Other CPUs update the same entry while this one does: the entry is
 /// never borrowed, and each field is read and written once, whole, with a
 /// volatile access, so the compiler neither caches nor splits one. Two
 /// racing updates leave one writer's state and timestamp, both valid.
 ///
 /// # Safety
-/// `entry` points at a live entry of a flow table: [`FLOWS`], or the
-/// isolation's flows towards segregated peers.
+/// Both point into one live, aligned entry of a flow table: [`FLOWS`], or
+/// the isolation's flows towards segregated peers.
 #[inline(always)]
-pub(crate) unsafe fn refresh(entry: *mut FlowNat, proto: u8, tcp_flags: u8, now: u64) -> FlowNat {
-    // SAFETY: fields of a live, aligned map entry (the caller's promise).
+pub(crate) unsafe fn touch(
+    state_at: *mut u8,
+    seen_at: *mut u64,
+    proto: u8,
+    tcp_flags: u8,
+    now: u64,
+) -> (u8, u64) {
+    // SAFETY: the caller's promise.
     unsafe {
-        let state_at = addr_of_mut!((*entry).state);
-        let seen_at = addr_of_mut!((*entry).last_seen);
         let seen = read_volatile(seen_at);
         let before = read_volatile(state_at);
         let state = if proto == PROTO_TCP {
@@ -217,17 +248,12 @@ pub(crate) unsafe fn refresh(entry: *mut FlowNat, proto: u8, tcp_flags: u8, now:
         } else {
             before
         };
-        let refreshed = state != before || now.wrapping_sub(seen) > REFRESH_NS;
-        if refreshed {
+        if state != before || now.wrapping_sub(seen) > REFRESH_NS {
             write_volatile(state_at, state);
             write_volatile(seen_at, now);
-        }
-        FlowNat {
-            addr: read_volatile(addr_of!((*entry).addr)),
-            port: read_volatile(addr_of!((*entry).port)),
-            state,
-            pad: 0,
-            last_seen: if refreshed { now } else { seen },
+            (state, now)
+        } else {
+            (state, seen)
         }
     }
 }

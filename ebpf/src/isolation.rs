@@ -2,18 +2,22 @@
 //! peer may open connections to, and the flows our side opened towards it,
 //! whose replies pass.
 
+use core::{mem::MaybeUninit, ptr::addr_of_mut};
+
 use aya_ebpf::{btf_maps::HashMap, helpers::bpf_ktime_get_ns, macros::btf_map};
 use isthmus_common::{
-    conntrack::{FlowKey, FlowNat},
-    ipv4::PROTO_ICMP,
-    isolation::{AllowKey, reply_key},
+    conntrack::{FlowKey, TcpState},
+    ipv4::{PROTO_ICMP, PROTO_TCP},
+    isolation::{AllowKey, PeerFlow, reply_key},
     names::{DEFAULT_ALLOWED, DEFAULT_PEER_FLOWS},
+    tcp::{ACK, SYN},
     wire::Be32,
 };
 
 use crate::{
     conntrack::{self, E2BIG},
     parse::{Packet, Transport},
+    stack,
 };
 
 /// What segregated peers may open connections to.
@@ -21,33 +25,42 @@ use crate::{
 static ALLOWED: HashMap<AllowKey, u8, { DEFAULT_ALLOWED as usize }> = HashMap::new();
 
 /// Flows our side opened towards segregated peers, keyed as their replies
-/// arrive; the value's state and last packet alone are used.
+/// arrive.
 #[btf_map(name = "ist_peer_flows")]
-static FLOWS: HashMap<FlowKey, FlowNat, { DEFAULT_PEER_FLOWS as usize }> = HashMap::new();
+static FLOWS: HashMap<FlowKey, PeerFlow, { DEFAULT_PEER_FLOWS as usize }> = HashMap::new();
 
 /// The table of flows towards segregated peers is full.
 pub struct Full;
 
 /// Towards a segregated peer: remembers the flow of `t`, from `ours` (real,
-/// before the translation) to the peer's `theirs`, so its replies pass.
+/// before the translation) to the peer's `theirs`, so its replies pass. A
+/// SYN-ACK answers a connection the peer opened (to what it is allowed
+/// to reach): it is no flow of ours, and starts none.
 #[inline(always)]
 pub fn remember(t: &Transport, ours: Be32, theirs: Be32) -> Result<(), Full> {
     let key = reply_key(t.proto, ours, t.sport, theirs, t.dport);
     // SAFETY: bpf_ktime_get_ns has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     if let Some(entry) = FLOWS.get_ptr_mut(&key) {
-        // SAFETY: a valid entry pointer from the map.
-        unsafe { conntrack::refresh(entry, t.proto, t.tcp_flags, now) };
+        // SAFETY: fields of a valid entry pointer from the map.
+        unsafe {
+            let ours_at = addr_of_mut!((*entry).ours);
+            let seen_at = addr_of_mut!((*entry).last_seen);
+            conntrack::touch(ours_at, seen_at, t.proto, t.tcp_flags, now);
+        }
         return Ok(());
     }
-    let life = FlowNat {
-        addr: Be32::ZERO,
-        port: 0,
-        state: conntrack::initial_state(t.proto, t.tcp_flags),
-        pad: 0,
-        last_seen: now,
-    };
-    match FLOWS.insert(&key, &life, 0) {
+    if t.proto == PROTO_TCP && t.tcp_flags & (SYN | ACK) == SYN | ACK {
+        return Ok(());
+    }
+    let mut slot = MaybeUninit::uninit();
+    // SAFETY: all-zero is a valid PeerFlow. Zeroed word by word: a literal's
+    // zero padding became a memset call.
+    let life = unsafe { stack::zeroed::<PeerFlow>(&mut slot) };
+    life.ours = conntrack::initial_state(t.proto, t.tcp_flags);
+    life.theirs = TcpState::None as u8;
+    life.last_seen = now;
+    match FLOWS.insert(&key, life, 0) {
         Err(E2BIG) => Err(Full),
         // Another CPU inserted it first, or it is there now: either way remembered.
         _ => Ok(()),
@@ -61,10 +74,12 @@ pub fn remember(t: &Transport, ours: Be32, theirs: Be32) -> Result<(), Full> {
 pub fn admits(peer_id: u32, pkt: &Packet, theirs: Be32, ours: Be32) -> bool {
     if let Some(err) = &pkt.icmp_error {
         // The quoted packet went from us to the peer: its source port is ours.
+        // An error is no answer: it keeps the flow, and changes no state
+        // (as a packet that is not TCP would not).
         return err.quoted_flow.is_some_and(|f| {
             reply(
                 reply_key(f.proto, ours, f.sport, err.quoted.dst, f.dport),
-                f.proto,
+                PROTO_ICMP,
                 0,
             ) || allowed(peer_id, ours, f.proto, f.sport)
         });
@@ -85,7 +100,8 @@ pub fn admits(peer_id: u32, pkt: &Packet, theirs: Be32, ours: Be32) -> bool {
     }
 }
 
-/// Whether `key` is a reply to a flow our side opened; it refreshes the flow.
+/// Whether `key` is a reply to a flow our side opened; it records the
+/// peer's side of the flow.
 #[inline(always)]
 fn reply(key: FlowKey, proto: u8, tcp_flags: u8) -> bool {
     let Some(entry) = FLOWS.get_ptr_mut(&key) else {
@@ -93,8 +109,12 @@ fn reply(key: FlowKey, proto: u8, tcp_flags: u8) -> bool {
     };
     // SAFETY: bpf_ktime_get_ns has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
-    // SAFETY: a valid entry pointer from the map.
-    unsafe { conntrack::refresh(entry, proto, tcp_flags, now) };
+    // SAFETY: fields of a valid entry pointer from the map.
+    unsafe {
+        let theirs_at = addr_of_mut!((*entry).theirs);
+        let seen_at = addr_of_mut!((*entry).last_seen);
+        conntrack::touch(theirs_at, seen_at, proto, tcp_flags, now);
+    }
     true
 }
 

@@ -363,10 +363,10 @@ fn ingress(peer: &PeerNat, pkt: &Packet, own: Be32) -> Result<Rewrite, Refused> 
 /// peer's ingress rules lead), to an endpoint the peer's NatMapping named,
 /// or back to the source of a flow we masqueraded. The conncheck's address
 /// is the gateway itself: a peer reaches only the conncheck's port there.
-/// A segregated peer reaches in our networks only what it is allowed to.
+/// No rule leads to a node: what an object wrote cannot expose one. A
+/// segregated peer reaches in our networks only what it is allowed to.
 #[inline(always)]
 fn denied(peer: &PeerNat, pkt: &Packet, rewrite: &Rewrite) -> Option<DenyReason> {
-    let resolved = Kind::NatMapping.bit() | Kind::Masquerade.bit();
     let dst = rewrite.addr;
     let t = pkt.transport.as_ref();
     if dst == CONNCHECK_ADDR
@@ -374,7 +374,14 @@ fn denied(peer: &PeerNat, pkt: &Packet, rewrite: &Rewrite) -> Option<DenyReason>
     {
         return Some(DenyReason::NodeAddress);
     }
-    if rewrite.kinds & resolved != 0 {
+    // A reply to a flow we opened, a node's own among them.
+    if rewrite.kinds & Kind::Masquerade.bit() != 0 {
+        return None;
+    }
+    if maps::is_node(dst) {
+        return Some(DenyReason::NodeAddress);
+    }
+    if rewrite.kinds & Kind::NatMapping.bit() != 0 {
         return None;
     }
     if peer
@@ -386,9 +393,7 @@ fn denied(peer: &PeerNat, pkt: &Packet, rewrite: &Rewrite) -> Option<DenyReason>
         return (segregated && !isolation::admits(peer.peer_id, pkt, pkt.ip.src, dst))
             .then_some(DenyReason::NotAllowed);
     }
-    Some(if maps::is_node(dst) {
-        DenyReason::NodeAddress
-    } else if maps::peer(dst).is_some() {
+    Some(if maps::peer(dst).is_some() {
         DenyReason::OtherPeer
     } else {
         DenyReason::OutsideOurNetworks

@@ -31,6 +31,12 @@ pub enum L4 {
         dport: u16,
         payload: Vec<u8>,
     },
+    /// TCP data: an ACK with a payload, as a flow sends once open.
+    TcpData {
+        sport: u16,
+        dport: u16,
+        payload: Vec<u8>,
+    },
     /// A TCP SYN (a SYN-ACK with `ack`) with the options Linux sends: MSS
     /// `mss`, SACK permitted, timestamps, window scale.
     TcpSyn {
@@ -137,13 +143,12 @@ impl Datagram {
                 sport,
                 dport,
                 payload,
-            } => {
-                let mut tcp = TcpHeader::new(*sport, *dport, 1000, 64240);
-                tcp.syn = true;
-                let ip = self.header(tcp.header_len() + payload.len(), IpNumber::TCP);
-                tcp.checksum = tcp.calc_checksum_ipv4(&ip, payload).expect("small payload");
-                (ip, [tcp.to_bytes().as_slice(), payload].concat())
-            }
+            } => self.tcp_segment(*sport, *dport, payload, true),
+            L4::TcpData {
+                sport,
+                dport,
+                payload,
+            } => self.tcp_segment(*sport, *dport, payload, false),
             L4::TcpSyn {
                 sport,
                 dport,
@@ -194,6 +199,22 @@ impl Datagram {
                 )
             }
         }
+    }
+
+    /// A TCP segment carrying `payload`: a SYN, or else an ACK.
+    fn tcp_segment(
+        &self,
+        sport: u16,
+        dport: u16,
+        payload: &[u8],
+        syn: bool,
+    ) -> (Ipv4Header, Vec<u8>) {
+        let mut tcp = TcpHeader::new(sport, dport, 1000, 64240);
+        tcp.syn = syn;
+        tcp.ack = !syn;
+        let ip = self.header(tcp.header_len() + payload.len(), IpNumber::TCP);
+        tcp.checksum = tcp.calc_checksum_ipv4(&ip, payload).expect("small payload");
+        (ip, [tcp.to_bytes().as_slice(), payload].concat())
     }
 
     /// The whole datagram.

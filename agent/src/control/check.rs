@@ -73,7 +73,7 @@ pub fn command(args: &CheckArgs) -> anyhow::Result<bool> {
     let SourceSpec::Dir(dir) = &args.source else {
         anyhow::bail!("check reads --source dir:PATH only");
     };
-    let verdict = check(source::read_dir(dir)?, args.policy.policy_with(Vec::new()));
+    let verdict = check(source::read_dir(dir)?, args.policy.policy_with(&[]));
     match args.json {
         true => println!("{}", serde_json::to_string_pretty(&verdict.json())?),
         false => print!("{}", verdict.text()),

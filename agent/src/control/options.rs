@@ -60,7 +60,11 @@ pub struct RunArgs {
     pub role: Option<Role>,
     /// A node carrying this label (`key=value`) is a gateway: with `--source
     /// kube` this decides the role, and in any case the overlay's gateway.
-    #[arg(long, default_value = "net.liqo.io/gateway=true")]
+    #[arg(
+        long,
+        env = "ISTHMUS_GATEWAY_LABEL",
+        default_value = "net.liqo.io/gateway=true"
+    )]
     pub gateway_label: String,
     /// `--source kube`: the kubeconfig to use; by default the pod's service
     /// account, else `$KUBECONFIG` or `~/.kube/config`.
@@ -262,31 +266,49 @@ pub struct PolicyArgs {
     /// it for that peer.
     #[arg(long, env = "ISTHMUS_SECURITY_MODE", default_value = "FullPodToPod")]
     pub security_mode: SecurityMode,
+    /// The API server's address, which no peer may reach (in a pod, the
+    /// `kubernetes` Service's, from the variable the kubelet sets; a name
+    /// or an IPv6 address is no IPv4 address to protect, and is ignored).
+    #[arg(long, env = "KUBERNETES_SERVICE_HOST")]
+    pub api_server_address: Option<String>,
 }
 
 impl PolicyArgs {
     /// The policy objects must follow, with this node's networks as they
     /// are now.
     pub fn policy(&self) -> Policy {
-        let host = policy::host_networks().unwrap_or_else(|e| {
-            error!(error = %e, "listing this node's addresses: they are not protected from peers' views");
+        let host = policy::host_addresses().unwrap_or_else(|e| {
+            error!(error = %e, "listing this node's addresses: they are not protected from peers");
             Vec::new()
         });
-        self.policy_with(host)
+        self.policy_with(&host)
     }
 
-    /// The policy, protecting `host` as this node's networks.
-    pub fn policy_with(&self, host: Vec<policy::Protected>) -> Policy {
+    /// The policy, protecting `host` as this node's addresses.
+    pub fn policy_with(&self, host: &[policy::HostAddress]) -> Policy {
         let mut namespaces = vec![policy::LIQO_TENANT_NAMESPACES.to_owned()];
         namespaces.extend(self.tunnelendpoint_namespaces.iter().cloned());
+        let api_server = self
+            .api_server_address
+            .as_deref()
+            .and_then(|a| a.parse().ok())
+            .map(|addr| policy::NodeAddress {
+                addr,
+                what: "the API server's address (--api-server-address)".into(),
+            });
         Policy {
             namespaces,
             min_prefix: self.min_view_prefix,
-            protected: [
-                host,
-                policy::cluster_networks(&self.pod_cidr, &self.service_cidr),
-            ]
-            .concat(),
+            protected: host
+                .iter()
+                .map(policy::HostAddress::network)
+                .chain(policy::cluster_networks(&self.pod_cidr, &self.service_cidr))
+                .collect(),
+            node_addresses: host
+                .iter()
+                .map(policy::HostAddress::address)
+                .chain(api_server)
+                .collect(),
             security_mode: self.security_mode,
         }
     }

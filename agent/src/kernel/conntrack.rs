@@ -12,6 +12,7 @@ use std::{
 use aya::maps::{Array, HashMap, Map, MapData, MapError};
 use isthmus_common::{
     conntrack::{DIR_IN, DIR_OUT, FlowKey, FlowNat, SnatConfig, Timeouts, reply_key},
+    isolation::PeerFlow,
     names,
     wire::Be32,
 };
@@ -96,7 +97,7 @@ impl Conntrack {
 
 /// The flows our side opened towards segregated peers (`ist_peer_flows`),
 /// one entry each, keyed as their replies arrive.
-pub struct PeerFlows(HashMap<MapData, FlowKey, FlowNat>);
+pub struct PeerFlows(HashMap<MapData, FlowKey, PeerFlow>);
 
 impl PeerFlows {
     /// Wraps the map taken from a freshly loaded object.
@@ -105,17 +106,17 @@ impl PeerFlows {
     }
 
     /// Every entry, as the kernel holds it now.
-    pub fn entries(&self) -> Result<Vec<(FlowKey, FlowNat)>, MapError> {
+    pub fn entries(&self) -> Result<Vec<(FlowKey, PeerFlow)>, MapError> {
         self.0.iter().collect()
     }
 
-    /// Removes the flows dead at `now`, with the conntrack's lifetimes: a
-    /// flow's one entry stands for both of its directions.
+    /// Removes the flows dead at `now`, with the conntrack's lifetimes,
+    /// each direction judged by what it said.
     pub fn collect(&mut self, now: u64, timeouts: &Timeouts) -> Result<Collected, MapError> {
         let entries = self.entries()?;
         let dead: Vec<FlowKey> = entries
             .iter()
-            .filter(|(key, life)| timeouts.expired(key.proto, life, life, now))
+            .filter(|(key, flow)| flow.expired(key.proto, timeouts, now))
             .map(|(key, _)| *key)
             .collect();
         let removed = remove_all(&mut self.0, &dead);
@@ -128,7 +129,7 @@ impl PeerFlows {
 
 /// Removes `keys` from `table`; returns how many it removed. Already gone
 /// is fine: the kernel may have lost a race for an entry.
-fn remove_all(table: &mut HashMap<MapData, FlowKey, FlowNat>, keys: &[FlowKey]) -> usize {
+fn remove_all<V: aya::Pod>(table: &mut HashMap<MapData, FlowKey, V>, keys: &[FlowKey]) -> usize {
     keys.iter().filter(|key| table.remove(key).is_ok()).count()
 }
 

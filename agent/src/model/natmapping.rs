@@ -108,6 +108,18 @@ pub enum MappingProblem {
         /// Where that CIDR comes from.
         tunnel_endpoint: ObjectKey,
     },
+    /// An entry that would expose a node of this cluster to the peer.
+    #[error(
+        "field spec.clusterMappings.{endpoint}: endpoint {endpoint} (externalIP {external}) is {what}; no node is exposed to a peer"
+    )]
+    NodeAddress {
+        /// The entry's endpoint.
+        endpoint: Ipv4Addr,
+        /// Its externalIP.
+        external: Ipv4Addr,
+        /// Which node address it is.
+        what: String,
+    },
     /// The cluster has no TunnelEndpoint (yet): nothing to attach the entries to.
     #[error(
         "field spec.clusterID: cluster {cluster} has no TunnelEndpoint yet; its mappings are held until one appears"

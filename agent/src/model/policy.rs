@@ -6,6 +6,8 @@
 //! The checks here need no other object; those that compare peers with
 //! each other live with the reconciler's arbitration.
 
+use std::net::Ipv4Addr;
+
 use ipnet::Ipv4Net;
 
 use crate::{
@@ -38,6 +40,44 @@ pub struct Protected {
     pub what: String,
 }
 
+/// An address of a node of this cluster, which no peer may reach: neither
+/// through a NatMapping entry nor through one of our networks that a
+/// TunnelEndpoint names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeAddress {
+    /// The address.
+    pub addr: Ipv4Addr,
+    /// What it is, for the rejection message.
+    pub what: String,
+}
+
+/// An address of this host, as its device holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostAddress {
+    /// The device.
+    pub device: String,
+    /// The address with its prefix length.
+    pub net: Ipv4Net,
+}
+
+impl HostAddress {
+    /// The network it lies in, which no view may overlap.
+    pub fn network(&self) -> Protected {
+        Protected {
+            net: self.net.trunc(),
+            what: format!("the network of {} ({})", self.device, self.net),
+        }
+    }
+
+    /// The address itself, which no peer may reach.
+    pub fn address(&self) -> NodeAddress {
+        NodeAddress {
+            addr: self.net.addr(),
+            what: format!("an address of this node ({})", self.device),
+        }
+    }
+}
+
 /// The rules every TunnelEndpoint must follow.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Policy {
@@ -48,6 +88,9 @@ pub struct Policy {
     /// Networks no view may overlap: the node's own, the cluster's Pod and
     /// Service networks.
     pub protected: Vec<Protected>,
+    /// Addresses of this node and of the API server beyond the Node
+    /// objects' own, which no peer may reach.
+    pub node_addresses: Vec<NodeAddress>,
     /// The security mode of a peer whose TunnelEndpoint asks for none.
     pub security_mode: SecurityMode,
 }
@@ -59,6 +102,7 @@ impl Default for Policy {
             namespaces: vec![LIQO_TENANT_NAMESPACES.into()],
             min_prefix: DEFAULT_MIN_PREFIX,
             protected: Vec::new(),
+            node_addresses: Vec::new(),
             security_mode: SecurityMode::default(),
         }
     }
@@ -94,7 +138,31 @@ impl Policy {
                 return Err(Problem::Forbidden { field, net, what });
             }
         }
+        // Our real networks are where the peer's packets go once
+        // translated: none may hold a node.
+        for (field, net) in peer.local_networks() {
+            if let Some(node) = self.node_address_in(nodes, |addr| net.contains(&addr)) {
+                let what = format!("{} {}", node.what, node.addr);
+                return Err(Problem::Forbidden { field, net, what });
+            }
+        }
         Ok(())
+    }
+
+    /// The first address of a node of the cluster (`nodes`, this node's
+    /// own, the API server's) that `matches`, named.
+    pub fn node_address_in(
+        &self,
+        nodes: &[Node],
+        matches: impl Fn(Ipv4Addr) -> bool,
+    ) -> Option<NodeAddress> {
+        let of_nodes = nodes.iter().map(|n| NodeAddress {
+            addr: n.address,
+            what: format!("the address of node {}", n.name),
+        });
+        of_nodes
+            .chain(self.node_addresses.iter().cloned())
+            .find(|node| matches(node.addr))
     }
 
     fn namespace_allowed(&self, namespace: &str) -> bool {
@@ -129,10 +197,11 @@ pub fn overlaps(a: Ipv4Net, b: Ipv4Net) -> bool {
     a.contains(&b.network()) || b.contains(&a.network())
 }
 
-/// The networks of this host's own addresses, each named by its device:
-/// a view over one of them would route the node's own LAN into a tunnel.
-pub fn host_networks() -> std::io::Result<Vec<Protected>> {
-    let mut networks = Vec::new();
+/// This host's own addresses, each with its device: a view over one of
+/// their networks would route the node's own LAN into a tunnel, and a peer
+/// must reach none of them.
+pub fn host_addresses() -> std::io::Result<Vec<HostAddress>> {
+    let mut addresses = Vec::new();
     for address in nix::ifaddrs::getifaddrs()? {
         let (Some(addr), Some(mask)) = (
             address.address.as_ref().and_then(|a| a.as_sockaddr_in()),
@@ -144,12 +213,12 @@ pub fn host_networks() -> std::io::Result<Vec<Protected>> {
         let Ok(net) = Ipv4Net::new(addr.ip(), len) else {
             continue;
         };
-        networks.push(Protected {
-            net: net.trunc(),
-            what: format!("the network of {} ({net})", address.interface_name),
+        addresses.push(HostAddress {
+            device: address.interface_name,
+            net,
         });
     }
-    Ok(networks)
+    Ok(addresses)
 }
 
 /// This cluster's networks given on the command line, named after the flag.
@@ -280,13 +349,62 @@ mod tests {
     }
 
     #[test]
-    fn host_networks_include_loopback() {
-        let networks = host_networks().unwrap();
-        assert!(
-            networks
-                .iter()
-                .any(|p| p.net == "127.0.0.0/8".parse().unwrap() && p.what.contains("lo")),
-            "{networks:?}"
+    fn host_addresses_include_loopback() {
+        let addresses = host_addresses().unwrap();
+        let lo = addresses
+            .iter()
+            .find(|a| a.net == "127.0.0.1/8".parse().unwrap())
+            .unwrap_or_else(|| panic!("{addresses:?}"));
+        assert_eq!(lo.network().net, "127.0.0.0/8".parse().unwrap());
+        assert!(lo.network().what.contains("lo"), "{lo:?}");
+        assert_eq!(lo.address().addr, Ipv4Addr::LOCALHOST);
+    }
+
+    #[test]
+    fn our_networks_may_hold_no_node() {
+        let node = Node {
+            name: "b-node".into(),
+            pod_cidrs: Vec::new(),
+            address: Ipv4Addr::new(172, 16, 2, 2),
+            labels: Default::default(),
+        };
+        let over_lan = TunnelEndpoint::new("tep", "liqo-tenant-b")
+            .local([
+                "10.244.0.0/24",
+                "10.0.40.0/24",
+                "172.16.2.0/24",
+                "10.0.41.0/24",
+            ])
+            .remote(ORDINARY)
+            .endpoint("203.0.113.2")
+            .public_key("AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=")
+            .to_string();
+        let docs = parse_documents(Path::new("t.yaml"), &over_lan);
+        let Ok(Object::TunnelEndpoint(raw)) = &docs[0] else {
+            panic!("{docs:?}")
+        };
+        let p = Peer::from_raw(raw, "t.yaml").unwrap();
+        assert_eq!(
+            Policy::default()
+                .check(&p, &[node])
+                .unwrap_err()
+                .to_string(),
+            "field localExternalCIDR: 172.16.2.0/24 touches the address of node b-node 172.16.2.2; no peer may use it"
         );
+        let api_server = Policy {
+            node_addresses: vec![NodeAddress {
+                addr: Ipv4Addr::new(172, 16, 2, 9),
+                what: "the API server's address".into(),
+            }],
+            ..Policy::default()
+        };
+        assert!(
+            api_server
+                .check(&p, &[])
+                .unwrap_err()
+                .to_string()
+                .contains("the API server's address 172.16.2.9")
+        );
+        assert_eq!(Policy::default().check(&p, &[]), Ok(()));
     }
 }

@@ -48,6 +48,10 @@ const B_GW_WAN: Addr = [203, 0, 113, 2];
 const MAPPED_EXT: Addr = [192, 168, 0, 45];
 /// ...which b sees remapped.
 const MAPPED_EXT_AT_B: Addr = [10, 0, 41, 45];
+/// A NatMapping entry for b that names a node, as a forged object would,
+/// and how b sees its externalIP: the kernel refuses it whatever the table says.
+const NODE_EXT: Addr = [192, 168, 0, 77];
+const NODE_EXT_AT_B: Addr = [10, 0, 41, 77];
 /// Our ExternalCIDR's first host, how b sees it, and the conncheck's
 /// address behind it.
 const A_EXT_FIRST: Addr = [192, 168, 0, 1];
@@ -148,6 +152,13 @@ impl Harness {
         mappings
             .put(conncheck, &Be32::from_bytes(CONNCHECK), None)
             .unwrap();
+        let to_node = MappingKey {
+            peer_id: 1,
+            addr: Be32::from_bytes(NODE_EXT),
+        };
+        mappings
+            .put(to_node, &Be32::from_bytes(NODE3), None)
+            .unwrap();
         let mut conntrack = Conntrack::new(
             ebpf.take_map(names::MAP_CONNTRACK).unwrap(),
             ebpf.take_map(names::MAP_SNAT).unwrap(),
@@ -158,7 +169,7 @@ impl Harness {
             .unwrap();
         let mut nodes: PresenceSet<Be32> =
             PresenceSet::new(ebpf.take_map(names::MAP_NODE_ADDRS).unwrap()).unwrap();
-        for node in [NODE, NODE2] {
+        for node in [NODE, NODE2, NODE3] {
             nodes.put(Be32::from_bytes(node), &1, None).unwrap();
         }
         let mut mss =
@@ -709,6 +720,8 @@ const A_MASQ_AT_B: Addr = [10, 0, 40, 254];
 /// Addresses of none of a's networks: the node's own, and a transit source.
 const NODE: Addr = [172, 16, 1, 1];
 const NODE2: Addr = [172, 16, 1, 2];
+/// A node no test sends from: a forged NatMapping entry leads to it.
+const NODE3: Addr = [172, 16, 1, 3];
 const TRANSIT: Addr = [10, 1, 0, 6];
 /// TC_ACT_SHOT.
 const DROP: i32 = 2;
@@ -973,6 +986,12 @@ fn a_peer_reaches_only_our_networks_its_mappings_and_our_flows() {
             DenyReason::NodeAddress,
         ),
         (
+            "to a NatMapping entry that leads to a node",
+            tcp(B_POD1, NODE_EXT_AT_B).bytes(),
+            1,
+            DenyReason::NodeAddress,
+        ),
+        (
             "to peer s, with no NatMapping",
             udp(B_POD1, S_POD).bytes(),
             1,
@@ -1223,8 +1242,8 @@ fn a_full_table_of_flows_towards_a_segregated_peer_drops_new_ones_and_keeps_the_
     let [(_, life)] = h.peer_flows.entries().unwrap()[..] else {
         panic!("one flow recorded")
     };
-    let state = TcpState::from_u8(life.state);
-    let lifetime = Timeouts::DEFAULT.lifetime(PROTO_TCP, state, state) * SECOND;
+    let (ours, theirs) = (TcpState::from_u8(life.ours), TcpState::from_u8(life.theirs));
+    let lifetime = Timeouts::DEFAULT.lifetime(PROTO_TCP, ours, theirs) * SECOND;
     let kept = h
         .peer_flows
         .collect(life.last_seen + lifetime - SECOND, &Timeouts::DEFAULT);
@@ -1234,4 +1253,91 @@ fn a_full_table_of_flows_towards_a_segregated_peer_drops_new_ones_and_keeps_the_
         .collect(life.last_seen + lifetime + SECOND, &Timeouts::DEFAULT);
     assert_eq!(gone.map(|c| (c.live, c.removed)).unwrap(), (0, 1));
     h.expect(Egress, &second, &tcp_ports(A_POD1_AT_B, B_POD1, 40301, 443));
+}
+
+/// Each direction of a flow towards a segregated peer is judged by what it
+/// said itself: our SYN-ACK to the peer's SYN (on an exported port) starts
+/// no flow of ours; our data the peer never answers lives a SYN's 60 s; a
+/// flow it answered, an established one's six hours. An ICMP error quoting
+/// our flow is no answer.
+#[test]
+fn a_flow_towards_a_segregated_peer_lives_long_only_once_both_sides_spoke() {
+    use Direction::{Egress, Ingress};
+    let mut h = Harness::segregated(names::DEFAULT_PEER_FLOWS);
+    h.allowed
+        .put(
+            AllowKey::endpoint(1, Be32::from_bytes(A_POD1), PROTO_TCP, 18080),
+            &1,
+            None,
+        )
+        .unwrap();
+    let segment = |src, dst, sport, dport, ack| {
+        let l4 = L4::TcpSyn {
+            sport,
+            dport,
+            ack,
+            mss: TUNNEL_MSS,
+        };
+        Datagram::new(src, dst, l4)
+    };
+    let data = |src, dst, sport, dport| {
+        let payload = b"data".to_vec();
+        Datagram::new(
+            src,
+            dst,
+            L4::TcpData {
+                sport,
+                dport,
+                payload,
+            },
+        )
+    };
+    // b opens a connection to the exported port; our pod answers SYN-ACK.
+    let syn = segment(B_POD1, A_POD1_AT_B, 41000, 18080, false);
+    h.expect(Ingress, &syn, &syn.between(B_POD1, A_POD1));
+    let syn_ack = segment(A_POD1, B_POD1, 18080, 41000, true);
+    h.expect(Egress, &syn_ack, &syn_ack.between(A_POD1_AT_B, B_POD1));
+    assert!(
+        h.peer_flows.entries().unwrap().is_empty(),
+        "our SYN-ACK started a flow of ours"
+    );
+    // Our own flows: one b answers, one it never does (an ICMP error
+    // quoting it does not count).
+    let answered = data(A_POD1, B_POD1, 40500, 443);
+    h.expect(Egress, &answered, &answered.between(A_POD1_AT_B, B_POD1));
+    let answer = data(B_POD1, A_POD1_AT_B, 443, 40500);
+    h.expect(Ingress, &answer, &answer.between(B_POD1, A_POD1));
+    let ignored = data(A_POD1, B_POD1, 40501, 443);
+    h.expect(Egress, &ignored, &ignored.between(A_POD1_AT_B, B_POD1));
+    let quoted = data(A_POD1_AT_B, B_POD1, 40501, 443);
+    let len = quoted.bytes().len();
+    let err = icmp_error(3, 4, B_GW_WAN, A_POD1_AT_B, quoted, len);
+    h.expect(
+        Ingress,
+        &err,
+        &err.between(B_GW_WAN, A_POD1).quoting(A_POD1, B_POD1),
+    );
+    let flows = h.peer_flows.entries().unwrap();
+    let theirs = |port: u16| {
+        let (_, flow) = flows.iter().find(|(k, _)| k.dport == port).unwrap();
+        (TcpState::from_u8(flow.ours), TcpState::from_u8(flow.theirs))
+    };
+    assert_eq!(
+        theirs(40500),
+        (TcpState::Established, TcpState::Established)
+    );
+    assert_eq!(theirs(40501), (TcpState::Established, TcpState::None));
+    let last = flows.iter().map(|(_, f)| f.last_seen).max().unwrap();
+    let collected = h
+        .peer_flows
+        .collect(last + 61 * SECOND, &Timeouts::DEFAULT)
+        .unwrap();
+    assert_eq!((collected.live, collected.removed), (1, 1));
+    let [(key, _)] = h.peer_flows.entries().unwrap()[..] else {
+        panic!("one flow left")
+    };
+    assert_eq!(
+        key.dport, 40500,
+        "the unanswered flow outlived a SYN's lifetime"
+    );
 }

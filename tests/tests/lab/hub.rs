@@ -20,7 +20,7 @@ use xtask::{
     cmd::ip,
     lab, netns,
     probe::{self, Proto, next_port},
-    topology::{A, B, C, NAT_MAPPING},
+    topology::{A, B, C, METRICS_PORT, NAT_MAPPING},
 };
 
 /// How a reaches c-pod1: b's externalIP 192.168.0.45 in a's view of b's ExternalCIDR.
@@ -317,5 +317,56 @@ fn a_fragmented_datagram_crosses_the_hub_whole() {
     assert!(
         B.pods().contains(from.ip()),
         "c-pod1 saw {from}, not an address of b"
+    );
+}
+
+/// Puts b's NatMapping for a back as the lab writes it, even if the test fails.
+struct RestoreNatMapping;
+
+impl Drop for RestoreNatMapping {
+    fn drop(&mut self) {
+        let _ = lab::write_nat_mapping(&[NAT_MAPPING.entry()]);
+        until_entry(true);
+    }
+}
+
+/// An object author who adds `172.16.2.1: 10.0.1.77` (b-gw's own LAN
+/// address) to b's NatMapping for a does not let a-pod1 read b-gw's
+/// metrics at 10.0.1.77: the entry is rejected, named, in the agent's log
+/// and by `check`; the object's other entries still apply.
+#[test]
+fn a_natmapping_entry_cannot_expose_a_node() {
+    require_lab();
+    let node_lan = B.lan_gw();
+    let exposed = Ipv4Addr::new(10, 0, 1, 77);
+    let log = lab::log_file(&B.gw());
+    let logged_before = std::fs::read_to_string(&log).unwrap_or_default().len();
+    let _restore = RestoreNatMapping;
+    lab::write_nat_mapping(&[NAT_MAPPING.entry(), (node_lan, exposed)]).unwrap();
+    let rejection = format!("field spec.clusterMappings.{node_lan}: endpoint {node_lan}");
+    isthmus_tests::eventually(GIVE_UP, "b-gw's agent rejects the entry", || {
+        std::fs::read_to_string(&log).unwrap_or_default()[logged_before..].contains(&rejection)
+    });
+    assert!(hub_entry_present(), "the object's other entry went too");
+    let metrics = SocketAddr::from((exposed, METRICS_PORT));
+    assert!(
+        lab::http_get_at(&A.pod(1), metrics, "/metrics").is_err(),
+        "a-pod1 read b-gw's metrics through the NatMapping"
+    );
+    // The hub row still holds.
+    let seen = probe::exchange(Proto::Tcp, &A.pod(1), &C.pod(1), HUB_TARGET).unwrap();
+    assert_eq!(seen.server_as_seen_by_client, HUB_TARGET);
+    let check = std::process::Command::new(lab::agent_binary())
+        .args([
+            "check",
+            &format!("--source=dir:{}", lab::object_dir(&B.gw()).display()),
+        ])
+        .output()
+        .unwrap();
+    let verdict = String::from_utf8_lossy(&check.stdout);
+    assert!(!check.status.success(), "check passed:\n{verdict}");
+    assert!(
+        verdict.contains(&rejection) && verdict.contains("is the address of node b-gw"),
+        "check does not name the entry:\n{verdict}"
     );
 }

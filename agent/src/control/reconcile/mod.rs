@@ -310,6 +310,15 @@ where
             let peer_id = self.ids[&peer.key];
             let (field, cidr) = peer.local_external_view();
             for (external, endpoint) in &mapping.entries {
+                if let Some(node) = self.policy.node_address_in(&self.nodes, |a| a == *endpoint) {
+                    let problem = MappingProblem::NodeAddress {
+                        endpoint: *endpoint,
+                        external: *external,
+                        what: node.what,
+                    };
+                    errors.insert(mapping.error(problem).into());
+                    continue;
+                }
                 // The kernel keys the entry by the real address the prefix
                 // step gives it: the same packets, with one lookup.
                 let Some(real) = peer.local_external.real_of(*external) else {

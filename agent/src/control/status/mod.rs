@@ -53,6 +53,9 @@ pub const WRITES_PER_PASS: usize = 10;
 const MANAGER: &str = "isthmus-agent";
 /// Longest Event note the API server accepts.
 const NOTE_MAX: usize = 1024;
+/// Rejection Events waiting for the writer; past this, a pass's Events are
+/// dropped and counted, so that a flood of bad objects cannot grow memory.
+pub const EVENT_QUEUE: usize = 64;
 
 /// Liqo's connection states (`status.connection.status`); Liqo v0.2–v0.4
 /// wrote them in lower case.
@@ -266,7 +269,64 @@ fn due(
 /// rejections it made.
 pub struct Feedback {
     statuses: watch::Sender<BTreeMap<ObjectKey, ConnectionStatus>>,
-    rejected: mpsc::UnboundedSender<Rejection>,
+    rejected: mpsc::Sender<ObjectRejection>,
+    metrics: Arc<Metrics>,
+}
+
+/// Every problem one pass found with one object, for one Event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectRejection {
+    /// The object.
+    pub kind: ObjectKind,
+    /// Its key.
+    pub key: ObjectKey,
+    /// What is wrong, one problem each, in order.
+    pub problems: Vec<String>,
+}
+
+impl ObjectRejection {
+    /// The NatMappings among `rejections`, each with all its problems:
+    /// an object with many bad entries makes one Event, not one each.
+    pub fn nat_mappings(rejections: &[Rejection]) -> Vec<Self> {
+        let mut by_object: BTreeMap<&ObjectKey, Vec<String>> = BTreeMap::new();
+        for rejection in rejections {
+            if let Some((ObjectKind::NatMapping, key)) = &rejection.object {
+                by_object
+                    .entry(key)
+                    .or_default()
+                    .push(rejection.problem.clone());
+            }
+        }
+        by_object
+            .into_iter()
+            .map(|(key, problems)| Self {
+                kind: ObjectKind::NatMapping,
+                key: key.clone(),
+                problems,
+            })
+            .collect()
+    }
+
+    /// The Event's note: the problem, or how many there are and each.
+    pub fn note(&self) -> String {
+        match self.problems.as_slice() {
+            [one] => one.clone(),
+            many => format!("{} problems: {}", many.len(), many.join("; ")),
+        }
+    }
+}
+
+/// `note` cut to [`NOTE_MAX`] bytes on a character boundary, marked.
+fn truncate_note(mut note: String) -> String {
+    if note.len() > NOTE_MAX {
+        let cut = (0..=NOTE_MAX - 3)
+            .rev()
+            .find(|i| note.is_char_boundary(*i))
+            .unwrap_or(0);
+        note.truncate(cut);
+        note.push_str("...");
+    }
+    note
 }
 
 impl Feedback {
@@ -278,7 +338,7 @@ impl Feedback {
         metrics: Arc<Metrics>,
     ) -> Self {
         let (statuses, statuses_rx) = watch::channel(BTreeMap::new());
-        let (rejected, rejected_rx) = mpsc::unbounded_channel();
+        let (rejected, rejected_rx) = mpsc::channel(EVENT_QUEUE);
         let reporter = Reporter {
             controller: MANAGER.into(),
             instance: Some(instance.into()),
@@ -288,10 +348,14 @@ impl Feedback {
             client,
             source,
             written: HashMap::new(),
-            metrics,
+            metrics: metrics.clone(),
         };
         tokio::spawn(writer.run(statuses_rx, rejected_rx));
-        Self { statuses, rejected }
+        Self {
+            statuses,
+            rejected,
+            metrics,
+        }
     }
 
     /// The statuses every TunnelEndpoint should show now.
@@ -299,15 +363,18 @@ impl Feedback {
         self.statuses.send_replace(statuses);
     }
 
-    /// Rejections new in the last pass: each NatMapping one becomes an
-    /// Event. A TunnelEndpoint gets its Event when its status turns to
-    /// Error, which also covers a peer accepted without a tunnel.
+    /// Rejections new in the last pass: each NatMapping with any becomes
+    /// one Event. A TunnelEndpoint gets its Event when its status turns to
+    /// Error, which also covers a peer accepted without a tunnel. When the
+    /// writer is behind, the Events that do not fit are dropped and counted.
     pub fn rejected(&self, rejections: &[Rejection]) {
-        let nat_mappings = rejections
-            .iter()
-            .filter(|r| matches!(r.object, Some((ObjectKind::NatMapping, _))));
-        for rejection in nat_mappings {
-            let _ = self.rejected.send(rejection.clone());
+        for rejection in ObjectRejection::nat_mappings(rejections) {
+            if self.rejected.try_send(rejection).is_err() {
+                self.metrics
+                    .status_writes
+                    .get_or_create(&[("outcome", "event_dropped")])
+                    .inc();
+            }
         }
     }
 }
@@ -324,7 +391,7 @@ impl Writer {
     async fn run(
         mut self,
         mut statuses: watch::Receiver<BTreeMap<ObjectKey, ConnectionStatus>>,
-        mut rejected: mpsc::UnboundedReceiver<Rejection>,
+        mut rejected: mpsc::Receiver<ObjectRejection>,
     ) {
         loop {
             tokio::select! {
@@ -336,10 +403,7 @@ impl Writer {
                     self.pass(&desired).await;
                 }
                 rejection = rejected.recv() => match rejection {
-                    Some(Rejection { object: Some((kind, key)), problem, .. }) => {
-                        self.event(kind, &key, &problem).await
-                    }
-                    Some(_) => {}
+                    Some(r) => self.event(r.kind, &r.key, &r.note()).await,
                     None => return,
                 },
             }
@@ -426,15 +490,7 @@ impl Writer {
             uid: self.find(kind, key).and_then(|o| o.uid()),
             ..ObjectReference::default()
         };
-        let mut note = problem.to_owned();
-        if note.len() > NOTE_MAX {
-            let cut = (0..=NOTE_MAX - 3)
-                .rev()
-                .find(|i| note.is_char_boundary(*i))
-                .unwrap_or(0);
-            note.truncate(cut);
-            note.push_str("...");
-        }
+        let note = truncate_note(problem.to_owned());
         let event = Event {
             type_: EventType::Warning,
             reason: "Rejected".into(),

@@ -144,3 +144,36 @@ fn a_rejected_tunnel_endpoint_shows_error_with_every_problem() {
         BTreeMap::from([(key, status(State::Error, "field a: x; field b: y", None))])
     );
 }
+
+#[test]
+fn many_rejected_entries_of_one_natmapping_make_one_event() {
+    let key = |name: &str| ObjectKey {
+        namespace: String::new(),
+        name: name.into(),
+    };
+    let entry = |name: &str, i: usize| Rejection {
+        object: Some((ObjectKind::NatMapping, key(name))),
+        problem: format!("field spec.clusterMappings.10.0.0.{i}: bad"),
+        message: String::new(),
+    };
+    let mut rejections: Vec<Rejection> = (0..500).map(|i| entry("big", i)).collect();
+    rejections.push(entry("small", 1));
+    rejections.push(Rejection {
+        object: Some((ObjectKind::TunnelEndpoint, key("tep"))),
+        problem: "field x".into(),
+        message: String::new(),
+    });
+    let events = ObjectRejection::nat_mappings(&rejections);
+    assert_eq!(
+        events
+            .iter()
+            .map(|e| e.key.name.as_str())
+            .collect::<Vec<_>>(),
+        ["big", "small"]
+    );
+    assert!(events[0].note().starts_with(
+        "500 problems: field spec.clusterMappings.10.0.0.0: bad; field spec.clusterMappings.10.0.0.1: bad;"
+    ));
+    assert_eq!(events[1].note(), "field spec.clusterMappings.10.0.0.1: bad");
+    assert_eq!(truncate_note(events[0].note()).len(), NOTE_MAX);
+}

@@ -184,6 +184,15 @@ impl Peer {
         ]
     }
 
+    /// Our real networks, each with its field: where the ingress rules
+    /// lead the peer's packets.
+    pub fn local_networks(&self) -> [(&'static str, Ipv4Net); 2] {
+        [
+            (LOCAL_POD.real, self.local_pod.real),
+            (LOCAL_EXTERNAL.real, self.local_external.real),
+        ]
+    }
+
     /// Every network of the object, each with its field: the real ones and
     /// those remapped.
     pub fn networks(&self) -> Vec<(&'static str, Ipv4Net)> {

@@ -152,23 +152,36 @@ impl Checks {
             .collect()
     }
 
-    /// Takes a message received at `now` (`wall` on the clock the
-    /// timestamps use); returns the answer to send back, if any.
-    pub fn receive(&mut self, message: Message, now: Instant, wall: Timestamp) -> Option<Message> {
+    /// Takes a message received from `from` at `now` (`wall` on the clock
+    /// the timestamps use); returns the answer to send back, if any.
+    pub fn receive(
+        &mut self,
+        message: Message,
+        from: Ipv4Addr,
+        now: Instant,
+        wall: Timestamp,
+    ) -> Option<Message> {
         match message.kind {
             Kind::Ping => Some(Message {
                 kind: Kind::Pong,
                 ..message
             }),
             Kind::Pong => {
-                self.pong(&message, now, wall);
+                self.pong(&message, from, now, wall);
                 None
             }
         }
     }
 
-    fn pong(&mut self, message: &Message, now: Instant, wall: Timestamp) {
-        let Some(check) = self.peers.get_mut(&message.cluster_id) else {
+    fn pong(&mut self, message: &Message, from: Ipv4Addr, now: Instant, wall: Timestamp) {
+        // Only the address PINGed answers for the peer: anyone else (a pod
+        // of ours, another peer) could otherwise keep a dead peering
+        // looking healthy.
+        let Some(check) = self
+            .peers
+            .get_mut(&message.cluster_id)
+            .filter(|check| check.target == from)
+        else {
             return;
         };
         let Ok(sent) = message.timestamp.parse::<Timestamp>() else {
@@ -262,13 +275,13 @@ async fn take(
             return;
         }
     };
-    let Some(message) = Message::parse(&buf[..n]) else {
+    let (Some(message), SocketAddr::V4(from)) = (Message::parse(&buf[..n]), from) else {
         debug!(%from, bytes = n, "conncheck: not a Liqo message; ignored");
         return;
     };
-    let answer = lock(checks).receive(message, Instant::now(), Timestamp::now());
-    if let (Some(pong), SocketAddr::V4(to)) = (answer, from) {
-        let _ = socket.send_to(&pong.bytes(), to).await;
+    let answer = lock(checks).receive(message, *from.ip(), Instant::now(), Timestamp::now());
+    if let Some(pong) = answer {
+        let _ = socket.send_to(&pong.bytes(), from).await;
     }
 }
 
@@ -304,7 +317,12 @@ mod tests {
         assert_eq!(ping.cluster_id, "cluster-a");
         let mut checks = Checks::default();
         let pong = checks
-            .receive(ping.clone(), Instant::now(), Timestamp::now())
+            .receive(
+                ping.clone(),
+                Ipv4Addr::LOCALHOST,
+                Instant::now(),
+                Timestamp::now(),
+            )
             .unwrap();
         assert_eq!(pong.kind, Kind::Pong);
         assert_eq!(
@@ -369,7 +387,11 @@ mod tests {
             ..pings[0].1.clone()
         };
         let later = wall + Duration::from_micros(640);
-        checks.receive(pong.clone(), t0, later);
+        // The same PONG from anyone but the address PINGed is no answer.
+        checks.receive(pong.clone(), Ipv4Addr::new(10, 0, 40, 5), t0, later);
+        assert!(!checks.health("cluster-b", t0).unwrap().connected);
+        let target = Ipv4Addr::new(10, 0, 1, 1);
+        checks.receive(pong.clone(), target, t0, later);
         let health = checks.health("cluster-b", t0).unwrap();
         assert_eq!(health.rtt, Some(Duration::from_micros(640)));
         assert!(health.connected && health.unanswered == 0);
@@ -389,7 +411,7 @@ mod tests {
             ..pong
         };
         for m in [old, future, stranger] {
-            checks.receive(m, t0, later);
+            checks.receive(m, target, t0, later);
         }
         assert_eq!(
             checks.health("cluster-b", t0).unwrap().rtt,

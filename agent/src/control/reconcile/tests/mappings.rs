@@ -77,6 +77,64 @@ fn an_external_ip_outside_our_external_cidr_is_rejected_alone() {
     );
 }
 
+/// An entry may not lead a peer to a node: a Node object's address, one of
+/// this node's own or the API server's is refused, naming the entry; the
+/// object's other entries apply.
+#[test]
+fn an_entry_whose_endpoint_is_a_node_address_is_rejected_alone() {
+    let (mut peers, mut mappings) = (Peers::default(), Mappings::default());
+    let mut r = Reconciler::new(&mut peers, &mut mappings, MemoryAllowedTable::default()).unwrap();
+    r.set_policy(Policy {
+        node_addresses: vec![
+            crate::model::policy::NodeAddress {
+                addr: "172.16.2.1".parse().unwrap(),
+                what: "an address of this node (lan0)".into(),
+            },
+            crate::model::policy::NodeAddress {
+                addr: "10.96.0.1".parse().unwrap(),
+                what: "the API server's address (--api-server-address)".into(),
+            },
+        ],
+        ..Policy::default()
+    });
+    r.set_origin(
+        "nodes.yaml".into(),
+        docs(
+            "nodes.yaml",
+            "apiVersion: v1\nkind: Node\nmetadata: {name: b-node}\nspec: {podCIDR: 10.244.0.0/25}\nstatus: {addresses: [{type: InternalIP, address: 172.16.2.2}]}\n",
+        ),
+    );
+    let tep_a = peer("a", "10.0.40.0/24", "10.0.41.0/24")
+        .cluster_id("cluster-a")
+        .to_string();
+    r.set_origin("a.yaml".into(), docs("a.yaml", &tep_a));
+    let entries = [
+        ("10.1.0.5".to_owned(), "192.168.0.45".to_owned()),
+        ("172.16.2.1".to_owned(), "192.168.0.77".to_owned()),
+        ("172.16.2.2".to_owned(), "192.168.0.78".to_owned()),
+        ("10.96.0.1".to_owned(), "192.168.0.79".to_owned()),
+    ];
+    r.set_origin(
+        "nm.yaml".into(),
+        docs("nm.yaml", &natmapping("cluster-a", &entries)),
+    );
+    let report = r.reconcile().0;
+    assert_eq!(report.mappings, 1, "the pod's entry still applies");
+    assert_eq!(
+        messages(&report.new_errors),
+        [
+            "nm.yaml: NatMapping nm-cluster-a: field spec.clusterMappings.10.96.0.1: endpoint 10.96.0.1 (externalIP 192.168.0.79) is the API server's address (--api-server-address); no node is exposed to a peer",
+            "nm.yaml: NatMapping nm-cluster-a: field spec.clusterMappings.172.16.2.1: endpoint 172.16.2.1 (externalIP 192.168.0.77) is an address of this node (lan0); no node is exposed to a peer",
+            "nm.yaml: NatMapping nm-cluster-a: field spec.clusterMappings.172.16.2.2: endpoint 172.16.2.2 (externalIP 192.168.0.78) is the address of node b-node; no node is exposed to a peer",
+        ]
+    );
+    drop(r);
+    assert_eq!(
+        mappings.entries.into_values().collect::<Vec<_>>(),
+        [Be32::from_bytes([10, 1, 0, 5])]
+    );
+}
+
 /// The hub case: the peer remapped our ExternalCIDR, and Liqo's IPAM
 /// writes the values in that view (DESIGN §1, "NatMapping").
 #[test]
