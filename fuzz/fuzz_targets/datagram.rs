@@ -88,7 +88,7 @@ fuzz_target!(|datagrams: Vec<Datagram>| {
         networks: vec!["10.77.0.0/24".parse().expect("a CIDR")],
     };
     let networks = config.networks.clone();
-    let peer = Arc::new(TunnelPeer::new(config, 5, &our_secret, None));
+    let peer = Arc::new(TunnelPeer::new(config, 5, &our_secret, None, shared.limiter()));
     shared.set_snapshot(PeerSet::new([(peer.clone(), networks)]));
     let mut remote = Tunn::new(their_secret, PublicKey::from(&our_secret), None, None, 9, None);
     let (mut packet, mut scratch) = (vec![0u8; VNET_HDR_LEN + MAX_DATAGRAM], vec![0u8; MAX_DATAGRAM]);

@@ -304,11 +304,8 @@ impl PolicyArgs {
                 .map(policy::HostAddress::network)
                 .chain(policy::cluster_networks(&self.pod_cidr, &self.service_cidr))
                 .collect(),
-            node_addresses: host
-                .iter()
-                .map(policy::HostAddress::address)
-                .chain(api_server)
-                .collect(),
+            host_addresses: host.iter().map(policy::HostAddress::address).collect(),
+            api_server,
             security_mode: self.security_mode,
         }
     }

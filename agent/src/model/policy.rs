@@ -88,9 +88,10 @@ pub struct Policy {
     /// Networks no view may overlap: the node's own, the cluster's Pod and
     /// Service networks.
     pub protected: Vec<Protected>,
-    /// Addresses of this node and of the API server beyond the Node
-    /// objects' own, which no peer may reach.
-    pub node_addresses: Vec<NodeAddress>,
+    /// This node's own addresses, which no NatMapping may expose.
+    pub host_addresses: Vec<NodeAddress>,
+    /// The API server's address, which no peer may reach.
+    pub api_server: Option<NodeAddress>,
     /// The security mode of a peer whose TunnelEndpoint asks for none.
     pub security_mode: SecurityMode,
 }
@@ -102,7 +103,8 @@ impl Default for Policy {
             namespaces: vec![LIQO_TENANT_NAMESPACES.into()],
             min_prefix: DEFAULT_MIN_PREFIX,
             protected: Vec::new(),
-            node_addresses: Vec::new(),
+            host_addresses: Vec::new(),
+            api_server: None,
             security_mode: SecurityMode::default(),
         }
     }
@@ -139,9 +141,14 @@ impl Policy {
             }
         }
         // Our real networks are where the peer's packets go once
-        // translated: none may hold a node.
+        // translated: none may hold another node, or the API server. This
+        // node's own addresses may lie in them (a CNI's bridge, the
+        // masquerade address), and the kernel refuses those as nodes'.
         for (field, net) in peer.local_networks() {
-            if let Some(node) = self.node_address_in(nodes, |addr| net.contains(&addr)) {
+            let node = cluster_nodes(nodes)
+                .chain(self.api_server.clone())
+                .find(|node| net.contains(&node.addr));
+            if let Some(node) = node {
                 let what = format!("{} {}", node.what, node.addr);
                 return Err(Problem::Forbidden { field, net, what });
             }
@@ -156,12 +163,9 @@ impl Policy {
         nodes: &[Node],
         matches: impl Fn(Ipv4Addr) -> bool,
     ) -> Option<NodeAddress> {
-        let of_nodes = nodes.iter().map(|n| NodeAddress {
-            addr: n.address,
-            what: format!("the address of node {}", n.name),
-        });
-        of_nodes
-            .chain(self.node_addresses.iter().cloned())
+        cluster_nodes(nodes)
+            .chain(self.api_server.clone())
+            .chain(self.host_addresses.iter().cloned())
             .find(|node| matches(node.addr))
     }
 
@@ -173,6 +177,14 @@ impl Policy {
                 None => namespace == pattern,
             })
     }
+}
+
+/// The Node objects' addresses, named.
+fn cluster_nodes(nodes: &[Node]) -> impl Iterator<Item = NodeAddress> + '_ {
+    nodes.iter().map(|n| NodeAddress {
+        addr: n.address,
+        what: format!("the address of node {}", n.name),
+    })
 }
 
 /// The node PodCIDR `net` touches, named: formatted only when one does, as
@@ -392,12 +404,22 @@ mod tests {
             "field localExternalCIDR: 172.16.2.0/24 touches the address of node b-node 172.16.2.2; no peer may use it"
         );
         let api_server = Policy {
-            node_addresses: vec![NodeAddress {
+            api_server: Some(NodeAddress {
                 addr: Ipv4Addr::new(172, 16, 2, 9),
                 what: "the API server's address".into(),
+            }),
+            ..Policy::default()
+        };
+        // This node's own addresses may lie in our networks (a CNI's
+        // bridge, the masquerade address).
+        let own = Policy {
+            host_addresses: vec![NodeAddress {
+                addr: Ipv4Addr::new(172, 16, 2, 1),
+                what: "an address of this node (lan0)".into(),
             }],
             ..Policy::default()
         };
+        assert_eq!(own.check(&p, &[]), Ok(()));
         assert!(
             api_server
                 .check(&p, &[])

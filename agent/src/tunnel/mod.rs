@@ -16,6 +16,7 @@ pub mod key;
 pub mod offload;
 pub mod peers;
 pub mod route;
+pub mod throttle;
 mod tun;
 
 use std::{
@@ -42,8 +43,11 @@ use self::{
 };
 use crate::model::object::ObjectKey;
 
-/// Handshakes per second above which the gateway answers with cookies.
-const HANDSHAKE_LIMIT: u64 = 100;
+/// Handshake messages per second above which the gateway answers with
+/// cookies. One limiter, with one cookie secret, serves the whole gateway:
+/// it sees each initiation twice (finding its peer, then in the peer's
+/// state machine), so this is twice the handshakes it lets through.
+pub(crate) const HANDSHAKE_LIMIT: u64 = 200;
 /// WireGuard's overhead on a data packet: header, counter, tag.
 const OVERHEAD: usize = 32;
 /// A session older than this without a new handshake is dead (WireGuard's Reject-After-Time).
@@ -75,6 +79,9 @@ pub struct TunnelCounters {
     pub rejected: AtomicU64,
     /// Cookie replies sent under handshake load.
     pub cookies: AtomicU64,
+    /// Handshake initiations not opened: their source had spent its share
+    /// of Diffie-Hellman work ([`throttle`]).
+    pub throttled: AtomicU64,
     /// Frames from TUN that could not be parsed or segmented.
     pub malformed: AtomicU64,
     /// TSO super-packets from TUN split into segments.
@@ -96,6 +103,7 @@ pub struct Shared {
     peers: RwLock<Arc<PeerSet>>,
     key: KeyPair,
     limiter: Arc<RateLimiter>,
+    throttle: throttle::SourceThrottle,
     stop: AtomicBool,
     mtu: usize,
     /// Datapath threads between a panic and their restart.
@@ -110,12 +118,19 @@ impl Shared {
         Self {
             peers: RwLock::new(Arc::new(PeerSet::default())),
             limiter: Arc::new(RateLimiter::new(&key.public, HANDSHAKE_LIMIT)),
+            throttle: throttle::SourceThrottle::default(),
             key,
             stop: AtomicBool::new(false),
             mtu: mtu as usize,
             down: AtomicUsize::new(0),
             counters: TunnelCounters::default(),
         }
+    }
+
+    /// The gateway's handshake limiter, which every peer's state machine
+    /// shares.
+    pub fn limiter(&self) -> Arc<RateLimiter> {
+        self.limiter.clone()
     }
 
     /// The peers as they are now; packets in flight keep the one they took.
@@ -313,6 +328,7 @@ impl Tunnel {
                         index,
                         &self.shared.key.private,
                         self.keepalive,
+                        self.shared.limiter(),
                     ));
                     started.push(peer.clone());
                     changes.push((config.key.clone(), PeerChange::Started));

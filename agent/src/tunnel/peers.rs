@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use boringtun::noise::Tunn;
+use boringtun::noise::{Tunn, rate_limiter::RateLimiter};
 use boringtun::x25519::{PublicKey, StaticSecret};
 use ipnet::Ipv4Net;
 
@@ -140,16 +140,18 @@ impl TunnelPeer {
         index: u32,
         private: &StaticSecret,
         keepalive: Option<u16>,
+        limiter: Arc<RateLimiter>,
     ) -> Self {
-        // The shared limiter screens handshake initiations before a peer is
-        // known; each state machine keeps its own for the rest.
+        // Every state machine shares the gateway's limiter: one count of
+        // handshakes under load and one cookie secret, so a peer's mac2
+        // answers the one cookie it was sent wherever it is checked.
         let tunn = Tunn::new(
             private.clone(),
             PublicKey::from(config.public),
             None,
             keepalive,
             index,
-            None,
+            Some(limiter),
         );
         Self {
             endpoint: AtomicU64::new(pack(config.endpoint)),
@@ -283,7 +285,8 @@ mod tests {
             endpoint: "203.0.113.2:5871".parse().unwrap(),
             networks: Vec::new(),
         };
-        Arc::new(TunnelPeer::new(config, index, &private, Some(10)))
+        let limiter = Arc::new(RateLimiter::new(&PublicKey::from(&private), 10));
+        Arc::new(TunnelPeer::new(config, index, &private, Some(10), limiter))
     }
 
     fn net(s: &str) -> Ipv4Net {

@@ -318,13 +318,13 @@ fn handshakes_beyond_the_limit_get_cookies() {
         panic!("no initiation");
     };
     let init = init.to_vec();
-    // Bursts well above the 100 handshakes a second a-gw accepts, until one
-    // draws cookies: the limiter's count restarts every second, and one
-    // burst may straddle that. Bounded: at most 5 bursts in about 2 s.
+    // Bursts well above the 200 handshake messages a second a-gw counts,
+    // until one draws cookies: the limiter's count restarts every second,
+    // and one burst may straddle that. Bounded: at most 5 bursts in about 2 s.
     let mut reply = [0u8; 256];
     let mut cookie_replies = 0;
     for _ in 0..5 {
-        for _ in 0..150 {
+        for _ in 0..300 {
             outsider.socket.send_to(&init, outsider.gateway).unwrap();
         }
         let start = Instant::now();
@@ -502,11 +502,12 @@ fn forged_handshake_responses_do_not_take_a_peers_traffic() {
     let outsider = Outsider::new();
     let gw = A.gw();
     a_and_b_work();
-    // 15 a second per peer index: past boringtun's limit of 10, the last
-    // ones are answered with cookie replies.
+    // 250 per peer index at once: past the 200 handshake messages a second
+    // the gateway's one limiter lets through, the last ones are answered
+    // with cookie replies.
     for index in peer_indexes(&gw) {
         let forged = forged_response(&outsider.gateway_public, index << 8);
-        for _ in 0..15 {
+        for _ in 0..250 {
             outsider.socket.send_to(&forged, outsider.gateway).unwrap();
         }
     }

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use ipnet::Ipv4Net;
 use isthmus_common::{
     isolation::AllowKey,
-    nat::{MappingKey, PeerNat},
+    nat::{CONNCHECK_ADDR, MappingKey, PeerNat},
     wire::Be32,
 };
 
@@ -310,7 +310,13 @@ where
             let peer_id = self.ids[&peer.key];
             let (field, cidr) = peer.local_external_view();
             for (external, endpoint) in &mapping.entries {
-                if let Some(node) = self.policy.node_address_in(&self.nodes, |a| a == *endpoint) {
+                // The conncheck's entry leads to the gateway itself, which
+                // holds that address: the kernel lets a peer reach only the
+                // conncheck's port there.
+                let node = (Be32::from(*endpoint) != CONNCHECK_ADDR)
+                    .then(|| self.policy.node_address_in(&self.nodes, |a| a == *endpoint))
+                    .flatten();
+                if let Some(node) = node {
                     let problem = MappingProblem::NodeAddress {
                         endpoint: *endpoint,
                         external: *external,

@@ -218,6 +218,7 @@ impl Collector for TunnelMetrics {
             ("rejected", &c.rejected),
             ("malformed", &c.malformed),
             ("oversized", &c.oversized),
+            ("handshake_throttled", &c.throttled),
         ] {
             ConstCounter::new(value.load(Ordering::Relaxed))
                 .encode(family.encode_family(&[("reason", reason)])?)?;

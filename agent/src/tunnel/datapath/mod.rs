@@ -374,8 +374,9 @@ impl Receiver<'_> {
 
     /// The peer a datagram comes from. A handshake initiation names its
     /// sender only inside its encrypted static key, so it is opened (after
-    /// the shared rate limiter, which answers with a cookie under load);
-    /// every other message carries our index.
+    /// the shared rate limiter, which answers with a cookie under load, and
+    /// within its source's share of that work); every other message
+    /// carries our index.
     fn sender(
         &self,
         datagram: &[u8],
@@ -390,6 +391,12 @@ impl Receiver<'_> {
                     datagram,
                     scratch,
                 ) {
+                    Ok(Packet::HandshakeInit(_))
+                        if !shared.throttle.allow(*source.ip(), Instant::now()) =>
+                    {
+                        shared.counters.throttled.fetch_add(1, Ordering::Relaxed);
+                        return None;
+                    }
                     Ok(Packet::HandshakeInit(init)) => {
                         parse_handshake_anon(&shared.key.private, &shared.key.public, &init)
                             .ok()
@@ -446,7 +453,7 @@ fn is_handshake(datagram: &[u8]) -> bool {
 
 /// Runs every peer's WireGuard timers (handshake retries, rekeying,
 /// keepalives) and its first handshake's quick retries, and resets the
-/// shared rate limiter each second.
+/// shared rate limiter and forgets idle sources' buckets each second.
 pub fn timers(shared: &Shared, udp: &UdpSocket) {
     let mut buf = vec![0u8; shared.max_sent()];
     let mut last_reset = Instant::now();
@@ -456,6 +463,7 @@ pub fn timers(shared: &Shared, udp: &UdpSocket) {
         let now = Instant::now();
         if now - last_reset >= Duration::from_secs(1) {
             shared.limiter.reset_count();
+            shared.throttle.forget_idle(now);
             last_reset = now;
         }
         let tick = now - last_tick >= TICK;

@@ -6,7 +6,10 @@ use std::time::Instant;
 use boringtun::x25519::{PublicKey, StaticSecret};
 
 use super::*;
-use crate::{model::object::ObjectKey, tunnel::peers::PeerConfig};
+use crate::{
+    model::object::ObjectKey,
+    tunnel::{HANDSHAKE_LIMIT, peers::PeerConfig},
+};
 
 /// Our gateway's tunnel with one peer, the peer's own state machine
 /// and socket, and our socket, all on loopback.
@@ -56,7 +59,13 @@ impl Pair {
             networks: vec!["10.77.0.0/24".parse().unwrap()],
         };
         let networks = config.networks.clone();
-        let peer = Arc::new(TunnelPeer::new(config, 5, &our_secret, None));
+        let peer = Arc::new(TunnelPeer::new(
+            config,
+            5,
+            &our_secret,
+            None,
+            shared.limiter(),
+        ));
         shared.set_snapshot(PeerSet::new([(peer, networks)]));
         let remote = Tunn::new(remote_secret, our_public, None, None, 0x99, None);
         let bufs = Buffers::new(&shared);
@@ -216,11 +225,11 @@ fn replayed_handshake_responses_do_not_move_the_peer() {
         pair.remote.decapsulate(None, &keepalive, &mut buf),
         TunnResult::Done
     ));
-    // A stranger replays it: mac1 holds, and past the peer's limit of
-    // 10 a second boringtun answers with cookies.
+    // A stranger replays it: mac1 holds, and past the gateway's limit
+    // boringtun answers with cookies.
     let stranger_socket = loopback();
     let stranger = addr(&stranger_socket);
-    for _ in 0..15 {
+    for _ in 0..=HANDSHAKE_LIMIT {
         assert_eq!(pair.receive(&response, stranger), None);
     }
     let mut cookie = [0u8; 128];

@@ -85,16 +85,20 @@ fn an_entry_whose_endpoint_is_a_node_address_is_rejected_alone() {
     let (mut peers, mut mappings) = (Peers::default(), Mappings::default());
     let mut r = Reconciler::new(&mut peers, &mut mappings, MemoryAllowedTable::default()).unwrap();
     r.set_policy(Policy {
-        node_addresses: vec![
+        host_addresses: vec![
             crate::model::policy::NodeAddress {
                 addr: "172.16.2.1".parse().unwrap(),
                 what: "an address of this node (lan0)".into(),
             },
             crate::model::policy::NodeAddress {
-                addr: "10.96.0.1".parse().unwrap(),
-                what: "the API server's address (--api-server-address)".into(),
+                addr: "169.254.0.1".parse().unwrap(),
+                what: "an address of this node (isthmus0)".into(),
             },
         ],
+        api_server: Some(crate::model::policy::NodeAddress {
+            addr: "10.96.0.1".parse().unwrap(),
+            what: "the API server's address (--api-server-address)".into(),
+        }),
         ..Policy::default()
     });
     r.set_origin(
@@ -113,13 +117,18 @@ fn an_entry_whose_endpoint_is_a_node_address_is_rejected_alone() {
         ("172.16.2.1".to_owned(), "192.168.0.77".to_owned()),
         ("172.16.2.2".to_owned(), "192.168.0.78".to_owned()),
         ("10.96.0.1".to_owned(), "192.168.0.79".to_owned()),
+        // The conncheck's entry: the gateway's own address, kept.
+        ("169.254.0.1".to_owned(), "192.168.0.1".to_owned()),
     ];
     r.set_origin(
         "nm.yaml".into(),
         docs("nm.yaml", &natmapping("cluster-a", &entries)),
     );
     let report = r.reconcile().0;
-    assert_eq!(report.mappings, 1, "the pod's entry still applies");
+    assert_eq!(
+        report.mappings, 2,
+        "the pod's and the conncheck's entries apply"
+    );
     assert_eq!(
         messages(&report.new_errors),
         [
@@ -131,7 +140,10 @@ fn an_entry_whose_endpoint_is_a_node_address_is_rejected_alone() {
     drop(r);
     assert_eq!(
         mappings.entries.into_values().collect::<Vec<_>>(),
-        [Be32::from_bytes([10, 1, 0, 5])]
+        [
+            Be32::from_bytes([169, 254, 0, 1]),
+            Be32::from_bytes([10, 1, 0, 5])
+        ]
     );
 }
 
