@@ -83,6 +83,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     )
     .context("reading the pinned tables")?;
     reconciler.set_policy(args.policy.policy());
+    reconciler.set_mapping_capacity(args.nat_mapping_capacity as usize);
     let gateway = match (role, args.tunnel) {
         (Role::Gateway, TunnelMode::Userspace) => {
             let key = match &client {

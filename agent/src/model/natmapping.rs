@@ -120,6 +120,20 @@ pub enum MappingProblem {
         /// Which node address it is.
         what: String,
     },
+    /// More entries than this cluster's fair share of the kernel's table.
+    #[error(
+        "field spec.clusterMappings: {refused} of its {entries} entries are refused: this cluster's share of the NatMapping table is {share} of {capacity} (--nat-mapping-capacity); the conncheck's entry and those already programmed are kept first"
+    )]
+    BeyondShare {
+        /// Entries refused.
+        refused: usize,
+        /// Entries the object asks for (valid ones).
+        entries: usize,
+        /// The cluster's share.
+        share: usize,
+        /// The table's capacity.
+        capacity: usize,
+    },
     /// The cluster has no TunnelEndpoint (yet): nothing to attach the entries to.
     #[error(
         "field spec.clusterID: cluster {cluster} has no TunnelEndpoint yet; its mappings are held until one appears"

@@ -370,3 +370,94 @@ fn a_natmapping_entry_cannot_expose_a_node() {
         "check does not name the entry:\n{verdict}"
     );
 }
+
+/// b-gw's agent run with a NatMapping table of 8 entries, and restored as
+/// the lab runs it (with c's NatMapping as the lab writes it) on drop.
+struct SmallNatMappingTable {
+    pid: u32,
+    log: std::path::PathBuf,
+}
+
+impl SmallNatMappingTable {
+    fn start() -> Self {
+        let gw = B.gw();
+        lab::stop_agent(&gw).unwrap();
+        let mut args = lab::agent_args(&gw).unwrap();
+        args.push("--nat-mapping-capacity=8".into());
+        let log = lab::log_file(&format!("{gw}-share"));
+        let _ = std::fs::remove_file(&log);
+        let pid = lab::spawn_agent(&gw, &args, &log).unwrap();
+        lab::wait_ready_in(&gw, pid, &log).unwrap();
+        Self { pid, log }
+    }
+}
+
+impl Drop for SmallNatMappingTable {
+    fn drop(&mut self) {
+        let gw = B.gw();
+        let b_to_c = b_to_c();
+        let restored = lab::write_object(
+            &gw,
+            &b_to_c.nat_mapping_file(),
+            &b_to_c.nat_mapping_yaml(&[]),
+        )
+        .and_then(|()| lab::stop_pid(self.pid))
+        .and_then(|()| lab::start_agent(&gw))
+        .and_then(|_| lab::wait_ready(&gw));
+        if let Err(e) = restored {
+            eprintln!("restoring {gw}'s agent: {e:#}");
+        }
+    }
+}
+
+fn b_to_c() -> &'static xtask::topology::Peering {
+    xtask::topology::PEERINGS
+        .iter()
+        .find(|p| p.local.name == "b" && p.remote.name == "c")
+        .unwrap()
+}
+
+/// Cluster c's NatMapping on b grows to 51 entries while b-gw's table holds
+/// 8: a's hub entry and conncheck entry keep their room, c keeps its
+/// conncheck entry, and c's excess is refused, named, in one error.
+#[test]
+fn one_peers_large_natmapping_takes_no_other_peers_room() {
+    require_lab();
+    let small = SmallNatMappingTable::start();
+    let b_to_c = b_to_c();
+    let flood: Vec<(Ipv4Addr, Ipv4Addr)> = (100..150)
+        .map(|i| (Ipv4Addr::new(10, 1, 0, i), Ipv4Addr::new(192, 168, 0, i)))
+        .collect();
+    lab::write_object(
+        &B.gw(),
+        &b_to_c.nat_mapping_file(),
+        &b_to_c.nat_mapping_yaml(&flood),
+    )
+    .unwrap();
+    isthmus_tests::eventually(GIVE_UP, "b-gw refuses c's excess", || {
+        std::fs::read_to_string(&small.log)
+            .unwrap_or_default()
+            .contains("45 of its 51 entries are refused: this cluster's share of the NatMapping table is 6 of 8")
+    });
+    let map = MappingMap::open(&lab::bpffs(&B.gw())).unwrap();
+    let endpoints: Vec<Ipv4Addr> = map
+        .entries()
+        .unwrap()
+        .iter()
+        .map(|(_, endpoint)| Ipv4Addr::from(*endpoint))
+        .collect();
+    assert_eq!(endpoints.len(), 8, "{endpoints:?}");
+    assert!(
+        endpoints.contains(&NAT_MAPPING.endpoint),
+        "a's hub entry: {endpoints:?}"
+    );
+    let conncheck = Ipv4Addr::new(169, 254, 0, 1);
+    assert_eq!(
+        endpoints.iter().filter(|e| **e == conncheck).count(),
+        2,
+        "a's and c's conncheck entries: {endpoints:?}"
+    );
+    // a's hub row still holds.
+    let seen = probe::exchange(Proto::Tcp, &A.pod(1), &C.pod(1), HUB_TARGET).unwrap();
+    assert_eq!(seen.server_as_seen_by_client, HUB_TARGET);
+}

@@ -15,6 +15,7 @@ use isthmus_common::{
 
 mod allowed;
 mod conflict;
+mod share;
 
 use conflict::{conflict, view_mismatch};
 
@@ -100,6 +101,7 @@ pub struct Reconciler<P: PeerTable, M: MappingTable, A: AllowedTable = MemoryAll
     errors: BTreeSet<Rejection>,
     accepted: Vec<Peer>,
     nodes: Vec<Node>,
+    mapping_capacity: usize,
 }
 
 impl<P, M, A> Reconciler<P, M, A>
@@ -127,7 +129,14 @@ where
             errors: BTreeSet::new(),
             accepted: Vec::new(),
             nodes: Vec::new(),
+            mapping_capacity: usize::MAX,
         })
+    }
+
+    /// Splits a NatMapping table of `capacity` entries fairly between the
+    /// clusters: none can take the room of another's entries.
+    pub fn set_mapping_capacity(&mut self, capacity: usize) {
+        self.mapping_capacity = capacity;
     }
 
     /// Replaces the documents of `origin` (a file, for the directory source),
@@ -292,7 +301,7 @@ where
         });
         let (kept, duplicates) = natmapping::one_per_cluster(candidates);
         errors.extend(duplicates.into_iter().map(Rejection::from));
-        let mut desired = BTreeMap::new();
+        let mut wanted = Vec::new();
         for mapping in kept {
             errors.extend(mapping.rejected.iter().cloned().map(Rejection::from));
             let Some(peer) = accepted
@@ -309,6 +318,7 @@ where
             }
             let peer_id = self.ids[&peer.key];
             let (field, cidr) = peer.local_external_view();
+            let mut entries = Vec::new();
             for (external, endpoint) in &mapping.entries {
                 // The conncheck's entry leads to the gateway itself, which
                 // holds that address: the kernel lets a peer reach only the
@@ -342,8 +352,45 @@ where
                     peer_id,
                     addr: Be32::from(real),
                 };
-                desired.insert(key, Be32::from(*endpoint));
+                entries.push((key, Be32::from(*endpoint)));
             }
+            wanted.push((mapping, entries));
+        }
+        self.within_shares(wanted, errors)
+    }
+
+    /// The entries to program: each cluster's within its fair share of the
+    /// table. Where a cluster asks for more, its conncheck entry is kept
+    /// first, then those the kernel already holds (a pass never trades a
+    /// working entry for a new one); the rest are refused, in one error.
+    fn within_shares(
+        &self,
+        wanted: Vec<(&NatMapping, Vec<(MappingKey, Be32)>)>,
+        errors: &mut BTreeSet<Rejection>,
+    ) -> BTreeMap<MappingKey, Be32> {
+        let demands: Vec<usize> = wanted.iter().map(|(_, entries)| entries.len()).collect();
+        let shares = share::fair_shares(&demands, self.mapping_capacity);
+        let applied = self.mapping_table.applied();
+        let mut desired = BTreeMap::new();
+        for ((mapping, mut entries), share) in wanted.into_iter().zip(shares) {
+            if entries.len() > share {
+                entries.sort_by_key(|(key, endpoint)| {
+                    (
+                        *endpoint != CONNCHECK_ADDR,
+                        !applied.contains_key(key),
+                        *key,
+                    )
+                });
+                let problem = MappingProblem::BeyondShare {
+                    refused: entries.len() - share,
+                    entries: entries.len(),
+                    share,
+                    capacity: self.mapping_capacity,
+                };
+                errors.insert(mapping.error(problem).into());
+                entries.truncate(share);
+            }
+            desired.extend(entries);
         }
         desired
     }

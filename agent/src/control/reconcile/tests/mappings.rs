@@ -277,3 +277,74 @@ fn one_changed_entry_of_ten_thousand_touches_one_element() {
         Be32::from_bytes([10, 3, 0, 1])
     );
 }
+
+/// One cluster's huge NatMapping cannot take another's room in the table:
+/// the small one keeps every entry, the large one its conncheck entry and
+/// what is programmed already, and the rest of it is refused in one error.
+#[test]
+fn a_large_natmapping_takes_no_other_clusters_room() {
+    let (mut peers, mut mappings) = (Peers::default(), Mappings::default());
+    mappings.capacity = 10;
+    let mut r = Reconciler::new(&mut peers, &mut mappings, MemoryAllowedTable::default()).unwrap();
+    r.set_mapping_capacity(10);
+    let a = peer("a", "10.0.40.0/24", "10.0.41.0/24")
+        .cluster_id("cluster-a")
+        .to_string();
+    let b = peer("b", "10.0.50.0/24", "10.0.51.0/24")
+        .cluster_id("cluster-b")
+        .to_string();
+    r.set_origin("a.yaml".into(), docs("a.yaml", &a));
+    r.set_origin("b.yaml".into(), docs("b.yaml", &b));
+    let conncheck = || ("169.254.0.1".to_owned(), "192.168.0.1".to_owned());
+    let small = [
+        conncheck(),
+        ("10.1.0.5".to_owned(), "192.168.0.45".to_owned()),
+    ];
+    r.set_origin(
+        "nm-a.yaml".into(),
+        docs("nm-a.yaml", &natmapping("cluster-a", &small)),
+    );
+    // b first asks for two entries, which are programmed...
+    let early = [
+        conncheck(),
+        ("10.2.0.200".to_owned(), "192.168.0.200".to_owned()),
+    ];
+    r.set_origin(
+        "nm-b.yaml".into(),
+        docs("nm-b.yaml", &natmapping("cluster-b", &early)),
+    );
+    assert_eq!(r.reconcile().0.mappings, 4);
+    // ...then for a hundred more, which sort before them.
+    let flood: Vec<(String, String)> = early
+        .into_iter()
+        .chain((2..102).map(|i| (format!("10.2.0.{i}"), format!("192.168.0.{i}"))))
+        .collect();
+    r.set_origin(
+        "nm-b.yaml".into(),
+        docs("nm-b.yaml", &natmapping("cluster-b", &flood)),
+    );
+    let (report, failure) = r.reconcile();
+    assert!(failure.is_none(), "the table overflowed: {failure:?}");
+    assert_eq!(report.mappings, 10);
+    assert_eq!(
+        messages(&report.new_errors),
+        [
+            "nm-b.yaml: NatMapping nm-cluster-b: field spec.clusterMappings: 94 of its 102 entries are refused: this cluster's share of the NatMapping table is 8 of 10 (--nat-mapping-capacity); the conncheck's entry and those already programmed are kept first"
+        ]
+    );
+    drop(r);
+    let endpoints: Vec<[u8; 4]> = mappings
+        .entries
+        .iter()
+        .map(|(key, endpoint)| {
+            let peer = key.peer_id;
+            let e = endpoint.bytes();
+            [peer as u8, e[0], e[2], e[3]]
+        })
+        .collect();
+    // a (id 1) keeps both; b (id 2) its conncheck entry, the one it had,
+    // and six new ones.
+    assert!(endpoints.contains(&[1, 169, 0, 1]) && endpoints.contains(&[1, 10, 0, 5]));
+    assert!(endpoints.contains(&[2, 169, 0, 1]) && endpoints.contains(&[2, 10, 0, 200]));
+    assert_eq!(endpoints.iter().filter(|e| e[0] == 2).count(), 8);
+}
