@@ -15,9 +15,10 @@ use crate::{
         status::{self, Feedback},
     },
     kernel::table::{AllowedTable, MappingTable, PeerTable},
-    model::{node::Node, object::ObjectKind, policy::Policy},
+    model::{node::Node, object::ObjectKind, peer::Peer, policy::Policy},
     observe::metrics::Metrics,
     roles::gateway::Gateway,
+    tunnel::route::Routes,
 };
 
 /// How often peers' connection states are checked for changes to log, and
@@ -56,6 +57,8 @@ where
     pub reconciler: Reconciler<P, M, A>,
     /// The tunnel and its routes, on a gateway.
     pub gateway: Option<Gateway>,
+    /// The blackholes behind every peer's networks, on a worker.
+    pub blackholes: Option<Routes>,
     /// This node's devices, overlay and networks.
     pub host: H,
     /// Status and Events written back, by the gateway of a Kubernetes source.
@@ -189,9 +192,10 @@ where
         // routes, and holds no peer: it sends nothing to them.
         let acting = self.acting();
         self.metrics.gateway_active.set(i64::from(acting));
-        let routed = match self.gateway.as_mut() {
-            Some(gateway) => gateway.sync(self.reconciler.peers(), acting).await,
-            None => true,
+        let routed = match (self.gateway.as_mut(), self.blackholes.as_mut()) {
+            (Some(gateway), _) => gateway.sync(self.reconciler.peers(), acting).await,
+            (None, Some(blackholes)) => sync_blackholes(blackholes, self.reconciler.peers()).await,
+            (None, None) => true,
         };
         if let Some(e) = &failure {
             if e.full {
@@ -324,4 +328,18 @@ fn record(report: &Report, metrics: &Metrics) {
         .map_updates
         .get_or_create(&[("op", "remove")])
         .inc_by(report.removed as u64);
+}
+
+/// Puts a blackhole behind every network of `peers` on a worker, and takes
+/// away those of peers gone. Returns whether every route could be written.
+async fn sync_blackholes(blackholes: &mut Routes, peers: &[Peer]) -> bool {
+    let desired = peers
+        .iter()
+        .flat_map(|peer| peer.views().map(|(_, net)| net))
+        .collect();
+    let synced = blackholes.sync(&desired, false).await;
+    for failure in &synced.failures {
+        error!(error = %failure, "a blackhole behind a peer's network; will retry");
+    }
+    synced.failures.is_empty()
 }

@@ -43,7 +43,7 @@ use crate::{
         nat_device::NatDevice,
         overlay::{self, Overlay, OverlayOptions, PodDevices},
     },
-    tunnel::{TunnelConfig, key},
+    tunnel::{TunnelConfig, key, route::Routes},
 };
 
 /// `isthmus-agent run`: loads the dataplane, starts this node's role and
@@ -208,9 +208,16 @@ pub async fn run(args: RunArgs) -> Result<()> {
         attach: args.attach,
         policy: args.policy.clone(),
     };
+    // A worker's peer-bound packets that the overlay does not steer are
+    // dropped, not sent in clear: the blackholes outlive the agent.
+    let blackholes = match role {
+        Role::Worker => Some(Routes::blackholes_only().await?),
+        Role::Gateway => None,
+    };
     let mut run_loop = RunLoop {
         reconciler,
         gateway,
+        blackholes,
         host,
         feedback,
         active,

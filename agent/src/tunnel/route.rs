@@ -149,6 +149,31 @@ impl Routes {
         })
     }
 
+    /// A worker's: no device, only the blackholes behind every peer's
+    /// networks, adopted from a previous agent as a gateway's are. The
+    /// overlay steers pods' peer-bound packets before any route is looked
+    /// up; what it does not steer (a pod created while the agent was down,
+    /// no gateway known) is dropped here instead of following the node's
+    /// default route in clear.
+    pub async fn blackholes_only() -> Result<Self, RouteError> {
+        let (connection, handle, _) = new_connection()?;
+        tokio::spawn(connection);
+        let installed = ours(&handle)
+            .await?
+            .iter()
+            .filter(|r| r.header.kind == RouteType::BlackHole && table(r) == MAIN_TABLE)
+            .filter_map(destination)
+            .map(|net| (net, Kind::Blackhole))
+            .collect();
+        Ok(Self {
+            handle,
+            dev: String::new(),
+            index: 0,
+            installed,
+            active: false,
+        })
+    }
+
     /// Gives the device the address `addr`/32 (kept if it has it already),
     /// of host scope: the node never picks it as the source of its own
     /// traffic, which goes out through the masquerade as before.
@@ -173,11 +198,12 @@ impl Routes {
     /// what is missing and removes what is no longer wanted; a route that
     /// cannot be written does not stop the others.
     pub async fn sync(&mut self, desired: &BTreeSet<Ipv4Net>, active: bool) -> Synced {
-        let mut synced = Synced::default();
-        let kinds: &[Kind] = match active {
-            true => &[Kind::Blackhole, Kind::Staged, Kind::Live],
-            false => &[Kind::Blackhole, Kind::Staged],
+        let kinds: &[Kind] = match (self.index, active) {
+            (0, _) => &[Kind::Blackhole],
+            (_, true) => &[Kind::Blackhole, Kind::Staged, Kind::Live],
+            (_, false) => &[Kind::Blackhole, Kind::Staged],
         };
+        let mut synced = Synced::default();
         let wanted: BTreeSet<(Ipv4Net, Kind)> = desired
             .iter()
             .flat_map(|net| kinds.iter().map(|kind| (*net, *kind)))

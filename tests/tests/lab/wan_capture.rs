@@ -226,3 +226,151 @@ fn a_stopped_gateway_sends_no_pod_address_to_the_wan() {
     let _ = fs::remove_file(&wan_pcap);
     let _ = fs::remove_file(&in_pcap);
 }
+
+/// A pod created on a-node while its agent is down, with a-node's default
+/// route towards a router of the LAN as real workers have; all removed, and
+/// the agent started again, on drop.
+struct WorkerDown {
+    node: String,
+}
+
+/// The late pod: its netns, host end and address.
+const LATE_NS: &str = "ist-t-late";
+const LATE_DEV: &str = "podlate";
+const LATE_ADDR: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 77);
+/// The LAN's router in the worker's default route: no node, no gateway.
+const LAN_ROUTER: &str = "172.16.1.254";
+
+impl WorkerDown {
+    /// Kills a-node's agent with SIGKILL, as a crash would.
+    fn kill() -> Self {
+        let node = A.node();
+        let pid = lab::agent_pid(&node).expect("a-node's agent runs");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        eventually(Duration::from_secs(5), "a-node's agent gone", || {
+            lab::agent_pid(&node).is_none()
+        });
+        ip(
+            &node,
+            &["route", "add", "default", "via", LAN_ROUTER, "dev", "lan0"],
+        )
+        .unwrap();
+        ip(
+            &node,
+            &[
+                "neigh",
+                "replace",
+                LAN_ROUTER,
+                "lladdr",
+                "02:00:00:00:01:fe",
+                "dev",
+                "lan0",
+            ],
+        )
+        .unwrap();
+        isthmus_tests::netns::fresh(&[LATE_NS]);
+        lab::wire_pod(LATE_NS, &node, LATE_DEV, LATE_ADDR).unwrap();
+        Self { node }
+    }
+}
+
+impl Drop for WorkerDown {
+    fn drop(&mut self) {
+        let _ = ip(&self.node, &["route", "del", "default"]);
+        let _ = ip(&self.node, &["neigh", "del", LAN_ROUTER, "dev", "lan0"]);
+        let _ = ip(&self.node, &["link", "del", LATE_DEV]);
+        isthmus_tests::netns::remove(&[LATE_NS]);
+        if lab::agent_pid(&self.node).is_none() {
+            let restarted = lab::start_agent(&self.node).and_then(|_| lab::wait_ready(&self.node));
+            if let Err(e) = restarted {
+                eprintln!("restarting {}'s agent: {e:#}", self.node);
+            }
+        }
+    }
+}
+
+/// A worker's agent killed with SIGKILL leaves a blackhole behind every
+/// peer's network, so a pod created meanwhile (no steering program on its
+/// veth) sends nothing for a peer in clear on the node's default route;
+/// what is for no peer still goes there. The agent started again with the
+/// same command line steers the new pod's traffic to b within 5 s.
+#[test]
+fn a_worker_whose_agent_is_down_sends_no_peer_bound_packet_in_clear() {
+    require_lab();
+    let node = A.node();
+    let blackholes = ip(
+        &node,
+        &["route", "show", "type", "blackhole", "proto", "153"],
+    )
+    .unwrap();
+    for view in ["10.0.0.0/24", "10.0.1.0/24"] {
+        assert!(
+            blackholes.contains(view),
+            "no blackhole for {view} on {node}: {blackholes}"
+        );
+    }
+    let ours = || ip(&node, &["route", "show", "proto", "153"]).unwrap();
+    let routes_before = ours();
+    let down = WorkerDown::kill();
+    let pcap = PathBuf::from(lab::STATE_DIR).join("worker-down.pcap");
+    let lan = capture::start(
+        &node,
+        "lan0",
+        &[
+            "-s",
+            "128",
+            "-w",
+            pcap.to_str().unwrap(),
+            "udp and not port 4879",
+        ],
+        "worker-down",
+    );
+    // Not a peer's: the control, which the default route takes.
+    let control = Ipv4Addr::new(198, 51, 100, 7);
+    let socket = xtask::netns::run_in(LATE_NS, || UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)))
+        .unwrap()
+        .unwrap();
+    let port = probe::next_port();
+    for target in ["10.0.0.5", "10.0.1.45", "10.0.0.133"] {
+        for _ in 0..5 {
+            // Refused sends are fine: the node may answer unreachable.
+            let _ = socket.send_to(b"must not leak", (target, port));
+        }
+    }
+    let _ = socket.send_to(b"control", (control, port));
+    eventually(
+        Duration::from_secs(10),
+        "the control on a-node's LAN",
+        || {
+            captured(&pcap)
+                .iter()
+                .any(|f| addresses(f).is_some_and(|(_, dst)| dst == control))
+        },
+    );
+    capture::stop(lan);
+    let leaked: Vec<(Ipv4Addr, Ipv4Addr)> = captured(&pcap)
+        .iter()
+        .filter_map(|f| addresses(f))
+        .filter(|(_, dst)| *dst != control)
+        .collect();
+    assert!(
+        leaked.is_empty(),
+        "a-node sent peer-bound packets in clear: {leaked:?}"
+    );
+    // The same command line again: the new pod's traffic reaches b.
+    lab::start_agent(&node).unwrap();
+    lab::wait_ready(&node).unwrap();
+    let started = std::time::Instant::now();
+    let mut seen = None;
+    while seen.is_none() && started.elapsed() < Duration::from_secs(5) {
+        seen = probe::exchange(Proto::Udp, LATE_NS, &B.pod(1), Ipv4Addr::new(10, 0, 0, 5)).ok();
+    }
+    let seen = seen.expect("the new pod reached no b-pod1 within 5 s of the restart");
+    assert_eq!(seen.client_as_seen_by_server, Ipv4Addr::new(10, 0, 40, 77));
+    assert_eq!(ours(), routes_before, "the restart changed a-node's routes");
+    drop(down);
+}

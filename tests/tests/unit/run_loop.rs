@@ -96,6 +96,7 @@ impl Running {
             )
             .unwrap(),
             gateway: None,
+            blackholes: None,
             host: NoDevices,
             feedback: None,
             active: None,

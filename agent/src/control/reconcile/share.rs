@@ -17,7 +17,7 @@ pub fn fair_shares(demands: &[usize], capacity: usize) -> Vec<usize> {
         let waiting = demands.len() - served;
         // What is left, equally among those still waiting; the first ones
         // (by demand, then by order) get the remainder's extra entries.
-        let level = left / waiting + usize::from(left % waiting != 0);
+        let level = left.div_ceil(waiting);
         let share = demands[i].min(level);
         shares[i] = share;
         left -= share;
