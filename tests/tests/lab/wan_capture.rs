@@ -149,6 +149,67 @@ fn addresses(frame: &[u8]) -> Option<(Ipv4Addr, Ipv4Addr)> {
 /// rather than sent down the default route in clear.
 #[test]
 fn a_stopped_gateway_sends_no_pod_address_to_the_wan() {
+    gateway_down_sends_no_pod_address_to_the_wan(|gw| lab::stop_agent(gw).unwrap());
+}
+
+/// The same with the agent killed (SIGKILL), as a crash or the OOM killer
+/// ends it: nothing with a cluster address leaves in clear, and the agent
+/// started again with the same command line leaves the node's routes,
+/// rules, addresses and programs as they were, nothing doubled, nothing
+/// left behind.
+#[test]
+fn a_killed_gateway_sends_nothing_in_clear_and_comes_back_as_it_was() {
+    require_lab();
+    let gw = A.gw();
+    let before = footprint(&gw);
+    gateway_down_sends_no_pod_address_to_the_wan(kill_agent);
+    eventually(
+        Duration::from_secs(5),
+        "a-gw's routes, rules, addresses and programs as before",
+        || footprint(&gw) == before,
+    );
+}
+
+/// Kills node `node`'s agent with SIGKILL and waits until it is gone.
+fn kill_agent(node: &str) {
+    let pid = lab::agent_pid(node).expect("the agent runs");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    eventually(Duration::from_secs(5), "the agent gone", || {
+        lab::agent_pid(node).is_none()
+    });
+}
+
+/// What an agent leaves on node `node`: its routes (every table), the
+/// rules, the addresses, and how many programs of each of its names the
+/// kernel holds (every node's, so a program doubled or left behind shows).
+fn footprint(node: &str) -> (String, String, String, Vec<(String, usize)>) {
+    let show = |args: &[&str]| ip(node, args).unwrap();
+    let out = std::process::Command::new("bpftool")
+        .args(["prog", "show", "--json"])
+        .output()
+        .expect("bpftool");
+    let progs: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let mut names = std::collections::BTreeMap::<String, usize>::new();
+    for name in progs.iter().filter_map(|p| p["name"].as_str()) {
+        if isthmus_common::names::PROGRAMS.contains(&name)
+            || isthmus_common::names::ONWARD_PROGRAMS.contains(&name)
+        {
+            *names.entry(name.to_owned()).or_default() += 1;
+        }
+    }
+    (
+        show(&["route", "show", "table", "all", "proto", "153"]),
+        show(&["rule", "show"]),
+        show(&["-brief", "address", "show"]),
+        names.into_iter().collect(),
+    )
+}
+
+fn gateway_down_sends_no_pod_address_to_the_wan(stop: impl Fn(&str)) {
     require_lab();
     assert_eq!(
         lab::tunnel_mode(),
@@ -182,7 +243,7 @@ fn a_stopped_gateway_sends_no_pod_address_to_the_wan() {
         ],
         "stopped-in",
     );
-    lab::stop_agent(&gw).unwrap();
+    stop(&gw);
     let port = probe::next_port();
     for (pod, target) in [(A.pod(1), "10.0.0.5"), (A.pod(2), "10.0.0.133")] {
         let socket = xtask::netns::run_in(&pod, || UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)))
@@ -200,6 +261,7 @@ fn a_stopped_gateway_sends_no_pod_address_to_the_wan() {
     );
     capture::stop(taken_in);
     capture::stop(wan);
+    let restarted = std::time::Instant::now();
     lab::start_agent(&gw).unwrap();
     lab::wait_ready(&gw).unwrap();
     let lab_nets: [ipnet::Ipv4Net; 2] = [
@@ -223,6 +285,11 @@ fn a_stopped_gateway_sends_no_pod_address_to_the_wan() {
         "10.0.0.5".parse().unwrap(),
     )
     .expect("a-pod1 does not reach b-pod1 once a-gw's agent is back");
+    assert!(
+        restarted.elapsed() < Duration::from_secs(5),
+        "traffic resumed {:?} after the restart",
+        restarted.elapsed()
+    );
     let _ = fs::remove_file(&wan_pcap);
     let _ = fs::remove_file(&in_pcap);
 }
@@ -245,15 +312,7 @@ impl WorkerDown {
     /// Kills a-node's agent with SIGKILL, as a crash would.
     fn kill() -> Self {
         let node = A.node();
-        let pid = lab::agent_pid(&node).expect("a-node's agent runs");
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .unwrap();
-        eventually(Duration::from_secs(5), "a-node's agent gone", || {
-            lab::agent_pid(&node).is_none()
-        });
+        kill_agent(&node);
         ip(
             &node,
             &["route", "add", "default", "via", LAN_ROUTER, "dev", "lan0"],
