@@ -258,8 +258,12 @@ mod tests {
     /// A peer in `namespace` whose remote networks are `remote` (pod and
     /// external, each real then as we see it).
     fn peer(namespace: &str, remote: [&str; 4]) -> Peer {
-        let yaml = TunnelEndpoint::new("tep", namespace)
-            .remote(remote)
+        read(TunnelEndpoint::new("tep", namespace).remote(remote))
+    }
+
+    /// `tep`, with a tunnel, as the agent reads it.
+    fn read(tep: TunnelEndpoint) -> Peer {
+        let yaml = tep
             .endpoint("203.0.113.2")
             .public_key("AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=")
             .to_string();
@@ -380,22 +384,16 @@ mod tests {
             address: Ipv4Addr::new(172, 16, 2, 2),
             labels: Default::default(),
         };
-        let over_lan = TunnelEndpoint::new("tep", "liqo-tenant-b")
-            .local([
-                "10.244.0.0/24",
-                "10.0.40.0/24",
-                "172.16.2.0/24",
-                "10.0.41.0/24",
-            ])
-            .remote(ORDINARY)
-            .endpoint("203.0.113.2")
-            .public_key("AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=")
-            .to_string();
-        let docs = parse_documents(Path::new("t.yaml"), &over_lan);
-        let Ok(Object::TunnelEndpoint(raw)) = &docs[0] else {
-            panic!("{docs:?}")
-        };
-        let p = Peer::from_raw(raw, "t.yaml").unwrap();
+        let p = read(
+            TunnelEndpoint::new("tep", "liqo-tenant-b")
+                .local([
+                    "10.244.0.0/24",
+                    "10.0.40.0/24",
+                    "172.16.2.0/24",
+                    "10.0.41.0/24",
+                ])
+                .remote(ORDINARY),
+        );
         assert_eq!(
             Policy::default()
                 .check(&p, &[node])

@@ -4,6 +4,19 @@
 use super::*;
 use isthmus_common::wire::Be32;
 
+/// Peer a, cluster-a, whose view of our ExternalCIDR is ours.
+fn add_cluster_a<P, M, A>(r: &mut Reconciler<P, M, A>)
+where
+    P: PeerTable,
+    M: MappingTable<Error = P::Error>,
+    A: AllowedTable<Error = P::Error>,
+{
+    let tep_a = peer("a", "10.0.40.0/24", "10.0.41.0/24")
+        .cluster_id("cluster-a")
+        .to_string();
+    r.set_origin("a.yaml".into(), docs("a.yaml", &tep_a));
+}
+
 fn mapping_key(peer_id: u32, external: [u8; 4]) -> MappingKey {
     MappingKey {
         peer_id,
@@ -28,10 +41,7 @@ fn a_natmapping_is_held_until_its_cluster_has_a_tunnel_endpoint() {
             "nm.yaml: NatMapping nm-cluster-a: field spec.clusterID: cluster cluster-a has no TunnelEndpoint yet; its mappings are held until one appears"
         ]
     );
-    let tep_a = peer("a", "10.0.40.0/24", "10.0.41.0/24")
-        .cluster_id("cluster-a")
-        .to_string();
-    r.set_origin("a.yaml".into(), docs("a.yaml", &tep_a));
+    add_cluster_a(&mut r);
     let report = r.reconcile().0;
     assert_eq!(
         (
@@ -55,10 +65,7 @@ fn a_natmapping_is_held_until_its_cluster_has_a_tunnel_endpoint() {
 fn an_external_ip_outside_our_external_cidr_is_rejected_alone() {
     let (mut peers, mut mappings) = (Peers::default(), Mappings::default());
     let mut r = Reconciler::new(&mut peers, &mut mappings, MemoryAllowedTable::default()).unwrap();
-    let tep_a = peer("a", "10.0.40.0/24", "10.0.41.0/24")
-        .cluster_id("cluster-a")
-        .to_string();
-    r.set_origin("a.yaml".into(), docs("a.yaml", &tep_a));
+    add_cluster_a(&mut r);
     let entries = [
         ("10.1.0.5".to_owned(), "192.168.0.45".to_owned()),
         ("10.1.0.6".to_owned(), "192.168.7.46".to_owned()),
@@ -108,10 +115,7 @@ fn an_entry_whose_endpoint_is_a_node_address_is_rejected_alone() {
             "apiVersion: v1\nkind: Node\nmetadata: {name: b-node}\nspec: {podCIDR: 10.244.0.0/25}\nstatus: {addresses: [{type: InternalIP, address: 172.16.2.2}]}\n",
         ),
     );
-    let tep_a = peer("a", "10.0.40.0/24", "10.0.41.0/24")
-        .cluster_id("cluster-a")
-        .to_string();
-    r.set_origin("a.yaml".into(), docs("a.yaml", &tep_a));
+    add_cluster_a(&mut r);
     let entries = [
         ("10.1.0.5".to_owned(), "192.168.0.45".to_owned()),
         ("172.16.2.1".to_owned(), "192.168.0.77".to_owned()),
