@@ -205,3 +205,63 @@ fn wait_icmp(socket: &Socket, icmp_type: u8, id: u16) -> Result<Ipv4Addr> {
     }
     bail!("no ICMP type {icmp_type} with id {id} within {TIMEOUT:?}")
 }
+
+/// `rounds` rounds of `samples` UDP ping-pongs from netns `client` to an
+/// echo in netns `server` at `target`, each round from a new socket: each
+/// round's p50 and p99, in microseconds.
+pub fn round_trips(
+    client: &str,
+    server: &str,
+    target: Ipv4Addr,
+    rounds: usize,
+    samples: usize,
+) -> Result<Vec<[f64; 2]>> {
+    let port = next_port();
+    let echo = netns::run_in(server, || UdpSocket::bind((Ipv4Addr::UNSPECIFIED, port)))??;
+    echo.set_read_timeout(Some(Duration::from_secs(1)))?;
+    let echoer = std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        while let Ok((n, from)) = echo.recv_from(&mut buf) {
+            let _ = echo.send_to(&buf[..n], from);
+        }
+    });
+    let percentiles = (0..rounds)
+        .map(|_| round_trip_round(client, (target, port), samples))
+        .collect::<Result<Vec<_>>>()?;
+    echoer
+        .join()
+        .map_err(|_| anyhow::anyhow!("echo thread panicked"))?;
+    Ok(percentiles)
+}
+
+/// One round of `samples` ping-pongs from a new socket in `client` to the
+/// echo at `to`: the p50 and p99 of those answered, in microseconds. An
+/// echo that does not come back within 200 ms is loss, not a round trip;
+/// more than 1% lost fails the round at once.
+fn round_trip_round(client: &str, to: (Ipv4Addr, u16), samples: usize) -> Result<[f64; 2]> {
+    let socket = netns::run_in(client, || UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)))??;
+    socket.set_read_timeout(Some(Duration::from_millis(200)))?;
+    let mut times = Vec::with_capacity(samples);
+    let mut buf = [0u8; 64];
+    for i in 0..samples as u32 {
+        let lost = i as usize - times.len();
+        if lost * 100 > samples {
+            bail!("{lost} of the first {i} echoes of {samples} never came back");
+        }
+        let sent = Instant::now();
+        socket.send_to(&i.to_be_bytes(), to)?;
+        // Echoes of earlier, lost-looking pings may still arrive: skipped.
+        while let Ok((n, _)) = socket.recv_from(&mut buf) {
+            if n == 4 && buf[..4] == i.to_be_bytes() {
+                times.push(sent.elapsed().as_secs_f64() * 1e6);
+                break;
+            }
+        }
+    }
+    let lost = samples - times.len();
+    if lost * 100 > samples || times.is_empty() {
+        bail!("{lost} of {samples} echoes never came back");
+    }
+    times.sort_by(f64::total_cmp);
+    Ok([times[times.len() / 2], times[times.len() * 99 / 100]])
+}

@@ -4,15 +4,11 @@
 //! MTU and iperf3 settings. The setups take turns round by round, so that
 //! a slow minute of the shared machine falls on all of them.
 
-use std::{
-    fs,
-    time::{Duration, Instant},
-};
+use std::{fs, time::Duration};
 
 use anyhow::{Context, Result};
 use xtask::{
     lab::{self, LabTunnel, external_tunnel::Implementation},
-    netns,
     topology::{A, B, Cluster},
     wait,
 };
@@ -225,56 +221,10 @@ fn udp(client: &str, server: &str, target: std::net::Ipv4Addr) -> Result<(f64, f
     Ok((received / field("seconds")? / 1e3, field("lost_percent")?))
 }
 
-/// [`RTT_ROUNDS_PER_TURN`] rounds of UDP ping-pongs: each round's p50 and
-/// p99, in microseconds.
+/// [`RTT_ROUNDS_PER_TURN`] rounds of [`RTT_SAMPLES`] UDP ping-pongs: each
+/// round's p50 and p99, in microseconds.
 fn rtt(client: &str, server: &str, target: std::net::Ipv4Addr) -> Result<Vec<[f64; 2]>> {
-    let port = xtask::probe::next_port();
-    let echo = netns::run_in(server, || {
-        std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, port))
-    })??;
-    echo.set_read_timeout(Some(Duration::from_secs(1)))?;
-    let echoer = std::thread::spawn(move || {
-        let mut buf = [0u8; 64];
-        while let Ok((n, from)) = echo.recv_from(&mut buf) {
-            let _ = echo.send_to(&buf[..n], from);
-        }
-    });
-    let rounds = (0..RTT_ROUNDS_PER_TURN)
-        .map(|_| rtt_round(client, (target, port)))
-        .collect::<Result<Vec<_>>>()?;
-    echoer
-        .join()
-        .map_err(|_| anyhow::anyhow!("echo thread panicked"))?;
-    Ok(rounds)
-}
-
-/// One round of [`RTT_SAMPLES`] ping-pongs from a new socket in `client`
-/// to the echo at `to`: its p50 and p99, in microseconds.
-fn rtt_round(client: &str, to: (std::net::Ipv4Addr, u16)) -> Result<[f64; 2]> {
-    let socket = netns::run_in(client, || {
-        std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, 0))
-    })??;
-    socket.set_read_timeout(Some(Duration::from_secs(1)))?;
-    let mut samples = Vec::with_capacity(RTT_SAMPLES);
-    let mut buf = [0u8; 64];
-    for i in 0..RTT_SAMPLES as u32 {
-        let sent = Instant::now();
-        socket.send_to(&i.to_be_bytes(), to)?;
-        loop {
-            let (n, _) = socket
-                .recv_from(&mut buf)
-                .context("an echo never came back")?;
-            if n == 4 && buf[..4] == i.to_be_bytes() {
-                break;
-            }
-        }
-        samples.push(sent.elapsed().as_secs_f64() * 1e6);
-    }
-    samples.sort_by(f64::total_cmp);
-    Ok([
-        samples[samples.len() / 2],
-        samples[samples.len() * 99 / 100],
-    ])
+    xtask::probe::round_trips(client, server, target, RTT_ROUNDS_PER_TURN, RTT_SAMPLES)
 }
 
 /// Resident memory of a-gw's agent once it runs `count` tunnel peers.
