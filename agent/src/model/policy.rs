@@ -6,7 +6,7 @@
 //! The checks here need no other object; those that compare peers with
 //! each other live with the reconciler's arbitration.
 
-use std::net::Ipv4Addr;
+use std::{collections::HashSet, net::Ipv4Addr};
 
 use ipnet::Ipv4Net;
 
@@ -145,10 +145,7 @@ impl Policy {
         // node's own addresses may lie in them (a CNI's bridge, the
         // masquerade address), and the kernel refuses those as nodes'.
         for (field, net) in peer.local_networks() {
-            let node = cluster_nodes(nodes)
-                .chain(self.api_server.clone())
-                .find(|node| net.contains(&node.addr));
-            if let Some(node) = node {
+            if let Some(node) = self.cluster_node_in(nodes, |addr| net.contains(&addr)) {
                 let what = format!("{} {}", node.what, node.addr);
                 return Err(Problem::Forbidden { field, net, what });
             }
@@ -157,16 +154,47 @@ impl Policy {
     }
 
     /// The first address of a node of the cluster (`nodes`, this node's
-    /// own, the API server's) that `matches`, named.
+    /// own, the API server's) that `matches`, named: named only once found,
+    /// as every pass checks every peer and NatMapping entry.
     pub fn node_address_in(
         &self,
         nodes: &[Node],
         matches: impl Fn(Ipv4Addr) -> bool,
     ) -> Option<NodeAddress> {
-        cluster_nodes(nodes)
-            .chain(self.api_server.clone())
-            .chain(self.host_addresses.iter().cloned())
-            .find(|node| matches(node.addr))
+        self.cluster_node_in(nodes, &matches).or_else(|| {
+            self.host_addresses
+                .iter()
+                .find(|node| matches(node.addr))
+                .cloned()
+        })
+    }
+
+    /// Every address [`Self::node_address_in`] names: to test many
+    /// addresses against them at the cost of one lookup each.
+    pub fn node_addresses(&self, nodes: &[Node]) -> HashSet<Ipv4Addr> {
+        nodes
+            .iter()
+            .map(|n| n.address)
+            .chain(self.api_server.iter().map(|a| a.addr))
+            .chain(self.host_addresses.iter().map(|a| a.addr))
+            .collect()
+    }
+
+    /// The first Node object's or the API server's address that
+    /// `matches`, named.
+    fn cluster_node_in(
+        &self,
+        nodes: &[Node],
+        matches: impl Fn(Ipv4Addr) -> bool,
+    ) -> Option<NodeAddress> {
+        let node = nodes
+            .iter()
+            .find(|n| matches(n.address))
+            .map(|n| NodeAddress {
+                addr: n.address,
+                what: format!("the address of node {}", n.name),
+            });
+        node.or_else(|| self.api_server.clone().filter(|a| matches(a.addr)))
     }
 
     fn namespace_allowed(&self, namespace: &str) -> bool {
@@ -177,14 +205,6 @@ impl Policy {
                 None => namespace == pattern,
             })
     }
-}
-
-/// The Node objects' addresses, named.
-fn cluster_nodes(nodes: &[Node]) -> impl Iterator<Item = NodeAddress> + '_ {
-    nodes.iter().map(|n| NodeAddress {
-        addr: n.address,
-        what: format!("the address of node {}", n.name),
-    })
 }
 
 /// The node PodCIDR `net` touches, named: formatted only when one does, as

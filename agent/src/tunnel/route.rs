@@ -38,6 +38,9 @@ pub const BLACKHOLE_METRIC: u32 = 1 << 30;
 /// The table of the staged routes into the tunnel (`ip route show table 153`).
 pub const TUNNEL_TABLE: u32 = 153;
 const MAIN_TABLE: u32 = RouteHeader::RT_TABLE_MAIN as u32;
+/// The ifindex of a worker's [`Routes`], which have no device: the kernel
+/// numbers devices from 1.
+const NO_DEVICE: u32 = 0;
 
 /// A netlink request that failed.
 #[derive(Debug, Error)]
@@ -110,8 +113,7 @@ impl Routes {
     /// staged or in use. The rule of agents that sent lookups to the
     /// tunnel's table instead is removed.
     pub async fn up(dev: &str, mtu: u32) -> Result<Self, RouteError> {
-        let (connection, handle, _) = new_connection()?;
-        tokio::spawn(connection);
+        let handle = connect()?;
         let request = |source| RouteError::Request {
             what: format!("link {dev}"),
             source,
@@ -127,26 +129,9 @@ impl Routes {
             .execute()
             .await
             .map_err(request)?;
-        let mut installed = BTreeSet::new();
-        for route in ours(&handle).await? {
-            let into_device = out_of(&route) == Some(index);
-            let kind = match (route.header.kind, table(&route)) {
-                (RouteType::BlackHole, MAIN_TABLE) => Kind::Blackhole,
-                (_, TUNNEL_TABLE) if into_device => Kind::Staged,
-                (_, MAIN_TABLE) if into_device => Kind::Live,
-                _ => continue,
-            };
-            installed.extend(destination(&route).map(|net| (net, kind)));
-        }
-        remove_rules(&handle).await?;
-        let active = installed.iter().any(|(_, kind)| *kind == Kind::Live);
-        Ok(Self {
-            handle,
-            dev: dev.into(),
-            index,
-            installed,
-            active,
-        })
+        let routes = Self::adopt(handle, dev, index).await?;
+        remove_rules(&routes.handle).await?;
+        Ok(routes)
     }
 
     /// A worker's: no device, only the blackholes behind every peer's
@@ -156,21 +141,31 @@ impl Routes {
     /// no gateway known) is dropped here instead of following the node's
     /// default route in clear.
     pub async fn blackholes_only() -> Result<Self, RouteError> {
-        let (connection, handle, _) = new_connection()?;
-        tokio::spawn(connection);
-        let installed = ours(&handle)
-            .await?
-            .iter()
-            .filter(|r| r.header.kind == RouteType::BlackHole && table(r) == MAIN_TABLE)
-            .filter_map(destination)
-            .map(|net| (net, Kind::Blackhole))
-            .collect();
+        Self::adopt(connect()?, "", NO_DEVICE).await
+    }
+
+    /// Takes over what of ours a previous agent left: its blackholes, and
+    /// its routes into device `index`, staged or in use (none where there
+    /// is no device).
+    async fn adopt(handle: Handle, dev: &str, index: u32) -> Result<Self, RouteError> {
+        let mut installed = BTreeSet::new();
+        for route in ours(&handle).await? {
+            let into_device = index != NO_DEVICE && out_of(&route) == Some(index);
+            let kind = match (route.header.kind, table(&route)) {
+                (RouteType::BlackHole, MAIN_TABLE) => Kind::Blackhole,
+                (_, TUNNEL_TABLE) if into_device => Kind::Staged,
+                (_, MAIN_TABLE) if into_device => Kind::Live,
+                _ => continue,
+            };
+            installed.extend(destination(&route).map(|net| (net, kind)));
+        }
+        let active = installed.iter().any(|(_, kind)| *kind == Kind::Live);
         Ok(Self {
             handle,
-            dev: String::new(),
-            index: 0,
+            dev: dev.into(),
+            index,
             installed,
-            active: false,
+            active,
         })
     }
 
@@ -194,12 +189,13 @@ impl Routes {
     }
 
     /// Routes exactly `desired` into the device, each behind its
-    /// blackhole: staged on every gateway, and in use where `active`. Adds
+    /// blackhole: staged on every gateway, and in use where `active`; a
+    /// worker, with no device, keeps the blackholes alone. Adds
     /// what is missing and removes what is no longer wanted; a route that
     /// cannot be written does not stop the others.
     pub async fn sync(&mut self, desired: &BTreeSet<Ipv4Net>, active: bool) -> Synced {
         let kinds: &[Kind] = match (self.index, active) {
-            (0, _) => &[Kind::Blackhole],
+            (NO_DEVICE, _) => &[Kind::Blackhole],
             (_, true) => &[Kind::Blackhole, Kind::Staged, Kind::Live],
             (_, false) => &[Kind::Blackhole, Kind::Staged],
         };
@@ -325,11 +321,17 @@ fn not_ours(net: Ipv4Net, kind: Kind, there: &[RouteMessage]) -> RouteError {
     }
 }
 
+/// A netlink connection, served on a task of its own.
+fn connect() -> Result<Handle, RouteError> {
+    let (connection, handle, _) = new_connection()?;
+    tokio::spawn(connection);
+    Ok(handle)
+}
+
 /// Removes every route and rule of ours, blackholes included. Returns
 /// what it removed, for the operator.
 pub async fn cleanup() -> Result<Vec<String>, RouteError> {
-    let (connection, handle, _) = new_connection()?;
-    tokio::spawn(connection);
+    let handle = connect()?;
     let mut removed = Vec::new();
     let routes = ours(&handle).await?;
     for route in &routes {
@@ -354,8 +356,7 @@ pub async fn cleanup() -> Result<Vec<String>, RouteError> {
 /// Deletes the persistent TUN device `dev` (and with it every route into
 /// it); returns whether it existed.
 pub async fn delete_device(dev: &str) -> Result<bool, RouteError> {
-    let (connection, handle, _) = new_connection()?;
-    tokio::spawn(connection);
+    let handle = connect()?;
     let request = |source| RouteError::Request {
         what: format!("deleting link {dev}"),
         source,

@@ -301,6 +301,8 @@ where
         });
         let (kept, duplicates) = natmapping::one_per_cluster(candidates);
         errors.extend(duplicates.into_iter().map(Rejection::from));
+        // Looked up for every entry of every NatMapping: one set per pass.
+        let node_addresses = self.policy.node_addresses(&self.nodes);
         let mut wanted = Vec::new();
         for mapping in kept {
             errors.extend(mapping.rejected.iter().cloned().map(Rejection::from));
@@ -323,10 +325,10 @@ where
                 // The conncheck's entry leads to the gateway itself, which
                 // holds that address: the kernel lets a peer reach only the
                 // conncheck's port there.
-                let node = (Be32::from(*endpoint) != CONNCHECK_ADDR)
-                    .then(|| self.policy.node_address_in(&self.nodes, |a| a == *endpoint))
-                    .flatten();
-                if let Some(node) = node {
+                if Be32::from(*endpoint) != CONNCHECK_ADDR
+                    && node_addresses.contains(endpoint)
+                    && let Some(node) = self.policy.node_address_in(&self.nodes, |a| a == *endpoint)
+                {
                     let problem = MappingProblem::NodeAddress {
                         endpoint: *endpoint,
                         external: *external,
