@@ -72,13 +72,18 @@ pub struct FlowNat {
     pub port: u16,
     /// A [`TcpState`] as a byte.
     pub state: u8,
+    /// Inbound: non-zero once a reply came. A flow never answered is the
+    /// first evicted to make room (as Linux conntrack's early drop).
+    pub answered: u8,
+    /// The [`crate::room`] owner the flow's room was charged to.
+    pub owner: u32,
     /// Zero.
-    pub pad: u8,
+    pub pad: u32,
     /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) when a packet last used it.
     pub last_seen: u64,
 }
 
-assert_layout!(FlowNat, size = 16, align = 8);
+assert_layout!(FlowNat, size = 24, align = 8);
 
 /// What the packets of a TCP flow have said so far, in one direction.
 #[repr(u8)]

@@ -58,7 +58,7 @@ impl AllowKey {
 /// A flow our side opened towards a segregated peer, as the table of such
 /// flows keeps it: what each direction said, so that a flow the peer never
 /// answers lives only as long as an unanswered one, and when either last
-/// spoke. The size of the conntrack's entries, whose place it took.
+/// spoke, and who was charged for its room.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PeerFlow {
@@ -66,8 +66,13 @@ pub struct PeerFlow {
     pub ours: u8,
     /// What the peer's replies said: [`TcpState::None`] until it answers.
     pub theirs: u8,
+    /// Non-zero once the peer answered, whatever the protocol: a flow it
+    /// never answered is the first evicted to make room.
+    pub answered: u8,
     /// Zero.
-    pub pad: [u8; 6],
+    pub pad: u8,
+    /// The [`crate::room`] owner charged: the peer.
+    pub owner: u32,
     /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) of the last packet either way.
     pub last_seen: u64,
 }

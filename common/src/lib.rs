@@ -29,6 +29,7 @@ pub mod nat;
 pub mod overlay;
 #[cfg(feature = "user")]
 pub mod pins;
+pub mod room;
 pub mod tcp;
 pub mod wire;
 
@@ -48,6 +49,7 @@ mod pod {
     unsafe impl aya::Pod for crate::guard::GuardConfig {}
     unsafe impl aya::Pod for crate::overlay::OverlayConfig {}
     unsafe impl aya::Pod for crate::isolation::AllowKey {}
+    unsafe impl aya::Pod for crate::room::Room {}
     // SAFETY: a transparent u32.
     unsafe impl aya::Pod for crate::wire::Be32 {}
 }

@@ -5,6 +5,10 @@
 /// Hash: a peer's networks as we see them ([`crate::nat::PeerKey`]) →
 /// [`crate::nat::PeerNat`].
 pub const MAP_PEERS: &str = "ist_peer_nets";
+/// LPM trie: a peer's networks as we see them → its
+/// [`crate::nat::PeerNat::peer_id`]: whose a source is, in one lookup,
+/// when a new flow is charged to its owner ([`crate::room`]).
+pub const MAP_PEER_OWNERS: &str = "ist_peer_owners";
 /// One-entry array: the prefix lengths in [`MAP_PEERS`], longest first.
 pub const MAP_PREFIX_LENS: &str = "ist_prefix_lens";
 /// Per-CPU array of packet counters, indexed by [`crate::counters::slot`].
@@ -35,6 +39,12 @@ pub const MAP_ALLOWED: &str = "ist_allowed";
 /// replies arrive ([`crate::conntrack::FlowKey`] → [`crate::conntrack::FlowNat`],
 /// whose state and last packet alone are used).
 pub const MAP_PEER_FLOWS: &str = "ist_peer_flows";
+/// Array: each owner's room in the flow tables ([`crate::room::Room`],
+/// by [`crate::room::slot`]).
+pub const MAP_ROOM: &str = "ist_room";
+/// Per-CPU array: new flows refused for want of room, by
+/// [`crate::room::refusal_slot`].
+pub const MAP_ROOM_REFUSED: &str = "ist_room_refuse";
 /// One-entry array: the gateway's masquerade settings
 /// ([`crate::conntrack::SnatConfig`]).
 pub const MAP_SNAT: &str = "ist_snat";
@@ -70,8 +80,9 @@ pub const MAP_OVERLAY_STATS: &str = "ist_overlay_st";
 pub const MAP_POD_DEVS: &str = "ist_pod_devs";
 
 /// Every map the agent pins, in the order it reports them.
-pub const MAPS: [&str; 21] = [
+pub const MAPS: [&str; 24] = [
     MAP_PEERS,
+    MAP_PEER_OWNERS,
     MAP_PREFIX_LENS,
     MAP_COUNTERS,
     MAP_PEER_DENIED,
@@ -83,6 +94,8 @@ pub const MAPS: [&str; 21] = [
     MAP_TCP_MSS,
     MAP_ALLOWED,
     MAP_PEER_FLOWS,
+    MAP_ROOM,
+    MAP_ROOM_REFUSED,
     MAP_GUARD_SOURCES,
     MAP_GUARD_INDEXES,
     MAP_GUARD_CONFIG,

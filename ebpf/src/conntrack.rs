@@ -16,10 +16,15 @@ use isthmus_common::{
     },
     ipv4::{PROTO_ICMP, PROTO_TCP},
     names::{DEFAULT_CONNTRACK, MAX_FRAGMENTS},
+    room::{FlowTable, OWNER_LOCAL, Short},
     wire::Be32,
 };
 
-use crate::parse::{Fragment, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, Transport};
+use crate::{
+    maps,
+    parse::{Fragment, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, Transport},
+    room,
+};
 
 /// Masqueraded flows, an entry per direction.
 #[btf_map(name = "ist_conntrack")]
@@ -46,7 +51,7 @@ pub(crate) const E2BIG: i32 = -7;
 
 /// Why a flow could not be masqueraded.
 pub enum Refused {
-    /// The flow table is full.
+    /// The flow table, or its owner's share of it, is full.
     Full,
     /// Every port tried was taken.
     NoPort,
@@ -118,7 +123,7 @@ pub fn in_key(t: &Transport, src: Be32, dst: Be32) -> Option<FlowKey> {
 
 /// Where an outbound flow goes out as: its existing entry, or a new one
 /// with a port of ours that no other flow to the same peer address and
-/// port holds.
+/// port holds, charged to the owner of its source.
 #[inline(always)]
 pub fn outbound(key: &FlowKey, masq: Be32, tcp_flags: u8) -> Result<FlowNat, Refused> {
     // SAFETY: bpf_ktime_get_ns has no preconditions.
@@ -127,11 +132,35 @@ pub fn outbound(key: &FlowKey, masq: Be32, tcp_flags: u8) -> Result<FlowNat, Ref
         // SAFETY: a valid entry pointer from the map.
         return Ok(unsafe { refresh(entry, key.proto, tcp_flags, now) });
     }
-    let state = initial_state(key.proto, tcp_flags);
+    // Only a new flow looks its owner up: the peer its source is in, or
+    // the gateway itself (the node's own traffic, the conncheck's).
+    let owner = maps::peer_id(key.saddr).unwrap_or(OWNER_LOCAL);
+    room::take(FlowTable::Conntrack, owner).map_err(|_| Refused::Full)?;
+    let result = insert(key, masq, tcp_flags, owner, now);
+    if let Err(refused) = &result {
+        room::give_back(FlowTable::Conntrack, owner);
+        if matches!(refused, Refused::Full) {
+            room::refused(FlowTable::Conntrack, owner, Short::Table);
+        }
+    }
+    result
+}
+
+/// Inserts both entries of a new flow of `owner`, whose room is charged.
+#[inline(always)]
+fn insert(
+    key: &FlowKey,
+    masq: Be32,
+    tcp_flags: u8,
+    owner: u32,
+    now: u64,
+) -> Result<FlowNat, Refused> {
     let mut nat = FlowNat {
         addr: masq,
         port: key.sport,
-        state,
+        state: initial_state(key.proto, tcp_flags),
+        answered: 0,
+        owner,
         pad: 0,
         last_seen: now,
     };
@@ -139,8 +168,7 @@ pub fn outbound(key: &FlowKey, masq: Be32, tcp_flags: u8) -> Result<FlowNat, Ref
         addr: key.saddr,
         port: key.sport,
         state: TcpState::None as u8,
-        pad: 0,
-        last_seen: now,
+        ..nat
     };
     for _ in 0..PORT_TRIES {
         let reply = reply_key(key, &nat);
@@ -158,7 +186,8 @@ pub fn outbound(key: &FlowKey, masq: Be32, tcp_flags: u8) -> Result<FlowNat, Ref
 }
 
 /// Publishes the outbound entry once its reply entry holds the port. If
-/// another CPU published the same flow first, its entry wins.
+/// another CPU published the same flow first, its entry wins, and the
+/// room taken for this one is given back.
 #[inline(always)]
 fn claim(key: &FlowKey, reply: &FlowKey, nat: FlowNat) -> Result<FlowNat, Refused> {
     match FLOWS.insert(key, nat, BPF_NOEXIST as u64) {
@@ -167,7 +196,10 @@ fn claim(key: &FlowKey, reply: &FlowKey, nat: FlowNat) -> Result<FlowNat, Refuse
             let _ = FLOWS.remove(reply);
             // SAFETY: a u64-aligned value copied out at once.
             match unsafe { FLOWS.get(key) } {
-                Some(existing) if e != E2BIG => Ok(*existing),
+                Some(existing) if e != E2BIG => {
+                    room::give_back(FlowTable::Conntrack, nat.owner);
+                    Ok(*existing)
+                }
                 _ => Err(Refused::Full),
             }
         }
@@ -175,14 +207,33 @@ fn claim(key: &FlowKey, reply: &FlowKey, nat: FlowNat) -> Result<FlowNat, Refuse
 }
 
 /// Where a reply goes back to: the original source and port, if the flow
-/// is known.
+/// is known. The flow is then answered, and no longer the first to go
+/// when room is short.
 #[inline(always)]
 pub fn inbound(key: &FlowKey, tcp_flags: u8) -> Option<FlowNat> {
     let entry = FLOWS.get_ptr_mut(key)?;
     // SAFETY: bpf_ktime_get_ns has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     // SAFETY: a valid entry pointer from the map.
-    Some(unsafe { refresh(entry, key.proto, tcp_flags, now) })
+    unsafe {
+        mark_answered(addr_of_mut!((*entry).answered));
+        Some(refresh(entry, key.proto, tcp_flags, now))
+    }
+}
+
+/// Marks a flow answered, writing only the first time: a write per packet
+/// would bounce the entry's cache line between CPUs.
+///
+/// # Safety
+/// `answered` points into a live entry of a flow table.
+#[inline(always)]
+pub(crate) unsafe fn mark_answered(answered: *mut u8) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        if read_volatile(answered) == 0 {
+            write_volatile(answered, 1);
+        }
+    }
 }
 
 #[inline(always)]
@@ -213,6 +264,8 @@ unsafe fn refresh(entry: *mut FlowNat, proto: u8, tcp_flags: u8, now: u64) -> Fl
             addr: read_volatile(addr_of!((*entry).addr)),
             port: read_volatile(addr_of!((*entry).port)),
             state,
+            answered: 0,
+            owner: 0,
             pad: 0,
             last_seen,
         }

@@ -4,12 +4,15 @@
 
 use core::{mem::MaybeUninit, ptr::addr_of_mut};
 
-use aya_ebpf::{btf_maps::HashMap, helpers::bpf_ktime_get_ns, macros::btf_map};
+use aya_ebpf::{
+    bindings::BPF_NOEXIST, btf_maps::HashMap, helpers::bpf_ktime_get_ns, macros::btf_map,
+};
 use isthmus_common::{
     conntrack::{FlowKey, TcpState},
     ipv4::{PROTO_ICMP, PROTO_TCP},
     isolation::{AllowKey, PeerFlow, reply_key},
     names::{DEFAULT_ALLOWED, DEFAULT_PEER_FLOWS},
+    room::{FlowTable, Short},
     tcp::{ACK, SYN},
     wire::Be32,
 };
@@ -17,7 +20,7 @@ use isthmus_common::{
 use crate::{
     conntrack::{self, E2BIG},
     parse::{Packet, Transport},
-    stack,
+    room, stack,
 };
 
 /// What segregated peers may open connections to.
@@ -32,12 +35,13 @@ static FLOWS: HashMap<FlowKey, PeerFlow, { DEFAULT_PEER_FLOWS as usize }> = Hash
 /// The table of flows towards segregated peers is full.
 pub struct Full;
 
-/// Towards a segregated peer: remembers the flow of `t`, from `ours` (real,
-/// before the translation) to the peer's `theirs`, so its replies pass. A
-/// SYN-ACK answers a connection the peer opened (to what it is allowed
-/// to reach): it is no flow of ours, and starts none.
+/// Towards segregated peer `peer_id`: remembers the flow of `t`, from
+/// `ours` (real, before the translation) to the peer's `theirs`, so its
+/// replies pass, charging it to the peer's room. A SYN-ACK answers a
+/// connection the peer opened (to what it is allowed to reach): it is no
+/// flow of ours, and starts none.
 #[inline(always)]
-pub fn remember(t: &Transport, ours: Be32, theirs: Be32) -> Result<(), Full> {
+pub fn remember(peer_id: u32, t: &Transport, ours: Be32, theirs: Be32) -> Result<(), Full> {
     let key = reply_key(t.proto, ours, t.sport, theirs, t.dport);
     // SAFETY: bpf_ktime_get_ns has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
@@ -53,17 +57,26 @@ pub fn remember(t: &Transport, ours: Be32, theirs: Be32) -> Result<(), Full> {
     if t.proto == PROTO_TCP && t.tcp_flags & (SYN | ACK) == SYN | ACK {
         return Ok(());
     }
+    room::take(FlowTable::PeerFlows, peer_id).map_err(|_| Full)?;
     let mut slot = MaybeUninit::uninit();
     // SAFETY: all-zero is a valid PeerFlow. Zeroed word by word: a literal's
     // zero padding became a memset call.
     let life = unsafe { stack::zeroed::<PeerFlow>(&mut slot) };
     life.ours = conntrack::initial_state(t.proto, t.tcp_flags);
     life.theirs = TcpState::None as u8;
+    life.owner = peer_id;
     life.last_seen = now;
-    match FLOWS.insert(&key, life, 0) {
-        Err(E2BIG) => Err(Full),
-        // Another CPU inserted it first, or it is there now: either way remembered.
-        _ => Ok(()),
+    match FLOWS.insert(&key, life, BPF_NOEXIST as u64) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            room::give_back(FlowTable::PeerFlows, peer_id);
+            if e != E2BIG {
+                // Another CPU inserted it first: remembered all the same.
+                return Ok(());
+            }
+            room::refused(FlowTable::PeerFlows, peer_id, Short::Table);
+            Err(Full)
+        }
     }
 }
 
@@ -111,6 +124,7 @@ fn reply(key: FlowKey, proto: u8, tcp_flags: u8) -> bool {
     let now = unsafe { bpf_ktime_get_ns() };
     // SAFETY: fields of a valid entry pointer from the map.
     unsafe {
+        conntrack::mark_answered(addr_of_mut!((*entry).answered));
         let theirs_at = addr_of_mut!((*entry).theirs);
         let seen_at = addr_of_mut!((*entry).last_seen);
         conntrack::touch(theirs_at, seen_at, proto, tcp_flags, now);

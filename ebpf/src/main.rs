@@ -5,6 +5,10 @@
 //! overlay's programs; and the XDP guard of the tunnel port.
 #![no_std]
 #![no_main]
+// The BPF target has atomic adds but no compare-and-swap, so Rust's
+// atomic types offer no `fetch_add` there: the intrinsic lowers to BPF's.
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
 
 mod conntrack;
 mod csum;
@@ -16,6 +20,7 @@ mod mss;
 mod nat;
 mod overlay;
 mod parse;
+mod room;
 mod stack;
 
 use aya_ebpf::{

@@ -21,6 +21,18 @@ use isthmus_common::{
 #[btf_map(name = "ist_peer_nets")]
 static PEERS: HashMap<PeerKey, PeerNat, { MAX_PEER_NETWORKS as usize }> = HashMap::new();
 
+/// A peer's networks as we see them → its ID.
+#[btf_map(name = "ist_peer_owners")]
+static PEER_OWNERS: LpmTrie<Be32, u32, { MAX_PEER_NETWORKS as usize }> = LpmTrie::new();
+
+/// The ID of the peer whose networks hold `addr`, if any: one trie
+/// lookup, for the rare path (a new flow) where [`peer`]'s loop would
+/// cost the verifier more than the packet.
+#[inline(always)]
+pub fn peer_id(addr: Be32) -> Option<u32> {
+    PEER_OWNERS.get(&Key::new(32, addr)).copied()
+}
+
 /// The prefix lengths present in `PEERS`, longest first.
 #[btf_map(name = "ist_prefix_lens")]
 static LENS: Array<PrefixLens, 1> = Array::new();
@@ -139,7 +151,7 @@ pub fn count_kinds(link: Link, direction: Direction, kinds: u8) {
 
 /// Adds one to `slot` of a per-CPU counter array.
 #[inline(always)]
-fn increment<const N: usize>(counters: &PerCpuArray<u64, N>, slot: u32) {
+pub(crate) fn increment<const N: usize>(counters: &PerCpuArray<u64, N>, slot: u32) {
     if let Some(count) = counters.get_ptr_mut(slot) {
         // SAFETY: per-CPU slot, so no other writer runs concurrently.
         unsafe { *count += 1 };

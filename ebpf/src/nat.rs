@@ -216,7 +216,7 @@ fn translate(ctx: &TcContext, l3: usize, direction: Direction) -> Result<Verdict
                     .transport
                     .as_ref()
                     .filter(|t| conntrack::outbound_kind(t))
-                && isolation::remember(t, own, pkt.ip.dst).is_err()
+                && isolation::remember(peer.peer_id, t, own, pkt.ip.dst).is_err()
             {
                 return Ok(Verdict::Dropped(DropReason::PeerFlowsFull));
             }

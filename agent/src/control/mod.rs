@@ -3,6 +3,7 @@
 
 pub mod check;
 pub mod election;
+pub mod flows;
 pub mod kubernetes;
 pub mod options;
 pub mod reconcile;

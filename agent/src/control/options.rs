@@ -15,6 +15,7 @@ use tracing::error;
 use crate::{
     control::{
         election::{Timings, TimingsError},
+        flows::Share,
         source::SourceSpec,
     },
     kernel::dataplane::{AttachMode, Capacity},
@@ -184,6 +185,16 @@ pub struct RunArgs {
     /// Seconds between conntrack garbage collections.
     #[arg(long, default_value_t = 10)]
     pub conntrack_gc_interval: u64,
+    /// Percentage of the conntrack kept for the gateway's own flows (the
+    /// node's traffic, the conncheck's), which no peer can take.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u8).range(0..=90))]
+    pub flow_reserve_percent: u8,
+    /// How much of each flow table one peer's flows may hold: `equal` (the
+    /// peers' room split equally among the peers), or a percentage of the
+    /// peers' room. Past it, the peer's new flows are refused, and its
+    /// flows never answered are evicted, oldest first.
+    #[arg(long, default_value = "equal", value_parser = parse_share)]
+    pub flow_share: Share,
     /// What objects may ask of this node.
     #[command(flatten)]
     pub policy: PolicyArgs,
@@ -308,5 +319,18 @@ impl PolicyArgs {
             api_server,
             security_mode: self.security_mode,
         }
+    }
+}
+
+/// Parses `--flow-share`: `equal`, or a percentage from 1 to 100.
+fn parse_share(value: &str) -> Result<Share, String> {
+    if value == "equal" {
+        return Ok(Share::Equal);
+    }
+    match value.trim_end_matches('%').parse::<u8>() {
+        Ok(percent @ 1..=100) => Ok(Share::Percent(percent)),
+        _ => Err(format!(
+            "`{value}` is neither `equal` nor a percentage from 1 to 100"
+        )),
     }
 }

@@ -3,18 +3,13 @@
 
 use std::{
     net::{Ipv4Addr, SocketAddr},
-    sync::Arc,
     time::Duration,
 };
 
 use anyhow::{Context, Result, bail};
-use isthmus_common::{
-    conntrack::Timeouts,
-    counters::{DIRECTIONS, DropReason, LINKS, drop_slot},
-    tcp,
-};
+use isthmus_common::tcp;
 use tokio::{signal::unix, sync::watch};
-use tracing::{debug, error, info, warn};
+use tracing::{error, info, warn};
 
 use crate::{
     control::{
@@ -23,6 +18,7 @@ use crate::{
             elector::{Elector, PodLabels},
             lease::LeaseClient,
         },
+        flows::{self, FlowTables, Sharing},
         kubernetes,
         options::{PolicyArgs, Role, RunArgs, TunnelMode},
         reconcile::Reconciler,
@@ -31,10 +27,9 @@ use crate::{
         status::Feedback,
     },
     kernel::{
-        conntrack::{self, Conntrack, PeerFlows},
         dataplane::{AttachMode, Capacity, Dataplane},
         link::LinkEvents,
-        maps::Counters,
+        maps::PeerMap,
     },
     model::{node::Node, object::ObjectKind, policy::Policy},
     observe::metrics::{self, BuildInfo, GatewayState, Metrics},
@@ -165,14 +160,18 @@ pub async fn run(args: RunArgs) -> Result<()> {
     metrics::serve(metrics_addr, metrics.clone())
         .await
         .with_context(|| format!("serving metrics on {metrics_addr}"))?;
-    tokio::spawn(collect_flows(
+    tokio::spawn(flows::collect(
         FlowTables {
-            conntrack,
-            peer_flows: dataplane.take_peer_flows()?,
+            conntrack: (conntrack, capacity.conntrack),
+            peer_flows: (dataplane.take_peer_flows()?, capacity.peer_flows),
+            rooms: dataplane.take_rooms()?,
+            peers: PeerMap::open(&args.bpffs)?,
         },
-        Counters::open(&args.bpffs)?,
-        Duration::from_secs(args.conntrack_gc_interval.max(1)),
-        capacity,
+        Sharing {
+            every: Duration::from_secs(args.conntrack_gc_interval.max(1)),
+            reserve_percent: args.flow_reserve_percent,
+            share: args.flow_share,
+        },
         metrics.clone(),
     ));
     // Only a gateway enforces isolation: a worker does not watch every
@@ -344,81 +343,5 @@ fn tunnel_config(args: &RunArgs) -> TunnelConfig {
         workers: args
             .tunnel_workers
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
-    }
-}
-
-/// Removes dead masqueraded flows every `every`, and says when the kernel
-/// had to drop flows because the table was full or out of ports.
-/// The kernel's flow tables the garbage collector sweeps.
-struct FlowTables {
-    conntrack: Conntrack,
-    peer_flows: PeerFlows,
-}
-
-async fn collect_flows(
-    mut tables: FlowTables,
-    counters: Counters,
-    every: Duration,
-    capacity: Capacity,
-    metrics: Arc<Metrics>,
-) {
-    // Drops for want of room, over every NAT program.
-    let dropped = |reasons: &[DropReason]| {
-        counters.read().map_or(0, |sums| {
-            LINKS
-                .iter()
-                .flat_map(|l| DIRECTIONS.map(|d| (*l, d)))
-                .flat_map(|(l, d)| reasons.iter().map(move |r| drop_slot(l, d, *r)))
-                .map(|slot| sums[slot as usize])
-                .sum::<u64>()
-        })
-    };
-    let masquerade = [DropReason::ConntrackFull, DropReason::NoFreePort];
-    let towards_segregated = [DropReason::PeerFlowsFull];
-    let mut ticks = tokio::time::interval(every);
-    let mut dropped_before = [dropped(&masquerade), dropped(&towards_segregated)];
-    loop {
-        ticks.tick().await;
-        let now = conntrack::now();
-        match tables.peer_flows.collect(now, &Timeouts::DEFAULT) {
-            Ok(collected) if collected.removed > 0 => {
-                debug!(
-                    removed = collected.removed,
-                    live = collected.live,
-                    "flows towards segregated peers collected"
-                );
-            }
-            Ok(_) => {}
-            Err(e) => error!(error = %e, "reading the table of flows towards segregated peers"),
-        }
-        match tables.conntrack.collect(now, &Timeouts::DEFAULT) {
-            Ok(collected) => {
-                metrics.conntrack_entries.set(collected.live as i64);
-                if collected.removed > 0 {
-                    debug!(
-                        removed = collected.removed,
-                        live = collected.live,
-                        "conntrack collected"
-                    );
-                }
-            }
-            Err(e) => error!(error = %e, "reading the conntrack table"),
-        }
-        let dropped = [dropped(&masquerade), dropped(&towards_segregated)];
-        if dropped[0] > dropped_before[0] {
-            error!(
-                packets = dropped[0] - dropped_before[0],
-                capacity = capacity.conntrack,
-                "packets dropped: the conntrack table is full or out of ports for a peer; no live flow was evicted"
-            );
-        }
-        if dropped[1] > dropped_before[1] {
-            error!(
-                packets = dropped[1] - dropped_before[1],
-                capacity = capacity.peer_flows,
-                "packets dropped: the table of flows towards segregated peers is full (--peer-flow-capacity); no live flow was evicted"
-            );
-        }
-        dropped_before = dropped;
     }
 }

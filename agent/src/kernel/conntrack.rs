@@ -1,6 +1,6 @@
 //! The kernel's flow tables from userspace: the masquerade's, with its
 //! settings, and the flows our side opened towards segregated peers; and
-//! the garbage collector that removes dead flows from both. Expiry is
+//! how the collector sees the flows of both. Expiry is
 //! decided here, with a clock the caller passes, so tests choose the time.
 
 use std::{
@@ -14,6 +14,7 @@ use isthmus_common::{
     conntrack::{DIR_IN, DIR_OUT, FlowKey, FlowNat, SnatConfig, Timeouts, reply_key},
     isolation::PeerFlow,
     names,
+    room::FlowTable,
     wire::Be32,
 };
 
@@ -22,10 +23,66 @@ use crate::kernel::maps::open_pinned;
 /// What one collection found.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Collected {
-    /// Entries left (two per live flow).
+    /// Entries left.
     pub live: usize,
     /// Entries removed.
     pub removed: usize,
+}
+
+/// One flow of a table, as the collector judges it: the entries it holds
+/// (two for a masqueraded flow, one for a flow towards a segregated peer
+/// or a reply entry whose outbound one is gone), who was charged for them,
+/// whether the far side ever answered, and whether it is dead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tracked {
+    keys: [FlowKey; 2],
+    entries: usize,
+    /// The room owner charged (`isthmus_common::room`).
+    pub owner: u32,
+    /// Whether the far side ever answered.
+    pub answered: bool,
+    /// The last packet either way (CLOCK_MONOTONIC, ns).
+    pub last_seen: u64,
+    /// Past its lifetime.
+    pub dead: bool,
+}
+
+impl Tracked {
+    /// The table entries of the flow.
+    pub fn keys(&self) -> &[FlowKey] {
+        &self.keys[..self.entries]
+    }
+}
+
+/// A flow table the collector sweeps: dead flows go, and, when room is
+/// short, flows never answered.
+pub trait SweptTable {
+    /// Which table it is.
+    const TABLE: FlowTable;
+
+    /// Every flow, judged at `now` (CLOCK_MONOTONIC ns, the kernel's
+    /// `bpf_ktime_get_ns`).
+    fn flows(&self, now: u64, timeouts: &Timeouts) -> Result<Vec<Tracked>, MapError>;
+
+    /// Removes `keys`; returns how many it removed. Already gone is fine:
+    /// the kernel may have lost a race for an entry.
+    fn remove(&mut self, keys: &[FlowKey]) -> usize;
+
+    /// Removes the flows dead at `now`, all entries of a flow together.
+    fn remove_dead(&mut self, now: u64, timeouts: &Timeouts) -> Result<Collected, MapError> {
+        let flows = self.flows(now, timeouts)?;
+        let dead: Vec<FlowKey> = flows
+            .iter()
+            .filter(|f| f.dead)
+            .flat_map(|f| f.keys().iter().copied())
+            .collect();
+        let live: usize = flows.iter().map(|f| f.keys().len()).sum();
+        let removed = self.remove(&dead);
+        Ok(Collected {
+            live: live - removed,
+            removed,
+        })
+    }
 }
 
 /// The flow table (`ist_conntrack`) and the masquerade settings (`ist_snat`).
@@ -65,33 +122,53 @@ impl Conntrack {
     pub fn entries(&self) -> Result<Vec<(FlowKey, FlowNat)>, MapError> {
         self.flows.iter().collect()
     }
+}
 
-    /// Removes the flows dead at `now` (nanoseconds of CLOCK_MONOTONIC, the
-    /// kernel's `bpf_ktime_get_ns`): both entries of a flow go together. A
-    /// reply entry whose outbound entry is gone (a lost race in the kernel)
-    /// goes once it is itself past its lifetime.
-    pub fn collect(&mut self, now: u64, timeouts: &Timeouts) -> Result<Collected, MapError> {
+impl SweptTable for Conntrack {
+    const TABLE: FlowTable = FlowTable::Conntrack;
+
+    /// Both entries of a flow go together, judged by both directions. A
+    /// reply entry whose outbound entry is gone (a lost race in the
+    /// kernel) is a flow of its own.
+    fn flows(&self, now: u64, timeouts: &Timeouts) -> Result<Vec<Tracked>, MapError> {
         let entries: StdHashMap<FlowKey, FlowNat> = self.entries()?.into_iter().collect();
-        let mut dead = Vec::new();
         let mut paired = HashSet::new();
+        let mut flows = Vec::with_capacity(entries.len() / 2);
         for (key, nat) in entries.iter().filter(|(k, _)| k.dir == DIR_OUT) {
             let reply = reply_key(key, nat);
+            let back = entries.get(&reply);
+            let keys = match back {
+                Some(_) => ([*key, reply], 2),
+                None => ([*key, *key], 1),
+            };
             paired.insert(reply);
-            let back = entries.get(&reply).unwrap_or(nat);
-            if timeouts.expired(key.proto, nat, back, now) {
-                dead.extend([*key, reply]);
-            }
+            let back = back.unwrap_or(nat);
+            flows.push(Tracked {
+                keys: keys.0,
+                entries: keys.1,
+                owner: nat.owner,
+                answered: back.answered != 0,
+                last_seen: nat.last_seen.max(back.last_seen),
+                dead: timeouts.expired(key.proto, nat, back, now),
+            });
         }
         for (key, nat) in entries.iter().filter(|(k, _)| k.dir == DIR_IN) {
-            if !paired.contains(key) && timeouts.expired(key.proto, nat, nat, now) {
-                dead.push(*key);
+            if !paired.contains(key) {
+                flows.push(Tracked {
+                    keys: [*key, *key],
+                    entries: 1,
+                    owner: nat.owner,
+                    answered: nat.answered != 0,
+                    last_seen: nat.last_seen,
+                    dead: timeouts.expired(key.proto, nat, nat, now),
+                });
             }
         }
-        let removed = remove_all(&mut self.flows, &dead);
-        Ok(Collected {
-            live: entries.len() - removed,
-            removed,
-        })
+        Ok(flows)
+    }
+
+    fn remove(&mut self, keys: &[FlowKey]) -> usize {
+        remove_all(&mut self.flows, keys)
     }
 }
 
@@ -109,21 +186,29 @@ impl PeerFlows {
     pub fn entries(&self) -> Result<Vec<(FlowKey, PeerFlow)>, MapError> {
         self.0.iter().collect()
     }
+}
 
-    /// Removes the flows dead at `now`, with the conntrack's lifetimes,
-    /// each direction judged by what it said.
-    pub fn collect(&mut self, now: u64, timeouts: &Timeouts) -> Result<Collected, MapError> {
-        let entries = self.entries()?;
-        let dead: Vec<FlowKey> = entries
-            .iter()
-            .filter(|(key, flow)| flow.expired(key.proto, timeouts, now))
-            .map(|(key, _)| *key)
-            .collect();
-        let removed = remove_all(&mut self.0, &dead);
-        Ok(Collected {
-            live: entries.len() - removed,
-            removed,
-        })
+impl SweptTable for PeerFlows {
+    const TABLE: FlowTable = FlowTable::PeerFlows;
+
+    /// With the conntrack's lifetimes, each direction judged by what it said.
+    fn flows(&self, now: u64, timeouts: &Timeouts) -> Result<Vec<Tracked>, MapError> {
+        Ok(self
+            .entries()?
+            .into_iter()
+            .map(|(key, flow)| Tracked {
+                keys: [key, key],
+                entries: 1,
+                owner: flow.owner,
+                answered: flow.answered != 0,
+                last_seen: flow.last_seen,
+                dead: flow.expired(key.proto, timeouts, now),
+            })
+            .collect())
+    }
+
+    fn remove(&mut self, keys: &[FlowKey]) -> usize {
+        remove_all(&mut self.0, keys)
     }
 }
 
@@ -142,4 +227,23 @@ pub fn now() -> u64 {
     // SAFETY: clock_gettime writes one timespec, which `ts` is.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A live, unanswered flow of `owner` in `table` for the collector's
+    /// tests, its entries told apart by `id`, last seen at `last_seen`.
+    pub(crate) fn tracked(table: FlowTable, owner: u32, id: u32, last_seen: u64) -> Tracked {
+        let key = |dir| FlowKey::new(Be32::from_host(id), Be32::ZERO, 0, 0, 17, dir);
+        Tracked {
+            keys: [key(DIR_OUT), key(DIR_IN)],
+            entries: table.entries_per_flow() as usize,
+            owner,
+            answered: false,
+            last_seen,
+            dead: false,
+        }
+    }
 }

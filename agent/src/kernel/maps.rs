@@ -26,21 +26,28 @@ use crate::kernel::{pinned, table::KernelTable};
 /// one network has it.
 pub struct PeerMap {
     nets: HashMap<MapData, PeerKey, PeerNat>,
+    /// The same networks in a trie, to each peer's ID.
+    owners: LpmTrie<MapData, Be32, u32>,
     lens: Array<MapData, PrefixLens>,
     /// Networks per prefix length.
     counts: BTreeMap<u32, usize>,
 }
 
 impl PeerMap {
-    /// Wraps the two maps taken from a freshly loaded object.
-    pub fn new(nets: Map, lens: Map) -> Result<Self, MapError> {
+    /// Wraps the three maps taken from a freshly loaded object.
+    pub fn new(nets: Map, owners: Map, lens: Map) -> Result<Self, MapError> {
         let nets: HashMap<MapData, PeerKey, PeerNat> = nets.try_into()?;
+        let mut owners: LpmTrie<MapData, Be32, u32> = owners.try_into()?;
         let mut counts = BTreeMap::new();
-        for key in nets.keys() {
-            *counts.entry(key?.prefix_len).or_insert(0) += 1;
+        for entry in nets.iter() {
+            let (key, nat) = entry?;
+            *counts.entry(key.prefix_len).or_insert(0) += 1;
+            // A previous agent's table may predate the trie: it follows.
+            owners.insert(&Key::new(key.prefix_len, key.addr), nat.peer_id, 0)?;
         }
         Ok(Self {
             nets,
+            owners,
             lens: lens.try_into()?,
             counts,
         })
@@ -50,6 +57,7 @@ impl PeerMap {
     pub fn open(root: &Path) -> Result<Self, MapError> {
         Self::new(
             open_pinned(root, names::MAP_PEERS)?,
+            open_pinned(root, names::MAP_PEER_OWNERS)?,
             open_pinned(root, names::MAP_PREFIX_LENS)?,
         )
     }
@@ -91,6 +99,7 @@ impl KernelTable for PeerMap {
     fn put(&mut self, net: Ipv4Net, nat: &PeerNat, old: Option<&PeerNat>) -> Result<(), MapError> {
         let key = key(net);
         self.nets.insert(key, nat, 0)?;
+        self.owners.insert(&node_key(net), nat.peer_id, 0)?;
         if old.is_none() {
             let count = self.counts.entry(key.prefix_len).or_insert(0);
             *count += 1;
@@ -104,6 +113,8 @@ impl KernelTable for PeerMap {
     fn delete(&mut self, net: Ipv4Net, _old: &PeerNat) -> Result<(), MapError> {
         let key = key(net);
         self.nets.remove(&key)?;
+        // Gone already is fine: a previous agent may not have written it.
+        let _ = self.owners.remove(&node_key(net));
         if let Some(count) = self.counts.get_mut(&key.prefix_len) {
             *count -= 1;
             if *count == 0 {
@@ -272,6 +283,7 @@ impl NodeMap {
     }
 }
 
+/// The trie key of `net`.
 fn node_key(net: Ipv4Net) -> Key<Be32> {
     Key::new(u32::from(net.prefix_len()), Be32::from(net.network()))
 }

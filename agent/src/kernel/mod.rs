@@ -6,4 +6,5 @@ pub mod dataplane;
 pub mod link;
 pub mod maps;
 pub mod pinned;
+pub mod room;
 pub mod table;

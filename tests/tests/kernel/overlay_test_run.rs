@@ -66,6 +66,7 @@ impl Harness {
         load_onward(&mut ebpf).unwrap();
         let mut peers = PeerMap::new(
             ebpf.take_map(names::MAP_PEERS).unwrap(),
+            ebpf.take_map(names::MAP_PEER_OWNERS).unwrap(),
             ebpf.take_map(names::MAP_PREFIX_LENS).unwrap(),
         )
         .unwrap();

@@ -8,13 +8,16 @@
 
 use aya::{Ebpf, EbpfLoader, programs::SchedClassifier};
 use isthmus_agent::{
-    kernel::conntrack::{Conntrack, PeerFlows},
+    control::flows::{Share, Sharing, Sweeper},
+    kernel::conntrack::{Conntrack, PeerFlows, SweptTable},
     kernel::dataplane::OBJECT,
     kernel::maps::{Counters, MappingMap, PeerMap, PresenceSet},
+    kernel::room::Rooms,
     kernel::table::KernelTable,
     model::isolation::SecurityMode,
     model::object::{Object, parse_documents},
     model::peer::Peer,
+    observe::metrics::{BuildInfo, Metrics},
 };
 use isthmus_common::{
     conntrack::{TcpState, Timeouts},
@@ -23,6 +26,7 @@ use isthmus_common::{
     isolation::AllowKey,
     names,
     nat::MappingKey,
+    room::{ALL_PEERS, FlowTable, OWNER_LOCAL, Short},
     wire::Be32,
 };
 use isthmus_tests::{
@@ -42,6 +46,7 @@ const B_POD2: Addr = [10, 0, 0, 133];
 const B_EXT: Addr = [10, 0, 1, 45];
 /// Peer s: we see it unremapped, it remaps our PodCIDR only (single NAT).
 const S_POD: Addr = [10, 1, 0, 5];
+const S_POD2: Addr = [10, 1, 0, 6];
 const A_POD1_AT_S: Addr = [10, 0, 50, 5];
 const B_GW_WAN: Addr = [203, 0, 113, 2];
 /// A NatMapping for peer b (id 1) exposes S_POD to b at this externalIP of ours...
@@ -78,6 +83,7 @@ struct Harness {
     conntrack: Conntrack,
     allowed: PresenceSet<AllowKey>,
     peer_flows: PeerFlows,
+    rooms: Rooms,
 }
 
 impl Harness {
@@ -113,6 +119,7 @@ impl Harness {
         }
         let mut peers = PeerMap::new(
             ebpf.take_map(names::MAP_PEERS).unwrap(),
+            ebpf.take_map(names::MAP_PEER_OWNERS).unwrap(),
             ebpf.take_map(names::MAP_PREFIX_LENS).unwrap(),
         )
         .unwrap();
@@ -180,6 +187,11 @@ impl Harness {
         let denied = Counters::denied(ebpf.take_map(names::MAP_PEER_DENIED).unwrap()).unwrap();
         let allowed = PresenceSet::new(ebpf.take_map(names::MAP_ALLOWED).unwrap()).unwrap();
         let peer_flows = PeerFlows::new(ebpf.take_map(names::MAP_PEER_FLOWS).unwrap()).unwrap();
+        let rooms = Rooms::new(
+            ebpf.take_map(names::MAP_ROOM).unwrap(),
+            ebpf.take_map(names::MAP_ROOM_REFUSED).unwrap(),
+        )
+        .unwrap();
         Self {
             ebpf,
             counters,
@@ -187,6 +199,7 @@ impl Harness {
             conntrack,
             allowed,
             peer_flows,
+            rooms,
         }
     }
 
@@ -957,11 +970,173 @@ fn a_full_table_drops_new_flows_evicts_none_and_dead_flows_are_collected() {
         .max()
         .unwrap();
     let timeouts = Timeouts::DEFAULT;
-    let kept = h.conntrack.collect(last + 59 * SECOND, &timeouts).unwrap();
+    let kept = h
+        .conntrack
+        .remove_dead(last + 59 * SECOND, &timeouts)
+        .unwrap();
     assert_eq!((kept.live, kept.removed), (4, 0));
-    let gone = h.conntrack.collect(last + 61 * SECOND, &timeouts).unwrap();
+    let gone = h
+        .conntrack
+        .remove_dead(last + 61 * SECOND, &timeouts)
+        .unwrap();
     assert_eq!((gone.live, gone.removed), (0, 4));
     h.expect(Egress, &third, &third.between(A_MASQ_AT_B, B_POD1));
+}
+
+/// The collector as the agent runs it, with no clock of its own to wait on.
+fn sharing() -> Sharing {
+    Sharing {
+        every: std::time::Duration::ZERO,
+        reserve_percent: 25,
+        share: Share::Equal,
+    }
+}
+
+fn test_metrics() -> std::sync::Arc<Metrics> {
+    let build = BuildInfo {
+        node: "test",
+        role: "gateway",
+        attach_mode: "tcx",
+        xdp_mode: "none",
+    };
+    Metrics::new(None, None, build).unwrap()
+}
+
+/// A peer's transit flows fill only that peer's share of the conntrack:
+/// the next one is dropped and counted against that peer, while the other
+/// peer's flows and the gateway's own still find room. The collector then
+/// evicts that peer's oldest flow that was never answered, not its
+/// answered one, and its next flow fits.
+#[test]
+fn a_peers_flows_fill_only_its_share_and_its_unanswered_ones_go_first() {
+    use Direction::{Egress, Ingress};
+    // 16 entries, 4 kept for the gateway: two peers, 6 entries (3 flows) each.
+    let mut h = Harness::build(Some(A_MASQ), 16);
+    let metrics = test_metrics();
+    let mut sweeper = Sweeper::new(16, 4);
+    let peers = [1, 2];
+    sweeper.pass(
+        &mut h.conntrack,
+        &mut h.rooms,
+        &peers,
+        sharing(),
+        true,
+        &metrics,
+    );
+    // Peer s (ID 2) sends three transit flows towards b; b answers the first.
+    // Not S_POD: a NatMapping exposes that one, and it is not masqueraded.
+    let transit = |port| udp_ports(S_POD2, B_POD1, port, 53);
+    for port in [5000, 5001, 5002] {
+        h.expect(
+            Egress,
+            &transit(port),
+            &transit(port).between(A_MASQ_AT_B, B_POD1),
+        );
+    }
+    h.expect(
+        Ingress,
+        &udp_ports(B_POD1, A_MASQ_AT_B, 53, 5000),
+        &udp_ports(B_POD1, S_POD2, 53, 5000),
+    );
+    let refused = |owner, short| h.rooms.refused(FlowTable::Conntrack, owner, short).unwrap();
+    h.expect_dropped(
+        "a fourth flow of peer s",
+        Egress,
+        &transit(5003).bytes(),
+        DropReason::ConntrackFull,
+        None,
+    );
+    assert_eq!(
+        refused(2, Short::Share),
+        1,
+        "counted against peer s's share"
+    );
+    assert_eq!(refused(OWNER_LOCAL, Short::Share), 0);
+    // The gateway's own flow, and flows of the other peer, still fit.
+    let own = udp_ports(NODE, B_POD1, 6000, 53);
+    h.expect(Egress, &own, &own.between(A_MASQ_AT_B, B_POD1));
+
+    // The collector sees the refusal: s's oldest unanswered flow (5001)
+    // goes; the answered one stays.
+    sweeper.pass(
+        &mut h.conntrack,
+        &mut h.rooms,
+        &peers,
+        sharing(),
+        false,
+        &metrics,
+    );
+    let ports: Vec<u16> = h
+        .conntrack
+        .entries()
+        .unwrap()
+        .iter()
+        .filter(|(k, nat)| k.dir == isthmus_common::conntrack::DIR_OUT && nat.owner == 2)
+        .map(|(k, _)| k.sport)
+        .collect();
+    let mut ports = ports;
+    ports.sort();
+    assert_eq!(
+        ports,
+        [5000, 5002],
+        "the oldest unanswered flow was evicted"
+    );
+    let room = h.rooms.room(FlowTable::Conntrack, 2).unwrap();
+    assert_eq!((room.limit, room.used(room.charged)), (6, 4));
+    let all = h.rooms.room(FlowTable::Conntrack, ALL_PEERS).unwrap();
+    assert_eq!(all.limit, 12);
+    h.expect(
+        Egress,
+        &transit(5003),
+        &transit(5003).between(A_MASQ_AT_B, B_POD1),
+    );
+}
+
+/// Flows towards a segregated peer are charged to that peer: past its
+/// share, its next one is dropped and counted against it.
+#[test]
+fn flows_towards_a_segregated_peer_are_bounded_by_its_share() {
+    use Direction::Egress;
+    let mut h = Harness::segregated(8);
+    let metrics = test_metrics();
+    let mut sweeper = Sweeper::new(8, 0);
+    // Two peers: b (ID 1, segregated) gets half the table.
+    sweeper.pass(
+        &mut h.peer_flows,
+        &mut h.rooms,
+        &[1, 2],
+        sharing(),
+        true,
+        &metrics,
+    );
+    for port in 40000..40004 {
+        let flow = tcp_ports(A_POD1, B_POD1, port, 443);
+        h.expect(Egress, &flow, &tcp_ports(A_POD1_AT_B, B_POD1, port, 443));
+    }
+    h.expect_dropped(
+        "a fifth flow towards b",
+        Egress,
+        &tcp_ports(A_POD1, B_POD1, 40004, 443).bytes(),
+        DropReason::PeerFlowsFull,
+        None,
+    );
+    let refused = h
+        .rooms
+        .refused(FlowTable::PeerFlows, 1, Short::Share)
+        .unwrap();
+    assert_eq!(refused, 1);
+    // None answered: the collector evicts the oldest, and the next fits.
+    sweeper.pass(
+        &mut h.peer_flows,
+        &mut h.rooms,
+        &[1, 2],
+        sharing(),
+        false,
+        &metrics,
+    );
+    assert_eq!(h.peer_flows.entries().unwrap().len(), 3);
+    let flow = tcp_ports(A_POD1, B_POD1, 40004, 443);
+    h.expect(Egress, &flow, &tcp_ports(A_POD1_AT_B, B_POD1, 40004, 443));
 }
 
 /// After the ingress translation, a peer reaches only our networks, its
@@ -1246,11 +1421,11 @@ fn a_full_table_of_flows_towards_a_segregated_peer_drops_new_ones_and_keeps_the_
     let lifetime = Timeouts::DEFAULT.lifetime(PROTO_TCP, ours, theirs) * SECOND;
     let kept = h
         .peer_flows
-        .collect(life.last_seen + lifetime - SECOND, &Timeouts::DEFAULT);
+        .remove_dead(life.last_seen + lifetime - SECOND, &Timeouts::DEFAULT);
     assert_eq!(kept.map(|c| (c.live, c.removed)).unwrap(), (1, 0));
     let gone = h
         .peer_flows
-        .collect(life.last_seen + lifetime + SECOND, &Timeouts::DEFAULT);
+        .remove_dead(life.last_seen + lifetime + SECOND, &Timeouts::DEFAULT);
     assert_eq!(gone.map(|c| (c.live, c.removed)).unwrap(), (0, 1));
     h.expect(Egress, &second, &tcp_ports(A_POD1_AT_B, B_POD1, 40301, 443));
 }
@@ -1330,7 +1505,7 @@ fn a_flow_towards_a_segregated_peer_lives_long_only_once_both_sides_spoke() {
     let last = flows.iter().map(|(_, f)| f.last_seen).max().unwrap();
     let collected = h
         .peer_flows
-        .collect(last + 61 * SECOND, &Timeouts::DEFAULT)
+        .remove_dead(last + 61 * SECOND, &Timeouts::DEFAULT)
         .unwrap();
     assert_eq!((collected.live, collected.removed), (1, 1));
     let [(key, _)] = h.peer_flows.entries().unwrap()[..] else {

@@ -26,13 +26,16 @@ use thiserror::Error;
 use tracing::info;
 
 use crate::{
-    kernel::conntrack::{Conntrack, PeerFlows},
     kernel::link::DeviceError,
     kernel::maps::{
         GuardMaps, GuardSettings, MappingMap, NodeMap, OverlayMaps, OverlaySettings, PeerMap,
         PresenceSet,
     },
     kernel::pinned,
+    kernel::{
+        conntrack::{Conntrack, PeerFlows},
+        room::Rooms,
+    },
 };
 
 mod attach;
@@ -193,11 +196,12 @@ impl Dataplane {
 
     /// The peer table, for the reconciler.
     pub fn take_peer_map(&mut self) -> Result<PeerMap, DataplaneError> {
-        let (nets, lens) = (
+        let (nets, owners, lens) = (
             self.take(names::MAP_PEERS)?,
+            self.take(names::MAP_PEER_OWNERS)?,
             self.take(names::MAP_PREFIX_LENS)?,
         );
-        PeerMap::new(nets, lens).map_err(|e| DataplaneError::Map(names::MAP_PEERS, e))
+        PeerMap::new(nets, owners, lens).map_err(|e| DataplaneError::Map(names::MAP_PEERS, e))
     }
 
     /// The NatMapping tables, for the reconciler.
@@ -228,6 +232,15 @@ impl Dataplane {
     pub fn take_peer_flows(&mut self) -> Result<PeerFlows, DataplaneError> {
         let map = self.take(names::MAP_PEER_FLOWS)?;
         PeerFlows::new(map).map_err(|e| DataplaneError::Map(names::MAP_PEER_FLOWS, e))
+    }
+
+    /// Each owner's room in the flow tables.
+    pub fn take_rooms(&mut self) -> Result<Rooms, DataplaneError> {
+        let (rooms, refused) = (
+            self.take(names::MAP_ROOM)?,
+            self.take(names::MAP_ROOM_REFUSED)?,
+        );
+        Rooms::new(rooms, refused).map_err(|e| DataplaneError::Map(names::MAP_ROOM, e))
     }
 
     /// Sets the largest MSS a SYN crossing the NAT device may advertise

@@ -62,6 +62,14 @@ pub struct Metrics {
     pub nat_mappings: Gauge,
     /// Conntrack entries in use after the last collection (two per flow).
     pub conntrack_entries: Gauge,
+    /// Entries each owner (a peer, or the gateway) holds in each flow
+    /// table after the last collection.
+    pub flow_entries: Family<OwnerLabels, Gauge>,
+    /// New flows the kernel refused for want of room, by table, owner and
+    /// reason.
+    pub flow_refusals: Family<RefusalLabels, Counter>,
+    /// Flows never answered, evicted to make room, by table and owner.
+    pub flow_evictions: Family<OwnerLabels, Counter>,
     /// 1 while this gateway is the active one (or the only one), else 0.
     pub gateway_active: Gauge,
     /// TunnelEndpoint status decisions, by outcome: written, skipped
@@ -72,6 +80,11 @@ pub struct Metrics {
     /// The labels of each peer, by the ID the kernel counts it under.
     peer_labels: PeerIds,
 }
+
+/// Labels of a flow table and the owner of entries in it.
+pub type OwnerLabels = [(&'static str, String); 2];
+/// [`OwnerLabels`] and a reason.
+pub type RefusalLabels = [(&'static str, String); 3];
 
 /// Each peer's labels by its ID in the kernel, shared with a collector.
 type PeerIds = Arc<std::sync::RwLock<BTreeMap<u32, PeerLabels>>>;
@@ -107,6 +120,9 @@ impl Metrics {
         let map_full = Counter::default();
         let nat_mappings = Gauge::default();
         let conntrack_entries = Gauge::default();
+        let flow_entries = Family::default();
+        let flow_refusals = Family::default();
+        let flow_evictions = Family::default();
         let gateway_active = Gauge::default();
         let status_writes = Family::default();
         let last_reconcile = Gauge::<f64, AtomicU64>::default();
@@ -124,6 +140,21 @@ impl Metrics {
             "conntrack_entries",
             "Conntrack entries in use after the last garbage collection, two per masqueraded flow",
             conntrack_entries.clone(),
+        );
+        registry.register(
+            "flow_table_entries",
+            "Entries each owner (a peer's cluster ID, or gateway) holds in each flow table after the last collection",
+            flow_entries.clone(),
+        );
+        registry.register(
+            "flow_table_refusals",
+            "New flows refused for want of room, by table, owner and reason: share_full (the owner's share) or table_full (the peers' room or the table)",
+            flow_refusals.clone(),
+        );
+        registry.register(
+            "flow_table_evictions",
+            "Flows never answered, evicted oldest first to make room, by table and owner",
+            flow_evictions.clone(),
         );
         registry.register("peers", "Peers programmed into the kernel", peers.clone());
         registry.register(
@@ -211,6 +242,9 @@ impl Metrics {
             map_full,
             nat_mappings,
             conntrack_entries,
+            flow_entries,
+            flow_refusals,
+            flow_evictions,
             gateway_active,
             status_writes,
             last_reconcile,
@@ -225,6 +259,18 @@ impl Metrics {
             .map(|(id, p)| (id, peer_labels(p.label(), p.name())))
             .collect();
         *self.peer_labels.write().unwrap_or_else(|p| p.into_inner()) = labels;
+    }
+
+    /// The name of flow-table owner `owner` in metrics and logs: the
+    /// peer's cluster ID, or `gateway` for the gateway's own flows.
+    pub fn owner_name(&self, owner: u32) -> String {
+        if owner == isthmus_common::room::OWNER_LOCAL {
+            return "gateway".to_owned();
+        }
+        let peers = self.peer_labels.read().unwrap_or_else(|p| p.into_inner());
+        peers
+            .get(&owner)
+            .map_or_else(|| format!("peer-{owner}"), |[id, _]| id.1.clone())
     }
 
     /// Records a reconcile pass that brought every kernel table up to date.

@@ -1,0 +1,288 @@
+//! The collector of the kernel's flow tables. Every interval it removes
+//! dead flows; whenever the kernel refused a new flow for want of room,
+//! or the peers changed, it also evicts flows never answered to make room
+//! ([`plan`]) and sets each owner's room, within a second. Refusals and
+//! evictions are counted per owner and logged once per interval.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    marker::PhantomData,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use aya::maps::MapError;
+use isthmus_common::{
+    conntrack::Timeouts,
+    isolation::SEGREGATED,
+    room::{ALL_PEERS, FlowTable, OWNER_LOCAL, Room, SHORTS, Short, owner_of},
+};
+use tracing::{debug, error, warn};
+
+use crate::{
+    kernel::{
+        conntrack::{self, Conntrack, PeerFlows, SweptTable},
+        maps::PeerMap,
+        room::Rooms,
+        table::KernelTable,
+    },
+    observe::metrics::Metrics,
+};
+
+mod plan;
+
+pub use plan::{Limits, Plan, Pressure, Share, plan};
+
+/// How the flow tables are shared and swept.
+#[derive(Clone, Copy, Debug)]
+pub struct Sharing {
+    /// Between two sweeps of dead flows.
+    pub every: Duration,
+    /// Percentage of the conntrack kept for the gateway's own flows.
+    pub reserve_percent: u8,
+    /// What one peer may hold.
+    pub share: Share,
+}
+
+/// Pressure is looked for this often between sweeps.
+const PRESSURE_CHECK: Duration = Duration::from_secs(1);
+
+/// What the collector remembers of one table between passes.
+pub struct Sweeper<T> {
+    table: PhantomData<T>,
+    capacity: u64,
+    reserve: u64,
+    /// Owners whose room the collector keeps: the peers, the gateway, and
+    /// any that held entries at the last pass.
+    owners: BTreeSet<u32>,
+    /// Refusals counted so far, by owner and reason.
+    refused: BTreeMap<(u32, Short), u64>,
+    /// Refusals and evictions since the last log line, by owner.
+    unlogged: BTreeMap<u32, (u64, usize)>,
+}
+
+/// The kernel's flow tables, their rooms and the peers they are shared by.
+pub struct FlowTables {
+    /// Masqueraded flows, with the table's capacity.
+    pub conntrack: (Conntrack, u32),
+    /// Flows towards segregated peers, with the table's capacity.
+    pub peer_flows: (PeerFlows, u32),
+    /// Each owner's room.
+    pub rooms: Rooms,
+    /// The peers, as the kernel holds them.
+    pub peers: PeerMap,
+}
+
+/// Sweeps the flow tables until the task is dropped.
+pub async fn collect(tables: FlowTables, sharing: Sharing, metrics: Arc<Metrics>) {
+    let FlowTables {
+        conntrack: (mut conntrack, conntrack_capacity),
+        peer_flows: (mut peer_flows, peer_flow_capacity),
+        mut rooms,
+        peers,
+    } = tables;
+    let reserve = u64::from(conntrack_capacity) * u64::from(sharing.reserve_percent) / 100;
+    let mut conntrack_sweeper = Sweeper::new(conntrack_capacity, reserve);
+    // No flow towards a segregated peer is the gateway's own: no reserve.
+    let mut peer_flow_sweeper = Sweeper::new(peer_flow_capacity, 0);
+    let mut ticks = tokio::time::interval(PRESSURE_CHECK);
+    let mut last_sweep: Option<Instant> = None;
+    let mut last_peers = None;
+    loop {
+        ticks.tick().await;
+        let peers = match peer_ids(&peers) {
+            Ok(peers) => peers,
+            Err(e) => {
+                error!(error = %e, "reading the peer table for the flow tables' shares");
+                continue;
+            }
+        };
+        let sweep = last_sweep.is_none_or(|at| at.elapsed() >= sharing.every);
+        let changed = last_peers.as_ref() != Some(&peers);
+        let all: Vec<u32> = peers.keys().copied().collect();
+        let segregated: Vec<u32> = peers
+            .iter()
+            .filter(|(_, flags)| *flags & SEGREGATED != 0)
+            .map(|(id, _)| *id)
+            .collect();
+        let due = sweep || changed;
+        conntrack_sweeper.pass(&mut conntrack, &mut rooms, &all, sharing, due, &metrics);
+        peer_flow_sweeper.pass(
+            &mut peer_flows,
+            &mut rooms,
+            &segregated,
+            sharing,
+            due,
+            &metrics,
+        );
+        if sweep {
+            last_sweep = Some(Instant::now());
+            conntrack_sweeper.log(&metrics);
+            peer_flow_sweeper.log(&metrics);
+        }
+        last_peers = Some(peers);
+    }
+}
+
+/// The peers' IDs in the kernel's peer table, with their flags.
+fn peer_ids(peers: &PeerMap) -> Result<BTreeMap<u32, u32>, MapError> {
+    Ok(peers
+        .entries()?
+        .into_iter()
+        .map(|(_, nat)| (nat.peer_id, nat.flags))
+        .collect())
+}
+
+impl<T: SweptTable> Sweeper<T> {
+    /// Sweeps a table of `capacity` entries, `reserve` of them kept for
+    /// the gateway's own flows.
+    pub fn new(capacity: u32, reserve: u64) -> Self {
+        Self {
+            table: PhantomData,
+            capacity: u64::from(capacity),
+            reserve,
+            owners: BTreeSet::from([OWNER_LOCAL]),
+            refused: BTreeMap::new(),
+            unlogged: BTreeMap::new(),
+        }
+    }
+
+    /// One pass over `table`, sharing it among `peers` (their IDs): only
+    /// when due (`due`) or when the kernel refused flows since the last one.
+    pub fn pass(
+        &mut self,
+        table: &mut T,
+        rooms: &mut Rooms,
+        peers: &[u32],
+        sharing: Sharing,
+        due: bool,
+        metrics: &Metrics,
+    ) {
+        self.owners.extend(peers.iter().map(|id| owner_of(*id)));
+        let pressure = match self.pressure(rooms, metrics) {
+            Ok(pressure) => pressure,
+            Err(e) => return error!(table = T::TABLE.as_str(), error = %e, "reading refusals"),
+        };
+        if !due && pressure == Pressure::default() {
+            return;
+        }
+        let limits = Limits::new(self.capacity, self.reserve, sharing.share, peers.len());
+        match self.sweep(table, rooms, &limits, &pressure, metrics) {
+            // An owner that holds nothing and is no peer any more needs no room.
+            Ok(held) => self.owners.retain(|o| {
+                *o == OWNER_LOCAL
+                    || held.contains_key(o)
+                    || peers.iter().any(|p| owner_of(*p) == *o)
+            }),
+            Err(e) => error!(table = T::TABLE.as_str(), error = %e, "collecting a flow table"),
+        }
+    }
+
+    /// What the kernel refused since the last pass; counts it.
+    fn pressure(&mut self, rooms: &Rooms, metrics: &Metrics) -> Result<Pressure, MapError> {
+        let mut pressure = Pressure::default();
+        for &owner in &self.owners {
+            for short in SHORTS {
+                let now = rooms.refused(T::TABLE, owner, short)?;
+                let before = self.refused.insert((owner, short), now).unwrap_or(now);
+                let new = now.saturating_sub(before);
+                if new == 0 {
+                    continue;
+                }
+                self.unlogged.entry(owner).or_default().0 += new;
+                let labels = [
+                    ("table", T::TABLE.as_str().to_owned()),
+                    ("owner", metrics.owner_name(owner)),
+                    ("reason", short.as_str().to_owned()),
+                ];
+                metrics.flow_refusals.get_or_create(&labels).inc_by(new);
+                match (short, owner) {
+                    (Short::Share, _) => *pressure.share.entry(owner).or_default() += new,
+                    (Short::Table, OWNER_LOCAL) => pressure.table += new,
+                    (Short::Table, _) => pressure.peers_room += new,
+                }
+            }
+        }
+        Ok(pressure)
+    }
+
+    /// Removes what [`plan`] says, then sets each owner's room: its limit,
+    /// and as released whatever the kernel charged beyond what it holds.
+    /// What the kernel charged is read before the table is, so a flow
+    /// added meanwhile counts twice until the next pass: never none.
+    /// Returns what each owner holds.
+    fn sweep(
+        &mut self,
+        swept: &mut T,
+        rooms: &mut Rooms,
+        limits: &Limits,
+        pressure: &Pressure,
+        metrics: &Metrics,
+    ) -> Result<BTreeMap<u32, u64>, MapError> {
+        let table = T::TABLE;
+        let read: BTreeMap<u32, Room> = self
+            .owners
+            .iter()
+            .chain([&ALL_PEERS])
+            .map(|owner| Ok((*owner, rooms.room(table, *owner)?)))
+            .collect::<Result<_, MapError>>()?;
+        let flows = swept.flows(conntrack::now(), &Timeouts::DEFAULT)?;
+        let plan = plan(table, &flows, limits, pressure);
+        swept.remove(&plan.remove);
+        debug!(
+            table = table.as_str(),
+            expired = plan.expired,
+            evicted = plan.evicted.values().sum::<usize>(),
+            "flow table collected"
+        );
+        for (owner, evicted) in &plan.evicted {
+            self.unlogged.entry(*owner).or_default().1 += evicted;
+        }
+        let mut peers_held = 0;
+        for (&owner, &room) in read.iter().filter(|(o, _)| **o != ALL_PEERS) {
+            let held = plan.held.get(&owner).copied().unwrap_or(0);
+            let limit = if owner == OWNER_LOCAL {
+                0
+            } else {
+                peers_held += held;
+                limits.per_peer
+            };
+            let released = room.charged.saturating_sub(held);
+            rooms.set(table, owner, room, limit, released)?;
+            let labels = [
+                ("table", table.as_str().to_owned()),
+                ("owner", metrics.owner_name(owner)),
+            ];
+            metrics.flow_entries.get_or_create(&labels).set(held as i64);
+            if let Some(evicted) = plan.evicted.get(&owner) {
+                metrics
+                    .flow_evictions
+                    .get_or_create(&labels)
+                    .inc_by(*evicted as u64);
+            }
+        }
+        let all = read[&ALL_PEERS];
+        let released = all.charged.saturating_sub(peers_held);
+        rooms.set(table, ALL_PEERS, all, limits.all_peers, released)?;
+        if table == FlowTable::Conntrack {
+            metrics
+                .conntrack_entries
+                .set(plan.held.values().sum::<u64>() as i64);
+        }
+        Ok(plan.held)
+    }
+
+    /// One line per owner refused or evicted since the last, and the
+    /// refusals counted in the metrics.
+    fn log(&mut self, metrics: &Metrics) {
+        for (owner, (refused, evicted)) in std::mem::take(&mut self.unlogged) {
+            warn!(
+                table = T::TABLE.as_str(),
+                owner = metrics.owner_name(owner),
+                refused,
+                evicted,
+                "new flows refused for want of room, and flows never answered evicted to make room"
+            );
+        }
+    }
+}
