@@ -6,6 +6,7 @@ mod attach_modes;
 mod bpftool;
 mod conncheck;
 mod dashboard;
+mod flow_share;
 mod guard;
 mod ha;
 mod hostname;
