@@ -4,6 +4,7 @@
 use std::{
     fmt::Write as _,
     fs,
+    path::PathBuf,
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
@@ -38,7 +39,13 @@ pub enum Which {
     /// 64-byte UDP packets per second through the gateways: no NAT, Isthmus,
     /// and the iptables NETMAP rules Liqo installs, with 1 and 200 peers;
     /// and Isthmus segregating a peer with 10,000 allowed endpoints.
-    Nat,
+    Nat {
+        /// Another build of the agent (an earlier commit's
+        /// `target/release/isthmus-agent`), measured with one peer in the
+        /// same interleaved rounds: what a change costs.
+        #[arg(long)]
+        baseline: Option<PathBuf>,
+    },
     /// TCP and UDP throughput, round-trip time and CPU per gigabyte from
     /// a-pod1 to b-pod1 through the embedded tunnel, and through each other
     /// userspace WireGuard in its place: wireguard-go (bookworm and
@@ -72,7 +79,7 @@ pub enum Which {
 /// the shape it needs and takes it down.
 pub fn run_all() -> Result<()> {
     let all = [
-        Which::Nat,
+        Which::Nat { baseline: None },
         Which::Tunnel,
         Which::Overlay,
         Which::Guard,
@@ -90,7 +97,7 @@ pub fn run_all() -> Result<()> {
 impl Which {
     fn name(&self) -> &'static str {
         match self {
-            Which::Nat => "nat",
+            Which::Nat { .. } => "nat",
             Which::Tunnel => "tunnel",
             Which::Overlay => "overlay",
             Which::Guard => "guard",
@@ -105,7 +112,7 @@ impl Which {
 pub fn run_bench(which: Which) -> Result<()> {
     match which {
         // NAT alone: gateways route over the WAN in clear.
-        Which::Nat => on_lab(lab::LabTunnel::None, nat),
+        Which::Nat { baseline } => on_lab(lab::LabTunnel::None, || nat(baseline)),
         Which::Tunnel => tunnel::run_tunnel(),
         Which::Guard => guard::run_guard(),
         Which::Overlay => overlay::run_overlay(),
@@ -245,6 +252,8 @@ enum Setup {
     Iptables(usize),
     /// Isthmus with this many peers.
     Isthmus(usize),
+    /// The `--baseline` build of the agent, with one peer.
+    Baseline,
     /// Isthmus with one peer, which b's gateway segregates, with
     /// `isolation::ENDPOINTS` endpoints allowed to it.
     Segregated,
@@ -267,6 +276,7 @@ impl Setup {
             Setup::Iptables(_) => "iptables",
             Setup::Isthmus(_) => "isthmus",
             Setup::Segregated => "isthmus, segregated",
+            Setup::Baseline => "isthmus baseline build",
         }
     }
 
@@ -274,7 +284,7 @@ impl Setup {
         match self {
             Setup::Plain => 0,
             Setup::Iptables(n) | Setup::Isthmus(n) => n,
-            Setup::Segregated => 1,
+            Setup::Segregated | Setup::Baseline => 1,
         }
     }
 
@@ -299,6 +309,24 @@ impl Setup {
                 enable_isthmus()?;
                 set_isthmus_peers(peers)?;
                 measure(flow)
+            }
+            Setup::Baseline => {
+                disable_isthmus()?;
+                let binary = BASELINE.get().context("no --baseline build")?;
+                let mut pids = Vec::new();
+                for gw in [A.gw(), B.gw()] {
+                    let (args, log) = (lab::agent_args(&gw)?, lab::log_file(&gw));
+                    let pid = lab::spawn_agent_binary(binary, &gw, &args, &log)?;
+                    pids.push(pid);
+                    lab::wait_ready_in(&gw, pid, &log)?;
+                }
+                set_isthmus_peers(1)?;
+                let rates = measure(flow);
+                for (gw, pid) in [A.gw(), B.gw()].iter().zip(pids) {
+                    lab::stop_pid(pid)?;
+                    lab::clean_up_agent(gw)?;
+                }
+                rates
             }
             Setup::Segregated => {
                 enable_isthmus()?;
@@ -334,9 +362,20 @@ fn flow() -> Flow {
     }
 }
 
-fn nat() -> Result<()> {
+/// The `--baseline` build the NAT bench measures beside this one.
+static BASELINE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+fn nat(baseline: Option<PathBuf>) -> Result<()> {
     let flow = flow();
-    let mut samples: Vec<(Setup, Vec<f64>)> = SETUPS.iter().map(|s| (*s, Vec::new())).collect();
+    let mut setups = SETUPS.to_vec();
+    if let Some(binary) = baseline {
+        let binary = fs::canonicalize(&binary)
+            .with_context(|| format!("the baseline build {}", binary.display()))?;
+        BASELINE.get_or_init(|| binary);
+        // Right after this build with one peer, so each round pairs them.
+        setups.insert(4, Setup::Baseline);
+    }
+    let mut samples: Vec<(Setup, Vec<f64>)> = setups.iter().map(|s| (*s, Vec::new())).collect();
     for round in 1..=ROUNDS {
         for (setup, rates) in &mut samples {
             println!(
@@ -403,8 +442,49 @@ fn nat() -> Result<()> {
             isolation::UPDATE_BUDGET_MS,
         ),
     ];
-    let lines = result_lines(&results, 1);
+    let mut lines = result_lines(&results, 1);
+    if BASELINE.get().is_some() {
+        lines.push_str(&paired_ratio_line(
+            "nat-pps-1peer-vs-baseline-build",
+            &samples,
+            Setup::Isthmus(1),
+            Setup::Baseline,
+        ));
+    }
     write_report(&samples, rss, &lines)
+}
+
+/// A RESULT line comparing `ours` with `peer` round by round: the median
+/// of the per-round ratios of their windows' medians, with the least and
+/// the greatest.
+fn paired_ratio_line(
+    name: &str,
+    samples: &[(Setup, Vec<f64>)],
+    ours: Setup,
+    peer: Setup,
+) -> String {
+    let rates = |setup| {
+        samples
+            .iter()
+            .find(|(s, _)| *s == setup)
+            .map_or(&[][..], |(_, r)| r.as_slice())
+    };
+    let ratios: Vec<f64> = rates(ours)
+        .chunks(WINDOWS)
+        .zip(rates(peer).chunks(WINDOWS))
+        .map(|(o, p)| median(o) / median(p))
+        .collect();
+    let (lo, hi) = ratios
+        .iter()
+        .fold((f64::MAX, 0f64), |(lo, hi), r| (lo.min(*r), hi.max(*r)));
+    let line = format!(
+        "RESULT name={name} isthmus={:.1} peer={:.1} ratio={:.3} min={lo:.3} max={hi:.3}\n",
+        median(rates(ours)),
+        median(rates(peer)),
+        median(&ratios)
+    );
+    print!("{line}");
+    line
 }
 
 fn median(values: &[f64]) -> f64 {

@@ -12,6 +12,7 @@
 mod batch;
 pub mod datapath;
 pub mod endpoint;
+pub mod handshakes;
 pub mod key;
 pub mod offload;
 pub mod peers;
@@ -82,6 +83,9 @@ pub struct TunnelCounters {
     /// Handshake initiations not opened: their source had spent its share
     /// of Diffie-Hellman work ([`throttle`]).
     pub throttled: AtomicU64,
+    /// Handshake initiations dropped: the queue of their class was full
+    /// ([`handshakes`]).
+    pub handshake_queue_full: AtomicU64,
     /// Frames from TUN that could not be parsed or segmented.
     pub malformed: AtomicU64,
     /// TSO super-packets from TUN split into segments.
@@ -104,6 +108,7 @@ pub struct Shared {
     key: KeyPair,
     limiter: Arc<RateLimiter>,
     throttle: throttle::SourceThrottle,
+    handshakes: handshakes::HandshakeQueue,
     stop: AtomicBool,
     mtu: usize,
     /// Datapath threads between a panic and their restart.
@@ -119,6 +124,7 @@ impl Shared {
             peers: RwLock::new(Arc::new(PeerSet::default())),
             limiter: Arc::new(RateLimiter::new(&key.public, HANDSHAKE_LIMIT)),
             throttle: throttle::SourceThrottle::default(),
+            handshakes: handshakes::HandshakeQueue::default(),
             key,
             stop: AtomicBool::new(false),
             mtu: mtu as usize,
@@ -273,6 +279,12 @@ impl Tunnel {
                 })?,
             );
         }
+        let handshake_socket = control.try_clone()?;
+        threads.push(
+            shared.spawn_supervised("tunnel-handshakes".into(), move |shared| {
+                datapath::handshakes(shared, &handshake_socket)
+            })?,
+        );
         let timer_socket = control.try_clone()?;
         threads.push(
             shared.spawn_supervised("tunnel-timers".into(), move |shared| {

@@ -2,7 +2,7 @@
 //! I/O happens here, so all of it can be tested in memory.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     net::{Ipv4Addr, SocketAddrV4},
     sync::{
         Arc, Mutex,
@@ -200,6 +200,8 @@ pub struct PeerSet {
     by_key: BTreeMap<ObjectKey, Arc<TunnelPeer>>,
     by_index: HashMap<u32, Arc<TunnelPeer>>,
     by_public: HashMap<[u8; 32], Arc<TunnelPeer>>,
+    /// The peers' endpoint addresses, as of the snapshot.
+    endpoints: HashSet<Ipv4Addr>,
     /// Longest prefix first: (prefix length, mask, network → peer).
     routes: Vec<(u8, u32, HashMap<u32, Arc<TunnelPeer>>)>,
 }
@@ -216,6 +218,7 @@ impl PeerSet {
                     .or_default()
                     .insert(u32::from(net.network()), peer.clone());
             }
+            set.endpoints.insert(*peer.endpoint().ip());
             set.by_index.insert(peer.index, peer.clone());
             set.by_public.insert(peer.config.public, peer.clone());
             set.by_key.insert(peer.config.key.clone(), peer);
@@ -236,6 +239,12 @@ impl PeerSet {
             })
             .collect();
         set
+    }
+
+    /// Whether `addr` was a peer's endpoint address when the snapshot was
+    /// taken.
+    pub fn is_endpoint(&self, addr: Ipv4Addr) -> bool {
+        self.endpoints.contains(&addr)
     }
 
     /// The peer whose networks hold `addr`: where a packet to `addr` goes,

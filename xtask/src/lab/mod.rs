@@ -710,12 +710,14 @@ pub fn agent_args(node: &str) -> Result<Vec<String>> {
 /// Starts the agent with `args` in netns `ns`, in a session of its own, its
 /// output appended to `log`. Returns its PID.
 pub fn spawn_agent(ns: &str, args: &[String], log: &Path) -> Result<u32> {
+    spawn_agent_binary(&agent_binary(), ns, args, log)
+}
+
+/// As [`spawn_agent`], with another build of the agent.
+pub fn spawn_agent_binary(binary: &Path, ns: &str, args: &[String], log: &Path) -> Result<u32> {
     let log = fs::OpenOptions::new().create(true).append(true).open(log)?;
     let mut command = Command::new("ip");
-    command
-        .args(["netns", "exec", ns])
-        .arg(agent_binary())
-        .args(args);
+    command.args(["netns", "exec", ns]).arg(binary).args(args);
     // `ip netns exec` execs the agent, so this PID is the agent's.
     spawn_detached(command, log).context("starting the agent")
 }

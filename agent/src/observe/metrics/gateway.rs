@@ -219,6 +219,7 @@ impl Collector for TunnelMetrics {
             ("malformed", &c.malformed),
             ("oversized", &c.oversized),
             ("handshake_throttled", &c.throttled),
+            ("handshake_queue_full", &c.handshake_queue_full),
         ] {
             ConstCounter::new(value.load(Ordering::Relaxed))
                 .encode(family.encode_family(&[("reason", reason)])?)?;

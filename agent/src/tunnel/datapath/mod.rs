@@ -19,6 +19,7 @@ use tracing::debug;
 use super::{
     OVERHEAD, Shared,
     batch::{self, RecvBatch, SendBatch},
+    handshakes,
     offload::{self, Coalescer, MAX_FRAME, MAX_PACKET, VNET_HDR_LEN},
     peers::{PeerSet, TunnelPeer},
 };
@@ -207,6 +208,14 @@ impl<'a> Worker<'a> {
                     .fetch_add(1, Ordering::Relaxed);
             }
             for datagram in message.chunks(segment) {
+                if handshakes::is_initiation(datagram) {
+                    let from_peer = peers.is_endpoint(*source.ip());
+                    if !self.shared.handshakes.push(datagram, source, from_peer) {
+                        let full = &self.shared.counters.handshake_queue_full;
+                        full.fetch_add(1, Ordering::Relaxed);
+                    }
+                    continue;
+                }
                 let (packet, scratch) = (&mut self.bufs.packet, &mut self.bufs.scratch);
                 if let Some(len) = receiver.receive(datagram, source, packet, scratch) {
                     let frame = &mut self.bufs.packet[..VNET_HDR_LEN + len];
@@ -449,6 +458,30 @@ fn authenticated(datagram: &[u8], result: &TunnResult) -> bool {
 /// response or cookie reply), by its type byte.
 fn is_handshake(datagram: &[u8]) -> bool {
     matches!(datagram.first(), Some(1..=3))
+}
+
+/// Opens the handshake initiations the workers queued ([`handshakes`]),
+/// peers' endpoints' first, and answers them.
+pub fn handshakes(shared: &Shared, udp: &UdpSocket) {
+    let (mut packet, mut scratch) = (vec![0; VNET_HDR_LEN + MAX_DATAGRAM], vec![0; MAX_DATAGRAM]);
+    while !shared.stop.load(Ordering::Relaxed) {
+        let Some(initiation) = shared.handshakes.pop(Duration::from_millis(IDLE_MS.into())) else {
+            continue;
+        };
+        let peers = shared.snapshot();
+        let receiver = Receiver {
+            shared,
+            peers: &peers,
+            udp,
+        };
+        // An initiation delivers nothing to TUN: it is answered, or not.
+        let _ = receiver.receive(
+            &initiation.bytes,
+            initiation.source,
+            &mut packet,
+            &mut scratch,
+        );
+    }
 }
 
 /// Runs every peer's WireGuard timers (handshake retries, rekeying,
