@@ -9,13 +9,15 @@
 //! initiation into this queue, and drops it, counted, when the queue is
 //! full. Initiations from a peer's endpoint address wait in a queue of
 //! their own, served first: a flood from elsewhere cannot crowd out a peer
-//! that restarts where it was.
+//! that restarts where it was. The others are opened within a budget a
+//! second ([`OTHERS_PER_SECOND`]), so a flood cannot take the CPU the
+//! workers need either.
 
 use std::{
     collections::VecDeque,
     net::SocketAddrV4,
     sync::{Condvar, Mutex},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 /// The length of a WireGuard handshake initiation.
@@ -24,6 +26,11 @@ pub const INITIATION_LEN: usize = 148;
 const MESSAGE_INITIATION: u8 = 1;
 /// Initiations each queue holds.
 pub const QUEUE_LEN: usize = 1024;
+/// Initiations from elsewhere than a peer's endpoint opened a second, at
+/// most: each costs a MAC check and a cookie reply or Diffie-Hellman
+/// work, and the CPU a stranger's flood would take is the workers'. A new
+/// peer's first contact needs a handful.
+pub const OTHERS_PER_SECOND: u32 = 4096;
 
 /// One initiation, as it arrived.
 pub struct Initiation {
@@ -31,6 +38,8 @@ pub struct Initiation {
     pub bytes: [u8; INITIATION_LEN],
     /// Where it came from.
     pub source: SocketAddrV4,
+    /// Whether that is a peer's endpoint address.
+    pub from_peer: bool,
 }
 
 /// Whether `datagram` is a handshake initiation, by its type and length.
@@ -68,23 +77,61 @@ impl HandshakeQueue {
         if queue.len() >= QUEUE_LEN {
             return false;
         }
-        queue.push_back(Initiation { bytes, source });
+        queue.push_back(Initiation {
+            bytes,
+            source,
+            from_peer,
+        });
         drop(queues);
         self.ready.notify_one();
         true
     }
 
-    /// The next initiation, peers' first; None after `wait` with none.
-    pub fn pop(&self, wait: Duration) -> Option<Initiation> {
+    /// The next initiation, peers' first, and only peers' unless `others`;
+    /// None after `wait` with none.
+    pub fn pop(&self, wait: Duration, others: bool) -> Option<Initiation> {
         let queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
         let (mut queues, _) = self
             .ready
-            .wait_timeout_while(queues, wait, |q| q.peers.is_empty() && q.others.is_empty())
+            .wait_timeout_while(queues, wait, |q| {
+                q.peers.is_empty() && (!others || q.others.is_empty())
+            })
             .unwrap_or_else(|p| p.into_inner());
-        queues
-            .peers
-            .pop_front()
-            .or_else(|| queues.others.pop_front())
+        match queues.peers.pop_front() {
+            Some(initiation) => Some(initiation),
+            None if others => queues.others.pop_front(),
+            None => None,
+        }
+    }
+}
+
+/// How many initiations from elsewhere than a peer's endpoint the
+/// handshake thread may still open this second.
+pub struct OthersBudget {
+    left: u32,
+    second: Instant,
+}
+
+impl OthersBudget {
+    /// A full budget, from `now`.
+    pub fn new(now: Instant) -> Self {
+        Self {
+            left: OTHERS_PER_SECOND,
+            second: now,
+        }
+    }
+
+    /// Whether another may be opened at `now`.
+    pub fn available(&mut self, now: Instant) -> bool {
+        if now.duration_since(self.second) >= Duration::from_secs(1) {
+            *self = Self::new(now);
+        }
+        self.left > 0
+    }
+
+    /// Counts one opened.
+    pub fn spend(&mut self) {
+        self.left = self.left.saturating_sub(1);
     }
 }
 
@@ -124,14 +171,27 @@ mod tests {
         }
         assert!(!queue.push(&initiation(1), stranger, false), "bounded");
         assert!(queue.push(&initiation(2), peer, true));
-        let first = queue.pop(Duration::ZERO).unwrap();
+        let first = queue.pop(Duration::ZERO, true).unwrap();
         assert_eq!((first.source, first.bytes[4]), (peer, 2));
-        assert_eq!(queue.pop(Duration::ZERO).unwrap().source, stranger);
+        assert!(queue.pop(Duration::ZERO, false).is_none(), "peers' only");
+        assert_eq!(queue.pop(Duration::ZERO, true).unwrap().source, stranger);
     }
 
     #[test]
     fn an_empty_queue_waits_only_as_long_as_asked() {
         let queue = HandshakeQueue::default();
-        assert!(queue.pop(Duration::from_millis(1)).is_none());
+        assert!(queue.pop(Duration::from_millis(1), true).is_none());
+    }
+
+    #[test]
+    fn strangers_get_a_budget_a_second() {
+        let start = Instant::now();
+        let mut budget = OthersBudget::new(start);
+        for _ in 0..OTHERS_PER_SECOND {
+            assert!(budget.available(start));
+            budget.spend();
+        }
+        assert!(!budget.available(start + Duration::from_millis(999)));
+        assert!(budget.available(start + Duration::from_secs(1)));
     }
 }

@@ -464,10 +464,16 @@ fn is_handshake(datagram: &[u8]) -> bool {
 /// peers' endpoints' first, and answers them.
 pub fn handshakes(shared: &Shared, udp: &UdpSocket) {
     let (mut packet, mut scratch) = (vec![0; VNET_HDR_LEN + MAX_DATAGRAM], vec![0; MAX_DATAGRAM]);
+    let mut budget = handshakes::OthersBudget::new(Instant::now());
     while !shared.stop.load(Ordering::Relaxed) {
-        let Some(initiation) = shared.handshakes.pop(Duration::from_millis(IDLE_MS.into())) else {
+        let others = budget.available(Instant::now());
+        let wait = Duration::from_millis(if others { IDLE_MS.into() } else { 10 });
+        let Some(initiation) = shared.handshakes.pop(wait, others) else {
             continue;
         };
+        if !initiation.from_peer {
+            budget.spend();
+        }
         let peers = shared.snapshot();
         let receiver = Receiver {
             shared,
