@@ -232,7 +232,7 @@ fn write_section(name: &str, body: &str) -> Result<()> {
 
 /// Rounds over every setup: interleaving them spreads the drift of a
 /// shared, virtualised machine over all setups alike.
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 5;
 /// Measurement windows per setup and round; the median of all is reported.
 const WINDOWS: usize = 2;
 const WINDOW: Duration = Duration::from_secs(2);

@@ -293,3 +293,107 @@ fn the_annotation_segregates_one_peer_of_an_agent_that_does_not() {
         row_answered(a_to_b, Proto::Tcp)
     });
 }
+
+/// b-gw segregating, with room for 16 flows towards segregated peers (8
+/// each for a and c), until dropped; then as the lab runs it.
+struct SmallPeerFlowTable {
+    pid: u32,
+}
+
+impl SmallPeerFlowTable {
+    fn start() -> Self {
+        segregation::set(true).expect("b-gw restarted segregating");
+        let gw = B.gw();
+        lab::stop_agent(&gw).unwrap();
+        let mut args = lab::agent_args(&gw).unwrap();
+        args.push("--peer-flow-capacity=16".into());
+        let log = lab::log_file(&gw);
+        let pid = lab::spawn_agent(&gw, &args, &log).unwrap();
+        lab::wait_ready_in(&gw, pid, &log).unwrap();
+        Self { pid }
+    }
+}
+
+impl Drop for SmallPeerFlowTable {
+    fn drop(&mut self) {
+        let _ = lab::stop_pid(self.pid);
+        segregation::set(false).expect("b-gw restarted as before");
+    }
+}
+
+/// A segregated peer that holds connections open to the service exported
+/// to it fills only its own share of b-gw's table of flows towards
+/// segregated peers: past it, b's side of a's next connection is dropped
+/// and counted against a, while b's connections towards c, the other
+/// segregated peer, still get room.
+#[test]
+fn a_segregated_peers_open_connections_fill_only_its_share() {
+    require_lab();
+    let _small = SmallPeerFlowTable::start();
+    let rows = reachability();
+    let (a_to_b_pod1, b_to_c) = (&rows[0], &rows[3]);
+    assert_eq!((a_to_b_pod1.row, b_to_c.row), (1, 4));
+    let port = segregation::SERVICE_PORT;
+    // b-pod1's service answers each connection with a byte, and holds it,
+    // for at most 20 s.
+    let listener = xtask::netns::run_in(&B.pod(1), || {
+        std::net::TcpListener::bind((Ipv4Addr::UNSPECIFIED, port))
+    })
+    .unwrap()
+    .unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut held, until) = (Vec::new(), Instant::now() + Duration::from_secs(20));
+        while held.len() < 12 && Instant::now() < until {
+            match listener.accept() {
+                Ok((mut stream, _)) => {
+                    let _ = std::io::Write::write_all(&mut stream, b"!");
+                    held.push(stream);
+                }
+                // Polling paces the accept loop; it waits for no condition.
+                Err(_) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+        held
+    });
+    let target = std::net::SocketAddr::from((a_to_b_pod1.target, port));
+    // Held open until the end of the test, as an attacker would.
+    let connections: Vec<Option<std::net::TcpStream>> = (0..12)
+        .map(|_| {
+            xtask::netns::run_in(&A.pod(1), || {
+                let mut stream =
+                    std::net::TcpStream::connect_timeout(&target, Duration::from_secs(1)).ok()?;
+                stream
+                    .set_read_timeout(Some(Duration::from_millis(500)))
+                    .ok()?;
+                let mut byte = [0u8];
+                std::io::Read::read_exact(&mut stream, &mut byte).ok()?;
+                Some(stream)
+            })
+            .unwrap()
+        })
+        .collect();
+    let answered: Vec<bool> = connections.iter().map(Option::is_some).collect();
+    let served = answered.iter().filter(|a| **a).count();
+    assert!(
+        (1..=9).contains(&served),
+        "a's connections b answered: {served} of 12 with room for 8: {answered:?}"
+    );
+    let refused = lab::metric_sum(
+        &B.gw(),
+        "isthmus_flow_table_refusals_total",
+        &[
+            ("table", "peer_flows"),
+            ("owner", A.cluster_id().as_str()),
+            ("reason", "share_full"),
+        ],
+    )
+    .unwrap();
+    assert!(refused > 0.0, "b-gw counted no refusal against a");
+    // c's share is its own: b-pod1's connections to c-pod1 still cross.
+    for proto in [Proto::Tcp, Proto::Udp] {
+        assert!(row_answered(b_to_c, proto), "{proto:?}: b-pod1 to c-pod1");
+    }
+    drop(connections);
+    let _ = server.join();
+}
