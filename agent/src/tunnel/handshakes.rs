@@ -52,6 +52,7 @@ pub fn is_initiation(datagram: &[u8]) -> bool {
 struct Queues {
     peers: VecDeque<Initiation>,
     others: VecDeque<Initiation>,
+    closed: bool,
 }
 
 /// The bounded queue between the workers and the handshake thread.
@@ -87,6 +88,13 @@ impl HandshakeQueue {
         true
     }
 
+    /// Closes the queue as the tunnel stops: [`HandshakeQueue::pop`]
+    /// returns at once from then on.
+    pub fn close(&self) {
+        self.queues.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
+        self.ready.notify_all();
+    }
+
     /// The next initiation, peers' first, and only peers' unless `others`;
     /// None after `wait` with none.
     pub fn pop(&self, wait: Duration, others: bool) -> Option<Initiation> {
@@ -94,7 +102,7 @@ impl HandshakeQueue {
         let (mut queues, _) = self
             .ready
             .wait_timeout_while(queues, wait, |q| {
-                q.peers.is_empty() && (!others || q.others.is_empty())
+                !q.closed && q.peers.is_empty() && (!others || q.others.is_empty())
             })
             .unwrap_or_else(|p| p.into_inner());
         match queues.peers.pop_front() {
@@ -178,9 +186,16 @@ mod tests {
     }
 
     #[test]
-    fn an_empty_queue_waits_only_as_long_as_asked() {
+    fn an_empty_queue_waits_only_as_long_as_asked_and_not_once_closed() {
         let queue = HandshakeQueue::default();
         assert!(queue.pop(Duration::from_millis(1), true).is_none());
+        queue.close();
+        let started = std::time::Instant::now();
+        assert!(queue.pop(Duration::from_secs(5), true).is_none());
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "closed: no wait"
+        );
     }
 
     #[test]

@@ -412,6 +412,9 @@ impl Tunnel {
 impl Drop for Tunnel {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Relaxed);
+        // The handshake thread may be waiting for work: a restart would
+        // otherwise wait out its idle timeout, with no tunnel meanwhile.
+        self.shared.handshakes.close();
         for thread in self.threads.drain(..) {
             let _ = thread.join();
         }

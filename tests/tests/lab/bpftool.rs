@@ -68,7 +68,15 @@ fn map_dumps_show_named_fields() {
             B.gw(),
             names::MAP_CONNTRACK,
             set(&["saddr", "daddr", "sport", "dport", "proto", "dir", "pad"]),
-            set(&["addr", "port", "state", "pad", "last_seen"]),
+            set(&[
+                "addr",
+                "port",
+                "state",
+                "answered",
+                "owner",
+                "pad",
+                "last_seen",
+            ]),
         ),
         (
             A.node(),
