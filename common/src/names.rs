@@ -36,8 +36,7 @@ pub const MAX_FRAGMENTS: u32 = 8192;
 /// ([`crate::isolation::AllowKey`] → 1).
 pub const MAP_ALLOWED: &str = "ist_allowed";
 /// Hash: flows our side opened towards segregated peers, keyed as their
-/// replies arrive ([`crate::conntrack::FlowKey`] → [`crate::conntrack::FlowNat`],
-/// whose state and last packet alone are used).
+/// replies arrive ([`crate::conntrack::FlowKey`] → [`crate::isolation::PeerFlow`]).
 pub const MAP_PEER_FLOWS: &str = "ist_peer_flows";
 /// Array: each owner's room in the flow tables ([`crate::room::Room`],
 /// by [`crate::room::slot`]).

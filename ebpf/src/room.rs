@@ -62,13 +62,17 @@ pub fn take(table: FlowTable, peer_id: u32) -> Result<(), Short> {
 pub fn give_back(table: FlowTable, peer_id: u32) {
     let owner = owner_of(peer_id);
     let entries = table.entries_per_flow().wrapping_neg();
-    let owners = [owner, ALL_PEERS];
-    let count = if owner == OWNER_LOCAL { 1 } else { 2 };
-    for owner in owners.iter().take(count) {
-        if let Some(room) = ROOMS.get_ptr_mut(slot(table, *owner)) {
-            // SAFETY: a pointer to a live array entry, from the map.
-            unsafe { charge(room, entries) };
-        }
+    charge_slot(table, owner, entries);
+    if owner != OWNER_LOCAL {
+        charge_slot(table, ALL_PEERS, entries);
+    }
+}
+
+#[inline(always)]
+fn charge_slot(table: FlowTable, owner: u32, entries: u64) {
+    if let Some(room) = ROOMS.get_ptr_mut(slot(table, owner)) {
+        // SAFETY: a pointer to a live array entry, from the map.
+        unsafe { charge(room, entries) };
     }
 }
 

@@ -223,9 +223,9 @@ impl<T: SweptTable> Sweeper<T> {
         let read: BTreeMap<u32, Room> = self
             .owners
             .iter()
-            .chain([&ALL_PEERS])
             .map(|owner| Ok((*owner, rooms.room(table, *owner)?)))
             .collect::<Result<_, MapError>>()?;
+        let all = rooms.room(table, ALL_PEERS)?;
         let flows = swept.flows(conntrack::now(), &Timeouts::DEFAULT)?;
         let plan = plan(table, &flows, limits, pressure);
         swept.remove(&plan.remove);
@@ -239,7 +239,7 @@ impl<T: SweptTable> Sweeper<T> {
             self.unlogged.entry(*owner).or_default().1 += evicted;
         }
         let mut peers_held = 0;
-        for (&owner, &room) in read.iter().filter(|(o, _)| **o != ALL_PEERS) {
+        for (&owner, &room) in &read {
             let held = plan.held.get(&owner).copied().unwrap_or(0);
             let limit = if owner == OWNER_LOCAL {
                 0
@@ -261,7 +261,6 @@ impl<T: SweptTable> Sweeper<T> {
                     .inc_by(*evicted as u64);
             }
         }
-        let all = read[&ALL_PEERS];
         let released = all.charged.saturating_sub(peers_held);
         rooms.set(table, ALL_PEERS, all, limits.all_peers, released)?;
         if table == FlowTable::Conntrack {
