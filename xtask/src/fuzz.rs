@@ -6,7 +6,8 @@ use std::{fs, process::Command, time::Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::{prereqs, root};
+use crate::prereqs;
+use xtask::repo_root;
 
 /// How long each target runs in `cargo xtask test`, and by default.
 pub const CI_SECONDS: u64 = 60;
@@ -20,8 +21,8 @@ pub const TARGETS: [&str; 4] = ["offload", "datagram", "objects", "reconciler"];
 pub fn check() -> Result<()> {
     let status = Command::new("cargo")
         .args(["+nightly", "check", "--bins", "--manifest-path"])
-        .arg(root().join("fuzz").join("Cargo.toml"))
-        .current_dir(root())
+        .arg(repo_root().join("fuzz").join("Cargo.toml"))
+        .current_dir(repo_root())
         .env("AYA_BUILD_SKIP", "1")
         .status()
         .context("running cargo check on the fuzz targets")?;
@@ -34,7 +35,7 @@ pub fn check() -> Result<()> {
 /// Runs each target for `seconds`.
 pub fn run(seconds: u64) -> Result<()> {
     prereqs::cargo_fuzz()?;
-    let fuzz = root().join("fuzz");
+    let fuzz = repo_root().join("fuzz");
     let started = Instant::now();
     for target in TARGETS {
         // New inputs go to a scratch corpus; the committed one is only read.
@@ -54,7 +55,7 @@ pub fn run(seconds: u64) -> Result<()> {
                 "-rss_limit_mb=4096",
                 "-print_final_stats=1",
             ])
-            .current_dir(root())
+            .current_dir(repo_root())
             // The fuzz targets never load the eBPF object: no need to build it.
             .env("AYA_BUILD_SKIP", "1")
             .status()

@@ -2,7 +2,9 @@
 //! end-to-end tests use it to reach into the lab's namespaces.
 
 pub mod cmd;
+pub mod container;
 pub mod fake_api;
+pub mod image;
 pub mod kube_lab;
 pub mod lab;
 pub mod netns;
@@ -13,3 +15,21 @@ pub mod stream;
 pub mod tools;
 pub mod topology;
 pub mod wait;
+
+use std::path::PathBuf;
+
+/// The workspace root.
+pub fn repo_root() -> PathBuf {
+    let xtask = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    xtask
+        .parent()
+        .expect("xtask/ is in the workspace")
+        .to_path_buf()
+}
+
+/// Cargo's target directory.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"))
+}

@@ -37,6 +37,15 @@ enum Task {
         #[arg(long, value_enum)]
         tier: Option<test::Tier>,
     },
+    /// Build the agent's OCI image from the release build, with no
+    /// registry: tagged with the version and the commit, and saved as an
+    /// OCI archive under target/image/.
+    Image {
+        /// Only lay out the image's root filesystem in this directory (the
+        /// Containerfile's build stage does this).
+        #[arg(long)]
+        rootfs: Option<PathBuf>,
+    },
     /// Bring the reference lab up or down.
     Lab {
         #[command(subcommand)]
@@ -89,6 +98,11 @@ enum LabAction {
         /// active gateway; a's endpoint address follows the active one.
         #[arg(long, conflicts_with = "liqo_peer")]
         ha: bool,
+        /// Run every agent from the agent's image under podman, with the
+        /// DaemonSets' container settings (capabilities, seccomp, mounts,
+        /// arguments), as a cluster runs it.
+        #[arg(long, conflicts_with = "liqo_peer")]
+        containers: bool,
     },
     /// Remove everything the lab created; succeeds when nothing is up.
     Down,
@@ -107,12 +121,17 @@ fn main() -> Result<()> {
                     liqo_peer,
                     segregation,
                     ha,
+                    containers,
                 },
         } => {
             build()?;
-            match liqo_peer {
-                Some(name) => lab::up_with_liqo_peer(cluster_named(&name)?),
-                None => lab::up(tunnel),
+            match (liqo_peer, containers) {
+                (Some(name), _) => lab::up_with_liqo_peer(cluster_named(&name)?),
+                (None, true) => {
+                    print_image(&xtask::image::build()?);
+                    lab::up_in_containers(tunnel)
+                }
+                (None, false) => lab::up(tunnel),
             }?;
             if segregation {
                 lab::segregation::set(true)?;
@@ -131,6 +150,16 @@ fn main() -> Result<()> {
                     lab::ha::endpoint_holder().unwrap_or_default()
                 );
             }
+            Ok(())
+        }
+        Task::Image { rootfs: Some(dir) } => {
+            let files = xtask::image::stage_rootfs(&lab::agent_binary(), &dir)?;
+            println!("image: rootfs in {}: {}", dir.display(), files.join(" "));
+            Ok(())
+        }
+        Task::Image { rootfs: None } => {
+            build()?;
+            print_image(&xtask::image::build()?);
             Ok(())
         }
         Task::LabControl => lab::ha::serve(),
@@ -152,6 +181,17 @@ fn main() -> Result<()> {
     }
 }
 
+/// Says what `cargo xtask image` built.
+fn print_image(image: &xtask::image::Image) {
+    println!(
+        "image: {} ({}), {:.1} MB; OCI archive {}",
+        image.exact,
+        image.reference,
+        image.size as f64 / 1e6,
+        image.archive.display()
+    );
+}
+
 /// The lab cluster called `name`.
 fn cluster_named(name: &str) -> Result<&'static xtask::topology::Cluster> {
     xtask::topology::CLUSTERS
@@ -161,17 +201,12 @@ fn cluster_named(name: &str) -> Result<&'static xtask::topology::Cluster> {
         .with_context(|| format!("no lab cluster {name:?}: a, b or c"))
 }
 
-/// The workspace root.
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 /// Runs a cargo command in the workspace, failing if it fails.
 pub(crate) fn cargo(args: &[&str]) -> Result<()> {
     println!("==> cargo {}", args.join(" "));
     let status = Command::new(env!("CARGO"))
         .args(args)
-        .current_dir(root())
+        .current_dir(xtask::repo_root())
         .status()?;
     if !status.success() {
         bail!("`cargo {}` failed ({status})", args.join(" "));

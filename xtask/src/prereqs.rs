@@ -32,6 +32,10 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "prometheus",
     // Renders the benchmark chart in docs/.
     "gnuplot-nox",
+    // Build the agent's image and run the container lab (runc: crun
+    // refuses this machine type's hybrid cgroups).
+    "podman",
+    "runc",
 ];
 /// cargo-fuzz, which runs the fuzz targets with the nightly's libFuzzer.
 const CARGO_FUZZ_VERSION: &str = "0.13.2";

@@ -18,7 +18,10 @@ use crate::{
         flows::Share,
         source::SourceSpec,
     },
-    kernel::dataplane::{AttachMode, Capacity},
+    kernel::{
+        dataplane::{AttachMode, Capacity},
+        privileges::SyscallFilter,
+    },
     model::{
         isolation::SecurityMode,
         policy::{self, Policy},
@@ -185,6 +188,11 @@ pub struct RunArgs {
     /// Seconds between conntrack garbage collections.
     #[arg(long, default_value_t = 10)]
     pub conntrack_gc_interval: u64,
+    /// What the agent's own seccomp filter does with a system call the
+    /// agent does not make: `enforce` refuses it (EPERM), `log` only logs
+    /// it (to the kernel log, as audit type 1326), `off` installs none.
+    #[arg(long, value_enum, env = "ISTHMUS_SYSCALL_FILTER", default_value_t = SyscallFilter::Enforce)]
+    pub syscall_filter: SyscallFilter,
     /// Percentage of the conntrack kept for the gateway's own flows (the
     /// node's traffic, the conncheck's), which no peer can take.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u8).range(0..=90))]

@@ -30,6 +30,7 @@ use crate::{
         dataplane::{AttachMode, Capacity, Dataplane},
         link::LinkEvents,
         maps::PeerMap,
+        privileges,
     },
     model::{node::Node, object::ObjectKind, policy::Policy},
     observe::metrics::{self, BuildInfo, GatewayState, Metrics},
@@ -44,6 +45,9 @@ use crate::{
 /// `isthmus-agent run`: loads the dataplane, starts this node's role and
 /// follows the source until a signal arrives.
 pub async fn run(args: RunArgs) -> Result<()> {
+    privileges::check_capabilities()?;
+    let runtime_filtered = privileges::runtime_filter_present();
+    privileges::confine(args.syscall_filter)?;
     let client = match args.source {
         SourceSpec::Kube => Some(kubernetes::client(args.kubeconfig.as_deref()).await?),
         SourceSpec::Dir(_) => None,
@@ -70,6 +74,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         peer_flows: args.peer_flow_capacity,
     };
     let mut dataplane = Dataplane::load(&args.bpffs, &capacity)
+        .map_err(|e| refused_by_runtime(e.into(), runtime_filtered))
         .with_context(|| format!("loading the dataplane under {}", args.bpffs.display()))?;
     let mut reconciler = Reconciler::new(
         dataplane.take_peer_map()?,
@@ -343,5 +348,24 @@ fn tunnel_config(args: &RunArgs) -> TunnelConfig {
         workers: args
             .tunnel_workers
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+    }
+}
+
+/// Says where an EPERM from the kernel comes from when the agent holds its
+/// capabilities but a container runtime's seccomp profile confines it.
+fn refused_by_runtime(error: anyhow::Error, runtime_filtered: bool) -> anyhow::Error {
+    let eperm = error.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.raw_os_error() == Some(libc::EPERM))
+    });
+    match eperm && runtime_filtered {
+        true => error.context(
+            "bpf(2) was refused although the agent holds CAP_BPF: the container runtime's \
+             seccomp profile forbids it (some RuntimeDefault profiles allow bpf(2) only with \
+             CAP_SYS_ADMIN); run the agent with seccompProfile Unconfined, as the DaemonSets \
+             do: it confines itself with its own filter (--syscall-filter)",
+        ),
+        false => error,
     }
 }

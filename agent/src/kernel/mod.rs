@@ -6,5 +6,6 @@ pub mod dataplane;
 pub mod link;
 pub mod maps;
 pub mod pinned;
+pub mod privileges;
 pub mod room;
 pub mod table;

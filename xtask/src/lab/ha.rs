@@ -20,7 +20,7 @@
 use std::{
     fs,
     net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream},
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::Command,
     time::Duration,
 };
@@ -267,10 +267,7 @@ fn remove_nodes() -> Result<()> {
 
 /// The xtask binary, which runs the control process: `cargo xtask` builds it.
 fn xtask_binary() -> Result<PathBuf> {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let binary = target.join("debug/xtask");
+    let binary = crate::target_dir().join("debug/xtask");
     if !binary.exists() {
         bail!(
             "{} is missing: run `cargo xtask build` first",

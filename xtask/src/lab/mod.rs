@@ -6,6 +6,7 @@
 //! of it, by name, whatever state a crash left. No lab address or route is
 //! ever added to the root namespace, and no lab namespace is linked to it.
 
+pub mod containers;
 pub mod external_tunnel;
 pub mod ha;
 pub mod liqo_peer;
@@ -104,10 +105,7 @@ fn pid_file(node: &str) -> PathBuf {
 
 /// The agent binary the lab runs.
 pub fn agent_binary() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    target.join("release/isthmus-agent")
+    crate::target_dir().join("release/isthmus-agent")
 }
 
 /// What carries traffic between the lab's gateways.
@@ -267,16 +265,31 @@ pub fn is_up() -> bool {
 /// Builds the lab from nothing and starts every agent; returns once every
 /// agent reports ready.
 pub fn up(tunnel: LabTunnel) -> Result<()> {
-    build(tunnel, None)
+    build(tunnel, None, Agents::Processes)
+}
+
+/// As [`up`], with every agent run from the agent's image under podman, as
+/// the DaemonSets run it ([`containers`]).
+pub fn up_in_containers(tunnel: LabTunnel) -> Result<()> {
+    build(tunnel, None, Agents::Containers)
+}
+
+/// How the lab runs its agents.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Agents {
+    /// The release binary, as root, in the node's namespace.
+    Processes,
+    /// The image, under the DaemonSets' container settings.
+    Containers,
 }
 
 /// The lab with `liqo` run as Liqo v0.10 runs a cluster
 /// ([`liqo_peer`]) and the others with Isthmus' embedded tunnel.
 pub fn up_with_liqo_peer(liqo: &'static Cluster) -> Result<()> {
-    build(LabTunnel::Userspace, Some(liqo))
+    build(LabTunnel::Userspace, Some(liqo), Agents::Processes)
 }
 
-fn build(tunnel: LabTunnel, liqo: Option<&'static Cluster>) -> Result<()> {
+fn build(tunnel: LabTunnel, liqo: Option<&'static Cluster>, agents: Agents) -> Result<()> {
     let agent = agent_binary();
     if !agent.exists() {
         bail!(
@@ -289,6 +302,9 @@ fn build(tunnel: LabTunnel, liqo: Option<&'static Cluster>) -> Result<()> {
         fs::create_dir_all(state(sub))?;
     }
     fs::write(state("tunnel"), tunnel.as_str())?;
+    if agents == Agents::Containers {
+        containers::turn_on()?;
+    }
     if let Some(liqo) = liqo {
         liqo_peer::choose(liqo)?;
     }
@@ -648,9 +664,32 @@ fn cluster_of(node: &str) -> Option<&'static Cluster> {
 /// wait for it to be ready.
 pub fn start_agent(node: &str) -> Result<u32> {
     let args = agent_args(node)?;
-    let pid = spawn_agent(node, &args, &log_file(node))?;
+    let pid = match containers::is_on() {
+        true => spawn_container(
+            node,
+            &args,
+            &containers::Variant::default(),
+            &log_file(node),
+        )?,
+        false => spawn_agent(node, &args, &log_file(node))?,
+    };
     fs::write(pid_file(node), pid.to_string())?;
     Ok(pid)
+}
+
+/// Starts node `node`'s agent in a container, as `variant` of the
+/// manifest says, with `args` from the lab and its output to `log`.
+/// Returns the PID of `podman run`, which passes signals on to the agent
+/// and exits with it.
+pub fn spawn_container(
+    node: &str,
+    args: &[String],
+    variant: &containers::Variant,
+    log: &Path,
+) -> Result<u32> {
+    let command = containers::command(node, role_of(node), args, variant)?;
+    let log = fs::OpenOptions::new().create(true).append(true).open(log)?;
+    spawn_detached(command, log).context("starting the agent's container")
 }
 
 /// The command line the lab runs node `node`'s agent with.
@@ -766,8 +805,12 @@ pub(crate) fn spawn_detached(mut command: Command, log: fs::File) -> Result<u32>
     Ok(command.spawn()?.id())
 }
 
-/// The PID of node `node`'s agent, if it runs.
+/// The PID of node `node`'s agent, if it runs: in a container, PID 1 of
+/// the container, which a signal to kill the agent must reach.
 pub fn agent_pid(node: &str) -> Option<u32> {
+    if containers::is_on() {
+        return containers::agent_pid(node).filter(|pid| alive(*pid));
+    }
     let pid: u32 = fs::read_to_string(pid_file(node))
         .ok()?
         .trim()
@@ -1024,6 +1067,7 @@ pub fn down() -> Result<()> {
     for pid in pids {
         stop_pid(pid)?;
     }
+    containers::remove_all()?;
     liqo_peer::stop()?;
     ha::stop_control()?;
     external_tunnel::stop_all()?;
