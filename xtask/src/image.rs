@@ -20,6 +20,10 @@ use crate::{cmd::run, container};
 
 /// Where the agent sits in the image.
 pub const AGENT_PATH: &str = "/usr/local/bin/isthmus-agent";
+/// The CA bundle: the Kubernetes client builds its TLS roots from the
+/// system's even when the kubeconfig brings its own CA or speaks HTTP, and
+/// fails without any.
+const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// The repository name the DaemonSets' image reference uses.
 pub const REPOSITORY: &str = "ghcr.io/isthmus/isthmus-agent";
 /// The stage of the `Containerfile` that builds the rootfs.
@@ -104,14 +108,14 @@ impl RuntimeStage {
 }
 
 /// Lays out the image's root filesystem under `rootfs`: the agent at
-/// [`AGENT_PATH`] and every shared library it loads (as `ldd` resolves
-/// them), at the paths the dynamic loader looks them up under. Returns
-/// the files, relative to `rootfs`, sorted.
+/// [`AGENT_PATH`], every shared library it loads (as `ldd` resolves
+/// them) at the paths the dynamic loader looks them up under, and the CA
+/// bundle. Returns the files, as absolute paths in the image, sorted.
 pub fn stage_rootfs(agent: &Path, rootfs: &Path) -> Result<Vec<String>> {
     if rootfs.exists() {
         fs::remove_dir_all(rootfs).with_context(|| format!("emptying {}", rootfs.display()))?;
     }
-    let mut files = vec![AGENT_PATH.to_owned()];
+    let mut files = vec![AGENT_PATH.to_owned(), CA_BUNDLE.to_owned()];
     files.extend(shared_libraries(agent)?);
     for file in &files {
         let from = if file == AGENT_PATH {

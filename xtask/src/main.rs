@@ -4,6 +4,7 @@ mod bench;
 mod demo;
 mod fuzz;
 mod prereqs;
+mod syscalls;
 mod test;
 
 use std::{path::PathBuf, process::Command, time::Instant};

@@ -36,6 +36,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     // refuses this machine type's hybrid cgroups).
     "podman",
     "runc",
+    // The image's CA bundle (`cargo xtask image`).
+    "ca-certificates",
 ];
 /// cargo-fuzz, which runs the fuzz targets with the nightly's libFuzzer.
 const CARGO_FUZZ_VERSION: &str = "0.13.2";

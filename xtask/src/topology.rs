@@ -22,6 +22,9 @@ pub const METRICS_PORT: u16 = 9873;
 pub const AGENT_NS: &str = "isthmus-system";
 /// The label of a gateway node (the agent's default `--gateway-label`).
 pub const GATEWAY_LABEL: &str = "net.liqo.io/gateway";
+/// The label an administrator gives a gateway node for the base
+/// DaemonSets (their `ISTHMUS_GATEWAY_LABEL`), which a kubelet may not set.
+pub const RESTRICTED_GATEWAY_LABEL: &str = "node-restriction.kubernetes.io/isthmus-gateway";
 /// The VNI of the overlay between a cluster's nodes (the agent's default).
 pub const OVERLAY_VNI: u32 = 18952;
 /// The UDP port of the overlay (the agent's default).
@@ -483,10 +486,12 @@ pub fn reachability() -> Vec<Reach> {
 }
 
 /// A Node as the API server holds it: its InternalIP `address`, its
-/// PodCIDR if it has one, and the gateway label if it is a gateway.
+/// PodCIDR if it has one, and if it is a gateway, both gateway labels: as
+/// Liqo marks it, and as an administrator labels it for the base
+/// DaemonSets.
 pub fn node(name: &str, address: Ipv4Addr, pod_cidr: Option<&str>, gateway: bool) -> Value {
     let labels = match gateway {
-        true => json!({GATEWAY_LABEL: "true"}),
+        true => json!({GATEWAY_LABEL: "true", RESTRICTED_GATEWAY_LABEL: "true"}),
         false => json!({}),
     };
     let mut node = json!({

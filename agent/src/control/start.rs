@@ -45,9 +45,22 @@ use crate::{
 /// `isthmus-agent run`: loads the dataplane, starts this node's role and
 /// follows the source until a signal arrives.
 pub async fn run(args: RunArgs) -> Result<()> {
-    privileges::check_capabilities()?;
+    let missing = privileges::missing_capabilities()?;
+    if !missing.0.is_empty() {
+        warn!("{missing}");
+    }
     let runtime_filtered = privileges::runtime_filter_present();
     privileges::confine(args.syscall_filter)?;
+    run_confined(args, runtime_filtered)
+        .await
+        .map_err(|e| match missing.0.is_empty() {
+            true => e,
+            false => e.context(missing),
+        })
+}
+
+/// `run`, once the agent has confined itself.
+async fn run_confined(args: RunArgs, runtime_filtered: bool) -> Result<()> {
     let client = match args.source {
         SourceSpec::Kube => Some(kubernetes::client(args.kubeconfig.as_deref()).await?),
         SourceSpec::Dir(_) => None,

@@ -45,12 +45,9 @@ pub const NEEDED: [Capability; 3] = [
 /// CAP_SYS_ADMIN, which the kernel counts as CAP_BPF and CAP_PERFMON.
 const SYS_ADMIN_BIT: u32 = 21;
 
-/// What stops the agent from starting.
+/// What the agent could not learn or set about its privileges.
 #[derive(Debug, Error)]
 pub enum PrivilegeError {
-    /// The process lacks capabilities `run` needs.
-    #[error("{0}")]
-    Missing(MissingCapabilities),
     /// /proc/self/status could not be read or has no `CapEff` line.
     #[error("reading the agent's capabilities from /proc/self/status: {0}")]
     Unreadable(String),
@@ -60,7 +57,7 @@ pub enum PrivilegeError {
 }
 
 /// The capabilities missing, each with what needs it.
-#[derive(Debug)]
+#[derive(Debug, Error)]
 pub struct MissingCapabilities(pub Vec<&'static Capability>);
 
 impl fmt::Display for MissingCapabilities {
@@ -86,22 +83,18 @@ pub fn missing_in(status: &str) -> Result<Vec<&'static Capability>, PrivilegeErr
         .ok_or_else(|| PrivilegeError::Unreadable("no CapEff line".into()))?;
     let holds = |bit: u32| effective & (1 << bit) != 0;
     // The kernel's bpf_capable() and perfmon_capable() accept CAP_SYS_ADMIN.
-    let granted = |cap: &Capability| {
-        holds(cap.bit) || (cap.name != "CAP_NET_ADMIN" && holds(SYS_ADMIN_BIT))
-    };
+    let granted =
+        |cap: &Capability| holds(cap.bit) || (cap.name != "CAP_NET_ADMIN" && holds(SYS_ADMIN_BIT));
     Ok(NEEDED.iter().filter(|cap| !granted(cap)).collect())
 }
 
-/// Fails, naming each one, unless this process holds every capability
-/// `run` needs.
-pub fn check_capabilities() -> Result<(), PrivilegeError> {
+/// The capabilities `run` needs that this process lacks. The agent does
+/// not refuse to start on them: the kernel is the judge, and the agent
+/// names them beside the kernel's refusal.
+pub fn missing_capabilities() -> Result<MissingCapabilities, PrivilegeError> {
     let status = std::fs::read_to_string("/proc/self/status")
         .map_err(|e| PrivilegeError::Unreadable(e.to_string()))?;
-    let missing = missing_in(&status)?;
-    match missing.is_empty() {
-        true => Ok(()),
-        false => Err(PrivilegeError::Missing(MissingCapabilities(missing))),
-    }
+    Ok(MissingCapabilities(missing_in(&status)?))
 }
 
 /// Whether a seccomp filter confined this process before the agent's own
@@ -245,6 +238,7 @@ const ALLOWED: &[i64] = &[
     libc::SYS_unlinkat,
     libc::SYS_renameat,
     libc::SYS_renameat2,
+    libc::SYS_linkat,
     libc::SYS_fchmod,
     libc::SYS_fsync,
     libc::SYS_ftruncate,
@@ -305,6 +299,8 @@ const ALLOWED: &[i64] = &[
     libc::SYS_unlink,
     #[cfg(target_arch = "x86_64")]
     libc::SYS_rename,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_link,
 ];
 
 #[cfg(test)]

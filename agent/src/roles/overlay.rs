@@ -16,7 +16,10 @@ use isthmus_common::{
 };
 use rtnetlink::{
     Handle, LinkUnspec, LinkVxlan, new_connection,
-    packet_route::link::{InfoData, InfoVxlan, LinkAttribute, LinkInfo, LinkMessage},
+    packet_core::{DefaultNla, Emitable, NLA_F_NESTED},
+    packet_route::link::{
+        AfSpecInet, AfSpecUnspec, InfoData, InfoVxlan, LinkAttribute, LinkInfo, LinkMessage,
+    },
 };
 use thiserror::Error;
 use tracing::{info, warn};
@@ -291,7 +294,9 @@ pub async fn ensure_device(options: &OverlayOptions) -> Result<u32, OverlayError
         .map_err(failed("lookup"))?
         .ok_or_else(|| OverlayError::Missing(dev.clone()))?;
     info!(dev = %dev, vni = options.vni, port = options.port, "overlay device created");
-    accept_any_source(dev);
+    accept_any_source(&handle, link.header.index)
+        .await
+        .map_err(failed("turning reverse-path filtering off"))?;
     up(&handle, link.header.index)
         .await
         .map_err(failed("bringing it up"))
@@ -300,11 +305,24 @@ pub async fn ensure_device(options: &OverlayOptions) -> Result<u32, OverlayError
 /// Packets from other nodes' pods arrive on the device while the route
 /// back to them leads elsewhere; strict reverse-path filtering on the
 /// device would drop them. (`all` still applies where it is stricter.)
-fn accept_any_source(dev: &str) {
-    let path = format!("/proc/sys/net/ipv4/conf/{dev}/rp_filter");
-    if let Err(e) = std::fs::write(&path, "0") {
-        warn!(path, error = %e, "cannot turn reverse-path filtering off on the overlay device");
-    }
+/// Set through netlink, not /proc/sys, which container runtimes mount
+/// read-only.
+async fn accept_any_source(handle: &Handle, index: u32) -> Result<(), rtnetlink::Error> {
+    const IFLA_INET_CONF: u16 = 1;
+    const IPV4_DEVCONF_RP_FILTER: u16 = 8;
+    // One nested attribute, the setting's index and its value: the
+    // library's `DevConfRequest` leaves out settings whose value is 0.
+    let rp_filter_off = DefaultNla::new(IPV4_DEVCONF_RP_FILTER, 0u32.to_ne_bytes().to_vec());
+    let mut nested = vec![0; rp_filter_off.buffer_len()];
+    rp_filter_off.emit(&mut nested);
+    let conf = DefaultNla::new(IFLA_INET_CONF | NLA_F_NESTED, nested);
+    let mut message = LinkUnspec::new_with_index(index).build();
+    message
+        .attributes
+        .push(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet(vec![
+            AfSpecInet::Other(conf),
+        ])]));
+    handle.link().set(message).execute().await
 }
 
 async fn up(handle: &Handle, index: u32) -> Result<u32, rtnetlink::Error> {

@@ -83,13 +83,13 @@ fn objects_of_b() -> BTreeMap<PathBuf, Vec<u8>> {
 }
 
 /// A numbered UDP stream and a TCP transfer a-pod1 → b-pod1, flowing.
-struct Traffic {
+pub(crate) struct Traffic {
     udp: UdpStream,
     tcp: TcpTransfer,
 }
 
 impl Traffic {
-    fn start() -> Self {
+    pub(crate) fn start() -> Self {
         let row = &reachability()[0];
         let bind = B.pod_addr(1);
         let udp = UdpStream::start(&row.from, &row.answered_by, bind, row.target).unwrap();
@@ -100,7 +100,7 @@ impl Traffic {
     }
 
     /// Waits for the stream to flow again.
-    fn flows_again(&self) {
+    pub(crate) fn flows_again(&self) {
         self.udp
             .wait_more(500, GIVE_UP)
             .expect("the stream flows after");
@@ -108,7 +108,7 @@ impl Traffic {
 
     /// Ends both and checks them: the stream's longest silence under
     /// `bound`, and every TCP byte delivered.
-    fn check(self, event: &str, bound: Duration) {
+    pub(crate) fn check(self, event: &str, bound: Duration) {
         let stream = self.udp.finish().unwrap();
         let transfer = self.tcp.finish().unwrap();
         eprintln!("{event}: {stream:?}, {transfer:?}");

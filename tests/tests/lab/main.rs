@@ -5,6 +5,7 @@
 mod attach_modes;
 mod bpftool;
 mod conncheck;
+mod containers;
 mod dashboard;
 mod flow_share;
 mod guard;

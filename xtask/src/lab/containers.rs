@@ -62,9 +62,14 @@ pub(super) fn turn_on() -> Result<()> {
     Ok(fs::write(state(MARKER), "")?)
 }
 
-/// The name of node `node`'s agent container.
-pub fn name(node: &str) -> String {
-    format!("{LABEL}-{node}")
+/// A new name for a container of node `node`'s agent. Each container has
+/// its own, so that the next can start while podman still removes the
+/// one before (which takes it about two seconds after the agent exits).
+fn new_name(node: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{LABEL}-{node}-{nanos}")
 }
 
 /// What the downward API gives a pod on a lab node.
@@ -234,7 +239,7 @@ impl AgentContainer {
             self.daemonset
         );
         let mut args = vec![
-            format!("--name={}", name(node)),
+            format!("--name={}", pod.pod),
             format!("--label={LABEL}={node}"),
             "--rm".into(),
             "--pull=never".into(),
@@ -427,10 +432,7 @@ pub fn command(node: &str, role: &str, lab_args: &[String], variant: &Variant) -
     let agent = AgentContainer::of_role(&text, role)?;
     let pod = Downward {
         node: node.to_owned(),
-        pod: match super::ha::is_ha_node(node) && role == "gateway" {
-            true => super::ha::pod_name(node),
-            false => name(node),
-        },
+        pod: new_name(node),
         node_ip: crate::topology::node_addr(node)
             .context("a node of no cluster")?
             .to_string(),
@@ -452,9 +454,17 @@ pub fn command(node: &str, role: &str, lab_args: &[String], variant: &Variant) -
     Ok(command)
 }
 
-/// The host PID of node `node`'s agent, PID 1 of its container.
+/// The host PID of node `node`'s agent, PID 1 of its running container.
 pub fn agent_pid(node: &str) -> Option<u32> {
-    container::podman(&["inspect", "--format", "{{.State.Pid}}", &name(node)])
+    let running = container::podman(&[
+        "ps",
+        "--quiet",
+        &format!("--filter=label={LABEL}={node}"),
+        "--filter=status=running",
+    ])
+    .ok()?;
+    let id = running.split_whitespace().next()?;
+    container::podman(&["inspect", "--format", "{{.State.Pid}}", id])
         .ok()?
         .trim()
         .parse()

@@ -906,7 +906,7 @@ fn signal_and_wait(pid: u32, signal: Signal, timeout: Duration) -> bool {
 }
 
 /// Whether `pid` runs and is not a zombie.
-fn alive(pid: u32) -> bool {
+pub fn alive(pid: u32) -> bool {
     fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
