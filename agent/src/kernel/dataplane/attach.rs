@@ -86,10 +86,11 @@ impl Dataplane {
     }
 
     /// Whether the NAT programs for `dev` (a previous agent's) are
-    /// attached to both its directions through TCX, as the kernel says:
-    /// pins can outlive the device they were made for.
+    /// attached to both its directions through the TCX links pinned for
+    /// them, as the kernel says: pins can outlive the device they were
+    /// made for.
     pub fn nat_attached(&self, dev: &str) -> bool {
-        let Ok((egress, ingress)) = nat_programs(dev) else {
+        let (Ok((egress, ingress)), Ok(ifindex)) = (nat_programs(dev), link::ifindex(dev)) else {
             return false;
         };
         [
@@ -98,9 +99,14 @@ impl Dataplane {
         ]
         .into_iter()
         .all(|(attach_type, program)| {
-            SchedClassifier::query_tcx(dev, attach_type).is_ok_and(|(_, attached)| {
-                attached.iter().any(|p| p.name_as_str() == Some(program))
-            })
+            let pin = self.pins.link(dev, direction(attach_type), program);
+            let Ok(pinned) = PinnedLink::from_pin(&pin) else {
+                return false;
+            };
+            let Ok(info) = FdLink::from(pinned).info() else {
+                return false;
+            };
+            tcx_link_ids(ifindex, attach_type).is_ok_and(|ids| ids.contains(&info.id()))
         })
     }
 
@@ -304,4 +310,60 @@ fn attach_clsact(
 
 fn tcx_supported() -> bool {
     aya::util::KernelVersion::current().is_ok_and(|v| v >= aya::util::KernelVersion::new(6, 6, 0))
+}
+
+/// The IDs of the links attached to device `ifindex` through TCX in
+/// `attach_type`'s direction. BPF_PROG_QUERY itself needs only
+/// CAP_NET_ADMIN; aya's `query_tcx` also opens each program by its ID,
+/// which takes CAP_SYS_ADMIN, which the DaemonSets do not grant.
+fn tcx_link_ids(ifindex: u32, attach_type: TcAttachType) -> std::io::Result<Vec<u32>> {
+    /// The `query` member of the kernel's `union bpf_attr`, as of 6.6.
+    #[repr(C)]
+    #[derive(Default)]
+    struct ProgQuery {
+        target_ifindex: u32,
+        attach_type: u32,
+        query_flags: u32,
+        attach_flags: u32,
+        prog_ids: u64,
+        count: u32,
+        _pad: u32,
+        prog_attach_flags: u64,
+        link_ids: u64,
+        link_attach_flags: u64,
+        revision: u64,
+    }
+    const BPF_PROG_QUERY: libc::c_long = 16;
+    const BPF_TCX_INGRESS: u32 = 46;
+    const BPF_TCX_EGRESS: u32 = 47;
+    const MAX_LINKS: usize = 64;
+    let mut prog_ids = [0u32; MAX_LINKS];
+    let mut link_ids = [0u32; MAX_LINKS];
+    let mut query = ProgQuery {
+        target_ifindex: ifindex,
+        attach_type: match attach_type {
+            TcAttachType::Egress => BPF_TCX_EGRESS,
+            _ => BPF_TCX_INGRESS,
+        },
+        prog_ids: prog_ids.as_mut_ptr() as u64,
+        count: MAX_LINKS as u32,
+        link_ids: link_ids.as_mut_ptr() as u64,
+        ..ProgQuery::default()
+    };
+    // SAFETY: `query` has the layout of bpf_attr's query member, its
+    // pointers name arrays of `count` u32s that outlive the call, and the
+    // kernel reads no more than the size passed.
+    let result = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_QUERY,
+            &mut query as *mut ProgQuery,
+            std::mem::size_of::<ProgQuery>(),
+        )
+    };
+    if result != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let count = (query.count as usize).min(MAX_LINKS);
+    Ok(link_ids[..count].to_vec())
 }
