@@ -642,3 +642,17 @@ fn the_gateway_account_may_change_only_its_pods_election_label() {
     let kubelet = request("system:node:a-gw", "UPDATE");
     assert_eq!(admitted(&policy, &kubelet, &active, &pod), None);
 }
+
+/// The image the DaemonSets run is the one `cargo xtask image` tags, and
+/// the standalone kustomization names it where users set their registry's.
+#[test]
+fn the_daemonsets_run_the_image_cargo_xtask_image_tags() {
+    for ds in yaml_file("base/daemonset.yaml") {
+        let image = &ds["spec"]["template"]["spec"]["containers"][0]["image"];
+        assert_eq!(image, &xtask::image::reference(), "{}", ds["metadata"]["name"]);
+    }
+    let kustomization = &yaml_file("standalone/kustomization.yaml")[0];
+    let set = &kustomization["images"][0];
+    assert_eq!(set["name"], xtask::image::REPOSITORY);
+    assert_eq!(set["newTag"], env!("CARGO_PKG_VERSION"));
+}
