@@ -319,7 +319,7 @@ mod tests {
 
     #[test]
     fn each_missing_capability_is_named_with_what_needs_it() {
-        let missing = missing_in(&status("0000004000001000")).unwrap();
+        let missing = missing_in(&status("0000008000001000")).unwrap();
         assert_eq!(
             missing.iter().map(|c| c.name).collect::<Vec<_>>(),
             ["CAP_PERFMON"]

@@ -649,7 +649,12 @@ fn the_gateway_account_may_change_only_its_pods_election_label() {
 fn the_daemonsets_run_the_image_cargo_xtask_image_tags() {
     for ds in yaml_file("base/daemonset.yaml") {
         let image = &ds["spec"]["template"]["spec"]["containers"][0]["image"];
-        assert_eq!(image, &xtask::image::reference(), "{}", ds["metadata"]["name"]);
+        assert_eq!(
+            image,
+            &xtask::image::reference(),
+            "{}",
+            ds["metadata"]["name"]
+        );
     }
     let kustomization = &yaml_file("standalone/kustomization.yaml")[0];
     let set = &kustomization["images"][0];
