@@ -250,7 +250,9 @@ pub fn build() -> Result<Image> {
 /// The files in image `reference`, as absolute paths, sorted: read from a
 /// container made of it and never started.
 pub fn files_in(reference: &str) -> Result<Vec<String>> {
-    let id = container::podman(&["create", "--pull=never", reference])?;
+    // No network: podman's default one would add a bridge to the root
+    // namespace.
+    let id = container::podman(&["create", "--pull=never", "--network=none", reference])?;
     let id = id.trim();
     let tar = crate::target_dir().join("image/export.tar");
     let exported = container::podman(&["export", "--output", &tar.to_string_lossy(), id]);
