@@ -159,6 +159,12 @@ fn check(h: &Harness, rows: Vec<Row>) {
 #[test]
 fn the_overlay_programs_decide_and_leave_frames_as_they_should() {
     let mut h = Harness::new();
+    // In a netns with no route at all, so that the FIB settles nothing
+    // whatever the machine's own routes: in the root netns, its default
+    // route with the gateway's neighbour entry resolved (after any apt or
+    // cargo download) sent "a pod of its own" past netfilter to eth0.
+    netns::fresh(&[NO_ROUTE_NS]);
+    h.netns = Some(NO_ROUTE_NS);
     let to_peer = eth_ipv4(&udp(A_POD1, B_POD1).bytes());
     let local = eth_ipv4(&udp(A_POD1, A_POD2).bytes());
     let arp = ethernet(ETH_P_ARP, &[0; 28]);
@@ -257,7 +263,11 @@ fn the_overlay_programs_decide_and_leave_frames_as_they_should() {
             ),
         ],
     );
+    netns::remove(&[NO_ROUTE_NS]);
 }
+
+/// The netns of the test above: loopback only.
+const NO_ROUTE_NS: &str = "ist-t-no-route";
 
 /// Length of an Ethernet header, where the frames' IPv4 header starts.
 const ETH_HLEN: usize = 14;
