@@ -474,7 +474,8 @@ pub fn agent_pid(node: &str) -> Option<u32> {
 
 /// Removes every lab container, running or not.
 pub fn remove_all() -> Result<()> {
-    if which("podman").is_none() {
+    // Nothing to remove where podman is not even installed.
+    if container::podman(&["--version"]).is_err() {
         return Ok(());
     }
     let ids = container::podman(&["ps", "--all", "--quiet", &format!("--filter=label={LABEL}")])?;
@@ -482,14 +483,6 @@ pub fn remove_all() -> Result<()> {
         container::podman(&["rm", "--force", "--time=10", id])?;
     }
     Ok(())
-}
-
-fn which(program: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|dir| PathBuf::from(dir).join(program))
-        .find(|p| p.exists())
 }
 
 #[cfg(test)]

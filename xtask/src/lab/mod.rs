@@ -688,8 +688,7 @@ pub fn spawn_container(
     log: &Path,
 ) -> Result<u32> {
     let command = containers::command(node, role_of(node), args, variant)?;
-    let log = fs::OpenOptions::new().create(true).append(true).open(log)?;
-    spawn_detached(command, log).context("starting the agent's container")
+    spawn_logged(command, log).context("starting the agent's container")
 }
 
 /// The command line the lab runs node `node`'s agent with.
@@ -754,11 +753,16 @@ pub fn spawn_agent(ns: &str, args: &[String], log: &Path) -> Result<u32> {
 
 /// As [`spawn_agent`], with another build of the agent.
 pub fn spawn_agent_binary(binary: &Path, ns: &str, args: &[String], log: &Path) -> Result<u32> {
-    let log = fs::OpenOptions::new().create(true).append(true).open(log)?;
     let mut command = Command::new("ip");
     command.args(["netns", "exec", ns]).arg(binary).args(args);
     // `ip netns exec` execs the agent, so this PID is the agent's.
-    spawn_detached(command, log).context("starting the agent")
+    spawn_logged(command, log).context("starting the agent")
+}
+
+/// [`spawn_detached`], its output appended to the file `log`.
+fn spawn_logged(command: Command, log: &Path) -> Result<u32> {
+    let log = fs::OpenOptions::new().create(true).append(true).open(log)?;
+    spawn_detached(command, log)
 }
 
 /// Starts a gateway agent without a tunnel of its own in netns `ns` (a
