@@ -40,6 +40,19 @@ pub enum TunnelMode {
     None,
 }
 
+/// Whether packets the FIB settles in one step skip the node's netfilter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PastNetfilter {
+    /// Always through the stack.
+    Off,
+    /// Always past it, whatever its FORWARD chains hold.
+    On,
+    /// Past it while no base chain at the forward hook (iptables-legacy,
+    /// iptables-nft or nftables) holds a rule or drops; through it while
+    /// one does, followed every second.
+    Auto,
+}
+
 /// What this node does.
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Role {
@@ -158,10 +171,18 @@ pub struct RunArgs {
     /// this node's IP layer and netfilter: the overlay's packets for this
     /// node's pods; on the gateway node, peers' packets for its pods and its
     /// pods' packets for peers. Faster, but the FORWARD chain does not see
-    /// them: leave it off where the CNI enforces NetworkPolicy there (as
-    /// Calico's iptables dataplane and kube-router do).
-    #[arg(long)]
-    pub forward_past_netfilter: bool,
+    /// them. `auto` does so only while no forward-hook chain holds a rule
+    /// or drops (a CNI enforcing NetworkPolicy there, as Calico's iptables
+    /// dataplane and kube-router do, adds such rules); the bare flag is `on`.
+    #[arg(
+        long,
+        value_enum,
+        default_value_t = PastNetfilter::Auto,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "on"
+    )]
+    pub forward_past_netfilter: PastNetfilter,
     /// How to attach TC programs.
     #[arg(long, value_enum, default_value_t = AttachMode::Auto)]
     pub attach: AttachMode,

@@ -38,6 +38,7 @@ use crate::{
         gateway::{Gateway, guard::Guard},
         nat_device::NatDevice,
         overlay::{self, Overlay, OverlayOptions, PodDevices},
+        past_netfilter::PastNetfilterSetting,
     },
     tunnel::{TunnelConfig, key, route::Routes},
 };
@@ -144,9 +145,10 @@ async fn run_confined(args: RunArgs, runtime_filtered: bool) -> Result<()> {
         )?),
         Role::Worker => None,
     };
+    let mut past_netfilter = PastNetfilterSetting::new(args.forward_past_netfilter);
     let overlay = match args.no_overlay {
         true => None,
-        false => Some(start_overlay(&args, &mut dataplane).await?),
+        false => Some(start_overlay(&args, &mut dataplane, &past_netfilter).await?),
     };
     let pods = PodDevices::new(args.pod_devs.clone(), dataplane.take_pod_devs()?)?;
     let xdp_mode = match gateway.is_some() && args.guard_dev.is_some() {
@@ -216,7 +218,9 @@ async fn run_confined(args: RunArgs, runtime_filtered: bool) -> Result<()> {
         (SourceSpec::Kube, None) => unreachable!("a kube source has a client"),
     };
     info!(node = %args.node, role = role_name, source = ?args.source, bpffs = %args.bpffs.display(), "agent started");
+    past_netfilter.report_in(metrics.forward_past_netfilter.clone());
     let host = NodeHost {
+        past_netfilter,
         nat,
         links: LinkEvents::subscribe()?,
         dataplane,
@@ -276,7 +280,11 @@ fn signal() -> Result<impl std::future::Future<Output = ()>> {
 
 /// Creates the overlay's device, attaches its receiving program and
 /// writes its settings.
-async fn start_overlay(args: &RunArgs, dataplane: &mut Dataplane) -> Result<Overlay> {
+async fn start_overlay(
+    args: &RunArgs,
+    dataplane: &mut Dataplane,
+    past_netfilter: &PastNetfilterSetting,
+) -> Result<Overlay> {
     let options = OverlayOptions {
         dev: args.overlay_dev.clone(),
         vni: args.overlay_vni,
@@ -284,7 +292,7 @@ async fn start_overlay(args: &RunArgs, dataplane: &mut Dataplane) -> Result<Over
         gateway: args.gateway_ip,
         gateway_label: args.gateway_label.clone(),
         node: args.node.clone(),
-        past_netfilter: args.forward_past_netfilter,
+        past_netfilter: past_netfilter.wanted(),
     };
     let ifindex = overlay::ensure_device(&options).await?;
     dataplane.attach_accept(&options.dev, args.attach)?;
@@ -308,6 +316,8 @@ struct NodeHost {
     nat: Option<NatDevice>,
     /// Device changes, to follow them at once.
     links: LinkEvents,
+    /// Whether the overlay's programs skip netfilter, and what decides it.
+    past_netfilter: PastNetfilterSetting,
 }
 
 impl Host for NodeHost {
@@ -319,6 +329,7 @@ impl Host for NodeHost {
         }
         self.pods.refresh(&mut self.dataplane, self.attach);
         if let Some(overlay) = self.overlay.as_mut() {
+            self.past_netfilter.apply(overlay);
             overlay.refresh_uplink(&mut self.dataplane, self.attach);
         }
     }
@@ -347,8 +358,16 @@ impl Host for NodeHost {
         }
     }
 
+    /// A device changed, or the forward hook that decides whether packets
+    /// skip netfilter.
     fn devices_changed(&mut self) -> impl Future<Output = ()> + Send {
-        self.links.changed()
+        let (links, past_netfilter) = (&mut self.links, &mut self.past_netfilter);
+        async move {
+            tokio::select! {
+                () = links.changed() => {}
+                () = past_netfilter.changed() => {}
+            }
+        }
     }
 }
 

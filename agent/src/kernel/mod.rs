@@ -5,6 +5,7 @@ pub mod conntrack;
 pub mod dataplane;
 pub mod link;
 pub mod maps;
+pub mod netfilter;
 pub mod pinned;
 pub mod privileges;
 pub mod room;

@@ -5,3 +5,4 @@
 pub mod gateway;
 pub mod nat_device;
 pub mod overlay;
+pub mod past_netfilter;

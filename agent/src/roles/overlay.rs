@@ -48,7 +48,8 @@ pub struct OverlayOptions {
     pub gateway_label: String,
     /// This node's name: its own PodCIDRs are not overlay destinations.
     pub node: String,
-    /// Whether to forward past netfilter ([`PAST_NETFILTER`]).
+    /// Whether to forward past netfilter ([`PAST_NETFILTER`]) from the
+    /// start; [`Overlay::set_past_netfilter`] changes it.
     pub past_netfilter: bool,
 }
 
@@ -176,7 +177,7 @@ impl Overlay {
     /// older agent's program does not read the setting, and would go on
     /// forwarding past netfilter.
     pub fn drop_stale_decap(&self, dataplane: &mut Dataplane) {
-        if self.options.past_netfilter {
+        if self.past_netfilter() {
             return;
         }
         let Some(dev) = self.uplink_now() else {
@@ -185,6 +186,27 @@ impl Overlay {
         if let Err(e) = dataplane.detach_decap(&dev) {
             warn!(dev = %dev, error = %e, "detaching a previous agent's decapsulation");
         }
+    }
+
+    /// Whether the programs forward past netfilter now.
+    pub fn past_netfilter(&self) -> bool {
+        self.config.flags & PAST_NETFILTER != 0
+    }
+
+    /// Starts or stops forwarding past netfilter; the decapsulation on the
+    /// uplink follows at the next [`Overlay::refresh_uplink`]. Returns
+    /// whether that changed anything.
+    pub fn set_past_netfilter(&mut self, on: bool) -> Result<bool, MapError> {
+        if on == self.past_netfilter() {
+            return Ok(false);
+        }
+        let config = OverlayConfig {
+            flags: self.config.flags ^ PAST_NETFILTER,
+            ..self.config
+        };
+        self.settings.set(config)?;
+        self.config = config;
+        Ok(true)
     }
 
     /// The device holding this node's address now, if it is known.
@@ -201,7 +223,7 @@ impl Overlay {
     /// it does when the node does not forward past netfilter: then the
     /// decapsulation could forward nothing.
     pub fn refresh_uplink(&mut self, dataplane: &mut Dataplane, mode: AttachMode) {
-        let wanted = self.uplink_now().filter(|_| self.options.past_netfilter);
+        let wanted = self.uplink_now().filter(|_| self.past_netfilter());
         if wanted == self.uplink {
             return;
         }

@@ -173,7 +173,9 @@ pub fn key_file(node: &str) -> PathBuf {
 
 /// The lab state's marker files that turn an option of the agents off.
 const NO_GUARD: &str = "no-guard";
-const THROUGH_NETFILTER: &str = "through-netfilter";
+/// The lab state's file that holds `--forward-past-netfilter`'s value when
+/// a test sets one; without it, the agents run the DaemonSet's default.
+const PAST_NETFILTER: &str = "past-netfilter";
 
 /// Whether the embedded tunnel's gateways run the XDP guard on their
 /// uplinks, as the lab starts them; [`set_guard`] turns it off.
@@ -220,22 +222,25 @@ pub fn set_gateway_tunnel(tunnel: LabTunnel, guard: bool) -> Result<()> {
     gateways.iter().try_for_each(|gw| wait_ready(gw))
 }
 
-/// Whether the agents forward past netfilter (`--forward-past-netfilter`),
-/// as the lab starts them; [`set_forward_past_netfilter`] turns it off.
-pub fn forwards_past_netfilter() -> bool {
-    !state(THROUGH_NETFILTER).exists()
+/// The `--forward-past-netfilter` value a test set (`on`, `off`, `auto`),
+/// or none while the agents run the DaemonSet's default, `auto`.
+pub fn past_netfilter_mode() -> Option<String> {
+    fs::read_to_string(state(PAST_NETFILTER)).ok()
 }
 
-/// Turns forwarding past netfilter on or off, restarting every agent;
-/// returns once they are ready. The lab's pods have no NetworkPolicy that
-/// netfilter would enforce, so the lab forwards past it unless a test
-/// turns that off.
-pub fn set_forward_past_netfilter(on: bool) -> Result<()> {
-    let nodes: Vec<String> = CLUSTERS
+/// Sets `--forward-past-netfilter` to `mode` (none: the default), restarting
+/// every agent; returns once they are ready.
+pub fn set_forward_past_netfilter(mode: Option<&str>) -> Result<()> {
+    match mode {
+        Some(mode) => fs::write(state(PAST_NETFILTER), mode)?,
+        None => {
+            let _ = fs::remove_file(state(PAST_NETFILTER));
+        }
+    }
+    CLUSTERS
         .iter()
         .flat_map(|c| c.nodes().map(|(name, _)| name))
-        .collect();
-    set_option(THROUGH_NETFILTER, on, &nodes)
+        .try_for_each(|node| restart_agent(&node))
 }
 
 /// Turns an option of the agents on or off, as a marker file in the lab's
@@ -726,8 +731,8 @@ pub fn agent_args(node: &str) -> Result<Vec<String>> {
         }
     }
     args.push(format!("--pod-devs={POD_DEVS}"));
-    if forwards_past_netfilter() {
-        args.push("--forward-past-netfilter".into());
+    if let Some(mode) = past_netfilter_mode() {
+        args.push(format!("--forward-past-netfilter={mode}"));
     }
     match tunnel_mode() {
         LabTunnel::Userspace => {

@@ -72,6 +72,8 @@ pub struct Metrics {
     pub flow_evictions: Family<OwnerLabels, Counter>,
     /// 1 while this gateway is the active one (or the only one), else 0.
     pub gateway_active: Gauge,
+    /// 1 while the programs forward past netfilter, else 0.
+    pub forward_past_netfilter: Gauge,
     /// TunnelEndpoint status decisions, by outcome: written, skipped
     /// (already shown, or not due), failed.
     pub status_writes: Family<[(&'static str, &'static str); 1], Counter>,
@@ -124,6 +126,7 @@ impl Metrics {
         let flow_refusals = Family::default();
         let flow_evictions = Family::default();
         let gateway_active = Gauge::default();
+        let forward_past_netfilter = Gauge::default();
         let status_writes = Family::default();
         let last_reconcile = Gauge::<f64, AtomicU64>::default();
         registry.register(
@@ -161,6 +164,11 @@ impl Metrics {
             "gateway_active",
             "1 while this gateway is the active one, or the only one; 0 on a standby gateway and on workers",
             gateway_active.clone(),
+        );
+        registry.register(
+            "forward_past_netfilter",
+            "1 while the programs forward what the FIB settles in one step past netfilter (--forward-past-netfilter), else 0",
+            forward_past_netfilter.clone(),
         );
         registry.register(
             "nat_mappings",
@@ -246,6 +254,7 @@ impl Metrics {
             flow_refusals,
             flow_evictions,
             gateway_active,
+            forward_past_netfilter,
             status_writes,
             last_reconcile,
             peer_labels,
