@@ -2,7 +2,6 @@
 //! in one run, on the lab's own path.
 
 use std::{
-    fmt::Write as _,
     fs,
     path::PathBuf,
     process::{Command, Stdio},
@@ -15,6 +14,8 @@ mod failover;
 mod guard;
 mod isolation;
 mod kube;
+mod liqo_v010;
+mod nat;
 mod overlay;
 mod tunnel;
 
@@ -26,7 +27,7 @@ use isthmus_common::{
     wire::Be32,
 };
 use xtask::{
-    cmd::{ip, iptables, run},
+    cmd::{ip, run},
     lab, netns,
     objects::TunnelEndpoint,
     topology::{A, B, Cluster, PEERINGS, Peering},
@@ -112,7 +113,7 @@ impl Which {
 pub fn run_bench(which: Which) -> Result<()> {
     match which {
         // NAT alone: gateways route over the WAN in clear.
-        Which::Nat { baseline } => on_lab(lab::LabTunnel::None, || nat(baseline)),
+        Which::Nat { baseline } => on_lab(lab::LabTunnel::None, || nat::run_nat(baseline)),
         Which::Tunnel => tunnel::run_tunnel(),
         Which::Guard => guard::run_guard(),
         Which::Overlay => overlay::run_overlay(),
@@ -240,105 +241,6 @@ const WARMUP: Duration = Duration::from_secs(1);
 /// Hard bounds on the generator, whatever happens to this process.
 const GENERATOR_MAX_PACKETS: &str = "300000000";
 const GENERATOR_MAX_SECONDS: &str = "60";
-/// Idle memory budget of the agent with 200 peers.
-const RSS_BUDGET_MIB: f64 = 32.0;
-
-/// One configuration of the gateways.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Setup {
-    /// No NAT anywhere.
-    Plain,
-    /// Liqo's iptables rules for this many peers.
-    Iptables(usize),
-    /// Isthmus with this many peers.
-    Isthmus(usize),
-    /// The `--baseline` build of the agent, with one peer.
-    Baseline,
-    /// Isthmus with one peer, which b's gateway segregates, with
-    /// `isolation::ENDPOINTS` endpoints allowed to it.
-    Segregated,
-}
-
-/// Isthmus with 200 peers comes last: the agent's memory is read in that state.
-const SETUPS: [Setup; 6] = [
-    Setup::Plain,
-    Setup::Iptables(1),
-    Setup::Iptables(200),
-    Setup::Isthmus(1),
-    Setup::Segregated,
-    Setup::Isthmus(200),
-];
-
-impl Setup {
-    fn name(self) -> &'static str {
-        match self {
-            Setup::Plain => "plain",
-            Setup::Iptables(_) => "iptables",
-            Setup::Isthmus(_) => "isthmus",
-            Setup::Segregated => "isthmus, segregated",
-            Setup::Baseline => "isthmus baseline build",
-        }
-    }
-
-    fn peers(self) -> usize {
-        match self {
-            Setup::Plain => 0,
-            Setup::Iptables(n) | Setup::Isthmus(n) => n,
-            Setup::Segregated | Setup::Baseline => 1,
-        }
-    }
-
-    /// Configures the gateways, measures, and undoes what only this setup needs.
-    fn measure(self, flow: &Flow) -> Result<Vec<f64>> {
-        match self {
-            Setup::Plain => {
-                disable_isthmus()?;
-                plain_routes(true)?;
-                let rates = measure(flow);
-                plain_routes(false)?;
-                rates
-            }
-            Setup::Iptables(peers) => {
-                disable_isthmus()?;
-                install_iptables(peers)?;
-                let rates = measure(flow);
-                flush_iptables()?;
-                rates
-            }
-            Setup::Isthmus(peers) => {
-                enable_isthmus()?;
-                set_isthmus_peers(peers)?;
-                measure(flow)
-            }
-            Setup::Baseline => {
-                disable_isthmus()?;
-                let binary = BASELINE.get().context("no --baseline build")?;
-                let mut pids = Vec::new();
-                for gw in [A.gw(), B.gw()] {
-                    let (args, log) = (lab::agent_args(&gw)?, lab::log_file(&gw));
-                    let pid = lab::spawn_agent_binary(binary, &gw, &args, &log)?;
-                    pids.push(pid);
-                    lab::wait_ready_in(&gw, pid, &log)?;
-                }
-                set_isthmus_peers(1)?;
-                let rates = measure(flow);
-                for (gw, pid) in [A.gw(), B.gw()].iter().zip(pids) {
-                    lab::stop_pid(pid)?;
-                    lab::clean_up_agent(gw)?;
-                }
-                rates
-            }
-            Setup::Segregated => {
-                enable_isthmus()?;
-                set_isthmus_peers(1)?;
-                isolation::segregate()?;
-                let rates = measure(flow);
-                isolation::unsegregate()?;
-                rates
-            }
-        }
-    }
-}
 
 /// A flow under test, from a client pod to a server pod.
 struct Flow {
@@ -349,142 +251,6 @@ struct Flow {
     server: String,
     src: [u8; 4],
     dst: [u8; 4],
-}
-
-/// The NAT benchmark's flow: a-pod2 → b-pod2, pods on the gateways.
-fn flow() -> Flow {
-    Flow {
-        client: A.pod(2),
-        next_hop: (A.gw(), "pod2"),
-        server: B.pod(2),
-        src: A.pod_addr(2).octets(),
-        dst: [10, 0, 0, 133],
-    }
-}
-
-/// The `--baseline` build the NAT bench measures beside this one.
-static BASELINE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-
-fn nat(baseline: Option<PathBuf>) -> Result<()> {
-    let flow = flow();
-    let mut setups = SETUPS.to_vec();
-    if let Some(binary) = baseline {
-        let binary = fs::canonicalize(&binary)
-            .with_context(|| format!("the baseline build {}", binary.display()))?;
-        BASELINE.get_or_init(|| binary);
-        // Right after this build with one peer, so each round pairs them.
-        setups.insert(4, Setup::Baseline);
-    }
-    let mut samples: Vec<(Setup, Vec<f64>)> = setups.iter().map(|s| (*s, Vec::new())).collect();
-    for round in 1..=ROUNDS {
-        for (setup, rates) in &mut samples {
-            println!(
-                "bench: round {round}/{ROUNDS}, {} with {} peer(s)",
-                setup.name(),
-                setup.peers()
-            );
-            rates.extend(setup.measure(&flow)?);
-        }
-    }
-    let rss = agent_rss_mib(&A.gw())?;
-    println!("bench: timing updates of b-gw's allowed table");
-    isolation::segregate()?;
-    let update_p99 = isolation::update_p99_ms();
-    isolation::unsegregate()?;
-    let update_p99 = update_p99?;
-    let pps: Vec<(Setup, f64)> = samples
-        .iter()
-        .map(|(s, rates)| (*s, median(rates)))
-        .collect();
-    let get = |setup: Setup| {
-        pps.iter()
-            .find(|(s, _)| *s == setup)
-            .map_or(0.0, |(_, v)| *v)
-    };
-    let plain = get(Setup::Plain);
-    // What each NAT adds to a packet's trip, over plain forwarding.
-    let cost_ns = |rate: f64| (1e9 / rate - 1e9 / plain).max(0.0);
-    let results = [
-        (
-            "nat-pps-1peer-vs-iptables",
-            get(Setup::Isthmus(1)),
-            get(Setup::Iptables(1)),
-        ),
-        (
-            "nat-pps-200peers-vs-iptables",
-            get(Setup::Isthmus(200)),
-            get(Setup::Iptables(200)),
-        ),
-        (
-            "nat-pps-200peers-vs-isthmus-1peer",
-            get(Setup::Isthmus(200)),
-            get(Setup::Isthmus(1)),
-        ),
-        (
-            "nat-pps-1peer-vs-plain-forwarding",
-            get(Setup::Isthmus(1)),
-            plain,
-        ),
-        (
-            "nat-cost-ns-per-packet-200peers-vs-iptables",
-            cost_ns(get(Setup::Isthmus(200))),
-            cost_ns(get(Setup::Iptables(200))),
-        ),
-        ("agent-rss-mib-200peers-vs-budget", rss, RSS_BUDGET_MIB),
-        (
-            "nat-pps-segregation-10k-vs-isthmus",
-            get(Setup::Segregated),
-            get(Setup::Isthmus(1)),
-        ),
-        (
-            "isolation-update-p99-ms-10k-vs-budget",
-            update_p99,
-            isolation::UPDATE_BUDGET_MS,
-        ),
-    ];
-    let mut lines = result_lines(&results, 1);
-    if BASELINE.get().is_some() {
-        lines.push_str(&paired_ratio_line(
-            "nat-pps-1peer-vs-baseline-build",
-            &samples,
-            Setup::Isthmus(1),
-            Setup::Baseline,
-        ));
-    }
-    write_report(&samples, rss, &lines)
-}
-
-/// A RESULT line comparing `ours` with `peer` round by round: the median
-/// of the per-round ratios of their windows' medians, with the least and
-/// the greatest.
-fn paired_ratio_line(
-    name: &str,
-    samples: &[(Setup, Vec<f64>)],
-    ours: Setup,
-    peer: Setup,
-) -> String {
-    let rates = |setup| {
-        samples
-            .iter()
-            .find(|(s, _)| *s == setup)
-            .map_or(&[][..], |(_, r)| r.as_slice())
-    };
-    let ratios: Vec<f64> = rates(ours)
-        .chunks(WINDOWS)
-        .zip(rates(peer).chunks(WINDOWS))
-        .map(|(o, p)| median(o) / median(p))
-        .collect();
-    let (lo, hi) = ratios
-        .iter()
-        .fold((f64::MAX, 0f64), |(lo, hi), r| (lo.min(*r), hi.max(*r)));
-    let line = format!(
-        "RESULT name={name} isthmus={:.1} peer={:.1} ratio={:.3} min={lo:.3} max={hi:.3}\n",
-        median(rates(ours)),
-        median(rates(peer)),
-        median(&ratios)
-    );
-    print!("{line}");
-    line
 }
 
 fn median(values: &[f64]) -> f64 {
@@ -513,14 +279,6 @@ fn disable_isthmus() -> Result<()> {
         lab::stop_agent(&gw)?;
         lab::clean_up_agent(&gw)?;
     }
-    Ok(())
-}
-
-/// Without NAT, b-pod2 must own the address a sends to.
-fn plain_routes(add: bool) -> Result<()> {
-    let op = if add { "add" } else { "del" };
-    ip(&B.pod(2), &["addr", op, "10.0.0.133/32", "dev", "eth0"])?;
-    ip(&B.gw(), &["route", op, "10.0.0.133/32", "dev", "pod2"])?;
     Ok(())
 }
 
@@ -596,103 +354,6 @@ fn gateway_peerings() -> impl Iterator<Item = &'static Peering> {
 
 fn peers_programmed(gw: &str) -> Result<f64> {
     lab::metric(gw, "isthmus_peers ")
-}
-
-/// The nat-table rules Liqo's network manager installs for these peers
-/// (`pkg/liqonet/iptables`): per-peer chains reached by a dispatch rule per
-/// network, NETMAP for the prefixes, SNAT for other sources.
-fn liqo_rules(p: &Peering, count: usize) -> String {
-    struct Chain {
-        id: String,
-        local_pod: String,
-        local_nat_pod: String,
-        local_nat_ext: String,
-        views: [String; 2],
-    }
-    let mut chains: Vec<Chain> = (1..count)
-        .map(|i| Chain {
-            id: format!("bench{i}"),
-            local_pod: p.local.pod_cidr.into(),
-            local_nat_pod: format!("10.130.{i}.0/24"),
-            local_nat_ext: format!("10.131.{i}.0/24"),
-            views: [format!("10.128.{i}.0/24"), format!("10.129.{i}.0/24")],
-        })
-        .collect();
-    let [pod_view, ext_view] = p.remote_views().map(|n| n.to_string());
-    chains.push(Chain {
-        id: p.remote.name.into(),
-        local_pod: p.local.pod_cidr.into(),
-        local_nat_pod: p.local_nat_pod.expect("lab peers remap").into(),
-        local_nat_ext: p.local_nat_external.expect("lab peers remap").into(),
-        views: [pod_view, ext_view],
-    });
-    let mut rules = String::from("*nat\n:LIQO-POSTROUTING - [0:0]\n:LIQO-PREROUTING - [0:0]\n");
-    for c in &chains {
-        let _ = writeln!(
-            rules,
-            ":LIQO-PSTRT-CLS-{} - [0:0]\n:LIQO-PRRT-CLS-{} - [0:0]",
-            c.id, c.id
-        );
-    }
-    rules.push_str("-A POSTROUTING -j LIQO-POSTROUTING\n-A PREROUTING -j LIQO-PREROUTING\n");
-    for c in &chains {
-        let (id, [pod, ext]) = (&c.id, &c.views);
-        let first_nat_ip = c.local_nat_pod.replace(".0/24", ".1");
-        let _ = write!(
-            rules,
-            "-A LIQO-POSTROUTING -d {pod} -j LIQO-PSTRT-CLS-{id}
--A LIQO-POSTROUTING -d {ext} -j LIQO-PSTRT-CLS-{id}
--A LIQO-PREROUTING -s {pod} -d {nat_pod} -j LIQO-PRRT-CLS-{id}
--A LIQO-PREROUTING -s {pod} -d {nat_ext} -j LIQO-PRRT-CLS-{id}
--A LIQO-PSTRT-CLS-{id} -s {local} -d {pod} -j NETMAP --to {nat_pod}
--A LIQO-PSTRT-CLS-{id} -s {local} -d {ext} -j NETMAP --to {nat_pod}
--A LIQO-PSTRT-CLS-{id} ! -s {local} -d {pod} -j SNAT --to-source {first_nat_ip}
--A LIQO-PRRT-CLS-{id} -s {pod} -d {nat_pod} -j NETMAP --to {local}
-",
-            nat_pod = c.local_nat_pod,
-            nat_ext = c.local_nat_ext,
-            local = c.local_pod,
-        );
-    }
-    rules.push_str("COMMIT\n");
-    rules
-}
-
-fn install_iptables(count: usize) -> Result<()> {
-    for p in gateway_peerings() {
-        let path = format!("{}/iptables-{}.rules", lab::STATE_DIR, p.local.name);
-        fs::write(&path, liqo_rules(p, count))?;
-        let status = Command::new("ip")
-            .args(["netns", "exec", &p.local.gw(), "iptables-restore"])
-            .stdin(fs::File::open(&path)?)
-            .status()?;
-        if !status.success() {
-            bail!(
-                "iptables-restore in {} failed ({status}); rules in {path}",
-                p.local.gw()
-            );
-        }
-    }
-    Ok(())
-}
-
-fn flush_iptables() -> Result<()> {
-    let gateways: Vec<String> = gateway_peerings().map(|p| p.local.gw()).collect();
-    flush_nat_rules(&gateways)
-}
-
-/// Removes every nat rule in `gateways`, and the connections they
-/// translated: NAT state outlives its rules, and would translate the next
-/// setup's packets.
-fn flush_nat_rules(gateways: &[String]) -> Result<()> {
-    for gw in gateways {
-        for args in [["-t", "nat", "-F"], ["-t", "nat", "-X"]] {
-            iptables(gw, &args)?;
-        }
-        // `conntrack -F` exits non-zero when the table was already empty.
-        let _ = run("ip", &["netns", "exec", gw, "conntrack", "-F"]);
-    }
-    Ok(())
 }
 
 /// A trafgen configuration: 64-byte frames (60 without FCS) from the client
@@ -874,85 +535,6 @@ fn rss_mib(pid: u32) -> Result<f64> {
     Ok(kib / 1024.0)
 }
 
-fn write_report(samples: &[(Setup, Vec<f64>)], rss: f64, results: &str) -> Result<()> {
-    let kernel = run("uname", &["-r"])?.trim().to_owned();
-    let cpus = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(0);
-    let mut table = String::new();
-    for (setup, rates) in samples {
-        let peers = match setup.peers() {
-            0 => "-".to_owned(),
-            n => n.to_string(),
-        };
-        let (lo, hi) = rates
-            .iter()
-            .fold((f64::MAX, 0f64), |(lo, hi), r| (lo.min(*r), hi.max(*r)));
-        let _ = writeln!(
-            table,
-            "| {} | {peers} | {:.0} | {lo:.0}–{hi:.0} |",
-            setup.name(),
-            median(rates)
-        );
-    }
-    let endpoints = format!(
-        "{},{:03}",
-        isolation::ENDPOINTS / 1000,
-        isolation::ENDPOINTS % 1000
-    );
-    let report = format!(
-        "## NAT: 64-byte UDP through two gateways
-
-Produced by `cargo xtask bench nat` ({cpus} CPUs, kernel {kernel}).
-
-trafgen in `a-pod2` sends 60-byte frames (64 with FCS) to `10.0.0.133` over
-256 source ports; the rate is what reaches `b-pod2`'s `eth0`, where an
-nftables netdev hook drops it so the sink costs the same in every setup.
-Every packet crosses both gateways, so each NAT setup translates it twice
-(SNAT at `a-gw`, DNAT at `b-gw`). The setups are measured in {ROUNDS}
-interleaved rounds of {WINDOWS} windows of {WINDOW:?} (after {WARMUP:?} of
-warm-up); the table gives the median and the range of all windows.
-
-- **plain**: no NAT at all; `b-pod2` also owns `10.0.0.133`.
-- **iptables**: the `nat` table Liqo's network manager installs (dispatch
-  rules per peer network into per-peer chains, `NETMAP` for the prefixes,
-  `SNAT` for other sources), generated from the same TunnelEndpoints; the
-  peer under test is last in every chain.
-- **isthmus**: the TC programs, with the peers in their hash table (one lookup per prefix length in use).
-  Each gateway also forwards by the FIB from TC, past its IP layer, as the
-  lab runs the agents (`--forward-past-netfilter`; off by default, for
-  NetworkPolicy enforced in netfilter): `a-gw` from `a-pod2`'s veth
-  towards the NAT device, `b-gw` from the NAT device into `b-pod2`. The
-  other setups go through both gateways' stacks.
-- **isthmus, segregated**: the same with one peer, and `b-gw` in
-  IntraClusterTrafficSegregation (issue 17) with {endpoints} endpoints
-  exported to a beside `b-pod2`, which is offloaded from a: each packet
-  from a also misses the flows b opened and the exact endpoint, and hits
-  `b-pod2`'s any-port entry.
-
-| setup | peers | packets/s (median) | range |
-|---|---|---|---|
-{table}
-Agent resident memory, idle with 200 peers: {rss:.1} MiB.
-
-`isolation-update-p99` is the p99 of 40 changes of `b-pod2`'s
-`virtualkubelet.liqo.io/origin` label (removed, restored), from the write of
-its file in `b-gw`'s object directory until `b-gw`'s allowed table shows it,
-with those {endpoints} endpoints in the table.
-
-```
-{results}```
-
-trafgen sends from mmap'd ring pages, so any setup that writes a packet
-(both NAT setups, not plain forwarding) first makes the kernel copy it
-(`skb_copy_ubufs`, `__pskb_pull_tail`); traffic from pod sockets does not
-pay this. `nat-cost-ns-per-packet` is what each NAT adds to a packet's
-trip over plain forwarding, copy included.
-"
-    );
-    write_section("nat", &report)
-}
-
 /// The peer ID the kernel's peer table holds for network `view`.
 fn peer_id(peers: &HashMap<MapData, PeerKey, PeerNat>, view: ipnet::Ipv4Net) -> Option<u32> {
     let key = PeerKey::of(Be32::from(view.network()), view.prefix_len());
@@ -979,21 +561,49 @@ fn result_lines<N: AsRef<str>>(results: &[(N, f64, f64)], decimals: usize) -> St
     let mut lines = String::new();
     for (name, ours, peer) in results {
         let name = name.as_ref();
-        let ratio = ours / peer;
-        // Three decimals would print a thousandfold speed-up as 0.000.
-        let ratio = if ratio.abs() < 0.01 {
-            format!("{ratio:.3e}")
-        } else {
-            format!("{ratio:.3}")
-        };
         let line = format!(
-            "RESULT name={name} isthmus={ours:.decimals$} peer={peer:.decimals$} ratio={ratio}"
+            "RESULT name={name} isthmus={ours:.decimals$} peer={peer:.decimals$} ratio={}",
+            format_ratio(ours / peer)
         );
         println!("{line}");
         lines.push_str(&line);
         lines.push('\n');
     }
     lines
+}
+
+/// A RESULT line comparing `ours` with `peer` round by round (`ours[i]`
+/// and `peer[i]` measured in round `i`): the median of each, and the
+/// median, least and greatest of the per-round ratios. Prints it and
+/// returns it for the report.
+fn ratio_line(name: &str, ours: &[f64], peer: &[f64], decimals: usize) -> String {
+    let ratios: Vec<f64> = ours.iter().zip(peer).map(|(o, p)| o / p).collect();
+    let (lo, hi) = ratios
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), r| {
+            (lo.min(*r), hi.max(*r))
+        });
+    let line = format!(
+        "RESULT name={name} isthmus={:.decimals$} peer={:.decimals$} ratio={} min={} max={} rounds={}\n",
+        median(ours),
+        median(peer),
+        format_ratio(median(&ratios)),
+        format_ratio(lo),
+        format_ratio(hi),
+        ratios.len()
+    );
+    print!("{line}");
+    line
+}
+
+/// A ratio with three decimals, or in scientific notation where three
+/// decimals would print a thousandfold speed-up as 0.000.
+fn format_ratio(ratio: f64) -> String {
+    if ratio.abs() < 0.01 {
+        format!("{ratio:.3e}")
+    } else {
+        format!("{ratio:.3}")
+    }
 }
 
 /// The `p`th percentile of `values`, by rank.

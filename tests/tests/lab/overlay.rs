@@ -317,8 +317,8 @@ impl ForwardPolicy {
                 in_a_gw(&["nft", "add", "table", "inet", NFT_TABLE])?;
                 in_a_gw(&["nft", "add", "chain", "inet", NFT_TABLE, "drop_tcp", chain])?;
                 in_a_gw(&[
-                    "nft", "add", "rule", "inet", NFT_TABLE, "drop_tcp", "ip", "daddr", &a_pod2, "tcp",
-                    "dport", &port, "drop",
+                    "nft", "add", "rule", "inet", NFT_TABLE, "drop_tcp", "ip", "daddr", &a_pod2,
+                    "tcp", "dport", &port, "drop",
                 ])
             }
         }

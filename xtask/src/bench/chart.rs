@@ -18,7 +18,8 @@ struct Advantage {
     times: f64,
 }
 
-/// The advantage a `RESULT name=… ratio=…` line records. The ratio is
+/// The advantage a `RESULT name=… ratio=…` line records, if it can be
+/// drawn as a bar. The ratio is
 /// Isthmus over the peer; where smaller is better (times, latencies,
 /// memory, CPU, cost), the advantage is its inverse.
 fn advantage(line: &str) -> Option<Advantage> {
@@ -37,7 +38,9 @@ fn advantage(line: &str) -> Option<Advantage> {
     } else {
         ratio
     };
-    Some(Advantage { name, times })
+    // A cost that was negative in the median round has no advantage to
+    // draw: the RESULT line says it.
+    (times.is_finite() && times > 0.0).then_some(Advantage { name, times })
 }
 
 /// Renders the chart from the results in `docs/benchmarks.md`.
@@ -108,5 +111,17 @@ mod tests {
             1000.0
         );
         assert!(advantage("| plain | - | 211769 |").is_none());
+    }
+
+    #[test]
+    fn a_negative_or_zero_ratio_draws_no_bar() {
+        let line = |ratio: &str| {
+            format!(
+                "RESULT name=nat-cost-ns-per-packet-200peers-vs-liqo isthmus=-3 peer=900 ratio={ratio} min=-0.1 max=0.2 rounds=5"
+            )
+        };
+        assert!(advantage(&line("-0.003")).is_none());
+        assert!(advantage(&line("0")).is_none());
+        assert_eq!(advantage(&line("0.25")).unwrap().times, 4.0);
     }
 }

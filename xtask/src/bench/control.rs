@@ -502,5 +502,5 @@ fn install_hub_iptables(count: usize) -> Result<()> {
 }
 
 fn flush_hub_iptables() -> Result<()> {
-    super::flush_nat_rules(&[A.gw(), B.gw()])
+    super::liqo_v010::remove_all(&[A.gw(), B.gw()])
 }

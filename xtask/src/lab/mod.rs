@@ -228,15 +228,22 @@ pub fn past_netfilter_mode() -> Option<String> {
     fs::read_to_string(state(PAST_NETFILTER)).ok()
 }
 
-/// Sets `--forward-past-netfilter` to `mode` (none: the default), restarting
-/// every agent; returns once they are ready.
-pub fn set_forward_past_netfilter(mode: Option<&str>) -> Result<()> {
+/// Sets `--forward-past-netfilter` to `mode` (none: the default) for the
+/// agents started from now on.
+pub fn write_past_netfilter_mode(mode: Option<&str>) -> Result<()> {
     match mode {
         Some(mode) => fs::write(state(PAST_NETFILTER), mode)?,
         None => {
             let _ = fs::remove_file(state(PAST_NETFILTER));
         }
     }
+    Ok(())
+}
+
+/// Sets `--forward-past-netfilter` to `mode` (none: the default), restarting
+/// every agent; returns once they are ready.
+pub fn set_forward_past_netfilter(mode: Option<&str>) -> Result<()> {
+    write_past_netfilter_mode(mode)?;
     CLUSTERS
         .iter()
         .flat_map(|c| c.nodes().map(|(name, _)| name))

@@ -1,0 +1,412 @@
+//! `cargo xtask bench nat`: 64-byte UDP packets per second through the two
+//! translating gateways, with no NAT, with Liqo v0.10.3's rule set, and
+//! with Isthmus as the DaemonSets run it and with `--forward-past-netfilter=off`
+//! beside it, with 1 and 200 peers, in interleaved rounds.
+
+use std::{fmt::Write as _, fs, path::PathBuf};
+
+use anyhow::{Context, Result, bail};
+use xtask::{
+    cmd::{ip, run},
+    lab,
+    topology::{A, B},
+};
+
+use super::{
+    Flow, ROUNDS, WARMUP, WINDOW, WINDOWS, agent_rss_mib, disable_isthmus, enable_isthmus,
+    gateway_peerings, isolation, liqo_v010, measure, median, ratio_line, set_isthmus_peers,
+    write_section,
+};
+
+/// Idle memory budget of the agent with 200 peers.
+const RSS_BUDGET_MIB: f64 = 32.0;
+
+/// `--forward-past-netfilter` on the gateways.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Netfilter {
+    /// The DaemonSets' setting, `auto`: past netfilter while no
+    /// forward-hook chain holds a rule, as on the lab's gateways.
+    Default,
+    /// `off`: through the stack, for nodes whose FORWARD chain enforces
+    /// policy.
+    Off,
+}
+
+/// One configuration of the gateways.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Setup {
+    /// No NAT anywhere, and no netfilter hook.
+    Plain,
+    /// Liqo v0.10.3's rules for this many peers.
+    Liqo(usize),
+    /// Isthmus with this many peers.
+    Isthmus(usize, Netfilter),
+    /// The `--baseline` build of the agent, with one peer.
+    Baseline,
+    /// Isthmus with one peer, which b's gateway segregates, with
+    /// `isolation::ENDPOINTS` endpoints allowed to it.
+    Segregated,
+}
+
+/// Isthmus with 200 peers as shipped comes last: the agent's memory is
+/// read in that state.
+const SETUPS: [Setup; 8] = [
+    Setup::Plain,
+    Setup::Liqo(1),
+    Setup::Liqo(200),
+    Setup::Isthmus(1, Netfilter::Default),
+    Setup::Isthmus(1, Netfilter::Off),
+    Setup::Segregated,
+    Setup::Isthmus(200, Netfilter::Off),
+    Setup::Isthmus(200, Netfilter::Default),
+];
+
+impl Setup {
+    fn name(self) -> &'static str {
+        match self {
+            Setup::Plain => "plain",
+            Setup::Liqo(_) => "Liqo v0.10.3 rules",
+            Setup::Isthmus(_, Netfilter::Default) => "isthmus",
+            Setup::Isthmus(_, Netfilter::Off) => "isthmus, --forward-past-netfilter=off",
+            Setup::Segregated => "isthmus, segregated",
+            Setup::Baseline => "isthmus baseline build",
+        }
+    }
+
+    fn peers(self) -> usize {
+        match self {
+            Setup::Plain => 0,
+            Setup::Liqo(n) | Setup::Isthmus(n, _) => n,
+            Setup::Segregated | Setup::Baseline => 1,
+        }
+    }
+
+    /// Configures the gateways, measures, and undoes what only this setup needs.
+    fn measure(self, flow: &Flow) -> Result<Vec<f64>> {
+        let gateways = [A.gw(), B.gw()];
+        match self {
+            Setup::Plain => {
+                disable_isthmus()?;
+                liqo_v010::remove_all(&gateways)?;
+                plain_routes(true)?;
+                let rates = measure(flow);
+                plain_routes(false)?;
+                rates
+            }
+            Setup::Liqo(peers) => {
+                disable_isthmus()?;
+                liqo_v010::install(gateway_peerings(), peers)?;
+                let rates = measure(flow);
+                liqo_v010::remove_all(&gateways)?;
+                rates
+            }
+            Setup::Isthmus(peers, netfilter) => {
+                liqo_v010::remove_all(&gateways)?;
+                run_isthmus(netfilter)?;
+                set_isthmus_peers(peers)?;
+                measure(flow)
+            }
+            Setup::Baseline => {
+                disable_isthmus()?;
+                let binary = BASELINE.get().context("no --baseline build")?;
+                let mut pids = Vec::new();
+                for gw in &gateways {
+                    let (args, log) = (lab::agent_args(gw)?, lab::log_file(gw));
+                    let pid = lab::spawn_agent_binary(binary, gw, &args, &log)?;
+                    pids.push(pid);
+                    lab::wait_ready_in(gw, pid, &log)?;
+                }
+                set_isthmus_peers(1)?;
+                let rates = measure(flow);
+                for (gw, pid) in gateways.iter().zip(pids) {
+                    lab::stop_pid(pid)?;
+                    lab::clean_up_agent(gw)?;
+                }
+                rates
+            }
+            Setup::Segregated => {
+                run_isthmus(Netfilter::Default)?;
+                set_isthmus_peers(1)?;
+                isolation::segregate()?;
+                let rates = measure(flow);
+                isolation::unsegregate()?;
+                rates
+            }
+        }
+    }
+}
+
+/// Runs the gateway agents with `netfilter`, restarting them if they run
+/// with another setting, and checks that they forward past netfilter
+/// exactly when the setup says so.
+fn run_isthmus(netfilter: Netfilter) -> Result<()> {
+    let mode = match netfilter {
+        Netfilter::Default => None,
+        Netfilter::Off => Some("off"),
+    };
+    if lab::past_netfilter_mode().as_deref() != mode {
+        lab::write_past_netfilter_mode(mode)?;
+        disable_isthmus()?;
+    }
+    enable_isthmus()?;
+    let expected = f64::from(netfilter == Netfilter::Default);
+    for gw in [A.gw(), B.gw()] {
+        let past = lab::metric(&gw, "isthmus_forward_past_netfilter")?;
+        if past != expected {
+            bail!(
+                "{gw}'s agent reports isthmus_forward_past_netfilter {past}, not {expected} as \
+                 the setup '{}' needs; its log says why",
+                Setup::Isthmus(1, netfilter).name()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The NAT benchmark's flow: a-pod2 → b-pod2, pods on the gateways.
+fn flow() -> Flow {
+    Flow {
+        client: A.pod(2),
+        next_hop: (A.gw(), "pod2"),
+        server: B.pod(2),
+        src: A.pod_addr(2).octets(),
+        dst: [10, 0, 0, 133],
+    }
+}
+
+/// The `--baseline` build the NAT bench measures beside this one.
+static BASELINE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Each setup's rates: per round, the rate of each window.
+type Samples = Vec<(Setup, Vec<Vec<f64>>)>;
+
+/// Runs the NAT bench and writes its section of `docs/benchmarks.md`.
+pub fn run_nat(baseline: Option<PathBuf>) -> Result<()> {
+    let flow = flow();
+    let mut setups = SETUPS.to_vec();
+    if let Some(binary) = baseline {
+        let binary = fs::canonicalize(&binary)
+            .with_context(|| format!("the baseline build {}", binary.display()))?;
+        BASELINE.get_or_init(|| binary);
+        // Right after this build with one peer, so each round pairs them.
+        setups.insert(4, Setup::Baseline);
+    }
+    let mut samples: Samples = setups.iter().map(|s| (*s, Vec::new())).collect();
+    let mut rss = Vec::new();
+    for round in 1..=ROUNDS {
+        for (setup, rounds) in &mut samples {
+            println!(
+                "bench: round {round}/{ROUNDS}, {} with {} peer(s)",
+                setup.name(),
+                setup.peers()
+            );
+            rounds.push(setup.measure(&flow)?);
+            if *setup == Setup::Isthmus(200, Netfilter::Default) {
+                rss.push(agent_rss_mib(&A.gw())?);
+            }
+        }
+    }
+    println!("bench: timing updates of b-gw's allowed table");
+    isolation::segregate()?;
+    let update_p99 = isolation::update_p99_ms();
+    isolation::unsegregate()?;
+    let update_p99 = update_p99?;
+    let lines = results(&samples, &rss, update_p99);
+    write_report(&samples, &rss, &lines)
+}
+
+/// The RESULT lines: each compares two setups round by round.
+fn results(samples: &Samples, rss: &[f64], update_p99: f64) -> String {
+    let rounds = |setup: Setup| -> Vec<f64> {
+        samples
+            .iter()
+            .find(|(s, _)| *s == setup)
+            .map_or_else(Vec::new, |(_, r)| r.iter().map(|w| median(w)).collect())
+    };
+    let shipped = |peers| rounds(Setup::Isthmus(peers, Netfilter::Default));
+    let off = |peers| rounds(Setup::Isthmus(peers, Netfilter::Off));
+    let plain = rounds(Setup::Plain);
+    // What a NAT adds to a packet's trip over plain forwarding, per round;
+    // negative when it was faster than plain forwarding in that round.
+    let cost_ns = |rates: Vec<f64>| -> Vec<f64> {
+        rates
+            .iter()
+            .zip(&plain)
+            .map(|(rate, plain)| 1e9 / rate - 1e9 / plain)
+            .collect()
+    };
+    let pps = [
+        (
+            "nat-pps-1peer-vs-plain-forwarding",
+            shipped(1),
+            plain.clone(),
+        ),
+        (
+            "nat-pps-1peer-vs-liqo-v0.10.3",
+            shipped(1),
+            rounds(Setup::Liqo(1)),
+        ),
+        (
+            "nat-pps-200peers-vs-liqo-v0.10.3",
+            shipped(200),
+            rounds(Setup::Liqo(200)),
+        ),
+        (
+            "nat-pps-200peers-vs-isthmus-1peer",
+            shipped(200),
+            shipped(1),
+        ),
+        (
+            "nat-pps-1peer-netfilter-off-vs-plain-forwarding",
+            off(1),
+            plain.clone(),
+        ),
+        (
+            "nat-pps-200peers-netfilter-off-vs-liqo-v0.10.3",
+            off(200),
+            rounds(Setup::Liqo(200)),
+        ),
+        (
+            "nat-pps-segregation-10k-vs-isthmus",
+            rounds(Setup::Segregated),
+            shipped(1),
+        ),
+    ];
+    let mut lines: String = pps
+        .iter()
+        .map(|(name, ours, peer)| ratio_line(name, ours, peer, 1))
+        .collect();
+    lines += &ratio_line(
+        "nat-cost-ns-per-packet-200peers-vs-liqo-v0.10.3",
+        &cost_ns(shipped(200)),
+        &cost_ns(rounds(Setup::Liqo(200))),
+        0,
+    );
+    lines += &ratio_line(
+        "agent-rss-mib-200peers-vs-budget",
+        rss,
+        &vec![RSS_BUDGET_MIB; rss.len()],
+        1,
+    );
+    lines += &ratio_line(
+        "isolation-update-p99-ms-10k-vs-budget",
+        &[update_p99],
+        &[isolation::UPDATE_BUDGET_MS],
+        1,
+    );
+    if BASELINE.get().is_some() {
+        lines += &ratio_line(
+            "nat-pps-1peer-vs-baseline-build",
+            &shipped(1),
+            &rounds(Setup::Baseline),
+            1,
+        );
+    }
+    lines
+}
+
+/// Without NAT, b-pod2 must own the address a sends to.
+fn plain_routes(add: bool) -> Result<()> {
+    let op = if add { "add" } else { "del" };
+    ip(&B.pod(2), &["addr", op, "10.0.0.133/32", "dev", "eth0"])?;
+    ip(&B.gw(), &["route", op, "10.0.0.133/32", "dev", "pod2"])?;
+    Ok(())
+}
+
+fn write_report(samples: &Samples, rss: &[f64], results: &str) -> Result<()> {
+    let kernel = run("uname", &["-r"])?.trim().to_owned();
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let mut table = String::new();
+    for (setup, rounds) in samples {
+        let peers = match setup.peers() {
+            0 => "-".to_owned(),
+            n => n.to_string(),
+        };
+        let windows: Vec<f64> = rounds.concat();
+        let (lo, hi) = windows
+            .iter()
+            .fold((f64::MAX, 0f64), |(lo, hi), r| (lo.min(*r), hi.max(*r)));
+        let _ = writeln!(
+            table,
+            "| {} | {peers} | {:.0} | {lo:.0}–{hi:.0} |",
+            setup.name(),
+            median(&windows)
+        );
+    }
+    let endpoints = format!(
+        "{},{:03}",
+        isolation::ENDPOINTS / 1000,
+        isolation::ENDPOINTS % 1000
+    );
+    let rss = median(rss);
+    let report = format!(
+        "## NAT: 64-byte UDP through two gateways
+
+Produced by `cargo xtask bench nat` ({cpus} CPUs, kernel {kernel}).
+
+trafgen in `a-pod2` sends 60-byte frames (64 with FCS) to `10.0.0.133` over
+256 source ports; the rate is what reaches `b-pod2`'s `eth0`, where an
+nftables netdev hook drops it so the sink costs the same in every setup.
+Every packet crosses both gateways, so each NAT setup translates it twice
+(SNAT at `a-gw`, DNAT at `b-gw`). The setups are measured in {ROUNDS}
+interleaved rounds of {WINDOWS} windows of {WINDOW:?} (after {WARMUP:?} of
+warm-up); the table gives the median and the range of all windows. Each
+RESULT line gives the median over rounds of the ratio of the two setups'
+rates in the same round, with the least and greatest of those ratios.
+
+- **plain**: no NAT, and no netfilter table on either gateway, so no
+  netfilter hook, conntrack's included (the bench checks `nft list
+  ruleset` and the iptables-legacy tables before each such setup, and
+  fails if one is left); `b-pod2` also owns `10.0.0.133`.
+- **Liqo v0.10.3 rules**: the complete rule set Liqo v0.10.3's gateway
+  installs for each peer, derived from its code
+  (`xtask/src/bench/liqo_v010.rs` cites the file and line of each rule):
+  in `nat`, the dispatch rules of LIQO-POSTROUTING and LIQO-PREROUTING into
+  per-peer chains, `NETMAP` for the prefixes and two `SNAT` rules for other
+  sources; in `filter`, LIQO-FORWARD's three rules per peer, one of them a
+  conntrack `--ctstate ESTABLISHED,RELATED` match, and the per-peer DROP
+  chain for the remapped ExternalCIDR. The peer under test joined last, so
+  its rules are last in every chain. The bench's flow is one-way, so
+  conntrack keeps it NEW and each packet walks LIQO-FORWARD to its end.
+  Liqo installs these in its gateway netns, a veth hop from the host; the
+  bench spares it that hop.
+- **isthmus**: the agents as the DaemonSets run them
+  (`--forward-past-netfilter=auto`). The lab's gateways have no
+  forward-hook rule, so each forwards by the FIB from TC, past its IP
+  layer: `a-gw` from `a-pod2`'s veth towards the NAT device, `b-gw` from
+  the NAT device into `b-pod2`; the bench checks
+  `isthmus_forward_past_netfilter` is 1.
+- **isthmus, --forward-past-netfilter=off**: the same agents kept in the
+  stack, as `auto` is on a node whose FORWARD chain holds a rule: both
+  gateways' IP layers forward every packet, with no netfilter table.
+- **isthmus, segregated**: the shipped setting with one peer, and `b-gw` in
+  IntraClusterTrafficSegregation (issue 17) with {endpoints} endpoints
+  exported to a beside `b-pod2`, which is offloaded from a: each packet
+  from a also misses the flows b opened and the exact endpoint, and hits
+  `b-pod2`'s any-port entry.
+
+| setup | peers | packets/s (median) | range |
+|---|---|---|---|
+{table}
+Agent resident memory, idle with 200 peers: {rss:.1} MiB (median over rounds).
+
+`isolation-update-p99` is the p99 of 40 changes of `b-pod2`'s
+`virtualkubelet.liqo.io/origin` label (removed, restored), from the write of
+its file in `b-gw`'s object directory until `b-gw`'s allowed table shows it,
+with those {endpoints} endpoints in the table; it is one measurement.
+
+```
+{results}```
+
+trafgen sends from mmap'd ring pages, so any setup that writes a packet
+(every NAT setup, not plain forwarding) first makes the kernel copy it
+(`skb_copy_ubufs`, `__pskb_pull_tail`); traffic from pod sockets does not
+pay this. `nat-cost-ns-per-packet` is what each NAT adds to a packet's
+trip over plain forwarding, copy included, per round; it is negative in a
+round where the setup outran plain forwarding.
+"
+    );
+    write_section("nat", &report)
+}
