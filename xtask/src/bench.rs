@@ -251,6 +251,30 @@ struct Flow {
     server: String,
     src: [u8; 4],
     dst: [u8; 4],
+    /// Where the server answers each of the flow's source ports once
+    /// before the measurement (the client as the server sees it), so that
+    /// conntrack on the way holds every flow as answered, as it does a
+    /// request/response or TCP flow; none leaves the flows one-way.
+    answer_to: Option<std::net::Ipv4Addr>,
+}
+
+/// The source ports of a flow's packets (trafgen's `c8(0x80), dinc(0, 255)`)
+/// and its destination port.
+const FIRST_SOURCE_PORT: u16 = 0x8000;
+const SOURCE_PORTS: u16 = 256;
+const DESTINATION_PORT: u16 = 9;
+
+/// One datagram from the server's side of `flow` to each of its source
+/// ports at `to`.
+fn answer(flow: &Flow, to: std::net::Ipv4Addr) -> Result<()> {
+    netns::run_in(&flow.server, || -> Result<()> {
+        let socket = std::net::UdpSocket::bind(("0.0.0.0", DESTINATION_PORT))?;
+        for port in FIRST_SOURCE_PORT..FIRST_SOURCE_PORT + SOURCE_PORTS {
+            socket.send_to(b"answer", (to, port))?;
+        }
+        Ok(())
+    })?
+    .context("answering the flow's source ports")
 }
 
 fn median(values: &[f64]) -> f64 {
@@ -380,7 +404,7 @@ fn trafgen_config(flow: &Flow) -> Result<String> {
   {dst_mac}, {src_mac}, c16(0x0800),
   0x45, 0x00, c16(46), c16(0), c16(0), 64, 17, csumip(14, 33),
   {src}, {dst},
-  c8(0x80), dinc(0, 255), c16(9), c16(26), csumudp(14, 34),
+  c8({port_high:#x}), dinc(0, {last_port_low}), c16({DESTINATION_PORT}), c16(26), csumudp(14, 34),
   fill(0x42, 18)
 }}
 ",
@@ -388,6 +412,8 @@ fn trafgen_config(flow: &Flow) -> Result<String> {
         src_mac = mac_bytes(&flow.client, "eth0")?,
         src = octets(flow.src),
         dst = octets(flow.dst),
+        port_high = FIRST_SOURCE_PORT >> 8,
+        last_port_low = SOURCE_PORTS - 1,
     ))
 }
 
@@ -492,6 +518,9 @@ fn windows(flow: &Flow, generator: &mut std::process::Child) -> Result<Vec<f64>>
         proven,
     )
     .context("the path is broken")?;
+    if let Some(to) = flow.answer_to {
+        answer(flow, to)?;
+    }
     std::thread::sleep(WARMUP);
     (0..WINDOWS)
         .map(|_| {

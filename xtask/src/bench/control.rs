@@ -407,6 +407,7 @@ fn hub_flow() -> Flow {
         server: C.pod(1),
         src: A.pod_addr(2).octets(),
         dst: [10, 0, 1, 45],
+        answer_to: None,
     }
 }
 

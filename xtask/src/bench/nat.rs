@@ -32,13 +32,24 @@ enum Netfilter {
     Off,
 }
 
+/// What the server does with the flows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Flows {
+    /// It answers each flow once before the measurement, so conntrack holds
+    /// them as established, as it holds TCP and request/response flows.
+    Answered,
+    /// Never: conntrack keeps every flow NEW, and Liqo's LIQO-FORWARD
+    /// chain walks its conntrack match once per peer for every packet.
+    OneWay,
+}
+
 /// One configuration of the gateways.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Setup {
     /// No NAT anywhere, and no netfilter hook.
     Plain,
     /// Liqo v0.10.3's rules for this many peers.
-    Liqo(usize),
+    Liqo(usize, Flows),
     /// Isthmus with this many peers.
     Isthmus(usize, Netfilter),
     /// The `--baseline` build of the agent, with one peer.
@@ -50,10 +61,11 @@ enum Setup {
 
 /// Isthmus with 200 peers as shipped comes last: the agent's memory is
 /// read in that state.
-const SETUPS: [Setup; 8] = [
+const SETUPS: [Setup; 9] = [
     Setup::Plain,
-    Setup::Liqo(1),
-    Setup::Liqo(200),
+    Setup::Liqo(1, Flows::Answered),
+    Setup::Liqo(200, Flows::Answered),
+    Setup::Liqo(200, Flows::OneWay),
     Setup::Isthmus(1, Netfilter::Default),
     Setup::Isthmus(1, Netfilter::Off),
     Setup::Segregated,
@@ -65,7 +77,8 @@ impl Setup {
     fn name(self) -> &'static str {
         match self {
             Setup::Plain => "plain",
-            Setup::Liqo(_) => "Liqo v0.10.3 rules",
+            Setup::Liqo(_, Flows::Answered) => "Liqo v0.10.3 rules",
+            Setup::Liqo(_, Flows::OneWay) => "Liqo v0.10.3 rules, flows never answered",
             Setup::Isthmus(_, Netfilter::Default) => "isthmus",
             Setup::Isthmus(_, Netfilter::Off) => "isthmus, --forward-past-netfilter=off",
             Setup::Segregated => "isthmus, segregated",
@@ -76,14 +89,18 @@ impl Setup {
     fn peers(self) -> usize {
         match self {
             Setup::Plain => 0,
-            Setup::Liqo(n) | Setup::Isthmus(n, _) => n,
+            Setup::Liqo(n, _) | Setup::Isthmus(n, _) => n,
             Setup::Segregated | Setup::Baseline => 1,
         }
     }
 
     /// Configures the gateways, measures, and undoes what only this setup needs.
-    fn measure(self, flow: &Flow) -> Result<Vec<f64>> {
+    fn measure(self) -> Result<Vec<f64>> {
         let gateways = [A.gw(), B.gw()];
+        // Without NAT nor conntrack, nothing on the way tells answered
+        // flows from others.
+        let answered = !matches!(self, Setup::Plain | Setup::Liqo(_, Flows::OneWay));
+        let flow = &flow(answered);
         match self {
             Setup::Plain => {
                 disable_isthmus()?;
@@ -93,7 +110,7 @@ impl Setup {
                 plain_routes(false)?;
                 rates
             }
-            Setup::Liqo(peers) => {
+            Setup::Liqo(peers, _) => {
                 disable_isthmus()?;
                 liqo_v010::install(gateway_peerings(), peers)?;
                 let rates = measure(flow);
@@ -163,14 +180,17 @@ fn run_isthmus(netfilter: Netfilter) -> Result<()> {
     Ok(())
 }
 
-/// The NAT benchmark's flow: a-pod2 → b-pod2, pods on the gateways.
-fn flow() -> Flow {
+/// The NAT benchmark's flow: a-pod2 → b-pod2, pods on the gateways,
+/// `answered` by b-pod2 before the measurement or not.
+fn flow(answered: bool) -> Flow {
     Flow {
         client: A.pod(2),
         next_hop: (A.gw(), "pod2"),
         server: B.pod(2),
         src: A.pod_addr(2).octets(),
         dst: [10, 0, 0, 133],
+        // a-pod2 as b sees it.
+        answer_to: answered.then_some(std::net::Ipv4Addr::new(10, 0, 40, 133)),
     }
 }
 
@@ -182,7 +202,6 @@ type Samples = Vec<(Setup, Vec<Vec<f64>>)>;
 
 /// Runs the NAT bench and writes its section of `docs/benchmarks.md`.
 pub fn run_nat(baseline: Option<PathBuf>) -> Result<()> {
-    let flow = flow();
     let mut setups = SETUPS.to_vec();
     if let Some(binary) = baseline {
         let binary = fs::canonicalize(&binary)
@@ -200,7 +219,7 @@ pub fn run_nat(baseline: Option<PathBuf>) -> Result<()> {
                 setup.name(),
                 setup.peers()
             );
-            rounds.push(setup.measure(&flow)?);
+            rounds.push(setup.measure()?);
             if *setup == Setup::Isthmus(200, Netfilter::Default) {
                 rss.push(agent_rss_mib(&A.gw())?);
             }
@@ -225,6 +244,7 @@ fn results(samples: &Samples, rss: &[f64], update_p99: f64) -> String {
     };
     let shipped = |peers| rounds(Setup::Isthmus(peers, Netfilter::Default));
     let off = |peers| rounds(Setup::Isthmus(peers, Netfilter::Off));
+    let liqo = |peers| rounds(Setup::Liqo(peers, Flows::Answered));
     let plain = rounds(Setup::Plain);
     // What a NAT adds to a packet's trip over plain forwarding, per round;
     // negative when it was faster than plain forwarding in that round.
@@ -241,15 +261,12 @@ fn results(samples: &Samples, rss: &[f64], update_p99: f64) -> String {
             shipped(1),
             plain.clone(),
         ),
+        ("nat-pps-1peer-vs-liqo-v0.10.3", shipped(1), liqo(1)),
+        ("nat-pps-200peers-vs-liqo-v0.10.3", shipped(200), liqo(200)),
         (
-            "nat-pps-1peer-vs-liqo-v0.10.3",
-            shipped(1),
-            rounds(Setup::Liqo(1)),
-        ),
-        (
-            "nat-pps-200peers-vs-liqo-v0.10.3",
+            "nat-pps-200peers-vs-liqo-v0.10.3-flows-never-answered",
             shipped(200),
-            rounds(Setup::Liqo(200)),
+            rounds(Setup::Liqo(200, Flows::OneWay)),
         ),
         (
             "nat-pps-200peers-vs-isthmus-1peer",
@@ -264,7 +281,7 @@ fn results(samples: &Samples, rss: &[f64], update_p99: f64) -> String {
         (
             "nat-pps-200peers-netfilter-off-vs-liqo-v0.10.3",
             off(200),
-            rounds(Setup::Liqo(200)),
+            liqo(200),
         ),
         (
             "nat-pps-segregation-10k-vs-isthmus",
@@ -279,7 +296,7 @@ fn results(samples: &Samples, rss: &[f64], update_p99: f64) -> String {
     lines += &ratio_line(
         "nat-cost-ns-per-packet-200peers-vs-liqo-v0.10.3",
         &cost_ns(shipped(200)),
-        &cost_ns(rounds(Setup::Liqo(200))),
+        &cost_ns(liqo(200)),
         0,
     );
     lines += &ratio_line(
@@ -368,10 +385,16 @@ rates in the same round, with the least and greatest of those ratios.
   sources; in `filter`, LIQO-FORWARD's three rules per peer, one of them a
   conntrack `--ctstate ESTABLISHED,RELATED` match, and the per-peer DROP
   chain for the remapped ExternalCIDR. The peer under test joined last, so
-  its rules are last in every chain. The bench's flow is one-way, so
-  conntrack keeps it NEW and each packet walks LIQO-FORWARD to its end.
-  Liqo installs these in its gateway netns, a veth hop from the host; the
-  bench spares it that hop.
+  its rules are last in every chain. Liqo installs these in its gateway
+  netns, a veth hop from the host; the bench spares it that hop.
+
+  In every NAT setup, `b-pod2` answers each of the 256 flows once before
+  the measurement, so conntrack holds them as established, as it holds TCP
+  and request/response flows: each packet then leaves LIQO-FORWARD at the
+  first peer's `ESTABLISHED,RELATED` rule, and no packet but a flow's
+  first meets the nat chains. **Liqo v0.10.3 rules, flows never answered**
+  keeps them NEW, as one-way UDP is: each packet then walks LIQO-FORWARD's
+  three rules of every peer.
 - **isthmus**: the agents as the DaemonSets run them
   (`--forward-past-netfilter=auto`). The lab's gateways have no
   forward-hook rule, so each forwards by the FIB from TC, past its IP

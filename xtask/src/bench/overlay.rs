@@ -67,6 +67,7 @@ fn overlay() -> Result<()> {
         server: B.pod(1),
         src: A.pod_addr(1).octets(),
         dst: [10, 0, 0, 5],
+        answer_to: None,
     };
     let mut samples = [
         (Setup::Isthmus, Samples::default()),

@@ -4,25 +4,28 @@
 //! MTU and iperf3 settings. The setups take turns round by round, so that
 //! a slow minute of the shared machine falls on all of them.
 
-use std::{fs, time::Duration};
+use std::{
+    fs,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context, Result};
 use xtask::{
     lab::{self, LabTunnel, external_tunnel::Implementation},
-    topology::{A, B, Cluster},
+    topology::A,
     wait,
 };
 
 use super::{
-    IPERF_SECONDS, agent_rss_mib, cpu_seconds, iperf, iperf3, median, on_lab, peers_programmed,
-    result_lines, synthetic_peers, write_section,
+    IPERF_SECONDS, agent_rss_mib, iperf, iperf3, median, on_lab, peers_programmed, ratio_line,
+    synthetic_peers, write_section,
 };
 
 /// Idle memory budget of a gateway agent with 100 tunnel peers.
 const TUNNEL_RSS_BUDGET_MIB: f64 = 64.0;
 /// Rounds in which every setup takes its turn; each figure is the median
 /// of its rounds.
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 5;
 /// Rounds of UDP ping-pongs per turn, each from a socket of its own: a
 /// round's source port decides which TUN queue, and so which of a
 /// multi-queue tunnel's threads, carries it.
@@ -68,64 +71,45 @@ impl Setup {
             Setup::Other(imp) => lab::set_gateway_tunnel(LabTunnel::running(imp), false),
         }
     }
-
-    /// The process that carries the tunnel on `cluster`'s gateway.
-    fn pid_on(self, cluster: &Cluster) -> Result<u32> {
-        match self {
-            Setup::Embedded { .. } => lab::agent_pid(&cluster.gw()),
-            Setup::Other(_) => lab::external_tunnel::pid_on(cluster),
-        }
-        .with_context(|| format!("no tunnel runs on {}", cluster.gw()))
-    }
 }
 
-/// What one setup's turns measured.
-#[derive(Default)]
-struct Samples {
+/// What one turn of a setup measured.
+#[derive(Clone, Copy)]
+struct Turn {
     /// TCP throughput in Gbit/s with 1 and with 4 streams.
-    gbps: [Vec<f64>; 2],
+    gbps: [f64; 2],
     /// UDP: thousands of packets per second received, and the share lost.
-    udp: Vec<[f64; 2]>,
-    /// p50 and p99 of each RTT round, in microseconds.
-    rtt: Vec<[f64; 2]>,
-    /// CPU seconds of the tunnel's process on a-gw and on b-gw during the
-    /// TCP runs, and the gigabytes those carried.
-    cpu_s: [f64; 2],
-    gigabytes: f64,
+    udp: [f64; 2],
+    /// The medians of the turn's RTT rounds' p50 and p99, in microseconds.
+    rtt: [f64; 2],
+    /// Busy CPU seconds of the whole machine (every core, softirq and irq
+    /// included) per gigabyte of the turn's TCP runs, less what the idle
+    /// lab uses in the same time.
+    cpu_s_per_gb: f64,
 }
 
-/// What one tunnel setup achieved: the medians of its rounds.
-struct TunnelFigures {
-    gbps_1: f64,
-    gbps_4: f64,
-    udp_kpps: f64,
-    udp_loss_percent: f64,
-    rtt_p50_us: f64,
-    rtt_p99_us: f64,
-    /// CPU seconds the tunnel's process on a-gw and on b-gw spent per
-    /// gigabyte of the TCP runs.
-    cpu_s_per_gb: [f64; 2],
+/// One figure of a turn.
+type Metric = fn(&Turn) -> f64;
+
+/// The figures compared with the best of the others: name, figure, and
+/// whether lower is better.
+const METRICS: [(&str, Metric, bool); 6] = [
+    ("tunnel-tcp-1stream-gbps", |t| t.gbps[0], false),
+    ("tunnel-tcp-4streams-gbps", |t| t.gbps[1], false),
+    ("tunnel-udp-1400b-kpps", |t| t.udp[0], false),
+    ("tunnel-rtt-p50-us", |t| t.rtt[0], true),
+    ("tunnel-rtt-p99-us", |t| t.rtt[1], true),
+    ("tunnel-cpu-s-per-gb", |t| t.cpu_s_per_gb, true),
+];
+
+/// `metric` of each of `turns`, round by round.
+fn series(turns: &[Turn], metric: Metric) -> Vec<f64> {
+    turns.iter().map(metric).collect()
 }
 
-impl TunnelFigures {
-    /// Both gateways' CPU per gigabyte: the cost of carrying it end to end.
-    fn cpu_total(&self) -> f64 {
-        self.cpu_s_per_gb.iter().sum()
-    }
-}
-
-impl Samples {
-    fn figures(&self) -> TunnelFigures {
-        TunnelFigures {
-            gbps_1: median(&self.gbps[0]),
-            gbps_4: median(&self.gbps[1]),
-            udp_kpps: median(&column(0, &self.udp)),
-            udp_loss_percent: median(&column(1, &self.udp)),
-            rtt_p50_us: median(&column(0, &self.rtt)),
-            rtt_p99_us: median(&column(1, &self.rtt)),
-            cpu_s_per_gb: self.cpu_s.map(|s| s / self.gigabytes),
-        }
-    }
+/// The median over rounds of `metric`.
+fn figure(turns: &[Turn], metric: Metric) -> f64 {
+    median(&series(turns, metric))
 }
 
 /// Field `i` of each sample.
@@ -147,59 +131,88 @@ pub fn run_tunnel() -> Result<()> {
     }
     let setups = Setup::all();
     on_lab(LabTunnel::Userspace, || {
-        let mut samples: Vec<Samples> = setups.iter().map(|_| Samples::default()).collect();
+        let idle = idle_busy_share()?;
+        println!(
+            "bench: the idle lab keeps {:.1}% of a CPU busy",
+            idle * 100.0
+        );
+        let mut turns: Vec<Vec<Turn>> = setups.iter().map(|_| Vec::new()).collect();
         for round in 1..=ROUNDS {
-            for (setup, samples) in setups.iter().zip(&mut samples) {
+            for (setup, turns) in setups.iter().zip(&mut turns) {
                 println!("bench: round {round}/{ROUNDS}, {}", setup.name()?);
                 setup.apply()?;
-                take_turn(*setup, samples)?;
+                turns.push(take_turn(idle)?);
             }
-        }
-        let mut figures = Vec::new();
-        for (setup, samples) in setups.iter().zip(&samples) {
-            println!(
-                "bench: {}: RTT rounds, p50 µs: {}; p99 µs: {}",
-                setup.name()?,
-                listed(&column(0, &samples.rtt)),
-                listed(&column(1, &samples.rtt))
-            );
-            figures.push((*setup, samples.figures()));
         }
         Setup::Embedded { guard: false }.apply()?;
         let rss = tunnel_rss_with_peers(100)?;
-        report(&figures, rss)
+        let measured: Vec<(Setup, Vec<Turn>)> = setups.into_iter().zip(turns).collect();
+        report(&measured, rss, idle)
     })
 }
 
-/// One turn of `setup`, which carries the traffic now: a TCP run with 1
+/// How long the idle lab is watched for its own CPU use.
+const IDLE_WINDOW: Duration = Duration::from_secs(3);
+
+/// The share of a CPU the lab keeps busy with no traffic: agents,
+/// keepalives, the machine's own work.
+fn idle_busy_share() -> Result<f64> {
+    let (t0, busy0) = (Instant::now(), machine_busy_seconds()?);
+    std::thread::sleep(IDLE_WINDOW);
+    Ok((machine_busy_seconds()? - busy0) / t0.elapsed().as_secs_f64())
+}
+
+/// Busy CPU seconds of the whole machine since boot, every core: user,
+/// nice, system, irq, softirq and steal time (`/proc/stat`).
+fn machine_busy_seconds() -> Result<f64> {
+    let stat = fs::read_to_string("/proc/stat")?;
+    let line = stat
+        .lines()
+        .find(|l| l.starts_with("cpu "))
+        .context("no cpu line in /proc/stat")?;
+    let ticks: Vec<f64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|f| f.parse::<f64>())
+        .collect::<Result<_, _>>()?;
+    // user nice system idle iowait irq softirq steal: all but idle and iowait.
+    let busy: f64 = [0, 1, 2, 5, 6, 7]
+        .iter()
+        .filter_map(|i| ticks.get(*i))
+        .sum();
+    let per_second =
+        nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)?.context("no clock tick rate")?;
+    Ok(busy / per_second as f64)
+}
+
+/// One turn of the tunnel that carries the traffic now: a TCP run with 1
 /// and with 4 streams, a UDP run and [`RTT_ROUNDS_PER_TURN`] RTT rounds.
-fn take_turn(setup: Setup, samples: &mut Samples) -> Result<()> {
+/// `idle` is the share of a CPU the idle lab keeps busy.
+fn take_turn(idle: f64) -> Result<Turn> {
     let row = &xtask::topology::reachability()[0];
     let (client, server, target) = (&row.from, &row.answered_by, row.target);
-    let pids = [setup.pid_on(&A)?, setup.pid_on(&B)?];
-    let cpu = || -> Result<[f64; 2]> { Ok([cpu_seconds(pids[0])?, cpu_seconds(pids[1])?]) };
-    let before = cpu()?;
+    let (t0, busy0) = (Instant::now(), machine_busy_seconds()?);
     let mut gbps = [0.0; 2];
     for (i, streams) in [1, 4].into_iter().enumerate() {
         gbps[i] = iperf(client, server, target, streams)?;
-        samples.gbps[i].push(gbps[i]);
     }
-    let after = cpu()?;
-    for i in 0..2 {
-        samples.cpu_s[i] += after[i] - before[i];
-    }
-    samples.gigabytes += gbps.iter().sum::<f64>() * IPERF_SECONDS.parse::<f64>()? / 8.0;
+    let busy = machine_busy_seconds()? - busy0 - idle * t0.elapsed().as_secs_f64();
+    let gigabytes = gbps.iter().sum::<f64>() * IPERF_SECONDS.parse::<f64>()? / 8.0;
     let (kpps, loss) = udp(client, server, target)?;
-    samples.udp.push([kpps, loss]);
     let rtt = rtt(client, server, target)?;
     println!(
-        "bench:   TCP {:.2} / {:.2} Gbit/s, UDP {kpps:.0} kpps ({loss:.1}% lost), RTT p50 {} µs",
+        "bench:   TCP {:.2} / {:.2} Gbit/s, UDP {kpps:.0} kpps ({loss:.1}% lost), RTT p50 {} µs, {:.2} CPU s/GB",
         gbps[0],
         gbps[1],
         listed(&column(0, &rtt)),
+        busy / gigabytes,
     );
-    samples.rtt.extend(rtt);
-    Ok(())
+    Ok(Turn {
+        gbps,
+        udp: [kpps, loss],
+        rtt: [median(&column(0, &rtt)), median(&column(1, &rtt))],
+        cpu_s_per_gb: busy / gigabytes,
+    })
 }
 
 /// UDP of 1,400-byte packets from `client` to `target` as fast as iperf3
@@ -242,95 +255,97 @@ fn tunnel_rss_with_peers(count: usize) -> Result<f64> {
     agent_rss_mib(&A.gw())
 }
 
-/// One figure of a setup.
-type Metric = fn(&TunnelFigures) -> f64;
-
-/// The best `metric` among the other implementations: the highest, or the
-/// lowest where `lower_is_better`.
-fn best(peers: &[(Implementation, &TunnelFigures)], metric: Metric, lower_is_better: bool) -> f64 {
-    let values = peers.iter().map(|(_, f)| metric(f));
-    let pick = if lower_is_better { f64::min } else { f64::max };
-    values.reduce(pick).unwrap_or(f64::NAN)
+/// The other implementation with the best median of `metric`: the
+/// highest, or the lowest where `lower_is_better`.
+fn best<'a>(
+    others: &[(Implementation, &'a [Turn])],
+    metric: Metric,
+    lower_is_better: bool,
+) -> Option<(Implementation, &'a [Turn])> {
+    let better = |a: &(Implementation, &[Turn]), b: &(Implementation, &[Turn])| {
+        let (fa, fb) = (figure(a.1, metric), figure(b.1, metric));
+        if lower_is_better {
+            fb.total_cmp(&fa)
+        } else {
+            fa.total_cmp(&fb)
+        }
+    };
+    others.iter().copied().max_by(better)
 }
 
 /// Prints the `RESULT` lines and writes the section of docs/benchmarks.md.
-fn report(figures: &[(Setup, TunnelFigures)], rss: f64) -> Result<()> {
+fn report(measured: &[(Setup, Vec<Turn>)], rss: f64, idle: f64) -> Result<()> {
     let embedded = |with_guard: bool| {
-        figures
+        measured
             .iter()
             .find(|(s, _)| matches!(s, Setup::Embedded { guard } if *guard == with_guard))
-            .map(|(_, f)| f)
+            .map(|(_, t)| t.as_slice())
             .context("the embedded tunnel was not measured")
     };
     let (ours, guarded) = (embedded(false)?, embedded(true)?);
-    let peers: Vec<(Implementation, &TunnelFigures)> = figures
+    let others: Vec<(Implementation, &[Turn])> = measured
         .iter()
-        .filter_map(|(s, f)| match s {
-            Setup::Other(imp) => Some((*imp, f)),
+        .filter_map(|(s, t)| match s {
+            Setup::Other(imp) => Some((*imp, t.as_slice())),
             Setup::Embedded { .. } => None,
         })
         .collect();
-    let peers = &peers[..];
-    let mut results: Vec<(String, f64, f64)> = Vec::new();
-    for (imp, theirs) in peers {
-        let name = imp.name();
-        results.push((
-            format!("tunnel-tcp-1stream-gbps-vs-{name}"),
-            ours.gbps_1,
-            theirs.gbps_1,
-        ));
-        results.push((
-            format!("tunnel-tcp-4streams-gbps-vs-{name}"),
-            ours.gbps_4,
-            theirs.gbps_4,
-        ));
+    let mut lines = String::new();
+    for (imp, theirs) in &others {
+        for (name, metric, _) in &METRICS[..2] {
+            lines += &ratio_line(
+                &format!("{name}-vs-{}", imp.name()),
+                &series(ours, *metric),
+                &series(theirs, *metric),
+                3,
+            );
+        }
     }
-    let metrics: [(&str, Metric, bool); 6] = [
-        ("tunnel-tcp-1stream-gbps", |f| f.gbps_1, false),
-        ("tunnel-tcp-4streams-gbps", |f| f.gbps_4, false),
-        ("tunnel-udp-1400b-kpps", |f| f.udp_kpps, false),
-        ("tunnel-rtt-p50-us", |f| f.rtt_p50_us, true),
-        ("tunnel-rtt-p99-us", |f| f.rtt_p99_us, true),
-        ("tunnel-cpu-s-per-gb", TunnelFigures::cpu_total, true),
-    ];
-    for (name, metric, lower_is_better) in metrics {
-        results.push((
-            format!("{name}-vs-best"),
-            metric(ours),
-            best(peers, metric, lower_is_better),
-        ));
+    let mut best_of = String::new();
+    for (name, metric, lower_is_better) in METRICS {
+        let Some((imp, theirs)) = best(&others, metric, lower_is_better) else {
+            continue;
+        };
+        best_of += &format!("- `{name}`: {}\n", imp.name());
+        lines += &ratio_line(
+            &format!("{name}-vs-best"),
+            &series(ours, metric),
+            &series(theirs, metric),
+            3,
+        );
     }
-    results.push((
-        "tunnel-tcp-1stream-gbps-xdp-guard-vs-none".into(),
-        guarded.gbps_1,
-        ours.gbps_1,
-    ));
-    results.push((
-        "agent-rss-mib-100-tunnel-peers-vs-budget".into(),
-        rss,
-        TUNNEL_RSS_BUDGET_MIB,
-    ));
-    let lines = result_lines(&results, 3);
-    let mut table = String::from(
-        "| setup | TCP 1 stream | TCP 4 streams | UDP 1,400 B | UDP lost | RTT p50 | RTT p99 | CPU a-gw | CPU b-gw |\n\
-         |---|---|---|---|---|---|---|---|---|\n",
+    let tcp_1 = METRICS[0].1;
+    lines += &ratio_line(
+        "tunnel-tcp-1stream-gbps-xdp-guard-vs-none",
+        &series(guarded, tcp_1),
+        &series(ours, tcp_1),
+        3,
     );
-    let rows = figures
-        .iter()
-        .map(|(setup, f)| (setup.name().unwrap_or_default(), f));
-    for (setup, f) in rows {
+    lines += &ratio_line(
+        "agent-rss-mib-100-tunnel-peers-vs-budget",
+        &[rss],
+        &[TUNNEL_RSS_BUDGET_MIB],
+        3,
+    );
+    let mut table = String::from(
+        "| setup | TCP 1 stream | TCP 4 streams | UDP 1,400 B | UDP lost | RTT p50 | RTT p99 | CPU, whole machine |\n\
+         |---|---|---|---|---|---|---|---|\n",
+    );
+    for (setup, turns) in measured {
+        let f = |metric: Metric| figure(turns, metric);
         table.push_str(&format!(
-            "| {setup} | {:.2} Gbit/s | {:.2} Gbit/s | {:.0} kpps | {:.1} % | {:.0} µs | {:.0} µs | {:.2} s/GB | {:.2} s/GB |\n",
-            f.gbps_1,
-            f.gbps_4,
-            f.udp_kpps,
-            f.udp_loss_percent,
-            f.rtt_p50_us,
-            f.rtt_p99_us,
-            f.cpu_s_per_gb[0],
-            f.cpu_s_per_gb[1],
+            "| {} | {:.2} Gbit/s | {:.2} Gbit/s | {:.0} kpps | {:.1} % | {:.0} µs | {:.0} µs | {:.2} s/GB |\n",
+            setup.name().unwrap_or_default(),
+            f(|t| t.gbps[0]),
+            f(|t| t.gbps[1]),
+            f(|t| t.udp[0]),
+            f(|t| t.udp[1]),
+            f(|t| t.rtt[0]),
+            f(|t| t.rtt[1]),
+            f(|t| t.cpu_s_per_gb),
         ));
     }
+    let idle = idle * 100.0;
     let section = format!(
         "## Tunnel: a-pod1 to b-pod1 through the gateways
 
@@ -347,11 +362,18 @@ received, and the share lost); and {RTT_ROUNDS_PER_TURN} rounds of
 {RTT_SAMPLES} UDP ping-pongs, one at a time, each from a socket of its
 own (a round's source port decides which TUN queue, and so which
 thread, carries it). Each figure is the median of the rounds (of the RTT
-rounds' p50 and p99). CPU is the time of the tunnel's process on each
-gateway (`/proc/PID/stat`, every thread, user and system) per gigabyte
-of all the TCP runs. Both gateways, both pods and the generator share
+rounds' p50 and p99). CPU is the whole machine's busy time during the
+turn's TCP runs (`/proc/stat`: every core; user, system, irq, softirq and
+steal, so softirq work counts wherever it lands), less what the idle lab
+used in the same time ({idle:.1}% of a CPU, measured before the rounds),
+per gigabyte carried. Both gateways, both pods and the generator share
 the machine's 2 CPUs, so throughput is bounded by CPU, and CPU per
-gigabyte says what each byte costs.
+gigabyte says what each byte costs. Each RESULT line gives the median
+over rounds of the ratio of the two setups' figures in the same round,
+with the least and greatest of those ratios. The best of the others, by
+median, for each `-vs-best` line:
+
+{best_of}
 
 {table}
 Gateway agent resident memory with 100 tunnel peers: {rss:.1} MiB.

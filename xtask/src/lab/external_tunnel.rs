@@ -337,11 +337,6 @@ pub fn stop_on(cluster: &Cluster) -> Result<()> {
     Ok(())
 }
 
-/// The external tunnel process of `cluster`'s gateway, if one runs.
-pub fn pid_on(cluster: &Cluster) -> Option<u32> {
-    processes(&dev(&cluster.gw())).into_iter().next()
-}
-
 /// External tunnels the lab started, found by their command line naming
 /// one of the implementations and a lab device (`prefix` of its name).
 /// Only these are ever signalled.
