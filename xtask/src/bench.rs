@@ -124,10 +124,12 @@ pub fn run_bench(which: Which) -> Result<()> {
 }
 
 /// Brings the lab up with `tunnel`, runs `measure`, and takes it down
-/// whatever `measure` gave.
+/// whatever `measure` gave. The lab's Prometheus, which scrapes every agent
+/// each second for the tests, is stopped first: the benches read what they
+/// need themselves, and its bursts would fall on some setups' windows.
 fn on_lab<T>(tunnel: lab::LabTunnel, measure: impl FnOnce() -> Result<T>) -> Result<T> {
     lab::up(tunnel)?;
-    let result = measure();
+    let result = lab::monitor::down().and_then(|()| measure());
     lab::down()?;
     result
 }
