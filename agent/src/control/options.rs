@@ -26,6 +26,7 @@ use crate::{
         isolation::SecurityMode,
         policy::{self, Policy},
     },
+    roles::past_netfilter::PastNetfilter,
 };
 
 /// Where a gateway keeps its WireGuard private key, without Kubernetes.
@@ -38,19 +39,6 @@ pub enum TunnelMode {
     Userspace,
     /// No tunnel: another one carries the traffic; the agent only does NAT.
     None,
-}
-
-/// Whether packets the FIB settles in one step skip the node's netfilter.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum PastNetfilter {
-    /// Always through the stack.
-    Off,
-    /// Always past it, whatever its FORWARD chains hold.
-    On,
-    /// Past it while no base chain at the forward hook (iptables-legacy,
-    /// iptables-nft or nftables) holds a rule or drops; through it while
-    /// one does, followed every second.
-    Auto,
 }
 
 /// What this node does.

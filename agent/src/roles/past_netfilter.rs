@@ -2,15 +2,28 @@
 //! the FIB settles in one step past the node's netfilter, fixed by the
 //! operator or, with `auto`, following what the node's forward hook holds.
 
+use clap::ValueEnum;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use crate::{
-    control::options::PastNetfilter,
     kernel::netfilter::{self, ForwardHooks},
     roles::overlay::Overlay,
 };
+
+/// Whether packets the FIB settles in one step skip the node's netfilter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PastNetfilter {
+    /// Always through the stack.
+    Off,
+    /// Always past it, whatever its FORWARD chains hold.
+    On,
+    /// Past it while no base chain at the forward hook (iptables-legacy,
+    /// iptables-nft or nftables) holds a rule or drops; through it while
+    /// one does, followed every second.
+    Auto,
+}
 
 /// The operator's choice, and what the forward hook holds if it matters.
 pub struct PastNetfilterSetting {
