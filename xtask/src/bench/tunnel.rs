@@ -17,8 +17,8 @@ use xtask::{
 };
 
 use super::{
-    IPERF_SECONDS, agent_rss_mib, iperf, iperf3, median, on_lab, peers_programmed, ratio_line,
-    synthetic_peers, write_section,
+    IPERF_SECONDS, agent_rss_mib, ceiling, iperf, iperf3, median, on_lab, peers_programmed,
+    ratio_line, synthetic_peers, write_section,
 };
 
 /// Idle memory budget of a gateway agent with 100 tunnel peers.
@@ -44,6 +44,9 @@ enum Setup {
     Embedded { guard: bool },
     /// Another userspace WireGuard in its place.
     Other(Implementation),
+    /// A kernel ipip tunnel in clear in its place: the path without
+    /// encryption, the reference of the ceiling.
+    Clear,
 }
 
 impl Setup {
@@ -53,6 +56,7 @@ impl Setup {
             .map(|guard| Setup::Embedded { guard })
             .into_iter()
             .chain(Implementation::ALL.map(Setup::Other))
+            .chain([Setup::Clear])
             .collect()
     }
 
@@ -61,6 +65,7 @@ impl Setup {
             Setup::Embedded { guard: false } => "embedded tunnel".into(),
             Setup::Embedded { guard: true } => "embedded tunnel, XDP guard on the uplink".into(),
             Setup::Other(imp) => imp.version()?,
+            Setup::Clear => "in clear (kernel ipip), no encryption".into(),
         })
     }
 
@@ -69,6 +74,7 @@ impl Setup {
         match self {
             Setup::Embedded { guard } => lab::set_gateway_tunnel(LabTunnel::Userspace, guard),
             Setup::Other(imp) => lab::set_gateway_tunnel(LabTunnel::running(imp), false),
+            Setup::Clear => lab::set_gateway_tunnel(LabTunnel::Clear, false),
         }
     }
 }
@@ -137,7 +143,14 @@ pub fn run_tunnel() -> Result<()> {
             idle * 100.0
         );
         let mut turns: Vec<Vec<Turn>> = setups.iter().map(|_| Vec::new()).collect();
+        let mut seals = Vec::new();
         for round in 1..=ROUNDS {
+            seals.push(ceiling::seal_gbps()?);
+            println!(
+                "bench: round {round}/{ROUNDS}: one core seals {:.2} Gbit/s of {}-byte packets",
+                seals[round - 1],
+                1420
+            );
             for (setup, turns) in setups.iter().zip(&mut turns) {
                 println!("bench: round {round}/{ROUNDS}, {}", setup.name()?);
                 setup.apply()?;
@@ -147,7 +160,7 @@ pub fn run_tunnel() -> Result<()> {
         Setup::Embedded { guard: false }.apply()?;
         let rss = tunnel_rss_with_peers(100)?;
         let measured: Vec<(Setup, Vec<Turn>)> = setups.into_iter().zip(turns).collect();
-        report(&measured, rss, idle)
+        report(&measured, rss, idle, &seals)
     })
 }
 
@@ -274,7 +287,7 @@ fn best<'a>(
 }
 
 /// Prints the `RESULT` lines and writes the section of docs/benchmarks.md.
-fn report(measured: &[(Setup, Vec<Turn>)], rss: f64, idle: f64) -> Result<()> {
+fn report(measured: &[(Setup, Vec<Turn>)], rss: f64, idle: f64, seals: &[f64]) -> Result<()> {
     let embedded = |with_guard: bool| {
         measured
             .iter()
@@ -287,7 +300,7 @@ fn report(measured: &[(Setup, Vec<Turn>)], rss: f64, idle: f64) -> Result<()> {
         .iter()
         .filter_map(|(s, t)| match s {
             Setup::Other(imp) => Some((*imp, t.as_slice())),
-            Setup::Embedded { .. } => None,
+            Setup::Embedded { .. } | Setup::Clear => None,
         })
         .collect();
     let mut lines = String::new();
@@ -315,6 +328,22 @@ fn report(measured: &[(Setup, Vec<Turn>)], rss: f64, idle: f64) -> Result<()> {
         );
     }
     let tcp_1 = METRICS[0].1;
+    let clear = measured
+        .iter()
+        .find(|(s, _)| matches!(s, Setup::Clear))
+        .map(|(_, t)| series(t, tcp_1))
+        .context("the path in clear was not measured")?;
+    let ceilings: Vec<f64> = clear
+        .iter()
+        .zip(seals)
+        .map(|(clear, seal)| ceiling::ceiling(*clear, *seal))
+        .collect();
+    lines += &ratio_line(
+        "tunnel-tcp-1stream-gbps-vs-ceiling",
+        &series(ours, tcp_1),
+        &ceilings,
+        3,
+    );
     lines += &ratio_line(
         "tunnel-tcp-1stream-gbps-xdp-guard-vs-none",
         &series(guarded, tcp_1),
@@ -346,6 +375,7 @@ fn report(measured: &[(Setup, Vec<Turn>)], rss: f64, idle: f64) -> Result<()> {
         ));
     }
     let idle = idle * 100.0;
+    let seal = median(seals);
     let section = format!(
         "## Tunnel: a-pod1 to b-pod1 through the gateways
 
@@ -377,6 +407,15 @@ median, for each `-vs-best` line:
 
 {table}
 Gateway agent resident memory with 100 tunnel peers: {rss:.1} MiB.
+
+The row in clear is a kernel ipip tunnel in the WireGuards' place (same
+device name, MTU 1,420, routes, pods and NAT, no encryption): what the
+path itself allows. Before each round, one core seals 1,420-byte packets
+with ChaCha20-Poly1305 (`ring`, as boringtun's data path does) for a
+second; the median was {seal:.2} Gbit/s. Each round's ceiling is then
+`1 / (1/clear + 2/seal)`, the path in clear plus one seal and one open per
+packet, and `tunnel-tcp-1stream-gbps-vs-ceiling` says how far the
+embedded tunnel is from it.
 
 The embedded tunnel is compared as the agent runs by default, without
 the XDP guard of the tunnel port (`--guard-dev`), which none of the

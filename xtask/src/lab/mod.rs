@@ -6,6 +6,7 @@
 //! of it, by name, whatever state a crash left. No lab address or route is
 //! ever added to the root namespace, and no lab namespace is linked to it.
 
+pub mod clear_tunnel;
 pub mod containers;
 pub mod external_tunnel;
 pub mod ha;
@@ -124,6 +125,9 @@ pub enum LabTunnel {
     Gotatun,
     /// boringtun-cli in its place.
     BoringtunCli,
+    /// A kernel ipip tunnel in clear in its place: what the path costs
+    /// without encryption.
+    Clear,
 }
 
 impl LabTunnel {
@@ -131,7 +135,7 @@ impl LabTunnel {
     pub fn external(self) -> Option<external_tunnel::Implementation> {
         use external_tunnel::Implementation as I;
         match self {
-            LabTunnel::Userspace | LabTunnel::None => None,
+            LabTunnel::Userspace | LabTunnel::None | LabTunnel::Clear => None,
             LabTunnel::WireguardGo => Some(I::WireguardGoBookworm),
             LabTunnel::WireguardGoCurrent => Some(I::WireguardGoCurrent),
             LabTunnel::Gotatun => Some(I::Gotatun),
@@ -155,6 +159,20 @@ impl LabTunnel {
             .get_name()
             .to_owned()
     }
+}
+
+/// Starts on every gateway what carries traffic in `tunnel` besides the
+/// agents: another WireGuard, or the ipip device in clear.
+fn start_other_tunnel(tunnel: LabTunnel) -> Result<()> {
+    if let Some(imp) = tunnel.external() {
+        for cluster in CLUSTERS {
+            external_tunnel::start_on(imp, cluster)?;
+        }
+    }
+    if tunnel == LabTunnel::Clear {
+        CLUSTERS.iter().try_for_each(|c| clear_tunnel::start_on(c))?;
+    }
+    Ok(())
 }
 
 /// The tunnel mode the lab was brought up with.
@@ -209,13 +227,10 @@ pub fn set_gateway_tunnel(tunnel: LabTunnel, guard: bool) -> Result<()> {
         clean_up_agent(gw)?;
     }
     external_tunnel::stop_all()?;
+    CLUSTERS.iter().try_for_each(|c| clear_tunnel::stop_on(c))?;
     fs::write(state("tunnel"), tunnel.as_str())?;
     set_marker(NO_GUARD, guard)?;
-    if let Some(imp) = tunnel.external() {
-        for cluster in CLUSTERS {
-            external_tunnel::start_on(imp, cluster)?;
-        }
-    }
+    start_other_tunnel(tunnel)?;
     for gw in &gateways {
         start_agent(gw)?;
     }
@@ -331,11 +346,7 @@ fn build(tunnel: LabTunnel, liqo: Option<&'static Cluster>, agents: Agents) -> R
     }
     route_peers(tunnel)?;
     write_objects(tunnel)?;
-    if let Some(imp) = tunnel.external() {
-        for cluster in CLUSTERS {
-            external_tunnel::start_on(imp, cluster)?;
-        }
-    }
+    start_other_tunnel(tunnel)?;
     if let Some(liqo) = liqo {
         println!(
             "lab: cluster {} runs as Liqo v0.10 (wireguard-go, iptables, conncheck)",
