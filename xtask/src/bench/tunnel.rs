@@ -44,7 +44,7 @@ enum Setup {
     Embedded { guard: bool },
     /// Another userspace WireGuard in its place.
     Other(Implementation),
-    /// A kernel ipip tunnel in clear in its place: the path without
+    /// A kernel VXLAN tunnel in clear in its place: the path without
     /// encryption, the reference of the ceiling.
     Clear,
 }
@@ -65,7 +65,7 @@ impl Setup {
             Setup::Embedded { guard: false } => "embedded tunnel".into(),
             Setup::Embedded { guard: true } => "embedded tunnel, XDP guard on the uplink".into(),
             Setup::Other(imp) => imp.version()?,
-            Setup::Clear => "in clear (kernel ipip), no encryption".into(),
+            Setup::Clear => "in clear (kernel VXLAN), no encryption".into(),
         })
     }
 
@@ -408,7 +408,7 @@ median, for each `-vs-best` line:
 {table}
 Gateway agent resident memory with 100 tunnel peers: {rss:.1} MiB.
 
-The row in clear is a kernel ipip tunnel in the WireGuards' place (same
+The row in clear is a kernel VXLAN tunnel in the WireGuards' place (same
 device name, MTU 1,420, routes, pods and NAT, no encryption): what the
 path itself allows. Before each round, one core seals 1,420-byte packets
 with ChaCha20-Poly1305 (`ring`, as boringtun's data path does) for a

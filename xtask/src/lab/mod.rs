@@ -125,7 +125,7 @@ pub enum LabTunnel {
     Gotatun,
     /// boringtun-cli in its place.
     BoringtunCli,
-    /// A kernel ipip tunnel in clear in its place: what the path costs
+    /// A kernel VXLAN tunnel in clear in its place: what the path costs
     /// without encryption.
     Clear,
 }
@@ -162,7 +162,7 @@ impl LabTunnel {
 }
 
 /// Starts on every gateway what carries traffic in `tunnel` besides the
-/// agents: another WireGuard, or the ipip device in clear.
+/// agents: another WireGuard, or the VXLAN device in clear.
 fn start_other_tunnel(tunnel: LabTunnel) -> Result<()> {
     if let Some(imp) = tunnel.external() {
         for cluster in CLUSTERS {
@@ -170,7 +170,9 @@ fn start_other_tunnel(tunnel: LabTunnel) -> Result<()> {
         }
     }
     if tunnel == LabTunnel::Clear {
-        CLUSTERS.iter().try_for_each(|c| clear_tunnel::start_on(c))?;
+        CLUSTERS
+            .iter()
+            .try_for_each(|c| clear_tunnel::start_on(c))?;
     }
     Ok(())
 }
