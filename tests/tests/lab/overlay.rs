@@ -283,6 +283,15 @@ enum Tool {
 
 impl Tool {
     const ALL: [Tool; 3] = [Tool::Iptables, Tool::IptablesLegacy, Tool::Nft];
+
+    /// The iptables program of the tool, if it is one.
+    fn xtables(self) -> Option<&'static str> {
+        match self {
+            Tool::Iptables => Some("iptables"),
+            Tool::IptablesLegacy => Some("iptables-legacy"),
+            Tool::Nft => None,
+        }
+    }
 }
 
 /// A rule at a-gw's forward hook that drops TCP to a-pod2 on one port, while
@@ -303,40 +312,34 @@ impl ForwardPolicy {
     }
 
     fn add(&self) -> anyhow::Result<()> {
-        let (a_pod2, port) = (Ipv4Addr::from(A_POD2).to_string(), self.port.to_string());
-        let xtables = ["-p", "tcp", "-d", &a_pod2, "--dport", &port, "-j", "DROP"];
-        match self.tool {
-            Tool::Iptables => {
-                xtask::cmd::iptables(&A.gw(), &[&["-I", "FORWARD"][..], &xtables].concat())
-            }
-            Tool::IptablesLegacy => {
-                in_a_gw(&[&["iptables-legacy", "-w", "-I", "FORWARD"][..], &xtables].concat())
-            }
-            Tool::Nft => {
-                let chain = "{ type filter hook forward priority 0; }";
-                in_a_gw(&["nft", "add", "table", "inet", NFT_TABLE])?;
-                in_a_gw(&["nft", "add", "chain", "inet", NFT_TABLE, "drop_tcp", chain])?;
-                in_a_gw(&[
-                    "nft", "add", "rule", "inet", NFT_TABLE, "drop_tcp", "ip", "daddr", &a_pod2,
-                    "tcp", "dport", &port, "drop",
-                ])
-            }
-        }
-        .map(drop)
+        let Some(program) = self.tool.xtables() else {
+            let (a_pod2, port) = (Ipv4Addr::from(A_POD2).to_string(), self.port.to_string());
+            let chain = "{ type filter hook forward priority 0; }";
+            in_a_gw(&["nft", "add", "table", "inet", NFT_TABLE])?;
+            in_a_gw(&["nft", "add", "chain", "inet", NFT_TABLE, "drop_tcp", chain])?;
+            return in_a_gw(&[
+                "nft", "add", "rule", "inet", NFT_TABLE, "drop_tcp", "ip", "daddr", &a_pod2, "tcp",
+                "dport", &port, "drop",
+            ])
+            .map(drop);
+        };
+        self.xtables(program, "-I")
     }
 
     fn remove(&self) -> anyhow::Result<()> {
-        let (a_pod2, port) = (Ipv4Addr::from(A_POD2).to_string(), self.port.to_string());
-        let xtables = ["-p", "tcp", "-d", &a_pod2, "--dport", &port, "-j", "DROP"];
-        match self.tool {
-            Tool::Iptables => {
-                xtask::cmd::iptables(&A.gw(), &[&["-D", "FORWARD"][..], &xtables].concat())
-            }
-            Tool::IptablesLegacy => {
-                in_a_gw(&[&["iptables-legacy", "-w", "-D", "FORWARD"][..], &xtables].concat())
-            }
-            Tool::Nft => in_a_gw(&["nft", "delete", "table", "inet", NFT_TABLE]),
+        match self.tool.xtables() {
+            Some(program) => self.xtables(program, "-D"),
+            None => in_a_gw(&["nft", "delete", "table", "inet", NFT_TABLE]).map(drop),
         }
+    }
+
+    /// Inserts (`-I`) or deletes (`-D`) the rule with iptables `program`.
+    fn xtables(&self, program: &str, action: &str) -> anyhow::Result<()> {
+        let (a_pod2, port) = (Ipv4Addr::from(A_POD2).to_string(), self.port.to_string());
+        in_a_gw(&[
+            program, "-w", action, "FORWARD", "-p", "tcp", "-d", &a_pod2, "--dport", &port, "-j",
+            "DROP",
+        ])
         .map(drop)
     }
 

@@ -211,6 +211,7 @@ fn take_turn(idle: f64) -> Result<Turn> {
     }
     let busy = machine_busy_seconds()? - busy0 - idle * t0.elapsed().as_secs_f64();
     let gigabytes = gbps.iter().sum::<f64>() * IPERF_SECONDS.parse::<f64>()? / 8.0;
+    let cpu_s_per_gb = busy / gigabytes;
     let (kpps, loss) = udp(client, server, target)?;
     let rtt = rtt(client, server, target)?;
     println!(
@@ -218,13 +219,13 @@ fn take_turn(idle: f64) -> Result<Turn> {
         gbps[0],
         gbps[1],
         listed(&column(0, &rtt)),
-        busy / gigabytes,
+        cpu_s_per_gb,
     );
     Ok(Turn {
         gbps,
         udp: [kpps, loss],
         rtt: [median(&column(0, &rtt)), median(&column(1, &rtt))],
-        cpu_s_per_gb: busy / gigabytes,
+        cpu_s_per_gb,
     })
 }
 
