@@ -8,6 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod burner;
 mod ceiling;
 mod chart;
 mod control;

@@ -180,24 +180,29 @@ impl<T: KernelTable> Mirror<T> {
         desired: &BTreeMap<T::Key, T::Value>,
     ) -> (usize, usize, Option<T::Error>) {
         let (mut written, mut removed, mut failure) = (0, 0, None);
+        // One walk along both sorted maps finds what changed: a pass on
+        // every object change compares tables of tens of thousands.
+        let (mut changed, mut stale) = (Vec::new(), Vec::new());
+        let mut held = self.applied.iter().peekable();
         for (key, value) in desired {
-            let old = self.applied.get(key);
-            if old != Some(value) {
-                match self.table.put(*key, value, old) {
-                    Ok(()) => {
-                        self.applied.insert(*key, *value);
-                        written += 1;
-                    }
-                    Err(e) => failure = failure.or(Some(e)),
-                }
+            while let Some((old_key, old)) = held.next_if(|(old_key, _)| *old_key < key) {
+                stale.push((*old_key, *old));
+            }
+            match held.next_if(|(old_key, _)| *old_key == key) {
+                Some((_, old)) if old == value => {}
+                old => changed.push((*key, *value, old.map(|(_, old)| *old))),
             }
         }
-        let stale: Vec<Entry<T>> = self
-            .applied
-            .iter()
-            .filter(|(key, _)| !desired.contains_key(key))
-            .map(|(key, value)| (*key, *value))
-            .collect();
+        stale.extend(held.map(|(key, value)| (*key, *value)));
+        for (key, value, old) in changed {
+            match self.table.put(key, &value, old.as_ref()) {
+                Ok(()) => {
+                    self.applied.insert(key, value);
+                    written += 1;
+                }
+                Err(e) => failure = failure.or(Some(e)),
+            }
+        }
         for (key, old) in stale {
             match self.table.delete(key, &old) {
                 Ok(()) => {

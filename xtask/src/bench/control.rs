@@ -25,8 +25,8 @@ use xtask::{
 };
 
 use super::{
-    Flow, disable_isthmus, enable_isthmus, maps_to, measure, median, peer_id, percentile,
-    result_lines, write_section,
+    Flow, burner::Burner, disable_isthmus, enable_isthmus, maps_to, measure, median, peer_id,
+    percentile, ratio_line, write_section,
 };
 
 /// Entries in the large table.
@@ -37,8 +37,15 @@ const FEW: usize = 10;
 const UPDATES: usize = 200;
 /// How long iptables may take to insert the entries before it is stopped.
 const IPTABLES_BUDGET: Duration = Duration::from_secs(900);
-/// pps measurement rounds per setup, interleaved.
-const ROUNDS: usize = 2;
+/// Rounds per setup, interleaved, for pps and for one-entry changes.
+const ROUNDS: usize = 5;
+/// Peers beside the bench peer, so that every pass weighs as many peers as
+/// a large hub's.
+const OTHER_PEERS: usize = 199;
+/// The p99 target for a one-entry change on a quiet machine.
+const P99_TARGET_MS: f64 = 10.0;
+/// The p99 target for a one-entry change while one core is kept busy.
+const BUSY_TARGET_MS: f64 = 25.0;
 
 /// The synthetic cluster whose NatMapping fills b-gw's table: its
 /// ExternalCIDR for us is large enough for 10,000 externalIPs.
@@ -60,25 +67,42 @@ pub fn run_control(kube_only: bool) -> Result<()> {
 fn control() -> Result<()> {
     let gw = B.gw();
     lab::write_object(&gw, "bench-peer.yaml", &bench_peer())?;
+    lab::write_object(&gw, "bench-other-peers.yaml", &other_peers())?;
     let peer_id = wait_for_peer(&gw)?;
 
     let mut applied = Vec::new();
     for format in [Format::Yaml, Format::Json] {
         println!("bench: applying {ENTRIES} NatMapping entries as {format:?}");
         let converge = apply_isthmus(&gw, peer_id, format)?;
-        let latencies = update_latencies(&gw, peer_id, format)?;
-        let (p50, p99) = (percentile(&latencies, 50), percentile(&latencies, 99));
         println!(
-            "bench:   {:.1} ms to converge; one-entry change: p50 {p50:.2} ms, p99 {p99:.2} ms",
+            "bench:   {:.1} ms to converge",
             converge.as_secs_f64() * 1e3
         );
-        applied.push((converge.as_secs_f64() * 1e3, p50, p99));
+        let (mut quiet, mut busy) = (Vec::new(), Vec::new());
+        for round in 1..=ROUNDS {
+            quiet.push(update_spread(&gw, peer_id, format)?);
+            let burner = Burner::start(&gw)?;
+            busy.push(update_spread(&gw, peer_id, format)?);
+            drop(burner);
+            println!(
+                "bench:   round {round}/{ROUNDS}: one-entry change p50/p99 {:.2}/{:.2} ms quiet, {:.2}/{:.2} ms with a core kept busy",
+                quiet[round - 1].0,
+                quiet[round - 1].1,
+                busy[round - 1].0,
+                busy[round - 1].1
+            );
+        }
+        applied.push(Applied {
+            converge_ms: converge.as_secs_f64() * 1e3,
+            quiet,
+            busy,
+        });
         // Gone before the next format's file arrives: one NatMapping per cluster.
         fs::remove_file(lab::object_dir(&gw).join(format.file()))?;
         wait_entries(&gw, peer_id, 0)?;
     }
     let rss = super::agent_rss_mib(&gw)?;
-    let [(ms, p50, p99), (json_ms, json_p50, json_p99)] = applied[..] else {
+    let [yaml, json] = &applied[..] else {
         unreachable!("two formats")
     };
 
@@ -99,18 +123,30 @@ fn control() -> Result<()> {
     let get = |name: &str, n: usize| {
         pps.iter()
             .find(|(s, c, _)| *s == name && *c == n)
-            .map_or(0.0, |(_, _, v)| *v)
+            .map_or_else(Vec::new, |(_, _, v)| v.clone())
     };
-    let results = [
-        (
-            "natmapping-10k-converge-ms-vs-iptables",
-            ms,
-            iptables.elapsed.as_secs_f64() * 1e3,
-        ),
-        ("natmapping-yaml-update-p50-ms-vs-target", p50, 10.0),
-        ("natmapping-yaml-update-p99-ms-vs-target", p99, 10.0),
-        ("natmapping-json-update-p50-ms-vs-target", json_p50, 10.0),
-        ("natmapping-json-update-p99-ms-vs-target", json_p99, 10.0),
+    let target = |ms| vec![ms; ROUNDS];
+    let mut lines = ratio_line(
+        "natmapping-10k-converge-ms-vs-iptables",
+        &[yaml.converge_ms],
+        &[iptables.elapsed.as_secs_f64() * 1e3],
+        2,
+    );
+    for (format, figures) in [("yaml", yaml), ("json", json)] {
+        for (measure, rounds, target_ms) in [
+            ("p50-ms", figures.p50(), P99_TARGET_MS),
+            ("p99-ms", figures.p99(), P99_TARGET_MS),
+            ("p99-ms-busy", figures.busy_p99(), BUSY_TARGET_MS),
+        ] {
+            lines += &ratio_line(
+                &format!("natmapping-{format}-update-{measure}-vs-target"),
+                &rounds,
+                &target(target_ms),
+                2,
+            );
+        }
+    }
+    for (name, ours, peer) in [
         (
             "hub-pps-10k-entries-vs-isthmus-10-entries",
             get("isthmus", ENTRIES),
@@ -126,9 +162,21 @@ fn control() -> Result<()> {
             get("iptables", ENTRIES),
             get("iptables", FEW),
         ),
-        ("agent-rss-mib-10k-entries-vs-budget", rss, 64.0),
-    ];
-    let lines = result_lines(&results, 2);
+    ] {
+        lines += &ratio_line(name, &ours, &peer, 2);
+    }
+    lines += &ratio_line("agent-rss-mib-10k-entries-vs-budget", &[rss], &[64.0], 2);
+    let (ms, json_ms) = (yaml.converge_ms, json.converge_ms);
+    let (p50, p99, busy_p99) = (
+        median(&yaml.p50()),
+        median(&yaml.p99()),
+        median(&yaml.busy_p99()),
+    );
+    let (json_p50, json_p99, json_busy_p99) = (
+        median(&json.p50()),
+        median(&json.p99()),
+        median(&json.busy_p99()),
+    );
     let mut section = format!(
         "## Control plane: NatMapping entries from file to kernel
 
@@ -141,7 +189,11 @@ and works on b-gw, the hub.
   pinned map.
 - **Update.** {UPDATES} times, one entry of the same object changes its
   endpoint, and the whole object is rewritten. Each change is timed until the
-  kernel holds the new value.
+  kernel holds the new value. {ROUNDS} rounds, each of {UPDATES} changes on
+  a quiet machine, then {UPDATES} while a CPU burner (a shell loop in b-gw's
+  netns, bounded by `timeout`) keeps one of the two cores busy. Beside the
+  bench peer, b-gw holds {OTHER_PEERS} more TunnelEndpoints, so that each
+  pass weighs as many peers as a large hub's.
 - **Both as YAML and as JSON.** Most of a change's time is reading the
   object. The YAML scanner (libyaml, through serde_yaml_ng) needs about 9 ms
   for 10,000 entries on this machine, so the agent reads a plain
@@ -164,8 +216,10 @@ and works on b-gw, the hub.
 |---|---|---|
 | {ENTRIES} entries applied (YAML) | {ms:.1} ms | {ipt:.1} s{ipt_note} |
 | {ENTRIES} entries applied (JSON) | {json_ms:.1} ms | |
-| one-entry change (YAML), p50 / p99 | {p50:.2} / {p99:.2} ms | |
-| one-entry change (JSON), p50 / p99 | {json_p50:.2} / {json_p99:.2} ms | |
+| one-entry change (YAML), p50 / p99, quiet | {p50:.2} / {p99:.2} ms | |
+| one-entry change (YAML), p99, one core busy | {busy_p99:.2} ms | |
+| one-entry change (JSON), p50 / p99, quiet | {json_p50:.2} / {json_p99:.2} ms | |
+| one-entry change (JSON), p99, one core busy | {json_busy_p99:.2} ms | |
 | pps through the hub, {FEW} entries | {i10:.0} | {t10:.0} |
 | pps through the hub, {ENTRIES} entries | {i10k:.0} | {t10k:.0} |
 
@@ -180,10 +234,10 @@ Agent resident memory with {ENTRIES} entries: {rss:.1} MiB.
         } else {
             String::new()
         },
-        i10 = get("isthmus", FEW),
-        i10k = get("isthmus", ENTRIES),
-        t10 = get("iptables", FEW),
-        t10k = get("iptables", ENTRIES),
+        i10 = median(&get("isthmus", FEW)),
+        i10k = median(&get("isthmus", ENTRIES)),
+        t10 = median(&get("iptables", FEW)),
+        t10k = median(&get("iptables", ENTRIES)),
     );
     if iptables.inserted < ENTRIES {
         let _ = writeln!(
@@ -192,6 +246,28 @@ Agent resident memory with {ENTRIES} entries: {rss:.1} MiB.
         );
     }
     write_section("control", &section)
+}
+
+/// The other peers: views of their own, no tunnel (the lab's routing is
+/// clear), no NatMapping.
+fn other_peers() -> String {
+    (1..=OTHER_PEERS)
+        .map(|i| {
+            TunnelEndpoint::new(&format!("tep-bench-{i}"), "liqo-tenant-bench")
+                .cluster_id(&format!("{BENCH_CLUSTER}-{i}"))
+                .local([B.pod_cidr, "None", "100.64.0.0/16", "None"])
+                .remote([
+                    &format!("10.51.{i}.0/24"),
+                    "None",
+                    &format!("10.52.{i}.0/24"),
+                    "None",
+                ])
+                .endpoint(format!("203.0.114.{i}"))
+                .port(5871)
+                .to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("---\n")
 }
 
 fn bench_peer() -> String {
@@ -333,6 +409,34 @@ fn apply_isthmus(node: &str, peer_id: u32, format: Format) -> Result<Duration> {
     Ok(done - start)
 }
 
+/// What one format measured: its apply, and (p50, p99) of each round's
+/// one-entry changes, quiet and with one core busy.
+struct Applied {
+    converge_ms: f64,
+    quiet: Vec<(f64, f64)>,
+    busy: Vec<(f64, f64)>,
+}
+
+impl Applied {
+    fn p50(&self) -> Vec<f64> {
+        self.quiet.iter().map(|(p50, _)| *p50).collect()
+    }
+
+    fn p99(&self) -> Vec<f64> {
+        self.quiet.iter().map(|(_, p99)| *p99).collect()
+    }
+
+    fn busy_p99(&self) -> Vec<f64> {
+        self.busy.iter().map(|(_, p99)| *p99).collect()
+    }
+}
+
+/// p50 and p99 of {UPDATES} one-entry changes, in ms.
+fn update_spread(node: &str, peer_id: u32, format: Format) -> Result<(f64, f64)> {
+    let latencies = update_latencies(node, peer_id, format)?;
+    Ok((percentile(&latencies, 50), percentile(&latencies, 99)))
+}
+
 fn update_latencies(node: &str, peer_id: u32, format: Format) -> Result<Vec<f64>> {
     let table: HashMap<MapData, MappingKey, Be32> =
         lab::pinned_hash(&lab::bpffs(node), names::MAP_NATMAP)?;
@@ -411,8 +515,9 @@ fn hub_flow() -> Flow {
     }
 }
 
-/// pps through the hub for Isthmus and iptables, with few and many entries.
-fn hub_pps() -> Result<Vec<(&'static str, usize, f64)>> {
+/// pps through the hub for Isthmus and iptables, with few and many
+/// entries: each setup's median in each round.
+fn hub_pps() -> Result<Vec<(&'static str, usize, Vec<f64>)>> {
     let flow = hub_flow();
     let setups = [
         ("isthmus", FEW),
@@ -443,14 +548,14 @@ fn hub_pps() -> Result<Vec<(&'static str, usize, f64)>> {
                     rates
                 }
             };
-            samples[i].extend(rates?);
+            samples[i].push(median(&rates?));
         }
     }
     fs::remove_file(lab::object_dir(&B.gw()).join(Format::Yaml.file()))?;
     Ok(setups
         .iter()
-        .zip(&samples)
-        .map(|((name, count), rates)| (*name, *count, median(rates)))
+        .zip(samples)
+        .map(|((name, count), rounds)| (*name, *count, rounds))
         .collect())
 }
 

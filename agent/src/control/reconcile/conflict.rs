@@ -3,52 +3,201 @@
 //! endpoint may not hide in a view, and a NatMapping must be written for the
 //! views its TunnelEndpoint gives.
 
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    net::Ipv4Addr,
+};
+
 use ipnet::Ipv4Net;
 
 use crate::model::{
     natmapping::{MappingProblem, NatMapping},
+    object::ObjectKey,
     peer::{Peer, PeerError, Problem},
     policy::overlaps,
 };
 
-/// Why `peer` cannot join `accepted`, if it cannot.
-pub(super) fn conflict(peer: &Peer, accepted: &[Peer]) -> Option<PeerError> {
-    if let Some(other) = accepted.iter().find(|o| o.key == peer.key) {
-        let other_file = other.origin.clone();
-        return Some(PeerError::new(
-            &peer.origin,
-            &peer.key,
-            Problem::Duplicate { other_file },
-        ));
+/// The peers a pass has accepted so far, indexed so that checking a
+/// newcomer costs a few lookups: a pass runs on every object change, and
+/// comparing each of hundreds of peers with all the others made it the
+/// slowest step between an event and the kernel.
+#[derive(Default)]
+pub(super) struct Accepted {
+    peers: Vec<Peer>,
+    keys: HashMap<ObjectKey, usize>,
+    public_keys: HashMap<[u8; 32], usize>,
+    cluster_ids: HashMap<String, usize>,
+    /// Every accepted view by its first address, with its peer and its
+    /// place among that peer's views. Accepted views never overlap.
+    views: BTreeMap<u32, (usize, usize)>,
+    /// Every accepted endpoint address, with its peer.
+    endpoints: BTreeSet<(Ipv4Addr, usize)>,
+}
+
+impl Accepted {
+    /// Why `peer` cannot join, if it cannot. Where several accepted peers
+    /// stand in the way, the error names the senior one.
+    pub(super) fn conflict(&self, peer: &Peer) -> Option<PeerError> {
+        if let Some(&other) = self.keys.get(&peer.key) {
+            let other_file = self.peers[other].origin.clone();
+            return Some(PeerError::new(
+                &peer.origin,
+                &peer.key,
+                Problem::Duplicate { other_file },
+            ));
+        }
+        let problem = self
+            .duplicate_identity(peer)
+            .or_else(|| self.endpoint_in_a_view(peer))
+            .or_else(|| self.overlap(peer))?;
+        Some(PeerError::new(&peer.origin, &peer.key, problem))
     }
-    if let Some(e) =
-        duplicate_identity(peer, accepted).or_else(|| endpoint_in_a_view(peer, accepted))
-    {
-        return Some(PeerError::new(&peer.origin, &peer.key, e));
+
+    /// Accepts `peer`, which must have no conflict.
+    pub(super) fn push(&mut self, peer: Peer) {
+        let at = self.peers.len();
+        self.keys.insert(peer.key.clone(), at);
+        if let Some(public_key) = public_key(&peer) {
+            self.public_keys.insert(public_key, at);
+        }
+        if let Some(cluster_id) = &peer.cluster_id {
+            self.cluster_ids.insert(cluster_id.clone(), at);
+        }
+        for (place, (_, view)) in peer.views().into_iter().enumerate() {
+            self.views.insert(u32::from(view.network()), (at, place));
+        }
+        if let Some(endpoint) = endpoint(&peer) {
+            self.endpoints.insert((endpoint, at));
+        }
+        self.peers.push(peer);
     }
-    // Views taken so far; the peer's own first view counts against its second.
-    let mut taken: Vec<(&Peer, (&'static str, Ipv4Net))> = accepted
-        .iter()
-        .flat_map(|other| other.views().map(|view| (other, view)))
-        .collect();
-    for (field, net) in peer.views() {
-        if let Some((other, (other_field, other_net))) = taken
+
+    /// The accepted peers, senior first.
+    pub(super) fn into_peers(self) -> Vec<Peer> {
+        self.peers
+    }
+
+    /// A public key or cluster ID that `peer` shares with an accepted peer.
+    fn duplicate_identity(&self, peer: &Peer) -> Option<Problem> {
+        let by_key = public_key(peer).and_then(|k| self.public_keys.get(&k).copied());
+        let by_cluster = (peer.cluster_id.as_ref()).and_then(|c| self.cluster_ids.get(c).copied());
+        let other = by_key.into_iter().chain(by_cluster).min()?;
+        let (o, other_file) = self.named(other);
+        Some(if by_key == Some(other) {
+            Problem::DuplicateKey {
+                other: o,
+                other_file,
+            }
+        } else {
+            Problem::DuplicateCluster {
+                cluster_id: peer.cluster_id.clone().expect("matched by cluster ID"),
+                other: o,
+                other_file,
+            }
+        })
+    }
+
+    /// A view of `peer` holding a WireGuard endpoint (an accepted peer's,
+    /// else its own), or its endpoint inside an accepted peer's view.
+    fn endpoint_in_a_view(&self, peer: &Peer) -> Option<Problem> {
+        let views = peer.views();
+        let senior_inside = views
             .iter()
-            .find(|(_, (_, taken_net))| overlaps(net, *taken_net))
-        {
-            let problem = Problem::Overlap {
+            .filter_map(|(_, view)| {
+                let range = (view.network(), 0)..=(view.broadcast(), usize::MAX);
+                self.endpoints.range(range).min_by_key(|(_, other)| *other)
+            })
+            .min_by_key(|(_, other)| *other)
+            .map(|&(at, other)| (at, self.named(other)));
+        let own_inside = || {
+            endpoint(peer)
+                .filter(|at| views.iter().any(|(_, view)| view.contains(at)))
+                .map(|at| (at, (peer.key.clone(), peer.origin.clone())))
+        };
+        if let Some((endpoint, (other, other_file))) = senior_inside.or_else(own_inside) {
+            let (field, net) = views
+                .into_iter()
+                .find(|(_, view)| view.contains(&endpoint))
+                .expect("found in a view");
+            return Some(Problem::EndpointInView {
                 field,
                 net,
-                other: other.key.clone(),
-                other_file: other.origin.clone(),
-                other_field,
-                other_net: *other_net,
-            };
-            return Some(PeerError::new(&peer.origin, &peer.key, problem));
+                endpoint,
+                other,
+                other_file,
+            });
         }
-        taken.push((peer, (field, net)));
+        let at = endpoint(peer)?;
+        let (other, place) = self.view_holding(at)?;
+        let (other_field, other_net) = self.peers[other].views()[place];
+        let (other, other_file) = self.named(other);
+        Some(Problem::EndpointUnderView {
+            endpoint: at,
+            other,
+            other_file,
+            other_field,
+            other_net,
+        })
     }
-    None
+
+    /// A view of `peer` that overlaps an accepted peer's view, or its own
+    /// earlier view.
+    fn overlap(&self, peer: &Peer) -> Option<Problem> {
+        let views = peer.views();
+        for (place, (field, net)) in views.into_iter().enumerate() {
+            let accepted = self
+                .overlapping(net)
+                .map(|(other, other_place)| (&self.peers[other], other_place));
+            let own_earlier = || {
+                (views[..place].iter())
+                    .position(|(_, own)| overlaps(net, *own))
+                    .map(|own_place| (peer, own_place))
+            };
+            if let Some((other, other_place)) = accepted.or_else(own_earlier) {
+                let (other_field, other_net) = other.views()[other_place];
+                return Some(Problem::Overlap {
+                    field,
+                    net,
+                    other: other.key.clone(),
+                    other_file: other.origin.clone(),
+                    other_field,
+                    other_net,
+                });
+            }
+        }
+        None
+    }
+
+    /// The senior accepted view overlapping `net`, as (peer, place): the
+    /// one holding its first address, or any that starts inside it.
+    fn overlapping(&self, net: Ipv4Net) -> Option<(usize, usize)> {
+        let inside = u32::from(net.network())..=u32::from(net.broadcast());
+        let starting_inside = self.views.range(inside).map(|(_, held)| *held);
+        (self.view_holding(net.network()).into_iter())
+            .chain(starting_inside)
+            .min()
+    }
+
+    /// The accepted view holding `addr`, as (peer, place).
+    fn view_holding(&self, addr: Ipv4Addr) -> Option<(usize, usize)> {
+        let (_, &(other, place)) = self.views.range(..=u32::from(addr)).next_back()?;
+        let (_, view) = self.peers[other].views()[place];
+        view.contains(&addr).then_some((other, place))
+    }
+
+    /// An accepted peer's object and origin, for an error.
+    fn named(&self, at: usize) -> (ObjectKey, String) {
+        let peer = &self.peers[at];
+        (peer.key.clone(), peer.origin.clone())
+    }
+}
+
+fn public_key(peer: &Peer) -> Option<[u8; 32]> {
+    peer.tunnel.as_ref().ok().map(|t| t.public_key)
+}
+
+fn endpoint(peer: &Peer) -> Option<Ipv4Addr> {
+    peer.tunnel.as_ref().ok().and_then(|t| t.endpoint.addr())
 }
 
 /// A network of `mapping` that is not the view `peer`'s TunnelEndpoint
@@ -82,55 +231,6 @@ pub(super) fn view_mismatch(mapping: &NatMapping, peer: &Peer) -> Option<Mapping
             meaning,
             tep_field,
             tunnel_endpoint: peer.key.clone(),
-        })
-    })
-}
-
-/// A public key or cluster ID that `peer` shares with an accepted peer.
-fn duplicate_identity(peer: &Peer, accepted: &[Peer]) -> Option<Problem> {
-    let key = |p: &Peer| p.tunnel.as_ref().ok().map(|t| t.public_key);
-    accepted.iter().find_map(|other| {
-        let (other_file, o) = (other.origin.clone(), other.key.clone());
-        if key(peer).is_some() && key(peer) == key(other) {
-            return Some(Problem::DuplicateKey {
-                other: o,
-                other_file,
-            });
-        }
-        let cluster_id = peer.cluster_id.clone()?;
-        (other.cluster_id.as_ref() == Some(&cluster_id)).then_some(Problem::DuplicateCluster {
-            cluster_id,
-            other: o,
-            other_file,
-        })
-    })
-}
-
-/// A view of `peer` holding a WireGuard endpoint (its own included), or its
-/// endpoint inside an accepted peer's view.
-fn endpoint_in_a_view(peer: &Peer, accepted: &[Peer]) -> Option<Problem> {
-    let endpoint = |p: &Peer| p.tunnel.as_ref().ok().and_then(|t| t.endpoint.addr());
-    for other in accepted.iter().chain([peer]) {
-        let Some(at) = endpoint(other) else { continue };
-        if let Some((field, net)) = peer.views().into_iter().find(|(_, v)| v.contains(&at)) {
-            return Some(Problem::EndpointInView {
-                field,
-                net,
-                endpoint: at,
-                other: other.key.clone(),
-                other_file: other.origin.clone(),
-            });
-        }
-    }
-    let at = endpoint(peer)?;
-    accepted.iter().find_map(|other| {
-        let (other_field, other_net) = other.views().into_iter().find(|(_, v)| v.contains(&at))?;
-        Some(Problem::EndpointUnderView {
-            endpoint: at,
-            other: other.key.clone(),
-            other_file: other.origin.clone(),
-            other_field,
-            other_net,
         })
     })
 }

@@ -17,7 +17,7 @@ mod allowed;
 mod conflict;
 mod share;
 
-use conflict::{conflict, view_mismatch};
+use conflict::{Accepted, view_mismatch};
 
 use crate::{
     kernel::table::{AllowedTable, MappingTable, MemoryTable, Mirror, PeerTable, TableFailure},
@@ -373,7 +373,7 @@ where
         let demands: Vec<usize> = wanted.iter().map(|(_, entries)| entries.len()).collect();
         let shares = share::fair_shares(&demands, self.mapping_capacity);
         let applied = self.mapping_table.applied();
-        let mut desired = BTreeMap::new();
+        let mut desired = Vec::new();
         for ((mapping, mut entries), share) in wanted.into_iter().zip(shares) {
             if entries.len() > share {
                 entries.sort_by_key(|(key, endpoint)| {
@@ -394,7 +394,8 @@ where
             }
             desired.extend(entries);
         }
-        desired
+        // Built at once from a sorted list, much faster than entry by entry.
+        BTreeMap::from_iter(desired)
     }
 
     /// Every valid Node, once: where two origins define the same node,
@@ -443,16 +444,16 @@ where
             }
         }
         candidates.sort_by_cached_key(|p| self.rank(p));
-        let mut accepted: Vec<Peer> = Vec::new();
+        let mut accepted = Accepted::default();
         for peer in candidates {
-            match conflict(&peer, &accepted) {
+            match accepted.conflict(&peer) {
                 Some(e) => {
                     errors.insert(e.into());
                 }
                 None => accepted.push(peer),
             }
         }
-        accepted
+        accepted.into_peers()
     }
 
     /// Seniority, the same on every node and across restarts as far as the

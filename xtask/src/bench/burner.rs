@@ -1,0 +1,40 @@
+//! A bounded CPU burner: one core kept busy while a bench measures, since
+//! a gateway node is rarely quiet.
+
+use std::{
+    process::{Child, Command},
+    time::Duration,
+};
+
+use anyhow::{Context, Result};
+use xtask::lab;
+
+/// The longest a burner runs, should the bench die before ending it.
+const LIMIT: Duration = Duration::from_secs(300);
+
+/// One busy shell loop in a lab namespace, under `timeout`, ended by its
+/// PID when dropped.
+pub struct Burner(Child);
+
+impl Burner {
+    /// Starts burning one core in `ns`.
+    pub fn start(ns: &str) -> Result<Self> {
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns, "timeout"])
+            .arg(LIMIT.as_secs().to_string())
+            .args(["sh", "-c", "while :; do :; done"])
+            .spawn()
+            .context("starting the CPU burner")?;
+        Ok(Self(child))
+    }
+}
+
+impl Drop for Burner {
+    fn drop(&mut self) {
+        // timeout passes SIGTERM on to the loop.
+        if let Err(e) = lab::end_pid(self.0.id(), Duration::from_secs(2)) {
+            eprintln!("bench: the CPU burner: {e:#}");
+        }
+        let _ = self.0.wait();
+    }
+}
