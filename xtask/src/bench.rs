@@ -12,6 +12,7 @@ mod burner;
 mod ceiling;
 mod chart;
 mod control;
+mod crr;
 mod failover;
 mod guard;
 mod isolation;

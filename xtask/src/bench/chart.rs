@@ -11,12 +11,18 @@ fn docs() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs")
 }
 
-/// One `RESULT` line: its name and Isthmus' advantage (above 1: better).
+/// One `RESULT` line: its name and Isthmus' advantage (above 1: better),
+/// the median over rounds and the range of the rounds.
 #[derive(Debug, PartialEq)]
 struct Advantage {
     name: String,
     times: f64,
+    least: f64,
+    most: f64,
 }
+
+/// The chart's axis: a range is drawn up to its edges.
+const AXIS: (f64, f64) = (0.1, 100_000.0);
 
 /// The advantage a `RESULT name=… ratio=…` line records, if it can be
 /// drawn as a bar. The ratio is
@@ -33,14 +39,29 @@ fn advantage(line: &str) -> Option<Advantage> {
     let smaller_is_better = ["-ms", "-us", "-ns-", "rss", "cpu", "cost"]
         .iter()
         .any(|unit| metric.contains(unit));
-    let times = if smaller_is_better {
-        1.0 / ratio
-    } else {
-        ratio
+    // A cost at or below zero (faster than the reference) is an unbounded
+    // advantage.
+    let times = |ratio: f64| match (smaller_is_better, ratio > 0.0) {
+        (true, true) => 1.0 / ratio,
+        (true, false) => f64::INFINITY,
+        (false, _) => ratio,
     };
-    // A cost that was negative in the median round has no advantage to
-    // draw: the RESULT line says it.
-    (times.is_finite() && times > 0.0).then_some(Advantage { name, times })
+    let bound = |key| {
+        field(key)
+            .and_then(|r| r.parse().ok())
+            .map_or(times(ratio), times)
+    };
+    let (a, b) = (bound("min"), bound("max"));
+    let clamp = |t: f64| t.clamp(AXIS.0, AXIS.1);
+    let median = times(ratio);
+    // A cost that was negative in the median round has no bar to draw: the
+    // RESULT line says it.
+    (median.is_finite() && median > 0.0).then_some(Advantage {
+        name,
+        times: median,
+        least: clamp(a.min(b)),
+        most: clamp(a.max(b)),
+    })
 }
 
 /// Renders the chart from the results in `docs/benchmarks.md`.
@@ -55,29 +76,35 @@ pub fn render() -> Result<()> {
     // gnuplot draws the first row at the bottom: reverse, so the chart
     // reads in the document's order.
     for (i, a) in advantages.iter().rev().enumerate() {
-        rows.push_str(&format!("{i} {} \"{}\"\n", a.times, a.name));
+        rows.push_str(&format!(
+            "{i} {} {} {} \"{}\"\n",
+            a.times, a.least, a.most, a.name
+        ));
     }
     fs::write(&data, rows)?;
     let png = docs().join("benchmarks.png");
     let script = format!(
         r#"set terminal pngcairo size 1100,{height} font "sans,9"
 set output "{png}"
-set title "Isthmus against the peer or target of each benchmark (docs/benchmarks.md): how many times better"
+set title "Isthmus against the peer or target of each benchmark (docs/benchmarks.md): how many times better, median over rounds, with the range of the rounds"
 set logscale x 10
-set xrange [0.1:100000]
+set xrange [{low}:{high}]
 set yrange [-1:{rows}]
 set xtics format "%g×"
 set grid xtics
 set key off
 set style fill solid 0.8
 set arrow from 1, graph 0 to 1, graph 1 nohead lc rgb "black" lw 2
-plot "{data}" using (($2 < 1) ? $2 : 1):1:(($2 < 1) ? $2 : 1):(($2 < 1) ? 1 : $2):($1 - 0.35):($1 + 0.35):(($2 >= 1) ? 0x2e8b57 : 0xcd5c5c):ytic(3) with boxxyerror lc rgb variable, \
-     "{data}" using 2:1:(sprintf(" %.3g×", $2)) with labels left font "sans,8"
+plot "{data}" using (($2 < 1) ? $2 : 1):1:(($2 < 1) ? $2 : 1):(($2 < 1) ? 1 : $2):($1 - 0.35):($1 + 0.35):(($2 >= 1) ? 0x2e8b57 : 0xcd5c5c):ytic(5) with boxxyerror lc rgb variable, \
+     "{data}" using 2:1:3:4 with xerrorbars lc rgb "black" pt 0, \
+     "{data}" using 4:1:(sprintf(" %.3g×", $2)) with labels left font "sans,8"
 "#,
         height = 140 + 22 * advantages.len(),
         png = png.display(),
         data = data.display(),
         rows = advantages.len(),
+        low = AXIS.0,
+        high = AXIS.1,
     );
     let script_path = docs().join("../target/benchmarks.gnuplot");
     fs::write(&script_path, script)?;
@@ -122,6 +149,23 @@ mod tests {
         };
         assert!(advantage(&line("-0.003")).is_none());
         assert!(advantage(&line("0")).is_none());
-        assert_eq!(advantage(&line("0.25")).unwrap().times, 4.0);
+        let drawn = advantage(&line("0.25")).unwrap();
+        assert_eq!(drawn.times, 4.0);
+        // The round at -0.1 beat the reference outright: its bar ends at the
+        // axis; the round at 0.2 was 5x better.
+        assert_eq!((drawn.least, drawn.most), (5.0, AXIS.1));
+    }
+
+    #[test]
+    fn the_range_is_the_rounds_least_and_greatest_advantage() {
+        let line = "RESULT name=tunnel-tcp-1stream-gbps-vs-wireguard-go-current isthmus=2 peer=1 ratio=1.9 min=1.5 max=2.2 rounds=5";
+        let a = advantage(line).unwrap();
+        assert_eq!((a.times, a.least, a.most), (1.9, 1.5, 2.2));
+        let line = "RESULT name=tunnel-rtt-p99-us-vs-wireguard-go-current isthmus=1 peer=2 ratio=0.5 min=0.25 max=1 rounds=5";
+        let a = advantage(line).unwrap();
+        assert_eq!((a.times, a.least, a.most), (2.0, 1.0, 4.0));
+        let line = "RESULT name=overlay-pps-vs-liqo isthmus=2 peer=1 ratio=2";
+        let a = advantage(line).unwrap();
+        assert_eq!((a.least, a.most), (2.0, 2.0));
     }
 }

@@ -3,7 +3,7 @@
 //! with Isthmus as the DaemonSets run it and with `--forward-past-netfilter=off`
 //! beside it, with 1 and 200 peers, in interleaved rounds.
 
-use std::{fmt::Write as _, fs, path::PathBuf};
+use std::{fmt::Write as _, fs, net::SocketAddrV4, path::PathBuf};
 
 use anyhow::{Context, Result, bail};
 use xtask::{
@@ -13,9 +13,10 @@ use xtask::{
 };
 
 use super::{
-    Flow, ROUNDS, WARMUP, WINDOW, WINDOWS, agent_rss_mib, disable_isthmus, enable_isthmus,
-    gateway_peerings, isolation, liqo_v010, measure, median, ratio_line, set_isthmus_peers,
-    write_section,
+    Flow, ROUNDS, WARMUP, WINDOW, WINDOWS, agent_rss_mib,
+    crr::{self, Crr},
+    disable_isthmus, enable_isthmus, gateway_peerings, isolation, liqo_v010, measure, median,
+    ratio_line, set_isthmus_peers, write_section,
 };
 
 /// Idle memory budget of the agent with 200 peers.
@@ -95,7 +96,7 @@ impl Setup {
     }
 
     /// Configures the gateways, measures, and undoes what only this setup needs.
-    fn measure(self) -> Result<Vec<f64>> {
+    fn measure(self) -> Result<Measured> {
         let gateways = [A.gw(), B.gw()];
         // Without NAT nor conntrack, nothing on the way tells answered
         // flows from others.
@@ -106,22 +107,22 @@ impl Setup {
                 disable_isthmus()?;
                 liqo_v010::remove_all(&gateways)?;
                 plain_routes(true)?;
-                let rates = measure(flow);
+                let measured = traffic(flow);
                 plain_routes(false)?;
-                rates
+                measured
             }
             Setup::Liqo(peers, _) => {
                 disable_isthmus()?;
                 liqo_v010::install(gateway_peerings(), peers)?;
-                let rates = measure(flow);
+                let measured = traffic(flow);
                 liqo_v010::remove_all(&gateways)?;
-                rates
+                measured
             }
             Setup::Isthmus(peers, netfilter) => {
                 liqo_v010::remove_all(&gateways)?;
                 run_isthmus(netfilter)?;
                 set_isthmus_peers(peers)?;
-                measure(flow)
+                traffic(flow)
             }
             Setup::Baseline => {
                 disable_isthmus()?;
@@ -134,20 +135,20 @@ impl Setup {
                     lab::wait_ready_in(gw, pid, &log)?;
                 }
                 set_isthmus_peers(1)?;
-                let rates = measure(flow);
+                let measured = traffic(flow);
                 for (gw, pid) in gateways.iter().zip(pids) {
                     lab::stop_pid(pid)?;
                     lab::clean_up_agent(gw)?;
                 }
-                rates
+                measured
             }
             Setup::Segregated => {
                 run_isthmus(Netfilter::Default)?;
                 set_isthmus_peers(1)?;
                 isolation::segregate()?;
-                let rates = measure(flow);
+                let measured = traffic(flow);
                 isolation::unsegregate()?;
-                rates
+                measured
             }
         }
     }
@@ -194,11 +195,27 @@ fn flow(answered: bool) -> Flow {
     }
 }
 
+/// What a setup measured in one round.
+struct Measured {
+    /// Packets per second, one figure per window.
+    pps: Vec<f64>,
+    /// The connection rate.
+    crr: Crr,
+}
+
+/// Packets per second, then the connection rate, of the flow's two pods.
+fn traffic(flow: &Flow) -> Result<Measured> {
+    let pps = measure(flow)?;
+    let target = SocketAddrV4::new(flow.dst.into(), crr::PORT);
+    let crr = crr::measure(&flow.client, &flow.server, target)?;
+    Ok(Measured { pps, crr })
+}
+
 /// The `--baseline` build the NAT bench measures beside this one.
 static BASELINE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
 
-/// Each setup's rates: per round, the rate of each window.
-type Samples = Vec<(Setup, Vec<Vec<f64>>)>;
+/// What each setup measured, round by round.
+type Samples = Vec<(Setup, Vec<Measured>)>;
 
 /// Runs the NAT bench and writes its section of `docs/benchmarks.md`.
 pub fn run_nat(baseline: Option<PathBuf>) -> Result<()> {
@@ -236,12 +253,15 @@ pub fn run_nat(baseline: Option<PathBuf>) -> Result<()> {
 
 /// The RESULT lines: each compares two setups round by round.
 fn results(samples: &Samples, rss: &[f64], update_p99: f64) -> String {
-    let rounds = |setup: Setup| -> Vec<f64> {
+    let per_round = |setup: Setup, figure: fn(&Measured) -> f64| -> Vec<f64> {
         samples
             .iter()
             .find(|(s, _)| *s == setup)
-            .map_or_else(Vec::new, |(_, r)| r.iter().map(|w| median(w)).collect())
+            .map_or_else(Vec::new, |(_, r)| r.iter().map(figure).collect())
     };
+    let rounds = |setup| per_round(setup, |m| median(&m.pps));
+    let crr = |setup| per_round(setup, |m| m.crr.per_second);
+    let crr_p99 = |setup| per_round(setup, |m| m.crr.p99_us);
     let shipped = |peers| rounds(Setup::Isthmus(peers, Netfilter::Default));
     let off = |peers| rounds(Setup::Isthmus(peers, Netfilter::Off));
     let liqo = |peers| rounds(Setup::Liqo(peers, Flows::Answered));
@@ -257,44 +277,78 @@ fn results(samples: &Samples, rss: &[f64], update_p99: f64) -> String {
     };
     let pps = [
         (
-            "nat-pps-1peer-vs-plain-forwarding",
+            "nat-pps-default-1peer-vs-plain-forwarding",
             shipped(1),
             plain.clone(),
         ),
-        ("nat-pps-1peer-vs-liqo-v0.10.3", shipped(1), liqo(1)),
-        ("nat-pps-200peers-vs-liqo-v0.10.3", shipped(200), liqo(200)),
         (
-            "nat-pps-200peers-vs-liqo-v0.10.3-flows-never-answered",
+            "nat-pps-default-1peer-vs-liqo-iptables",
+            shipped(1),
+            liqo(1),
+        ),
+        (
+            "nat-pps-default-200peers-vs-liqo-iptables",
+            shipped(200),
+            liqo(200),
+        ),
+        (
+            "nat-pps-default-200peers-vs-liqo-iptables-flows-never-answered",
             shipped(200),
             rounds(Setup::Liqo(200, Flows::OneWay)),
         ),
         (
-            "nat-pps-200peers-vs-isthmus-1peer",
+            "nat-pps-default-200peers-vs-default-1peer",
             shipped(200),
             shipped(1),
         ),
         (
-            "nat-pps-1peer-netfilter-off-vs-plain-forwarding",
+            "nat-pps-off-1peer-vs-plain-forwarding",
             off(1),
             plain.clone(),
         ),
+        ("nat-pps-off-200peers-vs-liqo-iptables", off(200), liqo(200)),
         (
-            "nat-pps-200peers-netfilter-off-vs-liqo-v0.10.3",
-            off(200),
-            liqo(200),
-        ),
-        (
-            "nat-pps-segregation-10k-vs-isthmus",
+            "nat-pps-default-segregated-10k-vs-default-1peer",
             rounds(Setup::Segregated),
             shipped(1),
         ),
     ];
+    let liqo_crr = |peers| crr(Setup::Liqo(peers, Flows::Answered));
+    let shipped_crr = |peers| crr(Setup::Isthmus(peers, Netfilter::Default));
+    let connections = [
+        (
+            "nat-crr-default-1peer-vs-plain-forwarding",
+            shipped_crr(1),
+            crr(Setup::Plain),
+        ),
+        (
+            "nat-crr-default-1peer-vs-liqo-iptables",
+            shipped_crr(1),
+            liqo_crr(1),
+        ),
+        (
+            "nat-crr-default-200peers-vs-liqo-iptables",
+            shipped_crr(200),
+            liqo_crr(200),
+        ),
+        (
+            "nat-crr-p99-us-default-200peers-vs-liqo-iptables",
+            crr_p99(Setup::Isthmus(200, Netfilter::Default)),
+            crr_p99(Setup::Liqo(200, Flows::Answered)),
+        ),
+        (
+            "nat-crr-off-200peers-vs-liqo-iptables",
+            crr(Setup::Isthmus(200, Netfilter::Off)),
+            liqo_crr(200),
+        ),
+    ];
     let mut lines: String = pps
         .iter()
+        .chain(&connections)
         .map(|(name, ours, peer)| ratio_line(name, ours, peer, 1))
         .collect();
     lines += &ratio_line(
-        "nat-cost-ns-per-packet-200peers-vs-liqo-v0.10.3",
+        "nat-cost-ns-per-packet-default-200peers-vs-liqo-iptables",
         &cost_ns(shipped(200)),
         &cost_ns(liqo(200)),
         0,
@@ -313,7 +367,7 @@ fn results(samples: &Samples, rss: &[f64], update_p99: f64) -> String {
     );
     if BASELINE.get().is_some() {
         lines += &ratio_line(
-            "nat-pps-1peer-vs-baseline-build",
+            "nat-pps-default-1peer-vs-baseline-build",
             &shipped(1),
             &rounds(Setup::Baseline),
             1,
@@ -341,15 +395,19 @@ fn write_report(samples: &Samples, rss: &[f64], results: &str) -> Result<()> {
             0 => "-".to_owned(),
             n => n.to_string(),
         };
-        let windows: Vec<f64> = rounds.concat();
+        let windows: Vec<f64> = rounds.iter().flat_map(|m| m.pps.clone()).collect();
+        let crr: Vec<f64> = rounds.iter().map(|m| m.crr.per_second).collect();
+        let crr_p99: Vec<f64> = rounds.iter().map(|m| m.crr.p99_us).collect();
         let (lo, hi) = windows
             .iter()
             .fold((f64::MAX, 0f64), |(lo, hi), r| (lo.min(*r), hi.max(*r)));
         let _ = writeln!(
             table,
-            "| {} | {peers} | {:.0} | {lo:.0}–{hi:.0} |",
+            "| {} | {peers} | {:.0} | {lo:.0}–{hi:.0} | {:.0} | {:.0} |",
             setup.name(),
-            median(&windows)
+            median(&windows),
+            median(&crr),
+            median(&crr_p99)
         );
     }
     let endpoints = format!(
@@ -358,8 +416,9 @@ fn write_report(samples: &Samples, rss: &[f64], results: &str) -> Result<()> {
         isolation::ENDPOINTS % 1000
     );
     let rss = median(rss);
+    let port = crr::PORT;
     let report = format!(
-        "## NAT: 64-byte UDP through two gateways
+        "## NAT: 64-byte UDP and TCP connections through two gateways
 
 Produced by `cargo xtask bench nat` ({cpus} CPUs, kernel {kernel}).
 
@@ -410,8 +469,18 @@ rates in the same round, with the least and greatest of those ratios.
   from a also misses the flows b opened and the exact endpoint, and hits
   `b-pod2`'s any-port entry.
 
-| setup | peers | packets/s (median) | range |
-|---|---|---|---|
+**Connection rate.** In each round, right after its packets, each setup
+also carries TCP connections from `a-pod2` to `10.0.0.133` port {port}
+(`b-pod2`): one client opens a connection, sends one byte, reads the
+one-byte answer and closes, again and again for 3 s, as netperf's TCP_CRR
+does (`xtask/src/bench/crr.rs`). Each connection is a new flow for every NAT
+and conntrack on the way, so this is where Liqo's nat chains are walked
+(twice per connection, one walk per gateway). The table gives the median
+over rounds of connections per second and of their p99 time, connect to
+close.
+
+| setup | peers | packets/s (median) | range | connections/s | connection p99 (µs) |
+|---|---|---|---|---|---|
 {table}
 Agent resident memory, idle with 200 peers: {rss:.1} MiB (median over rounds).
 

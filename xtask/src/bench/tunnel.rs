@@ -105,7 +105,7 @@ const METRICS: [(&str, Metric, bool); 6] = [
     ("tunnel-udp-1400b-kpps", |t| t.udp[0], false),
     ("tunnel-rtt-p50-us", |t| t.rtt[0], true),
     ("tunnel-rtt-p99-us", |t| t.rtt[1], true),
-    ("tunnel-cpu-s-per-gb", |t| t.cpu_s_per_gb, true),
+    ("tunnel-cpu-machine-s-per-gb", |t| t.cpu_s_per_gb, true),
 ];
 
 /// `metric` of each of `turns`, round by round.
@@ -340,7 +340,7 @@ fn report(measured: &[(Setup, Vec<Turn>)], rss: f64, idle: f64, seals: &[f64]) -
         .map(|(clear, seal)| ceiling::ceiling(*clear, *seal))
         .collect();
     lines += &ratio_line(
-        "tunnel-tcp-1stream-gbps-vs-ceiling",
+        "tunnel-tcp-1stream-vs-ceiling",
         &series(ours, tcp_1),
         &ceilings,
         3,
@@ -415,7 +415,7 @@ path itself allows. Before each round, one core seals 1,420-byte packets
 with ChaCha20-Poly1305 (`ring`, as boringtun's data path does) for a
 second; the median was {seal:.2} Gbit/s. Each round's ceiling is then
 `1 / (1/clear + 2/seal)`, the path in clear plus one seal and one open per
-packet, and `tunnel-tcp-1stream-gbps-vs-ceiling` says how far the
+packet, and `tunnel-tcp-1stream-vs-ceiling` says how far the
 embedded tunnel is from it.
 
 The embedded tunnel is compared as the agent runs by default, without
