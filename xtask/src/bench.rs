@@ -15,12 +15,14 @@ mod control;
 mod crr;
 mod failover;
 mod guard;
+mod idle;
 mod isolation;
 mod kube;
 mod liqo_v010;
 mod nat;
 mod overlay;
 mod tunnel;
+mod wg_peers;
 
 use anyhow::{Context, Result, bail};
 use aya::maps::{HashMap, MapData};
@@ -70,6 +72,10 @@ pub enum Which {
         #[arg(long)]
         kube_only: bool,
     },
+    /// A gateway agent idle with 1, 100 and 1,000 live WireGuard peers: CPU,
+    /// resident and map memory; then its start with 1,000 peers and 100,000
+    /// NatMapping entries.
+    Idle,
     /// How long traffic stops when the active gateway dies (the `--ha`
     /// lab), when a gateway agent restarts in place, and when wireguard-go
     /// restarts, as Liqo's gateway does.
@@ -88,6 +94,7 @@ pub fn run_all() -> Result<()> {
         Which::Overlay,
         Which::Guard,
         Which::Control { kube_only: false },
+        Which::Idle,
         Which::Failover,
     ];
     let count = all.len();
@@ -106,6 +113,7 @@ impl Which {
             Which::Overlay => "overlay",
             Which::Guard => "guard",
             Which::Control { .. } => "control",
+            Which::Idle => "idle",
             Which::Failover => "failover",
             Which::Chart => "chart",
         }
@@ -121,6 +129,7 @@ pub fn run_bench(which: Which) -> Result<()> {
         Which::Guard => guard::run_guard(),
         Which::Overlay => overlay::run_overlay(),
         Which::Control { kube_only } => control::run_control(kube_only),
+        Which::Idle => idle::run_idle(),
         Which::Failover => failover::run_failover(),
         Which::Chart => chart::render(),
     }
@@ -541,7 +550,6 @@ fn agent_rss_mib(node: &str) -> Result<f64> {
     rss_mib(lab::agent_pid(node).context("agent not running")?)
 }
 
-/// Resident memory of process `pid`, in MiB.
 /// CPU seconds (user and system, every thread) process `pid` has used.
 fn cpu_seconds(pid: u32) -> Result<f64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
@@ -559,6 +567,7 @@ fn cpu_seconds(pid: u32) -> Result<f64> {
     Ok(ticks / per_second as f64)
 }
 
+/// Resident memory of process `pid`, in MiB.
 fn rss_mib(pid: u32) -> Result<f64> {
     let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
     let kib: f64 = status

@@ -141,6 +141,7 @@ fn a_gateway_exposes_the_whole_metric_set_and_counts_what_it_sent() {
         "isthmus_build_info",
         "isthmus_reconcile_errors_total",
         "isthmus_last_reconcile_timestamp_seconds",
+        "isthmus_program_load_seconds_total",
     ] {
         assert!(
             body.lines()
@@ -149,6 +150,11 @@ fn a_gateway_exposes_the_whole_metric_set_and_counts_what_it_sent() {
             "a-gw has no {family}:\n{body}"
         );
     }
+    let loading = lab::metric(&gw, "isthmus_program_load_seconds_total ").unwrap();
+    assert!(
+        loading > 0.0,
+        "a-gw loaded its programs in no time: {loading}"
+    );
     let peer = [("cluster_id", "cluster-b"), ("cluster_name", "b")];
     assert_eq!(sum(&gw, "isthmus_peer_connected", &peer), 1.0);
     // Its value depends on earlier tests' restarts; the series must exist.

@@ -3,7 +3,12 @@
 //! with Isthmus as the DaemonSets run it and with `--forward-past-netfilter=off`
 //! beside it, with 1 and 200 peers, in interleaved rounds.
 
-use std::{fmt::Write as _, fs, net::SocketAddrV4, path::PathBuf};
+use std::{
+    fmt::Write as _,
+    fs,
+    net::{Ipv4Addr, SocketAddrV4},
+    path::PathBuf,
+};
 
 use anyhow::{Context, Result, bail};
 use xtask::{
@@ -376,13 +381,38 @@ fn results(samples: &Samples, rss: &[f64], update_p99: f64) -> String {
     lines
 }
 
-/// Without NAT, b-pod2 must own the address a sends to.
+/// Without NAT, b-pod2 must own the address a sends to, and a-pod2 the
+/// address b answers: both clusters' PodCIDR is 10.244.0.0/24, so a-pod2's
+/// own would be b-pod2's. Each gateway already routes the other's views
+/// over the WAN.
 fn plain_routes(add: bool) -> Result<()> {
     let op = if add { "add" } else { "del" };
-    ip(&B.pod(2), &["addr", op, "10.0.0.133/32", "dev", "eth0"])?;
-    ip(&B.gw(), &["route", op, "10.0.0.133/32", "dev", "pod2"])?;
+    let (to_b, to_a) = (PLAIN_TARGET.to_string(), PLAIN_SOURCE.to_string());
+    ip(
+        &B.pod(2),
+        &["addr", op, &format!("{to_b}/32"), "dev", "eth0"],
+    )?;
+    ip(
+        &B.gw(),
+        &["route", op, &format!("{to_b}/32"), "dev", "pod2"],
+    )?;
+    ip(
+        &A.pod(2),
+        &["addr", op, &format!("{to_a}/32"), "dev", "eth0"],
+    )?;
+    ip(
+        &A.gw(),
+        &["route", op, &format!("{to_a}/32"), "dev", "pod2"],
+    )?;
     Ok(())
 }
+
+/// Where a-pod2 sends, and what b-pod2 owns in the plain setup.
+const PLAIN_TARGET: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 133);
+/// a-pod2 as b sees it; its connections' source in the plain setup, by
+/// its route's `src`: binding the source before connecting would make each
+/// connection search the ports itself, slower than the kernel's choice.
+const PLAIN_SOURCE: Ipv4Addr = Ipv4Addr::new(10, 0, 40, 133);
 
 fn write_report(samples: &Samples, rss: &[f64], results: &str) -> Result<()> {
     let kernel = run("uname", &["-r"])?.trim().to_owned();

@@ -44,6 +44,7 @@ mod verify;
 
 pub use attach::{AttachMode, Attached, load_onward};
 pub use cleanup::cleanup;
+pub use verify::loading_time;
 
 /// The compiled eBPF object, built by `build.rs`.
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/isthmus"));

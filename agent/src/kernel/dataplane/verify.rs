@@ -6,7 +6,21 @@
 //! would not stop. The stop signals are held back in the loading thread,
 //! so the process's other threads take them and the load completes.
 
+use std::{
+    sync::atomic::{AtomicU64, Ordering},
+    time::{Duration, Instant},
+};
+
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, pthread_sigmask};
+
+/// Time spent in loads since the agent started, in ns: nearly all of it is
+/// the verifier's, which operators weigh against the start time.
+static LOADING_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Time this process has spent loading programs, the verifier's work.
+pub fn loading_time() -> Duration {
+    Duration::from_nanos(LOADING_NS.load(Ordering::Relaxed))
+}
 
 /// The signals that stop the agent.
 const STOP_SIGNALS: [Signal; 3] = [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP];
@@ -19,7 +33,10 @@ pub fn uninterrupted<T>(load: impl FnOnce() -> T) -> T {
     // Fails only for an invalid `how`; without the mask the load is merely
     // interruptible, as it was.
     let held = pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&stop), Some(&mut previous)).is_ok();
+    let began = Instant::now();
     let result = load();
+    let took = u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    LOADING_NS.fetch_add(took, Ordering::Relaxed);
     if held {
         let _ = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&previous), None);
     }

@@ -18,6 +18,23 @@ use crate::{
 
 use super::PeerIds;
 
+/// The time this agent has spent loading programs, the verifier's work.
+#[derive(Debug)]
+pub(super) struct ProgramLoadTime;
+
+impl Collector for ProgramLoadTime {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let seconds = ConstCounter::new(crate::kernel::dataplane::loading_time().as_secs_f64());
+        let metric = encoder.encode_descriptor(
+            "program_load_seconds",
+            "Time spent loading eBPF programs since the agent started, nearly all of it the verifier's",
+            None,
+            seconds.metric_type(),
+        )?;
+        seconds.encode(metric)
+    }
+}
+
 /// The dataplane's counters, read at scrape time, and how full each map
 /// is, as last counted.
 #[derive(Debug)]

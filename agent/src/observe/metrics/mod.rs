@@ -33,7 +33,8 @@ mod gateway;
 mod http;
 
 use collect::{
-    DataplaneMetrics, DeniedMetrics, Occupancies, PeerLabels, count_occupancy, peer_labels,
+    DataplaneMetrics, DeniedMetrics, Occupancies, PeerLabels, ProgramLoadTime, count_occupancy,
+    peer_labels,
 };
 pub use gateway::GatewayState;
 use gateway::{LiqoMetrics, TunnelMetrics};
@@ -221,6 +222,7 @@ impl Metrics {
             "The agent's version, the kernel, how its programs are attached, its node and role; always 1",
             build_info,
         );
+        registry.register_collector(Box::new(ProgramLoadTime));
         if let Some(gateway) = gateway {
             registry.register_collector(Box::new(TunnelMetrics(gateway.tunnel.clone())));
             liqo.register_collector(Box::new(LiqoMetrics(gateway)));

@@ -1,0 +1,376 @@
+//! `cargo xtask bench idle`: a gateway agent, as the DaemonSet runs it,
+//! holding live WireGuard sessions with 1, 100 and 1,000 peers
+//! (`wg_peers`: handshakes answered, keepalives running, conncheck PINGs
+//! answered), idle: its CPU, its resident memory and its BPF map memory.
+//! Then its start with 1,000 peers and 100,000 NatMapping entries, and the
+//! verifier's share of it.
+
+use std::{
+    fs,
+    net::Ipv4Addr,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, ensure};
+use serde_json::{Value, json};
+use xtask::{
+    cmd::ip,
+    kube_lab::{Networks, nat_mapping, tunnel_endpoint},
+    lab::{self, LabTunnel},
+    netns,
+    topology::METRICS_PORT,
+    wait::poll,
+};
+
+use super::{median, on_lab, ratio_line, rss_mib, wg_peers::Peers, write_section};
+
+/// The gateway's netns, and the peers'.
+const NS: &str = "ist-t-bench-idle";
+const PEERS_NS: &str = "ist-t-bench-peers";
+const GATEWAY_ADDR: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+const PEER_ADDR: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+/// Peer `i` listens on this port plus `i`.
+const FIRST_PORT: u16 = 20000;
+/// The peer counts measured, in this order.
+const STEPS: [usize; 3] = [1, 100, 1000];
+/// Idle windows per peer count.
+const ROUNDS: usize = 5;
+const WINDOW: Duration = Duration::from_secs(10);
+/// The longest the sessions may take to come up.
+const SESSIONS_UP: Duration = Duration::from_secs(180);
+const CPU_BUDGET_PERCENT: f64 = 3.0;
+const MEMORY_BUDGET_MIB: f64 = 64.0;
+/// NatMapping entries per peer for the start: 100,000 in all.
+const ENTRIES_PER_PEER: usize = 100;
+/// Above the default (65,536), as a cluster that large sets it.
+const MAPPING_CAPACITY: u32 = 131_072;
+
+/// One peer count's idle figures, one per round.
+struct Idle {
+    peers: usize,
+    cpu_percent: Vec<f64>,
+    rss_mib: Vec<f64>,
+    map_mib: Vec<f64>,
+    connected: f64,
+}
+
+/// The start with every peer and entry already there.
+struct Start {
+    ready: Duration,
+    loading: Duration,
+}
+
+pub fn run_idle() -> Result<()> {
+    on_lab(LabTunnel::None, || {
+        let result = idle();
+        for ns in [NS, PEERS_NS] {
+            let _ = ip("", &["netns", "del", ns]);
+        }
+        result
+    })
+}
+
+fn idle() -> Result<()> {
+    let node = Node::new()?;
+    let key = lab::public_key(NS)?;
+    let peers = Peers::start(PEERS_NS, PEER_ADDR, FIRST_PORT, 0..STEPS[2], &key)?;
+    let mut agent = node.start(&[])?;
+    let mut figures = Vec::new();
+    for count in STEPS {
+        println!("bench: {count} peer(s): waiting for every session");
+        node.write_peers(count)?;
+        let started = Instant::now();
+        poll(
+            SESSIONS_UP,
+            Duration::from_millis(200),
+            &format!("{count} live sessions"),
+            || (peers.established() >= count).then_some(()),
+        )?;
+        println!("bench:   up in {:.1} s", started.elapsed().as_secs_f64());
+        figures.push(measure_idle(agent, count)?);
+    }
+    lab::stop_pid(agent)?;
+    lab::clean_up_agent(NS)?;
+
+    println!(
+        "bench: starting with {} peers and {} NatMapping entries",
+        STEPS[2],
+        STEPS[2] * ENTRIES_PER_PEER
+    );
+    node.write_mappings(STEPS[2])?;
+    let capacity = format!("--nat-mapping-capacity={MAPPING_CAPACITY}");
+    let began = Instant::now();
+    agent = node.start(&[&capacity])?;
+    let ready = began.elapsed();
+    let loading = Duration::from_secs_f64(lab::metric(NS, "isthmus_program_load_seconds_total ")?);
+    let entries = lab::metric(NS, "isthmus_nat_mappings ")?;
+    ensure!(
+        entries == (STEPS[2] * ENTRIES_PER_PEER) as f64,
+        "the agent was ready with {entries} NatMapping entries"
+    );
+    println!(
+        "bench:   ready in {:.2} s, {:.2} s of it loading programs",
+        ready.as_secs_f64(),
+        loading.as_secs_f64()
+    );
+    lab::stop_pid(agent)?;
+    lab::clean_up_agent(NS)?;
+    peers.stop()?;
+    report(&figures, &Start { ready, loading })
+}
+
+/// The agent's idle CPU, memory and map memory, `ROUNDS` windows.
+fn measure_idle(pid: u32, peers: usize) -> Result<Idle> {
+    let mut idle = Idle {
+        peers,
+        cpu_percent: Vec::new(),
+        rss_mib: Vec::new(),
+        map_mib: Vec::new(),
+        connected: 0.0,
+    };
+    for round in 1..=ROUNDS {
+        let (cpu, start) = (cpu_ns(pid)?, Instant::now());
+        std::thread::sleep(WINDOW);
+        let used = (cpu_ns(pid)? - cpu) as f64 / start.elapsed().as_nanos() as f64;
+        idle.cpu_percent.push(used * 100.0);
+        idle.rss_mib.push(rss_mib(pid)?);
+        idle.map_mib.push(map_mib(pid)?);
+        println!(
+            "bench:   round {round}/{ROUNDS}: {:.2}% of a core, {:.1} MiB resident, {:.1} MiB of maps",
+            used * 100.0,
+            idle.rss_mib[round - 1],
+            idle.map_mib[round - 1]
+        );
+    }
+    idle.connected = lab::metric_sum(NS, "liqo_peer_is_connected", &[]).unwrap_or(0.0);
+    Ok(idle)
+}
+
+/// CPU time every thread of `pid` has run, in ns, by the scheduler's
+/// clock (not sampled ticks).
+fn cpu_ns(pid: u32) -> Result<u64> {
+    let mut total = 0;
+    for task in fs::read_dir(format!("/proc/{pid}/task"))? {
+        let stat = fs::read_to_string(task?.path().join("schedstat")).unwrap_or_default();
+        total += stat
+            .split_whitespace()
+            .next()
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(0u64);
+    }
+    Ok(total)
+}
+
+/// The memory of the BPF maps `pid` holds, as the kernel charges it (the
+/// `memlock` that `bpftool map show` prints), in MiB.
+fn map_mib(pid: u32) -> Result<f64> {
+    let mut bytes = 0u64;
+    for fd in fs::read_dir(format!("/proc/{pid}/fdinfo"))? {
+        let info = fs::read_to_string(fd?.path()).unwrap_or_default();
+        if info.contains("map_type:") {
+            bytes += info
+                .lines()
+                .find_map(|l| l.strip_prefix("memlock:"))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    Ok(bytes as f64 / (1024.0 * 1024.0))
+}
+
+/// The gateway's netns, linked by a veth pair to the peers' netns.
+struct Node {
+    objects: PathBuf,
+}
+
+impl Node {
+    fn new() -> Result<Self> {
+        for ns in [NS, PEERS_NS] {
+            if netns::exists(ns) {
+                ip("", &["netns", "del", ns])?;
+            }
+            ip("", &["netns", "add", ns])?;
+            ip(ns, &["link", "set", "lo", "up"])?;
+        }
+        ip(
+            NS,
+            &[
+                "link", "add", "wan0", "type", "veth", "peer", "name", "wan1", "netns", PEERS_NS,
+            ],
+        )?;
+        ip(
+            NS,
+            &["addr", "add", &format!("{GATEWAY_ADDR}/16"), "dev", "wan0"],
+        )?;
+        ip(
+            PEERS_NS,
+            &["addr", "add", &format!("{PEER_ADDR}/16"), "dev", "wan1"],
+        )?;
+        ip(NS, &["link", "set", "wan0", "up"])?;
+        ip(PEERS_NS, &["link", "set", "wan1", "up"])?;
+        let objects = PathBuf::from(lab::STATE_DIR).join("bench-idle-objects");
+        let _ = fs::remove_dir_all(&objects);
+        fs::create_dir_all(&objects)?;
+        Ok(Self { objects })
+    }
+
+    /// Starts the gateway agent as the DaemonSet does, with `extra`
+    /// flags; returns its PID once ready.
+    fn start(&self, extra: &[&str]) -> Result<u32> {
+        let mut args = vec![
+            "run".to_owned(),
+            format!("--node={NS}"),
+            "--role=gateway".to_owned(),
+            format!("--source=dir:{}", self.objects.display()),
+            format!("--bpffs={}", lab::bpffs(NS).display()),
+            format!("--private-key-file={}", lab::key_file(NS).display()),
+            format!("--metrics-addr=127.0.0.1:{METRICS_PORT}"),
+        ];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let log = lab::log_file(NS);
+        let pid = lab::spawn_agent(NS, &args, &log)?;
+        lab::wait_ready_in(NS, pid, &log).context("the idle bench's gateway")?;
+        Ok(pid)
+    }
+
+    /// Gives the agent the first `count` peers.
+    fn write_peers(&self, count: usize) -> Result<()> {
+        let docs: Vec<String> = (0..count).map(|i| peer(i).to_string()).collect();
+        write_objects(&self.objects, "peers.yaml", &docs)
+    }
+
+    /// Gives each of the first `count` peers a NatMapping.
+    fn write_mappings(&self, count: usize) -> Result<()> {
+        let docs: Vec<String> = (0..count)
+            .map(|i| {
+                let entries: Vec<(Ipv4Addr, Ipv4Addr)> =
+                    (0..ENTRIES_PER_PEER).map(|k| entry(i, k)).collect();
+                nat_mapping(&cluster(i), &entries).to_string()
+            })
+            .collect();
+        write_objects(&self.objects, "natmappings.yaml", &docs)
+    }
+}
+
+/// Writes `docs` as one multi-document file, renamed into place so the
+/// agent never reads half of it.
+fn write_objects(dir: &std::path::Path, name: &str, docs: &[String]) -> Result<()> {
+    let staging = dir.with_extension("staging");
+    fs::write(&staging, docs.join("\n---\n"))?;
+    fs::rename(&staging, dir.join(name))?;
+    Ok(())
+}
+
+fn cluster(i: usize) -> String {
+    format!("cluster-idle-{i}")
+}
+
+/// Peer `i`'s TunnelEndpoint: networks of its own, its socket and key.
+fn peer(i: usize) -> Value {
+    let (hi, lo) = (i / 256, i % 256);
+    let (pod, external) = (
+        format!("10.{}.{lo}.0/24", 64 + hi),
+        format!("10.{}.{lo}.0/24", 72 + hi),
+    );
+    let nets = Networks {
+        local_pod: "10.244.0.0/16",
+        local_external: "10.128.0.0/16",
+        remote_pod: &pod,
+        remote_external: &external,
+    };
+    tunnel_endpoint(
+        &format!("tep-idle-{i}"),
+        &cluster(i),
+        &nets,
+        json!({
+            "endpointIP": PEER_ADDR.to_string(),
+            "backend_config": {
+                "port": (FIRST_PORT as usize + i).to_string(),
+                "publicKey": super::wg_peers::public_key(i),
+            },
+        }),
+    )
+}
+
+/// Entry `k` of peer `i`'s NatMapping: (endpointIP, externalIP).
+fn entry(i: usize, k: usize) -> (Ipv4Addr, Ipv4Addr) {
+    (
+        Ipv4Addr::new(10, 244, (k / 256) as u8, (k % 256) as u8),
+        Ipv4Addr::new(10, 128, (i % 256) as u8, k as u8),
+    )
+}
+
+fn report(figures: &[Idle], start: &Start) -> Result<()> {
+    let mut lines = String::new();
+    let mut table = String::new();
+    for f in figures {
+        let memory: Vec<f64> = f
+            .rss_mib
+            .iter()
+            .zip(&f.map_mib)
+            .map(|(r, m)| r + m)
+            .collect();
+        lines += &ratio_line(
+            &format!("idle-cpu-percent-{}-peers-vs-budget", f.peers),
+            &f.cpu_percent,
+            &vec![CPU_BUDGET_PERCENT; f.cpu_percent.len()],
+            3,
+        );
+        lines += &ratio_line(
+            &format!("idle-memory-mib-{}-peers-vs-budget", f.peers),
+            &memory,
+            &vec![MEMORY_BUDGET_MIB; memory.len()],
+            1,
+        );
+        table += &format!(
+            "| {} | {:.2}% | {:.1} MiB | {:.1} MiB | {} of {} |\n",
+            f.peers,
+            median(&f.cpu_percent),
+            median(&f.rss_mib),
+            median(&f.map_mib),
+            f.connected,
+            f.peers
+        );
+    }
+    let (ready, loading) = (start.ready.as_secs_f64(), start.loading.as_secs_f64());
+    lines += &ratio_line(
+        "startup-ms-1000-peers-100k-entries-vs-program-load-ms",
+        &[ready * 1e3],
+        &[loading * 1e3],
+        1,
+    );
+    let section = format!(
+        "## Idle gateway: 1, 100 and 1,000 live peers
+
+`cargo xtask bench idle` runs a gateway agent in a netns of its own, with the
+DaemonSet's flags (keepalive every 10 s, the conncheck every 2 s, the XDP
+guard on), and its peers in another netns of the lab: one boringtun session
+per peer, each on its own UDP socket (`xtask/src/bench/wg_peers.rs`), which
+answers the gateway's handshakes and keepalives and the conncheck's PINGs.
+The peers are given 1, then 100, then 1,000 at a time; once every session
+is up, {ROUNDS} windows of {window} s read the agent's CPU time (every
+thread, by the scheduler's clock: `/proc/PID/task/*/schedstat`), its
+resident memory and the memory of the BPF maps it holds (the `memlock` of
+each map fd, the figure `bpftool map show` prints). Memory is resident
+plus maps. The budgets: under {CPU_BUDGET_PERCENT}% of a core and
+{MEMORY_BUDGET_MIB} MiB with 1,000 peers.
+
+| peers | CPU (median) | resident | maps | conncheck connected |
+|---|---|---|---|---|
+{table}
+**Start.** The agent is stopped, given a NatMapping of {ENTRIES_PER_PEER} entries
+for each of the 1,000 peers ({total} in all, with
+`--nat-mapping-capacity={MAPPING_CAPACITY}`), and started again: {ready:.2} s
+from process start to ready (`/readyz`: every object read, every table and
+route written), of which {loading:.2} s loading the programs, the
+verifier's work (`isthmus_program_load_seconds_total`).
+
+```
+{lines}```
+",
+        window = WINDOW.as_secs(),
+        total = STEPS[2] * ENTRIES_PER_PEER,
+    );
+    write_section("idle", &section)
+}
