@@ -7,7 +7,7 @@
 
 use std::{
     fs,
-    net::Ipv4Addr,
+    net::{Ipv4Addr, SocketAddrV4},
     path::PathBuf,
     time::{Duration, Instant},
 };
@@ -29,9 +29,8 @@ use super::{median, on_lab, ratio_line, rss_mib, wg_peers::Peers, write_section}
 const NS: &str = "ist-t-bench-idle";
 const PEERS_NS: &str = "ist-t-bench-peers";
 const GATEWAY_ADDR: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
-const PEER_ADDR: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
-/// Peer `i` listens on this port plus `i`.
-const FIRST_PORT: u16 = 20000;
+/// The peers' port.
+const PEER_PORT: u16 = 5871;
 /// The peer counts measured, in this order.
 const STEPS: [usize; 3] = [1, 100, 1000];
 /// Idle windows per peer count.
@@ -74,19 +73,27 @@ pub fn run_idle() -> Result<()> {
 fn idle() -> Result<()> {
     let node = Node::new()?;
     let key = lab::public_key(NS)?;
-    let peers = Peers::start(PEERS_NS, PEER_ADDR, FIRST_PORT, 0..STEPS[2], &key)?;
+    let peers = Peers::start(PEERS_NS, endpoint, 0..STEPS[2], &key)?;
     let mut agent = node.start(&[])?;
     let mut figures = Vec::new();
     for count in STEPS {
         println!("bench: {count} peer(s): waiting for every session");
         node.write_peers(count)?;
+        node.write_mappings(count, 1)?;
         let started = Instant::now();
         poll(
             SESSIONS_UP,
             Duration::from_millis(200),
             &format!("{count} live sessions"),
             || (peers.established() >= count).then_some(()),
-        )?;
+        )
+        .with_context(|| {
+            format!(
+                "{} sessions up; end of the agent's log:\n{}",
+                peers.established(),
+                lab::log_tail(&lab::log_file(NS))
+            )
+        })?;
         println!("bench:   up in {:.1} s", started.elapsed().as_secs_f64());
         figures.push(measure_idle(agent, count)?);
     }
@@ -98,7 +105,7 @@ fn idle() -> Result<()> {
         STEPS[2],
         STEPS[2] * ENTRIES_PER_PEER
     );
-    node.write_mappings(STEPS[2])?;
+    node.write_mappings(STEPS[2], ENTRIES_PER_PEER)?;
     let capacity = format!("--nat-mapping-capacity={MAPPING_CAPACITY}");
     let began = Instant::now();
     agent = node.start(&[&capacity])?;
@@ -203,10 +210,14 @@ impl Node {
             NS,
             &["addr", "add", &format!("{GATEWAY_ADDR}/16"), "dev", "wan0"],
         )?;
-        ip(
-            PEERS_NS,
-            &["addr", "add", &format!("{PEER_ADDR}/16"), "dev", "wan1"],
-        )?;
+        // Each peer from an address of its own, as peer gateways are: the
+        // gateway throttles handshakes per source address.
+        let batch = PathBuf::from(lab::STATE_DIR).join("bench-idle-peers.ip");
+        let commands: String = (0..STEPS[2])
+            .map(|i| format!("addr add {}/16 dev wan1\n", endpoint(i).ip()))
+            .collect();
+        fs::write(&batch, commands)?;
+        ip(PEERS_NS, &["-batch", &batch.to_string_lossy()])?;
         ip(NS, &["link", "set", "wan0", "up"])?;
         ip(PEERS_NS, &["link", "set", "wan1", "up"])?;
         let objects = PathBuf::from(lab::STATE_DIR).join("bench-idle-objects");
@@ -237,29 +248,47 @@ impl Node {
     /// Gives the agent the first `count` peers.
     fn write_peers(&self, count: usize) -> Result<()> {
         let docs: Vec<String> = (0..count).map(|i| peer(i).to_string()).collect();
-        write_objects(&self.objects, "peers.yaml", &docs)
+        write_objects(&self.objects, "peer", &docs)
     }
 
-    /// Gives each of the first `count` peers a NatMapping.
-    fn write_mappings(&self, count: usize) -> Result<()> {
+    /// Gives each of the first `count` peers a NatMapping of `entries`
+    /// entries, the conncheck's first, as Liqo writes it.
+    fn write_mappings(&self, count: usize, entries: usize) -> Result<()> {
         let docs: Vec<String> = (0..count)
             .map(|i| {
-                let entries: Vec<(Ipv4Addr, Ipv4Addr)> =
-                    (0..ENTRIES_PER_PEER).map(|k| entry(i, k)).collect();
+                let entries: Vec<(Ipv4Addr, Ipv4Addr)> = std::iter::once(CONNCHECK_ENTRY)
+                    .chain((1..entries).map(|k| entry(i, k)))
+                    .collect();
                 nat_mapping(&cluster(i), &entries).to_string()
             })
             .collect();
-        write_objects(&self.objects, "natmappings.yaml", &docs)
+        write_objects(&self.objects, "natmapping", &docs)
     }
 }
 
-/// Writes `docs` as one multi-document file, renamed into place so the
-/// agent never reads half of it.
-fn write_objects(dir: &std::path::Path, name: &str, docs: &[String]) -> Result<()> {
+/// Writes each of `docs` as a file of its own, `{kind}-{i}.json`, as an
+/// object directory holds them; each is renamed into place, so the agent
+/// never reads half of one. Files that hold the same already are left
+/// alone.
+fn write_objects(dir: &std::path::Path, kind: &str, docs: &[String]) -> Result<()> {
     let staging = dir.with_extension("staging");
-    fs::write(&staging, docs.join("\n---\n"))?;
-    fs::rename(&staging, dir.join(name))?;
+    for (i, doc) in docs.iter().enumerate() {
+        let path = dir.join(format!("{kind}-{i}.json"));
+        if fs::read_to_string(&path).ok().as_ref() != Some(doc) {
+            fs::write(&staging, doc)?;
+            fs::rename(&staging, path)?;
+        }
+    }
     Ok(())
+}
+
+/// Peer `i`'s WireGuard endpoint.
+fn endpoint(i: usize) -> SocketAddrV4 {
+    let (hi, lo) = (i / 250, i % 250);
+    SocketAddrV4::new(
+        Ipv4Addr::new(198, 18, 10 + hi as u8, 1 + lo as u8),
+        PEER_PORT,
+    )
 }
 
 fn cluster(i: usize) -> String {
@@ -284,22 +313,28 @@ fn peer(i: usize) -> Value {
         &cluster(i),
         &nets,
         json!({
-            "endpointIP": PEER_ADDR.to_string(),
+            "endpointIP": endpoint(i).ip().to_string(),
             "backend_config": {
-                "port": (FIRST_PORT as usize + i).to_string(),
+                "port": PEER_PORT.to_string(),
                 "publicKey": super::wg_peers::public_key(i),
             },
         }),
     )
 }
 
-/// Entry `k` of peer `i`'s NatMapping: (endpointIP, externalIP).
+/// Entry `k` of peer `i`'s NatMapping: (endpointIP, externalIP), outside
+/// the conncheck's.
 fn entry(i: usize, k: usize) -> (Ipv4Addr, Ipv4Addr) {
     (
         Ipv4Addr::new(10, 244, (k / 256) as u8, (k % 256) as u8),
-        Ipv4Addr::new(10, 128, (i % 256) as u8, k as u8),
+        Ipv4Addr::new(10, 128, 1 + (i % 250) as u8, k as u8),
     )
 }
+
+/// The conncheck's entry: the first host of our ExternalCIDR, as every
+/// peer sees it, leads to the gateway's conncheck address.
+const CONNCHECK_ENTRY: (Ipv4Addr, Ipv4Addr) =
+    (Ipv4Addr::new(169, 254, 0, 1), Ipv4Addr::new(10, 128, 0, 1));
 
 fn report(figures: &[Idle], start: &Start) -> Result<()> {
     let mut lines = String::new();
@@ -346,7 +381,7 @@ fn report(figures: &[Idle], start: &Start) -> Result<()> {
 `cargo xtask bench idle` runs a gateway agent in a netns of its own, with the
 DaemonSet's flags (keepalive every 10 s, the conncheck every 2 s, the XDP
 guard on), and its peers in another netns of the lab: one boringtun session
-per peer, each on its own UDP socket (`xtask/src/bench/wg_peers.rs`), which
+per peer, each on a UDP socket of its own address (`xtask/src/bench/wg_peers.rs`), which
 answers the gateway's handshakes and keepalives and the conncheck's PINGs.
 The peers are given 1, then 100, then 1,000 at a time; once every session
 is up, {ROUNDS} windows of {window} s read the agent's CPU time (every

@@ -4,7 +4,7 @@
 //! gateways do.
 
 use std::{
-    net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket},
+    net::{IpAddr, SocketAddr, SocketAddrV4, UdpSocket},
     os::fd::AsFd,
     sync::{
         Arc,
@@ -31,10 +31,11 @@ const BUFFER: usize = 2048;
 /// The port conncheck PINGs go to.
 const CONNCHECK_PORT: u16 = 12345;
 
-/// Peer `i`'s static key.
+/// Peer `i`'s static key: X25519 clamps the first and last bytes, so the
+/// index goes in between.
 fn secret(i: usize) -> StaticSecret {
     let mut bytes = [0x42u8; 32];
-    bytes[..8].copy_from_slice(&(i as u64 + 1).to_le_bytes());
+    bytes[8..16].copy_from_slice(&(i as u64 + 1).to_le_bytes());
     StaticSecret::from(bytes)
 }
 
@@ -58,12 +59,11 @@ pub struct Peers {
 }
 
 impl Peers {
-    /// Starts peers `range` in netns `ns`, peer `i` on `addr`:`first_port + i`,
-    /// each knowing the gateway by `gateway_key` (base64).
+    /// Starts peers `range` in netns `ns`, peer `i` on `endpoint(i)`, each
+    /// knowing the gateway by `gateway_key` (base64).
     pub fn start(
         ns: &str,
-        addr: Ipv4Addr,
-        first_port: u16,
+        endpoint: impl Fn(usize) -> SocketAddrV4 + Sync,
         range: std::ops::Range<usize>,
         gateway_key: &str,
     ) -> Result<Self> {
@@ -75,9 +75,9 @@ impl Peers {
         let peers = netns::run_in(ns, || {
             range
                 .map(|i| {
-                    let port = first_port + u16::try_from(i)?;
-                    let socket = UdpSocket::bind(SocketAddrV4::new(addr, port))
-                        .with_context(|| format!("binding peer {i} to {addr}:{port}"))?;
+                    let at = endpoint(i);
+                    let socket =
+                        UdpSocket::bind(at).with_context(|| format!("binding peer {i} to {at}"))?;
                     socket.set_nonblocking(true)?;
                     let tunn = Tunn::new(secret(i), gateway, None, None, i as u32, None);
                     Ok(Peer {
@@ -258,7 +258,15 @@ fn checksum(header: &[u8]) -> u16 {
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+
     use super::*;
+
+    #[test]
+    fn every_peer_has_a_key_of_its_own() {
+        let keys: std::collections::BTreeSet<String> = (0..1000).map(public_key).collect();
+        assert_eq!(keys.len(), 1000);
+    }
 
     #[test]
     fn a_ping_gets_its_pong_from_the_address_it_was_sent_to() {
