@@ -69,6 +69,9 @@ pub struct TunnelPeer {
     pub counters: PeerCounters,
     /// The first handshake's retries, until a session is up.
     first_contact: Mutex<FirstContact>,
+    /// Set once the retries are over, for good: the timer thread then
+    /// passes the peer by without taking the lock, forty times a second.
+    first_contact_over: AtomicBool,
 }
 
 /// The initiation of a peer's first handshake, sent again on a short
@@ -96,6 +99,11 @@ impl FirstContact {
             next: Some(now + FIRST_RETRY),
             step: FIRST_RETRY,
         }
+    }
+
+    /// Whether no retry will ever be due again.
+    pub fn is_over(&self) -> bool {
+        self.next.is_none()
     }
 
     /// Whether the initiation is due again at `now`, for a peer that has
@@ -161,15 +169,21 @@ impl TunnelPeer {
             tunn: Mutex::new(tunn),
             counters: PeerCounters::default(),
             first_contact: Mutex::new(FirstContact::new(Instant::now())),
+            first_contact_over: AtomicBool::new(false),
         }
     }
 
     /// Whether the first handshake's initiation is due again at `now`.
     pub fn first_contact_due(&self, now: Instant, connected: impl FnOnce() -> bool) -> bool {
-        self.first_contact
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .due(now, connected)
+        if self.first_contact_over.load(Ordering::Relaxed) {
+            return false;
+        }
+        let mut contact = self.first_contact.lock().unwrap_or_else(|p| p.into_inner());
+        let due = contact.due(now, connected);
+        if contact.is_over() {
+            self.first_contact_over.store(true, Ordering::Relaxed);
+        }
+        due
     }
 
     /// Where to send to the peer now.
@@ -342,6 +356,10 @@ mod tests {
             .filter(|ms| contact.due(at(*ms), || false))
             .collect();
         assert_eq!(due, [100, 300, 700, 1500, 3100]);
+        // The last retry, past which WireGuard's own timers decide.
+        assert!(!contact.is_over());
+        assert!(contact.due(at(6300), || false));
+        assert!(contact.is_over());
         let mut answered = FirstContact::new(start);
         assert!(answered.due(at(100), || false));
         assert!(
