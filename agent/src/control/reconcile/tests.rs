@@ -120,6 +120,45 @@ fn overlap_rejects_the_newcomer_and_keeps_the_rest() {
 }
 
 #[test]
+fn an_overlap_names_the_senior_of_the_peers_in_the_way() {
+    let mut table = Peers::default();
+    let mut r = reconciler(&mut table);
+    for (name, pod, ext) in [
+        ("z", "10.0.0.0/24", "10.0.1.0/24"),
+        ("y", "10.0.2.0/24", "10.0.3.0/24"),
+    ] {
+        let file = format!("{name}.yaml");
+        r.set_origin(file.clone(), docs(&file, &tep(name, pod, ext)));
+        r.reconcile();
+    }
+    // A view over both: z, accepted first, is named.
+    let a = peer("a", "10.9.0.0/24", "None").remote([
+        "10.244.0.0/24",
+        "10.9.0.0/24",
+        "172.16.0.0/16",
+        "10.0.0.0/16",
+    ]);
+    r.set_origin("a.yaml".into(), docs("a.yaml", &a.to_string()));
+    // A view inside y's, starting after it.
+    let b = peer("b", "None", "10.9.1.0/24").remote([
+        "10.244.0.0/25",
+        "10.0.2.128/25",
+        "192.168.0.0/24",
+        "10.9.1.0/24",
+    ]);
+    r.set_origin("b.yaml".into(), docs("b.yaml", &b.to_string()));
+    let report = r.reconcile().0;
+    assert_eq!((report.peers, report.rejected), (2, 2));
+    assert_eq!(
+        messages(&report.new_errors),
+        [
+            "a.yaml: TunnelEndpoint liqo-tenant-x/a: field remoteNATExternalCIDR (10.0.0.0/16) overlaps field remoteNATPodCIDR (10.0.0.0/24) of TunnelEndpoint liqo-tenant-x/z in z.yaml",
+            "b.yaml: TunnelEndpoint liqo-tenant-x/b: field remoteNATPodCIDR (10.0.2.128/25) overlaps field remoteNATPodCIDR (10.0.2.0/24) of TunnelEndpoint liqo-tenant-x/y in y.yaml",
+        ]
+    );
+}
+
+#[test]
 fn a_peer_whose_two_views_overlap_is_rejected() {
     let mut table = Peers::default();
     let mut r = reconciler(&mut table);
