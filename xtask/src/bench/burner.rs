@@ -38,3 +38,31 @@ impl Drop for Burner {
         let _ = self.0.wait();
     }
 }
+
+/// p50 and p99 of one set of changes, in ms.
+pub type Spread = (f64, f64);
+
+/// `rounds` rounds of `time` (the [`Spread`] of a set of `what`s), each
+/// on a quiet machine, then while a burner keeps one core busy in `ns`.
+/// Returns the quiet rounds' spreads and the busy ones'.
+pub fn quiet_and_busy(
+    ns: &str,
+    rounds: usize,
+    what: &str,
+    mut time: impl FnMut() -> Result<Spread>,
+) -> Result<(Vec<Spread>, Vec<Spread>)> {
+    let (mut quiet, mut busy) = (Vec::new(), Vec::new());
+    for round in 1..=rounds {
+        let q = time()?;
+        let burner = Burner::start(ns)?;
+        let b = time()?;
+        drop(burner);
+        println!(
+            "bench:   round {round}/{rounds}: {what} p50/p99 {:.2}/{:.2} ms quiet, {:.2}/{:.2} ms with a core kept busy",
+            q.0, q.1, b.0, b.1
+        );
+        quiet.push(q);
+        busy.push(b);
+    }
+    Ok((quiet, busy))
+}

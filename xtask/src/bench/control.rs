@@ -25,8 +25,8 @@ use xtask::{
 };
 
 use super::{
-    Flow, burner::Burner, disable_isthmus, enable_isthmus, maps_to, measure, median, peer_id,
-    percentile, ratio_line, write_section,
+    Flow, burner::quiet_and_busy, disable_isthmus, enable_isthmus, maps_to, measure, median,
+    peer_id, percentile, ratio_line, write_section,
 };
 
 /// Entries in the large table.
@@ -78,20 +78,9 @@ fn control() -> Result<()> {
             "bench:   {:.1} ms to converge",
             converge.as_secs_f64() * 1e3
         );
-        let (mut quiet, mut busy) = (Vec::new(), Vec::new());
-        for round in 1..=ROUNDS {
-            quiet.push(update_spread(&gw, peer_id, format)?);
-            let burner = Burner::start(&gw)?;
-            busy.push(update_spread(&gw, peer_id, format)?);
-            drop(burner);
-            println!(
-                "bench:   round {round}/{ROUNDS}: one-entry change p50/p99 {:.2}/{:.2} ms quiet, {:.2}/{:.2} ms with a core kept busy",
-                quiet[round - 1].0,
-                quiet[round - 1].1,
-                busy[round - 1].0,
-                busy[round - 1].1
-            );
-        }
+        let (quiet, busy) = quiet_and_busy(&gw, ROUNDS, "one-entry change", || {
+            update_spread(&gw, peer_id, format)
+        })?;
         applied.push(Applied {
             converge_ms: converge.as_secs_f64() * 1e3,
             quiet,

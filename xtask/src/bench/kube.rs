@@ -25,8 +25,8 @@ use xtask::{
 };
 
 use super::{
-    burner::Burner, maps_to, median, peer_id, percentile, ratio_line, rss_mib, synthetic_key,
-    write_section,
+    burner::quiet_and_busy, maps_to, median, peer_id, percentile, ratio_line, rss_mib,
+    synthetic_key, write_section,
 };
 
 /// TunnelEndpoints delivered.
@@ -170,20 +170,9 @@ pub fn measure() -> Result<KubeFigures> {
         done: 0,
         remapped: [false; PEERS],
     };
-    let (mut quiet, mut busy) = (Vec::new(), Vec::new());
-    for round in 1..=ROUNDS {
-        quiet.push(spread(&changes.time(UPDATES)?));
-        let burner = Burner::start(NS)?;
-        busy.push(spread(&changes.time(UPDATES)?));
-        drop(burner);
-        println!(
-            "bench:   round {round}/{ROUNDS}: event to kernel p50/p99 {:.2}/{:.2} ms quiet, {:.2}/{:.2} ms with a core kept busy",
-            quiet[round - 1].0,
-            quiet[round - 1].1,
-            busy[round - 1].0,
-            busy[round - 1].1
-        );
-    }
+    let (quiet, busy) = quiet_and_busy(NS, ROUNDS, "event to kernel", || {
+        Ok(spread(&changes.time(UPDATES)?))
+    })?;
     let rss_mib = rss_mib(pid)?;
     Ok(KubeFigures {
         converge_ms,
