@@ -42,6 +42,14 @@ impl Drop for Burner {
 /// p50 and p99 of one set of changes, in ms.
 pub type Spread = (f64, f64);
 
+/// The [`Spread`] of `latencies`.
+pub fn spread(latencies: &[f64]) -> Spread {
+    (
+        super::percentile(latencies, 50),
+        super::percentile(latencies, 99),
+    )
+}
+
 /// `rounds` rounds of `time` (the [`Spread`] of a set of `what`s), each
 /// on a quiet machine, then while a burner keeps one core busy in `ns`.
 /// Returns the quiet rounds' spreads and the busy ones'.

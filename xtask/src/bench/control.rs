@@ -25,8 +25,9 @@ use xtask::{
 };
 
 use super::{
-    Flow, burner::quiet_and_busy, disable_isthmus, enable_isthmus, maps_to, measure, median,
-    peer_id, percentile, ratio_line, write_section,
+    Flow,
+    burner::{Spread, quiet_and_busy, spread},
+    disable_isthmus, enable_isthmus, maps_to, measure, median, peer_id, ratio_line, write_section,
 };
 
 /// Entries in the large table.
@@ -421,9 +422,8 @@ impl Applied {
 }
 
 /// p50 and p99 of {UPDATES} one-entry changes, in ms.
-fn update_spread(node: &str, peer_id: u32, format: Format) -> Result<(f64, f64)> {
-    let latencies = update_latencies(node, peer_id, format)?;
-    Ok((percentile(&latencies, 50), percentile(&latencies, 99)))
+fn update_spread(node: &str, peer_id: u32, format: Format) -> Result<Spread> {
+    Ok(spread(&update_latencies(node, peer_id, format)?))
 }
 
 fn update_latencies(node: &str, peer_id: u32, format: Format) -> Result<Vec<f64>> {

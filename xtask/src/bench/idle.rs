@@ -150,7 +150,7 @@ fn measure_idle(pid: u32, peers: usize) -> Result<Idle> {
             idle.map_mib[round - 1]
         );
     }
-    idle.connected = lab::metric_sum(NS, "liqo_peer_is_connected", &[]).unwrap_or(0.0);
+    idle.connected = lab::metric_sum(NS, "liqo_peer_is_connected", &[])?;
     Ok(idle)
 }
 

@@ -25,8 +25,8 @@ use xtask::{
 };
 
 use super::{
-    burner::quiet_and_busy, maps_to, median, peer_id, percentile, ratio_line, rss_mib,
-    synthetic_key, write_section,
+    burner::{quiet_and_busy, spread},
+    maps_to, median, peer_id, ratio_line, rss_mib, synthetic_key, write_section,
 };
 
 /// TunnelEndpoints delivered.
@@ -180,11 +180,6 @@ pub fn measure() -> Result<KubeFigures> {
         busy,
         rss_mib,
     })
-}
-
-/// p50 and p99 of `latencies`.
-fn spread(latencies: &[f64]) -> (f64, f64) {
-    (percentile(latencies, 50), percentile(latencies, 99))
 }
 
 /// The single-object changes, alternating: one NatMapping entry moves to
