@@ -21,14 +21,14 @@ use isthmus_common::{
 };
 
 use crate::{
-    maps,
+    maps::{self, ON_DEMAND},
     parse::{Fragment, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, Transport},
     room,
 };
 
 /// Masqueraded flows, an entry per direction.
 #[btf_map(name = "ist_conntrack")]
-static FLOWS: HashMap<FlowKey, FlowNat, { DEFAULT_CONNTRACK as usize }> = HashMap::new();
+static FLOWS: HashMap<FlowKey, FlowNat, { DEFAULT_CONNTRACK as usize }, ON_DEMAND> = HashMap::new();
 
 /// Where the first fragment of each masqueraded datagram was translated
 /// to, for the later ones, which carry no ports. An LRU: a forgotten

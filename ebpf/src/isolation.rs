@@ -19,18 +19,20 @@ use isthmus_common::{
 
 use crate::{
     conntrack::{self, E2BIG},
+    maps::ON_DEMAND,
     parse::{Packet, Transport},
     room, stack,
 };
 
 /// What segregated peers may open connections to.
 #[btf_map(name = "ist_allowed")]
-static ALLOWED: HashMap<AllowKey, u8, { DEFAULT_ALLOWED as usize }> = HashMap::new();
+static ALLOWED: HashMap<AllowKey, u8, { DEFAULT_ALLOWED as usize }, ON_DEMAND> = HashMap::new();
 
 /// Flows our side opened towards segregated peers, keyed as their replies
 /// arrive.
 #[btf_map(name = "ist_peer_flows")]
-static FLOWS: HashMap<FlowKey, PeerFlow, { DEFAULT_PEER_FLOWS as usize }> = HashMap::new();
+static FLOWS: HashMap<FlowKey, PeerFlow, { DEFAULT_PEER_FLOWS as usize }, ON_DEMAND> =
+    HashMap::new();
 
 /// The table of flows towards segregated peers is full.
 pub struct Full;

@@ -17,9 +17,15 @@ use isthmus_common::{
     wire::{Be16, Be32},
 };
 
+/// The flags of every hash map but the LRU: entries are allocated as they
+/// are inserted, not all at load. A table sized for the busiest gateway
+/// then costs an idle one only what it holds, and inserts take from the
+/// kernel's per-CPU element caches, which any program context may use.
+pub const ON_DEMAND: usize = aya_ebpf::bindings::BPF_F_NO_PREALLOC as usize;
+
 /// A peer's networks as we see them → what to rewrite for that peer.
 #[btf_map(name = "ist_peer_nets")]
-static PEERS: HashMap<PeerKey, PeerNat, { MAX_PEER_NETWORKS as usize }> = HashMap::new();
+static PEERS: HashMap<PeerKey, PeerNat, { MAX_PEER_NETWORKS as usize }, ON_DEMAND> = HashMap::new();
 
 /// A peer's networks as we see them → its ID.
 #[btf_map(name = "ist_peer_owners")]
@@ -39,11 +45,13 @@ static LENS: Array<PrefixLens, 1> = Array::new();
 
 /// NatMapping DNAT: a peer cluster's externalIP → the endpoint behind it.
 #[btf_map(name = "ist_natmap")]
-static NATMAP: HashMap<MappingKey, Be32, { DEFAULT_NAT_MAPPINGS as usize }> = HashMap::new();
+static NATMAP: HashMap<MappingKey, Be32, { DEFAULT_NAT_MAPPINGS as usize }, ON_DEMAND> =
+    HashMap::new();
 
 /// The reverse: an endpoint → the externalIP that peer cluster knows it by.
 #[btf_map(name = "ist_natmap_rev")]
-static NATMAP_REV: HashMap<MappingKey, Be32, { DEFAULT_NAT_MAPPINGS as usize }> = HashMap::new();
+static NATMAP_REV: HashMap<MappingKey, Be32, { DEFAULT_NAT_MAPPINGS as usize }, ON_DEMAND> =
+    HashMap::new();
 
 /// The programs after the ingress NAT (`names::ONWARD_PROGRAMS`), by link.
 #[btf_map(name = "ist_onward")]
@@ -118,7 +126,7 @@ pub fn external_of(peer_id: u32, endpoint: Be32) -> Option<Be32> {
 
 #[inline(always)]
 fn lookup(
-    map: &HashMap<MappingKey, Be32, { DEFAULT_NAT_MAPPINGS as usize }>,
+    map: &HashMap<MappingKey, Be32, { DEFAULT_NAT_MAPPINGS as usize }, ON_DEMAND>,
     peer_id: u32,
     addr: Be32,
 ) -> Option<Be32> {
@@ -160,11 +168,12 @@ pub(crate) fn increment<const N: usize>(counters: &PerCpuArray<u64, N>, slot: u3
 
 /// Sources allowed to reach the tunnel port.
 #[btf_map(name = "ist_guard_src")]
-static GUARD_SOURCES: HashMap<GuardSource, u8, { MAX_GUARD_SOURCES as usize }> = HashMap::new();
+static GUARD_SOURCES: HashMap<GuardSource, u8, { MAX_GUARD_SOURCES as usize }, ON_DEMAND> =
+    HashMap::new();
 
 /// Our peers' session indexes (top 24 bits of a receiver index).
 #[btf_map(name = "ist_guard_idx")]
-static GUARD_INDEXES: HashMap<u32, u8, { MAX_GUARD_INDEXES as usize }> = HashMap::new();
+static GUARD_INDEXES: HashMap<u32, u8, { MAX_GUARD_INDEXES as usize }, ON_DEMAND> = HashMap::new();
 
 /// The guard's settings.
 #[btf_map(name = "ist_guard_cfg")]
@@ -210,7 +219,7 @@ static NODES: LpmTrie<Be32, Be32, { MAX_NODES as usize }> = LpmTrie::new();
 
 /// The cluster's nodes' addresses.
 #[btf_map(name = "ist_node_addrs")]
-static NODE_ADDRS: HashMap<Be32, u8, { MAX_NODES as usize }> = HashMap::new();
+static NODE_ADDRS: HashMap<Be32, u8, { MAX_NODES as usize }, ON_DEMAND> = HashMap::new();
 
 /// Overlay events; summed over CPUs by the agent.
 #[btf_map(name = "ist_overlay_st")]
@@ -243,7 +252,7 @@ pub fn count_overlay(event: OverlayEvent) {
 
 /// The pod devices (veths) of this node, by ifindex.
 #[btf_map(name = "ist_pod_devs")]
-static POD_DEVS: HashMap<u32, u8, { MAX_POD_DEVS as usize }> = HashMap::new();
+static POD_DEVS: HashMap<u32, u8, { MAX_POD_DEVS as usize }, ON_DEMAND> = HashMap::new();
 
 /// Whether `ifindex` is one of this node's pod veths.
 #[inline(always)]

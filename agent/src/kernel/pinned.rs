@@ -4,8 +4,9 @@
 //! it were this agent's.
 //!
 //! A pin that matches what this agent would create is kept. A hash map that
-//! differs only in capacity is migrated: its entries are copied into the
-//! new one, or the agent refuses to start if they do not fit. Anything else
+//! differs only in capacity or in its flags (preallocated or not) is
+//! migrated: its entries are copied into the new one, or the agent refuses
+//! to start if they do not fit. Anything else
 //! is replaced by a new, empty map, and said so: counters restart, the
 //! tables the objects describe are written again, masqueraded flows are lost.
 
@@ -30,14 +31,16 @@ pub struct Shape {
     pub value_size: u32,
     /// Capacity.
     pub max_entries: u32,
+    /// `BPF_F_*` creation flags, such as whether entries are preallocated.
+    pub map_flags: u32,
 }
 
 impl std::fmt::Display for Shape {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "type {}, key {} B, value {} B, {} entries",
-            self.map_type, self.key_size, self.value_size, self.max_entries
+            "type {}, key {} B, value {} B, {} entries, flags {:#x}",
+            self.map_type, self.key_size, self.value_size, self.max_entries, self.map_flags
         )
     }
 }
@@ -153,6 +156,7 @@ pub fn fate(found: &Shape, wanted: &Shape) -> Fate {
     }
     let same_layout = Shape {
         max_entries: wanted.max_entries,
+        map_flags: wanted.map_flags,
         ..*found
     } == *wanted;
     match same_layout && is_hash(found.map_type) {
@@ -208,6 +212,7 @@ pub fn shape_of(map: &MapData) -> Result<Shape, MapError> {
         key_size: info.key_size(),
         value_size: info.value_size(),
         max_entries: info.max_entries(),
+        map_flags: info.map_flags(),
     })
 }
 
@@ -315,14 +320,21 @@ mod tests {
             key_size: 16,
             value_size,
             max_entries,
+            map_flags: 0,
         }
     }
 
     #[test]
-    fn only_a_hash_maps_capacity_migrates() {
+    fn only_a_hash_maps_capacity_and_flags_migrate() {
         let wanted = shape(MapType::Hash, 16, 1000);
         assert_eq!(fate(&wanted, &wanted), Fate::Kept);
         assert_eq!(fate(&shape(MapType::Hash, 16, 50), &wanted), Fate::Migrated);
+        // A preallocated map of an earlier release keeps its entries.
+        let on_demand = Shape {
+            map_flags: 1,
+            ..wanted
+        };
+        assert_eq!(fate(&wanted, &on_demand), Fate::Migrated);
         assert_eq!(
             fate(&shape(MapType::Hash, 24, 1000), &wanted),
             Fate::Replaced

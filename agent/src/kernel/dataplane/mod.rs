@@ -167,6 +167,7 @@ impl Dataplane {
                 key_size: map.key_size(),
                 value_size: map.value_size(),
                 max_entries,
+                map_flags: map.map_flags(),
             };
             wanted.insert(name, (pins.map(name), shape));
         }
