@@ -68,6 +68,9 @@ where
     pub active: Option<watch::Receiver<bool>>,
     /// Where every pass is counted.
     pub metrics: Arc<Metrics>,
+    /// Told after every pass, so the tasks that read the tables a pass
+    /// writes read them again only then.
+    pub passed: watch::Sender<()>,
 }
 
 impl<P, M, H, A> RunLoop<P, M, H, A>
@@ -197,6 +200,7 @@ where
             (None, Some(blackholes)) => sync_blackholes(blackholes, self.reconciler.peers()).await,
             (None, None) => true,
         };
+        self.passed.send_replace(());
         if let Some(e) = &failure {
             if e.full {
                 self.metrics.map_full.inc();

@@ -180,12 +180,14 @@ async fn run_confined(args: RunArgs, runtime_filtered: bool) -> Result<()> {
     metrics::serve(metrics_addr, metrics.clone())
         .await
         .with_context(|| format!("serving metrics on {metrics_addr}"))?;
+    let passed = watch::Sender::new(());
     tokio::spawn(flows::collect(
         FlowTables {
             conntrack: (conntrack, capacity.conntrack),
             peer_flows: (dataplane.take_peer_flows()?, capacity.peer_flows),
             rooms: dataplane.take_rooms()?,
             peers: PeerMap::open(&args.bpffs)?,
+            peers_written: passed.subscribe(),
         },
         Sharing {
             every: Duration::from_secs(args.conntrack_gc_interval.max(1)),
@@ -243,6 +245,7 @@ async fn run_confined(args: RunArgs, runtime_filtered: bool) -> Result<()> {
         feedback,
         active,
         metrics,
+        passed,
     };
     run_loop.follow(events, signal()?).await
 }

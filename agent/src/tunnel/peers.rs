@@ -175,7 +175,7 @@ impl TunnelPeer {
 
     /// Whether the first handshake's initiation is due again at `now`.
     pub fn first_contact_due(&self, now: Instant, connected: impl FnOnce() -> bool) -> bool {
-        if self.first_contact_over.load(Ordering::Relaxed) {
+        if self.first_contact_over() {
             return false;
         }
         let mut contact = self.first_contact.lock().unwrap_or_else(|p| p.into_inner());
@@ -184,6 +184,12 @@ impl TunnelPeer {
             self.first_contact_over.store(true, Ordering::Relaxed);
         }
         due
+    }
+
+    /// Whether the first handshake's quick retries have ended: it
+    /// succeeded, or WireGuard's own retries took over.
+    pub fn first_contact_over(&self) -> bool {
+        self.first_contact_over.load(Ordering::Relaxed)
     }
 
     /// Where to send to the peer now.

@@ -101,6 +101,7 @@ impl Running {
             feedback: None,
             active: None,
             metrics: metrics.clone(),
+            passed: tokio::sync::watch::Sender::new(()),
         };
         let dir = dir.to_owned();
         let thread = std::thread::spawn(move || {

@@ -17,6 +17,7 @@ use isthmus_common::{
     isolation::SEGREGATED,
     room::{ALL_PEERS, FlowTable, OWNER_LOCAL, Room, SHORTS, Short, owner_of},
 };
+use tokio::sync::watch;
 use tracing::{debug, error, warn};
 
 use crate::{
@@ -71,6 +72,8 @@ pub struct FlowTables {
     pub rooms: Rooms,
     /// The peers, as the kernel holds them.
     pub peers: PeerMap,
+    /// Changes when the run loop may have written the peers.
+    pub peers_written: watch::Receiver<()>,
 }
 
 /// Sweeps the flow tables until the task is dropped.
@@ -80,6 +83,7 @@ pub async fn collect(tables: FlowTables, sharing: Sharing, metrics: Arc<Metrics>
         peer_flows: (mut peer_flows, peer_flow_capacity),
         mut rooms,
         peers,
+        mut peers_written,
     } = tables;
     let reserve = u64::from(conntrack_capacity) * u64::from(sharing.reserve_percent) / 100;
     let mut conntrack_sweeper = Sweeper::new(conntrack_capacity, reserve);
@@ -90,15 +94,28 @@ pub async fn collect(tables: FlowTables, sharing: Sharing, metrics: Arc<Metrics>
     let mut last_peers = None;
     loop {
         ticks.tick().await;
-        let peers = match peer_ids(&peers) {
-            Ok(peers) => peers,
-            Err(e) => {
-                error!(error = %e, "reading the peer table for the flow tables' shares");
-                continue;
+        let sweep = last_sweep.is_none_or(|at| at.elapsed() >= sharing.every);
+        // Read again only after a pass, and at each sweep in case a pass
+        // was missed: with thousands of peers, reading the table is most
+        // of an idle collector's work.
+        let written = peers_written.has_changed().unwrap_or(true);
+        let (peers, changed) = match last_peers.take() {
+            Some(kept) if !written && !sweep => (kept, false),
+            before => {
+                peers_written.mark_unchanged();
+                match peer_ids(&peers) {
+                    Ok(now) => {
+                        let changed = before.as_ref() != Some(&now);
+                        (now, changed)
+                    }
+                    Err(e) => {
+                        error!(error = %e, "reading the peer table for the flow tables' shares");
+                        last_peers = before;
+                        continue;
+                    }
+                }
             }
         };
-        let sweep = last_sweep.is_none_or(|at| at.elapsed() >= sharing.every);
-        let changed = last_peers.as_ref() != Some(&peers);
         let all: Vec<u32> = peers.keys().copied().collect();
         let segregated: Vec<u32> = peers
             .iter()

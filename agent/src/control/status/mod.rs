@@ -91,7 +91,8 @@ pub struct ConnectionStatus {
     pub latency: Option<String>,
     /// `peerConfiguration`: what the tunnel was given (`allowedIPs`,
     /// `endpointIP`, `port`, `publicKey`), which `liqoctl status peer` shows.
-    pub peer_configuration: Option<BTreeMap<String, String>>,
+    /// Shared with the gateway's report, which every tick rebuilds.
+    pub peer_configuration: Option<Arc<BTreeMap<String, String>>>,
 }
 
 impl ConnectionStatus {
@@ -118,7 +119,8 @@ impl ConnectionStatus {
         };
         let peer_configuration = connection
             .get("peerConfiguration")
-            .and_then(|c| serde_json::from_value(c.clone()).ok());
+            .and_then(|c| serde_json::from_value(c.clone()).ok())
+            .map(Arc::new);
         Some(Self {
             state,
             message: text(connection.get("statusMessage")).unwrap_or_default(),
@@ -136,7 +138,7 @@ impl ConnectionStatus {
             "status": self.state.as_str(),
             "statusMessage": self.message,
             "latency": latency,
-            "peerConfiguration": self.peer_configuration,
+            "peerConfiguration": self.peer_configuration.as_deref(),
         }}})
     }
 }

@@ -86,7 +86,7 @@ fn the_patch_has_liqos_shape() {
         }}})
     );
     let configured = ConnectionStatus {
-        peer_configuration: Some(BTreeMap::from([
+        peer_configuration: Some(Arc::new(BTreeMap::from([
             (
                 "allowedIPs".to_owned(),
                 "10.0.0.0/24, 10.0.1.0/24".to_owned(),
@@ -94,7 +94,7 @@ fn the_patch_has_liqos_shape() {
             ("endpointIP".to_owned(), "203.0.113.2".to_owned()),
             ("port".to_owned(), "5871".to_owned()),
             ("publicKey".to_owned(), "k".to_owned()),
-        ])),
+        ]))),
         ..status(State::Connected, "up", Some("640μs"))
     };
     let patch = configured.patch(now);

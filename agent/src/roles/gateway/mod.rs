@@ -50,7 +50,7 @@ pub struct Gateway {
     /// The conncheck's state, shared with its socket's task and the metrics.
     pub checks: Arc<Mutex<Checks>>,
     /// What each peer's tunnel was given, and the cluster ID its PINGs carry.
-    configured_peers: BTreeMap<ObjectKey, (String, BTreeMap<String, String>)>,
+    configured_peers: BTreeMap<ObjectKey, (String, Arc<BTreeMap<String, String>>)>,
 }
 
 /// What the gateway knows of each peer, for its TunnelEndpoint's status.
@@ -63,7 +63,7 @@ pub struct Report {
     /// Peers left out of the tunnel for want of an endpoint address, with why.
     pub unresolved: BTreeMap<ObjectKey, String>,
     /// What each peer's tunnel was given, as Liqo's `peerConfiguration`.
-    pub configurations: BTreeMap<ObjectKey, BTreeMap<String, String>>,
+    pub configurations: BTreeMap<ObjectKey, Arc<BTreeMap<String, String>>>,
 }
 
 impl Gateway {
@@ -215,7 +215,7 @@ impl Gateway {
                         };
                         configured.insert(
                             peer.key.clone(),
-                            (config.label.clone(), peer_configuration(&config)),
+                            (config.label.clone(), Arc::new(peer_configuration(&config))),
                         );
                         targets.insert(config.label.clone(), conncheck_target(peer));
                         configs.push(config);

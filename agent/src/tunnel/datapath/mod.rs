@@ -497,6 +497,8 @@ pub fn timers(shared: &Shared, udp: &UdpSocket) {
     let mut buf = vec![0u8; shared.max_sent()];
     let mut last_reset = Instant::now();
     let mut last_tick = Instant::now();
+    let mut peers = shared.snapshot();
+    let mut contacting = first_contacts(&peers);
     while !shared.stop.load(Ordering::Relaxed) {
         std::thread::sleep(FIRST_CONTACT_TICK);
         let now = Instant::now();
@@ -505,17 +507,30 @@ pub fn timers(shared: &Shared, udp: &UdpSocket) {
             shared.throttle.forget_idle(now);
             last_reset = now;
         }
-        let tick = now - last_tick >= TICK;
-        if tick {
-            last_tick = now;
+        let latest = shared.snapshot();
+        if !Arc::ptr_eq(&latest, &peers) {
+            contacting = first_contacts(&latest);
+            peers = latest;
         }
-        for peer in shared.snapshot().iter() {
-            if tick {
+        if now - last_tick >= TICK {
+            last_tick = now;
+            for peer in peers.iter() {
                 run_timers(peer, udp, &mut buf);
             }
-            retry_first_contact(peer, udp, &mut buf, now);
         }
+        contacting.retain(|peer| retry_first_contact(peer, udp, &mut buf, now));
     }
+}
+
+/// The peers still in their first handshake's quick retries: walking only
+/// these every few milliseconds, not every peer, keeps a gateway with
+/// thousands of settled sessions idle.
+fn first_contacts(peers: &PeerSet) -> Vec<Arc<TunnelPeer>> {
+    peers
+        .iter()
+        .filter(|peer| !peer.first_contact_over())
+        .cloned()
+        .collect()
 }
 
 /// WireGuard's timers of `peer`: keepalives, rekeys, expiry.
@@ -535,16 +550,16 @@ fn run_timers(peer: &TunnelPeer, udp: &UdpSocket, buf: &mut [u8]) {
     }
 }
 
-/// Sends `peer`'s first initiation again if its backoff says so. The
-/// session's lock, which the datapath takes for every packet, is taken
-/// only when a retry is due.
-fn retry_first_contact(peer: &TunnelPeer, udp: &UdpSocket, buf: &mut [u8], now: Instant) {
-    if !peer.first_contact_due(now, || lock(peer).stats().0.is_some()) {
-        return;
-    }
-    if let TunnResult::WriteToNetwork(init) = lock(peer).format_handshake_initiation(buf, true) {
+/// Sends `peer`'s first initiation again if its backoff says so; returns
+/// whether more retries may follow. The session's lock, which the datapath
+/// takes for every packet, is taken only when a retry is due.
+fn retry_first_contact(peer: &TunnelPeer, udp: &UdpSocket, buf: &mut [u8], now: Instant) -> bool {
+    if peer.first_contact_due(now, || lock(peer).stats().0.is_some())
+        && let TunnResult::WriteToNetwork(init) = lock(peer).format_handshake_initiation(buf, true)
+    {
         let _ = udp.send_to(init, peer.endpoint());
     }
+    !peer.first_contact_over()
 }
 
 #[cfg(test)]
