@@ -11,6 +11,7 @@ use std::{
 mod burner;
 mod ceiling;
 mod chart;
+mod conntrack;
 mod control;
 mod crr;
 mod failover;
@@ -72,6 +73,10 @@ pub enum Which {
         #[arg(long)]
         kube_only: bool,
     },
+    /// Packets and connections per second through the hub's masquerade, its
+    /// table's memory and the agent's CPU, with the conntrack empty and
+    /// holding 100,000 and 1,000,000 entries.
+    Conntrack,
     /// A gateway agent idle with 1, 100 and 1,000 live WireGuard peers: CPU,
     /// resident and map memory; then its start with 1,000 peers and 100,000
     /// NatMapping entries.
@@ -94,6 +99,7 @@ pub fn run_all() -> Result<()> {
         Which::Overlay,
         Which::Guard,
         Which::Control { kube_only: false },
+        Which::Conntrack,
         Which::Idle,
         Which::Failover,
     ];
@@ -113,6 +119,7 @@ impl Which {
             Which::Overlay => "overlay",
             Which::Guard => "guard",
             Which::Control { .. } => "control",
+            Which::Conntrack => "conntrack",
             Which::Idle => "idle",
             Which::Failover => "failover",
             Which::Chart => "chart",
@@ -129,6 +136,7 @@ pub fn run_bench(which: Which) -> Result<()> {
         Which::Guard => guard::run_guard(),
         Which::Overlay => overlay::run_overlay(),
         Which::Control { kube_only } => control::run_control(kube_only),
+        Which::Conntrack => on_lab(lab::LabTunnel::None, conntrack::run_conntrack),
         Which::Idle => idle::run_idle(),
         Which::Failover => failover::run_failover(),
         Which::Chart => chart::render(),

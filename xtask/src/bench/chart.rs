@@ -36,7 +36,7 @@ fn advantage(line: &str) -> Option<Advantage> {
     let name = field("name")?.to_owned();
     let ratio: f64 = field("ratio")?.parse().ok()?;
     let metric = name.split("-vs-").next().unwrap_or(&name);
-    let smaller_is_better = ["-ms", "-us", "-ns-", "rss", "cpu", "cost"]
+    let smaller_is_better = ["-ms", "-us", "-ns-", "-mib", "rss", "cpu", "cost"]
         .iter()
         .any(|unit| metric.contains(unit));
     // A cost at or below zero (faster than the reference) is an unbounded
@@ -125,6 +125,7 @@ mod tests {
         assert_eq!(times("overlay-pps-worker-vs-liqo", "1.5"), 1.5);
         assert_eq!(times("tunnel-rtt-p50-us-vs-wireguard-go", "0.5"), 2.0);
         assert_eq!(times("agent-rss-mib-200peers-vs-budget", "0.25"), 4.0);
+        assert_eq!(times("idle-memory-mib-1000-peers-vs-budget", "0.5"), 2.0);
         assert_eq!(
             times("agent-cpu-percent-under-flood-guard-vs-no-guard", "0.01"),
             100.0

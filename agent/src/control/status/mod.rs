@@ -173,13 +173,20 @@ pub fn desired(
     let Some(gateway) = gateway else {
         return statuses;
     };
+    let sessions: HashMap<&ObjectKey, Connection> = gateway
+        .sessions
+        .iter()
+        .map(|s| (&s.key, s.connection))
+        .collect();
     for peer in peers {
-        statuses.insert(peer.key.clone(), of_peer(peer, gateway));
+        let session = sessions.get(&peer.key).copied();
+        statuses.insert(peer.key.clone(), of_peer(peer, session, gateway));
     }
     statuses
 }
 
-fn of_peer(peer: &Peer, gateway: &Report) -> ConnectionStatus {
+/// `peer`'s status, its tunnel session in state `session` if it has one.
+fn of_peer(peer: &Peer, session: Option<Connection>, gateway: &Report) -> ConnectionStatus {
     let status = |state, message: String, rtt| ConnectionStatus {
         state,
         message,
@@ -203,9 +210,8 @@ fn of_peer(peer: &Peer, gateway: &Report) -> ConnectionStatus {
             None,
         );
     }
-    let session = gateway.sessions.iter().find(|s| s.key == peer.key);
     let health = gateway.health.get(&peer.key);
-    match (session.map(|s| s.connection), health) {
+    match (session, health) {
         (Some(Connection::Connected), Some(h)) if h.connected => {
             status(State::Connected, CONNECTED_MESSAGE.into(), h.rtt)
         }

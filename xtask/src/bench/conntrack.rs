@@ -1,0 +1,299 @@
+//! `cargo xtask bench conntrack`: b-gw's masquerade, on the hub path
+//! a-pod1 → c-pod1 (reachability row 5), with its conntrack empty at the
+//! shipped capacity, and holding 100,000 and 1,000,000 entries at a
+//! capacity set by flag. For each: packets per second and connection rate
+//! through the hub, the table's kernel memory as `bpftool map show` prints
+//! it, and the agent's CPU while its collector sweeps the table.
+//!
+//! The entries are written straight into the pinned map: established TCP
+//! flows, answered, of an owner that is no peer, so the collector neither
+//! expires nor evicts them and a's share stays free for the measured flows.
+
+use std::{
+    net::{Ipv4Addr, SocketAddrV4},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use aya::maps::{HashMap, MapData};
+use isthmus_common::{
+    conntrack::{DIR_OUT, FlowKey, FlowNat, TcpState, reply_key},
+    names::{DEFAULT_CONNTRACK, MAP_CONNTRACK},
+    wire::Be32,
+};
+use serde_json::Value;
+use xtask::{
+    cmd::run,
+    lab,
+    topology::{A, B, C},
+};
+
+use super::{Flow, ROUNDS, crr, median, ratio_line, write_section};
+
+/// One state of b-gw's table.
+#[derive(Clone, Copy)]
+struct Fill {
+    /// Entries written before measuring (two per flow).
+    entries: u32,
+    /// `--conntrack-capacity`.
+    capacity: u32,
+    name: &'static str,
+}
+
+const FILLS: [Fill; 3] = [
+    Fill {
+        entries: 0,
+        capacity: DEFAULT_CONNTRACK,
+        name: "empty",
+    },
+    Fill {
+        entries: 100_000,
+        capacity: 262_144,
+        name: "100k-entries",
+    },
+    Fill {
+        entries: 1_000_000,
+        capacity: 2_097_152,
+        name: "1m-entries",
+    },
+];
+
+/// The owner of the written flows: no peer has this ID.
+const NO_PEER: u32 = 4000;
+/// How long the agent's CPU is read: two of the collector's sweeps at the
+/// shipped `--conntrack-gc-interval` of 10 s.
+const CPU_WINDOW: Duration = Duration::from_secs(20);
+/// How a reaches c-pod1 through b (reachability row 5).
+const HUB_TARGET: [u8; 4] = [10, 0, 1, 45];
+
+/// What one fill measured in one round.
+struct Measured {
+    pps: f64,
+    crr: f64,
+    map_mib: f64,
+    cpu_percent: f64,
+}
+
+/// Runs the bench on a lab that is up, and writes its section.
+pub fn run_conntrack() -> Result<()> {
+    let mut samples: Vec<Vec<Measured>> = FILLS.iter().map(|_| Vec::new()).collect();
+    for round in 1..=ROUNDS {
+        for (fill, rounds) in FILLS.iter().zip(&mut samples) {
+            println!(
+                "bench: round {round}/{ROUNDS}, b-gw's conntrack {}",
+                fill.name
+            );
+            rounds.push(measure(fill)?);
+        }
+    }
+    restore_b_gw()?;
+    let mut lines = String::new();
+    let empty = &samples[0];
+    for (fill, rounds) in FILLS.iter().zip(&samples).skip(1) {
+        let of =
+            |f: fn(&Measured) -> f64, set: &[Measured]| -> Vec<f64> { set.iter().map(f).collect() };
+        let name = |what: &str| format!("conntrack-{what}-{}-vs-empty", fill.name);
+        lines += &ratio_line(
+            &name("pps"),
+            &of(|m| m.pps, rounds),
+            &of(|m| m.pps, empty),
+            0,
+        );
+        lines += &ratio_line(
+            &name("crr"),
+            &of(|m| m.crr, rounds),
+            &of(|m| m.crr, empty),
+            0,
+        );
+        lines += &ratio_line(
+            &name("agent-cpu-percent"),
+            &of(|m| m.cpu_percent, rounds),
+            &of(|m| m.cpu_percent, empty),
+            2,
+        );
+        lines += &ratio_line(
+            &name("map-mib"),
+            &of(|m| m.map_mib, rounds),
+            &of(|m| m.map_mib, empty),
+            1,
+        );
+    }
+    write_section("conntrack", &report(&samples, &lines))
+}
+
+/// Restarts b-gw's agent with the fill's capacity, writes its entries and
+/// measures.
+fn measure(fill: &Fill) -> Result<Measured> {
+    let gw = B.gw();
+    lab::stop_agent(&gw)?;
+    lab::clean_up_agent(&gw)?;
+    let mut args = lab::agent_args(&gw)?;
+    args.push(format!("--conntrack-capacity={}", fill.capacity));
+    let log = lab::log_file(&gw);
+    let pid = lab::spawn_agent(&gw, &args, &log)?;
+    let agent = Agent(pid);
+    lab::wait_ready_in(&gw, pid, &log)?;
+    write_flows(fill.entries)?;
+    let cpu_percent = agent_cpu_percent(agent.0)?;
+    let pps = median(&super::measure(&hub_flow())?);
+    let target = SocketAddrV4::new(HUB_TARGET.into(), crr::PORT);
+    let crr = crr::measure(&A.pod(1), &C.pod(1), target)?.per_second;
+    let map_mib = map_mib()?;
+    println!(
+        "bench:   {pps:.0} pps, {crr:.0} connections/s, table {map_mib:.1} MiB, agent {cpu_percent:.2}% of a core"
+    );
+    Ok(Measured {
+        pps,
+        crr,
+        map_mib,
+        cpu_percent,
+    })
+}
+
+/// b-gw's agent this bench started, stopped by PID when dropped.
+struct Agent(u32);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Err(e) = lab::stop_pid(self.0) {
+            eprintln!("bench: stopping b-gw's agent {}: {e:#}", self.0);
+        }
+    }
+}
+
+/// b-gw's agent as the lab runs it, for whatever follows.
+fn restore_b_gw() -> Result<()> {
+    lab::clean_up_agent(&B.gw())?;
+    lab::start_agent(&B.gw())?;
+    lab::wait_ready(&B.gw())
+}
+
+/// a-pod1 to c-pod1 through the hub; c-pod1 answers b's masquerade address.
+fn hub_flow() -> Flow {
+    Flow {
+        client: A.pod(1),
+        next_hop: (A.gw(), "pod1"),
+        server: C.pod(1),
+        src: A.pod_addr(1).octets(),
+        dst: HUB_TARGET,
+        answer_to: Some(B.masquerade_addr()),
+    }
+}
+
+/// Writes `entries` entries (half as many flows) into b-gw's table.
+fn write_flows(entries: u32) -> Result<()> {
+    if entries == 0 {
+        return Ok(());
+    }
+    let mut table: HashMap<MapData, FlowKey, FlowNat> =
+        lab::pinned_hash(&lab::bpffs(&B.gw()), MAP_CONNTRACK)?;
+    let now = monotonic_ns()?;
+    let started = Instant::now();
+    let flows = entries / 2;
+    for i in 0..flows {
+        let (out, nat, back) = flow(i, now);
+        table.insert(out, nat, 0)?;
+        table.insert(reply_key(&out, &nat), back, 0)?;
+        if (i + 1) % 100_000 == 0 {
+            println!("bench:   {} of {flows} flows written", i + 1);
+        }
+    }
+    println!(
+        "bench:   {entries} entries written in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Flow `i`: from 10.77.x.y:port to 10.78.x.y:443, masqueraded to b's
+/// address and the same port; the outbound entry, what it rewrites to, and
+/// what the reply's entry restores.
+fn flow(i: u32, now: u64) -> (FlowKey, FlowNat, FlowNat) {
+    const PORTS: u32 = 50_000;
+    let host = i / PORTS;
+    let port = (10_000 + i % PORTS) as u16;
+    let source = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 77, 0, 0)) + host);
+    let destination = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 78, 0, 0)) + host);
+    let tcp = 6;
+    let out = FlowKey::new(
+        Be32::from(source),
+        Be32::from(destination),
+        port,
+        443,
+        tcp,
+        DIR_OUT,
+    );
+    let nat = |addr: Ipv4Addr| FlowNat {
+        addr: Be32::from(addr),
+        port,
+        state: TcpState::Established as u8,
+        answered: 1,
+        owner: NO_PEER,
+        pad: 0,
+        last_seen: now,
+    };
+    (out, nat(B.masquerade_addr()), nat(source))
+}
+
+fn monotonic_ns() -> Result<u64> {
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)?;
+    Ok(now.tv_sec() as u64 * 1_000_000_000 + now.tv_nsec() as u64)
+}
+
+/// The agent's CPU over [`CPU_WINDOW`], as a percentage of one core.
+fn agent_cpu_percent(pid: u32) -> Result<f64> {
+    let before = super::cpu_seconds(pid)?;
+    std::thread::sleep(CPU_WINDOW);
+    let used = super::cpu_seconds(pid)? - before;
+    Ok(100.0 * used / CPU_WINDOW.as_secs_f64())
+}
+
+/// b-gw's conntrack map's memory, as `bpftool map show` prints it.
+fn map_mib() -> Result<f64> {
+    let pin = lab::pins(&B.gw()).map(MAP_CONNTRACK);
+    let out = run(
+        "bpftool",
+        &["-j", "map", "show", "pinned", &pin.to_string_lossy()],
+    )?;
+    let shown: Value = serde_json::from_str(&out).context("bpftool's JSON")?;
+    let bytes = shown["bytes_memlock"]
+        .as_f64()
+        .context("no bytes_memlock in bpftool's map show")?;
+    Ok(bytes / (1024.0 * 1024.0))
+}
+
+fn report(samples: &[Vec<Measured>], lines: &str) -> String {
+    let mut table = String::new();
+    for (fill, rounds) in FILLS.iter().zip(samples) {
+        let of = |f: fn(&Measured) -> f64| median(&rounds.iter().map(f).collect::<Vec<_>>());
+        table += &format!(
+            "| {} | {} | {:.0} | {:.0} | {:.1} | {:.2} |\n",
+            fill.entries,
+            fill.capacity,
+            of(|m| m.pps),
+            of(|m| m.crr),
+            of(|m| m.map_mib),
+            of(|m| m.cpu_percent),
+        );
+    }
+    format!(
+        "## Conntrack with many flows\n\n\
+`cargo xtask bench conntrack`: the hub path a-pod1 → c-pod1 (10.0.1.45),
+masqueraded by b-gw, in {ROUNDS} interleaved rounds. Each round restarts
+b-gw's agent as the lab runs it with `--conntrack-capacity` set, writes the
+entries into its pinned table (established TCP flows, answered, of an owner
+that is no peer, so the collector keeps them), then reads the agent's CPU for
+{cpu} s (two collector sweeps), 64-byte UDP packets per second through the hub
+(trafgen, 256 flows) and TCP connections per second (`bench/crr.rs`). The
+table's memory is the `bytes_memlock` of `bpftool map show`; entries are
+allocated as they are written.
+
+| entries | capacity | pps | connections/s | table MiB | agent CPU % |
+|---|---|---|---|---|---|
+{table}
+```
+{lines}```
+",
+        cpu = CPU_WINDOW.as_secs()
+    )
+}
