@@ -606,23 +606,6 @@ fn maps_to(
     table.get(&key, 0).ok() == Some(Be32::from(endpoint))
 }
 
-/// Prints one `RESULT name=… isthmus=… peer=… ratio=…` line per comparison,
-/// with `decimals` places, and returns them for the report.
-fn result_lines<N: AsRef<str>>(results: &[(N, f64, f64)], decimals: usize) -> String {
-    let mut lines = String::new();
-    for (name, ours, peer) in results {
-        let name = name.as_ref();
-        let line = format!(
-            "RESULT name={name} isthmus={ours:.decimals$} peer={peer:.decimals$} ratio={}",
-            format_ratio(ours / peer)
-        );
-        println!("{line}");
-        lines.push_str(&line);
-        lines.push('\n');
-    }
-    lines
-}
-
 /// A RESULT line comparing `ours` with `peer` round by round (`ours[i]`
 /// and `peer[i]` measured in round `i`): the median of each, and the
 /// median, least and greatest of the per-round ratios. Prints it and

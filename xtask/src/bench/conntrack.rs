@@ -1,6 +1,6 @@
 //! `cargo xtask bench conntrack`: b-gw's masquerade, on the hub path
-//! a-pod1 → c-pod1 (reachability row 5), with its conntrack empty at the
-//! shipped capacity, and holding 100,000 and 1,000,000 entries at a
+//! a-pod2 → c-pod1 (reachability row 5, from a's gateway node), with its
+//! conntrack empty at the shipped capacity, and holding 100,000 and 1,000,000 entries at a
 //! capacity set by flag. For each: packets per second and connection rate
 //! through the hub, the table's kernel memory as `bpftool map show` prints
 //! it, and the agent's CPU while its collector sweeps the table.
@@ -137,7 +137,7 @@ fn measure(fill: &Fill) -> Result<Measured> {
     let cpu_percent = agent_cpu_percent(agent.0)?;
     let pps = median(&super::measure(&hub_flow())?);
     let target = SocketAddrV4::new(HUB_TARGET.into(), crr::PORT);
-    let crr = crr::measure(&A.pod(1), &C.pod(1), target)?.per_second;
+    let crr = crr::measure(&A.pod(2), &C.pod(1), target)?.per_second;
     let map_mib = map_mib()?;
     println!(
         "bench:   {pps:.0} pps, {crr:.0} connections/s, table {map_mib:.1} MiB, agent {cpu_percent:.2}% of a core"
@@ -168,13 +168,14 @@ fn restore_b_gw() -> Result<()> {
     lab::wait_ready(&B.gw())
 }
 
-/// a-pod1 to c-pod1 through the hub; c-pod1 answers b's masquerade address.
+/// a-pod2, on a's gateway node, to c-pod1 through the hub; c-pod1 answers
+/// b's masquerade address.
 fn hub_flow() -> Flow {
     Flow {
-        client: A.pod(1),
-        next_hop: (A.gw(), "pod1"),
+        client: A.pod(2),
+        next_hop: (A.gw(), "pod2"),
         server: C.pod(1),
-        src: A.pod_addr(1).octets(),
+        src: A.pod_addr(2).octets(),
         dst: HUB_TARGET,
         answer_to: Some(B.masquerade_addr()),
     }
@@ -278,7 +279,7 @@ fn report(samples: &[Vec<Measured>], lines: &str) -> String {
     }
     format!(
         "## Conntrack with many flows\n\n\
-`cargo xtask bench conntrack`: the hub path a-pod1 → c-pod1 (10.0.1.45),
+`cargo xtask bench conntrack`: the hub path a-pod2 → c-pod1 (10.0.1.45),
 masqueraded by b-gw, in {ROUNDS} interleaved rounds. Each round restarts
 b-gw's agent as the lab runs it with `--conntrack-capacity` set, writes the
 entries into its pinned table (established TCP flows, answered, of an owner

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use super::{on_lab, result_lines, write_section};
+use super::{median, on_lab, ratio_line, write_section};
 use xtask::{
     lab::{
         self, LabTunnel,
@@ -22,8 +22,9 @@ use xtask::{
     topology::{A, B, reachability},
 };
 
-/// Events measured per setup; the median is reported.
-const EVENTS: usize = 3;
+/// Events measured per setup; event `i` of each is compared with event
+/// `i` of the others.
+const EVENTS: usize = 5;
 /// The agents' default lease duration, which bounds a failover.
 const LEASE_DURATION_MS: f64 = 1000.0;
 /// The issue's budget for a restart in place.
@@ -49,24 +50,35 @@ pub fn run_failover() -> Result<()> {
         })
     })?;
     let go_version = Implementation::WireguardGoBookworm.version()?;
-    let lines = result_lines(
-        &[
-            (
-                "failover-gap-ms-vs-lease-duration",
-                failover,
-                LEASE_DURATION_MS,
-            ),
-            ("restart-gap-ms-vs-budget", restart, RESTART_BUDGET_MS),
-            ("restart-gap-ms-vs-wireguard-go-cold", restart, wireguard_go),
-        ],
+    let budget = |ms| vec![ms; EVENTS];
+    let mut lines = ratio_line(
+        "failover-gap-ms-vs-lease-duration",
+        &failover,
+        &budget(LEASE_DURATION_MS),
         1,
     );
+    lines += &ratio_line(
+        "restart-gap-ms-vs-budget",
+        &restart,
+        &budget(RESTART_BUDGET_MS),
+        1,
+    );
+    lines += &ratio_line(
+        "restart-gap-ms-vs-wireguard-go-cold",
+        &restart,
+        &wireguard_go,
+        1,
+    );
+    let (failover, restart, wireguard_go) =
+        (median(&failover), median(&restart), median(&wireguard_go));
     let body = format!(
         "## Failover and restart (issue 18)
 
 `cargo xtask bench failover`: the longest silence of a numbered UDP
-stream a-pod1 → b-pod1 (1,000 datagrams a second, echoed back), the
-median of {EVENTS} events each:
+stream a-pod1 → b-pod1 (1,000 datagrams a second, echoed back), in
+{EVENTS} events of each setup; the setups need labs of their own, so
+event `i` of one is paired with event `i` of the other, and each RESULT
+line gives the median, least and greatest of those pairs' ratios:
 - failover: the `--ha` lab, cluster a's active gateway agent killed with
   SIGKILL; its standby takes the Lease (duration {LEASE_DURATION_MS} ms)
   and a's endpoint address. Against the lease duration.
@@ -91,8 +103,8 @@ so the gap is the new process's start and one handshake.
     write_section("failover", &body)
 }
 
-/// The median gap of [`EVENTS`] events `event`, each during its own stream.
-fn gaps(what: &str, mut event: impl FnMut() -> Result<()>) -> Result<f64> {
+/// The gaps of [`EVENTS`] events `event`, each during its own stream.
+fn gaps(what: &str, mut event: impl FnMut() -> Result<()>) -> Result<Vec<f64>> {
     let row = &reachability()[0];
     let mut measured = Vec::new();
     for i in 0..EVENTS {
@@ -112,7 +124,7 @@ fn gaps(what: &str, mut event: impl FnMut() -> Result<()>) -> Result<f64> {
         );
         measured.push(gap);
     }
-    Ok(super::percentile(&measured, 50))
+    Ok(measured)
 }
 
 /// Kills the active gateway's agent, waits for the standby to take a's

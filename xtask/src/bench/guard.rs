@@ -16,7 +16,7 @@ use xtask::{
     topology::{A, TUNNEL_PORT, WAN_NS},
 };
 
-use super::{cpu_seconds, mac_bytes, result_lines, write_section};
+use super::{ROUNDS, cpu_seconds, mac_bytes, median, ratio_line, write_section};
 
 /// An address on the WAN bridge that no peer uses.
 const STRANGER: [u8; 4] = [203, 0, 113, 98];
@@ -45,33 +45,36 @@ struct Flood {
 
 fn guard() -> Result<()> {
     let gw = A.gw();
-    println!("bench: flooding {gw}'s tunnel port with the XDP guard");
-    let pid = lab::agent_pid(&gw).context("a-gw's agent")?;
-    let guarded = flood(&gw, pid)?;
-    println!("bench: the same flood without the guard");
-    lab::stop_pid(pid)?;
-    let args: Vec<String> = lab::agent_args(&gw)?
-        .into_iter()
+    lab::stop_agent(&gw)?;
+    let with_guard = lab::agent_args(&gw)?;
+    let without: Vec<String> = with_guard
+        .iter()
         .filter(|a| !a.starts_with("--guard-dev"))
+        .cloned()
         .collect();
-    let pid = lab::spawn_agent(&gw, &args, &lab::log_file(&gw))?;
-    lab::wait_ready_in(&gw, pid, &lab::log_file(&gw))?;
-    let unguarded = flood(&gw, pid)?;
-    lab::stop_pid(pid)?;
-
-    let results = [
-        (
-            "guard-xdp-drop-kpps-vs-userspace-turned-away-kpps",
-            guarded.dropped_pps / 1e3,
-            unguarded.userspace_pps / 1e3,
-        ),
-        (
-            "agent-cpu-percent-under-flood-guard-vs-no-guard",
-            guarded.agent_cpu,
-            unguarded.agent_cpu,
-        ),
-    ];
-    let lines = result_lines(&results, 1);
+    let (mut guarded, mut unguarded) = (Vec::new(), Vec::new());
+    for round in 1..=ROUNDS {
+        println!("bench: round {round}/{ROUNDS}: flooding {gw}'s tunnel port with the XDP guard");
+        guarded.push(flood_agent(&gw, &with_guard)?);
+        println!("bench: round {round}/{ROUNDS}: the same flood without the guard");
+        unguarded.push(flood_agent(&gw, &without)?);
+    }
+    lab::start_agent(&gw)?;
+    lab::wait_ready(&gw)?;
+    let of = |floods: &[Flood], f: fn(&Flood) -> f64| floods.iter().map(f).collect::<Vec<_>>();
+    let mut lines = ratio_line(
+        "guard-xdp-drop-kpps-vs-userspace-turned-away-kpps",
+        &of(&guarded, |f| f.dropped_pps / 1e3),
+        &of(&unguarded, |f| f.userspace_pps / 1e3),
+        1,
+    );
+    lines += &ratio_line(
+        "agent-cpu-percent-under-flood-guard-vs-no-guard",
+        &of(&guarded, |f| f.agent_cpu),
+        &of(&unguarded, |f| f.agent_cpu),
+        1,
+    );
+    let median_of = |floods: &[Flood], f: fn(&Flood) -> f64| median(&of(floods, f));
     let section = format!(
         "## XDP guard of the tunnel port
 
@@ -79,10 +82,12 @@ fn guard() -> Result<()> {
 shaped like WireGuard handshake initiations to a-gw's tunnel port from
 203.0.113.98, an address no peer uses, as fast as one core can. Each flood
 is measured for {secs} s after {warm} s of warm-up: the drops from the
-guard's per-CPU counters, and the agent's CPU from `/proc/PID/stat`. Then
-a-gw's agent is restarted without `--guard-dev` and the same flood runs
-again; the tunnel turns it away in userspace (unknown sender, or cookie
-replies under load).
+guard's per-CPU counters, and the agent's CPU from `/proc/PID/stat`. In
+each of {ROUNDS} rounds, a-gw's agent floods once with `--guard-dev` and
+once restarted without it, when the tunnel turns the flood away in
+userspace (unknown sender, or cookie replies under load). The table gives
+medians over rounds; each RESULT line the median, least and greatest of
+the rounds' ratios.
 
 | | with the guard | without |
 |---|---|---|
@@ -95,13 +100,22 @@ replies under load).
 ",
         secs = MEASURE.as_secs(),
         warm = WARMUP.as_secs(),
-        gd = guarded.dropped_pps,
-        gu = guarded.userspace_pps,
-        uu = unguarded.userspace_pps,
-        gc = guarded.agent_cpu,
-        uc = unguarded.agent_cpu,
+        gd = median_of(&guarded, |f| f.dropped_pps),
+        gu = median_of(&guarded, |f| f.userspace_pps),
+        uu = median_of(&unguarded, |f| f.userspace_pps),
+        gc = median_of(&guarded, |f| f.agent_cpu),
+        uc = median_of(&unguarded, |f| f.agent_cpu),
     );
     write_section("guard", &section)
+}
+
+/// Starts a-gw's agent with `args`, floods it and stops it.
+fn flood_agent(gw: &str, args: &[String]) -> Result<Flood> {
+    let log = lab::log_file(gw);
+    let pid = lab::spawn_agent(gw, args, &log)?;
+    let flooded = lab::wait_ready_in(gw, pid, &log).and_then(|()| flood(gw, pid));
+    lab::stop_pid(pid)?;
+    flooded
 }
 
 /// Runs the flood and measures it, and agent `pid`.

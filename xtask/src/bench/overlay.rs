@@ -24,7 +24,7 @@ use xtask::{
     wait::poll,
 };
 
-use super::{Flow, ROUNDS, iperf, measure, median, result_lines, write_section};
+use super::{Flow, ROUNDS, iperf, measure, median, ratio_line, write_section};
 
 /// Liqo's routing table, which is also its VXLAN's VNI.
 const LIQO_TABLE: &str = "18952";
@@ -50,7 +50,7 @@ enum Setup {
     Liqo,
 }
 
-/// What one setup achieved, per round.
+/// What one setup achieved, one figure per round.
 #[derive(Default)]
 struct Samples {
     pps: Vec<f64>,
@@ -88,24 +88,23 @@ fn overlay() -> Result<()> {
                 liqo(false)?;
             }
             let (pps, gbps) = measured?;
-            got.pps.extend(pps);
+            got.pps.push(median(&pps));
             got.gbps.push(gbps);
         }
     }
     let (ours, theirs) = (&samples[0].1, &samples[1].1);
-    let results = [
-        (
-            "overlay-pps-worker-to-remote-worker-vs-liqo-vxlan",
-            median(&ours.pps),
-            median(&theirs.pps),
-        ),
-        (
-            "overlay-tcp-gbps-worker-to-remote-worker-vs-liqo-vxlan",
-            median(&ours.gbps),
-            median(&theirs.gbps),
-        ),
-    ];
-    let lines = result_lines(&results, 2);
+    let mut lines = ratio_line(
+        "overlay-pps-worker-to-remote-worker-vs-liqo-vxlan",
+        &ours.pps,
+        &theirs.pps,
+        2,
+    );
+    lines += &ratio_line(
+        "overlay-tcp-gbps-worker-to-remote-worker-vs-liqo-vxlan",
+        &ours.gbps,
+        &theirs.gbps,
+        2,
+    );
     write_section(
         "overlay",
         &format!(
@@ -131,8 +130,10 @@ sets it. It then alternates {ROUNDS} rounds of two setups:
   pods via the worker's VXLAN address.
 
 pps: trafgen sends 64-byte UDP frames from a-pod1 to 10.0.0.5 (b-pod1 as a
-sees it) on one CPU, and b-pod1's `eth0` counts what arrives (the median
-of every window). Throughput: iperf3, one TCP stream, 8 s.
+sees it) on one CPU, and b-pod1's `eth0` counts what arrives (each
+round's median of its windows). Throughput: iperf3, one TCP stream, 8 s.
+Each RESULT line gives the median over rounds of the two setups' ratio in
+the same round, with the least and greatest of those ratios.
 
 ```
 {lines}```
