@@ -280,6 +280,22 @@ struct Flow {
     answer_to: Option<std::net::Ipv4Addr>,
 }
 
+/// How a reaches c-pod1 through the hub b (reachability row 5).
+const HUB_TARGET: [u8; 4] = [10, 0, 1, 45];
+
+/// a-pod2, on a's gateway node, to c-pod1 through the hub, answered at
+/// `answer_to` (b's masquerade address, as c-pod1 sees a) or not.
+fn hub_flow(answer_to: Option<std::net::Ipv4Addr>) -> Flow {
+    Flow {
+        client: A.pod(2),
+        next_hop: (A.gw(), "pod2"),
+        server: xtask::topology::C.pod(1),
+        src: A.pod_addr(2).octets(),
+        dst: HUB_TARGET,
+        answer_to,
+    }
+}
+
 /// The source ports of a flow's packets (trafgen's `c8(0x80), dinc(0, 255)`)
 /// and its destination port.
 const FIRST_SOURCE_PORT: u16 = 0x8000;

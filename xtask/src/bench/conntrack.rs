@@ -28,7 +28,7 @@ use xtask::{
     topology::{A, B, C},
 };
 
-use super::{Flow, ROUNDS, crr, median, ratio_line, write_section};
+use super::{HUB_TARGET, ROUNDS, crr, hub_flow, median, ratio_line, write_section};
 
 /// One state of b-gw's table.
 #[derive(Clone, Copy)]
@@ -66,8 +66,6 @@ const NO_PEER: u32 = 4000;
 /// How long the agent's CPU is read: two of the collector's sweeps at the
 /// shipped `--conntrack-gc-interval` of 10 s.
 const CPU_WINDOW: Duration = Duration::from_secs(20);
-/// How a reaches c-pod1 through b (reachability row 5).
-const HUB_TARGET: [u8; 4] = [10, 0, 1, 45];
 
 /// What one fill measured in one round.
 struct Measured {
@@ -138,7 +136,7 @@ fn measure(fill: &Fill) -> Result<Measured> {
     lab::wait_ready_in(&gw, pid, &log)?;
     write_flows(fill.entries)?;
     let cpu_percent = agent_cpu_percent(agent.0)?;
-    let pps = median(&super::measure(&hub_flow())?);
+    let pps = median(&super::measure(&hub_flow(Some(B.masquerade_addr())))?);
     let target = SocketAddrV4::new(HUB_TARGET.into(), crr::PORT);
     let crr = crr::measure(&A.pod(2), &C.pod(1), target)?.per_second;
     let map_mib = map_mib()?;
@@ -169,19 +167,6 @@ fn restore_b_gw() -> Result<()> {
     lab::clean_up_agent(&B.gw())?;
     lab::start_agent(&B.gw())?;
     lab::wait_ready(&B.gw())
-}
-
-/// a-pod2, on a's gateway node, to c-pod1 through the hub; c-pod1 answers
-/// b's masquerade address.
-fn hub_flow() -> Flow {
-    Flow {
-        client: A.pod(2),
-        next_hop: (A.gw(), "pod2"),
-        server: C.pod(1),
-        src: A.pod_addr(2).octets(),
-        dst: HUB_TARGET,
-        answer_to: Some(B.masquerade_addr()),
-    }
 }
 
 /// Writes `entries` entries (half as many flows) into b-gw's table.

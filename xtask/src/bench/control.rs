@@ -25,9 +25,9 @@ use xtask::{
 };
 
 use super::{
-    Flow,
     burner::{Spread, quiet_and_busy, spread},
-    disable_isthmus, enable_isthmus, maps_to, measure, median, peer_id, ratio_line, write_section,
+    disable_isthmus, enable_isthmus, hub_flow, maps_to, measure, median, peer_id, ratio_line,
+    write_section,
 };
 
 /// Entries in the large table.
@@ -492,22 +492,10 @@ fn apply_iptables(node: &str) -> Result<IptablesApply> {
     Ok(IptablesApply { elapsed, inserted })
 }
 
-/// The hub flow: a-pod2 to c-pod1 at 10.0.1.45.
-fn hub_flow() -> Flow {
-    Flow {
-        client: A.pod(2),
-        next_hop: (A.gw(), "pod2"),
-        server: C.pod(1),
-        src: A.pod_addr(2).octets(),
-        dst: [10, 0, 1, 45],
-        answer_to: None,
-    }
-}
-
 /// pps through the hub for Isthmus and iptables, with few and many
 /// entries: each setup's median in each round.
 fn hub_pps() -> Result<Vec<(&'static str, usize, Vec<f64>)>> {
-    let flow = hub_flow();
+    let flow = hub_flow(None);
     let setups = [
         ("isthmus", FEW),
         ("isthmus", ENTRIES),
