@@ -9,7 +9,7 @@ use std::{
     path::Path,
 };
 
-use aya::maps::{Array, HashMap, Map, MapData, MapError};
+use aya::maps::{Array, HashMap, IterableMap as _, Map, MapData, MapError};
 use isthmus_common::{
     conntrack::{DIR_IN, DIR_OUT, FlowKey, FlowNat, SnatConfig, Timeouts, reply_key},
     isolation::PeerFlow,
@@ -18,7 +18,7 @@ use isthmus_common::{
     wire::Be32,
 };
 
-use crate::kernel::maps::open_pinned;
+use crate::kernel::{batch, maps::open_pinned};
 
 /// What one collection found.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -120,7 +120,7 @@ impl Conntrack {
 
     /// Every entry, as the kernel holds it now.
     pub fn entries(&self) -> Result<Vec<(FlowKey, FlowNat)>, MapError> {
-        self.flows.iter().collect()
+        batch::entries(self.flows.map())
     }
 }
 
@@ -184,7 +184,7 @@ impl PeerFlows {
 
     /// Every entry, as the kernel holds it now.
     pub fn entries(&self) -> Result<Vec<(FlowKey, PeerFlow)>, MapError> {
-        self.0.iter().collect()
+        batch::entries(self.0.map())
     }
 }
 

@@ -1,6 +1,7 @@
 //! The eBPF side, seen from userspace: loading, pinning and attaching the
 //! programs, the typed maps, the diff that writes them, and devices.
 
+pub mod batch;
 pub mod conntrack;
 pub mod dataplane;
 pub mod link;

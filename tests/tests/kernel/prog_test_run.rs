@@ -983,6 +983,32 @@ fn a_full_table_drops_new_flows_evicts_none_and_dead_flows_are_collected() {
     h.expect(Egress, &third, &third.between(A_MASQ_AT_B, B_POD1));
 }
 
+/// The collector reads a table of many thousand entries whole, though the
+/// kernel hands them over a few thousand at a time.
+#[test]
+fn the_collector_reads_every_entry_of_a_table_larger_than_one_batch() {
+    const FLOWS: u16 = 10_000;
+    let h = Harness::build(Some(A_MASQ), 4 * u32::from(FLOWS));
+    for port in 1..=FLOWS {
+        let flow = udp_ports(NODE, B_POD1, port, 53);
+        let (ret, _) = h.run(Direction::Egress, &eth_ipv4(&flow.bytes()));
+        assert_ne!(ret, DROP, "flow {port} was not tracked");
+    }
+    let entries = h.conntrack.entries().unwrap();
+    let keys: std::collections::HashSet<_> = entries.iter().map(|(key, _)| *key).collect();
+    assert_eq!(
+        entries.len(),
+        2 * usize::from(FLOWS),
+        "an entry per direction"
+    );
+    assert_eq!(keys.len(), entries.len(), "no entry read twice");
+    let outbound = entries
+        .iter()
+        .filter(|(key, _)| key.dir == isthmus_common::conntrack::DIR_OUT)
+        .count();
+    assert_eq!(outbound, usize::from(FLOWS));
+}
+
 /// The collector as the agent runs it, with no clock of its own to wait on.
 fn sharing() -> Sharing {
     Sharing {
