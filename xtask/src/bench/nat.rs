@@ -381,29 +381,42 @@ fn results(samples: &Samples, rss: &[f64], update_p99: f64) -> String {
     lines
 }
 
-/// Without NAT, b-pod2 must own the address a sends to, and a-pod2 the
-/// address b answers: both clusters' PodCIDR is 10.244.0.0/24, so a-pod2's
-/// own would be b-pod2's. Each gateway already routes the other's views
-/// over the WAN.
+/// Without NAT, b-pod2 must own the address a sends to, and a-pod2 must
+/// send from the address b answers (its route's `src`): both clusters'
+/// PodCIDR is 10.244.0.0/24, so a-pod2's own would be b-pod2's. Each
+/// gateway already routes the other's views over the WAN.
 fn plain_routes(add: bool) -> Result<()> {
+    let (to_b, to_a) = (format!("{PLAIN_TARGET}/32"), format!("{PLAIN_SOURCE}/32"));
+    let source = PLAIN_SOURCE.to_string();
+    let mut steps = [
+        (B.pod(2), "addr", vec![to_b.as_str(), "dev", "eth0"]),
+        (B.gw(), "route", vec![&to_b, "dev", "pod2"]),
+        (A.pod(2), "addr", vec![&to_a, "dev", "eth0"]),
+        (A.gw(), "route", vec![&to_a, "dev", "pod2"]),
+        (
+            A.pod(2),
+            "route",
+            vec![
+                &to_b,
+                "via",
+                lab::POD_GATEWAY,
+                "dev",
+                "eth0",
+                "src",
+                &source,
+            ],
+        ),
+    ];
+    // The route from a-pod2's added address goes before the address.
+    if !add {
+        steps.reverse();
+    }
     let op = if add { "add" } else { "del" };
-    let (to_b, to_a) = (PLAIN_TARGET.to_string(), PLAIN_SOURCE.to_string());
-    ip(
-        &B.pod(2),
-        &["addr", op, &format!("{to_b}/32"), "dev", "eth0"],
-    )?;
-    ip(
-        &B.gw(),
-        &["route", op, &format!("{to_b}/32"), "dev", "pod2"],
-    )?;
-    ip(
-        &A.pod(2),
-        &["addr", op, &format!("{to_a}/32"), "dev", "eth0"],
-    )?;
-    ip(
-        &A.gw(),
-        &["route", op, &format!("{to_a}/32"), "dev", "pod2"],
-    )?;
+    for (ns, object, args) in &steps {
+        let mut command = vec![*object, op];
+        command.extend(args);
+        ip(ns, &command)?;
+    }
     Ok(())
 }
 

@@ -530,11 +530,15 @@ fn add_pod(c: &Cluster, i: u8, host: &str) -> Result<()> {
     wire_pod(&pod, host, &format!("pod{i}"), c.pod_addr(i))
 }
 
+/// Every pod's next hop, as Calico gives it: the node's end of the pod's
+/// veth answers for it.
+pub const POD_GATEWAY: &str = "169.254.1.1";
+
 /// Wires the existing netns `pod` to node `host` as a pod with address
 /// `addr`, through a veth whose node end is `host_end`.
 pub fn wire_pod(pod: &str, host: &str, host_end: &str, addr: Ipv4Addr) -> Result<()> {
     veth(pod, "eth0", host, host_end)?;
-    let gateway = "169.254.1.1";
+    let gateway = POD_GATEWAY;
     ip(pod, &["addr", "add", &format!("{addr}/32"), "dev", "eth0"])?;
     ip(
         host,
