@@ -244,6 +244,9 @@ fn take_turn(idle: f64) -> Result<Turn> {
 /// Packets the bulk transfer's server must have received before the
 /// probe starts: proof that the transfer fills the tunnel.
 const BULK_UNDER_WAY: u64 = 20_000;
+/// Ping-pongs under the bulk transfer: few enough to end within it, as
+/// each waits behind the tunnel's queue.
+const LOADED_SAMPLES: usize = 200;
 
 /// One round of RTT ping-pongs from a-pod2 to b-pod2 (reachability row 2)
 /// while `bulk` sends to `server` through the same tunnel: its p50 and p99.
@@ -438,7 +441,7 @@ received, and the share lost); and {RTT_ROUNDS_PER_TURN} rounds of
 {RTT_SAMPLES} UDP ping-pongs, one at a time, each from a socket of its
 own (a round's source port decides which TUN queue, and so which
 thread, carries it). Each figure is the median of the rounds (of the RTT
-rounds' p50 and p99). Under bulk: one more round of ping-pongs, a-pod2 to
+rounds' p50 and p99). Under bulk: a round of {LOADED_SAMPLES} ping-pongs, a-pod2 to
 b-pod2 through the same tunnel, while the 1-stream TCP run is under way
 (it has delivered {bulk} packets, and still runs when the round ends).
 CPU is the whole machine's busy time during the
