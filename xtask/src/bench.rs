@@ -457,6 +457,17 @@ fn trafgen_config(flow: &Flow) -> Result<String> {
 
 /// Packets received on the server pod's eth0.
 fn rx_packets(ns: &str) -> Result<u64> {
+    rx_counter(ns, 1)
+}
+
+/// Bytes received on the server pod's eth0: unlike packets, the same
+/// whether the sender's stack merged segments (GSO) or not.
+fn rx_bytes(ns: &str) -> Result<u64> {
+    rx_counter(ns, 0)
+}
+
+/// Receive counter `field` (0 bytes, 1 packets) of eth0 in netns `ns`.
+fn rx_counter(ns: &str, field: usize) -> Result<u64> {
     // /proc/thread-self/net follows the calling thread's netns.
     let dev = netns::run_in(ns, || fs::read_to_string("/proc/thread-self/net/dev"))??;
     let line = dev
@@ -470,10 +481,10 @@ fn rx_packets(ns: &str) -> Result<u64> {
         .split_whitespace()
         .collect();
     fields
-        .get(1)
-        .context("no rx packets")?
+        .get(field)
+        .context("no receive counter")?
         .parse()
-        .context("rx packets")
+        .context("a receive counter")
 }
 
 /// Runs the generator and returns the median rate seen at the server.

@@ -18,7 +18,7 @@ use xtask::{
 
 use super::{
     IPERF_SECONDS, agent_rss_mib, ceiling, iperf, iperf3, median, on_lab, peers_programmed,
-    ratio_line, rx_packets, synthetic_peers, write_section,
+    ratio_line, rx_bytes, synthetic_peers, write_section,
 };
 
 /// Idle memory budget of a gateway agent with 100 tunnel peers.
@@ -241,9 +241,9 @@ fn take_turn(idle: f64) -> Result<Turn> {
     })
 }
 
-/// Packets the bulk transfer's server must have received before the
-/// probe starts: proof that the transfer fills the tunnel.
-const BULK_UNDER_WAY: u64 = 20_000;
+/// Bytes the bulk transfer's server must have received before the probe
+/// starts (0.2 s at 1 Gbit/s): proof that the transfer fills the tunnel.
+const BULK_UNDER_WAY: u64 = 25_000_000;
 /// Ping-pongs under the bulk transfer: few enough to end within it, as
 /// each waits behind the tunnel's queue.
 const LOADED_SAMPLES: usize = 200;
@@ -255,12 +255,12 @@ fn rtt_under(
     bulk: &std::thread::ScopedJoinHandle<'_, Result<f64>>,
     server: &str,
 ) -> Result<[f64; 2]> {
-    let start = rx_packets(server)?;
+    let start = rx_bytes(server)?;
     wait::try_poll(
         Duration::from_secs(5),
         Duration::from_millis(10),
         "the bulk transfer under way",
-        || Ok((rx_packets(server)? >= start + BULK_UNDER_WAY).then_some(())),
+        || Ok((rx_bytes(server)? >= start + BULK_UNDER_WAY).then_some(())),
     )?;
     let row = &xtask::topology::reachability()[1];
     let [round] =
@@ -443,7 +443,7 @@ own (a round's source port decides which TUN queue, and so which
 thread, carries it). Each figure is the median of the rounds (of the RTT
 rounds' p50 and p99). Under bulk: a round of {LOADED_SAMPLES} ping-pongs, a-pod2 to
 b-pod2 through the same tunnel, while the 1-stream TCP run is under way
-(it has delivered {bulk} packets, and still runs when the round ends).
+(it has delivered {bulk} bytes, and still runs when the round ends).
 CPU is the whole machine's busy time during the
 turn's TCP runs (`/proc/stat`: every core; user, system, irq, softirq and
 steal, so softirq work counts wherever it lands), less what the idle lab
