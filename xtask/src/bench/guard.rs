@@ -85,7 +85,8 @@ is measured for {secs} s after {warm} s of warm-up: the drops from the
 guard's per-CPU counters, and the agent's CPU from `/proc/PID/stat`. In
 each of {ROUNDS} rounds, a-gw's agent floods once with `--guard-dev` and
 once restarted without it, when the tunnel turns the flood away in
-userspace (unknown sender, or cookie replies under load). The table gives
+userspace (unknown sender, throttled per source, a full handshake queue,
+or cookie replies under load). The table gives
 medians over rounds; each RESULT line the median, least and greatest of
 the rounds' ratios.
 
@@ -158,10 +159,7 @@ fn measure(gw: &str, pid: u32, generator: &mut std::process::Child) -> Result<Fl
         Ok((
             Instant::now(),
             lab::metric(gw, "isthmus_guard_packets_total{verdict=\"dropped\"}")?,
-            lab::metric(
-                gw,
-                "isthmus_tunnel_dropped_packets_total{reason=\"unknown_sender\"}",
-            )? + lab::metric(gw, "isthmus_tunnel_cookies_sent_total")?,
+            turned_away(gw)?,
             cpu_seconds(pid)?,
         ))
     };
@@ -174,6 +172,22 @@ fn measure(gw: &str, pid: u32, generator: &mut std::process::Child) -> Result<Fl
         userspace_pps: (u1 - u0) / secs,
         agent_cpu: (c1 - c0) / secs * 100.0,
     })
+}
+
+/// Initiations the tunnel turned away in userspace: from an unknown
+/// sender, throttled per source, dropped for a full handshake queue, or
+/// answered with a cookie.
+fn turned_away(gw: &str) -> Result<f64> {
+    let mut total = lab::metric(gw, "isthmus_tunnel_cookies_sent_total")?;
+    for reason in [
+        "unknown_sender",
+        "handshake_throttled",
+        "handshake_queue_full",
+    ] {
+        let labels = [("reason", reason)];
+        total += lab::metric_sum(gw, "isthmus_tunnel_dropped_packets_total", &labels)?;
+    }
+    Ok(total)
 }
 
 /// 148-byte datagrams of type 1 from the stranger to a-gw's tunnel port,
