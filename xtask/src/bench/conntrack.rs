@@ -67,6 +67,17 @@ const NO_PEER: u32 = 4000;
 /// shipped `--conntrack-gc-interval` of 10 s.
 const CPU_WINDOW: Duration = Duration::from_secs(20);
 
+/// One figure of a round.
+type Figure = fn(&Measured) -> f64;
+
+/// The figures compared with the empty table: name, figure, decimals.
+const FIGURES: [(&str, Figure, usize); 4] = [
+    ("pps", |m| m.pps, 0),
+    ("crr", |m| m.crr, 0),
+    ("agent-cpu-percent", |m| m.cpu_percent, 2),
+    ("map-mib", |m| m.map_mib, 1),
+];
+
 /// What one fill measured in one round.
 struct Measured {
     pps: f64,
@@ -91,33 +102,11 @@ pub fn run_conntrack() -> Result<()> {
     let mut lines = String::new();
     let empty = &samples[0];
     for (fill, rounds) in FILLS.iter().zip(&samples).skip(1) {
-        let of =
-            |f: fn(&Measured) -> f64, set: &[Measured]| -> Vec<f64> { set.iter().map(f).collect() };
-        let name = |what: &str| format!("conntrack-{what}-{}-vs-empty", fill.name);
-        lines += &ratio_line(
-            &name("pps"),
-            &of(|m| m.pps, rounds),
-            &of(|m| m.pps, empty),
-            0,
-        );
-        lines += &ratio_line(
-            &name("crr"),
-            &of(|m| m.crr, rounds),
-            &of(|m| m.crr, empty),
-            0,
-        );
-        lines += &ratio_line(
-            &name("agent-cpu-percent"),
-            &of(|m| m.cpu_percent, rounds),
-            &of(|m| m.cpu_percent, empty),
-            2,
-        );
-        lines += &ratio_line(
-            &name("map-mib"),
-            &of(|m| m.map_mib, rounds),
-            &of(|m| m.map_mib, empty),
-            1,
-        );
+        for (what, figure, decimals) in FIGURES {
+            let series = |set: &[Measured]| set.iter().map(figure).collect::<Vec<_>>();
+            let name = format!("conntrack-{what}-{}-vs-empty", fill.name);
+            lines += &ratio_line(&name, &series(rounds), &series(empty), decimals);
+        }
     }
     write_section("conntrack", &report(&samples, &lines))
 }
