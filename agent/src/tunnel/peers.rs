@@ -69,6 +69,9 @@ pub struct TunnelPeer {
     pub counters: PeerCounters,
     /// The first handshake's retries, until a session is up.
     first_contact: Mutex<FirstContact>,
+    /// Set once the retries are over, for good: the timer thread then
+    /// passes the peer by without taking the lock, forty times a second.
+    first_contact_over: AtomicBool,
 }
 
 /// The initiation of a peer's first handshake, sent again on a short
@@ -166,22 +169,27 @@ impl TunnelPeer {
             tunn: Mutex::new(tunn),
             counters: PeerCounters::default(),
             first_contact: Mutex::new(FirstContact::new(Instant::now())),
+            first_contact_over: AtomicBool::new(false),
         }
     }
 
     /// Whether the first handshake's initiation is due again at `now`.
     pub fn first_contact_due(&self, now: Instant, connected: impl FnOnce() -> bool) -> bool {
-        self.contact().due(now, connected)
+        if self.first_contact_over() {
+            return false;
+        }
+        let mut contact = self.first_contact.lock().unwrap_or_else(|p| p.into_inner());
+        let due = contact.due(now, connected);
+        if contact.is_over() {
+            self.first_contact_over.store(true, Ordering::Relaxed);
+        }
+        due
     }
 
     /// Whether the first handshake's quick retries have ended: it
     /// succeeded, or WireGuard's own retries took over.
     pub fn first_contact_over(&self) -> bool {
-        self.contact().is_over()
-    }
-
-    fn contact(&self) -> std::sync::MutexGuard<'_, FirstContact> {
-        self.first_contact.lock().unwrap_or_else(|p| p.into_inner())
+        self.first_contact_over.load(Ordering::Relaxed)
     }
 
     /// Where to send to the peer now.
