@@ -16,6 +16,7 @@ mod control;
 mod crr;
 mod failover;
 mod guard;
+mod hub;
 mod idle;
 mod isolation;
 mod kube;
@@ -77,6 +78,10 @@ pub enum Which {
     /// table's memory and the agent's CPU, with the conntrack empty and
     /// holding 100,000 and 1,000,000 entries.
     Conntrack,
+    /// TCP connections and packets per second through the hub (a to c
+    /// through b's NatMapping and masquerade): Isthmus against Liqo
+    /// v0.10.3's complete rule set, with 1 and 200 peers.
+    Hub,
     /// A gateway agent idle with 1, 100 and 1,000 live WireGuard peers: CPU,
     /// resident and map memory; then its start with 1,000 peers and 100,000
     /// NatMapping entries.
@@ -100,6 +105,7 @@ pub fn run_all() -> Result<()> {
         Which::Guard,
         Which::Control { kube_only: false },
         Which::Conntrack,
+        Which::Hub,
         Which::Idle,
         Which::Failover,
     ];
@@ -120,6 +126,7 @@ impl Which {
             Which::Guard => "guard",
             Which::Control { .. } => "control",
             Which::Conntrack => "conntrack",
+            Which::Hub => "hub",
             Which::Idle => "idle",
             Which::Failover => "failover",
             Which::Chart => "chart",
@@ -137,6 +144,7 @@ pub fn run_bench(which: Which) -> Result<()> {
         Which::Overlay => overlay::run_overlay(),
         Which::Control { kube_only } => control::run_control(kube_only),
         Which::Conntrack => on_lab(lab::LabTunnel::None, conntrack::run_conntrack),
+        Which::Hub => on_lab(lab::LabTunnel::None, hub::run_hub),
         Which::Idle => idle::run_idle(),
         Which::Failover => failover::run_failover(),
         Which::Chart => chart::render(),

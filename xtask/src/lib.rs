@@ -7,6 +7,7 @@ pub mod fake_api;
 pub mod image;
 pub mod kube_lab;
 pub mod lab;
+pub mod liqo_iptables;
 pub mod netns;
 pub mod objects;
 pub mod offloading;

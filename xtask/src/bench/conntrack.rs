@@ -127,7 +127,9 @@ fn measure(fill: &Fill) -> Result<Measured> {
     let cpu_percent = agent_cpu_percent(agent.0)?;
     let pps = median(&super::measure(&hub_flow(Some(B.masquerade_addr())))?);
     let target = SocketAddrV4::new(HUB_TARGET.into(), crr::PORT);
-    let crr = crr::measure(&A.pod(2), &C.pod(1), target)?.per_second;
+    let crr = crr::measure(&A.pod(2), &C.pod(1), target)?
+        .all_completed(target)?
+        .per_second;
     let map_mib = map_mib()?;
     println!(
         "bench:   {pps:.0} pps, {crr:.0} connections/s, table {map_mib:.1} MiB, agent {cpu_percent:.2}% of a core"

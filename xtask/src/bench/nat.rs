@@ -20,8 +20,8 @@ use xtask::{
 use super::{
     Flow, ROUNDS, WARMUP, WINDOW, WINDOWS, agent_rss_mib,
     crr::{self, Crr},
-    disable_isthmus, enable_isthmus, gateway_peerings, isolation, liqo_v010, measure, median,
-    ratio_line, set_isthmus_peers, write_section,
+    disable_isthmus, enable_isthmus, isolation, liqo_v010, measure, median, ratio_line,
+    set_isthmus_peers, write_section,
 };
 
 /// Idle memory budget of the agent with 200 peers.
@@ -118,7 +118,7 @@ impl Setup {
             }
             Setup::Liqo(peers, _) => {
                 disable_isthmus()?;
-                liqo_v010::install(gateway_peerings(), peers)?;
+                liqo_v010::install(&[&A, &B], peers)?;
                 let measured = traffic(flow);
                 liqo_v010::remove_all(&gateways)?;
                 measured
@@ -212,7 +212,7 @@ struct Measured {
 fn traffic(flow: &Flow) -> Result<Measured> {
     let pps = measure(flow)?;
     let target = SocketAddrV4::new(flow.dst.into(), crr::PORT);
-    let crr = crr::measure(&flow.client, &flow.server, target)?;
+    let crr = crr::measure(&flow.client, &flow.server, target)?.all_completed(target)?;
     Ok(Measured { pps, crr })
 }
 
@@ -481,13 +481,14 @@ rates in the same round, with the least and greatest of those ratios.
   fails if one is left); `b-pod2` also owns `10.0.0.133`.
 - **Liqo v0.10.3 rules**: the complete rule set Liqo v0.10.3's gateway
   installs for each peer, derived from its code
-  (`xtask/src/bench/liqo_v010.rs` cites the file and line of each rule):
+  (`xtask/src/liqo_iptables.rs` cites the file and line of each rule):
   in `nat`, the dispatch rules of LIQO-POSTROUTING and LIQO-PREROUTING into
   per-peer chains, `NETMAP` for the prefixes and two `SNAT` rules for other
   sources; in `filter`, LIQO-FORWARD's three rules per peer, one of them a
   conntrack `--ctstate ESTABLISHED,RELATED` match, and the per-peer DROP
-  chain for the remapped ExternalCIDR. The peer under test joined last, so
-  its rules are last in every chain. Liqo installs these in its gateway
+  chain for the remapped ExternalCIDR, and each NatMapping entry as a DNAT.
+  The synthetic peers come first and the lab's own last, as peers that
+  joined last are: `b-gw` holds a's rules, then c's. Liqo installs these in its gateway
   netns, a veth hop from the host; the bench spares it that hop.
 
   In every NAT setup, `b-pod2` answers each of the 256 flows once before

@@ -2,10 +2,8 @@
 //! gateway runs the way Liqo v0.10 runs it, not with Isthmus, so that the
 //! other clusters' Isthmus gateways are checked against the real thing:
 //! - wireguard-go, configured with `wg` from the cluster's TunnelEndpoints;
-//! - Liqo's nat rules (`pkg/liqonet/iptables`) for the double NAT and the
-//!   NatMappings: NETMAP and SNAT in per-cluster POSTROUTING chains, NETMAP
-//!   and the NatMapping DNATs in PREROUTING chains reached from the peer's
-//!   PodCIDR only;
+//! - Liqo's iptables rules ([`crate::liqo_iptables`]) for the double NAT,
+//!   the NatMappings and the forward chain;
 //! - 169.254.0.1 on the tunnel device, and a conncheck
 //!   (`pkg/liqonet/conncheck`) written here from Liqo's protocol, not from
 //!   the agent's code: one UDP socket on port 12345 that PINGs every peer
@@ -16,9 +14,8 @@
 
 use std::{
     collections::BTreeMap,
-    fmt::Write as _,
     fs,
-    net::{Ipv4Addr, SocketAddr, UdpSocket},
+    net::{SocketAddr, UdpSocket},
     process::{Command, Stdio},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -29,7 +26,7 @@ use serde_json::{Value, json};
 use crate::{
     cmd::ip,
     lab,
-    topology::{CLUSTERS, CONNCHECK_ADDR, Cluster, NAT_MAPPING, PEERINGS, Peering},
+    topology::{CLUSTERS, CONNCHECK_ADDR, Cluster, PEERINGS, Peering},
 };
 
 /// Liqo's conncheck port.
@@ -62,7 +59,7 @@ pub fn start(cluster: &'static Cluster) -> Result<()> {
         &gw,
         &["addr", "add", &format!("{CONNCHECK_ADDR}/32"), "dev", &dev],
     )?;
-    let rules = nat_rules(cluster);
+    let rules = crate::liqo_iptables::rules(cluster, 0);
     let path = lab::state(&format!("liqo-iptables-{}.rules", cluster.name));
     fs::write(&path, &rules)?;
     let status = Command::new("ip")
@@ -75,20 +72,7 @@ pub fn start(cluster: &'static Cluster) -> Result<()> {
             path.display()
         );
     }
-    for p in peerings(cluster) {
-        for view in p.remote_views() {
-            ip(
-                &cluster.node(),
-                &[
-                    "route",
-                    "add",
-                    &view.to_string(),
-                    "via",
-                    &cluster.lan_gw().to_string(),
-                ],
-            )?;
-        }
-    }
+    route_worker(cluster, "add")?;
     let log = fs::File::create(lab::log_file(&format!("{gw}-conncheck")))?;
     let mut command = Command::new("ip");
     command
@@ -100,6 +84,18 @@ pub fn start(cluster: &'static Cluster) -> Result<()> {
         .stderr(log);
     let child = command.spawn().context("starting the Liqo conncheck")?;
     fs::write(pid_file(), child.id().to_string())?;
+    Ok(())
+}
+
+/// Adds (`add`) or removes (`del`) the routes Liqo's route operator gives
+/// `cluster`'s worker: each peer's networks via the gateway.
+pub fn route_worker(cluster: &Cluster, action: &str) -> Result<()> {
+    for p in peerings(cluster) {
+        for view in p.remote_views() {
+            let (view, via) = (view.to_string(), cluster.lan_gw().to_string());
+            ip(&cluster.node(), &["route", action, &view, "via", &via])?;
+        }
+    }
     Ok(())
 }
 
@@ -130,71 +126,6 @@ fn peerings(cluster: &Cluster) -> impl Iterator<Item = &'static Peering> {
         .filter(move |p| p.local.name == cluster.name)
 }
 
-/// The first address of `net`, as Liqo's `GetFirstIP`.
-fn first_ip(net: ipnet::Ipv4Net) -> Ipv4Addr {
-    Ipv4Addr::from(u32::from(net.network()) + 1)
-}
-
-/// Liqo v0.10's nat table on `cluster`'s gateway, for each of its peerings
-/// and its NatMappings.
-pub fn nat_rules(cluster: &Cluster) -> String {
-    let mut rules = String::from(
-        "*nat\n:LIQO-POSTROUTING - [0:0]\n:LIQO-PREROUTING - [0:0]\n-A POSTROUTING -j LIQO-POSTROUTING\n-A PREROUTING -j LIQO-PREROUTING\n",
-    );
-    for p in peerings(cluster) {
-        let id = p.remote.name.to_uppercase();
-        let (post, pre, map) = (
-            format!("LIQO-PSTRT-CLS-{id}"),
-            format!("LIQO-PRRT-CLS-{id}"),
-            format!("LIQO-PRRT-MAP-CLS-{id}"),
-        );
-        let [pod_view, ext_view] = p.remote_views();
-        let local = p.local.pod_cidr;
-        let local_nat_pod = p.local_nat_pod.unwrap_or(local);
-        let nat_ip = first_ip(local_nat_pod.parse().expect("CIDR"));
-        let _ = writeln!(rules, ":{post} - [0:0]\n:{pre} - [0:0]\n:{map} - [0:0]");
-        let _ = writeln!(rules, "-A LIQO-POSTROUTING -d {pod_view} -j {post}");
-        let _ = writeln!(rules, "-A LIQO-POSTROUTING -d {ext_view} -j {post}");
-        let _ = writeln!(
-            rules,
-            "-A LIQO-PREROUTING -s {pod_view} -d {} -j {map}",
-            p.local_external_view()
-        );
-        if let Some(nat_pod) = p.local_nat_pod {
-            let _ = writeln!(
-                rules,
-                "-A LIQO-PREROUTING -s {pod_view} -d {nat_pod} -j {pre}"
-            );
-            let _ = writeln!(
-                rules,
-                "-A {pre} -s {pod_view} -d {nat_pod} -j NETMAP --to {local}"
-            );
-            for view in [pod_view, ext_view] {
-                let _ = writeln!(
-                    rules,
-                    "-A {post} -s {local} -d {view} -j NETMAP --to {nat_pod}"
-                );
-            }
-        }
-        for view in [pod_view, ext_view] {
-            let _ = writeln!(
-                rules,
-                "-A {post} ! -s {local} -d {view} -j SNAT --to-source {nat_ip}"
-            );
-        }
-        let hub = NAT_MAPPING.is_for(p);
-        let entries = hub.then(|| NAT_MAPPING.entry()).into_iter();
-        for (endpoint, external) in entries.chain([(CONNCHECK_ADDR, p.conncheck_external())]) {
-            let _ = writeln!(
-                rules,
-                "-A {map} -d {external} -j DNAT --to-destination {endpoint}"
-            );
-        }
-    }
-    rules.push_str("COMMIT\n");
-    rules
-}
-
 /// One peer as the conncheck sees it.
 struct Peer {
     /// Where its PINGs go: the first host of its ExternalCIDR as we see it.
@@ -215,7 +146,7 @@ pub fn run_conncheck(cluster_name: &str) -> Result<()> {
     socket.set_read_timeout(Some(Duration::from_millis(100)))?;
     let mut peers: BTreeMap<String, Peer> = peerings(cluster)
         .map(|p| {
-            let target = first_ip(p.remote_views()[1]);
+            let target = crate::liqo_iptables::first_ip(p.remote_views()[1]);
             let peer = Peer {
                 target: (target, PORT).into(),
                 last_pong: None,
@@ -382,21 +313,5 @@ mod tests {
         assert_eq!(parse_go_time("1970-01-01T01:00:01.5+01:00"), Some(1.5));
         assert_eq!(parse_go_time("2024-03-01T10:20:30Z"), Some(1_709_288_430.0));
         assert_eq!(civil_from_days(19_783), (2024, 3, 1));
-    }
-
-    #[test]
-    fn liqos_rules_for_b_netmap_snat_and_dnat_the_natmapping() {
-        let rules = nat_rules(&crate::topology::B);
-        for rule in [
-            "-A LIQO-PSTRT-CLS-A -s 10.244.0.0/24 -d 10.0.40.0/24 -j NETMAP --to 10.0.0.0/24",
-            "-A LIQO-PSTRT-CLS-A ! -s 10.244.0.0/24 -d 10.0.41.0/24 -j SNAT --to-source 10.0.0.1",
-            "-A LIQO-PREROUTING -s 10.0.40.0/24 -d 10.0.1.0/24 -j LIQO-PRRT-MAP-CLS-A",
-            "-A LIQO-PRRT-CLS-A -s 10.0.40.0/24 -d 10.0.0.0/24 -j NETMAP --to 10.244.0.0/24",
-            "-A LIQO-PRRT-MAP-CLS-A -d 10.0.1.45 -j DNAT --to-destination 10.1.0.5",
-            "-A LIQO-PRRT-MAP-CLS-A -d 10.0.1.1 -j DNAT --to-destination 169.254.0.1",
-            "-A LIQO-PRRT-MAP-CLS-C -d 192.168.0.1 -j DNAT --to-destination 169.254.0.1",
-        ] {
-            assert!(rules.contains(rule), "no {rule:?} in:\n{rules}");
-        }
     }
 }
