@@ -115,11 +115,21 @@ impl TcpState {
 }
 
 /// The state after a packet with TCP `flags`. RST and FIN only move a flow
-/// towards its end; a bare SYN keeps it opening.
+/// towards its end; a bare SYN keeps it opening. A SYN after the end (a
+/// client reusing its port within the close timeout) opens a new
+/// connection on the same addresses and ports, as Linux's conntrack
+/// reopens one in TIME_WAIT.
 #[inline(always)]
 pub const fn next_tcp_state(current: TcpState, flags: u8) -> TcpState {
+    let ended = matches!(current, TcpState::Fin | TcpState::Rst);
     if flags & TCP_RST != 0 {
         TcpState::Rst
+    } else if ended && flags & (TCP_SYN | TCP_FIN) == TCP_SYN {
+        if flags & TCP_ACK == 0 {
+            TcpState::Syn
+        } else {
+            TcpState::Established
+        }
     } else if flags & TCP_FIN != 0 {
         match current {
             TcpState::Rst => TcpState::Rst,
@@ -136,6 +146,19 @@ pub const fn next_tcp_state(current: TcpState, flags: u8) -> TcpState {
             other => other,
         }
     }
+}
+
+/// Whether a flow whose directions are in `out` and `back` is a TCP
+/// connection that is over: both sides sent a FIN, or one a RST. Its
+/// entries are kept only for stray packets, and are the first to go when
+/// room is short, as Linux's conntrack drops closing connections first
+/// (`tcp_can_early_drop`).
+#[inline(always)]
+pub const fn tcp_closed(proto: u8, out: TcpState, back: TcpState) -> bool {
+    proto == PROTO_TCP
+        && (matches!(out, TcpState::Rst)
+            || matches!(back, TcpState::Rst)
+            || (matches!(out, TcpState::Fin) && matches!(back, TcpState::Fin)))
 }
 
 /// The key under which the reply to an outbound flow `out`, masqueraded as
@@ -276,6 +299,22 @@ mod tests {
         assert_eq!(next_tcp_state(Fin, TCP_RST), Rst);
         assert_eq!(next_tcp_state(Rst, TCP_FIN), Rst);
         assert_eq!(next_tcp_state(Established, TCP_RST | TCP_ACK), Rst);
+        // A port reused after the end: a new connection.
+        assert_eq!(next_tcp_state(Fin, TCP_SYN), Syn);
+        assert_eq!(next_tcp_state(Fin, TCP_SYN | TCP_ACK), Established);
+        assert_eq!(next_tcp_state(Rst, TCP_SYN), Syn);
+        assert_eq!(next_tcp_state(Fin, TCP_SYN | TCP_FIN), Fin);
+    }
+
+    #[test]
+    fn a_connection_is_over_once_both_sides_fin_or_one_resets() {
+        use TcpState::*;
+        assert!(tcp_closed(PROTO_TCP, Fin, Fin));
+        assert!(tcp_closed(PROTO_TCP, Established, Rst));
+        assert!(tcp_closed(PROTO_TCP, Rst, None));
+        assert!(!tcp_closed(PROTO_TCP, Fin, Established), "half closed");
+        assert!(!tcp_closed(PROTO_TCP, Syn, Fin), "reopened");
+        assert!(!tcp_closed(PROTO_UDP, Fin, Fin));
     }
 
     #[test]

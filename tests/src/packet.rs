@@ -37,6 +37,8 @@ pub enum L4 {
         dport: u16,
         payload: Vec<u8>,
     },
+    /// A TCP FIN with an ACK: its sender's side closes.
+    TcpFin { sport: u16, dport: u16 },
     /// A TCP SYN (a SYN-ACK with `ack`) with the options Linux sends: MSS
     /// `mss`, SACK permitted, timestamps, window scale.
     TcpSyn {
@@ -56,6 +58,17 @@ pub enum L4 {
         quoted: Box<Datagram>,
         quote_len: usize,
     },
+}
+
+/// Which flags a plain TCP segment carries.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Segment {
+    /// SYN.
+    Syn,
+    /// ACK.
+    Data,
+    /// FIN and ACK.
+    Fin,
 }
 
 /// An IPv4 datagram to build.
@@ -143,12 +156,13 @@ impl Datagram {
                 sport,
                 dport,
                 payload,
-            } => self.tcp_segment(*sport, *dport, payload, true),
+            } => self.tcp_segment(*sport, *dport, payload, Segment::Syn),
             L4::TcpData {
                 sport,
                 dport,
                 payload,
-            } => self.tcp_segment(*sport, *dport, payload, false),
+            } => self.tcp_segment(*sport, *dport, payload, Segment::Data),
+            L4::TcpFin { sport, dport } => self.tcp_segment(*sport, *dport, &[], Segment::Fin),
             L4::TcpSyn {
                 sport,
                 dport,
@@ -207,11 +221,12 @@ impl Datagram {
         sport: u16,
         dport: u16,
         payload: &[u8],
-        syn: bool,
+        segment: Segment,
     ) -> (Ipv4Header, Vec<u8>) {
         let mut tcp = TcpHeader::new(sport, dport, 1000, 64240);
-        tcp.syn = syn;
-        tcp.ack = !syn;
+        tcp.syn = segment == Segment::Syn;
+        tcp.ack = !tcp.syn;
+        tcp.fin = segment == Segment::Fin;
         let ip = self.header(tcp.header_len() + payload.len(), IpNumber::TCP);
         tcp.checksum = tcp.calc_checksum_ipv4(&ip, payload).expect("small payload");
         (ip, [tcp.to_bytes().as_slice(), payload].concat())

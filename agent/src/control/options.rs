@@ -207,10 +207,13 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u8).range(0..=90))]
     pub flow_reserve_percent: u8,
     /// How much of each flow table one peer's flows may hold: `equal` (the
-    /// peers' room split equally among the peers), or a percentage of the
-    /// peers' room. Past it, the peer's new flows are refused, and its
-    /// flows never answered are evicted, oldest first.
-    #[arg(long, default_value = "equal", value_parser = parse_share)]
+    /// peers' room split equally among the peers), a percentage of the
+    /// peers' room, or `equal-or-P` (an equal part, or P% where that is
+    /// more: with many peers, an equal part is too small for a burst of
+    /// connections). Past a quarter of it, the peer's connections that are over
+    /// are evicted; past it, its new flows are refused, and its flows never
+    /// answered are evicted, oldest first.
+    #[arg(long, default_value = "equal-or-25", value_parser = parse_share)]
     pub flow_share: Share,
     /// What objects may ask of this node.
     #[command(flatten)]
@@ -339,15 +342,40 @@ impl PolicyArgs {
     }
 }
 
-/// Parses `--flow-share`: `equal`, or a percentage from 1 to 100.
+/// Parses `--flow-share`: `equal`, a percentage from 1 to 100, or
+/// `equal-or-` and such a percentage.
 fn parse_share(value: &str) -> Result<Share, String> {
+    let percent = |v: &str| match v.trim_end_matches('%').parse::<u8>() {
+        Ok(p @ 1..=100) => Some(p),
+        _ => None,
+    };
     if value == "equal" {
         return Ok(Share::Equal);
     }
-    match value.trim_end_matches('%').parse::<u8>() {
-        Ok(percent @ 1..=100) => Ok(Share::Percent(percent)),
-        _ => Err(format!(
-            "`{value}` is neither `equal` nor a percentage from 1 to 100"
-        )),
+    let share = match value.strip_prefix("equal-or-") {
+        Some(p) => percent(p).map(Share::EqualOrPercent),
+        None => percent(value).map(Share::Percent),
+    };
+    share.ok_or_else(|| {
+        format!(
+            "`{value}` is not `equal`, a percentage from 1 to 100, or `equal-or-` and a percentage"
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flow_shares_parse_and_bad_ones_say_what_is_accepted() {
+        assert_eq!(parse_share("equal"), Ok(Share::Equal));
+        assert_eq!(parse_share("40"), Ok(Share::Percent(40)));
+        assert_eq!(parse_share("40%"), Ok(Share::Percent(40)));
+        assert_eq!(parse_share("equal-or-25"), Ok(Share::EqualOrPercent(25)));
+        for bad in ["0", "101", "equal-or-0", "equal-or-", "fair", "-5"] {
+            let e = parse_share(bad).unwrap_err();
+            assert!(e.contains(&format!("`{bad}`")), "{e}");
+        }
     }
 }

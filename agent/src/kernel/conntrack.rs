@@ -11,7 +11,9 @@ use std::{
 
 use aya::maps::{Array, HashMap, IterableMap as _, Map, MapData, MapError};
 use isthmus_common::{
-    conntrack::{DIR_IN, DIR_OUT, FlowKey, FlowNat, SnatConfig, Timeouts, reply_key},
+    conntrack::{
+        DIR_IN, DIR_OUT, FlowKey, FlowNat, SnatConfig, TcpState, Timeouts, reply_key, tcp_closed,
+    },
     isolation::PeerFlow,
     names,
     room::FlowTable,
@@ -45,6 +47,9 @@ pub struct Tracked {
     pub last_seen: u64,
     /// Past its lifetime.
     pub dead: bool,
+    /// A TCP connection that is over, kept only for stray packets
+    /// ([`tcp_closed`]).
+    pub closed: bool,
 }
 
 impl Tracked {
@@ -150,6 +155,7 @@ impl SweptTable for Conntrack {
                 answered: back.answered != 0,
                 last_seen: nat.last_seen.max(back.last_seen),
                 dead: timeouts.expired(key.proto, nat, back, now),
+                closed: closed(key.proto, nat.state, back.state),
             });
         }
         for (key, nat) in entries.iter().filter(|(k, _)| k.dir == DIR_IN) {
@@ -161,6 +167,7 @@ impl SweptTable for Conntrack {
                     answered: nat.answered != 0,
                     last_seen: nat.last_seen,
                     dead: timeouts.expired(key.proto, nat, nat, now),
+                    closed: closed(key.proto, nat.state, nat.state),
                 });
             }
         }
@@ -203,6 +210,7 @@ impl SweptTable for PeerFlows {
                 answered: flow.answered != 0,
                 last_seen: flow.last_seen,
                 dead: flow.expired(key.proto, timeouts, now),
+                closed: closed(key.proto, flow.ours, flow.theirs),
             })
             .collect())
     }
@@ -210,6 +218,11 @@ impl SweptTable for PeerFlows {
     fn remove(&mut self, keys: &[FlowKey]) -> usize {
         remove_all(&mut self.0, keys)
     }
+}
+
+/// [`tcp_closed`] of two directions' stored states.
+fn closed(proto: u8, out: u8, back: u8) -> bool {
+    tcp_closed(proto, TcpState::from_u8(out), TcpState::from_u8(back))
 }
 
 /// Removes `keys` from `table`; returns how many it removed. Already gone
@@ -244,6 +257,7 @@ pub(crate) mod tests {
             answered: false,
             last_seen,
             dead: false,
+            closed: false,
         }
     }
 }

@@ -20,7 +20,7 @@ use isthmus_agent::{
     observe::metrics::{BuildInfo, Metrics},
 };
 use isthmus_common::{
-    conntrack::{TcpState, Timeouts},
+    conntrack::{DIR_IN, DIR_OUT, TcpState, Timeouts},
     counters::{self, DenyReason, Direction, DropReason, Kind, Link, Outcome},
     ipv4::PROTO_TCP,
     isolation::AllowKey,
@@ -981,6 +981,51 @@ fn a_full_table_drops_new_flows_evicts_none_and_dead_flows_are_collected() {
         .unwrap();
     assert_eq!((gone.live, gone.removed), (0, 4));
     h.expect(Egress, &third, &third.between(A_MASQ_AT_B, B_POD1));
+}
+
+/// A connection both sides closed is over, and the collector sees it so;
+/// a SYN from the same port (a client reusing it within the close
+/// timeout) opens a new one on the same masquerade, which is not.
+#[test]
+fn a_closed_connection_is_over_until_a_syn_from_its_port_opens_it_anew() {
+    use Direction::{Egress, Ingress};
+    let h = Harness::build(Some(A_MASQ), names::DEFAULT_CONNTRACK);
+    let fin = |src, dst, sport, dport| Datagram::new(src, dst, L4::TcpFin { sport, dport });
+    let syn_ack = |src, dst, sport, dport| {
+        let l4 = L4::TcpSyn {
+            sport,
+            dport,
+            ack: true,
+            mss: TUNNEL_MSS,
+        };
+        Datagram::new(src, dst, l4)
+    };
+    let open = || {
+        let syn = tcp_ports(NODE, B_POD1, 40001, 80);
+        h.expect(Egress, &syn, &syn.between(A_MASQ_AT_B, B_POD1));
+        let answer = syn_ack(B_POD1, A_MASQ_AT_B, 80, 40001);
+        h.expect(Ingress, &answer, &answer.between(B_POD1, NODE));
+    };
+    let states = || {
+        let entries = h.conntrack.entries().unwrap();
+        let state = |dir| {
+            let (_, nat) = entries.iter().find(|(k, _)| k.dir == dir).unwrap();
+            TcpState::from_u8(nat.state)
+        };
+        let flows = h.conntrack.flows(0, &Timeouts::DEFAULT).unwrap();
+        assert_eq!((entries.len(), flows.len()), (2, 1), "one flow");
+        (state(DIR_OUT), state(DIR_IN), flows[0].closed)
+    };
+    open();
+    assert_eq!(states(), (TcpState::Syn, TcpState::Established, false));
+    let ours = fin(NODE, B_POD1, 40001, 80);
+    h.expect(Egress, &ours, &ours.between(A_MASQ_AT_B, B_POD1));
+    assert_eq!(states(), (TcpState::Fin, TcpState::Established, false));
+    let theirs = fin(B_POD1, A_MASQ_AT_B, 80, 40001);
+    h.expect(Ingress, &theirs, &theirs.between(B_POD1, NODE));
+    assert_eq!(states(), (TcpState::Fin, TcpState::Fin, true));
+    open();
+    assert_eq!(states(), (TcpState::Syn, TcpState::Established, false));
 }
 
 /// The collector reads a table of many thousand entries whole, though the

@@ -184,3 +184,107 @@ fn one_peers_flood_fills_only_its_share_of_a_default_conntrack() {
         refusal_lines(&std::fs::read_to_string(&log).unwrap_or_default()) > lines_before
     });
 }
+
+/// b-gw's agent run with a conntrack of [`SMALL_CONNTRACK`] entries, and
+/// restored as the lab runs it on drop.
+struct SmallConntrack(u32);
+
+/// a's share of it: 10% kept for b-gw, the rest split between b's two
+/// peers: 1,800 entries, 900 flows.
+const SMALL_CONNTRACK: u32 = 4000;
+const SMALL_SHARE_FLOWS: usize = 900;
+
+impl SmallConntrack {
+    fn start() -> Self {
+        let gw = B.gw();
+        lab::stop_agent(&gw).unwrap();
+        lab::clean_up_agent(&gw).unwrap();
+        let mut args = lab::agent_args(&gw).unwrap();
+        args.push(format!("--conntrack-capacity={SMALL_CONNTRACK}"));
+        let log = lab::log_file(&format!("{gw}-small-conntrack"));
+        let pid = lab::spawn_agent(&gw, &args, &log).unwrap();
+        lab::wait_ready_in(&gw, pid, &log).unwrap();
+        Self(pid)
+    }
+}
+
+impl Drop for SmallConntrack {
+    fn drop(&mut self) {
+        let gw = B.gw();
+        let restored = lab::stop_pid(self.0)
+            .and_then(|()| lab::clean_up_agent(&gw).map(drop))
+            .and_then(|()| lab::start_agent(&gw))
+            .and_then(|_| lab::wait_ready(&gw));
+        if let Err(e) = restored {
+            eprintln!("restoring {gw}'s agent: {e:#}");
+        }
+    }
+}
+
+/// A connection both sides closed stays in b-gw's conntrack for stray
+/// packets (10 s), charged to a; once a's share is a quarter full, the
+/// collector takes a's connections that are over, so that a client
+/// opening connection after connection, far more than a's share within
+/// the close timeout, is never held up for long.
+#[test]
+fn a_peers_connections_that_are_over_leave_room_in_its_share() {
+    require_lab();
+    const CONNECTIONS: usize = 3 * SMALL_SHARE_FLOWS;
+    let _small = SmallConntrack::start();
+    let evictions = || {
+        let labels = [("table", "conntrack"), ("owner", A_ID)];
+        lab::metric_sum(&B.gw(), "isthmus_flow_table_evictions_total", &labels).unwrap_or(0.0)
+    };
+    let evicted_before = evictions();
+    let port = next_port();
+    let listener = netns::run_in(&C.pod(1), || {
+        TcpListener::bind((Ipv4Addr::UNSPECIFIED, port))
+    })
+    .unwrap()
+    .unwrap();
+    let server = thread::spawn(move || {
+        for _ in 0..CONNECTIONS {
+            let (mut stream, _) = listener.accept().unwrap();
+            let mut byte = [0; 1];
+            if stream.read_exact(&mut byte).is_ok() {
+                let _ = stream.write_all(&byte);
+                let _ = stream.read(&mut byte);
+            }
+        }
+    });
+    let target = SocketAddr::from((HUB_TARGET, port));
+    let started = Instant::now();
+    let slowest = netns::run_in(&A.pod(1), || {
+        (0..CONNECTIONS)
+            .map(|i| {
+                let began = Instant::now();
+                // A refused SYN is sent again after 1 s, and again 2 s later.
+                let mut stream = TcpStream::connect_timeout(&target, Duration::from_secs(3))
+                    .unwrap_or_else(|e| panic!("connection {} of {CONNECTIONS}: {e}", i + 1));
+                stream
+                    .set_read_timeout(Some(Duration::from_secs(3)))
+                    .unwrap();
+                stream.write_all(b"?").unwrap();
+                let mut byte = [0; 1];
+                stream.read_exact(&mut byte).unwrap();
+                began.elapsed()
+            })
+            .max()
+            .unwrap()
+    })
+    .unwrap();
+    let took = started.elapsed();
+    server.join().unwrap();
+    eprintln!("{CONNECTIONS} connections in {took:?}, the slowest {slowest:?}");
+    assert!(
+        took < Duration::from_secs(10),
+        "{CONNECTIONS} connections took {took:?}: past the close timeout, \
+         a's share could have emptied by expiry alone"
+    );
+    let evicted = evictions() - evicted_before;
+    assert!(
+        evicted >= (CONNECTIONS - SMALL_SHARE_FLOWS) as f64,
+        "b-gw evicted {evicted} of a's flows: its connections that were over \
+         did not make room"
+    );
+}

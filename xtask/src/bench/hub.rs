@@ -181,8 +181,9 @@ NatMapping) and masquerades towards c; `c-gw` forwards to `c-pod1`.
 - **isthmus**: the agents as the DaemonSets run them, with n − 1
   synthetic peers on `a-gw` and `b-gw` besides the lab's own: b's
   masquerade keeps each flow in its conntrack, charged to a's share of
-  the table (`--flow-share=equal`, the default: the peers' room split
-  equally among b's peers).
+  the table (`--flow-share=equal-or-25`, the default: an equal part of
+  the peers' room, or 25% of it where that is more); once a holds a
+  quarter of it, b's agent evicts a's connections that are over.
 
 Each round measures 64-byte UDP packets, then connections. Packets are
 the NAT bench's trafgen flows (256 source ports), answered once by `c-pod1`

@@ -58,6 +58,8 @@ pub struct Sweeper<T> {
     owners: BTreeSet<u32>,
     /// Refusals counted so far, by owner and reason.
     refused: BTreeMap<(u32, Short), u64>,
+    /// What each owner held when the last pass ended.
+    left: BTreeMap<u32, u64>,
     /// Refusals and evictions since the last log line, by owner.
     unlogged: BTreeMap<u32, (u64, usize)>,
 }
@@ -92,13 +94,21 @@ pub async fn collect(tables: FlowTables, sharing: Sharing, metrics: Arc<Metrics>
     let mut ticks = tokio::time::interval(PRESSURE_CHECK);
     let mut last_sweep: Option<Instant> = None;
     let mut last_peers = None;
+    let mut run_loop_alive = true;
     loop {
-        ticks.tick().await;
+        // A pass that wrote peers wakes the collector at once: a new
+        // peer's share is bounded from its first flows, not a tick later.
+        let written = tokio::select! {
+            _ = ticks.tick() => peers_written.has_changed().unwrap_or(true),
+            changed = peers_written.changed(), if run_loop_alive => {
+                run_loop_alive = changed.is_ok();
+                true
+            }
+        };
         let sweep = last_sweep.is_none_or(|at| at.elapsed() >= sharing.every);
         // Read again only after a pass, and at each sweep in case a pass
         // was missed: with thousands of peers, reading the table is most
         // of an idle collector's work.
-        let written = peers_written.has_changed().unwrap_or(true);
         let (peers, changed) = match last_peers.take() {
             Some(kept) if !written && !sweep => (kept, false),
             before => {
@@ -160,12 +170,14 @@ impl<T: SweptTable> Sweeper<T> {
             reserve,
             owners: BTreeSet::from([OWNER_LOCAL]),
             refused: BTreeMap::new(),
+            left: BTreeMap::new(),
             unlogged: BTreeMap::new(),
         }
     }
 
     /// One pass over `table`, sharing it among `peers` (their IDs): only
-    /// when due (`due`) or when the kernel refused flows since the last one.
+    /// when due (`due`), when the kernel refused flows since the last one,
+    /// or when a peer's flows are [`Sweeper::filling`] its share.
     pub fn pass(
         &mut self,
         table: &mut T,
@@ -180,19 +192,53 @@ impl<T: SweptTable> Sweeper<T> {
             Ok(pressure) => pressure,
             Err(e) => return error!(table = T::TABLE.as_str(), error = %e, "reading refusals"),
         };
-        if !due && pressure == Pressure::default() {
+        let limits = Limits::new(self.capacity, self.reserve, sharing.share, peers.len());
+        if !due && pressure == Pressure::default() && !self.filling(rooms, &limits) {
             return;
         }
-        let limits = Limits::new(self.capacity, self.reserve, sharing.share, peers.len());
         match self.sweep(table, rooms, &limits, &pressure, metrics) {
-            // An owner that holds nothing and is no peer any more needs no room.
-            Ok(held) => self.owners.retain(|o| {
-                *o == OWNER_LOCAL
-                    || held.contains_key(o)
-                    || peers.iter().any(|p| owner_of(*p) == *o)
-            }),
+            Ok(held) => {
+                // An owner that holds nothing and is no peer any more needs
+                // no room.
+                self.owners.retain(|o| {
+                    *o == OWNER_LOCAL
+                        || held.contains_key(o)
+                        || peers.iter().any(|p| owner_of(*p) == *o)
+                });
+                self.left = held;
+            }
             Err(e) => error!(table = T::TABLE.as_str(), error = %e, "collecting a flow table"),
         }
+    }
+
+    /// Whether a peer holds more than [`Limits::closed_kept`] and grew by
+    /// an eighth of its share since the last pass: a pass then collects its
+    /// connections that are over before they cost it refusals. With no
+    /// peer busy, one read of the peers' total rules it out.
+    fn filling(&self, rooms: &Rooms, limits: &Limits) -> bool {
+        let kept = limits.closed_kept();
+        let held = |owner| {
+            rooms
+                .room(T::TABLE, owner)
+                .map(|room| room.used(room.charged))
+        };
+        let grown = || -> Result<bool, MapError> {
+            if held(ALL_PEERS)? <= kept {
+                return Ok(false);
+            }
+            for &owner in self.owners.iter().filter(|o| **o != OWNER_LOCAL) {
+                let before = self.left.get(&owner).copied().unwrap_or(0);
+                let now = held(owner)?;
+                if now > kept && now > before + limits.per_peer / 8 {
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        };
+        grown().unwrap_or_else(|e| {
+            error!(table = T::TABLE.as_str(), error = %e, "reading the rooms");
+            false
+        })
     }
 
     /// What the kernel refused since the last pass; counts it.

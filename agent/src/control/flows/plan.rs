@@ -1,7 +1,7 @@
 //! What one collection of a flow table removes: the dead flows, then,
-//! where room is short, flows the far side never answered, oldest first,
-//! as Linux conntrack's early drop does. A flow both sides spoke in is
-//! never evicted to make room. Pure: the collector reads the table and
+//! where room is short, connections that are over and flows the far side
+//! never answered, oldest first, as Linux conntrack's early drop does. A
+//! live flow both sides spoke in is never evicted to make room. Pure: the collector reads the table and
 //! the refusal counters, and applies the plan.
 
 use std::collections::{BTreeMap, HashSet};
@@ -22,6 +22,11 @@ pub enum Share {
     /// add up to more than the room: the peers' room still bounds them
     /// together).
     Percent(u8),
+    /// An equal part, or this percentage where that is more: with many
+    /// peers, an equal part would leave each too little for a burst of
+    /// connections, while one peer still never takes more than the
+    /// percentage.
+    EqualOrPercent(u8),
 }
 
 /// The limits of one table, in entries.
@@ -39,14 +44,27 @@ impl Limits {
     /// kept for the gateway's own flows, shared by `peers` peers.
     pub fn new(capacity: u64, reserve: u64, share: Share, peers: usize) -> Self {
         let all_peers = capacity.saturating_sub(reserve).max(1);
+        let equal = all_peers / peers.max(1) as u64;
+        let percent = |p: u8| all_peers * u64::from(p.min(100)) / 100;
         let per_peer = match share {
-            Share::Equal => all_peers / peers.max(1) as u64,
-            Share::Percent(percent) => all_peers * u64::from(percent.min(100)) / 100,
+            Share::Equal => equal,
+            Share::Percent(p) => percent(p),
+            Share::EqualOrPercent(p) => equal.max(percent(p)),
         };
         Self {
             per_peer: per_peer.max(1),
             all_peers,
         }
+    }
+}
+
+impl Limits {
+    /// What an owner may hold before its connections that are over are
+    /// evicted: a quarter of its share, so that the collector, which
+    /// looks every second, takes them before a client opening up to three
+    /// quarters of a share each second fills it.
+    pub fn closed_kept(&self) -> u64 {
+        self.per_peer / 4
     }
 }
 
@@ -89,16 +107,26 @@ pub fn plan(table: FlowTable, flows: &[Tracked], limits: &Limits, pressure: &Pre
             live.push(flow);
         }
     }
-    // Candidates for eviction: never answered, oldest first.
-    let mut unanswered: Vec<&Tracked> = live.into_iter().filter(|f| !f.answered).collect();
-    unanswered.sort_by_key(|f| f.last_seen);
+    // Candidates for eviction: connections that are over, then flows
+    // never answered, oldest first.
+    let mut candidates: Vec<&Tracked> = live
+        .into_iter()
+        .filter(|f| f.closed || !f.answered)
+        .collect();
+    candidates.sort_by_key(|f| (!f.closed, f.last_seen));
     let mut evictor = Evictor {
-        unanswered,
+        candidates,
         gone: HashSet::new(),
         plan,
     };
     let owners: Vec<(u32, u64)> = evictor.plan.held.iter().map(|(o, h)| (*o, *h)).collect();
     for (owner, held) in owners.into_iter().filter(|(o, _)| *o != OWNER_LOCAL) {
+        // An owner's connections that are over go before they cost it a
+        // refusal.
+        if held > limits.closed_kept() {
+            evictor.evict(u64::MAX, |f| f.closed && owner_of(f.owner) == owner);
+        }
+        let held = evictor.plan.held.get(&owner).copied().unwrap_or(0);
         let refused = pressure.share.get(&owner).copied().unwrap_or(0);
         let need =
             held.saturating_sub(limits.per_peer) + (refused * per_flow).min(limits.per_peer / 2);
@@ -121,19 +149,20 @@ pub fn plan(table: FlowTable, flows: &[Tracked], limits: &Limits, pressure: &Pre
     evictor.plan
 }
 
-/// Evicts unanswered flows, oldest first.
+/// Evicts connections that are over, then flows never answered, oldest
+/// first.
 struct Evictor<'a> {
-    unanswered: Vec<&'a Tracked>,
+    candidates: Vec<&'a Tracked>,
     gone: HashSet<usize>,
     plan: Plan,
 }
 
 impl Evictor<'_> {
-    /// Frees at least `need` entries, if enough unanswered flows that
-    /// `chosen` picks exist.
+    /// Frees at least `need` entries, if enough candidates that `chosen`
+    /// picks exist.
     fn evict(&mut self, need: u64, chosen: impl Fn(&Tracked) -> bool) {
         let mut freed = 0;
-        for (i, flow) in self.unanswered.iter().enumerate() {
+        for (i, flow) in self.candidates.iter().enumerate() {
             if freed >= need {
                 break;
             }
@@ -185,6 +214,55 @@ mod tests {
         let fixed = Limits::new(1000, 100, Share::Percent(50), 3);
         assert_eq!((fixed.per_peer, fixed.all_peers), (450, 900));
         assert_eq!(Limits::new(10, 20, Share::Equal, 1).all_peers, 1);
+        let floor = |peers| Limits::new(1000, 100, Share::EqualOrPercent(25), peers).per_peer;
+        assert_eq!(floor(2), 450, "an equal part where it is more");
+        assert_eq!(floor(200), 225, "the percentage where it is more");
+    }
+
+    /// `count` connections of `owner` that are over, answered, seen from
+    /// `from` on.
+    fn closed(owner: u32, count: u32, from: u64) -> Vec<Tracked> {
+        let mut all = flows(FlowTable::Conntrack, owner, count, true, from);
+        all.iter_mut().for_each(|f| f.closed = true);
+        all
+    }
+
+    #[test]
+    fn past_a_quarter_of_its_share_an_owner_loses_its_connections_that_are_over() {
+        // Shares of 20 entries. a holds 4 live and 8 closed flows (24
+        // entries, past a quarter): the closed go. c holds 2 closed flows
+        // (4 entries, under a quarter): they stay until they expire.
+        let ct = FlowTable::Conntrack;
+        let mut all = flows(ct, A, 4, true, 0);
+        all.extend(closed(A, 8, 50));
+        all.extend(closed(C, 2, 60));
+        let limits = Limits::new(40, 0, Share::Equal, 2);
+        assert_eq!(limits.closed_kept(), 5);
+        let plan = plan(ct, &all, &limits, &Pressure::default());
+        assert_eq!(plan.evicted, BTreeMap::from([(A, 8)]));
+        assert_eq!((plan.held[&A], plan.held[&C]), (8, 4));
+    }
+
+    #[test]
+    fn refused_owners_lose_connections_that_are_over_before_unanswered_flows() {
+        // a's share is 40 entries: it holds 3 unanswered and 2 closed
+        // flows (10, a quarter), and was refused 2 flows.
+        let ct = FlowTable::Conntrack;
+        let mut all = flows(ct, A, 3, false, 0);
+        all.extend(closed(A, 2, 100));
+        let limits = Limits::new(80, 0, Share::Equal, 2);
+        let pressure = Pressure {
+            share: BTreeMap::from([(A, 2)]),
+            ..Pressure::default()
+        };
+        let plan = plan(ct, &all, &limits, &pressure);
+        assert_eq!(plan.evicted, BTreeMap::from([(A, 2)]));
+        let gone: Vec<bool> = all
+            .iter()
+            .filter(|f| plan.remove.contains(&f.keys()[0]))
+            .map(|f| f.closed)
+            .collect();
+        assert_eq!(gone, [true, true], "the closed ones, though newer");
     }
 
     #[test]
