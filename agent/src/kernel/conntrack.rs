@@ -73,6 +73,23 @@ pub trait SweptTable {
     /// the kernel may have lost a race for an entry.
     fn remove(&mut self, keys: &[FlowKey]) -> usize;
 
+    /// Whether `flow`'s entries, read again, still hold a connection that
+    /// is over; false if one is gone.
+    fn still_closed(&self, flow: &Tracked) -> bool;
+
+    /// Removes the flows among `closed` that are still over, each read
+    /// again just before: a SYN from the same port may have opened one
+    /// anew since the table was read. Returns the entries removed.
+    fn remove_closed(&mut self, closed: &[Tracked]) -> usize {
+        let mut removed = 0;
+        for flow in closed {
+            if self.still_closed(flow) {
+                removed += self.remove(flow.keys());
+            }
+        }
+        removed
+    }
+
     /// Removes the flows dead at `now`, all entries of a flow together.
     fn remove_dead(&mut self, now: u64, timeouts: &Timeouts) -> Result<Collected, MapError> {
         let flows = self.flows(now, timeouts)?;
@@ -177,6 +194,19 @@ impl SweptTable for Conntrack {
     fn remove(&mut self, keys: &[FlowKey]) -> usize {
         remove_all(&mut self.flows, keys)
     }
+
+    fn still_closed(&self, flow: &Tracked) -> bool {
+        let states: Option<Vec<u8>> = flow
+            .keys()
+            .iter()
+            .map(|key| self.flows.get(key, 0).ok().map(|nat| nat.state))
+            .collect();
+        match states.as_deref() {
+            Some([out, back]) => closed(flow.keys[0].proto, *out, *back),
+            Some([only]) => closed(flow.keys[0].proto, *only, *only),
+            _ => false,
+        }
+    }
 }
 
 /// The flows our side opened towards segregated peers (`ist_peer_flows`),
@@ -217,6 +247,13 @@ impl SweptTable for PeerFlows {
 
     fn remove(&mut self, keys: &[FlowKey]) -> usize {
         remove_all(&mut self.0, keys)
+    }
+
+    fn still_closed(&self, flow: &Tracked) -> bool {
+        let key = &flow.keys[0];
+        self.0
+            .get(key, 0)
+            .is_ok_and(|f| closed(key.proto, f.ours, f.theirs))
     }
 }
 

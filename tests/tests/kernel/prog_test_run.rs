@@ -1024,8 +1024,15 @@ fn a_closed_connection_is_over_until_a_syn_from_its_port_opens_it_anew() {
     let theirs = fin(B_POD1, A_MASQ_AT_B, 80, 40001);
     h.expect(Ingress, &theirs, &theirs.between(B_POD1, NODE));
     assert_eq!(states(), (TcpState::Fin, TcpState::Fin, true));
+    let read = h.conntrack.flows(0, &Timeouts::DEFAULT).unwrap()[0];
+    assert!(h.conntrack.still_closed(&read));
     open();
     assert_eq!(states(), (TcpState::Syn, TcpState::Established, false));
+    // The collector read it closed, but it is open now: it stays.
+    assert!(!h.conntrack.still_closed(&read));
+    let mut h = h;
+    assert_eq!(h.conntrack.remove_closed(&[read]), 0);
+    assert_eq!(h.conntrack.entries().unwrap().len(), 2);
 }
 
 /// The collector reads a table of many thousand entries whole, though the

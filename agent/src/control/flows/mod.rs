@@ -292,6 +292,7 @@ impl<T: SweptTable> Sweeper<T> {
         let flows = swept.flows(conntrack::now(), &Timeouts::DEFAULT)?;
         let plan = plan(table, &flows, limits, pressure);
         swept.remove(&plan.remove);
+        swept.remove_closed(&plan.remove_closed);
         debug!(
             table = table.as_str(),
             expired = plan.expired,
