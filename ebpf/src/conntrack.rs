@@ -46,8 +46,10 @@ const PORT_TRIES: u32 = 8;
 /// A busy entry's timestamp is rewritten at most this often (ns): a write
 /// per packet would bounce its cache line between CPUs.
 const REFRESH_NS: u64 = 1_000_000_000;
-/// `-E2BIG`: the map is full.
-pub(crate) const E2BIG: i32 = -7;
+/// `-EEXIST`: the key is taken. Any other failure to insert means no
+/// room: the map is full (`-E2BIG`), or, in a map allocated on demand,
+/// the kernel had no memory at hand (`-ENOMEM`).
+pub(crate) const EEXIST: i32 = -17;
 
 /// Why a flow could not be masqueraded.
 pub enum Refused {
@@ -174,12 +176,12 @@ fn insert(
         let reply = reply_key(key, &nat);
         match FLOWS.insert(reply, back, BPF_NOEXIST as u64) {
             Ok(()) => return claim(key, &reply, nat),
-            Err(E2BIG) => return Err(Refused::Full),
-            Err(_) => {
+            Err(EEXIST) => {
                 // SAFETY: bpf_get_prandom_u32 has no preconditions.
                 let r = unsafe { bpf_get_prandom_u32() };
                 nat.port = PORT_MIN + (r % (u16::MAX as u32 - PORT_MIN as u32 + 1)) as u16;
             }
+            Err(_) => return Err(Refused::Full),
         }
     }
     Err(Refused::NoPort)
@@ -196,7 +198,7 @@ fn claim(key: &FlowKey, reply: &FlowKey, nat: FlowNat) -> Result<FlowNat, Refuse
             let _ = FLOWS.remove(reply);
             // SAFETY: a u64-aligned value copied out at once.
             match unsafe { FLOWS.get(key) } {
-                Some(existing) if e != E2BIG => {
+                Some(existing) if e == EEXIST => {
                     room::give_back(FlowTable::Conntrack, nat.owner);
                     Ok(*existing)
                 }

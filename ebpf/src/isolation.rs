@@ -18,7 +18,7 @@ use isthmus_common::{
 };
 
 use crate::{
-    conntrack::{self, E2BIG},
+    conntrack::{self, EEXIST},
     maps::ON_DEMAND,
     parse::{Packet, Transport},
     room, stack,
@@ -72,7 +72,7 @@ pub fn remember(peer_id: u32, t: &Transport, ours: Be32, theirs: Be32) -> Result
         Ok(()) => Ok(()),
         Err(e) => {
             room::give_back(FlowTable::PeerFlows, peer_id);
-            if e != E2BIG {
+            if e == EEXIST {
                 // Another CPU inserted it first: remembered all the same.
                 return Ok(());
             }
