@@ -37,7 +37,7 @@ use xtask::{
     cmd::{ip, run},
     lab, netns,
     objects::TunnelEndpoint,
-    topology::{A, B, Cluster, PEERINGS, Peering},
+    topology::{A, B, Cluster, PEERINGS, Peering, synthetic_peer_views},
     wait,
 };
 
@@ -329,25 +329,31 @@ fn median(values: &[f64]) -> f64 {
     sorted[sorted.len() / 2]
 }
 
-/// Starts the gateway agents if they are not running.
-fn enable_isthmus() -> Result<()> {
-    for gw in [A.gw(), B.gw()] {
-        if lab::agent_pid(&gw).is_none() {
-            lab::start_agent(&gw)?;
-            lab::wait_ready(&gw)?;
+/// The gateways of the double NAT between a and b.
+fn nat_gateways() -> [String; 2] {
+    [A.gw(), B.gw()]
+}
+
+/// Starts the agents of `nodes` that are not running.
+fn enable_isthmus(nodes: &[String]) -> Result<()> {
+    for node in nodes {
+        if lab::agent_pid(node).is_none() {
+            lab::start_agent(node)?;
+            lab::wait_ready(node)?;
         }
     }
     Ok(())
 }
 
-/// Stops the gateway agents and removes their programs: no NAT anywhere.
-fn disable_isthmus() -> Result<()> {
-    for gw in [A.gw(), B.gw()] {
-        if lab::agent_pid(&gw).is_none() && !lab::bpffs(&gw).exists() {
+/// Stops the agents of `nodes` and removes their programs: no Isthmus
+/// there.
+fn disable_isthmus(nodes: &[String]) -> Result<()> {
+    for node in nodes {
+        if lab::agent_pid(node).is_none() && !lab::bpffs(node).exists() {
             continue;
         }
-        lab::stop_agent(&gw)?;
-        lab::clean_up_agent(&gw)?;
+        lab::stop_agent(node)?;
+        lab::clean_up_agent(node)?;
     }
     Ok(())
 }
@@ -357,9 +363,8 @@ fn disable_isthmus() -> Result<()> {
 fn synthetic_peers(local: &Cluster, count: usize) -> Vec<String> {
     (1..count)
         .map(|i| {
-            let view = |second: u8| format!("10.{second}.{i}.0/24");
-            let (local_pod, local_ext, remote_pod, remote_ext) =
-                (view(130), view(131), view(128), view(129));
+            let [local_pod, local_ext, remote_pod, remote_ext] =
+                synthetic_peer_views(i).map(|net| net.to_string());
             TunnelEndpoint::new(&format!("tep-bench-{i}"), &format!("liqo-tenant-bench-{i}"))
                 .local([local.pod_cidr, &local_pod, local.external_cidr, &local_ext])
                 .remote(["10.50.0.0/24", &remote_pod, "192.168.50.0/24", &remote_ext])

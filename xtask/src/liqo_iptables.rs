@@ -14,11 +14,34 @@
 //! its gateway's netns `liqo-netns`, a veth hop from the host; the lab
 //! installs them on the gateway itself, which spares Liqo that hop.
 
-use std::{fmt::Write as _, net::Ipv4Addr};
+use std::{fmt::Write as _, fs, net::Ipv4Addr, process::Command};
 
+use anyhow::{Result, bail};
 use ipnet::Ipv4Net;
 
-use crate::topology::{CONNCHECK_ADDR, Cluster, NAT_MAPPING, PEERINGS, Peering};
+use crate::{
+    lab,
+    topology::{CONNCHECK_ADDR, Cluster, NAT_MAPPING, PEERINGS, Peering, synthetic_peer_views},
+};
+
+/// Installs [`rules`] on `local`'s gateway with `iptables-restore`,
+/// keeping them in the lab's state directory for whoever debugs a run.
+pub fn install(local: &Cluster, synthetic: usize) -> Result<()> {
+    let gw = local.gw();
+    let path = lab::state(&format!("liqo-v0.10.3-{}.rules", local.name));
+    fs::write(&path, rules(local, synthetic))?;
+    let status = Command::new("ip")
+        .args(["netns", "exec", &gw, "iptables-restore"])
+        .stdin(fs::File::open(&path)?)
+        .status()?;
+    if !status.success() {
+        bail!(
+            "iptables-restore in {gw} failed ({status}); rules in {}",
+            path.display()
+        );
+    }
+    Ok(())
+}
 
 /// The chains, rules and order Liqo v0.10.3 gives `local`'s gateway:
 /// `synthetic` peers of the benches first, then each of the lab's
@@ -91,21 +114,16 @@ impl Peer {
         }
     }
 
-    /// Synthetic peer `i` (10.128-131.i.0/24), as the benches give Isthmus.
+    /// The benches' synthetic peer `i`, as they give it to Isthmus.
     fn synthetic(local: &Cluster, i: usize) -> Peer {
-        let view = |second: u8| -> Ipv4Net {
-            format!("10.{second}.{i}.0/24")
-                .parse()
-                .expect("a synthetic peer's index fits an octet")
-        };
-        let local_external_view = view(131);
+        let [local_nat_pod, local_external_view, pod, ext] = synthetic_peer_views(i);
         Peer {
             id: format!("BENCH{i}"),
             local_pod: local.pods(),
-            local_nat_pod: Some(view(130)),
+            local_nat_pod: Some(local_nat_pod),
             local_external_view,
-            pod: view(128),
-            ext: view(129),
+            pod,
+            ext,
             mappings: vec![(CONNCHECK_ADDR, first_ip(local_external_view))],
         }
     }

@@ -261,6 +261,18 @@ pub const NAT_MAPPING: HubMapping = HubMapping {
     external: Ipv4Addr::new(10, 0, 1, 45),
 };
 
+/// The networks of the benches' synthetic peer `i` (1 to 255): our
+/// PodCIDR and ExternalCIDR as it remaps them (10.130.i.0/24,
+/// 10.131.i.0/24), then its own as we see them (10.128.i.0/24,
+/// 10.129.i.0/24).
+pub fn synthetic_peer_views(i: usize) -> [Ipv4Net; 4] {
+    [130, 131, 128, 129].map(|second| {
+        format!("10.{second}.{i}.0/24")
+            .parse()
+            .expect("a synthetic peer's index fits an octet")
+    })
+}
+
 /// The address a Liqo gateway's conncheck answers on, behind the first
 /// host of every NatMapping's ExternalCIDR (`reference/liqo.md`).
 pub const CONNCHECK_ADDR: Ipv4Addr = Ipv4Addr::new(169, 254, 0, 1);

@@ -196,14 +196,11 @@ impl SweptTable for Conntrack {
     }
 
     fn still_closed(&self, flow: &Tracked) -> bool {
-        let states: Option<Vec<u8>> = flow
-            .keys()
-            .iter()
-            .map(|key| self.flows.get(key, 0).ok().map(|nat| nat.state))
-            .collect();
-        match states.as_deref() {
-            Some([out, back]) => closed(flow.keys[0].proto, *out, *back),
-            Some([only]) => closed(flow.keys[0].proto, *only, *only),
+        let state = |key| self.flows.get(key, 0).map(|nat| nat.state);
+        // A flow of one entry is its own reply.
+        let (out, back) = (flow.keys()[0], flow.keys()[flow.entries - 1]);
+        match (state(&out), state(&back)) {
+            (Ok(out_state), Ok(back_state)) => closed(out.proto, out_state, back_state),
             _ => false,
         }
     }

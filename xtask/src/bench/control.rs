@@ -26,8 +26,8 @@ use xtask::{
 
 use super::{
     burner::{Spread, quiet_and_busy, spread},
-    disable_isthmus, enable_isthmus, hub_flow, maps_to, measure, median, peer_id, ratio_line,
-    write_section,
+    disable_isthmus, enable_isthmus, hub_flow, maps_to, measure, median, nat_gateways, peer_id,
+    ratio_line, write_section,
 };
 
 /// Entries in the large table.
@@ -508,7 +508,7 @@ fn hub_pps() -> Result<Vec<(&'static str, usize, Vec<f64>)>> {
             println!("bench: round {round}/{ROUNDS}, hub pps, {name} with {count} entries");
             let rates = match name {
                 "isthmus" => {
-                    enable_isthmus()?;
+                    enable_isthmus(&nat_gateways())?;
                     let gw = B.gw();
                     // A restarted agent may have numbered the peers anew.
                     let peer_id = wait_for_peer(&gw)?;
@@ -518,7 +518,7 @@ fn hub_pps() -> Result<Vec<(&'static str, usize, Vec<f64>)>> {
                     measure(&flow)
                 }
                 _ => {
-                    disable_isthmus()?;
+                    disable_isthmus(&nat_gateways())?;
                     install_hub_iptables(count)?;
                     let rates = measure(&flow);
                     flush_hub_iptables()?;

@@ -11,7 +11,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 
 use anyhow::Result;
 use xtask::{
-    lab::{self, liqo_peer},
+    lab::liqo_peer,
     liqo_iptables,
     topology::{A, B, C},
 };
@@ -19,7 +19,8 @@ use xtask::{
 use super::{
     HUB_TARGET, ROUNDS,
     crr::{self, Crr},
-    hub_flow, liqo_v010, measure, median, ratio_line, set_isthmus_peers, write_section,
+    disable_isthmus, enable_isthmus, hub_flow, liqo_v010, measure, median, ratio_line,
+    set_isthmus_peers, write_section,
 };
 
 /// Who translates on the hub path, with how many peers on a and b.
@@ -48,7 +49,8 @@ impl Setup {
     fn measure(self) -> Result<Measured> {
         match self {
             Setup::Liqo(peers) => {
-                stop_isthmus()?;
+                disable_isthmus(&nodes())?;
+                liqo_v010::remove_all(&gateways())?;
                 liqo_v010::install(&[&A, &B], peers)?;
                 liqo_v010::install(&[&C], 1)?;
                 liqo_peer::route_worker(&C, "add")?;
@@ -60,12 +62,7 @@ impl Setup {
                 measured
             }
             Setup::Isthmus(peers) => {
-                for node in nodes() {
-                    if lab::agent_pid(&node).is_none() {
-                        lab::start_agent(&node)?;
-                        lab::wait_ready(&node)?;
-                    }
-                }
+                enable_isthmus(&nodes())?;
                 set_isthmus_peers(peers)?;
                 traffic(B.masquerade_addr())
             }
@@ -81,16 +78,6 @@ fn nodes() -> [String; 4] {
 
 fn gateways() -> [String; 3] {
     [A.gw(), B.gw(), C.gw()]
-}
-
-fn stop_isthmus() -> Result<()> {
-    for node in nodes() {
-        if lab::agent_pid(&node).is_some() || lab::bpffs(&node).exists() {
-            lab::stop_agent(&node)?;
-            lab::clean_up_agent(&node)?;
-        }
-    }
-    liqo_v010::remove_all(&gateways())
 }
 
 /// One figure of a round.

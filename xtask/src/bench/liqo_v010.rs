@@ -2,28 +2,16 @@
 //! ([`xtask::liqo_iptables`]) installed for a count of peers, and the
 //! removal that leaves a gateway with no netfilter hook at all.
 
-use std::{fs, process::Command};
+use std::fs;
 
 use anyhow::{Result, bail};
-use xtask::{cmd::run, lab, liqo_iptables, netns, topology::Cluster};
+use xtask::{cmd::run, liqo_iptables, netns, topology::Cluster};
 
 /// Installs Liqo's rules on each cluster's gateway, with `count` peers:
 /// `count - 1` synthetic ones, then the cluster's own.
 pub fn install(clusters: &[&Cluster], count: usize) -> Result<()> {
     for cluster in clusters {
-        let gw = cluster.gw();
-        let path = format!("{}/liqo-v0.10.3-{}.rules", lab::STATE_DIR, cluster.name);
-        fs::write(
-            &path,
-            liqo_iptables::rules(cluster, count.saturating_sub(1)),
-        )?;
-        let status = Command::new("ip")
-            .args(["netns", "exec", &gw, "iptables-restore"])
-            .stdin(fs::File::open(&path)?)
-            .status()?;
-        if !status.success() {
-            bail!("iptables-restore in {gw} failed ({status}); rules in {path}");
-        }
+        liqo_iptables::install(cluster, count.saturating_sub(1))?;
     }
     Ok(())
 }

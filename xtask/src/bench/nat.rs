@@ -20,8 +20,8 @@ use xtask::{
 use super::{
     Flow, ROUNDS, WARMUP, WINDOW, WINDOWS, agent_rss_mib,
     crr::{self, Crr},
-    disable_isthmus, enable_isthmus, isolation, liqo_v010, measure, median, ratio_line,
-    set_isthmus_peers, write_section,
+    disable_isthmus, enable_isthmus, isolation, liqo_v010, measure, median, nat_gateways,
+    ratio_line, set_isthmus_peers, write_section,
 };
 
 /// Idle memory budget of the agent with 200 peers.
@@ -109,7 +109,7 @@ impl Setup {
         let flow = &flow(answered);
         match self {
             Setup::Plain => {
-                disable_isthmus()?;
+                disable_isthmus(&nat_gateways())?;
                 liqo_v010::remove_all(&gateways)?;
                 plain_routes(true)?;
                 let measured = traffic(flow);
@@ -117,7 +117,7 @@ impl Setup {
                 measured
             }
             Setup::Liqo(peers, _) => {
-                disable_isthmus()?;
+                disable_isthmus(&nat_gateways())?;
                 liqo_v010::install(&[&A, &B], peers)?;
                 let measured = traffic(flow);
                 liqo_v010::remove_all(&gateways)?;
@@ -130,7 +130,7 @@ impl Setup {
                 traffic(flow)
             }
             Setup::Baseline => {
-                disable_isthmus()?;
+                disable_isthmus(&nat_gateways())?;
                 let binary = BASELINE.get().context("no --baseline build")?;
                 let mut pids = Vec::new();
                 for gw in &gateways {
@@ -169,9 +169,9 @@ fn run_isthmus(netfilter: Netfilter) -> Result<()> {
     };
     if lab::past_netfilter_mode().as_deref() != mode {
         lab::write_past_netfilter_mode(mode)?;
-        disable_isthmus()?;
+        disable_isthmus(&nat_gateways())?;
     }
-    enable_isthmus()?;
+    enable_isthmus(&nat_gateways())?;
     let expected = f64::from(netfilter == Netfilter::Default);
     for gw in [A.gw(), B.gw()] {
         let past = lab::metric(&gw, "isthmus_forward_past_netfilter")?;

@@ -20,7 +20,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
 use crate::{
@@ -59,19 +59,7 @@ pub fn start(cluster: &'static Cluster) -> Result<()> {
         &gw,
         &["addr", "add", &format!("{CONNCHECK_ADDR}/32"), "dev", &dev],
     )?;
-    let rules = crate::liqo_iptables::rules(cluster, 0);
-    let path = lab::state(&format!("liqo-iptables-{}.rules", cluster.name));
-    fs::write(&path, &rules)?;
-    let status = Command::new("ip")
-        .args(["netns", "exec", &gw, "iptables-restore"])
-        .stdin(fs::File::open(&path)?)
-        .status()?;
-    if !status.success() {
-        bail!(
-            "iptables-restore in {gw} failed; rules in {}",
-            path.display()
-        );
-    }
+    crate::liqo_iptables::install(cluster, 0)?;
     route_worker(cluster, "add")?;
     let log = fs::File::create(lab::log_file(&format!("{gw}-conncheck")))?;
     let mut command = Command::new("ip");

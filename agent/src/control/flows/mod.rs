@@ -193,7 +193,13 @@ impl<T: SweptTable> Sweeper<T> {
             Err(e) => return error!(table = T::TABLE.as_str(), error = %e, "reading refusals"),
         };
         let limits = Limits::new(self.capacity, self.reserve, sharing.share, peers.len());
-        if !due && pressure == Pressure::default() && !self.filling(rooms, &limits) {
+        let filling = || {
+            self.filling(rooms, &limits).unwrap_or_else(|e| {
+                error!(table = T::TABLE.as_str(), error = %e, "reading the rooms");
+                false
+            })
+        };
+        if !due && pressure == Pressure::default() && !filling() {
             return;
         }
         match self.sweep(table, rooms, &limits, &pressure, metrics) {
@@ -215,30 +221,24 @@ impl<T: SweptTable> Sweeper<T> {
     /// an eighth of its share since the last pass: a pass then collects its
     /// connections that are over before they cost it refusals. With no
     /// peer busy, one read of the peers' total rules it out.
-    fn filling(&self, rooms: &Rooms, limits: &Limits) -> bool {
+    fn filling(&self, rooms: &Rooms, limits: &Limits) -> Result<bool, MapError> {
         let kept = limits.closed_kept();
         let held = |owner| {
             rooms
                 .room(T::TABLE, owner)
                 .map(|room| room.used(room.charged))
         };
-        let grown = || -> Result<bool, MapError> {
-            if held(ALL_PEERS)? <= kept {
-                return Ok(false);
+        if held(ALL_PEERS)? <= kept {
+            return Ok(false);
+        }
+        for &owner in self.owners.iter().filter(|o| **o != OWNER_LOCAL) {
+            let before = self.left.get(&owner).copied().unwrap_or(0);
+            let now = held(owner)?;
+            if now > kept && now > before + limits.per_peer / 8 {
+                return Ok(true);
             }
-            for &owner in self.owners.iter().filter(|o| **o != OWNER_LOCAL) {
-                let before = self.left.get(&owner).copied().unwrap_or(0);
-                let now = held(owner)?;
-                if now > kept && now > before + limits.per_peer / 8 {
-                    return Ok(true);
-                }
-            }
-            Ok(false)
-        };
-        grown().unwrap_or_else(|e| {
-            error!(table = T::TABLE.as_str(), error = %e, "reading the rooms");
-            false
-        })
+        }
+        Ok(false)
     }
 
     /// What the kernel refused since the last pass; counts it.

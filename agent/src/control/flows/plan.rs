@@ -1,8 +1,9 @@
 //! What one collection of a flow table removes: the dead flows, then,
 //! where room is short, connections that are over and flows the far side
 //! never answered, oldest first, as Linux conntrack's early drop does. A
-//! live flow both sides spoke in is never evicted to make room. Pure: the collector reads the table and
-//! the refusal counters, and applies the plan.
+//! live flow both sides spoke in is never evicted to make room. Pure: the
+//! collector reads the table and the refusal counters, and applies the
+//! plan.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -56,9 +57,7 @@ impl Limits {
             all_peers,
         }
     }
-}
 
-impl Limits {
     /// What an owner may hold before its connections that are over are
     /// evicted: a quarter of its share, so that the collector, which
     /// looks every second, takes them before a client opening up to three
