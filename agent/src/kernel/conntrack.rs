@@ -53,7 +53,13 @@ pub struct Tracked {
 }
 
 impl Tracked {
-    /// The table entries of the flow.
+    /// The table entries of the flow, in the order they are removed: the
+    /// reply's before the outbound one. Between the two removals, the
+    /// flow's packets out still find their entry and leave by its port,
+    /// and only a reply is lost, which TCP sends again. The other way
+    /// round, a packet out would find no entry while the reply's entry
+    /// still held the port, take another port, and split a live
+    /// connection (one reopened by a SYN just as it was evicted) in two.
     pub fn keys(&self) -> &[FlowKey] {
         &self.keys[..self.entries]
     }
@@ -160,7 +166,7 @@ impl SweptTable for Conntrack {
             let reply = reply_key(key, nat);
             let back = entries.get(&reply);
             let keys = match back {
-                Some(_) => ([*key, reply], 2),
+                Some(_) => ([reply, *key], 2),
                 None => ([*key, *key], 1),
             };
             paired.insert(reply);
@@ -198,7 +204,7 @@ impl SweptTable for Conntrack {
     fn still_closed(&self, flow: &Tracked) -> bool {
         let state = |key| self.flows.get(key, 0).map(|nat| nat.state);
         // A flow of one entry is its own reply.
-        let (out, back) = (flow.keys()[0], flow.keys()[flow.entries - 1]);
+        let (back, out) = (flow.keys()[0], flow.keys()[flow.entries - 1]);
         match (state(&out), state(&back)) {
             (Ok(out_state), Ok(back_state)) => closed(out.proto, out_state, back_state),
             _ => false,
@@ -285,7 +291,7 @@ pub(crate) mod tests {
     pub(crate) fn tracked(table: FlowTable, owner: u32, id: u32, last_seen: u64) -> Tracked {
         let key = |dir| FlowKey::new(Be32::from_host(id), Be32::ZERO, 0, 0, 17, dir);
         Tracked {
-            keys: [key(DIR_OUT), key(DIR_IN)],
+            keys: [key(DIR_IN), key(DIR_OUT)],
             entries: table.entries_per_flow() as usize,
             owner,
             answered: false,

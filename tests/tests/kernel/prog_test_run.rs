@@ -1035,6 +1035,53 @@ fn a_closed_connection_is_over_until_a_syn_from_its_port_opens_it_anew() {
     assert_eq!(h.conntrack.entries().unwrap().len(), 2);
 }
 
+/// The collector removes a flow's reply entry before its outbound one:
+/// between the two, a packet out still leaves by the flow's port. Removed
+/// the other way round, the packet would find the port held by the reply's
+/// entry and take another, and the far side would see a stranger.
+#[test]
+fn a_flow_half_removed_by_the_collector_keeps_its_port() {
+    use Direction::{Egress, Ingress};
+    let mut h = Harness::build(Some(A_MASQ), names::DEFAULT_CONNTRACK);
+    let data = |sport| {
+        let l4 = L4::TcpData {
+            sport,
+            dport: 80,
+            payload: b"more".to_vec(),
+        };
+        Datagram::new(NODE, B_POD1, l4)
+    };
+    let open = |h: &Harness, sport| {
+        let syn = tcp_ports(NODE, B_POD1, sport, 80);
+        h.expect(Egress, &syn, &syn.between(A_MASQ_AT_B, B_POD1));
+        let answer = tcp_ports(B_POD1, A_MASQ_AT_B, 80, sport);
+        h.expect(Ingress, &answer, &answer.between(B_POD1, NODE));
+        h.conntrack.flows(0, &Timeouts::DEFAULT).unwrap()[0]
+    };
+    let out_port = |h: &Harness| {
+        let entries = h.conntrack.entries().unwrap();
+        let (_, nat) = entries.iter().find(|(k, _)| k.dir == DIR_OUT).unwrap();
+        nat.port
+    };
+
+    let flow = open(&h, 40001);
+    let [first, second] = flow.keys() else {
+        panic!("a masqueraded flow has two entries: {flow:?}")
+    };
+    assert_eq!((first.dir, second.dir), (DIR_IN, DIR_OUT), "reply first");
+    assert_eq!(h.conntrack.remove(&[*first]), 1);
+    let more = data(40001);
+    h.expect(Egress, &more, &more.between(A_MASQ_AT_B, B_POD1));
+    assert_eq!(h.conntrack.remove(&[*second]), 1);
+
+    // The hazard the order avoids: the outbound entry gone first.
+    let flow = open(&h, 40002);
+    assert_eq!(h.conntrack.remove(&flow.keys()[1..]), 1);
+    let (ret, _) = h.run(Egress, &eth_ipv4(&data(40002).bytes()));
+    assert_eq!(ret, HAND_ON);
+    assert_ne!(out_port(&h), 40002, "the reply's entry still holds 40002");
+}
+
 /// The collector reads a table of many thousand entries whole, though the
 /// kernel hands them over a few thousand at a time.
 #[test]
