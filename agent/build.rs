@@ -1,4 +1,4 @@
-//! Compiles the eBPF programs with the nightly toolchain (see DESIGN §3) and
+//! Compiles the eBPF programs with the nightly toolchain (see docs/design.md#toolchain) and
 //! leaves the object in `OUT_DIR/isthmus` for `include_bytes_aligned!`.
 //!
 //! With `AYA_BUILD_SKIP=1` (the fuzz targets, which never load it) the

@@ -11,9 +11,10 @@ use isthmus_agent::{
         options::{CheckArgs, DEFAULT_KEY_FILE, RunArgs},
     },
     kernel::dataplane,
-    model::key as key_text,
+    model::key_text,
     observe::inspect,
-    tunnel::{key, route},
+    roles::routes,
+    tunnel::key,
 };
 
 #[derive(Parser)]
@@ -94,10 +95,10 @@ async fn main() -> Result<()> {
         }
         Command::Cleanup { bpffs, tunnel_dev } => {
             let mut removed = dataplane::cleanup(&bpffs)?;
-            if route::delete_device(&tunnel_dev).await? {
+            if routes::delete_device(&tunnel_dev).await? {
                 removed.push(format!("TUN device {tunnel_dev}"));
             }
-            removed.extend(route::cleanup().await?);
+            removed.extend(routes::cleanup().await?);
             for item in &removed {
                 println!("removed {item}");
             }

@@ -1,4 +1,4 @@
-//! Stateful source NAT (DESIGN §1, "Stateful source NAT"), in the way of
+//! Stateful source NAT (docs/design.md#masquerade), in the way of
 //! Cilium's `bpf/lib/nat.h`: each masqueraded flow has two entries in one
 //! hash, one per direction, each leading to the other side's addresses.
 //!

@@ -35,21 +35,31 @@ pub mod wire;
 
 #[cfg(feature = "user")]
 mod pod {
-    // SAFETY: plain `#[repr(C)]` structs of integers, with no padding.
-    unsafe impl aya::Pod for crate::nat::PeerNat {}
-    unsafe impl aya::Pod for crate::nat::PrefixRewrite {}
-    unsafe impl aya::Pod for crate::nat::PeerKey {}
-    unsafe impl aya::Pod for crate::nat::PrefixLens {}
-    unsafe impl aya::Pod for crate::nat::MappingKey {}
-    unsafe impl aya::Pod for crate::conntrack::FlowKey {}
-    unsafe impl aya::Pod for crate::conntrack::FlowNat {}
-    unsafe impl aya::Pod for crate::isolation::PeerFlow {}
-    unsafe impl aya::Pod for crate::conntrack::SnatConfig {}
-    unsafe impl aya::Pod for crate::guard::GuardSource {}
-    unsafe impl aya::Pod for crate::guard::GuardConfig {}
-    unsafe impl aya::Pod for crate::overlay::OverlayConfig {}
-    unsafe impl aya::Pod for crate::isolation::AllowKey {}
-    unsafe impl aya::Pod for crate::room::Room {}
-    // SAFETY: a transparent u32.
-    unsafe impl aya::Pod for crate::wire::Be32 {}
+    /// Declares map types plain old data for aya.
+    macro_rules! plain {
+        ($($ty:ty),* $(,)?) => {$(
+            // SAFETY: a `#[repr(C)]` struct of integers with no padding
+            // (each type's size is asserted where it is defined), or a
+            // transparent integer: any bytes are a valid value.
+            unsafe impl aya::Pod for $ty {}
+        )*};
+    }
+
+    plain!(
+        crate::nat::PeerNat,
+        crate::nat::PrefixRewrite,
+        crate::nat::PeerKey,
+        crate::nat::PrefixLens,
+        crate::nat::MappingKey,
+        crate::conntrack::FlowKey,
+        crate::conntrack::FlowNat,
+        crate::isolation::PeerFlow,
+        crate::conntrack::SnatConfig,
+        crate::guard::GuardSource,
+        crate::guard::GuardConfig,
+        crate::overlay::OverlayConfig,
+        crate::isolation::AllowKey,
+        crate::room::Room,
+        crate::wire::Be32,
+    );
 }

@@ -1,4 +1,4 @@
-//! Stateless prefix remapping (DESIGN §1, "Prefix remapping").
+//! Stateless prefix remapping (docs/design.md#prefix-remapping).
 //!
 //! Addresses are [`Be32`]s: the four bytes as they sit in the packet.
 //! Masking and or-ing are byte-wise, so the maths needs no byte swaps on
@@ -160,7 +160,7 @@ mod tests {
 
     #[test]
     fn remap_keeps_host_bits() {
-        // DESIGN §2: a-pod1 10.244.0.5 is seen by b as 10.0.40.5.
+        // docs/design.md#expected-reachability: a-pod1 10.244.0.5 is seen by b as 10.0.40.5.
         let r = PrefixRewrite::new([10, 244, 0, 0], [10, 0, 40, 0], 24);
         assert!(r.matches(w(10, 244, 0, 5)));
         assert_eq!(r.apply(w(10, 244, 0, 5)), w(10, 0, 40, 5));

@@ -1,5 +1,5 @@
 //! Room in the kernel's flow tables, by owner: no peer can fill a table
-//! every peer shares (DESIGN §1, "Stateful source NAT").
+//! every peer shares (docs/design.md#masquerade).
 //!
 //! Each entry of a flow table belongs to the party that caused it: a
 //! masqueraded flow to the peer its source is in (or to the gateway

@@ -131,7 +131,7 @@ impl Be32 {
         Self::from_bits(self.to_bits() & mask.to_bits())
     }
 
-    /// `map(ip, net)` of DESIGN §1: the network bits of `net` under `mask`
+    /// `map(ip, net)` of docs/design.md#prefix-remapping: the network bits of `net` under `mask`
     /// followed by the host bits of `self`.
     #[inline(always)]
     pub const fn remap(self, net: Be32, mask: Be32) -> Self {

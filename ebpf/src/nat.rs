@@ -1,4 +1,5 @@
-//! DESIGN §1 "Who rewrites what", "NatMapping" and "Stateful source NAT":
+//! docs/design.md#who-rewrites-what, docs/design.md#natmapping and
+//! docs/design.md#masquerade:
 //! a gateway rewrites only its own side.
 //!
 //! Egress rewrites the source, finding the peer by destination; ingress

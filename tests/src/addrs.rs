@@ -1,4 +1,4 @@
-//! The lab's pod addresses (DESIGN §2) in the octets the packet builders
+//! The lab's pod addresses (docs/design.md#wan-and-nodes) in the octets the packet builders
 //! take, as cluster a and its peer b see them; shared by the kernel tables.
 
 use crate::packet::Addr;

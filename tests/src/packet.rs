@@ -15,8 +15,13 @@ pub const ETH_P_ARP: u16 = 0x0806;
 /// An IPv4 address as octets.
 pub type Addr = [u8; 4];
 
-/// What an IPv4 datagram carries.
+/// What an IPv4 datagram carries. Ports are the source's and the
+/// destination's, in host order.
 #[derive(Clone, Debug)]
+#[allow(
+    missing_docs,
+    reason = "fields named after the header fields they fill"
+)]
 pub enum L4 {
     /// UDP; `zero_csum` leaves the checksum at 0 ("not computed").
     Udp {
@@ -51,7 +56,8 @@ pub enum L4 {
     Echo { id: u16, seq: u16 },
     /// ICMP echo reply.
     EchoReply { id: u16, seq: u16 },
-    /// ICMP error quoting the first `quote_len` bytes of `quoted`.
+    /// ICMP error of `icmp_type` and `code`, quoting the first `quote_len`
+    /// bytes of `quoted`.
     IcmpError {
         icmp_type: u8,
         code: u8,

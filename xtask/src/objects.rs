@@ -8,7 +8,7 @@ use std::fmt;
 /// ExternalCIDR, and what the other side remapped them to (`None` if not).
 pub type Views<'a> = [&'a str; 4];
 
-/// Where Liqo puts a TunnelEndpoint's networks (DESIGN §1).
+/// Where Liqo puts a TunnelEndpoint's networks (docs/design.md#tunnelendpoint-fields).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Layout {
     /// Liqo v0.3.1 and later: all in `spec`.

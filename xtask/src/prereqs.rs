@@ -41,7 +41,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
 ];
 /// cargo-fuzz, which runs the fuzz targets with the nightly's libFuzzer.
 const CARGO_FUZZ_VERSION: &str = "0.13.2";
-/// bpf-linker release known to build against LLVM 22 (DESIGN §3).
+/// bpf-linker release known to build against LLVM 22 (docs/design.md#toolchain).
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const NIGHTLY: &str = "nightly";
 
@@ -101,7 +101,7 @@ fn python_tools() -> Result<()> {
 
 fn nightly_sysroot() -> Result<PathBuf> {
     let out = run("rustc", &[&format!("+{NIGHTLY}"), "--print", "sysroot"])
-        .context("the nightly toolchain is missing; it ships with this machine type (DESIGN §3)")?;
+        .context("the nightly toolchain is missing; it ships with this machine type (docs/design.md#toolchain)")?;
     Ok(PathBuf::from(out.trim()))
 }
 

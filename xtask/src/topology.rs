@@ -1,4 +1,4 @@
-//! The reference lab of DESIGN §2: names, addresses, peerings and the
+//! The reference lab of docs/design.md#the-reference-lab: names, addresses, peerings and the
 //! reachability every test and the demo check. Nothing here touches the
 //! system; `lab` builds it.
 
@@ -185,7 +185,7 @@ impl Cluster {
     }
 }
 
-/// One cluster's view of one peering (a row of DESIGN §2 "Peerings").
+/// One cluster's view of one peering (a row of docs/design.md#peerings).
 #[derive(Debug)]
 pub struct Peering {
     /// The cluster holding the TunnelEndpoint.
@@ -252,7 +252,7 @@ pub const PEERINGS: [Peering; 4] = [
     },
 ];
 
-/// DESIGN §2: the entry of the NatMapping cluster b holds for cluster a
+/// docs/design.md#peerings: the entry of the NatMapping cluster b holds for cluster a
 /// that exposes c-pod1, at 10.0.1.45 in a's view of b's ExternalCIDR.
 pub const NAT_MAPPING: HubMapping = HubMapping {
     hub: &B,
@@ -429,10 +429,10 @@ spec:
     }
 }
 
-/// One row of DESIGN §2 "Expected reachability".
+/// One row of docs/design.md#expected-reachability.
 #[derive(Debug, Clone)]
 pub struct Reach {
-    /// Row number in DESIGN §2.
+    /// Row number in docs/design.md#expected-reachability.
     pub row: u8,
     /// Client pod netns.
     pub from: String,

@@ -16,7 +16,7 @@ use thiserror::Error;
 use tracing::info;
 
 use crate::{
-    model::key,
+    model::key_text,
     tunnel::key::{KeyError, KeyPair, generate},
 };
 
@@ -129,7 +129,7 @@ pub async fn key_from_secret(
             let pair = private_key(&secret).ok_or_else(|| KubeError::BadKey {
                 secret: secret_name.clone(),
             })?;
-            let public = key::encode(pair.public.as_bytes());
+            let public = key_text::encode(pair.public.as_bytes());
             if published_key(&secret).as_deref() != Some(public.as_str()) {
                 let patch = serde_json::json!({ "stringData": { PUBLIC_KEY: public } });
                 api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
@@ -141,7 +141,7 @@ pub async fn key_from_secret(
         }
         let private = generate()?;
         let pair = KeyPair::from_private(private);
-        let public = key::encode(pair.public.as_bytes());
+        let public = key_text::encode(pair.public.as_bytes());
         let secret = Secret {
             metadata: ObjectMeta {
                 name: Some(name.into()),
@@ -155,7 +155,7 @@ pub async fn key_from_secret(
             data: Some(BTreeMap::from([
                 (
                     PRIVATE_KEY.into(),
-                    ByteString(key::encode(&private).into_bytes()),
+                    ByteString(key_text::encode(&private).into_bytes()),
                 ),
                 (PUBLIC_KEY.into(), ByteString(public.clone().into_bytes())),
             ])),
@@ -177,7 +177,7 @@ pub async fn key_from_secret(
 
 fn private_key(secret: &Secret) -> Option<KeyPair> {
     let text = secret.data.as_ref()?.get(PRIVATE_KEY)?;
-    let bytes = key::decode(std::str::from_utf8(&text.0).ok()?)?;
+    let bytes = key_text::decode(std::str::from_utf8(&text.0).ok()?)?;
     Some(KeyPair::from_private(bytes))
 }
 

@@ -50,6 +50,16 @@ pub enum Role {
     Worker,
 }
 
+impl Role {
+    /// The role as logs and metrics name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Gateway => "gateway",
+            Role::Worker => "worker",
+        }
+    }
+}
+
 /// `isthmus-agent run`.
 #[derive(clap::Args)]
 pub struct RunArgs {

@@ -17,8 +17,7 @@ use crate::{
     kernel::table::{AllowedTable, MappingTable, PeerTable},
     model::{node::Node, object::ObjectKind, peer::Peer, policy::Policy},
     observe::metrics::Metrics,
-    roles::gateway::Gateway,
-    tunnel::route::Routes,
+    roles::{gateway::Gateway, routes::Routes},
 };
 
 /// How often peers' connection states are checked for changes to log, and

@@ -3,12 +3,16 @@
 
 use std::{
     net::{Ipv4Addr, SocketAddr},
+    sync::Arc,
     time::Duration,
 };
 
 use anyhow::{Context, Result, bail};
-use isthmus_common::tcp;
-use tokio::{signal::unix, sync::watch};
+use isthmus_common::{isolation::AllowKey, tcp};
+use tokio::{
+    signal::unix,
+    sync::{mpsc, watch},
+};
 use tracing::{error, info, warn};
 
 use crate::{
@@ -23,13 +27,14 @@ use crate::{
         options::{PolicyArgs, Role, RunArgs, TunnelMode},
         reconcile::Reconciler,
         run::{Host, RunLoop},
-        source::{self, SourceSpec},
+        source::{self, SourceEvent, SourceSpec},
         status::Feedback,
     },
     kernel::{
+        conntrack::Conntrack,
         dataplane::{AttachMode, Capacity, Dataplane},
         link::LinkEvents,
-        maps::PeerMap,
+        maps::{MappingMap, PeerMap, PresenceSet},
         privileges,
     },
     model::{node::Node, object::ObjectKind, policy::Policy},
@@ -39,8 +44,9 @@ use crate::{
         nat_device::NatDevice,
         overlay::{self, Overlay, OverlayOptions, PodDevices},
         past_netfilter::PastNetfilterSetting,
+        routes::Routes,
     },
-    tunnel::{TunnelConfig, key, route::Routes},
+    tunnel::{TunnelConfig, key},
 };
 
 /// `isthmus-agent run`: loads the dataplane, starts this node's role and
@@ -60,27 +66,14 @@ pub async fn run(args: RunArgs) -> Result<()> {
         })
 }
 
-/// `run`, once the agent has confined itself.
+/// `run`, once the agent has confined itself: the phases of a start, in
+/// order, then the run loop until a signal.
 async fn run_confined(args: RunArgs, runtime_filtered: bool) -> Result<()> {
     let client = match args.source {
         SourceSpec::Kube => Some(kubernetes::client(args.kubeconfig.as_deref()).await?),
         SourceSpec::Dir(_) => None,
     };
-    let role = match (args.role, &client) {
-        (Some(role), _) => role,
-        (None, Some(client)) => {
-            if kubernetes::node_has_label(client, &args.node, &args.gateway_label).await? {
-                Role::Gateway
-            } else {
-                Role::Worker
-            }
-        }
-        (None, None) => bail!("--role is required with --source dir:PATH"),
-    };
-    let role_name = match role {
-        Role::Gateway => "gateway",
-        Role::Worker => "worker",
-    };
+    let role = role(&args, client.as_ref()).await?;
     let capacity = Capacity {
         nat_mappings: args.nat_mapping_capacity,
         conntrack: args.conntrack_capacity,
@@ -90,147 +83,24 @@ async fn run_confined(args: RunArgs, runtime_filtered: bool) -> Result<()> {
     let mut dataplane = Dataplane::load(&args.bpffs, &capacity)
         .map_err(|e| refused_by_runtime(e.into(), runtime_filtered))
         .with_context(|| format!("loading the dataplane under {}", args.bpffs.display()))?;
-    let mut reconciler = Reconciler::new(
-        dataplane.take_peer_map()?,
-        dataplane.take_mapping_map()?,
-        dataplane.take_allowed()?,
-    )
-    .context("reading the pinned tables")?;
-    reconciler.set_policy(args.policy.policy());
-    reconciler.set_mapping_capacity(args.nat_mapping_capacity as usize);
-    let gateway = match (role, args.tunnel) {
-        (Role::Gateway, TunnelMode::Userspace) => {
-            let key = match &client {
-                Some(client) => {
-                    kubernetes::key_from_secret(client, &args.namespace, &args.key_secret).await?
-                }
-                None => key::load_or_generate(&args.private_key_file)?,
-            };
-            let guard = match &args.guard_dev {
-                Some(dev) => {
-                    dataplane.attach_guard(dev)?;
-                    Some(Guard::new(dataplane.take_guard()?, args.listen_port)?)
-                }
-                None => None,
-            };
-            Some(
-                Gateway::start(
-                    &tunnel_config(&args),
-                    key,
-                    guard,
-                    Duration::from_secs(args.resolve_interval),
-                    args.masquerade_ip.is_some(),
-                )
-                .await?,
-            )
-        }
-        _ => None,
-    };
-    let mut conntrack = dataplane.take_conntrack()?;
-    conntrack.set_masquerade(args.masquerade_ip.filter(|_| role == Role::Gateway))?;
-    if role == Role::Gateway {
-        let tunnel_mss = match args.tunnel {
-            TunnelMode::Userspace => {
-                u16::try_from(args.mtu.saturating_sub(tcp::IPV4_TCP_HEADERS)).unwrap_or(u16::MAX)
-            }
-            TunnelMode::None => 0,
-        };
-        dataplane.set_tcp_mss(args.tcp_mss.unwrap_or(tunnel_mss))?;
-    }
-    let nat = match role {
-        Role::Gateway => Some(NatDevice::start(
-            &mut dataplane,
-            &args.nat_dev,
-            args.attach,
-        )?),
-        Role::Worker => None,
-    };
-    let mut past_netfilter = PastNetfilterSetting::new(args.forward_past_netfilter);
-    let overlay = match args.no_overlay {
-        true => None,
-        false => Some(start_overlay(&args, &mut dataplane, &past_netfilter).await?),
-    };
-    let pods = PodDevices::new(args.pod_devs.clone(), dataplane.take_pod_devs()?)?;
-    let xdp_mode = match gateway.is_some() && args.guard_dev.is_some() {
-        true => "native",
-        false => "none",
-    };
-    let metrics = Metrics::new(
-        Some(&args.bpffs),
-        gateway.as_ref().map(|g| GatewayState {
-            tunnel: g.tunnel.clone(),
-            checks: g.checks.clone(),
-            device: args.tunnel_dev.clone(),
-        }),
-        BuildInfo {
-            node: &args.node,
-            role: role_name,
-            attach_mode: args.attach.resolve().as_str(),
-            xdp_mode,
-        },
-    )
-    .context("opening the pinned maps for the metrics")?;
-    let metrics_addr = args.metrics_addr.unwrap_or_else(|| {
-        let ip = args.node_ip.unwrap_or_else(|| {
-            warn!("no --node-ip nor --metrics-addr: metrics are served on loopback only");
-            Ipv4Addr::LOCALHOST
-        });
-        SocketAddr::from((ip, metrics::DEFAULT_PORT))
-    });
-    metrics::serve(metrics_addr, metrics.clone())
-        .await
-        .with_context(|| format!("serving metrics on {metrics_addr}"))?;
+    let reconciler = reconciler(&args, &mut dataplane)?;
+    let gateway = start_gateway(&args, role, client.as_ref(), &mut dataplane).await?;
+    let conntrack = configure_translation(&args, role, &mut dataplane)?;
+    let mut host = start_host(&args, role, dataplane).await?;
+    let metrics = serve_metrics(&args, role, gateway.as_ref()).await?;
     let passed = watch::Sender::new(());
-    tokio::spawn(flows::collect(
-        FlowTables {
-            conntrack: (conntrack, capacity.conntrack),
-            peer_flows: (dataplane.take_peer_flows()?, capacity.peer_flows),
-            rooms: dataplane.take_rooms()?,
-            peers: PeerMap::open(&args.bpffs)?,
-            peers_written: passed.subscribe(),
-        },
-        Sharing {
-            every: Duration::from_secs(args.conntrack_gc_interval.max(1)),
-            reserve_percent: args.flow_reserve_percent,
-            share: args.flow_share,
-        },
-        metrics.clone(),
-    ));
-    // Only a gateway enforces isolation: a worker does not watch every
-    // offloaded pod.
-    let kinds: Vec<ObjectKind> = ObjectKind::ALL
-        .into_iter()
-        .filter(|kind| role == Role::Gateway || !ObjectKind::ISOLATION.contains(kind))
-        .collect();
-    let (events, feedback, active) = match (&args.source, client) {
-        (SourceSpec::Dir(dir), _) => (source::watch_dir(dir)?, None, None),
-        (SourceSpec::Kube, Some(client)) => {
-            let lease = source::ElectionLease {
-                namespace: args.namespace.clone(),
-                name: args.election.lease_name.clone(),
-            };
-            let (events, objects) = source::watch_kube(client.clone(), &kinds, &lease);
-            // The gateway speaks for the cluster's tunnels; workers only read.
-            let gateway = role == Role::Gateway;
-            let active = gateway.then(|| elect(&client, &args)).transpose()?;
-            let feedback =
-                gateway.then(|| Feedback::spawn(client, objects, &args.node, metrics.clone()));
-            (events, feedback, active)
-        }
-        (SourceSpec::Kube, None) => unreachable!("a kube source has a client"),
-    };
-    info!(node = %args.node, role = role_name, source = ?args.source, bpffs = %args.bpffs.display(), "agent started");
-    past_netfilter.report_in(metrics.forward_past_netfilter.clone());
-    let host = NodeHost {
-        past_netfilter,
-        nat,
-        links: LinkEvents::subscribe()?,
-        dataplane,
-        overlay,
-        pods,
-        attach: args.attach,
-        policy: args.policy.clone(),
-    };
+    spawn_collector(
+        &args,
+        &capacity,
+        conntrack,
+        &mut host.dataplane,
+        &passed,
+        &metrics,
+    )?;
+    let objects = open_source(&args, role, client, &metrics)?;
+    info!(node = %args.node, role = role.name(), source = ?args.source, bpffs = %args.bpffs.display(), "agent started");
+    host.past_netfilter
+        .report_in(metrics.forward_past_netfilter.clone());
     // A worker's peer-bound packets that the overlay does not steer are
     // dropped, not sent in clear: the blackholes outlive the agent.
     let blackholes = match role {
@@ -242,12 +112,241 @@ async fn run_confined(args: RunArgs, runtime_filtered: bool) -> Result<()> {
         gateway,
         blackholes,
         host,
-        feedback,
-        active,
+        feedback: objects.feedback,
+        active: objects.active,
         metrics,
         passed,
     };
-    run_loop.follow(events, signal()?).await
+    run_loop.follow(objects.events, signal()?).await
+}
+
+/// The reconciler over the kernel's own tables.
+type KernelReconciler = Reconciler<PeerMap, MappingMap, PresenceSet<AllowKey>>;
+
+/// This node's role: as `--role` says, or, from the API, by its label.
+async fn role(args: &RunArgs, client: Option<&kube::Client>) -> Result<Role> {
+    Ok(match (args.role, client) {
+        (Some(role), _) => role,
+        (None, Some(client)) => {
+            if kubernetes::node_has_label(client, &args.node, &args.gateway_label).await? {
+                Role::Gateway
+            } else {
+                Role::Worker
+            }
+        }
+        (None, None) => bail!("--role is required with --source dir:PATH"),
+    })
+}
+
+/// The reconciler, holding the tables the kernel already has.
+fn reconciler(args: &RunArgs, dataplane: &mut Dataplane) -> Result<KernelReconciler> {
+    let mut reconciler = Reconciler::new(
+        dataplane.take_peer_map()?,
+        dataplane.take_mapping_map()?,
+        dataplane.take_allowed()?,
+    )
+    .context("reading the pinned tables")?;
+    reconciler.set_policy(args.policy.policy());
+    reconciler.set_mapping_capacity(args.nat_mapping_capacity as usize);
+    Ok(reconciler)
+}
+
+/// A gateway's embedded tunnel, with its key and its XDP guard; none on a
+/// worker, or where another tunnel serves.
+async fn start_gateway(
+    args: &RunArgs,
+    role: Role,
+    client: Option<&kube::Client>,
+    dataplane: &mut Dataplane,
+) -> Result<Option<Gateway>> {
+    if (role, args.tunnel) != (Role::Gateway, TunnelMode::Userspace) {
+        return Ok(None);
+    }
+    let key = match client {
+        Some(client) => {
+            kubernetes::key_from_secret(client, &args.namespace, &args.key_secret).await?
+        }
+        None => key::load_or_generate(&args.private_key_file)?,
+    };
+    let guard = match &args.guard_dev {
+        Some(dev) => {
+            dataplane.attach_guard(dev)?;
+            Some(Guard::new(dataplane.take_guard()?, args.listen_port)?)
+        }
+        None => None,
+    };
+    let gateway = Gateway::start(
+        &tunnel_config(args),
+        key,
+        guard,
+        Duration::from_secs(args.resolve_interval),
+        args.masquerade_ip.is_some(),
+    )
+    .await?;
+    Ok(Some(gateway))
+}
+
+/// The translation's settings: a gateway's masquerade address and MSS
+/// bound. Returns the flow table, for the collector.
+fn configure_translation(
+    args: &RunArgs,
+    role: Role,
+    dataplane: &mut Dataplane,
+) -> Result<Conntrack> {
+    let mut conntrack = dataplane.take_conntrack()?;
+    conntrack.set_masquerade(args.masquerade_ip.filter(|_| role == Role::Gateway))?;
+    if role == Role::Gateway {
+        let tunnel_mss = match args.tunnel {
+            TunnelMode::Userspace => {
+                u16::try_from(args.mtu.saturating_sub(tcp::IPV4_TCP_HEADERS)).unwrap_or(u16::MAX)
+            }
+            TunnelMode::None => 0,
+        };
+        dataplane.set_tcp_mss(args.tcp_mss.unwrap_or(tunnel_mss))?;
+    }
+    Ok(conntrack)
+}
+
+/// The devices this node's programs attach to: a gateway's NAT device, the
+/// overlay and the pods' devices.
+async fn start_host(args: &RunArgs, role: Role, mut dataplane: Dataplane) -> Result<NodeHost> {
+    let nat = match role {
+        Role::Gateway => Some(NatDevice::start(
+            &mut dataplane,
+            &args.nat_dev,
+            args.attach,
+        )?),
+        Role::Worker => None,
+    };
+    let past_netfilter = PastNetfilterSetting::new(args.forward_past_netfilter);
+    let overlay = match args.no_overlay {
+        true => None,
+        false => Some(start_overlay(args, &mut dataplane, &past_netfilter).await?),
+    };
+    let pods = PodDevices::new(args.pod_devs.clone(), dataplane.take_pod_devs()?)?;
+    Ok(NodeHost {
+        past_netfilter,
+        nat,
+        links: LinkEvents::subscribe()?,
+        dataplane,
+        overlay,
+        pods,
+        attach: args.attach,
+        policy: args.policy.clone(),
+    })
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on the node's address.
+async fn serve_metrics(
+    args: &RunArgs,
+    role: Role,
+    gateway: Option<&Gateway>,
+) -> Result<Arc<Metrics>> {
+    let xdp_mode = match gateway.is_some() && args.guard_dev.is_some() {
+        true => "native",
+        false => "none",
+    };
+    let metrics = Metrics::new(
+        Some(&args.bpffs),
+        gateway.map(|g| GatewayState {
+            tunnel: g.tunnel.clone(),
+            checks: g.checks.clone(),
+            device: args.tunnel_dev.clone(),
+        }),
+        BuildInfo {
+            node: &args.node,
+            role: role.name(),
+            attach_mode: args.attach.resolve().as_str(),
+            xdp_mode,
+        },
+    )
+    .context("opening the pinned maps for the metrics")?;
+    let addr = args.metrics_addr.unwrap_or_else(|| {
+        let ip = args.node_ip.unwrap_or_else(|| {
+            warn!("no --node-ip nor --metrics-addr: metrics are served on loopback only");
+            Ipv4Addr::LOCALHOST
+        });
+        SocketAddr::from((ip, metrics::DEFAULT_PORT))
+    });
+    metrics::serve(addr, metrics.clone())
+        .await
+        .with_context(|| format!("serving metrics on {addr}"))?;
+    Ok(metrics)
+}
+
+/// Starts the flow collector, which wakes after each pass of the run loop
+/// (`passed`) as well as on its interval.
+fn spawn_collector(
+    args: &RunArgs,
+    capacity: &Capacity,
+    conntrack: Conntrack,
+    dataplane: &mut Dataplane,
+    passed: &watch::Sender<()>,
+    metrics: &Arc<Metrics>,
+) -> Result<()> {
+    let tables = FlowTables {
+        conntrack: (conntrack, capacity.conntrack),
+        peer_flows: (dataplane.take_peer_flows()?, capacity.peer_flows),
+        rooms: dataplane.take_rooms()?,
+        peers: PeerMap::open(&args.bpffs)?,
+        peers_written: passed.subscribe(),
+    };
+    let sharing = Sharing {
+        every: Duration::from_secs(args.conntrack_gc_interval.max(1)),
+        reserve_percent: args.flow_reserve_percent,
+        share: args.flow_share,
+    };
+    tokio::spawn(flows::collect(tables, sharing, metrics.clone()));
+    Ok(())
+}
+
+/// What the run loop follows: the objects' events, and on a gateway with
+/// the API, where it reports status and whether it is the active one.
+struct Source {
+    events: mpsc::Receiver<SourceEvent>,
+    feedback: Option<Feedback>,
+    active: Option<watch::Receiver<bool>>,
+}
+
+/// Opens the source of objects; a gateway reading the API also reports
+/// status and joins the election.
+fn open_source(
+    args: &RunArgs,
+    role: Role,
+    client: Option<kube::Client>,
+    metrics: &Arc<Metrics>,
+) -> Result<Source> {
+    // Only a gateway enforces isolation: a worker does not watch every
+    // offloaded pod.
+    let kinds: Vec<ObjectKind> = ObjectKind::ALL
+        .into_iter()
+        .filter(|kind| role == Role::Gateway || !ObjectKind::ISOLATION.contains(kind))
+        .collect();
+    let client = match (&args.source, client) {
+        (SourceSpec::Dir(dir), _) => {
+            return Ok(Source {
+                events: source::watch_dir(dir)?,
+                feedback: None,
+                active: None,
+            });
+        }
+        (SourceSpec::Kube, Some(client)) => client,
+        (SourceSpec::Kube, None) => unreachable!("a kube source has a client"),
+    };
+    let lease = source::ElectionLease {
+        namespace: args.namespace.clone(),
+        name: args.election.lease_name.clone(),
+    };
+    let (events, objects) = source::watch_kube(client.clone(), &kinds, &lease);
+    // The gateway speaks for the cluster's tunnels; workers only read.
+    let gateway = role == Role::Gateway;
+    let active = gateway.then(|| elect(&client, args)).transpose()?;
+    let feedback = gateway.then(|| Feedback::spawn(client, objects, &args.node, metrics.clone()));
+    Ok(Source {
+        events,
+        feedback,
+        active,
+    })
 }
 
 /// Starts this gateway's election among the cluster's gateways; returns

@@ -273,13 +273,9 @@ fn remove_all<V: aya::Pod>(table: &mut HashMap<MapData, FlowKey, V>, keys: &[Flo
 
 /// The kernel's clock for conntrack timestamps: CLOCK_MONOTONIC, in ns.
 pub fn now() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec, which `ts` is.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .expect("CLOCK_MONOTONIC is always there");
+    ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
 }
 
 #[cfg(test)]

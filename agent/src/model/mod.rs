@@ -4,7 +4,7 @@
 //! Nothing here does I/O, so all of it is tested in memory.
 
 pub mod isolation;
-pub mod key;
+pub mod key_text;
 pub mod natmapping;
 pub mod node;
 pub mod object;

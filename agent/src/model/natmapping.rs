@@ -1,4 +1,4 @@
-//! A validated NatMapping (DESIGN §1, "NatMapping"): the cluster it is for,
+//! A validated NatMapping (docs/design.md#natmapping): the cluster it is for,
 //! and its entries checked one by one, so one bad entry costs only itself.
 //! Checks that need the cluster's TunnelEndpoint happen in the reconciler.
 

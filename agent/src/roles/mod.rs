@@ -1,8 +1,11 @@
 //! What runs beside the kernel tables on each kind of node: the gateway's
-//! tunnel, guard and conncheck, the device its NAT translates on, and the
-//! overlay that brings workers' remote-bound traffic to the gateway.
+//! tunnel, guard, conncheck and peers' host names, the device its NAT
+//! translates on, the routes into the tunnel and the blackholes behind
+//! them, and the overlay that brings workers' remote-bound traffic to the
+//! gateway.
 
 pub mod gateway;
 pub mod nat_device;
 pub mod overlay;
 pub mod past_netfilter;
+pub mod routes;

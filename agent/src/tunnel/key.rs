@@ -10,7 +10,7 @@ use std::{
 use boringtun::x25519::{PublicKey, StaticSecret};
 use thiserror::Error;
 
-use crate::model::key::{decode, encode};
+use crate::model::key_text::{decode, encode};
 
 /// A key file that cannot be used. The messages never include key material.
 #[derive(Debug, Error)]

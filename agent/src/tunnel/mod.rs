@@ -6,17 +6,14 @@
 //! - [`peers`]: peers and their lookup tables (no I/O);
 //! - [`tun`], [`batch`]: the two devices' I/O;
 //! - [`offload`]: TSO segmentation and GRO coalescing of TUN packets (no I/O);
-//! - [`datapath`]: the worker and timer loops;
-//! - [`route`]: the device's link state and routes, over netlink.
+//! - [`datapath`]: the worker and timer loops.
 
 mod batch;
 pub mod datapath;
-pub mod endpoint;
 pub mod handshakes;
 pub mod key;
 pub mod offload;
 pub mod peers;
-pub mod route;
 pub mod throttle;
 mod tun;
 

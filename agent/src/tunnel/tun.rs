@@ -58,11 +58,12 @@ pub fn open(name: &str, queues: usize) -> io::Result<Vec<OwnedFd>> {
             if unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETIFF, &mut req) } < 0 {
                 return Err(io::Error::last_os_error());
             }
-            // SAFETY: TUNSETOFFLOAD and TUNSETPERSIST take their argument by value.
-            if unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETOFFLOAD, OFFLOADS) } < 0
-                || unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETPERSIST, 1) } < 0
-            {
-                return Err(io::Error::last_os_error());
+            for (request, value) in [(libc::TUNSETOFFLOAD, OFFLOADS), (libc::TUNSETPERSIST, 1)] {
+                // SAFETY: TUNSETOFFLOAD and TUNSETPERSIST take their argument
+                // by value.
+                if unsafe { libc::ioctl(file.as_raw_fd(), request, value) } < 0 {
+                    return Err(io::Error::last_os_error());
+                }
             }
             Ok(OwnedFd::from(file))
         })

@@ -21,7 +21,7 @@ use xtask::{
     topology::{A, B, C, PEERINGS},
 };
 
-/// How a reaches c-pod1 through b (DESIGN §2, row 5).
+/// How a reaches c-pod1 through b (docs/design.md#expected-reachability, row 5).
 const HUB_TARGET: Ipv4Addr = Ipv4Addr::new(10, 0, 1, 45);
 /// The flood's destination ports: each datagram is a new flow.
 const FLOOD_PORTS: std::ops::Range<u16> = 30_000..31_000;

@@ -1,4 +1,4 @@
-//! ExternalCIDR through the hub (DESIGN §2, row 5): a-pod1 reaches c-pod1
+//! ExternalCIDR through the hub (docs/design.md#expected-reachability, row 5): a-pod1 reaches c-pod1
 //! at 10.0.1.45 through b's NatMapping and masquerade, never a pod of b;
 //! the entry's removal and return take effect live; and a gateway's own
 //! traffic gets out through the masquerade.

@@ -23,7 +23,7 @@ use ipnet::Ipv4Net;
 use isthmus_agent::{
     kernel::maps::{MappingMap, NodeMap, OverlaySettings, PeerMap},
     kernel::table::KernelTable,
-    model::key,
+    model::key_text,
 };
 use isthmus_common::{isolation::AllowKey, names};
 use isthmus_tests::{metrics::sample, require_lab};
@@ -413,7 +413,7 @@ fn the_gateway_keeps_its_key_in_a_secret_and_reports_status_and_events() {
     const NS: &str = "ist-t-kube2";
     let mut node = node(NS, true);
     let mut peer = TestPeer::new(NS);
-    let peer_key = key::encode(&peer.public());
+    let peer_key = key_text::encode(&peer.public());
     let tunnel = |addr: &str, port: u16, key: &str| json!({"endpointIP": addr, "backend_config": {"port": port.to_string(), "publicKey": key}});
     let b = tep(
         "tep-b",
@@ -422,7 +422,7 @@ fn the_gateway_keeps_its_key_in_a_secret_and_reports_status_and_events() {
         "10.61.0.0/24",
         tunnel("127.0.0.1", peer.port, &peer_key),
     );
-    let silent_key = key::encode(&[7u8; 32]);
+    let silent_key = key_text::encode(&[7u8; 32]);
     let c = tep(
         "tep-c",
         "c",
@@ -457,10 +457,10 @@ fn the_gateway_keeps_its_key_in_a_secret_and_reports_status_and_events() {
         .api
         .get("secrets", AGENT_NS, KEY_SECRET)
         .expect("the agent created its key Secret");
-    let private =
-        key::decode(&secret_text(&secret, "privateKey")).expect("privateKey holds a base64 key");
+    let private = key_text::decode(&secret_text(&secret, "privateKey"))
+        .expect("privateKey holds a base64 key");
     let public = *PublicKey::from(&StaticSecret::from(private)).as_bytes();
-    assert_eq!(secret_text(&secret, "publicKey"), key::encode(&public));
+    assert_eq!(secret_text(&secret, "publicKey"), key_text::encode(&public));
     peer.answer(public);
 
     // Status, through the status subresource.
@@ -574,7 +574,7 @@ fn the_gateway_keeps_its_key_in_a_secret_and_reports_status_and_events() {
     );
 
     // A fixed object clears its Error.
-    let fixed_key = key::encode(&[9u8; 32]);
+    let fixed_key = key_text::encode(&[9u8; 32]);
     node.api.apply(tep(
         "tep-badkey",
         "badkey",

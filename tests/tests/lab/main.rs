@@ -1,4 +1,4 @@
-//! The lab tier: tests against the reference lab of DESIGN.md, with real
+//! The lab tier: tests against the reference lab of docs/design.md#the-reference-lab, with real
 //! sockets in its namespaces. They share one lab and restart its agents, so
 //! `cargo xtask test` runs them one at a time.
 

@@ -1,4 +1,4 @@
-//! DESIGN §2 reachability rows 1–5, with real sockets in the lab's pods:
+//! docs/design.md#expected-reachability, rows 1–5, with real sockets in the lab's pods:
 //! the right pod answers, and each end sees the other under the remapped
 //! address (row 5: through the hub b, by NatMapping and masquerade). The
 //! gateways' NAT counters prove the kernel programs did it.

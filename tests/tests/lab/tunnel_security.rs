@@ -15,7 +15,7 @@ use boringtun::{
 use isthmus_agent::{
     kernel::maps::{self, PresenceSet},
     kernel::table::KernelTable,
-    model::key,
+    model::key_text,
 };
 use isthmus_common::names;
 use isthmus_tests::{
@@ -113,7 +113,7 @@ impl Outsider {
         socket
             .set_read_timeout(Some(Duration::from_millis(300)))
             .unwrap();
-        let gateway_public = key::decode(&lab::public_key(&cluster.gw()).unwrap()).unwrap();
+        let gateway_public = key_text::decode(&lab::public_key(&cluster.gw()).unwrap()).unwrap();
         let (tunn, public) = identity(gateway_public, random_secret());
         let gateway = SocketAddr::from((cluster.wan_addr(), TUNNEL_PORT));
         Self {
@@ -146,7 +146,7 @@ impl Outsider {
                 .remote(["10.77.0.0/24", "None", "10.78.0.0/24", "None"])
                 .endpoint("203.0.113.99")
                 .port(port)
-                .public_key(&key::encode(public))
+                .public_key(&key_text::encode(public))
                 .to_string(),
         )
         .unwrap();
@@ -301,7 +301,7 @@ fn private_keys_never_appear_in_logs_or_help() {
         let private = fs::read_to_string(lab::key_file(&gw)).unwrap();
         let private = private.trim();
         assert_eq!(
-            key::decode(private).map(|k| k.len()),
+            key_text::decode(private).map(|k| k.len()),
             Some(32),
             "{gw}'s key file"
         );

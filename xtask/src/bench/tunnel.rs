@@ -264,7 +264,7 @@ fn rtt_under(
     )?;
     let row = &xtask::topology::reachability()[1];
     let [round] =
-        xtask::probe::round_trips(&row.from, &row.answered_by, row.target, 1, RTT_SAMPLES)?[..]
+        xtask::probe::round_trips(&row.from, &row.answered_by, row.target, 1, LOADED_SAMPLES)?[..]
     else {
         bail!("one RTT round asked for, another count given");
     };

@@ -1,4 +1,4 @@
-//! Building and removing the reference lab (DESIGN §2), and managing the
+//! Building and removing the reference lab (docs/design.md#the-reference-lab), and managing the
 //! agents that run in it.
 //!
 //! Everything the lab makes is named: the namespaces of `topology`, the

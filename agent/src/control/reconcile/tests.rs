@@ -283,7 +283,7 @@ fn tep_of(
     cluster: &str,
     created: Option<&str>,
 ) -> String {
-    let key = crate::model::key::encode(&[tunnel.1; 32]);
+    let key = crate::model::key_text::encode(&[tunnel.1; 32]);
     let tep = peer(name, views.0, views.1)
         .cluster_id(cluster)
         .endpoint(tunnel.0)

@@ -328,21 +328,11 @@ fn ensure_bpffs(root: &Path) -> Result<(), DataplaneError> {
         .ancestors()
         .find(|p| p.exists())
         .unwrap_or(Path::new("/"));
-    let c_path = std::ffi::CString::new(existing.as_os_str().as_encoded_bytes()).map_err(|e| {
-        DataplaneError::Io {
-            path: root.into(),
-            source: io::Error::other(e),
-        }
+    let stat = nix::sys::statfs::statfs(existing).map_err(|e| DataplaneError::Io {
+        path: existing.into(),
+        source: e.into(),
     })?;
-    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: valid NUL-terminated path and a properly sized out-buffer.
-    if unsafe { libc::statfs(c_path.as_ptr(), &mut stat) } != 0 {
-        return Err(DataplaneError::Io {
-            path: existing.into(),
-            source: io::Error::last_os_error(),
-        });
-    }
-    if stat.f_type as i64 != BPF_FS_MAGIC {
+    if stat.filesystem_type().0 as i64 != BPF_FS_MAGIC {
         return Err(DataplaneError::NotBpffs(root.into()));
     }
     Ok(())

@@ -129,7 +129,7 @@ impl fmt::Display for ObjectKey {
     }
 }
 
-/// Where Liqo put a TunnelEndpoint's networks (DESIGN §1).
+/// Where Liqo put a TunnelEndpoint's networks (docs/design.md#tunnelendpoint-fields).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Layout {
     /// Liqo v0.3.1 and later: every network in `spec`, under its own name.

@@ -387,7 +387,7 @@ impl Reader<'_> {
         };
         let public_key = match backend.and_then(|b| b.get("publicKey")) {
             None => None,
-            Some(v) => Some(crate::model::key::decode(&text(v)).ok_or_else(|| {
+            Some(v) => Some(crate::model::key_text::decode(&text(v)).ok_or_else(|| {
                 bad(
                     "backend_config.publicKey",
                     v,

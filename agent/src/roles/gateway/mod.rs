@@ -13,24 +13,21 @@ use ipnet::Ipv4Net;
 use tracing::{error, info, warn};
 
 pub mod conncheck;
+pub mod endpoint;
 pub mod guard;
 
 use conncheck::{Checks, Health};
+use endpoint::Resolver;
 use guard::Guard;
 
 use crate::{
     model::{
-        key,
+        key_text,
         object::ObjectKey,
         peer::{Endpoint, Peer, PeerError, Problem},
     },
-    tunnel::{
-        Connection, PeerStatus, Tunnel, TunnelConfig,
-        endpoint::{self, Resolver},
-        key::KeyPair,
-        peers::PeerConfig,
-        route::Routes,
-    },
+    roles::routes::Routes,
+    tunnel::{Connection, PeerStatus, Tunnel, TunnelConfig, key::KeyPair, peers::PeerConfig},
 };
 
 /// The running tunnel of a gateway and what it has told the operator.
@@ -78,7 +75,7 @@ impl Gateway {
         resolve_every: std::time::Duration,
         masquerading: bool,
     ) -> Result<Self> {
-        let public = key::encode(key.public.as_bytes());
+        let public = key_text::encode(key.public.as_bytes());
         let tunnel = Tunnel::start(config, key).with_context(|| {
             format!(
                 "starting the tunnel on {} and UDP port {}",
@@ -366,6 +363,6 @@ fn peer_configuration(config: &PeerConfig) -> BTreeMap<String, String> {
         ("allowedIPs".to_owned(), allowed.join(", ")),
         ("endpointIP".to_owned(), config.endpoint.ip().to_string()),
         ("port".to_owned(), config.endpoint.port().to_string()),
-        ("publicKey".to_owned(), key::encode(&config.public)),
+        ("publicKey".to_owned(), key_text::encode(&config.public)),
     ])
 }

@@ -152,7 +152,7 @@ fn an_entry_whose_endpoint_is_a_node_address_is_rejected_alone() {
 }
 
 /// The hub case: the peer remapped our ExternalCIDR, and Liqo's IPAM
-/// writes the values in that view (DESIGN §1, "NatMapping").
+/// writes the values in that view (docs/design.md#natmapping).
 #[test]
 fn values_in_the_peers_view_of_our_external_cidr_reach_the_kernel_as_real_addresses() {
     let (mut peers, mut mappings) = (Peers::default(), Mappings::default());

@@ -29,7 +29,7 @@ fn fuzz_tep(
         ])
         .remote(remote)
         .endpoint(tunnel.0)
-        .public_key(&crate::model::key::encode(&[tunnel.1; 32]))
+        .public_key(&crate::model::key_text::encode(&[tunnel.1; 32]))
         .to_string()
 }
 

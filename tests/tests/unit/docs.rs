@@ -1,0 +1,171 @@
+//! The project's documents, checked: every `docs/<page>.md#<section>` the
+//! code cites, and every link between the Markdown pages, leads to a page
+//! and a heading that exist.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Where code lives: every crate of the workspace, and the fuzz targets.
+const CODE_DIRS: [&str; 6] = ["agent", "common", "ebpf", "xtask", "tests", "fuzz"];
+
+/// Every file under `dir` whose name ends in `.{ext}`, build output aside.
+fn files(dir: &Path, ext: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_owned()];
+    while let Some(dir) = pending.pop() {
+        for entry in fs::read_dir(&dir).unwrap().map(Result::unwrap) {
+            let path = entry.path();
+            let name = entry.file_name();
+            if path.is_dir() && name != "target" && name != "corpus" {
+                pending.push(path);
+            } else if path.extension().is_some_and(|e| e == ext) {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+/// The anchor GitHub gives a heading: lower case, spaces as hyphens, and
+/// no punctuation but hyphens and underscores.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The anchors of a Markdown file's headings, code blocks aside.
+fn anchors(markdown: &str) -> Vec<String> {
+    let mut in_code = false;
+    let mut found = Vec::new();
+    for line in markdown.lines() {
+        if line.starts_with("```") {
+            in_code = !in_code;
+        } else if !in_code && line.starts_with('#') {
+            found.push(anchor(line.trim_start_matches('#')));
+        }
+    }
+    found
+}
+
+/// Whether `page#section` exists; `page` is a path from the workspace.
+fn exists(page: &Path, section: &str) -> Result<(), String> {
+    let text = fs::read_to_string(workspace().join(page))
+        .map_err(|e| format!("{}: {e}", page.display()))?;
+    if section.is_empty() || anchors(&text).iter().any(|a| a == section) {
+        Ok(())
+    } else {
+        Err(format!("{} has no section #{section}", page.display()))
+    }
+}
+
+/// The `docs/<page>.md#<section>` citations in `text`.
+fn citations(text: &str) -> Vec<(String, String)> {
+    text.match_indices("docs/")
+        .filter_map(|(at, _)| {
+            let rest = &text[at..];
+            let (page, after) = rest.split_once(".md#")?;
+            if page.contains(|c: char| !(c.is_alphanumeric() || "/_-".contains(c))) {
+                return None;
+            }
+            let section: String = after
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || matches!(c, '-' | '_'))
+                .collect();
+            Some((format!("{page}.md"), section))
+        })
+        .collect()
+}
+
+/// The targets of the relative links `](target)` in a Markdown text, split
+/// into page and section, with web addresses and images' own files aside.
+fn links(markdown: &str) -> Vec<(String, String)> {
+    markdown
+        .split("](")
+        .skip(1)
+        .filter_map(|rest| rest.split_once(')').map(|(target, _)| target))
+        .filter(|t| !t.contains("://") && !t.ends_with(".png"))
+        .map(|t| {
+            let (page, section) = t.split_once('#').unwrap_or((t, ""));
+            (page.to_owned(), section.to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn every_section_the_code_cites_exists() {
+    let root = workspace();
+    let mut broken = Vec::new();
+    let mut cited = 0;
+    for dir in CODE_DIRS {
+        for file in files(&root.join(dir), "rs") {
+            for (page, section) in citations(&fs::read_to_string(&file).unwrap()) {
+                cited += 1;
+                if let Err(e) = exists(Path::new(&page), &section) {
+                    broken.push(format!("{}: {e}", file.display()));
+                }
+            }
+        }
+    }
+    assert!(
+        cited > 10,
+        "only {cited} citations found: is the scan broken?"
+    );
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+}
+
+#[test]
+fn every_link_between_the_documents_leads_somewhere() {
+    let root = workspace();
+    let mut pages = files(&root.join("docs"), "md");
+    pages.push(root.join("README.md"));
+    let mut broken = Vec::new();
+    for page in pages {
+        let text = fs::read_to_string(&page).unwrap();
+        let dir = page.parent().unwrap().strip_prefix(&root).unwrap();
+        for (target, section) in links(&text) {
+            let target = if target.is_empty() {
+                page.strip_prefix(&root).unwrap().to_owned()
+            } else {
+                dir.join(&target)
+            };
+            if let Err(e) = exists(&target, &section) {
+                broken.push(format!("{}: {e}", page.display()));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+}
+
+#[test]
+fn headings_get_the_anchors_github_gives_them() {
+    assert_eq!(anchor(" The lab's variants"), "the-labs-variants");
+    assert_eq!(
+        anchor("Pins, restarts and upgrades"),
+        "pins-restarts-and-upgrades"
+    );
+    assert_eq!(
+        citations("see docs/design.md#expected-reachability, row 5"),
+        [(
+            "docs/design.md".to_owned(),
+            "expected-reachability".to_owned()
+        )]
+    );
+    assert_eq!(
+        links("[a](operating.md#translation) [b](#top) [c](https://x.io/y.md)"),
+        [
+            ("operating.md".to_owned(), "translation".to_owned()),
+            (String::new(), "top".to_owned())
+        ]
+    );
+}
