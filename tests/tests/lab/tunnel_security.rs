@@ -691,8 +691,17 @@ fn a_handshake_flood_spares_the_peers_and_lets_a_restarting_peer_in() {
     let mut stranger = Outsider::towards(&B);
     let c_pod1 = C.pod_addr(1);
     let (rounds, samples) = (3, 300);
-    let before =
-        median_p50(&probe::round_trips(&B.pod(1), &C.pod(1), c_pod1, rounds, samples).unwrap());
+    let before = median_p50(
+        &probe::round_trips(
+            &B.pod(1),
+            &C.pod(1),
+            c_pod1,
+            rounds,
+            samples,
+            probe::Lost::Fails,
+        )
+        .unwrap(),
+    );
     let cookies_before = sample(&B.gw(), "isthmus_tunnel_cookies_sent_total");
     let mut buf = vec![0u8; 256];
     let TunnResult::WriteToNetwork(init) =
@@ -702,8 +711,17 @@ fn a_handshake_flood_spares_the_peers_and_lets_a_restarting_peer_in() {
     };
     let flood = Flood::start(&stranger.socket, init.to_vec(), stranger.gateway);
     let stream = UdpStream::start(&B.pod(1), &C.pod(1), c_pod1, c_pod1).unwrap();
-    let during =
-        median_p50(&probe::round_trips(&B.pod(1), &C.pod(1), c_pod1, rounds, samples).unwrap());
+    let during = median_p50(
+        &probe::round_trips(
+            &B.pod(1),
+            &C.pod(1),
+            c_pod1,
+            rounds,
+            samples,
+            probe::Lost::Fails,
+        )
+        .unwrap(),
+    );
     // a's traffic, a datagram a millisecond: its longest silence is the
     // restart's gap.
     let a_to_b = UdpStream::start(

@@ -12,6 +12,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use xtask::{
     lab::{self, LabTunnel, external_tunnel::Implementation},
+    probe::Lost,
     topology::A,
     wait,
 };
@@ -263,9 +264,14 @@ fn rtt_under(
         || Ok((rx_bytes(server)? >= start + BULK_UNDER_WAY).then_some(())),
     )?;
     let row = &xtask::topology::reachability()[1];
-    let [round] =
-        xtask::probe::round_trips(&row.from, &row.answered_by, row.target, 1, LOADED_SAMPLES)?[..]
-    else {
+    let [round] = xtask::probe::round_trips(
+        &row.from,
+        &row.answered_by,
+        row.target,
+        1,
+        LOADED_SAMPLES,
+        Lost::Waited,
+    )?[..] else {
         bail!("one RTT round asked for, another count given");
     };
     if bulk.is_finished() {
@@ -296,7 +302,14 @@ fn udp(client: &str, server: &str, target: std::net::Ipv4Addr) -> Result<(f64, f
 /// [`RTT_ROUNDS_PER_TURN`] rounds of [`RTT_SAMPLES`] UDP ping-pongs: each
 /// round's p50 and p99, in microseconds.
 fn rtt(client: &str, server: &str, target: std::net::Ipv4Addr) -> Result<Vec<[f64; 2]>> {
-    xtask::probe::round_trips(client, server, target, RTT_ROUNDS_PER_TURN, RTT_SAMPLES)
+    xtask::probe::round_trips(
+        client,
+        server,
+        target,
+        RTT_ROUNDS_PER_TURN,
+        RTT_SAMPLES,
+        Lost::Fails,
+    )
 }
 
 /// Resident memory of a-gw's agent once it runs `count` tunnel peers.
@@ -443,7 +456,9 @@ own (a round's source port decides which TUN queue, and so which
 thread, carries it). Each figure is the median of the rounds (of the RTT
 rounds' p50 and p99). Under bulk: a round of {LOADED_SAMPLES} ping-pongs, a-pod2 to
 b-pod2 through the same tunnel, while the 1-stream TCP run is under way
-(it has delivered {bulk} bytes, and still runs when the round ends).
+(it has delivered {bulk} bytes, and still runs when the round ends); an
+echo that does not come back within 200 ms counts as 200 ms, and more than
+10% lost fails the turn.
 CPU is the whole machine's busy time during the
 turn's TCP runs (`/proc/stat`: every core; user, system, irq, softirq and
 steal, so softirq work counts wherever it lands), less what the idle lab
