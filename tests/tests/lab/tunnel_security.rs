@@ -690,18 +690,12 @@ fn a_handshake_flood_spares_the_peers_and_lets_a_restarting_peer_in() {
     let _shipped = GuardOff::new();
     let mut stranger = Outsider::towards(&B);
     let c_pod1 = C.pod_addr(1);
-    let (rounds, samples) = (3, 300);
-    let before = median_p50(
-        &probe::round_trips(
-            &B.pod(1),
-            &C.pod(1),
-            c_pod1,
-            rounds,
-            samples,
-            probe::Lost::Fails,
-        )
-        .unwrap(),
-    );
+    // b-pod1's round trips to c-pod1, through b's tunnel: their p50.
+    let b_to_c_p50 = || {
+        let rounds = probe::round_trips(&B.pod(1), &C.pod(1), c_pod1, 3, 300, probe::Lost::Fails);
+        median_p50(&rounds.unwrap())
+    };
+    let before = b_to_c_p50();
     let cookies_before = sample(&B.gw(), "isthmus_tunnel_cookies_sent_total");
     let mut buf = vec![0u8; 256];
     let TunnResult::WriteToNetwork(init) =
@@ -711,17 +705,7 @@ fn a_handshake_flood_spares_the_peers_and_lets_a_restarting_peer_in() {
     };
     let flood = Flood::start(&stranger.socket, init.to_vec(), stranger.gateway);
     let stream = UdpStream::start(&B.pod(1), &C.pod(1), c_pod1, c_pod1).unwrap();
-    let during = median_p50(
-        &probe::round_trips(
-            &B.pod(1),
-            &C.pod(1),
-            c_pod1,
-            rounds,
-            samples,
-            probe::Lost::Fails,
-        )
-        .unwrap(),
-    );
+    let during = b_to_c_p50();
     // a's traffic, a datagram a millisecond: its longest silence is the
     // restart's gap.
     let a_to_b = UdpStream::start(
