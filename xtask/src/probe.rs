@@ -218,6 +218,16 @@ pub enum Lost {
     Waited,
 }
 
+impl Lost {
+    /// The most echoes a round may lose before it fails, in percent.
+    pub fn most_percent(self) -> usize {
+        match self {
+            Lost::Fails => 1,
+            Lost::Waited => 10,
+        }
+    }
+}
+
 /// How long a ping's echo is waited for.
 pub const ECHO_TIMEOUT: Duration = Duration::from_millis(200);
 
@@ -230,7 +240,7 @@ pub fn round_trips(
     target: Ipv4Addr,
     rounds: usize,
     samples: usize,
-    lost: Lost,
+    lost_as: Lost,
 ) -> Result<Vec<[f64; 2]>> {
     let port = next_port();
     let echo = netns::run_in(server, || UdpSocket::bind((Ipv4Addr::UNSPECIFIED, port)))??;
@@ -242,7 +252,7 @@ pub fn round_trips(
         }
     });
     let percentiles = (0..rounds)
-        .map(|_| round_trip_round(client, (target, port), samples, lost))
+        .map(|_| round_trip_round(client, (target, port), samples, lost_as))
         .collect::<Result<Vec<_>>>()?;
     echoer
         .join()
@@ -252,7 +262,7 @@ pub fn round_trips(
 
 /// One round of `samples` ping-pongs from a new socket in `client` to the
 /// echo at `to`: the p50 and p99, in microseconds. An echo that does not
-/// come back within [`ECHO_TIMEOUT`] is what `lost` says; past its share,
+/// come back within [`ECHO_TIMEOUT`] is what `lost_as` says; past its share,
 /// the round fails at once.
 fn round_trip_round(
     client: &str,
@@ -262,10 +272,7 @@ fn round_trip_round(
 ) -> Result<[f64; 2]> {
     let socket = netns::run_in(client, || UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)))??;
     socket.set_read_timeout(Some(ECHO_TIMEOUT))?;
-    let most_lost_percent = match lost_as {
-        Lost::Fails => 1,
-        Lost::Waited => 10,
-    };
+    let most_lost_percent = lost_as.most_percent();
     let mut times = Vec::with_capacity(samples);
     let mut lost = 0;
     let mut buf = [0u8; 64];

@@ -63,6 +63,12 @@ impl Tracked {
     pub fn keys(&self) -> &[FlowKey] {
         &self.keys[..self.entries]
     }
+
+    /// The outbound entry and the reply's, as [`keys`](Self::keys) orders
+    /// them; a flow of one entry is its own reply.
+    fn outbound_and_reply(&self) -> (FlowKey, FlowKey) {
+        (self.keys[self.entries - 1], self.keys[0])
+    }
 }
 
 /// A flow table the collector sweeps: dead flows go, and, when room is
@@ -203,8 +209,7 @@ impl SweptTable for Conntrack {
 
     fn still_closed(&self, flow: &Tracked) -> bool {
         let state = |key| self.flows.get(key, 0).map(|nat| nat.state);
-        // A flow of one entry is its own reply.
-        let (back, out) = (flow.keys()[0], flow.keys()[flow.entries - 1]);
+        let (out, back) = flow.outbound_and_reply();
         match (state(&out), state(&back)) {
             (Ok(out_state), Ok(back_state)) => closed(out.proto, out_state, back_state),
             _ => false,

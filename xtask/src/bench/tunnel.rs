@@ -438,6 +438,8 @@ fn report(measured: &[(Setup, Vec<Turn>)], rss: f64, idle: f64, seals: &[f64]) -
     let idle = idle * 100.0;
     let seal = median(seals);
     let bulk = BULK_UNDER_WAY;
+    let timeout = xtask::probe::ECHO_TIMEOUT.as_millis();
+    let most_lost = Lost::Waited.most_percent();
     let section = format!(
         "## Tunnel: a-pod1 to b-pod1 through the gateways
 
@@ -457,8 +459,8 @@ thread, carries it). Each figure is the median of the rounds (of the RTT
 rounds' p50 and p99). Under bulk: a round of {LOADED_SAMPLES} ping-pongs, a-pod2 to
 b-pod2 through the same tunnel, while the 1-stream TCP run is under way
 (it has delivered {bulk} bytes, and still runs when the round ends); an
-echo that does not come back within 200 ms counts as 200 ms, and more than
-10% lost fails the turn.
+echo that does not come back within {timeout} ms counts as {timeout} ms, and
+more than {most_lost}% lost fails the turn.
 CPU is the whole machine's busy time during the
 turn's TCP runs (`/proc/stat`: every core; user, system, irq, softirq and
 steal, so softirq work counts wherever it lands), less what the idle lab
