@@ -20,7 +20,7 @@ use isthmus_common::{
     wire::Be32,
 };
 use libfuzzer_sys::fuzz_target;
-use xtask::objects::TunnelEndpoint;
+use isthmus_lab::objects::TunnelEndpoint;
 
 /// A kernel table stand-in, shared as the kernel's is by every agent.
 struct Table<K, V>(Rc<RefCell<BTreeMap<K, V>>>);

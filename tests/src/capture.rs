@@ -7,7 +7,7 @@ use std::{
     time::Duration,
 };
 
-use xtask::lab;
+use isthmus_lab::lab;
 
 /// Frames of a classic pcap file.
 pub fn frames(pcap: &[u8]) -> Vec<&[u8]> {

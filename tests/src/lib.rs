@@ -38,13 +38,13 @@ pub fn eventually(
     what: &str,
     done: impl FnMut() -> bool,
 ) -> std::time::Duration {
-    xtask::wait::until(within, POLL, what, done).unwrap_or_else(|e| panic!("{e}"))
+    isthmus_lab::wait::until(within, POLL, what, done).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Fails the test unless the lab is up: lab tests never skip in silence.
 pub fn require_lab() {
     assert!(
-        xtask::lab::is_up(),
+        isthmus_lab::lab::is_up(),
         "the lab is not up: run these tests through `cargo xtask test`, or `cargo xtask lab up` first"
     );
 }

@@ -1,6 +1,6 @@
 //! Reading an agent's Prometheus counters from inside its netns.
 
-use xtask::lab;
+use isthmus_lab::lab;
 
 /// The value of the sample whose name and labels start with `prefix`,
 /// e.g. `isthmus_nat_packets_total{direction="egress",outcome="translated"}`.

@@ -1,13 +1,13 @@
 //! Namespaces tests build for themselves beside the lab. Their names start
 //! with `ist-t-`, which `cargo xtask lab down` also removes.
 
-use xtask::{cmd::ip, netns};
+use isthmus_lab::{cmd::ip, netns};
 
 /// Creates each of `names` afresh, deleting any leftover, with loopback up.
 pub fn fresh(names: &[&str]) {
     for ns in names {
         assert!(
-            ns.starts_with(xtask::lab::TEST_NS_PREFIX),
+            ns.starts_with(isthmus_lab::lab::TEST_NS_PREFIX),
             "{ns}: test namespaces start with ist-t-"
         );
         if netns::exists(ns) {

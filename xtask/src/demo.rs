@@ -2,7 +2,7 @@
 //! each end saw.
 
 use anyhow::{Result, bail};
-use xtask::{
+use isthmus_lab::{
     lab,
     probe::{self, Proto},
     topology::{self, CLUSTERS},

@@ -7,7 +7,7 @@ use std::{fs, process::Command, time::Instant};
 use anyhow::{Context, Result, bail};
 
 use crate::prereqs;
-use xtask::repo_root;
+use isthmus_lab::repo_root;
 
 /// How long each target runs in `cargo xtask test`, and by default.
 pub const CI_SECONDS: u64 = 60;

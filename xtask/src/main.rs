@@ -11,7 +11,7 @@ use std::{path::PathBuf, process::Command, time::Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use xtask::lab::{self, LabTunnel};
+use isthmus_lab::lab::{self, LabTunnel};
 
 #[derive(Parser)]
 #[command(about = "Isthmus build, lab, test and benchmark tasks")]
@@ -129,7 +129,7 @@ fn main() -> Result<()> {
             match (liqo_peer, containers) {
                 (Some(name), _) => lab::up_with_liqo_peer(cluster_named(&name)?),
                 (None, true) => {
-                    print_image(&xtask::image::build()?);
+                    print_image(&isthmus_lab::image::build()?);
                     lab::up_in_containers(tunnel)
                 }
                 (None, false) => lab::up(tunnel),
@@ -138,8 +138,8 @@ fn main() -> Result<()> {
                 lab::segregation::set(true)?;
                 println!(
                     "lab: {} segregates its peers ({})",
-                    lab::segregation::CLUSTER.gw(),
-                    lab::segregation::MODE
+                    lab::segregation::settings::CLUSTER.gw(),
+                    lab::segregation::settings::MODE
                 );
             }
             if ha {
@@ -147,24 +147,24 @@ fn main() -> Result<()> {
                 println!(
                     "lab: cluster a has two gateways ({}); {} is on {}",
                     lab::ha::gateways().join(", "),
-                    xtask::topology::A.wan_addr(),
+                    isthmus_lab::topology::A.wan_addr(),
                     lab::ha::endpoint_holder().unwrap_or_default()
                 );
             }
             Ok(())
         }
         Task::Image { rootfs: Some(dir) } => {
-            let files = xtask::image::stage_rootfs(&lab::agent_binary(), &dir)?;
+            let files = isthmus_lab::image::stage_rootfs(&lab::agent_binary(), &dir)?;
             println!("image: rootfs in {}: {}", dir.display(), files.join(" "));
             Ok(())
         }
         Task::Image { rootfs: None } => {
             build()?;
-            print_image(&xtask::image::build()?);
+            print_image(&isthmus_lab::image::build()?);
             Ok(())
         }
         Task::LabControl => lab::ha::serve(),
-        Task::LiqoConncheck { cluster } => xtask::lab::liqo_peer::run_conncheck(&cluster),
+        Task::LiqoConncheck { cluster } => isthmus_lab::lab::liqo_peer::run_conncheck(&cluster),
         Task::Lab {
             action: LabAction::Down,
         } => {
@@ -183,7 +183,7 @@ fn main() -> Result<()> {
 }
 
 /// Says what `cargo xtask image` built.
-fn print_image(image: &xtask::image::Image) {
+fn print_image(image: &isthmus_lab::image::Image) {
     println!(
         "image: {} ({}), {:.1} MB; OCI archive {}",
         image.exact,
@@ -194,8 +194,8 @@ fn print_image(image: &xtask::image::Image) {
 }
 
 /// The lab cluster called `name`.
-fn cluster_named(name: &str) -> Result<&'static xtask::topology::Cluster> {
-    xtask::topology::CLUSTERS
+fn cluster_named(name: &str) -> Result<&'static isthmus_lab::topology::Cluster> {
+    isthmus_lab::topology::CLUSTERS
         .iter()
         .copied()
         .find(|c| c.name == name)
@@ -207,7 +207,7 @@ pub(crate) fn cargo(args: &[&str]) -> Result<()> {
     println!("==> cargo {}", args.join(" "));
     let status = Command::new(env!("CARGO"))
         .args(args)
-        .current_dir(xtask::repo_root())
+        .current_dir(isthmus_lab::repo_root())
         .status()?;
     if !status.success() {
         bail!("`cargo {}` failed ({status})", args.join(" "));

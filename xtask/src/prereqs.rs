@@ -8,7 +8,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use xtask::{cmd::run, tools};
+use isthmus_lab::{cmd::run, tools};
 
 /// Debian packages the lab, the tests and the benchmarks use (wireguard-go
 /// and wg are the reference peer of the interop test and of `bench tunnel`).

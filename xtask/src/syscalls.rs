@@ -3,7 +3,7 @@
 //! suite fails on any from an agent, so the filter's list stays complete.
 
 use anyhow::{Context, Result, bail};
-use xtask::cmd::run;
+use isthmus_lab::cmd::run;
 
 /// Seconds since boot, as the kernel log stamps its records.
 pub fn kernel_uptime() -> Result<f64> {

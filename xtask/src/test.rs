@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use xtask::{
+use isthmus_lab::{
     lab::{self, LabTunnel},
     topology,
 };
@@ -110,7 +110,7 @@ fn run_tier(tier: Tier) -> Result<()> {
             ],
         ),
         Tier::Containers => {
-            let image = xtask::image::build()?;
+            let image = isthmus_lab::image::build()?;
             println!("image: {}, {:.1} MB", image.exact, image.size as f64 / 1e6);
             let args = [&["--test", "lab", "--", "--test-threads=1"], IN_CONTAINERS].concat();
             in_lab(Lab::Containers, &args)

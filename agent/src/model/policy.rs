@@ -270,7 +270,7 @@ pub fn cluster_networks(pods: &[Ipv4Net], services: &[Ipv4Net]) -> Vec<Protected
 mod tests {
     use std::path::Path;
 
-    use xtask::objects::TunnelEndpoint;
+    use isthmus_lab::objects::TunnelEndpoint;
 
     use super::*;
     use crate::model::object::{Object, parse_documents};

@@ -21,13 +21,13 @@ use isthmus_common::{
     overlay::{EVENTS, OverlayConfig, OverlayEvent, PAST_NETFILTER},
     wire::Be32,
 };
+use isthmus_lab::topology::{A, OVERLAY_PORT, PEERINGS};
 use isthmus_tests::{
     addrs::{A_POD1, A_POD1_AT_B, A_POD2, A_POD2_AT_B, B_POD1},
     netns,
     packet::{Datagram, ETH_P_ARP, L4, eth_ipv4, ethernet, tcp, udp, vxlan},
     require_root, test_run,
 };
-use xtask::topology::{A, OVERLAY_PORT, PEERINGS};
 
 const VNI: u32 = 18952;
 /// TC verdicts as the kernel returns them.
@@ -120,7 +120,7 @@ impl Harness {
     fn run(&self, program: &str, frame: &[u8]) -> (u32, Vec<u8>) {
         let prog: &SchedClassifier = self.ebpf.program(program).unwrap().try_into().unwrap();
         match self.netns {
-            Some(ns) => xtask::netns::run_in(ns, || test_run(prog, frame)).unwrap(),
+            Some(ns) => isthmus_lab::netns::run_in(ns, || test_run(prog, frame)).unwrap(),
             None => test_run(prog, frame),
         }
     }
@@ -294,7 +294,7 @@ impl ForwardingNode {
         netns::fresh(&[ns, next_hop_ns]);
         netns::link(ns, next_hop_ns);
         let mac = |ns: &str, dev: &str| -> [u8; 6] {
-            let text = xtask::cmd::ip(ns, &["-br", "link", "show", dev]).unwrap();
+            let text = isthmus_lab::cmd::ip(ns, &["-br", "link", "show", dev]).unwrap();
             let field = text.split_whitespace().nth(2).unwrap();
             let bytes: Vec<u8> = field
                 .split(':')
@@ -315,8 +315,8 @@ impl ForwardingNode {
             "nud",
             "permanent",
         ];
-        xtask::cmd::ip(ns, &neighbour).unwrap();
-        xtask::cmd::sysctl(ns, "net.ipv4.ip_forward", "1").unwrap();
+        isthmus_lab::cmd::ip(ns, &neighbour).unwrap();
+        isthmus_lab::cmd::sysctl(ns, "net.ipv4.ip_forward", "1").unwrap();
         let this = Self { ns, next_hop, node };
         this.route("10.244.0.0/24");
         this
@@ -324,7 +324,7 @@ impl ForwardingNode {
 
     /// Routes `to` through the next hop.
     fn route(&self, to: &str) {
-        xtask::cmd::ip(
+        isthmus_lab::cmd::ip(
             self.ns,
             &["route", "add", to, "via", "192.0.2.2", "dev", "v0"],
         )

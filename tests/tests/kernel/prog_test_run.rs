@@ -36,7 +36,7 @@ use isthmus_tests::{
 };
 use std::net::Ipv4Addr;
 
-use xtask::{objects::TunnelEndpoint, topology::PEERINGS};
+use isthmus_lab::{objects::TunnelEndpoint, topology::PEERINGS};
 
 const A_EXT: Addr = [192, 168, 0, 7];
 /// How b sees a's externals.

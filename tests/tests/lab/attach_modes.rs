@@ -5,8 +5,8 @@ use std::{fs, path::PathBuf};
 
 use aya::programs::{SchedClassifier, TcAttachType};
 use isthmus_common::names;
+use isthmus_lab::{cmd::ip, lab, netns, topology::PEERINGS};
 use isthmus_tests::{netns as test_netns, require_lab, require_root};
-use xtask::{cmd::ip, lab, netns, topology::PEERINGS};
 
 /// A throwaway node: a netns with a veth `v0`, an object directory holding
 /// peer b, and a bpffs directory in the lab's bpffs.
@@ -28,7 +28,7 @@ impl Node {
         for dev in ["v0", "v1"] {
             ip(ns, &["link", "set", dev, "up"]).unwrap();
         }
-        let objects = PathBuf::from(xtask::lab::STATE_DIR).join(format!("objects/{ns}"));
+        let objects = PathBuf::from(isthmus_lab::lab::STATE_DIR).join(format!("objects/{ns}"));
         fs::create_dir_all(&objects).unwrap();
         fs::write(
             objects.join("peer-b.yaml"),
@@ -80,7 +80,8 @@ impl Node {
 }
 
 fn ip_tc(ns: &str, direction: &str) -> String {
-    xtask::cmd::run("tc", &["-n", ns, "filter", "show", "dev", "v0", direction]).unwrap_or_default()
+    isthmus_lab::cmd::run("tc", &["-n", ns, "filter", "show", "dev", "v0", direction])
+        .unwrap_or_default()
 }
 
 impl Drop for Node {

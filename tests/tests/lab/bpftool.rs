@@ -5,13 +5,13 @@
 use std::{collections::BTreeSet, fs, process::Command};
 
 use isthmus_common::{names, pins};
-use isthmus_tests::require_lab;
-use serde_json::Value;
-use xtask::{
+use isthmus_lab::{
     lab,
     probe::{self, Proto},
     topology::{self, A, B},
 };
+use isthmus_tests::require_lab;
+use serde_json::Value;
 
 /// `bpftool -j map dump pinned` of map `map` on `node`: its entries.
 fn dump(node: &str, map: &str) -> Vec<Value> {

@@ -8,11 +8,11 @@ use std::{
     time::Duration,
 };
 
-use isthmus_tests::{eventually, require_lab};
-use xtask::{
+use isthmus_lab::{
     lab, netns,
     topology::{A, B, CONNCHECK_ADDR, NAT_MAPPING, PEERINGS},
 };
+use isthmus_tests::{eventually, require_lab};
 
 /// Liqo's PING every 2 s, and Error after 5 unanswered: 10 s, and margin.
 const SILENCE: Duration = Duration::from_secs(20);
@@ -92,7 +92,7 @@ fn a_liqo_ping_through_the_natmapping_is_answered_and_garbage_is_not() {
 #[test]
 fn a_peer_reaches_no_other_port_of_the_gateway_through_the_conncheck_address() {
     require_lab();
-    let port = xtask::probe::next_port();
+    let port = isthmus_lab::probe::next_port();
     let listener = netns::run_in(&A.gw(), || std::net::TcpListener::bind(("0.0.0.0", port)))
         .unwrap()
         .unwrap();

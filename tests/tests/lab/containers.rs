@@ -8,8 +8,7 @@
 
 use std::{fs, time::Duration};
 
-use isthmus_tests::require_lab;
-use xtask::{
+use isthmus_lab::{
     cmd::{ip, sysctl},
     container, image,
     lab::{
@@ -19,6 +18,7 @@ use xtask::{
     netns,
     topology::{A, C, CLUSTERS, reachability},
 };
+use isthmus_tests::require_lab;
 
 use crate::ha::Traffic;
 
@@ -44,7 +44,7 @@ fn log_of_failed_start(node: &str, variant: &Variant) -> String {
     let _ = fs::remove_file(&log);
     let args = lab::agent_args(node).unwrap();
     let pid = lab::spawn_container(node, &args, variant, &log).unwrap();
-    let exited = xtask::wait::until(
+    let exited = isthmus_lab::wait::until(
         EXIT_WITHIN,
         Duration::from_millis(50),
         "the agent gives up",
@@ -71,7 +71,7 @@ fn the_image_has_the_containerfiles_files_entrypoint_and_user() {
     require_container_lab();
     let stage =
         image::RuntimeStage::parse(&fs::read_to_string(image::containerfile()).unwrap()).unwrap();
-    let staged_in = xtask::target_dir().join("image/rootfs-compared");
+    let staged_in = isthmus_lab::target_dir().join("image/rootfs-compared");
     let staged = image::stage_rootfs(&lab::agent_binary(), &staged_in).unwrap();
     let reference = image::reference();
     let files = image::files_in(&reference).unwrap();

@@ -3,9 +3,9 @@
 
 use std::{collections::BTreeSet, path::PathBuf};
 
+use isthmus_lab::lab::monitor;
 use isthmus_tests::require_lab;
 use serde_json::Value;
-use xtask::lab::monitor;
 
 fn dashboard() -> Value {
     let path =

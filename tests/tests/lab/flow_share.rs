@@ -14,12 +14,12 @@ use std::{
 
 use isthmus_agent::kernel::conntrack::{Conntrack, SweptTable};
 use isthmus_common::conntrack::{DIR_OUT, Timeouts};
-use isthmus_tests::{eventually, require_lab};
-use xtask::{
+use isthmus_lab::{
     lab, netns,
     probe::{self, Proto, next_port},
     topology::{A, B, C, PEERINGS},
 };
+use isthmus_tests::{eventually, require_lab};
 
 /// How a reaches c-pod1 through b (docs/design.md#expected-reachability, row 5).
 const HUB_TARGET: Ipv4Addr = Ipv4Addr::new(10, 0, 1, 45);

@@ -11,14 +11,14 @@ use std::{
     time::Duration,
 };
 
-use isthmus_tests::{metrics::sample, require_lab};
-use xtask::{
+use isthmus_lab::{
     cmd::ip,
     lab::{self, LabTunnel},
     netns,
     probe::{self, Proto},
     topology::{A, TUNNEL_PORT, WAN_NS, reachability},
 };
+use isthmus_tests::{metrics::sample, require_lab};
 
 /// An address of the test's own on the WAN bridge, which no peer uses.
 const STRANGER: &str = "203.0.113.98";
@@ -113,7 +113,7 @@ fn a_handshake_flood_from_a_stranger_dies_in_xdp() {
     // Counters are read at scrape time; the flood's last datagrams may
     // still be on the veth for a moment.
     let enough = || guard("dropped") - dropped >= sent as f64 * 0.9;
-    xtask::wait::until(
+    isthmus_lab::wait::until(
         Duration::from_secs(5),
         isthmus_tests::POLL,
         "90% dropped",

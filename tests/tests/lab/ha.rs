@@ -18,14 +18,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use isthmus_tests::require_lab;
-use serde_json::{Value, json};
-use xtask::{
+use isthmus_lab::{
     cmd::ip,
     lab::{self, ha},
     stream::{TcpTransfer, UdpStream},
     topology::{B, reachability},
 };
+use isthmus_tests::require_lab;
+use serde_json::{Value, json};
 
 /// The bound on a failover's gap.
 const MAX_GAP: Duration = Duration::from_secs(2);
@@ -144,7 +144,7 @@ fn fails_over<T>(kill: impl FnOnce(&str) -> T) {
     let traffic = Traffic::start();
 
     let _killed = kill(&active);
-    xtask::wait::until(
+    isthmus_lab::wait::until(
         GIVE_UP,
         Duration::from_millis(20),
         "the standby takes a's endpoint",
@@ -157,7 +157,7 @@ fn fails_over<T>(kill: impl FnOnce(&str) -> T) {
         "the new active gateway's routes are used"
     );
     let sent_after = traffic.tcp.sent();
-    xtask::wait::until(
+    isthmus_lab::wait::until(
         GIVE_UP,
         Duration::from_millis(20),
         "TCP writes again",
@@ -270,7 +270,7 @@ fn api(method: &str, body: Option<&Value>) -> (u16, Value) {
         ]);
     }
     args.push(&url);
-    let out = xtask::cmd::run("ip", &args).expect("the API server answers");
+    let out = isthmus_lab::cmd::run("ip", &args).expect("the API server answers");
     let (body, code) = out.trim_end().rsplit_once('\n').expect("a status code");
     (
         code.parse().expect("a numeric status"),
@@ -349,7 +349,7 @@ fn a_partitioned_active_gateway_and_its_standby_never_both_act() {
     let sampler = Sampler::start(active, standby);
 
     let partition = Partitioned::from_api(active);
-    xtask::wait::until(
+    isthmus_lab::wait::until(
         GIVE_UP,
         Duration::from_millis(20),
         "the standby acts",
@@ -373,7 +373,7 @@ fn a_partitioned_active_gateway_and_its_standby_never_both_act() {
             seen.len() > n
         }
     };
-    xtask::wait::until(
+    isthmus_lab::wait::until(
         GIVE_UP,
         Duration::from_millis(50),
         "the standby renews",

@@ -6,13 +6,13 @@
 
 use std::{fs, time::Duration};
 
-use isthmus_tests::{eventually, require_lab};
-use xtask::{
+use isthmus_lab::{
     cmd::ip,
     lab,
     probe::{self, Proto},
     topology::{A, B, PEERINGS},
 };
+use isthmus_tests::{eventually, require_lab};
 
 const NAME: &str = "b-gw.wan.isthmus.test";
 /// A second address of b-gw's uplink, the name's new address.
@@ -42,7 +42,7 @@ impl Drop for Moved {
 }
 
 fn a_reaches_b() {
-    let row1 = xtask::topology::reachability().remove(0);
+    let row1 = isthmus_lab::topology::reachability().remove(0);
     let seen = probe::exchange(Proto::Tcp, &row1.from, &row1.answered_by, row1.target).unwrap();
     assert_eq!(seen.client_as_seen_by_server, row1.client_seen_as);
 }

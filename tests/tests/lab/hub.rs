@@ -15,13 +15,13 @@ use std::{
 };
 
 use isthmus_agent::{kernel::maps::MappingMap, kernel::table::KernelTable};
-use isthmus_tests::{netns as test_netns, require_lab};
-use xtask::{
+use isthmus_lab::{
     cmd::ip,
     lab, netns,
     probe::{self, Proto, next_port},
     topology::{A, B, C, METRICS_PORT, NAT_MAPPING},
 };
+use isthmus_tests::{netns as test_netns, require_lab};
 
 /// How a reaches c-pod1: b's externalIP 192.168.0.45 in a's view of b's ExternalCIDR.
 const HUB_TARGET: Ipv4Addr = Ipv4Addr::new(10, 0, 1, 45);
@@ -133,7 +133,7 @@ fn hub_entry_present() -> bool {
 fn until_entry(present: bool) -> Duration {
     let what = format!("b-gw's NatMapping entry present: {present}");
     // Every millisecond: these waits are timed.
-    xtask::wait::until(GIVE_UP, Duration::from_millis(1), &what, || {
+    isthmus_lab::wait::until(GIVE_UP, Duration::from_millis(1), &what, || {
         hub_entry_present() == present
     })
     .unwrap_or_else(|e| panic!("{e}"))
@@ -410,8 +410,8 @@ impl Drop for SmallNatMappingTable {
     }
 }
 
-fn b_to_c() -> &'static xtask::topology::Peering {
-    xtask::topology::PEERINGS
+fn b_to_c() -> &'static isthmus_lab::topology::Peering {
+    isthmus_lab::topology::PEERINGS
         .iter()
         .find(|p| p.local.name == "b" && p.remote.name == "c")
         .unwrap()

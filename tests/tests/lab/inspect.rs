@@ -4,13 +4,13 @@
 
 use std::{collections::BTreeSet, process::Command};
 
-use isthmus_tests::require_lab;
-use serde_json::Value;
-use xtask::{
+use isthmus_lab::{
     lab,
     probe::{self, Proto},
     topology::{self, B, NAT_MAPPING, PEERINGS},
 };
+use isthmus_tests::require_lab;
+use serde_json::Value;
 
 /// `inspect VIEW --json` on b-gw's pins: one object per row.
 fn inspect(view: &str) -> Vec<serde_json::Map<String, Value>> {

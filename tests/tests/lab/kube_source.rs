@@ -1,5 +1,5 @@
 //! The Kubernetes source against an API server stand-in that speaks the
-//! real list/watch protocol (`xtask::fake_api`): the agent runs in a netns
+//! real list/watch protocol (`isthmus_lab::fake_api`): the agent runs in a netns
 //! of the test's own, and the kernel maps it pins are the judge.
 
 use std::{
@@ -26,13 +26,13 @@ use isthmus_agent::{
     model::key_text,
 };
 use isthmus_common::{isolation::AllowKey, names};
-use isthmus_tests::{metrics::sample, require_lab};
-use serde_json::{Value, json};
-use xtask::{
+use isthmus_lab::{
     kube_lab::{KubeNode, Networks, nat_mapping, tunnel_endpoint},
     netns, offloading,
     topology::AGENT_NS,
 };
+use isthmus_tests::{metrics::sample, require_lab};
+use serde_json::{Value, json};
 
 const GIVE_UP: Duration = Duration::from_secs(30);
 const KEY_SECRET: &str = "isthmus-wireguard";
@@ -659,13 +659,13 @@ fn the_overlay_follows_node_objects() {
     });
 }
 
-/// A YAML object of `xtask::offloading`, as the API server serves it.
+/// A YAML object of `isthmus_lab::offloading`, as the API server serves it.
 fn served(yaml: &str) -> Value {
     serde_yaml_ng::from_str(yaml).expect("the fixtures are valid YAML")
 }
 
 fn allowed_entries(node: &KubeNode) -> usize {
-    xtask::lab::pinned_hash::<AllowKey, u8>(&node.bpffs(), names::MAP_ALLOWED)
+    isthmus_lab::lab::pinned_hash::<AllowKey, u8>(&node.bpffs(), names::MAP_ALLOWED)
         .map_or(0, |table| table.keys().count())
 }
 

@@ -9,9 +9,9 @@ use std::{
     process::{Command, Output},
 };
 
+use isthmus_lab::lab;
 use isthmus_tests::{eventually, netns as test_netns, require_lab, require_root};
 use serde_json::Value;
-use xtask::lab;
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/liqo")
@@ -180,7 +180,10 @@ fn run_accepts_every_shape_liqo_writes() {
         format!("--source=dir:{}", objects.display()),
         format!("--bpffs={}", lab::bpffs(NS).display()),
         format!("--private-key-file={}/{NS}.key", lab::STATE_DIR),
-        format!("--metrics-addr=127.0.0.1:{}", xtask::topology::METRICS_PORT),
+        format!(
+            "--metrics-addr=127.0.0.1:{}",
+            isthmus_lab::topology::METRICS_PORT
+        ),
     ];
     let pid = lab::spawn_agent(NS, &args, &log).unwrap();
     let _agent = Agent { pid, objects };

@@ -4,9 +4,9 @@
 
 use std::{fs, path::PathBuf, time::Duration};
 
+use isthmus_lab::{lab, topology::A};
 use isthmus_tests::require_lab;
 use serde_json::Value;
-use xtask::{lab, topology::A};
 
 /// A TunnelEndpoint whose PodCIDR is not a CIDR.
 const BAD: &str = "apiVersion: net.liqo.io/v1alpha1
@@ -56,15 +56,14 @@ fn wait_for(log: &PathBuf, message: &str, fields: &[(&str, &str)]) -> Value {
         })
     };
     let what = format!("a {message:?} line with {fields:?}");
-    xtask::wait::poll(Duration::from_secs(20), isthmus_tests::POLL, &what, line).unwrap_or_else(
-        |e| {
+    isthmus_lab::wait::poll(Duration::from_secs(20), isthmus_tests::POLL, &what, line)
+        .unwrap_or_else(|e| {
             panic!(
                 "{e} in {}:\n{}",
                 log.display(),
                 fs::read_to_string(log).unwrap()
             )
-        },
-    )
+        })
 }
 
 #[test]

@@ -9,13 +9,13 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use isthmus_tests::require_lab;
-use xtask::{
+use isthmus_lab::{
     lab::{self, monitor},
     netns,
     probe::{self, Proto},
     topology::{self, A, B, CLUSTERS},
 };
+use isthmus_tests::require_lab;
 
 /// b-pod2 as cluster a sees it.
 const B_POD2: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 133);
@@ -78,7 +78,7 @@ fn wait_until_risen(names: &[String; 3], before: [f64; 3], read: impl Fn() -> [f
         short.is_empty()
     };
     // Every 100 ms: each try is a scrape.
-    let waited = xtask::wait::until(
+    let waited = isthmus_lab::wait::until(
         Duration::from_secs(15),
         Duration::from_millis(100),
         "every counter risen",

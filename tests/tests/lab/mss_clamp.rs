@@ -11,13 +11,13 @@ use std::{
     time::Duration,
 };
 
-use isthmus_tests::require_lab;
-use xtask::{
+use isthmus_lab::{
     cmd::ip,
     lab, netns,
     probe::next_port,
     topology::{A, B},
 };
+use isthmus_tests::require_lab;
 
 /// b-pod2 as cluster a sees it.
 const B_POD2: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 133);
@@ -41,7 +41,7 @@ impl IcmpFiltered {
     fn new() -> Self {
         for gw in [A.gw(), B.gw()] {
             for chain in ["OUTPUT", "FORWARD", "INPUT"] {
-                xtask::cmd::iptables(&gw, &[&["-I", chain][..], &FILTER].concat()).unwrap();
+                isthmus_lab::cmd::iptables(&gw, &[&["-I", chain][..], &FILTER].concat()).unwrap();
             }
         }
         Self
@@ -52,7 +52,7 @@ impl Drop for IcmpFiltered {
     fn drop(&mut self) {
         for gw in [A.gw(), B.gw()] {
             for chain in ["OUTPUT", "FORWARD", "INPUT"] {
-                let _ = xtask::cmd::iptables(&gw, &[&["-D", chain][..], &FILTER].concat());
+                let _ = isthmus_lab::cmd::iptables(&gw, &[&["-D", chain][..], &FILTER].concat());
             }
         }
     }

@@ -10,8 +10,8 @@ use std::{fs, path::PathBuf, time::Duration};
 
 use aya::programs::{SchedClassifier, TcAttachType};
 use isthmus_common::names;
+use isthmus_lab::{cmd::ip, lab, netns};
 use isthmus_tests::{eventually, netns as test_netns, require_lab};
-use xtask::{cmd::ip, lab, netns};
 
 const NS: &str = "ist-t-natdev";
 const DEV: &str = "natdev0";

@@ -20,8 +20,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use isthmus_lab::{cmd::ip, lab, netns, probe::next_port, topology::PEERINGS};
 use isthmus_tests::{netns as test_netns, require_lab, require_root};
-use xtask::{cmd::ip, lab, netns, probe::next_port, topology::PEERINGS};
 
 const GW: &str = "ist-t-rs-gw";
 const PEER: &str = "ist-t-rs-peer";
@@ -135,7 +135,7 @@ fn restarting_the_agent_loses_no_datagram_through_the_nat() {
     };
     let wait_received = |count: u32| {
         let got = || received.load(Ordering::Relaxed) >= count;
-        xtask::wait::until(
+        isthmus_lab::wait::until(
             Duration::from_secs(10),
             isthmus_tests::POLL,
             "the stream going on",

@@ -18,6 +18,12 @@ use isthmus_common::{
     names,
     pins::{Direction, Pins},
 };
+use isthmus_lab::{
+    cmd::ip,
+    lab, netns,
+    probe::{self, Proto, next_port},
+    topology::{A, B, OVERLAY_PORT, OVERLAY_VNI, WAN_NS},
+};
 use isthmus_tests::{
     addrs::{A_POD2, A_POD2_AT_B},
     capture::{self, frames},
@@ -25,12 +31,6 @@ use isthmus_tests::{
     metrics::sample,
     packet::{Datagram, L4, eth_ipv4, vxlan_payload},
     require_lab,
-};
-use xtask::{
-    cmd::ip,
-    lab, netns,
-    probe::{self, Proto, next_port},
-    topology::{A, B, OVERLAY_PORT, OVERLAY_VNI, WAN_NS},
 };
 
 /// b-pod1 as a sees it.
@@ -345,7 +345,7 @@ impl ForwardPolicy {
 
     /// Packets the rule dropped (iptables only).
     fn dropped(&self) -> f64 {
-        let listing = xtask::cmd::iptables(&A.gw(), &["-nvxL", "FORWARD"]).unwrap();
+        let listing = isthmus_lab::cmd::iptables(&A.gw(), &["-nvxL", "FORWARD"]).unwrap();
         let port = format!("dpt:{}", self.port);
         let line = listing
             .lines()
@@ -357,7 +357,7 @@ impl ForwardPolicy {
 
 /// Runs `command` in a-gw.
 fn in_a_gw(command: &[&str]) -> anyhow::Result<String> {
-    xtask::cmd::run("ip", &[&["netns", "exec", &A.gw()][..], command].concat())
+    isthmus_lab::cmd::run("ip", &[&["netns", "exec", &A.gw()][..], command].concat())
 }
 
 impl Drop for ForwardPolicy {
@@ -482,7 +482,7 @@ fn path_mtu(ns: &str, target: Ipv4Addr, size: usize) -> usize {
             Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => false,
             Err(e) => panic!("sending to {target}: {e}"),
         };
-        xtask::wait::until(
+        isthmus_lab::wait::until(
             Duration::from_secs(10),
             Duration::from_millis(20),
             &what,

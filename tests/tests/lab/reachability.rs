@@ -3,11 +3,11 @@
 //! address (row 5: through the hub b, by NatMapping and masquerade). The
 //! gateways' NAT counters prove the kernel programs did it.
 
-use isthmus_tests::{metrics::nat_packets, require_lab};
-use xtask::{
+use isthmus_lab::{
     probe::{self, Proto},
     topology::{self, A, B},
 };
+use isthmus_tests::{metrics::nat_packets, require_lab};
 
 fn check_rows(proto: Proto) {
     require_lab();

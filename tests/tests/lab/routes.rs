@@ -4,13 +4,13 @@
 //! every lookup walk the rules; and `isthmus-agent cleanup` takes them all
 //! away. A standby's staged table is checked by the HA tests.
 
-use isthmus_tests::require_lab;
-use xtask::{
+use isthmus_lab::{
     cmd::ip,
     lab,
     probe::{self, Proto},
     topology::{A, reachability},
 };
+use isthmus_tests::require_lab;
 
 /// a-gw's views of its peers' networks (b's and, through b, c's).
 const VIEWS: [&str; 2] = ["10.0.0.0/24", "10.0.1.0/24"];

@@ -14,12 +14,12 @@ use std::{
 };
 
 use isthmus_common::{isolation::AllowKey, names};
-use isthmus_tests::{eventually, require_lab};
-use xtask::{
+use isthmus_lab::{
     lab::{self, segregation},
     probe::{self, Proto},
     topology::{A, B, C, Cluster, PEERINGS, Reach, reachability},
 };
+use isthmus_tests::{eventually, require_lab};
 
 const GIVE_UP: Duration = Duration::from_secs(30);
 /// How soon a change of the objects must reach b-gw's kernel.
@@ -241,7 +241,7 @@ fn annotate_a(on: bool) {
     if on {
         let annotation = format!(
             "  annotations:\n    isthmus.io/security-mode: {}\n",
-            segregation::MODE
+            segregation::settings::MODE
         );
         yaml = yaml.replacen("metadata:\n", &format!("metadata:\n{annotation}"), 1);
     }
@@ -336,7 +336,7 @@ fn a_segregated_peers_open_connections_fill_only_its_share() {
     let port = segregation::SERVICE_PORT;
     // b-pod1's service answers each connection with a byte, and holds it,
     // for at most 20 s.
-    let listener = xtask::netns::run_in(&B.pod(1), || {
+    let listener = isthmus_lab::netns::run_in(&B.pod(1), || {
         std::net::TcpListener::bind((Ipv4Addr::UNSPECIFIED, port))
     })
     .unwrap()
@@ -360,7 +360,7 @@ fn a_segregated_peers_open_connections_fill_only_its_share() {
     // Held open until the end of the test, as an attacker would.
     let connections: Vec<Option<std::net::TcpStream>> = (0..12)
         .map(|_| {
-            xtask::netns::run_in(&A.pod(1), || {
+            isthmus_lab::netns::run_in(&A.pod(1), || {
                 let mut stream =
                     std::net::TcpStream::connect_timeout(&target, Duration::from_secs(1)).ok()?;
                 stream

@@ -11,12 +11,12 @@ use std::{
     time::Duration,
 };
 
-use isthmus_tests::{metrics::sample, require_lab};
-use xtask::{
+use isthmus_lab::{
     lab, netns,
     probe::next_port,
     topology::{self, A, B},
 };
+use isthmus_tests::{metrics::sample, require_lab};
 
 const BYTES: usize = 32 << 20;
 const PATIENCE: Duration = Duration::from_secs(30);

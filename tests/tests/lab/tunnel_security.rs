@@ -18,6 +18,14 @@ use isthmus_agent::{
     model::key_text,
 };
 use isthmus_common::names;
+use isthmus_lab::{
+    cmd::{ip, run},
+    lab, netns,
+    objects::TunnelEndpoint,
+    probe::{self, Proto, next_port},
+    stream::UdpStream,
+    topology::{A, B, C, Cluster, TUNNEL_PORT, WAN_NS},
+};
 use isthmus_tests::{
     addrs::B_POD1,
     eventually,
@@ -25,14 +33,6 @@ use isthmus_tests::{
     packet::{Datagram, L4},
     require_lab,
     wireguard::{forged_response, forged_transport},
-};
-use xtask::{
-    cmd::{ip, run},
-    lab, netns,
-    objects::TunnelEndpoint,
-    probe::{self, Proto, next_port},
-    stream::UdpStream,
-    topology::{A, B, C, Cluster, TUNNEL_PORT, WAN_NS},
 };
 
 /// An address of the test's own on the WAN bridge.

@@ -12,15 +12,15 @@ use std::{
 };
 
 use etherparse::{NetSlice, SlicedPacket, TransportSlice};
-use isthmus_tests::{
-    capture::{self, frames},
-    eventually, require_lab,
-};
-use xtask::{
+use isthmus_lab::{
     cmd::ip,
     lab::{self, LabTunnel},
     probe::{self, Proto},
     topology::{A, B, CLUSTERS, TUNNEL_PORT, reachability},
+};
+use isthmus_tests::{
+    capture::{self, frames},
+    eventually, require_lab,
 };
 
 const ETH_P_ARP: u16 = 0x0806;
@@ -246,9 +246,10 @@ fn gateway_down_sends_no_pod_address_to_the_wan(stop: impl Fn(&str)) {
     stop(&gw);
     let port = probe::next_port();
     for (pod, target) in [(A.pod(1), "10.0.0.5"), (A.pod(2), "10.0.0.133")] {
-        let socket = xtask::netns::run_in(&pod, || UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)))
-            .unwrap()
-            .unwrap();
+        let socket =
+            isthmus_lab::netns::run_in(&pod, || UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)))
+                .unwrap()
+                .unwrap();
         for _ in 0..5 {
             // Refused sends are fine: a-gw may answer unreachable.
             let _ = socket.send_to(b"must not leak", (target, port));
@@ -390,9 +391,10 @@ fn a_worker_whose_agent_is_down_sends_no_peer_bound_packet_in_clear() {
     );
     // Not a peer's: the control, which the default route takes.
     let control = Ipv4Addr::new(198, 51, 100, 7);
-    let socket = xtask::netns::run_in(LATE_NS, || UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)))
-        .unwrap()
-        .unwrap();
+    let socket =
+        isthmus_lab::netns::run_in(LATE_NS, || UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)))
+            .unwrap()
+            .unwrap();
     let port = probe::next_port();
     for target in ["10.0.0.5", "10.0.1.45", "10.0.0.133"] {
         for _ in 0..5 {

@@ -7,14 +7,14 @@ use std::{collections::BTreeMap, fs, path::PathBuf, time::Duration};
 use ipnet::Ipv4Net;
 use isthmus_agent::{kernel::maps::PeerMap, kernel::table::KernelTable};
 use isthmus_common::nat::PeerNat;
-use isthmus_tests::{eventually, metrics::sample, require_lab};
-use xtask::{
+use isthmus_lab::{
     cmd::ip,
     lab,
     objects::TunnelEndpoint,
     probe::{self, Proto},
     topology::{A, reachability},
 };
+use isthmus_tests::{eventually, metrics::sample, require_lab};
 
 const BUDGET: Duration = Duration::from_millis(100);
 /// Upper bound on any wait, so a broken agent fails the test instead of hanging it.
@@ -35,7 +35,7 @@ fn wait_map(
     done: impl Fn(&BTreeMap<Ipv4Net, PeerNat>) -> bool,
 ) -> Duration {
     // Every millisecond: these waits measure a 100 ms budget.
-    xtask::wait::until(GIVE_UP, Duration::from_millis(1), what, || {
+    isthmus_lab::wait::until(GIVE_UP, Duration::from_millis(1), what, || {
         done(&entries(map))
     })
     .unwrap_or_else(|e| panic!("{e}; the map holds {:?}", entries(map).keys()))
@@ -47,7 +47,7 @@ fn wait_log(node: &str, needle: &str) {
             .unwrap_or_default()
             .contains(needle)
     };
-    xtask::wait::until(GIVE_UP, isthmus_tests::POLL, needle, said).unwrap_or_else(|e| {
+    isthmus_lab::wait::until(GIVE_UP, isthmus_tests::POLL, needle, said).unwrap_or_else(|e| {
         panic!(
             "{node}'s log: {e}; it ends:\n{}",
             lab::log_tail(&lab::log_file(node))

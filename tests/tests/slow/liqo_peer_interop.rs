@@ -1,7 +1,7 @@
 //! Issue 15: Isthmus against a Liqo v0.10 gateway. In the Liqo-peer lab
 //! (`cargo xtask lab up --liqo-peer b`), cluster b runs wireguard-go, Liqo's
 //! iptables rules and a conncheck written from Liqo's protocol
-//! (`xtask::liqo_peer`); cluster a runs Isthmus. Reachability rows 1–3 hold,
+//! (`isthmus_lab::liqo_peer`); cluster a runs Isthmus. Reachability rows 1–3 hold,
 //! and each side's conncheck reaches the other.
 //!
 //! These tests need that lab, not the standard one: `cargo xtask test` runs
@@ -9,13 +9,13 @@
 
 use std::time::Duration;
 
-use isthmus_tests::{eventually, require_lab};
-use serde_json::Value;
-use xtask::{
+use isthmus_lab::{
     lab::{self, liqo_peer},
     probe::{self, Proto},
     topology::{self, A, B},
 };
+use isthmus_tests::{eventually, require_lab};
+use serde_json::Value;
 
 /// Liqo's PING every 2 s and five of them before a verdict, with margin.
 const CONNCHECK: Duration = Duration::from_secs(20);

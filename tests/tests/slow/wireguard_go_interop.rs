@@ -15,13 +15,13 @@ use std::{
     time::Duration,
 };
 
-use isthmus_tests::{netns as test_netns, require_lab, require_root};
-use xtask::{
+use isthmus_lab::{
     cmd::{ip, run},
     lab, netns,
     objects::TunnelEndpoint,
     probe::next_port,
 };
+use isthmus_tests::{netns as test_netns, require_lab, require_root};
 
 const ISO: &str = "ist-t-wgo-iso";
 const GO: &str = "ist-t-wgo-go";
@@ -129,7 +129,10 @@ impl Pair {
             format!("--private-key-file={}", lab::key_file(ISO).display()),
             format!("--source=dir:{}", dir.join("objects").display()),
             format!("--bpffs={}", lab::bpffs(ISO).display()),
-            format!("--metrics-addr=127.0.0.1:{}", xtask::topology::METRICS_PORT),
+            format!(
+                "--metrics-addr=127.0.0.1:{}",
+                isthmus_lab::topology::METRICS_PORT
+            ),
         ];
         let log = lab::log_file(ISO);
         let agent = lab::spawn_agent(ISO, &args, &log).unwrap();
@@ -244,7 +247,7 @@ fn traffic_flows_both_ways_with_wireguard_go_and_survives_a_rekey() {
 
     // Keep a little traffic flowing until a new handshake replaces the session.
     // An echo a second: a little traffic, not a flood.
-    let took = xtask::wait::until(REKEY_WAIT, Duration::from_secs(1), "a rekey", || {
+    let took = isthmus_lab::wait::until(REKEY_WAIT, Duration::from_secs(1), "a rekey", || {
         assert!(
             echo(ISO, ISO_POD, GO, GO_POD, GO_POD).is_some(),
             "traffic stopped before the rekey"

@@ -15,8 +15,8 @@ use isthmus_agent::control::{
     },
     kubernetes,
 };
+use isthmus_lab::fake_api::FakeApi;
 use serde_json::json;
-use xtask::fake_api::FakeApi;
 
 const NAMESPACE: &str = "isthmus-system";
 const LEASE: &str = "isthmus-gateway";

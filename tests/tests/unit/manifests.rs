@@ -4,11 +4,11 @@
 
 use std::{path::PathBuf, process::Command};
 
-use serde_json::Value;
-use xtask::{
+use isthmus_lab::{
     tools,
     topology::{NAT_MAPPING, PEERINGS},
 };
+use serde_json::Value;
 
 fn manifests() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../manifests")
@@ -651,13 +651,13 @@ fn the_daemonsets_run_the_image_cargo_xtask_image_tags() {
         let image = &ds["spec"]["template"]["spec"]["containers"][0]["image"];
         assert_eq!(
             image,
-            &xtask::image::reference(),
+            &isthmus_lab::image::reference(),
             "{}",
             ds["metadata"]["name"]
         );
     }
     let kustomization = &yaml_file("standalone/kustomization.yaml")[0];
     let set = &kustomization["images"][0];
-    assert_eq!(set["name"], xtask::image::REPOSITORY);
+    assert_eq!(set["name"], isthmus_lab::image::REPOSITORY);
     assert_eq!(set["newTag"], env!("CARGO_PKG_VERSION"));
 }

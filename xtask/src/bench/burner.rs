@@ -7,7 +7,7 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use xtask::lab;
+use isthmus_lab::lab;
 
 /// The longest a burner runs, should the bench die before ending it.
 const LIMIT: Duration = Duration::from_secs(300);

@@ -5,7 +5,7 @@
 use std::{fs, path::PathBuf};
 
 use anyhow::{Context, Result, bail};
-use xtask::cmd::run;
+use isthmus_lab::cmd::run;
 
 fn docs() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs")

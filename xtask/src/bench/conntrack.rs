@@ -21,12 +21,12 @@ use isthmus_common::{
     names::{DEFAULT_CONNTRACK, MAP_CONNTRACK},
     wire::Be32,
 };
-use serde_json::Value;
-use xtask::{
+use isthmus_lab::{
     cmd::run,
     lab,
     topology::{A, B, C},
 };
+use serde_json::Value;
 
 use super::{HUB_TARGET, ROUNDS, crr, hub_flow, median, ratio_line, write_section};
 

@@ -17,7 +17,7 @@ use isthmus_common::{
     nat::{MappingKey, PeerKey, PeerNat},
     wire::Be32,
 };
-use xtask::{
+use isthmus_lab::{
     lab::{self, LabTunnel},
     objects::TunnelEndpoint,
     topology::{A, B, C, NAT_MAPPING},

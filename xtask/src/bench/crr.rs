@@ -11,7 +11,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use xtask::{cmd::run, netns};
+use isthmus_lab::{cmd::run, netns};
 
 use super::percentile;
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use super::{median, on_lab, ratio_line, write_section};
-use xtask::{
+use isthmus_lab::{
     lab::{
         self, LabTunnel,
         external_tunnel::{self, Implementation},
@@ -136,7 +136,7 @@ fn kill_active() -> Result<()> {
         nix::unistd::Pid::from_raw(pid as i32),
         nix::sys::signal::Signal::SIGKILL,
     )?;
-    xtask::wait::until(
+    isthmus_lab::wait::until(
         GIVE_UP,
         Duration::from_millis(10),
         "the standby takes a's endpoint address",

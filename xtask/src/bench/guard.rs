@@ -10,7 +10,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use xtask::{
+use isthmus_lab::{
     cmd::ip,
     lab::{self, LabTunnel},
     topology::{A, TUNNEL_PORT, WAN_NS},

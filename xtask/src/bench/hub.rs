@@ -10,7 +10,7 @@
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 use anyhow::Result;
-use xtask::{
+use isthmus_lab::{
     lab::liqo_peer,
     liqo_iptables,
     topology::{A, B, C},
@@ -159,7 +159,7 @@ double NAT towards b; `b-gw` translates `10.0.1.45` to `10.1.0.5` (a's
 NatMapping) and masquerades towards c; `c-gw` forwards to `c-pod1`.
 
 - **Liqo v0.10.3 rules**: the complete rule set of `bench nat` on each
-  gateway (`xtask/src/liqo_iptables.rs`): with n peers, `a-gw` and `b-gw`
+  gateway (`xtask/lab/src/liqo_iptables.rs`): with n peers, `a-gw` and `b-gw`
   hold n − 1 synthetic peers' chains and rules before the lab's own, and
   `b-gw`'s NatMapping chain for a holds the DNAT of `10.0.1.45`. b
   masquerades towards c with Liqo's SNAT to `10.244.0.1`. No Isthmus

@@ -13,8 +13,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, ensure};
-use serde_json::{Value, json};
-use xtask::{
+use isthmus_lab::{
     cmd::ip,
     kube_lab::{Networks, nat_mapping, tunnel_endpoint},
     lab::{self, LabTunnel},
@@ -22,6 +21,7 @@ use xtask::{
     topology::METRICS_PORT,
     wait::poll,
 };
+use serde_json::{Value, json};
 
 use super::{median, on_lab, ratio_line, rss_mib, wg_peers::Peers, write_section};
 

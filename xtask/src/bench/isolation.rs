@@ -17,7 +17,7 @@ use isthmus_common::{
     nat::{PeerKey, PeerNat},
     wire::Be32,
 };
-use xtask::{
+use isthmus_lab::{
     lab::{self, segregation},
     offloading::endpoint_slice,
     topology::{A, B, PEERINGS},

@@ -1,6 +1,6 @@
 //! `cargo xtask bench control`, the Kubernetes part: 200 TunnelEndpoints
 //! and 10,000 NatMapping entries delivered as watch events by the fake API
-//! server (`xtask::fake_api`) to a gateway agent run with `--source kube`.
+//! server (`isthmus_lab::fake_api`) to a gateway agent run with `--source kube`.
 
 use std::{
     net::Ipv4Addr,
@@ -16,13 +16,13 @@ use isthmus_common::{
     nat::{MappingKey, PeerKey, PeerNat},
     wire::Be32,
 };
-use serde_json::{Value, json};
-use xtask::{
+use isthmus_lab::{
     cmd::ip,
     fake_api::FakeApi,
     kube_lab::{KubeNode, Networks, nat_mapping, tunnel_endpoint},
     wait::poll,
 };
+use serde_json::{Value, json};
 
 use super::{
     burner::{quiet_and_busy, spread},
@@ -275,7 +275,7 @@ pub fn report(f: &KubeFigures) -> Result<()> {
 
 Also part of `cargo xtask bench control` (`--kube-only` runs this part
 alone). A gateway agent runs with `--source kube` in a netns of its own,
-against the fake API server of the tests (`xtask/src/fake_api.rs`), which
+against the fake API server of the tests (`xtask/lab/src/fake_api.rs`), which
 speaks the list/watch protocol. Its tunnel is on, and handshakes go to
 nowhere, so it also writes `Connecting` for every TunnelEndpoint, which
 comes back as watch events.

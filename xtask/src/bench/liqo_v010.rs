@@ -1,11 +1,11 @@
 //! The bench's Liqo v0.10.3 baseline: its gateways' rules
-//! ([`xtask::liqo_iptables`]) installed for a count of peers, and the
+//! ([`isthmus_lab::liqo_iptables`]) installed for a count of peers, and the
 //! removal that leaves a gateway with no netfilter hook at all.
 
 use std::fs;
 
 use anyhow::{Result, bail};
-use xtask::{cmd::run, liqo_iptables, netns, topology::Cluster};
+use isthmus_lab::{cmd::run, liqo_iptables, netns, topology::Cluster};
 
 /// Installs Liqo's rules on each cluster's gateway, with `count` peers:
 /// `count - 1` synthetic ones, then the cluster's own.

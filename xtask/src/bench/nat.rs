@@ -11,7 +11,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use xtask::{
+use isthmus_lab::{
     cmd::{ip, run},
     lab,
     topology::{A, B},
@@ -481,7 +481,7 @@ rates in the same round, with the least and greatest of those ratios.
   fails if one is left); `b-pod2` also owns `10.0.0.133`.
 - **Liqo v0.10.3 rules**: the complete rule set Liqo v0.10.3's gateway
   installs for each peer, derived from its code
-  (`xtask/src/liqo_iptables.rs` cites the file and line of each rule):
+  (`xtask/lab/src/liqo_iptables.rs` cites the file and line of each rule):
   in `nat`, the dispatch rules of LIQO-POSTROUTING and LIQO-PREROUTING into
   per-peer chains, `NETMAP` for the prefixes and two `SNAT` rules for other
   sources; in `filter`, LIQO-FORWARD's three rules per peer, one of them a

@@ -17,7 +17,7 @@ use isthmus_common::{
     pins::Direction,
     wire::Be32,
 };
-use xtask::{
+use isthmus_lab::{
     cmd::{ip, run},
     lab::{self, LabTunnel},
     topology::{A, B, Cluster, OVERLAY_VNI, PEERINGS},

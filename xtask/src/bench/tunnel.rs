@@ -10,7 +10,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use xtask::{
+use isthmus_lab::{
     lab::{self, LabTunnel, external_tunnel::Implementation},
     probe::Lost,
     topology::A,
@@ -208,7 +208,7 @@ fn machine_busy_seconds() -> Result<f64> {
 /// and with 4 streams, a UDP run and [`RTT_ROUNDS_PER_TURN`] RTT rounds.
 /// `idle` is the share of a CPU the idle lab keeps busy.
 fn take_turn(idle: f64) -> Result<Turn> {
-    let row = &xtask::topology::reachability()[0];
+    let row = &isthmus_lab::topology::reachability()[0];
     let (client, server, target) = (&row.from, &row.answered_by, row.target);
     let (t0, busy0) = (Instant::now(), machine_busy_seconds()?);
     let (one_stream, loaded_rtt) = std::thread::scope(|scope| {
@@ -263,8 +263,8 @@ fn rtt_under(
         "the bulk transfer under way",
         || Ok((rx_bytes(server)? >= start + BULK_UNDER_WAY).then_some(())),
     )?;
-    let row = &xtask::topology::reachability()[1];
-    let [round] = xtask::probe::round_trips(
+    let row = &isthmus_lab::topology::reachability()[1];
+    let [round] = isthmus_lab::probe::round_trips(
         &row.from,
         &row.answered_by,
         row.target,
@@ -302,7 +302,7 @@ fn udp(client: &str, server: &str, target: std::net::Ipv4Addr) -> Result<(f64, f
 /// [`RTT_ROUNDS_PER_TURN`] rounds of [`RTT_SAMPLES`] UDP ping-pongs: each
 /// round's p50 and p99, in microseconds.
 fn rtt(client: &str, server: &str, target: std::net::Ipv4Addr) -> Result<Vec<[f64; 2]>> {
-    xtask::probe::round_trips(
+    isthmus_lab::probe::round_trips(
         client,
         server,
         target,
@@ -438,7 +438,7 @@ fn report(measured: &[(Setup, Vec<Turn>)], rss: f64, idle: f64, seals: &[f64]) -
     let idle = idle * 100.0;
     let seal = median(seals);
     let bulk = BULK_UNDER_WAY;
-    let timeout = xtask::probe::ECHO_TIMEOUT.as_millis();
+    let timeout = isthmus_lab::probe::ECHO_TIMEOUT.as_millis();
     let most_lost = Lost::Waited.most_percent();
     let section = format!(
         "## Tunnel: a-pod1 to b-pod1 through the gateways

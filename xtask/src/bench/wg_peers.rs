@@ -20,8 +20,8 @@ use boringtun::{
     noise::{Tunn, TunnResult},
     x25519::{PublicKey, StaticSecret},
 };
+use isthmus_lab::netns;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use xtask::netns;
 
 /// How often the sessions' timers run (keepalives, rekeys), as
 /// boringtun's own device does.

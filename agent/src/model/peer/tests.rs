@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use xtask::objects::{Layout as Written, TunnelEndpoint};
+use isthmus_lab::objects::{Layout as Written, TunnelEndpoint};
 
 use super::*;
 use crate::model::{

@@ -8,7 +8,7 @@ use isthmus_common::{
     ipv4::{PROTO_TCP, PROTO_UDP},
     isolation::SEGREGATED,
 };
-use xtask::offloading::{Listed, endpoint_slice, namespace_offloading, pod};
+use isthmus_lab::offloading::{Listed, endpoint_slice, namespace_offloading, pod};
 
 use super::*;
 use crate::model::isolation::{ANNOTATION, SecurityMode};

@@ -29,22 +29,26 @@ use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+pub mod settings;
+
 use super::{
-    NODES_FILE, add_ns, hosts_file, key_file, object_dir, restart_agent, start_agent, state,
-    stop_agent, veth, wait_ready, wire_pod,
+    agents::{log_tail, restart_agent, start_agent, stop_agent, wait_ready},
+    keys::key_file,
+    network::{add_ns, route_pod_halves, veth, wire_pod},
+    node_objects::NODES_FILE,
+    paths::{bpffs, hosts_file, log_file, object_dir, state},
+    process::{running_with, runs_with, spawn_detached, stop_pid},
 };
 use crate::{
     cmd::{ip, run, sysctl},
     fake_api::FakeApi,
     netns,
     topology::{
-        A, AGENT_NS, Cluster, GATEWAY_LABEL, GW1_WAN, GW2, GW2_LAN, GW2_WAN, POD3, POD3_ADDR,
-        WAN_NS, node,
+        AGENT_NS, GATEWAY_LABEL, GW1_WAN, GW2, GW2_LAN, GW2_WAN, POD3, POD3_ADDR, WAN_NS, node,
     },
 };
+use settings::{CLUSTER, is_on, kubeconfig, marker, pod_name};
 
-/// The cluster with two gateways.
-pub const CLUSTER: &Cluster = &A;
 /// Where the API server stand-in listens, on a-lan's bridge.
 pub const API_ADDR: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(172, 16, 1, 254), 6443);
 /// The label value of the active gateway's pod.
@@ -66,10 +70,6 @@ const GATEWAYS: [(&str, Ipv4Addr, Ipv4Addr, &str); 2] = [
     (GW2, GW2_LAN, GW2_WAN, "10.244.0.134/31"),
 ];
 
-fn marker() -> PathBuf {
-    state("ha")
-}
-
 fn pid_file() -> PathBuf {
     state("ha-control.pid")
 }
@@ -77,26 +77,6 @@ fn pid_file() -> PathBuf {
 /// Where the balancer writes the node holding a's endpoint address.
 fn holder_file() -> PathBuf {
     state("ha-endpoint")
-}
-
-/// The kubeconfig a's agents use.
-pub fn kubeconfig() -> PathBuf {
-    state("a.kubeconfig")
-}
-
-/// Whether the lab runs cluster a with two gateways.
-pub fn is_on() -> bool {
-    marker().exists()
-}
-
-/// Whether `node` is a node of the `--ha` cluster.
-pub fn is_ha_node(node: &str) -> bool {
-    is_on() && (node == CLUSTER.gw() || node == CLUSTER.node() || node == GW2)
-}
-
-/// The name of gateway `node`'s pod.
-pub fn pod_name(node: &str) -> String {
-    format!("isthmus-gateway-{node}")
 }
 
 /// The gateway nodes of cluster a.
@@ -227,7 +207,7 @@ fn remove_nodes() -> Result<()> {
             ip("", &["netns", "del", ns])?;
         }
     }
-    let _ = fs::remove_dir_all(super::bpffs(GW2));
+    let _ = fs::remove_dir_all(bpffs(GW2));
     let _ = fs::remove_dir_all(hosts_file(GW2).parent().context("a directory")?);
     let pod3 = format!("{POD3_ADDR}/32");
     for host in [&gw, &node] {
@@ -260,7 +240,7 @@ fn remove_nodes() -> Result<()> {
         &["route", "replace", "default", "via", router, "dev", "wan0"],
     )?;
     // The node-death test took a-gw's LAN down, and its routes with it.
-    super::route_pod_halves(CLUSTER)?;
+    route_pod_halves(CLUSTER)?;
     let _ = fs::remove_file(holder_file());
     Ok(())
 }
@@ -280,10 +260,10 @@ fn xtask_binary() -> Result<PathBuf> {
 /// Starts the control process in a session of its own and waits until
 /// its API server answers.
 fn start_control() -> Result<()> {
-    let log = fs::File::create(super::log_file("ha-control"))?;
+    let log = fs::File::create(log_file("ha-control"))?;
     let mut command = Command::new(xtask_binary()?);
     command.arg(CONTROL_COMMAND);
-    let pid = super::spawn_detached(command, log).context("starting the lab's control process")?;
+    let pid = spawn_detached(command, log).context("starting the lab's control process")?;
     fs::write(pid_file(), pid.to_string())?;
     let lan = CLUSTER.lan();
     crate::wait::until(
@@ -297,12 +277,7 @@ fn start_control() -> Result<()> {
             .is_ok_and(|c| c.is_ok())
         },
     )
-    .with_context(|| {
-        format!(
-            "its log:\n{}",
-            super::log_tail(&super::log_file("ha-control"))
-        )
-    })?;
+    .with_context(|| format!("its log:\n{}", log_tail(&log_file("ha-control"))))?;
     Ok(())
 }
 
@@ -312,12 +287,12 @@ pub fn stop_control() -> Result<()> {
         .ok()
         .and_then(|p| p.trim().parse().ok());
     let mut pids: Vec<u32> = recorded.into_iter().collect();
-    pids.extend(super::running_with(&["xtask", CONTROL_COMMAND]));
+    pids.extend(running_with(&["xtask", CONTROL_COMMAND]));
     pids.sort_unstable();
     pids.dedup();
     for pid in pids {
-        if super::runs_with(pid, &["xtask", CONTROL_COMMAND]) {
-            super::stop_pid(pid)?;
+        if runs_with(pid, &["xtask", CONTROL_COMMAND]) {
+            stop_pid(pid)?;
         }
     }
     let _ = fs::remove_file(pid_file());

@@ -17,7 +17,10 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use super::{READY_TIMEOUT, key_file, public_key, running_with};
+use super::{
+    keys::{key_file, public_key},
+    process::{READY_TIMEOUT, end_pid, running_with},
+};
 use crate::{
     cmd::{ip, run},
     topology::{CLUSTERS, Cluster, PEERINGS, TUNNEL_PORT},
@@ -331,7 +334,7 @@ fn configure(cluster: &Cluster, dev: &str) -> Result<()> {
 pub fn stop_on(cluster: &Cluster) -> Result<()> {
     let dev = dev(&cluster.gw());
     for pid in processes(&dev) {
-        super::end_pid(pid, STOP_GRACE)?;
+        end_pid(pid, STOP_GRACE)?;
     }
     let _ = fs::remove_file(socket(&dev));
     Ok(())
@@ -353,7 +356,7 @@ fn processes(prefix: &str) -> Vec<u32> {
 /// Stops every external tunnel the lab started, and removes their sockets.
 pub fn stop_all() -> Result<()> {
     for pid in processes("istwg-") {
-        super::end_pid(pid, STOP_GRACE)?;
+        end_pid(pid, STOP_GRACE)?;
     }
     for cluster in CLUSTERS {
         let _ = fs::remove_file(socket(&dev(&cluster.gw())));

@@ -37,7 +37,10 @@ use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::{apps::v1::DaemonSet, core::v1::Container};
 use serde::Deserialize;
 
-use super::{bpffs, object_dir, state};
+use super::{
+    ha::settings::{is_ha_node, kubeconfig},
+    paths::{bpffs, hosts_file, object_dir, state},
+};
 use crate::{container, repo_root};
 
 /// The manifest the lab reads the agents' container settings from.
@@ -410,15 +413,15 @@ pub fn merge_args(manifest: Vec<String>, lab: &[String]) -> Vec<String> {
 /// looks for them.
 fn lab_mounts(node: &str) -> Vec<String> {
     let mut paths = vec![object_dir(node), state("keys")];
-    if super::ha::is_ha_node(node) {
-        paths.push(super::ha::kubeconfig());
+    if is_ha_node(node) {
+        paths.push(kubeconfig());
     }
     let mut mounts: Vec<String> = paths
         .iter()
         .filter(|p| p.exists())
         .map(|p| format!("--volume={0}:{0}:ro", p.display()))
         .collect();
-    let hosts = super::hosts_file(node);
+    let hosts = hosts_file(node);
     if hosts.exists() {
         mounts.push(format!("--volume={}:/etc/hosts:ro", hosts.display()));
     }

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use xtask::objects::TunnelEndpoint;
+use isthmus_lab::objects::TunnelEndpoint;
 
 use super::*;
 use crate::kernel::table::MemoryTable;

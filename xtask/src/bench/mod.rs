@@ -33,7 +33,7 @@ use isthmus_common::{
     nat::{MappingKey, PeerKey, PeerNat},
     wire::Be32,
 };
-use xtask::{
+use isthmus_lab::{
     cmd::{ip, run},
     lab, netns,
     objects::TunnelEndpoint,
@@ -195,7 +195,7 @@ fn iperf3(
     target: std::net::Ipv4Addr,
     args: &[&str],
 ) -> Result<serde_json::Value> {
-    let port = xtask::probe::next_port().to_string();
+    let port = isthmus_lab::probe::next_port().to_string();
     let mut daemon = Command::new("timeout")
         .args([
             "60", "ip", "netns", "exec", server, "iperf3", "-s", "-1", "-p", &port,
@@ -297,7 +297,7 @@ fn hub_flow(answer_to: Option<std::net::Ipv4Addr>) -> Flow {
     Flow {
         client: A.pod(2),
         next_hop: (A.gw(), "pod2"),
-        server: xtask::topology::C.pod(1),
+        server: isthmus_lab::topology::C.pod(1),
         src: A.pod_addr(2).octets(),
         dst: HUB_TARGET,
         answer_to,

@@ -1,5 +1,6 @@
-//! The Isthmus lab as a library: the `xtask` binary drives it, and the
-//! end-to-end tests use it to reach into the lab's namespaces.
+//! The Isthmus lab as a library: the `xtask` task runner drives it, the
+//! end-to-end tests use it to reach into the lab's namespaces, and the
+//! unit tests and fuzz targets write objects with it.
 
 pub mod cmd;
 pub mod container;
@@ -21,10 +22,10 @@ use std::path::PathBuf;
 
 /// The workspace root.
 pub fn repo_root() -> PathBuf {
-    let xtask = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    xtask
-        .parent()
-        .expect("xtask/ is in the workspace")
+    let lab = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    lab.ancestors()
+        .nth(2)
+        .expect("xtask/lab/ is in the workspace")
         .to_path_buf()
 }
 

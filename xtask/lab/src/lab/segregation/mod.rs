@@ -7,36 +7,26 @@ use std::{fs, net::Ipv4Addr};
 
 use anyhow::Result;
 
-use super::{restart_agent, state, write_object};
+pub mod settings;
+
+use super::{agents::restart_agent, node_objects::write_object, paths::object_dir};
 use crate::{
     objects::Layout,
     offloading::{Listed, endpoint_slice, namespace_offloading, pod},
-    topology::{A, B, C, Cluster, PEERINGS},
+    topology::{A, C, Cluster, PEERINGS},
 };
+use settings::{CLUSTER, MODE, marker};
 
-/// The cluster whose gateway segregates its peers.
-pub const CLUSTER: &Cluster = &B;
 /// The namespace b offloads to a, holding b-pod1's service.
 pub const NAMESPACE: &str = "shop";
 /// The port of b-pod1's service.
 pub const SERVICE_PORT: u16 = 18080;
-/// The mode b's gateway runs in.
-pub const MODE: &str = "IntraClusterTrafficSegregation";
 /// The file holding b-pod2's Pod.
 pub const POD_FILE: &str = "isolation-pod2.yaml";
 /// The file holding the namespace's NamespaceOffloading.
 pub const OFFLOADING_FILE: &str = "isolation-offloading.yaml";
 /// The file holding the service's EndpointSlice.
 const SLICE_FILE: &str = "isolation-slice.yaml";
-
-fn marker() -> std::path::PathBuf {
-    state("segregation")
-}
-
-/// Whether the lab's b gateway segregates its peers.
-pub fn is_on() -> bool {
-    marker().exists()
-}
 
 /// Turns segregation on (or off): b's isolation objects are written (or
 /// removed) and b's gateway restarted in the mode; returns once it is ready.
@@ -56,7 +46,7 @@ pub fn set(on: bool) -> Result<()> {
     } else {
         let _ = fs::remove_file(marker());
         for file in [POD_FILE, OFFLOADING_FILE, SLICE_FILE] {
-            let _ = fs::remove_file(super::object_dir(&gw).join(file));
+            let _ = fs::remove_file(object_dir(&gw).join(file));
         }
     }
     restart_agent(&gw)

@@ -1,0 +1,228 @@
+//! Building and removing the reference lab (docs/design.md#the-reference-lab), and managing the
+//! agents that run in it.
+//!
+//! Everything the lab makes is named: the namespaces of `topology`, the
+//! state directory [`STATE_DIR`] and its own bpffs mount. `down` removes all
+//! of it, by name, whatever state a crash left. No lab address or route is
+//! ever added to the root namespace, and no lab namespace is linked to it.
+
+pub mod clear_tunnel;
+pub mod containers;
+pub mod external_tunnel;
+pub mod ha;
+pub mod liqo_peer;
+pub mod monitor;
+pub mod segregation;
+
+mod agents;
+mod keys;
+mod network;
+mod node_objects;
+mod options;
+mod paths;
+mod process;
+mod scrape;
+mod switch;
+
+use std::{fs, path::Path};
+
+use anyhow::{Context, Result, bail};
+
+use agents::{is_lab_agent, stray_agents};
+use network::{build_cluster, build_wan, route_peers};
+use node_objects::write_objects;
+use switch::start_other_tunnel;
+
+pub use agents::{
+    POD_DEVS, RESOLVE_INTERVAL, agent_args, agent_pid, clean_up_agent, log_tail, restart_agent,
+    spawn_agent, spawn_agent_binary, spawn_container, start_agent, start_tunnelless_gateway,
+    stop_agent, wait_ready, wait_ready_in,
+};
+pub use keys::{key_file, public_key};
+pub use network::{POD_GATEWAY, wire_pod};
+pub(crate) use network::{add_ns, veth};
+pub use node_objects::{NODES_FILE, write_nat_mapping, write_object};
+pub use options::{
+    LabTunnel, guard_is_on, past_netfilter_mode, tunnel_mode, write_past_netfilter_mode,
+};
+pub(crate) use paths::state;
+pub use paths::{
+    STATE_DIR, agent_binary, bpffs, bpffs_root, hosts_file, log_file, object_dir, pins,
+};
+pub use process::{alive, end_pid, stop_pid};
+pub(crate) use process::{running_with, runs_with};
+pub use scrape::{http_get, http_get_at, metric, metric_sum, pinned_hash, scrape};
+pub use switch::{set_forward_past_netfilter, set_gateway_tunnel, set_guard};
+
+use crate::{
+    cmd::{ip, run},
+    netns,
+    topology::{CLUSTERS, Cluster, GW2, POD3, WAN_NS},
+};
+
+/// Prefix of the namespaces tests build for themselves, beside the lab.
+pub const TEST_NS_PREFIX: &str = "ist-t-";
+
+/// Every netns name the lab may create, including ones of later issues and
+/// the tests' own (`ist-t-*`), so that `down` removes whatever any run left.
+fn all_namespaces() -> Vec<String> {
+    let mut names = vec![
+        WAN_NS.to_owned(),
+        monitor::MON_NS.to_owned(),
+        GW2.to_owned(),
+        POD3.to_owned(),
+    ];
+    if let Ok(entries) = fs::read_dir("/run/netns") {
+        names.extend(
+            entries
+                .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|n| n.starts_with(TEST_NS_PREFIX)),
+        );
+    }
+    for c in ["a", "b", "c"] {
+        for suffix in ["gw", "node", "lan", "pod1", "pod2"] {
+            names.push(format!("{c}-{suffix}"));
+        }
+    }
+    names
+}
+
+/// Whether the lab is up: its namespaces and state directory exist.
+pub fn is_up() -> bool {
+    netns::exists(WAN_NS) && Path::new(STATE_DIR).is_dir()
+}
+
+/// Builds the lab from nothing and starts every agent; returns once every
+/// agent reports ready.
+pub fn up(tunnel: LabTunnel) -> Result<()> {
+    build(tunnel, None, Agents::Processes)
+}
+
+/// As [`up`], with every agent run from the agent's image under podman, as
+/// the DaemonSets run it ([`containers`]).
+pub fn up_in_containers(tunnel: LabTunnel) -> Result<()> {
+    build(tunnel, None, Agents::Containers)
+}
+
+/// How the lab runs its agents.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Agents {
+    /// The release binary, as root, in the node's namespace.
+    Processes,
+    /// The image, under the DaemonSets' container settings.
+    Containers,
+}
+
+/// The lab with `liqo` run as Liqo v0.10 runs a cluster
+/// ([`liqo_peer`]) and the others with Isthmus' embedded tunnel.
+pub fn up_with_liqo_peer(liqo: &'static Cluster) -> Result<()> {
+    build(LabTunnel::Userspace, Some(liqo), Agents::Processes)
+}
+
+fn build(tunnel: LabTunnel, liqo: Option<&'static Cluster>, agents: Agents) -> Result<()> {
+    let agent = agent_binary();
+    if !agent.exists() {
+        bail!(
+            "{} is missing: run `cargo xtask build` first",
+            agent.display()
+        );
+    }
+    down()?;
+    for sub in ["pids", "logs", "objects", "bpffs", "keys"] {
+        fs::create_dir_all(state(sub))?;
+    }
+    fs::write(state("tunnel"), tunnel.as_str())?;
+    if agents == Agents::Containers {
+        containers::turn_on()?;
+    }
+    if let Some(liqo) = liqo {
+        liqo_peer::choose(liqo)?;
+    }
+    run(
+        "mount",
+        &["-t", "bpf", "isthmus-lab", &bpffs_root().to_string_lossy()],
+    )?;
+    println!("lab: building namespaces and links");
+    build_wan()?;
+    for cluster in CLUSTERS {
+        build_cluster(cluster)?;
+    }
+    route_peers(tunnel)?;
+    write_objects(tunnel)?;
+    start_other_tunnel(tunnel)?;
+    if let Some(liqo) = liqo {
+        println!(
+            "lab: cluster {} runs as Liqo v0.10 (wireguard-go, iptables, conncheck)",
+            liqo.name
+        );
+        liqo_peer::start(liqo)?;
+    }
+    let isthmus = || {
+        CLUSTERS
+            .iter()
+            .filter(|c| liqo.is_none_or(|l| l.name != c.name))
+    };
+    println!("lab: starting agents");
+    for cluster in isthmus() {
+        for (node, _) in cluster.nodes() {
+            start_agent(&node)?;
+        }
+    }
+    for cluster in isthmus() {
+        for (node, _) in cluster.nodes() {
+            wait_ready(&node)?;
+        }
+    }
+    if liqo.is_some() {
+        println!("lab: up; every Isthmus agent is ready");
+        return Ok(());
+    }
+    println!("lab: starting Prometheus in {}", monitor::MON_NS);
+    monitor::up()?;
+    println!("lab: up; every agent is ready, and Prometheus scrapes them all");
+    Ok(())
+}
+
+/// Removes everything the lab created. Succeeds when nothing is up.
+pub fn down() -> Result<()> {
+    let mut pids: Vec<u32> = fs::read_dir(state("pids"))
+        .into_iter()
+        .flatten()
+        .filter_map(|e| fs::read_to_string(e.ok()?.path()).ok()?.trim().parse().ok())
+        .filter(|pid| is_lab_agent(*pid))
+        .collect();
+    pids.extend(stray_agents());
+    pids.sort_unstable();
+    pids.dedup();
+    for pid in pids {
+        stop_pid(pid)?;
+    }
+    containers::remove_all()?;
+    liqo_peer::stop()?;
+    ha::stop_control()?;
+    external_tunnel::stop_all()?;
+    for gw in CLUSTERS.iter().map(|c| c.gw()).chain([GW2.to_owned()]) {
+        let _ = fs::remove_dir_all(hosts_file(&gw).parent().expect("a directory"));
+    }
+    monitor::down()?;
+    // Deleting a netns deletes its devices, and with them every TCX link
+    // and clsact filter on them.
+    for name in all_namespaces() {
+        if netns::exists(&name) {
+            ip("", &["netns", "del", &name])?;
+        }
+    }
+    let mounts = fs::read_to_string("/proc/mounts").unwrap_or_default();
+    let bpf = bpffs_root();
+    if mounts
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some(&*bpf.to_string_lossy()))
+    {
+        // Unmounting the lab's own bpffs instance drops every pin in it.
+        run("umount", &[&bpf.to_string_lossy()])?;
+    }
+    if Path::new(STATE_DIR).exists() {
+        fs::remove_dir_all(STATE_DIR).with_context(|| format!("removing {STATE_DIR}"))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,209 @@
+//! The lab's namespaces and wires: the WAN, each cluster's LAN, its nodes
+//! and pods, and the routes a CNI would add.
+
+use std::net::Ipv4Addr;
+
+use anyhow::Result;
+
+use super::options::LabTunnel;
+use crate::{
+    cmd::{ip, sysctl},
+    topology::{Cluster, PEERINGS, WAN_NS, WAN_ROUTER},
+};
+
+/// Creates netns `name` the way every lab namespace is: loopback up, loose
+/// reverse-path filtering, no IPv6.
+pub(crate) fn add_ns(name: &str) -> Result<()> {
+    ip("", &["netns", "add", name])?;
+    ip(name, &["link", "set", "lo", "up"])?;
+    for key in [
+        "net.ipv4.conf.all.rp_filter",
+        "net.ipv4.conf.default.rp_filter",
+    ] {
+        sysctl(name, key, "0")?;
+    }
+    // The lab is IPv4: no router solicitations or MLD reports on its wires.
+    for key in [
+        "net.ipv6.conf.all.disable_ipv6",
+        "net.ipv6.conf.default.disable_ipv6",
+    ] {
+        sysctl(name, key, "1")?;
+    }
+    Ok(())
+}
+
+/// A veth pair with one end in each netns, both up.
+pub(crate) fn veth(ns_a: &str, name_a: &str, ns_b: &str, name_b: &str) -> Result<()> {
+    ip(
+        ns_a,
+        &[
+            "link", "add", name_a, "type", "veth", "peer", "name", name_b, "netns", ns_b,
+        ],
+    )?;
+    ip(ns_a, &["link", "set", name_a, "up"])?;
+    ip(ns_b, &["link", "set", name_b, "up"])?;
+    Ok(())
+}
+
+fn bridge(ns: &str) -> Result<()> {
+    // A bridge takes the lowest MAC of its ports unless given one, so
+    // `--ha` adding a port would change it under the neighbours' caches
+    // (the API server's and the router's address unreachable for ~30 s).
+    let mac = bridge_mac(ns);
+    ip(
+        ns,
+        &["link", "add", "br0", "address", &mac, "type", "bridge"],
+    )?;
+    ip(ns, &["link", "set", "br0", "up"])?;
+    // Where br_netfilter is loaded, it would run iptables on bridged frames:
+    // the lab's switches are plain switches.
+    for table in ["iptables", "ip6tables", "arptables"] {
+        let key = format!("net.bridge.bridge-nf-call-{table}");
+        if std::path::Path::new(&format!("/proc/sys/{}", key.replace('.', "/"))).exists() {
+            sysctl(ns, &key, "0")?;
+        }
+    }
+    Ok(())
+}
+
+/// A locally administered MAC of its own for `ns`'s bridge.
+fn bridge_mac(ns: &str) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    ns.hash(&mut hasher);
+    let b = hasher.finish().to_be_bytes();
+    format!(
+        "02:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+        b[0], b[1], b[2], b[3], b[4]
+    )
+}
+
+pub(super) fn build_wan() -> Result<()> {
+    add_ns(WAN_NS)?;
+    bridge(WAN_NS)?;
+    ip(
+        WAN_NS,
+        &["addr", "add", &format!("{WAN_ROUTER}/24"), "dev", "br0"],
+    )?;
+    Ok(())
+}
+
+pub(super) fn build_cluster(c: &Cluster) -> Result<()> {
+    let (gw, node, lan) = (c.gw(), c.node(), c.lan());
+    for ns in [&gw, &node, &lan] {
+        add_ns(ns)?;
+    }
+    for ns in [&gw, &node] {
+        sysctl(ns, "net.ipv4.ip_forward", "1")?;
+    }
+    bridge(&lan)?;
+
+    // Uplink of the gateway on the WAN bridge.
+    veth(&gw, "wan0", WAN_NS, &gw)?;
+    ip(WAN_NS, &["link", "set", &gw, "master", "br0"])?;
+    ip(
+        &gw,
+        &[
+            "addr",
+            "add",
+            &format!("{}/24", c.wan_addr()),
+            "dev",
+            "wan0",
+        ],
+    )?;
+    ip(
+        &gw,
+        &["route", "add", "default", "via", WAN_ROUTER, "dev", "wan0"],
+    )?;
+
+    // Both nodes on the LAN bridge.
+    for (ns, addr, port) in [(&gw, c.lan_gw(), "gw"), (&node, c.lan_node(), "node")] {
+        veth(ns, "lan0", &lan, port)?;
+        ip(&lan, &["link", "set", port, "master", "br0"])?;
+        ip(ns, &["addr", "add", &format!("{addr}/24"), "dev", "lan0"])?;
+    }
+
+    // Pods: pod1 on the worker, pod2 on the gateway.
+    add_pod(c, 1, &node)?;
+    add_pod(c, 2, &gw)?;
+    route_pod_halves(c)
+}
+
+/// The CNI stand-in's routes: each node routes the other's half of the
+/// PodCIDR over the LAN. Idempotent, so that a node whose LAN link went
+/// down (and took these routes with it) gets them back.
+pub(crate) fn route_pod_halves(c: &Cluster) -> Result<()> {
+    for (host, other_half, via) in [
+        (c.node(), c.pod_half(2), c.lan_gw()),
+        (c.gw(), c.pod_half(1), c.lan_node()),
+    ] {
+        ip(
+            &host,
+            &[
+                "route",
+                "replace",
+                &other_half.to_string(),
+                "via",
+                &via.to_string(),
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+/// A pod netns wired to its node like a routed CNI: a /32 address, a
+/// link-local gateway on the node's end, and a host route back.
+fn add_pod(c: &Cluster, i: u8, host: &str) -> Result<()> {
+    let pod = c.pod(i);
+    add_ns(&pod)?;
+    wire_pod(&pod, host, &format!("pod{i}"), c.pod_addr(i))
+}
+
+/// Every pod's next hop, as Calico gives it: the node's end of the pod's
+/// veth answers for it.
+pub const POD_GATEWAY: &str = "169.254.1.1";
+
+/// Wires the existing netns `pod` to node `host` as a pod with address
+/// `addr`, through a veth whose node end is `host_end`.
+pub fn wire_pod(pod: &str, host: &str, host_end: &str, addr: Ipv4Addr) -> Result<()> {
+    veth(pod, "eth0", host, host_end)?;
+    let gateway = POD_GATEWAY;
+    ip(pod, &["addr", "add", &format!("{addr}/32"), "dev", "eth0"])?;
+    ip(
+        host,
+        &["addr", "add", &format!("{gateway}/32"), "dev", host_end],
+    )?;
+    ip(
+        pod,
+        &["route", "add", gateway, "dev", "eth0", "scope", "link"],
+    )?;
+    ip(
+        pod,
+        &["route", "add", "default", "via", gateway, "dev", "eth0"],
+    )?;
+    ip(
+        host,
+        &["route", "add", &format!("{addr}/32"), "dev", host_end],
+    )?;
+    Ok(())
+}
+
+/// Without a tunnel, gateways route peers' networks over the WAN in clear;
+/// with one, the gateway's agent (or wireguard-go's setup) routes them into
+/// it. Workers have no route to peers: the overlay steers their pods'
+/// traffic from the kernel.
+pub(super) fn route_peers(tunnel: LabTunnel) -> Result<()> {
+    if tunnel != LabTunnel::None {
+        return Ok(());
+    }
+    for p in &PEERINGS {
+        for net in p.remote_views() {
+            let via = p.remote.wan_addr().to_string();
+            ip(
+                &p.local.gw(),
+                &["route", "add", &net.to_string(), "via", &via, "dev", "wan0"],
+            )?;
+        }
+    }
+    Ok(())
+}

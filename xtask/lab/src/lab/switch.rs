@@ -1,0 +1,84 @@
+//! Changing a running lab's setup: each switch writes an option of
+//! [`super::options`] and restarts the agents it concerns, or puts another
+//! tunnel between the gateways.
+
+use std::fs;
+
+use anyhow::{Result, bail};
+
+use super::{
+    agents::{clean_up_agent, restart_agent, start_agent, stop_agent, wait_ready},
+    clear_tunnel, external_tunnel,
+    options::{LabTunnel, NO_GUARD, set_marker, tunnel_mode, write_past_netfilter_mode},
+    paths::state,
+};
+use crate::topology::CLUSTERS;
+
+/// Starts on every gateway what carries traffic in `tunnel` besides the
+/// agents: another WireGuard, or the VXLAN device in clear.
+pub(super) fn start_other_tunnel(tunnel: LabTunnel) -> Result<()> {
+    if let Some(imp) = tunnel.external() {
+        for cluster in CLUSTERS {
+            external_tunnel::start_on(imp, cluster)?;
+        }
+    }
+    if tunnel == LabTunnel::Clear {
+        CLUSTERS
+            .iter()
+            .try_for_each(|c| clear_tunnel::start_on(c))?;
+    }
+    Ok(())
+}
+
+/// Turns the gateways' XDP guard on or off, restarting their agents;
+/// returns once they are ready. The guard is an option of the agent, off
+/// by default: the tunnel benchmark measures the tunnel with and without.
+pub fn set_guard(on: bool) -> Result<()> {
+    let gateways: Vec<String> = CLUSTERS.iter().map(|c| c.gw()).collect();
+    set_option(NO_GUARD, on, &gateways)
+}
+
+/// Puts `tunnel` between the gateways in place of the one running, with
+/// the embedded tunnel's XDP guard on or off, restarting the gateways'
+/// agents only; returns once they are ready. The tunnel benchmark compares
+/// setups round by round on one lab this way, so that a slow minute of
+/// the shared machine falls on all of them. Not to or from
+/// [`LabTunnel::None`], whose lab routes peers' networks itself.
+pub fn set_gateway_tunnel(tunnel: LabTunnel, guard: bool) -> Result<()> {
+    if tunnel == LabTunnel::None || tunnel_mode() == LabTunnel::None {
+        bail!("a lab without a tunnel routes peers' networks itself: bring it up anew");
+    }
+    let gateways: Vec<String> = CLUSTERS.iter().map(|c| c.gw()).collect();
+    // From a clean slate, as in a new lab: the embedded tunnel's device
+    // and routes outlive its agent, for a restart in place.
+    for gw in &gateways {
+        stop_agent(gw)?;
+        clean_up_agent(gw)?;
+    }
+    external_tunnel::stop_all()?;
+    CLUSTERS.iter().try_for_each(|c| clear_tunnel::stop_on(c))?;
+    fs::write(state("tunnel"), tunnel.as_str())?;
+    set_marker(NO_GUARD, guard)?;
+    start_other_tunnel(tunnel)?;
+    for gw in &gateways {
+        start_agent(gw)?;
+    }
+    gateways.iter().try_for_each(|gw| wait_ready(gw))
+}
+
+/// Sets `--forward-past-netfilter` to `mode` (none: the default), restarting
+/// every agent; returns once they are ready.
+pub fn set_forward_past_netfilter(mode: Option<&str>) -> Result<()> {
+    write_past_netfilter_mode(mode)?;
+    CLUSTERS
+        .iter()
+        .flat_map(|c| c.nodes().map(|(name, _)| name))
+        .try_for_each(|node| restart_agent(&node))
+}
+
+/// Turns an option of the agents on or off, as a marker file in the lab's
+/// state says (present: off), and restarts the agents of `nodes`.
+fn set_option(off_marker: &str, on: bool, nodes: &[String]) -> Result<()> {
+    set_marker(off_marker, on)?;
+    nodes.iter().try_for_each(|node| restart_agent(node))
+}
