@@ -45,8 +45,8 @@ pub type Spread = (f64, f64);
 /// The [`Spread`] of `latencies`.
 pub fn spread(latencies: &[f64]) -> Spread {
     (
-        super::percentile(latencies, 50),
-        super::percentile(latencies, 99),
+        super::stats::percentile(latencies, 50),
+        super::stats::percentile(latencies, 99),
     )
 }
 

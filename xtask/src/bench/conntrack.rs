@@ -28,7 +28,12 @@ use isthmus_lab::{
 };
 use serde_json::Value;
 
-use super::{HUB_TARGET, ROUNDS, crr, hub_flow, median, ratio_line, write_section};
+use super::{
+    ROUNDS, crr,
+    packets::{HUB_TARGET, hub_flow},
+    stats::{median, ratio_line},
+    write_section,
+};
 
 /// One state of b-gw's table.
 #[derive(Clone, Copy)]
@@ -125,7 +130,9 @@ fn measure(fill: &Fill) -> Result<Measured> {
     lab::wait_ready_in(&gw, pid, &log)?;
     write_flows(fill.entries)?;
     let cpu_percent = agent_cpu_percent(agent.0)?;
-    let pps = median(&super::measure(&hub_flow(Some(B.masquerade_addr())))?);
+    let pps = median(&super::packets::measure(&hub_flow(Some(
+        B.masquerade_addr(),
+    )))?);
     let target = SocketAddrV4::new(HUB_TARGET.into(), crr::PORT);
     let connections = crr::measure(&A.pod(2), &C.pod(1), target)?;
     let (crr, failed) = (connections.per_second, connections.failed);
@@ -222,9 +229,9 @@ fn monotonic_ns() -> Result<u64> {
 
 /// The agent's CPU over [`CPU_WINDOW`], as a percentage of one core.
 fn agent_cpu_percent(pid: u32) -> Result<f64> {
-    let before = super::cpu_seconds(pid)?;
+    let before = super::stats::cpu_seconds(pid)?;
     std::thread::sleep(CPU_WINDOW);
-    let used = super::cpu_seconds(pid)? - before;
+    let used = super::stats::cpu_seconds(pid)? - before;
     Ok(100.0 * used / CPU_WINDOW.as_secs_f64())
 }
 

@@ -26,8 +26,10 @@ use isthmus_lab::{
 
 use super::{
     burner::{Spread, quiet_and_busy, spread},
-    disable_isthmus, enable_isthmus, hub_flow, maps_to, measure, median, nat_gateways, peer_id,
-    ratio_line, write_section,
+    gateways::{disable_isthmus, enable_isthmus, maps_to, nat_gateways, peer_id},
+    packets::{hub_flow, measure},
+    stats::{median, ratio_line},
+    write_section,
 };
 
 /// Entries in the large table.
@@ -91,7 +93,7 @@ fn control() -> Result<()> {
         fs::remove_file(lab::object_dir(&gw).join(format.file()))?;
         wait_entries(&gw, peer_id, 0)?;
     }
-    let rss = super::agent_rss_mib(&gw)?;
+    let rss = super::stats::agent_rss_mib(&gw)?;
     let [yaml, json] = &applied[..] else {
         unreachable!("two formats")
     };

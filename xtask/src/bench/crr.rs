@@ -13,7 +13,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use isthmus_lab::{cmd::run, netns};
 
-use super::percentile;
+use super::stats::percentile;
 
 /// How long the client runs per measurement.
 const WINDOW: Duration = Duration::from_secs(3);

@@ -11,7 +11,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use super::{median, on_lab, ratio_line, write_section};
+use super::{
+    on_lab,
+    stats::{median, ratio_line},
+    write_section,
+};
 use isthmus_lab::{
     lab::{
         self, LabTunnel,

@@ -16,7 +16,12 @@ use isthmus_lab::{
     topology::{A, TUNNEL_PORT, WAN_NS},
 };
 
-use super::{ROUNDS, cpu_seconds, mac_bytes, median, ratio_line, write_section};
+use super::{
+    ROUNDS,
+    packets::mac_bytes,
+    stats::{cpu_seconds, median, ratio_line},
+    write_section,
+};
 
 /// An address on the WAN bridge that no peer uses.
 const STRANGER: [u8; 4] = [203, 0, 113, 98];

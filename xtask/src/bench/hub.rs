@@ -17,10 +17,13 @@ use isthmus_lab::{
 };
 
 use super::{
-    HUB_TARGET, ROUNDS,
+    ROUNDS,
     crr::{self, Crr},
-    disable_isthmus, enable_isthmus, hub_flow, liqo_v010, measure, median, ratio_line,
-    set_isthmus_peers, write_section,
+    gateways::{disable_isthmus, enable_isthmus, set_isthmus_peers},
+    liqo_v010,
+    packets::{HUB_TARGET, hub_flow, measure},
+    stats::{median, ratio_line},
+    write_section,
 };
 
 /// Who translates on the hub path, with how many peers on a and b.

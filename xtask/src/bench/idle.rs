@@ -23,7 +23,12 @@ use isthmus_lab::{
 };
 use serde_json::{Value, json};
 
-use super::{median, on_lab, ratio_line, rss_mib, wg_peers::Peers, write_section};
+use super::{
+    on_lab,
+    stats::{median, ratio_line, rss_mib},
+    wg_peers::Peers,
+    write_section,
+};
 
 /// The gateway's netns, and the peers'.
 const NS: &str = "ist-t-bench-idle";

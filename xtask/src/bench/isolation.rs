@@ -24,7 +24,7 @@ use isthmus_lab::{
     wait,
 };
 
-use super::{peer_id, percentile};
+use super::{gateways::peer_id, stats::percentile};
 
 /// The endpoints exported to a in the segregated setup.
 pub(super) const ENDPOINTS: u32 = 10_000;

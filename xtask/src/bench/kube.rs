@@ -26,7 +26,9 @@ use serde_json::{Value, json};
 
 use super::{
     burner::{quiet_and_busy, spread},
-    maps_to, median, peer_id, ratio_line, rss_mib, synthetic_key, write_section,
+    gateways::{maps_to, peer_id, synthetic_key},
+    stats::{median, ratio_line, rss_mib},
+    write_section,
 };
 
 /// TunnelEndpoints delivered.

@@ -18,10 +18,13 @@ use isthmus_lab::{
 };
 
 use super::{
-    Flow, ROUNDS, WARMUP, WINDOW, WINDOWS, agent_rss_mib,
+    ROUNDS,
     crr::{self, Crr},
-    disable_isthmus, enable_isthmus, isolation, liqo_v010, measure, median, nat_gateways,
-    ratio_line, set_isthmus_peers, write_section,
+    gateways::{disable_isthmus, enable_isthmus, nat_gateways, set_isthmus_peers},
+    isolation, liqo_v010,
+    packets::{Flow, WARMUP, WINDOW, WINDOWS, measure},
+    stats::{agent_rss_mib, median, ratio_line},
+    write_section,
 };
 
 /// Idle memory budget of the agent with 200 peers.

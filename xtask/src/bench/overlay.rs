@@ -24,7 +24,12 @@ use isthmus_lab::{
     wait::poll,
 };
 
-use super::{Flow, ROUNDS, iperf, measure, median, ratio_line, write_section};
+use super::{
+    ROUNDS, iperf,
+    packets::{Flow, measure},
+    stats::{median, ratio_line},
+    write_section,
+};
 
 /// Liqo's routing table, which is also its VXLAN's VNI.
 const LIQO_TABLE: &str = "18952";

@@ -18,8 +18,12 @@ use isthmus_lab::{
 };
 
 use super::{
-    IPERF_SECONDS, agent_rss_mib, ceiling, iperf, iperf3, median, on_lab, peers_programmed,
-    ratio_line, rx_bytes, synthetic_peers, write_section,
+    IPERF_SECONDS, ceiling,
+    gateways::{peers_programmed, synthetic_peers},
+    iperf, iperf3, on_lab,
+    packets::rx_bytes,
+    stats::{agent_rss_mib, median, ratio_line},
+    write_section,
 };
 
 /// Idle memory budget of a gateway agent with 100 tunnel peers.
