@@ -7,7 +7,7 @@
 
 use isthmus_agent::{
     model::natmapping::NatMapping,
-    model::node::{ActiveGateway, Node},
+    model::{lease::LeaseRecord, node::Node},
     model::object::{Object, parse_documents, plain_natmapping},
     model::offloading::{ExportedSlice, OffloadedPod, Offloading},
     model::peer::Peer,
@@ -42,7 +42,7 @@ fuzz_target!(|text: &str| {
             Ok(Object::Pod(raw)) => error(OffloadedPod::from_raw(&raw, FILE)),
             Ok(Object::EndpointSlice(raw)) => error(ExportedSlice::from_raw(&raw, FILE)),
             Ok(Object::NamespaceOffloading(raw)) => error(Offloading::from_raw(&raw, FILE)),
-            Ok(Object::Lease(raw)) => error(ActiveGateway::from_raw(&raw, FILE)),
+            Ok(Object::Lease(raw)) => error(LeaseRecord::from_raw(&raw, FILE)),
         };
         if let Some(message) = message {
             assert!(

@@ -1,10 +1,11 @@
 //! What the objects mean: parsing and validating TunnelEndpoints,
-//! NatMappings, Nodes, and what is offloaded from or exported to each
+//! NatMappings, Nodes, the gateways' Lease, and what is offloaded from or exported to each
 //! peer, and what a TunnelEndpoint may ask of this node.
 //! Nothing here does I/O, so all of it is tested in memory.
 
 pub mod isolation;
 pub mod key_text;
+pub mod lease;
 pub mod natmapping;
 pub mod node;
 pub mod object;

@@ -7,7 +7,7 @@ use std::{collections::BTreeMap, net::Ipv4Addr};
 use ipnet::Ipv4Net;
 use serde_yaml_ng::Value;
 
-use crate::model::object::{ObjectError, ObjectKey, ObjectKind, RawObject};
+use crate::model::object::{ObjectError, ObjectKind, RawObject};
 
 /// The node address the overlay sends to, as Kubernetes lists it.
 const ADDRESS_TYPE: &str = "InternalIP";
@@ -47,34 +47,6 @@ impl Node {
             Some((key, value)) => self.labels.get(key).is_some_and(|v| v == value),
             None => self.labels.contains_key(label),
         }
-    }
-}
-
-/// The gateways' Lease, as the overlay reads it: the node holding it is
-/// the active gateway, where remote-bound traffic goes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ActiveGateway {
-    /// The Lease.
-    pub lease: ObjectKey,
-    /// `spec.holderIdentity`: the active gateway node's name, if any.
-    pub node: Option<String>,
-}
-
-impl ActiveGateway {
-    /// Reads a Lease.
-    pub fn from_raw(raw: &RawObject, origin: &str) -> Result<Self, ObjectError> {
-        let node = match raw.get(&["spec", "holderIdentity"]) {
-            None | Some(Value::Null) => None,
-            Some(Value::String(holder)) => Some(holder.clone()).filter(|h| !h.is_empty()),
-            Some(other) => {
-                let problem = format!("field spec.holderIdentity: {other:?} is not a string");
-                return Err(ObjectError::new(origin, ObjectKind::Lease, raw, problem));
-            }
-        };
-        Ok(Self {
-            lease: raw.key.clone(),
-            node,
-        })
     }
 }
 
@@ -183,31 +155,5 @@ mod tests {
                 .contains("Node w: field status.addresses: no IPv4 address of type InternalIP"),
             "{no_address}"
         );
-    }
-
-    fn lease(yaml: &str) -> Result<ActiveGateway, ObjectError> {
-        match parse_documents(Path::new("lease.yaml"), yaml).pop() {
-            Some(Ok(Object::Lease(raw))) => ActiveGateway::from_raw(&raw, "lease.yaml"),
-            other => panic!("not a Lease: {other:?}"),
-        }
-    }
-
-    /// A Lease as the API server returns it after the election wrote it.
-    const LEASE: &str = "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: isthmus-gateway\n  namespace: isthmus-system\n  resourceVersion: \"4711\"\n  uid: 0f1c5e6a-3c1d-4b8e-9a7d-2f4c6e8a1b3d\n  creationTimestamp: \"2026-11-24T10:00:00Z\"\n  managedFields: [{manager: isthmus-agent, operation: Update, apiVersion: coordination.k8s.io/v1}]\nspec:\n  holderIdentity: a-gw\n  leaseDurationSeconds: 1\n  acquireTime: \"2026-11-24T10:00:00.000000Z\"\n  renewTime: \"2026-11-24T10:00:05.200000Z\"\n  leaseTransitions: 3\n";
-
-    #[test]
-    fn a_lease_names_the_active_gateway_and_a_forged_holder_is_refused() {
-        let held = lease(LEASE).unwrap();
-        assert_eq!(held.node.as_deref(), Some("a-gw"));
-        assert_eq!(held.lease.to_string(), "isthmus-system/isthmus-gateway");
-        // Released (client-go empties it) or never held: nobody.
-        for released in ["holderIdentity: \"\"", "holderIdentity: null"] {
-            let text = LEASE.replace("holderIdentity: a-gw", released);
-            assert_eq!(lease(&text).unwrap().node, None, "{released}");
-        }
-        let forged = LEASE.replace("holderIdentity: a-gw", "holderIdentity: [a-gw, a-gw2]");
-        assert!(lease(&forged).unwrap_err().to_string().starts_with(
-            "lease.yaml: Lease isthmus-system/isthmus-gateway: field spec.holderIdentity:"
-        ),);
     }
 }

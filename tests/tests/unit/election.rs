@@ -68,7 +68,7 @@ async fn of_two_agents_writing_one_version_the_second_gets_a_conflict() {
     // Both read the same version: a renews on it, then b's takeover on
     // it is refused, so a stays the one holder.
     let read = a.read().await.unwrap().expect("the Lease");
-    let version = record(&read).resource_version;
+    let version = record(&read).unwrap().resource_version;
     let write = |renewal| Step::Write {
         resource_version: version.clone(),
         transitions: 1,
@@ -170,7 +170,7 @@ async fn a_dead_active_gateway_is_replaced_after_the_lease_duration_and_relabell
 
     // a comes back with what it knew: its renewal on the version it last
     // read is refused, and on its next turn it stands by.
-    let old = stale.as_ref().map(record).expect("a read the Lease");
+    let old = record(stale.as_ref().expect("a read the Lease")).unwrap();
     let renewal = Step::Write {
         resource_version: old.resource_version,
         transitions: old.transitions,

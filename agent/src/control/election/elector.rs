@@ -15,7 +15,10 @@ use serde_json::json;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use super::{Election, Step, lease::LeaseClient, lease::record};
+use super::{
+    Election, Step,
+    lease::{LeaseClient, LeaseError, record},
+};
 
 /// The label Liqo's gateway pods carry, and its two values.
 pub const GATEWAY_LABEL: &str = "net.liqo.io/gateway";
@@ -79,6 +82,9 @@ enum VoteError {
     /// The API server refused or failed.
     #[error(transparent)]
     Api(#[from] kube::Error),
+    /// The Lease could not be read or written.
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
     /// The API server did not answer in time.
     #[error("no answer within {0:?}")]
     TimedOut(Duration),
@@ -187,9 +193,8 @@ impl Elector {
 
     async fn vote(&mut self) -> Result<Step, VoteError> {
         let current = self.lease.read().await?;
-        let step = self
-            .election
-            .next(current.as_ref().map(record).as_ref(), Instant::now());
+        let read = current.as_ref().map(record).transpose()?;
+        let step = self.election.next(read.as_ref(), Instant::now());
         let identity = self.election.identity().to_owned();
         let timings = self.election.timings();
         match self

@@ -9,7 +9,13 @@ use k8s_openapi::{
 };
 use kube::{Api, Client, api::PostParams};
 
-use super::{Record, Step, Timings};
+use thiserror::Error;
+
+use super::{Step, Timings};
+use crate::model::{
+    lease::LeaseRecord,
+    object::{self, Object, ObjectError},
+};
 
 /// The Lease the gateways of one cluster elect by.
 pub struct LeaseClient {
@@ -44,7 +50,7 @@ impl LeaseClient {
         current: Option<&Lease>,
         identity: &str,
         timings: Timings,
-    ) -> Result<Option<Record>, kube::Error> {
+    ) -> Result<Option<LeaseRecord>, LeaseError> {
         let now = MicroTime(Timestamp::now());
         // The Lease to write, its transitions, and whether we take it now
         // (a renewal keeps the `acquireTime` it had).
@@ -89,24 +95,36 @@ impl LeaseClient {
             _ => self.api.replace(&self.name, &params, &lease).await,
         };
         match written {
-            Ok(lease) => Ok(Some(record(&lease))),
+            Ok(lease) => Ok(Some(record(&lease)?)),
             Err(kube::Error::Api(status)) if status.code == 409 => Ok(None),
-            Err(e) => Err(e),
+            Err(e) => Err(e.into()),
         }
     }
 }
 
-/// The Lease as the election reads it.
-pub fn record(lease: &Lease) -> Record {
-    let spec = lease.spec.as_ref();
-    Record {
-        holder: spec.and_then(|s| s.holder_identity.clone()),
-        renew_time: spec
-            .and_then(|s| s.renew_time.as_ref())
-            .map(|t| t.0.to_string()),
-        transitions: spec.and_then(|s| s.lease_transitions).unwrap_or(0),
-        resource_version: lease.metadata.resource_version.clone().unwrap_or_default(),
+/// The Lease as the election reads it: the API server's answer, read as
+/// every Lease is ([`LeaseRecord::from_raw`]).
+pub fn record(lease: &Lease) -> Result<LeaseRecord, LeaseError> {
+    let origin = "the API server's Lease";
+    match object::from_decoded(origin, lease) {
+        Ok(Object::Lease(raw)) => Ok(LeaseRecord::from_raw(&raw, origin)?),
+        Ok(other) => Err(LeaseError::NotALease(format!("{other:?}"))),
+        Err(e) => Err(LeaseError::NotALease(e.to_string())),
     }
+}
+
+/// Why a read or a write of the Lease gave no record.
+#[derive(Debug, Error)]
+pub enum LeaseError {
+    /// The API server refused or failed.
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    /// It answered with a Lease the election cannot use.
+    #[error(transparent)]
+    Unusable(#[from] ObjectError),
+    /// It answered with something that is not a Lease.
+    #[error("not a Lease: {0}")]
+    NotALease(String),
 }
 
 /// The API's field counts whole seconds; other clients (kubectl, client-go)

@@ -26,18 +26,7 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
-/// A Lease as the election reads it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Record {
-    /// `spec.holderIdentity`; None or empty when nobody holds it.
-    pub holder: Option<String>,
-    /// `spec.renewTime`, as written (compared, never parsed).
-    pub renew_time: Option<String>,
-    /// `spec.leaseTransitions`.
-    pub transitions: i32,
-    /// `metadata.resourceVersion`, the write's precondition.
-    pub resource_version: String,
-}
+use crate::model::lease::LeaseRecord;
 
 /// Timings of the election.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -143,7 +132,7 @@ pub struct Election {
     identity: String,
     timings: Timings,
     /// The record last read, and when it was first seen as it is.
-    observed: Option<(Record, Instant)>,
+    observed: Option<(LeaseRecord, Instant)>,
     /// When our last write succeeded, while we hold the Lease.
     renewed: Option<Instant>,
 }
@@ -170,7 +159,7 @@ impl Election {
     }
 
     /// What to do with `lease`, read at `now` (None: it does not exist).
-    pub fn next(&mut self, lease: Option<&Record>, now: Instant) -> Step {
+    pub fn next(&mut self, lease: Option<&LeaseRecord>, now: Instant) -> Step {
         let Some(lease) = lease else {
             self.observed = None;
             return Step::Create;
@@ -180,8 +169,7 @@ impl Election {
             _ => now,
         };
         self.observed = Some((lease.clone(), since));
-        let holder = lease.holder.as_deref().filter(|h| !h.is_empty());
-        match holder {
+        match lease.holder.as_deref() {
             Some(holder) if holder == self.identity => Step::Write {
                 resource_version: lease.resource_version.clone(),
                 transitions: lease.transitions,
@@ -203,7 +191,7 @@ impl Election {
 
     /// Our write (a create, a renewal or a takeover) succeeded at `at`,
     /// leaving `written` as the record.
-    pub fn written(&mut self, written: Record, at: Instant) {
+    pub fn written(&mut self, written: LeaseRecord, at: Instant) {
         self.observed = Some((written, at));
         self.renewed = Some(at);
     }

@@ -1,9 +1,20 @@
 //! The election's rules, on a clock and a Lease store of the test's own.
 
-use super::*;
+use std::path::Path;
 
-fn record(holder: &str, renew: &str, rv: u64) -> Record {
-    Record {
+use super::*;
+use crate::model::object::{Object, ObjectKey, parse_documents};
+
+fn key() -> ObjectKey {
+    ObjectKey {
+        namespace: "isthmus-system".into(),
+        name: "isthmus-gateway".into(),
+    }
+}
+
+fn record(holder: &str, renew: &str, rv: u64) -> LeaseRecord {
+    LeaseRecord {
+        key: key(),
         holder: Some(holder.into()),
         renew_time: Some(renew.into()),
         transitions: 3,
@@ -64,9 +75,10 @@ fn a_record_unchanged_for_a_lease_duration_is_taken_over_on_its_version() {
     );
     // An empty holder is free at once.
     let mut fresh = Election::new("a-gw2", Timings::default());
-    let released = Record {
-        holder: Some(String::new()),
-        ..record("", "t1", 9)
+    let text = "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: isthmus-gateway\n  namespace: isthmus-system\n  resourceVersion: \"9\"\nspec:\n  holderIdentity: \"\"\n  renewTime: t1\n  leaseTransitions: 3\n";
+    let released = match parse_documents(Path::new("lease.yaml"), text).pop() {
+        Some(Ok(Object::Lease(raw))) => LeaseRecord::from_raw(&raw, "lease.yaml").unwrap(),
+        other => panic!("not a Lease: {other:?}"),
     };
     assert!(matches!(
         fresh.next(Some(&released), t0),
@@ -114,12 +126,12 @@ fn timings_that_would_overlap_two_holders_are_refused() {
 /// server does.
 #[derive(Default)]
 struct Store {
-    lease: Option<Record>,
+    lease: Option<LeaseRecord>,
     version: u64,
 }
 
 impl Store {
-    fn write(&mut self, step: &Step, who: &str, at: Instant) -> Option<Record> {
+    fn write(&mut self, step: &Step, who: &str, at: Instant) -> Option<LeaseRecord> {
         let current = self.lease.as_ref().map(|l| l.resource_version.clone());
         let (precondition, transitions) = match step {
             Step::Create => (None, 0),
@@ -134,7 +146,8 @@ impl Store {
             return None;
         }
         self.version += 1;
-        let written = Record {
+        let written = LeaseRecord {
+            key: key(),
             holder: Some(who.into()),
             renew_time: Some(format!("{at:?}")),
             transitions,

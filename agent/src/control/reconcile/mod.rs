@@ -22,8 +22,9 @@ use conflict::{Accepted, view_mismatch};
 use crate::{
     kernel::table::{AllowedTable, MappingTable, MemoryTable, Mirror, PeerTable, TableFailure},
     model::{
+        lease::LeaseRecord,
         natmapping::{self, MappingProblem, NatMapping},
-        node::{ActiveGateway, Node},
+        node::Node,
         object::{DocumentError, Object, ObjectError, ObjectKey, ObjectKind},
         offloading::{ExportedSlice, OffloadedPod, Offloading},
         peer::{Peer, PeerError},
@@ -76,7 +77,7 @@ enum Valid {
     Pod(OffloadedPod),
     Slice(ExportedSlice),
     Offloading(Offloading),
-    Lease(ActiveGateway),
+    Lease(LeaseRecord),
 }
 
 /// An allowed table in memory: what `check` programs, and the tests'.
@@ -199,7 +200,7 @@ where
     /// active gateway. The source reads the one Lease of the election.
     pub fn active_gateway(&self) -> Option<&str> {
         self.valid().find_map(|v| match v {
-            Valid::Lease(lease) => lease.node.as_deref(),
+            Valid::Lease(lease) => lease.holder.as_deref(),
             _ => None,
         })
     }
@@ -533,7 +534,7 @@ fn validate(document: Document, origin: &str) -> Option<Result<Valid, Rejection>
         Ok(Object::NamespaceOffloading(raw)) => {
             valid(Offloading::from_raw(&raw, origin), Valid::Offloading)
         }
-        Ok(Object::Lease(raw)) => valid(ActiveGateway::from_raw(&raw, origin), Valid::Lease),
+        Ok(Object::Lease(raw)) => valid(LeaseRecord::from_raw(&raw, origin), Valid::Lease),
     })
 }
 

@@ -236,12 +236,24 @@ pub struct RawObject {
     pub key: ObjectKey,
     /// Its `metadata.labels`.
     pub labels: Mapping,
+    /// Its `metadata.resourceVersion`: empty in a file, the precondition of
+    /// a write to the API server.
+    pub version: String,
     /// Its other top-level fields (`spec`, `status`, an EndpointSlice's
     /// `endpoints`, …).
     pub body: Mapping,
 }
 
 impl RawObject {
+    fn new(key: ObjectKey, labels: Mapping, version: String, body: Mapping) -> Self {
+        Self {
+            key,
+            labels,
+            version,
+            body,
+        }
+    }
+
     /// The value at `path` (`["status", "podIP"]`), if every step is a
     /// mapping that holds the next.
     pub fn get(&self, path: &[&str]) -> Option<&Value> {
@@ -454,6 +466,7 @@ fn object(file: &str, index: usize, mut value: Value) -> Result<Object, Document
         namespace: text(metadata.and_then(|m| m.get("namespace"))),
         name,
     };
+    let version = text(metadata.and_then(|m| m.get("resourceVersion")));
     let created = Some(text(metadata.and_then(|m| m.get("creationTimestamp"))))
         .filter(|t| is_api_timestamp(t));
     let mut metadata_map = |name: &str| match value
@@ -492,13 +505,15 @@ fn object(file: &str, index: usize, mut value: Value) -> Result<Object, Document
                 ..raw
             })
         }
-        ObjectKind::Node => Object::Node(RawObject { key, labels, body }),
-        ObjectKind::Pod => Object::Pod(RawObject { key, labels, body }),
-        ObjectKind::EndpointSlice => Object::EndpointSlice(RawObject { key, labels, body }),
-        ObjectKind::NamespaceOffloading => {
-            Object::NamespaceOffloading(RawObject { key, labels, body })
+        ObjectKind::Node => Object::Node(RawObject::new(key, labels, version, body)),
+        ObjectKind::Pod => Object::Pod(RawObject::new(key, labels, version, body)),
+        ObjectKind::EndpointSlice => {
+            Object::EndpointSlice(RawObject::new(key, labels, version, body))
         }
-        ObjectKind::Lease => Object::Lease(RawObject { key, labels, body }),
+        ObjectKind::NamespaceOffloading => {
+            Object::NamespaceOffloading(RawObject::new(key, labels, version, body))
+        }
+        ObjectKind::Lease => Object::Lease(RawObject::new(key, labels, version, body)),
     })
 }
 
