@@ -2,7 +2,11 @@
 //! subresource), the list, get, write and watch answers, and the watch
 //! stream of events.
 
-use std::{collections::BTreeMap, convert::Infallible, sync::Arc};
+use std::{
+    collections::BTreeMap,
+    convert::Infallible,
+    sync::{Arc, MutexGuard},
+};
 
 use axum::{
     body::{Body, Bytes},
@@ -13,7 +17,7 @@ use axum::{
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use super::{RESOURCES, Request, Shared, kind_of, merge};
+use super::{Key, RESOURCES, Request, Shared, State, kind_of, merge};
 
 /// A request's path, taken apart.
 struct Target {
@@ -110,21 +114,8 @@ pub(super) async fn handle(
             format!("no resource at {}", uri.path()),
         );
     };
-    let key = |name: &str| {
-        (
-            target.plural.clone(),
-            target.namespace.clone(),
-            name.to_owned(),
-        )
-    };
-    let not_found = |name: &str| {
-        status(
-            StatusCode::NOT_FOUND,
-            "NotFound",
-            format!("{} {name:?} not found", target.plural),
-        )
-    };
-    match (method, &target.name) {
+    let body = body.unwrap_or_default();
+    match (method, target.name.clone()) {
         (Method::GET, None) if query.get("watch") == Some(&"true") => {
             let since = query
                 .get("resourceVersion")
@@ -133,89 +124,130 @@ pub(super) async fn handle(
             drop(state);
             watch_stream(shared, target.plural, since)
         }
-        (Method::GET, None) => {
-            let items: Vec<&Value> = state
-                .objects
-                .iter()
-                .filter(|((p, ns, _), _)| {
-                    *p == target.plural && (target.namespace.is_empty() || *ns == target.namespace)
-                })
-                .map(|(_, v)| v)
-                .collect();
-            ok(json!({
-                "apiVersion": "v1", "kind": format!("{}List", kind_of(&target.plural)),
-                "metadata": {"resourceVersion": state.rv.to_string()}, "items": items,
-            }))
-        }
-        (Method::GET, Some(name)) => match state.objects.get(&key(name)) {
+        (Method::GET, None) => list(&state, &target),
+        (Method::GET, Some(name)) => match state.objects.get(&target.key(&name)) {
             Some(object) => ok(object.clone()),
-            None => not_found(name),
+            None => target.not_found(&name),
         },
-        (Method::POST, None) => {
-            let mut object = body.unwrap_or_default();
-            object["metadata"]["namespace"] = json!(target.namespace);
-            object["kind"] = json!(kind_of(&target.plural));
-            let name = object["metadata"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned();
-            if state.objects.contains_key(&key(&name)) {
-                return status(
-                    StatusCode::CONFLICT,
-                    "AlreadyExists",
-                    format!("{} {name:?} already exists", target.plural),
-                );
-            }
-            state.put(object);
-            let stored = state.objects[&key(&name)].clone();
-            drop(state);
-            shared.changes.send_modify(|(seen, _)| *seen += 1);
-            (StatusCode::CREATED, ok(stored)).into_response()
-        }
-        (Method::PUT, Some(name)) => {
-            let Some(stored) = state.objects.get(&key(name)) else {
-                return not_found(name);
-            };
-            let mut object = body.unwrap_or_default();
-            if let Some(refused) = stale(&object, stored, &target.plural, name) {
-                return refused;
-            }
-            object["metadata"]["namespace"] = json!(target.namespace);
-            object["kind"] = json!(kind_of(&target.plural));
-            state.put(object);
-            let stored = state.objects[&key(name)].clone();
-            drop(state);
-            shared.changes.send_modify(|(seen, _)| *seen += 1);
-            ok(stored)
-        }
-        (Method::PATCH, Some(name)) => {
-            let Some(mut object) = state.objects.get(&key(name)).cloned() else {
-                return not_found(name);
-            };
-            let patch = body.unwrap_or_default();
-            if let Some(refused) = stale(&patch, &object, &target.plural, name) {
-                return refused;
-            }
-            if target.status {
-                // `put` keeps the stored status, so the new one is stored first.
-                let mut new_status = object.get("status").cloned().unwrap_or_else(|| json!({}));
-                merge(&mut new_status, &patch["status"]);
-                state.objects.get_mut(&key(name)).expect("present")["status"] = new_status;
-            } else {
-                merge(&mut object, &patch);
-            }
-            state.put(object);
-            let stored = state.objects[&key(name)].clone();
-            drop(state);
-            shared.changes.send_modify(|(seen, _)| *seen += 1);
-            ok(stored)
-        }
+        (Method::POST, None) => create(state, &shared, &target, body),
+        (Method::PUT, Some(name)) => replace(state, &shared, &target, &name, body),
+        (Method::PATCH, Some(name)) => patch(state, &shared, &target, &name, body),
         (method, _) => status(
             StatusCode::METHOD_NOT_ALLOWED,
             "MethodNotAllowed",
             format!("{method} {}", uri.path()),
         ),
     }
+}
+
+impl Target {
+    /// The key of object `name` of this target's kind and namespace.
+    fn key(&self, name: &str) -> Key {
+        (self.plural.clone(), self.namespace.clone(), name.to_owned())
+    }
+
+    fn not_found(&self, name: &str) -> Response {
+        status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("{} {name:?} not found", self.plural),
+        )
+    }
+}
+
+/// A list of the target's kind, in its namespace or in all.
+fn list(state: &State, target: &Target) -> Response {
+    let items: Vec<&Value> = state
+        .objects
+        .iter()
+        .filter(|((p, ns, _), _)| {
+            *p == target.plural && (target.namespace.is_empty() || *ns == target.namespace)
+        })
+        .map(|(_, v)| v)
+        .collect();
+    ok(json!({
+        "apiVersion": "v1", "kind": format!("{}List", kind_of(&target.plural)),
+        "metadata": {"resourceVersion": state.rv.to_string()}, "items": items,
+    }))
+}
+
+fn create(
+    state: MutexGuard<'_, State>,
+    shared: &Shared,
+    target: &Target,
+    mut object: Value,
+) -> Response {
+    object["metadata"]["namespace"] = json!(target.namespace);
+    object["kind"] = json!(kind_of(&target.plural));
+    let name = object["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    if state.objects.contains_key(&target.key(&name)) {
+        return status(
+            StatusCode::CONFLICT,
+            "AlreadyExists",
+            format!("{} {name:?} already exists", target.plural),
+        );
+    }
+    let stored = store(state, shared, object, target.key(&name));
+    (StatusCode::CREATED, ok(stored)).into_response()
+}
+
+fn replace(
+    state: MutexGuard<'_, State>,
+    shared: &Shared,
+    target: &Target,
+    name: &str,
+    mut object: Value,
+) -> Response {
+    let Some(stored) = state.objects.get(&target.key(name)) else {
+        return target.not_found(name);
+    };
+    if let Some(refused) = stale(&object, stored, &target.plural, name) {
+        return refused;
+    }
+    object["metadata"]["namespace"] = json!(target.namespace);
+    object["kind"] = json!(kind_of(&target.plural));
+    ok(store(state, shared, object, target.key(name)))
+}
+
+/// A JSON merge patch of the object, or of its status subresource.
+fn patch(
+    mut state: MutexGuard<'_, State>,
+    shared: &Shared,
+    target: &Target,
+    name: &str,
+    patch: Value,
+) -> Response {
+    let key = target.key(name);
+    let Some(mut object) = state.objects.get(&key).cloned() else {
+        return target.not_found(name);
+    };
+    if let Some(refused) = stale(&patch, &object, &target.plural, name) {
+        return refused;
+    }
+    if target.status {
+        // `put` keeps the stored status, so the new one is stored first.
+        let mut new_status = object.get("status").cloned().unwrap_or_else(|| json!({}));
+        merge(&mut new_status, &patch["status"]);
+        if let Some(stored) = state.objects.get_mut(&key) {
+            stored["status"] = new_status;
+        }
+    } else {
+        merge(&mut object, &patch);
+    }
+    ok(store(state, shared, object, key))
+}
+
+/// Stores `object` (whose key is `key`), tells the watches, and returns it
+/// as stored.
+fn store(mut state: MutexGuard<'_, State>, shared: &Shared, object: Value, key: Key) -> Value {
+    state.put(object);
+    let stored = state.objects[&key].clone();
+    drop(state);
+    shared.changes.send_modify(|(seen, _)| *seen += 1);
+    stored
 }
 
 /// The `409 Conflict` the API server answers a write that names a

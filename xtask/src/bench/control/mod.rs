@@ -2,57 +2,70 @@
 //! kernel, and what 10,000 entries cost a packet through the hub, against
 //! the per-cluster iptables DNAT chain Liqo keeps.
 
+mod iptables;
+
+use iptables::{IptablesApply, apply_iptables, hub_pps};
+
 use std::{
     fmt::Write as _,
     fs,
     net::Ipv4Addr,
-    process::Command,
     time::{Duration, Instant},
 };
 
 use anyhow::{Result, bail};
+
 use aya::maps::{HashMap, MapData};
+
 use isthmus_common::{
     names,
     nat::{MappingKey, PeerKey, PeerNat},
     wire::Be32,
 };
+
 use isthmus_lab::{
     lab::{self, LabTunnel},
     objects::TunnelEndpoint,
-    topology::{A, B, C, NAT_MAPPING},
+    topology::B,
     wait::poll,
 };
 
 use super::{
     burner::{Spread, quiet_and_busy, spread},
-    gateways::{disable_isthmus, enable_isthmus, maps_to, nat_gateways, peer_id},
-    packets::{hub_flow, measure},
+    gateways::{maps_to, peer_id},
     stats::{median, ratio_line},
     write_section,
 };
 
 /// Entries in the large table.
 const ENTRIES: usize = 10_000;
+
 /// Entries in the small table.
 const FEW: usize = 10;
+
 /// Single-entry changes timed from file to kernel.
 const UPDATES: usize = 200;
+
 /// How long iptables may take to insert the entries before it is stopped.
 const IPTABLES_BUDGET: Duration = Duration::from_secs(900);
+
 /// Rounds per setup, interleaved, for pps and for one-entry changes.
 const ROUNDS: usize = 5;
+
 /// Peers beside the bench peer, so that every pass weighs as many peers as
 /// a large hub's.
 const OTHER_PEERS: usize = 199;
+
 /// The p99 target for a one-entry change on a quiet machine.
 const P99_TARGET_MS: f64 = 10.0;
+
 /// The p99 target for a one-entry change while one core is kept busy.
 const BUSY_TARGET_MS: f64 = 25.0;
 
 /// The synthetic cluster whose NatMapping fills b-gw's table: its
 /// ExternalCIDR for us is large enough for 10,000 externalIPs.
 const BENCH_CLUSTER: &str = "cluster-bench";
+
 const BENCH_VIEW: &str = "10.50.0.0/24";
 
 pub fn run_control(kube_only: bool) -> Result<()> {
@@ -68,6 +81,32 @@ pub fn run_control(kube_only: bool) -> Result<()> {
 }
 
 fn control() -> Result<()> {
+    let measured = measure_all()?;
+    let lines = result_lines(&measured);
+    write_section("control", &report(&measured, &lines))
+}
+
+/// Everything `bench control` measures.
+struct Measured {
+    yaml: Applied,
+    json: Applied,
+    rss: f64,
+    iptables: IptablesApply,
+    /// (setup, entries, pps of each round) through the hub.
+    pps: Vec<(&'static str, usize, Vec<f64>)>,
+}
+
+impl Measured {
+    /// The hub's pps of each round for `setup` with `entries` entries.
+    fn pps(&self, setup: &str, entries: usize) -> Vec<f64> {
+        self.pps
+            .iter()
+            .find(|(s, c, _)| *s == setup && *c == entries)
+            .map_or_else(Vec::new, |(_, _, v)| v.clone())
+    }
+}
+
+fn measure_all() -> Result<Measured> {
     let gw = B.gw();
     lab::write_object(&gw, "bench-peer.yaml", &bench_peer())?;
     lab::write_object(&gw, "bench-other-peers.yaml", &other_peers())?;
@@ -94,9 +133,9 @@ fn control() -> Result<()> {
         wait_entries(&gw, peer_id, 0)?;
     }
     let rss = super::stats::agent_rss_mib(&gw)?;
-    let [yaml, json] = &applied[..] else {
-        unreachable!("two formats")
-    };
+    let [yaml, json]: [Applied; 2] = applied
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("two formats"))?;
 
     println!("bench: inserting {ENTRIES} DNAT rules as Liqo does (iptables -C, then -A)");
     let iptables = apply_iptables(&gw)?;
@@ -110,21 +149,25 @@ fn control() -> Result<()> {
             ""
         }
     );
+    Ok(Measured {
+        yaml,
+        json,
+        rss,
+        iptables,
+        pps: hub_pps()?,
+    })
+}
 
-    let pps = hub_pps()?;
-    let get = |name: &str, n: usize| {
-        pps.iter()
-            .find(|(s, c, _)| *s == name && *c == n)
-            .map_or_else(Vec::new, |(_, _, v)| v.clone())
-    };
+/// The RESULT lines: medians of the rounds, with their ranges.
+fn result_lines(m: &Measured) -> String {
     let target = |ms| vec![ms; ROUNDS];
     let mut lines = ratio_line(
         "natmapping-10k-converge-ms-vs-iptables",
-        &[yaml.converge_ms],
-        &[iptables.elapsed.as_secs_f64() * 1e3],
+        &[m.yaml.converge_ms],
+        &[m.iptables.elapsed.as_secs_f64() * 1e3],
         2,
     );
-    for (format, figures) in [("yaml", yaml), ("json", json)] {
+    for (format, figures) in [("yaml", &m.yaml), ("json", &m.json)] {
         for (measure, rounds, target_ms) in [
             ("p50-ms", figures.p50(), P99_TARGET_MS),
             ("p99-ms", figures.p99(), P99_TARGET_MS),
@@ -141,23 +184,28 @@ fn control() -> Result<()> {
     for (name, ours, peer) in [
         (
             "hub-pps-10k-entries-vs-isthmus-10-entries",
-            get("isthmus", ENTRIES),
-            get("isthmus", FEW),
+            m.pps("isthmus", ENTRIES),
+            m.pps("isthmus", FEW),
         ),
         (
             "hub-pps-10k-entries-vs-iptables-10k",
-            get("isthmus", ENTRIES),
-            get("iptables", ENTRIES),
+            m.pps("isthmus", ENTRIES),
+            m.pps("iptables", ENTRIES),
         ),
         (
             "iptables-hub-pps-10k-entries-vs-iptables-10-entries",
-            get("iptables", ENTRIES),
-            get("iptables", FEW),
+            m.pps("iptables", ENTRIES),
+            m.pps("iptables", FEW),
         ),
     ] {
         lines += &ratio_line(name, &ours, &peer, 2);
     }
-    lines += &ratio_line("agent-rss-mib-10k-entries-vs-budget", &[rss], &[64.0], 2);
+    lines + &ratio_line("agent-rss-mib-10k-entries-vs-budget", &[m.rss], &[64.0], 2)
+}
+
+/// The section of docs/benchmarks.md: the method, the table, the lines.
+fn report(m: &Measured, lines: &str) -> String {
+    let (yaml, json, rss) = (&m.yaml, &m.json, m.rss);
     let (ms, json_ms) = (yaml.converge_ms, json.converge_ms);
     let (p50, p99, busy_p99) = (
         median(&yaml.p50()),
@@ -190,7 +238,7 @@ and works on b-gw, the hub.
   object. The YAML scanner (libyaml, through serde_yaml_ng) needs about 9 ms
   for 10,000 entries on this machine, so the agent reads a plain
   `clusterMappings` block itself and gives the scanner the rest
-  (`agent/src/object.rs`, `plain_natmapping`). JSON, which is YAML too and
+  (`agent/src/model/object/plain.rs`, `plain_natmapping`). JSON, which is YAML too and
   what the Kubernetes API serves, goes to serde_json.
 - **iptables.** The same entries, inserted as Liqo's network manager does:
   one `-d externalIP -j DNAT --to-destination endpointIP` rule per entry, in
@@ -220,24 +268,24 @@ Agent resident memory with {ENTRIES} entries: {rss:.1} MiB.
 ```
 {lines}```
 ",
-        ipt = iptables.elapsed.as_secs_f64(),
-        ipt_note = if iptables.inserted < ENTRIES {
-            format!(" (stopped after {} rules)", iptables.inserted)
+        ipt = m.iptables.elapsed.as_secs_f64(),
+        ipt_note = if m.iptables.inserted < ENTRIES {
+            format!(" (stopped after {} rules)", m.iptables.inserted)
         } else {
             String::new()
         },
-        i10 = median(&get("isthmus", FEW)),
-        i10k = median(&get("isthmus", ENTRIES)),
-        t10 = median(&get("iptables", FEW)),
-        t10k = median(&get("iptables", ENTRIES)),
+        i10 = median(&m.pps("isthmus", FEW)),
+        i10k = median(&m.pps("isthmus", ENTRIES)),
+        t10 = median(&m.pps("iptables", FEW)),
+        t10k = median(&m.pps("iptables", ENTRIES)),
     );
-    if iptables.inserted < ENTRIES {
+    if m.iptables.inserted < ENTRIES {
         let _ = writeln!(
             section,
             "\niptables was stopped at its budget; its figure is a lower bound."
         );
     }
-    write_section("control", &section)
+    section
 }
 
 /// The other peers: views of their own, no tunnel (the lab's routing is
@@ -442,150 +490,4 @@ fn update_latencies(node: &str, peer_id: u32, format: Format) -> Result<Vec<f64>
         latencies.push((done - start).as_secs_f64() * 1e3);
     }
     Ok(latencies)
-}
-
-struct IptablesApply {
-    elapsed: Duration,
-    inserted: usize,
-}
-
-const MAP_CHAIN: &str = "LIQO-PRRT-MAP-CLS-bench";
-
-fn iptables(node: &str, args: &[&str]) -> Result<bool> {
-    let status = Command::new("ip")
-        .args(["netns", "exec", node, "iptables", "-w", "-t", "nat"])
-        .args(args)
-        .stderr(std::process::Stdio::null())
-        .status()?;
-    Ok(status.success())
-}
-
-fn apply_iptables(node: &str) -> Result<IptablesApply> {
-    let _ = iptables(node, &["-F", MAP_CHAIN]);
-    let _ = iptables(node, &["-X", MAP_CHAIN]);
-    if !iptables(node, &["-N", MAP_CHAIN])? {
-        bail!("cannot create {MAP_CHAIN} in {node}");
-    }
-    let start = Instant::now();
-    let mut inserted = 0;
-    for i in 0..ENTRIES {
-        if start.elapsed() > IPTABLES_BUDGET {
-            break;
-        }
-        let (endpoint, external) = entry(i, 0);
-        let (d, to) = (external.to_string(), endpoint.to_string());
-        let rule = ["-d", &d, "-j", "DNAT", "--to-destination", &to];
-        if !iptables(node, &[&["-C", MAP_CHAIN][..], &rule].concat())?
-            && !iptables(node, &[&["-A", MAP_CHAIN][..], &rule].concat())?
-        {
-            bail!("iptables -A {MAP_CHAIN} failed at rule {i}");
-        }
-        inserted += 1;
-        if inserted % 1000 == 0 {
-            println!(
-                "bench:   {inserted} rules in {:.1} s",
-                start.elapsed().as_secs_f64()
-            );
-        }
-    }
-    let elapsed = start.elapsed();
-    iptables(node, &["-F", MAP_CHAIN])?;
-    iptables(node, &["-X", MAP_CHAIN])?;
-    Ok(IptablesApply { elapsed, inserted })
-}
-
-/// pps through the hub for Isthmus and iptables, with few and many
-/// entries: each setup's median in each round.
-fn hub_pps() -> Result<Vec<(&'static str, usize, Vec<f64>)>> {
-    let flow = hub_flow(None);
-    let setups = [
-        ("isthmus", FEW),
-        ("isthmus", ENTRIES),
-        ("iptables", FEW),
-        ("iptables", ENTRIES),
-    ];
-    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
-    for round in 1..=ROUNDS {
-        for (i, &(name, count)) in setups.iter().enumerate() {
-            println!("bench: round {round}/{ROUNDS}, hub pps, {name} with {count} entries");
-            let rates = match name {
-                "isthmus" => {
-                    enable_isthmus(&nat_gateways())?;
-                    let gw = B.gw();
-                    // A restarted agent may have numbered the peers anew.
-                    let peer_id = wait_for_peer(&gw)?;
-                    let text = bench_mapping(count - 1, None, Format::Yaml);
-                    lab::write_object(&gw, Format::Yaml.file(), &text)?;
-                    wait_entries(&gw, peer_id, count - 1)?;
-                    measure(&flow)
-                }
-                _ => {
-                    disable_isthmus(&nat_gateways())?;
-                    install_hub_iptables(count)?;
-                    let rates = measure(&flow);
-                    flush_hub_iptables()?;
-                    rates
-                }
-            };
-            samples[i].push(median(&rates?));
-        }
-    }
-    fs::remove_file(lab::object_dir(&B.gw()).join(Format::Yaml.file()))?;
-    Ok(setups
-        .iter()
-        .zip(samples)
-        .map(|((name, count), rounds)| (*name, *count, rounds))
-        .collect())
-}
-
-/// Liqo's rules for the hub path: a NETMAPs its pods towards b; b sends
-/// a's traffic for its remapped ExternalCIDR to the cluster's MAP chain,
-/// DNATs there, and SNATs what it forwards to c from sources not its own.
-fn install_hub_iptables(count: usize) -> Result<()> {
-    let (endpoint, _) = NAT_MAPPING.entry();
-    let mut a = String::from("*nat\n");
-    let _ = writeln!(
-        a,
-        "-A POSTROUTING -s {} -d 10.0.0.0/23 -j NETMAP --to 10.0.40.0/24\nCOMMIT",
-        A.pod_cidr
-    );
-    let mut b = format!("*nat\n:{MAP_CHAIN} - [0:0]\n");
-    let _ = writeln!(
-        b,
-        "-A PREROUTING -s 10.0.40.0/24 -d 10.0.1.0/24 -j {MAP_CHAIN}"
-    );
-    for i in 0..count {
-        if i == count / 2 {
-            let _ = writeln!(
-                b,
-                "-A {MAP_CHAIN} -d 10.0.1.45 -j DNAT --to-destination {endpoint}"
-            );
-        } else {
-            let (ep, ext) = entry(i, 0);
-            let _ = writeln!(b, "-A {MAP_CHAIN} -d {ext} -j DNAT --to-destination {ep}");
-        }
-    }
-    let _ = writeln!(
-        b,
-        "-A POSTROUTING ! -s {pods} -d {c} -j SNAT --to-source {masq}\nCOMMIT",
-        pods = B.pod_cidr,
-        c = C.pod_cidr,
-        masq = B.masquerade_addr()
-    );
-    for (gw, rules) in [(A.gw(), a), (B.gw(), b)] {
-        let path = format!("{}/iptables-hub-{gw}.rules", lab::STATE_DIR);
-        fs::write(&path, rules)?;
-        let status = Command::new("ip")
-            .args(["netns", "exec", &gw, "iptables-restore"])
-            .stdin(fs::File::open(&path)?)
-            .status()?;
-        if !status.success() {
-            bail!("iptables-restore in {gw} failed ({status}); rules in {path}");
-        }
-    }
-    Ok(())
-}
-
-fn flush_hub_iptables() -> Result<()> {
-    super::liqo_v010::remove_all(&[A.gw(), B.gw()])
 }
