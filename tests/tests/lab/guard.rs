@@ -1,6 +1,8 @@
 //! The XDP guard on a-gw's uplink, in the lab: a bounded flood of
 //! handshake-shaped datagrams from an address no peer uses is dropped in
 //! XDP, userspace sees none of it, and a and b keep talking throughout.
+//! The guard is an option the DaemonSet ships off, so the lab runs without
+//! it; this test turns it on for itself.
 
 use std::{
     net::UdpSocket,
@@ -24,6 +26,24 @@ use isthmus_tests::{metrics::sample, require_lab};
 const STRANGER: &str = "203.0.113.98";
 /// Datagrams in the flood: bounded, and it stops by itself.
 const FLOOD: u64 = 50_000;
+
+/// The gateways run with their XDP guard until dropped.
+struct GuardOn;
+
+impl GuardOn {
+    fn new() -> Self {
+        lab::set_guard(true).unwrap();
+        Self
+    }
+}
+
+impl Drop for GuardOn {
+    fn drop(&mut self) {
+        if let Err(e) = lab::set_guard(false) {
+            eprintln!("turning the guard back off: {e:#}");
+        }
+    }
+}
 
 struct Stranger;
 
@@ -73,6 +93,7 @@ fn a_handshake_flood_from_a_stranger_dies_in_xdp() {
         LabTunnel::Userspace,
         "the guard protects the embedded tunnel: run with the default lab"
     );
+    let _guard = GuardOn::new();
     let _stranger = Stranger::new();
     let (dropped, session, seen_by_userspace) =
         (guard("dropped"), guard("session"), userspace_rejections());

@@ -51,11 +51,13 @@ struct Flood {
 fn guard() -> Result<()> {
     let gw = A.gw();
     lab::stop_agent(&gw)?;
-    let with_guard = lab::agent_args(&gw)?;
-    let without: Vec<String> = with_guard
+    // The lab runs a-gw as shipped, without the guard: the guarded turns
+    // add the option.
+    let without = lab::agent_args(&gw)?;
+    let with_guard: Vec<String> = without
         .iter()
-        .filter(|a| !a.starts_with("--guard-dev"))
         .cloned()
+        .chain([lab::GUARD_OPTION.to_owned()])
         .collect();
     let (mut guarded, mut unguarded) = (Vec::new(), Vec::new());
     for round in 1..=ROUNDS {

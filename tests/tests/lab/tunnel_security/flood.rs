@@ -60,25 +60,6 @@ fn median_p50(rounds: &[[f64; 2]]) -> f64 {
     p50s[p50s.len() / 2]
 }
 
-/// The gateways run without their XDP guard, as the DaemonSet runs them,
-/// until dropped.
-struct GuardOff;
-
-impl GuardOff {
-    fn new() -> Self {
-        lab::set_guard(false).unwrap();
-        Self
-    }
-}
-
-impl Drop for GuardOff {
-    fn drop(&mut self) {
-        if let Err(e) = lab::set_guard(true) {
-            eprintln!("turning the guard back on: {e:#}");
-        }
-    }
-}
-
 /// With the gateways as the DaemonSet runs them (no XDP guard), a stranger
 /// floods b-gw with handshake initiations that carry a valid mac1 (it
 /// knows b-gw's public key), as fast as one thread sends. Meanwhile
@@ -89,7 +70,7 @@ impl Drop for GuardOff {
 #[test]
 fn a_handshake_flood_spares_the_peers_and_lets_a_restarting_peer_in() {
     require_lab();
-    let _shipped = GuardOff::new();
+    assert!(!lab::guard_is_on(), "the lab runs the gateways as shipped");
     let mut stranger = Outsider::towards(&B);
     let c_pod1 = C.pod_addr(1);
     // b-pod1's round trips to c-pod1, through b's tunnel: their p50.

@@ -15,12 +15,7 @@ use boringtun::{
     noise::{Tunn, TunnResult},
     x25519::{PublicKey, StaticSecret},
 };
-use isthmus_agent::{
-    kernel::maps::{self, PresenceSet},
-    kernel::table::KernelTable,
-    model::key_text,
-};
-use isthmus_common::names;
+use isthmus_agent::model::key_text;
 use isthmus_lab::{
     cmd::{ip, run},
     lab, netns,
@@ -31,7 +26,7 @@ use isthmus_lab::{
 };
 use isthmus_tests::{
     addrs::B_POD1,
-    eventually,
+    capture, eventually,
     metrics::sample,
     packet::{Datagram, L4},
     require_lab,
@@ -185,8 +180,9 @@ fn known_outsider() -> (Outsider, PathBuf) {
 }
 
 /// A file that makes a-gw expect a peer at the outsider's address, with
-/// some other key: the XDP guard lets the outsider's datagrams through to
-/// the tunnel, which must then turn the stranger's key away itself.
+/// some other key: the outsider's datagrams reach the tunnel (the XDP
+/// guard, where it runs, lets them through too), which must then turn the
+/// stranger's key away itself.
 struct Impostor(PathBuf);
 
 impl Impostor {

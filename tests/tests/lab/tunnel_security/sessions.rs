@@ -97,18 +97,35 @@ fn the_endpoint_roams_and_a_new_key_means_a_new_handshake() {
     });
 }
 
-/// Our peers' indexes on a-gw, as its XDP guard holds them: a WAN observer
-/// reads them off the receiver index of any message a-gw's peers send.
+/// Our peers' indexes on a-gw (the upper 24 bits of a session's index), as
+/// a WAN observer reads them: off the receiver index of the transport
+/// messages a-gw's peers send it while a and b talk.
 fn peer_indexes(gw: &str) -> Vec<u32> {
-    let map = maps::open_pinned(&lab::bpffs(gw), names::MAP_GUARD_INDEXES).unwrap();
-    let indexes: Vec<u32> = PresenceSet::<u32>::new(map)
-        .unwrap()
-        .entries()
-        .unwrap()
-        .into_iter()
-        .map(|(index, _)| index)
+    let pcap = PathBuf::from(lab::STATE_DIR).join("peer-indexes.pcap");
+    let filter = format!(
+        "udp and dst host {} and dst port {TUNNEL_PORT}",
+        A.wan_addr()
+    );
+    let tcpdump = capture::start(
+        gw,
+        "wan0",
+        &["-s", "128", "-w", pcap.to_str().unwrap(), &filter],
+        "peer-indexes",
+    );
+    a_and_b_work();
+    capture::stop(tcpdump);
+    let bytes = fs::read(&pcap).unwrap();
+    // Ethernet, an IPv4 header without options, UDP: WireGuard at 42. A
+    // transport message is type 4, with the receiver's index at 4..8.
+    let mut indexes: Vec<u32> = capture::frames(&bytes)
+        .iter()
+        .filter_map(|frame| frame.get(42..50))
+        .filter(|message| message[0] == 4)
+        .map(|message| u32::from_le_bytes(message[4..8].try_into().unwrap()) >> 8)
         .collect();
-    assert!(!indexes.is_empty(), "{gw} has no peer index");
+    indexes.sort_unstable();
+    indexes.dedup();
+    assert!(!indexes.is_empty(), "no transport message reached {gw}");
     indexes
 }
 

@@ -24,6 +24,9 @@ use crate::{
 /// Seconds between the gateways' lookups of endpoint names.
 pub const RESOLVE_INTERVAL: u64 = 2;
 
+/// The option that runs a gateway's XDP guard on its uplink.
+pub const GUARD_OPTION: &str = "--guard-dev=wan0";
+
 /// The host ends of the lab's pod veths, which workers steer from.
 pub const POD_DEVS: &str = "pod*";
 
@@ -116,7 +119,7 @@ pub fn agent_args(node: &str) -> Result<Vec<String>> {
         LabTunnel::Userspace => {
             args.push(format!("--private-key-file={}", key_file(node).display()));
             if role_of(node) == "gateway" && guard_is_on() {
-                args.push("--guard-dev=wan0".into());
+                args.push(GUARD_OPTION.into());
             }
         }
         LabTunnel::None => args.extend(["--tunnel=none".into(), "--nat-dev=wan0".into()]),

@@ -34,9 +34,9 @@ use node_objects::write_objects;
 use switch::start_other_tunnel;
 
 pub use agents::{
-    POD_DEVS, RESOLVE_INTERVAL, agent_args, agent_pid, clean_up_agent, log_tail, restart_agent,
-    spawn_agent, spawn_agent_binary, spawn_container, start_agent, start_tunnelless_gateway,
-    stop_agent, wait_ready, wait_ready_in,
+    GUARD_OPTION, POD_DEVS, RESOLVE_INTERVAL, agent_args, agent_pid, clean_up_agent, log_tail,
+    restart_agent, spawn_agent, spawn_agent_binary, spawn_container, start_agent,
+    start_tunnelless_gateway, stop_agent, wait_ready, wait_ready_in,
 };
 pub use keys::{key_file, public_key};
 pub use network::{POD_GATEWAY, wire_pod};

@@ -70,17 +70,18 @@ pub fn tunnel_mode() -> LabTunnel {
         .unwrap_or(LabTunnel::Userspace)
 }
 
-/// The lab state's marker files that turn an option of the agents off.
-pub(super) const NO_GUARD: &str = "no-guard";
+/// The lab state's marker file that turns the gateways' XDP guard on.
+pub(super) const GUARD: &str = "guard";
 
 /// The lab state's file that holds `--forward-past-netfilter`'s value when
 /// a test sets one; without it, the agents run the DaemonSet's default.
 pub(super) const PAST_NETFILTER: &str = "past-netfilter";
 
 /// Whether the embedded tunnel's gateways run the XDP guard on their
-/// uplinks, as the lab starts them; [`set_guard`] turns it off.
+/// uplinks. The lab starts them as the DaemonSet ships them, without it;
+/// [`super::set_guard`] turns it on.
 pub fn guard_is_on() -> bool {
-    !state(NO_GUARD).exists()
+    state(GUARD).exists()
 }
 
 /// The `--forward-past-netfilter` value a test set (`on`, `off`, `auto`),
@@ -101,14 +102,14 @@ pub fn write_past_netfilter_mode(mode: Option<&str>) -> Result<()> {
     Ok(())
 }
 
-/// Writes the marker file that turns an option of the agents off, or
+/// Writes the marker file that turns an option of the agents on, or
 /// removes it; the agents started next follow it.
-pub(super) fn set_marker(off_marker: &str, on: bool) -> Result<()> {
+pub(super) fn set_marker(marker: &str, on: bool) -> Result<()> {
     match on {
-        true => {
-            let _ = fs::remove_file(state(off_marker));
+        true => fs::write(state(marker), "")?,
+        false => {
+            let _ = fs::remove_file(state(marker));
         }
-        false => fs::write(state(off_marker), "")?,
     }
     Ok(())
 }

@@ -9,7 +9,7 @@ use anyhow::{Result, bail};
 use super::{
     agents::{clean_up_agent, restart_agent, start_agent, stop_agent, wait_ready},
     clear_tunnel, external_tunnel,
-    options::{LabTunnel, NO_GUARD, set_marker, tunnel_mode, write_past_netfilter_mode},
+    options::{GUARD, LabTunnel, set_marker, tunnel_mode, write_past_netfilter_mode},
     paths::state,
 };
 use crate::topology::CLUSTERS;
@@ -32,10 +32,11 @@ pub(super) fn start_other_tunnel(tunnel: LabTunnel) -> Result<()> {
 
 /// Turns the gateways' XDP guard on or off, restarting their agents;
 /// returns once they are ready. The guard is an option of the agent, off
-/// by default: the tunnel benchmark measures the tunnel with and without.
+/// in the DaemonSet and so in the lab: its tests and benchmark turn it on.
 pub fn set_guard(on: bool) -> Result<()> {
     let gateways: Vec<String> = CLUSTERS.iter().map(|c| c.gw()).collect();
-    set_option(NO_GUARD, on, &gateways)
+    set_marker(GUARD, on)?;
+    gateways.iter().try_for_each(|gw| restart_agent(gw))
 }
 
 /// Puts `tunnel` between the gateways in place of the one running, with
@@ -58,7 +59,7 @@ pub fn set_gateway_tunnel(tunnel: LabTunnel, guard: bool) -> Result<()> {
     external_tunnel::stop_all()?;
     CLUSTERS.iter().try_for_each(|c| clear_tunnel::stop_on(c))?;
     fs::write(state("tunnel"), tunnel.as_str())?;
-    set_marker(NO_GUARD, guard)?;
+    set_marker(GUARD, guard)?;
     start_other_tunnel(tunnel)?;
     for gw in &gateways {
         start_agent(gw)?;
@@ -74,11 +75,4 @@ pub fn set_forward_past_netfilter(mode: Option<&str>) -> Result<()> {
         .iter()
         .flat_map(|c| c.nodes().map(|(name, _)| name))
         .try_for_each(|node| restart_agent(&node))
-}
-
-/// Turns an option of the agents on or off, as a marker file in the lab's
-/// state says (present: off), and restarts the agents of `nodes`.
-fn set_option(off_marker: &str, on: bool, nodes: &[String]) -> Result<()> {
-    set_marker(off_marker, on)?;
-    nodes.iter().try_for_each(|node| restart_agent(node))
 }
