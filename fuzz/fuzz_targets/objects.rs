@@ -1,6 +1,7 @@
 //! Objects as an author writes them (TunnelEndpoints, NatMappings, Nodes,
-//! what isolation reads, and the election's Lease): any text, read as the directory source
-//! reads a file, then every document validated as the reconciler does.
+//! what isolation reads, the election's Lease, and Liqo v1's objects): any
+//! text, read as the directory source reads a file, then every document
+//! validated as the reconciler does.
 //! Nothing may panic, every error names its file, and the NatMapping fast
 //! path, where it answers, must agree with the YAML scanner.
 #![no_main]
@@ -8,7 +9,8 @@
 use isthmus_agent::{
     model::natmapping::NatMapping,
     model::{lease::LeaseRecord, node::Node},
-    model::object::{Object, parse_documents, plain_natmapping},
+    model::liqo_v1,
+    model::object::{Object, ObjectKind, RawObject, parse_documents, plain_natmapping},
     model::offloading::{ExportedSlice, OffloadedPod, Offloading},
     model::peer::Peer,
     model::policy::Policy,
@@ -43,6 +45,11 @@ fuzz_target!(|text: &str| {
             Ok(Object::EndpointSlice(raw)) => error(ExportedSlice::from_raw(&raw, FILE)),
             Ok(Object::NamespaceOffloading(raw)) => error(Offloading::from_raw(&raw, FILE)),
             Ok(Object::Lease(raw)) => error(LeaseRecord::from_raw(&raw, FILE)),
+            Ok(Object::Configuration(raw)) => v1(&raw, ObjectKind::Configuration),
+            Ok(Object::PublicKey(raw)) => v1(&raw, ObjectKind::PublicKey),
+            Ok(Object::GatewayServer(raw)) => v1(&raw, ObjectKind::GatewayServer),
+            Ok(Object::GatewayClient(raw)) => v1(&raw, ObjectKind::GatewayClient),
+            Ok(Object::Ip(raw)) => v1(&raw, ObjectKind::Ip),
         };
         if let Some(message) = message {
             assert!(
@@ -52,6 +59,11 @@ fuzz_target!(|text: &str| {
         }
     }
 });
+
+/// The error reading a Liqo v1 object gave, if any.
+fn v1(raw: &RawObject, kind: ObjectKind) -> Option<String> {
+    error(liqo_v1::read(raw, kind, FILE))
+}
 
 /// The error an object's validation gave, if any.
 fn error<T, E: ToString>(validated: Result<T, E>) -> Option<String> {

@@ -6,6 +6,7 @@
 pub mod isolation;
 pub mod key_text;
 pub mod lease;
+pub mod liqo_v1;
 pub mod natmapping;
 pub mod node;
 pub mod object;

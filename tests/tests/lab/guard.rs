@@ -94,6 +94,12 @@ fn a_handshake_flood_from_a_stranger_dies_in_xdp() {
         "the guard protects the embedded tunnel: run with the default lab"
     );
     let _guard = GuardOn::new();
+    let build = lab::metric_sum(&A.gw(), "isthmus_build_info", &[("xdp_mode", "native")]);
+    assert_eq!(
+        build.unwrap(),
+        1.0,
+        "a-gw does not say its guard runs natively"
+    );
     let _stranger = Stranger::new();
     let (dropped, session, seen_by_userspace) =
         (guard("dropped"), guard("session"), userspace_rejections());

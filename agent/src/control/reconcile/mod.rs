@@ -23,9 +23,10 @@ use crate::{
     kernel::table::{AllowedTable, MappingTable, MemoryTable, Mirror, PeerTable, TableFailure},
     model::{
         lease::LeaseRecord,
+        liqo_v1,
         natmapping::{self, MappingProblem, NatMapping},
         node::Node,
-        object::{DocumentError, Object, ObjectError, ObjectKey, ObjectKind},
+        object::{DocumentError, Object, ObjectError, ObjectKey, ObjectKind, RawObject},
         offloading::{ExportedSlice, OffloadedPod, Offloading},
         peer::{Peer, PeerError},
         policy::Policy,
@@ -535,7 +536,20 @@ fn validate(document: Document, origin: &str) -> Option<Result<Valid, Rejection>
             valid(Offloading::from_raw(&raw, origin), Valid::Offloading)
         }
         Ok(Object::Lease(raw)) => valid(LeaseRecord::from_raw(&raw, origin), Valid::Lease),
+        Ok(Object::Configuration(raw)) => not_served(&raw, ObjectKind::Configuration, origin),
+        Ok(Object::PublicKey(raw)) => not_served(&raw, ObjectKind::PublicKey, origin),
+        Ok(Object::GatewayServer(raw)) => not_served(&raw, ObjectKind::GatewayServer, origin),
+        Ok(Object::GatewayClient(raw)) => not_served(&raw, ObjectKind::GatewayClient, origin),
+        Ok(Object::Ip(raw)) => not_served(&raw, ObjectKind::Ip, origin),
     })
+}
+
+/// Liqo v1's objects are read, so that a malformed one names its field,
+/// but no table is written from them yet: each is rejected as such.
+fn not_served(raw: &RawObject, kind: ObjectKind, origin: &str) -> Result<Valid, Rejection> {
+    liqo_v1::read(raw, kind, origin)?;
+    let problem = "a Liqo v1 object: this agent does not serve Liqo v1 peers yet".to_owned();
+    Err(ObjectError::new(origin, kind, raw, problem).into())
 }
 
 #[cfg(test)]

@@ -16,6 +16,10 @@ pub const DISCOVERY_API_VERSION: &str = "discovery.k8s.io/v1";
 pub const OFFLOADING_API_VERSION: &str = "offloading.liqo.io/v1alpha1";
 /// The API version of Leases.
 pub const COORDINATION_API_VERSION: &str = "coordination.k8s.io/v1";
+/// The API version of Liqo v1's networking objects.
+pub const LIQO_V1_NETWORKING_API_VERSION: &str = "networking.liqo.io/v1beta1";
+/// The API version of Liqo v1's IPAM objects.
+pub const LIQO_V1_IPAM_API_VERSION: &str = "ipam.liqo.io/v1alpha1";
 
 /// A kind of object the agent reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -39,6 +43,16 @@ pub enum ObjectKind {
     /// The gateways' election: which gateway node is active, where the
     /// overlay sends remote-bound traffic.
     Lease,
+    /// Liqo v1's per-peer networks: the peer's, and how we see them.
+    Configuration,
+    /// Liqo v1's copy of a peer gateway's WireGuard key.
+    PublicKey,
+    /// Liqo v1's gateway that listens for a peer.
+    GatewayServer,
+    /// Liqo v1's gateway that connects to a peer.
+    GatewayClient,
+    /// Liqo v1's address of ours exposed under another (`IP`).
+    Ip,
 }
 
 impl ObjectKind {
@@ -51,6 +65,15 @@ impl ObjectKind {
         Self::EndpointSlice,
         Self::NamespaceOffloading,
         Self::Lease,
+    ];
+
+    /// Liqo v1's kinds, which describe peers the v1 way.
+    pub const LIQO_V1: [ObjectKind; 5] = [
+        Self::Configuration,
+        Self::PublicKey,
+        Self::GatewayServer,
+        Self::GatewayClient,
+        Self::Ip,
     ];
 
     /// The kinds a segregating gateway reads to know what each peer may
@@ -68,6 +91,11 @@ impl ObjectKind {
             Self::EndpointSlice => "EndpointSlice",
             Self::NamespaceOffloading => "NamespaceOffloading",
             Self::Lease => "Lease",
+            Self::Configuration => "Configuration",
+            Self::PublicKey => "PublicKey",
+            Self::GatewayServer => "GatewayServer",
+            Self::GatewayClient => "GatewayClient",
+            Self::Ip => "IP",
         }
     }
 
@@ -79,6 +107,10 @@ impl ObjectKind {
             Self::EndpointSlice => DISCOVERY_API_VERSION,
             Self::NamespaceOffloading => OFFLOADING_API_VERSION,
             Self::Lease => COORDINATION_API_VERSION,
+            Self::Configuration | Self::PublicKey | Self::GatewayServer | Self::GatewayClient => {
+                LIQO_V1_NETWORKING_API_VERSION
+            }
+            Self::Ip => LIQO_V1_IPAM_API_VERSION,
         }
     }
 
@@ -92,6 +124,12 @@ impl ObjectKind {
             Self::EndpointSlice => "endpointslices",
             Self::NamespaceOffloading => "namespaceoffloadings",
             Self::Lease => "leases",
+            Self::Configuration => "configurations",
+            // Sic: Liqo's CRD (apis/networking/v1beta1/publickey_types.go).
+            Self::PublicKey => "publickeies",
+            Self::GatewayServer => "gatewayservers",
+            Self::GatewayClient => "gatewayclients",
+            Self::Ip => "ips",
         }
     }
 
@@ -100,6 +138,7 @@ impl ObjectKind {
     pub fn of(api_version: &str, kind: &str) -> Option<Self> {
         Self::ALL
             .into_iter()
+            .chain(Self::LIQO_V1)
             .find(|k| k.api_version() == api_version && k.as_str() == kind)
     }
 }
@@ -331,6 +370,16 @@ pub enum Object {
     NamespaceOffloading(RawObject),
     /// A `coordination.k8s.io/v1` `Lease`.
     Lease(RawObject),
+    /// A Liqo v1 `Configuration`.
+    Configuration(RawObject),
+    /// A Liqo v1 `PublicKey`.
+    PublicKey(RawObject),
+    /// A Liqo v1 `GatewayServer`.
+    GatewayServer(RawObject),
+    /// A Liqo v1 `GatewayClient`.
+    GatewayClient(RawObject),
+    /// A Liqo v1 `IP`.
+    Ip(RawObject),
 }
 
 /// A document that is not an object the agent reads.
@@ -348,7 +397,7 @@ pub enum DocumentError {
     },
     /// Valid YAML of another kind.
     #[error(
-        "{file}: document {index} ({name}): not an object Isthmus reads: apiVersion {api_version:?}, kind {kind:?} (field apiVersion/kind; want {API_VERSION} TunnelEndpoint or NatMapping, {CORE_API_VERSION} Node or Pod, {DISCOVERY_API_VERSION} EndpointSlice, {OFFLOADING_API_VERSION} NamespaceOffloading, or {COORDINATION_API_VERSION} Lease)"
+        "{file}: document {index} ({name}): not an object Isthmus reads: apiVersion {api_version:?}, kind {kind:?} (field apiVersion/kind; want {API_VERSION} TunnelEndpoint or NatMapping, {CORE_API_VERSION} Node or Pod, {DISCOVERY_API_VERSION} EndpointSlice, {OFFLOADING_API_VERSION} NamespaceOffloading, {COORDINATION_API_VERSION} Lease, or Liqo v1's {LIQO_V1_NETWORKING_API_VERSION} Configuration, PublicKey, GatewayServer or GatewayClient and {LIQO_V1_IPAM_API_VERSION} IP)"
     )]
     WrongKind {
         /// File holding the document.
@@ -514,6 +563,17 @@ fn object(file: &str, index: usize, mut value: Value) -> Result<Object, Document
             Object::NamespaceOffloading(RawObject::new(key, labels, version, body))
         }
         ObjectKind::Lease => Object::Lease(RawObject::new(key, labels, version, body)),
+        ObjectKind::Configuration => {
+            Object::Configuration(RawObject::new(key, labels, version, body))
+        }
+        ObjectKind::PublicKey => Object::PublicKey(RawObject::new(key, labels, version, body)),
+        ObjectKind::GatewayServer => {
+            Object::GatewayServer(RawObject::new(key, labels, version, body))
+        }
+        ObjectKind::GatewayClient => {
+            Object::GatewayClient(RawObject::new(key, labels, version, body))
+        }
+        ObjectKind::Ip => Object::Ip(RawObject::new(key, labels, version, body)),
     })
 }
 

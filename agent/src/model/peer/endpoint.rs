@@ -33,7 +33,8 @@ impl Endpoint {
         }
     }
 
-    pub(super) fn parse(text: &str) -> Option<Self> {
+    /// An address, or a host name; None for anything else.
+    pub(crate) fn parse(text: &str) -> Option<Self> {
         if let Ok(ip) = text.parse::<Ipv4Addr>() {
             return Some(Endpoint::Addr(ip));
         }

@@ -1,0 +1,342 @@
+//! Liqo v1's objects (`networking.liqo.io/v1beta1`, `ipam.liqo.io/v1alpha1`),
+//! read for what a peer needs: its networks and how we see them (a
+//! `Configuration`), its gateway's key (a `PublicKey`), our side of the
+//! tunnel (a `GatewayServer` or `GatewayClient`), and the addresses of ours
+//! exposed under others (`IP`). The objects of one peer carry its cluster ID
+//! in the label `liqo.io/remote-cluster-id`.
+//!
+//! Liqo v1 translates the other way from v0.10: each cluster remaps only its
+//! peers' addresses, so between the gateways both addresses are real. The
+//! file and line references are to liqotech/liqo at v1.2.0.
+
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use serde_yaml_ng::Value;
+
+use crate::model::{
+    key_text,
+    object::{ObjectError, ObjectKind, RawObject},
+    peer::{Endpoint, Mapped},
+};
+
+/// The label that names the peer an object is about.
+pub const CLUSTER_ID_LABEL: &str = "liqo.io/remote-cluster-id";
+/// Liqo v1's WireGuard port, where the objects leave it out
+/// (`forge/gatewayserver.go:35`).
+pub const DEFAULT_PORT: u16 = 51840;
+/// Liqo v1's tunnel MTU, where the objects leave it out (`forge/common.go:19`).
+pub const DEFAULT_MTU: u16 = 1340;
+
+/// One peer's networks, from its `Configuration`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerNetworks {
+    /// The peer's cluster ID.
+    pub cluster_id: String,
+    /// Our PodCIDR (`spec.local.cidr.pod`).
+    pub local_pod: Ipv4Net,
+    /// Our ExternalCIDR (`spec.local.cidr.external`).
+    pub local_external: Ipv4Net,
+    /// The peer's PodCIDR (`spec.remote.cidr.pod`) and how we see it
+    /// (`status.remote.cidr.pod`).
+    pub remote_pod: Mapped,
+    /// The peer's ExternalCIDR and how we see it.
+    pub remote_external: Mapped,
+}
+
+/// A peer gateway's WireGuard key, from its `PublicKey`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerKey {
+    /// The peer's cluster ID.
+    pub cluster_id: String,
+    /// `spec.publicKey`, decoded.
+    pub key: [u8; 32],
+}
+
+/// Our side of the tunnel to one peer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// We listen on `port`; the peer connects (`GatewayServer`).
+    Server {
+        /// `spec.endpoint.port`.
+        port: u16,
+    },
+    /// We connect to the peer's gateway (`GatewayClient`).
+    Client {
+        /// `spec.endpoint.addresses[0]`: an address, or a host name.
+        endpoint: Endpoint,
+        /// `spec.endpoint.port`.
+        port: u16,
+    },
+}
+
+/// Our gateway towards one peer, from a `GatewayServer` or `GatewayClient`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Gateway {
+    /// The peer's cluster ID.
+    pub cluster_id: String,
+    /// Server or client, and where.
+    pub side: Side,
+    /// `spec.mtu`.
+    pub mtu: u16,
+}
+
+/// An address of ours that peers reach under another, from an `IP`: the
+/// gateway sends what arrives for `exposed` on to `target`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IpMapping {
+    /// `status.ip`: the address in our ExternalCIDR the IPAM gave it.
+    pub exposed: Ipv4Addr,
+    /// `spec.ip`: the address behind it.
+    pub target: Ipv4Addr,
+}
+
+impl PeerNetworks {
+    /// Reads a `Configuration` from `origin`. Its `status.remote` is written
+    /// by Liqo's IPAM once it has remapped the peer's networks; until then
+    /// the peer has no view of ours to route by, and the object is an error
+    /// that says so.
+    pub fn from_configuration(raw: &RawObject, origin: &str) -> Result<Self, ObjectError> {
+        let fields = Fields::new(raw, origin, ObjectKind::Configuration);
+        let one = |path: &[&str]| fields.only_cidr(path);
+        let mapped = |network: &str| -> Result<Mapped, ObjectError> {
+            let real = one(&["spec", "remote", "cidr", network])?;
+            let seen = one(&["status", "remote", "cidr", network])?;
+            if seen.prefix_len() != real.prefix_len() {
+                return Err(fields.error(format!(
+                    "field status.remote.cidr.{network}: {seen} does not have the length of \
+                     spec.remote.cidr.{network} ({real})"
+                )));
+            }
+            Ok(Mapped {
+                real,
+                nat: (seen != real).then_some(seen),
+            })
+        };
+        Ok(Self {
+            cluster_id: fields.cluster_id()?,
+            local_pod: one(&["spec", "local", "cidr", "pod"])?,
+            local_external: one(&["spec", "local", "cidr", "external"])?,
+            remote_pod: mapped("pod")?,
+            remote_external: mapped("external")?,
+        })
+    }
+}
+
+impl PeerKey {
+    /// Reads a `PublicKey` from `origin`.
+    pub fn from_public_key(raw: &RawObject, origin: &str) -> Result<Self, ObjectError> {
+        let fields = Fields::new(raw, origin, ObjectKind::PublicKey);
+        let text = fields.text(&["spec", "publicKey"])?;
+        let key = key_text::decode(&text).ok_or_else(|| {
+            fields.error(format!(
+                "field spec.publicKey: {text:?} is not the base64 of a 32-byte key"
+            ))
+        })?;
+        Ok(Self {
+            cluster_id: fields.cluster_id()?,
+            key,
+        })
+    }
+}
+
+impl Gateway {
+    /// Reads a `GatewayServer` or a `GatewayClient` from `origin`.
+    pub fn from_raw(raw: &RawObject, kind: ObjectKind, origin: &str) -> Result<Self, ObjectError> {
+        let fields = Fields::new(raw, origin, kind);
+        let port = fields.port(&["spec", "endpoint", "port"])?;
+        let side = match kind {
+            ObjectKind::GatewayClient => Side::Client {
+                endpoint: fields.client_endpoint()?,
+                port,
+            },
+            _ => Side::Server { port },
+        };
+        Ok(Self {
+            cluster_id: fields.cluster_id()?,
+            side,
+            mtu: fields.mtu()?,
+        })
+    }
+}
+
+impl IpMapping {
+    /// Reads an `IP` from `origin`; None until the IPAM has given it an
+    /// address (`status.ip`).
+    pub fn from_raw(raw: &RawObject, origin: &str) -> Result<Option<Self>, ObjectError> {
+        let fields = Fields::new(raw, origin, ObjectKind::Ip);
+        let target = fields.address(&["spec", "ip"])?;
+        if fields.get(&["status", "ip"]).is_none() {
+            return Ok(None);
+        }
+        Ok(Some(Self {
+            exposed: fields.address(&["status", "ip"])?,
+            target,
+        }))
+    }
+}
+
+/// Reads a Liqo v1 object of `kind` for its errors alone.
+pub fn read(raw: &RawObject, kind: ObjectKind, origin: &str) -> Result<(), ObjectError> {
+    match kind {
+        ObjectKind::Configuration => PeerNetworks::from_configuration(raw, origin).map(drop),
+        ObjectKind::PublicKey => PeerKey::from_public_key(raw, origin).map(drop),
+        ObjectKind::Ip => IpMapping::from_raw(raw, origin).map(drop),
+        _ => Gateway::from_raw(raw, kind, origin).map(drop),
+    }
+}
+
+/// Reads the fields of one object, naming them in its errors.
+struct Fields<'a> {
+    raw: &'a RawObject,
+    origin: &'a str,
+    kind: ObjectKind,
+}
+
+impl<'a> Fields<'a> {
+    fn new(raw: &'a RawObject, origin: &'a str, kind: ObjectKind) -> Self {
+        Self { raw, origin, kind }
+    }
+
+    fn error(&self, problem: String) -> ObjectError {
+        ObjectError::new(self.origin, self.kind, self.raw, problem)
+    }
+
+    fn get(&self, path: &[&str]) -> Option<&'a Value> {
+        self.raw
+            .get(path)
+            .filter(|value| !matches!(value, Value::Null))
+    }
+
+    fn missing(&self, path: &[&str]) -> ObjectError {
+        self.error(format!("field {}: missing", path.join(".")))
+    }
+
+    fn text(&self, path: &[&str]) -> Result<String, ObjectError> {
+        match self.get(path) {
+            Some(Value::String(text)) => Ok(text.clone()),
+            Some(other) => Err(self.error(format!(
+                "field {}: {other:?} is not a string",
+                path.join(".")
+            ))),
+            None => Err(self.missing(path)),
+        }
+    }
+
+    /// The label that names the peer.
+    fn cluster_id(&self) -> Result<String, ObjectError> {
+        self.raw
+            .label(CLUSTER_ID_LABEL)
+            .filter(|id| !id.is_empty())
+            .ok_or_else(|| {
+                self.error(format!(
+                    "field metadata.labels[{CLUSTER_ID_LABEL}]: missing; it names the peer"
+                ))
+            })
+    }
+
+    /// The one IPv4 network of the list at `path`. Liqo allows a list;
+    /// Isthmus maps one network of each kind per peer, so a longer list is
+    /// an error rather than a network silently left out.
+    fn only_cidr(&self, path: &[&str]) -> Result<Ipv4Net, ObjectError> {
+        let field = path.join(".");
+        let list = match self.get(path) {
+            Some(Value::Sequence(list)) => list,
+            Some(_) => return Err(self.error(format!("field {field}: not a list"))),
+            None => return Err(self.missing(path)),
+        };
+        let [only] = list.as_slice() else {
+            return Err(self.error(format!(
+                "field {field}: {} networks; Isthmus maps exactly one",
+                list.len()
+            )));
+        };
+        let Some(text) = only.as_str() else {
+            return Err(self.error(format!("field {field}: {only:?} is not a string")));
+        };
+        if text.is_empty() {
+            return Err(self.error(format!(
+                "field {field}: empty; Liqo's IPAM has not remapped it yet"
+            )));
+        }
+        text.parse::<Ipv4Net>()
+            .map(|net| net.trunc())
+            .map_err(|_| self.error(format!("field {field}: {text:?} is not an IPv4 CIDR")))
+    }
+
+    fn address(&self, path: &[&str]) -> Result<Ipv4Addr, ObjectError> {
+        let text = self.text(path)?;
+        text.parse().map_err(|_| {
+            self.error(format!(
+                "field {}: {text:?} is not an IPv4 address",
+                path.join(".")
+            ))
+        })
+    }
+
+    /// A port, Liqo's default where absent.
+    fn port(&self, path: &[&str]) -> Result<u16, ObjectError> {
+        self.number(path, DEFAULT_PORT, 1..=u16::MAX)
+    }
+
+    /// `spec.mtu`, Liqo's default where absent or zero (Go's omitempty).
+    fn mtu(&self) -> Result<u16, ObjectError> {
+        match self.number(&["spec", "mtu"], DEFAULT_MTU, 0..=u16::MAX)? {
+            0 => Ok(DEFAULT_MTU),
+            mtu if mtu < 576 => Err(self.error(format!(
+                "field spec.mtu: {mtu} is below 576, the least an IPv4 path carries"
+            ))),
+            mtu => Ok(mtu),
+        }
+    }
+
+    fn number(
+        &self,
+        path: &[&str],
+        default: u16,
+        range: std::ops::RangeInclusive<u16>,
+    ) -> Result<u16, ObjectError> {
+        let Some(value) = self.get(path) else {
+            return Ok(default);
+        };
+        value
+            .as_u64()
+            .and_then(|n| u16::try_from(n).ok())
+            .filter(|n| range.contains(n))
+            .ok_or_else(|| {
+                self.error(format!(
+                    "field {}: {value:?} is not in {range:?}",
+                    path.join(".")
+                ))
+            })
+    }
+
+    /// A client's `spec.endpoint`: the first address, over UDP.
+    fn client_endpoint(&self) -> Result<Endpoint, ObjectError> {
+        let protocol = ["spec", "endpoint", "protocol"];
+        if let Some(value) = self.get(&protocol)
+            && value.as_str() != Some("UDP")
+        {
+            return Err(self.error(format!(
+                "field spec.endpoint.protocol: {value:?}; WireGuard runs over UDP"
+            )));
+        }
+        let path = ["spec", "endpoint", "addresses"];
+        let first = match self.get(&path) {
+            Some(Value::Sequence(list)) => list.first(),
+            Some(_) => return Err(self.error("field spec.endpoint.addresses: not a list".into())),
+            None => None,
+        };
+        let text = first
+            .and_then(Value::as_str)
+            .ok_or_else(|| self.missing(&path))?;
+        Endpoint::parse(text).ok_or_else(|| {
+            self.error(format!(
+                "field spec.endpoint.addresses[0]: {text:?} is neither an IPv4 address nor a host name"
+            ))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,166 @@
+//! Liqo v1's objects in the shapes its controllers write them
+//! (`tests/fixtures/liqo-v1/`), and broken ones.
+
+use std::path::Path;
+
+use super::*;
+use crate::model::object::{Object, parse_documents};
+
+const CONFIGURATION: &str =
+    include_str!("../../../../tests/fixtures/liqo-v1/configuration-rome.yaml");
+const PUBLIC_KEY: &str = include_str!("../../../../tests/fixtures/liqo-v1/publickey-rome.yaml");
+const CLIENT: &str = include_str!("../../../../tests/fixtures/liqo-v1/gatewayclient-rome.yaml");
+const SERVER: &str = include_str!("../../../../tests/fixtures/liqo-v1/gatewayserver-rome.yaml");
+const IP: &str = include_str!("../../../../tests/fixtures/liqo-v1/ip-legacy-db.yaml");
+
+/// The one object of `yaml`, its kind and its raw form.
+fn raw(yaml: &str) -> (ObjectKind, RawObject) {
+    match parse_documents(Path::new("v1.yaml"), yaml).pop() {
+        Some(Ok(Object::Configuration(raw))) => (ObjectKind::Configuration, raw),
+        Some(Ok(Object::PublicKey(raw))) => (ObjectKind::PublicKey, raw),
+        Some(Ok(Object::GatewayServer(raw))) => (ObjectKind::GatewayServer, raw),
+        Some(Ok(Object::GatewayClient(raw))) => (ObjectKind::GatewayClient, raw),
+        Some(Ok(Object::Ip(raw))) => (ObjectKind::Ip, raw),
+        other => panic!("not a Liqo v1 object: {other:?}"),
+    }
+}
+
+fn networks(yaml: &str) -> Result<PeerNetworks, ObjectError> {
+    PeerNetworks::from_configuration(&raw(yaml).1, "v1.yaml")
+}
+
+fn gateway(yaml: &str) -> Result<Gateway, ObjectError> {
+    let (kind, raw) = raw(yaml);
+    Gateway::from_raw(&raw, kind, "v1.yaml")
+}
+
+fn net(text: &str) -> Ipv4Net {
+    text.parse().unwrap()
+}
+
+/// The error of `result`, which must name `field`.
+fn names<T: std::fmt::Debug>(result: Result<T, ObjectError>, field: &str) -> String {
+    let text = result.unwrap_err().to_string();
+    assert!(text.contains(&format!("field {field}")), "{text}");
+    text
+}
+
+#[test]
+fn a_configuration_gives_the_peers_real_networks_and_our_view_of_them() {
+    assert_eq!(
+        networks(CONFIGURATION).unwrap(),
+        PeerNetworks {
+            cluster_id: "rome".into(),
+            local_pod: net("10.200.0.0/16"),
+            local_external: net("10.201.0.0/16"),
+            remote_pod: Mapped {
+                real: net("10.200.0.0/16"),
+                nat: Some(net("10.70.0.0/16")),
+            },
+            remote_external: Mapped {
+                real: net("10.201.0.0/16"),
+                nat: Some(net("10.71.0.0/16")),
+            },
+        }
+    );
+    // A network the IPAM left as it is (no overlap) is not remapped.
+    let same = CONFIGURATION.replace("      - 10.70.0.0/16", "      - 10.200.0.0/16");
+    assert_eq!(networks(&same).unwrap().remote_pod.nat, None);
+}
+
+#[test]
+fn a_configuration_not_yet_remapped_or_malformed_names_the_field() {
+    let status = CONFIGURATION.find("\nstatus:").unwrap();
+    names(networks(&CONFIGURATION[..status]), "status.remote.cidr.pod");
+    let pending = CONFIGURATION.replace("      - 10.70.0.0/16", "      - \"\"");
+    assert!(
+        names(networks(&pending), "status.remote.cidr.pod").contains("has not remapped it yet")
+    );
+    let two = CONFIGURATION.replace(
+        "      pod:\n      - 10.200.0.0/16\n      external:\n      - 10.201.0.0/16\n  remote",
+        "      pod:\n      - 10.200.0.0/16\n      - 10.210.0.0/16\n      external:\n      - 10.201.0.0/16\n  remote",
+    );
+    assert!(names(networks(&two), "spec.local.cidr.pod").contains("2 networks"));
+    let shorter = CONFIGURATION.replace("10.70.0.0/16", "10.70.0.0/24");
+    names(networks(&shorter), "status.remote.cidr.pod");
+    let garbage = CONFIGURATION.replace("      - 10.71.0.0/16", "      - 10.71.0.0/40");
+    names(networks(&garbage), "status.remote.cidr.external");
+    let unlabelled = CONFIGURATION.replace("    liqo.io/remote-cluster-id: rome\n", "");
+    names(
+        networks(&unlabelled),
+        "metadata.labels[liqo.io/remote-cluster-id]",
+    );
+}
+
+#[test]
+fn a_public_key_gives_the_peers_key_and_a_broken_one_names_the_field() {
+    let key = PeerKey::from_public_key(&raw(PUBLIC_KEY).1, "v1.yaml").unwrap();
+    assert_eq!(key.cluster_id, "rome");
+    assert_eq!(
+        key_text::encode(&key.key),
+        "HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw="
+    );
+    for broken in ["AAAA", "not base64!", "[1, 2]"] {
+        let text = PUBLIC_KEY.replace("HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw=", broken);
+        names(
+            PeerKey::from_public_key(&raw(&text).1, "v1.yaml"),
+            "spec.publicKey",
+        );
+    }
+}
+
+#[test]
+fn a_gateway_client_connects_to_the_peers_endpoint_and_a_server_listens() {
+    assert_eq!(
+        gateway(CLIENT).unwrap(),
+        Gateway {
+            cluster_id: "rome".into(),
+            side: Side::Client {
+                endpoint: Endpoint::Addr(Ipv4Addr::new(203, 0, 113, 2)),
+                port: 51840,
+            },
+            mtu: 1340,
+        }
+    );
+    assert_eq!(
+        gateway(SERVER).unwrap().side,
+        Side::Server { port: DEFAULT_PORT }
+    );
+    let named = CLIENT.replace("    - 203.0.113.2", "    - gw.rome.example.com");
+    assert!(matches!(
+        gateway(&named).unwrap().side,
+        Side::Client {
+            endpoint: Endpoint::Name(_),
+            ..
+        }
+    ));
+    let tcp = CLIENT.replace("protocol: UDP", "protocol: TCP");
+    names(gateway(&tcp), "spec.endpoint.protocol");
+    let nowhere = CLIENT.replace("    addresses:\n    - 203.0.113.2\n", "");
+    names(gateway(&nowhere), "spec.endpoint.addresses");
+    let port = CLIENT.replace("port: 51840\n    protocol", "port: 70000\n    protocol");
+    names(gateway(&port), "spec.endpoint.port");
+    let tiny = CLIENT.replace("mtu: 1340", "mtu: 100");
+    names(gateway(&tiny), "spec.mtu");
+    let unset = CLIENT.replace("mtu: 1340", "mtu: 0");
+    assert_eq!(gateway(&unset).unwrap().mtu, DEFAULT_MTU);
+}
+
+#[test]
+fn an_ip_exposes_its_target_once_the_ipam_gave_it_an_address() {
+    let (_, ip) = raw(IP);
+    assert_eq!(
+        IpMapping::from_raw(&ip, "v1.yaml").unwrap(),
+        Some(IpMapping {
+            exposed: Ipv4Addr::new(10, 201, 0, 4),
+            target: Ipv4Addr::new(172, 16, 4, 20),
+        })
+    );
+    let status = IP.find("\nstatus:").unwrap();
+    assert_eq!(
+        IpMapping::from_raw(&raw(&IP[..status]).1, "v1.yaml").unwrap(),
+        None
+    );
+    let bad = IP.replace("ip: 172.16.4.20", "ip: 172.16.4.300");
+    names(IpMapping::from_raw(&raw(&bad).1, "v1.yaml"), "spec.ip");
+}
