@@ -223,6 +223,7 @@ async fn start_host(args: &RunArgs, role: Role, mut dataplane: Dataplane) -> Res
         true => None,
         false => Some(start_overlay(args, &mut dataplane, &past_netfilter).await?),
     };
+    dataplane.load_steer()?;
     let pods = PodDevices::new(args.pod_devs.clone(), dataplane.take_pod_devs()?)?;
     Ok(NodeHost {
         past_netfilter,

@@ -148,6 +148,17 @@ impl Dataplane {
         unpin_link(&self.pins.link(dev, Direction::Ingress, names::PROG_DECAP))
     }
 
+    /// Loads the steering program before any pod device appears: a kernel
+    /// that refuses it (for want of CAP_PERFMON, say) stops the agent at
+    /// start, with the reason, where each device's attach would only be
+    /// retried.
+    pub fn load_steer(&mut self) -> Result<(), DataplaneError> {
+        let program = names::PROG_STEER;
+        self.loaded_classifier(program)
+            .map(drop)
+            .map_err(|source| DataplaneError::Verify { program, source })
+    }
+
     /// Attaches the worker's steering program to pod-facing device `dev`.
     pub fn attach_steer(&mut self, dev: &str, mode: AttachMode) -> Result<(), DataplaneError> {
         self.attach(
@@ -180,16 +191,9 @@ impl Dataplane {
         attach_type: TcAttachType,
         mode: Attached,
     ) -> Result<(), BoxedError> {
-        let prog: &mut SchedClassifier = self
-            .ebpf
-            .program_mut(program)
-            .ok_or("missing from the object")?
-            .try_into()?;
-        // One program serves every device it is attached to.
-        if prog.fd().is_err() {
-            verify::uninterrupted(|| prog.load())?;
-        }
         let link = self.pins.link(dev, direction(attach_type), program);
+        let pin = self.pins.program(program);
+        let prog = self.loaded_classifier(program)?;
         // Attach first, then drop what an agent in the other mode left: the
         // device is never without the program.
         match mode {
@@ -202,10 +206,26 @@ impl Dataplane {
                 unpin_link(&link)?;
             }
         }
-        let pin = self.pins.program(program);
         remove_pin(&pin)?;
         prog.pin(&pin)?;
         Ok(())
+    }
+
+    /// TC program `program`, loaded: one program serves every device it is
+    /// attached to, so it is loaded (and verified) once.
+    fn loaded_classifier(
+        &mut self,
+        program: &'static str,
+    ) -> Result<&mut SchedClassifier, BoxedError> {
+        let prog: &mut SchedClassifier = self
+            .ebpf
+            .program_mut(program)
+            .ok_or("missing from the object")?
+            .try_into()?;
+        if prog.fd().is_err() {
+            verify::uninterrupted(|| prog.load())?;
+        }
+        Ok(prog)
     }
 }
 

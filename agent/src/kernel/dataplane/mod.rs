@@ -82,6 +82,14 @@ pub enum DataplaneError {
         /// What went wrong.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// A program failed the verifier, or could not be loaded.
+    #[error("program {program}: {source}")]
+    Verify {
+        /// The program.
+        program: &'static str,
+        /// What went wrong.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// A program the ingress NAT goes on in could not be loaded.
     #[error("program {program}, after the ingress NAT: {source}")]
     Onward {
