@@ -154,7 +154,7 @@ impl Dataplane {
     /// retried.
     pub fn load_steer(&mut self) -> Result<(), DataplaneError> {
         let program = names::PROG_STEER;
-        self.loaded_classifier(program)
+        loaded_classifier(&mut self.ebpf, program)
             .map(drop)
             .map_err(|source| DataplaneError::Verify { program, source })
     }
@@ -193,7 +193,7 @@ impl Dataplane {
     ) -> Result<(), BoxedError> {
         let link = self.pins.link(dev, direction(attach_type), program);
         let pin = self.pins.program(program);
-        let prog = self.loaded_classifier(program)?;
+        let prog = loaded_classifier(&mut self.ebpf, program)?;
         // Attach first, then drop what an agent in the other mode left: the
         // device is never without the program.
         match mode {
@@ -210,39 +210,14 @@ impl Dataplane {
         prog.pin(&pin)?;
         Ok(())
     }
-
-    /// TC program `program`, loaded: one program serves every device it is
-    /// attached to, so it is loaded (and verified) once.
-    fn loaded_classifier(
-        &mut self,
-        program: &'static str,
-    ) -> Result<&mut SchedClassifier, BoxedError> {
-        let prog: &mut SchedClassifier = self
-            .ebpf
-            .program_mut(program)
-            .ok_or("missing from the object")?
-            .try_into()?;
-        if prog.fd().is_err() {
-            verify::uninterrupted(|| prog.load())?;
-        }
-        Ok(prog)
-    }
 }
 
-/// Loads the programs the ingress NAT goes on in, once, into its program
-/// array ([`names::MAP_ONWARD`]).
+/// Puts the programs the ingress NAT goes on in into its program array
+/// ([`names::MAP_ONWARD`]), each loaded once.
 pub fn load_onward(ebpf: &mut Ebpf) -> Result<(), DataplaneError> {
     for (index, program) in names::ONWARD_PROGRAMS.into_iter().enumerate() {
         let load = |ebpf: &mut Ebpf| -> Result<(), BoxedError> {
-            let prog: &mut SchedClassifier = ebpf
-                .program_mut(program)
-                .ok_or("missing from the object")?
-                .try_into()?;
-            if prog.fd().is_ok() {
-                return Ok(());
-            }
-            verify::uninterrupted(|| prog.load())?;
-            let fd = prog.fd()?.try_clone()?;
+            let fd = loaded_classifier(ebpf, program)?.fd()?.try_clone()?;
             let map = ebpf
                 .map_mut(names::MAP_ONWARD)
                 .ok_or("its program array is missing from the object")?;
@@ -252,6 +227,22 @@ pub fn load_onward(ebpf: &mut Ebpf) -> Result<(), DataplaneError> {
         load(ebpf).map_err(|source| DataplaneError::Onward { program, source })?;
     }
     Ok(())
+}
+
+/// TC program `program`, loaded: one program serves every device it is
+/// attached to, so it is loaded (and verified) once.
+fn loaded_classifier<'a>(
+    ebpf: &'a mut Ebpf,
+    program: &'static str,
+) -> Result<&'a mut SchedClassifier, BoxedError> {
+    let prog: &mut SchedClassifier = ebpf
+        .program_mut(program)
+        .ok_or("missing from the object")?
+        .try_into()?;
+    if prog.fd().is_err() {
+        verify::uninterrupted(|| prog.load())?;
+    }
+    Ok(prog)
 }
 
 /// The NAT programs, egress and ingress, for `dev`'s link type.
