@@ -78,8 +78,16 @@ pub const MAP_OVERLAY_STATS: &str = "ist_overlay_st";
 /// veths, whose pods the overlay delivers to straight into their netns.
 pub const MAP_POD_DEVS: &str = "ist_pod_devs";
 
+/// Hash: the ifindex of a tunnel device that carries one Liqo v1 peer
+/// alone → that peer's [`crate::nat::PeerKey`] in [`MAP_PEERS`]: inside
+/// the tunnel the peer's sources are real, and may be anyone's, so the
+/// device names the peer (docs/design.md#liqo-v1-peers).
+pub const MAP_PEER_DEVS: &str = "ist_peer_devs";
+/// Capacity of [`MAP_PEER_DEVS`].
+pub const MAX_PEER_DEVS: u32 = 256;
+
 /// Every map the agent pins, in the order it reports them.
-pub const MAPS: [&str; 24] = [
+pub const MAPS: [&str; 25] = [
     MAP_PEERS,
     MAP_PEER_OWNERS,
     MAP_PREFIX_LENS,
@@ -104,6 +112,7 @@ pub const MAPS: [&str; 24] = [
     MAP_NODE_ADDRS,
     MAP_OVERLAY_STATS,
     MAP_POD_DEVS,
+    MAP_PEER_DEVS,
 ];
 
 /// Egress NAT for devices that carry Ethernet frames (veth).
@@ -138,8 +147,27 @@ pub const MAP_ONWARD: &str = "ist_onward";
 /// verifier walks them once, not once for every path through the NAT.
 pub const ONWARD_PROGRAMS: [&str; 2] = ["nat_onward_eth", "nat_onward_ip"];
 
+/// Program array: what follows a gateway's egress NAT for a peer, indexed
+/// by [`crate::counters::Link`]: the rewrite of a Liqo v1 peer's
+/// destination. Not pinned, as [`MAP_ONWARD`].
+pub const MAP_PEER_DNAT: &str = "ist_peer_dnat";
+/// The programs of [`MAP_PEER_DNAT`], in its order: a Liqo v1 peer's
+/// destination goes from our view of it to the real address.
+pub const PEER_DNAT_PROGRAMS: [&str; 2] = ["peer_dnat_eth", "peer_dnat_ip"];
+/// Ingress of a tunnel device in [`MAP_PEER_DEVS`], Ethernet: the Liqo v1
+/// peer's source goes from the real address to our view of it, then the
+/// ingress NAT runs.
+pub const PROG_PEER_SNAT_ETH: &str = "peer_snat_eth";
+/// The same as [`PROG_PEER_SNAT_ETH`], on an L3 device (tun).
+pub const PROG_PEER_SNAT_IP: &str = "peer_snat_ip";
+/// Program array: the ingress NAT, indexed by [`crate::counters::Link`],
+/// which the peer SNAT programs go on in. Not pinned, as [`MAP_ONWARD`].
+pub const MAP_NAT_IN: &str = "ist_nat_in";
+/// The programs of [`MAP_NAT_IN`], in its order.
+pub const NAT_IN_PROGRAMS: [&str; 2] = [PROG_INGRESS_ETH, PROG_INGRESS_IP];
+
 /// Every TC program the agent attaches.
-pub const PROGRAMS: [&str; 7] = [
+pub const PROGRAMS: [&str; 9] = [
     PROG_EGRESS_ETH,
     PROG_INGRESS_ETH,
     PROG_EGRESS_IP,
@@ -147,6 +175,10 @@ pub const PROGRAMS: [&str; 7] = [
     PROG_STEER,
     PROG_ACCEPT,
     PROG_DECAP,
+    // Last, so that the others keep their netlink handles
+    // (`nl_handle`) across an upgrade.
+    PROG_PEER_SNAT_ETH,
+    PROG_PEER_SNAT_IP,
 ];
 
 /// Maximum number of peer networks in [`MAP_PEERS`] (two per peer).

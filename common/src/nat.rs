@@ -45,7 +45,23 @@ impl PrefixRewrite {
     pub const fn apply(&self, addr: Be32) -> Be32 {
         addr.remap(self.to, self.mask)
     }
+
+    /// The rule that moves the target network back.
+    #[inline(always)]
+    pub const fn inverse(&self) -> Self {
+        Self {
+            from: self.to,
+            to: self.from,
+            ..*self
+        }
+    }
 }
+
+/// [`PeerNat::flags`]: the peer's NAT runs Liqo v1's way
+/// (docs/design.md#liqo-v1-peers). We remap the peer's addresses, by
+/// [`PeerNat::theirs`], and the peer remaps ours: inside the tunnel both
+/// addresses are real.
+pub const REMAPS_PEER: u32 = 1 << 1;
 
 /// The translation a gateway applies for one peer, found by LPM on the
 /// peer's networks as we see them (its `remoteNAT*CIDR`, or `remote*CIDR`).
@@ -60,13 +76,18 @@ pub struct PeerNat {
     pub egress: [PrefixRewrite; 2],
     /// Destination rewrites from the peer: PodCIDR, then ExternalCIDR.
     pub ingress: [PrefixRewrite; 2],
+    /// With [`REMAPS_PEER`], the peer's networks from our view back to
+    /// the real ones, PodCIDR then ExternalCIDR: a destination's rewrite
+    /// towards the peer; their inverses rewrite a source from the peer.
+    /// Inactive otherwise.
+    pub theirs: [PrefixRewrite; 2],
     /// Which object the entry was written for: a fingerprint of its origin
     /// and name. Only the agent reads it: a restarted agent meeting two
     /// peers with the same networks keeps the one its predecessor accepted.
     pub owner: u64,
 }
 
-assert_layout!(PeerNat, size = 80, align = 8);
+assert_layout!(PeerNat, size = 112, align = 8);
 
 /// Key of the peer table: a network, as its prefix length and its masked
 /// address. A hash lookup per prefix length in use replaces a
@@ -196,6 +217,16 @@ mod tests {
             let a = w(10, 244, 0, host);
             assert_eq!(back.apply(there.apply(a)), a);
         }
+    }
+
+    #[test]
+    fn the_inverse_moves_back() {
+        let there = PrefixRewrite::new([10, 0, 0, 0], [10, 244, 0, 0], 24);
+        let back = there.inverse();
+        assert!(back.matches(w(10, 244, 0, 5)));
+        assert!(!back.matches(w(10, 0, 0, 5)));
+        assert_eq!(back.apply(w(10, 244, 0, 5)), w(10, 0, 0, 5));
+        assert!(!PrefixRewrite::default().inverse().matches(Be32::ZERO));
     }
 
     #[test]

@@ -23,6 +23,7 @@ mod mss;
 mod nat;
 mod overlay;
 mod parse;
+mod peer_remap;
 mod room;
 mod stack;
 
@@ -41,7 +42,7 @@ use parse::ETH_HLEN;
 /// Rewrites sources of packets leaving towards a peer, on an Ethernet device.
 #[classifier]
 pub fn nat_egress_eth(ctx: TcContext) -> i32 {
-    nat::run(&ctx, ETH_HLEN, Direction::Egress).action
+    egress(&ctx, ETH_HLEN)
 }
 
 /// Rewrites destinations of packets arriving from a peer, on an Ethernet
@@ -54,7 +55,44 @@ pub fn nat_ingress_eth(ctx: TcContext) -> i32 {
 /// Rewrites sources of packets leaving towards a peer, on an L3 device (tun).
 #[classifier]
 pub fn nat_egress_ip(ctx: TcContext) -> i32 {
-    nat::run(&ctx, 0, Direction::Egress).action
+    egress(&ctx, 0)
+}
+
+/// A Liqo v1 peer's packet that goes on has its destination rewritten too
+/// (docs/design.md#liqo-v1-peers).
+#[inline(always)]
+fn egress(ctx: &TcContext, l3: usize) -> i32 {
+    let handled = nat::run(ctx, l3, Direction::Egress);
+    if handled.action == TC_ACT_UNSPEC && handled.peers {
+        maps::peer_dnat(ctx, Link::of_l3(l3));
+    }
+    handled.action
+}
+
+/// After `nat_egress_eth`, by tail call: a Liqo v1 peer's destination goes
+/// from our view of it to its real address.
+#[classifier]
+pub fn peer_dnat_eth(ctx: TcContext) -> i32 {
+    peer_remap::dnat(&ctx, ETH_HLEN)
+}
+
+/// After `nat_egress_ip`, by tail call: as `peer_dnat_eth`, on a tun.
+#[classifier]
+pub fn peer_dnat_ip(ctx: TcContext) -> i32 {
+    peer_remap::dnat(&ctx, 0)
+}
+
+/// Ingress of an Ethernet device that carries one Liqo v1 peer: its real
+/// source goes to our view of it, then `nat_ingress_eth` runs.
+#[classifier]
+pub fn peer_snat_eth(ctx: TcContext) -> i32 {
+    peer_remap::snat(&ctx, ETH_HLEN)
+}
+
+/// As `peer_snat_eth`, on a tun, then `nat_ingress_ip`.
+#[classifier]
+pub fn peer_snat_ip(ctx: TcContext) -> i32 {
+    peer_remap::snat(&ctx, 0)
 }
 
 /// Rewrites destinations of packets arriving from a peer, on an L3 device

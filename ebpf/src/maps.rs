@@ -9,8 +9,8 @@ use isthmus_common::{
     counters::{self, DENY_SLOTS, DenyReason, Direction, DropReason, KINDS, Link, Outcome},
     guard::{GuardConfig, GuardSource, VERDICTS, Verdict},
     names::{
-        DEFAULT_NAT_MAPPINGS, MAX_GUARD_INDEXES, MAX_GUARD_SOURCES, MAX_NODES, MAX_PEER_NETWORKS,
-        MAX_POD_DEVS,
+        DEFAULT_NAT_MAPPINGS, MAX_GUARD_INDEXES, MAX_GUARD_SOURCES, MAX_NODES, MAX_PEER_DEVS,
+        MAX_PEER_NETWORKS, MAX_POD_DEVS,
     },
     nat::{MappingKey, PREFIX_LENS, PeerKey, PeerNat, PrefixLens},
     overlay::{EVENTS, OverlayConfig, OverlayEvent},
@@ -65,6 +65,32 @@ pub fn onward(ctx: &TcContext, link: Link) {
     unsafe { ONWARD.tail_call(ctx, link as u32) }
 }
 
+/// The rewrite of a Liqo v1 peer's destination, after the egress NAT
+/// (`names::PEER_DNAT_PROGRAMS`), by link.
+#[btf_map(name = "ist_peer_dnat")]
+static PEER_DNAT: ProgramArray<2> = ProgramArray::new();
+
+/// Goes on in the rewrite of a Liqo v1 peer's destination for `link`.
+/// Returns only when there is none: then the packet leaves as it is.
+#[inline(always)]
+pub fn peer_dnat(ctx: &TcContext, link: Link) {
+    // SAFETY: a tail call into a TC program of the agent's own object.
+    unsafe { PEER_DNAT.tail_call(ctx, link as u32) }
+}
+
+/// The ingress NAT, after the rewrite of a Liqo v1 peer's source
+/// (`names::NAT_IN_PROGRAMS`), by link.
+#[btf_map(name = "ist_nat_in")]
+static NAT_IN: ProgramArray<2> = ProgramArray::new();
+
+/// Goes on in the ingress NAT for `link`. Returns only when it is not
+/// loaded: then the stack takes the packet.
+#[inline(always)]
+pub fn nat_in(ctx: &TcContext, link: Link) {
+    // SAFETY: a tail call into a TC program of the agent's own object.
+    unsafe { NAT_IN.tail_call(ctx, link as u32) }
+}
+
 /// The largest MSS a SYN crossing the tunnel device may advertise.
 #[btf_map(name = "ist_tcp_mss")]
 static TCP_MSS: Array<u32, 1> = Array::new();
@@ -110,6 +136,19 @@ pub fn peer(addr: Be32) -> Option<&'static PeerNat> {
         }
     }
     None
+}
+
+/// The tunnel devices that each carry one Liqo v1 peer alone, by ifindex
+/// → the key of that peer in [`PEERS`].
+#[btf_map(name = "ist_peer_devs")]
+static PEER_DEVS: HashMap<u32, PeerKey, { MAX_PEER_DEVS as usize }, ON_DEMAND> = HashMap::new();
+
+/// The Liqo v1 peer device `ifindex` carries alone, if it carries one.
+#[inline(always)]
+pub fn peer_of_device(ifindex: u32) -> Option<&'static PeerNat> {
+    // SAFETY: both values are replaced whole by the agent, as in `peer`.
+    let key = unsafe { PEER_DEVS.get(&ifindex) }?;
+    unsafe { PEERS.get(key) }
 }
 
 /// The endpoint that peer `peer_id` reaches at `external`.

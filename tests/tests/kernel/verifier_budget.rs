@@ -42,6 +42,7 @@ fn loaded() -> (Ebpf, Vec<(&'static str, ProgramInfo)>) {
     let names = names::PROGRAMS
         .into_iter()
         .chain(names::ONWARD_PROGRAMS)
+        .chain(names::PEER_DNAT_PROGRAMS)
         .chain([names::PROG_GUARD]);
     let infos = names
         .map(|name| {

@@ -197,6 +197,7 @@ fn footprint(node: &str) -> (String, String, String, Vec<(String, usize)>) {
     for name in progs.iter().filter_map(|p| p["name"].as_str()) {
         if isthmus_common::names::PROGRAMS.contains(&name)
             || isthmus_common::names::ONWARD_PROGRAMS.contains(&name)
+            || isthmus_common::names::PEER_DNAT_PROGRAMS.contains(&name)
         {
             *names.entry(name.to_owned()).or_default() += 1;
         }

@@ -9,6 +9,7 @@ pub mod image;
 pub mod kube_lab;
 pub mod lab;
 pub mod liqo_iptables;
+pub mod liqo_v1;
 pub mod netns;
 pub mod objects;
 pub mod offloading;

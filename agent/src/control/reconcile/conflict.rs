@@ -13,7 +13,7 @@ use ipnet::Ipv4Net;
 use crate::model::{
     natmapping::{MappingProblem, NatMapping},
     object::ObjectKey,
-    peer::{Peer, PeerError, Problem},
+    peer::{Peer, PeerError, Problem, Remaps},
     policy::overlaps,
 };
 
@@ -32,6 +32,8 @@ pub(super) struct Accepted {
     views: BTreeMap<u32, (usize, usize)>,
     /// Every accepted endpoint address, with its peer.
     endpoints: BTreeSet<(Ipv4Addr, usize)>,
+    /// The accepted Liqo v1 peer, if any.
+    v1_peer: Option<usize>,
 }
 
 impl Accepted {
@@ -40,17 +42,14 @@ impl Accepted {
     pub(super) fn conflict(&self, peer: &Peer) -> Option<PeerError> {
         if let Some(&other) = self.keys.get(&peer.key) {
             let other_file = self.peers[other].origin.clone();
-            return Some(PeerError::new(
-                &peer.origin,
-                &peer.key,
-                Problem::Duplicate { other_file },
-            ));
+            return Some(peer.error(Problem::Duplicate { other_file }));
         }
         let problem = self
             .duplicate_identity(peer)
             .or_else(|| self.endpoint_in_a_view(peer))
-            .or_else(|| self.overlap(peer))?;
-        Some(PeerError::new(&peer.origin, &peer.key, problem))
+            .or_else(|| self.overlap(peer))
+            .or_else(|| self.second_v1_peer(peer))?;
+        Some(peer.error(problem))
     }
 
     /// Accepts `peer`, which must have no conflict.
@@ -69,12 +68,24 @@ impl Accepted {
         if let Some(endpoint) = endpoint(&peer) {
             self.endpoints.insert((endpoint, at));
         }
+        if peer.remaps == Remaps::Theirs {
+            self.v1_peer = Some(at);
+        }
         self.peers.push(peer);
     }
 
     /// The accepted peers, senior first.
     pub(super) fn into_peers(self) -> Vec<Peer> {
         self.peers
+    }
+
+    /// A Liqo v1 peer beside another: the tunnel device names the peer of
+    /// a packet whose source is real (docs/design.md#liqo-v1-peers), so it
+    /// carries one such peer alone, as Liqo v1 runs a gateway per peer.
+    fn second_v1_peer(&self, peer: &Peer) -> Option<Problem> {
+        let other = self.v1_peer.filter(|_| peer.remaps == Remaps::Theirs)?;
+        let (other, other_file) = self.named(other);
+        Some(Problem::SecondV1Peer { other, other_file })
     }
 
     /// A public key or cluster ID that `peer` shares with an accepted peer.

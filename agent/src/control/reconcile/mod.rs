@@ -9,26 +9,28 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use ipnet::Ipv4Net;
 use isthmus_common::{
     isolation::AllowKey,
-    nat::{CONNCHECK_ADDR, MappingKey, PeerNat},
+    nat::{MappingKey, PeerNat},
     wire::Be32,
 };
 
 mod allowed;
 mod conflict;
+mod ip_mappings;
+mod mappings;
 mod share;
 
-use conflict::{Accepted, view_mismatch};
+use conflict::Accepted;
 
 use crate::{
     kernel::table::{AllowedTable, MappingTable, MemoryTable, Mirror, PeerTable, TableFailure},
     model::{
         lease::LeaseRecord,
-        liqo_v1,
-        natmapping::{self, MappingProblem, NatMapping},
+        liqo_v1::{Companions, Gateway, IpMapping, PeerKey, PeerNetworks},
+        natmapping::NatMapping,
         node::Node,
-        object::{DocumentError, Object, ObjectError, ObjectKey, ObjectKind, RawObject},
+        object::{DocumentError, Object, ObjectError, ObjectKey, ObjectKind},
         offloading::{ExportedSlice, OffloadedPod, Offloading},
-        peer::{Peer, PeerError},
+        peer::Peer,
         policy::Policy,
         rejection::Rejection,
     },
@@ -79,6 +81,12 @@ enum Valid {
     Slice(ExportedSlice),
     Offloading(Offloading),
     Lease(LeaseRecord),
+    /// A Liqo v1 `Configuration`: a peer, once joined with its companions.
+    V1Networks(ObjectKey, PeerNetworks),
+    V1Key(PeerKey),
+    V1Gateway(Gateway),
+    /// A Liqo v1 `IP` the IPAM has given an address.
+    V1Ip(ObjectKey, IpMapping),
 }
 
 /// An allowed table in memory: what `check` programs, and the tests'.
@@ -289,117 +297,6 @@ where
         (report, failure)
     }
 
-    /// The NatMapping entries to program: one NatMapping per cluster, held
-    /// while its cluster has no accepted TunnelEndpoint, each entry checked
-    /// against our ExternalCIDR for that cluster.
-    fn select_mappings(
-        &self,
-        accepted: &[Peer],
-        errors: &mut BTreeSet<Rejection>,
-    ) -> BTreeMap<MappingKey, Be32> {
-        let candidates = self.origins.values().flatten().filter_map(|v| match v {
-            Ok(Valid::Mapping(m)) => Some(m),
-            _ => None,
-        });
-        let (kept, duplicates) = natmapping::one_per_cluster(candidates);
-        errors.extend(duplicates.into_iter().map(Rejection::from));
-        // Looked up for every entry of every NatMapping: one set per pass.
-        let node_addresses = self.policy.node_addresses(&self.nodes);
-        let mut wanted = Vec::new();
-        for mapping in kept {
-            errors.extend(mapping.rejected.iter().cloned().map(Rejection::from));
-            let Some(peer) = accepted
-                .iter()
-                .find(|p| p.cluster_id.as_deref() == Some(mapping.cluster_id.as_str()))
-            else {
-                let cluster = mapping.cluster_id.clone();
-                errors.insert(mapping.error(MappingProblem::Held { cluster }).into());
-                continue;
-            };
-            if let Some(problem) = view_mismatch(mapping, peer) {
-                errors.insert(mapping.error(problem).into());
-                continue;
-            }
-            let peer_id = self.ids[&peer.key];
-            let (field, cidr) = peer.local_external_view();
-            let mut entries = Vec::new();
-            for (external, endpoint) in &mapping.entries {
-                // The conncheck's entry leads to the gateway itself, which
-                // holds that address: the kernel lets a peer reach only the
-                // conncheck's port there.
-                if Be32::from(*endpoint) != CONNCHECK_ADDR
-                    && node_addresses.contains(endpoint)
-                    && let Some(node) = self.policy.node_address_in(&self.nodes, |a| a == *endpoint)
-                {
-                    let problem = MappingProblem::NodeAddress {
-                        endpoint: *endpoint,
-                        external: *external,
-                        what: node.what,
-                    };
-                    errors.insert(mapping.error(problem).into());
-                    continue;
-                }
-                // The kernel keys the entry by the real address the prefix
-                // step gives it: the same packets, with one lookup.
-                let Some(real) = peer.local_external.real_of(*external) else {
-                    let problem = MappingProblem::OutsideExternalCidr {
-                        endpoint: *endpoint,
-                        external: *external,
-                        cidr,
-                        field,
-                        tunnel_endpoint: peer.key.clone(),
-                    };
-                    errors.insert(mapping.error(problem).into());
-                    continue;
-                };
-                let key = MappingKey {
-                    peer_id,
-                    addr: Be32::from(real),
-                };
-                entries.push((key, Be32::from(*endpoint)));
-            }
-            wanted.push((mapping, entries));
-        }
-        self.within_shares(wanted, errors)
-    }
-
-    /// The entries to program: each cluster's within its fair share of the
-    /// table. Where a cluster asks for more, its conncheck entry is kept
-    /// first, then those the kernel already holds (a pass never trades a
-    /// working entry for a new one); the rest are refused, in one error.
-    fn within_shares(
-        &self,
-        wanted: Vec<(&NatMapping, Vec<(MappingKey, Be32)>)>,
-        errors: &mut BTreeSet<Rejection>,
-    ) -> BTreeMap<MappingKey, Be32> {
-        let demands: Vec<usize> = wanted.iter().map(|(_, entries)| entries.len()).collect();
-        let shares = share::fair_shares(&demands, self.mapping_capacity);
-        let applied = self.mapping_table.applied();
-        let mut desired = Vec::new();
-        for ((mapping, mut entries), share) in wanted.into_iter().zip(shares) {
-            if entries.len() > share {
-                entries.sort_by_key(|(key, endpoint)| {
-                    (
-                        *endpoint != CONNCHECK_ADDR,
-                        !applied.contains_key(key),
-                        *key,
-                    )
-                });
-                let problem = MappingProblem::BeyondShare {
-                    refused: entries.len() - share,
-                    entries: entries.len(),
-                    share,
-                    capacity: self.mapping_capacity,
-                };
-                errors.insert(mapping.error(problem).into());
-                entries.truncate(share);
-            }
-            desired.extend(entries);
-        }
-        // Built at once from a sorted list, much faster than entry by entry.
-        BTreeMap::from_iter(desired)
-    }
-
     /// Every valid Node, once: where two origins define the same node,
     /// the first (in origin order) wins and the other is rejected.
     fn select_nodes(&self, errors: &mut BTreeSet<Rejection>) -> Vec<Node> {
@@ -431,17 +328,24 @@ where
     /// peers first, so that a newcomer cannot displace a working peer.
     fn select(&self, errors: &mut BTreeSet<Rejection>) -> Vec<Peer> {
         let mut candidates = Vec::new();
-        for result in self.origins.values().flatten() {
-            match result {
-                Ok(Valid::Peer(peer)) => match self.policy.check(peer, &self.nodes) {
-                    Ok(()) => candidates.push(peer.clone()),
-                    Err(problem) => {
-                        errors.insert(PeerError::new(&peer.origin, &peer.key, problem).into());
+        for (origin, results) in &self.origins {
+            for result in results {
+                let peer = match result {
+                    Ok(Valid::Peer(peer)) => peer.clone(),
+                    Ok(Valid::V1Networks(key, networks)) => {
+                        networks.peer(key, origin, self.companions(&networks.cluster_id))
                     }
-                },
-                Ok(_) => {}
-                Err(e) => {
-                    errors.insert(e.clone());
+                    Ok(_) => continue,
+                    Err(e) => {
+                        errors.insert(e.clone());
+                        continue;
+                    }
+                };
+                match self.policy.check(&peer, &self.nodes) {
+                    Ok(()) => candidates.push(peer),
+                    Err(problem) => {
+                        errors.insert(peer.error(problem).into());
+                    }
                 }
             }
         }
@@ -456,6 +360,24 @@ where
             }
         }
         accepted.into_peers()
+    }
+
+    /// The other Liqo v1 objects of the peer `cluster_id`: the first of
+    /// each kind, in origin order.
+    fn companions(&self, cluster_id: &str) -> Companions<'_> {
+        let mut companions = Companions::default();
+        for valid in self.valid() {
+            match valid {
+                Valid::V1Key(key) if key.cluster_id == cluster_id => {
+                    companions.key = companions.key.or(Some(key));
+                }
+                Valid::V1Gateway(gateway) if gateway.cluster_id == cluster_id => {
+                    companions.gateway = companions.gateway.or(Some(gateway));
+                }
+                _ => {}
+            }
+        }
+        companions
     }
 
     /// Seniority, the same on every node and across restarts as far as the
@@ -536,20 +458,23 @@ fn validate(document: Document, origin: &str) -> Option<Result<Valid, Rejection>
             valid(Offloading::from_raw(&raw, origin), Valid::Offloading)
         }
         Ok(Object::Lease(raw)) => valid(LeaseRecord::from_raw(&raw, origin), Valid::Lease),
-        Ok(Object::Configuration(raw)) => not_served(&raw, ObjectKind::Configuration, origin),
-        Ok(Object::PublicKey(raw)) => not_served(&raw, ObjectKind::PublicKey, origin),
-        Ok(Object::GatewayServer(raw)) => not_served(&raw, ObjectKind::GatewayServer, origin),
-        Ok(Object::GatewayClient(raw)) => not_served(&raw, ObjectKind::GatewayClient, origin),
-        Ok(Object::Ip(raw)) => not_served(&raw, ObjectKind::Ip, origin),
+        Ok(Object::Configuration(raw)) => PeerNetworks::from_configuration(&raw, origin)
+            .map(|networks| Valid::V1Networks(raw.key, networks))
+            .map_err(Into::into),
+        Ok(Object::PublicKey(raw)) => valid(PeerKey::from_public_key(&raw, origin), Valid::V1Key),
+        Ok(Object::GatewayServer(raw)) => valid(
+            Gateway::from_raw(&raw, ObjectKind::GatewayServer, origin),
+            Valid::V1Gateway,
+        ),
+        Ok(Object::GatewayClient(raw)) => valid(
+            Gateway::from_raw(&raw, ObjectKind::GatewayClient, origin),
+            Valid::V1Gateway,
+        ),
+        Ok(Object::Ip(raw)) => IpMapping::from_raw(&raw, origin)
+            .transpose()?
+            .map(|mapping| Valid::V1Ip(raw.key, mapping))
+            .map_err(Into::into),
     })
-}
-
-/// Liqo v1's objects are read, so that a malformed one names its field,
-/// but no table is written from them yet: each is rejected as such.
-fn not_served(raw: &RawObject, kind: ObjectKind, origin: &str) -> Result<Valid, Rejection> {
-    liqo_v1::read(raw, kind, origin)?;
-    let problem = "a Liqo v1 object: this agent does not serve Liqo v1 peers yet".to_owned();
-    Err(ObjectError::new(origin, kind, raw, problem).into())
 }
 
 #[cfg(test)]

@@ -14,6 +14,10 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 use serde_yaml_ng::Value;
 
+mod peer;
+
+pub use peer::Companions;
+
 use crate::model::{
     key_text,
     object::{ObjectError, ObjectKind, RawObject},

@@ -7,12 +7,15 @@ use thiserror::Error;
 
 use crate::model::object::ObjectKey;
 
-/// A TunnelEndpoint that cannot be used, naming the file, object and field.
+/// A peer that cannot be used, naming the file, object and field.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
-#[error("{file}: TunnelEndpoint {object}: {problem}")]
+#[error("{file}: {kind} {object}: {problem}")]
 pub struct PeerError {
     /// File holding the object.
     pub file: String,
+    /// The kind of the object: a TunnelEndpoint, or Liqo v1's
+    /// Configuration.
+    pub kind: &'static str,
     /// The object.
     pub object: ObjectKey,
     /// What is wrong with it.
@@ -20,10 +23,11 @@ pub struct PeerError {
 }
 
 impl PeerError {
-    /// `problem` with the object found in `file`.
+    /// `problem` with the TunnelEndpoint found in `file`.
     pub fn new(file: &str, object: &ObjectKey, problem: Problem) -> Self {
         Self {
             file: file.to_owned(),
+            kind: "TunnelEndpoint",
             object: object.clone(),
             problem: Box::new(problem),
         }
@@ -89,6 +93,16 @@ pub enum Problem {
         value: String,
         /// What it should be.
         what: &'static str,
+    },
+    /// A second Liqo v1 peer on one gateway.
+    #[error(
+        "this gateway already serves Liqo v1 peer {other} (Configuration in {other_file}); its tunnel carries one Liqo v1 peer, as Liqo v1 runs one gateway per peer"
+    )]
+    SecondV1Peer {
+        /// The peer kept.
+        other: ObjectKey,
+        /// File holding its Configuration.
+        other_file: String,
     },
     /// A gateway needs the peer's WireGuard endpoint and key.
     #[error("field {field} is missing: no tunnel to this peer")]

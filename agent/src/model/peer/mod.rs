@@ -6,7 +6,7 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 use isthmus_common::{
     isolation::SEGREGATED,
-    nat::{PeerNat, PrefixRewrite},
+    nat::{PeerNat, PrefixRewrite, REMAPS_PEER},
 };
 use serde_yaml_ng::Value;
 use sha2::{Digest, Sha256};
@@ -98,6 +98,55 @@ const REMOTE_EXTERNAL: Fields = Fields {
     nat: "remoteNATExternalCIDR",
 };
 
+/// The same networks in a Liqo v1 `Configuration`, where we remap only
+/// the peer's: ours have no remapped form there.
+const V1_LOCAL_POD: Fields = Fields {
+    real: "spec.local.cidr.pod",
+    nat: "spec.local.cidr.pod",
+};
+const V1_LOCAL_EXTERNAL: Fields = Fields {
+    real: "spec.local.cidr.external",
+    nat: "spec.local.cidr.external",
+};
+const V1_REMOTE_POD: Fields = Fields {
+    real: "spec.remote.cidr.pod",
+    nat: "status.remote.cidr.pod",
+};
+const V1_REMOTE_EXTERNAL: Fields = Fields {
+    real: "spec.remote.cidr.external",
+    nat: "status.remote.cidr.external",
+};
+
+/// The fields of one layout: our PodCIDR, our ExternalCIDR, the peer's
+/// PodCIDR, the peer's ExternalCIDR.
+struct LayoutFields([&'static Fields; 4]);
+
+impl LayoutFields {
+    const fn of(layout: Layout) -> Self {
+        match layout {
+            Layout::Spec | Layout::Legacy => {
+                Self([&LOCAL_POD, &LOCAL_EXTERNAL, &REMOTE_POD, &REMOTE_EXTERNAL])
+            }
+            Layout::LiqoV1 => Self([
+                &V1_LOCAL_POD,
+                &V1_LOCAL_EXTERNAL,
+                &V1_REMOTE_POD,
+                &V1_REMOTE_EXTERNAL,
+            ]),
+        }
+    }
+}
+
+/// Whose addresses this gateway rewrites for a peer
+/// (docs/design.md#who-rewrites-what, docs/design.md#liqo-v1-peers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Remaps {
+    /// Ours, into the peer's view of them: Liqo v0.10's way.
+    Ours,
+    /// The peer's, from our view of them to the real ones: Liqo v1's way.
+    Theirs,
+}
+
 /// One peer, validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Peer {
@@ -127,6 +176,8 @@ pub struct Peer {
     pub tunnel: Result<TunnelParams, &'static str>,
     /// The security mode its annotation asks for; None for the agent's.
     pub security_mode: Option<SecurityMode>,
+    /// Whose addresses we rewrite.
+    pub remaps: Remaps,
 }
 
 impl Peer {
@@ -146,22 +197,35 @@ impl Peer {
             remote_external: reader.mapped(&REMOTE_EXTERNAL)?,
             tunnel: reader.tunnel()?,
             security_mode: reader.security_mode()?,
+            remaps: Remaps::Ours,
         })
     }
 
     /// The networks we see the peer under, with the field each comes from.
     /// The kernel finds the peer of a packet by these.
     pub fn views(&self) -> [(&'static str, Ipv4Net); 2] {
+        let [_, _, pod, external] = LayoutFields::of(self.layout).0;
         [
+            (seen_field(&self.remote_pod, pod), self.remote_pod.seen()),
             (
-                seen_field(&self.remote_pod, &REMOTE_POD),
-                self.remote_pod.seen(),
-            ),
-            (
-                seen_field(&self.remote_external, &REMOTE_EXTERNAL),
+                seen_field(&self.remote_external, external),
                 self.remote_external.seen(),
             ),
         ]
+    }
+
+    /// The networks whose addresses the peer's packets carry inside the
+    /// tunnel, with their fields: our views of them where the peer
+    /// remaps its own (Liqo v0.10), the real ones where we do (Liqo v1).
+    pub fn tunnel_networks(&self) -> [(&'static str, Ipv4Net); 2] {
+        let [_, _, pod, external] = LayoutFields::of(self.layout).0;
+        match self.remaps {
+            Remaps::Ours => self.views(),
+            Remaps::Theirs => [
+                (pod.real, self.remote_pod.real),
+                (external.real, self.remote_external.real),
+            ],
+        }
     }
 
     /// Our ExternalCIDR as the peer sees it, with its field: where the
@@ -172,13 +236,11 @@ impl Peer {
 
     /// Our networks as the peer sees them, each with its field.
     pub fn local_views(&self) -> [(&'static str, Ipv4Net); 2] {
+        let [pod, external, _, _] = LayoutFields::of(self.layout).0;
         [
+            (seen_field(&self.local_pod, pod), self.local_pod.seen()),
             (
-                seen_field(&self.local_pod, &LOCAL_POD),
-                self.local_pod.seen(),
-            ),
-            (
-                seen_field(&self.local_external, &LOCAL_EXTERNAL),
+                seen_field(&self.local_external, external),
                 self.local_external.seen(),
             ),
         ]
@@ -187,20 +249,23 @@ impl Peer {
     /// Our real networks, each with its field: where the ingress rules
     /// lead the peer's packets.
     pub fn local_networks(&self) -> [(&'static str, Ipv4Net); 2] {
+        let [pod, external, _, _] = LayoutFields::of(self.layout).0;
         [
-            (LOCAL_POD.real, self.local_pod.real),
-            (LOCAL_EXTERNAL.real, self.local_external.real),
+            (pod.real, self.local_pod.real),
+            (external.real, self.local_external.real),
         ]
     }
 
     /// Every network of the object, each with its field: the real ones and
     /// those remapped.
     pub fn networks(&self) -> Vec<(&'static str, Ipv4Net)> {
+        let [local_pod, local_external, remote_pod, remote_external] =
+            LayoutFields::of(self.layout).0;
         [
-            (&self.local_pod, &LOCAL_POD),
-            (&self.local_external, &LOCAL_EXTERNAL),
-            (&self.remote_pod, &REMOTE_POD),
-            (&self.remote_external, &REMOTE_EXTERNAL),
+            (&self.local_pod, local_pod),
+            (&self.local_external, local_external),
+            (&self.remote_pod, remote_pod),
+            (&self.remote_external, remote_external),
         ]
         .into_iter()
         .flat_map(|(mapped, fields)| {
@@ -213,15 +278,24 @@ impl Peer {
 
     /// The kernel rules for this peer.
     pub fn nat(&self, peer_id: u32, default_mode: SecurityMode) -> PeerNat {
+        let segregated = if self.segregated(default_mode) {
+            SEGREGATED
+        } else {
+            0
+        };
+        let (remaps, theirs) = match self.remaps {
+            Remaps::Ours => (0, Default::default()),
+            Remaps::Theirs => (
+                REMAPS_PEER,
+                [self.remote_pod.inbound(), self.remote_external.inbound()],
+            ),
+        };
         PeerNat {
             peer_id,
-            flags: if self.segregated(default_mode) {
-                SEGREGATED
-            } else {
-                0
-            },
+            flags: segregated | remaps,
             egress: [self.local_pod.outbound(), self.local_external.outbound()],
             ingress: [self.local_pod.inbound(), self.local_external.inbound()],
+            theirs,
             owner: self.owner(),
         }
     }
@@ -244,6 +318,18 @@ impl Peer {
     /// nothing.
     pub fn segregated(&self, default_mode: SecurityMode) -> bool {
         self.security_mode.unwrap_or(default_mode).segregates()
+    }
+
+    /// `problem` of this peer, naming the object it came from.
+    pub fn error(&self, problem: Problem) -> PeerError {
+        let kind = match self.layout {
+            Layout::Spec | Layout::Legacy => "TunnelEndpoint",
+            Layout::LiqoV1 => "Configuration",
+        };
+        PeerError {
+            kind,
+            ..PeerError::new(&self.origin, &self.key, problem)
+        }
     }
 
     /// A label for logs and metrics: the cluster ID, else the object name.

@@ -24,7 +24,7 @@ use crate::{
     model::{
         key_text,
         object::ObjectKey,
-        peer::{Endpoint, Peer, PeerError, Problem},
+        peer::{Endpoint, Peer, Problem},
     },
     roles::routes::Routes,
     tunnel::{Connection, PeerStatus, Tunnel, TunnelConfig, key::KeyPair, peers::PeerConfig},
@@ -224,8 +224,7 @@ impl Gateway {
                 Err(field) => {
                     problems.insert((
                         peer.key.to_string(),
-                        PeerError::new(&peer.origin, &peer.key, Problem::NoTunnel { field })
-                            .to_string(),
+                        peer.error(Problem::NoTunnel { field }).to_string(),
                     ));
                 }
             }

@@ -7,6 +7,7 @@
 //! differ only in the header offset, and are exercised on tun in the lab.
 
 mod isolation;
+mod liqo_v1;
 mod masquerade;
 mod packet_shapes;
 mod shares;
@@ -407,7 +408,13 @@ fn icmp_error(
 
 /// A TCP datagram whose IP total length admits only `keep` bytes of TCP.
 fn tcp_header_cut_at(keep: usize) -> Vec<u8> {
-    let mut bytes = tcp(A_POD1, B_POD1).bytes();
+    cut_at(tcp(A_POD1, B_POD1), keep)
+}
+
+/// `packet` with an IP total length that admits only `keep` bytes past
+/// its header.
+fn cut_at(packet: Datagram, keep: usize) -> Vec<u8> {
+    let mut bytes = packet.bytes();
     bytes.truncate(20 + keep);
     let total = (bytes.len() as u16).to_be_bytes();
     bytes[2..4].copy_from_slice(&total);

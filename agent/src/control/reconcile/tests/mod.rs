@@ -499,5 +499,6 @@ fn natmapping(cluster: &str, entries: &[(String, String)]) -> String {
 }
 
 mod allowed;
+mod liqo_v1;
 mod mappings;
 mod restart;

@@ -1,0 +1,168 @@
+//! Liqo v1 peers, from the objects in the shapes Liqo v1.2 writes them
+//! (`tests/fixtures/liqo-v1/`): joined by cluster ID, with the NAT
+//! running the other way.
+
+use isthmus_common::nat::{PrefixRewrite, REMAPS_PEER};
+
+use super::*;
+use crate::model::peer::Remaps;
+
+const FIXTURES: [(&str, &str); 4] = [
+    (
+        "configuration-rome.yaml",
+        include_str!("../../../../../tests/fixtures/liqo-v1/configuration-rome.yaml"),
+    ),
+    (
+        "publickey-rome.yaml",
+        include_str!("../../../../../tests/fixtures/liqo-v1/publickey-rome.yaml"),
+    ),
+    (
+        "gatewayclient-rome.yaml",
+        include_str!("../../../../../tests/fixtures/liqo-v1/gatewayclient-rome.yaml"),
+    ),
+    (
+        "ip-legacy-db.yaml",
+        include_str!("../../../../../tests/fixtures/liqo-v1/ip-legacy-db.yaml"),
+    ),
+];
+
+fn with_fixtures<P, M, A>(r: &mut Reconciler<P, M, A>, leave_out: &str)
+where
+    P: PeerTable,
+    M: MappingTable<Error = P::Error>,
+    A: AllowedTable<Error = P::Error>,
+{
+    for (file, yaml) in FIXTURES.iter().filter(|(file, _)| *file != leave_out) {
+        r.set_origin((*file).into(), docs(file, yaml));
+    }
+}
+
+fn rule(from: &str, to: &str) -> PrefixRewrite {
+    let (from, to) = (net(from), net(to));
+    PrefixRewrite::new(
+        from.network().octets(),
+        to.network().octets(),
+        from.prefix_len(),
+    )
+}
+
+#[test]
+fn a_v1_peer_remaps_the_peers_addresses_and_keeps_ours() {
+    let mut table = Peers::default();
+    let mut r = reconciler(&mut table);
+    with_fixtures(&mut r, "");
+    let report = r.reconcile().0;
+    assert_eq!((report.peers, report.rejected), (1, 0), "{report:?}");
+    let peer = &r.peers()[0];
+    assert_eq!(peer.remaps, Remaps::Theirs);
+    assert_eq!(peer.cluster_id.as_deref(), Some("rome"));
+    let tunnel = peer.tunnel.as_ref().unwrap();
+    assert_eq!(tunnel.port, 51840);
+    assert_eq!(
+        peer.tunnel_networks(),
+        [
+            ("spec.remote.cidr.pod", net("10.200.0.0/16")),
+            ("spec.remote.cidr.external", net("10.201.0.0/16"))
+        ]
+    );
+    let entries = r.mapping_entries();
+    drop(r);
+    // The kernel finds the peer by our view of it, as any other.
+    let views: Vec<Ipv4Net> = table.entries.keys().copied().collect();
+    assert_eq!(views, [net("10.70.0.0/16"), net("10.71.0.0/16")]);
+    let nat = table.entries[&net("10.70.0.0/16")];
+    assert_eq!(nat.flags, REMAPS_PEER);
+    // Our networks stay as they are: identity rules, which only tell them
+    // from others' (for masquerading and the ingress checks).
+    assert_eq!(
+        nat.egress,
+        [
+            rule("10.200.0.0/16", "10.200.0.0/16"),
+            rule("10.201.0.0/16", "10.201.0.0/16")
+        ]
+    );
+    assert_eq!(nat.ingress, nat.egress);
+    // The peer's: from our view back to the real networks.
+    assert_eq!(
+        nat.theirs,
+        [
+            rule("10.70.0.0/16", "10.200.0.0/16"),
+            rule("10.71.0.0/16", "10.201.0.0/16")
+        ]
+    );
+    // The IP leads the peer from status.ip to spec.ip.
+    let key = MappingKey {
+        peer_id: nat.peer_id,
+        addr: Be32::from_bytes([10, 201, 0, 4]),
+    };
+    assert_eq!(entries, [(key, Be32::from_bytes([172, 16, 4, 20]))]);
+}
+
+#[test]
+fn a_v1_peer_without_its_key_or_gateway_client_has_no_tunnel_and_names_what_it_lacks() {
+    let mut table = Peers::default();
+    let mut r = reconciler(&mut table);
+    with_fixtures(&mut r, "publickey-rome.yaml");
+    r.reconcile();
+    assert_eq!(r.peers()[0].tunnel, Err("PublicKey spec.publicKey"));
+    with_fixtures(&mut r, "gatewayclient-rome.yaml");
+    r.set_origin("gatewayclient-rome.yaml".into(), Vec::new());
+    r.reconcile();
+    assert_eq!(r.peers()[0].tunnel, Err("GatewayClient spec.endpoint"));
+}
+
+#[test]
+fn an_ip_outside_our_external_cidr_is_refused_alone_naming_its_field() {
+    let mut table = Peers::default();
+    let mut r = reconciler(&mut table);
+    with_fixtures(&mut r, "ip-legacy-db.yaml");
+    let ip = FIXTURES[3].1;
+    r.set_origin(
+        "outside.yaml".into(),
+        docs(
+            "outside.yaml",
+            &ip.replace("ip: 10.201.0.4", "ip: 10.99.0.4"),
+        ),
+    );
+    let report = r.reconcile().0;
+    let errors: Vec<String> = report
+        .new_errors
+        .iter()
+        .map(|e| e.message.clone())
+        .collect();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].contains("IP default/legacy-db")
+            && errors[0]
+                .contains("field status.ip: 10.99.0.4 is outside our ExternalCIDR 10.201.0.0/16"),
+        "{errors:?}"
+    );
+    assert!(r.mapping_entries().is_empty());
+    assert_eq!(report.peers, 1, "the peer keeps working");
+}
+
+#[test]
+fn a_second_v1_peer_on_one_gateway_is_refused_naming_the_first() {
+    let mut table = Peers::default();
+    let mut r = reconciler(&mut table);
+    with_fixtures(&mut r, "");
+    let milan = FIXTURES[0]
+        .1
+        .replace("rome", "milan")
+        .replace("10.70.0.0/16", "10.72.0.0/16")
+        .replace("10.71.0.0/16", "10.73.0.0/16");
+    r.set_origin("milan.yaml".into(), docs("milan.yaml", &milan));
+    let report = r.reconcile().0;
+    assert_eq!(report.peers, 1);
+    let errors: Vec<&str> = report
+        .new_errors
+        .iter()
+        .map(|e| e.message.as_str())
+        .collect();
+    assert_eq!(
+        errors,
+        [
+            "milan.yaml: Configuration liqo-tenant-milan/milan: this gateway already serves Liqo v1 peer liqo-tenant-rome/rome (Configuration in configuration-rome.yaml); its tunnel carries one Liqo v1 peer, as Liqo v1 runs one gateway per peer"
+        ]
+    );
+}

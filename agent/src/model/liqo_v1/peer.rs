@@ -1,0 +1,63 @@
+//! One Liqo v1 peer, joined from its objects by cluster ID: the networks
+//! of its `Configuration`, the key of its `PublicKey` and our side of the
+//! tunnel from its `GatewayServer` or `GatewayClient`. The result is the
+//! peer model every table is written from, with the NAT running Liqo v1's
+//! way ([`Remaps::Theirs`]).
+
+use crate::model::{
+    object::{Layout, ObjectKey},
+    peer::{Mapped, Peer, Remaps, TunnelParams},
+};
+
+use super::{Gateway, PeerKey, PeerNetworks, Side};
+
+/// A peer's objects besides its `Configuration`, as far as they exist.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Companions<'a> {
+    /// Its `PublicKey`.
+    pub key: Option<&'a PeerKey>,
+    /// Our `GatewayServer` or `GatewayClient` towards it.
+    pub gateway: Option<&'a Gateway>,
+}
+
+impl PeerNetworks {
+    /// The peer of the `Configuration` `config`, read from `origin`, with
+    /// its `companions`. Our networks are never remapped by us: the peer
+    /// remaps them on its side.
+    pub fn peer(&self, config: &ObjectKey, origin: &str, companions: Companions<'_>) -> Peer {
+        let ours = |real| Mapped { real, nat: None };
+        Peer {
+            key: config.clone(),
+            origin: origin.to_owned(),
+            created: None,
+            cluster_id: Some(self.cluster_id.clone()),
+            cluster_name: None,
+            layout: Layout::LiqoV1,
+            local_pod: ours(self.local_pod),
+            local_external: ours(self.local_external),
+            remote_pod: self.remote_pod,
+            remote_external: self.remote_external,
+            tunnel: tunnel(companions),
+            security_mode: None,
+            remaps: Remaps::Theirs,
+        }
+    }
+}
+
+/// The tunnel to the peer's gateway, or the first field of the peer's
+/// objects it lacks. Only a GatewayClient gives the peer's endpoint, which
+/// the embedded tunnel needs to start from: as a GatewayServer, which
+/// waits for the peer, Isthmus does not serve yet.
+fn tunnel(companions: Companions<'_>) -> Result<TunnelParams, &'static str> {
+    const ENDPOINT: &str = "GatewayClient spec.endpoint";
+    let gateway = companions.gateway.ok_or(ENDPOINT)?;
+    let key = companions.key.ok_or("PublicKey spec.publicKey")?;
+    match &gateway.side {
+        Side::Client { endpoint, port } => Ok(TunnelParams {
+            endpoint: endpoint.clone(),
+            port: *port,
+            public_key: key.key,
+        }),
+        Side::Server { .. } => Err(ENDPOINT),
+    }
+}
