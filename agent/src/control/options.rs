@@ -24,6 +24,7 @@ use crate::{
     },
     model::{
         isolation::SecurityMode,
+        peer::LiqoApi,
         policy::{self, Policy},
     },
     roles::past_netfilter::PastNetfilter,
@@ -312,6 +313,10 @@ pub struct PolicyArgs {
     /// or an IPv6 address is no IPv4 address to protect, and is ignored).
     #[arg(long, env = "KUBERNETES_SERVICE_HOST")]
     pub api_server_address: Option<String>,
+    /// Which Liqo network API this cluster runs: the peers of the other
+    /// are refused, naming the flag.
+    #[arg(long, value_enum, default_value_t = LiqoApi::V0_10)]
+    pub liqo_api: LiqoApi,
 }
 
 impl PolicyArgs {
@@ -348,6 +353,7 @@ impl PolicyArgs {
             host_addresses: host.iter().map(policy::HostAddress::address).collect(),
             api_server,
             security_mode: self.security_mode,
+            liqo_api: self.liqo_api,
         }
     }
 }

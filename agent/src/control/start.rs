@@ -37,7 +37,7 @@ use crate::{
         maps::{MappingMap, PeerMap, PresenceSet},
         privileges,
     },
-    model::{node::Node, object::ObjectKind, policy::Policy},
+    model::{node::Node, object::ObjectKind, peer::LiqoApi, policy::Policy},
     observe::metrics::{self, BuildInfo, GatewayState, Metrics},
     roles::{
         gateway::{Gateway, guard::Guard},
@@ -175,12 +175,20 @@ async fn start_gateway(
         }
         None => None,
     };
+    let liqo_v1 = match args.policy.liqo_api {
+        LiqoApi::V1 => {
+            dataplane.serve_liqo_v1()?;
+            Some(dataplane.take_peer_devs()?)
+        }
+        LiqoApi::V0_10 => None,
+    };
     let gateway = Gateway::start(
         &tunnel_config(args),
         key,
         guard,
         Duration::from_secs(args.resolve_interval),
         args.masquerade_ip.is_some(),
+        liqo_v1,
     )
     .await?;
     Ok(Some(gateway))
@@ -319,9 +327,19 @@ fn open_source(
 ) -> Result<Source> {
     // Only a gateway enforces isolation: a worker does not watch every
     // offloaded pod.
+    // A Liqo v1 cluster describes its peers with v1's kinds instead.
+    let (replaced, by): (&[ObjectKind], &[ObjectKind]) = match args.policy.liqo_api {
+        LiqoApi::V0_10 => (&[], &[]),
+        LiqoApi::V1 => (
+            &[ObjectKind::TunnelEndpoint, ObjectKind::NatMapping],
+            &ObjectKind::LIQO_V1,
+        ),
+    };
     let kinds: Vec<ObjectKind> = ObjectKind::ALL
         .into_iter()
         .filter(|kind| role == Role::Gateway || !ObjectKind::ISOLATION.contains(kind))
+        .filter(|kind| !replaced.contains(kind))
+        .chain(by.iter().copied())
         .collect();
     let client = match (&args.source, client) {
         (SourceSpec::Dir(dir), _) => {

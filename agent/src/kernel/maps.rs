@@ -238,6 +238,33 @@ impl<K: aya::Pod + Ord> KernelTable for PresenceSet<K> {
     }
 }
 
+/// The tunnel devices that each carry one Liqo v1 peer (`ist_peer_devs`):
+/// ifindex → the key of that peer's PodCIDR view in the peer table.
+pub struct PeerDevices(HashMap<MapData, u32, PeerKey>);
+
+impl PeerDevices {
+    /// Wraps a map taken from a freshly loaded object.
+    pub fn new(map: Map) -> Result<Self, MapError> {
+        Ok(Self(map.try_into()?))
+    }
+
+    /// Makes the table hold exactly `wanted`: device ifindex → the view
+    /// that names its peer in the peer table.
+    pub fn sync(&mut self, wanted: &BTreeMap<u32, Ipv4Net>) -> Result<(), MapError> {
+        let held: Vec<u32> = self.0.keys().collect::<Result<_, _>>()?;
+        for ifindex in held.iter().filter(|i| !wanted.contains_key(i)) {
+            gone_is_fine(self.0.remove(ifindex))?;
+        }
+        for (ifindex, view) in wanted {
+            let key = PeerKey::of(Be32::from(view.network()), view.prefix_len());
+            if self.0.get(ifindex, 0).ok() != Some(key) {
+                self.0.insert(ifindex, key, 0)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The XDP guard's tables: the sources that may reach the tunnel port,
 /// our peers' session indexes, and its settings.
 pub struct GuardMaps {

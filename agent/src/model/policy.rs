@@ -13,7 +13,7 @@ use ipnet::Ipv4Net;
 use crate::{
     model::isolation::SecurityMode,
     model::node::Node,
-    model::peer::{Peer, Problem},
+    model::peer::{LiqoApi, Peer, Problem},
 };
 
 /// Networks no field of any TunnelEndpoint may touch, and why.
@@ -94,6 +94,8 @@ pub struct Policy {
     pub api_server: Option<NodeAddress>,
     /// The security mode of a peer whose TunnelEndpoint asks for none.
     pub security_mode: SecurityMode,
+    /// The Liqo API the cluster runs: peers of the other are refused.
+    pub liqo_api: LiqoApi,
 }
 
 impl Default for Policy {
@@ -106,6 +108,7 @@ impl Default for Policy {
             host_addresses: Vec::new(),
             api_server: None,
             security_mode: SecurityMode::default(),
+            liqo_api: LiqoApi::V0_10,
         }
     }
 }
@@ -114,6 +117,13 @@ impl Policy {
     /// What is wrong with `peer` on its own, if anything. `nodes` are the
     /// cluster's nodes as of now: their PodCIDRs are protected too.
     pub fn check(&self, peer: &Peer, nodes: &[Node]) -> Result<(), Problem> {
+        let api = peer.remaps.api();
+        if api != self.liqo_api {
+            return Err(Problem::OtherApi {
+                api: api.as_str(),
+                served: self.liqo_api.as_str(),
+            });
+        }
         if !self.namespace_allowed(&peer.key.namespace) {
             return Err(Problem::Namespace {
                 namespace: peer.key.namespace.clone(),

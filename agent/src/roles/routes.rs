@@ -173,17 +173,34 @@ impl Routes {
     /// of host scope: the node never picks it as the source of its own
     /// traffic, which goes out through the masquerade as before.
     pub async fn add_address(&self, addr: Ipv4Addr) -> Result<(), RouteError> {
+        self.add_network_address(addr, 32, AddressScope::Host).await
+    }
+
+    /// Gives the device `addr` in the point-to-point network `addr/prefix_len`
+    /// (kept if it has it already), whose other end is then reached
+    /// through the device: Liqo v1's tunnel addressing.
+    pub async fn add_link_address(&self, addr: Ipv4Addr, prefix_len: u8) -> Result<(), RouteError> {
+        self.add_network_address(addr, prefix_len, AddressScope::Universe)
+            .await
+    }
+
+    async fn add_network_address(
+        &self,
+        addr: Ipv4Addr,
+        prefix_len: u8,
+        scope: AddressScope,
+    ) -> Result<(), RouteError> {
         let mut request = self
             .handle
             .address()
-            .add(self.index, addr.into(), 32)
+            .add(self.index, addr.into(), prefix_len)
             .replace();
-        request.message_mut().header.scope = AddressScope::Host;
+        request.message_mut().header.scope = scope;
         request
             .execute()
             .await
             .map_err(|source| RouteError::Request {
-                what: format!("address {addr}/32 on {}", self.dev),
+                what: format!("address {addr}/{prefix_len} on {}", self.dev),
                 source,
             })
     }

@@ -70,7 +70,7 @@ impl Dataplane {
     /// Attaches the NAT programs to both directions of `dev`, replacing
     /// whatever a previous agent attached there.
     pub fn attach_nat(&mut self, dev: &str, mode: AttachMode) -> Result<(), DataplaneError> {
-        let (egress, ingress) = nat_programs(dev)?;
+        let (egress, ingress) = nat_programs(dev, self.serves_liqo_v1)?;
         load_onward(&mut self.ebpf)?;
         let mode = mode.resolve();
         self.attach(egress, dev, TcAttachType::Egress, mode)?;
@@ -90,7 +90,10 @@ impl Dataplane {
     /// them, as the kernel says: pins can outlive the device they were
     /// made for.
     pub fn nat_attached(&self, dev: &str) -> bool {
-        let (Ok((egress, ingress)), Ok(ifindex)) = (nat_programs(dev), link::ifindex(dev)) else {
+        let (Ok((egress, ingress)), Ok(ifindex)) = (
+            nat_programs(dev, self.serves_liqo_v1),
+            link::ifindex(dev),
+        ) else {
             return false;
         };
         [
@@ -215,16 +218,30 @@ impl Dataplane {
 /// Puts the programs the ingress NAT goes on in into its program array
 /// ([`names::MAP_ONWARD`]), each loaded once.
 pub fn load_onward(ebpf: &mut Ebpf) -> Result<(), DataplaneError> {
-    for (index, program) in names::ONWARD_PROGRAMS.into_iter().enumerate() {
+    load_program_array(ebpf, names::MAP_ONWARD, names::ONWARD_PROGRAMS)
+}
+
+/// Puts `programs` into the program array `array`, in its order, each
+/// loaded once.
+pub(super) fn load_program_array<const N: usize>(
+    ebpf: &mut Ebpf,
+    array: &'static str,
+    programs: [&'static str; N],
+) -> Result<(), DataplaneError> {
+    for (index, program) in programs.into_iter().enumerate() {
         let load = |ebpf: &mut Ebpf| -> Result<(), BoxedError> {
             let fd = loaded_classifier(ebpf, program)?.fd()?.try_clone()?;
             let map = ebpf
-                .map_mut(names::MAP_ONWARD)
+                .map_mut(array)
                 .ok_or("its program array is missing from the object")?;
             ProgramArray::try_from(map)?.set(index as u32, &fd, 0)?;
             Ok(())
         };
-        load(ebpf).map_err(|source| DataplaneError::Onward { program, source })?;
+        load(ebpf).map_err(|source| DataplaneError::Onward {
+            array,
+            program,
+            source,
+        })?;
     }
     Ok(())
 }
@@ -245,11 +262,22 @@ fn loaded_classifier<'a>(
     Ok(prog)
 }
 
-/// The NAT programs, egress and ingress, for `dev`'s link type.
-fn nat_programs(dev: &str) -> Result<(&'static str, &'static str), DeviceError> {
+/// The NAT programs, egress and ingress, for `dev`'s link type; when
+/// serving Liqo v1 peers, packets come in through the peer SNAT.
+fn nat_programs(
+    dev: &str,
+    liqo_v1: bool,
+) -> Result<(&'static str, &'static str), DeviceError> {
+    let ingress = |nat, peer_snat| if liqo_v1 { peer_snat } else { nat };
     match link::link_type(dev)? {
-        link::ARPHRD_ETHER => Ok((names::PROG_EGRESS_ETH, names::PROG_INGRESS_ETH)),
-        link::ARPHRD_NONE => Ok((names::PROG_EGRESS_IP, names::PROG_INGRESS_IP)),
+        link::ARPHRD_ETHER => Ok((
+            names::PROG_EGRESS_ETH,
+            ingress(names::PROG_INGRESS_ETH, names::PROG_PEER_SNAT_ETH),
+        )),
+        link::ARPHRD_NONE => Ok((
+            names::PROG_EGRESS_IP,
+            ingress(names::PROG_INGRESS_IP, names::PROG_PEER_SNAT_IP),
+        )),
         other => Err(DeviceError {
             dev: dev.into(),
             reason: format!("link type {other} is neither Ethernet nor a raw L3 device"),

@@ -43,6 +43,7 @@ mod cleanup;
 mod verify;
 
 pub use attach::{AttachMode, Attached, load_onward};
+pub use crate::kernel::maps::PeerDevices;
 pub use cleanup::cleanup;
 pub use verify::loading_time;
 
@@ -90,9 +91,11 @@ pub enum DataplaneError {
         /// What went wrong.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    /// A program the ingress NAT goes on in could not be loaded.
-    #[error("program {program}, after the ingress NAT: {source}")]
+    /// A program another goes on in, by tail call, could not be loaded.
+    #[error("program {program}, of program array {array}: {source}")]
     Onward {
+        /// The program array.
+        array: &'static str,
         /// The program.
         program: &'static str,
         /// What went wrong.
@@ -140,6 +143,10 @@ impl Default for Capacity {
 pub struct Dataplane {
     ebpf: Ebpf,
     pins: Pins,
+    /// Whether the gateway serves Liqo v1 peers
+    /// (docs/design.md#liqo-v1-peers): its tunnel's ingress program is then
+    /// the peer SNAT, which goes on in the NAT.
+    serves_liqo_v1: bool,
 }
 
 impl Dataplane {
@@ -201,7 +208,31 @@ impl Dataplane {
                 "pinned map migrated"
             );
         }
-        Ok(Self { ebpf, pins })
+        Ok(Self {
+            ebpf,
+            pins,
+            serves_liqo_v1: false,
+        })
+    }
+
+    /// Serves Liqo v1 peers: a peer's packets go on in the programs that
+    /// rewrite its addresses, and the NAT devices attached from now on
+    /// take them in through the peer SNAT.
+    pub fn serve_liqo_v1(&mut self) -> Result<(), DataplaneError> {
+        attach::load_program_array(
+            &mut self.ebpf,
+            names::MAP_PEER_DNAT,
+            names::PEER_DNAT_PROGRAMS,
+        )?;
+        attach::load_program_array(&mut self.ebpf, names::MAP_NAT_IN, names::NAT_IN_PROGRAMS)?;
+        self.serves_liqo_v1 = true;
+        Ok(())
+    }
+
+    /// The table of tunnel devices that each carry one Liqo v1 peer.
+    pub fn take_peer_devs(&mut self) -> Result<PeerDevices, DataplaneError> {
+        PeerDevices::new(self.take(names::MAP_PEER_DEVS)?)
+            .map_err(|e| DataplaneError::Map(names::MAP_PEER_DEVS, e))
     }
 
     /// The peer table, for the reconciler.

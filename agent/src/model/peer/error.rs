@@ -94,6 +94,16 @@ pub enum Problem {
         /// What it should be.
         what: &'static str,
     },
+    /// A peer of the Liqo API the cluster does not run.
+    #[error(
+        "a Liqo {api} peer, and this agent serves Liqo {served}'s network API (--liqo-api {served})"
+    )]
+    OtherApi {
+        /// The peer's API.
+        api: &'static str,
+        /// The API served.
+        served: &'static str,
+    },
     /// A second Liqo v1 peer on one gateway.
     #[error(
         "this gateway already serves Liqo v1 peer {other} (Configuration in {other_file}); its tunnel carries one Liqo v1 peer, as Liqo v1 runs one gateway per peer"

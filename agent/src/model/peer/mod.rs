@@ -147,6 +147,39 @@ pub enum Remaps {
     Theirs,
 }
 
+impl Remaps {
+    /// The Liqo API whose peers are served this way.
+    pub fn api(self) -> LiqoApi {
+        match self {
+            Remaps::Ours => LiqoApi::V0_10,
+            Remaps::Theirs => LiqoApi::V1,
+        }
+    }
+}
+
+/// Which of Liqo's network APIs a cluster runs (docs/design.md#liqo-v1-peers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LiqoApi {
+    /// Liqo v0.9/v0.10: TunnelEndpoints and NatMappings; each side remaps
+    /// its own addresses.
+    #[value(name = "v0.10")]
+    V0_10,
+    /// Liqo v1: Configurations, PublicKeys, GatewayClients and IPs; each
+    /// side remaps its peer's addresses, and a gateway serves one peer.
+    #[value(name = "v1")]
+    V1,
+}
+
+impl LiqoApi {
+    /// The value of `--liqo-api` that selects it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LiqoApi::V0_10 => "v0.10",
+            LiqoApi::V1 => "v1",
+        }
+    }
+}
+
 /// One peer, validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Peer {

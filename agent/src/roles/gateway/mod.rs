@@ -15,17 +15,20 @@ use tracing::{error, info, warn};
 pub mod conncheck;
 pub mod endpoint;
 pub mod guard;
+pub mod liqo_v1;
 
 use conncheck::{Checks, Health};
 use endpoint::Resolver;
 use guard::Guard;
+use liqo_v1::DeviceOfPeer;
 
 use crate::{
     model::{
         key_text,
         object::ObjectKey,
-        peer::{Endpoint, Peer, Problem},
+        peer::{Endpoint, Peer, Problem, Remaps},
     },
+    kernel::dataplane::PeerDevices,
     roles::routes::Routes,
     tunnel::{Connection, PeerStatus, Tunnel, TunnelConfig, key::KeyPair, peers::PeerConfig},
 };
@@ -48,6 +51,9 @@ pub struct Gateway {
     pub checks: Arc<Mutex<Checks>>,
     /// What each peer's tunnel was given, and the cluster ID its PINGs carry.
     configured_peers: BTreeMap<ObjectKey, (String, Arc<BTreeMap<String, String>>)>,
+    /// Where the gateway serves a Liqo v1 peer: the kernel's entry that
+    /// names it as the tunnel device's peer.
+    liqo_v1: Option<DeviceOfPeer>,
 }
 
 /// What the gateway knows of each peer, for its TunnelEndpoint's status.
@@ -67,13 +73,16 @@ impl Gateway {
     /// Starts the tunnel with `key` and brings its device up. `guard`, if
     /// any, is kept allowing exactly the peers' endpoints and sessions.
     /// With `masquerading`, the conncheck's PINGs leave through the
-    /// masquerade, as Liqo peers expect (see [`conncheck`]).
+    /// masquerade, as Liqo peers expect (see [`conncheck`]). With
+    /// `liqo_v1`, the table that names the tunnel device's peer, the
+    /// gateway serves a Liqo v1 peer, and takes Liqo v1's tunnel address.
     pub async fn start(
         config: &TunnelConfig,
         key: KeyPair,
         guard: Option<Guard>,
         resolve_every: std::time::Duration,
         masquerading: bool,
+        liqo_v1: Option<PeerDevices>,
     ) -> Result<Self> {
         let public = key_text::encode(key.public.as_bytes());
         let tunnel = Tunnel::start(config, key).with_context(|| {
@@ -85,9 +94,18 @@ impl Gateway {
         let routes = Routes::up(&config.dev, config.mtu).await?;
         info!(dev = %config.dev, port = config.port, public_key = %public, workers = config.workers, "tunnel up");
         // The conncheck answers on an address of the tunnel device, as on
-        // Liqo's; the NatMapping's 169.254.0.1 entry leads there.
-        let responder = conncheck_socket(&routes, conncheck::ADDR, conncheck::PORT).await?;
-        let pinger = match masquerading {
+        // Liqo's: the NatMapping's 169.254.0.1 entry leads there, or for a
+        // Liqo v1 peer, the tunnel's own addressing.
+        let responder = match &liqo_v1 {
+            Some(_) => {
+                let addr = liqo_v1::CLIENT_ADDR;
+                routes.add_link_address(addr, liqo_v1::PREFIX_LEN).await?;
+                bind_conncheck(addr, conncheck::PORT).await?
+            }
+            None => conncheck_socket(&routes, conncheck::ADDR, conncheck::PORT).await?,
+        };
+        // A Liqo v1 peer is PINGed from our tunnel address, its route back.
+        let pinger = match masquerading && liqo_v1.is_none() {
             true => Some(conncheck_socket(&routes, conncheck::SENDER_ADDR, 0).await?),
             false => None,
         };
@@ -104,6 +122,7 @@ impl Gateway {
             unresolved: BTreeMap::new(),
             checks,
             configured_peers: BTreeMap::new(),
+            liqo_v1: liqo_v1.map(|devices| DeviceOfPeer::new(devices, &config.dev)),
         })
     }
 
@@ -198,6 +217,7 @@ impl Gateway {
         let mut configs = Vec::new();
         let mut problems = BTreeSet::new();
         let mut unresolved = BTreeMap::new();
+        let (mut routed, mut v1_peer) = (BTreeSet::new(), None);
         for peer in peers {
             match &peer.tunnel {
                 Ok(params) => match self.address(&params.endpoint, peers) {
@@ -208,13 +228,15 @@ impl Gateway {
                             cluster_name: peer.name().to_owned(),
                             public: params.public_key,
                             endpoint: SocketAddrV4::new(addr, params.port),
-                            networks: peer.views().iter().map(|(_, net)| *net).collect(),
+                            networks: liqo_v1::tunnel_networks(peer),
                         };
                         configured.insert(
                             peer.key.clone(),
                             (config.label.clone(), Arc::new(peer_configuration(&config))),
                         );
                         targets.insert(config.label.clone(), conncheck_target(peer));
+                        routed.extend(peer.views().map(|(_, net)| net));
+                        v1_peer = v1_peer.or((peer.remaps == Remaps::Theirs).then_some(peer));
                         configs.push(config);
                     }
                     Err(why) => {
@@ -235,10 +257,9 @@ impl Gateway {
         self.reported = problems;
         self.unresolved = unresolved;
         self.configured_peers = configured;
-        let desired: BTreeSet<Ipv4Net> = configs
-            .iter()
-            .flat_map(|c| c.networks.iter().copied())
-            .collect();
+        // Routed by our views of the peers: the addresses inside the tunnel
+        // may be real ones, which a Liqo v1 peer shares with us.
+        let desired: BTreeSet<Ipv4Net> = routed;
         if !active {
             configs.clear();
             targets.clear();
@@ -252,6 +273,9 @@ impl Gateway {
         self.follow_guard(&self.tunnel.status());
         for (object, change) in self.tunnel.set_peers(&configs) {
             info!(object = %object, change = ?change, "tunnel peer");
+        }
+        if let Some(device) = &mut self.liqo_v1 {
+            device.sync(v1_peer.filter(|_| active));
         }
         self.follow_guard(&self.tunnel.status());
         let synced = self.routes.sync(&desired, active).await;
@@ -343,14 +367,22 @@ async fn conncheck_socket(
     port: u16,
 ) -> Result<tokio::net::UdpSocket> {
     routes.add_address(addr).await?;
+    bind_conncheck(addr, port).await
+}
+
+async fn bind_conncheck(addr: Ipv4Addr, port: u16) -> Result<tokio::net::UdpSocket> {
     tokio::net::UdpSocket::bind((addr, port))
         .await
         .with_context(|| format!("binding the conncheck to {addr}:{port}"))
 }
 
 /// Where the conncheck PINGs `peer`: the first host of its ExternalCIDR as
-/// we see it, which its NatMapping for us sends to its 169.254.0.1.
+/// we see it, which its NatMapping for us sends to its 169.254.0.1; a
+/// Liqo v1 peer's tunnel address.
 fn conncheck_target(peer: &Peer) -> Ipv4Addr {
+    if peer.remaps == Remaps::Theirs {
+        return liqo_v1::SERVER_ADDR;
+    }
     let view = peer.remote_external.seen();
     Ipv4Addr::from(u32::from(view.network()).saturating_add(1))
 }

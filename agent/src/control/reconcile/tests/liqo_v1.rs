@@ -5,7 +5,7 @@
 use isthmus_common::nat::{PrefixRewrite, REMAPS_PEER};
 
 use super::*;
-use crate::model::peer::Remaps;
+use crate::model::peer::{LiqoApi, Remaps};
 
 const FIXTURES: [(&str, &str); 4] = [
     (
@@ -26,12 +26,18 @@ const FIXTURES: [(&str, &str); 4] = [
     ),
 ];
 
+/// The objects of `FIXTURES` but `leave_out`, for an agent that serves
+/// Liqo v1 (`--liqo-api v1`).
 fn with_fixtures<P, M, A>(r: &mut Reconciler<P, M, A>, leave_out: &str)
 where
     P: PeerTable,
     M: MappingTable<Error = P::Error>,
     A: AllowedTable<Error = P::Error>,
 {
+    r.set_policy(Policy {
+        liqo_api: LiqoApi::V1,
+        ..Policy::default()
+    });
     for (file, yaml) in FIXTURES.iter().filter(|(file, _)| *file != leave_out) {
         r.set_origin((*file).into(), docs(file, yaml));
     }
@@ -165,4 +171,29 @@ fn a_second_v1_peer_on_one_gateway_is_refused_naming_the_first() {
             "milan.yaml: Configuration liqo-tenant-milan/milan: this gateway already serves Liqo v1 peer liqo-tenant-rome/rome (Configuration in configuration-rome.yaml); its tunnel carries one Liqo v1 peer, as Liqo v1 runs one gateway per peer"
         ]
     );
+}
+
+#[test]
+fn each_api_refuses_the_other_apis_peers_naming_the_flag() {
+    let mut table = Peers::default();
+    let mut r = reconciler(&mut table);
+    with_fixtures(&mut r, "");
+    r.set_origin(
+        "b.yaml".into(),
+        docs("b.yaml", &tep("b", "10.0.0.0/24", "10.0.1.0/24")),
+    );
+    let report = r.reconcile().0;
+    let errors: Vec<&str> = report.new_errors.iter().map(|e| e.message.as_str()).collect();
+    assert_eq!(
+        errors,
+        ["b.yaml: TunnelEndpoint liqo-tenant-x/b: a Liqo v0.10 peer, and this agent serves Liqo v1's network API (--liqo-api v1)"]
+    );
+    r.set_policy(Policy::default());
+    let report = r.reconcile().0;
+    let errors: Vec<&str> = report.new_errors.iter().map(|e| e.message.as_str()).collect();
+    assert_eq!(
+        errors,
+        ["configuration-rome.yaml: Configuration liqo-tenant-rome/rome: a Liqo v1 peer, and this agent serves Liqo v0.10's network API (--liqo-api v0.10)"]
+    );
+    assert_eq!(r.peers()[0].key.name, "b");
 }

@@ -1,0 +1,66 @@
+//! What a gateway does differently for a Liqo v1 peer
+//! (docs/design.md#liqo-v1-peers): the tunnel carries the peer's real
+//! addresses and its tunnel address, Liqo v1's point-to-point addressing
+//! (`pkg/gateway/tunnel/netlink.go:27-29` at v1.2.0), which its conncheck
+//! PINGs; and the tunnel device names the peer to the kernel.
+
+use std::{collections::BTreeMap, net::Ipv4Addr};
+
+use ipnet::Ipv4Net;
+use tracing::error;
+
+use crate::{
+    kernel::{dataplane::PeerDevices, link},
+    model::peer::{Peer, Remaps},
+};
+
+/// The server side's tunnel address.
+pub const SERVER_ADDR: Ipv4Addr = Ipv4Addr::new(169, 254, 18, 1);
+/// The client side's tunnel address: ours, as Isthmus serves the client
+/// side.
+pub const CLIENT_ADDR: Ipv4Addr = Ipv4Addr::new(169, 254, 18, 2);
+/// The length of the tunnel's point-to-point network.
+pub const PREFIX_LEN: u8 = 30;
+
+/// The networks whose addresses `peer`'s packets carry inside the tunnel:
+/// for a Liqo v1 peer, its real networks and its tunnel address.
+pub fn tunnel_networks(peer: &Peer) -> Vec<Ipv4Net> {
+    let networks = peer.tunnel_networks().map(|(_, net)| net);
+    match peer.remaps {
+        Remaps::Ours => networks.to_vec(),
+        Remaps::Theirs => networks
+            .into_iter()
+            .chain([Ipv4Net::from(SERVER_ADDR)])
+            .collect(),
+    }
+}
+
+/// The tunnel device's entry in the kernel's table of devices that carry
+/// one Liqo v1 peer.
+pub struct DeviceOfPeer {
+    devices: PeerDevices,
+    dev: String,
+}
+
+impl DeviceOfPeer {
+    /// The table, for the tunnel device `dev`.
+    pub fn new(devices: PeerDevices, dev: &str) -> Self {
+        Self {
+            devices,
+            dev: dev.to_owned(),
+        }
+    }
+
+    /// Names `peer` (the one Liqo v1 peer in the tunnel, if any) as the
+    /// peer of the tunnel device, by its PodCIDR view, under the device's
+    /// ifindex now: a recreated device gets its entry anew.
+    pub fn sync(&mut self, peer: Option<&Peer>) {
+        let wanted: BTreeMap<u32, Ipv4Net> = match (peer, link::ifindex(&self.dev)) {
+            (Some(peer), Ok(ifindex)) => BTreeMap::from([(ifindex, peer.views()[0].1)]),
+            _ => BTreeMap::new(),
+        };
+        if let Err(e) = self.devices.sync(&wanted) {
+            error!(dev = %self.dev, error = %e, "naming the Liqo v1 peer of the tunnel device; will retry");
+        }
+    }
+}
