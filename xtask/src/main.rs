@@ -76,6 +76,9 @@ enum Task {
         /// The cluster whose gateway it runs on.
         #[arg(long)]
         cluster: String,
+        /// Liqo v1's: the one peer, at the client's tunnel address.
+        #[arg(long)]
+        liqo_v1: bool,
     },
 }
 
@@ -90,6 +93,11 @@ enum LabAction {
         /// Liqo's iptables rules and conncheck; the others run Isthmus.
         #[arg(long, conflicts_with = "tunnel")]
         liqo_peer: Option<String>,
+        /// Run cluster b as Liqo v1.2 does (wireguard-go, the nftables its
+        /// FirewallConfigurations render, its conncheck), served by a from
+        /// Liqo v1's objects (`--liqo-api v1`).
+        #[arg(long, conflicts_with_all = ["tunnel", "liqo_peer"])]
+        liqo_v1_peer: Option<String>,
         /// Run cluster b's gateway in IntraClusterTrafficSegregation, with
         /// a pod offloaded from a and a service exported to a.
         #[arg(long, conflicts_with = "liqo_peer")]
@@ -120,12 +128,21 @@ fn main() -> Result<()> {
                 LabAction::Up {
                     tunnel,
                     liqo_peer,
+                    liqo_v1_peer,
                     segregation,
                     ha,
                     containers,
                 },
         } => {
             build()?;
+            if let Some(name) = liqo_v1_peer {
+                let liqo = lab::liqo_v1_peer::LIQO.name;
+                anyhow::ensure!(
+                    name == liqo,
+                    "--liqo-v1-peer {name}: the lab runs cluster {liqo} as Liqo v1"
+                );
+                return lab::up_with_liqo_v1_peer();
+            }
             match (liqo_peer, containers) {
                 (Some(name), _) => lab::up_with_liqo_peer(cluster_named(&name)?),
                 (None, true) => {
@@ -164,7 +181,13 @@ fn main() -> Result<()> {
             Ok(())
         }
         Task::LabControl => lab::ha::serve(),
-        Task::LiqoConncheck { cluster } => isthmus_lab::lab::liqo_peer::run_conncheck(&cluster),
+        Task::LiqoConncheck { cluster, liqo_v1 } => {
+            let api = match liqo_v1 {
+                true => isthmus_lab::lab::liqo_peer::Api::V1,
+                false => isthmus_lab::lab::liqo_peer::Api::V0_10,
+            };
+            isthmus_lab::lab::liqo_peer::run_conncheck(&cluster, api)
+        }
         Task::Lab {
             action: LabAction::Down,
         } => {

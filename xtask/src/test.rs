@@ -120,11 +120,23 @@ fn run_tier(tier: Tier) -> Result<()> {
                 Lab::Processes,
                 &["--test", "slow", "--", "--test-threads=1"],
             )?;
-            // The tests that need cluster b run as Liqo, in that lab of their own.
+            // The tests that need cluster b run as Liqo, in those labs of
+            // their own: v0.10's, then v1's.
+            let liqo_lab = |module| {
+                [
+                    "--test",
+                    "slow",
+                    "--",
+                    "--ignored",
+                    "--test-threads=1",
+                    module,
+                ]
+            };
             in_lab(
                 Lab::LiqoPeer(&topology::B),
-                &["--test", "slow", "--", "--ignored", "--test-threads=1"],
-            )
+                &liqo_lab("liqo_peer_interop::"),
+            )?;
+            in_lab(Lab::LiqoV1Peer, &liqo_lab("liqo_v1_interop::"))
         }
     }
 }
@@ -137,6 +149,8 @@ enum Lab {
     Containers,
     /// This cluster run as Liqo, the others' agents processes.
     LiqoPeer(&'static topology::Cluster),
+    /// Cluster b run as Liqo v1, served by a.
+    LiqoV1Peer,
 }
 
 /// Runs `cargo test --release <args>` with `setup` up, and takes the lab
@@ -146,6 +160,7 @@ fn in_lab(setup: Lab, args: &[&str]) -> Result<()> {
         Lab::Processes => lab::up(LabTunnel::Userspace)?,
         Lab::Containers => lab::up_in_containers(LabTunnel::Userspace)?,
         Lab::LiqoPeer(cluster) => lab::up_with_liqo_peer(cluster)?,
+        Lab::LiqoV1Peer => lab::up_with_liqo_v1_peer()?,
     }
     let tests = cargo(&[&["test", "--release"], args].concat());
     let down = lab::down();

@@ -18,7 +18,7 @@ use isthmus_tests::{eventually, require_lab};
 use serde_json::Value;
 
 /// Liqo's PING every 2 s and five of them before a verdict, with margin.
-const CONNCHECK: Duration = Duration::from_secs(20);
+pub(crate) const CONNCHECK: Duration = Duration::from_secs(20);
 
 fn require_liqo_lab() {
     require_lab();
@@ -30,7 +30,7 @@ fn require_liqo_lab() {
 }
 
 /// What b's Liqo conncheck last wrote.
-fn liqo_side() -> Value {
+pub(crate) fn liqo_side() -> Value {
     std::fs::read_to_string(liqo_peer::status_file(&B))
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
@@ -41,6 +41,12 @@ fn liqo_side() -> Value {
 #[ignore = "needs the Liqo-peer lab; `cargo xtask test` runs it there"]
 fn rows_1_to_3_hold_between_isthmus_and_a_liqo_gateway() {
     require_liqo_lab();
+    assert_rows_1_to_3();
+}
+
+/// Reachability rows 1 to 3, over TCP, UDP and ICMP, each end seeing
+/// the addresses the row says.
+pub(crate) fn assert_rows_1_to_3() {
     for reach in topology::reachability().iter().filter(|r| r.row <= 3) {
         for proto in [Proto::Tcp, Proto::Udp, Proto::Icmp] {
             let seen = probe::exchange(proto, &reach.from, &reach.answered_by, reach.target)

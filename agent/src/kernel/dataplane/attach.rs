@@ -90,10 +90,9 @@ impl Dataplane {
     /// them, as the kernel says: pins can outlive the device they were
     /// made for.
     pub fn nat_attached(&self, dev: &str) -> bool {
-        let (Ok((egress, ingress)), Ok(ifindex)) = (
-            nat_programs(dev, self.serves_liqo_v1),
-            link::ifindex(dev),
-        ) else {
+        let (Ok((egress, ingress)), Ok(ifindex)) =
+            (nat_programs(dev, self.serves_liqo_v1), link::ifindex(dev))
+        else {
             return false;
         };
         [
@@ -264,10 +263,7 @@ fn loaded_classifier<'a>(
 
 /// The NAT programs, egress and ingress, for `dev`'s link type; when
 /// serving Liqo v1 peers, packets come in through the peer SNAT.
-fn nat_programs(
-    dev: &str,
-    liqo_v1: bool,
-) -> Result<(&'static str, &'static str), DeviceError> {
+fn nat_programs(dev: &str, liqo_v1: bool) -> Result<(&'static str, &'static str), DeviceError> {
     let ingress = |nat, peer_snat| if liqo_v1 { peer_snat } else { nat };
     match link::link_type(dev)? {
         link::ARPHRD_ETHER => Ok((

@@ -42,8 +42,8 @@ mod attach;
 mod cleanup;
 mod verify;
 
-pub use attach::{AttachMode, Attached, load_onward};
 pub use crate::kernel::maps::PeerDevices;
+pub use attach::{AttachMode, Attached, load_onward};
 pub use cleanup::cleanup;
 pub use verify::loading_time;
 

@@ -23,12 +23,12 @@ use guard::Guard;
 use liqo_v1::DeviceOfPeer;
 
 use crate::{
+    kernel::dataplane::PeerDevices,
     model::{
         key_text,
         object::ObjectKey,
         peer::{Endpoint, Peer, Problem, Remaps},
     },
-    kernel::dataplane::PeerDevices,
     roles::routes::Routes,
     tunnel::{Connection, PeerStatus, Tunnel, TunnelConfig, key::KeyPair, peers::PeerConfig},
 };

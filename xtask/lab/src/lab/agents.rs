@@ -10,6 +10,7 @@ use super::{
     containers, external_tunnel,
     ha::settings as ha,
     keys::key_file,
+    liqo_v1_peer::settings as liqo_v1_peer,
     options::{LabTunnel, guard_is_on, past_netfilter_mode, tunnel_mode},
     paths::{agent_binary, bpffs, bpffs_root, log_file, object_dir, pid_file},
     process::{READY_TIMEOUT, alive, running_with, runs_with, spawn_detached, stop_pid},
@@ -110,6 +111,11 @@ pub fn agent_args(node: &str) -> Result<Vec<String>> {
         if segregation::is_on() && node == segregation::CLUSTER.gw() {
             args.push(format!("--security-mode={}", segregation::MODE));
         }
+    }
+    if liqo_v1_peer::is_on()
+        && cluster_of(node).is_some_and(|c| c.name == liqo_v1_peer::ISTHMUS.name)
+    {
+        args.push("--liqo-api=v1".into());
     }
     args.push(format!("--pod-devs={POD_DEVS}"));
     if let Some(mode) = past_netfilter_mode() {

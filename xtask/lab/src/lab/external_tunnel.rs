@@ -284,6 +284,13 @@ fn socket(dev: &str) -> PathBuf {
 /// keys and the cluster's peerings, and routes its peers' networks into
 /// it.
 pub fn start_on(imp: Implementation, cluster: &Cluster) -> Result<()> {
+    let dev = launch(imp, cluster)?;
+    configure(cluster, &dev)
+}
+
+/// Runs `imp` on `cluster`'s gateway, unconfigured; returns its device
+/// once its control socket is open.
+pub fn launch(imp: Implementation, cluster: &Cluster) -> Result<String> {
     imp.install()?;
     let (gw, dev) = (cluster.gw(), dev(&cluster.gw()));
     let _ = fs::remove_file(socket(&dev));
@@ -299,7 +306,7 @@ pub fn start_on(imp: Implementation, cluster: &Cluster) -> Result<()> {
         &format!("{} on {gw} opens its control socket", imp.name()),
         || std::os::unix::net::UnixStream::connect(socket(&dev)).is_ok(),
     )?;
-    configure(cluster, &dev)
+    Ok(dev)
 }
 
 /// Gives the tunnel on `cluster`'s gateway its key and peers with `wg`,

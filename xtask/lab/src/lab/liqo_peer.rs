@@ -61,16 +61,37 @@ pub fn start(cluster: &'static Cluster) -> Result<()> {
     )?;
     crate::liqo_iptables::install(cluster, 0)?;
     route_worker(cluster, "add")?;
+    start_conncheck(cluster, Api::V0_10)
+}
+
+/// Which Liqo's conncheck runs: whom it PINGs, and where.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// v0.10's: every peer, at the first host of its ExternalCIDR as we
+    /// see it.
+    V0_10,
+    /// v1's: the one peer of the gateway, at the client's tunnel address.
+    V1,
+}
+
+/// Starts `cluster`'s gateway's conncheck, Liqo `api`'s way.
+pub fn start_conncheck(cluster: &Cluster, api: Api) -> Result<()> {
+    let gw = cluster.gw();
     let log = fs::File::create(lab::log_file(&format!("{gw}-conncheck")))?;
     let mut command = Command::new("ip");
     command
         .args(["netns", "exec", &gw])
         .arg(std::env::current_exe()?)
-        .args(["liqo-conncheck", "--cluster", cluster.name])
+        .args(["liqo-conncheck", "--cluster", cluster.name]);
+    if api == Api::V1 {
+        command.arg("--liqo-v1");
+    }
+    let child = command
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
-        .stderr(log);
-    let child = command.spawn().context("starting the Liqo conncheck")?;
+        .stderr(log)
+        .spawn()
+        .context("starting the Liqo conncheck")?;
     fs::write(pid_file(), child.id().to_string())?;
     Ok(())
 }
@@ -124,8 +145,9 @@ struct Peer {
     pongs: u64,
 }
 
-/// The conncheck process of `cluster`'s gateway; runs until stopped.
-pub fn run_conncheck(cluster_name: &str) -> Result<()> {
+/// The conncheck process of `cluster`'s gateway, Liqo `api`'s; runs
+/// until stopped.
+pub fn run_conncheck(cluster_name: &str, api: Api) -> Result<()> {
     let cluster = CLUSTERS
         .iter()
         .find(|c| c.name == cluster_name)
@@ -133,8 +155,14 @@ pub fn run_conncheck(cluster_name: &str) -> Result<()> {
     let socket = UdpSocket::bind(("0.0.0.0", PORT))?;
     socket.set_read_timeout(Some(Duration::from_millis(100)))?;
     let mut peers: BTreeMap<String, Peer> = peerings(cluster)
+        .filter(|p| {
+            api == Api::V0_10 || p.remote.name == super::liqo_v1_peer::settings::ISTHMUS.name
+        })
         .map(|p| {
-            let target = crate::liqo_iptables::first_ip(p.remote_views()[1]);
+            let target = match api {
+                Api::V0_10 => crate::liqo_iptables::first_ip(p.remote_views()[1]),
+                Api::V1 => super::liqo_v1_peer::settings::CLIENT_ADDR,
+            };
             let peer = Peer {
                 target: (target, PORT).into(),
                 last_pong: None,

@@ -11,6 +11,7 @@ pub mod containers;
 pub mod external_tunnel;
 pub mod ha;
 pub mod liqo_peer;
+pub mod liqo_v1_peer;
 pub mod monitor;
 pub mod segregation;
 
@@ -116,10 +117,38 @@ enum Agents {
 /// The lab with `liqo` run as Liqo v0.10 runs a cluster
 /// ([`liqo_peer`]) and the others with Isthmus' embedded tunnel.
 pub fn up_with_liqo_peer(liqo: &'static Cluster) -> Result<()> {
-    build(LabTunnel::Userspace, Some(liqo), Agents::Processes)
+    build(
+        LabTunnel::Userspace,
+        Some(LiqoPeer::V0_10(liqo)),
+        Agents::Processes,
+    )
 }
 
-fn build(tunnel: LabTunnel, liqo: Option<&'static Cluster>, agents: Agents) -> Result<()> {
+/// The lab with cluster b run as Liqo v1.2 runs one, which a serves from
+/// Liqo v1's objects ([`liqo_v1_peer`]).
+pub fn up_with_liqo_v1_peer() -> Result<()> {
+    build(LabTunnel::Userspace, Some(LiqoPeer::V1), Agents::Processes)
+}
+
+/// A cluster the lab runs as Liqo runs it.
+#[derive(Clone, Copy)]
+enum LiqoPeer {
+    /// This one, as Liqo v0.10.
+    V0_10(&'static Cluster),
+    /// Cluster b, as Liqo v1.2, served by a.
+    V1,
+}
+
+impl LiqoPeer {
+    fn cluster(self) -> &'static Cluster {
+        match self {
+            LiqoPeer::V0_10(cluster) => cluster,
+            LiqoPeer::V1 => liqo_v1_peer::LIQO,
+        }
+    }
+}
+
+fn build(tunnel: LabTunnel, liqo: Option<LiqoPeer>, agents: Agents) -> Result<()> {
     let agent = agent_binary();
     if !agent.exists() {
         bail!(
@@ -135,8 +164,10 @@ fn build(tunnel: LabTunnel, liqo: Option<&'static Cluster>, agents: Agents) -> R
     if agents == Agents::Containers {
         containers::turn_on()?;
     }
-    if let Some(liqo) = liqo {
-        liqo_peer::choose(liqo)?;
+    match liqo {
+        Some(LiqoPeer::V0_10(cluster)) => liqo_peer::choose(cluster)?,
+        Some(LiqoPeer::V1) => liqo_v1_peer::choose()?,
+        None => {}
     }
     run(
         "mount",
@@ -150,17 +181,29 @@ fn build(tunnel: LabTunnel, liqo: Option<&'static Cluster>, agents: Agents) -> R
     route_peers(tunnel)?;
     write_objects(tunnel)?;
     start_other_tunnel(tunnel)?;
-    if let Some(liqo) = liqo {
-        println!(
-            "lab: cluster {} runs as Liqo v0.10 (wireguard-go, iptables, conncheck)",
-            liqo.name
-        );
-        liqo_peer::start(liqo)?;
+    match liqo {
+        Some(LiqoPeer::V0_10(cluster)) => {
+            println!(
+                "lab: cluster {} runs as Liqo v0.10 (wireguard-go, iptables, conncheck)",
+                cluster.name
+            );
+            liqo_peer::start(cluster)?;
+        }
+        Some(LiqoPeer::V1) => {
+            println!(
+                "lab: cluster {} runs as Liqo v1.2 (wireguard-go, nftables, conncheck); {} serves it from Liqo v1's objects",
+                liqo_v1_peer::LIQO.name,
+                liqo_v1_peer::ISTHMUS.name
+            );
+            liqo_v1_peer::write_objects()?;
+            liqo_v1_peer::start()?;
+        }
+        None => {}
     }
     let isthmus = || {
         CLUSTERS
             .iter()
-            .filter(|c| liqo.is_none_or(|l| l.name != c.name))
+            .filter(|c| liqo.is_none_or(|l| l.cluster().name != c.name))
     };
     println!("lab: starting agents");
     for cluster in isthmus() {

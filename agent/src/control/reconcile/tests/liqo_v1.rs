@@ -183,17 +183,29 @@ fn each_api_refuses_the_other_apis_peers_naming_the_flag() {
         docs("b.yaml", &tep("b", "10.0.0.0/24", "10.0.1.0/24")),
     );
     let report = r.reconcile().0;
-    let errors: Vec<&str> = report.new_errors.iter().map(|e| e.message.as_str()).collect();
+    let errors: Vec<&str> = report
+        .new_errors
+        .iter()
+        .map(|e| e.message.as_str())
+        .collect();
     assert_eq!(
         errors,
-        ["b.yaml: TunnelEndpoint liqo-tenant-x/b: a Liqo v0.10 peer, and this agent serves Liqo v1's network API (--liqo-api v1)"]
+        [
+            "b.yaml: TunnelEndpoint liqo-tenant-x/b: a Liqo v0.10 peer, and this agent serves Liqo v1's network API (--liqo-api v1)"
+        ]
     );
     r.set_policy(Policy::default());
     let report = r.reconcile().0;
-    let errors: Vec<&str> = report.new_errors.iter().map(|e| e.message.as_str()).collect();
+    let errors: Vec<&str> = report
+        .new_errors
+        .iter()
+        .map(|e| e.message.as_str())
+        .collect();
     assert_eq!(
         errors,
-        ["configuration-rome.yaml: Configuration liqo-tenant-rome/rome: a Liqo v1 peer, and this agent serves Liqo v0.10's network API (--liqo-api v0.10)"]
+        [
+            "configuration-rome.yaml: Configuration liqo-tenant-rome/rome: a Liqo v1 peer, and this agent serves Liqo v0.10's network API (--liqo-api v0.10)"
+        ]
     );
     assert_eq!(r.peers()[0].key.name, "b");
 }

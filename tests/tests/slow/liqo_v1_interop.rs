@@ -1,0 +1,104 @@
+//! Issue 35: Isthmus serving a Liqo v1.2 gateway. In the Liqo v1 lab
+//! (`cargo xtask lab up --liqo-v1-peer b`), cluster b runs wireguard-go,
+//! the nftables Liqo v1's FirewallConfigurations render and its conncheck
+//! (`isthmus_lab::lab::liqo_v1_peer`); cluster a runs Isthmus with
+//! `--liqo-api v1`, from a Configuration, a PublicKey and a GatewayClient.
+//! The NAT runs the other way from v0.10, yet reachability rows 1–3 hold
+//! with the same addresses, an `IP` exposes an address across, and each
+//! side's conncheck reaches the other.
+//!
+//! These tests need that lab: `cargo xtask test` runs them in it.
+
+use std::{net::Ipv4Addr, time::Duration};
+
+use isthmus_lab::{
+    lab::{self, liqo_v1_peer},
+    probe::{self, Proto},
+    topology::{A, B},
+};
+use isthmus_tests::{eventually, require_lab};
+
+use crate::liqo_peer_interop::{CONNCHECK, assert_rows_1_to_3, liqo_side};
+
+/// b-pod1, as a sees it.
+const B_POD1_AT_A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 5);
+
+/// The `IP`'s address as b sees it: b's view of a's ExternalCIDR.
+const IP_EXPOSED_AT_B: Ipv4Addr = Ipv4Addr::new(10, 0, 41, 20);
+
+/// How long an object change may take to reach the kernel, with margin.
+const OBJECT_CHANGE: Duration = Duration::from_secs(5);
+
+fn require_liqo_v1_lab() {
+    require_lab();
+    assert!(
+        liqo_v1_peer::is_on(),
+        "the lab is not the Liqo v1 lab: run `cargo xtask lab up --liqo-v1-peer b`"
+    );
+}
+
+#[test]
+#[ignore = "needs the Liqo v1 lab; `cargo xtask test` runs it there"]
+fn rows_1_to_3_hold_where_liqo_v1_puts_the_translation() {
+    require_liqo_v1_lab();
+    assert_rows_1_to_3();
+}
+
+#[test]
+#[ignore = "needs the Liqo v1 lab; `cargo xtask test` runs it there"]
+fn an_ip_object_exposes_an_address_of_a_to_b_while_it_exists() {
+    require_liqo_v1_lab();
+    let (from, to) = (B.pod(1), A.pod(2));
+    let reaches = || probe::exchange(Proto::Tcp, &from, &to, IP_EXPOSED_AT_B);
+    assert!(
+        reaches().is_err(),
+        "{IP_EXPOSED_AT_B} answers before the IP exists"
+    );
+    liqo_v1_peer::expose_ip(true).unwrap();
+    eventually(
+        OBJECT_CHANGE,
+        "b-pod1 reaches a-pod2 through the IP",
+        || reaches().is_ok(),
+    );
+    for proto in [Proto::Tcp, Proto::Udp, Proto::Icmp] {
+        let seen = probe::exchange(proto, &from, &to, IP_EXPOSED_AT_B).unwrap();
+        assert_eq!(
+            (seen.client_as_seen_by_server, seen.server_as_seen_by_client),
+            (B_POD1_AT_A, IP_EXPOSED_AT_B),
+            "{proto:?}"
+        );
+    }
+    liqo_v1_peer::expose_ip(false).unwrap();
+    eventually(OBJECT_CHANGE, "the IP's address is gone", || {
+        reaches().is_err()
+    });
+}
+
+#[test]
+#[ignore = "needs the Liqo v1 lab; `cargo xtask test` runs it there"]
+fn isthmus_and_the_liqo_v1_gateway_measure_each_other_over_the_tunnel_addresses() {
+    require_liqo_v1_lab();
+    let peer = [("cluster_id", "cluster-b")];
+    eventually(
+        CONNCHECK,
+        "a-gw's conncheck reaches b's tunnel address",
+        || lab::metric_sum(&A.gw(), "liqo_peer_is_connected", &peer).is_ok_and(|v| v == 1.0),
+    );
+    let latency = lab::metric_sum(&A.gw(), "liqo_peer_latency_us", &peer).unwrap();
+    assert!(
+        latency > 0.0 && latency < 100_000.0,
+        "a-gw measures {latency} µs to b"
+    );
+    eventually(CONNCHECK, "b's Liqo v1 conncheck hears a-gw", || {
+        let b = liqo_side();
+        b["peers"]["cluster-a"]["connected"] == true
+            && b["peers"]["cluster-a"]["pongs"]
+                .as_u64()
+                .is_some_and(|n| n >= 3)
+            && b["pings_answered"].as_u64().is_some_and(|n| n > 0)
+    });
+    // Only a: b's other peering is Liqo v0.10's, which this lab leaves out.
+    let b = liqo_side();
+    let peers: Vec<&String> = b["peers"].as_object().unwrap().keys().collect();
+    assert_eq!(peers, ["cluster-a"], "{b}");
+}
