@@ -261,6 +261,7 @@ async fn serve_metrics(
             tunnel: g.tunnel.clone(),
             checks: g.checks.clone(),
             device: args.tunnel_dev.clone(),
+            liqo_api: args.policy.liqo_api,
         }),
         BuildInfo {
             node: &args.node,

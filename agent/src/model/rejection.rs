@@ -40,7 +40,7 @@ impl std::fmt::Display for Rejection {
 impl From<PeerError> for Rejection {
     fn from(e: PeerError) -> Self {
         Self {
-            object: Some((ObjectKind::TunnelEndpoint, e.object.clone())),
+            object: Some((e.kind, e.object.clone())),
             problem: e.problem.to_string(),
             message: e.to_string(),
         }

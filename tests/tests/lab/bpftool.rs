@@ -55,7 +55,7 @@ fn map_dumps_show_named_fields() {
             A.gw(),
             names::MAP_PEERS,
             set(&["prefix_len", "addr"]),
-            set(&["peer_id", "flags", "egress", "ingress", "owner"]),
+            set(&["peer_id", "flags", "egress", "ingress", "theirs", "owner"]),
         ),
         (
             B.gw(),

@@ -84,6 +84,16 @@ fn isthmus_and_the_liqo_v1_gateway_measure_each_other_over_the_tunnel_addresses(
         "a-gw's conncheck reaches b's tunnel address",
         || lab::metric_sum(&A.gw(), "liqo_peer_is_connected", &peer).is_ok_and(|v| v == 1.0),
     );
+    // Liqo v1's labels: driver and cluster_id, no more.
+    let scraped = lab::scrape(&A.gw()).unwrap();
+    let connected: Vec<&str> = scraped
+        .lines()
+        .filter(|l| l.starts_with("liqo_peer_is_connected{"))
+        .collect();
+    assert_eq!(
+        connected,
+        ["liqo_peer_is_connected{driver=\"wireguard\",cluster_id=\"cluster-b\"} 1"]
+    );
     let latency = lab::metric_sum(&A.gw(), "liqo_peer_latency_us", &peer).unwrap();
     assert!(
         latency > 0.0 && latency < 100_000.0,
@@ -96,6 +106,18 @@ fn isthmus_and_the_liqo_v1_gateway_measure_each_other_over_the_tunnel_addresses(
                 .as_u64()
                 .is_some_and(|n| n >= 3)
             && b["pings_answered"].as_u64().is_some_and(|n| n > 0)
+    });
+    // The Connection Liqo v1's gateway reports to, `gw-<GatewayClient>`,
+    // as a-gw's log shows it with `--source dir:`: Connected, with a
+    // latency in μs or ms.
+    eventually(CONNCHECK, "a-gw logs the Connection Connected", || {
+        let log = std::fs::read_to_string(lab::log_file(&A.gw())).unwrap_or_default();
+        log.lines().any(|l| {
+            l.contains("Connection status")
+                && l.contains("liqo-tenant-b/gw-cluster-b")
+                && l.contains("status=\"Connected\"")
+                && (l.contains("μs") || l.contains("ms"))
+        })
     });
     // Only a: b's other peering is Liqo v0.10's, which this lab leaves out.
     let b = liqo_side();

@@ -79,9 +79,31 @@ impl State {
     }
 }
 
-/// `status.connection` of one TunnelEndpoint.
+/// The kind of object that shows a peer's status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShownOn {
+    /// The TunnelEndpoint itself, in `status.connection`.
+    TunnelEndpoint,
+    /// Liqo v1's `Connection` of the peer's gateway, in `status`.
+    Connection,
+}
+
+impl std::fmt::Display for ShownOn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ShownOn::TunnelEndpoint => "TunnelEndpoint",
+            ShownOn::Connection => "Connection",
+        })
+    }
+}
+
+/// `status.connection` of one TunnelEndpoint, or the status of a Liqo v1
+/// peer's `Connection`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConnectionStatus {
+    /// The kind of the object that shows it: a TunnelEndpoint, or Liqo
+    /// v1's Connection.
+    pub shown_on: ShownOn,
     /// The state.
     pub state: State,
     /// Why, for people.
@@ -122,6 +144,7 @@ impl ConnectionStatus {
             .and_then(|c| serde_json::from_value(c.clone()).ok())
             .map(Arc::new);
         Some(Self {
+            shown_on: ShownOn::TunnelEndpoint,
             state,
             message: text(connection.get("statusMessage")).unwrap_or_default(),
             latency: text(connection.get("latency").and_then(|l| l.get("value"))),
@@ -164,6 +187,7 @@ pub fn desired(
                 s.message = format!("{}; {}", s.message, rejection.problem)
             })
             .or_insert_with(|| ConnectionStatus {
+                shown_on: ShownOn::TunnelEndpoint,
                 state: State::Error,
                 message: rejection.problem.clone(),
                 latency: None,
@@ -180,7 +204,9 @@ pub fn desired(
         .collect();
     for peer in peers {
         let session = sessions.get(&peer.key).copied();
-        statuses.insert(peer.key.clone(), of_peer(peer, session, gateway));
+        let status = of_peer(peer, session, gateway);
+        let shown_on = peer.connection.clone().unwrap_or_else(|| peer.key.clone());
+        statuses.insert(shown_on, status);
     }
     statuses
 }
@@ -188,6 +214,10 @@ pub fn desired(
 /// `peer`'s status, its tunnel session in state `session` if it has one.
 fn of_peer(peer: &Peer, session: Option<Connection>, gateway: &Report) -> ConnectionStatus {
     let status = |state, message: String, rtt| ConnectionStatus {
+        shown_on: match peer.connection {
+            Some(_) => ShownOn::Connection,
+            None => ShownOn::TunnelEndpoint,
+        },
         state,
         message,
         latency: Some(conncheck::format_latency(rtt)),
@@ -220,8 +250,9 @@ fn of_peer(peer: &Peer, session: Option<Connection>, gateway: &Report) -> Connec
     }
 }
 
-/// Logs each TunnelEndpoint's status when its state or message changes,
-/// whatever the source: with `dir:`, the log is where it shows.
+/// Logs each TunnelEndpoint's or Connection's status when its state or
+/// message changes, whatever the source: with `dir:`, the log is where it
+/// shows.
 #[derive(Default)]
 pub struct StatusLog {
     last: BTreeMap<ObjectKey, ConnectionStatus>,
@@ -241,7 +272,8 @@ impl StatusLog {
                     status = status.state.as_str(),
                     status_message = %status.message,
                     latency = status.latency.as_deref().unwrap_or(""),
-                    "TunnelEndpoint status"
+                    "{} status",
+                    status.shown_on
                 );
             }
         }
@@ -423,7 +455,12 @@ impl Writer {
         let now = Instant::now();
         self.written.retain(|key, _| desired.contains_key(key));
         let mut due_now: Vec<(&ObjectKey, &ConnectionStatus, bool)> = Vec::new();
-        for (key, status) in desired {
+        // A Liqo v1 Connection is not written yet: its status is logged.
+        let desired: Vec<(&ObjectKey, &ConnectionStatus)> = desired
+            .iter()
+            .filter(|(_, status)| status.shown_on == ShownOn::TunnelEndpoint)
+            .collect();
+        for &(key, status) in &desired {
             let Some(object) = self.find(ObjectKind::TunnelEndpoint, key) else {
                 continue;
             };

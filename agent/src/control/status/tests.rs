@@ -4,6 +4,7 @@ use super::*;
 
 fn status(state: State, message: &str, latency: Option<&str>) -> ConnectionStatus {
     ConnectionStatus {
+        shown_on: ShownOn::TunnelEndpoint,
         state,
         message: message.into(),
         latency: latency.map(Into::into),

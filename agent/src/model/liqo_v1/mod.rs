@@ -20,7 +20,7 @@ pub use peer::Companions;
 
 use crate::model::{
     key_text,
-    object::{ObjectError, ObjectKind, RawObject},
+    object::{ObjectError, ObjectKey, ObjectKind, RawObject},
     peer::{Endpoint, Mapped},
 };
 
@@ -77,6 +77,8 @@ pub enum Side {
 /// Our gateway towards one peer, from a `GatewayServer` or `GatewayClient`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Gateway {
+    /// The object.
+    pub key: ObjectKey,
     /// The peer's cluster ID.
     pub cluster_id: String,
     /// Server or client, and where.
@@ -157,6 +159,7 @@ impl Gateway {
             _ => Side::Server { port },
         };
         Ok(Self {
+            key: raw.key.clone(),
             cluster_id: fields.cluster_id()?,
             side,
             mtu: fields.mtu()?,

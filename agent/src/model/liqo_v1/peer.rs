@@ -40,6 +40,19 @@ impl PeerNetworks {
             tunnel: tunnel(companions),
             security_mode: None,
             remaps: Remaps::Theirs,
+            connection: companions.gateway.map(Gateway::connection),
+        }
+    }
+}
+
+impl Gateway {
+    /// The `Connection` Liqo v1's gateway reports to: `gw-<gateway>`, beside
+    /// the gateway (`pkg/gateway/forge/utils.go:18`,
+    /// `tunnel/wireguard/k8s.go:90-128` at v1.2.0).
+    pub fn connection(&self) -> ObjectKey {
+        ObjectKey {
+            namespace: self.key.namespace.clone(),
+            name: format!("gw-{}", self.key.name),
         }
     }
 }

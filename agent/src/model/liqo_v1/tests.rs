@@ -111,9 +111,14 @@ fn a_public_key_gives_the_peers_key_and_a_broken_one_names_the_field() {
 
 #[test]
 fn a_gateway_client_connects_to_the_peers_endpoint_and_a_server_listens() {
+    let client = gateway(CLIENT).unwrap();
     assert_eq!(
-        gateway(CLIENT).unwrap(),
+        client,
         Gateway {
+            key: ObjectKey {
+                namespace: "liqo-tenant-rome".into(),
+                name: "rome".into(),
+            },
             cluster_id: "rome".into(),
             side: Side::Client {
                 endpoint: Endpoint::Addr(Ipv4Addr::new(203, 0, 113, 2)),
@@ -122,6 +127,8 @@ fn a_gateway_client_connects_to_the_peers_endpoint_and_a_server_listens() {
             mtu: 1340,
         }
     );
+    // The Connection its Liqo gateway would report to.
+    assert_eq!(client.connection().to_string(), "liqo-tenant-rome/gw-rome");
     assert_eq!(
         gateway(SERVER).unwrap().side,
         Side::Server { port: DEFAULT_PORT }

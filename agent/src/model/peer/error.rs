@@ -5,7 +5,7 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 use thiserror::Error;
 
-use crate::model::object::ObjectKey;
+use crate::model::object::{ObjectKey, ObjectKind};
 
 /// A peer that cannot be used, naming the file, object and field.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -15,7 +15,7 @@ pub struct PeerError {
     pub file: String,
     /// The kind of the object: a TunnelEndpoint, or Liqo v1's
     /// Configuration.
-    pub kind: &'static str,
+    pub kind: ObjectKind,
     /// The object.
     pub object: ObjectKey,
     /// What is wrong with it.
@@ -27,7 +27,7 @@ impl PeerError {
     pub fn new(file: &str, object: &ObjectKey, problem: Problem) -> Self {
         Self {
             file: file.to_owned(),
-            kind: "TunnelEndpoint",
+            kind: ObjectKind::TunnelEndpoint,
             object: object.clone(),
             problem: Box::new(problem),
         }

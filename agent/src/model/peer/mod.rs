@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 
 use crate::model::{
     isolation::{self, SecurityMode},
-    object::{Layout, ObjectKey, RawTunnelEndpoint},
+    object::{Layout, ObjectKey, ObjectKind, RawTunnelEndpoint},
 };
 
 mod endpoint;
@@ -211,6 +211,9 @@ pub struct Peer {
     pub security_mode: Option<SecurityMode>,
     /// Whose addresses we rewrite.
     pub remaps: Remaps,
+    /// For a Liqo v1 peer, the `Connection` that shows its state; a
+    /// TunnelEndpoint shows its own.
+    pub connection: Option<ObjectKey>,
 }
 
 impl Peer {
@@ -231,6 +234,7 @@ impl Peer {
             tunnel: reader.tunnel()?,
             security_mode: reader.security_mode()?,
             remaps: Remaps::Ours,
+            connection: None,
         })
     }
 
@@ -356,8 +360,8 @@ impl Peer {
     /// `problem` of this peer, naming the object it came from.
     pub fn error(&self, problem: Problem) -> PeerError {
         let kind = match self.layout {
-            Layout::Spec | Layout::Legacy => "TunnelEndpoint",
-            Layout::LiqoV1 => "Configuration",
+            Layout::Spec | Layout::Legacy => ObjectKind::TunnelEndpoint,
+            Layout::LiqoV1 => ObjectKind::Configuration,
         };
         PeerError {
             kind,

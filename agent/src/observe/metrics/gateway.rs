@@ -10,6 +10,7 @@ use prometheus_client::{
 };
 
 use crate::{
+    model::peer::LiqoApi,
     roles::gateway::conncheck::{Checks, Health},
     tunnel::{Connection, PeerStatus, Tunnel},
 };
@@ -22,13 +23,17 @@ pub struct GatewayState {
     pub tunnel: Arc<Tunnel>,
     /// The conncheck.
     pub checks: Arc<Mutex<Checks>>,
-    /// The tunnel's device, Liqo's `device` label.
+    /// The tunnel's device, Liqo v0.10's `device` label.
     pub device: String,
+    /// Whose labels the peers' families carry: Liqo v1 dropped `device`
+    /// and `cluster_name` (`pkg/gateway/tunnel/metrics.go:37` at v1.2.0).
+    pub liqo_api: LiqoApi,
 }
 
 /// Liqo's `pkg/liqonet/tunnel/metrics`, with its names and labels
-/// (`driver`, `device`, `cluster_id`, `cluster_name`): whether the
-/// conncheck answers, its round trip, and the bytes of peers it answers.
+/// (`driver`, `device`, `cluster_id`, `cluster_name`; Liqo v1's
+/// `driver` and `cluster_id`): whether the conncheck answers, its round
+/// trip, and the bytes of peers it answers.
 pub(super) struct LiqoMetrics(pub(super) GatewayState);
 
 impl std::fmt::Debug for LiqoMetrics {
@@ -38,7 +43,7 @@ impl std::fmt::Debug for LiqoMetrics {
 }
 
 /// Liqo's labels of one peer.
-type LiqoLabels = [(&'static str, String); 4];
+type LiqoLabels = Vec<(&'static str, String)>;
 
 impl Collector for LiqoMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
@@ -48,12 +53,14 @@ impl Collector for LiqoMetrics {
         let health: Vec<(LiqoLabels, &PeerStatus, Option<Health>)> = peers
             .iter()
             .map(|p| {
-                let labels = [
+                let mut labels = vec![
                     ("driver", "wireguard".to_owned()),
-                    ("device", self.0.device.clone()),
                     ("cluster_id", p.label.clone()),
-                    ("cluster_name", p.cluster_name.clone()),
                 ];
+                if self.0.liqo_api == LiqoApi::V0_10 {
+                    labels.insert(1, ("device", self.0.device.clone()));
+                    labels.push(("cluster_name", p.cluster_name.clone()));
+                }
                 (labels, p, checks.health(&p.label, now))
             })
             .collect();

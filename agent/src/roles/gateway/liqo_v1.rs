@@ -64,3 +64,38 @@ impl DeviceOfPeer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::model::{
+        liqo_v1::{Companions, PeerNetworks},
+        object::{Object, parse_documents},
+    };
+
+    #[test]
+    fn a_v1_peer_sends_from_its_real_networks_and_its_tunnel_address_alone() {
+        let yaml = include_str!("../../../../tests/fixtures/liqo-v1/configuration-rome.yaml");
+        let Some(Ok(Object::Configuration(raw))) = parse_documents(Path::new("c.yaml"), yaml).pop()
+        else {
+            panic!("not a Configuration")
+        };
+        let networks = PeerNetworks::from_configuration(&raw, "c.yaml").unwrap();
+        let peer = networks.peer(&raw.key, "c.yaml", Companions::default());
+        let net = |s: &str| s.parse::<Ipv4Net>().unwrap();
+        assert_eq!(
+            tunnel_networks(&peer),
+            [
+                net("10.200.0.0/16"),
+                net("10.201.0.0/16"),
+                net("169.254.18.1/32")
+            ]
+        );
+        // Its views, which the kernel finds it by, are routed, not
+        // carried: nothing inside the tunnel may claim them.
+        let views: Vec<Ipv4Net> = peer.views().iter().map(|(_, n)| *n).collect();
+        assert!(views.iter().all(|v| !tunnel_networks(&peer).contains(v)));
+    }
+}
