@@ -44,6 +44,22 @@ fn rows_1_to_3_hold_between_isthmus_and_a_liqo_gateway() {
     assert_rows_1_to_3();
 }
 
+/// Waits until b's Liqo conncheck has a-gw's PONGs and PINGs.
+pub(crate) fn b_hears_a() {
+    eventually(
+        CONNCHECK,
+        "b's Liqo conncheck hears a-gw's PONGs and PINGs",
+        || {
+            let b = liqo_side();
+            b["peers"]["cluster-a"]["connected"] == true
+                && b["peers"]["cluster-a"]["pongs"]
+                    .as_u64()
+                    .is_some_and(|n| n >= 3)
+                && b["pings_answered"].as_u64().is_some_and(|n| n > 0)
+        },
+    );
+}
+
 /// Reachability rows 1 to 3, over TCP, UDP and ICMP, each end seeing
 /// the addresses the row says.
 pub(crate) fn assert_rows_1_to_3() {
@@ -91,18 +107,7 @@ fn isthmus_measures_the_liqo_gateway_and_the_liqo_gateway_measures_isthmus() {
 
     // The first PING waits in wireguard-go for the handshake: the round
     // trip is read once a few have come back, as Liqo's status refreshes.
-    eventually(
-        CONNCHECK,
-        "b's Liqo conncheck hears a-gw's PONGs and PINGs",
-        || {
-            let b = liqo_side();
-            b["peers"]["cluster-a"]["connected"] == true
-                && b["peers"]["cluster-a"]["pongs"]
-                    .as_u64()
-                    .is_some_and(|n| n >= 3)
-                && b["pings_answered"].as_u64().is_some_and(|n| n > 0)
-        },
-    );
+    b_hears_a();
     let b = liqo_side();
     let rtt = b["peers"]["cluster-a"]["latency_us"].as_f64().unwrap();
     assert!(

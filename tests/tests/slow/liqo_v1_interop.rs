@@ -18,7 +18,7 @@ use isthmus_lab::{
 };
 use isthmus_tests::{eventually, require_lab};
 
-use crate::liqo_peer_interop::{CONNCHECK, assert_rows_1_to_3, liqo_side};
+use crate::liqo_peer_interop::{CONNCHECK, assert_rows_1_to_3, b_hears_a, liqo_side};
 
 /// b-pod1, as a sees it.
 const B_POD1_AT_A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 5);
@@ -99,14 +99,7 @@ fn isthmus_and_the_liqo_v1_gateway_measure_each_other_over_the_tunnel_addresses(
         latency > 0.0 && latency < 100_000.0,
         "a-gw measures {latency} µs to b"
     );
-    eventually(CONNCHECK, "b's Liqo v1 conncheck hears a-gw", || {
-        let b = liqo_side();
-        b["peers"]["cluster-a"]["connected"] == true
-            && b["peers"]["cluster-a"]["pongs"]
-                .as_u64()
-                .is_some_and(|n| n >= 3)
-            && b["pings_answered"].as_u64().is_some_and(|n| n > 0)
-    });
+    b_hears_a();
     // The Connection Liqo v1's gateway reports to, `gw-<GatewayClient>`,
     // as a-gw's log shows it with `--source dir:`: Connected, with a
     // latency in μs or ms.

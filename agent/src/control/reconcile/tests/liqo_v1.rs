@@ -131,11 +131,7 @@ fn an_ip_outside_our_external_cidr_is_refused_alone_naming_its_field() {
         ),
     );
     let report = r.reconcile().0;
-    let errors: Vec<String> = report
-        .new_errors
-        .iter()
-        .map(|e| e.message.clone())
-        .collect();
+    let errors = messages(&report.new_errors);
     assert_eq!(errors.len(), 1, "{errors:?}");
     assert!(
         errors[0].contains("IP default/legacy-db")
@@ -160,11 +156,7 @@ fn a_second_v1_peer_on_one_gateway_is_refused_naming_the_first() {
     r.set_origin("milan.yaml".into(), docs("milan.yaml", &milan));
     let report = r.reconcile().0;
     assert_eq!(report.peers, 1);
-    let errors: Vec<&str> = report
-        .new_errors
-        .iter()
-        .map(|e| e.message.as_str())
-        .collect();
+    let errors = messages(&report.new_errors);
     assert_eq!(
         errors,
         [
@@ -183,11 +175,7 @@ fn each_api_refuses_the_other_apis_peers_naming_the_flag() {
         docs("b.yaml", &tep("b", "10.0.0.0/24", "10.0.1.0/24")),
     );
     let report = r.reconcile().0;
-    let errors: Vec<&str> = report
-        .new_errors
-        .iter()
-        .map(|e| e.message.as_str())
-        .collect();
+    let errors = messages(&report.new_errors);
     assert_eq!(
         errors,
         [
@@ -196,11 +184,7 @@ fn each_api_refuses_the_other_apis_peers_naming_the_flag() {
     );
     r.set_policy(Policy::default());
     let report = r.reconcile().0;
-    let errors: Vec<&str> = report
-        .new_errors
-        .iter()
-        .map(|e| e.message.as_str())
-        .collect();
+    let errors = messages(&report.new_errors);
     assert_eq!(
         errors,
         [
