@@ -60,8 +60,9 @@ impl Fields {
     }
 }
 
+/// The address at `field` (`ipv4::SRC` or `ipv4::DST`) of `hdr`.
 #[inline(always)]
-fn addr(hdr: &Ipv4, field: usize) -> Be32 {
+pub(crate) fn addr(hdr: &Ipv4, field: usize) -> Be32 {
     if field == ipv4::SRC { hdr.src } else { hdr.dst }
 }
 

@@ -18,11 +18,10 @@ use isthmus_common::{
     counters::{DenyReason, Direction, DropReason, Kind, Link},
     ipv4,
     nat::{PrefixRewrite, REMAPS_PEER, find_rule},
-    wire::Be32,
 };
 
 use crate::{
-    csum, maps,
+    csum, maps, nat,
     parse::{self, ETH_P_IP, Malformed},
 };
 
@@ -107,11 +106,7 @@ fn rewrite(
     field: usize,
 ) -> Remapped {
     let mut changed = false;
-    let theirs = if field == ipv4::SRC {
-        pkt.ip.src
-    } else {
-        pkt.ip.dst
-    };
+    let theirs = nat::addr(&pkt.ip, field);
     if let Some(rule) = find_rule(&rules, theirs) {
         let new = rule.apply(theirs);
         if csum::set_addr(ctx, &pkt.ip, field, theirs, new).is_err() {
@@ -125,11 +120,7 @@ fn rewrite(
         } else {
             ipv4::SRC
         };
-        let quoted: Be32 = if quoted_field == ipv4::SRC {
-            err.quoted.src
-        } else {
-            err.quoted.dst
-        };
+        let quoted = nat::addr(&err.quoted, quoted_field);
         if let Some(rule) = find_rule(&rules, quoted) {
             let new = rule.apply(quoted);
             if csum::set_quoted_addr(ctx, err, quoted_field, quoted, new).is_err() {

@@ -117,7 +117,7 @@ impl Policy {
     /// What is wrong with `peer` on its own, if anything. `nodes` are the
     /// cluster's nodes as of now: their PodCIDRs are protected too.
     pub fn check(&self, peer: &Peer, nodes: &[Node]) -> Result<(), Problem> {
-        let api = peer.remaps.api();
+        let api = peer.remaps().api();
         if api != self.liqo_api {
             return Err(Problem::OtherApi {
                 api: api.as_str(),

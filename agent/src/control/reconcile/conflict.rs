@@ -68,7 +68,7 @@ impl Accepted {
         if let Some(endpoint) = endpoint(&peer) {
             self.endpoints.insert((endpoint, at));
         }
-        if peer.remaps == Remaps::Theirs {
+        if peer.remaps() == Remaps::Theirs {
             self.v1_peer = Some(at);
         }
         self.peers.push(peer);
@@ -83,7 +83,7 @@ impl Accepted {
     /// a packet whose source is real (docs/design.md#liqo-v1-peers), so it
     /// carries one such peer alone, as Liqo v1 runs a gateway per peer.
     fn second_v1_peer(&self, peer: &Peer) -> Option<Problem> {
-        let other = self.v1_peer.filter(|_| peer.remaps == Remaps::Theirs)?;
+        let other = self.v1_peer.filter(|_| peer.remaps() == Remaps::Theirs)?;
         let (other, other_file) = self.named(other);
         Some(Problem::SecondV1Peer { other, other_file })
     }

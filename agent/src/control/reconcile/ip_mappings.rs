@@ -28,7 +28,7 @@ pub(super) fn entries<'a>(
 ) -> Vec<(MappingKey, Be32)> {
     let v1_peers: Vec<&(u32, &Peer)> = peers
         .iter()
-        .filter(|(_, p)| p.remaps == Remaps::Theirs)
+        .filter(|(_, p)| p.remaps() == Remaps::Theirs)
         .collect();
     let mut entries = Vec::new();
     for (origin, valid) in origins {

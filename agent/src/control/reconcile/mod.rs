@@ -328,12 +328,14 @@ where
     /// peers first, so that a newcomer cannot displace a working peer.
     fn select(&self, errors: &mut BTreeSet<Rejection>) -> Vec<Peer> {
         let mut candidates = Vec::new();
+        let companions = self.companions();
         for (origin, results) in &self.origins {
             for result in results {
                 let peer = match result {
                     Ok(Valid::Peer(peer)) => peer.clone(),
                     Ok(Valid::V1Networks(key, networks)) => {
-                        networks.peer(key, origin, self.companions(&networks.cluster_id))
+                        let of_peer = companions.get(networks.cluster_id.as_str());
+                        networks.peer(key, origin, of_peer.copied().unwrap_or_default())
                     }
                     Ok(_) => continue,
                     Err(e) => {
@@ -362,22 +364,25 @@ where
         accepted.into_peers()
     }
 
-    /// The other Liqo v1 objects of the peer `cluster_id`: the first of
-    /// each kind, in origin order.
-    fn companions(&self, cluster_id: &str) -> Companions<'_> {
-        let mut companions = Companions::default();
+    /// The other Liqo v1 objects of each peer, by cluster ID: the first of
+    /// each kind, in origin order. Gathered in one pass over the objects,
+    /// not once per Configuration.
+    fn companions(&self) -> HashMap<&str, Companions<'_>> {
+        let mut by_cluster: HashMap<&str, Companions<'_>> = HashMap::new();
         for valid in self.valid() {
             match valid {
-                Valid::V1Key(key) if key.cluster_id == cluster_id => {
+                Valid::V1Key(key) => {
+                    let companions = by_cluster.entry(key.cluster_id.as_str()).or_default();
                     companions.key = companions.key.or(Some(key));
                 }
-                Valid::V1Gateway(gateway) if gateway.cluster_id == cluster_id => {
+                Valid::V1Gateway(gateway) => {
+                    let companions = by_cluster.entry(gateway.cluster_id.as_str()).or_default();
                     companions.gateway = companions.gateway.or(Some(gateway));
                 }
                 _ => {}
             }
         }
-        companions
+        by_cluster
     }
 
     /// Seniority, the same on every node and across restarts as far as the

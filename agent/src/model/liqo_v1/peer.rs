@@ -2,11 +2,11 @@
 //! of its `Configuration`, the key of its `PublicKey` and our side of the
 //! tunnel from its `GatewayServer` or `GatewayClient`. The result is the
 //! peer model every table is written from, with the NAT running Liqo v1's
-//! way ([`Remaps::Theirs`]).
+//! way (its layout, [`Layout::LiqoV1`], says so).
 
 use crate::model::{
     object::{Layout, ObjectKey},
-    peer::{Mapped, Peer, Remaps, TunnelParams},
+    peer::{Mapped, Peer, TunnelParams},
 };
 
 use super::{Gateway, PeerKey, PeerNetworks, Side};
@@ -39,7 +39,6 @@ impl PeerNetworks {
             remote_external: self.remote_external,
             tunnel: tunnel(companions),
             security_mode: None,
-            remaps: Remaps::Theirs,
             connection: companions.gateway.map(Gateway::connection),
         }
     }

@@ -209,8 +209,6 @@ pub struct Peer {
     pub tunnel: Result<TunnelParams, &'static str>,
     /// The security mode its annotation asks for; None for the agent's.
     pub security_mode: Option<SecurityMode>,
-    /// Whose addresses we rewrite.
-    pub remaps: Remaps,
     /// For a Liqo v1 peer, the `Connection` that shows its state; a
     /// TunnelEndpoint shows its own.
     pub connection: Option<ObjectKey>,
@@ -233,7 +231,6 @@ impl Peer {
             remote_external: reader.mapped(&REMOTE_EXTERNAL)?,
             tunnel: reader.tunnel()?,
             security_mode: reader.security_mode()?,
-            remaps: Remaps::Ours,
             connection: None,
         })
     }
@@ -256,7 +253,7 @@ impl Peer {
     /// remaps its own (Liqo v0.10), the real ones where we do (Liqo v1).
     pub fn tunnel_networks(&self) -> [(&'static str, Ipv4Net); 2] {
         let [_, _, pod, external] = LayoutFields::of(self.layout).0;
-        match self.remaps {
+        match self.remaps() {
             Remaps::Ours => self.views(),
             Remaps::Theirs => [
                 (pod.real, self.remote_pod.real),
@@ -320,7 +317,7 @@ impl Peer {
         } else {
             0
         };
-        let (remaps, theirs) = match self.remaps {
+        let (remaps, theirs) = match self.remaps() {
             Remaps::Ours => (0, Default::default()),
             Remaps::Theirs => (
                 REMAPS_PEER,
@@ -355,6 +352,14 @@ impl Peer {
     /// nothing.
     pub fn segregated(&self, default_mode: SecurityMode) -> bool {
         self.security_mode.unwrap_or(default_mode).segregates()
+    }
+
+    /// Whose addresses we rewrite: the objects' Liqo version says.
+    pub fn remaps(&self) -> Remaps {
+        match self.layout {
+            Layout::Spec | Layout::Legacy => Remaps::Ours,
+            Layout::LiqoV1 => Remaps::Theirs,
+        }
     }
 
     /// `problem` of this peer, naming the object it came from.

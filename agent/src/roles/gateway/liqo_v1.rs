@@ -26,7 +26,7 @@ pub const PREFIX_LEN: u8 = 30;
 /// for a Liqo v1 peer, its real networks and its tunnel address.
 pub fn tunnel_networks(peer: &Peer) -> Vec<Ipv4Net> {
     let networks = peer.tunnel_networks().map(|(_, net)| net);
-    match peer.remaps {
+    match peer.remaps() {
         Remaps::Ours => networks.to_vec(),
         Remaps::Theirs => networks
             .into_iter()

@@ -236,7 +236,7 @@ impl Gateway {
                         );
                         targets.insert(config.label.clone(), conncheck_target(peer));
                         routed.extend(peer.views().map(|(_, net)| net));
-                        v1_peer = v1_peer.or((peer.remaps == Remaps::Theirs).then_some(peer));
+                        v1_peer = v1_peer.or((peer.remaps() == Remaps::Theirs).then_some(peer));
                         configs.push(config);
                     }
                     Err(why) => {
@@ -380,7 +380,7 @@ async fn bind_conncheck(addr: Ipv4Addr, port: u16) -> Result<tokio::net::UdpSock
 /// we see it, which its NatMapping for us sends to its 169.254.0.1; a
 /// Liqo v1 peer's tunnel address.
 fn conncheck_target(peer: &Peer) -> Ipv4Addr {
-    if peer.remaps == Remaps::Theirs {
+    if peer.remaps() == Remaps::Theirs {
         return liqo_v1::SERVER_ADDR;
     }
     let view = peer.remote_external.seen();

@@ -60,7 +60,7 @@ fn a_v1_peer_remaps_the_peers_addresses_and_keeps_ours() {
     let report = r.reconcile().0;
     assert_eq!((report.peers, report.rejected), (1, 0), "{report:?}");
     let peer = &r.peers()[0];
-    assert_eq!(peer.remaps, Remaps::Theirs);
+    assert_eq!(peer.remaps(), Remaps::Theirs);
     assert_eq!(peer.cluster_id.as_deref(), Some("rome"));
     let tunnel = peer.tunnel.as_ref().unwrap();
     assert_eq!(tunnel.port, 51840);
