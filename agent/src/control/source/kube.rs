@@ -37,11 +37,17 @@ pub struct KubeSource {
 }
 
 impl KubeSource {
-    /// The kinds whose status and Events the agent writes. Only these keep
-    /// a store: the others (Pods above all) are not held in memory twice.
-    const STORED: [ObjectKind; 2] = [ObjectKind::TunnelEndpoint, ObjectKind::NatMapping];
+    /// The kinds whose status and Events the agent writes, and Liqo v1's
+    /// gateways, which own the Connections it writes. Only these keep a
+    /// store: the others (Pods above all) are not held in memory twice.
+    const STORED: [ObjectKind; 4] = [
+        ObjectKind::TunnelEndpoint,
+        ObjectKind::NatMapping,
+        ObjectKind::GatewayServer,
+        ObjectKind::GatewayClient,
+    ];
 
-    /// Every object of `kind`, if the agent writes back to that kind.
+    /// Every object of `kind`, if the agent keeps them (`STORED`).
     pub fn store(&self, kind: ObjectKind) -> Option<&Store<DynamicObject>> {
         self.stores.get(&kind)
     }

@@ -1,11 +1,12 @@
 //! What the gateway tells the API server: the connection status of each
-//! TunnelEndpoint, through the status subresource, and an Event for each
-//! object it rejects.
+//! TunnelEndpoint, through the status subresource, or of each Liqo v1 peer's
+//! `Connection` (which it creates as Liqo's gateway does), and an Event for
+//! each object it rejects.
 //!
 //! Writes are skipped when the object already shows the status, and
 //! rate-limited: a change of state goes out within a pass, a new latency
-//! only every [`LATENCY_REFRESH`], and no pass writes more than
-//! [`WRITES_PER_PASS`] objects.
+//! only every [`LATENCY_REFRESH`] (a Connection's every ten seconds, as
+//! Liqo's), and no pass writes more than [`WRITES_PER_PASS`] objects.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -13,22 +14,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use k8s_openapi::{api::core::v1::ObjectReference, jiff::Timestamp};
-use kube::{
-    Api, Client, ResourceExt,
-    api::{DynamicObject, Patch, PatchParams},
-    runtime::{
-        events::{Event, EventType, Recorder, Reporter},
-        reflector::ObjectRef,
-    },
-};
+use k8s_openapi::jiff::Timestamp;
+use kube::{Client, api::DynamicObject};
 use tokio::sync::{mpsc, watch};
-use tracing::{debug, warn};
 
 use crate::{
-    control::source::{KubeSource, api_resource},
+    control::source::KubeSource,
     model::object::{ObjectKey, ObjectKind},
-    model::peer::Peer,
+    model::peer::{LiqoGateway, Peer},
     model::rejection::Rejection,
     observe::metrics::Metrics,
     roles::gateway::Report,
@@ -79,20 +72,31 @@ impl State {
     }
 }
 
-/// The kind of object that shows a peer's status.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The object that shows a peer's status.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ShownOn {
     /// The TunnelEndpoint itself, in `status.connection`.
     TunnelEndpoint,
-    /// Liqo v1's `Connection` of the peer's gateway, in `status`.
-    Connection,
+    /// Liqo v1's `Connection` of the peer's gateway, in `status`, which the
+    /// agent creates as Liqo's gateway does.
+    Connection(LiqoGateway),
+}
+
+impl ShownOn {
+    /// How often a status whose state holds gets a new latency.
+    fn latency_refresh(&self) -> Duration {
+        match self {
+            ShownOn::TunnelEndpoint => LATENCY_REFRESH,
+            ShownOn::Connection(_) => liqo_connection::UPDATE_STATUS_INTERVAL,
+        }
+    }
 }
 
 impl std::fmt::Display for ShownOn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             ShownOn::TunnelEndpoint => "TunnelEndpoint",
-            ShownOn::Connection => "Connection",
+            ShownOn::Connection(_) => "Connection",
         })
     }
 }
@@ -205,7 +209,10 @@ pub fn desired(
     for peer in peers {
         let session = sessions.get(&peer.key).copied();
         let status = of_peer(peer, session, gateway);
-        let shown_on = peer.connection.clone().unwrap_or_else(|| peer.key.clone());
+        let shown_on = match &peer.liqo_gateway {
+            Some(gateway) => gateway.connection(),
+            None => peer.key.clone(),
+        };
         statuses.insert(shown_on, status);
     }
     statuses
@@ -214,8 +221,8 @@ pub fn desired(
 /// `peer`'s status, its tunnel session in state `session` if it has one.
 fn of_peer(peer: &Peer, session: Option<Connection>, gateway: &Report) -> ConnectionStatus {
     let status = |state, message: String, rtt| ConnectionStatus {
-        shown_on: match peer.connection {
-            Some(_) => ShownOn::Connection,
+        shown_on: match &peer.liqo_gateway {
+            Some(gateway) => ShownOn::Connection(gateway.clone()),
             None => ShownOn::TunnelEndpoint,
         },
         state,
@@ -297,7 +304,11 @@ fn due(
     let since_last = |limit| last.is_none_or(|w| now.duration_since(w.at) >= limit);
     match shown {
         Some(shown) if shown.same_state(desired) => {
-            shown.latency != desired.latency && since_last(LATENCY_REFRESH)
+            // Liqo's gateway restamps a Connection's latency every interval,
+            // changed or not.
+            let restamped = matches!(desired.shown_on, ShownOn::Connection(_));
+            (restamped || shown.latency != desired.latency)
+                && since_last(desired.shown_on.latency_refresh())
         }
         // Changed: write, unless this very status went out moments ago
         // and the watch has not brought it back yet.
@@ -379,17 +390,7 @@ impl Feedback {
     ) -> Self {
         let (statuses, statuses_rx) = watch::channel(BTreeMap::new());
         let (rejected, rejected_rx) = mpsc::channel(EVENT_QUEUE);
-        let reporter = Reporter {
-            controller: MANAGER.into(),
-            instance: Some(instance.into()),
-        };
-        let writer = Writer {
-            recorder: Recorder::new(client.clone(), reporter),
-            client,
-            source,
-            written: HashMap::new(),
-            metrics: metrics.clone(),
-        };
+        let writer = writer::Writer::new(client, source, instance, metrics.clone());
         tokio::spawn(writer.run(statuses_rx, rejected_rx));
         Self {
             statuses,
@@ -398,7 +399,7 @@ impl Feedback {
         }
     }
 
-    /// The statuses every TunnelEndpoint should show now.
+    /// The statuses every TunnelEndpoint and Connection should show now.
     pub fn show(&self, statuses: BTreeMap<ObjectKey, ConnectionStatus>) {
         self.statuses.send_replace(statuses);
     }
@@ -419,135 +420,8 @@ impl Feedback {
     }
 }
 
-struct Writer {
-    client: Client,
-    recorder: Recorder,
-    source: KubeSource,
-    written: HashMap<ObjectKey, Written>,
-    metrics: Arc<Metrics>,
-}
-
-impl Writer {
-    async fn run(
-        mut self,
-        mut statuses: watch::Receiver<BTreeMap<ObjectKey, ConnectionStatus>>,
-        mut rejected: mpsc::Receiver<ObjectRejection>,
-    ) {
-        loop {
-            tokio::select! {
-                changed = statuses.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
-                    let desired = statuses.borrow_and_update().clone();
-                    self.pass(&desired).await;
-                }
-                rejection = rejected.recv() => match rejection {
-                    Some(r) => self.event(r.kind, &r.key, &r.note()).await,
-                    None => return,
-                },
-            }
-        }
-    }
-
-    /// Writes the statuses that are due, state changes first.
-    async fn pass(&mut self, desired: &BTreeMap<ObjectKey, ConnectionStatus>) {
-        let now = Instant::now();
-        self.written.retain(|key, _| desired.contains_key(key));
-        let mut due_now: Vec<(&ObjectKey, &ConnectionStatus, bool)> = Vec::new();
-        // A Liqo v1 Connection is not written yet: its status is logged.
-        let desired: Vec<(&ObjectKey, &ConnectionStatus)> = desired
-            .iter()
-            .filter(|(_, status)| status.shown_on == ShownOn::TunnelEndpoint)
-            .collect();
-        for &(key, status) in &desired {
-            let Some(object) = self.find(ObjectKind::TunnelEndpoint, key) else {
-                continue;
-            };
-            let shown = ConnectionStatus::shown(&object);
-            if due(shown.as_ref(), status, self.written.get(key), now) {
-                let state_change = shown.is_none_or(|s| !s.same_state(status));
-                due_now.push((key, status, state_change));
-            }
-        }
-        due_now.sort_by_key(|(_, _, state_change)| !state_change);
-        let skipped = desired.len() - due_now.len().min(WRITES_PER_PASS);
-        self.outcome("skipped", skipped);
-        for (key, status, state_change) in due_now.into_iter().take(WRITES_PER_PASS) {
-            let api = Api::<DynamicObject>::namespaced_with(
-                self.client.clone(),
-                &key.namespace,
-                &api_resource(ObjectKind::TunnelEndpoint),
-            );
-            let params = PatchParams::apply(MANAGER);
-            let patch = Patch::Merge(status.patch(Timestamp::now()));
-            match api.patch_status(&key.name, &params, &patch).await {
-                Ok(_) => {
-                    self.outcome("written", 1);
-                    debug!(object = %key, state = status.state.as_str(), "status written");
-                    if state_change && status.state == State::Error {
-                        self.event(ObjectKind::TunnelEndpoint, key, &status.message)
-                            .await;
-                    }
-                    self.written.insert(
-                        key.clone(),
-                        Written {
-                            status: status.clone(),
-                            at: now,
-                        },
-                    );
-                }
-                Err(e) => {
-                    self.outcome("failed", 1);
-                    warn!(object = %key, error = %e, "writing TunnelEndpoint status; will retry")
-                }
-            }
-        }
-    }
-
-    fn outcome(&self, outcome: &'static str, count: usize) {
-        self.metrics
-            .status_writes
-            .get_or_create(&[("outcome", outcome)])
-            .inc_by(count as u64);
-    }
-
-    /// The object `kind` `key` as the API server last sent it.
-    fn find(&self, kind: ObjectKind, key: &ObjectKey) -> Option<Arc<DynamicObject>> {
-        // Nodes, what isolation reads and the Lease are never written back to.
-        let store = self.source.store(kind)?;
-        let reference = ObjectRef::new_with(&key.name, api_resource(kind));
-        let reference = if key.namespace.is_empty() {
-            reference
-        } else {
-            reference.within(&key.namespace)
-        };
-        store.get(&reference)
-    }
-
-    /// A Warning Event on a rejected object, saying why.
-    async fn event(&self, kind: ObjectKind, key: &ObjectKey, problem: &str) {
-        let reference = ObjectReference {
-            api_version: Some(kind.api_version().into()),
-            kind: Some(kind.as_str().into()),
-            name: Some(key.name.clone()),
-            namespace: (!key.namespace.is_empty()).then(|| key.namespace.clone()),
-            uid: self.find(kind, key).and_then(|o| o.uid()),
-            ..ObjectReference::default()
-        };
-        let note = truncate_note(problem.to_owned());
-        let event = Event {
-            type_: EventType::Warning,
-            reason: "Rejected".into(),
-            note: Some(note),
-            action: "Program".into(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&event, &reference).await {
-            warn!(object = %key, error = %e, "recording an Event");
-        }
-    }
-}
+mod liqo_connection;
+mod writer;
 
 #[cfg(test)]
 mod tests;

@@ -1,6 +1,8 @@
-//! What a TunnelEndpoint's status says, and when the writer writes it.
+//! What a TunnelEndpoint's or Connection's status says, and when the
+//! writer writes it.
 
 use super::*;
+use crate::control::source::api_resource;
 
 fn status(state: State, message: &str, latency: Option<&str>) -> ConnectionStatus {
     ConnectionStatus {
@@ -18,6 +20,17 @@ fn writes_a_change_of_state_at_once_and_a_latency_only_every_refresh() {
     let connecting = status(State::Connecting, "handshake", None);
     let connected = status(State::Connected, "up", Some("3ms"));
     let slower = status(State::Connected, "up", Some("4ms"));
+    let connection = ConnectionStatus {
+        shown_on: ShownOn::Connection(LiqoGateway {
+            kind: ObjectKind::GatewayClient,
+            key: ObjectKey {
+                namespace: "liqo-tenant-rome".into(),
+                name: "rome".into(),
+            },
+            cluster_id: "rome".into(),
+        }),
+        ..connected.clone()
+    };
     // (why, shown, desired, last written and how many seconds ago, due)
     let rows = [
         ("nothing shown or written yet", None, &connected, None, true),
@@ -61,6 +74,20 @@ fn writes_a_change_of_state_at_once_and_a_latency_only_every_refresh() {
             Some(&connected),
             &slower,
             Some((&connected, 31)),
+            true,
+        ),
+        (
+            "a Connection, unchanged, before Liqo's interval",
+            Some(&connection),
+            &connection,
+            Some((&connection, 9)),
+            false,
+        ),
+        (
+            "a Connection, unchanged, restamped after Liqo's interval",
+            Some(&connection),
+            &connection,
+            Some((&connection, 11)),
             true,
         ),
     ];

@@ -5,8 +5,8 @@
 //! way (its layout, [`Layout::LiqoV1`], says so).
 
 use crate::model::{
-    object::{Layout, ObjectKey},
-    peer::{Mapped, Peer, TunnelParams},
+    object::{Layout, ObjectKey, ObjectKind},
+    peer::{LiqoGateway, Mapped, Peer, TunnelParams},
 };
 
 use super::{Gateway, PeerKey, PeerNetworks, Side};
@@ -39,19 +39,22 @@ impl PeerNetworks {
             remote_external: self.remote_external,
             tunnel: tunnel(companions),
             security_mode: None,
-            connection: companions.gateway.map(Gateway::connection),
+            liqo_gateway: companions.gateway.map(Gateway::reference),
         }
     }
 }
 
 impl Gateway {
-    /// The `Connection` Liqo v1's gateway reports to: `gw-<gateway>`, beside
-    /// the gateway (`pkg/gateway/forge/utils.go:18`,
-    /// `tunnel/wireguard/k8s.go:90-128` at v1.2.0).
-    pub fn connection(&self) -> ObjectKey {
-        ObjectKey {
-            namespace: self.key.namespace.clone(),
-            name: format!("gw-{}", self.key.name),
+    /// What the peer model keeps of this gateway: enough to name and
+    /// write its `Connection`.
+    pub fn reference(&self) -> LiqoGateway {
+        LiqoGateway {
+            kind: match self.side {
+                Side::Server { .. } => ObjectKind::GatewayServer,
+                Side::Client { .. } => ObjectKind::GatewayClient,
+            },
+            key: self.key.clone(),
+            cluster_id: self.cluster_id.clone(),
         }
     }
 }

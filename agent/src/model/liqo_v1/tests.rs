@@ -128,7 +128,12 @@ fn a_gateway_client_connects_to_the_peers_endpoint_and_a_server_listens() {
         }
     );
     // The Connection its Liqo gateway would report to.
-    assert_eq!(client.connection().to_string(), "liqo-tenant-rome/gw-rome");
+    let reference = client.reference();
+    assert_eq!(reference.kind, ObjectKind::GatewayClient);
+    assert_eq!(
+        reference.connection().to_string(),
+        "liqo-tenant-rome/gw-rome"
+    );
     assert_eq!(
         gateway(SERVER).unwrap().side,
         Side::Server { port: DEFAULT_PORT }

@@ -209,9 +209,33 @@ pub struct Peer {
     pub tunnel: Result<TunnelParams, &'static str>,
     /// The security mode its annotation asks for; None for the agent's.
     pub security_mode: Option<SecurityMode>,
-    /// For a Liqo v1 peer, the `Connection` that shows its state; a
-    /// TunnelEndpoint shows its own.
-    pub connection: Option<ObjectKey>,
+    /// For a Liqo v1 peer, our gateway object towards it, whose
+    /// `Connection` shows its state; a TunnelEndpoint shows its own.
+    pub liqo_gateway: Option<LiqoGateway>,
+}
+
+/// Our Liqo v1 gateway object (`GatewayServer` or `GatewayClient`) towards
+/// one peer.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct LiqoGateway {
+    /// `GatewayServer` or `GatewayClient`.
+    pub kind: ObjectKind,
+    /// The object.
+    pub key: ObjectKey,
+    /// The peer's cluster ID, which labels the `Connection`.
+    pub cluster_id: String,
+}
+
+impl LiqoGateway {
+    /// The `Connection` Liqo v1's gateway reports to: `gw-<gateway>`, beside
+    /// the gateway (`pkg/gateway/forge/utils.go:18`,
+    /// `tunnel/wireguard/k8s.go:90-128` at v1.2.0).
+    pub fn connection(&self) -> ObjectKey {
+        ObjectKey {
+            namespace: self.key.namespace.clone(),
+            name: format!("gw-{}", self.key.name),
+        }
+    }
 }
 
 impl Peer {
@@ -231,7 +255,7 @@ impl Peer {
             remote_external: reader.mapped(&REMOTE_EXTERNAL)?,
             tunnel: reader.tunnel()?,
             security_mode: reader.security_mode()?,
-            connection: None,
+            liqo_gateway: None,
         })
     }
 

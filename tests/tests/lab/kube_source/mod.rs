@@ -4,6 +4,8 @@
 
 mod followers;
 mod gateway_key;
+mod liqo_v1;
+mod test_peer;
 
 use std::{
     collections::BTreeSet,

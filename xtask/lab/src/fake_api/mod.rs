@@ -4,6 +4,7 @@
 //! real protocol the agent uses: list with a `resourceVersion`, watch
 //! streams of `ADDED`, `MODIFIED`, `DELETED`, `BOOKMARK` and `ERROR` (410
 //! for a compacted version), the status subresource with JSON merge patch,
+//! Liqo v0.10's and v1's networking objects,
 //! Secrets (with `stringData`), Nodes and Events. Tests drive it from plain
 //! threads: change objects, drop every watch, compact history, or go down.
 
@@ -25,7 +26,7 @@ use tokio::sync::watch;
 use http::handle;
 
 /// Resources served, as (path prefix, plural, kind, namespaced).
-const RESOURCES: [(&str, &str, &str, bool); 9] = [
+const RESOURCES: [(&str, &str, &str, bool); 15] = [
     (
         "/apis/net.liqo.io/v1alpha1",
         "tunnelendpoints",
@@ -55,7 +56,17 @@ const RESOURCES: [(&str, &str, &str, bool); 9] = [
     ("/api/v1", "secrets", "Secret", true),
     ("/apis/coordination.k8s.io/v1", "leases", "Lease", true),
     ("/apis/events.k8s.io/v1", "events", "Event", true),
+    (LIQO_V1, "configurations", "Configuration", true),
+    // Sic: Liqo v1's plural of PublicKey.
+    (LIQO_V1, "publickeies", "PublicKey", true),
+    (LIQO_V1, "gatewayservers", "GatewayServer", true),
+    (LIQO_V1, "gatewayclients", "GatewayClient", true),
+    (LIQO_V1, "connections", "Connection", true),
+    ("/apis/ipam.liqo.io/v1alpha1", "ips", "IP", true),
 ];
+
+/// Where Liqo v1's networking objects are served.
+const LIQO_V1: &str = "/apis/networking.liqo.io/v1beta1";
 
 /// Where an object is stored: plural, namespace ("" if cluster-scoped), name.
 pub type Key = (String, String, String);
@@ -349,9 +360,9 @@ impl State {
     }
 }
 
-/// Only the Liqo kinds have a status subresource here.
+/// Only the Liqo kinds the agent writes have a status subresource here.
 fn has_status(plural: &str) -> bool {
-    plural == "tunnelendpoints"
+    plural == "tunnelendpoints" || plural == "connections"
 }
 
 /// A Secret's `stringData` is written into `data`, base64, as the API server does.

@@ -1,0 +1,191 @@
+//! Liqo v1's `Connection`: the object Liqo's gateway keeps beside its
+//! gateway object, whose status tells Liqo's controllers (and `liqoctl
+//! info`) whether the peer is reachable. The shapes follow liqotech/liqo at
+//! v1.2.0: `pkg/gateway/tunnel/wireguard/k8s.go:87-128` (creation) and
+//! `pkg/gateway/connection/k8s.go:30-52` (status).
+
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::{
+    api::{ApiResource, GroupVersionKind},
+    core::DynamicObject,
+};
+use serde_json::{Value, json};
+
+use crate::model::{
+    liqo_v1::CLUSTER_ID_LABEL,
+    object::{LIQO_V1_NETWORKING_API_VERSION, ObjectKey, ObjectKind},
+    peer::LiqoGateway,
+};
+
+use super::ConnectionStatus;
+
+/// How often a Connection whose state holds gets a new latency: Liqo's
+/// `--ping-update-status-interval`, as its chart sets it
+/// (`networking.gatewayTemplates.ping.updateStatusInterval`, 10s).
+pub const UPDATE_STATUS_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The API resource of Connections.
+pub fn api_resource() -> ApiResource {
+    let (group, version) = LIQO_V1_NETWORKING_API_VERSION
+        .split_once('/')
+        .expect("a group and a version");
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(group, version, "Connection"),
+        "connections",
+    )
+}
+
+/// The Connection `key` of `gateway` as Liqo's gateway creates it: labelled
+/// with the peer's cluster ID, owned by the gateway object, and naming it in
+/// `spec.gatewayRef`. Liqo names the WireGuard child's kind there
+/// (`WgGatewayClient`) beside the parent's UID, and so does this.
+pub fn object(key: &ObjectKey, gateway: &LiqoGateway, uid: Option<&str>) -> DynamicObject {
+    let mut object = json!({
+        "apiVersion": LIQO_V1_NETWORKING_API_VERSION,
+        "kind": "Connection",
+        "metadata": {
+            "name": key.name,
+            "namespace": key.namespace,
+        },
+    });
+    merge(&mut object, identity(gateway, uid));
+    serde_json::from_value(object).expect("a Connection is an object")
+}
+
+/// What Liqo's gateway sets on a Connection that already exists: the label
+/// and the spec (`resource.CreateOrUpdate`), as a merge patch.
+pub fn identity(gateway: &LiqoGateway, uid: Option<&str>) -> Value {
+    let (connection_type, gateway_kind) = match gateway.kind {
+        ObjectKind::GatewayServer => ("Server", "WgGatewayServer"),
+        _ => ("Client", "WgGatewayClient"),
+    };
+    let owner = uid.map(|uid| {
+        json!([{
+            "apiVersion": LIQO_V1_NETWORKING_API_VERSION,
+            "kind": gateway.kind.as_str(),
+            "name": gateway.key.name,
+            "uid": uid,
+        }])
+    });
+    let fields = json!({
+        "metadata": {
+            "labels": { CLUSTER_ID_LABEL: gateway.cluster_id },
+            "ownerReferences": owner,
+        },
+        "spec": {
+            "type": connection_type,
+            "gatewayRef": {
+                "apiVersion": LIQO_V1_NETWORKING_API_VERSION,
+                "kind": gateway_kind,
+                "name": gateway.key.name,
+                "namespace": gateway.key.namespace,
+                "uid": uid,
+            },
+        },
+    });
+    // A null in a merge patch deletes: what is unknown is left out.
+    let mut identity = json!({});
+    merge(&mut identity, fields);
+    identity
+}
+
+/// The merge patch of a Connection's status subresource: `value`, and the
+/// latency with when it was measured.
+pub fn status_patch(status: &ConnectionStatus, now: Timestamp) -> Value {
+    json!({ "status": {
+        "value": status.state.as_str(),
+        "latency": {
+            "value": status.latency.as_deref().unwrap_or("N/A"),
+            "timestamp": now.to_string(),
+        },
+    }})
+}
+
+/// Merges the object `patch` into `target`, leaving out its nulls.
+fn merge(target: &mut Value, patch: Value) {
+    let Value::Object(patch) = patch else {
+        *target = patch;
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let target = target.as_object_mut().expect("made an object");
+    for (field, value) in patch.into_iter().filter(|(_, v)| !v.is_null()) {
+        merge(target.entry(field).or_insert(Value::Null), value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::status::{ShownOn, State};
+
+    fn gateway() -> LiqoGateway {
+        LiqoGateway {
+            kind: ObjectKind::GatewayClient,
+            key: ObjectKey {
+                namespace: "liqo-tenant-rome".into(),
+                name: "rome".into(),
+            },
+            cluster_id: "rome".into(),
+        }
+    }
+
+    #[test]
+    fn a_connection_is_created_as_liqos_gateway_creates_it() {
+        let gateway = gateway();
+        let key = gateway.connection();
+        let created = serde_json::to_value(object(&key, &gateway, Some("7d2f"))).unwrap();
+        assert_eq!(
+            created,
+            json!({
+                "apiVersion": "networking.liqo.io/v1beta1",
+                "kind": "Connection",
+                "metadata": {
+                    "name": "gw-rome",
+                    "namespace": "liqo-tenant-rome",
+                    "labels": {"liqo.io/remote-cluster-id": "rome"},
+                    "ownerReferences": [{
+                        "apiVersion": "networking.liqo.io/v1beta1",
+                        "kind": "GatewayClient",
+                        "name": "rome",
+                        "uid": "7d2f",
+                    }],
+                },
+                "spec": {
+                    "type": "Client",
+                    "gatewayRef": {
+                        "apiVersion": "networking.liqo.io/v1beta1",
+                        "kind": "WgGatewayClient",
+                        "name": "rome",
+                        "namespace": "liqo-tenant-rome",
+                        "uid": "7d2f",
+                    },
+                },
+            })
+        );
+        // Without the gateway's UID (not seen yet), no owner is claimed.
+        let unowned = serde_json::to_value(object(&key, &gateway, None)).unwrap();
+        assert!(unowned["metadata"].get("ownerReferences").is_none());
+        assert!(unowned["spec"]["gatewayRef"].get("uid").is_none());
+    }
+
+    #[test]
+    fn the_status_carries_the_value_and_a_timestamped_latency() {
+        let status = ConnectionStatus {
+            shown_on: ShownOn::Connection(gateway()),
+            state: State::Connected,
+            message: String::new(),
+            latency: Some("379μs".into()),
+            peer_configuration: None,
+        };
+        let now: Timestamp = "2026-11-27T10:00:00Z".parse().unwrap();
+        assert_eq!(
+            status_patch(&status, now),
+            json!({"status": {"value": "Connected", "latency": {"value": "379μs", "timestamp": "2026-11-27T10:00:00Z"}}})
+        );
+    }
+}

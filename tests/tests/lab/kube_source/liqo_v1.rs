@@ -1,0 +1,143 @@
+//! A Liqo v1 peer from the API server, in the shapes Liqo v1.2 writes
+//! (`tests/fixtures/liqo-v1/`): the gateway programs it, reaches the test's
+//! own peer, and creates and keeps the peer's `Connection` as Liqo's gateway
+//! does.
+
+use super::{
+    test_peer::{TestPeer, secret_text},
+    *,
+};
+
+const TENANT: &str = "liqo-tenant-rome";
+const CONNECTION: &str = "gw-rome";
+
+/// A fixture, as the API server would serve it.
+fn fixture(yaml: &str) -> Value {
+    serde_yaml_ng::from_str(yaml).expect("a fixture is YAML")
+}
+
+/// The Connection as stored, or Null.
+fn connection(node: &KubeNode) -> Value {
+    node.api
+        .get("connections", TENANT, CONNECTION)
+        .unwrap_or(Value::Null)
+}
+
+fn connection_value(node: &KubeNode) -> Value {
+    connection(node)["status"]["value"].clone()
+}
+
+#[test]
+fn a_liqo_v1_gateway_creates_and_keeps_the_peers_connection() {
+    const NS: &str = "ist-t-kube-v1";
+    let mut node = node(NS, true);
+    let mut peer = TestPeer::new(NS);
+    let configuration = fixture(include_str!(
+        "../../../fixtures/liqo-v1/configuration-rome.yaml"
+    ));
+    let mut public_key = fixture(include_str!(
+        "../../../fixtures/liqo-v1/publickey-rome.yaml"
+    ));
+    public_key["spec"]["publicKey"] = json!(key_text::encode(&peer.public()));
+    let mut client = fixture(include_str!(
+        "../../../fixtures/liqo-v1/gatewayclient-rome.yaml"
+    ));
+    client["spec"]["endpoint"]["addresses"] = json!(["127.0.0.1"]);
+    client["spec"]["endpoint"]["port"] = json!(peer.port);
+    for object in [configuration, public_key.clone(), client] {
+        node.api.apply(object);
+    }
+    node.start_agent(&["--keepalive=0", "--liqo-api=v1"])
+        .unwrap();
+
+    // Programmed by our views of rome, before any Connection is up.
+    node.wait_peers("rome's views", &["10.70.0.0/16", "10.71.0.0/16"]);
+    let secret = node
+        .api
+        .get("secrets", AGENT_NS, KEY_SECRET)
+        .expect("the agent created its key Secret");
+    let private = key_text::decode(&secret_text(&secret, "privateKey")).unwrap();
+    peer.answer(*PublicKey::from(&StaticSecret::from(private)).as_bytes());
+
+    // Created as Liqo's gateway creates it, then Connected with a latency.
+    wait_for("gw-rome Connected", || {
+        connection_value(&node) == "Connected"
+    });
+    let created = connection(&node);
+    let gateway_uid =
+        node.api.get("gatewayclients", TENANT, "rome").unwrap()["metadata"]["uid"].clone();
+    assert_eq!(
+        created["metadata"]["labels"],
+        json!({"liqo.io/remote-cluster-id": "rome"})
+    );
+    assert_eq!(
+        created["metadata"]["ownerReferences"],
+        json!([{"apiVersion": "networking.liqo.io/v1beta1", "kind": "GatewayClient", "name": "rome", "uid": gateway_uid}])
+    );
+    assert_eq!(
+        created["spec"],
+        json!({"type": "Client", "gatewayRef": {
+            "apiVersion": "networking.liqo.io/v1beta1", "kind": "WgGatewayClient",
+            "name": "rome", "namespace": TENANT, "uid": gateway_uid,
+        }})
+    );
+    let latency = created["status"]["latency"]["value"].as_str().unwrap();
+    let number = latency
+        .strip_suffix("μs")
+        .or_else(|| latency.strip_suffix("ms"))
+        .unwrap_or_else(|| panic!("latency {latency:?} in {created}"));
+    assert!(number.parse::<u32>().is_ok_and(|n| n > 0), "{created}");
+    assert!(
+        created["status"]["latency"]["timestamp"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')),
+        "{created}"
+    );
+    assert_eq!(
+        sample(
+            NS,
+            "liqo_peer_is_connected{driver=\"wireguard\",cluster_id=\"rome\"}"
+        ),
+        1.0
+    );
+    // Status writes touch `status.value` and `status.latency` only.
+    for request in node
+        .api
+        .requests()
+        .iter()
+        .filter(|r| r.method == "PATCH" && r.uri.contains("connections/gw-rome/status"))
+    {
+        let body = request.body.as_ref().expect("a JSON patch");
+        let keys: Vec<&String> = body["status"].as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["latency", "value"], "{body}");
+    }
+
+    // Restamped every ten seconds, as Liqo's gateway does.
+    let stamp = || connection(&node)["status"]["latency"]["timestamp"].clone();
+    let first = stamp();
+    let took = wait_for("a new timestamp", || stamp() != first);
+    println!("restamped after {took:?}");
+
+    // Deleted under the agent: created again.
+    assert!(node.api.delete("connections", TENANT, CONNECTION));
+    wait_for("gw-rome again, Connected", || {
+        connection_value(&node) == "Connected"
+    });
+    assert_eq!(node.requests("POST", "/connections"), 2);
+
+    // Without the peer's key there is no tunnel: Error.
+    assert!(node.api.delete("publickeies", TENANT, "rome"));
+    wait_for("gw-rome Error without a PublicKey", || {
+        connection_value(&node) == "Error"
+    });
+    let log = node.log();
+    assert!(
+        log.contains("PublicKey spec.publicKey is missing"),
+        "the missing field is not named:\n{log}"
+    );
+    // And with it back, the tunnel is up again.
+    node.api.apply(public_key);
+    wait_for("gw-rome Connected with its key back", || {
+        connection_value(&node) == "Connected"
+    });
+}
