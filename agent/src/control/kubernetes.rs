@@ -20,7 +20,8 @@ use crate::{
     tunnel::key::{KeyError, KeyPair, generate},
 };
 
-/// The Secret key holding the private key, as text (base64).
+/// The Secret key holding the private key: base64 text in the Secrets the
+/// agent creates, the raw 32 bytes in Liqo v1's (`KeyEncoding`).
 pub const PRIVATE_KEY: &str = "privateKey";
 /// The Secret key the public key is published under.
 pub const PUBLIC_KEY: &str = "publicKey";
@@ -46,7 +47,7 @@ pub enum KubeError {
     },
     /// A Secret holding something other than a key.
     #[error(
-        "Secret {secret}: field data.{PRIVATE_KEY} is not a base64-encoded 32-byte WireGuard private key"
+        "Secret {secret}: field data.{PRIVATE_KEY} is neither a 32-byte WireGuard private key nor its base64 text"
     )]
     BadKey {
         /// `namespace/name`.
@@ -126,12 +127,13 @@ pub async fn key_from_secret(
     // A gateway starting at the same time may create it first: then read theirs.
     for _ in 0..2 {
         if let Some(secret) = api.get_opt(name).await.map_err(failed("reading"))? {
-            let pair = private_key(&secret).ok_or_else(|| KubeError::BadKey {
+            let (pair, encoding) = private_key(&secret).ok_or_else(|| KubeError::BadKey {
                 secret: secret_name.clone(),
             })?;
             let public = key_text::encode(pair.public.as_bytes());
-            if published_key(&secret).as_deref() != Some(public.as_str()) {
-                let patch = serde_json::json!({ "stringData": { PUBLIC_KEY: public } });
+            let published = encoding.encode(pair.public.as_bytes());
+            if secret.data.as_ref().and_then(|d| d.get(PUBLIC_KEY)) != Some(&published) {
+                let patch = serde_json::json!({ "data": { PUBLIC_KEY: published } });
                 api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
                     .await
                     .map_err(failed("publishing the public key in"))?;
@@ -175,13 +177,68 @@ pub async fn key_from_secret(
     })
 }
 
-fn private_key(secret: &Secret) -> Option<KeyPair> {
-    let text = secret.data.as_ref()?.get(PRIVATE_KEY)?;
-    let bytes = key_text::decode(std::str::from_utf8(&text.0).ok()?)?;
-    Some(KeyPair::from_private(bytes))
+/// How a Secret holds its keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum KeyEncoding {
+    /// The base64 text, as `wg genkey` prints it: the Secrets the agent
+    /// creates.
+    Text,
+    /// The raw 32 bytes: Liqo v1's gateway Secrets, `gw-<gateway>`
+    /// (`pkg/gateway/tunnel/wireguard/k8s.go:59-87` at v1.2.0), which the
+    /// peer's PublicKey is copied from.
+    Raw,
 }
 
-fn published_key(secret: &Secret) -> Option<String> {
-    let text = secret.data.as_ref()?.get(PUBLIC_KEY)?;
-    Some(String::from_utf8_lossy(&text.0).trim().to_owned())
+impl KeyEncoding {
+    /// The key in `data`, and how it was held.
+    fn decode(data: &[u8]) -> Option<([u8; 32], Self)> {
+        if let Ok(raw) = <[u8; 32]>::try_from(data) {
+            return Some((raw, Self::Raw));
+        }
+        let text = std::str::from_utf8(data).ok()?.trim();
+        Some((key_text::decode(text)?, Self::Text))
+    }
+
+    /// `key`, held this way.
+    fn encode(self, key: &[u8; 32]) -> ByteString {
+        ByteString(match self {
+            Self::Text => key_text::encode(key).into_bytes(),
+            Self::Raw => key.to_vec(),
+        })
+    }
+}
+
+/// The key pair of the private key `secret` holds, and how it holds it.
+fn private_key(secret: &Secret) -> Option<(KeyPair, KeyEncoding)> {
+    let data = secret.data.as_ref()?.get(PRIVATE_KEY)?;
+    let (private, encoding) = KeyEncoding::decode(&data.0)?;
+    Some((KeyPair::from_private(private), encoding))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_read_as_text_or_as_liqo_v1s_raw_bytes() {
+        let key = [7u8; 32];
+        for encoding in [KeyEncoding::Text, KeyEncoding::Raw] {
+            let held = encoding.encode(&key);
+            assert_eq!(KeyEncoding::decode(&held.0), Some((key, encoding)));
+        }
+        // A trailing newline, as `wg genkey > file` leaves it.
+        let line = format!("{}\n", key_text::encode(&key));
+        assert_eq!(
+            KeyEncoding::decode(line.as_bytes()),
+            Some((key, KeyEncoding::Text))
+        );
+        for bad in [
+            &b"short"[..],
+            &[0u8; 31],
+            &[0u8; 33],
+            b"not base64 at all, and long enough!!",
+        ] {
+            assert_eq!(KeyEncoding::decode(bad), None, "{bad:?}");
+        }
+    }
 }

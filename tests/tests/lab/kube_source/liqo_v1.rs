@@ -1,12 +1,9 @@
 //! A Liqo v1 peer from the API server, in the shapes Liqo v1.2 writes
 //! (`tests/fixtures/liqo-v1/`): the gateway programs it, reaches the test's
-//! own peer, and creates and keeps the peer's `Connection` as Liqo's gateway
-//! does.
+//! own peer with the key Liqo keeps for the gateway, and creates and keeps
+//! the peer's `Connection` as Liqo's gateway does.
 
-use super::{
-    test_peer::{TestPeer, secret_text},
-    *,
-};
+use super::{test_peer::TestPeer, *};
 
 const TENANT: &str = "liqo-tenant-rome";
 const CONNECTION: &str = "gw-rome";
@@ -44,20 +41,43 @@ fn a_liqo_v1_gateway_creates_and_keeps_the_peers_connection() {
     ));
     client["spec"]["endpoint"]["addresses"] = json!(["127.0.0.1"]);
     client["spec"]["endpoint"]["port"] = json!(peer.port);
-    for object in [configuration, public_key.clone(), client] {
+    // The gateway's key, as Liqo's controller manager stores it for the
+    // gateway: raw bytes in `gw-<gateway>`, in the namespace the gateway
+    // runs in (the agent's).
+    let mut private = [0u8; 32];
+    std::io::Read::read_exact(&mut fs::File::open("/dev/urandom").unwrap(), &mut private).unwrap();
+    let public = *PublicKey::from(&StaticSecret::from(private)).as_bytes();
+    let key_secret = json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": CONNECTION, "namespace": AGENT_NS, "labels": {
+            "liqo.io/remote-cluster-id": "rome",
+            "networking.liqo.io/gateway-resource": "true",
+        }},
+        "data": {"privateKey": STANDARD.encode(private), "publicKey": STANDARD.encode(public)},
+    });
+    for object in [
+        configuration,
+        public_key.clone(),
+        client,
+        key_secret.clone(),
+    ] {
         node.api.apply(object);
     }
-    node.start_agent(&["--keepalive=0", "--liqo-api=v1"])
-        .unwrap();
+    node.start_agent(&[
+        "--keepalive=0",
+        "--liqo-api=v1",
+        &format!("--key-secret={CONNECTION}"),
+    ])
+    .unwrap();
 
     // Programmed by our views of rome, before any Connection is up.
     node.wait_peers("rome's views", &["10.70.0.0/16", "10.71.0.0/16"]);
-    let secret = node
-        .api
-        .get("secrets", AGENT_NS, KEY_SECRET)
-        .expect("the agent created its key Secret");
-    let private = key_text::decode(&secret_text(&secret, "privateKey")).unwrap();
-    peer.answer(*PublicKey::from(&StaticSecret::from(private)).as_bytes());
+    // The gateway uses Liqo's key, and leaves its Secret as it is.
+    peer.answer(public);
+    let secret = node.api.get("secrets", AGENT_NS, CONNECTION).unwrap();
+    assert_eq!(secret["data"], key_secret["data"]);
+    assert_eq!(node.requests("PATCH", "/secrets"), 0);
+    assert_eq!(node.requests("POST", "/secrets"), 0);
 
     // Created as Liqo's gateway creates it, then Connected with a latency.
     wait_for("gw-rome Connected", || {
