@@ -420,7 +420,7 @@ impl Feedback {
     }
 }
 
-mod liqo_connection;
+pub mod liqo_connection;
 mod writer;
 
 #[cfg(test)]

@@ -3,12 +3,17 @@
 
 use super::*;
 
-/// The rules bound to ServiceAccount `account`, through any binding.
+/// The rules of the base bound to ServiceAccount `account`.
 fn rules_of(account: &str) -> Vec<Value> {
-    let rbac = yaml_file("base/rbac.yaml");
+    rules_bound(&yaml_file("base/rbac.yaml"), account)
+}
+
+/// The rules among `rbac` bound to ServiceAccount `account`, through any
+/// binding.
+pub(super) fn rules_bound(rbac: &[Value], account: &str) -> Vec<Value> {
     let roles: Vec<&str> = rbac
         .iter()
-        .filter(|o| o["kind"].as_str().is_some_and(|k| k.ends_with("Binding")))
+        .filter(|o| o["kind"] == "ClusterRoleBinding" || o["kind"] == "RoleBinding")
         .filter(|b| {
             b["subjects"]
                 .as_array()
@@ -19,7 +24,7 @@ fn rules_of(account: &str) -> Vec<Value> {
         .map(|b| b["roleRef"]["name"].as_str().unwrap())
         .collect();
     rbac.iter()
-        .filter(|o| o["kind"].as_str().is_some_and(|k| k.ends_with("Role")))
+        .filter(|o| o["kind"] == "ClusterRole" || o["kind"] == "Role")
         .filter(|r| roles.contains(&r["metadata"]["name"].as_str().unwrap()))
         .flat_map(|r| r["rules"].as_array().unwrap().clone())
         .collect()
@@ -70,7 +75,7 @@ fn only_the_gateway_may_touch_secrets_or_write_anything() {
 }
 
 /// `kubectl kustomize DIR` under `manifests/`: the objects kustomize renders.
-fn render(dir: &str) -> Vec<Value> {
+pub(super) fn render(dir: &str) -> Vec<Value> {
     let out = Command::new("kubectl")
         .args(["kustomize"])
         .arg(manifests().join(dir))

@@ -1,0 +1,95 @@
+//! `manifests/liqo-v1`: the base for a Liqo v1 cluster, whose agents read
+//! Liqo v1's kinds, with the rights to read them and to write a peer's
+//! Connection, and nothing more.
+
+use std::fs;
+
+use isthmus_agent::model::object::ObjectKind;
+
+use super::{
+    rbac::{render, rules_bound},
+    *,
+};
+
+/// Whether one of `rules` grants `verb` on `resource` of `group`.
+fn grants(rules: &[Value], group: &str, resource: &str, verb: &str) -> bool {
+    let has = |rule: &Value, field: &str, want: &str| {
+        rule[field]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x == want || x == "*")
+    };
+    rules.iter().any(|r| {
+        has(r, "apiGroups", group) && has(r, "resources", resource) && has(r, "verbs", verb)
+    })
+}
+
+#[test]
+fn every_agent_serves_liqo_v1_and_may_read_its_kinds() {
+    let objects = render("liqo-v1");
+    let sets: Vec<&Value> = objects
+        .iter()
+        .filter(|o| o["kind"] == "DaemonSet")
+        .collect();
+    assert_eq!(sets.len(), 2);
+    for ds in sets {
+        let args = &ds["spec"]["template"]["spec"]["containers"][0]["args"];
+        assert!(
+            args.as_array()
+                .unwrap()
+                .iter()
+                .any(|a| a == "--liqo-api=v1"),
+            "{}: {args}",
+            ds["metadata"]["name"]
+        );
+    }
+    for account in ["isthmus-gateway", "isthmus-worker"] {
+        let rules = rules_bound(&objects, account);
+        for kind in ObjectKind::LIQO_V1 {
+            let group = kind.api_version().split_once('/').unwrap().0;
+            for verb in ["list", "watch"] {
+                assert!(
+                    grants(&rules, group, kind.plural(), verb),
+                    "{account} may not {verb} {}",
+                    kind.plural()
+                );
+            }
+        }
+    }
+    // The gateway writes a peer's Connection as Liqo's gateway does; a
+    // worker writes nothing.
+    let gateway = rules_bound(&objects, "isthmus-gateway");
+    for (resource, verb) in [
+        ("connections", "create"),
+        ("connections", "patch"),
+        ("connections/status", "patch"),
+    ] {
+        assert!(
+            grants(&gateway, "networking.liqo.io", resource, verb),
+            "{resource} {verb}"
+        );
+    }
+    for rule in rules_bound(&objects, "isthmus-worker") {
+        assert_eq!(
+            rule["verbs"],
+            serde_json::json!(["get", "list", "watch"]),
+            "{rule}"
+        );
+    }
+}
+
+#[test]
+fn the_liqo_v1_manifests_validate_for_a_current_kubernetes() {
+    let rendered =
+        std::env::temp_dir().join(format!("isthmus-liqo-v1-{}.yaml", std::process::id()));
+    let text: Vec<String> = render("liqo-v1")
+        .iter()
+        .map(|o| serde_yaml_ng::to_string(o).unwrap())
+        .collect();
+    fs::write(&rendered, text.join("---\n")).unwrap();
+    let report = validate(&[rendered.display().to_string()]);
+    let _ = fs::remove_file(&rendered);
+    // The base's 17 (no CRDs: Liqo's chart owns them) and rbac.yaml's 4.
+    assert_eq!(passed(&report), 21, "resources checked:\n{report}");
+}
