@@ -336,22 +336,25 @@ pub struct ObjectRejection {
 }
 
 impl ObjectRejection {
-    /// The NatMappings among `rejections`, each with all its problems:
-    /// an object with many bad entries makes one Event, not one each.
-    pub fn nat_mappings(rejections: &[Rejection]) -> Vec<Self> {
-        let mut by_object: BTreeMap<&ObjectKey, Vec<String>> = BTreeMap::new();
+    /// The NatMappings and Liqo v1 objects among `rejections`, each with
+    /// all its problems: an object with many bad entries makes one Event,
+    /// not one each.
+    pub fn evented(rejections: &[Rejection]) -> Vec<Self> {
+        let mut by_object: BTreeMap<(ObjectKind, &ObjectKey), Vec<String>> = BTreeMap::new();
         for rejection in rejections {
-            if let Some((ObjectKind::NatMapping, key)) = &rejection.object {
+            if let Some((kind, key)) = &rejection.object
+                && (*kind == ObjectKind::NatMapping || ObjectKind::LIQO_V1.contains(kind))
+            {
                 by_object
-                    .entry(key)
+                    .entry((*kind, key))
                     .or_default()
                     .push(rejection.problem.clone());
             }
         }
         by_object
             .into_iter()
-            .map(|(key, problems)| Self {
-                kind: ObjectKind::NatMapping,
+            .map(|((kind, key), problems)| Self {
+                kind,
                 key: key.clone(),
                 problems,
             })
@@ -404,12 +407,13 @@ impl Feedback {
         self.statuses.send_replace(statuses);
     }
 
-    /// Rejections new in the last pass: each NatMapping with any becomes
-    /// one Event. A TunnelEndpoint gets its Event when its status turns to
-    /// Error, which also covers a peer accepted without a tunnel. When the
-    /// writer is behind, the Events that do not fit are dropped and counted.
+    /// Rejections new in the last pass: each NatMapping or Liqo v1 object
+    /// with any becomes one Event. A TunnelEndpoint gets its Event when its
+    /// status turns to Error, which also covers a peer accepted without a
+    /// tunnel. When the writer is behind, the Events that do not fit are
+    /// dropped and counted.
     pub fn rejected(&self, rejections: &[Rejection]) {
-        for rejection in ObjectRejection::nat_mappings(rejections) {
+        for rejection in ObjectRejection::evented(rejections) {
             if self.rejected.try_send(rejection).is_err() {
                 self.metrics
                     .status_writes

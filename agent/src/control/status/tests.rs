@@ -174,7 +174,7 @@ fn a_rejected_tunnel_endpoint_shows_error_with_every_problem() {
 }
 
 #[test]
-fn many_rejected_entries_of_one_natmapping_make_one_event() {
+fn many_rejected_entries_of_one_object_make_one_event() {
     let key = |name: &str| ObjectKey {
         namespace: String::new(),
         name: name.into(),
@@ -187,17 +187,27 @@ fn many_rejected_entries_of_one_natmapping_make_one_event() {
     let mut rejections: Vec<Rejection> = (0..500).map(|i| entry("big", i)).collect();
     rejections.push(entry("small", 1));
     rejections.push(Rejection {
+        object: Some((ObjectKind::Ip, key("db"))),
+        problem: "field status.ip: outside".into(),
+        message: String::new(),
+    });
+    rejections.push(Rejection {
         object: Some((ObjectKind::TunnelEndpoint, key("tep"))),
         problem: "field x".into(),
         message: String::new(),
     });
-    let events = ObjectRejection::nat_mappings(&rejections);
+    let events = ObjectRejection::evented(&rejections);
+    // The TunnelEndpoint's Event comes with its status.
     assert_eq!(
         events
             .iter()
-            .map(|e| e.key.name.as_str())
+            .map(|e| (e.kind, e.key.name.as_str()))
             .collect::<Vec<_>>(),
-        ["big", "small"]
+        [
+            (ObjectKind::NatMapping, "big"),
+            (ObjectKind::NatMapping, "small"),
+            (ObjectKind::Ip, "db")
+        ]
     );
     assert!(events[0].note().starts_with(
         "500 problems: field spec.clusterMappings.10.0.0.0: bad; field spec.clusterMappings.10.0.0.1: bad;"

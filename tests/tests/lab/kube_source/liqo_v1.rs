@@ -132,6 +132,35 @@ fn a_liqo_v1_gateway_creates_and_keeps_the_peers_connection() {
         assert_eq!(keys, ["latency", "value"], "{body}");
     }
 
+    // An IP exposes an address of ours to rome; one outside our
+    // ExternalCIDR is refused, with an Event naming it and its field.
+    let ip = fixture(include_str!("../../../fixtures/liqo-v1/ip-legacy-db.yaml"));
+    let mut stray = ip.clone();
+    stray["metadata"]["name"] = json!("stray");
+    stray["status"]["ip"] = json!("10.99.0.4");
+    node.api.apply(ip);
+    node.api.apply(stray);
+    wait_for("the IP's mapping", || node.mappings() == 1);
+    let about_stray = || {
+        node.api
+            .list("events")
+            .into_iter()
+            .find(|e| e["regarding"]["name"] == "stray")
+    };
+    wait_for("an Event about the stray IP", || about_stray().is_some());
+    let event = about_stray().unwrap();
+    assert_eq!(
+        (
+            event["regarding"]["kind"].as_str(),
+            event["reason"].as_str()
+        ),
+        (Some("IP"), Some("Rejected"))
+    );
+    assert!(
+        event["note"].as_str().unwrap().contains("status.ip"),
+        "{event}"
+    );
+
     // Restamped every ten seconds, as Liqo's gateway does.
     let stamp = || connection(&node)["status"]["latency"]["timestamp"].clone();
     let first = stamp();
