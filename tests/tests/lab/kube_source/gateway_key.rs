@@ -66,21 +66,7 @@ fn the_gateway_keeps_its_key_in_a_secret_and_reports_status_and_events() {
         node.connection("liqo-tenant-b", "tep-b")["status"] == "Connected"
     });
     let connected = node.connection("liqo-tenant-b", "tep-b");
-    // The conncheck's round trip, as Liqo writes it: "640μs" or "3ms".
-    let latency = connected["latency"]["value"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    let number = latency
-        .strip_suffix("μs")
-        .or_else(|| latency.strip_suffix("ms"))
-        .unwrap_or_else(|| panic!("latency {latency:?} in {connected}"));
-    assert!(number.parse::<u32>().is_ok_and(|n| n > 0), "{connected}");
-    assert!(
-        connected["latency"]["timestamp"]
-            .as_str()
-            .is_some_and(|t| t.ends_with('Z'))
-    );
+    assert_liqo_latency(&connected["latency"]);
     assert_eq!(connected["statusMessage"], "VPN connection established");
     assert_eq!(
         connected["peerConfiguration"],
@@ -126,13 +112,7 @@ fn the_gateway_keeps_its_key_in_a_secret_and_reports_status_and_events() {
     assert_eq!(node.peers().len(), 6);
 
     // Every status write is a merge patch of status.connection only.
-    for request in node
-        .api
-        .requests()
-        .iter()
-        .filter(|r| r.method == "PATCH" && r.uri.contains("/status"))
-    {
-        let body = request.body.as_ref().expect("a JSON patch");
+    for body in node.status_patches("tunnelendpoints") {
         let keys: Vec<&String> = body["status"].as_object().unwrap().keys().collect();
         assert_eq!(keys, ["connection"], "{body}");
         assert!(body.as_object().unwrap().len() == 1, "{body}");

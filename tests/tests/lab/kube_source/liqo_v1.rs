@@ -101,18 +101,7 @@ fn a_liqo_v1_gateway_creates_and_keeps_the_peers_connection() {
             "name": "rome", "namespace": TENANT, "uid": gateway_uid,
         }})
     );
-    let latency = created["status"]["latency"]["value"].as_str().unwrap();
-    let number = latency
-        .strip_suffix("μs")
-        .or_else(|| latency.strip_suffix("ms"))
-        .unwrap_or_else(|| panic!("latency {latency:?} in {created}"));
-    assert!(number.parse::<u32>().is_ok_and(|n| n > 0), "{created}");
-    assert!(
-        created["status"]["latency"]["timestamp"]
-            .as_str()
-            .is_some_and(|t| t.ends_with('Z')),
-        "{created}"
-    );
+    assert_liqo_latency(&created["status"]["latency"]);
     assert_eq!(
         sample(
             NS,
@@ -121,13 +110,9 @@ fn a_liqo_v1_gateway_creates_and_keeps_the_peers_connection() {
         1.0
     );
     // Status writes touch `status.value` and `status.latency` only.
-    for request in node
-        .api
-        .requests()
-        .iter()
-        .filter(|r| r.method == "PATCH" && r.uri.contains("connections/gw-rome/status"))
-    {
-        let body = request.body.as_ref().expect("a JSON patch");
+    let patches = node.status_patches("connections/gw-rome");
+    assert!(!patches.is_empty());
+    for body in patches {
         let keys: Vec<&String> = body["status"].as_object().unwrap().keys().collect();
         assert_eq!(keys, ["latency", "value"], "{body}");
     }

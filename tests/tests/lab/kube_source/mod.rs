@@ -66,6 +66,7 @@ trait Observe {
     fn refused(&self, plural: &str) -> Vec<Instant>;
     fn log(&self) -> String;
     fn connection(&self, namespace: &str, name: &str) -> Value;
+    fn status_patches(&self, needle: &str) -> Vec<Value>;
 }
 
 impl Observe for KubeNode {
@@ -130,6 +131,33 @@ impl Observe for KubeNode {
             .map(|o| o["status"]["connection"].clone())
             .unwrap_or(Value::Null)
     }
+
+    /// The bodies of the status patches whose path holds `needle`.
+    fn status_patches(&self, needle: &str) -> Vec<Value> {
+        self.api
+            .requests()
+            .into_iter()
+            .filter(|r| r.method == "PATCH" && r.uri.contains(needle) && r.uri.contains("/status"))
+            .map(|r| r.body.expect("a JSON patch"))
+            .collect()
+    }
+}
+
+/// Asserts that `latency` (`{value, timestamp}`) is a round trip as Liqo
+/// writes it ("640μs" or "3ms"), with when it was measured.
+fn assert_liqo_latency(latency: &Value) {
+    let value = latency["value"].as_str().unwrap_or_default();
+    let number = value
+        .strip_suffix("μs")
+        .or_else(|| value.strip_suffix("ms"))
+        .unwrap_or_else(|| panic!("latency {latency}"));
+    assert!(number.parse::<u32>().is_ok_and(|n| n > 0), "{latency}");
+    assert!(
+        latency["timestamp"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')),
+        "{latency}"
+    );
 }
 
 /// Our networks in every TunnelEndpoint here.
