@@ -171,8 +171,9 @@ impl Writer {
         if let Err(kube::Error::Api(e)) = &written
             && e.code == 404
         {
-            // Deleted under us: created again on the next write.
+            // Deleted under us: forgotten, so the next pass creates it.
             self.connections.remove(key);
+            self.written.remove(key);
         }
         written.map(drop)
     }
