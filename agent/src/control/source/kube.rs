@@ -55,15 +55,20 @@ impl KubeSource {
 
 /// The API resource of `kind`.
 pub fn api_resource(kind: ObjectKind) -> ApiResource {
-    let api_version = kind.api_version();
+    api_resource_of(kind.api_version(), kind.as_str(), kind.plural())
+}
+
+/// The API resource of `kind` (whose resource name is `plural`) in
+/// `api_version`, also of a kind the agent writes without reading it.
+pub fn api_resource_of(api_version: &str, kind: &str, plural: &str) -> ApiResource {
     // The core group has no name: `v1`.
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
     ApiResource {
         group: group.into(),
         version: version.into(),
         api_version: api_version.into(),
-        kind: kind.as_str().into(),
-        plural: kind.plural().into(),
+        kind: kind.into(),
+        plural: plural.into(),
     }
 }
 

@@ -7,16 +7,17 @@
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
-use kube::{
-    api::{ApiResource, GroupVersionKind},
-    core::DynamicObject,
-};
+use kube::{api::ApiResource, core::DynamicObject};
 use serde_json::{Value, json};
 
-use crate::model::{
-    liqo_v1::CLUSTER_ID_LABEL,
-    object::{LIQO_V1_NETWORKING_API_VERSION, ObjectKey, ObjectKind},
-    peer::LiqoGateway,
+use crate::{
+    control::source::api_resource_of,
+    model::{
+        liqo_v1::CLUSTER_ID_LABEL,
+        object::{LIQO_V1_NETWORKING_API_VERSION, ObjectKey, ObjectKind},
+        peer::LiqoGateway,
+    },
+    roles::gateway::conncheck,
 };
 
 use super::ConnectionStatus;
@@ -28,13 +29,7 @@ pub const UPDATE_STATUS_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The API resource of Connections.
 pub fn api_resource() -> ApiResource {
-    let (group, version) = LIQO_V1_NETWORKING_API_VERSION
-        .split_once('/')
-        .expect("a group and a version");
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk(group, version, "Connection"),
-        "connections",
-    )
+    api_resource_of(LIQO_V1_NETWORKING_API_VERSION, "Connection", "connections")
 }
 
 /// The Connection `key` of `gateway` as Liqo's gateway creates it: labelled
@@ -42,37 +37,26 @@ pub fn api_resource() -> ApiResource {
 /// `spec.gatewayRef`. Liqo names the WireGuard child's kind there
 /// (`WgGatewayClient`) beside the parent's UID, and so does this.
 pub fn object(key: &ObjectKey, gateway: &LiqoGateway, uid: Option<&str>) -> DynamicObject {
-    let mut object = json!({
-        "apiVersion": LIQO_V1_NETWORKING_API_VERSION,
-        "kind": "Connection",
-        "metadata": {
-            "name": key.name,
-            "namespace": key.namespace,
-        },
-    });
-    merge(&mut object, identity(gateway, uid));
+    let mut object = identity(gateway, uid);
+    object["apiVersion"] = json!(LIQO_V1_NETWORKING_API_VERSION);
+    object["kind"] = json!("Connection");
+    object["metadata"]["name"] = json!(key.name);
+    object["metadata"]["namespace"] = json!(key.namespace);
     serde_json::from_value(object).expect("a Connection is an object")
 }
 
 /// What Liqo's gateway sets on a Connection that already exists: the label
-/// and the spec (`resource.CreateOrUpdate`), as a merge patch.
+/// and the spec (`resource.CreateOrUpdate`), as a merge patch. The owner
+/// and the UID are left out while the gateway's UID is unknown: a null in a
+/// merge patch would delete them.
 pub fn identity(gateway: &LiqoGateway, uid: Option<&str>) -> Value {
     let (connection_type, gateway_kind) = match gateway.kind {
         ObjectKind::GatewayServer => ("Server", "WgGatewayServer"),
         _ => ("Client", "WgGatewayClient"),
     };
-    let owner = uid.map(|uid| {
-        json!([{
-            "apiVersion": LIQO_V1_NETWORKING_API_VERSION,
-            "kind": gateway.kind.as_str(),
-            "name": gateway.key.name,
-            "uid": uid,
-        }])
-    });
-    let fields = json!({
+    let mut identity = json!({
         "metadata": {
             "labels": { CLUSTER_ID_LABEL: gateway.cluster_id },
-            "ownerReferences": owner,
         },
         "spec": {
             "type": connection_type,
@@ -81,41 +65,32 @@ pub fn identity(gateway: &LiqoGateway, uid: Option<&str>) -> Value {
                 "kind": gateway_kind,
                 "name": gateway.key.name,
                 "namespace": gateway.key.namespace,
-                "uid": uid,
             },
         },
     });
-    // A null in a merge patch deletes: what is unknown is left out.
-    let mut identity = json!({});
-    merge(&mut identity, fields);
+    if let Some(uid) = uid {
+        identity["metadata"]["ownerReferences"] = json!([{
+            "apiVersion": LIQO_V1_NETWORKING_API_VERSION,
+            "kind": gateway.kind.as_str(),
+            "name": gateway.key.name,
+            "uid": uid,
+        }]);
+        identity["spec"]["gatewayRef"]["uid"] = json!(uid);
+    }
     identity
 }
 
 /// The merge patch of a Connection's status subresource: `value`, and the
 /// latency with when it was measured.
 pub fn status_patch(status: &ConnectionStatus, now: Timestamp) -> Value {
+    let latency = status
+        .latency
+        .clone()
+        .unwrap_or_else(|| conncheck::format_latency(None));
     json!({ "status": {
         "value": status.state.as_str(),
-        "latency": {
-            "value": status.latency.as_deref().unwrap_or("N/A"),
-            "timestamp": now.to_string(),
-        },
+        "latency": { "value": latency, "timestamp": now.to_string() },
     }})
-}
-
-/// Merges the object `patch` into `target`, leaving out its nulls.
-fn merge(target: &mut Value, patch: Value) {
-    let Value::Object(patch) = patch else {
-        *target = patch;
-        return;
-    };
-    if !target.is_object() {
-        *target = json!({});
-    }
-    let target = target.as_object_mut().expect("made an object");
-    for (field, value) in patch.into_iter().filter(|(_, v)| !v.is_null()) {
-        merge(target.entry(field).or_insert(Value::Null), value);
-    }
 }
 
 #[cfg(test)]

@@ -83,11 +83,14 @@ pub enum ShownOn {
 }
 
 impl ShownOn {
-    /// How often a status whose state holds gets a new latency.
-    fn latency_refresh(&self) -> Duration {
+    /// How long after the last write a status whose state holds is written
+    /// again, if at all: a TunnelEndpoint's once its latency moved, after
+    /// [`LATENCY_REFRESH`]; a Connection's every ten seconds, moved or
+    /// not, as Liqo's gateway stamps it.
+    fn refresh(&self, latency_moved: bool) -> Option<Duration> {
         match self {
-            ShownOn::TunnelEndpoint => LATENCY_REFRESH,
-            ShownOn::Connection(_) => liqo_connection::UPDATE_STATUS_INTERVAL,
+            ShownOn::TunnelEndpoint => latency_moved.then_some(LATENCY_REFRESH),
+            ShownOn::Connection(_) => Some(liqo_connection::UPDATE_STATUS_INTERVAL),
         }
     }
 }
@@ -209,11 +212,11 @@ pub fn desired(
     for peer in peers {
         let session = sessions.get(&peer.key).copied();
         let status = of_peer(peer, session, gateway);
-        let shown_on = match &peer.liqo_gateway {
-            Some(gateway) => gateway.connection(),
-            None => peer.key.clone(),
+        let object = match &status.shown_on {
+            ShownOn::Connection(gateway) => gateway.connection(),
+            ShownOn::TunnelEndpoint => peer.key.clone(),
         };
-        statuses.insert(shown_on, status);
+        statuses.insert(object, status);
     }
     statuses
 }
@@ -303,13 +306,10 @@ fn due(
 ) -> bool {
     let since_last = |limit| last.is_none_or(|w| now.duration_since(w.at) >= limit);
     match shown {
-        Some(shown) if shown.same_state(desired) => {
-            // Liqo's gateway restamps a Connection's latency every interval,
-            // changed or not.
-            let restamped = matches!(desired.shown_on, ShownOn::Connection(_));
-            (restamped || shown.latency != desired.latency)
-                && since_last(desired.shown_on.latency_refresh())
-        }
+        Some(shown) if shown.same_state(desired) => desired
+            .shown_on
+            .refresh(shown.latency != desired.latency)
+            .is_some_and(since_last),
         // Changed: write, unless this very status went out moments ago
         // and the watch has not brought it back yet.
         _ => last.is_none_or(|w| !w.status.same_state(desired)) || since_last(RETRY),
