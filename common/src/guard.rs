@@ -6,6 +6,10 @@
 //! of our sessions (a handshake response, cookie reply or transport data
 //! whose receiver index is ours): that is how a peer that roamed reaches
 //! userspace, which authenticates it and then allows its new source.
+//! While the gateway serves a peer that makes contact itself (a Liqo v1
+//! `GatewayServer`), whose source nobody can know, a handshake initiation
+//! also passes from anywhere: userspace bounds those (a queue of their own
+//! and a share of handshake work per source) before it authenticates them.
 //! Everything else aimed at the port is dropped in XDP.
 
 use crate::wire::{Be16, Be32};
@@ -38,8 +42,11 @@ pub struct GuardConfig {
     /// The tunnel's UDP port; 0 until the agent sets it, and then the
     /// guard passes everything.
     pub port: Be16,
+    /// 1 while the gateway serves a peer that makes contact itself: a
+    /// handshake initiation then passes from any source.
+    pub initiations: u8,
     /// Zero.
-    pub pad: u16,
+    pub pad: u8,
 }
 
 assert_layout!(GuardConfig, size = 4, align = 2);
@@ -54,10 +61,21 @@ pub enum Verdict {
     Session = 1,
     /// Dropped.
     Dropped = 2,
+    /// Passed: a handshake initiation from a source not known yet, while
+    /// the gateway serves a peer that makes contact itself.
+    Initiation = 3,
 }
 
 /// Every verdict, in slot order.
-pub const VERDICTS: [Verdict; 3] = [Verdict::KnownSource, Verdict::Session, Verdict::Dropped];
+pub const VERDICTS: [Verdict; 4] = [
+    Verdict::KnownSource,
+    Verdict::Session,
+    Verdict::Dropped,
+    Verdict::Initiation,
+];
+
+/// A WireGuard handshake initiation: its type, and its length in bytes.
+pub const INITIATION: (u8, u16) = (1, 148);
 
 impl Verdict {
     /// Lower-case name used in metrics.
@@ -66,6 +84,7 @@ impl Verdict {
             Verdict::KnownSource => "known_source",
             Verdict::Session => "session",
             Verdict::Dropped => "dropped",
+            Verdict::Initiation => "initiation",
         }
     }
 }

@@ -1,13 +1,15 @@
 //! The XDP guard of the tunnel port (see `isthmus_common::guard`): drops
 //! datagrams aimed at the port from sources that are not peers' endpoints
-//! and that name none of our sessions, before they cost userspace anything.
+//! and that name none of our sessions (nor, while the gateway serves a
+//! peer that makes contact itself, initiate one), before they cost
+//! userspace anything.
 //! Everything else passes untouched, including what cannot be parsed.
 
 use core::mem::size_of;
 
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use isthmus_common::{
-    guard::{GuardSource, Verdict, peer_index, receiver_offset},
+    guard::{GuardSource, INITIATION, Verdict, peer_index, receiver_offset},
     ipv4::{self, Header, PROTO_UDP},
     wire::Be16,
 };
@@ -65,13 +67,20 @@ fn verdict(ctx: &XdpContext) -> Option<Verdict> {
         return Some(Verdict::KnownSource);
     }
     let message = udp + UDP_HLEN;
-    let receiver = read::<u8>(ctx, message)
+    let kind = read::<u8>(ctx, message);
+    let receiver = kind
         .and_then(receiver_offset)
         .and_then(|offset| read::<[u8; 4]>(ctx, message + offset));
     let session = receiver
         .is_some_and(|receiver| maps::guard_index_known(peer_index(u32::from_le_bytes(receiver))));
+    let udp_len = read::<[u8; 2]>(ctx, udp + 4).map(u16::from_be_bytes);
+    let initiation = kind == Some(INITIATION.0)
+        && udp_len == Some(UDP_HLEN as u16 + INITIATION.1)
+        && maps::guard_open_to_initiations();
     Some(if session {
         Verdict::Session
+    } else if initiation {
+        Verdict::Initiation
     } else {
         Verdict::Dropped
     })

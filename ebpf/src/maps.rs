@@ -228,6 +228,13 @@ pub fn guard_port() -> Option<Be16> {
     GUARD_CONFIG.get(0).map(|c| c.port).filter(|p| !p.is_zero())
 }
 
+/// Whether initiations pass from any source: the gateway serves a peer
+/// that makes contact itself.
+#[inline(always)]
+pub fn guard_open_to_initiations() -> bool {
+    GUARD_CONFIG.get(0).is_some_and(|c| c.initiations != 0)
+}
+
 /// Whether `source` is a peer's endpoint.
 #[inline(always)]
 pub fn guard_source_known(source: &GuardSource) -> bool {

@@ -285,10 +285,12 @@ impl GuardSettings {
         Ok(Self(map.try_into()?))
     }
 
-    /// Sets the tunnel port the guard watches.
-    pub fn set_port(&mut self, port: u16) -> Result<(), MapError> {
+    /// Sets the tunnel port the guard watches, and whether handshake
+    /// initiations pass from any source (`open_to_initiations`).
+    pub fn set(&mut self, port: u16, open_to_initiations: bool) -> Result<(), MapError> {
         let config = GuardConfig {
             port: Be16::from_host(port),
+            initiations: u8::from(open_to_initiations),
             pad: 0,
         };
         self.0.set(0, config, 0)

@@ -22,7 +22,7 @@ use std::{collections::BTreeSet, net::Ipv4Addr};
 use futures::TryStreamExt;
 use ipnet::Ipv4Net;
 use netlink_packet_route::{
-    address::AddressScope,
+    address::{AddressAttribute, AddressMessage, AddressScope},
     route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteType},
     rule::{RuleAttribute, RuleMessage},
 };
@@ -178,8 +178,38 @@ impl Routes {
 
     /// Gives the device `addr` in the point-to-point network `addr/prefix_len`
     /// (kept if it has it already), whose other end is then reached
-    /// through the device: Liqo v1's tunnel addressing.
-    pub async fn add_link_address(&self, addr: Ipv4Addr, prefix_len: u8) -> Result<(), RouteError> {
+    /// through the device: Liqo v1's tunnel addressing. Any other address
+    /// the device has in that network goes: it was ours when we had the
+    /// other side of the tunnel, and is now the peer's.
+    pub async fn set_link_address(&self, addr: Ipv4Addr, prefix_len: u8) -> Result<(), RouteError> {
+        let network = Ipv4Net::new(addr, prefix_len).ok();
+        let request = |what: String| move |source| RouteError::Request { what, source };
+        let held: Vec<AddressMessage> = self
+            .handle
+            .address()
+            .get()
+            .set_link_index_filter(self.index)
+            .set_prefix_length_filter(prefix_len)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(request(format!("addresses of {}", self.dev)))?;
+        for message in held {
+            let Some(other) = address_of(&message) else {
+                continue;
+            };
+            if other != addr && network.is_some_and(|net| net.contains(&other)) {
+                self.handle
+                    .address()
+                    .del(message)
+                    .execute()
+                    .await
+                    .map_err(request(format!(
+                        "address {other}/{prefix_len} on {}",
+                        self.dev
+                    )))?;
+            }
+        }
         self.add_network_address(addr, prefix_len, AddressScope::Universe)
             .await
     }
@@ -492,4 +522,15 @@ fn out_of(route: &RouteMessage) -> Option<u32> {
         RouteAttribute::Oif(index) => Some(*index),
         _ => None,
     })
+}
+
+/// The IPv4 address an address message gives the device.
+fn address_of(message: &AddressMessage) -> Option<Ipv4Addr> {
+    message
+        .attributes
+        .iter()
+        .find_map(|attribute| match attribute {
+            AddressAttribute::Local(std::net::IpAddr::V4(addr)) => Some(*addr),
+            _ => None,
+        })
 }

@@ -71,6 +71,9 @@ pub struct TunnelConfig {
 pub struct TunnelCounters {
     /// Frames (packets or super-packets) from TUN for which no peer holds the destination.
     pub no_route: AtomicU64,
+    /// Frames from TUN for a peer we serve that has not made contact yet:
+    /// there is nowhere to send them.
+    pub no_endpoint: AtomicU64,
     /// Datagrams from a sender with a key or index we do not know.
     pub unknown_sender: AtomicU64,
     /// Datagrams that failed authentication or decryption.
@@ -222,8 +225,8 @@ pub struct PeerStatus {
     pub rx_packets: u64,
     /// Round-trip estimate from the last handshake, in milliseconds.
     pub rtt_ms: Option<u32>,
-    /// Current endpoint (roams).
-    pub endpoint: SocketAddrV4,
+    /// Current endpoint (roams); None until a peer we serve made contact.
+    pub endpoint: Option<SocketAddrV4>,
     /// Authenticated packets dropped for an inner source outside the peer's networks.
     pub dropped_source: u64,
     /// Failed or abandoned handshakes.
@@ -362,13 +365,17 @@ impl Tunnel {
         changes
     }
 
-    /// Starts a handshake now rather than on the first packet.
+    /// Starts a handshake now rather than on the first packet, towards a
+    /// peer whose endpoint we know.
     fn initiate(&self, peer: &TunnelPeer) {
+        let Some(endpoint) = peer.endpoint() else {
+            return;
+        };
         let mut buf = [0u8; 256];
         let mut tunn = peer.tunn.lock().unwrap_or_else(|p| p.into_inner());
         if let TunnResult::WriteToNetwork(init) = tunn.format_handshake_initiation(&mut buf, false)
         {
-            let _ = self.control.send_to(init, peer.endpoint());
+            let _ = self.control.send_to(init, endpoint);
         }
     }
 

@@ -28,8 +28,10 @@ pub struct PeerConfig {
     pub cluster_name: String,
     /// The peer gateway's static public key.
     pub public: [u8; 32],
-    /// Where the peer gateway listens (`endpointIP`, `backend_config.port`).
-    pub endpoint: SocketAddrV4,
+    /// Where the peer gateway listens (`endpointIP`, `backend_config.port`),
+    /// or None when it is the peer that makes contact (we are its server):
+    /// nothing is sent to it until it has.
+    pub endpoint: Option<SocketAddrV4>,
     /// The peer's networks as we see them.
     pub networks: Vec<Ipv4Net>,
 }
@@ -60,7 +62,8 @@ pub struct TunnelPeer {
     /// The WireGuard state machine; `encapsulate` and `decapsulate` need it exclusively.
     pub tunn: Mutex<Tunn>,
     /// Current endpoint: starts at the configured one and roams to the
-    /// source of the last authenticated packet. IPv4 and port packed in 48 bits.
+    /// source of the last authenticated packet. IPv4 and port packed in 48
+    /// bits; 0 while there is none, as 0.0.0.0:0 is no peer's source.
     endpoint: AtomicU64,
     /// The endpoint the object gives now (a name's address moves), packed
     /// as `endpoint` is.
@@ -133,12 +136,15 @@ impl std::fmt::Debug for TunnelPeer {
     }
 }
 
-fn pack(addr: SocketAddrV4) -> u64 {
-    (u64::from(u32::from(*addr.ip())) << 16) | u64::from(addr.port())
+fn pack(addr: Option<SocketAddrV4>) -> u64 {
+    addr.map_or(0, |addr| {
+        (u64::from(u32::from(*addr.ip())) << 16) | u64::from(addr.port())
+    })
 }
 
-fn unpack(packed: u64) -> SocketAddrV4 {
-    SocketAddrV4::new(Ipv4Addr::from((packed >> 16) as u32), packed as u16)
+fn unpack(packed: u64) -> Option<SocketAddrV4> {
+    let addr = SocketAddrV4::new(Ipv4Addr::from((packed >> 16) as u32), packed as u16);
+    (packed != 0).then_some(addr)
 }
 
 impl TunnelPeer {
@@ -164,12 +170,12 @@ impl TunnelPeer {
         Self {
             endpoint: AtomicU64::new(pack(config.endpoint)),
             configured: AtomicU64::new(pack(config.endpoint)),
+            first_contact_over: AtomicBool::new(config.endpoint.is_none()),
             config,
             index,
             tunn: Mutex::new(tunn),
             counters: PeerCounters::default(),
             first_contact: Mutex::new(FirstContact::new(Instant::now())),
-            first_contact_over: AtomicBool::new(false),
         }
     }
 
@@ -192,21 +198,24 @@ impl TunnelPeer {
         self.first_contact_over.load(Ordering::Relaxed)
     }
 
-    /// Where to send to the peer now.
-    pub fn endpoint(&self) -> SocketAddrV4 {
+    /// Where to send to the peer now; None until a peer we serve has made
+    /// contact.
+    pub fn endpoint(&self) -> Option<SocketAddrV4> {
         unpack(self.endpoint.load(Ordering::Relaxed))
     }
 
     /// Follows the peer to `addr`, the source of an authenticated packet.
     pub fn roam(&self, addr: SocketAddrV4) {
-        self.endpoint.store(pack(addr), Ordering::Relaxed);
+        self.endpoint.store(pack(Some(addr)), Ordering::Relaxed);
     }
 
     /// Moves the peer to a new configured endpoint, keeping its session;
-    /// returns whether it changed. It replaces wherever the peer roamed.
-    pub fn reconfigure(&self, addr: SocketAddrV4) -> bool {
+    /// returns whether it changed. A new endpoint replaces wherever the
+    /// peer roamed; none (we became its server) leaves it where it last
+    /// made contact from.
+    pub fn reconfigure(&self, addr: Option<SocketAddrV4>) -> bool {
         let moved = self.configured.swap(pack(addr), Ordering::Relaxed) != pack(addr);
-        if moved {
+        if let (true, Some(addr)) = (moved, addr) {
             self.roam(addr);
         }
         moved
@@ -238,7 +247,7 @@ impl PeerSet {
                     .or_default()
                     .insert(u32::from(net.network()), peer.clone());
             }
-            set.endpoints.insert(*peer.endpoint().ip());
+            set.endpoints.extend(peer.endpoint().map(|e| *e.ip()));
             set.by_index.insert(peer.index, peer.clone());
             set.by_public.insert(peer.config.public, peer.clone());
             set.by_key.insert(peer.config.key.clone(), peer);
@@ -302,6 +311,20 @@ mod tests {
     use super::*;
 
     fn peer(name: &str, index: u32, public: u8) -> Arc<TunnelPeer> {
+        peer_at(
+            name,
+            index,
+            public,
+            Some("203.0.113.2:5871".parse().unwrap()),
+        )
+    }
+
+    fn peer_at(
+        name: &str,
+        index: u32,
+        public: u8,
+        endpoint: Option<SocketAddrV4>,
+    ) -> Arc<TunnelPeer> {
         let private = StaticSecret::from([7u8; 32]);
         let config = PeerConfig {
             key: ObjectKey {
@@ -311,7 +334,7 @@ mod tests {
             label: name.into(),
             cluster_name: name.into(),
             public: *PublicKey::from(&StaticSecret::from([public; 32])).as_bytes(),
-            endpoint: "203.0.113.2:5871".parse().unwrap(),
+            endpoint,
             networks: Vec::new(),
         };
         let limiter = Arc::new(RateLimiter::new(&PublicKey::from(&private), 10));
@@ -342,14 +365,33 @@ mod tests {
     #[test]
     fn endpoint_roams_and_only_a_new_configured_endpoint_moves_it_back() {
         let b = peer("b", 1, 2);
-        assert_eq!(b.endpoint(), "203.0.113.2:5871".parse().unwrap());
+        let at = |s: &str| Some(s.parse::<SocketAddrV4>().unwrap());
+        assert_eq!(b.endpoint(), at("203.0.113.2:5871"));
         b.roam("198.51.100.9:40000".parse().unwrap());
-        assert_eq!(b.endpoint(), "198.51.100.9:40000".parse().unwrap());
+        assert_eq!(b.endpoint(), at("198.51.100.9:40000"));
         // The same configuration again leaves the roamed endpoint alone.
-        assert!(!b.reconfigure("203.0.113.2:5871".parse().unwrap()));
-        assert_eq!(b.endpoint(), "198.51.100.9:40000".parse().unwrap());
-        assert!(b.reconfigure("203.0.113.7:5871".parse().unwrap()));
-        assert_eq!(b.endpoint(), "203.0.113.7:5871".parse().unwrap());
+        assert!(!b.reconfigure(at("203.0.113.2:5871")));
+        assert_eq!(b.endpoint(), at("198.51.100.9:40000"));
+        assert!(b.reconfigure(at("203.0.113.7:5871")));
+        assert_eq!(b.endpoint(), at("203.0.113.7:5871"));
+        // Becoming its server leaves the peer where it last was.
+        assert!(b.reconfigure(None));
+        assert_eq!(b.endpoint(), at("203.0.113.7:5871"));
+    }
+
+    #[test]
+    fn a_peer_we_serve_has_no_endpoint_and_no_first_contact_until_it_makes_contact() {
+        let b = peer_at("b", 1, 2, None);
+        assert_eq!(b.endpoint(), None);
+        assert!(b.first_contact_over());
+        assert!(!b.first_contact_due(Instant::now() + Duration::from_secs(1), || false));
+        let set = PeerSet::new([(b.clone(), vec![net("10.0.0.0/16")])]);
+        assert!(!set.is_endpoint(Ipv4Addr::UNSPECIFIED));
+        b.roam("198.51.100.9:40000".parse().unwrap());
+        assert_eq!(b.endpoint(), Some("198.51.100.9:40000".parse().unwrap()));
+        // The configuration again (still none) keeps where it made contact.
+        assert!(!b.reconfigure(None));
+        assert_eq!(b.endpoint(), Some("198.51.100.9:40000".parse().unwrap()));
     }
 
     #[test]

@@ -27,7 +27,7 @@ const PEER_INDEX: u32 = 0x101;
 struct Harness {
     ebpf: Ebpf,
     stats: Counters,
-    _guard: Guard,
+    guard: Guard,
 }
 
 impl Harness {
@@ -44,15 +44,34 @@ impl Harness {
             .sync(&BTreeSet::from([peer]), &BTreeSet::from([PEER_INDEX]))
             .unwrap();
         let stats = Counters::guard(ebpf.take_map(names::MAP_GUARD_STATS).unwrap()).unwrap();
-        Self {
-            ebpf,
-            stats,
-            _guard: guard,
-        }
+        Self { ebpf, stats, guard }
     }
 
     fn run(&self, frame: &[u8]) -> (u32, Vec<u8>) {
         test_run(guard_program(&self.ebpf), frame)
+    }
+
+    /// Runs each row's frame: it must get the row's action and add one to
+    /// the row's verdict alone, and a frame that passes come out unchanged.
+    fn check(&self, rows: Vec<(&str, Vec<u8>, u32, Option<usize>)>) {
+        let mut failures = Vec::new();
+        for (name, frame, action, verdict) in rows {
+            let before = self.stats.read().unwrap();
+            let (got, out) = self.run(&frame);
+            let after = self.stats.read().unwrap();
+            let counted: Vec<usize> = (0..VERDICTS.len())
+                .filter(|v| after[*v] != before[*v])
+                .collect();
+            if got != action || counted != verdict.into_iter().collect::<Vec<_>>() {
+                failures.push(format!(
+                    "{name}: action {got} (want {action}), counted {counted:?} (want {verdict:?})"
+                ));
+            }
+            if got == XDP_PASS && out != frame {
+                failures.push(format!("{name}: the frame was changed"));
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
     }
 }
 
@@ -193,24 +212,70 @@ fn the_guard_passes_peers_and_sessions_and_drops_the_rest() {
             None,
         ),
     ];
-    let mut failures = Vec::new();
-    for (name, frame, action, verdict) in rows {
-        let before = harness.stats.read().unwrap();
-        let (got, out) = harness.run(&frame);
-        let after = harness.stats.read().unwrap();
-        let counted: Vec<usize> = (0..VERDICTS.len())
-            .filter(|v| after[*v] != before[*v])
-            .collect();
-        if got != action || counted != verdict.into_iter().collect::<Vec<_>>() {
-            failures.push(format!(
-                "{name}: action {got} (want {action}), counted {counted:?} (want {verdict:?})"
-            ));
-        }
-        if got == XDP_PASS && out != frame {
-            failures.push(format!("{name}: the frame was changed"));
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    harness.check(rows);
+}
+
+#[test]
+fn serving_a_peer_that_makes_contact_lets_initiations_alone_through_from_anywhere() {
+    let mut harness = Harness::new();
+    let initiation = message(1, 0, 0, 148);
+    let stranger = || udp(STRANGER, 40000, PORT, initiation.clone());
+    harness.check(vec![(
+        "closed: a stranger's initiation",
+        stranger(),
+        XDP_DROP,
+        Some(2),
+    )]);
+    assert!(harness.guard.open_to_initiations(true).unwrap());
+    assert!(
+        !harness.guard.open_to_initiations(true).unwrap(),
+        "written twice"
+    );
+    harness.check(vec![
+        (
+            "open: a stranger's initiation",
+            stranger(),
+            XDP_PASS,
+            Some(3),
+        ),
+        (
+            "open: a peer's initiation, from its endpoint",
+            udp(PEER, PORT, PORT, initiation.clone()),
+            XDP_PASS,
+            Some(0),
+        ),
+        (
+            "open: an initiation a byte short",
+            udp(STRANGER, 40000, PORT, message(1, 0, 0, 147)),
+            XDP_DROP,
+            Some(2),
+        ),
+        (
+            "open: an initiation a byte long",
+            udp(STRANGER, 40000, PORT, message(1, 0, 0, 149)),
+            XDP_DROP,
+            Some(2),
+        ),
+        (
+            "open: data for a session not ours",
+            udp(STRANGER, 40000, PORT, message(4, 0x999 << 8, 0, 64)),
+            XDP_DROP,
+            Some(2),
+        ),
+        (
+            "open: a cookie reply for no session of ours",
+            udp(STRANGER, 40000, PORT, message(3, 0x999 << 8, 0, 64)),
+            XDP_DROP,
+            Some(2),
+        ),
+    ]);
+    assert!(harness.guard.open_to_initiations(false).unwrap());
+    harness.check(vec![(
+        "closed again: a stranger's initiation",
+        stranger(),
+        XDP_DROP,
+        Some(2),
+    )]);
 }
 
 #[test]

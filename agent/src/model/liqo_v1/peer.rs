@@ -6,7 +6,7 @@
 
 use crate::model::{
     object::{Layout, ObjectKey, ObjectKind},
-    peer::{LiqoGateway, Mapped, Peer, TunnelParams},
+    peer::{Endpoint, LiqoGateway, Mapped, Peer, TunnelParams},
 };
 
 use super::{Gateway, PeerKey, PeerNetworks, Side};
@@ -60,19 +60,21 @@ impl Gateway {
 }
 
 /// The tunnel to the peer's gateway, or the first field of the peer's
-/// objects it lacks. Only a GatewayClient gives the peer's endpoint, which
-/// the embedded tunnel needs to start from: as a GatewayServer, which
-/// waits for the peer, Isthmus does not serve yet.
+/// objects it lacks. As a client, we contact the peer at the GatewayClient's
+/// endpoint; as a server, the peer contacts us at the GatewayServer's port,
+/// and we learn where it is from its handshake.
 fn tunnel(companions: Companions<'_>) -> Result<TunnelParams, &'static str> {
-    const ENDPOINT: &str = "GatewayClient spec.endpoint";
-    let gateway = companions.gateway.ok_or(ENDPOINT)?;
+    let gateway = companions
+        .gateway
+        .ok_or("GatewayServer or GatewayClient spec.endpoint")?;
     let key = companions.key.ok_or("PublicKey spec.publicKey")?;
-    match &gateway.side {
-        Side::Client { endpoint, port } => Ok(TunnelParams {
-            endpoint: endpoint.clone(),
-            port: *port,
-            public_key: key.key,
-        }),
-        Side::Server { .. } => Err(ENDPOINT),
-    }
+    let (endpoint, port) = match &gateway.side {
+        Side::Client { endpoint, port } => (endpoint.clone(), *port),
+        Side::Server { port } => (Endpoint::Learned, *port),
+    };
+    Ok(TunnelParams {
+        endpoint,
+        port,
+        public_key: key.key,
+    })
 }

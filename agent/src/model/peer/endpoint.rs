@@ -15,13 +15,17 @@ pub struct TunnelParams {
 }
 
 /// `endpointIP`: an address, or a DNS name that Liqo copied from a
-/// LoadBalancer's status (an AWS ELB's, for instance).
+/// LoadBalancer's status (an AWS ELB's, for instance); or none, for a peer
+/// that makes contact itself.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Endpoint {
     /// An IPv4 address.
     Addr(Ipv4Addr),
     /// A host name, resolved by the gateway through the system resolver.
     Name(String),
+    /// Where the peer makes contact from: we are its server (a Liqo v1
+    /// `GatewayServer`), and nothing goes to it before it has.
+    Learned,
 }
 
 impl Endpoint {
@@ -29,7 +33,7 @@ impl Endpoint {
     pub fn addr(&self) -> Option<Ipv4Addr> {
         match self {
             Endpoint::Addr(ip) => Some(*ip),
-            Endpoint::Name(_) => None,
+            Endpoint::Name(_) | Endpoint::Learned => None,
         }
     }
 
@@ -47,6 +51,7 @@ impl std::fmt::Display for Endpoint {
         match self {
             Endpoint::Addr(ip) => ip.fmt(f),
             Endpoint::Name(name) => f.write_str(name),
+            Endpoint::Learned => f.write_str("where the peer makes contact from"),
         }
     }
 }

@@ -221,6 +221,7 @@ impl Collector for TunnelMetrics {
         )?;
         for (reason, value) in [
             ("no_route", &c.no_route),
+            ("no_endpoint", &c.no_endpoint),
             ("unknown_sender", &c.unknown_sender),
             ("rejected", &c.rejected),
             ("malformed", &c.malformed),

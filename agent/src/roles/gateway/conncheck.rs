@@ -260,6 +260,18 @@ pub fn spawn(
     });
 }
 
+/// A conncheck socket on port [`PORT`] of whatever address device `dev`
+/// has: a Liqo v1 tunnel's address follows the side we have, and the
+/// socket need not.
+pub fn bind_on_device(dev: &str) -> std::io::Result<tokio::net::UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+    socket.bind_device(Some(dev.as_bytes()))?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, PORT).into())?;
+    tokio::net::UdpSocket::from_std(socket.into())
+}
+
 /// Takes in one datagram `socket` received into `buf`, and answers it on
 /// `socket` if it is a PING.
 async fn take(

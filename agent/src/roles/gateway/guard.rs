@@ -16,7 +16,7 @@ use isthmus_common::{
 };
 
 use crate::kernel::{
-    maps::{GuardMaps, PresenceSet},
+    maps::{GuardMaps, GuardSettings, PresenceSet},
     table::Mirror,
 };
 
@@ -24,21 +24,41 @@ use crate::kernel::{
 pub struct Guard {
     sources: Mirror<PresenceSet<GuardSource>>,
     indexes: Mirror<PresenceSet<u32>>,
+    settings: GuardSettings,
+    port: u16,
+    /// Whether initiations pass from anywhere, as last written.
+    open: bool,
 }
 
 impl Guard {
-    /// Starts from what the tables hold, and sets the tunnel `port`.
+    /// Starts from what the tables hold, and sets the tunnel `port`, with
+    /// initiations passing only from peers' endpoints.
     pub fn new(maps: GuardMaps, port: u16) -> Result<Self, MapError> {
         let GuardMaps {
             sources,
             indexes,
             mut settings,
         } = maps;
-        settings.set_port(port)?;
+        settings.set(port, false)?;
         Ok(Self {
             sources: Mirror::new(sources)?,
             indexes: Mirror::new(indexes)?,
+            settings,
+            port,
+            open: false,
         })
+    }
+
+    /// Lets handshake initiations pass from any source (`open`), while the
+    /// gateway serves a peer that makes contact itself, or only from peers'
+    /// endpoints. Returns whether that changed.
+    pub fn open_to_initiations(&mut self, open: bool) -> Result<bool, MapError> {
+        if open == self.open {
+            return Ok(false);
+        }
+        self.settings.set(self.port, open)?;
+        self.open = open;
+        Ok(true)
     }
 
     /// Allows exactly `endpoints` and `indexes`. Returns the first failure

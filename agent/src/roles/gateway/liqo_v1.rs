@@ -11,28 +11,57 @@ use tracing::error;
 
 use crate::{
     kernel::{dataplane::PeerDevices, link},
-    model::peer::{Peer, Remaps},
+    model::{
+        object::ObjectKind,
+        peer::{Peer, Remaps},
+    },
 };
 
 /// The server side's tunnel address.
 pub const SERVER_ADDR: Ipv4Addr = Ipv4Addr::new(169, 254, 18, 1);
-/// The client side's tunnel address: ours, as Isthmus serves the client
-/// side.
+/// The client side's tunnel address.
 pub const CLIENT_ADDR: Ipv4Addr = Ipv4Addr::new(169, 254, 18, 2);
 /// The length of the tunnel's point-to-point network.
 pub const PREFIX_LEN: u8 = 30;
+
+/// The two ends of the tunnel to a Liqo v1 peer: ours and the peer's,
+/// by the side our gateway object gives us.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TunnelAddresses {
+    /// Ours, which the peer's conncheck PINGs.
+    pub ours: Ipv4Addr,
+    /// The peer's, which ours PINGs.
+    pub theirs: Ipv4Addr,
+}
+
+impl TunnelAddresses {
+    /// The ends of the tunnel to `peer`; None for a peer of Liqo v0.10's
+    /// API, whose tunnel carries no addresses of its own. We are the
+    /// server for a GatewayServer, the client otherwise.
+    pub fn of(peer: &Peer) -> Option<Self> {
+        if peer.remaps() != Remaps::Theirs {
+            return None;
+        }
+        let server = peer
+            .liqo_gateway
+            .as_ref()
+            .is_some_and(|gateway| gateway.kind == ObjectKind::GatewayServer);
+        let (ours, theirs) = match server {
+            true => (SERVER_ADDR, CLIENT_ADDR),
+            false => (CLIENT_ADDR, SERVER_ADDR),
+        };
+        Some(Self { ours, theirs })
+    }
+}
 
 /// The networks whose addresses `peer`'s packets carry inside the tunnel:
 /// for a Liqo v1 peer, its real networks and its tunnel address.
 pub fn tunnel_networks(peer: &Peer) -> Vec<Ipv4Net> {
     let networks = peer.tunnel_networks().map(|(_, net)| net);
-    match peer.remaps() {
-        Remaps::Ours => networks.to_vec(),
-        Remaps::Theirs => networks
-            .into_iter()
-            .chain([Ipv4Net::from(SERVER_ADDR)])
-            .collect(),
-    }
+    networks
+        .into_iter()
+        .chain(TunnelAddresses::of(peer).map(|ends| Ipv4Net::from(ends.theirs)))
+        .collect()
 }
 
 /// The tunnel device's entry in the kernel's table of devices that carry
@@ -73,6 +102,7 @@ mod tests {
     use crate::model::{
         liqo_v1::{Companions, PeerNetworks},
         object::{Object, parse_documents},
+        peer::LiqoGateway,
     };
 
     #[test]
@@ -83,7 +113,7 @@ mod tests {
             panic!("not a Configuration")
         };
         let networks = PeerNetworks::from_configuration(&raw, "c.yaml").unwrap();
-        let peer = networks.peer(&raw.key, "c.yaml", Companions::default());
+        let mut peer = networks.peer(&raw.key, "c.yaml", Companions::default());
         let net = |s: &str| s.parse::<Ipv4Net>().unwrap();
         assert_eq!(
             tunnel_networks(&peer),
@@ -97,5 +127,19 @@ mod tests {
         // carried: nothing inside the tunnel may claim them.
         let views: Vec<Ipv4Net> = peer.views().iter().map(|(_, n)| *n).collect();
         assert!(views.iter().all(|v| !tunnel_networks(&peer).contains(v)));
+        // As its server, the peer is the client, at .2.
+        peer.liqo_gateway = Some(LiqoGateway {
+            kind: ObjectKind::GatewayServer,
+            key: peer.key.clone(),
+            cluster_id: "rome".into(),
+        });
+        assert_eq!(tunnel_networks(&peer)[2], net("169.254.18.2/32"));
+        assert_eq!(
+            TunnelAddresses::of(&peer),
+            Some(TunnelAddresses {
+                ours: SERVER_ADDR,
+                theirs: CLIENT_ADDR
+            })
+        );
     }
 }

@@ -27,7 +27,7 @@ use crate::{
     model::{
         key_text,
         object::ObjectKey,
-        peer::{Endpoint, Peer, Problem, Remaps},
+        peer::{Endpoint, Peer, Problem, Remaps, TunnelParams},
     },
     roles::routes::Routes,
     tunnel::{Connection, PeerStatus, Tunnel, TunnelConfig, key::KeyPair, peers::PeerConfig},
@@ -54,6 +54,10 @@ pub struct Gateway {
     /// Where the gateway serves a Liqo v1 peer: the kernel's entry that
     /// names it as the tunnel device's peer.
     liqo_v1: Option<DeviceOfPeer>,
+    /// The tunnel device's Liqo v1 address now, which follows our side.
+    tunnel_address: Option<Ipv4Addr>,
+    /// The UDP port the tunnel listens on, where peers we serve make contact.
+    port: u16,
 }
 
 /// What the gateway knows of each peer, for its TunnelEndpoint's status.
@@ -95,13 +99,11 @@ impl Gateway {
         info!(dev = %config.dev, port = config.port, public_key = %public, workers = config.workers, "tunnel up");
         // The conncheck answers on an address of the tunnel device, as on
         // Liqo's: the NatMapping's 169.254.0.1 entry leads there, or for a
-        // Liqo v1 peer, the tunnel's own addressing.
+        // Liqo v1 peer, the tunnel's own address, which our side decides:
+        // it answers on the device, whichever address that has.
         let responder = match &liqo_v1 {
-            Some(_) => {
-                let addr = liqo_v1::CLIENT_ADDR;
-                routes.add_link_address(addr, liqo_v1::PREFIX_LEN).await?;
-                bind_conncheck(addr, conncheck::PORT).await?
-            }
+            Some(_) => conncheck::bind_on_device(&config.dev)
+                .with_context(|| format!("binding the conncheck to device {}", config.dev))?,
             None => conncheck_socket(&routes, conncheck::ADDR, conncheck::PORT).await?,
         };
         // A Liqo v1 peer is PINGed from our tunnel address, its route back.
@@ -123,6 +125,8 @@ impl Gateway {
             checks,
             configured_peers: BTreeMap::new(),
             liqo_v1: liqo_v1.map(|devices| DeviceOfPeer::new(devices, &config.dev)),
+            tunnel_address: None,
+            port: config.port,
         })
     }
 
@@ -133,7 +137,7 @@ impl Gateway {
             .iter()
             .filter_map(|p| match &p.tunnel.as_ref().ok()?.endpoint {
                 Endpoint::Name(name) => Some((&p.key, name.as_str())),
-                Endpoint::Addr(_) => None,
+                Endpoint::Addr(_) | Endpoint::Learned => None,
             })
             .collect();
         // Most gateways have no names: no status to read on every tick.
@@ -180,12 +184,20 @@ impl Gateway {
         &self.unresolved
     }
 
-    /// The address to reach `peer`'s gateway at, or why there is none: a
-    /// name that does not resolve, or resolves into a peer's view (the
-    /// tunnel's own packets would enter the tunnel).
-    fn address(&self, endpoint: &Endpoint, peers: &[Peer]) -> Result<std::net::Ipv4Addr, String> {
-        let name = match endpoint {
-            Endpoint::Addr(addr) => return Ok(*addr),
+    /// The address to reach a peer's gateway at (`tunnel`), none for a
+    /// peer we serve, or why the peer cannot be in the tunnel: a name that
+    /// does not resolve, or resolves into a peer's view (the tunnel's own
+    /// packets would enter the tunnel); a server's port we do not listen on.
+    fn address(&self, tunnel: &TunnelParams, peers: &[Peer]) -> Result<Option<Ipv4Addr>, String> {
+        let name = match &tunnel.endpoint {
+            Endpoint::Addr(addr) => return Ok(Some(*addr)),
+            Endpoint::Learned if tunnel.port == self.port => return Ok(None),
+            Endpoint::Learned => {
+                return Err(format!(
+                    "field spec.endpoint.port: {}, and this gateway listens on UDP port {} (--port): the peer would make contact where nothing listens",
+                    tunnel.port, self.port
+                ));
+            }
             Endpoint::Name(name) => name,
         };
         let addr = self
@@ -201,7 +213,7 @@ impl Gateway {
                 "field endpointIP: {name} resolves to {addr}, inside field {field} ({net}) of TunnelEndpoint {}: its WireGuard traffic would be routed into a tunnel",
                 other.key
             )),
-            None => Ok(addr),
+            None => Ok(Some(addr)),
         }
     }
 
@@ -220,14 +232,14 @@ impl Gateway {
         let (mut routed, mut v1_peer) = (BTreeSet::new(), None);
         for peer in peers {
             match &peer.tunnel {
-                Ok(params) => match self.address(&params.endpoint, peers) {
+                Ok(params) => match self.address(params, peers) {
                     Ok(addr) => {
                         let config = PeerConfig {
                             key: peer.key.clone(),
                             label: peer.label().to_owned(),
                             cluster_name: peer.name().to_owned(),
                             public: params.public_key,
-                            endpoint: SocketAddrV4::new(addr, params.port),
+                            endpoint: addr.map(|addr| SocketAddrV4::new(addr, params.port)),
                             networks: liqo_v1::tunnel_networks(peer),
                         };
                         configured.insert(
@@ -268,7 +280,19 @@ impl Gateway {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .set_targets(&targets, Instant::now());
-        self.configured = configs.iter().map(|c| c.endpoint).collect();
+        self.configured = configs.iter().filter_map(|c| c.endpoint).collect();
+        if let Some(guard) = &mut self.guard {
+            // A peer we serve makes contact from where we cannot know.
+            let open = configs.iter().any(|c| c.endpoint.is_none());
+            match guard.open_to_initiations(open) {
+                Ok(true) if open => {
+                    info!("XDP guard: initiations pass from any source, for a peer we serve")
+                }
+                Ok(true) => info!("XDP guard: initiations pass from peers' endpoints alone"),
+                Ok(false) => {}
+                Err(e) => error!(error = %e, "opening the XDP guard to initiations; will retry"),
+            }
+        }
         // Allowed before the handshake goes out, so its answer gets through.
         self.follow_guard(&self.tunnel.status());
         for (object, change) in self.tunnel.set_peers(&configs) {
@@ -277,6 +301,7 @@ impl Gateway {
         if let Some(device) = &mut self.liqo_v1 {
             device.sync(v1_peer.filter(|_| active));
         }
+        self.follow_side(v1_peer).await;
         self.follow_guard(&self.tunnel.status());
         let synced = self.routes.sync(&desired, active).await;
         let (added, removed) = (synced.added, synced.removed);
@@ -296,6 +321,29 @@ impl Gateway {
         routed
     }
 
+    /// Gives the tunnel device our Liqo v1 address towards `peer`, by the
+    /// side we have: the peer's conncheck PINGs it, and ours leave from it.
+    /// A failure is logged and tried again at the next pass.
+    async fn follow_side(&mut self, peer: Option<&Peer>) {
+        let Some(ends) = peer.and_then(liqo_v1::TunnelAddresses::of) else {
+            return;
+        };
+        if self.tunnel_address == Some(ends.ours) {
+            return;
+        }
+        match self
+            .routes
+            .set_link_address(ends.ours, liqo_v1::PREFIX_LEN)
+            .await
+        {
+            Ok(()) => {
+                info!(address = %ends.ours, peer = %ends.theirs, "tunnel address set");
+                self.tunnel_address = Some(ends.ours);
+            }
+            Err(e) => error!(error = %e, "setting the tunnel address; will retry"),
+        }
+    }
+
     /// Lets through the guard exactly the configured endpoints, the
     /// endpoints peers have roamed to, and the peers' sessions.
     fn follow_guard(&mut self, statuses: &[PeerStatus]) {
@@ -304,7 +352,7 @@ impl Gateway {
         };
         let endpoints: BTreeSet<SocketAddrV4> = statuses
             .iter()
-            .map(|s| s.endpoint)
+            .filter_map(|s| s.endpoint)
             .chain(self.configured.iter().copied())
             .collect();
         let indexes: BTreeSet<u32> = statuses.iter().map(|s| s.index).collect();
@@ -345,11 +393,11 @@ impl Gateway {
             if self.states.get(&status.key) != Some(&status.connection) {
                 match status.connection {
                     Connection::Connected => info!(
-                        object = %status.key, peer = %status.label, endpoint = %status.endpoint,
+                        object = %status.key, peer = %status.label, endpoint = ?status.endpoint,
                         rtt_ms = ?status.rtt_ms, "peer connected"
                     ),
                     Connection::Connecting => {
-                        warn!(object = %status.key, peer = %status.label, endpoint = %status.endpoint, "peer connecting")
+                        warn!(object = %status.key, peer = %status.label, endpoint = ?status.endpoint, "peer connecting")
                     }
                 }
             }
@@ -380,8 +428,8 @@ async fn bind_conncheck(addr: Ipv4Addr, port: u16) -> Result<tokio::net::UdpSock
 /// we see it, which its NatMapping for us sends to its 169.254.0.1; a
 /// Liqo v1 peer's tunnel address.
 fn conncheck_target(peer: &Peer) -> Ipv4Addr {
-    if peer.remaps() == Remaps::Theirs {
-        return liqo_v1::SERVER_ADDR;
+    if let Some(ends) = liqo_v1::TunnelAddresses::of(peer) {
+        return ends.theirs;
     }
     let view = peer.remote_external.seen();
     Ipv4Addr::from(u32::from(view.network()).saturating_add(1))
@@ -390,10 +438,17 @@ fn conncheck_target(peer: &Peer) -> Ipv4Addr {
 /// Liqo's `status.connection.peerConfiguration` for a peer's tunnel.
 fn peer_configuration(config: &PeerConfig) -> BTreeMap<String, String> {
     let allowed: Vec<String> = config.networks.iter().map(ToString::to_string).collect();
-    BTreeMap::from([
+    let endpoint = config.endpoint.iter().flat_map(|endpoint| {
+        [
+            ("endpointIP".to_owned(), endpoint.ip().to_string()),
+            ("port".to_owned(), endpoint.port().to_string()),
+        ]
+    });
+    [
         ("allowedIPs".to_owned(), allowed.join(", ")),
-        ("endpointIP".to_owned(), config.endpoint.ip().to_string()),
-        ("port".to_owned(), config.endpoint.port().to_string()),
         ("publicKey".to_owned(), key_text::encode(&config.public)),
-    ])
+    ]
+    .into_iter()
+    .chain(endpoint)
+    .collect()
 }

@@ -163,7 +163,11 @@ impl<'a> Worker<'a> {
                 counters.no_route.fetch_add(1, Ordering::Relaxed);
                 continue;
             };
-            let (endpoint, outgoing) = (peer.endpoint(), &mut self.bufs.outgoing);
+            let Some(endpoint) = peer.endpoint() else {
+                counters.no_endpoint.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            let outgoing = &mut self.bufs.outgoing;
             let mut packets = 0;
             let split = offload::split(frame, &mut self.bufs.segment, |packet| {
                 sender.encrypt(peer, endpoint, packet, outgoing);
@@ -357,11 +361,14 @@ impl Receiver<'_> {
             }
             TunnResult::WriteToNetwork(reply) => {
                 let _ = self.udp.send_to(reply, source);
-                // Packets queued while the handshake was under way go now.
+                // Packets queued while the handshake was under way go now,
+                // where the peer is (a peer we serve is, once it answered).
                 while let TunnResult::WriteToNetwork(queued) =
                     tunn.decapsulate(None, &[], &mut buf[VNET_HDR_LEN..])
                 {
-                    let _ = self.udp.send_to(queued, peer.endpoint());
+                    if let Some(endpoint) = peer.endpoint() {
+                        let _ = self.udp.send_to(queued, endpoint);
+                    }
                 }
             }
             TunnResult::Done => {}
@@ -545,7 +552,9 @@ fn run_timers(peer: &TunnelPeer, udp: &UdpSocket, buf: &mut [u8]) {
     } else if !expired {
         peer.counters.expired.store(false, Ordering::Relaxed);
     }
-    if let TunnResult::WriteToNetwork(datagram) = result {
+    // A peer we serve that has not made contact yet gets nothing: the
+    // handshakes are its to start.
+    if let (TunnResult::WriteToNetwork(datagram), Some(endpoint)) = (result, endpoint) {
         let _ = udp.send_to(datagram, endpoint);
     }
 }
@@ -554,10 +563,11 @@ fn run_timers(peer: &TunnelPeer, udp: &UdpSocket, buf: &mut [u8]) {
 /// whether more retries may follow. The session's lock, which the datapath
 /// takes for every packet, is taken only when a retry is due.
 fn retry_first_contact(peer: &TunnelPeer, udp: &UdpSocket, buf: &mut [u8], now: Instant) -> bool {
-    if peer.first_contact_due(now, || lock(peer).stats().0.is_some())
+    if let Some(endpoint) = peer.endpoint()
+        && peer.first_contact_due(now, || lock(peer).stats().0.is_some())
         && let TunnResult::WriteToNetwork(init) = lock(peer).format_handshake_initiation(buf, true)
     {
-        let _ = udp.send_to(init, peer.endpoint());
+        let _ = udp.send_to(init, endpoint);
     }
     !peer.first_contact_over()
 }

@@ -37,7 +37,14 @@ fn addr(socket: &UdpSocket) -> SocketAddrV4 {
 }
 
 impl Pair {
+    /// A remote whose endpoint we know: we are its client.
     fn new() -> Self {
+        Self::with_known_endpoint(true)
+    }
+
+    /// A remote whose endpoint we know, or one we serve (`known` false),
+    /// which makes contact itself.
+    fn with_known_endpoint(known: bool) -> Self {
         let our_secret = StaticSecret::from([1u8; 32]);
         let remote_secret = StaticSecret::from([2u8; 32]);
         let our_public = PublicKey::from(&our_secret);
@@ -55,7 +62,7 @@ impl Pair {
             label: "b".into(),
             cluster_name: "b".into(),
             public: *PublicKey::from(&remote_secret).as_bytes(),
-            endpoint: addr(&remote_socket),
+            endpoint: known.then(|| addr(&remote_socket)),
             networks: vec!["10.77.0.0/24".parse().unwrap()],
         };
         let networks = config.networks.clone();
@@ -161,7 +168,7 @@ fn an_oversized_forged_transport_message_is_rejected_without_a_panic() {
         forged[..16].copy_from_slice(&genuine[..16]);
         let stranger = "203.0.113.99:40000".parse().unwrap();
         assert_eq!(pair.receive(&forged, stranger), None);
-        assert_eq!(pair.peer().endpoint(), addr(&pair.remote_socket));
+        assert_eq!(pair.peer().endpoint(), Some(addr(&pair.remote_socket)));
     }
     assert_eq!(pair.shared.counters.rejected.load(Ordering::Relaxed), 3);
     // The session still works.
@@ -239,14 +246,39 @@ fn replayed_handshake_responses_do_not_move_the_peer() {
     assert_eq!((n, cookie[0]), (64, MESSAGE_COOKIE_REPLY));
     assert_eq!(
         pair.peer().endpoint(),
-        home,
+        Some(home),
         "a cookie reply moved the peer"
     );
     // A transport message that decrypts is what moves it.
     let datagram = pair.sealed(&ipv4([10, 77, 0, 9], 60));
     let roamed = "127.0.0.1:40001".parse().unwrap();
     assert!(pair.receive(&datagram, roamed).is_some());
-    assert_eq!(pair.peer().endpoint(), roamed);
+    assert_eq!(pair.peer().endpoint(), Some(roamed));
+}
+
+#[test]
+fn a_peer_we_serve_gets_nothing_before_it_makes_contact_and_is_answered_where_it_is() {
+    let mut pair = Pair::with_known_endpoint(false);
+    let peer = pair.peer();
+    assert_eq!(peer.endpoint(), None);
+    // No first contact of ours, no timer's message: nowhere to send them.
+    let mut buf = vec![0u8; 2048];
+    let later = Instant::now() + Duration::from_secs(1);
+    assert!(!retry_first_contact(&peer, &pair.ours, &mut buf, later));
+    run_timers(&peer, &pair.ours, &mut buf);
+    pair.remote_socket.set_nonblocking(true).unwrap();
+    assert!(
+        pair.remote_socket.recv_from(&mut buf).is_err(),
+        "something was sent to a peer that made no contact"
+    );
+    pair.remote_socket.set_nonblocking(false).unwrap();
+    // It initiates; the answer goes where it initiated from, and so does
+    // everything after.
+    pair.handshake();
+    let home = addr(&pair.remote_socket);
+    assert_eq!(peer.endpoint(), Some(home));
+    let datagram = pair.sealed(&ipv4([10, 77, 0, 9], 100));
+    assert_eq!(pair.receive(&datagram, home).map(|p| p.len()), Some(100));
 }
 
 #[test]

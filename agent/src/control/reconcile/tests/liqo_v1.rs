@@ -5,7 +5,10 @@
 use isthmus_common::nat::{PrefixRewrite, REMAPS_PEER};
 
 use super::*;
-use crate::model::peer::{LiqoApi, Remaps};
+use crate::model::{
+    object::ObjectKind,
+    peer::{Endpoint, LiqoApi, Remaps},
+};
 
 const FIXTURES: [(&str, &str); 4] = [
     (
@@ -114,7 +117,29 @@ fn a_v1_peer_without_its_key_or_gateway_client_has_no_tunnel_and_names_what_it_l
     with_fixtures(&mut r, "gatewayclient-rome.yaml");
     r.set_origin("gatewayclient-rome.yaml".into(), Vec::new());
     r.reconcile();
-    assert_eq!(r.peers()[0].tunnel, Err("GatewayClient spec.endpoint"));
+    assert_eq!(
+        r.peers()[0].tunnel,
+        Err("GatewayServer or GatewayClient spec.endpoint")
+    );
+}
+
+#[test]
+fn as_the_peers_gateway_server_we_learn_its_endpoint_and_listen_on_the_servers_port() {
+    let mut table = Peers::default();
+    let mut r = reconciler(&mut table);
+    with_fixtures(&mut r, "gatewayclient-rome.yaml");
+    let server = include_str!("../../../../../tests/fixtures/liqo-v1/gatewayserver-rome.yaml");
+    r.set_origin(
+        "gatewayserver-rome.yaml".into(),
+        docs("gatewayserver-rome.yaml", server),
+    );
+    r.reconcile();
+    let peer = &r.peers()[0];
+    let tunnel = peer.tunnel.as_ref().expect("a tunnel");
+    assert_eq!((&tunnel.endpoint, tunnel.port), (&Endpoint::Learned, 51840));
+    assert_eq!(tunnel.socket(), None);
+    let gateway = peer.liqo_gateway.as_ref().expect("its gateway object");
+    assert_eq!(gateway.kind, ObjectKind::GatewayServer);
 }
 
 #[test]
