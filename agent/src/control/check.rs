@@ -18,7 +18,11 @@ use crate::{
         source::{self, SourceEvent, SourceSpec},
     },
     kernel::table::MemoryTable,
-    model::{peer::Peer, policy::Policy, rejection::Rejection},
+    model::{
+        peer::{Endpoint, Peer},
+        policy::Policy,
+        rejection::Rejection,
+    },
     observe::inspect::Table,
 };
 
@@ -110,6 +114,9 @@ fn peer_table<'p>(peers: impl Iterator<Item = &'p Peer>) -> Table {
             let fields =
                 |views: [(&str, Ipv4Net); 2]| views.map(|(f, n)| format!("{f}={n}")).join(" ");
             let endpoint = match &p.tunnel {
+                Ok(t) if t.endpoint == Endpoint::Learned => {
+                    format!("learned: the peer makes contact on port {}", t.port)
+                }
                 Ok(t) => format!("{}:{}", t.endpoint, t.port),
                 Err(field) => format!("none ({field} missing)"),
             };

@@ -194,7 +194,7 @@ impl Gateway {
             Endpoint::Learned if tunnel.port == self.port => return Ok(None),
             Endpoint::Learned => {
                 return Err(format!(
-                    "field spec.endpoint.port: {}, and this gateway listens on UDP port {} (--port): the peer would make contact where nothing listens",
+                    "field spec.endpoint.port: {}, and this gateway listens on UDP port {} (--listen-port): the peer would make contact where nothing listens",
                     tunnel.port, self.port
                 ));
             }

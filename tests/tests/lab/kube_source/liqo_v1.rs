@@ -13,6 +13,36 @@ fn fixture(yaml: &str) -> Value {
     serde_yaml_ng::from_str(yaml).expect("a fixture is YAML")
 }
 
+/// The gateway's key, as Liqo's controller manager stores it for the
+/// gateway: raw bytes in `gw-<gateway>`, in the namespace the gateway runs
+/// in (the agent's). Returns the Secret and the public key.
+fn gateway_key() -> (Value, [u8; 32]) {
+    let mut private = [0u8; 32];
+    std::io::Read::read_exact(&mut fs::File::open("/dev/urandom").unwrap(), &mut private).unwrap();
+    let public = *PublicKey::from(&StaticSecret::from(private)).as_bytes();
+    let secret = json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": CONNECTION, "namespace": AGENT_NS, "labels": {
+            "liqo.io/remote-cluster-id": "rome",
+            "networking.liqo.io/gateway-resource": "true",
+        }},
+        "data": {"privateKey": STANDARD.encode(private), "publicKey": STANDARD.encode(public)},
+    });
+    (secret, public)
+}
+
+/// rome's Configuration, and its PublicKey with `peer`'s key.
+fn rome(peer: &TestPeer) -> (Value, Value) {
+    let configuration = fixture(include_str!(
+        "../../../fixtures/liqo-v1/configuration-rome.yaml"
+    ));
+    let mut public_key = fixture(include_str!(
+        "../../../fixtures/liqo-v1/publickey-rome.yaml"
+    ));
+    public_key["spec"]["publicKey"] = json!(key_text::encode(&peer.public()));
+    (configuration, public_key)
+}
+
 /// The Connection as stored, or Null.
 fn connection(node: &KubeNode) -> Value {
     node.api
@@ -29,32 +59,13 @@ fn a_liqo_v1_gateway_creates_and_keeps_the_peers_connection() {
     const NS: &str = "ist-t-kube-v1";
     let mut node = node(NS, true);
     let mut peer = TestPeer::new(NS);
-    let configuration = fixture(include_str!(
-        "../../../fixtures/liqo-v1/configuration-rome.yaml"
-    ));
-    let mut public_key = fixture(include_str!(
-        "../../../fixtures/liqo-v1/publickey-rome.yaml"
-    ));
-    public_key["spec"]["publicKey"] = json!(key_text::encode(&peer.public()));
+    let (configuration, public_key) = rome(&peer);
     let mut client = fixture(include_str!(
         "../../../fixtures/liqo-v1/gatewayclient-rome.yaml"
     ));
     client["spec"]["endpoint"]["addresses"] = json!(["127.0.0.1"]);
     client["spec"]["endpoint"]["port"] = json!(peer.port);
-    // The gateway's key, as Liqo's controller manager stores it for the
-    // gateway: raw bytes in `gw-<gateway>`, in the namespace the gateway
-    // runs in (the agent's).
-    let mut private = [0u8; 32];
-    std::io::Read::read_exact(&mut fs::File::open("/dev/urandom").unwrap(), &mut private).unwrap();
-    let public = *PublicKey::from(&StaticSecret::from(private)).as_bytes();
-    let key_secret = json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": CONNECTION, "namespace": AGENT_NS, "labels": {
-            "liqo.io/remote-cluster-id": "rome",
-            "networking.liqo.io/gateway-resource": "true",
-        }},
-        "data": {"privateKey": STANDARD.encode(private), "publicKey": STANDARD.encode(public)},
-    });
+    let (key_secret, public) = gateway_key();
     for object in [
         configuration,
         public_key.clone(),
@@ -174,4 +185,74 @@ fn a_liqo_v1_gateway_creates_and_keeps_the_peers_connection() {
     wait_for("gw-rome Connected with its key back", || {
         connection_value(&node) == "Connected"
     });
+}
+
+#[test]
+fn a_liqo_v1_gateway_server_waits_for_the_peer_to_make_contact_and_serves_it() {
+    const NS: &str = "ist-t-kube-v1s";
+    /// The agent's `--listen-port`, as the lab's node runs it.
+    const LISTEN_PORT: u16 = 5871;
+    let mut node = node(NS, true);
+    let mut peer = TestPeer::new(NS);
+    let (configuration, public_key) = rome(&peer);
+    // As Liqo writes it: port 51840.
+    let mut server = fixture(include_str!(
+        "../../../fixtures/liqo-v1/gatewayserver-rome.yaml"
+    ));
+    let (key_secret, public) = gateway_key();
+    for object in [configuration, public_key, server.clone(), key_secret] {
+        node.api.apply(object);
+    }
+    // The DaemonSet's keepalive: a served peer gets none before contact.
+    node.start_agent(&["--liqo-api=v1", &format!("--key-secret={CONNECTION}")])
+        .unwrap();
+    node.wait_peers("rome's views", &["10.70.0.0/16", "10.71.0.0/16"]);
+
+    // A port the gateway does not listen on is named, and the Connection
+    // waits.
+    wait_for("the server's port named", || {
+        node.log().contains(&format!(
+            "field spec.endpoint.port: 51840, and this gateway listens on UDP port {LISTEN_PORT}"
+        ))
+    });
+    assert_eq!(connection_value(&node), "Connecting");
+
+    // Where it listens: the peer is served, and nothing goes to it before
+    // it makes contact, the conncheck's PINGs included.
+    server["spec"]["endpoint"]["port"] = json!(LISTEN_PORT);
+    node.api.apply(server);
+    let no_endpoint = || {
+        sample(
+            NS,
+            "isthmus_tunnel_dropped_packets_total{reason=\"no_endpoint\"}",
+        )
+    };
+    wait_for("a PING with nowhere to go", || no_endpoint() >= 1.0);
+    assert_eq!(connection_value(&node), "Connecting");
+
+    // It makes contact: Connected, as Liqo's server side shows it.
+    peer.contact(public, (Ipv4Addr::LOCALHOST, LISTEN_PORT).into());
+    wait_for("gw-rome Connected", || {
+        connection_value(&node) == "Connected"
+    });
+    let created = connection(&node);
+    let gateway_uid =
+        node.api.get("gatewayservers", TENANT, "rome").unwrap()["metadata"]["uid"].clone();
+    assert_eq!(
+        created["metadata"]["ownerReferences"],
+        json!([{"apiVersion": "networking.liqo.io/v1beta1", "kind": "GatewayServer", "name": "rome", "uid": gateway_uid}])
+    );
+    assert_eq!(
+        created["spec"],
+        json!({"type": "Server", "gatewayRef": {
+            "apiVersion": "networking.liqo.io/v1beta1", "kind": "WgGatewayServer",
+            "name": "rome", "namespace": TENANT, "uid": gateway_uid,
+        }})
+    );
+    assert_liqo_latency(&created["status"]["latency"]);
+    // The server's end of the tunnel, which the peer's conncheck PINGs.
+    let addresses =
+        isthmus_lab::cmd::ip(NS, &["-4", "-o", "addr", "show", "dev", "isthmus0"]).unwrap();
+    assert!(addresses.contains("169.254.18.1/30"), "{addresses}");
+    assert!(!addresses.contains("169.254.18.2"), "{addresses}");
 }

@@ -40,6 +40,16 @@ impl TestPeer {
 
     /// Starts answering, now that the gateway's key is known.
     pub fn answer(&mut self, gateway_public: [u8; 32]) {
+        self.run(gateway_public, None);
+    }
+
+    /// Makes contact with the gateway at `gateway` (its server), then
+    /// answers as [`TestPeer::answer`] does.
+    pub fn contact(&mut self, gateway_public: [u8; 32], gateway: std::net::SocketAddr) {
+        self.run(gateway_public, Some(gateway));
+    }
+
+    fn run(&mut self, gateway_public: [u8; 32], contact: Option<std::net::SocketAddr>) {
         let socket = self.socket.take().expect("answering once");
         let (secret, stop) = (StaticSecret::from(self.secret), self.stop.clone());
         self.thread = Some(std::thread::spawn(move || {
@@ -52,8 +62,20 @@ impl TestPeer {
                 None,
             );
             let (mut buf, mut out) = (vec![0u8; 2048], vec![0u8; 2048]);
+            if let Some(gateway) = contact
+                && let TunnResult::WriteToNetwork(init) =
+                    tunn.format_handshake_initiation(&mut buf, false)
+            {
+                socket.send_to(init, gateway).unwrap();
+            }
             while !stop.load(Ordering::Relaxed) {
                 let Ok((n, from)) = socket.recv_from(&mut buf) else {
+                    // A lost initiation is sent again, as WireGuard does.
+                    if let (Some(gateway), TunnResult::WriteToNetwork(again)) =
+                        (contact, tunn.update_timers(&mut out))
+                    {
+                        let _ = socket.send_to(again, gateway);
+                    }
                     continue;
                 };
                 let mut result = tunn.decapsulate(Some(from.ip()), &buf[..n], &mut out);

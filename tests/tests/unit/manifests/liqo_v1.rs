@@ -34,15 +34,22 @@ fn every_agent_serves_liqo_v1_and_may_read_its_kinds() {
         .collect();
     assert_eq!(sets.len(), 2);
     for ds in sets {
-        let args = &ds["spec"]["template"]["spec"]["containers"][0]["args"];
-        assert!(
-            args.as_array()
+        let agent = &ds["spec"]["template"]["spec"]["containers"][0];
+        let has = |arg: &str| agent["args"].as_array().unwrap().iter().any(|a| a == arg);
+        let name = &ds["metadata"]["name"];
+        assert!(has("--liqo-api=v1"), "{name}: {}", agent["args"]);
+        // The gateway listens where a Liqo v1 peer it serves makes contact:
+        // a GatewayServer's default port.
+        if name == "isthmus-gateway" {
+            assert!(has("--listen-port=51840"), "{}", agent["args"]);
+            let wireguard = agent["ports"]
+                .as_array()
                 .unwrap()
                 .iter()
-                .any(|a| a == "--liqo-api=v1"),
-            "{}: {args}",
-            ds["metadata"]["name"]
-        );
+                .find(|p| p["name"] == "wireguard")
+                .unwrap();
+            assert_eq!(wireguard["containerPort"], 51840, "{wireguard}");
+        }
     }
     for account in ["isthmus-gateway", "isthmus-worker"] {
         let rules = rules_bound(&objects, account);
