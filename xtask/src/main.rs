@@ -98,6 +98,11 @@ enum LabAction {
         /// Liqo v1's objects (`--liqo-api v1`).
         #[arg(long, conflicts_with_all = ["tunnel", "liqo_peer"])]
         liqo_v1_peer: Option<String>,
+        /// With `--liqo-v1-peer`: the side of the tunnel a takes, client
+        /// (a GatewayClient: a contacts b) or server (a GatewayServer: b
+        /// contacts a).
+        #[arg(long, value_enum, requires = "liqo_v1_peer", default_value_t = lab::liqo_v1_peer::Side::Client)]
+        isthmus_side: lab::liqo_v1_peer::Side,
         /// Run cluster b's gateway in IntraClusterTrafficSegregation, with
         /// a pod offloaded from a and a service exported to a.
         #[arg(long, conflicts_with = "liqo_peer")]
@@ -129,6 +134,7 @@ fn main() -> Result<()> {
                     tunnel,
                     liqo_peer,
                     liqo_v1_peer,
+                    isthmus_side,
                     segregation,
                     ha,
                     containers,
@@ -141,7 +147,7 @@ fn main() -> Result<()> {
                     name == liqo,
                     "--liqo-v1-peer {name}: the lab runs cluster {liqo} as Liqo v1"
                 );
-                return lab::up_with_liqo_v1_peer();
+                return lab::up_with_liqo_v1_peer(isthmus_side);
             }
             match (liqo_peer, containers) {
                 (Some(name), _) => lab::up_with_liqo_peer(cluster_named(&name)?),

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use isthmus_lab::{
-    lab::{self, LabTunnel},
+    lab::{self, LabTunnel, liqo_v1_peer::Side},
     topology,
 };
 
@@ -136,7 +136,11 @@ fn run_tier(tier: Tier) -> Result<()> {
                 Lab::LiqoPeer(&topology::B),
                 &liqo_lab("liqo_peer_interop::"),
             )?;
-            in_lab(Lab::LiqoV1Peer, &liqo_lab("liqo_v1_interop::"))
+            // Isthmus as the client of b's gateway, then as its server.
+            for side in [Side::Client, Side::Server] {
+                in_lab(Lab::LiqoV1Peer(side), &liqo_lab("liqo_v1_interop::"))?;
+            }
+            Ok(())
         }
     }
 }
@@ -149,8 +153,8 @@ enum Lab {
     Containers,
     /// This cluster run as Liqo, the others' agents processes.
     LiqoPeer(&'static topology::Cluster),
-    /// Cluster b run as Liqo v1, served by a.
-    LiqoV1Peer,
+    /// Cluster b run as Liqo v1, served by a on this side of the tunnel.
+    LiqoV1Peer(Side),
 }
 
 /// Runs `cargo test --release <args>` with `setup` up, and takes the lab
@@ -160,7 +164,7 @@ fn in_lab(setup: Lab, args: &[&str]) -> Result<()> {
         Lab::Processes => lab::up(LabTunnel::Userspace)?,
         Lab::Containers => lab::up_in_containers(LabTunnel::Userspace)?,
         Lab::LiqoPeer(cluster) => lab::up_with_liqo_peer(cluster)?,
-        Lab::LiqoV1Peer => lab::up_with_liqo_v1_peer()?,
+        Lab::LiqoV1Peer(side) => lab::up_with_liqo_v1_peer(side)?,
     }
     let tests = cargo(&[&["test", "--release"], args].concat());
     let down = lab::down();

@@ -51,6 +51,15 @@ impl Peering {
         )
     }
 
+    /// Our `GatewayServer` for the peer's gateway, which contacts ours on
+    /// Liqo v1's port.
+    pub fn gateway_server_yaml(&self) -> String {
+        format!(
+            "apiVersion: networking.liqo.io/v1beta1\nkind: GatewayServer\n{}spec:\n  mtu: {MTU}\n  endpoint:\n    port: {PORT}\n    serviceType: NodePort\n",
+            metadata(self.remote)
+        )
+    }
+
     /// Our `GatewayClient` towards the peer's gateway, on its WAN address.
     pub fn gateway_client_yaml(&self) -> String {
         format!(

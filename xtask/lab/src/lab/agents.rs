@@ -116,6 +116,10 @@ pub fn agent_args(node: &str) -> Result<Vec<String>> {
         && cluster_of(node).is_some_and(|c| c.name == liqo_v1_peer::ISTHMUS.name)
     {
         args.push("--liqo-api=v1".into());
+        // Where a Liqo v1 peer it serves makes contact, as manifests/liqo-v1.
+        if role_of(node) == "gateway" {
+            args.push(format!("--listen-port={}", crate::liqo_v1::PORT));
+        }
     }
     args.push(format!("--pod-devs={POD_DEVS}"));
     if let Some(mode) = past_netfilter_mode() {

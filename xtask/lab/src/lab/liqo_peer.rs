@@ -161,7 +161,7 @@ pub fn run_conncheck(cluster_name: &str, api: Api) -> Result<()> {
         .map(|p| {
             let target = match api {
                 Api::V0_10 => crate::liqo_iptables::first_ip(p.remote_views()[1]),
-                Api::V1 => super::liqo_v1_peer::settings::CLIENT_ADDR,
+                Api::V1 => super::liqo_v1_peer::settings::isthmus_addr(),
             };
             let peer = Peer {
                 target: (target, PORT).into(),

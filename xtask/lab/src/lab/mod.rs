@@ -125,9 +125,13 @@ pub fn up_with_liqo_peer(liqo: &'static Cluster) -> Result<()> {
 }
 
 /// The lab with cluster b run as Liqo v1.2 runs one, which a serves from
-/// Liqo v1's objects ([`liqo_v1_peer`]).
-pub fn up_with_liqo_v1_peer() -> Result<()> {
-    build(LabTunnel::Userspace, Some(LiqoPeer::V1), Agents::Processes)
+/// Liqo v1's objects ([`liqo_v1_peer`]), a on `side` of the tunnel.
+pub fn up_with_liqo_v1_peer(side: liqo_v1_peer::Side) -> Result<()> {
+    build(
+        LabTunnel::Userspace,
+        Some(LiqoPeer::V1(side)),
+        Agents::Processes,
+    )
 }
 
 /// A cluster the lab runs as Liqo runs it.
@@ -135,15 +139,15 @@ pub fn up_with_liqo_v1_peer() -> Result<()> {
 enum LiqoPeer {
     /// This one, as Liqo v0.10.
     V0_10(&'static Cluster),
-    /// Cluster b, as Liqo v1.2, served by a.
-    V1,
+    /// Cluster b, as Liqo v1.2, served by a on this side of the tunnel.
+    V1(liqo_v1_peer::Side),
 }
 
 impl LiqoPeer {
     fn cluster(self) -> &'static Cluster {
         match self {
             LiqoPeer::V0_10(cluster) => cluster,
-            LiqoPeer::V1 => liqo_v1_peer::LIQO,
+            LiqoPeer::V1(_) => liqo_v1_peer::LIQO,
         }
     }
 }
@@ -166,7 +170,7 @@ fn build(tunnel: LabTunnel, liqo: Option<LiqoPeer>, agents: Agents) -> Result<()
     }
     match liqo {
         Some(LiqoPeer::V0_10(cluster)) => liqo_peer::choose(cluster)?,
-        Some(LiqoPeer::V1) => liqo_v1_peer::choose()?,
+        Some(LiqoPeer::V1(side)) => liqo_v1_peer::choose(side)?,
         None => {}
     }
     run(
@@ -189,9 +193,9 @@ fn build(tunnel: LabTunnel, liqo: Option<LiqoPeer>, agents: Agents) -> Result<()
             );
             liqo_peer::start(cluster)?;
         }
-        Some(LiqoPeer::V1) => {
+        Some(LiqoPeer::V1(side)) => {
             println!(
-                "lab: cluster {} runs as Liqo v1.2 (wireguard-go, nftables, conncheck); {} serves it from Liqo v1's objects",
+                "lab: cluster {} runs as Liqo v1.2 (wireguard-go, nftables, conncheck); {} serves it from Liqo v1's objects, as the tunnel's {side:?}",
                 liqo_v1_peer::LIQO.name,
                 liqo_v1_peer::ISTHMUS.name
             );

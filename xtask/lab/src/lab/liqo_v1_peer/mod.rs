@@ -2,9 +2,12 @@
 //! gateway runs the way Liqo v1.2 runs one when the kernel has no
 //! WireGuard, and cluster a serves it with Isthmus from Liqo v1's objects
 //! (docs/design.md#liqo-v1-peers). From liqotech/liqo at v1.2.0:
-//! - wireguard-go on the tunnel device, server side: port 51840, MTU 1340,
-//!   169.254.18.1/30, the client's key with `AllowedIPs 0.0.0.0/0`
-//!   (`pkg/gateway/tunnel/netlink.go:27-29`, `forge/gatewayserver.go:35`);
+//! - wireguard-go on the tunnel device, MTU 1340, the peer's key with
+//!   `AllowedIPs 0.0.0.0/0` (`pkg/gateway/tunnel/wireguard/device.go:33-60`):
+//!   by default the server side, listening on port 51840 with
+//!   169.254.18.1/30 (`pkg/gateway/tunnel/netlink.go:27-29`,
+//!   `forge/gatewayserver.go:35`); with `--isthmus-side server`, the client
+//!   side, with a's endpoint and 169.254.18.2/30;
 //! - the nftables its FirewallConfigurations render: `remap-podcidr` and
 //!   `remap-externalcidr` (`remapping/cidr.go:95-230`: DNAT of our view of
 //!   the peer back to its real network for what does not come from the
@@ -12,7 +15,7 @@
 //!   comes from the tunnel), and `mss-clamping`
 //!   (`liqo-gw-mssclamp-firewallconfiguration.yaml`, value 0: the route's
 //!   MTU);
-//! - its conncheck, PINGing the client's tunnel address.
+//! - its conncheck, PINGing Isthmus' tunnel address.
 //!
 //! Liqo v1 routes the peer's real networks into the tunnel for what enters
 //! its gateway pod from the cluster's nodes (`route/k8s.go:97-125`). Here
@@ -34,10 +37,7 @@ use crate::{
     topology::{Cluster, PEERINGS, Peering},
 };
 
-pub use settings::{CLIENT_ADDR, ISTHMUS, LIQO, is_on};
-
-/// The server's, the Liqo gateway's.
-const SERVER_NET: &str = "169.254.18.1/30";
+pub use settings::{ISTHMUS, LIQO, Side, is_on, isthmus_addr, isthmus_side};
 /// The mark of connections that cross the tunnel, and its routing table.
 const CROSSING: u32 = 0x1818;
 /// The uplink, Liqo's `DefaultInterfaceName` (the gateway pod's eth0).
@@ -50,9 +50,10 @@ pub const IP_TARGET: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 133);
 /// The `IP`'s file in a's nodes' object directories.
 const IP_FILE: &str = "ip-a-pod2.yaml";
 
-/// Records that the lab runs its Liqo v1 peer, before anything starts.
-pub fn choose() -> Result<()> {
-    Ok(fs::write(settings::marker(), LIQO.name)?)
+/// Records that the lab runs its Liqo v1 peer, with Isthmus on `side`,
+/// before anything starts.
+pub fn choose(side: Side) -> Result<()> {
+    Ok(settings::choose(side)?)
 }
 
 /// a's peering with b, from a's side and from b's.
@@ -73,7 +74,10 @@ pub fn write_objects() -> Result<()> {
     let objects = [
         a_to_b.configuration_yaml(),
         a_to_b.public_key_yaml(&keys::public_key(&LIQO.gw())?),
-        a_to_b.gateway_client_yaml(),
+        match isthmus_side() {
+            Side::Client => a_to_b.gateway_client_yaml(),
+            Side::Server => a_to_b.gateway_server_yaml(),
+        },
     ]
     .join("---\n");
     for (node, _) in ISTHMUS.nodes() {
@@ -105,17 +109,32 @@ pub fn expose_ip(on: bool) -> Result<()> {
     Ok(())
 }
 
-/// Sets up b's gateway and worker as Liqo v1.2 would.
+/// Sets up b's gateway and worker as Liqo v1.2 would, on the side of the
+/// tunnel Isthmus leaves it.
 pub fn start() -> Result<()> {
     let gw = LIQO.gw();
     let dev = external_tunnel::launch(external_tunnel::Implementation::WireguardGoBookworm, LIQO)?;
+    // A server listens; a client has the server's endpoint, and no port
+    // of its own (device.go:33-60).
+    let side = match isthmus_side() {
+        Side::Client => format!("listen-port {PORT}"),
+        Side::Server => String::new(),
+    };
+    let endpoint = match isthmus_side() {
+        Side::Client => String::new(),
+        Side::Server => format!("endpoint {}:{PORT}", ISTHMUS.wan_addr()),
+    };
     let script = format!(
-        "wg set {dev} private-key {key} listen-port {PORT} peer {client} allowed-ips 0.0.0.0/0",
+        "wg set {dev} private-key {key} {side} peer {isthmus} {endpoint} allowed-ips 0.0.0.0/0",
         key = keys::key_file(&gw).display(),
-        client = keys::public_key(&ISTHMUS.gw())?,
+        isthmus = keys::public_key(&ISTHMUS.gw())?,
     );
     run("ip", &["netns", "exec", &gw, "sh", "-c", &script])?;
-    ip(&gw, &["addr", "add", SERVER_NET, "dev", &dev])?;
+    let liqo_addr = isthmus_side().addresses().1;
+    ip(
+        &gw,
+        &["addr", "add", &format!("{liqo_addr}/30"), "dev", &dev],
+    )?;
     ip(&gw, &["link", "set", &dev, "mtu", &MTU.to_string(), "up"])?;
     install_nftables(&gw, &dev)?;
     route_crossing(&gw, &dev)?;
@@ -178,7 +197,7 @@ table ip isthmus-lab-crossing {{
 /// to b's own pods.
 fn route_crossing(gw: &str, dev: &str) -> Result<()> {
     let table = CROSSING.to_string();
-    let peer = CLIENT_ADDR.to_string();
+    let peer = isthmus_addr().to_string();
     ip(
         gw,
         &["rule", "add", "pref", "100", "iif", dev, "lookup", "main"],
