@@ -101,13 +101,11 @@ where
             .origins
             .iter()
             .flat_map(|(origin, results)| results.iter().flatten().map(move |v| (origin, v)));
-        desired.extend(ip_mappings::entries(
-            origins,
-            &ids,
-            &self.policy,
-            &self.nodes,
-            errors,
-        ));
+        let ip_entries = ip_mappings::entries(origins, &ids, &self.policy, &self.nodes, errors);
+        // IPs belong to no one peer: they get what the NatMappings left.
+        let room = self.mapping_capacity.saturating_sub(desired.len());
+        let applied = self.mapping_table.applied();
+        desired.extend(ip_mappings::within_room(ip_entries, room, applied, errors));
         desired
     }
 

@@ -168,6 +168,70 @@ fn an_ip_outside_our_external_cidr_is_refused_alone_naming_its_field() {
     assert_eq!(report.peers, 1, "the peer keeps working");
 }
 
+/// An IP named `name`, leading `status_ip` to `target`.
+fn ip_object(name: &str, status_ip: &str, target: &str) -> String {
+    FIXTURES[3]
+        .1
+        .replace("name: legacy-db", &format!("name: {name}"))
+        .replace("ip: 10.201.0.4", &format!("ip: {status_ip}"))
+        .replace("ip: 172.16.4.20", &format!("ip: {target}"))
+}
+
+#[test]
+fn a_second_ip_for_an_address_is_refused_naming_the_ip_that_keeps_it() {
+    let mut table = Peers::default();
+    let mut r = reconciler(&mut table);
+    with_fixtures(&mut r, "");
+    r.reconcile();
+    let other = ip_object("a-rival", "10.201.0.4", "172.16.4.99");
+    r.set_origin("rival.yaml".into(), docs("rival.yaml", &other));
+    let report = r.reconcile().0;
+    let errors = messages(&report.new_errors);
+    // legacy-db was programmed first, and keeps the address although
+    // a-rival comes first by name (which decides within one pass).
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].contains("IP default/a-rival")
+            && errors[0].contains("field status.ip: 10.201.0.4 is also IP default/legacy-db's"),
+        "{errors:?}"
+    );
+    let targets: Vec<Be32> = r.mapping_entries().into_iter().map(|(_, t)| t).collect();
+    assert_eq!(targets, [Be32::from_bytes([172, 16, 4, 20])]);
+}
+
+#[test]
+fn ips_beyond_the_tables_room_are_refused_one_by_one_and_programmed_ones_stay() {
+    let mut table = Peers::default();
+    let mut r = reconciler(&mut table);
+    r.set_mapping_capacity(3);
+    with_fixtures(&mut r, "");
+    r.reconcile();
+    // legacy-db is in the kernel; four more IPs, sorted before it by name
+    // and address, ask for three slots in all.
+    for (i, host) in [1, 2, 3, 5].into_iter().enumerate() {
+        let name = format!("a-{i}");
+        let yaml = ip_object(&name, &format!("10.201.0.{host}"), "172.16.4.21");
+        r.set_origin(format!("{name}.yaml"), docs("x.yaml", &yaml));
+    }
+    let report = r.reconcile().0;
+    let errors = messages(&report.new_errors);
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    for (error, name) in errors.iter().zip(["a-2", "a-3"]) {
+        assert!(
+            error.contains(&format!("IP default/{name}"))
+                && error.contains("the NatMapping table has no room left"),
+            "{errors:?}"
+        );
+    }
+    let exposed: Vec<[u8; 4]> = r
+        .mapping_entries()
+        .into_iter()
+        .map(|(k, _)| k.addr.bytes())
+        .collect();
+    assert_eq!(exposed, [[10, 201, 0, 1], [10, 201, 0, 2], [10, 201, 0, 4]]);
+    assert_eq!(report.peers, 1, "the peer keeps working");
+}
+
 #[test]
 fn a_second_v1_peer_on_one_gateway_is_refused_naming_the_first() {
     let mut table = Peers::default();
