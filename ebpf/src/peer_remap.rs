@@ -15,7 +15,7 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use isthmus_common::{
-    counters::{DenyReason, Direction, DropReason, Kind, Link},
+    counters::{DenyReason, Direction, DropReason, Kind, Link, Outcome},
     ipv4,
     nat::{PrefixRewrite, REMAPS_PEER, find_rule},
 };
@@ -67,6 +67,7 @@ pub fn snat(ctx: &TcContext, l3: usize) -> i32 {
         && ctx.skb.protocol() == ETH_P_IP
     {
         let Ok(pkt) = parse::packet(ctx, l3) else {
+            maps::count(link, Direction::Ingress, Outcome::Dropped);
             maps::count_drop(link, Direction::Ingress, DropReason::Denied);
             maps::count_denied(peer.peer_id, DenyReason::Unparseable);
             return TC_ACT_SHOT;
@@ -78,6 +79,9 @@ pub fn snat(ctx: &TcContext, l3: usize) -> i32 {
             rewrite(ctx, &pkt, back, ipv4::SRC),
         );
         if action != TC_ACT_UNSPEC {
+            // The ingress NAT, which gives every other packet its outcome,
+            // never sees this one.
+            maps::count(link, Direction::Ingress, Outcome::Dropped);
             return action;
         }
     }

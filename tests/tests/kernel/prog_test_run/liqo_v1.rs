@@ -9,7 +9,11 @@ use isthmus_agent::model::{
     liqo_v1::{Companions, PeerNetworks},
     object::ObjectKey,
 };
-use isthmus_common::{nat::PeerKey, wire::Be32};
+use isthmus_common::{
+    counters::{OUTCOMES, Outcome},
+    nat::PeerKey,
+    wire::Be32,
+};
 
 use super::*;
 
@@ -138,9 +142,10 @@ impl V1 {
     }
 
     /// Runs `input` and asserts it was dropped, counted as denied to b for
-    /// `reason`.
+    /// `reason`, and given one outcome: dropped.
     fn expect_denied(&self, name: &str, input: &[u8], reason: DenyReason) {
         let before = self.denied.read().unwrap();
+        let outcomes_before = self.counters.read().unwrap();
         let prog: &SchedClassifier = self
             .ebpf
             .program(names::PROG_PEER_SNAT_ETH)
@@ -156,6 +161,15 @@ impl V1 {
             1,
             "{name}: denied for {reason:?}"
         );
+        let outcomes = self.counters.read().unwrap();
+        let moved: Vec<Outcome> = OUTCOMES
+            .into_iter()
+            .filter(|o| {
+                let slot = counters::outcome_slot(Link::Eth, Direction::Ingress, *o) as usize;
+                outcomes[slot] != outcomes_before[slot]
+            })
+            .collect();
+        assert_eq!(moved, [Outcome::Dropped], "{name}: its outcome");
     }
 }
 
