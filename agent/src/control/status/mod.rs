@@ -338,8 +338,28 @@ pub struct ObjectRejection {
 impl ObjectRejection {
     /// The NatMappings and Liqo v1 objects among `rejections`, each with
     /// all its problems: an object with many bad entries makes one Event,
-    /// not one each.
+    /// not one each. They come one namespace at a time, round after round,
+    /// so that when the Event queue fills, a namespace with many bad
+    /// objects has not taken the others' places.
     pub fn evented(rejections: &[Rejection]) -> Vec<Self> {
+        let mut by_namespace: BTreeMap<String, Vec<Self>> = BTreeMap::new();
+        for event in Self::by_object(rejections) {
+            by_namespace
+                .entry(event.key.namespace.clone())
+                .or_default()
+                .push(event);
+        }
+        let mut queues: Vec<_> = by_namespace.into_values().map(Vec::into_iter).collect();
+        let mut events = Vec::new();
+        while !queues.is_empty() {
+            queues.retain_mut(|queue| queue.next().map(|e| events.push(e)).is_some());
+        }
+        events
+    }
+
+    /// The NatMappings and Liqo v1 objects among `rejections`, each with
+    /// all its problems.
+    fn by_object(rejections: &[Rejection]) -> Vec<Self> {
         let mut by_object: BTreeMap<(ObjectKind, &ObjectKey), Vec<String>> = BTreeMap::new();
         for rejection in rejections {
             if let Some((kind, key)) = &rejection.object

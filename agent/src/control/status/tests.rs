@@ -215,3 +215,47 @@ fn many_rejected_entries_of_one_object_make_one_event() {
     assert_eq!(events[1].note(), "field spec.clusterMappings.10.0.0.1: bad");
     assert_eq!(truncate_note(events[0].note()).len(), NOTE_MAX);
 }
+
+#[test]
+fn events_take_turns_by_namespace_so_one_flood_does_not_fill_the_queue() {
+    let rejection = |namespace: &str, name: String| Rejection {
+        object: Some((
+            ObjectKind::Ip,
+            ObjectKey {
+                namespace: namespace.into(),
+                name,
+            },
+        )),
+        problem: "field status.ip: outside".into(),
+        message: String::new(),
+    };
+    let mut rejections: Vec<Rejection> = (0..200)
+        .map(|i| rejection("aaa-flood", format!("ip-{i:03}")))
+        .collect();
+    rejections.push(rejection("zzz-quiet", "db".into()));
+    rejections.push(rejection("zzz-quiet", "cache".into()));
+    let events = ObjectRejection::evented(&rejections);
+    assert_eq!(events.len(), 202);
+    let first: Vec<(&str, &str)> = events[..5]
+        .iter()
+        .map(|e| (e.key.namespace.as_str(), e.key.name.as_str()))
+        .collect();
+    assert_eq!(
+        first,
+        [
+            ("aaa-flood", "ip-000"),
+            ("zzz-quiet", "cache"),
+            ("aaa-flood", "ip-001"),
+            ("zzz-quiet", "db"),
+            ("aaa-flood", "ip-002"),
+        ]
+    );
+    // Both quiet objects fit in a queue far smaller than the flood.
+    assert!(
+        events[..EVENT_QUEUE]
+            .iter()
+            .filter(|e| e.key.namespace == "zzz-quiet")
+            .count()
+            == 2
+    );
+}
