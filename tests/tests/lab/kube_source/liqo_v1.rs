@@ -54,6 +54,36 @@ fn connection_value(node: &KubeNode) -> Value {
     connection(node)["status"]["value"].clone()
 }
 
+/// Waits for `gw-rome` to go Connected, and asserts it is as Liqo's
+/// gateway creates it beside our `gateway_kind` object (`GatewayClient` or
+/// `GatewayServer`): its label, its owner, its spec naming the WireGuard
+/// child's kind with the parent's UID, and its latency.
+fn assert_connected_as_liqo_writes(node: &KubeNode, gateway_kind: &str) {
+    wait_for("gw-rome Connected", || {
+        connection_value(node) == "Connected"
+    });
+    let created = connection(node);
+    let plural = format!("{}s", gateway_kind.to_lowercase());
+    let uid = node.api.get(&plural, TENANT, "rome").unwrap()["metadata"]["uid"].clone();
+    assert_eq!(
+        created["metadata"]["labels"],
+        json!({"liqo.io/remote-cluster-id": "rome"})
+    );
+    assert_eq!(
+        created["metadata"]["ownerReferences"],
+        json!([{"apiVersion": "networking.liqo.io/v1beta1", "kind": gateway_kind, "name": "rome", "uid": uid}])
+    );
+    let side = gateway_kind.trim_start_matches("Gateway");
+    assert_eq!(
+        created["spec"],
+        json!({"type": side, "gatewayRef": {
+            "apiVersion": "networking.liqo.io/v1beta1", "kind": format!("Wg{gateway_kind}"),
+            "name": "rome", "namespace": TENANT, "uid": uid,
+        }})
+    );
+    assert_liqo_latency(&created["status"]["latency"]);
+}
+
 #[test]
 fn a_liqo_v1_gateway_creates_and_keeps_the_peers_connection() {
     const NS: &str = "ist-t-kube-v1";
@@ -74,12 +104,9 @@ fn a_liqo_v1_gateway_creates_and_keeps_the_peers_connection() {
     ] {
         node.api.apply(object);
     }
-    node.start_agent(&[
-        "--keepalive=0",
-        "--liqo-api=v1",
-        &format!("--key-secret={CONNECTION}"),
-    ])
-    .unwrap();
+    // The DaemonSet's keepalive.
+    node.start_agent(&["--liqo-api=v1", &format!("--key-secret={CONNECTION}")])
+        .unwrap();
 
     // Programmed by our views of rome, before any Connection is up.
     node.wait_peers("rome's views", &["10.70.0.0/16", "10.71.0.0/16"]);
@@ -91,28 +118,7 @@ fn a_liqo_v1_gateway_creates_and_keeps_the_peers_connection() {
     assert_eq!(node.requests("POST", "/secrets"), 0);
 
     // Created as Liqo's gateway creates it, then Connected with a latency.
-    wait_for("gw-rome Connected", || {
-        connection_value(&node) == "Connected"
-    });
-    let created = connection(&node);
-    let gateway_uid =
-        node.api.get("gatewayclients", TENANT, "rome").unwrap()["metadata"]["uid"].clone();
-    assert_eq!(
-        created["metadata"]["labels"],
-        json!({"liqo.io/remote-cluster-id": "rome"})
-    );
-    assert_eq!(
-        created["metadata"]["ownerReferences"],
-        json!([{"apiVersion": "networking.liqo.io/v1beta1", "kind": "GatewayClient", "name": "rome", "uid": gateway_uid}])
-    );
-    assert_eq!(
-        created["spec"],
-        json!({"type": "Client", "gatewayRef": {
-            "apiVersion": "networking.liqo.io/v1beta1", "kind": "WgGatewayClient",
-            "name": "rome", "namespace": TENANT, "uid": gateway_uid,
-        }})
-    );
-    assert_liqo_latency(&created["status"]["latency"]);
+    assert_connected_as_liqo_writes(&node, "GatewayClient");
     assert_eq!(
         sample(
             NS,
@@ -232,24 +238,7 @@ fn a_liqo_v1_gateway_server_waits_for_the_peer_to_make_contact_and_serves_it() {
 
     // It makes contact: Connected, as Liqo's server side shows it.
     peer.contact(public, (Ipv4Addr::LOCALHOST, LISTEN_PORT).into());
-    wait_for("gw-rome Connected", || {
-        connection_value(&node) == "Connected"
-    });
-    let created = connection(&node);
-    let gateway_uid =
-        node.api.get("gatewayservers", TENANT, "rome").unwrap()["metadata"]["uid"].clone();
-    assert_eq!(
-        created["metadata"]["ownerReferences"],
-        json!([{"apiVersion": "networking.liqo.io/v1beta1", "kind": "GatewayServer", "name": "rome", "uid": gateway_uid}])
-    );
-    assert_eq!(
-        created["spec"],
-        json!({"type": "Server", "gatewayRef": {
-            "apiVersion": "networking.liqo.io/v1beta1", "kind": "WgGatewayServer",
-            "name": "rome", "namespace": TENANT, "uid": gateway_uid,
-        }})
-    );
-    assert_liqo_latency(&created["status"]["latency"]);
+    assert_connected_as_liqo_writes(&node, "GatewayServer");
     // The server's end of the tunnel, which the peer's conncheck PINGs.
     let addresses =
         isthmus_lab::cmd::ip(NS, &["-4", "-o", "addr", "show", "dev", "isthmus0"]).unwrap();

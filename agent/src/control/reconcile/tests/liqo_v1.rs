@@ -147,14 +147,8 @@ fn an_ip_outside_our_external_cidr_is_refused_alone_naming_its_field() {
     let mut table = Peers::default();
     let mut r = reconciler(&mut table);
     with_fixtures(&mut r, "ip-legacy-db.yaml");
-    let ip = FIXTURES[3].1;
-    r.set_origin(
-        "outside.yaml".into(),
-        docs(
-            "outside.yaml",
-            &ip.replace("ip: 10.201.0.4", "ip: 10.99.0.4"),
-        ),
-    );
+    let outside = ip_object("legacy-db", "10.99.0.4", "172.16.4.20");
+    r.set_origin("outside.yaml".into(), docs("outside.yaml", &outside));
     let report = r.reconcile().0;
     let errors = messages(&report.new_errors);
     assert_eq!(errors.len(), 1, "{errors:?}");
