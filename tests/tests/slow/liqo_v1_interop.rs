@@ -5,16 +5,22 @@
 //! `--liqo-api v1`, from a Configuration, a PublicKey and a GatewayClient.
 //! The NAT runs the other way from v0.10, yet reachability rows 1–3 hold
 //! with the same addresses, an `IP` exposes an address across, and each
-//! side's conncheck reaches the other.
+//! side's conncheck reaches the other. `cargo xtask test` runs them twice:
+//! with a as the tunnel's client (a GatewayClient), then as its server (a
+//! GatewayServer, `--isthmus-side server`), b's gateway taking the other
+//! side; behind a's XDP guard too.
 //!
 //! These tests need that lab: `cargo xtask test` runs them in it.
 
 use std::{net::Ipv4Addr, time::Duration};
 
 use isthmus_lab::{
-    lab::{self, liqo_v1_peer},
+    lab::{
+        self,
+        liqo_v1_peer::{self, Side},
+    },
     probe::{self, Proto},
-    topology::{A, B},
+    topology::{A, B, reachability},
 };
 use isthmus_tests::{eventually, require_lab};
 
@@ -28,6 +34,11 @@ const IP_EXPOSED_AT_B: Ipv4Addr = Ipv4Addr::new(10, 0, 41, 20);
 
 /// How long an object change may take to reach the kernel, with margin.
 const OBJECT_CHANGE: Duration = Duration::from_secs(5);
+
+/// How long a tunnel may take to come back after a's agent restarts: a
+/// WireGuard client that sent and heard nothing starts a new handshake
+/// after 15 s (Keepalive-Timeout + Rekey-Timeout), with margin.
+const RESTART: Duration = Duration::from_secs(40);
 
 fn require_liqo_v1_lab() {
     require_lab();
@@ -72,6 +83,59 @@ fn an_ip_object_exposes_an_address_of_a_to_b_while_it_exists() {
     eventually(OBJECT_CHANGE, "the IP's address is gone", || {
         reaches().is_err()
     });
+}
+
+/// a-gw's XDP guard verdicts of `verdict`.
+fn guard(verdict: &str) -> f64 {
+    lab::metric_sum(
+        &A.gw(),
+        "isthmus_guard_packets_total",
+        &[("verdict", verdict)],
+    )
+    .unwrap()
+}
+
+/// The gateways run with their XDP guard until dropped.
+struct GuardOn;
+
+impl Drop for GuardOn {
+    fn drop(&mut self) {
+        if let Err(e) = lab::set_guard(false) {
+            eprintln!("turning the guard back off: {e:#}");
+        }
+    }
+}
+
+/// Whether a-pod1 reaches b-pod1 now.
+fn row_1_holds() -> bool {
+    let row = &reachability()[0];
+    probe::exchange(Proto::Tcp, &row.from, &row.answered_by, row.target).is_ok()
+}
+
+#[test]
+#[ignore = "needs the Liqo v1 lab; `cargo xtask test` runs it there"]
+fn behind_the_xdp_guard_the_liqo_v1_gateway_gets_through_on_either_side() {
+    require_liqo_v1_lab();
+    lab::set_guard(true).unwrap();
+    let guard_on = GuardOn;
+    // Restarted: a new session, which the side decides who starts. b's
+    // wireguard-go, a client, starts one when its old session stops
+    // answering, from a port nobody configured.
+    eventually(RESTART, "row 1 behind the guard", row_1_holds);
+    assert_rows_1_to_3();
+    let (initiations, known) = (guard("initiation"), guard("known_source"));
+    match liqo_v1_peer::isthmus_side() {
+        // b contacted a from wherever it is: its initiation passed as such.
+        Side::Server => assert!(initiations >= 1.0, "no initiation passed the guard"),
+        // a contacted b at its configured endpoint, which answers from it:
+        // nothing passed for being an initiation.
+        Side::Client => {
+            assert_eq!(initiations, 0.0, "initiations passed a client's guard");
+            assert!(known >= 1.0, "nothing passed from b's endpoint");
+        }
+    }
+    drop(guard_on);
+    eventually(RESTART, "row 1 with the guard off again", row_1_holds);
 }
 
 #[test]

@@ -194,7 +194,7 @@ fn a_liqo_v1_gateway_creates_and_keeps_the_peers_connection() {
 }
 
 #[test]
-fn a_liqo_v1_gateway_server_waits_for_the_peer_to_make_contact_and_serves_it() {
+fn a_liqo_v1_gateway_server_waits_for_the_peer_to_make_contact_serves_it_and_can_turn_client() {
     const NS: &str = "ist-t-kube-v1s";
     /// The agent's `--listen-port`, as the lab's node runs it.
     const LISTEN_PORT: u16 = 5871;
@@ -221,7 +221,9 @@ fn a_liqo_v1_gateway_server_waits_for_the_peer_to_make_contact_and_serves_it() {
             "field spec.endpoint.port: 51840, and this gateway listens on UDP port {LISTEN_PORT}"
         ))
     });
-    assert_eq!(connection_value(&node), "Connecting");
+    wait_for("gw-rome Connecting", || {
+        connection_value(&node) == "Connecting"
+    });
 
     // Where it listens: the peer is served, and nothing goes to it before
     // it makes contact, the conncheck's PINGs included.
@@ -241,7 +243,25 @@ fn a_liqo_v1_gateway_server_waits_for_the_peer_to_make_contact_and_serves_it() {
     assert_connected_as_liqo_writes(&node, "GatewayServer");
     // The server's end of the tunnel, which the peer's conncheck PINGs.
     let addresses =
-        isthmus_lab::cmd::ip(NS, &["-4", "-o", "addr", "show", "dev", "isthmus0"]).unwrap();
-    assert!(addresses.contains("169.254.18.1/30"), "{addresses}");
-    assert!(!addresses.contains("169.254.18.2"), "{addresses}");
+        || isthmus_lab::cmd::ip(NS, &["-4", "-o", "addr", "show", "dev", "isthmus0"]).unwrap();
+    let (server_end, client_end) = ("169.254.18.1/30", "169.254.18.2/30");
+    assert!(addresses().contains(server_end) && !addresses().contains(client_end));
+
+    // The peering turns around: the GatewayServer goes, and with it its
+    // Connection (the API server's garbage collector follows the owner);
+    // a GatewayClient comes. The gateway contacts the peer where it
+    // listens, from the client's end in place of the server's.
+    assert!(node.api.delete("gatewayservers", TENANT, "rome"));
+    assert!(node.api.delete("connections", TENANT, CONNECTION));
+    let mut client = fixture(include_str!(
+        "../../../fixtures/liqo-v1/gatewayclient-rome.yaml"
+    ));
+    client["spec"]["endpoint"]["addresses"] = json!(["127.0.0.1"]);
+    client["spec"]["endpoint"]["port"] = json!(peer.port);
+    node.api.apply(client);
+    wait_for("the client's end in place of the server's", || {
+        let now = addresses();
+        now.contains(client_end) && !now.contains(server_end)
+    });
+    assert_connected_as_liqo_writes(&node, "GatewayClient");
 }

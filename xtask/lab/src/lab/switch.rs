@@ -8,7 +8,7 @@ use anyhow::{Result, bail};
 
 use super::{
     agents::{clean_up_agent, restart_agent, start_agent, stop_agent, wait_ready},
-    clear_tunnel, external_tunnel,
+    clear_tunnel, external_tunnel, liqo_peer, liqo_v1_peer,
     options::{GUARD, LabTunnel, set_marker, tunnel_mode, write_past_netfilter_mode},
     paths::state,
 };
@@ -34,9 +34,23 @@ pub(super) fn start_other_tunnel(tunnel: LabTunnel) -> Result<()> {
 /// returns once they are ready. The guard is an option of the agent, off
 /// in the DaemonSet and so in the lab: its tests and benchmark turn it on.
 pub fn set_guard(on: bool) -> Result<()> {
-    let gateways: Vec<String> = CLUSTERS.iter().map(|c| c.gw()).collect();
     set_marker(GUARD, on)?;
-    gateways.iter().try_for_each(|gw| restart_agent(gw))
+    isthmus_gateways()
+        .iter()
+        .try_for_each(|gw| restart_agent(gw))
+}
+
+/// The gateways that run an Isthmus agent: every one but that of the
+/// cluster the lab runs as Liqo, if any.
+fn isthmus_gateways() -> Vec<String> {
+    let liqo = liqo_peer::cluster()
+        .or(liqo_v1_peer::is_on().then_some(liqo_v1_peer::LIQO))
+        .map(|c| c.name);
+    CLUSTERS
+        .iter()
+        .filter(|c| Some(c.name) != liqo)
+        .map(|c| c.gw())
+        .collect()
 }
 
 /// Puts `tunnel` between the gateways in place of the one running, with
