@@ -8,9 +8,9 @@ use anyhow::{Result, bail};
 
 use super::{
     agents::{clean_up_agent, restart_agent, start_agent, stop_agent, wait_ready},
-    clear_tunnel, external_tunnel, liqo_peer, liqo_v1_peer,
+    clear_tunnel, external_tunnel,
     options::{GUARD, LabTunnel, set_marker, tunnel_mode, write_past_netfilter_mode},
-    paths::state,
+    paths::{pid_file, state},
 };
 use crate::topology::CLUSTERS;
 
@@ -40,16 +40,13 @@ pub fn set_guard(on: bool) -> Result<()> {
         .try_for_each(|gw| restart_agent(gw))
 }
 
-/// The gateways that run an Isthmus agent: every one but that of the
-/// cluster the lab runs as Liqo, if any.
+/// The gateways the lab started an Isthmus agent on: every one but that
+/// of a cluster it runs as Liqo.
 fn isthmus_gateways() -> Vec<String> {
-    let liqo = liqo_peer::cluster()
-        .or(liqo_v1_peer::is_on().then_some(liqo_v1_peer::LIQO))
-        .map(|c| c.name);
     CLUSTERS
         .iter()
-        .filter(|c| Some(c.name) != liqo)
         .map(|c| c.gw())
+        .filter(|gw| pid_file(gw).exists())
         .collect()
 }
 
