@@ -101,7 +101,8 @@ pub(super) fn within_room(
     applied: &BTreeMap<MappingKey, Be32>,
     errors: &mut BTreeSet<Rejection>,
 ) -> Vec<(MappingKey, Be32)> {
-    entries.sort_by_key(|e| (applied.get(&e.key) != Some(&e.target), e.key, e.ip.clone()));
+    let rank = |e: &IpEntry<'_>| (applied.get(&e.key) != Some(&e.target), e.key);
+    entries.sort_by(|a, b| rank(a).cmp(&rank(b)).then_with(|| a.ip.cmp(b.ip)));
     let mut kept: BTreeMap<MappingKey, &ObjectKey> = BTreeMap::new();
     let mut programmed = Vec::new();
     for entry in entries {

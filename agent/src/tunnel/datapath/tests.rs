@@ -144,6 +144,13 @@ impl Pair {
     }
 }
 
+/// A WireGuard message of type `kind`, `len` bytes of garbage after it.
+fn message(kind: u8, len: usize) -> Vec<u8> {
+    let mut m = vec![0x5au8; len];
+    m[0] = kind;
+    m
+}
+
 /// An IPv4 packet of `len` bytes from `src`, with a zeroed payload.
 fn ipv4(src: [u8; 4], len: usize) -> Vec<u8> {
     let mut packet = vec![0u8; len];
@@ -272,6 +279,12 @@ fn a_peer_we_serve_gets_nothing_before_it_makes_contact_and_is_answered_where_it
         "something was sent to a peer that made no contact"
     );
     pair.remote_socket.set_nonblocking(false).unwrap();
+    // Forged and oversized initiations from a stranger give it no endpoint.
+    let stranger = "203.0.113.99:40000".parse().unwrap();
+    for forged in [message(1, 148), message(1, 2048), message(4, 64)] {
+        assert_eq!(pair.receive(&forged, stranger), None);
+        assert_eq!(peer.endpoint(), None, "a forged datagram drew the peer");
+    }
     // It initiates; the answer goes where it initiated from, and so does
     // everything after.
     pair.handshake();
