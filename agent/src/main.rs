@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use isthmus_agent::{
     control::{
         self,
+        liqo_wireguard::LiqoWireguardArgs,
         options::{CheckArgs, DEFAULT_KEY_FILE, RunArgs},
     },
     kernel::dataplane,
@@ -47,6 +48,9 @@ enum Command {
         #[arg(long, default_value = DEFAULT_KEY_FILE)]
         private_key_file: PathBuf,
     },
+    /// Be the `wireguard` container of a Liqo v1 gateway pod, with the
+    /// flags Liqo's gateway templates pass it (docs/operating.md#liqo-v1).
+    LiqoWireguard(Box<LiqoWireguardArgs>),
     /// Validate a directory of objects as `run` would, and print what it
     /// would program and reject (file, object and field). Needs no root
     /// and no kernel; exits 1 if anything is rejected.
@@ -82,6 +86,7 @@ async fn main() -> Result<()> {
     init_logs(cli.log_format);
     match cli.command {
         Command::Run(args) => control::run(*args).await,
+        Command::LiqoWireguard(args) => control::liqo_wireguard::run(*args).await,
         Command::Check(args) => {
             if !control::check::command(&args)? {
                 std::process::exit(1);

@@ -209,6 +209,12 @@ impl KeyEncoding {
 }
 
 /// The key pair of the private key `secret` holds, and how it holds it.
+/// The key pair of a private key held as a Secret's data holds one: the
+/// raw 32 bytes (Liqo v1's) or their base64 text (ours).
+pub fn key_pair(data: &[u8]) -> Option<KeyPair> {
+    KeyEncoding::decode(data).map(|(private, _)| KeyPair::from_private(private))
+}
+
 fn private_key(secret: &Secret) -> Option<(KeyPair, KeyEncoding)> {
     let data = secret.data.as_ref()?.get(PRIVATE_KEY)?;
     let (private, encoding) = KeyEncoding::decode(&data.0)?;

@@ -5,6 +5,7 @@ pub mod check;
 pub mod election;
 pub mod flows;
 pub mod kubernetes;
+pub mod liqo_wireguard;
 pub mod options;
 pub mod reconcile;
 pub mod run;

@@ -38,7 +38,7 @@ use crate::{
         privileges,
     },
     model::{node::Node, object::ObjectKind, peer::LiqoApi, policy::Policy},
-    observe::metrics::{self, BuildInfo, GatewayState, Metrics},
+    observe::metrics::{self, BuildInfo, GatewayState, Metrics, PeerHealth},
     roles::{
         gateway::{Gateway, guard::Guard},
         nat_device::NatDevice,
@@ -259,7 +259,7 @@ async fn serve_metrics(
         Some(&args.bpffs),
         gateway.map(|g| GatewayState {
             tunnel: g.tunnel.clone(),
-            checks: g.checks.clone(),
+            health: PeerHealth::Conncheck(g.checks.clone()),
             device: args.tunnel_dev.clone(),
             liqo_api: args.policy.liqo_api,
         }),

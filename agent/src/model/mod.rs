@@ -3,6 +3,7 @@
 //! peer, and what a TunnelEndpoint may ask of this node.
 //! Nothing here does I/O, so all of it is tested in memory.
 
+pub mod go_duration;
 pub mod isolation;
 pub mod key_text;
 pub mod lease;

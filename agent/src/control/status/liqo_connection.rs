@@ -7,8 +7,13 @@
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
-use kube::{api::ApiResource, core::DynamicObject};
+use kube::{
+    Api, Client,
+    api::{ApiResource, Patch, PatchParams, PostParams},
+    core::DynamicObject,
+};
 use serde_json::{Value, json};
+use tracing::info;
 
 use crate::{
     control::source::api_resource_of,
@@ -20,12 +25,60 @@ use crate::{
     roles::gateway::conncheck,
 };
 
-use super::ConnectionStatus;
+use super::{ConnectionStatus, MANAGER};
 
 /// How often a Connection whose state holds gets a new latency: Liqo's
 /// `--ping-update-status-interval`, as its chart sets it
 /// (`networking.gatewayTemplates.ping.updateStatusInterval`, 10s).
 pub const UPDATE_STATUS_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Creates the Connection `key` of `gateway` (whose UID is `uid`, if
+/// known), or sets its label and spec if it exists, as Liqo's gateway
+/// does (`resource.CreateOrUpdate`).
+pub async fn ensure(
+    client: &Client,
+    key: &ObjectKey,
+    gateway: &LiqoGateway,
+    uid: Option<&str>,
+) -> kube::Result<()> {
+    if create(client, key, gateway, uid).await? {
+        return Ok(());
+    }
+    let params = PatchParams::apply(MANAGER);
+    api(client, key)
+        .patch(&key.name, &params, &Patch::Merge(identity(gateway, uid)))
+        .await
+        .map(drop)
+}
+
+/// Creates the Connection `key` of `gateway`; false if it exists already.
+pub async fn create(
+    client: &Client,
+    key: &ObjectKey,
+    gateway: &LiqoGateway,
+    uid: Option<&str>,
+) -> kube::Result<bool> {
+    let params = PostParams {
+        field_manager: Some(MANAGER.into()),
+        ..PostParams::default()
+    };
+    match api(client, key)
+        .create(&params, &object(key, gateway, uid))
+        .await
+    {
+        Ok(_) => {
+            info!(object = %key, "Connection created");
+            Ok(true)
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// The Connections of `key`'s namespace.
+pub fn api(client: &Client, key: &ObjectKey) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), &key.namespace, &api_resource())
+}
 
 /// The API resource of Connections.
 pub fn api_resource() -> ApiResource {

@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::{
     control::source::KubeSource,
-    model::object::{ObjectKey, ObjectKind},
+    model::object::{self, ObjectKey, ObjectKind},
     model::peer::{LiqoGateway, Peer},
     model::rejection::Rejection,
     observe::metrics::Metrics,
@@ -391,16 +391,8 @@ impl ObjectRejection {
 }
 
 /// `note` cut to [`NOTE_MAX`] bytes on a character boundary, marked.
-fn truncate_note(mut note: String) -> String {
-    if note.len() > NOTE_MAX {
-        let cut = (0..=NOTE_MAX - 3)
-            .rev()
-            .find(|i| note.is_char_boundary(*i))
-            .unwrap_or(0);
-        note.truncate(cut);
-        note.push_str("...");
-    }
-    note
+fn truncate_note(note: String) -> String {
+    object::bounded(note, NOTE_MAX)
 }
 
 impl Feedback {

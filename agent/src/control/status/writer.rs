@@ -10,14 +10,14 @@ use std::{
 use k8s_openapi::{api::core::v1::ObjectReference, jiff::Timestamp};
 use kube::{
     Api, Client, ResourceExt,
-    api::{DynamicObject, Patch, PatchParams, PostParams},
+    api::{DynamicObject, Patch, PatchParams},
     runtime::{
         events::{Event, EventType, Recorder, Reporter},
         reflector::ObjectRef,
     },
 };
 use tokio::sync::{mpsc, watch};
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use crate::{
     control::source::{KubeSource, api_resource},
@@ -182,30 +182,7 @@ impl Writer {
     /// if it exists, as Liqo's gateway does.
     async fn ensure_connection(&self, key: &ObjectKey, gateway: &LiqoGateway) -> kube::Result<()> {
         let uid = self.find(gateway.kind, &gateway.key).and_then(|o| o.uid());
-        let api = Api::<DynamicObject>::namespaced_with(
-            self.client.clone(),
-            &key.namespace,
-            &liqo_connection::api_resource(),
-        );
-        let object = liqo_connection::object(key, gateway, uid.as_deref());
-        let params = PostParams {
-            field_manager: Some(MANAGER.into()),
-            ..PostParams::default()
-        };
-        match api.create(&params, &object).await {
-            Ok(_) => {
-                info!(object = %key, "Connection created");
-                Ok(())
-            }
-            Err(kube::Error::Api(e)) if e.code == 409 => {
-                let identity = liqo_connection::identity(gateway, uid.as_deref());
-                let params = PatchParams::apply(MANAGER);
-                api.patch(&key.name, &params, &Patch::Merge(identity))
-                    .await
-                    .map(drop)
-            }
-            Err(e) => Err(e),
-        }
+        liqo_connection::ensure(&self.client, key, gateway, uid.as_deref()).await
     }
 
     fn outcome(&self, outcome: &'static str, count: usize) {

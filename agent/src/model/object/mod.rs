@@ -202,16 +202,34 @@ pub struct ObjectError {
     pub problem: String,
 }
 
+/// The longest problem an object error carries: a problem quotes the
+/// field's value, which an object's author may make megabytes long.
+pub const PROBLEM_MAX: usize = 1024;
+
 impl ObjectError {
-    /// `problem` with `raw`, a `kind` read from `origin`.
+    /// `problem` with `raw`, a `kind` read from `origin`; a problem past
+    /// [`PROBLEM_MAX`] bytes is cut.
     pub fn new(origin: &str, kind: ObjectKind, raw: &RawObject, problem: String) -> Self {
         Self {
             origin: origin.to_owned(),
             kind,
             object: raw.key.clone(),
-            problem,
+            problem: bounded(problem, PROBLEM_MAX),
         }
     }
+}
+
+/// `text` cut to `max` bytes on a character boundary, marked `...`.
+pub fn bounded(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let cut = (0..=max.saturating_sub(3))
+            .rev()
+            .find(|i| text.is_char_boundary(*i))
+            .unwrap_or(0);
+        text.truncate(cut);
+        text.push_str("...");
+    }
+    text
 }
 
 /// One document of a source, recognised by its `apiVersion` and `kind`.

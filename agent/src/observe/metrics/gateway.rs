@@ -1,7 +1,11 @@
 //! What a gateway exports: Liqo's own metric families, under Liqo's names
 //! and labels, and the embedded tunnel's state.
 
-use std::sync::{Arc, Mutex, atomic::Ordering};
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex, atomic::Ordering},
+    time::Instant,
+};
 
 use prometheus_client::{
     collector::Collector,
@@ -17,12 +21,39 @@ use crate::{
 
 use super::collect::{PeerLabels, family, peer_labels};
 
+/// Where a gateway learns whether each peer answers.
+#[derive(Clone)]
+pub enum PeerHealth {
+    /// Our own conncheck.
+    Conncheck(Arc<Mutex<Checks>>),
+    /// What another's conncheck reported, by cluster ID: as the pod of
+    /// Liqo's gateway that runs our tunnel reads its `Connection`.
+    Reported(Arc<Mutex<BTreeMap<String, Health>>>),
+}
+
+impl PeerHealth {
+    /// How the peer whose cluster ID is `cluster_id` fares at `now`.
+    fn of(&self, cluster_id: &str, now: Instant) -> Option<Health> {
+        match self {
+            Self::Conncheck(checks) => checks
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .health(cluster_id, now),
+            Self::Reported(reported) => reported
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(cluster_id)
+                .copied(),
+        }
+    }
+}
+
 /// What a gateway's metrics read at scrape time.
 pub struct GatewayState {
     /// The embedded tunnel.
     pub tunnel: Arc<Tunnel>,
-    /// The conncheck.
-    pub checks: Arc<Mutex<Checks>>,
+    /// Whether each peer answers.
+    pub health: PeerHealth,
     /// The tunnel's device, Liqo v0.10's `device` label.
     pub device: String,
     /// Whose labels the peers' families carry: Liqo v1 dropped `device`
@@ -49,7 +80,6 @@ impl Collector for LiqoMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let peers = self.0.tunnel.status();
         let now = std::time::Instant::now();
-        let checks = self.0.checks.lock().unwrap_or_else(|p| p.into_inner());
         let health: Vec<(LiqoLabels, &PeerStatus, Option<Health>)> = peers
             .iter()
             .map(|p| {
@@ -61,10 +91,9 @@ impl Collector for LiqoMetrics {
                     labels.insert(1, ("device", self.0.device.clone()));
                     labels.push(("cluster_name", p.cluster_name.clone()));
                 }
-                (labels, p, checks.health(&p.label, now))
+                (labels, p, self.0.health.of(&p.label, now))
             })
             .collect();
-        drop(checks);
         let connected = |h: &Option<Health>| h.is_some_and(|h| h.connected);
         family(
             &mut encoder,

@@ -36,7 +36,7 @@ use collect::{
     DataplaneMetrics, DeniedMetrics, Occupancies, PeerLabels, ProgramLoadTime, count_occupancy,
     peer_labels,
 };
-pub use gateway::GatewayState;
+pub use gateway::{GatewayState, PeerHealth};
 use gateway::{LiqoMetrics, TunnelMetrics};
 pub use http::{DEFAULT_PORT, serve};
 

@@ -46,11 +46,16 @@ impl TunnelAddresses {
             .liqo_gateway
             .as_ref()
             .is_some_and(|gateway| gateway.kind == ObjectKind::GatewayServer);
+        Some(Self::of_side(server))
+    }
+
+    /// The ends of the tunnel where we are the server, or else the client.
+    pub fn of_side(server: bool) -> Self {
         let (ours, theirs) = match server {
             true => (SERVER_ADDR, CLIENT_ADDR),
             false => (CLIENT_ADDR, SERVER_ADDR),
         };
-        Some(Self { ours, theirs })
+        Self { ours, theirs }
     }
 }
 
