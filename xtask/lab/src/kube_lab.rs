@@ -68,7 +68,7 @@ impl KubeNode {
     /// Starts the agent with no `--role` (the Node's label decides) and
     /// waits until it is ready. Returns its PID.
     pub fn start_agent(&mut self, extra: &[&str]) -> Result<u32> {
-        let mut args = vec![
+        let args = [
             "run".to_owned(),
             "--source=kube".to_owned(),
             format!("--kubeconfig={}", self.kubeconfig.display()),
@@ -77,6 +77,23 @@ impl KubeNode {
             format!("--bpffs={}", self.bpffs().display()),
             format!("--metrics-addr=127.0.0.1:{METRICS_PORT}"),
         ];
+        self.start(&args, extra)
+    }
+
+    /// Starts `isthmus-agent liqo-wireguard` (the `wireguard` container of
+    /// a Liqo v1 gateway pod) with `extra`, Liqo's flags, serving metrics
+    /// and health where the agent's are, and waits until it is ready.
+    pub fn start_liqo_wireguard(&mut self, extra: &[&str]) -> Result<u32> {
+        let args = [
+            "liqo-wireguard".to_owned(),
+            format!("--kubeconfig={}", self.kubeconfig.display()),
+            format!("--health-probe-bind-address=127.0.0.1:{METRICS_PORT}"),
+        ];
+        self.start(&args, extra)
+    }
+
+    fn start(&mut self, args: &[String], extra: &[&str]) -> Result<u32> {
+        let mut args = args.to_vec();
         args.extend(extra.iter().map(|a| a.to_string()));
         let pid = lab::spawn_agent(&self.ns, &args, &self.log)?;
         self.agent = Some(pid);

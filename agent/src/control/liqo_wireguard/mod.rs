@@ -25,7 +25,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use futures::{Stream, StreamExt, stream::BoxStream};
+use futures::{FutureExt, Stream, StreamExt, stream::BoxStream};
 use kube::{
     Api, Client, ResourceExt,
     api::{ApiResource, DynamicObject, Patch, PatchParams},
@@ -36,7 +36,7 @@ use kube::{
     },
 };
 use serde_json::json;
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 use crate::{
     control::{kubernetes, source::api_resource, status::liqo_connection},
@@ -184,6 +184,14 @@ async fn serve_metrics(
     Ok(metrics)
 }
 
+/// Whether `store` holds a complete first listing.
+fn listed(store: &Store<DynamicObject>) -> bool {
+    store
+        .wait_until_ready()
+        .now_or_never()
+        .is_some_and(|ready| ready.is_ok())
+}
+
 /// The container's state between events.
 struct Container {
     client: Client,
@@ -220,6 +228,10 @@ impl Container {
                     None => bail!("the API server's watch ended"),
                 },
                 _ = retry.tick() => {}
+            }
+            // Until both are listed, an empty store says nothing.
+            if !listed(&self.public_keys) || !listed(&self.connections) {
+                continue;
             }
             self.look_up_endpoint().await;
             self.configure_tunnel();
@@ -263,12 +275,14 @@ impl Container {
     /// Gives the tunnel its peer, if the objects changed it.
     fn configure_tunnel(&mut self) {
         let desired = peer::desired(&self.settings, &self.public_keys.state(), self.address);
-        if desired.problems != self.problems {
-            for problem in &desired.problems {
-                error!(problem = %problem, "the tunnel's peer");
-            }
-            self.problems = desired.problems;
+        for problem in desired
+            .problems
+            .iter()
+            .filter(|p| !self.problems.contains(p))
+        {
+            warn!(problem = %problem, "the tunnel's peer");
         }
+        self.problems = desired.problems;
         if self.configured.as_ref() == Some(&desired.peer) {
             return;
         }

@@ -5,8 +5,8 @@
 
 use super::{test_peer::TestPeer, *};
 
-const TENANT: &str = "liqo-tenant-rome";
-const CONNECTION: &str = "gw-rome";
+pub(super) const TENANT: &str = "liqo-tenant-rome";
+pub(super) const CONNECTION: &str = "gw-rome";
 
 /// A fixture, as the API server would serve it.
 fn fixture(yaml: &str) -> Value {
@@ -32,7 +32,7 @@ fn gateway_key() -> (Value, [u8; 32]) {
 }
 
 /// rome's Configuration, and its PublicKey with `peer`'s key.
-fn rome(peer: &TestPeer) -> (Value, Value) {
+pub(super) fn rome(peer: &TestPeer) -> (Value, Value) {
     let configuration = fixture(include_str!(
         "../../../fixtures/liqo-v1/configuration-rome.yaml"
     ));
@@ -44,13 +44,13 @@ fn rome(peer: &TestPeer) -> (Value, Value) {
 }
 
 /// The Connection as stored, or Null.
-fn connection(node: &KubeNode) -> Value {
+pub(super) fn connection(node: &KubeNode) -> Value {
     node.api
         .get("connections", TENANT, CONNECTION)
         .unwrap_or(Value::Null)
 }
 
-fn connection_value(node: &KubeNode) -> Value {
+pub(super) fn connection_value(node: &KubeNode) -> Value {
     connection(node)["status"]["value"].clone()
 }
 

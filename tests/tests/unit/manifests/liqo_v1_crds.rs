@@ -13,7 +13,7 @@ use isthmus_agent::{
 use super::*;
 
 /// The schema of `version` of Liqo v1.2's CRD `file`.
-fn liqo_schema(file: &str, version: &str) -> jsonschema::Validator {
+pub(super) fn liqo_schema(file: &str, version: &str) -> jsonschema::Validator {
     let path = manifests()
         .join("../tests/fixtures/liqo-v1/crds")
         .join(file);

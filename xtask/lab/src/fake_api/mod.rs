@@ -206,6 +206,22 @@ current-context: fake
         rv
     }
 
+    /// Sets an object's status, as another controller writing the status
+    /// subresource does: watches see MODIFIED. Returns whether it existed.
+    pub fn set_status(&self, plural: &str, namespace: &str, name: &str, status: Value) -> bool {
+        let mut state = self.state();
+        let key = (plural.into(), namespace.into(), name.into());
+        let Some(stored) = state.objects.get_mut(&key) else {
+            return false;
+        };
+        stored["status"] = status;
+        let object = stored.clone();
+        state.put(object);
+        drop(state);
+        self.notify(false);
+        true
+    }
+
     /// Deletes an object; watches see DELETED. Returns whether it existed.
     pub fn delete(&self, plural: &str, namespace: &str, name: &str) -> bool {
         let found = self
