@@ -8,21 +8,34 @@
 //! side's conncheck reaches the other. `cargo xtask test` runs them twice:
 //! with a as the tunnel's client (a GatewayClient), then as its server (a
 //! GatewayServer, `--isthmus-side server`), b's gateway taking the other
-//! side; behind a's XDP guard too.
+//! side; behind a's XDP guard too. And a-gw as a gateway pod made from
+//! Isthmus's template: `isthmus-agent liqo-wireguard` in place of a's
+//! agent carries the tunnel to b's wireguard-go on either side.
 //!
 //! These tests need that lab: `cargo xtask test` runs them in it.
 
-use std::{net::Ipv4Addr, time::Duration};
+use std::{
+    net::{Ipv4Addr, TcpListener, UdpSocket},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 use isthmus_lab::{
+    fake_api::FakeApi,
     lab::{
         self,
         liqo_v1_peer::{self, Side},
     },
+    liqo_v1::PORT,
+    netns,
     probe::{self, Proto},
     topology::{A, B, reachability},
 };
 use isthmus_tests::{eventually, require_lab};
+use serde_json::{Value, json};
 
 use crate::liqo_peer_interop::{CONNCHECK, assert_rows_1_to_3, b_hears_a, liqo_side};
 
@@ -180,4 +193,152 @@ fn isthmus_and_the_liqo_v1_gateway_measure_each_other_over_the_tunnel_addresses(
     let b = liqo_side();
     let peers: Vec<&String> = b["peers"].as_object().unwrap().keys().collect();
     assert_eq!(peers, ["cluster-a"], "{b}");
+}
+
+/// a-gw as a Liqo v1 gateway pod made from Isthmus's template: in place
+/// of a's agent, `isthmus-agent liqo-wireguard` carries the tunnel, and
+/// the test answers and sends the conncheck as Liqo's `gateway` container
+/// does beside it. Restores a's agent when dropped.
+struct WireguardContainer {
+    api: Option<FakeApi>,
+    pid: u32,
+    stop: Arc<AtomicBool>,
+    conncheck: Option<std::thread::JoinHandle<()>>,
+}
+
+impl WireguardContainer {
+    /// Stops a's agent and starts the container with the flags Liqo's
+    /// template renders for a's side, reading b's PublicKey from an API
+    /// server in a-gw.
+    fn start() -> Self {
+        let gw = A.gw();
+        lab::stop_agent(&gw).unwrap();
+        lab::clean_up_agent(&gw).unwrap();
+        let listener = netns::run_in(&gw, || TcpListener::bind("127.0.0.1:0"))
+            .unwrap()
+            .unwrap();
+        let api = FakeApi::start(listener).unwrap();
+        let b_id = B.cluster_id();
+        api.apply(json!({
+            "apiVersion": "networking.liqo.io/v1beta1", "kind": "PublicKey",
+            "metadata": {"name": b_id, "namespace": "liqo-tenant-b",
+                "labels": {"liqo.io/remote-cluster-id": b_id}},
+            "spec": {"publicKey": lab::public_key(&B.gw()).unwrap()},
+        }));
+        let state = std::path::PathBuf::from(lab::STATE_DIR).join("liqo-wireguard");
+        let keys = state.join("keys");
+        std::fs::create_dir_all(&keys).unwrap();
+        std::fs::copy(lab::key_file(&gw), keys.join("privateKey")).unwrap();
+        let kubeconfig = state.join("kubeconfig");
+        std::fs::write(&kubeconfig, api.kubeconfig()).unwrap();
+        let (mode, side) = match liqo_v1_peer::isthmus_side() {
+            Side::Client => (
+                "client",
+                vec![
+                    format!("--endpoint-address={}", B.wan_addr()),
+                    format!("--endpoint-port={PORT}"),
+                ],
+            ),
+            Side::Server => ("server", vec![format!("--listen-port={PORT}")]),
+        };
+        let mut args: Vec<String> = [
+            "liqo-wireguard".to_owned(),
+            format!("--kubeconfig={}", kubeconfig.display()),
+            "--name=cluster-b".to_owned(),
+            "--namespace=liqo-tenant-b".to_owned(),
+            format!("--remote-cluster-id={b_id}"),
+            format!("--mode={mode}"),
+            "--mtu=1340".to_owned(),
+            format!("--keys-dir={}", keys.display()),
+            "--health-probe-bind-address=:9873".to_owned(),
+            "--leader-election=false".to_owned(),
+        ]
+        .into();
+        args.extend(side);
+        let log = lab::log_file(&gw);
+        let pid = lab::spawn_agent(&gw, &args, &log).unwrap();
+        lab::wait_ready_in(&gw, pid, &log).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let conncheck = Some(liqo_gateway_conncheck(stop.clone()));
+        Self {
+            api: Some(api),
+            pid,
+            stop,
+            conncheck,
+        }
+    }
+}
+
+/// Liqo's `gateway` container's conncheck on a-gw, as the lab's Liqo side
+/// runs it: PINGs b's tunnel address twice a second, answers PINGs.
+fn liqo_gateway_conncheck(stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+    let (_, theirs) = liqo_v1_peer::isthmus_side().addresses();
+    let socket = netns::run_in(&A.gw(), || UdpSocket::bind(("0.0.0.0", 12345)))
+        .unwrap()
+        .unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 1024];
+        while !stop.load(Ordering::Relaxed) {
+            let ping = json!({"clusterID": "cluster-b", "msgType": "PING", "timeStamp": "2026-11-28T02:00:00.000000000Z"});
+            let _ = socket.send_to(ping.to_string().as_bytes(), (theirs, 12345));
+            let Ok((n, from)) = socket.recv_from(&mut buf) else {
+                continue;
+            };
+            if let Ok(mut message) = serde_json::from_slice::<Value>(&buf[..n])
+                && message["msgType"] == "PING"
+            {
+                message["msgType"] = json!("PONG");
+                let _ = socket.send_to(message.to_string().as_bytes(), from);
+            }
+        }
+    })
+}
+
+impl Drop for WireguardContainer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.conncheck.take() {
+            let _ = thread.join();
+        }
+        let gw = A.gw();
+        let _ = lab::stop_pid(self.pid);
+        drop(self.api.take());
+        let _ = isthmus_lab::cmd::ip(&gw, &["link", "del", "liqo-tunnel"]);
+        if let Err(e) = lab::start_agent(&gw).and_then(|_| lab::wait_ready(&gw)) {
+            eprintln!("restarting a-gw's agent: {e:#}");
+        }
+        eventually(RESTART, "row 1 again with a's agent back", row_1_holds);
+    }
+}
+
+#[test]
+#[ignore = "needs the Liqo v1 lab; `cargo xtask test` runs it there"]
+fn as_liqos_wireguard_container_isthmus_carries_the_tunnel_to_liqos_wireguard_go() {
+    require_liqo_v1_lab();
+    let pongs = || {
+        liqo_side()["peers"]["cluster-a"]["pongs"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let answered = || liqo_side()["pings_answered"].as_u64().unwrap_or(0);
+    let container = WireguardContainer::start();
+    let (pongs_before, answered_before) = (pongs(), answered());
+    // b's stock gateway and a's pod hear each other over the tunnel,
+    // whichever side each takes: b's conncheck gets new PONGs, and answers
+    // new PINGs.
+    eventually(CONNCHECK, "b's conncheck hears a's pod", || {
+        pongs() >= pongs_before + 3 && answered() > answered_before
+    });
+    // The tunnel's counters are the container's: b's traffic came through it.
+    let received = lab::metric_sum(
+        &A.gw(),
+        "isthmus_peer_receive_packets_total",
+        &[("cluster_id", B.cluster_id().as_str())],
+    )
+    .unwrap();
+    assert!(received > 0.0, "a's pod received {received} packets");
+    drop(container);
 }
