@@ -2,8 +2,6 @@
 //! Liqo v1's kinds, with the rights to read them and to write a peer's
 //! Connection, and nothing more.
 
-use std::fs;
-
 use isthmus_agent::model::object::ObjectKind;
 
 use super::{
@@ -88,15 +86,7 @@ fn every_agent_serves_liqo_v1_and_may_read_its_kinds() {
 
 #[test]
 fn the_liqo_v1_manifests_validate_for_a_current_kubernetes() {
-    let rendered =
-        std::env::temp_dir().join(format!("isthmus-liqo-v1-{}.yaml", std::process::id()));
-    let text: Vec<String> = render("liqo-v1")
-        .iter()
-        .map(|o| serde_yaml_ng::to_string(o).unwrap())
-        .collect();
-    fs::write(&rendered, text.join("---\n")).unwrap();
-    let report = validate(&[rendered.display().to_string()]);
-    let _ = fs::remove_file(&rendered);
+    let report = validate_objects("liqo-v1", &render("liqo-v1"));
     // The base's 17 (no CRDs: Liqo's chart owns them) and rbac.yaml's 4.
     assert_eq!(passed(&report), 21, "resources checked:\n{report}");
 }

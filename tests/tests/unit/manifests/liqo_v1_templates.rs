@@ -5,7 +5,7 @@
 //! Liqo's controllers rely on, and give `isthmus-agent liqo-wireguard`
 //! flags it takes.
 
-use std::{fs, net::Ipv4Addr};
+use std::net::Ipv4Addr;
 
 use clap::Parser;
 use isthmus_agent::{
@@ -208,15 +208,7 @@ fn rendered_for_a_peering_they_give_what_liqo_and_kubernetes_accept() {
     let (client, none) = rendered("wireguard-client-template.yaml", "gatewayclient-rome.yaml");
     assert!(none.is_none(), "a client has no Service");
     let service = service.unwrap();
-    let objects = [&server, &service, &client];
-    let path = std::env::temp_dir().join(format!("isthmus-templates-{}.yaml", std::process::id()));
-    let text: Vec<String> = objects
-        .iter()
-        .map(|o| serde_yaml_ng::to_string(o).unwrap())
-        .collect();
-    fs::write(&path, text.join("---\n")).unwrap();
-    let report = validate(&[path.display().to_string()]);
-    let _ = fs::remove_file(&path);
+    let report = validate_objects("templates", [&server, &service, &client]);
     assert_eq!(passed(&report), 3, "resources checked:\n{report}");
 
     // The Service: the port of the GatewayServer, none of the optional

@@ -111,6 +111,19 @@ fn validate(files: &[String]) -> String {
 }
 
 /// How many resources a [`validate`] report passed.
+/// [`validate`] of `objects`, written to one file named after `name`.
+fn validate_objects<'a>(name: &str, objects: impl IntoIterator<Item = &'a Value>) -> String {
+    let path = std::env::temp_dir().join(format!("isthmus-{name}-{}.yaml", std::process::id()));
+    let text: Vec<String> = objects
+        .into_iter()
+        .map(|o| serde_yaml_ng::to_string(o).unwrap())
+        .collect();
+    std::fs::write(&path, text.join("---\n")).unwrap();
+    let report = validate(&[path.display().to_string()]);
+    let _ = std::fs::remove_file(&path);
+    report
+}
+
 fn passed(report: &str) -> usize {
     report.lines().filter(|l| l.contains(" passed ")).count()
 }
