@@ -1,19 +1,20 @@
 //! Objects as an author writes them (TunnelEndpoints, NatMappings, Nodes,
 //! what isolation reads, the election's Lease, and Liqo v1's objects): any
 //! text, read as the directory source reads a file, then every document
-//! validated as the reconciler does.
+//! validated as the reconciler does; and the text as a Go duration, as a
+//! Connection's latency is read.
 //! Nothing may panic, every error names its file, and the NatMapping fast
 //! path, where it answers, must agree with the YAML scanner.
 #![no_main]
 
 use isthmus_agent::{
     model::natmapping::NatMapping,
-    model::{lease::LeaseRecord, node::Node},
-    model::liqo_v1,
     model::object::{Object, ObjectKind, RawObject, parse_documents, plain_natmapping},
     model::offloading::{ExportedSlice, OffloadedPod, Offloading},
     model::peer::Peer,
     model::policy::Policy,
+    model::{go_duration, liqo_v1},
+    model::{lease::LeaseRecord, node::Node},
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -57,6 +58,14 @@ fuzz_target!(|text: &str| {
                 "an error without its file: {message}"
             );
         }
+    }
+    // The same text as the latency a Connection carries, which the
+    // gateway pod's `liqo_peer_*` read: a duration only if it ends in a unit.
+    if go_duration::parse(text).is_ok() {
+        assert!(
+            text == "0" || text.ends_with(|c: char| c.is_ascii_lowercase()),
+            "{text:?} read as a duration"
+        );
     }
 });
 
