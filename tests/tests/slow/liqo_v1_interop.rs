@@ -241,7 +241,10 @@ impl WireguardContainer {
             ),
             Side::Server => ("server", vec![format!("--listen-port={PORT}")]),
         };
+        // What the template's container holds: NET_ADMIN alone.
         let mut args: Vec<String> = [
+            "--bounding-set=-all,+net_admin".to_owned(),
+            lab::agent_binary().display().to_string(),
             "liqo-wireguard".to_owned(),
             format!("--kubeconfig={}", kubeconfig.display()),
             "--name=cluster-b".to_owned(),
@@ -256,7 +259,7 @@ impl WireguardContainer {
         .into();
         args.extend(side);
         let log = lab::log_file(&gw);
-        let pid = lab::spawn_agent(&gw, &args, &log).unwrap();
+        let pid = lab::spawn_agent_binary("setpriv".as_ref(), &gw, &args, &log).unwrap();
         lab::wait_ready_in(&gw, pid, &log).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let conncheck = Some(liqo_gateway_conncheck(stop.clone()));

@@ -6,7 +6,7 @@
 use std::{
     fs,
     net::{Ipv4Addr, TcpListener},
-    path::PathBuf,
+    path::{Path, PathBuf},
 };
 
 use anyhow::{Context, Result, ensure};
@@ -77,25 +77,30 @@ impl KubeNode {
             format!("--bpffs={}", self.bpffs().display()),
             format!("--metrics-addr=127.0.0.1:{METRICS_PORT}"),
         ];
-        self.start(&args, extra)
+        self.start(&lab::agent_binary(), &args, extra)
     }
 
     /// Starts `isthmus-agent liqo-wireguard` (the `wireguard` container of
     /// a Liqo v1 gateway pod) with `extra`, Liqo's flags, serving metrics
-    /// and health where the agent's are, and waits until it is ready.
+    /// and health where the agent's are, and waits until it is ready. It
+    /// holds what the template's container holds, `NET_ADMIN` alone.
     pub fn start_liqo_wireguard(&mut self, extra: &[&str]) -> Result<u32> {
         let args = [
+            "--bounding-set=-all,+net_admin".to_owned(),
+            lab::agent_binary().display().to_string(),
             "liqo-wireguard".to_owned(),
             format!("--kubeconfig={}", self.kubeconfig.display()),
             format!("--health-probe-bind-address=127.0.0.1:{METRICS_PORT}"),
         ];
-        self.start(&args, extra)
+        self.start(Path::new("setpriv"), &args, extra)
     }
 
-    fn start(&mut self, args: &[String], extra: &[&str]) -> Result<u32> {
+    /// Starts `binary` with `args` then `extra` in the node's netns, and
+    /// waits until it is ready.
+    fn start(&mut self, binary: &Path, args: &[String], extra: &[&str]) -> Result<u32> {
         let mut args = args.to_vec();
         args.extend(extra.iter().map(|a| a.to_string()));
-        let pid = lab::spawn_agent(&self.ns, &args, &self.log)?;
+        let pid = lab::spawn_agent_binary(binary, &self.ns, &args, &self.log)?;
         self.agent = Some(pid);
         lab::wait_ready_in(&self.ns, pid, &self.log).context("the kube agent")?;
         Ok(pid)

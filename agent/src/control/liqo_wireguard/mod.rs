@@ -35,7 +35,6 @@ use kube::{
         watcher,
     },
 };
-use serde_json::json;
 use tracing::{info, warn};
 
 use crate::{
@@ -110,9 +109,11 @@ pub async fn run(args: LiqoWireguardArgs) -> Result<()> {
         problems: Vec::new(),
         write_error: None,
     };
-    container
-        .follow(futures::stream::select(key_events, connection_events))
-        .await
+    let events = futures::stream::select(
+        key_events.map(|e| (Watched::PublicKeys, e)),
+        connection_events.map(|e| (Watched::Connections, e)),
+    );
+    container.follow(events).await
 }
 
 /// Watches `resource` in the gateway's namespace, keeping a store of it:
@@ -204,12 +205,19 @@ struct Container {
     address: Option<Ipv4Addr>,
     /// When the name is looked up next.
     lookup_due: Instant,
-    /// What the tunnel was last given.
-    configured: Option<Option<PeerConfig>>,
+    /// The peer the tunnel was last given.
+    configured: Option<PeerConfig>,
     /// The problems last logged, so that each is logged once.
     problems: Vec<String>,
     /// The last write of the Connection that failed, logged once.
     write_error: Option<String>,
+}
+
+/// Which watch an event came from.
+#[derive(Clone, Copy)]
+enum Watched {
+    PublicKeys,
+    Connections,
 }
 
 type WatchResult = watcher::Result<watcher::Event<DynamicObject>>;
@@ -218,13 +226,22 @@ type Events = BoxStream<'static, WatchResult>;
 impl Container {
     /// Follows the namespace's PublicKeys and Connections, and the
     /// endpoint's name, until the process ends.
-    async fn follow(mut self, mut events: impl Stream<Item = WatchResult> + Unpin) -> Result<()> {
+    async fn follow(
+        mut self,
+        mut events: impl Stream<Item = (Watched, WatchResult)> + Unpin,
+    ) -> Result<()> {
         let mut retry = tokio::time::interval(RETRY);
+        // What changed since the last pass: the PublicKeys are read again,
+        // and the Connection's health taken again, only when theirs did.
+        let (mut keys_changed, mut connection_changed) = (true, true);
         loop {
             tokio::select! {
                 event = events.next() => match event {
-                    Some(Ok(_)) => {}
-                    Some(Err(e)) => warn!(error = %e, "watching the API server; retrying with backoff, and the tunnel keeps its peer"),
+                    Some((watched, Ok(_))) => match watched {
+                        Watched::PublicKeys => keys_changed = true,
+                        Watched::Connections => connection_changed = true,
+                    },
+                    Some((_, Err(e))) => warn!(error = %e, "watching the API server; retrying with backoff, and the tunnel keeps its peer"),
                     None => bail!("the API server's watch ended"),
                 },
                 _ = retry.tick() => {}
@@ -233,9 +250,12 @@ impl Container {
             if !listed(&self.public_keys) || !listed(&self.connections) {
                 continue;
             }
-            self.look_up_endpoint().await;
-            self.configure_tunnel();
-            self.report();
+            if self.look_up_endpoint().await || std::mem::take(&mut keys_changed) {
+                self.configure_tunnel();
+            }
+            if std::mem::take(&mut connection_changed) {
+                self.report();
+            }
             let written = self.ensure_connection().await.map_err(|e| e.to_string());
             if written.as_ref().err() != self.write_error.as_ref() {
                 if let Err(e) = &written {
@@ -247,14 +267,15 @@ impl Container {
     }
 
     /// Looks the endpoint's name up when due; a failed lookup keeps the
-    /// address it had, as Liqo's DNS routine does.
-    async fn look_up_endpoint(&mut self) {
+    /// address it had, as Liqo's DNS routine does. Returns whether the
+    /// address changed.
+    async fn look_up_endpoint(&mut self) -> bool {
         let Endpoint::Name(name) = &self.settings.endpoint else {
-            return;
+            return false;
         };
         let now = Instant::now();
         if now < self.lookup_due {
-            return;
+            return false;
         }
         // Until it has an address, a name is tried on every retry.
         self.lookup_due = match self.address {
@@ -266,9 +287,13 @@ impl Container {
                 info!(name = %name, %address, "--endpoint-address resolved");
                 self.address = Some(address);
                 self.lookup_due = now + self.settings.dns_check_interval;
+                true
             }
-            Ok(_) => {}
-            Err(e) => warn!(name = %name, error = %e, "--endpoint-address does not resolve"),
+            Ok(_) => false,
+            Err(e) => {
+                warn!(name = %name, error = %e, "--endpoint-address does not resolve");
+                false
+            }
         }
     }
 
@@ -283,14 +308,14 @@ impl Container {
             warn!(problem = %problem, "the tunnel's peer");
         }
         self.problems = desired.problems;
-        if self.configured.as_ref() == Some(&desired.peer) {
+        if self.configured == desired.peer {
             return;
         }
         let peers: Vec<PeerConfig> = desired.peer.iter().cloned().collect();
         for (key, change) in self.tunnel.set_peers(&peers) {
             info!(peer = %key, ?change, "tunnel peer");
         }
-        self.configured = Some(desired.peer);
+        self.configured = desired.peer;
     }
 
     /// Takes how the peer fares from its Connection, for `liqo_peer_*`.
@@ -307,7 +332,7 @@ impl Container {
     /// Connecting while it has no value, as Liqo's container does after
     /// configuring the device.
     async fn ensure_connection(&self) -> kube::Result<()> {
-        if !matches!(self.configured, Some(Some(_))) {
+        if self.configured.is_none() {
             return Ok(());
         }
         let key = self.settings.gateway.connection();
@@ -328,10 +353,7 @@ impl Container {
         let Some(existing) = existing.filter(|c| peer::needs_initial_status(c)) else {
             return Ok(());
         };
-        let patch = json!({
-            "metadata": { "resourceVersion": existing.resource_version() },
-            "status": { "value": "Connecting" },
-        });
+        let patch = liqo_connection::initial_status_patch(existing.resource_version());
         liqo_connection::api(&self.client, &key)
             .patch_status(&key.name, &PatchParams::default(), &Patch::Merge(patch))
             .await
@@ -345,5 +367,30 @@ impl Container {
             &reflector::ObjectRef::new_with(&key.name, liqo_connection::api_resource())
                 .within(&key.namespace),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mounted_key_is_read_raw_or_as_text_and_anything_else_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("privateKey");
+        let private = [7u8; 32];
+        std::fs::write(&path, private).unwrap();
+        let raw = read_key(&path).unwrap();
+        std::fs::write(&path, crate::model::key_text::encode(&private)).unwrap();
+        assert_eq!(read_key(&path).unwrap().public, raw.public);
+        // Short, garbled and oversized files are refused, naming the file.
+        for forged in [vec![7u8; 31], b"not a key".to_vec(), vec![b'A'; 1 << 20]] {
+            std::fs::write(&path, forged).unwrap();
+            let error = format!("{:#}", read_key(&path).unwrap_err());
+            assert!(error.contains("not a WireGuard private key"), "{error}");
+            assert!(error.contains(&path.display().to_string()), "{error}");
+        }
+        let missing = format!("{:#}", read_key(&dir.path().join("absent")).unwrap_err());
+        assert!(missing.contains("--keys-dir"), "{missing}");
     }
 }

@@ -11,18 +11,15 @@ use std::{
 };
 
 use ipnet::Ipv4Net;
-use kube::{
-    ResourceExt,
-    api::{DynamicObject, TypeMeta},
-};
+use kube::{ResourceExt, api::DynamicObject};
 
 use super::options::Settings;
 use crate::{
-    control::source::origin,
+    control::source::read_watched,
     model::{
         go_duration,
         liqo_v1::{CLUSTER_ID_LABEL, PeerKey},
-        object::{self, Object, ObjectKey, ObjectKind},
+        object::{Object, ObjectKind},
         peer::Endpoint,
     },
     roles::gateway::conncheck::Health,
@@ -116,26 +113,15 @@ pub fn desired(
     }
 }
 
-/// A PublicKey read as the agent reads one from a file, with an error
-/// that names the object and the field.
+/// A PublicKey read as the kube source reads one, with an error that
+/// names the object and the field.
 fn read_public_key(object: &DynamicObject) -> Result<PeerKey, String> {
-    let key = ObjectKey {
-        namespace: object.namespace().unwrap_or_default(),
-        name: object.name_any(),
-    };
-    let origin = origin(ObjectKind::PublicKey, &key);
-    let mut typed = object.clone();
-    // List items need not carry their type; the watch says what they are.
-    typed.types = Some(TypeMeta {
-        api_version: ObjectKind::PublicKey.api_version().into(),
-        kind: ObjectKind::PublicKey.as_str().into(),
-    });
-    match object::from_decoded(&origin, &typed) {
-        Ok(Object::PublicKey(raw)) => {
+    match read_watched(ObjectKind::PublicKey, object.clone()) {
+        (origin, Ok(Object::PublicKey(raw))) => {
             PeerKey::from_public_key(&raw, &origin).map_err(|e| e.to_string())
         }
-        Ok(_) => Err(format!("{origin}: not a PublicKey")),
-        Err(e) => Err(e.to_string()),
+        (origin, Ok(_)) => Err(format!("{origin}: not a PublicKey")),
+        (_, Err(e)) => Err(e.to_string()),
     }
 }
 
@@ -174,7 +160,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::model::{key_text, peer::LiqoGateway};
+    use crate::model::{key_text, object::ObjectKey, peer::LiqoGateway};
 
     const PEER_KEY: [u8; 32] = [7; 32];
 

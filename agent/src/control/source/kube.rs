@@ -240,18 +240,25 @@ impl Listing {
         }
     }
 
-    /// The object's origin and its document, read as the directory source
-    /// reads a file.
-    fn read(&self, mut object: DynamicObject) -> (String, Result<Object, object::DocumentError>) {
-        let origin = origin(self.kind, &key(&object));
-        // List items need not carry their type; the watch says what they are.
-        object.types = Some(TypeMeta {
-            api_version: self.kind.api_version().into(),
-            kind: self.kind.as_str().into(),
-        });
-        let document = object::from_decoded(&origin, &object);
-        (origin, document)
+    fn read(&self, object: DynamicObject) -> (String, Result<Object, object::DocumentError>) {
+        read(self.kind, object)
     }
+}
+
+/// A watched `object` of `kind`: its origin and its document, read as the
+/// directory source reads a file.
+pub fn read(
+    kind: ObjectKind,
+    mut object: DynamicObject,
+) -> (String, Result<Object, object::DocumentError>) {
+    let origin = origin(kind, &key(&object));
+    // List items need not carry their type; the watch says what they are.
+    object.types = Some(TypeMeta {
+        api_version: kind.api_version().into(),
+        kind: kind.as_str().into(),
+    });
+    let document = object::from_decoded(&origin, &object);
+    (origin, document)
 }
 
 fn key(object: &DynamicObject) -> ObjectKey {

@@ -6,7 +6,10 @@ mod dir;
 mod kube;
 
 pub use dir::{DirError, read_dir, watch_dir};
-pub use kube::{ElectionLease, KubeSource, api_resource, api_resource_of, origin, watch_kube};
+pub use kube::{
+    ElectionLease, KubeSource, api_resource, api_resource_of, origin, read as read_watched,
+    watch_kube,
+};
 
 use std::path::PathBuf;
 

@@ -80,6 +80,16 @@ pub fn api(client: &Client, key: &ObjectKey) -> Api<DynamicObject> {
     Api::namespaced_with(client.clone(), &key.namespace, &api_resource())
 }
 
+/// What Liqo's `wireguard` container sets on a Connection with no value
+/// yet (`tunnel/wireguard/k8s.go:123-126` at v1.2.0), on the version
+/// `resource_version` the writer saw: a status written since is kept.
+pub fn initial_status_patch(resource_version: Option<String>) -> Value {
+    json!({
+        "metadata": { "resourceVersion": resource_version },
+        "status": { "value": "Connecting" },
+    })
+}
+
 /// The API resource of Connections.
 pub fn api_resource() -> ApiResource {
     api_resource_of(LIQO_V1_NETWORKING_API_VERSION, "Connection", "connections")

@@ -80,7 +80,6 @@ fn as_liqos_wireguard_container_the_tunnel_follows_the_public_key_and_leaves_the
         "--leader-election=false",
         "--implementation=userspace",
         &keys_flag,
-        "--tunnel-workers=1",
     ])
     .unwrap();
     peer.answer(public);
@@ -189,7 +188,6 @@ fn as_liqos_wireguard_container_of_a_server_the_tunnel_waits_for_the_peer_to_mak
         &format!("--listen-port={LISTEN_PORT}"),
         "--preserve-client-endpoint=true",
         &format!("--keys-dir={}", keys.display()),
-        "--tunnel-workers=1",
     ])
     .unwrap();
     let link =
