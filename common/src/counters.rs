@@ -63,6 +63,10 @@ pub enum DropReason {
     /// A flow our side opened towards a segregated peer found the table of
     /// such flows full: sent on, its replies would be denied.
     PeerFlowsFull = 5,
+    /// The program a packet goes on in, by tail call, was missing from its
+    /// program array: sent on, the packet would skip a rewrite or a check
+    /// (docs/design.md#tail-calls).
+    MissedTailCall = 6,
 }
 
 /// Where a peer's packet was headed that it may not reach: after the
@@ -144,13 +148,14 @@ pub const OUTCOMES: [Outcome; 4] = [
     Outcome::Dropped,
 ];
 /// Every drop reason, in slot order.
-pub const DROP_REASONS: [DropReason; 6] = [
+pub const DROP_REASONS: [DropReason; 7] = [
     DropReason::ConntrackFull,
     DropReason::NoFreePort,
     DropReason::Denied,
     DropReason::UnknownFragment,
     DropReason::RewriteFailed,
     DropReason::PeerFlowsFull,
+    DropReason::MissedTailCall,
 ];
 /// Every kind of rule, in slot order.
 pub const KINDS: [Kind; 4] = [
@@ -233,6 +238,7 @@ impl DropReason {
             DropReason::UnknownFragment => "unknown_fragment",
             DropReason::RewriteFailed => "rewrite_failed",
             DropReason::PeerFlowsFull => "peer_flows_full",
+            DropReason::MissedTailCall => "missed_tail_call",
         }
     }
 }

@@ -137,9 +137,9 @@ pub const PROG_ACCEPT: &str = "overlay_accept";
 pub const PROG_DECAP: &str = "overlay_decap";
 
 /// Program array: what follows a gateway's ingress NAT, indexed by
-/// [`crate::counters::Link`]. Not pinned: it holds this agent's programs,
-/// and a previous agent's NAT programs without it leave to the stack what
-/// they would have forwarded.
+/// [`crate::counters::Link`]. Pinned, as every program array: the NAT
+/// programs an agent left attached go on in it while no agent runs, and
+/// drop what finds a slot empty (docs/design.md#tail-calls).
 pub const MAP_ONWARD: &str = "ist_onward";
 /// The programs of [`MAP_ONWARD`], in its order: a peer's packet that the
 /// ingress NAT let through goes to its pod, on another node through the
@@ -149,7 +149,7 @@ pub const ONWARD_PROGRAMS: [&str; 2] = ["nat_onward_eth", "nat_onward_ip"];
 
 /// Program array: what follows a gateway's egress NAT for a peer, indexed
 /// by [`crate::counters::Link`]: the rewrite of a Liqo v1 peer's
-/// destination. Not pinned, as [`MAP_ONWARD`].
+/// destination. Pinned, as [`MAP_ONWARD`].
 pub const MAP_PEER_DNAT: &str = "ist_peer_dnat";
 /// The programs of [`MAP_PEER_DNAT`], in its order: a Liqo v1 peer's
 /// destination goes from our view of it to the real address.
@@ -161,10 +161,19 @@ pub const PROG_PEER_SNAT_ETH: &str = "peer_snat_eth";
 /// The same as [`PROG_PEER_SNAT_ETH`], on an L3 device (tun).
 pub const PROG_PEER_SNAT_IP: &str = "peer_snat_ip";
 /// Program array: the ingress NAT, indexed by [`crate::counters::Link`],
-/// which the peer SNAT programs go on in. Not pinned, as [`MAP_ONWARD`].
+/// which the peer SNAT programs go on in. Pinned, as [`MAP_ONWARD`].
 pub const MAP_NAT_IN: &str = "ist_nat_in";
 /// The programs of [`MAP_NAT_IN`], in its order.
 pub const NAT_IN_PROGRAMS: [&str; 2] = [PROG_INGRESS_ETH, PROG_INGRESS_IP];
+
+/// Every program array, pinned beside [`MAPS`].
+pub const PROGRAM_ARRAYS: [&str; 3] = [MAP_ONWARD, MAP_PEER_DNAT, MAP_NAT_IN];
+
+/// A read-only global of the object, set when the agent loads it: whether
+/// the gateway serves Liqo v1 peers, whose packets the egress NAT hands on
+/// to [`MAP_PEER_DNAT`]. The verifier sees it as a constant, so a gateway
+/// of Liqo v0.10 peers walks no such call.
+pub const GLOBAL_SERVES_LIQO_V1: &str = "SERVES_LIQO_V1";
 
 /// Every TC program the agent attaches.
 pub const PROGRAMS: [&str; 9] = [

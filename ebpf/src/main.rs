@@ -26,6 +26,7 @@ mod parse;
 mod peer_remap;
 mod room;
 mod stack;
+mod tail_call;
 
 use aya_ebpf::{
     bindings::TC_ACT_UNSPEC,
@@ -63,8 +64,8 @@ pub fn nat_egress_ip(ctx: TcContext) -> i32 {
 #[inline(always)]
 fn egress(ctx: &TcContext, l3: usize) -> i32 {
     let handled = nat::run(ctx, l3, Direction::Egress);
-    if handled.action == TC_ACT_UNSPEC && handled.peers {
-        maps::peer_dnat(ctx, Link::of_l3(l3));
+    if handled.action == TC_ACT_UNSPEC && handled.peers && tail_call::serves_liqo_v1() {
+        return tail_call::peer_dnat(ctx, Link::of_l3(l3));
     }
     handled.action
 }
@@ -107,7 +108,7 @@ pub fn nat_ingress_ip(ctx: TcContext) -> i32 {
 fn ingress(ctx: &TcContext, l3: usize) -> i32 {
     let handled = nat::run(ctx, l3, Direction::Ingress);
     if handled.action == TC_ACT_UNSPEC && handled.peers {
-        maps::onward(ctx, Link::of_l3(l3));
+        return tail_call::onward(ctx, Link::of_l3(l3));
     }
     handled.action
 }

@@ -1,9 +1,8 @@
 //! The maps the programs share with the agent.
 
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, LpmTrie, PerCpuArray, ProgramArray, lpm_trie::Key},
+    btf_maps::{Array, HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
     macros::btf_map,
-    programs::TcContext,
 };
 use isthmus_common::{
     counters::{self, DENY_SLOTS, DenyReason, Direction, DropReason, KINDS, Link, Outcome},
@@ -52,44 +51,6 @@ static NATMAP: HashMap<MappingKey, Be32, { DEFAULT_NAT_MAPPINGS as usize }, ON_D
 #[btf_map(name = "ist_natmap_rev")]
 static NATMAP_REV: HashMap<MappingKey, Be32, { DEFAULT_NAT_MAPPINGS as usize }, ON_DEMAND> =
     HashMap::new();
-
-/// The programs after the ingress NAT (`names::ONWARD_PROGRAMS`), by link.
-#[btf_map(name = "ist_onward")]
-static ONWARD: ProgramArray<2> = ProgramArray::new();
-
-/// Goes on in the program after the ingress NAT for `link`. Returns only
-/// when there is none: then the stack takes the packet.
-#[inline(always)]
-pub fn onward(ctx: &TcContext, link: Link) {
-    // SAFETY: a tail call into a TC program of the agent's own object.
-    unsafe { ONWARD.tail_call(ctx, link as u32) }
-}
-
-/// The rewrite of a Liqo v1 peer's destination, after the egress NAT
-/// (`names::PEER_DNAT_PROGRAMS`), by link.
-#[btf_map(name = "ist_peer_dnat")]
-static PEER_DNAT: ProgramArray<2> = ProgramArray::new();
-
-/// Goes on in the rewrite of a Liqo v1 peer's destination for `link`.
-/// Returns only when there is none: then the packet leaves as it is.
-#[inline(always)]
-pub fn peer_dnat(ctx: &TcContext, link: Link) {
-    // SAFETY: a tail call into a TC program of the agent's own object.
-    unsafe { PEER_DNAT.tail_call(ctx, link as u32) }
-}
-
-/// The ingress NAT, after the rewrite of a Liqo v1 peer's source
-/// (`names::NAT_IN_PROGRAMS`), by link.
-#[btf_map(name = "ist_nat_in")]
-static NAT_IN: ProgramArray<2> = ProgramArray::new();
-
-/// Goes on in the ingress NAT for `link`. Returns only when it is not
-/// loaded: then the stack takes the packet.
-#[inline(always)]
-pub fn nat_in(ctx: &TcContext, link: Link) {
-    // SAFETY: a tail call into a TC program of the agent's own object.
-    unsafe { NAT_IN.tail_call(ctx, link as u32) }
-}
 
 /// The largest MSS a SYN crossing the tunnel device may advertise.
 #[btf_map(name = "ist_tcp_mss")]

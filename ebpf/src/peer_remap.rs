@@ -23,6 +23,7 @@ use isthmus_common::{
 use crate::{
     csum, maps, nat,
     parse::{self, ETH_P_IP, Malformed},
+    tail_call,
 };
 
 /// What the remap did with a packet.
@@ -85,8 +86,7 @@ pub fn snat(ctx: &TcContext, l3: usize) -> i32 {
             return action;
         }
     }
-    maps::nat_in(ctx, link);
-    TC_ACT_UNSPEC
+    tail_call::nat_in(ctx, link)
 }
 
 /// `pkt`, if it is IPv4 and can be read; anything else is not ours to

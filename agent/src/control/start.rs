@@ -4,7 +4,6 @@
 use std::{
     net::{Ipv4Addr, SocketAddr},
     sync::Arc,
-    time::Duration,
 };
 
 use anyhow::{Context, Result, bail};
@@ -52,6 +51,9 @@ use crate::{
 /// `isthmus-agent run`: loads the dataplane, starts this node's role and
 /// follows the source until a signal arrives.
 pub async fn run(args: RunArgs) -> Result<()> {
+    for warning in args.old_spellings() {
+        warn!("{warning}");
+    }
     let missing = privileges::missing_capabilities()?;
     if !missing.0.is_empty() {
         warn!("{missing}");
@@ -80,7 +82,7 @@ async fn run_confined(args: RunArgs, runtime_filtered: bool) -> Result<()> {
         allowed: args.allowed_capacity,
         peer_flows: args.peer_flow_capacity,
     };
-    let mut dataplane = Dataplane::load(&args.bpffs, &capacity)
+    let mut dataplane = Dataplane::load(&args.bpffs, &capacity, serves_liqo_v1(&args, role))
         .map_err(|e| refused_by_runtime(e.into(), runtime_filtered))
         .with_context(|| format!("loading the dataplane under {}", args.bpffs.display()))?;
     let reconciler = reconciler(&args, &mut dataplane)?;
@@ -151,6 +153,18 @@ fn reconciler(args: &RunArgs, dataplane: &mut Dataplane) -> Result<KernelReconci
     Ok(reconciler)
 }
 
+/// Whether this node is a gateway that serves Liqo v1 peers: their tunnel
+/// devices are the embedded tunnel's.
+fn serves_liqo_v1(args: &RunArgs, role: Role) -> bool {
+    runs_tunnel(args, role) && args.policy.liqo_api == LiqoApi::V1
+}
+
+/// Whether this node runs the embedded tunnel: a gateway's, unless another
+/// tunnel serves.
+fn runs_tunnel(args: &RunArgs, role: Role) -> bool {
+    (role, args.tunnel) == (Role::Gateway, TunnelMode::Userspace)
+}
+
 /// A gateway's embedded tunnel, with its key and its XDP guard; none on a
 /// worker, or where another tunnel serves.
 async fn start_gateway(
@@ -159,7 +173,7 @@ async fn start_gateway(
     client: Option<&kube::Client>,
     dataplane: &mut Dataplane,
 ) -> Result<Option<Gateway>> {
-    if (role, args.tunnel) != (Role::Gateway, TunnelMode::Userspace) {
+    if !runs_tunnel(args, role) {
         return Ok(None);
     }
     let key = match client {
@@ -175,18 +189,15 @@ async fn start_gateway(
         }
         None => None,
     };
-    let liqo_v1 = match args.policy.liqo_api {
-        LiqoApi::V1 => {
-            dataplane.serve_liqo_v1()?;
-            Some(dataplane.take_peer_devs()?)
-        }
-        LiqoApi::V0_10 => None,
+    let liqo_v1 = match dataplane.serves_liqo_v1() {
+        true => Some(dataplane.take_peer_devs()?),
+        false => None,
     };
     let gateway = Gateway::start(
         &tunnel_config(args),
         key,
         guard,
-        Duration::from_secs(args.resolve_interval),
+        args.resolve_interval.duration,
         args.masquerade_ip.is_some(),
         liqo_v1,
     )
@@ -302,7 +313,7 @@ fn spawn_collector(
         peers_written: passed.subscribe(),
     };
     let sharing = Sharing {
-        every: Duration::from_secs(args.conntrack_gc_interval.max(1)),
+        every: args.conntrack_gc_interval.duration,
         reserve_percent: args.flow_reserve_percent,
         share: args.flow_share,
     };

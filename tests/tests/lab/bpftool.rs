@@ -110,7 +110,10 @@ fn map_dumps_show_named_fields() {
 #[test]
 fn every_pin_has_a_documented_name() {
     require_lab();
-    let maps: BTreeSet<&str> = names::MAPS.into_iter().collect();
+    let maps: BTreeSet<&str> = names::MAPS
+        .into_iter()
+        .chain(names::PROGRAM_ARRAYS)
+        .collect();
     let programs: BTreeSet<&str> = names::PROGRAMS.into_iter().collect();
     for node in [A.gw(), A.node()] {
         let root = lab::bpffs(&node);

@@ -204,7 +204,7 @@ fn pinned_maps_of_another_shape_are_migrated_or_replaced() {
         ..Capacity::default()
     };
     // An agent sized for 1024 flows leaves three of them.
-    drop(Dataplane::load(&root, &capacity(1024)).unwrap());
+    drop(Dataplane::load(&root, &capacity(1024), false).unwrap());
     {
         let map = MapData::from_pin(pin(names::MAP_CONNTRACK)).unwrap();
         let mut flows: BpfHash<MapData, FlowKey, FlowNat> =
@@ -223,10 +223,12 @@ fn pinned_maps_of_another_shape_are_migrated_or_replaced() {
         (shape.max_entries, flows.keys().count())
     };
     // Grown: the flows move to a map of the new capacity.
-    drop(Dataplane::load(&root, &capacity(4096)).unwrap());
+    drop(Dataplane::load(&root, &capacity(4096), false).unwrap());
     assert_eq!(flows(), (4096, 3));
     // Shrunk below what it holds: refused, and the map stays as it was.
-    let refused = Dataplane::load(&root, &capacity(2)).err().expect("adopted");
+    let refused = Dataplane::load(&root, &capacity(2), false)
+        .err()
+        .expect("adopted");
     assert!(
         refused
             .to_string()
@@ -245,7 +247,7 @@ fn pinned_maps_of_another_shape_are_migrated_or_replaced() {
     );
     let counters = || shape_of(&MapData::from_pin(pin(names::MAP_COUNTERS)).unwrap()).unwrap();
     assert_eq!(counters().max_entries, 5);
-    drop(Dataplane::load(&root, &capacity(4096)).unwrap());
+    drop(Dataplane::load(&root, &capacity(4096), false).unwrap());
     assert_eq!(counters().max_entries, counters::SLOTS);
     fs::remove_dir_all(&root).unwrap();
 }

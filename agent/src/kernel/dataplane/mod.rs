@@ -152,8 +152,14 @@ pub struct Dataplane {
 impl Dataplane {
     /// Loads the object, reusing the maps already pinned under `root` that
     /// have the shape this agent creates, and migrating or replacing the
-    /// others (see [`pinned`]).
-    pub fn load(root: &Path, capacity: &Capacity) -> Result<Self, DataplaneError> {
+    /// others (see [`pinned`]). With `serves_liqo_v1`, a gateway's peers'
+    /// packets go on in the programs that rewrite a Liqo v1 peer's
+    /// addresses, which are loaded into their program arrays.
+    pub fn load(
+        root: &Path,
+        capacity: &Capacity,
+        serves_liqo_v1: bool,
+    ) -> Result<Self, DataplaneError> {
         ensure_bpffs(root)?;
         let pins = Pins::new(root);
         for dir in pins.dirs() {
@@ -168,7 +174,7 @@ impl Dataplane {
         ];
         let object = aya_obj::Object::parse(OBJECT)?;
         let mut wanted = std::collections::HashMap::new();
-        for name in names::MAPS {
+        for name in names::MAPS.into_iter().chain(names::PROGRAM_ARRAYS) {
             let map = object
                 .maps
                 .get(name)
@@ -194,6 +200,8 @@ impl Dataplane {
         for (name, entries) in sized {
             loader.map_max_entries(name, entries);
         }
+        let serves_liqo_v1_global = u8::from(serves_liqo_v1);
+        loader.override_global(names::GLOBAL_SERVES_LIQO_V1, &serves_liqo_v1_global, true);
         let ebpf = loader.load(OBJECT)?;
         for migration in migrations {
             let new =
@@ -208,25 +216,32 @@ impl Dataplane {
                 "pinned map migrated"
             );
         }
-        Ok(Self {
+        let mut dataplane = Self {
             ebpf,
             pins,
-            serves_liqo_v1: false,
-        })
+            serves_liqo_v1,
+        };
+        if serves_liqo_v1 {
+            dataplane.load_liqo_v1_programs()?;
+        }
+        Ok(dataplane)
     }
 
-    /// Serves Liqo v1 peers: a peer's packets go on in the programs that
-    /// rewrite its addresses, and the NAT devices attached from now on
-    /// take them in through the peer SNAT.
-    pub fn serve_liqo_v1(&mut self) -> Result<(), DataplaneError> {
+    /// Whether the gateway serves Liqo v1 peers: the NAT devices attached
+    /// take their packets in through the peer SNAT.
+    pub fn serves_liqo_v1(&self) -> bool {
+        self.serves_liqo_v1
+    }
+
+    /// Puts the programs that rewrite a Liqo v1 peer's addresses, and the
+    /// ingress NAT after them, into their program arrays.
+    fn load_liqo_v1_programs(&mut self) -> Result<(), DataplaneError> {
         attach::load_program_array(
             &mut self.ebpf,
             names::MAP_PEER_DNAT,
             names::PEER_DNAT_PROGRAMS,
         )?;
-        attach::load_program_array(&mut self.ebpf, names::MAP_NAT_IN, names::NAT_IN_PROGRAMS)?;
-        self.serves_liqo_v1 = true;
-        Ok(())
+        attach::load_program_array(&mut self.ebpf, names::MAP_NAT_IN, names::NAT_IN_PROGRAMS)
     }
 
     /// The table of tunnel devices that each carry one Liqo v1 peer.

@@ -19,7 +19,7 @@ use super::*;
 
 /// b-pod1 as it really is, and as a sees it: the same real address as
 /// a-pod1's.
-const B_POD1_REAL: Addr = [10, 244, 0, 5];
+pub(super) const B_POD1_REAL: Addr = [10, 244, 0, 5];
 
 /// An address of b's ExternalCIDR, in a's view and as it really is.
 const B_EXT_REAL: Addr = [192, 168, 0, 45];
@@ -35,18 +35,21 @@ const IP_TARGET: Addr = [172, 16, 1, 20];
 const TEST_RUN_IFINDEX: u32 = 1;
 
 /// The programs of a gateway that serves b the Liqo v1 way.
-struct V1 {
-    ebpf: Ebpf,
-    counters: Counters,
+pub(super) struct V1 {
+    pub(super) ebpf: Ebpf,
+    pub(super) counters: Counters,
     denied: Counters,
 }
 
 impl V1 {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         require_root();
         let mut ebpf = EbpfLoader::new()
+            .override_global(names::GLOBAL_SERVES_LIQO_V1, &1u8, true)
             .load(OBJECT)
             .expect("loading the eBPF object");
+        // What the ingress NAT goes on in, as the agent loads it.
+        load_onward(&mut ebpf).unwrap();
         for (array, slot, program) in [
             (names::MAP_PEER_DNAT, Link::Eth, "peer_dnat_eth"),
             (names::MAP_NAT_IN, Link::Eth, names::PROG_INGRESS_ETH),
@@ -104,7 +107,7 @@ impl V1 {
         }
     }
 
-    fn run(&self, direction: Direction, packet: &Datagram) -> (i32, Vec<u8>) {
+    pub(super) fn run(&self, direction: Direction, packet: &Datagram) -> (i32, Vec<u8>) {
         let name = match direction {
             Direction::Egress => names::PROG_EGRESS_ETH,
             Direction::Ingress => names::PROG_PEER_SNAT_ETH,

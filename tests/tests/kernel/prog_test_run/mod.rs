@@ -11,13 +11,14 @@ mod liqo_v1;
 mod masquerade;
 mod packet_shapes;
 mod shares;
+mod tail_calls;
 
 use aya::{Ebpf, EbpfLoader, programs::SchedClassifier};
 
 use isthmus_agent::{
     control::flows::{Share, Sharing, Sweeper},
     kernel::conntrack::{Conntrack, PeerFlows, SweptTable},
-    kernel::dataplane::OBJECT,
+    kernel::dataplane::{OBJECT, load_onward},
     kernel::maps::{Counters, MappingMap, PeerMap, PresenceSet},
     kernel::room::Rooms,
     kernel::table::KernelTable,
@@ -143,6 +144,8 @@ impl Harness {
             prog.load()
                 .unwrap_or_else(|e| panic!("verifier rejected {name}: {e}"));
         }
+        // What the ingress NAT goes on in, as the agent loads it.
+        load_onward(&mut ebpf).unwrap();
         let mut peers = PeerMap::new(
             ebpf.take_map(names::MAP_PEERS).unwrap(),
             ebpf.take_map(names::MAP_PEER_OWNERS).unwrap(),

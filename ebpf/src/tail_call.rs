@@ -1,0 +1,77 @@
+//! docs/design.md#tail-calls: the program arrays a packet goes on in, and
+//! what a packet that finds its slot empty gets.
+//!
+//! The agent pins the arrays, so the programs it left attached go on in
+//! them while no agent runs. A slot is empty only if the agent failed to
+//! fill it: the packet would then skip a rewrite or a check, so it is
+//! dropped and counted, as Cilium does with `DROP_MISSED_TAIL_CALL`.
+
+use aya_ebpf::{
+    bindings::TC_ACT_SHOT, btf_maps::ProgramArray, macros::btf_map, programs::TcContext,
+};
+use isthmus_common::counters::{Direction, DropReason, Link, Outcome};
+
+use crate::maps;
+
+/// The programs after the ingress NAT (`names::ONWARD_PROGRAMS`), by link.
+#[btf_map(name = "ist_onward")]
+static ONWARD: ProgramArray<2> = ProgramArray::new();
+
+/// The rewrite of a Liqo v1 peer's destination, after the egress NAT
+/// (`names::PEER_DNAT_PROGRAMS`), by link.
+#[btf_map(name = "ist_peer_dnat")]
+static PEER_DNAT: ProgramArray<2> = ProgramArray::new();
+
+/// The ingress NAT, after the rewrite of a Liqo v1 peer's source
+/// (`names::NAT_IN_PROGRAMS`), by link.
+#[btf_map(name = "ist_nat_in")]
+static NAT_IN: ProgramArray<2> = ProgramArray::new();
+
+/// `names::GLOBAL_SERVES_LIQO_V1`, set by the agent at load; non-zero when
+/// the gateway serves Liqo v1 peers.
+#[unsafe(no_mangle)]
+static SERVES_LIQO_V1: u8 = 0;
+
+/// Whether the gateway serves Liqo v1 peers: a constant to the verifier,
+/// which walks the peer DNAT's call only where it is set.
+#[inline(always)]
+pub fn serves_liqo_v1() -> bool {
+    // SAFETY: a byte of the object's read-only data; read volatile, so
+    // that the compiler does not fold in the value it was built with.
+    unsafe { core::ptr::read_volatile(&SERVES_LIQO_V1) != 0 }
+}
+
+/// Goes on in the program after the ingress NAT for `link`: a peer's
+/// packet, which the NAT gave its outcome.
+#[inline(always)]
+pub fn onward(ctx: &TcContext, link: Link) -> i32 {
+    // SAFETY: a tail call into a TC program of the agent's own object.
+    unsafe { ONWARD.tail_call(ctx, link as u32) };
+    missed(link, Direction::Ingress)
+}
+
+/// Goes on in the rewrite of a Liqo v1 peer's destination for `link`: a
+/// peer's packet, which the egress NAT gave its outcome.
+#[inline(always)]
+pub fn peer_dnat(ctx: &TcContext, link: Link) -> i32 {
+    // SAFETY: a tail call into a TC program of the agent's own object.
+    unsafe { PEER_DNAT.tail_call(ctx, link as u32) };
+    missed(link, Direction::Egress)
+}
+
+/// Goes on in the ingress NAT for `link`, which gives a packet its
+/// outcome: one that misses it gets `dropped` here.
+#[inline(always)]
+pub fn nat_in(ctx: &TcContext, link: Link) -> i32 {
+    // SAFETY: a tail call into a TC program of the agent's own object.
+    unsafe { NAT_IN.tail_call(ctx, link as u32) };
+    maps::count(link, Direction::Ingress, Outcome::Dropped);
+    missed(link, Direction::Ingress)
+}
+
+/// A tail call returned, so its slot was empty: counted and dropped.
+#[inline(always)]
+fn missed(link: Link, direction: Direction) -> i32 {
+    maps::count_drop(link, direction, DropReason::MissedTailCall);
+    TC_ACT_SHOT
+}
