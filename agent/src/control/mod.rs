@@ -4,6 +4,7 @@
 pub mod check;
 pub mod election;
 pub mod flows;
+pub mod interval;
 pub mod kubernetes;
 pub mod liqo_wireguard;
 pub mod options;

@@ -4,7 +4,6 @@
 use std::{
     net::{Ipv4Addr, SocketAddr},
     path::PathBuf,
-    time::Duration,
 };
 
 use clap::ValueEnum;
@@ -16,6 +15,7 @@ use crate::{
     control::{
         election::{Timings, TimingsError},
         flows::Share,
+        interval::{self, Interval, OldUnit},
         source::SourceSpec,
     },
     kernel::{
@@ -131,10 +131,10 @@ pub struct RunArgs {
     /// embedded tunnel's MTU carries (MTU - 40); none without it.
     #[arg(long)]
     pub tcp_mss: Option<u16>,
-    /// Gateway: seconds between lookups of an `endpointIP` that is a DNS
+    /// Gateway: the time between lookups of an `endpointIP` that is a DNS
     /// name (it is also looked up again after a failed handshake).
-    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
-    pub resolve_interval: u64,
+    #[arg(long, default_value = "1m", value_parser = interval::parser(OldUnit::Seconds))]
+    pub resolve_interval: Interval,
     /// Gateway: the uplink to attach the XDP guard of the tunnel port to,
     /// in native mode. It drops datagrams to the port from sources that are
     /// not peers' endpoints and name none of our sessions.
@@ -205,9 +205,9 @@ pub struct RunArgs {
     /// (reason peer_flows_full).
     #[arg(long, default_value_t = Capacity::default().peer_flows)]
     pub peer_flow_capacity: u32,
-    /// Seconds between conntrack garbage collections.
-    #[arg(long, default_value_t = 10)]
-    pub conntrack_gc_interval: u64,
+    /// The time between conntrack garbage collections.
+    #[arg(long, default_value = "10s", value_parser = interval::parser(OldUnit::Seconds))]
+    pub conntrack_gc_interval: Interval,
     /// What the agent's own seccomp filter does with a system call the
     /// agent does not make: `enforce` refuses it (EPERM), `log` only logs
     /// it (to the kernel log, as audit type 1326), `off` installs none.
@@ -241,17 +241,17 @@ pub struct ElectionArgs {
     /// The Lease the gateways elect by, in `--namespace`.
     #[arg(long, default_value = "isthmus-gateway")]
     pub lease_name: String,
-    /// Milliseconds the Lease must stand unchanged before a standby
-    /// gateway takes over.
-    #[arg(long, default_value_t = 1000)]
-    pub lease_duration_ms: u64,
-    /// Milliseconds the active gateway goes on without a successful
-    /// renewal; shorter than the lease duration.
-    #[arg(long, default_value_t = 800)]
-    pub lease_renew_deadline_ms: u64,
-    /// Milliseconds between renewals, and between a standby's looks.
-    #[arg(long, default_value_t = 200)]
-    pub lease_retry_period_ms: u64,
+    /// How long the Lease must stand unchanged before a standby gateway
+    /// takes over.
+    #[arg(long, alias = "lease-duration-ms", default_value = "1s", value_parser = interval::parser(OldUnit::Milliseconds))]
+    pub lease_duration: Interval,
+    /// How long the active gateway goes on without a successful renewal;
+    /// shorter than the lease duration.
+    #[arg(long, alias = "lease-renew-deadline-ms", default_value = "800ms", value_parser = interval::parser(OldUnit::Milliseconds))]
+    pub lease_renew_deadline: Interval,
+    /// The time between renewals, and between a standby's looks.
+    #[arg(long, alias = "lease-retry-period-ms", default_value = "200ms", value_parser = interval::parser(OldUnit::Milliseconds))]
+    pub lease_retry_period: Interval,
     /// This agent's pod, labelled `net.liqo.io/gateway=active` or
     /// `standby` as Liqo labels its gateway pods.
     #[arg(long, env = "POD_NAME")]
@@ -262,10 +262,34 @@ impl ElectionArgs {
     /// The election's timings, checked.
     pub fn timings(&self) -> Result<Timings, TimingsError> {
         Timings::new(
-            Duration::from_millis(self.lease_duration_ms),
-            Duration::from_millis(self.lease_renew_deadline_ms),
-            Duration::from_millis(self.lease_retry_period_ms),
+            self.lease_duration.duration,
+            self.lease_renew_deadline.duration,
+            self.lease_retry_period.duration,
         )
+    }
+
+    /// The intervals, each with its flag.
+    fn intervals(&self) -> [(&'static str, Interval); 3] {
+        [
+            ("lease-duration", self.lease_duration),
+            ("lease-renew-deadline", self.lease_renew_deadline),
+            ("lease-retry-period", self.lease_retry_period),
+        ]
+    }
+}
+
+impl RunArgs {
+    /// A warning for each interval flag given in its old spelling, naming
+    /// the new one.
+    pub fn old_spellings(&self) -> Vec<String> {
+        [
+            ("resolve-interval", self.resolve_interval),
+            ("conntrack-gc-interval", self.conntrack_gc_interval),
+        ]
+        .into_iter()
+        .chain(self.election.intervals())
+        .filter_map(|(flag, interval)| interval.old_spelling_warning(flag))
+        .collect()
     }
 }
 

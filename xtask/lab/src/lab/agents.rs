@@ -22,8 +22,9 @@ use crate::{
     topology::{CLUSTERS, Cluster, GW2, METRICS_PORT, node_addr},
 };
 
-/// Seconds between the gateways' lookups of endpoint names.
-pub const RESOLVE_INTERVAL: u64 = 2;
+/// The time between the gateways' lookups of endpoint names, as the
+/// agent's `--resolve-interval` takes it.
+pub const RESOLVE_INTERVAL: &str = "2s";
 
 /// The option that runs a gateway's XDP guard on its uplink.
 pub const GUARD_OPTION: &str = "--guard-dev=wan0";
