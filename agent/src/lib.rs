@@ -3,6 +3,7 @@
 //!
 //! The layers, each using only those above it in this list:
 //!
+//! - [`sync`]: locks taken whether or not a holder panicked;
 //! - [`model`]: what the Liqo objects mean, with no I/O;
 //! - [`kernel`]: the eBPF programs and maps: loading, pinning, attaching,
 //!   typed maps and the diff that writes them;
@@ -17,4 +18,5 @@ pub mod kernel;
 pub mod model;
 pub mod observe;
 pub mod roles;
+pub mod sync;
 pub mod tunnel;

@@ -3,6 +3,7 @@
 //! guard's allowlist) goes through [`Mirror`], so each pass writes only what
 //! changed, and a restarted agent that wants the same entries writes nothing.
 
+use crate::sync::Unpoisoned;
 use std::{
     collections::BTreeMap,
     sync::{Arc, Mutex},
@@ -76,7 +77,7 @@ impl<T: KernelTable> KernelTable for Arc<Mutex<T>> {
     type Value = T::Value;
     type Error = T::Error;
     fn entries(&self) -> Result<Vec<Entry<T>>, T::Error> {
-        self.lock().unwrap_or_else(|p| p.into_inner()).entries()
+        self.lock().unpoisoned().entries()
     }
     fn put(
         &mut self,
@@ -84,14 +85,10 @@ impl<T: KernelTable> KernelTable for Arc<Mutex<T>> {
         value: &T::Value,
         old: Option<&T::Value>,
     ) -> Result<(), T::Error> {
-        self.lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .put(key, value, old)
+        self.lock().unpoisoned().put(key, value, old)
     }
     fn delete(&mut self, key: T::Key, old: &T::Value) -> Result<(), T::Error> {
-        self.lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .delete(key, old)
+        self.lock().unpoisoned().delete(key, old)
     }
     fn is_full(error: &T::Error) -> bool {
         T::is_full(error)

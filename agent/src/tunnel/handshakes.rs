@@ -13,6 +13,7 @@
 //! second ([`OTHERS_PER_SECOND`]), so a flood cannot take the CPU the
 //! workers need either.
 
+use crate::sync::Unpoisoned;
 use std::{
     collections::VecDeque,
     net::SocketAddrV4,
@@ -70,7 +71,7 @@ impl HandshakeQueue {
         let Ok(bytes) = datagram.try_into() else {
             return false;
         };
-        let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        let mut queues = self.queues.lock().unpoisoned();
         let queue = match from_peer {
             true => &mut queues.peers,
             false => &mut queues.others,
@@ -91,20 +92,20 @@ impl HandshakeQueue {
     /// Closes the queue as the tunnel stops: [`HandshakeQueue::pop`]
     /// returns at once from then on.
     pub fn close(&self) {
-        self.queues.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
+        self.queues.lock().unpoisoned().closed = true;
         self.ready.notify_all();
     }
 
     /// The next initiation, peers' first, and only peers' unless `others`;
     /// None after `wait` with none.
     pub fn pop(&self, wait: Duration, others: bool) -> Option<Initiation> {
-        let queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        let queues = self.queues.lock().unpoisoned();
         let (mut queues, _) = self
             .ready
             .wait_timeout_while(queues, wait, |q| {
                 !q.closed && q.peers.is_empty() && (!others || q.others.is_empty())
             })
-            .unwrap_or_else(|p| p.into_inner());
+            .unpoisoned();
         match queues.peers.pop_front() {
             Some(initiation) => Some(initiation),
             None if others => queues.others.pop_front(),

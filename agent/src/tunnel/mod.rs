@@ -17,6 +17,7 @@ pub mod peers;
 pub mod throttle;
 mod tun;
 
+use crate::sync::Unpoisoned;
 use std::{
     collections::BTreeMap,
     io,
@@ -141,12 +142,12 @@ impl Shared {
 
     /// The peers as they are now; packets in flight keep the one they took.
     pub fn snapshot(&self) -> Arc<PeerSet> {
-        self.peers.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.peers.read().unpoisoned().clone()
     }
 
     /// Replaces the peers.
     pub fn set_snapshot(&self, peers: PeerSet) {
-        *self.peers.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(peers);
+        *self.peers.write().unpoisoned() = Arc::new(peers);
     }
 
     /// The largest datagram the tunnel sends: a packet of the device's MTU,
@@ -372,7 +373,7 @@ impl Tunnel {
             return;
         };
         let mut buf = [0u8; 256];
-        let mut tunn = peer.tunn.lock().unwrap_or_else(|p| p.into_inner());
+        let mut tunn = peer.tunn.lock().unpoisoned();
         if let TunnResult::WriteToNetwork(init) = tunn.format_handshake_initiation(&mut buf, false)
         {
             let _ = self.control.send_to(init, endpoint);
@@ -385,7 +386,7 @@ impl Tunnel {
             .snapshot()
             .iter()
             .map(|peer| {
-                let tunn = peer.tunn.lock().unwrap_or_else(|p| p.into_inner());
+                let tunn = peer.tunn.lock().unpoisoned();
                 let (last_handshake, tx_bytes, rx_bytes, _loss, rtt_ms) = tunn.stats();
                 let connected = last_handshake.is_some_and(|t| t < SESSION_LIFETIME);
                 PeerStatus {

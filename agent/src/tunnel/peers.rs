@@ -1,6 +1,7 @@
 //! The tunnel's peers and how a packet finds one. Protocol state only: no
 //! I/O happens here, so all of it can be tested in memory.
 
+use crate::sync::Unpoisoned;
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     net::{Ipv4Addr, SocketAddrV4},
@@ -184,7 +185,7 @@ impl TunnelPeer {
         if self.first_contact_over() {
             return false;
         }
-        let mut contact = self.first_contact.lock().unwrap_or_else(|p| p.into_inner());
+        let mut contact = self.first_contact.lock().unpoisoned();
         let due = contact.due(now, connected);
         if contact.is_over() {
             self.first_contact_over.store(true, Ordering::Relaxed);

@@ -17,6 +17,7 @@
 //! rate limiter answers with cookies long before that, so those are
 //! addresses that answered a cookie.
 
+use crate::sync::Unpoisoned;
 use std::{
     collections::HashMap,
     net::Ipv4Addr,
@@ -56,7 +57,7 @@ impl SourceThrottle {
     /// Whether an initiation from `source` may be opened at `now`; it is
     /// counted if so.
     pub fn allow(&self, source: Ipv4Addr, now: Instant) -> bool {
-        let mut sources = self.sources.lock().unwrap_or_else(|p| p.into_inner());
+        let mut sources = self.sources.lock().unpoisoned();
         if !sources.contains_key(&source) && sources.len() >= MAX_SOURCES {
             return false;
         }
@@ -79,13 +80,13 @@ impl SourceThrottle {
     /// Forgets the sources idle for a second at `now`: their buckets
     /// would be full again, as a new source's is.
     pub fn forget_idle(&self, now: Instant) {
-        let mut sources = self.sources.lock().unwrap_or_else(|p| p.into_inner());
+        let mut sources = self.sources.lock().unpoisoned();
         sources.retain(|_, bucket| now.saturating_duration_since(bucket.last) < IDLE);
     }
 
     /// Sources followed now.
     pub fn len(&self) -> usize {
-        self.sources.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.sources.lock().unpoisoned().len()
     }
 
     /// Whether no source is followed.

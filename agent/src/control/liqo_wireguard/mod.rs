@@ -16,6 +16,7 @@ mod peer;
 
 pub use options::{Implementation, LiqoWireguardArgs, Mode, OptionError, Settings};
 
+use crate::sync::Unpoisoned;
 use std::{
     collections::BTreeMap,
     net::Ipv4Addr,
@@ -321,7 +322,7 @@ impl Container {
     /// Takes how the peer fares from its Connection, for `liqo_peer_*`.
     fn report(&self) {
         let health = self.connection().as_deref().and_then(peer::reported_health);
-        let mut reported = self.reported.lock().unwrap_or_else(|p| p.into_inner());
+        let mut reported = self.reported.lock().unpoisoned();
         reported.clear();
         if let Some(health) = health {
             reported.insert(self.settings.gateway.cluster_id.clone(), health);

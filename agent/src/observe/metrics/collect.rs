@@ -1,6 +1,7 @@
 //! The collectors that read the kernel at scrape time: the dataplane's
 //! counters, map occupancy, and peers' denied packets.
 
+use crate::sync::Unpoisoned;
 use std::sync::Arc;
 
 use isthmus_common::counters::{DENY_REASONS, deny_slot};
@@ -59,7 +60,7 @@ pub(super) fn count_occupancy(maps: PinnedMaps, into: Occupancies) {
         .spawn(move || {
             loop {
                 match maps.occupancy() {
-                    Ok(counted) => *into.lock().unwrap_or_else(|p| p.into_inner()) = counted,
+                    Ok(counted) => *into.lock().unpoisoned() = counted,
                     Err(e) => warn!(error = %e, "counting map entries"),
                 }
                 std::thread::sleep(OCCUPANCY_EVERY);
@@ -84,11 +85,7 @@ impl Collector for DataplaneMetrics {
             }
             Err(e) => warn!(error = %e, "reading the per-CPU counters"),
         }
-        let occupancy = self
-            .occupancy
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let occupancy = self.occupancy.lock().unpoisoned().clone();
         occupancy_families(&mut encoder, &occupancy)
     }
 }
@@ -141,7 +138,7 @@ impl Collector for DeniedMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         // Only the slots of peers in use: the map has room for thousands,
         // and each slot read is a system call, on every scrape.
-        let peers = self.peers.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let peers = self.peers.read().unpoisoned().clone();
         // ID 0 collects the peers beyond the map's reach.
         let ids = peers.keys().copied().chain([0]);
         let mut sums = std::collections::BTreeMap::new();

@@ -1,6 +1,7 @@
 //! What a gateway exports: Liqo's own metric families, under Liqo's names
 //! and labels, and the embedded tunnel's state.
 
+use crate::sync::Unpoisoned;
 use std::{
     collections::BTreeMap,
     sync::{Arc, Mutex, atomic::Ordering},
@@ -35,15 +36,8 @@ impl PeerHealth {
     /// How the peer whose cluster ID is `cluster_id` fares at `now`.
     fn of(&self, cluster_id: &str, now: Instant) -> Option<Health> {
         match self {
-            Self::Conncheck(checks) => checks
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .health(cluster_id, now),
-            Self::Reported(reported) => reported
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(cluster_id)
-                .copied(),
+            Self::Conncheck(checks) => checks.lock().unpoisoned().health(cluster_id, now),
+            Self::Reported(reported) => reported.lock().unpoisoned().get(cluster_id).copied(),
         }
     }
 }

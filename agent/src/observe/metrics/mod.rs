@@ -3,6 +3,7 @@
 //! Dataplane counters are read from the per-CPU map at scrape time, so the
 //! packet path never waits on the agent.
 
+use crate::sync::Unpoisoned;
 use std::{
     collections::BTreeMap,
     path::Path,
@@ -269,7 +270,7 @@ impl Metrics {
             .into_iter()
             .map(|(id, p)| (id, peer_labels(p.label(), p.name())))
             .collect();
-        *self.peer_labels.write().unwrap_or_else(|p| p.into_inner()) = labels;
+        *self.peer_labels.write().unpoisoned() = labels;
     }
 
     /// The name of flow-table owner `owner` in metrics and logs: the
@@ -278,7 +279,7 @@ impl Metrics {
         if owner == isthmus_common::room::OWNER_LOCAL {
             return "gateway".to_owned();
         }
-        let peers = self.peer_labels.read().unwrap_or_else(|p| p.into_inner());
+        let peers = self.peer_labels.read().unpoisoned();
         peers
             .get(&owner)
             .map_or_else(|| format!("peer-{owner}"), |[id, _]| id.1.clone())

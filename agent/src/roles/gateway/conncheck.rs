@@ -18,6 +18,7 @@
 //! [`Checks`] is the protocol state, without I/O; [`spawn`] runs it on a
 //! socket.
 
+use crate::sync::Unpoisoned;
 use std::{
     collections::BTreeMap,
     net::{Ipv4Addr, SocketAddr, SocketAddrV4},
@@ -298,7 +299,7 @@ async fn take(
 }
 
 fn lock(checks: &Mutex<Checks>) -> std::sync::MutexGuard<'_, Checks> {
-    checks.lock().unwrap_or_else(|p| p.into_inner())
+    checks.lock().unpoisoned()
 }
 
 #[cfg(test)]

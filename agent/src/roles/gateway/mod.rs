@@ -1,6 +1,7 @@
 //! The gateway role: the tunnel and its routes, kept in line with the
 //! peers the reconciler accepted.
 
+use crate::sync::Unpoisoned;
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{Ipv4Addr, SocketAddrV4},
@@ -278,7 +279,7 @@ impl Gateway {
         }
         self.checks
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .unpoisoned()
             .set_targets(&targets, Instant::now());
         self.configured = configs.iter().filter_map(|c| c.endpoint).collect();
         if let Some(guard) = &mut self.guard {
@@ -365,7 +366,7 @@ impl Gateway {
     /// every change of a session's state.
     pub fn report(&mut self) -> Report {
         let sessions = self.report_states();
-        let checks = self.checks.lock().unwrap_or_else(|p| p.into_inner());
+        let checks = self.checks.lock().unpoisoned();
         let now = Instant::now();
         Report {
             sessions,

@@ -3,6 +3,7 @@
 //! each peer's state machine. Both devices move many packets per system
 //! call: TSO and GRO on TUN, GSO and GRO on UDP.
 
+use crate::sync::Unpoisoned;
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddrV4, UdpSocket},
     os::fd::{AsRawFd, OwnedFd},
@@ -286,9 +287,7 @@ fn destination(packet: &[u8]) -> Option<Ipv4Addr> {
 }
 
 fn lock(peer: &TunnelPeer) -> std::sync::MutexGuard<'_, Tunn> {
-    peer.tunn
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    peer.tunn.lock().unpoisoned()
 }
 
 fn write_tun(tun: &OwnedFd, frame: &[u8]) {
