@@ -6,7 +6,7 @@ use std::{fs, process::Command, time::Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::prereqs;
+use crate::{cargo_command, prereqs};
 use isthmus_lab::repo_root;
 
 /// How long each target runs in `cargo xtask test`, and by default.
@@ -19,10 +19,9 @@ pub const TARGETS: [&str; 4] = ["offload", "datagram", "objects", "reconciler"];
 /// so the workspace's clippy never compiles them, and a change of the
 /// agent's API would otherwise surface only when fuzzing starts.
 pub fn check() -> Result<()> {
-    let status = Command::new("cargo")
+    let status = cargo_command("cargo")
         .args(["+nightly", "check", "--bins", "--manifest-path"])
         .arg(repo_root().join("fuzz").join("Cargo.toml"))
-        .current_dir(repo_root())
         .env("AYA_BUILD_SKIP", "1")
         .status()
         .context("running cargo check on the fuzz targets")?;
@@ -30,6 +29,22 @@ pub fn check() -> Result<()> {
         bail!("the fuzz targets do not compile ({status})");
     }
     Ok(())
+}
+
+/// `cargo +nightly fuzz <subcommand> --fuzz-dir fuzz`, in the repository.
+fn cargo_fuzz(subcommand: &str) -> Command {
+    let mut command = cargo_command("cargo");
+    command
+        .args(["+nightly", "fuzz", subcommand, "--fuzz-dir"])
+        .arg(repo_root().join("fuzz"))
+        // The fuzz targets never load the eBPF object: no need to build it.
+        .env("AYA_BUILD_SKIP", "1");
+    command
+}
+
+/// Builds every target, as `run` would before running it.
+pub fn build_command() -> Command {
+    cargo_fuzz("build")
 }
 
 /// Runs each target for `seconds`.
@@ -44,9 +59,7 @@ pub fn run(seconds: u64) -> Result<()> {
         fs::create_dir_all(&committed)?;
         fs::create_dir_all(&scratch)?;
         println!("fuzz: {target} for {seconds} s");
-        let status = Command::new("cargo")
-            .args(["+nightly", "fuzz", "run", "--fuzz-dir"])
-            .arg(&fuzz)
+        let status = cargo_fuzz("run")
             .arg(target)
             .args([&scratch, &committed])
             .args([
@@ -55,9 +68,6 @@ pub fn run(seconds: u64) -> Result<()> {
                 "-rss_limit_mb=4096",
                 "-print_final_stats=1",
             ])
-            .current_dir(repo_root())
-            // The fuzz targets never load the eBPF object: no need to build it.
-            .env("AYA_BUILD_SKIP", "1")
             .status()
             .context("running cargo fuzz")?;
         if !status.success() {

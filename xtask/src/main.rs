@@ -1,5 +1,6 @@
 //! `cargo xtask`: build, lab, demo, test and benchmark Isthmus.
 
+mod background;
 mod bench;
 mod demo;
 mod fuzz;
@@ -96,7 +97,7 @@ enum LabAction {
         /// Run cluster b as Liqo v1.2 does (wireguard-go, the nftables its
         /// FirewallConfigurations render, its conncheck), served by a from
         /// Liqo v1's objects (`--liqo-api v1`).
-        #[arg(long, conflicts_with_all = ["tunnel", "liqo_peer"])]
+        #[arg(long, conflicts_with_all = ["tunnel", "liqo_peer", "segregation", "ha", "containers"])]
         liqo_v1_peer: Option<String>,
         /// With `--liqo-v1-peer`: the side of the tunnel a takes, client
         /// (a GatewayClient: a contacts b) or server (a GatewayServer: b
@@ -234,14 +235,37 @@ fn cluster_named(name: &str) -> Result<&'static isthmus_lab::topology::Cluster> 
 /// Runs a cargo command in the workspace, failing if it fails.
 pub(crate) fn cargo(args: &[&str]) -> Result<()> {
     println!("==> cargo {}", args.join(" "));
-    let status = Command::new(env!("CARGO"))
-        .args(args)
-        .current_dir(isthmus_lab::repo_root())
-        .status()?;
+    let status = cargo_command(env!("CARGO")).args(args).status()?;
     if !status.success() {
         bail!("`cargo {}` failed ({status})", args.join(" "));
     }
     Ok(())
+}
+
+/// `program` (cargo, or rustup's proxy of it) in the workspace, without
+/// the variables `cargo run` set for this task runner. ring's build script
+/// watches them: with them, a build run from here and one run by hand
+/// would each rebuild ring and everything above it.
+pub(crate) fn cargo_command(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut command = Command::new(program);
+    command.current_dir(isthmus_lab::repo_root());
+    for (name, _) in std::env::vars_os() {
+        let set_by_cargo_run = name.to_str().is_some_and(|name| {
+            [
+                "CARGO_PKG_",
+                "CARGO_MANIFEST_",
+                "CARGO_CRATE_",
+                "CARGO_BIN_",
+                "CARGO_PRIMARY_",
+            ]
+            .iter()
+            .any(|prefix| name.starts_with(prefix))
+        });
+        if set_by_cargo_run {
+            command.env_remove(name);
+        }
+    }
+    command
 }
 
 pub(crate) fn build() -> Result<()> {

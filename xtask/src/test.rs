@@ -6,10 +6,13 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use isthmus_lab::{
     lab::{self, LabTunnel, liqo_v1_peer::Side},
-    topology,
+    repo_root, topology,
 };
 
-use crate::{build, cargo, fuzz, syscalls};
+use crate::{
+    background::{Background, Step},
+    build, cargo, cargo_command, fuzz, prereqs, syscalls,
+};
 
 /// A tier of the suite, cheapest first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -52,44 +55,81 @@ const IN_CONTAINERS: &[&str] = &[
 ];
 
 /// Runs `only` that tier, or every tier and then the fuzz targets.
+///
+/// A whole run starts clippy and the fuzz targets' build in the
+/// background once the tiers' own build is done, and waits for them before
+/// fuzzing: they need the processor, the tiers mostly the lab's network.
 pub fn run(only: Option<Tier>) -> Result<()> {
     let started = Instant::now();
-    build()?;
-    if only.is_none_or(|tier| tier == Tier::Unit) {
-        cargo(&["fmt", "--all", "--check"])?;
-        cargo(&[
-            "clippy",
-            "--release",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ])?;
-        fuzz::check()?;
+    let mut phases = Phases::default();
+    phases.time("build", build)?;
+    phases.time("fmt", || cargo(&["fmt", "--all", "--check"]))?;
+    if only == Some(Tier::Unit) {
+        phases.time("clippy", || cargo(&CLIPPY))?;
+        phases.time("fuzz check", fuzz::check)?;
     }
     // Every test binary is linked before the first tier starts, so that a
     // tier's time is its tests' time.
-    cargo(&["test", "--release", "--no-run"])?;
-    println!("build: done, tests included, in {:.1?}", started.elapsed());
+    phases.time("test build", || cargo(&["test", "--release", "--no-run"]))?;
+    let background = match only {
+        None => Some(Background::start(background_steps())?),
+        Some(_) => None,
+    };
     let tiers = only.map_or(TIERS.to_vec(), |tier| vec![tier]);
-    let mut times = Vec::new();
     for tier in tiers {
-        let tier_started = Instant::now();
         println!("==> tier {tier:?}");
         let uptime = syscalls::kernel_uptime()?;
-        run_tier(tier)?;
+        let took = phases.time(tier.name(), || run_tier(tier))?;
         syscalls::none_refused_since(uptime)?;
-        times.push((tier, tier_started.elapsed()));
-        println!("tier {tier:?}: passed in {:.1?}", tier_started.elapsed());
+        println!("tier {tier:?}: passed in {took:.1?}");
     }
-    if only.is_none() {
-        let fuzz_started = Instant::now();
-        fuzz::run(fuzz::CI_SECONDS)?;
-        println!("fuzz: passed in {:.1?}", fuzz_started.elapsed());
+    if let Some(background) = background {
+        let waited = Instant::now();
+        for (step, took) in background.finish()? {
+            phases.record(step, took, true);
+        }
+        phases.record("waiting for the background", waited.elapsed(), false);
+        phases.time("fuzz", || fuzz::run(fuzz::CI_SECONDS))?;
     }
-    println!("{}", report(&times));
+    println!("{phases}");
     println!("test: everything passed in {:.1?}", started.elapsed());
     Ok(())
+}
+
+/// Clippy as the suite runs it: every target, warnings as errors.
+const CLIPPY: [&str; 6] = [
+    "clippy",
+    "--release",
+    "--all-targets",
+    "--",
+    "-D",
+    "warnings",
+];
+
+/// What a whole run does in the background. Clippy builds in a target
+/// directory of its own, so that the tiers' cargo never waits on its lock,
+/// and without the eBPF object, which linting does not read.
+fn background_steps() -> Vec<Step> {
+    let mut clippy = cargo_command(env!("CARGO"));
+    clippy
+        .args(CLIPPY)
+        .env("CARGO_TARGET_DIR", repo_root().join("target").join("lint"))
+        .env("AYA_BUILD_SKIP", "1");
+    let mut steps = vec![Step {
+        name: "clippy",
+        command: clippy,
+    }];
+    if let Some(install) = prereqs::cargo_fuzz_install() {
+        steps.push(Step {
+            name: "cargo-fuzz install",
+            command: install,
+        });
+    }
+    steps.push(Step {
+        name: "fuzz build",
+        command: fuzz::build_command(),
+    });
+    steps
 }
 
 fn run_tier(tier: Tier) -> Result<()> {
@@ -172,17 +212,50 @@ fn in_lab(setup: Lab, args: &[&str]) -> Result<()> {
     down
 }
 
-/// One line per tier: its wall time.
-fn report(times: &[(Tier, Duration)]) -> String {
-    let lines: Vec<String> = times
-        .iter()
-        .map(|(tier, took)| {
-            format!(
-                "  {:<7} {:>7.1} s",
-                format!("{tier:?}").to_lowercase(),
-                took.as_secs_f64()
-            )
-        })
-        .collect();
-    format!("tier times:\n{}", lines.join("\n"))
+/// Each phase of a run and its wall time, in order; background steps ran
+/// beside the others.
+#[derive(Default)]
+struct Phases(Vec<(&'static str, Duration, bool)>);
+
+impl Phases {
+    /// Runs `phase`, recording its wall time as `name`'s.
+    fn time(&mut self, name: &'static str, phase: impl FnOnce() -> Result<()>) -> Result<Duration> {
+        let started = Instant::now();
+        phase()?;
+        let took = started.elapsed();
+        self.record(name, took, false);
+        Ok(took)
+    }
+
+    fn record(&mut self, name: &'static str, took: Duration, in_background: bool) {
+        self.0.push((name, took, in_background));
+    }
+}
+
+impl std::fmt::Display for Phases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "phase times:")?;
+        for (name, took, in_background) in &self.0 {
+            let beside = if *in_background {
+                "  (in the background)"
+            } else {
+                ""
+            };
+            writeln!(f, "  {name:<27} {:>7.1} s{beside}", took.as_secs_f64())?;
+        }
+        Ok(())
+    }
+}
+
+impl Tier {
+    /// Lower-case name, as `--tier` takes it.
+    fn name(self) -> &'static str {
+        match self {
+            Tier::Unit => "unit",
+            Tier::Kernel => "kernel",
+            Tier::Lab => "lab",
+            Tier::Containers => "containers",
+            Tier::Slow => "slow",
+        }
+    }
 }
