@@ -1,4 +1,4 @@
-//! Issue 15: Liqo's conncheck, both ways, in the lab. Every gateway
+//! Liqo's conncheck, both ways, in the lab. Every gateway
 //! answers PINGs at 169.254.0.1:12345 behind its NatMappings' entry, PINGs
 //! each peer's ExternalCIDR first host, and exports the round trip under
 //! Liqo's metric names; five silent intervals mark the peer disconnected.

@@ -1,4 +1,4 @@
-//! Fair share of b-gw's conntrack (issue 31, item 1), at the capacity the
+//! Fair share of b-gw's conntrack, at the capacity the
 //! DaemonSet ships: a pod of a floods the hub path through b with new UDP
 //! flows that c never answers. a's flows fill only a's share; b-gw's own
 //! flows still find room; a's connection that c answers lives on; and

@@ -1,4 +1,4 @@
-//! Gateway high availability (issue 18) in the `--ha` lab: cluster a's two
+//! Gateway high availability in the `--ha` lab: cluster a's two
 //! gateways elect the active one, and traffic a-pod1 ↔ b-pod1 (a numbered
 //! UDP stream and a TCP transfer) survives the active one's death, whether
 //! its agent is killed or its node's links go down. The stream's longest

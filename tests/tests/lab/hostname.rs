@@ -1,4 +1,4 @@
-//! Issue 15: an `endpointIP` that is a host name, as Liqo copies a
+//! An `endpointIP` that is a host name, as Liqo copies a
 //! LoadBalancer's. a-gw's TunnelEndpoint for b names b's gateway
 //! `b-gw.wan.isthmus.test`, which a-gw's `/etc/hosts` (the lab's
 //! `/etc/netns/a-gw/hosts`) resolves. When the name moves to another

@@ -1,4 +1,4 @@
-//! Issue 15: objects in the exact shapes Liqo writes them
+//! Objects in the exact shapes Liqo writes them
 //! (`tests/fixtures/liqo`) are accepted by `isthmus-agent check` and by
 //! `run`, and `check` names the file, the object and the field of what it
 //! rejects.

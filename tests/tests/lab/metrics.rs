@@ -1,4 +1,4 @@
-//! Issue 7's metrics, in the lab: the set a gateway exposes after traffic,
+//! The agent's metrics, in the lab: the set a gateway exposes after traffic,
 //! `promtool check metrics` on every agent, and the lab's real Prometheus
 //! scraping them all and seeing what was sent.
 

@@ -1,4 +1,4 @@
-//! Issue 15: TCP MSS clamping on the tunnel path. Pods with an MTU of 1500
+//! TCP MSS clamping on the tunnel path. Pods with an MTU of 1500
 //! on both sides move 50 MB through gateways whose tunnel carries 1,420
 //! bytes, while every ICMP "fragmentation needed" is filtered, so PMTU
 //! discovery cannot help: only the SYNs' clamped MSS keeps the segments

@@ -16,7 +16,7 @@ use isthmus_tests::require_lab;
 const VIEWS: [&str; 2] = ["10.0.0.0/24", "10.0.1.0/24"];
 
 /// The rule sending lookups to table 153 in `ns`, as `ip rule` prints
-/// it, if any: agents before issue 19 added one.
+/// it, if any: agents of an earlier release added one.
 fn rule_to_table(ns: &str) -> Option<String> {
     let rules = ip(ns, &["rule", "show"]).unwrap();
     rules
@@ -92,7 +92,7 @@ fn cleanup_removes_the_routes_and_the_blackholes() {
     assert_eq!(seen.client_as_seen_by_server, row.client_seen_as);
 }
 
-/// An agent of issue 18 sent lookups to table 153 with a rule; its
+/// An agent of an earlier release sent lookups to table 153 with a rule; its
 /// successor removes the rule and routes from main.
 #[test]
 fn the_rule_of_an_older_agent_is_removed() {

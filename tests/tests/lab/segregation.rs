@@ -1,4 +1,4 @@
-//! Cross-cluster isolation (issue 17) in the lab, over TCP, UDP and ICMP:
+//! Cross-cluster isolation in the lab, over TCP, UDP and ICMP:
 //! - the `--segregation` lab's table: b's gateway segregates its peers, a
 //!   reaches the pod offloaded from it on any port and the service
 //!   exported to it on its port alone, c reaches nothing, b's own

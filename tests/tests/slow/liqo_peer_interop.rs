@@ -1,4 +1,4 @@
-//! Issue 15: Isthmus against a Liqo v0.10 gateway. In the Liqo-peer lab
+//! Isthmus against a Liqo v0.10 gateway. In the Liqo-peer lab
 //! (`cargo xtask lab up --liqo-peer b`), cluster b runs wireguard-go, Liqo's
 //! iptables rules and a conncheck written from Liqo's protocol
 //! (`isthmus_lab::liqo_peer`); cluster a runs Isthmus. Reachability rows 1–3 hold,

@@ -1,4 +1,4 @@
-//! Issue 35: Isthmus serving a Liqo v1.2 gateway. In the Liqo v1 lab
+//! Isthmus serving a Liqo v1.2 gateway. In the Liqo v1 lab
 //! (`cargo xtask lab up --liqo-v1-peer b`), cluster b runs wireguard-go,
 //! the nftables Liqo v1's FirewallConfigurations render and its conncheck
 //! (`isthmus_lab::lab::liqo_v1_peer`); cluster a runs Isthmus with

@@ -169,3 +169,72 @@ fn headings_get_the_anchors_github_gives_them() {
         ]
     );
 }
+
+/// Where a reader meets the project's words: code, its help and comments,
+/// the documents, the manifests and the fixtures' notes.
+const READ_DIRS: [&str; 9] = [
+    "agent",
+    "common",
+    "ebpf",
+    "xtask",
+    "tests",
+    "fuzz",
+    "docs",
+    "manifests",
+    ".ci",
+];
+
+/// The places in `text` that cite an entry of the tracker by number
+/// ("issue" or "issues", a space, an optional `#`, digits), which no
+/// reader outside the tracker can resolve.
+fn tracker_numbers(text: &str) -> Vec<String> {
+    let lower = text.to_lowercase();
+    lower
+        .match_indices("issue")
+        .filter_map(|(at, _)| {
+            let rest = &lower[at + "issue".len()..];
+            let rest = rest.strip_prefix('s').unwrap_or(rest);
+            let rest = rest.strip_prefix(' ')?;
+            let rest = rest.strip_prefix('#').unwrap_or(rest);
+            rest.starts_with(|c: char| c.is_ascii_digit())
+                .then(|| lower[at..].chars().take(24).collect())
+        })
+        .collect()
+}
+
+#[test]
+fn nothing_cites_a_tracker_number() {
+    let root = workspace();
+    let mut found = Vec::new();
+    let mut read = 0;
+    let pages = READ_DIRS
+        .iter()
+        .flat_map(|dir| ["rs", "md", "yaml", "toml", "sh"].map(|ext| files(&root.join(dir), ext)))
+        .flatten()
+        .chain([
+            root.join("README.md"),
+            root.join("Cargo.toml"),
+            root.join(".ci/run"),
+        ]);
+    for page in pages {
+        read += 1;
+        for cited in tracker_numbers(&fs::read_to_string(&page).unwrap()) {
+            found.push(format!("{}: {cited}", page.display()));
+        }
+    }
+    assert!(read > 100, "only {read} files read: is the scan broken?");
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+#[test]
+fn a_tracker_number_is_found_in_each_spelling() {
+    for number in ["18", "#18"] {
+        for word in ["issue", "Issue", "issues", "Issues"] {
+            let text = format!("as {word} {number} says");
+            assert_eq!(tracker_numbers(&text).len(), 1, "{text}");
+        }
+    }
+    for text in ["an issue with 18 peers", "issues: 18", "tissue"] {
+        assert!(tracker_numbers(text).is_empty(), "{text}");
+    }
+}

@@ -76,7 +76,7 @@ pub fn run_failover() -> Result<()> {
     let (failover, restart, wireguard_go) =
         (median(&failover), median(&restart), median(&wireguard_go));
     let body = format!(
-        "## Failover and restart (issue 18)
+        "## Failover and restart
 
 `cargo xtask bench failover`: the longest silence of a numbered UDP
 stream a-pod1 → b-pod1 (1,000 datagrams a second, echoed back), in

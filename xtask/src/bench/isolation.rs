@@ -1,4 +1,4 @@
-//! What isolation costs (issue 17): b's gateway segregating a, with
+//! What isolation costs: b's gateway segregating a, with
 //! `ENDPOINTS` endpoints exported to it beside b-pod2 (offloaded from a,
 //! which the NAT flow reaches), and how soon a change of the objects
 //! reaches b-gw's kernel.

@@ -511,7 +511,7 @@ rates in the same round, with the least and greatest of those ratios.
   stack, as `auto` is on a node whose FORWARD chain holds a rule: both
   gateways' IP layers forward every packet, with no netfilter table.
 - **isthmus, segregated**: the shipped setting with one peer, and `b-gw` in
-  IntraClusterTrafficSegregation (issue 17) with {endpoints} endpoints
+  IntraClusterTrafficSegregation with {endpoints} endpoints
   exported to a beside `b-pod2`, which is offloaded from a: each packet
   from a also misses the flows b opened and the exact endpoint, and hits
   `b-pod2`'s any-port entry.

@@ -498,7 +498,7 @@ receive path into NAPI and copies every UDP GSO train into page-pool
 pages before the program sees it (`veth_xdp_rcv_skb`,
 `skb_pp_cow_data`).
 
-The targets (issue 33): TCP at least 2.0× wireguard-go 0.0.20231211,
+The targets: TCP at least 2.0× wireguard-go 0.0.20231211,
 1 and 4 streams; at least 0.8 of the ceiling; whole-machine CPU per
 gigabyte at most 0.6× the best of the others.
 

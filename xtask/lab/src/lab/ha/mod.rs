@@ -1,4 +1,4 @@
-//! The lab's `--ha` variant (issue 18): cluster a gets a second gateway
+//! The lab's `--ha` variant: cluster a gets a second gateway
 //! node, and its two gateways elect the active one through a Lease.
 //!
 //! - `a-gw2` joins a's LAN (172.16.1.3) and the WAN (203.0.113.11), with a

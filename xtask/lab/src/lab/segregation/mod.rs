@@ -1,4 +1,4 @@
-//! The lab's `--segregation` variant (issue 17): cluster b's gateway runs in
+//! The lab's `--segregation` variant: cluster b's gateway runs in
 //! IntraClusterTrafficSegregation, and b's objects say that b-pod2 was
 //! offloaded from a, and that b-pod1 is the endpoint of a TCP service on
 //! port 18080 in a namespace offloaded to a and to nobody else.
