@@ -1,5 +1,5 @@
 //! The Isthmus node agent, as a library: the binary parses arguments and
-//! calls [`control::run`]; tests and tools reuse the rest.
+//! calls one of the [`commands`]; tests and tools reuse the rest.
 //!
 //! The layers, each using only those above it in this list:
 //!
@@ -11,8 +11,10 @@
 //! - [`roles`]: what a gateway and a worker run beside the kernel tables;
 //! - [`observe`]: metrics, health, counters and `inspect`;
 //! - [`control`]: where objects come from, the arbitration between them, and
-//!   the run loop that drives everything else.
+//!   the run loop that drives everything else;
+//! - [`commands`]: each command of the binary, with its own options.
 
+pub mod commands;
 pub mod control;
 pub mod kernel;
 pub mod model;

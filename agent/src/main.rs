@@ -1,21 +1,15 @@
 //! `isthmus-agent`: the node agent's command line. Each subcommand is one
 //! call into the library.
 
-use std::path::PathBuf;
-
 use anyhow::Result;
 use clap::{Parser, Subcommand, ValueEnum};
-use isthmus_agent::{
-    control::{
-        self,
-        liqo_wireguard::LiqoWireguardArgs,
-        options::{CheckArgs, DEFAULT_KEY_FILE, RunArgs},
-    },
-    kernel::dataplane,
-    model::key_text,
-    observe::inspect,
-    roles::routes,
-    tunnel::key,
+use isthmus_agent::commands::{
+    check::{self, CheckArgs},
+    cleanup::{self, CleanupArgs},
+    inspect::{self, InspectArgs},
+    liqo_wireguard::{self, LiqoWireguardArgs},
+    pubkey::{self, PubkeyArgs},
+    run::{self, options::RunArgs},
 };
 
 #[derive(Parser)]
@@ -43,11 +37,7 @@ enum Command {
     Run(Box<RunArgs>),
     /// Print the gateway's WireGuard public key, creating the key file
     /// (mode 0600) if it does not exist.
-    Pubkey {
-        /// The private key file.
-        #[arg(long, default_value = DEFAULT_KEY_FILE)]
-        private_key_file: PathBuf,
-    },
+    Pubkey(PubkeyArgs),
     /// Be the `wireguard` container of a Liqo v1 gateway pod, with the
     /// flags Liqo's gateway templates pass it (docs/operating.md#liqo-v1).
     LiqoWireguard(Box<LiqoWireguardArgs>),
@@ -57,27 +47,10 @@ enum Command {
     Check(CheckArgs),
     /// Detach and unpin everything the agent attached or pinned, and
     /// delete its routes and its persistent TUN device.
-    Cleanup {
-        /// Directory on bpffs the agent pinned under.
-        #[arg(long, default_value = "/sys/fs/bpf/isthmus")]
-        bpffs: PathBuf,
-        /// The tunnel's TUN device.
-        #[arg(long, default_value = "isthmus0")]
-        tunnel_dev: String,
-    },
+    Cleanup(CleanupArgs),
     /// Print a kernel table, read from the pinned maps (works while the
     /// agent is down).
-    Inspect {
-        /// Which table.
-        #[arg(value_enum)]
-        view: inspect::View,
-        /// One JSON array of objects instead of aligned columns.
-        #[arg(long)]
-        json: bool,
-        /// Directory on bpffs the agent pinned under.
-        #[arg(long, default_value = "/sys/fs/bpf/isthmus")]
-        bpffs: PathBuf,
-    },
+    Inspect(InspectArgs),
 }
 
 #[tokio::main]
@@ -85,43 +58,17 @@ async fn main() -> Result<()> {
     let cli = Cli::parse();
     init_logs(cli.log_format);
     match cli.command {
-        Command::Run(args) => control::run(*args).await,
-        Command::LiqoWireguard(args) => control::liqo_wireguard::run(*args).await,
+        Command::Run(args) => run::run(*args).await,
+        Command::LiqoWireguard(args) => liqo_wireguard::run(*args).await,
         Command::Check(args) => {
-            if !control::check::command(&args)? {
+            if !check::run(&args)? {
                 std::process::exit(1);
             }
             Ok(())
         }
-        Command::Pubkey { private_key_file } => {
-            let pair = key::load_or_generate(&private_key_file)?;
-            println!("{}", key_text::encode(pair.public.as_bytes()));
-            Ok(())
-        }
-        Command::Cleanup { bpffs, tunnel_dev } => {
-            let mut removed = dataplane::cleanup(&bpffs)?;
-            if routes::delete_device(&tunnel_dev).await? {
-                removed.push(format!("TUN device {tunnel_dev}"));
-            }
-            removed.extend(routes::cleanup().await?);
-            for item in &removed {
-                println!("removed {item}");
-            }
-            println!(
-                "cleanup of {}: {} item(s) removed",
-                bpffs.display(),
-                removed.len()
-            );
-            Ok(())
-        }
-        Command::Inspect { view, json, bpffs } => {
-            let table = inspect::read(&bpffs, view)?;
-            match json {
-                true => println!("{}", table.json()),
-                false => print!("{}", table.aligned()),
-            }
-            Ok(())
-        }
+        Command::Pubkey(args) => pubkey::run(&args),
+        Command::Cleanup(args) => cleanup::run(&args).await,
+        Command::Inspect(args) => inspect::run(&args),
     }
 }
 

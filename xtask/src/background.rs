@@ -1,13 +1,15 @@
 //! Work of a whole `cargo xtask test` that needs the processor but not the
 //! lab: clippy, and cargo-fuzz and the fuzz targets' instrumented build.
-//! It runs at idle priority (`SCHED_IDLE`) beside the tiers, which spend
-//! most of their time waiting on the lab's network, so it takes only the
-//! time they leave. Its output goes to a log, printed if it fails.
+//! It runs at idle priority (`SCHED_IDLE`) beside the workspace's build,
+//! so it takes only the processor time that build leaves. Its output goes
+//! to a log, printed if it fails.
 
 use std::{
     fs::{self, File},
+    os::unix::process::CommandExt,
     path::PathBuf,
     process::{Command, Stdio},
+    sync::{Arc, Mutex},
     thread::{self, JoinHandle},
     time::{Duration, Instant},
 };
@@ -23,10 +25,16 @@ pub struct Step {
     pub command: Command,
 }
 
-/// Steps running one after another on a thread of their own.
+/// Each step's name and wall time, once every step is done.
+type StepTimes = Vec<(&'static str, Duration)>;
+
+/// Steps running one after another on a thread of their own. Dropped
+/// before it finished, it ends the step under way.
 pub struct Background {
-    thread: JoinHandle<Result<Vec<(&'static str, Duration)>>>,
+    thread: Option<JoinHandle<Result<StepTimes>>>,
     log: PathBuf,
+    /// The process group of the step under way, if any.
+    running: Arc<Mutex<Option<u32>>>,
 }
 
 impl Background {
@@ -40,16 +48,27 @@ impl Background {
             steps.iter().map(|s| s.name).collect::<Vec<_>>().join(", "),
             log.display()
         );
-        let thread = thread::spawn(move || steps.into_iter().map(|s| run(s, &file)).collect());
-        Ok(Self { thread, log })
+        let running = Arc::new(Mutex::new(None));
+        let shared = running.clone();
+        let thread = thread::spawn(move || {
+            steps
+                .into_iter()
+                .map(|step| run(step, &file, &shared))
+                .collect()
+        });
+        Ok(Self {
+            thread: Some(thread),
+            log,
+            running,
+        })
     }
 
     /// Waits for every step; each one's wall time, or the failure with the
     /// log's end.
-    pub fn finish(self) -> Result<Vec<(&'static str, Duration)>> {
+    pub fn finish(mut self) -> Result<StepTimes> {
         let waited = Instant::now();
-        let outcome = self
-            .thread
+        let thread = self.thread.take().expect("finished once");
+        let outcome = thread
             .join()
             .map_err(|_| anyhow::anyhow!("the background thread panicked"))?;
         println!("background: waited {:.1?} for it", waited.elapsed());
@@ -65,8 +84,24 @@ impl Background {
     }
 }
 
-/// Runs `step` under `chrt --idle 0`, its output appended to `log`.
-fn run(step: Step, log: &File) -> Result<(&'static str, Duration)> {
+impl Drop for Background {
+    fn drop(&mut self) {
+        if self.thread.is_none() {
+            return;
+        }
+        let running = *self.running.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(group) = running {
+            // The step's own process group: cargo and the compilers it ran.
+            let group = nix::unistd::Pid::from_raw(-(group as i32));
+            let _ = nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGTERM);
+            println!("background: ended, unfinished");
+        }
+    }
+}
+
+/// Runs `step` under `chrt --idle 0` in a process group of its own, its
+/// output appended to `log`, its group in `running` meanwhile.
+fn run(step: Step, log: &File, running: &Mutex<Option<u32>>) -> Result<(&'static str, Duration)> {
     let started = Instant::now();
     let program = step.command.get_program().to_owned();
     let mut idle = Command::new("chrt");
@@ -80,16 +115,21 @@ fn run(step: Step, log: &File) -> Result<(&'static str, Duration)> {
         )
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
-        .stderr(log.try_clone()?);
+        .stderr(log.try_clone()?)
+        .process_group(0);
     for (key, value) in step.command.get_envs() {
         match value {
             Some(value) => idle.env(key, value),
             None => idle.env_remove(key),
         };
     }
-    let status = idle
-        .status()
+    let mut child = idle
+        .spawn()
         .with_context(|| format!("{}: running chrt (util-linux)", step.name))?;
+    *running.lock().unwrap_or_else(|p| p.into_inner()) = Some(child.id());
+    let status = child.wait();
+    *running.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    let status = status.with_context(|| format!("{}: waiting for it", step.name))?;
     if !status.success() {
         bail!("{} failed ({status})", step.name);
     }

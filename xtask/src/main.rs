@@ -3,6 +3,7 @@
 mod background;
 mod bench;
 mod demo;
+mod docs;
 mod fuzz;
 mod prereqs;
 mod syscalls;
@@ -48,6 +49,8 @@ enum Task {
         #[arg(long)]
         rootfs: Option<PathBuf>,
     },
+    /// Draw the pictures of `docs/` from their Graphviz sources.
+    Docs,
     /// Bring the reference lab up or down.
     Lab {
         #[command(subcommand)]
@@ -71,7 +74,7 @@ enum Task {
     #[command(hide = true)]
     LabControl,
     /// The Liqo-peer lab's conncheck on a cluster's gateway (started by
-    /// `lab up --liqo-peer`).
+    /// `lab up --liqo-v0-10-peer`).
     #[command(hide = true)]
     LiqoConncheck {
         /// The cluster whose gateway it runs on.
@@ -92,12 +95,12 @@ enum LabAction {
         tunnel: LabTunnel,
         /// Run this cluster (a, b or c) as Liqo v0.10 does: wireguard-go,
         /// Liqo's iptables rules and conncheck; the others run Isthmus.
-        #[arg(long, conflicts_with = "tunnel")]
-        liqo_peer: Option<String>,
+        #[arg(long, alias = "liqo-peer", conflicts_with = "tunnel")]
+        liqo_v0_10_peer: Option<String>,
         /// Run cluster b as Liqo v1.2 does (wireguard-go, the nftables its
         /// FirewallConfigurations render, its conncheck), served by a from
         /// Liqo v1's objects (`--liqo-api v1`).
-        #[arg(long, conflicts_with_all = ["tunnel", "liqo_peer", "segregation", "ha", "containers"])]
+        #[arg(long, conflicts_with_all = ["tunnel", "liqo_v0_10_peer", "segregation", "ha", "containers"])]
         liqo_v1_peer: Option<String>,
         /// With `--liqo-v1-peer`: the side of the tunnel a takes, client
         /// (a GatewayClient: a contacts b) or server (a GatewayServer: b
@@ -106,17 +109,17 @@ enum LabAction {
         isthmus_side: lab::liqo_v1_peer::Side,
         /// Run cluster b's gateway in IntraClusterTrafficSegregation, with
         /// a pod offloaded from a and a service exported to a.
-        #[arg(long, conflicts_with = "liqo_peer")]
+        #[arg(long, conflicts_with = "liqo_v0_10_peer")]
         segregation: bool,
         /// Give cluster a a second gateway node (a-gw2), its agents on the
         /// kube source against the lab's API server stand-in, electing the
         /// active gateway; a's endpoint address follows the active one.
-        #[arg(long, conflicts_with = "liqo_peer")]
+        #[arg(long, conflicts_with = "liqo_v0_10_peer")]
         ha: bool,
         /// Run every agent from the agent's image under podman, with the
         /// DaemonSets' container settings (capabilities, seccomp, mounts,
         /// arguments), as a cluster runs it.
-        #[arg(long, conflicts_with = "liqo_peer")]
+        #[arg(long, conflicts_with = "liqo_v0_10_peer")]
         containers: bool,
     },
     /// Remove everything the lab created; succeeds when nothing is up.
@@ -133,7 +136,7 @@ fn main() -> Result<()> {
             action:
                 LabAction::Up {
                     tunnel,
-                    liqo_peer,
+                    liqo_v0_10_peer,
                     liqo_v1_peer,
                     isthmus_side,
                     segregation,
@@ -150,8 +153,8 @@ fn main() -> Result<()> {
                 );
                 return lab::up_with_liqo_v1_peer(isthmus_side);
             }
-            match (liqo_peer, containers) {
-                (Some(name), _) => lab::up_with_liqo_peer(cluster_named(&name)?),
+            match (liqo_v0_10_peer, containers) {
+                (Some(name), _) => lab::up_with_liqo_v0_10_peer(cluster_named(&name)?),
                 (None, true) => {
                     print_image(&isthmus_lab::image::build()?);
                     lab::up_in_containers(tunnel)
@@ -182,6 +185,10 @@ fn main() -> Result<()> {
             println!("image: rootfs in {}: {}", dir.display(), files.join(" "));
             Ok(())
         }
+        Task::Docs => {
+            prereqs::ensure()?;
+            docs::run()
+        }
         Task::Image { rootfs: None } => {
             build()?;
             print_image(&isthmus_lab::image::build()?);
@@ -190,10 +197,10 @@ fn main() -> Result<()> {
         Task::LabControl => lab::ha::serve(),
         Task::LiqoConncheck { cluster, liqo_v1 } => {
             let api = match liqo_v1 {
-                true => isthmus_lab::lab::liqo_peer::Api::V1,
-                false => isthmus_lab::lab::liqo_peer::Api::V0_10,
+                true => isthmus_lab::lab::liqo_v0_10_peer::Api::V1,
+                false => isthmus_lab::lab::liqo_v0_10_peer::Api::V0_10,
             };
-            isthmus_lab::lab::liqo_peer::run_conncheck(&cluster, api)
+            isthmus_lab::lab::liqo_v0_10_peer::run_conncheck(&cluster, api)
         }
         Task::Lab {
             action: LabAction::Down,

@@ -38,6 +38,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "runc",
     // The image's CA bundle (`cargo xtask image`).
     "ca-certificates",
+    // Draws the pictures of docs/ (`cargo xtask docs`).
+    "graphviz",
 ];
 /// cargo-fuzz, which runs the fuzz targets with the nightly's libFuzzer.
 const CARGO_FUZZ_VERSION: &str = "0.13.2";

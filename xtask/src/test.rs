@@ -11,7 +11,7 @@ use isthmus_lab::{
 
 use crate::{
     background::{Background, Step},
-    build, cargo, cargo_command, fuzz, prereqs, syscalls,
+    cargo, cargo_command, fuzz, prereqs, syscalls,
 };
 
 /// A tier of the suite, cheapest first.
@@ -56,13 +56,20 @@ const IN_CONTAINERS: &[&str] = &[
 
 /// Runs `only` that tier, or every tier and then the fuzz targets.
 ///
-/// A whole run starts clippy and the fuzz targets' build in the
-/// background once the tiers' own build is done, and waits for them before
-/// fuzzing: they need the processor, the tiers mostly the lab's network.
+/// A whole run lints with clippy and builds the fuzz targets in the
+/// background, at idle priority, while the workspace and its tests build:
+/// those builds leave a core idle for much of their time (a large crate
+/// compiling alone, a test binary linking). It waits for that work before
+/// the lab tiers, whose tests measure time and would pay for it.
 pub fn run(only: Option<Tier>) -> Result<()> {
     let started = Instant::now();
     let mut phases = Phases::default();
-    phases.time("build", build)?;
+    phases.time("prerequisites", prereqs::ensure)?;
+    let mut background = match only {
+        None => Some(Background::start(background_steps())?),
+        Some(_) => None,
+    };
+    phases.time("build", || cargo(&["build", "--release"]))?;
     phases.time("fmt", || cargo(&["fmt", "--all", "--check"]))?;
     if only == Some(Tier::Unit) {
         phases.time("clippy", || cargo(&CLIPPY))?;
@@ -71,24 +78,24 @@ pub fn run(only: Option<Tier>) -> Result<()> {
     // Every test binary is linked before the first tier starts, so that a
     // tier's time is its tests' time.
     phases.time("test build", || cargo(&["test", "--release", "--no-run"]))?;
-    let background = match only {
-        None => Some(Background::start(background_steps())?),
-        Some(_) => None,
-    };
     let tiers = only.map_or(TIERS.to_vec(), |tier| vec![tier]);
     for tier in tiers {
+        if tier.measures_time()
+            && let Some(work) = background.take()
+        {
+            let waited = Instant::now();
+            for (step, took) in work.finish()? {
+                phases.record(step, took, true);
+            }
+            phases.record("waiting for the background", waited.elapsed(), false);
+        }
         println!("==> tier {tier:?}");
         let uptime = syscalls::kernel_uptime()?;
         let took = phases.time(tier.name(), || run_tier(tier))?;
         syscalls::none_refused_since(uptime)?;
         println!("tier {tier:?}: passed in {took:.1?}");
     }
-    if let Some(background) = background {
-        let waited = Instant::now();
-        for (step, took) in background.finish()? {
-            phases.record(step, took, true);
-        }
-        phases.record("waiting for the background", waited.elapsed(), false);
+    if only.is_none() {
         phases.time("fuzz", || fuzz::run(fuzz::CI_SECONDS))?;
     }
     println!("{phases}");
@@ -173,8 +180,8 @@ fn run_tier(tier: Tier) -> Result<()> {
                 ]
             };
             in_lab(
-                Lab::LiqoPeer(&topology::B),
-                &liqo_lab("liqo_peer_interop::"),
+                Lab::LiqoV0_10Peer(&topology::B),
+                &liqo_lab("liqo_v0_10_interop::"),
             )?;
             // Isthmus as the client of b's gateway, then as its server.
             for side in [Side::Client, Side::Server] {
@@ -192,7 +199,7 @@ enum Lab {
     /// Every agent in a container.
     Containers,
     /// This cluster run as Liqo, the others' agents processes.
-    LiqoPeer(&'static topology::Cluster),
+    LiqoV0_10Peer(&'static topology::Cluster),
     /// Cluster b run as Liqo v1, served by a on this side of the tunnel.
     LiqoV1Peer(Side),
 }
@@ -203,7 +210,7 @@ fn in_lab(setup: Lab, args: &[&str]) -> Result<()> {
     match setup {
         Lab::Processes => lab::up(LabTunnel::Userspace)?,
         Lab::Containers => lab::up_in_containers(LabTunnel::Userspace)?,
-        Lab::LiqoPeer(cluster) => lab::up_with_liqo_peer(cluster)?,
+        Lab::LiqoV0_10Peer(cluster) => lab::up_with_liqo_v0_10_peer(cluster)?,
         Lab::LiqoV1Peer(side) => lab::up_with_liqo_v1_peer(side)?,
     }
     let tests = cargo(&[&["test", "--release"], args].concat());
@@ -248,6 +255,12 @@ impl std::fmt::Display for Phases {
 }
 
 impl Tier {
+    /// Whether the tier's tests measure time (a restart's gap, a flood's
+    /// losses), so that nothing else may load the machine meanwhile.
+    fn measures_time(self) -> bool {
+        matches!(self, Tier::Lab | Tier::Containers | Tier::Slow)
+    }
+
     /// Lower-case name, as `--tier` takes it.
     fn name(self) -> &'static str {
         match self {

@@ -12,6 +12,9 @@ use thiserror::Error;
 
 use crate::model::key_text::{decode, encode};
 
+/// Where a gateway keeps its WireGuard private key, without Kubernetes.
+pub const DEFAULT_KEY_FILE: &str = "/var/lib/isthmus/private.key";
+
 /// A key file that cannot be used. The messages never include key material.
 #[derive(Debug, Error)]
 pub enum KeyError {

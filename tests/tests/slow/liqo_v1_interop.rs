@@ -37,7 +37,7 @@ use isthmus_lab::{
 use isthmus_tests::{eventually, require_lab};
 use serde_json::{Value, json};
 
-use crate::liqo_peer_interop::{CONNCHECK, assert_rows_1_to_3, b_hears_a, liqo_side};
+use crate::liqo_v0_10_interop::{CONNCHECK, assert_rows_1_to_3, b_hears_a, liqo_side};
 
 /// b-pod1, as a sees it.
 const B_POD1_AT_A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 5);

@@ -4,6 +4,6 @@
 //! own).
 
 mod dir_watch;
-mod liqo_peer_interop;
+mod liqo_v0_10_interop;
 mod liqo_v1_interop;
 mod wireguard_go_interop;

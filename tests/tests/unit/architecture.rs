@@ -9,15 +9,15 @@ use std::{
 };
 
 /// The agent's layers, lowest first: each may use only those before it.
-const LAYERS: [&str; 7] = [
-    "sync", "model", "kernel", "tunnel", "roles", "observe", "control",
+const LAYERS: [&str; 8] = [
+    "sync", "model", "kernel", "tunnel", "roles", "observe", "control", "commands",
 ];
 /// The longest a Rust file of any crate may be, in lines.
 const LONGEST_FILE: usize = 600;
 /// The longest `main.rs` may be: argument parsing and one call.
 const LONGEST_MAIN: usize = 150;
 /// The most entries at the top of `agent/src`.
-const MOST_TOP_ENTRIES: usize = 9;
+const MOST_TOP_ENTRIES: usize = 10;
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -75,33 +75,66 @@ fn declared_modules(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// Every path a file names: its `use` trees, expanded, and the paths in
-/// its code that start at `crate`, `super` or `self`.
-fn named_paths(text: &str) -> Vec<Vec<String>> {
+/// The `use` statements of `text`, each tree without white space, and
+/// whether it is re-exported (`pub use`, `pub(crate) use`). `as` keeps a
+/// mark of its own:
+/// `a::b as c` is `a::b@c`.
+fn use_trees(text: &str) -> Vec<(String, bool)> {
     let code: String = code_lines(text).collect::<Vec<_>>().join("\n");
-    let mut paths = Vec::new();
-    let mut statement: Option<String> = None;
+    let mut trees = Vec::new();
+    let mut statement: Option<(String, bool)> = None;
     for line in code.lines().map(str::trim) {
         let opening = line
             .split_once("use ")
             .filter(|(before, _)| before.is_empty() || before.starts_with("pub"))
-            .map(|(_, tree)| tree.to_owned());
-        let Some(tree) = statement.take().map(|s| s + line).or(opening) else {
+            .map(|(before, tree)| (tree.to_owned(), before.starts_with("pub")));
+        let Some((tree, public)) = statement
+            .take()
+            .map(|(s, public)| (s + line, public))
+            .or(opening)
+        else {
             continue;
         };
         match tree.split_once(';') {
-            // `as` keeps a mark of its own once whitespace is gone.
-            Some((tree, _)) => expand(
-                &tree.replace(" as ", "@").replace(char::is_whitespace, ""),
-                &mut paths,
-            ),
-            None => statement = Some(tree),
+            Some((tree, _)) => trees.push((
+                tree.replace(" as ", "@").replace(char::is_whitespace, ""),
+                public,
+            )),
+            None => statement = Some((tree, public)),
         }
     }
-    for start in ["crate::", "super::", "self::"] {
+    trees
+}
+
+/// Every path a file names: its `use` trees, expanded, and the paths in
+/// its code that start at `crate`, `super`, `self` or one of `children`,
+/// the modules it declares.
+fn named_paths(text: &str, children: &BTreeSet<String>) -> Vec<Vec<String>> {
+    let code: String = code_lines(text).collect::<Vec<_>>().join("\n");
+    let mut paths = Vec::new();
+    for (tree, _) in use_trees(text) {
+        let mut expanded = Vec::new();
+        expand(&tree, &mut expanded);
+        paths.extend(expanded.into_iter().map(without_alias));
+    }
+    let starts = ["crate", "super", "self"]
+        .into_iter()
+        .chain(children.iter().map(String::as_str))
+        .map(|start| format!("{start}::"));
+    for start in starts {
         let mut rest = code.as_str();
-        while let Some(at) = rest.find(start) {
+        while let Some(at) = rest.find(&start) {
             let tail = &rest[at..];
+            // A path starts a word: `super::` is not the end of `a_super::`,
+            // nor a child's name the end of another path's segment.
+            let starts_a_path = rest[..at]
+                .chars()
+                .next_back()
+                .is_none_or(|c| !(c.is_alphanumeric() || c == '_' || c == ':'));
+            if !starts_a_path {
+                rest = &tail[start.len()..];
+                continue;
+            }
             let end = tail
                 .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
                 .unwrap_or(tail.len());
@@ -116,6 +149,19 @@ fn named_paths(text: &str) -> Vec<Vec<String>> {
     paths
 }
 
+/// `path` without the alias `as` gave its last segment.
+fn without_alias(mut path: Vec<String>) -> Vec<String> {
+    if let Some(last) = path.last_mut() {
+        *last = last.split('@').next().unwrap().to_owned();
+    }
+    path
+}
+
+/// The name a use path brings into scope: its alias, or its last segment.
+fn imported_name(path: &[String]) -> Option<&str> {
+    path.last()?.split('@').next_back()
+}
+
 fn segments(path: &str) -> Vec<String> {
     path.split("::")
         .filter(|s| !s.is_empty())
@@ -126,10 +172,7 @@ fn segments(path: &str) -> Vec<String> {
 /// Expands a use tree (`a::{b, c::{d, e}}`) into its paths.
 fn expand(tree: &str, into: &mut Vec<Vec<String>>) {
     match tree.find('{') {
-        None => {
-            let path = tree.split('@').next().unwrap();
-            into.push(segments(path));
-        }
+        None => into.push(segments(tree)),
         Some(open) => {
             let prefix = segments(&tree[..open]);
             let inner = &tree[open + 1..tree.rfind('}').unwrap()];
@@ -159,13 +202,14 @@ fn expand(tree: &str, into: &mut Vec<Vec<String>>) {
     }
 }
 
-/// The module a path names from module `from`: the longest known prefix.
+/// The module a path names from module `from`: the longest known prefix,
+/// and the segment after it, if any (an item of that module's).
 fn resolve(
     from: &[String],
     children: &BTreeSet<String>,
     path: &[String],
     known: &BTreeMap<Vec<String>, PathBuf>,
-) -> Option<Vec<String>> {
+) -> Option<(Vec<String>, Option<String>)> {
     let (mut base, rest) = match path.first()?.as_str() {
         "crate" => (Vec::new(), &path[1..]),
         "self" => (from.to_vec(), &path[1..]),
@@ -182,28 +226,94 @@ fn resolve(
         _ => return None,
     };
     let mut found = base.clone();
+    let mut next = None;
     for segment in rest {
         base.push(segment.clone());
         if !known.contains_key(&base) {
+            next = Some(segment.clone());
             break;
         }
         found = base.clone();
     }
-    known.contains_key(&found).then_some(found)
+    known.contains_key(&found).then_some((found, next))
 }
 
-/// Module → the modules it imports (not its own ancestors), for the crate
-/// rooted at `root`.
-fn import_graph(root: &Path) -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
-    let known = modules(root, false);
+/// Each module's re-exports (`pub use`): the name it gives, and the
+/// module the item lives in; `*` for a glob, with the module it empties.
+type Reexports = BTreeMap<Vec<String>, Vec<(String, Vec<String>)>>;
+
+fn reexports(known: &BTreeMap<Vec<String>, PathBuf>) -> Reexports {
     known
         .iter()
         .map(|(module, file)| {
             let text = non_test_code(&fs::read_to_string(file).unwrap());
             let children: BTreeSet<String> = declared_modules(&text).into_iter().collect();
-            let imports = named_paths(&text)
+            let mut given = Vec::new();
+            for (tree, _) in use_trees(&text).into_iter().filter(|(_, public)| *public) {
+                let mut paths = Vec::new();
+                expand(&tree, &mut paths);
+                for path in paths {
+                    let name = imported_name(&path).unwrap_or_default().to_owned();
+                    let target = resolve(module, &children, &without_alias(path), known);
+                    if let Some((target, _)) = target.filter(|(t, _)| t != module) {
+                        given.push((name, target));
+                    }
+                }
+            }
+            (module.clone(), given)
+        })
+        .collect()
+}
+
+/// Whether the file of module `module` defines an item called `name`.
+fn defines(known: &BTreeMap<Vec<String>, PathBuf>, module: &[String], name: &str) -> bool {
+    let text = fs::read_to_string(&known[module]).unwrap();
+    let items = [
+        "fn", "struct", "enum", "const", "static", "type", "trait", "mod",
+    ];
+    items.iter().any(|item| {
+        ["(", " ", "<", ":", ";"]
+            .iter()
+            .any(|after| text.contains(&format!("{item} {name}{after}")))
+    })
+}
+
+/// Where item `name` of `module` lives, through the module's re-exports.
+fn through_reexports(
+    module: Vec<String>,
+    name: Option<String>,
+    reexports: &Reexports,
+    known: &BTreeMap<Vec<String>, PathBuf>,
+) -> Vec<String> {
+    let Some(name) = name else {
+        return module;
+    };
+    let given = || reexports.get(&module).into_iter().flatten();
+    let named = given().find(|(given, _)| *given == name);
+    let globbed = || given().find(|(given, target)| given == "*" && defines(known, target, &name));
+    match named.or_else(globbed) {
+        // One step: a re-export of a re-export is rare, and it still names
+        // the module that re-exports it.
+        Some((_, target)) => target.clone(),
+        None => module,
+    }
+}
+
+/// Module → the modules it imports (not its own ancestors), for the crate
+/// rooted at `root`. A path to an item a module re-exports leads to the
+/// module the item lives in.
+fn import_graph(root: &Path) -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
+    let known = modules(root, false);
+    let reexports = reexports(&known);
+    known
+        .iter()
+        .map(|(module, file)| {
+            let text = non_test_code(&fs::read_to_string(file).unwrap());
+            let children: BTreeSet<String> = declared_modules(&text).into_iter().collect();
+            let imports = named_paths(&text, &children)
                 .iter()
                 .filter_map(|path| resolve(module, &children, path, &known))
+                .map(|(target, item)| through_reexports(target, item, &reexports, &known))
                 // A module is part of its ancestors: naming their items
                 // (`super::`) is containment, not an import.
                 .filter(|target| !module.starts_with(target))
@@ -245,15 +355,7 @@ fn cycle(graph: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>) -> Option<Vec<Str
 }
 
 /// The directories of the workspace's packages, the fuzz targets' included.
-const PACKAGES: [&str; 7] = [
-    "agent",
-    "common",
-    "ebpf",
-    "tests",
-    "xtask",
-    "xtask/lab",
-    "fuzz",
-];
+const PACKAGES: [&str; 7] = ["agent", "common", "ebpf", "tests", "xtask", "lab", "fuzz"];
 
 /// Every crate root of the workspace: each package's library and binary,
 /// its build script, its test binaries and its fuzz targets.
@@ -338,6 +440,51 @@ fn no_file_of_any_crate_outgrows_a_reader() {
         long.is_empty(),
         "files over {LONGEST_FILE} lines: {long:#?}"
     );
+}
+
+/// Writes a crate of `files` (path, text) under a new directory, and
+/// returns its root file.
+fn planted(files: &[(&str, &str)]) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    for (path, text) in files {
+        let file = dir.path().join(path);
+        fs::create_dir_all(file.parent().unwrap()).unwrap();
+        fs::write(file, text).unwrap();
+    }
+    let root = dir.path().join("lib.rs");
+    (dir, root)
+}
+
+#[test]
+fn a_cycle_is_found_however_its_paths_are_spelled() {
+    // a → b by `crate::`, b → b::c by a bare child path, c → a by a use.
+    let bare_child = [
+        ("lib.rs", "mod a;\nmod b;\n"),
+        ("a.rs", "pub fn f() { crate::b::g(); }\n"),
+        ("b/mod.rs", "mod c;\npub fn g() { c::h(); }\n"),
+        ("b/c.rs", "use crate::a;\npub fn h() { a::f(); }\n"),
+    ];
+    // a → b::c by `super::super::` from a child, c → a through a
+    // re-export in lib.rs.
+    let nested_super = [
+        ("lib.rs", "mod a;\nmod b;\npub use a::f;\n"),
+        ("a/mod.rs", "mod d;\npub fn f() { d::e(); }\n"),
+        ("a/d.rs", "pub fn e() { super::super::b::c::h(); }\n"),
+        ("b/mod.rs", "pub mod c;\n"),
+        ("b/c.rs", "pub fn h() { crate::f(); }\n"),
+    ];
+    for files in [&bare_child[..], &nested_super[..]] {
+        let (_dir, root) = planted(files);
+        let graph = import_graph(&root);
+        assert!(cycle(&graph).is_some(), "no cycle found in {graph:?}");
+    }
+    // Without the edge back, none: `my_a::` names no module of the crate.
+    let (_dir, root) = planted(&[
+        ("lib.rs", "mod a;\nmod b;\n"),
+        ("a.rs", "pub fn f() { crate::b::g(); }\n"),
+        ("b.rs", "pub fn g() { let a_b = 1; my_a::f(a_b); }\n"),
+    ]);
+    assert_eq!(cycle(&import_graph(&root)), None);
 }
 
 #[test]

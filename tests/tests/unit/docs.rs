@@ -12,7 +12,7 @@ fn workspace() -> PathBuf {
 }
 
 /// Where code lives: every crate of the workspace, and the fuzz targets.
-const CODE_DIRS: [&str; 6] = ["agent", "common", "ebpf", "xtask", "tests", "fuzz"];
+const CODE_DIRS: [&str; 7] = ["agent", "common", "ebpf", "lab", "xtask", "tests", "fuzz"];
 
 /// Every file under `dir` whose name ends in `.{ext}`, build output aside.
 fn files(dir: &Path, ext: &str) -> Vec<PathBuf> {
@@ -172,8 +172,9 @@ fn headings_get_the_anchors_github_gives_them() {
 
 /// Where a reader meets the project's words: code, its help and comments,
 /// the documents, the manifests and the fixtures' notes.
-const READ_DIRS: [&str; 9] = [
+const READ_DIRS: [&str; 10] = [
     "agent",
+    "lab",
     "common",
     "ebpf",
     "xtask",
@@ -236,5 +237,170 @@ fn a_tracker_number_is_found_in_each_spelling() {
     }
     for text in ["an issue with 18 peers", "issues: 18", "tissue"] {
         assert!(tracker_numbers(text).is_empty(), "{text}");
+    }
+}
+
+/// The most words a sentence of the documents may average, page by page.
+const MEAN_WORDS: f64 = 22.0;
+/// The most words any one sentence of the documents may have.
+const MOST_WORDS: usize = 60;
+
+/// The prose of a Markdown page, sentence by sentence, each as its words.
+///
+/// Code blocks, tables, headings and HTML are not prose. A list item starts
+/// a sentence of its own. A code span counts as one word, and a link as
+/// its text. A sentence ends at `.`, `!` or `?` before white space.
+fn sentences(markdown: &str) -> Vec<Vec<String>> {
+    let mut units: Vec<String> = Vec::new();
+    let mut current = String::new();
+    let mut in_code = false;
+    let close = |current: &mut String, units: &mut Vec<String>| {
+        if !current.trim().is_empty() {
+            units.push(std::mem::take(current));
+        }
+        current.clear();
+    };
+    for line in markdown.lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with("```") {
+            in_code = !in_code;
+            close(&mut current, &mut units);
+            continue;
+        }
+        let not_prose = ['|', '#', '<', '!'].iter().any(|c| trimmed.starts_with(*c));
+        if in_code || not_prose || trimmed.is_empty() {
+            close(&mut current, &mut units);
+            continue;
+        }
+        if let Some(item) = list_item(trimmed) {
+            close(&mut current, &mut units);
+            current.push_str(item);
+        } else {
+            current.push(' ');
+            current.push_str(trimmed);
+        }
+    }
+    close(&mut current, &mut units);
+    units
+        .iter()
+        .flat_map(|unit| split_sentences(&plain(unit)))
+        .collect()
+}
+
+/// The text of a list item's first line, if `line` starts one.
+fn list_item(line: &str) -> Option<&str> {
+    let bullet = ["- ", "* ", "+ "].iter().find_map(|b| line.strip_prefix(b));
+    let numbered = line
+        .split_once(". ")
+        .filter(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+        .map(|(_, rest)| rest);
+    bullet.or(numbered)
+}
+
+/// `text` with each code span made one word and each link its text.
+fn plain(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(['`', '[', ']']) {
+        out.push_str(&rest[..at]);
+        let (mark, after) = rest[at..].split_at(1);
+        rest = match mark {
+            "`" => match after.split_once('`') {
+                Some((_, after)) => {
+                    out.push_str("CODE");
+                    after
+                }
+                None => after,
+            },
+            "]" => match after.strip_prefix('(').and_then(|a| a.split_once(')')) {
+                Some((_, after)) => after,
+                None => after,
+            },
+            _ => after,
+        };
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `text` cut into sentences, each as its words.
+fn split_sentences(text: &str) -> Vec<Vec<String>> {
+    let mut sentences = Vec::new();
+    let mut words = Vec::new();
+    for word in text.split_whitespace() {
+        words.push(word.to_owned());
+        if word.ends_with(['.', '!', '?']) {
+            sentences.push(std::mem::take(&mut words));
+        }
+    }
+    if !words.is_empty() {
+        sentences.push(words);
+    }
+    sentences
+}
+
+#[test]
+fn the_documents_speak_in_plain_sentences() {
+    let root = workspace();
+    let mut pages = files(&root.join("docs"), "md");
+    pages.push(root.join("README.md"));
+    let mut problems = Vec::new();
+    let mut stats = Vec::new();
+    for page in pages {
+        let sentences = sentences(&fs::read_to_string(&page).unwrap());
+        let name = page.strip_prefix(&root).unwrap().display().to_string();
+        let words: usize = sentences.iter().map(Vec::len).sum();
+        let mean = words as f64 / sentences.len().max(1) as f64;
+        let longest = sentences.iter().map(Vec::len).max().unwrap_or(0);
+        stats.push(format!(
+            "{name}: {} sentences, {mean:.1} words on average, {longest} at most",
+            sentences.len()
+        ));
+        if mean > MEAN_WORDS {
+            problems.push(format!("{name}: {mean:.1} words a sentence on average"));
+        }
+        for sentence in sentences.iter().filter(|s| s.len() > MOST_WORDS) {
+            let start: Vec<&str> = sentence.iter().take(12).map(String::as_str).collect();
+            problems.push(format!(
+                "{name}: a sentence of {} words: {} …",
+                sentence.len(),
+                start.join(" ")
+            ));
+        }
+    }
+    println!("{}", stats.join("\n"));
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn sentences_are_cut_as_a_reader_reads_them() {
+    let page = "# Title\n\nOne `a b c` two. Three [four five](x.md#y)\nsix!\n\n\
+                - an item\n  goes on.\n- another\n\n| a | table |\n\n```\ncode. here.\n```\n";
+    let words: Vec<usize> = sentences(page).iter().map(Vec::len).collect();
+    assert_eq!(words, [3, 4, 4, 1]);
+}
+
+#[test]
+fn the_packet_path_picture_is_drawn_from_its_source_and_names_every_program() {
+    use sha2::{Digest, Sha256};
+    let docs = workspace().join("docs");
+    let source = fs::read(docs.join("packet-path.dot")).unwrap();
+    let svg = fs::read_to_string(docs.join("packet-path.svg")).unwrap();
+    let hash: String = Sha256::digest(&source)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert!(
+        svg.contains(&format!("sha256 {hash}")),
+        "docs/packet-path.svg was drawn from another docs/packet-path.dot: run `cargo xtask docs`"
+    );
+    let programs = isthmus_common::names::PROGRAMS
+        .into_iter()
+        .chain(isthmus_common::names::ONWARD_PROGRAMS)
+        .chain([isthmus_common::names::PROG_GUARD])
+        // The picture shows the lab's tun and veths, with Liqo v0.10 peers.
+        .filter(|p| !p.ends_with("_eth") && !p.starts_with("peer_"));
+    for program in programs {
+        assert!(svg.contains(program), "the picture does not show {program}");
     }
 }

@@ -7,13 +7,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-use isthmus_agent::control::{
-    election::{
-        Election, Step, Timings,
-        elector::{ACTIVE, Elector, GATEWAY_LABEL, PodLabels, STANDBY},
-        lease::{LeaseClient, record},
+use isthmus_agent::{
+    control::{
+        election::{
+            elector::{ACTIVE, Elector, GATEWAY_LABEL, PodLabels, STANDBY},
+            lease::{LeaseClient, record},
+        },
+        kubernetes,
     },
-    kubernetes,
+    model::election::{Election, Step, Timings},
 };
 use isthmus_lab::fake_api::FakeApi;
 use serde_json::json;

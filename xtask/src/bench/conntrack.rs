@@ -267,12 +267,13 @@ fn report(samples: &[Vec<Measured>], lines: &str) -> String {
     format!(
         "## Conntrack with many flows\n\n\
 `cargo xtask bench conntrack`: the hub path a-pod2 → c-pod1 (10.0.1.45),
-masqueraded by b-gw, in {ROUNDS} interleaved rounds. Each round restarts
-b-gw's agent as the lab runs it with `--conntrack-capacity` set, writes the
-entries into its pinned table (established TCP flows, answered, of an owner
-that is no peer, so the collector keeps them), then reads the agent's CPU for
-{cpu} s (two collector sweeps), 64-byte UDP packets per second through the hub
-(trafgen, 256 flows) and TCP connections per second (`bench/crr.rs`). The
+masqueraded by b-gw, in {ROUNDS} interleaved rounds. Each round restarts b-gw's agent as the lab runs it, with
+`--conntrack-capacity` set. It writes the entries into its pinned table:
+established TCP flows, answered, of an owner that is no peer, so that the
+collector keeps them. It then reads the agent's CPU for {cpu} s (two
+collector sweeps). Then it measures 64-byte UDP packets per second through
+the hub (trafgen, 256 flows), and TCP connections per second
+(`bench/crr.rs`). The
 table's memory is the `bytes_memlock` of `bpftool map show`; entries are
 allocated as they are written. The empty table has the shipped capacity,
 131,072 entries: a's share of it (29,491 flows, b having two peers) would

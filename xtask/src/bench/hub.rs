@@ -11,8 +11,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 
 use anyhow::Result;
 use isthmus_lab::{
-    lab::liqo_peer,
-    liqo_iptables,
+    lab::liqo_v0_10_peer::{self, iptables},
     topology::{A, B, C},
 };
 
@@ -20,7 +19,7 @@ use super::{
     ROUNDS,
     crr::{self, Crr},
     gateways::{disable_isthmus, enable_isthmus, set_isthmus_peers},
-    liqo_v010,
+    liqo_v0_10,
     packets::{HUB_TARGET, hub_flow, measure},
     stats::{median, ratio_line},
     write_section,
@@ -53,15 +52,15 @@ impl Setup {
         match self {
             Setup::Liqo(peers) => {
                 disable_isthmus(&nodes())?;
-                liqo_v010::remove_all(&gateways())?;
-                liqo_v010::install(&[&A, &B], peers)?;
-                liqo_v010::install(&[&C], 1)?;
-                liqo_peer::route_worker(&C, "add")?;
+                liqo_v0_10::remove_all(&gateways())?;
+                liqo_v0_10::install(&[&A, &B], peers)?;
+                liqo_v0_10::install(&[&C], 1)?;
+                liqo_v0_10_peer::route_worker(&C, "add")?;
                 // b masquerades towards c, which does not remap b, to the
                 // first address of b's own PodCIDR.
-                let measured = traffic(liqo_iptables::first_ip(B.pods()));
-                liqo_peer::route_worker(&C, "del")?;
-                liqo_v010::remove_all(&gateways())?;
+                let measured = traffic(iptables::first_ip(B.pods()));
+                liqo_v0_10_peer::route_worker(&C, "del")?;
+                liqo_v0_10::remove_all(&gateways())?;
                 measured
             }
             Setup::Isthmus(peers) => {
@@ -162,17 +161,17 @@ double NAT towards b; `b-gw` translates `10.0.1.45` to `10.1.0.5` (a's
 NatMapping) and masquerades towards c; `c-gw` forwards to `c-pod1`.
 
 - **Liqo v0.10.3 rules**: the complete rule set of `bench nat` on each
-  gateway (`xtask/lab/src/liqo_iptables.rs`): with n peers, `a-gw` and `b-gw`
+  gateway (`lab/src/lab/liqo_v0_10_peer/iptables.rs`): with n peers, `a-gw` and `b-gw`
   hold n − 1 synthetic peers' chains and rules before the lab's own, and
   `b-gw`'s NatMapping chain for a holds the DNAT of `10.0.1.45`. b
   masquerades towards c with Liqo's SNAT to `10.244.0.1`. No Isthmus
   agent runs on the path; c's worker routes a's and b's networks to its
   gateway, as Liqo's route operator does.
 - **isthmus**: the agents as the DaemonSets run them, with n − 1
-  synthetic peers on `a-gw` and `b-gw` besides the lab's own: b's
-  masquerade keeps each flow in its conntrack, charged to a's share of
-  the table (`--flow-share=equal-or-25`, the default: an equal part of
-  the peers' room, or 25% of it where that is more); once a holds a
+  synthetic peers on `a-gw` and `b-gw` besides the lab's own. b's
+  masquerade keeps each flow in its conntrack, charged to a's share of the
+  table. That share is `--flow-share=equal-or-25`, the default: an equal
+  part of the peers' room, or 25% of it where that is more. Once a holds a
   quarter of it, b's agent evicts a's connections that are over.
 
 Each round measures 64-byte UDP packets, then connections. Packets are

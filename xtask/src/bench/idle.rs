@@ -383,16 +383,16 @@ fn report(figures: &[Idle], start: &Start) -> Result<()> {
     let section = format!(
         "## Idle gateway: 1, 100 and 1,000 live peers
 
-`cargo xtask bench idle` runs a gateway agent in a netns of its own, with the
-DaemonSet's flags (keepalive every 10 s, the conncheck every 2 s, the XDP
-guard on), and its peers in another netns of the lab: one boringtun session
-per peer, each on a UDP socket of its own address (`xtask/src/bench/wg_peers.rs`), which
-answers the gateway's handshakes and keepalives and the conncheck's PINGs.
-The peers are given 1, then 100, then 1,000 at a time; once every session
-is up, {ROUNDS} windows of {window} s read the agent's CPU time (every
-thread, by the scheduler's clock: `/proc/PID/task/*/schedstat`), its
-resident memory and the memory of the BPF maps it holds (the `memlock` of
-each map fd, the figure `bpftool map show` prints). Memory is resident
+`cargo xtask bench idle` runs a gateway agent in a netns of its own, with the DaemonSet's flags:
+keepalive every 10 s, the conncheck every 2 s, the XDP guard on. Its peers
+are in another netns of the lab: one boringtun session per peer, each on a
+UDP socket of its own address (`xtask/src/bench/wg_peers.rs`). Each answers
+the gateway's handshakes and keepalives and the conncheck's PINGs. The peers
+are given 1, then 100, then 1,000 at a time. Once every session is up,
+{ROUNDS} windows of {window} s read the agent's CPU time, its resident
+memory, and the memory of the BPF maps it holds. CPU time counts every
+thread, by the scheduler's clock (`/proc/PID/task/*/schedstat`). Map memory
+is the `memlock` of each map fd, the figure `bpftool map show` prints. Memory is resident
 plus maps. The budgets: under {CPU_BUDGET_PERCENT}% of a core and
 {MEMORY_BUDGET_MIB} MiB with 1,000 peers.
 

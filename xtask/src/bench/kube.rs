@@ -277,7 +277,7 @@ pub fn report(f: &KubeFigures) -> Result<()> {
 
 Also part of `cargo xtask bench control` (`--kube-only` runs this part
 alone). A gateway agent runs with `--source kube` in a netns of its own,
-against the fake API server of the tests (`xtask/lab/src/fake_api.rs`), which
+against the fake API server of the tests (`lab/src/fake_api.rs`), which
 speaks the list/watch protocol. Its tunnel is on, and handshakes go to
 nowhere, so it also writes `Connecting` for every TunnelEndpoint, which
 comes back as watch events.

@@ -21,7 +21,7 @@ mod hub;
 mod idle;
 mod isolation;
 mod kube;
-mod liqo_v010;
+mod liqo_v0_10;
 mod nat;
 mod overlay;
 mod packets;

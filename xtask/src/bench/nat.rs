@@ -21,7 +21,7 @@ use super::{
     ROUNDS,
     crr::{self, Crr},
     gateways::{disable_isthmus, enable_isthmus, nat_gateways, set_isthmus_peers},
-    isolation, liqo_v010,
+    isolation, liqo_v0_10,
     packets::{Flow, WARMUP, WINDOW, WINDOWS, measure},
     stats::{agent_rss_mib, median, ratio_line},
     write_section,
@@ -113,7 +113,7 @@ impl Setup {
         match self {
             Setup::Plain => {
                 disable_isthmus(&nat_gateways())?;
-                liqo_v010::remove_all(&gateways)?;
+                liqo_v0_10::remove_all(&gateways)?;
                 plain_routes(true)?;
                 let measured = traffic(flow);
                 plain_routes(false)?;
@@ -121,13 +121,13 @@ impl Setup {
             }
             Setup::Liqo(peers, _) => {
                 disable_isthmus(&nat_gateways())?;
-                liqo_v010::install(&[&A, &B], peers)?;
+                liqo_v0_10::install(&[&A, &B], peers)?;
                 let measured = traffic(flow);
-                liqo_v010::remove_all(&gateways)?;
+                liqo_v0_10::remove_all(&gateways)?;
                 measured
             }
             Setup::Isthmus(peers, netfilter) => {
-                liqo_v010::remove_all(&gateways)?;
+                liqo_v0_10::remove_all(&gateways)?;
                 run_isthmus(netfilter)?;
                 set_isthmus_peers(peers)?;
                 traffic(flow)
@@ -483,13 +483,14 @@ rates in the same round, with the least and greatest of those ratios.
   ruleset` and the iptables-legacy tables before each such setup, and
   fails if one is left); `b-pod2` also owns `10.0.0.133`.
 - **Liqo v0.10.3 rules**: the complete rule set Liqo v0.10.3's gateway
-  installs for each peer, derived from its code
-  (`xtask/lab/src/liqo_iptables.rs` cites the file and line of each rule):
-  in `nat`, the dispatch rules of LIQO-POSTROUTING and LIQO-PREROUTING into
-  per-peer chains, `NETMAP` for the prefixes and two `SNAT` rules for other
-  sources; in `filter`, LIQO-FORWARD's three rules per peer, one of them a
-  conntrack `--ctstate ESTABLISHED,RELATED` match, and the per-peer DROP
-  chain for the remapped ExternalCIDR, and each NatMapping entry as a DNAT.
+  installs for each peer, derived from its code.
+  `lab/src/lab/liqo_v0_10_peer/iptables.rs` cites the file and line of each rule.
+  In `nat`: the dispatch rules of LIQO-POSTROUTING and LIQO-PREROUTING
+  into per-peer chains, `NETMAP` for the prefixes, and two `SNAT` rules
+  for other sources. In `filter`: LIQO-FORWARD's three rules per peer, one
+  of them a conntrack `--ctstate ESTABLISHED,RELATED` match, and the
+  per-peer DROP chain for the remapped ExternalCIDR. Each NatMapping entry
+  is a DNAT.
   The synthetic peers come first and the lab's own last, as peers that
   joined last are: `b-gw` holds a's rules, then c's. Liqo installs these in its gateway
   netns, a veth hop from the host; the bench spares it that hop.

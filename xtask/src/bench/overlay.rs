@@ -126,13 +126,13 @@ sets it. It then alternates {ROUNDS} rounds of two setups:
   FIB (into the pod's netns on b-node; the lab runs the agents with
   `--forward-past-netfilter`); no route, rule or FDB entry. TCP's
   GSO packets are taken in by `isthmus.vx` instead.
-- **Liqo way**: the Isthmus overlay is off (no Node objects, the steering
-  program detached) and each node has `{LIQO_DEV}` (VNI {OVERLAY_VNI}, port
-  {LIQO_PORT}) with an address and an all-zero FDB entry to the other node;
-  the worker has an `ip rule` per remote network to table {LIQO_TABLE},
-  which routes it via the gateway's VXLAN address; the gateway has an
-  `ip rule iif {UPLINK}` to table {LIQO_TABLE}, which routes the worker's
-  pods via the worker's VXLAN address.
+- **Liqo way**: the Isthmus overlay is off: no Node objects, and the
+  steering program detached. Each node has `{LIQO_DEV}` (VNI
+  {OVERLAY_VNI}, port {LIQO_PORT}), with an address and an all-zero FDB
+  entry to the other node. The worker has an `ip rule` per remote network
+  to table {LIQO_TABLE}, which routes it via the gateway's VXLAN address.
+  The gateway has an `ip rule iif {UPLINK}` to table {LIQO_TABLE}, which
+  routes the worker's pods via the worker's VXLAN address.
 
 pps: trafgen sends 64-byte UDP frames from a-pod1 to 10.0.0.5 (b-pod1 as a
 sees it) on one CPU, and b-pod1's `eth0` counts what arrives (each

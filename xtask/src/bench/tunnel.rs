@@ -454,12 +454,12 @@ the same pods, MTU (1,420) and iperf3 settings. The setups take turns:
 in each of {ROUNDS} rounds, each setup in turn gets the gateways (their
 agents restarted, the other WireGuard started in place of the embedded
 one), so that a slow minute of the shared machine falls on all of them.
-A turn runs TCP over {IPERF_SECONDS} s with 1 and with 4 streams; UDP of
-1,400-byte packets as fast as iperf3 sends them (packets per second
-received, and the share lost); and {RTT_ROUNDS_PER_TURN} rounds of
+A turn runs TCP over {IPERF_SECONDS} s, with 1 and with 4 streams. It runs
+UDP of 1,400-byte packets as fast as iperf3 sends them: packets per second
+received, and the share lost. It runs {RTT_ROUNDS_PER_TURN} rounds of
 {RTT_SAMPLES} UDP ping-pongs, one at a time, each from a socket of its
-own (a round's source port decides which TUN queue, and so which
-thread, carries it). Each figure is the median of the rounds (of the RTT
+own. A round's source port decides which TUN queue, and so which thread,
+carries it. Each figure is the median of the rounds (of the RTT
 rounds' p50 and p99). Under bulk: a round of {LOADED_SAMPLES} ping-pongs, a-pod2 to
 b-pod2 through the same tunnel, while the 1-stream TCP run is under way
 (it has delivered {bulk} bytes, and still runs when the round ends); an

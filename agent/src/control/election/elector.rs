@@ -15,10 +15,8 @@ use serde_json::json;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use super::{
-    Election, Step,
-    lease::{LeaseClient, LeaseError, record},
-};
+use super::lease::{LeaseClient, LeaseError, record};
+use crate::model::election::{Election, Step};
 
 /// The label Liqo's gateway pods carry, and its two values.
 pub const GATEWAY_LABEL: &str = "net.liqo.io/gateway";

@@ -11,7 +11,7 @@ use kube::{Api, Client, api::PostParams};
 
 use thiserror::Error;
 
-use super::{Step, Timings};
+use crate::model::election::{Step, Timings};
 use crate::model::{
     lease::LeaseRecord,
     object::{self, Object, ObjectError},

@@ -37,17 +37,8 @@ pub struct KubeSource {
 }
 
 impl KubeSource {
-    /// The kinds whose status and Events the agent writes, and Liqo v1's
-    /// gateways, which own the Connections it writes. Only these keep a
-    /// store: the others (Pods above all) are not held in memory twice.
-    const STORED: [ObjectKind; 4] = [
-        ObjectKind::TunnelEndpoint,
-        ObjectKind::NatMapping,
-        ObjectKind::GatewayServer,
-        ObjectKind::GatewayClient,
-    ];
-
-    /// Every object of `kind`, if the agent keeps them (`STORED`).
+    /// Every object of `kind`, if the agent keeps them
+    /// ([`ObjectKind::stored`]).
     pub fn store(&self, kind: ObjectKind) -> Option<&Store<DynamicObject>> {
         self.stores.get(&kind)
     }
@@ -99,7 +90,7 @@ pub fn watch_kube(
         .iter()
         .map(|&kind| {
             let watch = watcher(api(&client, kind, lease), config(kind, lease)).default_backoff();
-            let stream = match KubeSource::STORED.contains(&kind) {
+            let stream = match kind.stored() {
                 true => {
                     let writer = reflector::store::Writer::new(api_resource(kind));
                     source.stores.insert(kind, writer.as_reader());

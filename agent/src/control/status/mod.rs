@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::{
     control::source::KubeSource,
-    model::object::{self, ObjectKey, ObjectKind},
+    model::object::{self, ObjectKey, ObjectKind, ReadFor},
     model::peer::{LiqoGateway, Peer},
     model::rejection::Rejection,
     observe::metrics::Metrics,
@@ -363,7 +363,7 @@ impl ObjectRejection {
         let mut by_object: BTreeMap<(ObjectKind, &ObjectKey), Vec<String>> = BTreeMap::new();
         for rejection in rejections {
             if let Some((kind, key)) = &rejection.object
-                && (*kind == ObjectKind::NatMapping || ObjectKind::LIQO_V1.contains(kind))
+                && (*kind == ObjectKind::NatMapping || kind.read_for() == ReadFor::LiqoV1)
             {
                 by_object
                     .entry((*kind, key))

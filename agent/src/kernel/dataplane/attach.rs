@@ -245,6 +245,23 @@ pub(super) fn load_program_array<const N: usize>(
     Ok(())
 }
 
+/// Empties the program array `array`, whose programs a previous agent may
+/// have left pinned there, so that none stays loaded for nothing.
+pub(super) fn clear_program_array(
+    ebpf: &mut Ebpf,
+    array: &'static str,
+) -> Result<(), DataplaneError> {
+    let map = ebpf
+        .map_mut(array)
+        .ok_or(DataplaneError::MissingMap(array))?;
+    let mut programs = ProgramArray::try_from(map).map_err(|e| DataplaneError::Map(array, e))?;
+    // Every array is indexed by link kind. An empty slot is the end sought.
+    for link in isthmus_common::counters::LINKS {
+        let _ = programs.clear_index(&(link as u32));
+    }
+    Ok(())
+}
+
 /// TC program `program`, loaded: one program serves every device it is
 /// attached to, so it is loaded (and verified) once.
 fn loaded_classifier<'a>(

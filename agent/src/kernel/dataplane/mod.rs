@@ -50,6 +50,10 @@ pub use verify::loading_time;
 /// The compiled eBPF object, built by `build.rs`.
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/isthmus"));
 
+/// Where the agent pins under by default: its own directory of the host's
+/// bpf filesystem.
+pub const DEFAULT_BPFFS: &str = "/sys/fs/bpf/isthmus";
+
 /// `statfs` magic of a bpf filesystem.
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
@@ -221,8 +225,14 @@ impl Dataplane {
             pins,
             serves_liqo_v1,
         };
-        if serves_liqo_v1 {
-            dataplane.load_liqo_v1_programs()?;
+        match serves_liqo_v1 {
+            true => dataplane.load_liqo_v1_programs()?,
+            // What an agent that served Liqo v1 peers left in the arrays.
+            false => {
+                for array in [names::MAP_PEER_DNAT, names::MAP_NAT_IN] {
+                    attach::clear_program_array(&mut dataplane.ebpf, array)?;
+                }
+            }
         }
         Ok(dataplane)
     }

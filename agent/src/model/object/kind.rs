@@ -51,82 +51,184 @@ pub enum ObjectKind {
     Ip,
 }
 
+/// What a kind of object is read for, which decides which nodes read it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadFor {
+    /// The cluster itself, on every node: its nodes and the election.
+    Cluster,
+    /// Peers as Liqo v0.10 describes them (`--liqo-api v0.10`).
+    LiqoV0_10,
+    /// Peers as Liqo v1 describes them (`--liqo-api v1`).
+    LiqoV1,
+    /// What a segregating gateway reads to know what each peer may reach;
+    /// gateways only.
+    Isolation,
+}
+
+/// Everything the agent knows of one kind: adding a kind is one entry.
+struct KindInfo {
+    kind: ObjectKind,
+    /// The `kind` field.
+    name: &'static str,
+    /// The `apiVersion` field.
+    api_version: &'static str,
+    /// The API's resource name.
+    plural: &'static str,
+    read_for: ReadFor,
+    /// Whether the Kubernetes source keeps every object of the kind: the
+    /// kinds whose status and Events the agent writes, and Liqo v1's
+    /// gateways, which own the Connections it writes. The others (Pods
+    /// above all) are not held in memory twice.
+    stored: bool,
+}
+
+/// One entry per kind, in [`ObjectKind`]'s order (a test checks it).
+const KINDS: [KindInfo; 12] = [
+    KindInfo {
+        kind: ObjectKind::TunnelEndpoint,
+        name: "TunnelEndpoint",
+        api_version: API_VERSION,
+        plural: "tunnelendpoints",
+        read_for: ReadFor::LiqoV0_10,
+        stored: true,
+    },
+    KindInfo {
+        kind: ObjectKind::NatMapping,
+        name: "NatMapping",
+        api_version: API_VERSION,
+        plural: "natmappings",
+        read_for: ReadFor::LiqoV0_10,
+        stored: true,
+    },
+    KindInfo {
+        kind: ObjectKind::Node,
+        name: "Node",
+        api_version: CORE_API_VERSION,
+        plural: "nodes",
+        read_for: ReadFor::Cluster,
+        stored: false,
+    },
+    KindInfo {
+        kind: ObjectKind::Pod,
+        name: "Pod",
+        api_version: CORE_API_VERSION,
+        plural: "pods",
+        read_for: ReadFor::Isolation,
+        stored: false,
+    },
+    KindInfo {
+        kind: ObjectKind::EndpointSlice,
+        name: "EndpointSlice",
+        api_version: DISCOVERY_API_VERSION,
+        plural: "endpointslices",
+        read_for: ReadFor::Isolation,
+        stored: false,
+    },
+    KindInfo {
+        kind: ObjectKind::NamespaceOffloading,
+        name: "NamespaceOffloading",
+        api_version: OFFLOADING_API_VERSION,
+        plural: "namespaceoffloadings",
+        read_for: ReadFor::Isolation,
+        stored: false,
+    },
+    KindInfo {
+        kind: ObjectKind::Lease,
+        name: "Lease",
+        api_version: COORDINATION_API_VERSION,
+        plural: "leases",
+        read_for: ReadFor::Cluster,
+        stored: false,
+    },
+    KindInfo {
+        kind: ObjectKind::Configuration,
+        name: "Configuration",
+        api_version: LIQO_V1_NETWORKING_API_VERSION,
+        plural: "configurations",
+        read_for: ReadFor::LiqoV1,
+        stored: false,
+    },
+    KindInfo {
+        kind: ObjectKind::PublicKey,
+        name: "PublicKey",
+        api_version: LIQO_V1_NETWORKING_API_VERSION,
+        // Sic: Liqo's CRD (apis/networking/v1beta1/publickey_types.go).
+        plural: "publickeies",
+        read_for: ReadFor::LiqoV1,
+        stored: false,
+    },
+    KindInfo {
+        kind: ObjectKind::GatewayServer,
+        name: "GatewayServer",
+        api_version: LIQO_V1_NETWORKING_API_VERSION,
+        plural: "gatewayservers",
+        read_for: ReadFor::LiqoV1,
+        stored: true,
+    },
+    KindInfo {
+        kind: ObjectKind::GatewayClient,
+        name: "GatewayClient",
+        api_version: LIQO_V1_NETWORKING_API_VERSION,
+        plural: "gatewayclients",
+        read_for: ReadFor::LiqoV1,
+        stored: true,
+    },
+    KindInfo {
+        kind: ObjectKind::Ip,
+        name: "IP",
+        api_version: LIQO_V1_IPAM_API_VERSION,
+        plural: "ips",
+        read_for: ReadFor::LiqoV1,
+        stored: false,
+    },
+];
+
 impl ObjectKind {
     /// Every kind, in the order the agent reads them.
-    pub const ALL: [ObjectKind; 7] = [
-        Self::TunnelEndpoint,
-        Self::NatMapping,
-        Self::Node,
-        Self::Pod,
-        Self::EndpointSlice,
-        Self::NamespaceOffloading,
-        Self::Lease,
-    ];
+    pub const ALL: [ObjectKind; KINDS.len()] = {
+        let mut all = [ObjectKind::TunnelEndpoint; KINDS.len()];
+        let mut i = 0;
+        while i < KINDS.len() {
+            all[i] = KINDS[i].kind;
+            i += 1;
+        }
+        all
+    };
 
-    /// Liqo v1's kinds, which describe peers the v1 way.
-    pub const LIQO_V1: [ObjectKind; 5] = [
-        Self::Configuration,
-        Self::PublicKey,
-        Self::GatewayServer,
-        Self::GatewayClient,
-        Self::Ip,
-    ];
-
-    /// The kinds a segregating gateway reads to know what each peer may
-    /// reach.
-    pub const ISOLATION: [ObjectKind; 3] =
-        [Self::Pod, Self::EndpointSlice, Self::NamespaceOffloading];
+    const fn info(self) -> &'static KindInfo {
+        &KINDS[self as usize]
+    }
 
     /// The `kind` field of such an object.
     pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::TunnelEndpoint => "TunnelEndpoint",
-            Self::NatMapping => "NatMapping",
-            Self::Node => "Node",
-            Self::Pod => "Pod",
-            Self::EndpointSlice => "EndpointSlice",
-            Self::NamespaceOffloading => "NamespaceOffloading",
-            Self::Lease => "Lease",
-            Self::Configuration => "Configuration",
-            Self::PublicKey => "PublicKey",
-            Self::GatewayServer => "GatewayServer",
-            Self::GatewayClient => "GatewayClient",
-            Self::Ip => "IP",
-        }
+        self.info().name
     }
 
     /// The `apiVersion` such an object carries.
     pub const fn api_version(self) -> &'static str {
-        match self {
-            Self::TunnelEndpoint | Self::NatMapping => API_VERSION,
-            Self::Node | Self::Pod => CORE_API_VERSION,
-            Self::EndpointSlice => DISCOVERY_API_VERSION,
-            Self::NamespaceOffloading => OFFLOADING_API_VERSION,
-            Self::Lease => COORDINATION_API_VERSION,
-            Self::Configuration | Self::PublicKey | Self::GatewayServer | Self::GatewayClient => {
-                LIQO_V1_NETWORKING_API_VERSION
-            }
-            Self::Ip => LIQO_V1_IPAM_API_VERSION,
-        }
+        self.info().api_version
     }
 
     /// The API's resource name of the kind.
     pub const fn plural(self) -> &'static str {
-        match self {
-            Self::TunnelEndpoint => "tunnelendpoints",
-            Self::NatMapping => "natmappings",
-            Self::Node => "nodes",
-            Self::Pod => "pods",
-            Self::EndpointSlice => "endpointslices",
-            Self::NamespaceOffloading => "namespaceoffloadings",
-            Self::Lease => "leases",
-            Self::Configuration => "configurations",
-            // Sic: Liqo's CRD (apis/networking/v1beta1/publickey_types.go).
-            Self::PublicKey => "publickeies",
-            Self::GatewayServer => "gatewayservers",
-            Self::GatewayClient => "gatewayclients",
-            Self::Ip => "ips",
-        }
+        self.info().plural
+    }
+
+    /// What the kind is read for.
+    pub const fn read_for(self) -> ReadFor {
+        self.info().read_for
+    }
+
+    /// Whether the Kubernetes source keeps every object of the kind.
+    pub const fn stored(self) -> bool {
+        self.info().stored
+    }
+
+    /// The kinds read for `read_for`.
+    pub fn read_for_all(read_for: ReadFor) -> impl Iterator<Item = ObjectKind> {
+        Self::ALL
+            .into_iter()
+            .filter(move |k| k.read_for() == read_for)
     }
 
     /// The kind an object with these `apiVersion` and `kind` fields is, if
@@ -134,8 +236,25 @@ impl ObjectKind {
     pub fn of(api_version: &str, kind: &str) -> Option<Self> {
         Self::ALL
             .into_iter()
-            .chain(Self::LIQO_V1)
             .find(|k| k.api_version() == api_version && k.as_str() == kind)
+    }
+
+    /// Every kind the agent reads, by API version, as an error says what
+    /// it wants: `net.liqo.io/v1alpha1 TunnelEndpoint or NatMapping, v1
+    /// Node or Pod, …`.
+    pub fn wanted() -> String {
+        let mut versions: Vec<(&str, Vec<&str>)> = Vec::new();
+        for kind in Self::ALL {
+            match versions.iter_mut().find(|(v, _)| *v == kind.api_version()) {
+                Some((_, names)) => names.push(kind.as_str()),
+                None => versions.push((kind.api_version(), vec![kind.as_str()])),
+            }
+        }
+        versions
+            .iter()
+            .map(|(version, names)| format!("{version} {}", names.join(" or ")))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 

@@ -276,7 +276,8 @@ pub enum DocumentError {
     },
     /// Valid YAML of another kind.
     #[error(
-        "{file}: document {index} ({name}): not an object Isthmus reads: apiVersion {api_version:?}, kind {kind:?} (field apiVersion/kind; want {API_VERSION} TunnelEndpoint or NatMapping, {CORE_API_VERSION} Node or Pod, {DISCOVERY_API_VERSION} EndpointSlice, {OFFLOADING_API_VERSION} NamespaceOffloading, {COORDINATION_API_VERSION} Lease, or Liqo v1's {LIQO_V1_NETWORKING_API_VERSION} Configuration, PublicKey, GatewayServer or GatewayClient and {LIQO_V1_IPAM_API_VERSION} IP)"
+        "{file}: document {index} ({name}): not an object Isthmus reads: apiVersion {api_version:?}, kind {kind:?} (field apiVersion/kind; want {})",
+        ObjectKind::wanted()
     )]
     WrongKind {
         /// File holding the document.

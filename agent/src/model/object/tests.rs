@@ -174,6 +174,31 @@ fn reports_broken_yaml_with_its_position() {
 }
 
 #[test]
+fn every_kind_has_its_one_entry_and_the_error_names_them_all() {
+    for (index, kind) in ObjectKind::ALL.into_iter().enumerate() {
+        assert_eq!(kind as usize, index, "{kind}: out of the registry's order");
+    }
+    let wanted = ObjectKind::wanted();
+    for kind in ObjectKind::ALL {
+        assert!(wanted.contains(kind.as_str()), "{wanted}: {kind}");
+    }
+    assert!(
+        wanted.starts_with("net.liqo.io/v1alpha1 TunnelEndpoint or NatMapping, v1 Node or Pod, "),
+        "{wanted}"
+    );
+    let gateways_write: Vec<_> = ObjectKind::ALL.into_iter().filter(|k| k.stored()).collect();
+    assert_eq!(
+        gateways_write,
+        [
+            ObjectKind::TunnelEndpoint,
+            ObjectKind::NatMapping,
+            ObjectKind::GatewayServer,
+            ObjectKind::GatewayClient
+        ]
+    );
+}
+
+#[test]
 fn a_kind_is_known_only_with_its_own_api_version() {
     for kind in ObjectKind::ALL {
         assert_eq!(

@@ -4,7 +4,10 @@
 use crate::sync::Unpoisoned;
 use std::{
     collections::BTreeMap,
-    sync::{Arc, Mutex, atomic::Ordering},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Instant,
 };
 
@@ -17,10 +20,10 @@ use prometheus_client::{
 use crate::{
     model::peer::LiqoApi,
     roles::gateway::conncheck::{Checks, Health},
-    tunnel::{Connection, PeerStatus, Tunnel},
+    tunnel::{Connection, PeerStatus, Tunnel, TunnelCounters},
 };
 
-use super::collect::{PeerLabels, family, peer_labels};
+use super::collect::{family, peer_labels};
 
 /// Where a gateway learns whether each peer answers.
 #[derive(Clone)]
@@ -136,153 +139,166 @@ impl std::fmt::Debug for TunnelMetrics {
     }
 }
 
+/// How a family reads each peer's value.
+enum PeerValue {
+    /// A gauge, for the peers that have a value.
+    Gauge(fn(&PeerStatus) -> Option<f64>),
+    /// A counter, for every peer.
+    Counter(fn(&PeerStatus) -> u64),
+}
+
+/// One family of the tunnel's peers: a metric of a peer is one entry.
+struct PeerFamily {
+    name: &'static str,
+    help: &'static str,
+    value: PeerValue,
+}
+
+const PEER_FAMILIES: [PeerFamily; 9] = [
+    PeerFamily {
+        name: "peer_connected",
+        help: "Whether a WireGuard session with the peer is up (1) or not (0)",
+        value: PeerValue::Gauge(|p| {
+            Some(f64::from(u8::from(p.connection == Connection::Connected)))
+        }),
+    },
+    PeerFamily {
+        name: "peer_last_handshake_seconds",
+        help: "Seconds since the last completed handshake with the peer",
+        value: PeerValue::Gauge(|p| Some(p.last_handshake?.as_secs_f64())),
+    },
+    PeerFamily {
+        name: "peer_rtt_seconds",
+        help: "Round-trip time to the peer, estimated at the last handshake",
+        value: PeerValue::Gauge(|p| Some(f64::from(p.rtt_ms?) / 1000.0)),
+    },
+    PeerFamily {
+        name: "peer_receive_bytes",
+        help: "Bytes received from the peer, after decryption",
+        value: PeerValue::Counter(|p| p.rx_bytes),
+    },
+    PeerFamily {
+        name: "peer_transmit_bytes",
+        help: "Bytes sent to the peer, before encryption",
+        value: PeerValue::Counter(|p| p.tx_bytes),
+    },
+    PeerFamily {
+        name: "peer_receive_packets",
+        help: "Packets received from the peer and delivered",
+        value: PeerValue::Counter(|p| p.rx_packets),
+    },
+    PeerFamily {
+        name: "peer_transmit_packets",
+        help: "Packets sent to the peer",
+        value: PeerValue::Counter(|p| p.tx_packets),
+    },
+    PeerFamily {
+        name: "peer_source_violations",
+        help: "Authenticated packets from the peer dropped because their inner source lay outside its networks",
+        value: PeerValue::Counter(|p| p.dropped_source),
+    },
+    PeerFamily {
+        name: "peer_handshake_failures",
+        help: "Handshake messages from the peer that failed to authenticate, and handshakes with it given up after retrying",
+        value: PeerValue::Counter(|p| p.handshake_failures),
+    },
+];
+
+/// One counter family of the whole tunnel: a single series, or one per
+/// value of its label.
+struct TunnelFamily {
+    name: &'static str,
+    help: &'static str,
+    series: TunnelSeries,
+}
+
+/// Reads one of the tunnel's counters.
+type Count = fn(&TunnelCounters) -> &AtomicU64;
+
+/// Where a tunnel family's counts are.
+enum TunnelSeries {
+    /// One counter.
+    Single(Count),
+    /// One counter per value of the label.
+    ByLabel(&'static str, &'static [(&'static str, Count)]),
+}
+
+const TUNNEL_FAMILIES: [TunnelFamily; 4] = [
+    TunnelFamily {
+        name: "tunnel_dropped_packets",
+        help: "Packets the tunnel dropped, by reason",
+        series: TunnelSeries::ByLabel(
+            "reason",
+            &[
+                ("no_route", |c| &c.no_route),
+                ("no_endpoint", |c| &c.no_endpoint),
+                ("unknown_sender", |c| &c.unknown_sender),
+                ("rejected", |c| &c.rejected),
+                ("malformed", |c| &c.malformed),
+                ("oversized", |c| &c.oversized),
+                ("handshake_throttled", |c| &c.throttled),
+                ("handshake_queue_full", |c| &c.handshake_queue_full),
+            ],
+        ),
+    },
+    TunnelFamily {
+        name: "tunnel_cookies_sent",
+        help: "Cookie replies sent to handshake initiations under load",
+        series: TunnelSeries::Single(|c| &c.cookies),
+    },
+    TunnelFamily {
+        name: "tunnel_thread_restarts",
+        help: "Datapath threads of the tunnel restarted after a panic",
+        series: TunnelSeries::Single(|c| &c.thread_restarts),
+    },
+    TunnelFamily {
+        name: "tunnel_offload_batches",
+        help: "Packets that crossed a device as one batch of several, by offload",
+        series: TunnelSeries::ByLabel(
+            "offload",
+            &[
+                ("tso_split", |c| &c.tso_split),
+                ("gro_written", |c| &c.gro_written),
+                ("udp_gso_sent", |c| &c.udp_gso_sent),
+                ("udp_gro_received", |c| &c.udp_gro_received),
+            ],
+        ),
+    },
+];
+
 impl Collector for TunnelMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let peers = self.0.status();
-        let label = |p: &PeerStatus| peer_labels(&p.label, &p.cluster_name);
-        let gauge = |encoder: &mut DescriptorEncoder,
-                     name: &str,
-                     help: &str,
-                     values: Vec<(PeerLabels, f64)>| {
-            family(
-                encoder,
-                name,
-                help,
-                MetricType::Gauge,
-                values.into_iter().map(|(l, v)| (l, ConstGauge::new(v))),
-            )
-        };
-        let counter = |encoder: &mut DescriptorEncoder,
-                       name: &str,
-                       help: &str,
-                       values: Vec<(PeerLabels, u64)>| {
-            family(
-                encoder,
-                name,
-                help,
-                MetricType::Counter,
-                values.into_iter().map(|(l, v)| (l, ConstCounter::new(v))),
-            )
-        };
-        gauge(
-            &mut encoder,
-            "peer_connected",
-            "Whether a WireGuard session with the peer is up (1) or not (0)",
-            peers
-                .iter()
-                .map(|p| {
-                    (
-                        label(p),
-                        f64::from(u8::from(p.connection == Connection::Connected)),
-                    )
-                })
-                .collect(),
-        )?;
-        gauge(
-            &mut encoder,
-            "peer_last_handshake_seconds",
-            "Seconds since the last completed handshake with the peer",
-            peers
-                .iter()
-                .filter_map(|p| Some((label(p), p.last_handshake?.as_secs_f64())))
-                .collect(),
-        )?;
-        gauge(
-            &mut encoder,
-            "peer_rtt_seconds",
-            "Round-trip time to the peer, estimated at the last handshake",
-            peers
-                .iter()
-                .filter_map(|p| Some((label(p), f64::from(p.rtt_ms?) / 1000.0)))
-                .collect(),
-        )?;
-        counter(
-            &mut encoder,
-            "peer_receive_bytes",
-            "Bytes received from the peer, after decryption",
-            peers.iter().map(|p| (label(p), p.rx_bytes)).collect(),
-        )?;
-        counter(
-            &mut encoder,
-            "peer_transmit_bytes",
-            "Bytes sent to the peer, before encryption",
-            peers.iter().map(|p| (label(p), p.tx_bytes)).collect(),
-        )?;
-        counter(
-            &mut encoder,
-            "peer_receive_packets",
-            "Packets received from the peer and delivered",
-            peers.iter().map(|p| (label(p), p.rx_packets)).collect(),
-        )?;
-        counter(
-            &mut encoder,
-            "peer_transmit_packets",
-            "Packets sent to the peer",
-            peers.iter().map(|p| (label(p), p.tx_packets)).collect(),
-        )?;
-        counter(
-            &mut encoder,
-            "peer_source_violations",
-            "Authenticated packets from the peer dropped because their inner source lay outside its networks",
-            peers.iter().map(|p| (label(p), p.dropped_source)).collect(),
-        )?;
-        counter(
-            &mut encoder,
-            "peer_handshake_failures",
-            "Handshake messages from the peer that failed to authenticate, and handshakes with it given up after retrying",
-            peers
-                .iter()
-                .map(|p| (label(p), p.handshake_failures))
-                .collect(),
-        )?;
-        let c = self.0.counters();
-        let mut family = encoder.encode_descriptor(
-            "tunnel_dropped_packets",
-            "Packets the tunnel dropped, by reason",
-            None,
-            MetricType::Counter,
-        )?;
-        for (reason, value) in [
-            ("no_route", &c.no_route),
-            ("no_endpoint", &c.no_endpoint),
-            ("unknown_sender", &c.unknown_sender),
-            ("rejected", &c.rejected),
-            ("malformed", &c.malformed),
-            ("oversized", &c.oversized),
-            ("handshake_throttled", &c.throttled),
-            ("handshake_queue_full", &c.handshake_queue_full),
-        ] {
-            ConstCounter::new(value.load(Ordering::Relaxed))
-                .encode(family.encode_family(&[("reason", reason)])?)?;
+        let labels = |p: &PeerStatus| peer_labels(&p.label, &p.cluster_name);
+        for f in &PEER_FAMILIES {
+            match f.value {
+                PeerValue::Gauge(value) => {
+                    let samples = peers
+                        .iter()
+                        .filter_map(|p| Some((labels(p), ConstGauge::new(value(p)?))));
+                    family(&mut encoder, f.name, f.help, MetricType::Gauge, samples)
+                }
+                PeerValue::Counter(value) => {
+                    let samples = peers
+                        .iter()
+                        .map(|p| (labels(p), ConstCounter::new(value(p))));
+                    family(&mut encoder, f.name, f.help, MetricType::Counter, samples)
+                }
+            }?;
         }
-        let family = encoder.encode_descriptor(
-            "tunnel_cookies_sent",
-            "Cookie replies sent to handshake initiations under load",
-            None,
-            MetricType::Counter,
-        )?;
-        ConstCounter::new(c.cookies.load(Ordering::Relaxed)).encode(family)?;
-        let family = encoder.encode_descriptor(
-            "tunnel_thread_restarts",
-            "Datapath threads of the tunnel restarted after a panic",
-            None,
-            MetricType::Counter,
-        )?;
-        ConstCounter::new(c.thread_restarts.load(Ordering::Relaxed)).encode(family)?;
-        let mut family = encoder.encode_descriptor(
-            "tunnel_offload_batches",
-            "Packets that crossed a device as one batch of several, by offload",
-            None,
-            MetricType::Counter,
-        )?;
-        for (offload, value) in [
-            ("tso_split", &c.tso_split),
-            ("gro_written", &c.gro_written),
-            ("udp_gso_sent", &c.udp_gso_sent),
-            ("udp_gro_received", &c.udp_gro_received),
-        ] {
-            ConstCounter::new(value.load(Ordering::Relaxed))
-                .encode(family.encode_family(&[("offload", offload)])?)?;
+        let counters = self.0.counters();
+        let count = |of: Count| ConstCounter::new(of(counters).load(Ordering::Relaxed));
+        for f in &TUNNEL_FAMILIES {
+            let mut family =
+                encoder.encode_descriptor(f.name, f.help, None, MetricType::Counter)?;
+            match f.series {
+                TunnelSeries::Single(of) => count(of).encode(family)?,
+                TunnelSeries::ByLabel(label, series) => {
+                    for (value, of) in series {
+                        count(*of).encode(family.encode_family(&[(label, *value)])?)?;
+                    }
+                }
+            }
         }
         Ok(())
     }

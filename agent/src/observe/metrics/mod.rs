@@ -18,7 +18,7 @@ use aya::maps::MapError;
 use prometheus_client::{
     encoding::text::encode,
     metrics::{counter::Counter, family::Family, gauge::Gauge},
-    registry::Registry,
+    registry::{Metric, Registry},
 };
 
 use crate::{
@@ -30,6 +30,7 @@ use crate::{
 };
 
 mod collect;
+mod flows;
 mod gateway;
 mod http;
 
@@ -117,118 +118,12 @@ impl Metrics {
         let mut registry = Registry::with_prefix("isthmus");
         let mut liqo = Registry::with_prefix("liqo");
         let tunnel = gateway.as_ref().map(|g| g.tunnel.clone());
-        let peers = Gauge::default();
-        let rejected_objects = Gauge::default();
-        let map_updates = Family::default();
-        let reconcile_errors = Family::default();
-        let map_full = Counter::default();
-        let nat_mappings = Gauge::default();
-        let conntrack_entries = Gauge::default();
-        let flow_entries = Family::default();
-        let flow_refusals = Family::default();
-        let flow_evictions = Family::default();
-        let gateway_active = Gauge::default();
-        let forward_past_netfilter = Gauge::default();
-        let status_writes = Family::default();
-        let last_reconcile = Gauge::<f64, AtomicU64>::default();
-        registry.register(
-            "last_reconcile_timestamp_seconds",
-            "When a reconcile pass last brought every kernel table up to date (Unix time)",
-            last_reconcile.clone(),
-        );
-        registry.register(
-            "status_writes",
-            "TunnelEndpoint status decisions of the gateway, by outcome",
-            status_writes.clone(),
-        );
-        registry.register(
-            "conntrack_entries",
-            "Conntrack entries in use after the last garbage collection, two per masqueraded flow",
-            conntrack_entries.clone(),
-        );
-        registry.register(
-            "flow_table_entries",
-            "Entries each owner (a peer's cluster ID, or gateway) holds in each flow table after the last collection",
-            flow_entries.clone(),
-        );
-        registry.register(
-            "flow_table_refusals",
-            "New flows refused for want of room, by table, owner and reason: share_full (the owner's share) or table_full (the peers' room or the table)",
-            flow_refusals.clone(),
-        );
-        registry.register(
-            "flow_table_evictions",
-            "Flows never answered, evicted oldest first to make room, by table and owner",
-            flow_evictions.clone(),
-        );
-        registry.register("peers", "Peers programmed into the kernel", peers.clone());
-        registry.register(
-            "gateway_active",
-            "1 while this gateway is the active one, or the only one; 0 on a standby gateway and on workers",
-            gateway_active.clone(),
-        );
-        registry.register(
-            "forward_past_netfilter",
-            "1 while the programs forward what the FIB settles in one step past netfilter (--forward-past-netfilter), else 0",
-            forward_past_netfilter.clone(),
-        );
-        registry.register(
-            "nat_mappings",
-            "NatMapping entries programmed into the kernel",
-            nat_mappings.clone(),
-        );
-        registry.register(
-            "map_full",
-            "Reconcile passes that found a kernel table full; nothing is evicted",
-            map_full.clone(),
-        );
-        registry.register(
-            "rejected_objects",
-            "Objects rejected by validation",
-            rejected_objects.clone(),
-        );
-        registry.register(
-            "map_updates",
-            "Kernel map elements written or removed",
-            map_updates.clone(),
-        );
-        // Every kind's series exists from the start, so a rate over it works
-        // before the first failure.
-        for kind in ObjectKind::ALL {
-            let _ = reconcile_errors.get_or_create(&[("kind", kind.as_str())]);
-        }
-        registry.register(
-            "reconcile_errors",
-            "Reconcile passes that failed to update a kernel table, by the kind of object it holds",
-            reconcile_errors.clone(),
-        );
-        let kernel = nix::sys::utsname::uname()
-            .map(|u| u.release().to_string_lossy().into_owned())
-            .unwrap_or_default();
-        // A gauge of 1, not an OpenMetrics info: the Prometheus text format
-        // that promtool checks has no info type.
-        let build_info = Family::<[(&'static str, String); 6], Gauge>::default();
-        build_info
-            .get_or_create(&[
-                ("version", env!("CARGO_PKG_VERSION").to_owned()),
-                ("kernel", kernel),
-                ("attach_mode", build.attach_mode.to_owned()),
-                ("xdp_mode", build.xdp_mode.to_owned()),
-                ("node", build.node.to_owned()),
-                ("role", build.role.to_owned()),
-            ])
-            .set(1);
-        registry.register(
-            "build_info",
-            "The agent's version, the kernel, how its programs are attached, its node and role; always 1",
-            build_info,
-        );
+        let peer_labels = PeerIds::default();
         registry.register_collector(Box::new(ProgramLoadTime));
         if let Some(gateway) = gateway {
             registry.register_collector(Box::new(TunnelMetrics(gateway.tunnel.clone())));
             liqo.register_collector(Box::new(LiqoMetrics(gateway)));
         }
-        let peer_labels = PeerIds::default();
         if let Some(bpffs) = bpffs {
             let occupancy = Occupancies::default();
             count_occupancy(PinnedMaps::open(bpffs)?, occupancy.clone());
@@ -241,26 +136,109 @@ impl Metrics {
                 peers: peer_labels.clone(),
             }));
         }
+        let r = &mut registry;
+        registered(
+            r,
+            "build_info",
+            "The agent's version, the kernel, how its programs are attached, its node and role; always 1",
+            build_info(&build),
+        );
+        let reconcile_errors = Family::default();
+        // Every kind's series exists from the start, so a rate over it works
+        // before the first failure.
+        for kind in ObjectKind::ALL {
+            let _ = reconcile_errors.get_or_create(&[("kind", kind.as_str())]);
+        }
         Ok(Arc::new(Self {
-            registry,
-            liqo,
+            last_reconcile: registered(
+                r,
+                "last_reconcile_timestamp_seconds",
+                "When a reconcile pass last brought every kernel table up to date (Unix time)",
+                Gauge::default(),
+            ),
+            status_writes: registered(
+                r,
+                "status_writes",
+                "TunnelEndpoint status decisions of the gateway, by outcome",
+                Family::default(),
+            ),
+            conntrack_entries: registered(
+                r,
+                "conntrack_entries",
+                "Conntrack entries in use after the last garbage collection, two per masqueraded flow",
+                Gauge::default(),
+            ),
+            flow_entries: registered(
+                r,
+                "flow_table_entries",
+                "Entries each owner (a peer's cluster ID, or gateway) holds in each flow table after the last collection",
+                Family::default(),
+            ),
+            flow_refusals: registered(
+                r,
+                "flow_table_refusals",
+                "New flows refused for want of room, by table, owner and reason: share_full (the owner's share) or table_full (the peers' room or the table)",
+                Family::default(),
+            ),
+            flow_evictions: registered(
+                r,
+                "flow_table_evictions",
+                "Flows never answered, evicted oldest first to make room, by table and owner",
+                Family::default(),
+            ),
+            peers: registered(
+                r,
+                "peers",
+                "Peers programmed into the kernel",
+                Gauge::default(),
+            ),
+            gateway_active: registered(
+                r,
+                "gateway_active",
+                "1 while this gateway is the active one, or the only one; 0 on a standby gateway and on workers",
+                Gauge::default(),
+            ),
+            forward_past_netfilter: registered(
+                r,
+                "forward_past_netfilter",
+                "1 while the programs forward what the FIB settles in one step past netfilter (--forward-past-netfilter), else 0",
+                Gauge::default(),
+            ),
+            nat_mappings: registered(
+                r,
+                "nat_mappings",
+                "NatMapping entries programmed into the kernel",
+                Gauge::default(),
+            ),
+            map_full: registered(
+                r,
+                "map_full",
+                "Reconcile passes that found a kernel table full; nothing is evicted",
+                Counter::default(),
+            ),
+            rejected_objects: registered(
+                r,
+                "rejected_objects",
+                "Objects rejected by validation",
+                Gauge::default(),
+            ),
+            map_updates: registered(
+                r,
+                "map_updates",
+                "Kernel map elements written or removed",
+                Family::default(),
+            ),
+            reconcile_errors: registered(
+                r,
+                "reconcile_errors",
+                "Reconcile passes that failed to update a kernel table, by the kind of object it holds",
+                reconcile_errors,
+            ),
             ready: AtomicBool::new(false),
             tunnel,
-            peers,
-            rejected_objects,
-            map_updates,
-            reconcile_errors,
-            map_full,
-            nat_mappings,
-            conntrack_entries,
-            flow_entries,
-            flow_refusals,
-            flow_evictions,
-            gateway_active,
-            forward_past_netfilter,
-            status_writes,
-            last_reconcile,
             peer_labels,
+            registry,
+            liqo,
         }))
     }
 
@@ -313,4 +291,30 @@ impl Metrics {
         encode(&mut out, &self.registry)?;
         Ok(out)
     }
+}
+
+/// `metric`, registered in `registry` as `name` with `help`: a metric is
+/// its field, and this one call.
+fn registered<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
+/// `isthmus_build_info`: a gauge of 1, not an OpenMetrics info, since the
+/// Prometheus text format that promtool checks has no info type.
+fn build_info(build: &BuildInfo) -> Family<[(&'static str, String); 6], Gauge> {
+    let kernel = nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let info = Family::<[(&'static str, String); 6], Gauge>::default();
+    info.get_or_create(&[
+        ("version", env!("CARGO_PKG_VERSION").to_owned()),
+        ("kernel", kernel),
+        ("attach_mode", build.attach_mode.to_owned()),
+        ("xdp_mode", build.xdp_mode.to_owned()),
+        ("node", build.node.to_owned()),
+        ("role", build.role.to_owned()),
+    ])
+    .set(1);
+    info
 }

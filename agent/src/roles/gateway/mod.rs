@@ -17,21 +17,23 @@ pub mod conncheck;
 pub mod endpoint;
 pub mod guard;
 pub mod liqo_v1;
+mod plan;
 
 use conncheck::{Checks, Health};
 use endpoint::Resolver;
 use guard::Guard;
 use liqo_v1::DeviceOfPeer;
+use plan::Plan;
 
 use crate::{
     kernel::dataplane::PeerDevices,
     model::{
         key_text,
         object::ObjectKey,
-        peer::{Endpoint, Peer, Problem, Remaps, TunnelParams},
+        peer::{Endpoint, Peer, TunnelParams},
     },
     roles::routes::Routes,
-    tunnel::{Connection, PeerStatus, Tunnel, TunnelConfig, key::KeyPair, peers::PeerConfig},
+    tunnel::{Connection, PeerStatus, Tunnel, TunnelConfig, key::KeyPair},
 };
 
 /// The running tunnel of a gateway and what it has told the operator.
@@ -226,74 +228,23 @@ impl Gateway {
     /// why not.
     pub async fn sync(&mut self, peers: &[Peer], active: bool) -> bool {
         self.resolve(peers).await;
-        let (mut configured, mut targets) = (BTreeMap::new(), BTreeMap::new());
-        let mut configs = Vec::new();
-        let mut problems = BTreeSet::new();
-        let mut unresolved = BTreeMap::new();
-        let (mut routed, mut v1_peer) = (BTreeSet::new(), None);
-        for peer in peers {
-            match &peer.tunnel {
-                Ok(params) => match self.address(params, peers) {
-                    Ok(addr) => {
-                        let config = PeerConfig {
-                            key: peer.key.clone(),
-                            label: peer.label().to_owned(),
-                            cluster_name: peer.name().to_owned(),
-                            public: params.public_key,
-                            endpoint: addr.map(|addr| SocketAddrV4::new(addr, params.port)),
-                            networks: liqo_v1::tunnel_networks(peer),
-                        };
-                        configured.insert(
-                            peer.key.clone(),
-                            (config.label.clone(), Arc::new(peer_configuration(&config))),
-                        );
-                        targets.insert(config.label.clone(), conncheck_target(peer));
-                        routed.extend(peer.views().map(|(_, net)| net));
-                        v1_peer = v1_peer.or((peer.remaps() == Remaps::Theirs).then_some(peer));
-                        configs.push(config);
-                    }
-                    Err(why) => {
-                        unresolved.insert(peer.key.clone(), why);
-                    }
-                },
-                Err(field) => {
-                    problems.insert((
-                        peer.key.to_string(),
-                        peer.error(Problem::NoTunnel { field }).to_string(),
-                    ));
-                }
-            }
-        }
-        for (object, problem) in problems.difference(&self.reported) {
-            error!(object, error = %problem, "peer without a tunnel");
-        }
-        self.reported = problems;
-        self.unresolved = unresolved;
-        self.configured_peers = configured;
-        // Routed by our views of the peers: the addresses inside the tunnel
-        // may be real ones, which a Liqo v1 peer shares with us.
-        let desired: BTreeSet<Ipv4Net> = routed;
-        if !active {
-            configs.clear();
-            targets.clear();
-        }
+        let plan = Plan::new(peers, |params| self.address(params, peers));
+        self.report_problems(plan.problems.clone());
+        self.unresolved = plan.unresolved.clone();
+        self.configured_peers = plan.configurations();
+        let v1_peer = plan.liqo_v1_peer();
+        // A standby holds no peer, so it sends nothing to them.
+        let (targets, configs) = match active {
+            true => (plan.conncheck_targets(), plan.tunnel_peers()),
+            false => (BTreeMap::new(), Vec::new()),
+        };
         self.checks
             .lock()
             .unpoisoned()
             .set_targets(&targets, Instant::now());
         self.configured = configs.iter().filter_map(|c| c.endpoint).collect();
-        if let Some(guard) = &mut self.guard {
-            // A peer we serve makes contact from where we cannot know.
-            let open = configs.iter().any(|c| c.endpoint.is_none());
-            match guard.open_to_initiations(open) {
-                Ok(true) if open => {
-                    info!("XDP guard: initiations pass from any source, for a peer we serve")
-                }
-                Ok(true) => info!("XDP guard: initiations pass from peers' endpoints alone"),
-                Ok(false) => {}
-                Err(e) => error!(error = %e, "opening the XDP guard to initiations; will retry"),
-            }
-        }
+        // A peer we serve makes contact from where we cannot know.
+        self.open_guard(configs.iter().any(|c| c.endpoint.is_none()));
         // Allowed before the handshake goes out, so its answer gets through.
         self.follow_guard(&self.tunnel.status());
         for (object, change) in self.tunnel.set_peers(&configs) {
@@ -304,7 +255,37 @@ impl Gateway {
         }
         self.follow_side(v1_peer).await;
         self.follow_guard(&self.tunnel.status());
-        let synced = self.routes.sync(&desired, active).await;
+        self.sync_routes(&plan.routed(), active).await
+    }
+
+    /// Logs each peer without a tunnel once, when it first has no tunnel.
+    fn report_problems(&mut self, problems: BTreeSet<(String, String)>) {
+        for (object, problem) in problems.difference(&self.reported) {
+            error!(object, error = %problem, "peer without a tunnel");
+        }
+        self.reported = problems;
+    }
+
+    /// Lets handshake initiations through the XDP guard from any source
+    /// while `open`, from peers' endpoints alone otherwise.
+    fn open_guard(&mut self, open: bool) {
+        let Some(guard) = &mut self.guard else {
+            return;
+        };
+        match guard.open_to_initiations(open) {
+            Ok(true) if open => {
+                info!("XDP guard: initiations pass from any source, for a peer we serve")
+            }
+            Ok(true) => info!("XDP guard: initiations pass from peers' endpoints alone"),
+            Ok(false) => {}
+            Err(e) => error!(error = %e, "opening the XDP guard to initiations; will retry"),
+        }
+    }
+
+    /// Routes `desired` into the tunnel, in use when `active`. Returns
+    /// whether every route could be written; it logs why not.
+    async fn sync_routes(&mut self, desired: &BTreeSet<Ipv4Net>, active: bool) -> bool {
+        let synced = self.routes.sync(desired, active).await;
         let (added, removed) = (synced.added, synced.removed);
         if added + removed > 0 {
             info!(added, removed, "routes into the tunnel updated");
@@ -314,9 +295,8 @@ impl Gateway {
             Some(false) => info!("routes into the tunnel staged, not in use"),
             None => {}
         }
-        let failures = synced.failures;
-        let routed = failures.is_empty();
-        for e in failures {
+        let routed = synced.failures.is_empty();
+        for e in synced.failures {
             error!(error = %e, "routing a peer's network into the tunnel; will retry");
         }
         routed
@@ -423,33 +403,4 @@ async fn bind_conncheck(addr: Ipv4Addr, port: u16) -> Result<tokio::net::UdpSock
     tokio::net::UdpSocket::bind((addr, port))
         .await
         .with_context(|| format!("binding the conncheck to {addr}:{port}"))
-}
-
-/// Where the conncheck PINGs `peer`: the first host of its ExternalCIDR as
-/// we see it, which its NatMapping for us sends to its 169.254.0.1; a
-/// Liqo v1 peer's tunnel address.
-fn conncheck_target(peer: &Peer) -> Ipv4Addr {
-    if let Some(ends) = liqo_v1::TunnelAddresses::of(peer) {
-        return ends.theirs;
-    }
-    let view = peer.remote_external.seen();
-    Ipv4Addr::from(u32::from(view.network()).saturating_add(1))
-}
-
-/// Liqo's `status.connection.peerConfiguration` for a peer's tunnel.
-fn peer_configuration(config: &PeerConfig) -> BTreeMap<String, String> {
-    let allowed: Vec<String> = config.networks.iter().map(ToString::to_string).collect();
-    let endpoint = config.endpoint.iter().flat_map(|endpoint| {
-        [
-            ("endpointIP".to_owned(), endpoint.ip().to_string()),
-            ("port".to_owned(), endpoint.port().to_string()),
-        ]
-    });
-    [
-        ("allowedIPs".to_owned(), allowed.join(", ")),
-        ("publicKey".to_owned(), key_text::encode(&config.public)),
-    ]
-    .into_iter()
-    .chain(endpoint)
-    .collect()
 }

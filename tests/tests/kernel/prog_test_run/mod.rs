@@ -16,7 +16,6 @@ mod tail_calls;
 use aya::{Ebpf, EbpfLoader, programs::SchedClassifier};
 
 use isthmus_agent::{
-    control::flows::{Share, Sharing, Sweeper},
     kernel::conntrack::{Conntrack, PeerFlows, SweptTable},
     kernel::dataplane::{OBJECT, load_onward},
     kernel::maps::{Counters, MappingMap, PeerMap, PresenceSet},
@@ -26,6 +25,7 @@ use isthmus_agent::{
     model::object::{Object, parse_documents},
     model::peer::Peer,
     observe::metrics::{BuildInfo, Metrics},
+    roles::flows::{Share, Sharing, Sweeper},
 };
 
 use isthmus_common::{

@@ -22,7 +22,7 @@ fn a_peers_flows_fill_only_its_share_and_its_unanswered_ones_go_first() {
         &peers,
         sharing(),
         true,
-        &metrics,
+        &*metrics,
     );
     // Peer s (ID 2) sends three transit flows towards b; b answers the first.
     // Not S_POD: a NatMapping exposes that one, and it is not masqueraded.
@@ -65,7 +65,7 @@ fn a_peers_flows_fill_only_its_share_and_its_unanswered_ones_go_first() {
         &peers,
         sharing(),
         false,
-        &metrics,
+        &*metrics,
     );
     let ports: Vec<u16> = h
         .conntrack
@@ -108,7 +108,7 @@ fn flows_towards_a_segregated_peer_are_bounded_by_its_share() {
         &[1, 2],
         sharing(),
         true,
-        &metrics,
+        &*metrics,
     );
     for port in 40000..40004 {
         let flow = tcp_ports(A_POD1, B_POD1, port, 443);
@@ -133,7 +133,7 @@ fn flows_towards_a_segregated_peer_are_bounded_by_its_share() {
         &[1, 2],
         sharing(),
         false,
-        &metrics,
+        &*metrics,
     );
     assert_eq!(h.peer_flows.entries().unwrap().len(), 3);
     let flow = tcp_ports(A_POD1, B_POD1, 40004, 443);

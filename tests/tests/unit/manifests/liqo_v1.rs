@@ -2,7 +2,7 @@
 //! Liqo v1's kinds, with the rights to read them and to write a peer's
 //! Connection, and nothing more.
 
-use isthmus_agent::model::object::ObjectKind;
+use isthmus_agent::model::object::{ObjectKind, ReadFor};
 
 use super::{
     rbac::{render, rules_bound},
@@ -51,7 +51,7 @@ fn every_agent_serves_liqo_v1_and_may_read_its_kinds() {
     }
     for account in ["isthmus-gateway", "isthmus-worker"] {
         let rules = rules_bound(&objects, account);
-        for kind in ObjectKind::LIQO_V1 {
+        for kind in ObjectKind::read_for_all(ReadFor::LiqoV1) {
             let group = kind.api_version().split_once('/').unwrap().0;
             for verb in ["list", "watch"] {
                 assert!(

@@ -9,7 +9,7 @@ use std::net::Ipv4Addr;
 
 use clap::Parser;
 use isthmus_agent::{
-    control::liqo_wireguard::{LiqoWireguardArgs, Settings},
+    commands::liqo_wireguard::{LiqoWireguardArgs, Settings},
     model::{object::ObjectKind, peer::Endpoint},
 };
 

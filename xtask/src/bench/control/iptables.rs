@@ -168,5 +168,5 @@ fn install_hub_iptables(count: usize) -> Result<()> {
 }
 
 fn flush_hub_iptables() -> Result<()> {
-    crate::bench::liqo_v010::remove_all(&[A.gw(), B.gw()])
+    crate::bench::liqo_v0_10::remove_all(&[A.gw(), B.gw()])
 }

@@ -1,5 +1,8 @@
-//! Starting the agent: the dataplane is loaded, this node's role started
-//! and the source opened, then [`RunLoop`] follows the source.
+//! `isthmus-agent run`, starting the agent: the dataplane is loaded, this
+//! node's role started and the source opened, then [`RunLoop`] follows the
+//! source.
+
+pub mod options;
 
 use std::{
     net::{Ipv4Addr, SocketAddr},
@@ -15,15 +18,13 @@ use tokio::{
 use tracing::{error, info, warn};
 
 use crate::{
+    commands::policy::PolicyArgs,
     control::{
         election::{
-            Election,
             elector::{Elector, PodLabels},
             lease::LeaseClient,
         },
-        flows::{self, FlowTables, Sharing},
         kubernetes,
-        options::{PolicyArgs, Role, RunArgs, TunnelMode},
         reconcile::Reconciler,
         run::{Host, RunLoop},
         source::{self, SourceEvent, SourceSpec},
@@ -36,9 +37,16 @@ use crate::{
         maps::{MappingMap, PeerMap, PresenceSet},
         privileges,
     },
-    model::{node::Node, object::ObjectKind, peer::LiqoApi, policy::Policy},
+    model::{
+        election::Election,
+        node::Node,
+        object::{ObjectKind, ReadFor},
+        peer::LiqoApi,
+        policy::Policy,
+    },
     observe::metrics::{self, BuildInfo, GatewayState, Metrics, PeerHealth},
     roles::{
+        flows::{self, FlowTables, Sharing},
         gateway::{Gateway, guard::Guard},
         nat_device::NatDevice,
         overlay::{self, Overlay, OverlayOptions, PodDevices},
@@ -47,6 +55,7 @@ use crate::{
     },
     tunnel::{TunnelConfig, key},
 };
+use options::{Role, RunArgs, TunnelMode};
 
 /// `isthmus-agent run`: loads the dataplane, starts this node's role and
 /// follows the source until a signal arrives.
@@ -337,21 +346,15 @@ fn open_source(
     client: Option<kube::Client>,
     metrics: &Arc<Metrics>,
 ) -> Result<Source> {
-    // Only a gateway enforces isolation: a worker does not watch every
-    // offloaded pod.
-    // A Liqo v1 cluster describes its peers with v1's kinds instead.
-    let (replaced, by): (&[ObjectKind], &[ObjectKind]) = match args.policy.liqo_api {
-        LiqoApi::V0_10 => (&[], &[]),
-        LiqoApi::V1 => (
-            &[ObjectKind::TunnelEndpoint, ObjectKind::NatMapping],
-            &ObjectKind::LIQO_V1,
-        ),
-    };
     let kinds: Vec<ObjectKind> = ObjectKind::ALL
         .into_iter()
-        .filter(|kind| role == Role::Gateway || !ObjectKind::ISOLATION.contains(kind))
-        .filter(|kind| !replaced.contains(kind))
-        .chain(by.iter().copied())
+        .filter(|kind| match kind.read_for() {
+            ReadFor::Cluster => true,
+            ReadFor::LiqoV0_10 => args.policy.liqo_api == LiqoApi::V0_10,
+            ReadFor::LiqoV1 => args.policy.liqo_api == LiqoApi::V1,
+            // A worker does not watch every offloaded pod.
+            ReadFor::Isolation => role == Role::Gateway,
+        })
         .collect();
     let client = match (&args.source, client) {
         (SourceSpec::Dir(dir), _) => {

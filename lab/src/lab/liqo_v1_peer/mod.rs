@@ -30,7 +30,7 @@ use std::{fs, net::Ipv4Addr};
 
 use anyhow::Result;
 
-use super::{external_tunnel, keys, liqo_peer, node_objects, paths};
+use super::{external_tunnel, keys, liqo_v0_10_peer, node_objects, paths};
 use crate::{
     cmd::{ip, run},
     liqo_v1::{MTU, PORT},
@@ -138,8 +138,8 @@ pub fn start() -> Result<()> {
     ip(&gw, &["link", "set", &dev, "mtu", &MTU.to_string(), "up"])?;
     install_nftables(&gw, &dev)?;
     route_crossing(&gw, &dev)?;
-    liqo_peer::route_worker(LIQO, "add")?;
-    liqo_peer::start_conncheck(LIQO, liqo_peer::Api::V1)
+    liqo_v0_10_peer::route_worker(LIQO, "add")?;
+    liqo_v0_10_peer::start_conncheck(LIQO, liqo_v0_10_peer::Api::V1)
 }
 
 /// The tables Liqo's FirewallConfigurations render for peer a, and the

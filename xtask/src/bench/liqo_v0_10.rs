@@ -1,17 +1,17 @@
 //! The bench's Liqo v0.10.3 baseline: its gateways' rules
-//! ([`isthmus_lab::liqo_iptables`]) installed for a count of peers, and the
+//! ([`isthmus_lab::lab::liqo_v0_10_peer::iptables`]) installed for a count of peers, and the
 //! removal that leaves a gateway with no netfilter hook at all.
 
 use std::fs;
 
 use anyhow::{Result, bail};
-use isthmus_lab::{cmd::run, liqo_iptables, netns, topology::Cluster};
+use isthmus_lab::{cmd::run, lab::liqo_v0_10_peer::iptables, netns, topology::Cluster};
 
 /// Installs Liqo's rules on each cluster's gateway, with `count` peers:
 /// `count - 1` synthetic ones, then the cluster's own.
 pub fn install(clusters: &[&Cluster], count: usize) -> Result<()> {
     for cluster in clusters {
-        liqo_iptables::install(cluster, count.saturating_sub(1))?;
+        iptables::install(cluster, count.saturating_sub(1))?;
     }
     Ok(())
 }

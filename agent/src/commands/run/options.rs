@@ -1,37 +1,27 @@
-//! The options of `isthmus-agent run` and `check`, as the command line and
-//! the environment give them.
+//! The options of `isthmus-agent run`, as the command line and the
+//! environment give them.
 
 use std::{
     net::{Ipv4Addr, SocketAddr},
     path::PathBuf,
 };
 
-use clap::ValueEnum;
-use ipnet::Ipv4Net;
-use isthmus_common::overlay as defaults;
-use tracing::error;
-
 use crate::{
-    control::{
-        election::{Timings, TimingsError},
-        flows::Share,
+    commands::{
         interval::{self, Interval, OldUnit},
-        source::SourceSpec,
+        policy::PolicyArgs,
     },
+    control::source::SourceSpec,
     kernel::{
-        dataplane::{AttachMode, Capacity},
+        dataplane::{self, AttachMode, Capacity},
         privileges::SyscallFilter,
     },
-    model::{
-        isolation::SecurityMode,
-        peer::LiqoApi,
-        policy::{self, Policy},
-    },
-    roles::past_netfilter::PastNetfilter,
+    model::election::{Timings, TimingsError},
+    roles::{flows::Share, past_netfilter::PastNetfilter},
+    tunnel::key,
 };
-
-/// Where a gateway keeps its WireGuard private key, without Kubernetes.
-pub const DEFAULT_KEY_FILE: &str = "/var/lib/isthmus/private.key";
+use clap::ValueEnum;
+use isthmus_common::overlay as defaults;
 
 /// What carries traffic between gateways.
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -94,7 +84,7 @@ pub struct RunArgs {
     #[arg(long, default_value = "isthmus-wireguard")]
     pub key_secret: String,
     /// Directory on bpffs to pin programs, links and maps under.
-    #[arg(long, default_value = "/sys/fs/bpf/isthmus")]
+    #[arg(long, default_value = dataplane::DEFAULT_BPFFS)]
     pub bpffs: PathBuf,
     /// Address of the metrics and health endpoints; by default this node's
     /// address (`--node-ip`) on port 9873, else loopback.
@@ -112,7 +102,7 @@ pub struct RunArgs {
     pub tunnel: TunnelMode,
     /// Gateway with `--source dir:PATH`: the WireGuard private key file;
     /// created (mode 0600) if missing.
-    #[arg(long, default_value = DEFAULT_KEY_FILE)]
+    #[arg(long, default_value = key::DEFAULT_KEY_FILE)]
     pub private_key_file: PathBuf,
     /// Gateway: the TUN device of the tunnel.
     #[arg(long, default_value = "isthmus0")]
@@ -290,95 +280,6 @@ impl RunArgs {
         .chain(self.election.intervals())
         .filter_map(|(flag, interval)| interval.old_spelling_warning(flag))
         .collect()
-    }
-}
-
-/// `isthmus-agent check`.
-#[derive(clap::Args)]
-pub struct CheckArgs {
-    /// Where the objects are: `dir:PATH`.
-    #[arg(long)]
-    pub source: SourceSpec,
-    /// One JSON object instead of aligned tables.
-    #[arg(long)]
-    pub json: bool,
-    /// What objects may ask of this node.
-    #[command(flatten)]
-    pub policy: PolicyArgs,
-}
-
-/// What TunnelEndpoints may ask of this node.
-#[derive(clap::Args, Clone)]
-pub struct PolicyArgs {
-    /// Namespaces TunnelEndpoints are accepted from, besides Liqo's
-    /// `liqo-tenant-*`: names, or prefixes ending in `*` (comma-separated).
-    #[arg(long, value_delimiter = ',')]
-    pub tunnelendpoint_namespaces: Vec<String>,
-    /// The shortest prefix of any network of a TunnelEndpoint.
-    #[arg(long, default_value_t = policy::DEFAULT_MIN_PREFIX)]
-    pub min_view_prefix: u8,
-    /// This cluster's Pod networks, which no peer may be seen under (the
-    /// Node objects' PodCIDRs count too; comma-separated).
-    #[arg(long, value_delimiter = ',')]
-    pub pod_cidr: Vec<Ipv4Net>,
-    /// This cluster's Service networks, which no peer may be seen under
-    /// (comma-separated).
-    #[arg(long, value_delimiter = ',')]
-    pub service_cidr: Vec<Ipv4Net>,
-    /// What peers reach in this cluster (Liqo's security modes):
-    /// FullPodToPod, or IntraClusterTrafficSegregation, where a peer opens
-    /// connections only to pods offloaded from it and endpoints exported to
-    /// it. A TunnelEndpoint's annotation isthmus.io/security-mode overrides
-    /// it for that peer.
-    #[arg(long, env = "ISTHMUS_SECURITY_MODE", default_value = "FullPodToPod")]
-    pub security_mode: SecurityMode,
-    /// The API server's address, which no peer may reach (in a pod, the
-    /// `kubernetes` Service's, from the variable the kubelet sets; a name
-    /// or an IPv6 address is no IPv4 address to protect, and is ignored).
-    #[arg(long, env = "KUBERNETES_SERVICE_HOST")]
-    pub api_server_address: Option<String>,
-    /// Which Liqo network API this cluster runs: the peers of the other
-    /// are refused, naming the flag.
-    #[arg(long, value_enum, default_value_t = LiqoApi::V0_10)]
-    pub liqo_api: LiqoApi,
-}
-
-impl PolicyArgs {
-    /// The policy objects must follow, with this node's networks as they
-    /// are now.
-    pub fn policy(&self) -> Policy {
-        let host = policy::host_addresses().unwrap_or_else(|e| {
-            error!(error = %e, "listing this node's addresses: they are not protected from peers");
-            Vec::new()
-        });
-        self.policy_with(&host)
-    }
-
-    /// The policy, protecting `host` as this node's addresses.
-    pub fn policy_with(&self, host: &[policy::HostAddress]) -> Policy {
-        let mut namespaces = vec![policy::LIQO_TENANT_NAMESPACES.to_owned()];
-        namespaces.extend(self.tunnelendpoint_namespaces.iter().cloned());
-        let api_server = self
-            .api_server_address
-            .as_deref()
-            .and_then(|a| a.parse().ok())
-            .map(|addr| policy::NodeAddress {
-                addr,
-                what: "the API server's address (--api-server-address)".into(),
-            });
-        Policy {
-            namespaces,
-            min_prefix: self.min_view_prefix,
-            protected: host
-                .iter()
-                .map(policy::HostAddress::network)
-                .chain(policy::cluster_networks(&self.pod_cidr, &self.service_cidr))
-                .collect(),
-            host_addresses: host.iter().map(policy::HostAddress::address).collect(),
-            api_server,
-            security_mode: self.security_mode,
-            liqo_api: self.liqo_api,
-        }
     }
 }
 

@@ -1,8 +1,8 @@
-//! The Liqo-peer lab (`cargo xtask lab up --liqo-peer b`): one cluster's
+//! The Liqo-peer lab (`cargo xtask lab up --liqo-v0-10-peer b`): one cluster's
 //! gateway runs the way Liqo v0.10 runs it, not with Isthmus, so that the
 //! other clusters' Isthmus gateways are checked against the real thing:
 //! - wireguard-go, configured with `wg` from the cluster's TunnelEndpoints;
-//! - Liqo's iptables rules ([`crate::liqo_iptables`]) for the double NAT,
+//! - Liqo's iptables rules ([`iptables`]) for the double NAT,
 //!   the NatMappings and the forward chain;
 //! - 169.254.0.1 on the tunnel device, and a conncheck
 //!   (`pkg/liqonet/conncheck`) written here from Liqo's protocol, not from
@@ -11,6 +11,8 @@
 //!
 //! Its workers route the peers' networks to the gateway, as Liqo's route
 //! operator does; no Isthmus agent runs in the cluster.
+
+pub mod iptables;
 
 use std::{
     collections::BTreeMap,
@@ -59,7 +61,7 @@ pub fn start(cluster: &'static Cluster) -> Result<()> {
         &gw,
         &["addr", "add", &format!("{CONNCHECK_ADDR}/32"), "dev", &dev],
     )?;
-    crate::liqo_iptables::install(cluster, 0)?;
+    iptables::install(cluster, 0)?;
     route_worker(cluster, "add")?;
     start_conncheck(cluster, Api::V0_10)
 }
@@ -160,7 +162,7 @@ pub fn run_conncheck(cluster_name: &str, api: Api) -> Result<()> {
         })
         .map(|p| {
             let target = match api {
-                Api::V0_10 => crate::liqo_iptables::first_ip(p.remote_views()[1]),
+                Api::V0_10 => iptables::first_ip(p.remote_views()[1]),
                 Api::V1 => super::liqo_v1_peer::settings::isthmus_addr(),
             };
             let peer = Peer {

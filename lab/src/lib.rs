@@ -8,7 +8,6 @@ pub mod fake_api;
 pub mod image;
 pub mod kube_lab;
 pub mod lab;
-pub mod liqo_iptables;
 pub mod liqo_v1;
 pub mod netns;
 pub mod objects;
@@ -24,9 +23,8 @@ use std::path::PathBuf;
 /// The workspace root.
 pub fn repo_root() -> PathBuf {
     let lab = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    lab.ancestors()
-        .nth(2)
-        .expect("xtask/lab/ is in the workspace")
+    lab.parent()
+        .expect("lab/ is in the workspace")
         .to_path_buf()
 }
 

@@ -10,7 +10,7 @@ pub mod clear_tunnel;
 pub mod containers;
 pub mod external_tunnel;
 pub mod ha;
-pub mod liqo_peer;
+pub mod liqo_v0_10_peer;
 pub mod liqo_v1_peer;
 pub mod monitor;
 pub mod segregation;
@@ -115,8 +115,8 @@ enum Agents {
 }
 
 /// The lab with `liqo` run as Liqo v0.10 runs a cluster
-/// ([`liqo_peer`]) and the others with Isthmus' embedded tunnel.
-pub fn up_with_liqo_peer(liqo: &'static Cluster) -> Result<()> {
+/// ([`liqo_v0_10_peer`]) and the others with Isthmus' embedded tunnel.
+pub fn up_with_liqo_v0_10_peer(liqo: &'static Cluster) -> Result<()> {
     build(
         LabTunnel::Userspace,
         Some(LiqoPeer::V0_10(liqo)),
@@ -169,7 +169,7 @@ fn build(tunnel: LabTunnel, liqo: Option<LiqoPeer>, agents: Agents) -> Result<()
         containers::turn_on()?;
     }
     match liqo {
-        Some(LiqoPeer::V0_10(cluster)) => liqo_peer::choose(cluster)?,
+        Some(LiqoPeer::V0_10(cluster)) => liqo_v0_10_peer::choose(cluster)?,
         Some(LiqoPeer::V1(side)) => liqo_v1_peer::choose(side)?,
         None => {}
     }
@@ -191,7 +191,7 @@ fn build(tunnel: LabTunnel, liqo: Option<LiqoPeer>, agents: Agents) -> Result<()
                 "lab: cluster {} runs as Liqo v0.10 (wireguard-go, iptables, conncheck)",
                 cluster.name
             );
-            liqo_peer::start(cluster)?;
+            liqo_v0_10_peer::start(cluster)?;
         }
         Some(LiqoPeer::V1(side)) => {
             println!(
@@ -245,7 +245,7 @@ pub fn down() -> Result<()> {
         stop_pid(pid)?;
     }
     containers::remove_all()?;
-    liqo_peer::stop()?;
+    liqo_v0_10_peer::stop()?;
     ha::stop_control()?;
     external_tunnel::stop_all()?;
     for gw in CLUSTERS.iter().map(|c| c.gw()).chain([GW2.to_owned()]) {

@@ -2,7 +2,8 @@
 //! dead flows; whenever the kernel refused a new flow for want of room,
 //! or the peers changed, it also evicts flows never answered to make room
 //! ([`plan`]) and sets each owner's room, within a second. Refusals and
-//! evictions are counted per owner and logged once per interval.
+//! evictions go to a [`FlowReport`] (the agent's metrics), per owner, and
+//! are logged once per interval.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -20,14 +21,11 @@ use isthmus_common::{
 use tokio::sync::watch;
 use tracing::{debug, error, warn};
 
-use crate::{
-    kernel::{
-        conntrack::{self, Conntrack, PeerFlows, SweptTable},
-        maps::PeerMap,
-        room::Rooms,
-        table::KernelTable,
-    },
-    observe::metrics::Metrics,
+use crate::kernel::{
+    conntrack::{self, Conntrack, PeerFlows, SweptTable},
+    maps::PeerMap,
+    room::Rooms,
+    table::KernelTable,
 };
 
 mod plan;
@@ -43,6 +41,20 @@ pub struct Sharing {
     pub reserve_percent: u8,
     /// What one peer may hold.
     pub share: Share,
+}
+
+/// Where the collector reports what it found.
+pub trait FlowReport: Send + Sync {
+    /// How logs and metrics name `owner`.
+    fn owner_name(&self, owner: u32) -> String;
+    /// The kernel refused `count` more new flows of `owner` in `table`,
+    /// for `reason`.
+    fn refused(&self, table: FlowTable, owner: u32, reason: Short, count: u64);
+    /// `owner` holds `held` flows of `table`, after `evicted` were evicted
+    /// by this pass.
+    fn held(&self, table: FlowTable, owner: u32, held: u64, evicted: u64);
+    /// The conntrack holds `entries` flows in all.
+    fn conntrack_entries(&self, entries: u64);
 }
 
 /// Pressure is looked for this often between sweeps.
@@ -79,7 +91,7 @@ pub struct FlowTables {
 }
 
 /// Sweeps the flow tables until the task is dropped.
-pub async fn collect(tables: FlowTables, sharing: Sharing, metrics: Arc<Metrics>) {
+pub async fn collect(tables: FlowTables, sharing: Sharing, report: Arc<dyn FlowReport>) {
     let FlowTables {
         conntrack: (mut conntrack, conntrack_capacity),
         peer_flows: (mut peer_flows, peer_flow_capacity),
@@ -133,19 +145,19 @@ pub async fn collect(tables: FlowTables, sharing: Sharing, metrics: Arc<Metrics>
             .map(|(id, _)| *id)
             .collect();
         let due = sweep || changed;
-        conntrack_sweeper.pass(&mut conntrack, &mut rooms, &all, sharing, due, &metrics);
+        conntrack_sweeper.pass(&mut conntrack, &mut rooms, &all, sharing, due, &*report);
         peer_flow_sweeper.pass(
             &mut peer_flows,
             &mut rooms,
             &segregated,
             sharing,
             due,
-            &metrics,
+            &*report,
         );
         if sweep {
             last_sweep = Some(Instant::now());
-            conntrack_sweeper.log(&metrics);
-            peer_flow_sweeper.log(&metrics);
+            conntrack_sweeper.log(&*report);
+            peer_flow_sweeper.log(&*report);
         }
         last_peers = Some(peers);
     }
@@ -185,10 +197,10 @@ impl<T: SweptTable> Sweeper<T> {
         peers: &[u32],
         sharing: Sharing,
         due: bool,
-        metrics: &Metrics,
+        report: &dyn FlowReport,
     ) {
         self.owners.extend(peers.iter().map(|id| owner_of(*id)));
-        let pressure = match self.pressure(rooms, metrics) {
+        let pressure = match self.pressure(rooms, report) {
             Ok(pressure) => pressure,
             Err(e) => return error!(table = T::TABLE.as_str(), error = %e, "reading refusals"),
         };
@@ -202,7 +214,7 @@ impl<T: SweptTable> Sweeper<T> {
         if !due && pressure == Pressure::default() && !filling() {
             return;
         }
-        match self.sweep(table, rooms, &limits, &pressure, metrics) {
+        match self.sweep(table, rooms, &limits, &pressure, report) {
             Ok(held) => {
                 // An owner that holds nothing and is no peer any more needs
                 // no room.
@@ -242,7 +254,7 @@ impl<T: SweptTable> Sweeper<T> {
     }
 
     /// What the kernel refused since the last pass; counts it.
-    fn pressure(&mut self, rooms: &Rooms, metrics: &Metrics) -> Result<Pressure, MapError> {
+    fn pressure(&mut self, rooms: &Rooms, report: &dyn FlowReport) -> Result<Pressure, MapError> {
         let mut pressure = Pressure::default();
         for &owner in &self.owners {
             for short in SHORTS {
@@ -253,12 +265,7 @@ impl<T: SweptTable> Sweeper<T> {
                     continue;
                 }
                 self.unlogged.entry(owner).or_default().0 += new;
-                let labels = [
-                    ("table", T::TABLE.as_str().to_owned()),
-                    ("owner", metrics.owner_name(owner)),
-                    ("reason", short.as_str().to_owned()),
-                ];
-                metrics.flow_refusals.get_or_create(&labels).inc_by(new);
+                report.refused(T::TABLE, owner, short, new);
                 match (short, owner) {
                     (Short::Share, _) => *pressure.share.entry(owner).or_default() += new,
                     (Short::Table, OWNER_LOCAL) => pressure.table += new,
@@ -280,7 +287,7 @@ impl<T: SweptTable> Sweeper<T> {
         rooms: &mut Rooms,
         limits: &Limits,
         pressure: &Pressure,
-        metrics: &Metrics,
+        report: &dyn FlowReport,
     ) -> Result<BTreeMap<u32, u64>, MapError> {
         let table = T::TABLE;
         let read: BTreeMap<u32, Room> = self
@@ -313,35 +320,24 @@ impl<T: SweptTable> Sweeper<T> {
             };
             let released = room.charged.saturating_sub(held);
             rooms.set(table, owner, room, limit, released)?;
-            let labels = [
-                ("table", table.as_str().to_owned()),
-                ("owner", metrics.owner_name(owner)),
-            ];
-            metrics.flow_entries.get_or_create(&labels).set(held as i64);
-            if let Some(evicted) = plan.evicted.get(&owner) {
-                metrics
-                    .flow_evictions
-                    .get_or_create(&labels)
-                    .inc_by(*evicted as u64);
-            }
+            let evicted = plan.evicted.get(&owner).copied().unwrap_or(0);
+            report.held(table, owner, held, evicted as u64);
         }
         let released = all.charged.saturating_sub(peers_held);
         rooms.set(table, ALL_PEERS, all, limits.all_peers, released)?;
         if table == FlowTable::Conntrack {
-            metrics
-                .conntrack_entries
-                .set(plan.held.values().sum::<u64>() as i64);
+            report.conntrack_entries(plan.held.values().sum());
         }
         Ok(plan.held)
     }
 
     /// One line per owner refused or evicted since the last, and the
     /// refusals counted in the metrics.
-    fn log(&mut self, metrics: &Metrics) {
+    fn log(&mut self, report: &dyn FlowReport) {
         for (owner, (refused, evicted)) in std::mem::take(&mut self.unlogged) {
             warn!(
                 table = T::TABLE.as_str(),
-                owner = metrics.owner_name(owner),
+                owner = report.owner_name(owner),
                 refused,
                 evicted,
                 "new flows refused for want of room, and flows never answered evicted to make room"

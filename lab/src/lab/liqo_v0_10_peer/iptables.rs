@@ -19,16 +19,16 @@ use std::{fmt::Write as _, fs, net::Ipv4Addr, process::Command};
 use anyhow::{Result, bail};
 use ipnet::Ipv4Net;
 
-use crate::{
-    lab,
-    topology::{CONNCHECK_ADDR, Cluster, NAT_MAPPING, PEERINGS, Peering, synthetic_peer_views},
+use super::super::paths;
+use crate::topology::{
+    CONNCHECK_ADDR, Cluster, NAT_MAPPING, PEERINGS, Peering, synthetic_peer_views,
 };
 
 /// Installs [`rules`] on `local`'s gateway with `iptables-restore`,
 /// keeping them in the lab's state directory for whoever debugs a run.
 pub fn install(local: &Cluster, synthetic: usize) -> Result<()> {
     let gw = local.gw();
-    let path = lab::state(&format!("liqo-v0.10.3-{}.rules", local.name));
+    let path = paths::state(&format!("liqo-v0.10.3-{}.rules", local.name));
     fs::write(&path, rules(local, synthetic))?;
     let status = Command::new("ip")
         .args(["netns", "exec", &gw, "iptables-restore"])

@@ -12,8 +12,8 @@ use isthmus_common::{
 };
 
 use crate::{
+    commands::policy::PolicyArgs,
     control::{
-        options::CheckArgs,
         reconcile::{MemoryAllowedTable, Reconciler},
         source::{self, SourceEvent, SourceSpec},
     },
@@ -25,6 +25,20 @@ use crate::{
     },
     observe::inspect::Table,
 };
+
+/// `isthmus-agent check`.
+#[derive(clap::Args)]
+pub struct CheckArgs {
+    /// Where the objects are: `dir:PATH`.
+    #[arg(long)]
+    pub source: SourceSpec,
+    /// One JSON object instead of aligned tables.
+    #[arg(long)]
+    pub json: bool,
+    /// What objects may ask of this node.
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+}
 
 /// What `run` would do with a set of objects.
 #[derive(Debug)]
@@ -73,7 +87,7 @@ impl Verdict {
 /// `isthmus-agent check`: prints the verdict on `args.source`. Returns
 /// whether it is clean. The machine it runs on is not a gateway, so its own
 /// addresses are not protected.
-pub fn command(args: &CheckArgs) -> anyhow::Result<bool> {
+pub fn run(args: &CheckArgs) -> anyhow::Result<bool> {
     let SourceSpec::Dir(dir) = &args.source else {
         anyhow::bail!("check reads --source dir:PATH only");
     };
