@@ -2,7 +2,12 @@
 //! bounded time, from the committed corpus. A crash fails the run and
 //! leaves its input under `fuzz/artifacts/`, to become a regression test.
 
-use std::{fs, process::Command, time::Instant};
+use std::{
+    fs::{self, File},
+    path::PathBuf,
+    process::{Child, Command},
+    time::Instant,
+};
 
 use anyhow::{Context, Result, bail};
 
@@ -47,41 +52,94 @@ pub fn build_command() -> Command {
     cargo_fuzz("build")
 }
 
-/// Runs each target for `seconds`.
+/// Runs each target for `seconds`, as many side by side as the machine
+/// has cores (libFuzzer takes one), each with its output in a log of its
+/// own; prints each one's final figures.
 pub fn run(seconds: u64) -> Result<()> {
     prereqs::cargo_fuzz()?;
-    let fuzz = repo_root().join("fuzz");
+    // Built once, before the targets that share the build start together.
+    let status = build_command()
+        .status()
+        .context("running cargo fuzz build")?;
+    if !status.success() {
+        bail!("the fuzz targets do not build ({status})");
+    }
     let started = Instant::now();
-    for target in TARGETS {
-        // New inputs go to a scratch corpus; the committed one is only read.
-        let committed = fuzz.join("corpus").join(target);
-        let scratch = fuzz.join("target").join("corpus").join(target);
-        fs::create_dir_all(&committed)?;
-        fs::create_dir_all(&scratch)?;
-        println!("fuzz: {target} for {seconds} s");
-        let status = cargo_fuzz("run")
-            .arg(target)
-            .args([&scratch, &committed])
-            .args([
-                "--",
-                &format!("-max_total_time={seconds}"),
-                "-rss_limit_mb=4096",
-                "-print_final_stats=1",
-            ])
-            .status()
-            .context("running cargo fuzz")?;
-        if !status.success() {
-            let artifacts = fuzz.join("artifacts").join(target);
-            bail!(
-                "fuzz target {target} failed ({status}); its input is under {}",
-                artifacts.display()
-            );
+    let side_by_side = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for batch in TARGETS.chunks(side_by_side) {
+        let running = batch
+            .iter()
+            .map(|target| start(target, seconds))
+            .collect::<Result<Vec<_>>>()?;
+        for fuzzing in running {
+            fuzzing.finish()?;
         }
     }
     println!(
-        "fuzz: {} targets, {seconds} s each, no crash, in {:.1?}",
+        "fuzz: {} targets, {seconds} s each, {side_by_side} at a time, no crash, in {:.1?}",
         TARGETS.len(),
         started.elapsed()
     );
     Ok(())
+}
+
+/// A target being fuzzed.
+struct Fuzzing {
+    target: &'static str,
+    child: Child,
+    log: PathBuf,
+}
+
+/// Starts fuzzing `target` for `seconds`, from the committed corpus.
+fn start(target: &'static str, seconds: u64) -> Result<Fuzzing> {
+    let fuzz = repo_root().join("fuzz");
+    // New inputs go to a scratch corpus; the committed one is only read.
+    let committed = fuzz.join("corpus").join(target);
+    let scratch = fuzz.join("target").join("corpus").join(target);
+    fs::create_dir_all(&committed)?;
+    fs::create_dir_all(&scratch)?;
+    let log = fuzz.join("target").join(format!("{target}.log"));
+    let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+    println!(
+        "fuzz: {target} for {seconds} s, logged to {}",
+        log.display()
+    );
+    let child = cargo_fuzz("run")
+        .arg(target)
+        .args([&scratch, &committed])
+        .args([
+            "--",
+            &format!("-max_total_time={seconds}"),
+            "-rss_limit_mb=4096",
+            "-print_final_stats=1",
+        ])
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()
+        .context("running cargo fuzz")?;
+    Ok(Fuzzing { target, child, log })
+}
+
+impl Fuzzing {
+    /// Waits for the target, then prints its final figures, or fails with
+    /// the end of its log and where its input is.
+    fn finish(mut self) -> Result<()> {
+        let status = self.child.wait()?;
+        let text = fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        if !status.success() {
+            let tail = &lines[lines.len().saturating_sub(40)..];
+            let artifacts = repo_root().join("fuzz").join("artifacts").join(self.target);
+            bail!(
+                "fuzz target {} failed ({status}); its input is under {}:\n{}",
+                self.target,
+                artifacts.display(),
+                tail.join("\n")
+            );
+        }
+        for line in lines.iter().filter(|l| l.starts_with("Done ")) {
+            println!("fuzz: {}: {line}", self.target);
+        }
+        Ok(())
+    }
 }
