@@ -23,22 +23,16 @@ pub fn kubernetes_validate() -> PathBuf {
 /// `cargo install --locked` of `krate` at `version` (into `root`, or
 /// cargo's own bin directory), its progress shown.
 pub fn cargo_install(krate: &str, version: &str, root: Option<&Path>) -> Result<()> {
-    let status = cargo_install_command(krate, version, root).status()?;
-    if !status.success() {
-        bail!("cargo install {krate} {version} failed ({status})");
-    }
-    Ok(())
-}
-
-/// The command of [`cargo_install`].
-pub fn cargo_install_command(krate: &str, version: &str, root: Option<&Path>) -> Command {
     let mut command = Command::new("cargo");
     command.args(["install", "--locked", "--version", version]);
     if let Some(root) = root {
         command.arg("--root").arg(root);
     }
-    command.arg(krate);
-    command
+    let status = command.arg(krate).status()?;
+    if !status.success() {
+        bail!("cargo install {krate} {version} failed ({status})");
+    }
+    Ok(())
 }
 
 /// Where the other WireGuard implementations `bench tunnel` measures are

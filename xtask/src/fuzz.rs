@@ -47,23 +47,24 @@ fn cargo_fuzz(subcommand: &str) -> Command {
     command
 }
 
-/// Builds every target, as `run` would before running it.
-pub fn build_command() -> Command {
-    cargo_fuzz("build")
+/// Builds every target.
+pub fn build() -> Result<()> {
+    prereqs::cargo_fuzz()?;
+    let status = cargo_fuzz("build")
+        .status()
+        .context("running cargo fuzz build")?;
+    if !status.success() {
+        bail!("the fuzz targets do not build ({status})");
+    }
+    Ok(())
 }
 
 /// Runs each target for `seconds`, as many side by side as the machine
 /// has cores (libFuzzer takes one), each with its output in a log of its
 /// own; prints each one's final figures.
 pub fn run(seconds: u64) -> Result<()> {
-    prereqs::cargo_fuzz()?;
     // Built once, before the targets that share the build start together.
-    let status = build_command()
-        .status()
-        .context("running cargo fuzz build")?;
-    if !status.success() {
-        bail!("the fuzz targets do not build ({status})");
-    }
+    build()?;
     let started = Instant::now();
     let side_by_side = std::thread::available_parallelism().map_or(1, |n| n.get());
     for batch in TARGETS.chunks(side_by_side) {

@@ -1,6 +1,5 @@
 //! `cargo xtask`: build, lab, demo, test and benchmark Isthmus.
 
-mod background;
 mod bench;
 mod demo;
 mod docs;

@@ -58,26 +58,17 @@ pub fn ensure() -> Result<()> {
 
 /// cargo-fuzz, from crates.io, installed once.
 pub fn cargo_fuzz() -> Result<()> {
-    let Some(mut install) = cargo_fuzz_install() else {
-        return Ok(());
-    };
-    println!("prereqs: installing cargo-fuzz {CARGO_FUZZ_VERSION}");
-    let status = install.status()?;
-    if !status.success() {
-        bail!("installing cargo-fuzz {CARGO_FUZZ_VERSION} failed ({status})");
-    }
-    Ok(())
-}
-
-/// The command that installs cargo-fuzz; none if it is installed.
-pub fn cargo_fuzz_install() -> Option<Command> {
     let installed = Command::new("cargo")
         .args(["fuzz", "--version"])
         .output()
         .is_ok_and(|o| {
             o.status.success() && String::from_utf8_lossy(&o.stdout).contains(CARGO_FUZZ_VERSION)
         });
-    (!installed).then(|| tools::cargo_install_command("cargo-fuzz", CARGO_FUZZ_VERSION, None))
+    if installed {
+        return Ok(());
+    }
+    println!("prereqs: installing cargo-fuzz {CARGO_FUZZ_VERSION}");
+    tools::cargo_install("cargo-fuzz", CARGO_FUZZ_VERSION, None)
 }
 
 /// A private Python environment with kubernetes-validate, which checks the

@@ -6,13 +6,10 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use isthmus_lab::{
     lab::{self, LabTunnel, liqo_v1_peer::Side},
-    repo_root, topology,
+    topology,
 };
 
-use crate::{
-    background::{Background, Step},
-    cargo, cargo_command, fuzz, prereqs, syscalls,
-};
+use crate::{build, cargo, fuzz, syscalls};
 
 /// A tier of the suite, cheapest first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -56,39 +53,27 @@ const IN_CONTAINERS: &[&str] = &[
 
 /// Runs `only` that tier, or every tier and then the fuzz targets.
 ///
-/// A whole run lints with clippy and builds the fuzz targets in the
-/// background, at idle priority, while the workspace and its tests build:
-/// those builds leave a core idle for much of their time (a large crate
-/// compiling alone, a test binary linking). It waits for that work before
-/// the lab tiers, whose tests measure time and would pay for it.
+/// A whole run builds the fuzz targets right after the workspace: the
+/// build type-checks them against the agent's API early, and the
+/// fuzzing at the end then only runs them.
 pub fn run(only: Option<Tier>) -> Result<()> {
     let started = Instant::now();
     let mut phases = Phases::default();
-    phases.time("prerequisites", prereqs::ensure)?;
-    let mut background = match only {
-        None => Some(Background::start(background_steps())?),
-        Some(_) => None,
-    };
-    phases.time("build", || cargo(&["build", "--release"]))?;
+    phases.time("build", build)?;
     phases.time("fmt", || cargo(&["fmt", "--all", "--check"]))?;
-    if only == Some(Tier::Unit) {
+    if only.is_none_or(|tier| tier == Tier::Unit) {
         phases.time("clippy", || cargo(&CLIPPY))?;
-        phases.time("fuzz check", fuzz::check)?;
+    }
+    match only {
+        None => phases.time("fuzz build", fuzz::build).map(drop)?,
+        Some(Tier::Unit) => phases.time("fuzz check", fuzz::check).map(drop)?,
+        Some(_) => {}
     }
     // Every test binary is linked before the first tier starts, so that a
     // tier's time is its tests' time.
     phases.time("test build", || cargo(&["test", "--release", "--no-run"]))?;
     let tiers = only.map_or(TIERS.to_vec(), |tier| vec![tier]);
     for tier in tiers {
-        if tier.measures_time()
-            && let Some(work) = background.take()
-        {
-            let waited = Instant::now();
-            for (step, took) in work.finish()? {
-                phases.record(step, took, true);
-            }
-            phases.record("waiting for the background", waited.elapsed(), false);
-        }
         println!("==> tier {tier:?}");
         let uptime = syscalls::kernel_uptime()?;
         let took = phases.time(tier.name(), || run_tier(tier))?;
@@ -112,32 +97,6 @@ const CLIPPY: [&str; 6] = [
     "-D",
     "warnings",
 ];
-
-/// What a whole run does in the background. Clippy builds in a target
-/// directory of its own, so that the tiers' cargo never waits on its lock,
-/// and without the eBPF object, which linting does not read.
-fn background_steps() -> Vec<Step> {
-    let mut clippy = cargo_command(env!("CARGO"));
-    clippy
-        .args(CLIPPY)
-        .env("CARGO_TARGET_DIR", repo_root().join("target").join("lint"))
-        .env("AYA_BUILD_SKIP", "1");
-    let mut steps = vec![Step {
-        name: "clippy",
-        command: clippy,
-    }];
-    if let Some(install) = prereqs::cargo_fuzz_install() {
-        steps.push(Step {
-            name: "cargo-fuzz install",
-            command: install,
-        });
-    }
-    steps.push(Step {
-        name: "fuzz build",
-        command: fuzz::build_command(),
-    });
-    steps
-}
 
 fn run_tier(tier: Tier) -> Result<()> {
     match tier {
@@ -219,10 +178,9 @@ fn in_lab(setup: Lab, args: &[&str]) -> Result<()> {
     down
 }
 
-/// Each phase of a run and its wall time, in order; background steps ran
-/// beside the others.
+/// Each phase of a run and its wall time, in order.
 #[derive(Default)]
-struct Phases(Vec<(&'static str, Duration, bool)>);
+struct Phases(Vec<(&'static str, Duration)>);
 
 impl Phases {
     /// Runs `phase`, recording its wall time as `name`'s.
@@ -230,37 +188,22 @@ impl Phases {
         let started = Instant::now();
         phase()?;
         let took = started.elapsed();
-        self.record(name, took, false);
+        self.0.push((name, took));
         Ok(took)
-    }
-
-    fn record(&mut self, name: &'static str, took: Duration, in_background: bool) {
-        self.0.push((name, took, in_background));
     }
 }
 
 impl std::fmt::Display for Phases {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(f, "phase times:")?;
-        for (name, took, in_background) in &self.0 {
-            let beside = if *in_background {
-                "  (in the background)"
-            } else {
-                ""
-            };
-            writeln!(f, "  {name:<27} {:>7.1} s{beside}", took.as_secs_f64())?;
+        for (name, took) in &self.0 {
+            writeln!(f, "  {name:<12} {:>7.1} s", took.as_secs_f64())?;
         }
         Ok(())
     }
 }
 
 impl Tier {
-    /// Whether the tier's tests measure time (a restart's gap, a flood's
-    /// losses), so that nothing else may load the machine meanwhile.
-    fn measures_time(self) -> bool {
-        matches!(self, Tier::Lab | Tier::Containers | Tier::Slow)
-    }
-
     /// Lower-case name, as `--tier` takes it.
     fn name(self) -> &'static str {
         match self {
