@@ -169,12 +169,6 @@ pub const NAT_IN_PROGRAMS: [&str; 2] = [PROG_INGRESS_ETH, PROG_INGRESS_IP];
 /// Every program array, pinned beside [`MAPS`].
 pub const PROGRAM_ARRAYS: [&str; 3] = [MAP_ONWARD, MAP_PEER_DNAT, MAP_NAT_IN];
 
-/// A read-only global of the object, set when the agent loads it: whether
-/// the gateway serves Liqo v1 peers, whose packets the egress NAT hands on
-/// to [`MAP_PEER_DNAT`]. The verifier sees it as a constant, so a gateway
-/// of Liqo v0.10 peers walks no such call.
-pub const GLOBAL_SERVES_LIQO_V1: &str = "SERVES_LIQO_V1";
-
 /// Every TC program the agent attaches.
 pub const PROGRAMS: [&str; 9] = [
     PROG_EGRESS_ETH,

@@ -20,9 +20,12 @@ use isthmus_common::{
 use crate::{maps, parse::ETH_HLEN, stack};
 
 const AF_INET: u8 = 2;
-/// An Ethernet header for an L3 packet, whose MACs are set later; the
-/// ethertype is IPv4.
-const L2_HEADER: [u8; 14] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x08, 0x00];
+/// The length of the Ethernet header pushed onto an L3 packet.
+const L2_HEADER_LEN: u32 = 14;
+
+/// That header, in whole words, as `stack::zeroed` writes them.
+#[repr(C, align(4))]
+struct L2Header([u8; 16]);
 
 /// Where the FIB sends a packet: out of `ifindex`, to `dmac`, from `smac`.
 pub struct NextHop {
@@ -153,6 +156,19 @@ pub fn to_next_hop(ctx: &TcContext, config: &OverlayConfig, l3: usize, ip: &[u8;
 #[inline(always)]
 pub fn push_l2_header(ctx: &TcContext) -> bool {
     // SAFETY: the helper checks the skb itself.
-    let grown = unsafe { bpf_skb_change_head(ctx.skb.skb, L2_HEADER.len() as u32, 0) };
-    grown == 0 && ctx.store(0, &L2_HEADER, 0).is_ok()
+    let grown = unsafe { bpf_skb_change_head(ctx.skb.skb, L2_HEADER_LEN, 0) };
+    // The MACs are set later; the ethertype is IPv4. Built on the stack,
+    // not copied from a constant: a constant would sit in the object's
+    // read-only data, which aya loads only where the kernel lets it probe
+    // for global data, so an agent without CAP_BPF would fail on that
+    // rather than on the kernel's refusal.
+    let mut slot = MaybeUninit::uninit();
+    // SAFETY: all-zero is a valid L2Header.
+    let header: &mut L2Header = unsafe { stack::zeroed(&mut slot) };
+    header.0[12] = 0x08;
+    grown == 0
+        && header
+            .0
+            .first_chunk::<{ L2_HEADER_LEN as usize }>()
+            .is_some_and(|bytes| ctx.store(0, bytes, 0).is_ok())
 }

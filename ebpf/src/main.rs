@@ -64,7 +64,7 @@ pub fn nat_egress_ip(ctx: TcContext) -> i32 {
 #[inline(always)]
 fn egress(ctx: &TcContext, l3: usize) -> i32 {
     let handled = nat::run(ctx, l3, Direction::Egress);
-    if handled.action == TC_ACT_UNSPEC && handled.peers && tail_call::serves_liqo_v1() {
+    if handled.action == TC_ACT_UNSPEC && handled.remaps_peer {
         return tail_call::peer_dnat(ctx, Link::of_l3(l3));
     }
     handled.action

@@ -16,7 +16,7 @@ use isthmus_common::{
     counters::{DenyReason, Direction, DropReason, Kind, Link, Outcome},
     ipv4::{self, PROTO_ICMP, PROTO_UDP},
     isolation::SEGREGATED,
-    nat::{CONNCHECK_ADDR, CONNCHECK_PORT, PeerNat, find_rule},
+    nat::{CONNCHECK_ADDR, CONNCHECK_PORT, PeerNat, REMAPS_PEER, find_rule},
     tcp::SYN,
     wire::Be32,
 };
@@ -99,6 +99,8 @@ pub struct Handled {
     /// The packet is a peer's, and goes on: translated, or needing no
     /// rewrite.
     pub peers: bool,
+    /// That peer's NAT runs Liqo v1's way: we rewrite its addresses too.
+    pub remaps_peer: bool,
 }
 
 /// Entry point shared by every NAT program. Drops what must be masqueraded
@@ -116,16 +118,19 @@ pub fn run(ctx: &TcContext, l3: usize, direction: Direction) -> Handled {
         return Handled {
             action: TC_ACT_UNSPEC,
             peers: false,
+            remaps_peer: false,
         };
     }
-    let verdict = translate(ctx, l3, direction).or_else(|Malformed| match direction {
-        // A peer does not get in by sending what we cannot read.
-        Direction::Ingress => match unparseable_from(ctx, l3) {
-            Some(peer_id) => Ok(Verdict::Denied(peer_id, DenyReason::Unparseable)),
-            None => Err(Malformed),
-        },
-        Direction::Egress => Err(Malformed),
-    });
+    let mut remaps_peer = false;
+    let verdict =
+        translate(ctx, l3, direction, &mut remaps_peer).or_else(|Malformed| match direction {
+            // A peer does not get in by sending what we cannot read.
+            Direction::Ingress => match unparseable_from(ctx, l3) {
+                Some(peer_id) => Ok(Verdict::Denied(peer_id, DenyReason::Unparseable)),
+                None => Err(Malformed),
+            },
+            Direction::Egress => Err(Malformed),
+        });
     let peers = matches!(verdict, Ok(Verdict::Translated(_) | Verdict::Unchanged));
     let (outcome, action) = match verdict {
         Ok(Verdict::Translated(kinds)) => {
@@ -146,7 +151,11 @@ pub fn run(ctx: &TcContext, l3: usize, direction: Direction) -> Handled {
     };
     maps::count(link, direction, outcome);
     // UNSPEC lets any later program on the hook run, then the stack.
-    Handled { action, peers }
+    Handled {
+        action,
+        peers,
+        remaps_peer: peers && remaps_peer,
+    }
 }
 
 /// Runs one write of a packet's rewrite. A write the kernel refuses may
@@ -175,8 +184,15 @@ struct PortChange {
     new: u16,
 }
 
+/// Sets `remaps_peer` when the packet's peer is one whose NAT runs Liqo
+/// v1's way.
 #[inline(always)]
-fn translate(ctx: &TcContext, l3: usize, direction: Direction) -> Result<Verdict, Malformed> {
+fn translate(
+    ctx: &TcContext,
+    l3: usize,
+    direction: Direction,
+    remaps_peer: &mut bool,
+) -> Result<Verdict, Malformed> {
     let pkt = parse::packet(ctx, l3)?;
     let fields = Fields::of(direction);
     let quoted_fields = fields.swapped();
@@ -190,6 +206,7 @@ fn translate(ctx: &TcContext, l3: usize, direction: Direction) -> Result<Verdict
     let Some(peer) = peer else {
         return Ok(Verdict::Passed);
     };
+    *remaps_peer = peer.flags & REMAPS_PEER != 0;
     // Before the rules, while the verifier has one state to walk the
     // options with, not one per path through them.
     // The map is read only for a SYN: one in a flow's packets.

@@ -27,20 +27,6 @@ static PEER_DNAT: ProgramArray<2> = ProgramArray::new();
 #[btf_map(name = "ist_nat_in")]
 static NAT_IN: ProgramArray<2> = ProgramArray::new();
 
-/// `names::GLOBAL_SERVES_LIQO_V1`, set by the agent at load; non-zero when
-/// the gateway serves Liqo v1 peers.
-#[unsafe(no_mangle)]
-static SERVES_LIQO_V1: u8 = 0;
-
-/// Whether the gateway serves Liqo v1 peers: a constant to the verifier,
-/// which walks the peer DNAT's call only where it is set.
-#[inline(always)]
-pub fn serves_liqo_v1() -> bool {
-    // SAFETY: a byte of the object's read-only data; read volatile, so
-    // that the compiler does not fold in the value it was built with.
-    unsafe { core::ptr::read_volatile(&SERVES_LIQO_V1) != 0 }
-}
-
 /// Goes on in the program after the ingress NAT for `link`: a peer's
 /// packet, which the NAT gave its outcome.
 #[inline(always)]

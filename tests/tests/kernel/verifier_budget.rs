@@ -14,7 +14,7 @@
 use std::process::Command;
 
 use aya::{
-    Ebpf, EbpfLoader,
+    Ebpf,
     programs::{Program, ProgramError, ProgramInfo},
 };
 use isthmus_agent::kernel::dataplane::OBJECT;
@@ -34,19 +34,11 @@ fn load(program: &mut Program) -> Result<(), ProgramError> {
     }
 }
 
-/// Loads every program of the object, as the agent does for a gateway of
-/// Liqo v0.10 peers or, with `serves_liqo_v1`, of Liqo v1 peers: the
-/// object, which holds them loaded, and each one's name and what the
-/// kernel says of it.
-fn loaded(serves_liqo_v1: bool) -> (Ebpf, Vec<(&'static str, ProgramInfo)>) {
-    let mut ebpf = EbpfLoader::new()
-        .override_global(
-            names::GLOBAL_SERVES_LIQO_V1,
-            &u8::from(serves_liqo_v1),
-            true,
-        )
-        .load(OBJECT)
-        .expect("loading the eBPF object");
+/// Loads every program of the object, as the agent does: the object,
+/// which holds them loaded, and each one's name and what the kernel says
+/// of it.
+fn loaded() -> (Ebpf, Vec<(&'static str, ProgramInfo)>) {
+    let mut ebpf = Ebpf::load(OBJECT).expect("loading the eBPF object");
     let names = names::PROGRAMS
         .into_iter()
         .chain(names::ONWARD_PROGRAMS)
@@ -67,31 +59,29 @@ fn loaded(serves_liqo_v1: bool) -> (Ebpf, Vec<(&'static str, ProgramInfo)>) {
 #[test]
 fn every_program_verifies_within_three_quarters_of_the_limit() {
     require_root();
-    for serves_liqo_v1 in [false, true] {
-        let (_ebpf, infos) = loaded(serves_liqo_v1);
-        let counts: Vec<(&str, u32)> = infos
-            .iter()
-            .map(|(name, info)| {
-                let count = info
-                    .verified_instruction_count()
-                    .unwrap_or_else(|| panic!("the kernel reports no verified count for {name}"));
-                (*name, count)
-            })
-            .collect();
-        println!("verified instructions, serving Liqo v1 peers {serves_liqo_v1}: {counts:?}");
-        let over: Vec<_> = counts.iter().filter(|(_, n)| *n > BUDGET).collect();
-        assert!(
-            over.is_empty(),
-            "over the budget of {BUDGET} of the verifier's {VERIFIER_LIMIT}: {over:?}"
-        );
-    }
+    let (_ebpf, infos) = loaded();
+    let counts: Vec<(&str, u32)> = infos
+        .iter()
+        .map(|(name, info)| {
+            let count = info
+                .verified_instruction_count()
+                .unwrap_or_else(|| panic!("the kernel reports no verified count for {name}"));
+            (*name, count)
+        })
+        .collect();
+    println!("verified instructions: {counts:?}");
+    let over: Vec<_> = counts.iter().filter(|(_, n)| *n > BUDGET).collect();
+    assert!(
+        over.is_empty(),
+        "over the budget of {BUDGET} of the verifier's {VERIFIER_LIMIT}: {over:?}"
+    );
 }
 
 #[test]
 fn no_program_calls_a_subprogram() {
     require_root();
     let mut calling = Vec::new();
-    let (_ebpf, infos) = loaded(true);
+    let (_ebpf, infos) = loaded();
     for (name, info) in infos {
         let id = info.id().to_string();
         let dump = Command::new("bpftool")

@@ -204,8 +204,6 @@ impl Dataplane {
         for (name, entries) in sized {
             loader.map_max_entries(name, entries);
         }
-        let serves_liqo_v1_global = u8::from(serves_liqo_v1);
-        loader.override_global(names::GLOBAL_SERVES_LIQO_V1, &serves_liqo_v1_global, true);
         let ebpf = loader.load(OBJECT)?;
         for migration in migrations {
             let new =

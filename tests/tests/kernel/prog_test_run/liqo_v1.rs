@@ -45,7 +45,6 @@ impl V1 {
     pub(super) fn new() -> Self {
         require_root();
         let mut ebpf = EbpfLoader::new()
-            .override_global(names::GLOBAL_SERVES_LIQO_V1, &1u8, true)
             .load(OBJECT)
             .expect("loading the eBPF object");
         // What the ingress NAT goes on in, as the agent loads it.
