@@ -23,9 +23,12 @@ const AF_INET: u8 = 2;
 /// The length of the Ethernet header pushed onto an L3 packet.
 const L2_HEADER_LEN: u32 = 14;
 
-/// That header, in whole words, as `stack::zeroed` writes them.
+/// That header, padded to whole words, as `stack::zeroed` writes them.
 #[repr(C, align(4))]
-struct L2Header([u8; 16]);
+struct L2Header {
+    bytes: [u8; L2_HEADER_LEN as usize],
+    _pad: [u8; 2],
+}
 
 /// Where the FIB sends a packet: out of `ifindex`, to `dmac`, from `smac`.
 pub struct NextHop {
@@ -165,10 +168,6 @@ pub fn push_l2_header(ctx: &TcContext) -> bool {
     let mut slot = MaybeUninit::uninit();
     // SAFETY: all-zero is a valid L2Header.
     let header: &mut L2Header = unsafe { stack::zeroed(&mut slot) };
-    header.0[12] = 0x08;
-    grown == 0
-        && header
-            .0
-            .first_chunk::<{ L2_HEADER_LEN as usize }>()
-            .is_some_and(|bytes| ctx.store(0, bytes, 0).is_ok())
+    header.bytes[12] = 0x08;
+    grown == 0 && ctx.store(0, &header.bytes, 0).is_ok()
 }

@@ -72,9 +72,9 @@ pub fn run(seconds: u64) -> Result<()> {
             .iter()
             .map(|target| start(target, seconds))
             .collect::<Result<Vec<_>>>()?;
-        for fuzzing in running {
-            fuzzing.finish()?;
-        }
+        // Each is waited for, so that none runs on after another failed.
+        let finished: Vec<Result<()>> = running.into_iter().map(Fuzzing::finish).collect();
+        finished.into_iter().collect::<Result<()>>()?;
     }
     println!(
         "fuzz: {} targets, {seconds} s each, {side_by_side} at a time, no crash, in {:.1?}",

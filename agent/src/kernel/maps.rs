@@ -372,7 +372,7 @@ impl OverlaySettings {
 }
 
 /// A removal that found nothing removed what it wanted: `ENOENT` is success.
-fn gone_is_fine(removal: Result<(), MapError>) -> Result<(), MapError> {
+pub(crate) fn gone_is_fine(removal: Result<(), MapError>) -> Result<(), MapError> {
     match removal {
         Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
         other => other,

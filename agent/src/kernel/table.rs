@@ -3,13 +3,13 @@
 //! guard's allowlist) goes through [`Mirror`], so each pass writes only what
 //! changed, and a restarted agent that wants the same entries writes nothing.
 
-use crate::sync::Unpoisoned;
 use std::{
     collections::BTreeMap,
     sync::{Arc, Mutex},
 };
 
 use crate::model::object::ObjectKind;
+use crate::sync::Unpoisoned;
 use ipnet::Ipv4Net;
 use isthmus_common::{
     isolation::AllowKey,

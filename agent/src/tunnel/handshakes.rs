@@ -13,13 +13,14 @@
 //! second ([`OTHERS_PER_SECOND`]), so a flood cannot take the CPU the
 //! workers need either.
 
-use crate::sync::Unpoisoned;
 use std::{
     collections::VecDeque,
     net::SocketAddrV4,
     sync::{Condvar, Mutex},
     time::{Duration, Instant},
 };
+
+use crate::sync::Unpoisoned;
 
 /// The length of a WireGuard handshake initiation.
 pub const INITIATION_LEN: usize = 148;

@@ -17,7 +17,6 @@ pub mod peers;
 pub mod throttle;
 mod tun;
 
-use crate::sync::Unpoisoned;
 use std::{
     collections::BTreeMap,
     io,
@@ -41,6 +40,7 @@ use self::{
     peers::{PeerConfig, PeerSet, TunnelPeer},
 };
 use crate::model::object::ObjectKey;
+use crate::sync::Unpoisoned;
 
 /// Handshake messages per second above which the gateway answers with
 /// cookies. One limiter, with one cookie secret, serves the whole gateway:

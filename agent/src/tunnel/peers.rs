@@ -1,7 +1,6 @@
 //! The tunnel's peers and how a packet finds one. Protocol state only: no
 //! I/O happens here, so all of it can be tested in memory.
 
-use crate::sync::Unpoisoned;
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     net::{Ipv4Addr, SocketAddrV4},
@@ -17,6 +16,7 @@ use boringtun::x25519::{PublicKey, StaticSecret};
 use ipnet::Ipv4Net;
 
 use crate::model::object::ObjectKey;
+use crate::sync::Unpoisoned;
 
 /// What the agent knows of a peer from its TunnelEndpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -17,13 +17,14 @@
 //! rate limiter answers with cookies long before that, so those are
 //! addresses that answered a cookie.
 
-use crate::sync::Unpoisoned;
 use std::{
     collections::HashMap,
     net::Ipv4Addr,
     sync::Mutex,
     time::{Duration, Instant},
 };
+
+use crate::sync::Unpoisoned;
 
 /// Initiations a second a source may have opened, sustained.
 pub const PER_SECOND: u32 = 20;

@@ -58,6 +58,14 @@ fn anchors(markdown: &str) -> Vec<String> {
     found
 }
 
+/// The documents: every page of `docs/`, and the README.
+fn pages() -> Vec<PathBuf> {
+    let root = workspace();
+    let mut pages = files(&root.join("docs"), "md");
+    pages.push(root.join("README.md"));
+    pages
+}
+
 /// Whether `page#section` exists; `page` is a path from the workspace.
 fn exists(page: &Path, section: &str) -> Result<(), String> {
     let text = fs::read_to_string(workspace().join(page))
@@ -127,10 +135,8 @@ fn every_section_the_code_cites_exists() {
 #[test]
 fn every_link_between_the_documents_leads_somewhere() {
     let root = workspace();
-    let mut pages = files(&root.join("docs"), "md");
-    pages.push(root.join("README.md"));
     let mut broken = Vec::new();
-    for page in pages {
+    for page in pages() {
         let text = fs::read_to_string(&page).unwrap();
         let dir = page.parent().unwrap().strip_prefix(&root).unwrap();
         for (target, section) in links(&text) {
@@ -170,20 +176,9 @@ fn headings_get_the_anchors_github_gives_them() {
     );
 }
 
-/// Where a reader meets the project's words: code, its help and comments,
-/// the documents, the manifests and the fixtures' notes.
-const READ_DIRS: [&str; 10] = [
-    "agent",
-    "lab",
-    "common",
-    "ebpf",
-    "xtask",
-    "tests",
-    "fuzz",
-    "docs",
-    "manifests",
-    ".ci",
-];
+/// Where a reader meets the project's words besides the code: the
+/// documents, the manifests and the CI script.
+const OTHER_READ_DIRS: [&str; 3] = ["docs", "manifests", ".ci"];
 
 /// The places in `text` that cite an entry of the tracker by number
 /// ("issue" or "issues", a space, an optional `#`, digits), which no
@@ -208,8 +203,9 @@ fn nothing_cites_a_tracker_number() {
     let root = workspace();
     let mut found = Vec::new();
     let mut read = 0;
-    let pages = READ_DIRS
+    let files_read = CODE_DIRS
         .iter()
+        .chain(&OTHER_READ_DIRS)
         .flat_map(|dir| ["rs", "md", "yaml", "toml", "sh"].map(|ext| files(&root.join(dir), ext)))
         .flatten()
         .chain([
@@ -217,7 +213,7 @@ fn nothing_cites_a_tracker_number() {
             root.join("Cargo.toml"),
             root.join(".ci/run"),
         ]);
-    for page in pages {
+    for page in files_read {
         read += 1;
         for cited in tracker_numbers(&fs::read_to_string(&page).unwrap()) {
             found.push(format!("{}: {cited}", page.display()));
@@ -342,11 +338,9 @@ fn split_sentences(text: &str) -> Vec<Vec<String>> {
 #[test]
 fn the_documents_speak_in_plain_sentences() {
     let root = workspace();
-    let mut pages = files(&root.join("docs"), "md");
-    pages.push(root.join("README.md"));
     let mut problems = Vec::new();
     let mut stats = Vec::new();
-    for page in pages {
+    for page in pages() {
         let sentences = sentences(&fs::read_to_string(&page).unwrap());
         let name = page.strip_prefix(&root).unwrap().display().to_string();
         let words: usize = sentences.iter().map(Vec::len).sum();

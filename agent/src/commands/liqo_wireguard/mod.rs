@@ -16,7 +16,6 @@ mod peer;
 
 pub use options::{Implementation, LiqoWireguardArgs, Mode, OptionError, Settings};
 
-use crate::sync::Unpoisoned;
 use std::{
     collections::BTreeMap,
     net::Ipv4Addr,
@@ -54,6 +53,7 @@ use crate::{
         },
         routes::Routes,
     },
+    sync::Unpoisoned,
     tunnel::{Tunnel, TunnelConfig, key::KeyPair, peers::PeerConfig},
 };
 

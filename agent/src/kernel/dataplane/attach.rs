@@ -16,7 +16,10 @@ use aya::{
 use isthmus_common::{names, pins::Direction};
 use tracing::{info, warn};
 
-use crate::kernel::link::{self, DeviceError};
+use crate::kernel::{
+    link::{self, DeviceError},
+    maps::gone_is_fine,
+};
 
 use super::{
     Dataplane, DataplaneError, NL_PRIORITY, direction, nl_handle, remove_pin, unpin_link, verify,
@@ -255,9 +258,10 @@ pub(super) fn clear_program_array(
         .map_mut(array)
         .ok_or(DataplaneError::MissingMap(array))?;
     let mut programs = ProgramArray::try_from(map).map_err(|e| DataplaneError::Map(array, e))?;
-    // Every array is indexed by link kind. An empty slot is the end sought.
+    // Every array is indexed by link kind.
     for link in isthmus_common::counters::LINKS {
-        let _ = programs.clear_index(&(link as u32));
+        gone_is_fine(programs.clear_index(&(link as u32)))
+            .map_err(|e| DataplaneError::Map(array, e))?;
     }
     Ok(())
 }

@@ -1,7 +1,6 @@
 //! The collectors that read the kernel at scrape time: the dataplane's
 //! counters, map occupancy, and peers' denied packets.
 
-use crate::sync::Unpoisoned;
 use std::sync::Arc;
 
 use isthmus_common::counters::{DENY_REASONS, deny_slot};
@@ -15,6 +14,7 @@ use tracing::warn;
 use crate::{
     kernel::maps::{Counters, Occupancy, PinnedMaps},
     observe::samples::DataplaneCounters,
+    sync::Unpoisoned,
 };
 
 use super::PeerIds;

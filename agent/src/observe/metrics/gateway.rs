@@ -1,7 +1,6 @@
 //! What a gateway exports: Liqo's own metric families, under Liqo's names
 //! and labels, and the embedded tunnel's state.
 
-use crate::sync::Unpoisoned;
 use std::{
     collections::BTreeMap,
     sync::{
@@ -20,6 +19,7 @@ use prometheus_client::{
 use crate::{
     model::peer::LiqoApi,
     roles::gateway::conncheck::{Checks, Health},
+    sync::Unpoisoned,
     tunnel::{Connection, PeerStatus, Tunnel, TunnelCounters},
 };
 

@@ -3,7 +3,6 @@
 //! Dataplane counters are read from the per-CPU map at scrape time, so the
 //! packet path never waits on the agent.
 
-use crate::sync::Unpoisoned;
 use std::{
     collections::BTreeMap,
     path::Path,
@@ -26,6 +25,7 @@ use crate::{
     model::object::ObjectKind,
     model::peer::Peer,
     observe::samples::DataplaneCounters,
+    sync::Unpoisoned,
     tunnel::Tunnel,
 };
 

@@ -18,7 +18,6 @@
 //! [`Checks`] is the protocol state, without I/O; [`spawn`] runs it on a
 //! socket.
 
-use crate::sync::Unpoisoned;
 use std::{
     collections::BTreeMap,
     net::{Ipv4Addr, SocketAddr, SocketAddrV4},
@@ -29,6 +28,8 @@ use std::{
 use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
+
+use crate::sync::Unpoisoned;
 
 /// The UDP port of the check.
 pub const PORT: u16 = isthmus_common::nat::CONNCHECK_PORT;

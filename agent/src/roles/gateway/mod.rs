@@ -1,7 +1,6 @@
 //! The gateway role: the tunnel and its routes, kept in line with the
 //! peers the reconciler accepted.
 
-use crate::sync::Unpoisoned;
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{Ipv4Addr, SocketAddrV4},
@@ -33,6 +32,7 @@ use crate::{
         peer::{Endpoint, Peer, TunnelParams},
     },
     roles::routes::Routes,
+    sync::Unpoisoned,
     tunnel::{Connection, PeerStatus, Tunnel, TunnelConfig, key::KeyPair},
 };
 
@@ -228,9 +228,9 @@ impl Gateway {
     /// why not.
     pub async fn sync(&mut self, peers: &[Peer], active: bool) -> bool {
         self.resolve(peers).await;
-        let plan = Plan::new(peers, |params| self.address(params, peers));
-        self.report_problems(plan.problems.clone());
-        self.unresolved = plan.unresolved.clone();
+        let mut plan = Plan::new(peers, |params| self.address(params, peers));
+        self.report_problems(std::mem::take(&mut plan.problems));
+        self.unresolved = std::mem::take(&mut plan.unresolved);
         self.configured_peers = plan.configurations();
         let v1_peer = plan.liqo_v1_peer();
         // A standby holds no peer, so it sends nothing to them.

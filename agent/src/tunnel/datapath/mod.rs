@@ -3,7 +3,6 @@
 //! each peer's state machine. Both devices move many packets per system
 //! call: TSO and GRO on TUN, GSO and GRO on UDP.
 
-use crate::sync::Unpoisoned;
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddrV4, UdpSocket},
     os::fd::{AsRawFd, OwnedFd},
@@ -24,6 +23,8 @@ use super::{
     offload::{self, Coalescer, MAX_FRAME, MAX_PACKET, VNET_HDR_LEN},
     peers::{PeerSet, TunnelPeer},
 };
+
+use crate::sync::Unpoisoned;
 
 /// How often a worker wakes with nothing to do, to notice a stop, in ms.
 const IDLE_MS: u16 = 200;
