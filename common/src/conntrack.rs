@@ -79,7 +79,7 @@ pub struct FlowNat {
     pub owner: u32,
     /// Zero.
     pub pad: u32,
-    /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) when a packet last used it.
+    /// `bpf_ktime_get_ns` (`CLOCK_MONOTONIC`) when a packet last used it.
     pub last_seen: u64,
 }
 
@@ -118,7 +118,7 @@ impl TcpState {
 /// towards its end; a bare SYN keeps it opening. A SYN after the end (a
 /// client reusing its port within the close timeout) opens a new
 /// connection on the same addresses and ports, as Linux's conntrack
-/// reopens one in TIME_WAIT.
+/// reopens one in `TIME_WAIT`.
 #[inline(always)]
 pub const fn next_tcp_state(current: TcpState, flags: u8) -> TcpState {
     let ended = matches!(current, TcpState::Fin | TcpState::Rst);

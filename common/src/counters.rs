@@ -273,13 +273,15 @@ mod tests {
         };
         for link in LINKS {
             for d in DIRECTIONS {
-                OUTCOMES
-                    .iter()
-                    .for_each(|o| mark(outcome_slot(link, d, *o)));
-                DROP_REASONS
-                    .iter()
-                    .for_each(|r| mark(drop_slot(link, d, *r)));
-                KINDS.iter().for_each(|k| mark(kind_slot(link, d, *k)));
+                for o in OUTCOMES {
+                    mark(outcome_slot(link, d, o));
+                }
+                for r in DROP_REASONS {
+                    mark(drop_slot(link, d, r));
+                }
+                for k in KINDS {
+                    mark(kind_slot(link, d, k));
+                }
             }
         }
         assert!(seen.iter().all(|s| *s));

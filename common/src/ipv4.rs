@@ -82,6 +82,10 @@ impl Header<'_> {
         Be16::from_bytes([self.0[ID], self.0[ID + 1]])
     }
 
+    #[allow(
+        clippy::trivially_copy_pass_by_ref,
+        reason = "the receiver of every getter of the header, as the verifier has seen them"
+    )]
     const fn frag(&self) -> u16 {
         u16::from_be_bytes([self.0[FRAG], self.0[FRAG + 1]])
     }
@@ -123,6 +127,10 @@ impl Header<'_> {
         self.addr(DST)
     }
 
+    #[allow(
+        clippy::trivially_copy_pass_by_ref,
+        reason = "the receiver of every getter of the header, as the verifier has seen them"
+    )]
     const fn addr(&self, at: usize) -> Be32 {
         Be32::from_bytes([self.0[at], self.0[at + 1], self.0[at + 2], self.0[at + 3]])
     }

@@ -73,7 +73,7 @@ pub struct PeerFlow {
     pub pad: u8,
     /// The [`crate::room`] owner charged: the peer.
     pub owner: u32,
-    /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) of the last packet either way.
+    /// `bpf_ktime_get_ns` (`CLOCK_MONOTONIC`) of the last packet either way.
     pub last_seen: u64,
 }
 

@@ -200,7 +200,7 @@ pub const MAX_NODES: u32 = 16384;
 pub const DEFAULT_NAT_MAPPINGS: u32 = 65536;
 /// Default capacity of [`MAP_CONNTRACK`], in entries (two per flow); the
 /// agent may set another at load time.
-pub const DEFAULT_CONNTRACK: u32 = 131072;
+pub const DEFAULT_CONNTRACK: u32 = 131_072;
 /// Default capacity of [`MAP_ALLOWED`]; the agent may set another at load
 /// time.
 pub const DEFAULT_ALLOWED: u32 = 65536;

@@ -48,6 +48,7 @@ impl PrefixRewrite {
 
     /// The rule that moves the target network back.
     #[inline(always)]
+    #[must_use]
     pub const fn inverse(&self) -> Self {
         Self {
             from: self.to,

@@ -127,6 +127,7 @@ impl Be32 {
 
     /// The address with every bit outside `mask` cleared: usable in `const`.
     #[inline(always)]
+    #[must_use]
     pub const fn masked(self, mask: Be32) -> Self {
         Self::from_bits(self.to_bits() & mask.to_bits())
     }
@@ -134,6 +135,7 @@ impl Be32 {
     /// `map(ip, net)` of docs/design.md#prefix-remapping: the network bits of `net` under `mask`
     /// followed by the host bits of `self`.
     #[inline(always)]
+    #[must_use]
     pub const fn remap(self, net: Be32, mask: Be32) -> Self {
         Self::from_bits((net.to_bits() & mask.to_bits()) | (self.to_bits() & !mask.to_bits()))
     }

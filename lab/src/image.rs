@@ -82,7 +82,7 @@ impl RuntimeStage {
                     entrypoint = Some(
                         serde_json::from_str(rest)
                             .with_context(|| format!("ENTRYPOINT in exec form: `{rest}`"))?,
-                    )
+                    );
                 }
                 _ => bail!("the last stage holds `{line}`, which `cargo xtask image` cannot build"),
             }

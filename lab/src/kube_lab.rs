@@ -99,7 +99,7 @@ impl KubeNode {
     /// waits until it is ready.
     fn start(&mut self, binary: &Path, args: &[String], extra: &[&str]) -> Result<u32> {
         let mut args = args.to_vec();
-        args.extend(extra.iter().map(|a| a.to_string()));
+        args.extend(extra.iter().map(std::string::ToString::to_string));
         let pid = lab::spawn_agent_binary(binary, &self.ns, &args, &self.log)?;
         self.agent = Some(pid);
         lab::wait_ready_in(&self.ns, pid, &self.log).context("the kube agent")?;

@@ -60,24 +60,28 @@ impl TunnelEndpoint {
     }
 
     /// Our networks, and the peer's remapping of them.
+    #[must_use]
     pub fn local(mut self, views: Views) -> Self {
         self.local = views.map(String::from);
         self
     }
 
     /// The peer's networks, and our remapping of them.
+    #[must_use]
     pub fn remote(mut self, views: Views) -> Self {
         self.remote = views.map(String::from);
         self
     }
 
     /// The peer's cluster, as a bare `clusterID` (Liqo before v0.6).
+    #[must_use]
     pub fn cluster_id(mut self, id: &str) -> Self {
         self.cluster_id = Some(id.into());
         self
     }
 
     /// The peer's cluster, as `clusterIdentity` (Liqo v0.6 onwards).
+    #[must_use]
     pub fn cluster_identity(mut self, id: &str, name: &str) -> Self {
         self.cluster_id = Some(id.into());
         self.cluster_name = Some(name.into());
@@ -85,36 +89,42 @@ impl TunnelEndpoint {
     }
 
     /// The peer gateway's `endpointIP` (an address or a host name).
+    #[must_use]
     pub fn endpoint(mut self, endpoint: impl fmt::Display) -> Self {
         self.endpoint = Some(endpoint.to_string());
         self
     }
 
     /// The peer gateway's WireGuard port, in `backend_config`.
+    #[must_use]
     pub fn port(mut self, port: u16) -> Self {
         self.port = Some(port);
         self
     }
 
     /// The peer gateway's WireGuard public key, in `backend_config`.
+    #[must_use]
     pub fn public_key(mut self, key: &str) -> Self {
         self.public_key = Some(key.into());
         self
     }
 
     /// An entry of `metadata.annotations`, its value written as given.
+    #[must_use]
     pub fn annotation(mut self, key: &str, value: &str) -> Self {
         self.annotations.push((key.into(), value.into()));
         self
     }
 
     /// `metadata.creationTimestamp`.
+    #[must_use]
     pub fn created(mut self, at: &str) -> Self {
         self.created = Some(at.into());
         self
     }
 
     /// Where the networks are written (by default, all in `spec`).
+    #[must_use]
     pub fn layout(mut self, layout: Layout) -> Self {
         self.layout = layout;
         self

@@ -149,9 +149,8 @@ fn receive(socket: &UdpSocket, stop: &AtomicBool, received: &AtomicU32) -> Strea
                     received.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            Ok(_) => {}
             Err(_) if stop.load(Ordering::Relaxed) || start.elapsed() > MAX_TIME => break,
-            Err(_) => {}
+            Ok(_) | Err(_) => {}
         }
     }
     StreamReport {

@@ -31,7 +31,7 @@ pub const OVERLAY_VNI: u32 = 18952;
 pub const OVERLAY_PORT: u16 = 4879;
 
 /// One simulated cluster.
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq)]
 pub struct Cluster {
     /// `a`, `b` or `c`.
     pub name: &'static str,
@@ -98,6 +98,10 @@ const POD1_HOST: u32 = 5;
 const POD2_HOST: u32 = 133;
 
 impl Cluster {
+    /// Its peerings, seen from its side.
+    pub fn peerings(&self) -> impl Iterator<Item = &'static Peering> + use<'_> {
+        PEERINGS.iter().filter(|p| p.local.name == self.name)
+    }
     /// The cluster ID its peers' TunnelEndpoints carry.
     pub fn cluster_id(&self) -> String {
         format!("cluster-{}", self.name)
@@ -206,6 +210,12 @@ pub struct Peering {
     /// address, as Liqo copies a LoadBalancer's; the local gateway's
     /// `/etc/hosts` resolves it.
     pub endpoint_name: Option<&'static str>,
+}
+
+/// The first address of `net`, as Liqo's `GetFirstIP`: where a peer's
+/// conncheck answers in Liqo v0.10, and what its SNAT rules give.
+pub fn first_ip(net: Ipv4Net) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(net.network()) + 1)
 }
 
 /// Every peering, from each side.

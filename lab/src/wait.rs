@@ -35,7 +35,7 @@ pub fn try_poll<T>(
             bail!("never within {within:?}: {what}");
         }
         // The last try falls on the deadline, not a nap past it.
-        std::thread::sleep(nap.min(within - waited));
+        std::thread::sleep(nap.min(within.checked_sub(waited).unwrap()));
     }
 }
 

@@ -106,6 +106,7 @@ impl Datagram {
 
     /// The same datagram with another TTL: `ttl - 1` is what a router
     /// forwards.
+    #[must_use]
     pub fn with_ttl(&self, ttl: u8) -> Self {
         Self {
             ttl,
@@ -114,6 +115,7 @@ impl Datagram {
     }
 
     /// The same datagram between other addresses (what a NAT should produce).
+    #[must_use]
     pub fn between(&self, src: Addr, dst: Addr) -> Self {
         Self {
             src,
@@ -123,6 +125,7 @@ impl Datagram {
     }
 
     /// The same datagram with its quoted packet's addresses replaced.
+    #[must_use]
     pub fn quoting(&self, src: Addr, dst: Addr) -> Self {
         let mut out = self.clone();
         if let L4::IcmpError { quoted, .. } = &mut out.l4 {

@@ -12,7 +12,7 @@ use isthmus_lab::{
 /// and ICMP, and prints the result. Fails if any row fails.
 pub fn run(keep: bool) -> Result<()> {
     crate::build()?;
-    lab::up(lab::LabTunnel::Userspace)?;
+    lab::up(&lab::Setup::default())?;
     let result = probe_rows();
     print_counters();
     if keep {

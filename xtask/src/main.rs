@@ -31,7 +31,7 @@ enum Task {
         #[arg(long)]
         keep: bool,
     },
-    /// The test suite in tiers: style and unit tests, BPF_PROG_TEST_RUN,
+    /// The test suite in tiers: style and unit tests, `BPF_PROG_TEST_RUN`,
     /// the lab, the slow tests; then a minute of each fuzz target. Each
     /// tier's wall time is printed at the end.
     Test {
@@ -72,17 +72,28 @@ enum Task {
     /// `lab up --ha`).
     #[command(hide = true)]
     LabControl,
-    /// The Liqo-peer lab's conncheck on a cluster's gateway (started by
-    /// `lab up --liqo-v0-10-peer`).
+    /// The Liqo-peer labs' conncheck on a cluster's gateway (started by
+    /// `lab up --liqo-v0-10-peer` and `--liqo-v1-peer`).
     #[command(hide = true)]
     LiqoConncheck {
         /// The cluster whose gateway it runs on.
         #[arg(long)]
         cluster: String,
-        /// Liqo v1's: the one peer, at the client's tunnel address.
-        #[arg(long)]
-        liqo_v1: bool,
+        /// Liqo v1's: the one peer, at its tunnel address.
+        #[command(flatten)]
+        liqo_v1_peer: Option<LiqoV1ConncheckPeer>,
     },
+}
+
+/// The one peer of Liqo v1's conncheck.
+#[derive(clap::Args)]
+struct LiqoV1ConncheckPeer {
+    /// The peer cluster.
+    #[arg(long = "liqo-v1-peer", id = "liqo_v1_peer_cluster")]
+    cluster: String,
+    /// Its tunnel address.
+    #[arg(long = "liqo-v1-peer-addr")]
+    addr: std::net::Ipv4Addr,
 }
 
 #[derive(Subcommand)]
@@ -94,12 +105,12 @@ enum LabAction {
         tunnel: LabTunnel,
         /// Run this cluster (a, b or c) as Liqo v0.10 does: wireguard-go,
         /// Liqo's iptables rules and conncheck; the others run Isthmus.
-        #[arg(long, alias = "liqo-peer", conflicts_with = "tunnel")]
+        #[arg(long, alias = "liqo-peer")]
         liqo_v0_10_peer: Option<String>,
         /// Run cluster b as Liqo v1.2 does (wireguard-go, the nftables its
         /// FirewallConfigurations render, its conncheck), served by a from
         /// Liqo v1's objects (`--liqo-api v1`).
-        #[arg(long, conflicts_with_all = ["tunnel", "liqo_v0_10_peer", "segregation", "ha", "containers"])]
+        #[arg(long, conflicts_with = "liqo_v0_10_peer")]
         liqo_v1_peer: Option<String>,
         /// With `--liqo-v1-peer`: the side of the tunnel a takes, client
         /// (a GatewayClient: a contacts b) or server (a GatewayServer: b
@@ -108,17 +119,17 @@ enum LabAction {
         isthmus_side: lab::liqo_v1_peer::Side,
         /// Run cluster b's gateway in IntraClusterTrafficSegregation, with
         /// a pod offloaded from a and a service exported to a.
-        #[arg(long, conflicts_with = "liqo_v0_10_peer")]
+        #[arg(long)]
         segregation: bool,
         /// Give cluster a a second gateway node (a-gw2), its agents on the
         /// kube source against the lab's API server stand-in, electing the
         /// active gateway; a's endpoint address follows the active one.
-        #[arg(long, conflicts_with = "liqo_v0_10_peer")]
+        #[arg(long)]
         ha: bool,
         /// Run every agent from the agent's image under podman, with the
         /// DaemonSets' container settings (capabilities, seccomp, mounts,
         /// arguments), as a cluster runs it.
-        #[arg(long, conflicts_with = "liqo_v0_10_peer")]
+        #[arg(long)]
         containers: bool,
     },
     /// Remove everything the lab created; succeeds when nothing is up.
@@ -143,41 +154,32 @@ fn main() -> Result<()> {
                     containers,
                 },
         } => {
-            build()?;
-            if let Some(name) = liqo_v1_peer {
-                let liqo = lab::liqo_v1_peer::LIQO.name;
-                anyhow::ensure!(
-                    name == liqo,
-                    "--liqo-v1-peer {name}: the lab runs cluster {liqo} as Liqo v1"
-                );
-                return lab::up_with_liqo_v1_peer(isthmus_side);
-            }
-            match (liqo_v0_10_peer, containers) {
-                (Some(name), _) => lab::up_with_liqo_v0_10_peer(cluster_named(&name)?),
-                (None, true) => {
-                    print_image(&isthmus_lab::image::build()?);
-                    lab::up_in_containers(tunnel)
+            let liqo = match (liqo_v0_10_peer, liqo_v1_peer) {
+                (Some(name), _) => Some(lab::LiqoPeer::V0_10(cluster_named(&name)?)),
+                (None, Some(name)) => {
+                    let liqo = lab::liqo_v1_peer::LIQO.name;
+                    anyhow::ensure!(
+                        name == liqo,
+                        "--liqo-v1-peer {name}: the lab runs cluster {liqo} as Liqo v1"
+                    );
+                    Some(lab::LiqoPeer::V1(isthmus_side))
                 }
-                (None, false) => lab::up(tunnel),
-            }?;
-            if segregation {
-                lab::segregation::set(true)?;
-                println!(
-                    "lab: {} segregates its peers ({})",
-                    lab::segregation::settings::CLUSTER.gw(),
-                    lab::segregation::settings::MODE
-                );
+                (None, None) => None,
+            };
+            let setup = lab::Setup {
+                tunnel,
+                containers,
+                liqo,
+                ha,
+                segregation,
+                ..lab::Setup::default()
+            };
+            setup.check()?;
+            build()?;
+            if containers {
+                print_image(&isthmus_lab::image::build()?);
             }
-            if ha {
-                lab::ha::set(true)?;
-                println!(
-                    "lab: cluster a has two gateways ({}); {} is on {}",
-                    lab::ha::gateways().join(", "),
-                    isthmus_lab::topology::A.wan_addr(),
-                    lab::ha::endpoint_holder().unwrap_or_default()
-                );
-            }
-            Ok(())
+            lab::up(&setup)
         }
         Task::Image { rootfs: Some(dir) } => {
             let files = isthmus_lab::image::stage_rootfs(&lab::agent_binary(), &dir)?;
@@ -194,12 +196,19 @@ fn main() -> Result<()> {
             Ok(())
         }
         Task::LabControl => lab::ha::serve(),
-        Task::LiqoConncheck { cluster, liqo_v1 } => {
-            let api = match liqo_v1 {
-                true => isthmus_lab::lab::liqo_v0_10_peer::Api::V1,
-                false => isthmus_lab::lab::liqo_v0_10_peer::Api::V0_10,
+        Task::LiqoConncheck {
+            cluster,
+            liqo_v1_peer,
+        } => {
+            use lab::liqo_conncheck::{self, Api};
+            let api = match liqo_v1_peer {
+                Some(peer) => Api::V1 {
+                    peer: cluster_named(&peer.cluster)?,
+                    addr: peer.addr,
+                },
+                None => Api::V0_10,
             };
-            isthmus_lab::lab::liqo_v0_10_peer::run_conncheck(&cluster, api)
+            liqo_conncheck::run(&cluster, api)
         }
         Task::Lab {
             action: LabAction::Down,

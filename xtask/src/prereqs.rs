@@ -121,11 +121,10 @@ fn rust_src() -> Result<()> {
 }
 
 fn cargo_home() -> PathBuf {
-    std::env::var_os("CARGO_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cargo")
-        })
+    std::env::var_os("CARGO_HOME").map_or_else(
+        || PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cargo"),
+        PathBuf::from,
+    )
 }
 
 /// The nightly's own libLLVM, which bpf-linker must link against.

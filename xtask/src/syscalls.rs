@@ -46,7 +46,10 @@ mod tests {
 
     #[test]
     fn stamps_read_as_seconds_since_boot() {
-        assert_eq!(stamp("[24231.636083] audit: type=1326"), Some(24231.636083));
+        assert_eq!(
+            stamp("[24231.636083] audit: type=1326"),
+            Some(24_231.636_083)
+        );
         assert_eq!(stamp("[   12.5] x"), Some(12.5));
         assert_eq!(stamp("no stamp"), None);
     }

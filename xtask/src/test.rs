@@ -1,11 +1,11 @@
-//! `cargo xtask test`: the suite in four tiers, each a test binary of its
+//! `cargo xtask test`: the suite in five tiers, each a test binary of its
 //! own (or the crates' unit tests), so a tier links once and runs alone.
 
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use isthmus_lab::{
-    lab::{self, LabTunnel, liqo_v1_peer::Side},
+    lab::{self, LiqoPeer, Setup, liqo_v1_peer::Side},
     topology,
 };
 
@@ -29,12 +29,14 @@ pub enum Tier {
     Slow,
 }
 
+/// A whole run's order. The slow tier follows the lab tier, so that its
+/// first tests run in the lab the lab tier leaves up.
 const TIERS: [Tier; 5] = [
     Tier::Unit,
     Tier::Kernel,
     Tier::Lab,
-    Tier::Containers,
     Tier::Slow,
+    Tier::Containers,
 ];
 
 /// The lab tests the container tier runs, by name prefix. The restart in
@@ -59,6 +61,15 @@ const IN_CONTAINERS: &[&str] = &[
 pub fn run(only: Option<Tier>) -> Result<()> {
     let started = Instant::now();
     let mut phases = Phases::default();
+    let outcome = run_phases(only, &mut phases);
+    // Printed on failure too: a run that fails late shows where its time went.
+    println!("{phases}");
+    outcome?;
+    println!("test: everything passed in {:.1?}", started.elapsed());
+    Ok(())
+}
+
+fn run_phases(only: Option<Tier>, phases: &mut Phases) -> Result<()> {
     phases.time("build", build)?;
     phases.time("fmt", || cargo(&["fmt", "--all", "--check"]))?;
     if only.is_none_or(|tier| tier == Tier::Unit) {
@@ -73,18 +84,21 @@ pub fn run(only: Option<Tier>) -> Result<()> {
     // tier's time is its tests' time.
     phases.time("test build", || cargo(&["test", "--release", "--no-run"]))?;
     let tiers = only.map_or(TIERS.to_vec(), |tier| vec![tier]);
+    // One lab serves consecutive runs that ask for the same one.
+    let mut lab = LabUp::default();
     for tier in tiers {
         println!("==> tier {tier:?}");
         let uptime = syscalls::kernel_uptime()?;
-        let took = phases.time(tier.name(), || run_tier(tier))?;
+        let took = phases.time(tier.name(), || {
+            tier.runs().iter().try_for_each(|run| lab.run(run))
+        })?;
         syscalls::none_refused_since(uptime)?;
         println!("tier {tier:?}: passed in {took:.1?}");
     }
+    lab.take_down()?;
     if only.is_none() {
         phases.time("fuzz", || fuzz::run(fuzz::CI_SECONDS))?;
     }
-    println!("{phases}");
-    println!("test: everything passed in {:.1?}", started.elapsed());
     Ok(())
 }
 
@@ -98,60 +112,65 @@ const CLIPPY: [&str; 6] = [
     "warnings",
 ];
 
-fn run_tier(tier: Tier) -> Result<()> {
-    match tier {
-        // The default members, as every tier selects: one feature
-        // resolution, so the tiers share their builds.
-        Tier::Unit => cargo(&["test", "--release", "--lib", "--bins", "--test", "unit"]),
-        Tier::Kernel => cargo(&["test", "--release", "--test", "kernel"]),
-        Tier::Lab => in_lab(
-            Lab::Processes,
-            &[
-                "--test",
-                "lab",
-                "--",
-                "--test-threads=1",
-                "--skip",
-                "containers::",
-            ],
-        ),
-        Tier::Containers => {
-            let image = isthmus_lab::image::build()?;
-            println!("image: {}, {:.1} MB", image.exact, image.size as f64 / 1e6);
-            let args = [&["--test", "lab", "--", "--test-threads=1"], IN_CONTAINERS].concat();
-            in_lab(Lab::Containers, &args)
-        }
-        Tier::Slow => {
-            in_lab(
-                Lab::Processes,
-                &["--test", "slow", "--", "--test-threads=1"],
-            )?;
-            // The tests that need cluster b run as Liqo, in those labs of
-            // their own: v0.10's, then v1's.
-            let liqo_lab = |module| {
-                [
-                    "--test",
-                    "slow",
-                    "--",
-                    "--ignored",
-                    "--test-threads=1",
-                    module,
-                ]
-            };
-            in_lab(
-                Lab::LiqoV0_10Peer(&topology::B),
-                &liqo_lab("liqo_v0_10_interop::"),
-            )?;
-            // Isthmus as the client of b's gateway, then as its server.
-            for side in [Side::Client, Side::Server] {
-                in_lab(Lab::LiqoV1Peer(side), &liqo_lab("liqo_v1_interop::"))?;
-            }
-            Ok(())
+/// One `cargo test --release` of a tier, and the lab it needs.
+struct TestRun {
+    lab: Option<Lab>,
+    args: Vec<&'static str>,
+}
+
+impl TestRun {
+    fn bare(args: &[&'static str]) -> Self {
+        let args = args.to_vec();
+        Self { lab: None, args }
+    }
+
+    fn in_lab(lab: Lab, args: &[&'static str]) -> Self {
+        let args = args.to_vec();
+        Self {
+            lab: Some(lab),
+            args,
         }
     }
 }
 
-/// The lab a tier runs in.
+impl Tier {
+    fn runs(self) -> Vec<TestRun> {
+        // One test at a time in a lab: the tests restart its agents.
+        let one_by_one = |binary, filters: &[&'static str]| {
+            [&["--test", binary, "--", "--test-threads=1"], filters].concat()
+        };
+        match self {
+            // The default members, as every tier selects: one feature
+            // resolution, so the tiers share their builds.
+            Tier::Unit => vec![TestRun::bare(&["--lib", "--bins", "--test", "unit"])],
+            Tier::Kernel => vec![TestRun::bare(&["--test", "kernel"])],
+            Tier::Lab => vec![TestRun::in_lab(
+                Lab::Processes,
+                &one_by_one("lab", &["--skip", "containers::"]),
+            )],
+            Tier::Containers => vec![TestRun::in_lab(
+                Lab::Containers,
+                &one_by_one("lab", IN_CONTAINERS),
+            )],
+            // The tests that need cluster b run as Liqo come last, in labs
+            // of their own: v0.10's, then v1's with Isthmus as the client
+            // of b's gateway, then as its server.
+            Tier::Slow => {
+                let liqo =
+                    |lab, module| TestRun::in_lab(lab, &one_by_one("slow", &["--ignored", module]));
+                vec![
+                    TestRun::in_lab(Lab::Processes, &one_by_one("slow", &[])),
+                    liqo(Lab::LiqoV0_10Peer(&topology::B), "liqo_v0_10_interop::"),
+                    liqo(Lab::LiqoV1Peer(Side::Client), "liqo_v1_interop::"),
+                    liqo(Lab::LiqoV1Peer(Side::Server), "liqo_v1_interop::"),
+                ]
+            }
+        }
+    }
+}
+
+/// The lab a test run needs.
+#[derive(Clone, Copy, PartialEq)]
 enum Lab {
     /// Every agent a process.
     Processes,
@@ -163,19 +182,62 @@ enum Lab {
     LiqoV1Peer(Side),
 }
 
-/// Runs `cargo test --release <args>` with `setup` up, and takes the lab
-/// down whatever happens.
-fn in_lab(setup: Lab, args: &[&str]) -> Result<()> {
-    match setup {
-        Lab::Processes => lab::up(LabTunnel::Userspace)?,
-        Lab::Containers => lab::up_in_containers(LabTunnel::Userspace)?,
-        Lab::LiqoV0_10Peer(cluster) => lab::up_with_liqo_v0_10_peer(cluster)?,
-        Lab::LiqoV1Peer(side) => lab::up_with_liqo_v1_peer(side)?,
+/// The lab that is up, if any. Dropped, it takes the lab down whatever
+/// happened.
+#[derive(Default)]
+struct LabUp(Option<Lab>);
+
+impl LabUp {
+    /// Runs `run`, in the lab it needs: the one up if it is that one, or
+    /// else a fresh one.
+    fn run(&mut self, run: &TestRun) -> Result<()> {
+        if self.0 != run.lab {
+            self.take_down()?;
+            if let Some(wanted) = run.lab {
+                bring_up(wanted)?;
+                self.0 = Some(wanted);
+            }
+        }
+        cargo(&[&["test", "--release"], run.args.as_slice()].concat())
     }
-    let tests = cargo(&[&["test", "--release"], args].concat());
-    let down = lab::down();
-    tests?;
-    down
+
+    fn take_down(&mut self) -> Result<()> {
+        match self.0.take() {
+            Some(_) => lab::down(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for LabUp {
+    fn drop(&mut self) {
+        if let Err(e) = self.take_down() {
+            eprintln!("test: taking the lab down: {e:#}");
+        }
+    }
+}
+
+fn bring_up(wanted: Lab) -> Result<()> {
+    let setup = match wanted {
+        Lab::Processes => Setup::default(),
+        Lab::Containers => {
+            let image = isthmus_lab::image::build()?;
+            println!("image: {}, {:.1} MB", image.exact, image.size as f64 / 1e6);
+            Setup {
+                containers: true,
+                ..Setup::default()
+            }
+        }
+        Lab::LiqoV0_10Peer(cluster) => Setup {
+            liqo: Some(LiqoPeer::V0_10(cluster)),
+            ..Setup::default()
+        },
+        Lab::LiqoV1Peer(side) => Setup {
+            liqo: Some(LiqoPeer::V1(side)),
+            ..Setup::default()
+        },
+    };
+    lab::up(&setup)
 }
 
 /// Each phase of a run and its wall time, in order.
@@ -183,13 +245,14 @@ fn in_lab(setup: Lab, args: &[&str]) -> Result<()> {
 struct Phases(Vec<(&'static str, Duration)>);
 
 impl Phases {
-    /// Runs `phase`, recording its wall time as `name`'s.
+    /// Runs `phase`, recording its wall time as `name`'s, whether it
+    /// passes or fails.
     fn time(&mut self, name: &'static str, phase: impl FnOnce() -> Result<()>) -> Result<Duration> {
         let started = Instant::now();
-        phase()?;
+        let outcome = phase();
         let took = started.elapsed();
         self.0.push((name, took));
-        Ok(took)
+        outcome.map(|()| took)
     }
 }
 

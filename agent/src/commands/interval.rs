@@ -129,12 +129,12 @@ mod tests {
         );
         assert_eq!(
             parse("2m", Seconds),
-            Ok(Interval::new(Duration::from_secs(120)))
+            Ok(Interval::new(Duration::from_mins(2)))
         );
         let old = parse("60", Seconds).unwrap();
         assert_eq!(
             (old.duration, old.old_unit),
-            (Duration::from_secs(60), Some(Seconds))
+            (Duration::from_mins(1), Some(Seconds))
         );
         let millis = parse("800", Milliseconds).unwrap();
         assert_eq!(millis.duration, Duration::from_millis(800));
@@ -151,11 +151,11 @@ mod tests {
     #[test]
     fn writes_each_interval_in_its_largest_whole_unit() {
         for (duration, text) in [
-            (Duration::from_secs(120), "2m"),
+            (Duration::from_mins(2), "2m"),
             (Duration::from_secs(90), "90s"),
             (Duration::from_millis(800), "800ms"),
-            (Duration::from_millis(1000), "1s"),
-            (Duration::from_secs(7200), "2h"),
+            (Duration::from_secs(1), "1s"),
+            (Duration::from_hours(2), "2h"),
         ] {
             assert_eq!(go_text(duration), text);
             assert_eq!(go_duration::parse(text), Ok(duration), "{text} reads back");

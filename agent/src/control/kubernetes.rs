@@ -168,7 +168,7 @@ pub async fn key_from_secret(
                 info!(secret = %secret_name, public_key = %public, "new WireGuard key stored");
                 return Ok(pair);
             }
-            Err(kube::Error::Api(status)) if status.is_already_exists() => continue,
+            Err(kube::Error::Api(status)) if status.is_already_exists() => {}
             Err(e) => return Err(failed("creating")(e)),
         }
     }

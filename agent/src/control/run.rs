@@ -112,7 +112,7 @@ where
                 }
                 // Becoming active or standing by takes or drops the peers at once.
                 () = elected(&mut self.active) => {}
-                _ = &mut stop => break,
+                () = &mut stop => break,
             };
             // Fold whatever else is already queued into the same pass.
             while let Ok(event) = events.try_recv() {
@@ -251,7 +251,7 @@ struct Retry {
 
 impl Retry {
     const FIRST: Duration = Duration::from_secs(1);
-    const LONGEST: Duration = Duration::from_secs(60);
+    const LONGEST: Duration = Duration::from_mins(1);
 
     /// Records a failed pass; returns how long until the next try.
     fn failed(&mut self) -> Duration {

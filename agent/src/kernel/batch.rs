@@ -49,8 +49,10 @@ pub fn entries<K: Pod, V: Pod>(map: &MapData) -> Result<Vec<(K, V)>, MapError> {
     let mut entries = Vec::new();
     loop {
         let mut attr = BatchAttr {
-            in_batch: position.as_ref().map_or(0, |p| p as *const u32 as u64),
-            out_batch: &mut next as *mut u32 as u64,
+            in_batch: position
+                .as_ref()
+                .map_or(0, |p| std::ptr::from_ref::<u32>(p) as u64),
+            out_batch: &raw mut next as u64,
             keys: keys.as_mut_ptr() as u64,
             values: values.as_mut_ptr() as u64,
             count: CHUNK as u32,
@@ -64,7 +66,7 @@ pub fn entries<K: Pod, V: Pod>(map: &MapData) -> Result<Vec<(K, V)>, MapError> {
             libc::syscall(
                 libc::SYS_bpf,
                 BPF_MAP_LOOKUP_BATCH,
-                &mut attr as *mut BatchAttr,
+                &raw mut attr,
                 size_of::<BatchAttr>(),
             )
         };

@@ -43,7 +43,7 @@ pub struct Tracked {
     pub owner: u32,
     /// Whether the far side ever answered.
     pub answered: bool,
-    /// The last packet either way (CLOCK_MONOTONIC, ns).
+    /// The last packet either way (`CLOCK_MONOTONIC`, ns).
     pub last_seen: u64,
     /// Past its lifetime.
     pub dead: bool,
@@ -77,7 +77,7 @@ pub trait SweptTable {
     /// Which table it is.
     const TABLE: FlowTable;
 
-    /// Every flow, judged at `now` (CLOCK_MONOTONIC ns, the kernel's
+    /// Every flow, judged at `now` (`CLOCK_MONOTONIC` ns, the kernel's
     /// `bpf_ktime_get_ns`).
     fn flows(&self, now: u64, timeouts: &Timeouts) -> Result<Vec<Tracked>, MapError>;
 
@@ -276,7 +276,7 @@ fn remove_all<V: aya::Pod>(table: &mut HashMap<MapData, FlowKey, V>, keys: &[Flo
     keys.iter().filter(|key| table.remove(key).is_ok()).count()
 }
 
-/// The kernel's clock for conntrack timestamps: CLOCK_MONOTONIC, in ns.
+/// The kernel's clock for conntrack timestamps: `CLOCK_MONOTONIC`, in ns.
 pub fn now() -> u64 {
     let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
         .expect("CLOCK_MONOTONIC is always there");

@@ -39,7 +39,7 @@ impl PeerMap {
         let nets: HashMap<MapData, PeerKey, PeerNat> = nets.try_into()?;
         let mut owners: LpmTrie<MapData, Be32, u32> = owners.try_into()?;
         let mut counts = BTreeMap::new();
-        for entry in nets.iter() {
+        for entry in &nets {
             let (key, nat) = entry?;
             *counts.entry(key.prefix_len).or_insert(0) += 1;
             // A previous agent's table may predate the trie: it follows.

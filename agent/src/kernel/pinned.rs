@@ -96,8 +96,8 @@ pub struct Migration {
 /// agent would create) before the loader reuses it. A pin whose shape
 /// differs is unpinned; the returned migrations copy the entries of those
 /// that can keep them, once the loader has created their successors.
-pub fn check(
-    wanted: &HashMap<&'static str, (PathBuf, Shape)>,
+pub fn check<S: std::hash::BuildHasher>(
+    wanted: &HashMap<&'static str, (PathBuf, Shape), S>,
 ) -> Result<Vec<Migration>, PinnedError> {
     let mut migrations = Vec::new();
     for (name, (path, shape)) in wanted {
@@ -252,14 +252,7 @@ fn syscall(
     };
     // SAFETY: `attr` points at buffers of the map's key and value sizes,
     // alive for the call.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            &attr as *const ElemAttr,
-            size_of::<ElemAttr>(),
-        )
-    };
+    let ret = unsafe { libc::syscall(libc::SYS_bpf, cmd, &raw const attr, size_of::<ElemAttr>()) };
     match ret {
         0 => Ok(()),
         _ => Err(io(std::io::Error::last_os_error())),

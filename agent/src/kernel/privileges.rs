@@ -4,8 +4,8 @@
 //!
 //! The agent installs its own seccomp filter because the runtimes' default
 //! profiles disagree about `bpf(2)`: Debian bookworm's containers-common
-//! (podman, and CRI-O of that age) allows it only with CAP_SYS_ADMIN, so
-//! under `RuntimeDefault` an agent holding CAP_BPF cannot open a map. The
+//! (podman, and CRI-O of that age) allows it only with `CAP_SYS_ADMIN`, so
+//! under `RuntimeDefault` an agent holding `CAP_BPF` cannot open a map. The
 //! DaemonSet therefore asks the runtime for no profile, and the agent
 //! applies this one, the same on every runtime and outside containers.
 
@@ -42,7 +42,7 @@ pub const NEEDED: [Capability; 3] = [
     },
 ];
 
-/// CAP_SYS_ADMIN, which the kernel counts as CAP_BPF and CAP_PERFMON.
+/// `CAP_SYS_ADMIN`, which the kernel counts as `CAP_BPF` and `CAP_PERFMON`.
 const SYS_ADMIN_BIT: u32 = 21;
 
 /// What the agent could not learn or set about its privileges.
@@ -138,7 +138,7 @@ fn filter(unlisted: SeccompAction) -> Result<BpfProgram, PrivilegeError> {
         .map_err(|e| PrivilegeError::Filter(format!("{e:?}")))?;
     let rules: BTreeMap<i64, Vec<_>> = ALLOWED.iter().map(|call| (*call, Vec::new())).collect();
     SeccompFilter::new(rules, unlisted, SeccompAction::Allow, arch)
-        .and_then(|f| f.try_into())
+        .and_then(std::convert::TryInto::try_into)
         .map_err(|e| PrivilegeError::Filter(e.to_string()))
 }
 
@@ -164,7 +164,7 @@ fn install(program: &BpfProgram) -> Result<(), PrivilegeError> {
             libc::SYS_seccomp,
             libc::SECCOMP_SET_MODE_FILTER,
             flags,
-            &fprog as *const _,
+            &raw const fprog,
         )
     };
     match result {

@@ -64,8 +64,8 @@ mod tests {
     #[test]
     fn reads_what_go_writes_and_liqo_passes() {
         let cases = [
-            ("5m", Duration::from_secs(300)),
-            ("1h30m", Duration::from_secs(5400)),
+            ("5m", Duration::from_mins(5)),
+            ("1h30m", Duration::from_mins(90)),
             ("2.5s", Duration::from_millis(2500)),
             ("3ms", Duration::from_millis(3)),
             // Go writes the micro sign; Liqo's conncheck the Greek mu.

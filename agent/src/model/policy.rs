@@ -412,7 +412,7 @@ mod tests {
             name: "b-node".into(),
             pod_cidrs: Vec::new(),
             address: Ipv4Addr::new(172, 16, 2, 2),
-            labels: Default::default(),
+            labels: std::collections::BTreeMap::default(),
         };
         let p = read(
             TunnelEndpoint::new("tep", "liqo-tenant-b")

@@ -141,7 +141,7 @@ fn network(net: Be32, mask: Be32) -> String {
 }
 
 fn peers(root: &Path) -> Result<Table, InspectError> {
-    let mut by_peer: std::collections::BTreeMap<u32, Vec<String>> = Default::default();
+    let mut by_peer = std::collections::BTreeMap::<u32, Vec<String>>::default();
     for (key, nat) in entries::<PeerKey, PeerNat>(root, names::MAP_PEERS)? {
         by_peer.entry(nat.peer_id).or_default().push(format!(
             "{}/{}",

@@ -52,12 +52,16 @@ impl DataplaneCounters {
         families.push(Family {
             name: "guard_packets",
             help: "Datagrams to the tunnel port seen by the XDP guard, by verdict",
-            samples: labelled("verdict", VERDICTS.map(|v| v.as_str()), self.guard.read()?),
+            samples: labelled(
+                "verdict",
+                VERDICTS.map(isthmus_common::guard::Verdict::as_str),
+                self.guard.read()?,
+            ),
         });
         families.push(Family {
             name: "overlay_packets",
             help: "Packets the overlay sent to the gateway or another node, took in, or could not handle, by event",
-            samples: labelled("event", EVENTS.map(|e| e.as_str()), self.overlay.read()?),
+            samples: labelled("event", EVENTS.map(isthmus_common::overlay::OverlayEvent::as_str), self.overlay.read()?),
         });
         Ok(families)
     }

@@ -60,10 +60,10 @@ impl NatDevice {
         }
         match self.attach(dataplane, mode) {
             Ok(()) => {
-                info!(dev = %self.dev, ifindex = now, "NAT device recreated; programs attached again")
+                info!(dev = %self.dev, ifindex = now, "NAT device recreated; programs attached again");
             }
             Err(e) => {
-                warn!(dev = %self.dev, error = %e, "attaching the NAT programs to a recreated device; will retry")
+                warn!(dev = %self.dev, error = %e, "attaching the NAT programs to a recreated device; will retry");
             }
         }
     }

@@ -242,7 +242,7 @@ impl Overlay {
                 self.uplink = Some(dev);
             }
             Err(e) => {
-                warn!(dev = %dev, error = %e, "attaching the overlay's decapsulation; will retry")
+                warn!(dev = %dev, error = %e, "attaching the overlay's decapsulation; will retry");
             }
         }
     }
@@ -419,7 +419,7 @@ impl PodDevices {
                     self.attached.insert(dev.clone(), ifindex);
                 }
                 Err(e) => {
-                    warn!(dev = %dev, error = %e, "attaching the steering program; will retry")
+                    warn!(dev = %dev, error = %e, "attaching the steering program; will retry");
                 }
             }
         }

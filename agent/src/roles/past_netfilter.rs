@@ -43,12 +43,11 @@ impl PastNetfilterSetting {
             hooks,
             gauge: None,
         };
-        match &setting.hooks {
-            Some(hooks) => {
-                let hooks = hooks.borrow();
-                info!(mode = ?mode, past = setting.wanted(), forward_hook = %*hooks, "forwarding past netfilter decided by the forward hook");
-            }
-            None => info!(mode = ?mode, "forwarding past netfilter fixed by the operator"),
+        if let Some(hooks) = &setting.hooks {
+            let hooks = hooks.borrow();
+            info!(mode = ?mode, past = setting.wanted(), forward_hook = %*hooks, "forwarding past netfilter decided by the forward hook");
+        } else {
+            info!(mode = ?mode, "forwarding past netfilter fixed by the operator");
         }
         setting
     }
@@ -91,7 +90,7 @@ impl PastNetfilterSetting {
                 match wanted {
                     true => info!(forward_hook = %reason, "forwarding past netfilter again"),
                     false => {
-                        warn!(forward_hook = %reason, "forwarding through netfilter: a forward-hook chain could act on forwarded packets")
+                        warn!(forward_hook = %reason, "forwarding through netfilter: a forward-hook chain could act on forwarded packets");
                     }
                 }
             }

@@ -48,9 +48,9 @@ impl Headers {
             iov_len: buf.len(),
         };
         let hdr = &mut self.msgs[i].msg_hdr;
-        hdr.msg_name = (&mut self.addrs[i] as *mut libc::sockaddr_in).cast();
+        hdr.msg_name = (&raw mut self.addrs[i]).cast();
         hdr.msg_namelen = size_of::<libc::sockaddr_in>() as u32;
-        hdr.msg_iov = &mut self.iovs[i];
+        hdr.msg_iov = &raw mut self.iovs[i];
         hdr.msg_iovlen = 1;
         hdr.msg_control = if control == 0 {
             ptr::null_mut()
@@ -73,7 +73,7 @@ pub fn enable_gro(socket: &UdpSocket) {
             socket.as_raw_fd(),
             libc::SOL_UDP,
             UDP_GRO,
-            (&on as *const libc::c_int).cast(),
+            (&raw const on).cast(),
             size_of::<libc::c_int>() as u32,
         );
     }
@@ -379,9 +379,8 @@ mod tests {
         rx.set_nonblocking(true).unwrap();
         enable_gro(&rx);
         let tx = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-        let dest = match rx.local_addr().unwrap() {
-            std::net::SocketAddr::V4(a) => a,
-            _ => unreachable!(),
+        let std::net::SocketAddr::V4(dest) = rx.local_addr().unwrap() else {
+            unreachable!("bound to an IPv4 address")
         };
         let mut out = SendBatch::new(1500);
         let sizes = [1000, 1000, 1000, 300, 1000, 7];

@@ -111,10 +111,10 @@ fn usable(path: &Path, meta: &fs::Metadata, us: u32) -> Result<(), KeyError> {
     let kind = meta.file_type();
     if !kind.is_file() {
         let what = match () {
-            _ if kind.is_dir() => "a directory",
-            _ if kind.is_fifo() => "a FIFO",
-            _ if kind.is_socket() => "a socket",
-            _ => "a device",
+            () if kind.is_dir() => "a directory",
+            () if kind.is_fifo() => "a FIFO",
+            () if kind.is_socket() => "a socket",
+            () => "a device",
         };
         return Err(KeyError::NotRegular {
             path: path.to_owned(),

@@ -18,7 +18,7 @@ pub mod throttle;
 mod tun;
 
 use std::{
-    collections::BTreeMap,
+    collections::BTreeSet,
     io,
     net::{Ipv4Addr, SocketAddrV4, UdpSocket},
     panic::AssertUnwindSafe,
@@ -50,7 +50,7 @@ pub(crate) const HANDSHAKE_LIMIT: u64 = 200;
 /// WireGuard's overhead on a data packet: header, counter, tag.
 const OVERHEAD: usize = 32;
 /// A session older than this without a new handshake is dead (WireGuard's Reject-After-Time).
-const SESSION_LIFETIME: Duration = Duration::from_secs(180);
+const SESSION_LIFETIME: Duration = Duration::from_mins(3);
 
 /// How the tunnel is set up.
 #[derive(Clone, Debug)]
@@ -276,20 +276,20 @@ impl Tunnel {
             let devices = Devices::new(tun, udp)?;
             threads.push(
                 shared.spawn_supervised(format!("tunnel-{i}"), move |shared| {
-                    Worker::new(shared, &devices).run()
+                    Worker::new(shared, &devices).run();
                 })?,
             );
         }
         let handshake_socket = control.try_clone()?;
         threads.push(
             shared.spawn_supervised("tunnel-handshakes".into(), move |shared| {
-                datapath::handshakes(shared, &handshake_socket)
+                datapath::handshakes(shared, &handshake_socket);
             })?,
         );
         let timer_socket = control.try_clone()?;
         threads.push(
             shared.spawn_supervised("tunnel-timers".into(), move |shared| {
-                datapath::timers(shared, &timer_socket)
+                datapath::timers(shared, &timer_socket);
             })?,
         );
         Ok(Self {
@@ -350,11 +350,11 @@ impl Tunnel {
             };
             next.push((peer, config.networks.clone()));
         }
-        let kept: BTreeMap<&ObjectKey, ()> = configs.iter().map(|c| (&c.key, ())).collect();
+        let kept: BTreeSet<&ObjectKey> = configs.iter().map(|c| &c.key).collect();
         changes.extend(
             current
                 .iter()
-                .filter(|p| !kept.contains_key(&p.config.key))
+                .filter(|p| !kept.contains(&p.config.key))
                 .map(|p| (p.config.key.clone(), PeerChange::Removed)),
         );
         self.shared.set_snapshot(PeerSet::new(next));

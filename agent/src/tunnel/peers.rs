@@ -133,7 +133,7 @@ impl std::fmt::Debug for TunnelPeer {
         f.debug_struct("TunnelPeer")
             .field("key", &self.config.key)
             .field("index", &self.index)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 

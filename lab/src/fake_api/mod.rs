@@ -321,12 +321,11 @@ impl State {
         let key = key_of(&plural, &object);
         self.rv += 1;
         let existing = self.objects.get(&key);
-        let uid = match existing {
-            Some(old) => old["metadata"]["uid"].clone(),
-            None => {
-                self.next_uid += 1;
-                json!(format!("00000000-0000-0000-0000-{:012}", self.next_uid))
-            }
+        let uid = if let Some(old) = existing {
+            old["metadata"]["uid"].clone()
+        } else {
+            self.next_uid += 1;
+            json!(format!("00000000-0000-0000-0000-{:012}", self.next_uid))
         };
         if let (Some(old_status), true) =
             (existing.and_then(|o| o.get("status")), has_status(&plural))

@@ -11,11 +11,12 @@ use super::{
     ha::settings as ha,
     keys::key_file,
     liqo_v1_peer::settings as liqo_v1_peer,
-    options::{LabTunnel, guard_is_on, past_netfilter_mode, tunnel_mode},
+    options::LabTunnel,
     paths::{agent_binary, bpffs, bpffs_root, log_file, object_dir, pid_file},
     process::{READY_TIMEOUT, alive, running_with, runs_with, spawn_detached, stop_pid},
     scrape::http_get,
     segregation::settings as segregation,
+    setup::{LiqoPeer, Setup},
 };
 use crate::{
     cmd::run,
@@ -48,16 +49,22 @@ fn cluster_of(node: &str) -> Option<&'static Cluster> {
     })
 }
 
-/// Starts node `node`'s agent in its netns and records its PID. Does not
-/// wait for it to be ready.
+/// Starts node `node`'s agent in its netns, as the running lab's setup
+/// says, and records its PID. Does not wait for it to be ready.
 pub fn start_agent(node: &str) -> Result<u32> {
-    let args = agent_args(node)?;
-    let pid = match containers::is_on() {
+    start_agent_in(node, &Setup::current()?)
+}
+
+/// Starts node `node`'s agent as `setup` says, and records its PID.
+pub(super) fn start_agent_in(node: &str, setup: &Setup) -> Result<u32> {
+    let args = args_in(node, setup)?;
+    let pid = match setup.containers {
         true => spawn_container(
             node,
             &args,
             &containers::Variant::default(),
             &log_file(node),
+            setup,
         )?,
         false => spawn_agent(node, &args, &log_file(node))?,
     };
@@ -66,21 +73,28 @@ pub fn start_agent(node: &str) -> Result<u32> {
 }
 
 /// Starts node `node`'s agent in a container, as `variant` of the
-/// manifest says, with `args` from the lab and its output to `log`.
-/// Returns the PID of `podman run`, which passes signals on to the agent
-/// and exits with it.
+/// manifest says, with `args` from the lab and its output to `log`, in the
+/// lab set up as `setup`. Returns the PID of `podman run`, which passes
+/// signals on to the agent and exits with it.
 pub fn spawn_container(
     node: &str,
     args: &[String],
     variant: &containers::Variant,
     log: &Path,
+    setup: &Setup,
 ) -> Result<u32> {
-    let command = containers::command(node, role_of(node), args, variant)?;
+    let command = containers::command(node, role_of(node), args, variant, setup)?;
     spawn_logged(command, log).context("starting the agent's container")
 }
 
-/// The command line the lab runs node `node`'s agent with.
+/// The command line the running lab runs node `node`'s agent with.
 pub fn agent_args(node: &str) -> Result<Vec<String>> {
+    args_in(node, &Setup::current()?)
+}
+
+/// The command line node `node`'s agent runs with in a lab set up as
+/// `setup`.
+fn args_in(node: &str, setup: &Setup) -> Result<Vec<String>> {
     let mut args: Vec<String> = vec![
         "run".into(),
         format!("--node={node}"),
@@ -92,7 +106,7 @@ pub fn agent_args(node: &str) -> Result<Vec<String>> {
         ),
         format!("--bpffs={}", bpffs(node).display()),
     ];
-    if ha::is_ha_node(node) {
+    if ha::is_ha_node(node, setup) {
         args.extend([
             "--source=kube".into(),
             format!("--kubeconfig={}", ha::kubeconfig().display()),
@@ -109,11 +123,11 @@ pub fn agent_args(node: &str) -> Result<Vec<String>> {
         args.push(format!("--masquerade-ip={}", cluster.masquerade_addr()));
         // Endpoint names are looked up again often, so a test sees a move.
         args.push(format!("--resolve-interval={RESOLVE_INTERVAL}"));
-        if segregation::is_on() && node == segregation::CLUSTER.gw() {
+        if setup.segregation && node == segregation::CLUSTER.gw() {
             args.push(format!("--security-mode={}", segregation::MODE));
         }
     }
-    if liqo_v1_peer::is_on()
+    if matches!(setup.liqo, Some(LiqoPeer::V1(_)))
         && cluster_of(node).is_some_and(|c| c.name == liqo_v1_peer::ISTHMUS.name)
     {
         args.push("--liqo-api=v1".into());
@@ -123,13 +137,13 @@ pub fn agent_args(node: &str) -> Result<Vec<String>> {
         }
     }
     args.push(format!("--pod-devs={POD_DEVS}"));
-    if let Some(mode) = past_netfilter_mode() {
+    if let Some(mode) = &setup.past_netfilter {
         args.push(format!("--forward-past-netfilter={mode}"));
     }
-    match tunnel_mode() {
+    match setup.tunnel {
         LabTunnel::Userspace => {
             args.push(format!("--private-key-file={}", key_file(node).display()));
-            if role_of(node) == "gateway" && guard_is_on() {
+            if role_of(node) == "gateway" && setup.guard {
                 args.push(GUARD_OPTION.into());
             }
         }
@@ -191,7 +205,7 @@ pub fn start_tunnelless_gateway(
 /// The PID of node `node`'s agent, if it runs: in a container, PID 1 of
 /// the container, which a signal to kill the agent must reach.
 pub fn agent_pid(node: &str) -> Option<u32> {
-    if containers::is_on() {
+    if Setup::current().is_ok_and(|setup| setup.containers) {
         return containers::agent_pid(node).filter(|pid| alive(*pid));
     }
     let pid: u32 = fs::read_to_string(pid_file(node))
@@ -231,10 +245,17 @@ pub fn clean_up_agent(node: &str) -> Result<String> {
     )
 }
 
-/// Stops and starts node `node`'s agent, and waits until it is ready.
+/// Stops and starts node `node`'s agent, as the running lab's setup says,
+/// and waits until it is ready.
 pub fn restart_agent(node: &str) -> Result<()> {
+    restart_agent_in(node, &Setup::current()?)
+}
+
+/// Stops and starts node `node`'s agent as `setup` says, and waits until it
+/// is ready.
+pub(super) fn restart_agent_in(node: &str, setup: &Setup) -> Result<()> {
     stop_agent(node)?;
-    start_agent(node)?;
+    start_agent_in(node, setup)?;
     wait_ready(node)
 }
 

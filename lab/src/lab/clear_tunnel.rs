@@ -10,7 +10,7 @@ use anyhow::Result;
 use super::external_tunnel::dev;
 use crate::{
     cmd::{ip, run},
-    topology::{Cluster, PEERINGS},
+    topology::Cluster,
 };
 
 /// The WireGuards' MTU in the lab.
@@ -57,7 +57,7 @@ pub fn start_on(cluster: &Cluster) -> Result<()> {
     )?;
     ip(&gw, &["addr", "add", &format!("{address}/24"), "dev", &dev])?;
     ip(&gw, &["link", "set", &dev, "up"])?;
-    for p in PEERINGS.iter().filter(|p| p.local.name == cluster.name) {
+    for p in cluster.peerings() {
         let (peer_address, peer_mac) = inner(p.remote);
         let wan = p.remote.wan_addr().to_string();
         run(

@@ -40,6 +40,7 @@ use serde::Deserialize;
 use super::{
     ha::settings::{is_ha_node, kubeconfig},
     paths::{bpffs, hosts_file, object_dir, state},
+    setup::Setup,
 };
 use crate::{container, repo_root};
 
@@ -52,19 +53,6 @@ pub fn manifest() -> PathBuf {
 const BPFFS_HOST_PATH: &str = "/sys/fs/bpf/isthmus";
 /// The label every lab container carries, so that `lab down` finds them.
 pub const LABEL: &str = "isthmus-lab";
-/// The marker file whose presence runs the agents in containers.
-const MARKER: &str = "containers";
-
-/// Whether the lab runs its agents in containers.
-pub fn is_on() -> bool {
-    state(MARKER).exists()
-}
-
-/// Makes the agents started next run in containers.
-pub(super) fn turn_on() -> Result<()> {
-    Ok(fs::write(state(MARKER), "")?)
-}
-
 /// A new name for a container of node `node`'s agent. Each container has
 /// its own, so that the next can start while podman still removes the
 /// one before (which takes it about two seconds after the agent exits).
@@ -411,9 +399,9 @@ pub fn merge_args(manifest: Vec<String>, lab: &[String]) -> Vec<String> {
 
 /// The paths the lab's own flags name, mounted read-only where the agent
 /// looks for them.
-fn lab_mounts(node: &str) -> Vec<String> {
+fn lab_mounts(node: &str, setup: &Setup) -> Vec<String> {
     let mut paths = vec![object_dir(node), state("keys")];
-    if is_ha_node(node) {
+    if is_ha_node(node, setup) {
         paths.push(kubeconfig());
     }
     let mut mounts: Vec<String> = paths
@@ -429,8 +417,15 @@ fn lab_mounts(node: &str) -> Vec<String> {
 }
 
 /// The `podman run` command that runs node `node`'s agent with the lab's
-/// arguments `lab_args`, as the manifest says but for `variant`.
-pub fn command(node: &str, role: &str, lab_args: &[String], variant: &Variant) -> Result<Command> {
+/// arguments `lab_args`, as the manifest says but for `variant`, in the lab
+/// set up as `setup`.
+pub fn command(
+    node: &str,
+    role: &str,
+    lab_args: &[String],
+    variant: &Variant,
+    setup: &Setup,
+) -> Result<Command> {
     let text = fs::read_to_string(manifest())?;
     let agent = AgentContainer::of_role(&text, role)?;
     let pod = Downward {
@@ -451,7 +446,7 @@ pub fn command(node: &str, role: &str, lab_args: &[String], variant: &Variant) -
     let mut command = container::run_command();
     command
         .args(agent.podman_args(node, &pod, variant)?)
-        .args(lab_mounts(node))
+        .args(lab_mounts(node, setup))
         .arg(agent.image()?)
         .args(merge_args(agent.args(&env), &lab_args));
     Ok(command)

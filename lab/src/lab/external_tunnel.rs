@@ -23,7 +23,7 @@ use super::{
 };
 use crate::{
     cmd::{ip, run},
-    topology::{CLUSTERS, Cluster, PEERINGS, TUNNEL_PORT},
+    topology::{CLUSTERS, Cluster, TUNNEL_PORT},
 };
 
 /// A userspace WireGuard that is not ours.
@@ -318,8 +318,12 @@ fn configure(cluster: &Cluster, dev: &str) -> Result<()> {
         key = key_file(&gw).display(),
     );
     let mut views = Vec::new();
-    for p in PEERINGS.iter().filter(|p| p.local.name == cluster.name) {
-        let allowed: Vec<String> = p.remote_views().iter().map(|n| n.to_string()).collect();
+    for p in cluster.peerings() {
+        let allowed: Vec<String> = p
+            .remote_views()
+            .iter()
+            .map(std::string::ToString::to_string)
+            .collect();
         script.push_str(&format!(
             " peer {peer} endpoint {endpoint}:{TUNNEL_PORT} allowed-ips {allowed} persistent-keepalive 10",
             peer = public_key(&p.remote.gw())?,

@@ -10,6 +10,7 @@ pub mod clear_tunnel;
 pub mod containers;
 pub mod external_tunnel;
 pub mod ha;
+pub mod liqo_conncheck;
 pub mod liqo_v0_10_peer;
 pub mod liqo_v1_peer;
 pub mod monitor;
@@ -23,13 +24,14 @@ mod options;
 mod paths;
 mod process;
 mod scrape;
+mod setup;
 mod switch;
 
 use std::{fs, path::Path};
 
 use anyhow::{Context, Result, bail};
 
-use agents::{is_lab_agent, stray_agents};
+use agents::{is_lab_agent, start_agent_in, stray_agents};
 use network::{build_cluster, build_wan, route_peers};
 use node_objects::write_objects;
 use switch::start_other_tunnel;
@@ -43,9 +45,7 @@ pub use keys::{key_file, public_key};
 pub use network::{POD_GATEWAY, wire_pod};
 pub(crate) use network::{add_ns, veth};
 pub use node_objects::{NODES_FILE, write_nat_mapping, write_object};
-pub use options::{
-    LabTunnel, guard_is_on, past_netfilter_mode, tunnel_mode, write_past_netfilter_mode,
-};
+pub use options::LabTunnel;
 pub(crate) use paths::state;
 pub use paths::{
     STATE_DIR, agent_binary, bpffs, bpffs_root, hosts_file, log_file, object_dir, pins,
@@ -53,12 +53,13 @@ pub use paths::{
 pub use process::{alive, end_pid, stop_pid};
 pub(crate) use process::{running_with, runs_with};
 pub use scrape::{http_get, http_get_at, metric, metric_sum, pinned_hash, scrape};
+pub use setup::{LiqoPeer, Setup};
 pub use switch::{set_forward_past_netfilter, set_gateway_tunnel, set_guard};
 
 use crate::{
     cmd::{ip, run},
     netns,
-    topology::{CLUSTERS, Cluster, GW2, POD3, WAN_NS},
+    topology::{CLUSTERS, GW2, POD3, WAN_NS},
 };
 
 /// Prefix of the namespaces tests build for themselves, beside the lab.
@@ -93,66 +94,11 @@ pub fn is_up() -> bool {
     netns::exists(WAN_NS) && Path::new(STATE_DIR).is_dir()
 }
 
-/// Builds the lab from nothing and starts every agent; returns once every
-/// agent reports ready.
-pub fn up(tunnel: LabTunnel) -> Result<()> {
-    build(tunnel, None, Agents::Processes)
-}
-
-/// As [`up`], with every agent run from the agent's image under podman, as
-/// the DaemonSets run it ([`containers`]).
-pub fn up_in_containers(tunnel: LabTunnel) -> Result<()> {
-    build(tunnel, None, Agents::Containers)
-}
-
-/// How the lab runs its agents.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Agents {
-    /// The release binary, as root, in the node's namespace.
-    Processes,
-    /// The image, under the DaemonSets' container settings.
-    Containers,
-}
-
-/// The lab with `liqo` run as Liqo v0.10 runs a cluster
-/// ([`liqo_v0_10_peer`]) and the others with Isthmus' embedded tunnel.
-pub fn up_with_liqo_v0_10_peer(liqo: &'static Cluster) -> Result<()> {
-    build(
-        LabTunnel::Userspace,
-        Some(LiqoPeer::V0_10(liqo)),
-        Agents::Processes,
-    )
-}
-
-/// The lab with cluster b run as Liqo v1.2 runs one, which a serves from
-/// Liqo v1's objects ([`liqo_v1_peer`]), a on `side` of the tunnel.
-pub fn up_with_liqo_v1_peer(side: liqo_v1_peer::Side) -> Result<()> {
-    build(
-        LabTunnel::Userspace,
-        Some(LiqoPeer::V1(side)),
-        Agents::Processes,
-    )
-}
-
-/// A cluster the lab runs as Liqo runs it.
-#[derive(Clone, Copy)]
-enum LiqoPeer {
-    /// This one, as Liqo v0.10.
-    V0_10(&'static Cluster),
-    /// Cluster b, as Liqo v1.2, served by a on this side of the tunnel.
-    V1(liqo_v1_peer::Side),
-}
-
-impl LiqoPeer {
-    fn cluster(self) -> &'static Cluster {
-        match self {
-            LiqoPeer::V0_10(cluster) => cluster,
-            LiqoPeer::V1(_) => liqo_v1_peer::LIQO,
-        }
-    }
-}
-
-fn build(tunnel: LabTunnel, liqo: Option<LiqoPeer>, agents: Agents) -> Result<()> {
+/// Builds the lab as `setup` says, from nothing, and starts every agent;
+/// returns once every agent reports ready. A combination the lab cannot
+/// build is refused before anything starts.
+pub fn up(setup: &Setup) -> Result<()> {
+    setup.check()?;
     let agent = agent_binary();
     if !agent.exists() {
         bail!(
@@ -164,15 +110,45 @@ fn build(tunnel: LabTunnel, liqo: Option<LiqoPeer>, agents: Agents) -> Result<()
     for sub in ["pids", "logs", "objects", "bpffs", "keys"] {
         fs::create_dir_all(state(sub))?;
     }
-    fs::write(state("tunnel"), tunnel.as_str())?;
-    if agents == Agents::Containers {
-        containers::turn_on()?;
+    // The second gateway and segregation are switched on in the lab
+    // built without them, as their tests switch them.
+    let base = Setup {
+        ha: false,
+        segregation: false,
+        ..setup.clone()
+    };
+    base.record()?;
+    build_network(base.tunnel)?;
+    start_liqo_peer(base.liqo)?;
+    start_isthmus_agents(&base)?;
+    if base.liqo.is_none() {
+        println!("lab: starting Prometheus in {}", monitor::MON_NS);
+        monitor::up()?;
     }
-    match liqo {
-        Some(LiqoPeer::V0_10(cluster)) => liqo_v0_10_peer::choose(cluster)?,
-        Some(LiqoPeer::V1(side)) => liqo_v1_peer::choose(side)?,
-        None => {}
+    if setup.segregation {
+        segregation::set(true)?;
+        println!(
+            "lab: {} segregates its peers ({})",
+            segregation::settings::CLUSTER.gw(),
+            segregation::settings::MODE
+        );
     }
+    if setup.ha {
+        ha::set(true)?;
+        println!(
+            "lab: cluster a has two gateways ({}); {} is on {}",
+            ha::gateways().join(", "),
+            crate::topology::A.wan_addr(),
+            ha::endpoint_holder().unwrap_or_default()
+        );
+    }
+    println!("lab: up; every Isthmus agent is ready");
+    Ok(())
+}
+
+/// The lab's bpffs, namespaces, links, routes and objects, and what
+/// carries traffic between its gateways besides the agents.
+fn build_network(tunnel: LabTunnel) -> Result<()> {
     run(
         "mount",
         &["-t", "bpf", "isthmus-lab", &bpffs_root().to_string_lossy()],
@@ -184,14 +160,18 @@ fn build(tunnel: LabTunnel, liqo: Option<LiqoPeer>, agents: Agents) -> Result<()
     }
     route_peers(tunnel)?;
     write_objects(tunnel)?;
-    start_other_tunnel(tunnel)?;
+    start_other_tunnel(tunnel)
+}
+
+/// Runs the cluster `liqo` names as Liqo runs it.
+fn start_liqo_peer(liqo: Option<LiqoPeer>) -> Result<()> {
     match liqo {
         Some(LiqoPeer::V0_10(cluster)) => {
             println!(
                 "lab: cluster {} runs as Liqo v0.10 (wireguard-go, iptables, conncheck)",
                 cluster.name
             );
-            liqo_v0_10_peer::start(cluster)?;
+            liqo_v0_10_peer::start(cluster)
         }
         Some(LiqoPeer::V1(side)) => {
             println!(
@@ -199,35 +179,26 @@ fn build(tunnel: LabTunnel, liqo: Option<LiqoPeer>, agents: Agents) -> Result<()
                 liqo_v1_peer::LIQO.name,
                 liqo_v1_peer::ISTHMUS.name
             );
-            liqo_v1_peer::write_objects()?;
-            liqo_v1_peer::start()?;
+            liqo_v1_peer::write_objects(side)?;
+            liqo_v1_peer::start(side)
         }
-        None => {}
+        None => Ok(()),
     }
-    let isthmus = || {
-        CLUSTERS
-            .iter()
-            .filter(|c| liqo.is_none_or(|l| l.cluster().name != c.name))
-    };
+}
+
+/// Starts the agents of every cluster that runs Isthmus, then waits until
+/// each is ready.
+fn start_isthmus_agents(setup: &Setup) -> Result<()> {
+    let nodes: Vec<String> = CLUSTERS
+        .iter()
+        .filter(|c| setup.runs_isthmus(c))
+        .flat_map(|c| c.nodes().map(|(node, _)| node))
+        .collect();
     println!("lab: starting agents");
-    for cluster in isthmus() {
-        for (node, _) in cluster.nodes() {
-            start_agent(&node)?;
-        }
+    for node in &nodes {
+        start_agent_in(node, setup)?;
     }
-    for cluster in isthmus() {
-        for (node, _) in cluster.nodes() {
-            wait_ready(&node)?;
-        }
-    }
-    if liqo.is_some() {
-        println!("lab: up; every Isthmus agent is ready");
-        return Ok(());
-    }
-    println!("lab: starting Prometheus in {}", monitor::MON_NS);
-    monitor::up()?;
-    println!("lab: up; every agent is ready, and Prometheus scrapes them all");
-    Ok(())
+    nodes.iter().try_for_each(|node| wait_ready(node))
 }
 
 /// Removes everything the lab created. Succeeds when nothing is up.
@@ -245,7 +216,7 @@ pub fn down() -> Result<()> {
         stop_pid(pid)?;
     }
     containers::remove_all()?;
-    liqo_v0_10_peer::stop()?;
+    liqo_conncheck::stop()?;
     ha::stop_control()?;
     external_tunnel::stop_all()?;
     for gw in CLUSTERS.iter().map(|c| c.gw()).chain([GW2.to_owned()]) {

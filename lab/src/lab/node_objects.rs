@@ -18,7 +18,7 @@ use crate::topology::{CLUSTERS, NAT_MAPPING, PEERINGS};
 fn write_hosts() -> Result<()> {
     for cluster in CLUSTERS {
         let mut hosts = String::from("127.0.0.1 localhost\n");
-        for p in PEERINGS.iter().filter(|p| p.local.name == cluster.name) {
+        for p in cluster.peerings() {
             if let Some(name) = p.endpoint_name {
                 hosts.push_str(&format!("{} {name}\n", p.remote.wan_addr()));
             }

@@ -1,18 +1,15 @@
-//! The lab's setups that its agents follow: which tunnel carries traffic
-//! between the gateways, and the agents' options a test or a benchmark
-//! turns on or off. Each is a file in the lab's state, read when an agent
-//! starts; [`super::switch`] changes them in a running lab.
+//! What can carry traffic between the lab's gateways.
 
-use std::fs;
+use serde::{Deserialize, Serialize};
 
-use anyhow::Result;
-
-use super::{external_tunnel, paths::state};
+use super::external_tunnel;
 
 /// What carries traffic between the lab's gateways.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum LabTunnel {
     /// The agents' embedded WireGuard, over `ist-wan`.
+    #[default]
     Userspace,
     /// None: gateways route peers' networks over `wan0` in clear, and NAT there.
     None,
@@ -59,57 +56,4 @@ impl LabTunnel {
             .get_name()
             .to_owned()
     }
-}
-
-/// The tunnel mode the lab was brought up with.
-pub fn tunnel_mode() -> LabTunnel {
-    use clap::ValueEnum;
-    fs::read_to_string(state("tunnel"))
-        .ok()
-        .and_then(|s| LabTunnel::from_str(&s, false).ok())
-        .unwrap_or(LabTunnel::Userspace)
-}
-
-/// The lab state's marker file that turns the gateways' XDP guard on.
-pub(super) const GUARD: &str = "guard";
-
-/// The lab state's file that holds `--forward-past-netfilter`'s value when
-/// a test sets one; without it, the agents run the DaemonSet's default.
-pub(super) const PAST_NETFILTER: &str = "past-netfilter";
-
-/// Whether the embedded tunnel's gateways run the XDP guard on their
-/// uplinks. The lab starts them as the DaemonSet ships them, without it;
-/// [`super::set_guard`] turns it on.
-pub fn guard_is_on() -> bool {
-    state(GUARD).exists()
-}
-
-/// The `--forward-past-netfilter` value a test set (`on`, `off`, `auto`),
-/// or none while the agents run the DaemonSet's default, `auto`.
-pub fn past_netfilter_mode() -> Option<String> {
-    fs::read_to_string(state(PAST_NETFILTER)).ok()
-}
-
-/// Sets `--forward-past-netfilter` to `mode` (none: the default) for the
-/// agents started from now on.
-pub fn write_past_netfilter_mode(mode: Option<&str>) -> Result<()> {
-    match mode {
-        Some(mode) => fs::write(state(PAST_NETFILTER), mode)?,
-        None => {
-            let _ = fs::remove_file(state(PAST_NETFILTER));
-        }
-    }
-    Ok(())
-}
-
-/// Writes the marker file that turns an option of the agents on, or
-/// removes it; the agents started next follow it.
-pub(super) fn set_marker(marker: &str, on: bool) -> Result<()> {
-    match on {
-        true => fs::write(state(marker), "")?,
-        false => {
-            let _ = fs::remove_file(state(marker));
-        }
-    }
-    Ok(())
 }

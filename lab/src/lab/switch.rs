@@ -1,16 +1,15 @@
-//! Changing a running lab's setup: each switch writes an option of
-//! [`super::options`] and restarts the agents it concerns, or puts another
-//! tunnel between the gateways.
-
-use std::fs;
+//! Changing a running lab's setup: each switch changes the recorded
+//! [`Setup`] and restarts the agents it concerns, or puts another tunnel
+//! between the gateways.
 
 use anyhow::{Result, bail};
 
 use super::{
-    agents::{clean_up_agent, restart_agent, start_agent, stop_agent, wait_ready},
+    agents::{clean_up_agent, restart_agent_in, start_agent_in, stop_agent, wait_ready},
     clear_tunnel, external_tunnel,
-    options::{GUARD, LabTunnel, set_marker, tunnel_mode, write_past_netfilter_mode},
-    paths::{pid_file, state},
+    options::LabTunnel,
+    paths::pid_file,
+    setup::Setup,
 };
 use crate::topology::CLUSTERS;
 
@@ -34,10 +33,10 @@ pub(super) fn start_other_tunnel(tunnel: LabTunnel) -> Result<()> {
 /// returns once they are ready. The guard is an option of the agent, off
 /// in the DaemonSet and so in the lab: its tests and benchmark turn it on.
 pub fn set_guard(on: bool) -> Result<()> {
-    set_marker(GUARD, on)?;
+    let setup = Setup::change(|setup| setup.guard = on)?;
     isthmus_gateways()
         .iter()
-        .try_for_each(|gw| restart_agent(gw))
+        .try_for_each(|gw| restart_agent_in(gw, &setup))
 }
 
 /// The gateways the lab started an Isthmus agent on: every one but that
@@ -57,7 +56,7 @@ fn isthmus_gateways() -> Vec<String> {
 /// the shared machine falls on all of them. Not to or from
 /// [`LabTunnel::None`], whose lab routes peers' networks itself.
 pub fn set_gateway_tunnel(tunnel: LabTunnel, guard: bool) -> Result<()> {
-    if tunnel == LabTunnel::None || tunnel_mode() == LabTunnel::None {
+    if tunnel == LabTunnel::None || Setup::current()?.tunnel == LabTunnel::None {
         bail!("a lab without a tunnel routes peers' networks itself: bring it up anew");
     }
     let gateways: Vec<String> = CLUSTERS.iter().map(|c| c.gw()).collect();
@@ -69,11 +68,13 @@ pub fn set_gateway_tunnel(tunnel: LabTunnel, guard: bool) -> Result<()> {
     }
     external_tunnel::stop_all()?;
     CLUSTERS.iter().try_for_each(|c| clear_tunnel::stop_on(c))?;
-    fs::write(state("tunnel"), tunnel.as_str())?;
-    set_marker(GUARD, guard)?;
+    let setup = Setup::change(|setup| {
+        setup.tunnel = tunnel;
+        setup.guard = guard;
+    })?;
     start_other_tunnel(tunnel)?;
     for gw in &gateways {
-        start_agent(gw)?;
+        start_agent_in(gw, &setup)?;
     }
     gateways.iter().try_for_each(|gw| wait_ready(gw))
 }
@@ -81,9 +82,9 @@ pub fn set_gateway_tunnel(tunnel: LabTunnel, guard: bool) -> Result<()> {
 /// Sets `--forward-past-netfilter` to `mode` (none: the default), restarting
 /// every agent; returns once they are ready.
 pub fn set_forward_past_netfilter(mode: Option<&str>) -> Result<()> {
-    write_past_netfilter_mode(mode)?;
+    let setup = Setup::change(|setup| setup.past_netfilter = mode.map(str::to_owned))?;
     CLUSTERS
         .iter()
         .flat_map(|c| c.nodes().map(|(name, _)| name))
-        .try_for_each(|node| restart_agent(&node))
+        .try_for_each(|node| restart_agent_in(&node, &setup))
 }

@@ -74,7 +74,12 @@ impl Node {
     fn tcx(&self, attach_type: TcAttachType) -> Vec<u32> {
         netns::run_in(&self.ns, || SchedClassifier::query_tcx("v0", attach_type))
             .unwrap()
-            .map(|(_, programs)| programs.iter().map(|p| p.id()).collect())
+            .map(|(_, programs)| {
+                programs
+                    .iter()
+                    .map(aya::programs::ProgramInfo::id)
+                    .collect()
+            })
             .unwrap_or_default()
     }
 }

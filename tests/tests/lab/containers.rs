@@ -26,7 +26,7 @@ use crate::ha::Traffic;
 fn require_container_lab() {
     require_lab();
     assert!(
-        containers::is_on(),
+        lab::Setup::current().expect("the lab's setup").containers,
         "the lab runs its agents as processes: bring it up with `cargo xtask lab up --containers`"
     );
 }
@@ -42,8 +42,9 @@ fn log_of_failed_start(node: &str, variant: &Variant) -> String {
     lab::stop_agent(node).unwrap();
     let log = lab::log_file(&format!("{node}-variant"));
     let _ = fs::remove_file(&log);
+    let setup = lab::Setup::current().unwrap();
     let args = lab::agent_args(node).unwrap();
-    let pid = lab::spawn_container(node, &args, variant, &log).unwrap();
+    let pid = lab::spawn_container(node, &args, variant, &log, &setup).unwrap();
     let exited = isthmus_lab::wait::until(
         EXIT_WITHIN,
         Duration::from_millis(50),
@@ -166,8 +167,7 @@ fn every_agent_runs_confined_by_its_own_filter_with_the_manifests_capabilities_o
             status
                 .lines()
                 .find_map(|l| l.strip_prefix(&format!("{name}:")))
-                .map(str::trim)
-                .unwrap_or_else(|| panic!("{node}: no {name} in its status"))
+                .map_or_else(|| panic!("{node}: no {name} in its status"), str::trim)
                 .to_owned()
         };
         assert_eq!(field("Seccomp"), "2", "{node}: not under a seccomp filter");

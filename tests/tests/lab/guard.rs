@@ -89,7 +89,7 @@ fn userspace_rejections() -> f64 {
 fn a_handshake_flood_from_a_stranger_dies_in_xdp() {
     require_lab();
     assert_eq!(
-        lab::tunnel_mode(),
+        lab::Setup::current().unwrap().tunnel,
         LabTunnel::Userspace,
         "the guard protects the embedded tunnel: run with the default lab"
     );

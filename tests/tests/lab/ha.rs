@@ -305,7 +305,7 @@ struct Sampler {
 }
 
 impl Sampler {
-    const BOUND: Duration = Duration::from_secs(60);
+    const BOUND: Duration = Duration::from_mins(1);
 
     fn start(first: &'static str, second: &'static str) -> Self {
         let stop = Arc::new(AtomicBool::new(false));

@@ -160,7 +160,11 @@ fn a_gateway_exposes_the_whole_metric_set_and_counts_what_it_sent() {
     // Its value depends on earlier tests' restarts; the series must exist.
     sum(&gw, "isthmus_peer_handshake_failures_total", &peer);
     // The XDP guard is an option, off as the DaemonSet ships it.
-    let xdp_mode = if lab::guard_is_on() { "native" } else { "none" };
+    let xdp_mode = if lab::Setup::current().unwrap().guard {
+        "native"
+    } else {
+        "none"
+    };
     let build = [
         ("attach_mode", "tcx"),
         ("xdp_mode", xdp_mode),
@@ -232,7 +236,7 @@ fn prometheus_scrapes_every_agent_and_sees_what_was_sent() {
     monitor::wait_until_every_agent_is_up().unwrap();
     let up = monitor::query("up{job=\"isthmus\"}").unwrap();
     let mut nodes: Vec<&str> = up.iter().map(|(l, _)| l["node"].as_str()).collect();
-    nodes.sort();
+    nodes.sort_unstable();
     let mut want: Vec<String> = CLUSTERS
         .iter()
         .flat_map(|c| c.nodes().map(|(n, _)| n))

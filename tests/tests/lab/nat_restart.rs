@@ -33,7 +33,7 @@ const REMOTE: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 5);
 const PACE: Duration = Duration::from_micros(500);
 /// Bounds on the stream, so it stops by itself whatever happens.
 const MAX_PACKETS: u32 = 200_000;
-const MAX_TIME: Duration = Duration::from_secs(60);
+const MAX_TIME: Duration = Duration::from_mins(1);
 
 struct Topology {
     objects: PathBuf,

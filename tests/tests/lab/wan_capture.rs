@@ -34,7 +34,7 @@ fn capture_on_wan(args: &[&str], name: &str) -> Child {
 fn only_wireguard_between_the_gateways_crosses_the_wan() {
     require_lab();
     assert_eq!(
-        lab::tunnel_mode(),
+        lab::Setup::current().unwrap().tunnel,
         LabTunnel::Userspace,
         "the lab must run the tunnel"
     );
@@ -213,7 +213,7 @@ fn footprint(node: &str) -> (String, String, String, Vec<(String, usize)>) {
 fn gateway_down_sends_no_pod_address_to_the_wan(stop: impl Fn(&str)) {
     require_lab();
     assert_eq!(
-        lab::tunnel_mode(),
+        lab::Setup::current().unwrap().tunnel,
         LabTunnel::Userspace,
         "the lab must run the tunnel"
     );

@@ -1,7 +1,7 @@
 //! Isthmus against a Liqo v0.10 gateway. In the Liqo-peer lab
 //! (`cargo xtask lab up --liqo-v0-10-peer b`), cluster b runs wireguard-go, Liqo's
 //! iptables rules and a conncheck written from Liqo's protocol
-//! (`isthmus_lab::liqo_v0_10_peer`); cluster a runs Isthmus. Reachability rows 1–3 hold,
+//! (`isthmus_lab::lab::liqo_v0_10_peer`); cluster a runs Isthmus. Reachability rows 1–3 hold,
 //! and each side's conncheck reaches the other.
 //!
 //! These tests need that lab, not the standard one: `cargo xtask test` runs
@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use isthmus_lab::{
-    lab::{self, liqo_v0_10_peer},
+    lab::{self, liqo_conncheck},
     probe::{self, Proto},
     topology::{self, A, B},
 };
@@ -23,7 +23,10 @@ pub(crate) const CONNCHECK: Duration = Duration::from_secs(20);
 fn require_liqo_lab() {
     require_lab();
     assert_eq!(
-        liqo_v0_10_peer::cluster().map(|c| c.name),
+        lab::Setup::current()
+            .expect("the lab's setup")
+            .liqo
+            .map(|l| l.cluster().name),
         Some(B.name),
         "the lab is not the Liqo-peer lab: run `cargo xtask lab up --liqo-v0-10-peer b`"
     );
@@ -31,7 +34,7 @@ fn require_liqo_lab() {
 
 /// What b's Liqo conncheck last wrote.
 pub(crate) fn liqo_side() -> Value {
-    std::fs::read_to_string(liqo_v0_10_peer::status_file(&B))
+    std::fs::read_to_string(liqo_conncheck::status_file(&B))
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or(Value::Null)

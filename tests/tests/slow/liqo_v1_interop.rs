@@ -55,10 +55,15 @@ const RESTART: Duration = Duration::from_secs(40);
 
 fn require_liqo_v1_lab() {
     require_lab();
-    assert!(
-        liqo_v1_peer::is_on(),
-        "the lab is not the Liqo v1 lab: run `cargo xtask lab up --liqo-v1-peer b`"
-    );
+    isthmus_side();
+}
+
+/// The side of the tunnel a takes in the Liqo v1 lab that is up.
+fn isthmus_side() -> Side {
+    match lab::Setup::current().expect("the lab's setup").liqo {
+        Some(lab::LiqoPeer::V1(side)) => side,
+        _ => panic!("the lab is not the Liqo v1 lab: run `cargo xtask lab up --liqo-v1-peer b`"),
+    }
 }
 
 #[test]
@@ -137,7 +142,7 @@ fn behind_the_xdp_guard_the_liqo_v1_gateway_gets_through_on_either_side() {
     eventually(RESTART, "row 1 behind the guard", row_1_holds);
     assert_rows_1_to_3();
     let (initiations, known) = (guard("initiation"), guard("known_source"));
-    match liqo_v1_peer::isthmus_side() {
+    match isthmus_side() {
         // b contacted a from wherever it is: its initiation passed as such.
         Side::Server => assert!(initiations >= 1.0, "no initiation passed the guard"),
         // a contacted b at its configured endpoint, which answers from it:
@@ -231,7 +236,7 @@ impl WireguardContainer {
         std::fs::copy(lab::key_file(&gw), keys.join("privateKey")).unwrap();
         let kubeconfig = state.join("kubeconfig");
         std::fs::write(&kubeconfig, api.kubeconfig()).unwrap();
-        let (mode, side) = match liqo_v1_peer::isthmus_side() {
+        let (mode, side) = match isthmus_side() {
             Side::Client => (
                 "client",
                 vec![
@@ -275,7 +280,7 @@ impl WireguardContainer {
 /// Liqo's `gateway` container's conncheck on a-gw, as the lab's Liqo side
 /// runs it: PINGs b's tunnel address twice a second, answers PINGs.
 fn liqo_gateway_conncheck(stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
-    let (_, theirs) = liqo_v1_peer::isthmus_side().addresses();
+    let (_, theirs) = isthmus_side().addresses();
     let socket = netns::run_in(&A.gw(), || UdpSocket::bind(("0.0.0.0", 12345)))
         .unwrap()
         .unwrap();

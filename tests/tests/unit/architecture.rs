@@ -233,7 +233,7 @@ fn resolve(
             next = Some(segment.clone());
             break;
         }
-        found = base.clone();
+        found.clone_from(&base);
     }
     known.contains_key(&found).then_some((found, next))
 }

@@ -102,7 +102,7 @@ fn links(markdown: &str) -> Vec<(String, String)> {
         .split("](")
         .skip(1)
         .filter_map(|rest| rest.split_once(')').map(|(target, _)| target))
-        .filter(|t| !t.contains("://") && !t.ends_with(".png"))
+        .filter(|t| !t.contains("://") && !t.to_ascii_lowercase().ends_with(".png"))
         .map(|t| {
             let (page, section) = t.split_once('#').unwrap_or((t, ""));
             (page.to_owned(), section.to_owned())

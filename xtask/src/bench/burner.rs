@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use isthmus_lab::lab;
 
 /// The longest a burner runs, should the bench die before ending it.
-const LIMIT: Duration = Duration::from_secs(300);
+const LIMIT: Duration = Duration::from_mins(5);
 
 /// One busy shell loop in a lab namespace, under `timeout`, ended by its
 /// PID when dropped.

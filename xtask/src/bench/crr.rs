@@ -1,6 +1,6 @@
 //! Connection rate: one client opens a TCP connection, sends a one-byte
 //! request, reads the one-byte answer and closes, again and again for a
-//! fixed time, as netperf's TCP_CRR does. Every connection is a new flow for
+//! fixed time, as netperf's `TCP_CRR` does. Every connection is a new flow for
 //! each NAT and conntrack on the way.
 
 use std::{

@@ -12,7 +12,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use isthmus_lab::{
     cmd::ip,
-    lab::{self, LabTunnel},
+    lab,
     topology::{A, TUNNEL_PORT, WAN_NS},
 };
 
@@ -32,7 +32,7 @@ const WARMUP: Duration = Duration::from_secs(1);
 const GENERATOR_MAX_SECONDS: &str = "20";
 
 pub fn run_guard() -> Result<()> {
-    lab::up(LabTunnel::Userspace)?;
+    lab::up(&lab::Setup::default())?;
     let result = guard();
     lab::down()?;
     result

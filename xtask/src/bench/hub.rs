@@ -11,7 +11,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 
 use anyhow::Result;
 use isthmus_lab::{
-    lab::liqo_v0_10_peer::{self, iptables},
+    lab::liqo_v0_10_peer,
     topology::{A, B, C},
 };
 
@@ -58,7 +58,7 @@ impl Setup {
                 liqo_v0_10_peer::route_worker(&C, "add")?;
                 // b masquerades towards c, which does not remap b, to the
                 // first address of b's own PodCIDR.
-                let measured = traffic(iptables::first_ip(B.pods()));
+                let measured = traffic(isthmus_lab::topology::first_ip(B.pods()));
                 liqo_v0_10_peer::route_worker(&C, "del")?;
                 liqo_v0_10::remove_all(&gateways())?;
                 measured

@@ -42,7 +42,7 @@ const STEPS: [usize; 3] = [1, 100, 1000];
 const ROUNDS: usize = 5;
 const WINDOW: Duration = Duration::from_secs(10);
 /// The longest the sessions may take to come up.
-const SESSIONS_UP: Duration = Duration::from_secs(180);
+const SESSIONS_UP: Duration = Duration::from_mins(3);
 const CPU_BUDGET_PERCENT: f64 = 3.0;
 const MEMORY_BUDGET_MIB: f64 = 64.0;
 /// NatMapping entries per peer for the start: 100,000 in all.
@@ -243,7 +243,7 @@ impl Node {
             format!("--private-key-file={}", lab::key_file(NS).display()),
             format!("--metrics-addr=127.0.0.1:{METRICS_PORT}"),
         ];
-        args.extend(extra.iter().map(|a| a.to_string()));
+        args.extend(extra.iter().map(std::string::ToString::to_string));
         let log = lab::log_file(NS);
         let pid = lab::spawn_agent(NS, &args, &log)?;
         lab::wait_ready_in(NS, pid, &log).context("the idle bench's gateway")?;

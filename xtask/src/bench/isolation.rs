@@ -52,7 +52,7 @@ pub(super) fn segregate() -> Result<()> {
     // b-pod2, b-pod1's service, and the bench's endpoints.
     let want = ENDPOINTS as usize + 2;
     wait::poll(
-        Duration::from_secs(60),
+        Duration::from_mins(1),
         Duration::from_millis(50),
         &format!("b-gw holds {want} allowed entries"),
         || (table.keys().count() == want).then_some(()),

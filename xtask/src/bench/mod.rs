@@ -150,7 +150,7 @@ pub fn run_bench(which: Which) -> Result<()> {
 /// each second for the tests, is stopped first: the benches read what they
 /// need themselves, and its bursts would fall on some setups' windows.
 fn on_lab<T>(tunnel: lab::LabTunnel, measure: impl FnOnce() -> Result<T>) -> Result<T> {
-    lab::up(tunnel)?;
+    lab::up(&lab::Setup::with_tunnel(tunnel))?;
     let result = lab::monitor::down().and_then(|()| measure());
     lab::down()?;
     result

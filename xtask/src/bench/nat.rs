@@ -170,8 +170,8 @@ fn run_isthmus(netfilter: Netfilter) -> Result<()> {
         Netfilter::Default => None,
         Netfilter::Off => Some("off"),
     };
-    if lab::past_netfilter_mode().as_deref() != mode {
-        lab::write_past_netfilter_mode(mode)?;
+    if lab::Setup::current()?.past_netfilter.as_deref() != mode {
+        lab::Setup::change(|setup| setup.past_netfilter = mode.map(str::to_owned))?;
         disable_isthmus(&nat_gateways())?;
     }
     enable_isthmus(&nat_gateways())?;
@@ -432,9 +432,7 @@ const PLAIN_SOURCE: Ipv4Addr = Ipv4Addr::new(10, 0, 40, 133);
 
 fn write_report(samples: &Samples, rss: &[f64], results: &str) -> Result<()> {
     let kernel = run("uname", &["-r"])?.trim().to_owned();
-    let cpus = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(0);
+    let cpus = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
     let mut table = String::new();
     for (setup, rounds) in samples {
         let peers = match setup.peers() {

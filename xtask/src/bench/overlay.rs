@@ -20,7 +20,7 @@ use isthmus_common::{
 use isthmus_lab::{
     cmd::{ip, run},
     lab::{self, LabTunnel},
-    topology::{A, B, Cluster, OVERLAY_VNI, PEERINGS},
+    topology::{A, B, Cluster, OVERLAY_VNI},
     wait::poll,
 };
 
@@ -42,7 +42,7 @@ const POD_MTU: &str = "1450";
 const UPLINK: &str = "wan0";
 
 pub fn run_overlay() -> Result<()> {
-    lab::up(LabTunnel::None)?;
+    lab::up(&lab::Setup::with_tunnel(LabTunnel::None))?;
     let result = overlay();
     lab::down()?;
     result
@@ -209,7 +209,7 @@ fn liqo_overlay(c: &Cluster) -> Result<()> {
         )?;
     }
     let via_gw = vxlan_addr(c, true);
-    for p in PEERINGS.iter().filter(|p| p.local.name == c.name) {
+    for p in c.peerings() {
         for net in p.remote_views() {
             let net = net.to_string();
             ip(

@@ -196,7 +196,7 @@ fn machine_busy_seconds() -> Result<f64> {
     let ticks: Vec<f64> = line
         .split_whitespace()
         .skip(1)
-        .map(|f| f.parse::<f64>())
+        .map(str::parse::<f64>)
         .collect::<Result<_, _>>()?;
     // user nice system idle iowait irq softirq steal: all but idle and iowait.
     let busy: f64 = [0, 1, 2, 5, 6, 7]

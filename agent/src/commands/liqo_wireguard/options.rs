@@ -225,9 +225,9 @@ impl LiqoWireguardArgs {
             key_file: self.keys_dir.join("privateKey"),
             dns_check_interval,
             serve_on,
-            workers: self
-                .tunnel_workers
-                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+            workers: self.tunnel_workers.unwrap_or_else(|| {
+                std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+            }),
         })
     }
 
@@ -361,7 +361,7 @@ mod tests {
             Endpoint::Addr(Ipv4Addr::new(203, 0, 113, 1))
         );
         assert_eq!(settings.endpoint_port, 32000);
-        assert_eq!(settings.dns_check_interval, Duration::from_secs(300));
+        assert_eq!(settings.dns_check_interval, Duration::from_mins(5));
         let named = liqo_renders("client", &["--endpoint-address=GW.Rome.example"]).unwrap();
         assert_eq!(named.endpoint, Endpoint::Name("gw.rome.example".into()));
     }

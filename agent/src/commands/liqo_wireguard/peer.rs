@@ -185,7 +185,7 @@ mod tests {
             mtu: 1340,
             listen_port: 51840,
             key_file: "/etc/wireguard/keys/privateKey".into(),
-            dns_check_interval: std::time::Duration::from_secs(300),
+            dns_check_interval: std::time::Duration::from_mins(5),
             serve_on: vec![],
             workers: 1,
         }

@@ -513,9 +513,9 @@ fn tunnel_config(args: &RunArgs) -> TunnelConfig {
         mtu: args.mtu,
         port: args.listen_port,
         keepalive: args.keepalive,
-        workers: args
-            .tunnel_workers
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        workers: args.tunnel_workers.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+        }),
     }
 }
 

@@ -192,7 +192,7 @@ pub struct RunArgs {
     pub allowed_capacity: u32,
     /// Capacity of the table of flows our side opened towards segregated
     /// peers; when it is full, a new such flow is dropped and counted
-    /// (reason peer_flows_full).
+    /// (reason `peer_flows_full`).
     #[arg(long, default_value_t = Capacity::default().peer_flows)]
     pub peer_flow_capacity: u32,
     /// The time between conntrack garbage collections.

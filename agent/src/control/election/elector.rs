@@ -140,12 +140,11 @@ impl Elector {
         if let Some(at) = self.election.standing_down_at() {
             give_up = give_up.min(at);
         }
-        let vote = match tokio::time::timeout_at(give_up.into(), self.vote()).await {
-            Ok(vote) => vote,
-            Err(_) => {
-                self.election.refused();
-                Err(VoteError::TimedOut(timings.retry_period))
-            }
+        let vote = if let Ok(vote) = tokio::time::timeout_at(give_up.into(), self.vote()).await {
+            vote
+        } else {
+            self.election.refused();
+            Err(VoteError::TimedOut(timings.retry_period))
         };
         let step = match vote {
             Ok(step) => Some(step),
@@ -165,7 +164,7 @@ impl Elector {
                     "this gateway is now active"
                 ),
                 (Some(Step::Follow { holder }), false) => {
-                    info!(active = %holder, "this gateway stands by")
+                    info!(active = %holder, "this gateway stands by");
                 }
                 (_, false) => info!("this gateway stands by: its lease was not renewed in time"),
             }

@@ -431,7 +431,8 @@ where
                 .iter()
                 .filter_map(|(_, net)| self.peer_table.applied().get(net).map(|nat| nat.peer_id))
                 .find(|id| *id != 0 && !used.contains(id));
-            let id = adopted.unwrap_or_else(|| (1..).find(|id| !used.contains(id)).unwrap_or(1));
+            let id = adopted
+                .unwrap_or_else(|| (1..=u32::MAX).find(|id| !used.contains(id)).unwrap_or(1));
             self.ids.insert(peer.key.clone(), id);
         }
     }

@@ -43,8 +43,8 @@ pub fn watch_dir(dir: &Path) -> Result<mpsc::Receiver<SourceEvent>, DirError> {
     let (raw_tx, mut raw_rx) = mpsc::unbounded_channel::<PathBuf>();
     let mut watcher =
         notify::recommended_watcher(move |event: notify::Result<notify::Event>| match event {
-            Ok(event) if completes(&event.kind) => {
-                event.paths.into_iter().for_each(|p| drop(raw_tx.send(p)))
+            Ok(event) if completes(event.kind) => {
+                event.paths.into_iter().for_each(|p| drop(raw_tx.send(p)));
             }
             Ok(_) => {}
             Err(e) => warn!(error = %e, "directory watch error"),
@@ -95,7 +95,7 @@ pub fn read_dir(dir: &Path) -> Result<Vec<SourceEvent>, DirError> {
         .collect())
 }
 
-fn completes(kind: &EventKind) -> bool {
+fn completes(kind: EventKind) -> bool {
     matches!(
         kind,
         EventKind::Access(AccessKind::Close(AccessMode::Write))
@@ -183,7 +183,7 @@ fn read_regular(dir: &Path, path: &Path) -> io::Result<String> {
     if !meta.is_file() {
         return Err(io::Error::other(format!(
             "a {}, not a regular file; not read",
-            file_kind(&meta.file_type())
+            file_kind(meta.file_type())
         )));
     }
     if meta.len() > MAX_FILE_BYTES {
@@ -205,7 +205,7 @@ fn too_large() -> io::Error {
     ))
 }
 
-fn file_kind(kind: &fs::FileType) -> &'static str {
+fn file_kind(kind: fs::FileType) -> &'static str {
     if kind.is_dir() {
         "directory"
     } else if kind.is_fifo() {

@@ -191,7 +191,7 @@ pub fn desired(
         statuses
             .entry(key.clone())
             .and_modify(|s: &mut ConnectionStatus| {
-                s.message = format!("{}; {}", s.message, rejection.problem)
+                s.message = format!("{}; {}", s.message, rejection.problem);
             })
             .or_insert_with(|| ConnectionStatus {
                 shown_on: ShownOn::TunnelEndpoint,

@@ -94,7 +94,7 @@ fn writes_a_change_of_state_at_once_and_a_latency_only_every_refresh() {
     for (why, shown, desired, last, want) in rows {
         let last = last.map(|(s, ago): (&ConnectionStatus, u64)| Written {
             status: s.clone(),
-            at: now - Duration::from_secs(ago),
+            at: now.checked_sub(Duration::from_secs(ago)).unwrap(),
         });
         assert_eq!(due(shown, desired, last.as_ref(), now), want, "{why}");
     }

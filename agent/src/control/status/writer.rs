@@ -138,7 +138,7 @@ impl Writer {
                 }
                 Err(e) => {
                     self.outcome("failed", 1);
-                    warn!(object = %key, error = %e, "writing {} status; will retry", status.shown_on)
+                    warn!(object = %key, error = %e, "writing {} status; will retry", status.shown_on);
                 }
             }
         }

@@ -154,7 +154,7 @@ impl Dataplane {
     }
 
     /// Loads the steering program before any pod device appears: a kernel
-    /// that refuses it (for want of CAP_PERFMON, say) stops the agent at
+    /// that refuses it (for want of `CAP_PERFMON`, say) stops the agent at
     /// start, with the reason, where each device's attach would only be
     /// retried.
     pub fn load_steer(&mut self) -> Result<(), DataplaneError> {
@@ -369,9 +369,9 @@ fn tcx_supported() -> bool {
 }
 
 /// The IDs of the links attached to device `ifindex` through TCX in
-/// `attach_type`'s direction. BPF_PROG_QUERY itself needs only
-/// CAP_NET_ADMIN; aya's `query_tcx` also opens each program by its ID,
-/// which takes CAP_SYS_ADMIN, which the DaemonSets do not grant.
+/// `attach_type`'s direction. `BPF_PROG_QUERY` itself needs only
+/// `CAP_NET_ADMIN`; aya's `query_tcx` also opens each program by its ID,
+/// which takes `CAP_SYS_ADMIN`, which the DaemonSets do not grant.
 fn tcx_link_ids(ifindex: u32, attach_type: TcAttachType) -> std::io::Result<Vec<u32>> {
     /// The `query` member of the kernel's `union bpf_attr`, as of 6.6.
     #[repr(C)]
@@ -413,7 +413,7 @@ fn tcx_link_ids(ifindex: u32, attach_type: TcAttachType) -> std::io::Result<Vec<
         libc::syscall(
             libc::SYS_bpf,
             BPF_PROG_QUERY,
-            &mut query as *mut ProgQuery,
+            &raw mut query,
             std::mem::size_of::<ProgQuery>(),
         )
     };

@@ -1,4 +1,4 @@
-//! iptables-legacy's tables (x_tables, no nftables) at the forward hook,
+//! iptables-legacy's tables (`x_tables`, no nftables) at the forward hook,
 //! read with the `getsockopt` calls `iptables-legacy -L` makes. Only the
 //! tables the namespace already has are read: asking for another would
 //! create it, and hook it into every packet's path.
@@ -9,14 +9,14 @@ use socket2::{Domain, Socket, Type};
 
 use super::ForwardFilter;
 
-/// Where the kernel lists the namespace's x_tables.
+/// Where the kernel lists the namespace's `x_tables`.
 const TABLE_NAMES: &str = "/proc/thread-self/net/ip_tables_names";
 const IPT_SO_GET_INFO: libc::c_int = 64;
 const IPT_SO_GET_ENTRIES: libc::c_int = 65;
 const NF_INET_FORWARD: usize = 2;
 const TABLE_NAME_LEN: usize = 32;
-/// `struct ipt_getinfo`: name, valid_hooks, hook_entry[5], underflow[5],
-/// num_entries, size.
+/// `struct ipt_getinfo`: name, `valid_hooks`, `hook_entry`[5], underflow[5],
+/// `num_entries`, size.
 const GETINFO_LEN: usize = 84;
 const HOOK_ENTRY: usize = 36;
 const UNDERFLOW: usize = 56;
@@ -123,7 +123,7 @@ fn getsockopt(socket: &Socket, option: libc::c_int, buffer: &mut [u8]) -> io::Re
             libc::SOL_IP,
             option,
             buffer.as_mut_ptr().cast(),
-            &mut len,
+            &raw mut len,
         )
     };
     match done {

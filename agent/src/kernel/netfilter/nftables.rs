@@ -49,7 +49,7 @@ impl Chain {
 }
 
 /// The base chains at the IPv4 forward hook, with their rule counts. A
-/// kernel without nf_tables has none.
+/// kernel without `nf_tables` has none.
 pub(super) fn forward_chains() -> io::Result<Vec<ForwardFilter>> {
     let mut socket = Socket::new(NETLINK_NETFILTER)?;
     socket.bind_auto()?;
@@ -82,7 +82,7 @@ pub(super) fn forward_chains() -> io::Result<Vec<ForwardFilter>> {
     Ok(filters)
 }
 
-/// Whether nf_tables, or the object asked for, does not exist.
+/// Whether `nf_tables`, or the object asked for, does not exist.
 fn absent(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),

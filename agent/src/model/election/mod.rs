@@ -95,7 +95,7 @@ impl Default for Timings {
     /// and one retry period), under a TCP retransmission timeout.
     fn default() -> Self {
         Self {
-            lease_duration: Duration::from_millis(1000),
+            lease_duration: Duration::from_secs(1),
             renew_deadline: Duration::from_millis(800),
             retry_period: Duration::from_millis(200),
         }

@@ -181,7 +181,9 @@ fn two_agents_never_lead_at_once_and_the_survivor_takes_over() {
                 if dead[i] || elapsed < *phase {
                     continue;
                 }
-                if !(elapsed - *phase)
+                if !elapsed
+                    .checked_sub(*phase)
+                    .unwrap()
                     .as_millis()
                     .is_multiple_of(timings.retry_period.as_millis())
                 {
@@ -207,7 +209,7 @@ fn two_agents_never_lead_at_once_and_the_survivor_takes_over() {
                 dead[leader] = true;
             }
             if dead.contains(&true) && taken_over.is_none() && leaders.len() == 1 {
-                taken_over = Some(now - t0 - death);
+                taken_over = Some(now.saturating_duration_since(t0).saturating_sub(death));
             }
         }
         let gap = taken_over.expect("the survivor took over");

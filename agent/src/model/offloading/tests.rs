@@ -17,7 +17,7 @@ fn raw(yaml: &str) -> RawObject {
 
 /// A pod as Liqo's virtual kubelet creates it in the provider cluster,
 /// trimmed of its containers.
-const OFFLOADED_POD: &str = r#"
+const OFFLOADED_POD: &str = r"
 apiVersion: v1
 kind: Pod
 metadata:
@@ -36,7 +36,7 @@ status:
   podIPs:
   - ip: 10.244.0.133
   - ip: fd00:10:244::85
-"#;
+";
 
 #[test]
 fn an_offloaded_pod_names_its_origin_and_ipv4_addresses() {
@@ -104,7 +104,7 @@ fn a_broken_pod_is_refused_naming_the_field() {
 }
 
 /// An EndpointSlice as Kubernetes' endpointslice controller writes it.
-const SLICE: &str = r#"
+const SLICE: &str = r"
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata:
@@ -147,7 +147,7 @@ ports:
 - name: dns
   port: 53
   protocol: UDP
-"#;
+";
 
 #[test]
 fn a_managed_slice_exports_every_address_on_its_ports() {

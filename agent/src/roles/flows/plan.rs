@@ -230,7 +230,9 @@ mod tests {
     /// `from` on.
     fn closed(owner: u32, count: u32, from: u64) -> Vec<Tracked> {
         let mut all = flows(FlowTable::Conntrack, owner, count, true, from);
-        all.iter_mut().for_each(|f| f.closed = true);
+        for f in &mut all {
+            f.closed = true;
+        }
         all
     }
 

@@ -417,7 +417,7 @@ mod tests {
             ..pong.clone()
         };
         let future = Message {
-            timestamp: (later + Duration::from_secs(60)).to_string(),
+            timestamp: (later + Duration::from_mins(1)).to_string(),
             ..pong.clone()
         };
         let stranger = Message {

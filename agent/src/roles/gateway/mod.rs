@@ -274,7 +274,7 @@ impl Gateway {
         };
         match guard.open_to_initiations(open) {
             Ok(true) if open => {
-                info!("XDP guard: initiations pass from any source, for a peer we serve")
+                info!("XDP guard: initiations pass from any source, for a peer we serve");
             }
             Ok(true) => info!("XDP guard: initiations pass from peers' endpoints alone"),
             Ok(false) => {}
@@ -378,7 +378,7 @@ impl Gateway {
                         rtt_ms = ?status.rtt_ms, "peer connected"
                     ),
                     Connection::Connecting => {
-                        warn!(object = %status.key, peer = %status.label, endpoint = ?status.endpoint, "peer connecting")
+                        warn!(object = %status.key, peer = %status.label, endpoint = ?status.endpoint, "peer connecting");
                     }
                 }
             }

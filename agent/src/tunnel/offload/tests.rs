@@ -198,7 +198,7 @@ fn consecutive_segments_merge_and_split_back_to_themselves() {
     );
     let mut back = Vec::new();
     split(&mut frames[0], &mut vec![0; MAX_PACKET], |s| {
-        back.push(s.to_vec())
+        back.push(s.to_vec());
     })
     .unwrap();
     assert_eq!(back, segments);

@@ -32,12 +32,13 @@ use serde_json::{Value, json};
 pub mod settings;
 
 use super::{
-    agents::{log_tail, restart_agent, start_agent, stop_agent, wait_ready},
+    agents::{log_tail, restart_agent_in, start_agent_in, stop_agent, wait_ready},
     keys::key_file,
     network::{add_ns, route_pod_halves, veth, wire_pod},
     node_objects::NODES_FILE,
     paths::{bpffs, hosts_file, log_file, object_dir, state},
     process::{running_with, runs_with, spawn_detached, stop_pid},
+    setup::Setup,
 };
 use crate::{
     cmd::{ip, run, sysctl},
@@ -47,7 +48,7 @@ use crate::{
         AGENT_NS, GATEWAY_LABEL, GW1_WAN, GW2, GW2_LAN, GW2_WAN, POD3, POD3_ADDR, WAN_NS, node,
     },
 };
-use settings::{CLUSTER, is_on, kubeconfig, marker, pod_name};
+use settings::{CLUSTER, kubeconfig, pod_name};
 
 /// Where the API server stand-in listens, on a-lan's bridge.
 pub const API_ADDR: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(172, 16, 1, 254), 6443);
@@ -95,7 +96,7 @@ pub fn endpoint_holder() -> Option<String> {
 /// ready and the endpoint address sits on the active gateway. A failure to
 /// turn it on turns it off again, so that no half-built cluster remains.
 pub fn set(on: bool) -> Result<()> {
-    match (on, is_on()) {
+    match (on, Setup::current()?.ha) {
         (true, true) | (false, false) => Ok(()),
         (true, false) => turn_on().inspect_err(|_| {
             if let Err(e) = turn_off() {
@@ -108,11 +109,11 @@ pub fn set(on: bool) -> Result<()> {
 
 fn turn_on() -> Result<()> {
     build_nodes()?;
-    fs::write(marker(), "")?;
+    let setup = Setup::change(|setup| setup.ha = true)?;
     start_control()?;
-    restart_agent(&CLUSTER.gw())?;
-    restart_agent(&CLUSTER.node())?;
-    start_agent(GW2)?;
+    restart_agent_in(&CLUSTER.gw(), &setup)?;
+    restart_agent_in(&CLUSTER.node(), &setup)?;
+    start_agent_in(GW2, &setup)?;
     wait_ready(GW2)?;
     crate::wait::until(
         START_TIMEOUT,
@@ -126,10 +127,10 @@ fn turn_on() -> Result<()> {
 fn turn_off() -> Result<()> {
     stop_agent(GW2)?;
     stop_control()?;
-    let _ = fs::remove_file(marker());
+    let setup = Setup::change(|setup| setup.ha = false)?;
     remove_nodes()?;
-    restart_agent(&CLUSTER.gw())?;
-    restart_agent(&CLUSTER.node())
+    restart_agent_in(&CLUSTER.gw(), &setup)?;
+    restart_agent_in(&CLUSTER.node(), &setup)
 }
 
 /// a-gw2 and a-pod3, the floating endpoint address, and the routes the

@@ -21,7 +21,7 @@ use ipnet::Ipv4Net;
 
 use super::super::paths;
 use crate::topology::{
-    CONNCHECK_ADDR, Cluster, NAT_MAPPING, PEERINGS, Peering, synthetic_peer_views,
+    CONNCHECK_ADDR, Cluster, NAT_MAPPING, PEERINGS, Peering, first_ip, synthetic_peer_views,
 };
 
 /// Installs [`rules`] on `local`'s gateway with `iptables-restore`,
@@ -64,8 +64,12 @@ pub fn rules(local: &Cluster, synthetic: usize) -> String {
     }
     // Init (lines 213-218) inserts each jump first in its builtin chain.
     out.push_str("-I PREROUTING 1 -j LIQO-PREROUTING\n-I POSTROUTING 1 -j LIQO-POSTROUTING\n");
-    peers.iter().for_each(|q| q.nat_dispatch(&mut out));
-    peers.iter().for_each(|q| q.nat(&mut out));
+    for q in &peers {
+        q.nat_dispatch(&mut out);
+    }
+    for q in &peers {
+        q.nat(&mut out);
+    }
     out.push_str("COMMIT\n*filter\n:LIQO-FORWARD - [0:0]\n");
     for q in &peers {
         for prefix in ["LIQO-FRWD-EXT-CLS-", "LIQO-FRWD-CLS-"] {
@@ -73,7 +77,9 @@ pub fn rules(local: &Cluster, synthetic: usize) -> String {
         }
     }
     out.push_str("-I FORWARD 1 -j LIQO-FORWARD\n");
-    peers.iter().for_each(|q| q.filter(&mut out));
+    for q in &peers {
+        q.filter(&mut out);
+    }
     out.push_str("COMMIT\n");
     out
 }
@@ -207,11 +213,6 @@ impl Peer {
 "
         );
     }
-}
-
-/// The first address of `net`, as Liqo's `GetFirstIP`.
-pub fn first_ip(net: Ipv4Net) -> Ipv4Addr {
-    Ipv4Addr::from(u32::from(net.network()) + 1)
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@
 //!   comes from the tunnel), and `mss-clamping`
 //!   (`liqo-gw-mssclamp-firewallconfiguration.yaml`, value 0: the route's
 //!   MTU);
-//! - its conncheck, PINGing Isthmus' tunnel address.
+//! - its conncheck, `PINGing` Isthmus' tunnel address.
 //!
 //! Liqo v1 routes the peer's real networks into the tunnel for what enters
 //! its gateway pod from the cluster's nodes (`route/k8s.go:97-125`). Here
@@ -30,14 +30,18 @@ use std::{fs, net::Ipv4Addr};
 
 use anyhow::Result;
 
-use super::{external_tunnel, keys, liqo_v0_10_peer, node_objects, paths};
+use super::{
+    external_tunnel, keys,
+    liqo_conncheck::{self, Api},
+    liqo_v0_10_peer, node_objects, paths,
+};
 use crate::{
     cmd::{ip, run},
     liqo_v1::{MTU, PORT},
     topology::{Cluster, PEERINGS, Peering},
 };
 
-pub use settings::{ISTHMUS, LIQO, Side, is_on, isthmus_addr, isthmus_side};
+pub use settings::{ISTHMUS, LIQO, Side};
 /// The mark of connections that cross the tunnel, and its routing table.
 const CROSSING: u32 = 0x1818;
 /// The uplink, Liqo's `DefaultInterfaceName` (the gateway pod's eth0).
@@ -49,12 +53,6 @@ pub const IP_EXPOSED: Ipv4Addr = Ipv4Addr::new(192, 168, 0, 20);
 pub const IP_TARGET: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 133);
 /// The `IP`'s file in a's nodes' object directories.
 const IP_FILE: &str = "ip-a-pod2.yaml";
-
-/// Records that the lab runs its Liqo v1 peer, with Isthmus on `side`,
-/// before anything starts.
-pub fn choose(side: Side) -> Result<()> {
-    Ok(settings::choose(side)?)
-}
 
 /// a's peering with b, from a's side and from b's.
 fn peerings() -> (&'static Peering, &'static Peering) {
@@ -68,13 +66,13 @@ fn peerings() -> (&'static Peering, &'static Peering) {
 }
 
 /// Gives a's nodes b as Liqo v1 writes it, in place of b's TunnelEndpoint
-/// and NatMapping.
-pub fn write_objects() -> Result<()> {
+/// and NatMapping, with a on `side` of the tunnel.
+pub fn write_objects(side: Side) -> Result<()> {
     let (a_to_b, _) = peerings();
     let objects = [
         a_to_b.configuration_yaml(),
         a_to_b.public_key_yaml(&keys::public_key(&LIQO.gw())?),
-        match isthmus_side() {
+        match side {
             Side::Client => a_to_b.gateway_client_yaml(),
             Side::Server => a_to_b.gateway_server_yaml(),
         },
@@ -110,36 +108,40 @@ pub fn expose_ip(on: bool) -> Result<()> {
 }
 
 /// Sets up b's gateway and worker as Liqo v1.2 would, on the side of the
-/// tunnel Isthmus leaves it.
-pub fn start() -> Result<()> {
+/// tunnel Isthmus, on `side`, leaves it.
+pub fn start(side: Side) -> Result<()> {
     let gw = LIQO.gw();
     let dev = external_tunnel::launch(external_tunnel::Implementation::WireguardGoBookworm, LIQO)?;
     // A server listens; a client has the server's endpoint, and no port
     // of its own (device.go:33-60).
-    let side = match isthmus_side() {
+    let listen = match side {
         Side::Client => format!("listen-port {PORT}"),
         Side::Server => String::new(),
     };
-    let endpoint = match isthmus_side() {
+    let endpoint = match side {
         Side::Client => String::new(),
         Side::Server => format!("endpoint {}:{PORT}", ISTHMUS.wan_addr()),
     };
     let script = format!(
-        "wg set {dev} private-key {key} {side} peer {isthmus} {endpoint} allowed-ips 0.0.0.0/0",
+        "wg set {dev} private-key {key} {listen} peer {isthmus} {endpoint} allowed-ips 0.0.0.0/0",
         key = keys::key_file(&gw).display(),
         isthmus = keys::public_key(&ISTHMUS.gw())?,
     );
     run("ip", &["netns", "exec", &gw, "sh", "-c", &script])?;
-    let liqo_addr = isthmus_side().addresses().1;
+    let (isthmus_addr, liqo_addr) = side.addresses();
     ip(
         &gw,
         &["addr", "add", &format!("{liqo_addr}/30"), "dev", &dev],
     )?;
     ip(&gw, &["link", "set", &dev, "mtu", &MTU.to_string(), "up"])?;
     install_nftables(&gw, &dev)?;
-    route_crossing(&gw, &dev)?;
+    route_crossing(&gw, &dev, isthmus_addr)?;
     liqo_v0_10_peer::route_worker(LIQO, "add")?;
-    liqo_v0_10_peer::start_conncheck(LIQO, liqo_v0_10_peer::Api::V1)
+    let peer = Api::V1 {
+        peer: ISTHMUS,
+        addr: isthmus_addr,
+    };
+    liqo_conncheck::start(LIQO, peer)
 }
 
 /// The tables Liqo's FirewallConfigurations render for peer a, and the
@@ -193,11 +195,11 @@ table ip isthmus-lab-crossing {{
     Ok(())
 }
 
-/// Sends the marked connections into the tunnel, but what comes out of it
-/// to b's own pods.
-fn route_crossing(gw: &str, dev: &str) -> Result<()> {
+/// Sends the marked connections into the tunnel, to Isthmus at `peer`, but
+/// what comes out of it to b's own pods.
+fn route_crossing(gw: &str, dev: &str, peer: Ipv4Addr) -> Result<()> {
     let table = CROSSING.to_string();
-    let peer = isthmus_addr().to_string();
+    let peer = peer.to_string();
     ip(
         gw,
         &["rule", "add", "pref", "100", "iif", dev, "lookup", "main"],

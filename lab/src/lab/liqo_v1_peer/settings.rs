@@ -1,13 +1,9 @@
-//! Whether the lab runs its Liqo v1 peer, which clusters play which part,
-//! and which side of the tunnel each takes: what the agents' command lines
-//! follow.
+//! Which clusters play which part in the Liqo v1 lab, and which side of
+//! the tunnel each takes: what the agents' command lines follow.
 
-use std::{fs, net::Ipv4Addr, path::PathBuf};
+use std::net::Ipv4Addr;
 
-use crate::{
-    lab::paths::state,
-    topology::{A, B, Cluster},
-};
+use crate::topology::{A, B, Cluster};
 
 /// The cluster whose gateway runs as Liqo v1.2 runs one.
 pub const LIQO: &Cluster = &B;
@@ -42,37 +38,18 @@ impl Side {
         }
     }
 
-    fn as_str(self) -> &'static str {
+    /// The side's name, as `--isthmus-side` takes it.
+    pub fn as_str(self) -> &'static str {
         match self {
             Side::Client => "client",
             Side::Server => "server",
         }
     }
-}
 
-fn marker() -> PathBuf {
-    state("liqo-v1-peer")
-}
-
-/// Records that the lab runs its Liqo v1 peer, with Isthmus on `side`.
-pub(super) fn choose(side: Side) -> std::io::Result<()> {
-    fs::write(marker(), side.as_str())
-}
-
-/// Whether the lab runs cluster b as Liqo v1.
-pub fn is_on() -> bool {
-    marker().exists()
-}
-
-/// The side Isthmus takes in the Liqo v1 lab.
-pub fn isthmus_side() -> Side {
-    match fs::read_to_string(marker()) {
-        Ok(side) if side == Side::Server.as_str() => Side::Server,
-        _ => Side::Client,
+    /// The side named `name`, if one is.
+    pub fn parse(name: &str) -> Option<Self> {
+        [Side::Client, Side::Server]
+            .into_iter()
+            .find(|side| side.as_str() == name)
     }
-}
-
-/// Isthmus' tunnel address, which Liqo's conncheck PINGs.
-pub fn isthmus_addr() -> Ipv4Addr {
-    isthmus_side().addresses().0
 }

@@ -9,13 +9,15 @@ use anyhow::Result;
 
 pub mod settings;
 
-use super::{agents::restart_agent, node_objects::write_object, paths::object_dir};
+use super::{
+    agents::restart_agent_in, node_objects::write_object, paths::object_dir, setup::Setup,
+};
 use crate::{
     objects::Layout,
     offloading::{Listed, endpoint_slice, namespace_offloading, pod},
     topology::{A, C, Cluster, PEERINGS},
 };
-use settings::{CLUSTER, MODE, marker};
+use settings::CLUSTER;
 
 /// The namespace b offloads to a, holding b-pod1's service.
 pub const NAMESPACE: &str = "shop";
@@ -33,7 +35,6 @@ const SLICE_FILE: &str = "isolation-slice.yaml";
 pub fn set(on: bool) -> Result<()> {
     let gw = CLUSTER.gw();
     if on {
-        fs::write(marker(), MODE)?;
         write_pod(true)?;
         write_offloading(true)?;
         let slice = endpoint_slice(
@@ -44,12 +45,12 @@ pub fn set(on: bool) -> Result<()> {
         );
         write_object(&gw, SLICE_FILE, &slice)?;
     } else {
-        let _ = fs::remove_file(marker());
         for file in [POD_FILE, OFFLOADING_FILE, SLICE_FILE] {
             let _ = fs::remove_file(object_dir(&gw).join(file));
         }
     }
-    restart_agent(&gw)
+    let setup = Setup::change(|setup| setup.segregation = on)?;
+    restart_agent_in(&gw, &setup)
 }
 
 /// Writes b-pod2's Pod, offloaded from a or (`false`) not.

@@ -1,9 +1,5 @@
-//! What the `--segregation` setup changes in b's gateway's command line,
-//! and whether it is on.
+//! What the `--segregation` setup changes in b's gateway's command line.
 
-use std::path::PathBuf;
-
-use crate::lab::paths::state;
 use crate::topology::{B, Cluster};
 
 /// The cluster whose gateway segregates its peers.
@@ -11,12 +7,3 @@ pub const CLUSTER: &Cluster = &B;
 
 /// The mode b's gateway runs in.
 pub const MODE: &str = "IntraClusterTrafficSegregation";
-
-pub(super) fn marker() -> PathBuf {
-    state("segregation")
-}
-
-/// Whether the lab's b gateway segregates its peers.
-pub fn is_on() -> bool {
-    marker().exists()
-}

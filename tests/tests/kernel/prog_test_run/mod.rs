@@ -2,7 +2,7 @@
 //! (`BPF_PROG_TEST_RUN`). Every output frame is compared whole, byte for
 //! byte, with one built from scratch with full checksums.
 //!
-//! The kernel runs SCHED_CLS test programs on Ethernet frames only, so this
+//! The kernel runs `SCHED_CLS` test programs on Ethernet frames only, so this
 //! table drives the `_eth` programs; the `_ip` ones share their code and
 //! differ only in the header offset, and are exercised on tun in the lab.
 
@@ -68,7 +68,7 @@ const A_POD1_AT_S: Addr = [10, 0, 50, 5];
 
 const B_GW_WAN: Addr = [203, 0, 113, 2];
 
-/// A NatMapping for peer b (id 1) exposes S_POD to b at this externalIP of ours...
+/// A NatMapping for peer b (id 1) exposes `S_POD` to b at this externalIP of ours...
 const MAPPED_EXT: Addr = [192, 168, 0, 45];
 
 /// ...which b sees remapped.
@@ -91,7 +91,7 @@ const CONNCHECK: Addr = [169, 254, 0, 1];
 /// The MSS a 1,340-byte tunnel carries, as the agent sets it.
 const TUNNEL_MSS: u16 = 1300;
 
-/// TC_ACT_UNSPEC: the programs always hand the packet on.
+/// `TC_ACT_UNSPEC`: the programs always hand the packet on.
 const HAND_ON: i32 = -1;
 
 /// A second peer, whose networks are its own (no remapping).
@@ -271,7 +271,7 @@ const NODE3: Addr = [172, 16, 1, 3];
 
 const TRANSIT: Addr = [10, 1, 0, 6];
 
-/// TC_ACT_SHOT.
+/// `TC_ACT_SHOT`.
 const DROP: i32 = 2;
 
 const SECOND: u64 = 1_000_000_000;
@@ -341,7 +341,7 @@ impl Harness {
             counters::outcome_slot(Link::Eth, direction, Outcome::Dropped) as usize,
             counters::drop_slot(Link::Eth, direction, reason) as usize,
         ];
-        want.sort();
+        want.sort_unstable();
         assert_eq!(moved(&before.0, &after.0), want, "{name}: NAT counters");
         let want_denied: Vec<usize> = denied
             .map(|(peer, why)| counters::deny_slot(peer, why) as usize)

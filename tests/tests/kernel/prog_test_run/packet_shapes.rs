@@ -441,7 +441,7 @@ fn every_packet_shape_comes_out_byte_exact() {
             row.direction,
             row.outcome,
         )));
-        want.sort();
+        want.sort_unstable();
         let moved: Vec<usize> = (0..before.len())
             .filter(|i| after[*i] != before[*i])
             .collect();

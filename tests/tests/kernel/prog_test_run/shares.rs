@@ -76,7 +76,7 @@ fn a_peers_flows_fill_only_its_share_and_its_unanswered_ones_go_first() {
         .map(|(k, _)| k.sport)
         .collect();
     let mut ports = ports;
-    ports.sort();
+    ports.sort_unstable();
     assert_eq!(
         ports,
         [5000, 5002],

@@ -129,8 +129,7 @@ impl Observe for KubeNode {
     fn connection(&self, namespace: &str, name: &str) -> Value {
         self.api
             .get("tunnelendpoints", namespace, name)
-            .map(|o| o["status"]["connection"].clone())
-            .unwrap_or(Value::Null)
+            .map_or(Value::Null, |o| o["status"]["connection"].clone())
     }
 
     /// The bodies of the status patches whose path holds `needle`.

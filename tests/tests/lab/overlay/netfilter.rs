@@ -53,7 +53,7 @@ fn a_forward_rule_on_the_gateway_applies_to_peers_packets_for_its_pods_unless_pa
 fn auto_forwards_through_netfilter_while_a_forward_rule_exists_and_past_it_once_it_goes() {
     require_lab();
     assert_eq!(
-        lab::past_netfilter_mode(),
+        lab::Setup::current().unwrap().past_netfilter,
         None,
         "the lab runs the DaemonSets' setting"
     );
@@ -185,7 +185,7 @@ fn in_a_gw(command: &[&str]) -> anyhow::Result<String> {
 impl Drop for ForwardPolicy {
     fn drop(&mut self) {
         let _ = self.remove();
-        if lab::past_netfilter_mode().is_some() {
+        if lab::Setup::current().unwrap().past_netfilter.is_some() {
             let _ = lab::set_forward_past_netfilter(None);
         }
     }

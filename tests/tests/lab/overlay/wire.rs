@@ -77,13 +77,7 @@ fn path_mtu(ns: &str, target: Ipv4Addr, size: usize) -> usize {
         let set = |option, value: libc::c_int| {
             // SAFETY: a valid socket and an int option.
             let rc = unsafe {
-                libc::setsockopt(
-                    fd,
-                    libc::IPPROTO_IP,
-                    option,
-                    (&value as *const libc::c_int).cast(),
-                    4,
-                )
+                libc::setsockopt(fd, libc::IPPROTO_IP, option, (&raw const value).cast(), 4)
             };
             assert_eq!(rc, 0, "setsockopt {option}");
         };
@@ -114,8 +108,8 @@ fn path_mtu(ns: &str, target: Ipv4Addr, size: usize) -> usize {
                 fd,
                 libc::IPPROTO_IP,
                 IP_MTU,
-                (&mut mtu as *mut libc::c_int).cast(),
-                &mut len,
+                (&raw mut mtu).cast(),
+                &raw mut len,
             )
         };
         assert_eq!(rc, 0, "getsockopt IP_MTU");
@@ -161,7 +155,7 @@ fn fifty_megabytes_cross_between_worker_pods_intact() {
     let receiver = std::thread::spawn(move || {
         let (mut stream, _) = listener.accept().unwrap();
         stream
-            .set_read_timeout(Some(Duration::from_secs(60)))
+            .set_read_timeout(Some(Duration::from_mins(1)))
             .unwrap();
         let mut digest = Digest::default();
         let mut buf = vec![0u8; 1 << 16];
@@ -178,7 +172,7 @@ fn fifty_megabytes_cross_between_worker_pods_intact() {
         let mut stream =
             TcpStream::connect_timeout(&(B_POD1, port).into(), Duration::from_secs(5)).unwrap();
         stream
-            .set_write_timeout(Some(Duration::from_secs(60)))
+            .set_write_timeout(Some(Duration::from_mins(1)))
             .unwrap();
         let mut digest = Digest::default();
         let mut state = 0x9e37_79b9_7f4a_7c15u64;

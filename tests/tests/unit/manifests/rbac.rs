@@ -248,7 +248,7 @@ fn the_gateway_account_may_change_only_its_pods_election_label() {
             "a pod not the agent's",
             changed(&|p| {
                 p["metadata"]["labels"] =
-                    serde_json::json!({"app": "db", "net.liqo.io/gateway": "active"})
+                    serde_json::json!({"app": "db", "net.liqo.io/gateway": "active"});
             }),
             changed(&|p| p["metadata"]["labels"] = serde_json::json!({"app": "db"})),
         ),

@@ -89,24 +89,21 @@ pub(super) fn hub_pps() -> Result<Vec<(&'static str, usize, Vec<f64>)>> {
     for round in 1..=ROUNDS {
         for (i, &(name, count)) in setups.iter().enumerate() {
             println!("bench: round {round}/{ROUNDS}, hub pps, {name} with {count} entries");
-            let rates = match name {
-                "isthmus" => {
-                    enable_isthmus(&nat_gateways())?;
-                    let gw = B.gw();
-                    // A restarted agent may have numbered the peers anew.
-                    let peer_id = wait_for_peer(&gw)?;
-                    let text = bench_mapping(count - 1, None, Format::Yaml);
-                    lab::write_object(&gw, Format::Yaml.file(), &text)?;
-                    wait_entries(&gw, peer_id, count - 1)?;
-                    measure(&flow)
-                }
-                _ => {
-                    disable_isthmus(&nat_gateways())?;
-                    install_hub_iptables(count)?;
-                    let rates = measure(&flow);
-                    flush_hub_iptables()?;
-                    rates
-                }
+            let rates = if name == "isthmus" {
+                enable_isthmus(&nat_gateways())?;
+                let gw = B.gw();
+                // A restarted agent may have numbered the peers anew.
+                let peer_id = wait_for_peer(&gw)?;
+                let text = bench_mapping(count - 1, None, Format::Yaml);
+                lab::write_object(&gw, Format::Yaml.file(), &text)?;
+                wait_entries(&gw, peer_id, count - 1)?;
+                measure(&flow)
+            } else {
+                disable_isthmus(&nat_gateways())?;
+                install_hub_iptables(count)?;
+                let rates = measure(&flow);
+                flush_hub_iptables()?;
+                rates
             };
             samples[i].push(median(&rates?));
         }

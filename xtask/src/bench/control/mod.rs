@@ -47,7 +47,7 @@ const FEW: usize = 10;
 const UPDATES: usize = 200;
 
 /// How long iptables may take to insert the entries before it is stopped.
-const IPTABLES_BUDGET: Duration = Duration::from_secs(900);
+const IPTABLES_BUDGET: Duration = Duration::from_mins(15);
 
 /// Rounds per setup, interleaved, for pps and for one-entry changes.
 const ROUNDS: usize = 5;
@@ -69,7 +69,7 @@ const BENCH_CLUSTER: &str = "cluster-bench";
 const BENCH_VIEW: &str = "10.50.0.0/24";
 
 pub fn run_control(kube_only: bool) -> Result<()> {
-    lab::up(LabTunnel::None)?;
+    lab::up(&lab::Setup::with_tunnel(LabTunnel::None))?;
     let kube = super::kube::measure();
     let result = match kube {
         Ok(figures) if kube_only => super::kube::report(&figures),

@@ -70,7 +70,7 @@ fn a_change_touches_only_that_peer() {
         let yaml = tep(
             &format!("p{i}"),
             &format!("10.{i}.0.0/24"),
-            &format!("10.{}.1.0/24", i),
+            &format!("10.{i}.1.0/24"),
         );
         r.set_origin(file.clone(), docs(&file, &yaml));
     }
