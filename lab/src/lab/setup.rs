@@ -130,6 +130,12 @@ impl Setup {
     /// Refuses a combination the lab cannot build, naming both flags of
     /// `cargo xtask lab up` that ask for it.
     pub fn check(&self) -> Result<()> {
+        if self.ha && self.tunnel != LabTunnel::Userspace {
+            bail!(
+                "`--tunnel {}` and `--ha` cannot be combined: the second gateway runs the embedded tunnel, which follows the endpoint address from one gateway to the other",
+                self.tunnel.as_str()
+            );
+        }
         let Some(liqo) = self.liqo else {
             return Ok(());
         };
@@ -196,6 +202,12 @@ mod tests {
             error.contains("`--liqo-v0-10-peer b` and `--tunnel gotatun`"),
             "{error}"
         );
+        let error = refused(Setup {
+            tunnel: LabTunnel::WireguardGo,
+            ha: true,
+            ..Setup::default()
+        });
+        assert!(error.contains("`--tunnel wireguard-go` and `--ha`"), "{error}");
         let fine = Setup {
             containers: true,
             ha: true,
