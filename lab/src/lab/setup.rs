@@ -207,7 +207,10 @@ mod tests {
             ha: true,
             ..Setup::default()
         });
-        assert!(error.contains("`--tunnel wireguard-go` and `--ha`"), "{error}");
+        assert!(
+            error.contains("`--tunnel wireguard-go` and `--ha`"),
+            "{error}"
+        );
         let fine = Setup {
             containers: true,
             ha: true,
