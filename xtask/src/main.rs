@@ -79,21 +79,13 @@ enum Task {
         /// The cluster whose gateway it runs on.
         #[arg(long)]
         cluster: String,
-        /// Liqo v1's: the one peer, at its tunnel address.
-        #[command(flatten)]
-        liqo_v1_peer: Option<LiqoV1ConncheckPeer>,
+        /// Liqo v1's: the one peer cluster, at `--liqo-v1-peer-addr`.
+        #[arg(long, requires = "liqo_v1_peer_addr")]
+        liqo_v1_peer: Option<String>,
+        /// The tunnel address of `--liqo-v1-peer`.
+        #[arg(long, requires = "liqo_v1_peer")]
+        liqo_v1_peer_addr: Option<std::net::Ipv4Addr>,
     },
-}
-
-/// The one peer of Liqo v1's conncheck.
-#[derive(clap::Args)]
-struct LiqoV1ConncheckPeer {
-    /// The peer cluster.
-    #[arg(long = "liqo-v1-peer", id = "liqo_v1_peer_cluster")]
-    cluster: String,
-    /// Its tunnel address.
-    #[arg(long = "liqo-v1-peer-addr")]
-    addr: std::net::Ipv4Addr,
 }
 
 #[derive(Subcommand)]
@@ -199,14 +191,15 @@ fn main() -> Result<()> {
         Task::LiqoConncheck {
             cluster,
             liqo_v1_peer,
+            liqo_v1_peer_addr,
         } => {
             use lab::liqo_conncheck::{self, Api};
-            let api = match liqo_v1_peer {
-                Some(peer) => Api::V1 {
-                    peer: cluster_named(&peer.cluster)?,
-                    addr: peer.addr,
+            let api = match (liqo_v1_peer, liqo_v1_peer_addr) {
+                (Some(peer), Some(addr)) => Api::V1 {
+                    peer: cluster_named(&peer)?,
+                    addr,
                 },
-                None => Api::V0_10,
+                _ => Api::V0_10,
             };
             liqo_conncheck::run(&cluster, api)
         }
@@ -289,4 +282,44 @@ pub(crate) fn build() -> Result<()> {
     cargo(&["build", "--release"])?;
     println!("build: done in {:.1?}", started.elapsed());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::Cli;
+
+    /// The lab starts its hidden commands with these command lines: they
+    /// must parse, or the process they start dies before it serves.
+    #[test]
+    fn the_hidden_commands_parse_as_the_lab_starts_them() {
+        for line in [
+            &["xtask", "liqo-conncheck", "--cluster", "b"][..],
+            &[
+                "xtask",
+                "liqo-conncheck",
+                "--cluster",
+                "b",
+                "--liqo-v1-peer",
+                "a",
+                "--liqo-v1-peer-addr",
+                "169.254.18.2",
+            ],
+            &["xtask", "lab-control"],
+        ] {
+            if let Err(e) = Cli::try_parse_from(line) {
+                panic!("{line:?}: {e}");
+            }
+        }
+        let half = [
+            "xtask",
+            "liqo-conncheck",
+            "--cluster",
+            "b",
+            "--liqo-v1-peer",
+            "a",
+        ];
+        assert!(Cli::try_parse_from(half).is_err());
+    }
 }

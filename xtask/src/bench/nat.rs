@@ -137,7 +137,8 @@ impl Setup {
                 let binary = BASELINE.get().context("no --baseline build")?;
                 let mut pids = Vec::new();
                 for gw in &gateways {
-                    let (args, log) = (lab::agent_args(gw)?, lab::log_file(gw));
+                    let args = for_older_builds(lab::agent_args(gw)?);
+                    let log = lab::log_file(gw);
                     let pid = lab::spawn_agent_binary(binary, gw, &args, &log)?;
                     pids.push(pid);
                     lab::wait_ready_in(gw, pid, &log)?;
@@ -217,6 +218,23 @@ fn traffic(flow: &Flow) -> Result<Measured> {
     let target = SocketAddrV4::new(flow.dst.into(), crr::PORT);
     let crr = crr::measure(&flow.client, &flow.server, target)?.all_completed(target)?;
     Ok(Measured { pps, crr })
+}
+
+/// `args` as a build from before interval flags took durations reads them
+/// too: `--resolve-interval` in bare seconds, which this build still reads
+/// (with a warning).
+fn for_older_builds(args: Vec<String>) -> Vec<String> {
+    args.into_iter()
+        .map(|arg| match arg.strip_prefix("--resolve-interval=") {
+            Some(interval) => match interval.strip_suffix('s') {
+                Some(seconds) if seconds.parse::<u32>().is_ok() => {
+                    format!("--resolve-interval={seconds}")
+                }
+                _ => arg,
+            },
+            None => arg,
+        })
+        .collect()
 }
 
 /// The `--baseline` build the NAT bench measures beside this one.
