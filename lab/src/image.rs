@@ -194,6 +194,19 @@ pub struct Image {
     pub size: u64,
 }
 
+impl std::fmt::Display for Image {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ({}), {:.1} MB; OCI archive {}",
+            self.exact,
+            self.reference,
+            self.size as f64 / 1e6,
+            self.archive.display()
+        )
+    }
+}
+
 /// The image reference of the version this tree builds.
 pub fn reference() -> String {
     format!("{REPOSITORY}:{}", env!("CARGO_PKG_VERSION"))

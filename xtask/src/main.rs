@@ -166,11 +166,9 @@ fn main() -> Result<()> {
                 segregation,
                 ..lab::Setup::default()
             };
+            // Before the build, which takes minutes.
             setup.check()?;
             build()?;
-            if containers {
-                print_image(&isthmus_lab::image::build()?);
-            }
             lab::up(&setup)
         }
         Task::Image { rootfs: Some(dir) } => {
@@ -184,7 +182,7 @@ fn main() -> Result<()> {
         }
         Task::Image { rootfs: None } => {
             build()?;
-            print_image(&isthmus_lab::image::build()?);
+            println!("image: {}", isthmus_lab::image::build()?);
             Ok(())
         }
         Task::LabControl => lab::ha::serve(),
@@ -221,16 +219,6 @@ fn main() -> Result<()> {
 }
 
 /// Says what `cargo xtask image` built.
-fn print_image(image: &isthmus_lab::image::Image) {
-    println!(
-        "image: {} ({}), {:.1} MB; OCI archive {}",
-        image.exact,
-        image.reference,
-        image.size as f64 / 1e6,
-        image.archive.display()
-    );
-}
-
 /// The lab cluster called `name`.
 fn cluster_named(name: &str) -> Result<&'static isthmus_lab::topology::Cluster> {
     isthmus_lab::topology::CLUSTERS
@@ -287,39 +275,38 @@ pub(crate) fn build() -> Result<()> {
 #[cfg(test)]
 mod tests {
     use clap::Parser;
+    use isthmus_lab::{
+        lab::{
+            ha::CONTROL_COMMAND,
+            liqo_conncheck::{Api, arguments},
+        },
+        topology::{A, B},
+    };
 
     use super::Cli;
 
-    /// The lab starts its hidden commands with these command lines: they
-    /// must parse, or the process they start dies before it serves.
+    fn parses(args: &[String]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("xtask".to_owned()).chain(args.iter().cloned()))
+    }
+
+    /// The lab starts its hidden commands with these arguments: they must
+    /// parse, or the process they start dies before it serves.
     #[test]
     fn the_hidden_commands_parse_as_the_lab_starts_them() {
-        for line in [
-            &["xtask", "liqo-conncheck", "--cluster", "b"][..],
-            &[
-                "xtask",
-                "liqo-conncheck",
-                "--cluster",
-                "b",
-                "--liqo-v1-peer",
-                "a",
-                "--liqo-v1-peer-addr",
-                "169.254.18.2",
-            ],
-            &["xtask", "lab-control"],
+        let v1 = Api::V1 {
+            peer: &A,
+            addr: "169.254.18.2".parse().unwrap(),
+        };
+        for args in [
+            arguments(&B, Api::V0_10),
+            arguments(&B, v1),
+            vec![CONTROL_COMMAND.to_owned()],
         ] {
-            if let Err(e) = Cli::try_parse_from(line) {
-                panic!("{line:?}: {e}");
+            if let Err(e) = parses(&args) {
+                panic!("{args:?}: {e}");
             }
         }
-        let half = [
-            "xtask",
-            "liqo-conncheck",
-            "--cluster",
-            "b",
-            "--liqo-v1-peer",
-            "a",
-        ];
-        assert!(Cli::try_parse_from(half).is_err());
+        let v1 = arguments(&B, v1);
+        assert!(parses(&v1[..v1.len() - 2]).is_err());
     }
 }

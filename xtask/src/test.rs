@@ -114,7 +114,7 @@ const CLIPPY: [&str; 6] = [
 
 /// One `cargo test --release` of a tier, and the lab it needs.
 struct TestRun {
-    lab: Option<Lab>,
+    lab: Option<Setup>,
     args: Vec<&'static str>,
 }
 
@@ -124,7 +124,7 @@ impl TestRun {
         Self { lab: None, args }
     }
 
-    fn in_lab(lab: Lab, args: &[&'static str]) -> Self {
+    fn in_lab(lab: Setup, args: &[&'static str]) -> Self {
         let args = args.to_vec();
         Self {
             lab: Some(lab),
@@ -139,53 +139,48 @@ impl Tier {
         let one_by_one = |binary, filters: &[&'static str]| {
             [&["--test", binary, "--", "--test-threads=1"], filters].concat()
         };
+        let with_liqo = |liqo| Setup {
+            liqo: Some(liqo),
+            ..Setup::default()
+        };
         match self {
             // The default members, as every tier selects: one feature
             // resolution, so the tiers share their builds.
             Tier::Unit => vec![TestRun::bare(&["--lib", "--bins", "--test", "unit"])],
             Tier::Kernel => vec![TestRun::bare(&["--test", "kernel"])],
             Tier::Lab => vec![TestRun::in_lab(
-                Lab::Processes,
+                Setup::default(),
                 &one_by_one("lab", &["--skip", "containers::"]),
             )],
             Tier::Containers => vec![TestRun::in_lab(
-                Lab::Containers,
+                Setup {
+                    containers: true,
+                    ..Setup::default()
+                },
                 &one_by_one("lab", IN_CONTAINERS),
             )],
             // The tests that need cluster b run as Liqo come last, in labs
             // of their own: v0.10's, then v1's with Isthmus as the client
             // of b's gateway, then as its server.
             Tier::Slow => {
-                let liqo =
-                    |lab, module| TestRun::in_lab(lab, &one_by_one("slow", &["--ignored", module]));
+                let liqo = |peer, module| {
+                    TestRun::in_lab(with_liqo(peer), &one_by_one("slow", &["--ignored", module]))
+                };
                 vec![
-                    TestRun::in_lab(Lab::Processes, &one_by_one("slow", &[])),
-                    liqo(Lab::LiqoV0_10Peer(&topology::B), "liqo_v0_10_interop::"),
-                    liqo(Lab::LiqoV1Peer(Side::Client), "liqo_v1_interop::"),
-                    liqo(Lab::LiqoV1Peer(Side::Server), "liqo_v1_interop::"),
+                    TestRun::in_lab(Setup::default(), &one_by_one("slow", &[])),
+                    liqo(LiqoPeer::V0_10(&topology::B), "liqo_v0_10_interop::"),
+                    liqo(LiqoPeer::V1(Side::Client), "liqo_v1_interop::"),
+                    liqo(LiqoPeer::V1(Side::Server), "liqo_v1_interop::"),
                 ]
             }
         }
     }
 }
 
-/// The lab a test run needs.
-#[derive(Clone, Copy, PartialEq)]
-enum Lab {
-    /// Every agent a process.
-    Processes,
-    /// Every agent in a container.
-    Containers,
-    /// This cluster run as Liqo, the others' agents processes.
-    LiqoV0_10Peer(&'static topology::Cluster),
-    /// Cluster b run as Liqo v1, served by a on this side of the tunnel.
-    LiqoV1Peer(Side),
-}
-
 /// The lab that is up, if any. Dropped, it takes the lab down whatever
 /// happened.
 #[derive(Default)]
-struct LabUp(Option<Lab>);
+struct LabUp(Option<Setup>);
 
 impl LabUp {
     /// Runs `run`, in the lab it needs: the one up if it is that one, or
@@ -193,9 +188,9 @@ impl LabUp {
     fn run(&mut self, run: &TestRun) -> Result<()> {
         if self.0 != run.lab {
             self.take_down()?;
-            if let Some(wanted) = run.lab {
-                bring_up(wanted)?;
-                self.0 = Some(wanted);
+            if let Some(wanted) = &run.lab {
+                lab::up(wanted)?;
+                self.0 = Some(wanted.clone());
             }
         }
         cargo(&[&["test", "--release"], run.args.as_slice()].concat())
@@ -215,29 +210,6 @@ impl Drop for LabUp {
             eprintln!("test: taking the lab down: {e:#}");
         }
     }
-}
-
-fn bring_up(wanted: Lab) -> Result<()> {
-    let setup = match wanted {
-        Lab::Processes => Setup::default(),
-        Lab::Containers => {
-            let image = isthmus_lab::image::build()?;
-            println!("image: {}, {:.1} MB", image.exact, image.size as f64 / 1e6);
-            Setup {
-                containers: true,
-                ..Setup::default()
-            }
-        }
-        Lab::LiqoV0_10Peer(cluster) => Setup {
-            liqo: Some(LiqoPeer::V0_10(cluster)),
-            ..Setup::default()
-        },
-        Lab::LiqoV1Peer(side) => Setup {
-            liqo: Some(LiqoPeer::V1(side)),
-            ..Setup::default()
-        },
-    };
-    lab::up(&setup)
 }
 
 /// Each phase of a run and its wall time, in order.

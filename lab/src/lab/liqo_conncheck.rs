@@ -10,14 +10,19 @@ use std::{
     collections::BTreeMap,
     fs,
     net::{Ipv4Addr, SocketAddr, UdpSocket},
-    process::{Command, Stdio},
+    process::Command,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
-use super::{log_file, paths::state, process::runs_with, stop_pid};
+use super::{
+    log_file,
+    paths::state,
+    process::{runs_with, spawn_detached},
+    stop_pid,
+};
 use crate::topology::{CLUSTERS, Cluster, first_ip};
 
 /// Liqo's conncheck port.
@@ -43,6 +48,23 @@ pub enum Api {
     },
 }
 
+/// The task runner's arguments that run `cluster`'s conncheck, Liqo
+/// `api`'s way.
+pub fn arguments(cluster: &Cluster, api: Api) -> Vec<String> {
+    let mut args = ["liqo-conncheck", "--cluster", cluster.name]
+        .map(String::from)
+        .to_vec();
+    if let Api::V1 { peer, addr } = api {
+        args.extend([
+            "--liqo-v1-peer".into(),
+            peer.name.into(),
+            "--liqo-v1-peer-addr".into(),
+            addr.to_string(),
+        ]);
+    }
+    args
+}
+
 /// Starts `cluster`'s gateway's conncheck, Liqo `api`'s way.
 pub fn start(cluster: &Cluster, api: Api) -> Result<()> {
     let gw = cluster.gw();
@@ -51,18 +73,9 @@ pub fn start(cluster: &Cluster, api: Api) -> Result<()> {
     command
         .args(["netns", "exec", &gw])
         .arg(std::env::current_exe()?)
-        .args(["liqo-conncheck", "--cluster", cluster.name]);
-    if let Api::V1 { peer, addr } = api {
-        command.args(["--liqo-v1-peer", peer.name, "--liqo-v1-peer-addr"]);
-        command.arg(addr.to_string());
-    }
-    let child = command
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()
-        .context("starting the Liqo conncheck")?;
-    fs::write(pid_file(), child.id().to_string())?;
+        .args(arguments(cluster, api));
+    let pid = spawn_detached(command, log).context("starting the Liqo conncheck")?;
+    fs::write(pid_file(), pid.to_string())?;
     Ok(())
 }
 

@@ -107,6 +107,9 @@ pub fn up(setup: &Setup) -> Result<()> {
         );
     }
     down()?;
+    if setup.containers {
+        println!("lab: image {}", crate::image::build()?);
+    }
     for sub in ["pids", "logs", "objects", "bpffs", "keys"] {
         fs::create_dir_all(state(sub))?;
     }

@@ -8,7 +8,7 @@ use std::{
     fs,
     net::{Ipv4Addr, SocketAddr},
     path::PathBuf,
-    process::{Command, Stdio},
+    process::Command,
     time::Duration,
 };
 
@@ -60,7 +60,8 @@ pub fn up() -> Result<()> {
     let config = dir().join("prometheus.yml");
     fs::write(&config, config_yaml())?;
     let log = fs::File::create(lab::log_file("prometheus"))?;
-    let child = Command::new("ip")
+    let mut command = Command::new("ip");
+    command
         .args(["netns", "exec", MON_NS, "prometheus"])
         .arg(format!("--config.file={}", config.display()))
         .arg(format!(
@@ -68,14 +69,10 @@ pub fn up() -> Result<()> {
             dir().join("data").display()
         ))
         .arg(format!("--web.listen-address={PROMETHEUS}"))
-        .arg("--log.level=warn")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()
-        .context("starting prometheus")?;
+        .arg("--log.level=warn");
+    let pid = lab::process::spawn_detached(command, log).context("starting prometheus")?;
     // `ip netns exec` execs prometheus, so this PID is the server's.
-    fs::write(pid_file(), child.id().to_string())?;
+    fs::write(pid_file(), pid.to_string())?;
     wait_until_every_agent_is_up()
 }
 

@@ -225,14 +225,12 @@ fn traffic(flow: &Flow) -> Result<Measured> {
 /// (with a warning).
 fn for_older_builds(args: Vec<String>) -> Vec<String> {
     args.into_iter()
-        .map(|arg| match arg.strip_prefix("--resolve-interval=") {
-            Some(interval) => match interval.strip_suffix('s') {
-                Some(seconds) if seconds.parse::<u32>().is_ok() => {
-                    format!("--resolve-interval={seconds}")
-                }
-                _ => arg,
-            },
-            None => arg,
+        .map(|arg| {
+            let seconds = arg
+                .strip_prefix("--resolve-interval=")
+                .and_then(|interval| interval.strip_suffix('s'))
+                .filter(|seconds| seconds.parse::<u32>().is_ok());
+            seconds.map_or_else(|| arg.clone(), |s| format!("--resolve-interval={s}"))
         })
         .collect()
 }
