@@ -28,6 +28,11 @@ where
     (result.return_value, out)
 }
 
+/// A directory of one test's own, removed when dropped.
+pub fn scratch_dir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("a temporary directory")
+}
+
 /// How often [`eventually`] tries its condition.
 pub const POLL: std::time::Duration = std::time::Duration::from_millis(5);
 

@@ -30,7 +30,7 @@ fn check(dir: &Path, json: bool) -> Output {
 
 /// A copy of the fixtures in a fresh directory, to change.
 fn copy_of_fixtures() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = isthmus_tests::scratch_dir();
     for entry in fs::read_dir(fixtures()).unwrap() {
         let path = entry.unwrap().path();
         fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();

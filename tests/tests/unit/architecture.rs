@@ -445,7 +445,7 @@ fn no_file_of_any_crate_outgrows_a_reader() {
 /// Writes a crate of `files` (path, text) under a new directory, and
 /// returns its root file.
 fn planted(files: &[(&str, &str)]) -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = isthmus_tests::scratch_dir();
     for (path, text) in files {
         let file = dir.path().join(path);
         fs::create_dir_all(file.parent().unwrap()).unwrap();

@@ -31,7 +31,7 @@ struct Api {
 
 fn api() -> Api {
     let fake = FakeApi::start(TcpListener::bind("127.0.0.1:0").unwrap()).unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = isthmus_tests::scratch_dir();
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(&kubeconfig, fake.kubeconfig()).unwrap();
     Api {

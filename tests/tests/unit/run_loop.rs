@@ -140,7 +140,7 @@ fn fixture(name: &str) -> PathBuf {
 
 /// A directory holding the named fixtures.
 fn objects(names: &[&str]) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = isthmus_tests::scratch_dir();
     for name in names {
         fs::copy(fixture(name), dir.path().join(name)).unwrap();
     }

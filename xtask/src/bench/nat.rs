@@ -4,6 +4,7 @@
 //! beside it, with 1 and 200 peers, in interleaved rounds.
 
 use std::{
+    collections::BTreeMap,
     fmt::Write as _,
     fs,
     net::{Ipv4Addr, SocketAddrV4},
@@ -23,6 +24,7 @@ use super::{
     gateways::{disable_isthmus, enable_isthmus, nat_gateways, set_isthmus_peers},
     isolation, liqo_v0_10,
     packets::{Flow, WARMUP, WINDOW, WINDOWS, measure},
+    program_time::{self, NAT_PROGRAMS, Snapshot},
     stats::{agent_rss_mib, median, ratio_line},
     write_section,
 };
@@ -208,16 +210,26 @@ fn flow(answered: bool) -> Flow {
 struct Measured {
     /// Packets per second, one figure per window.
     pps: Vec<f64>,
+    /// Nanoseconds per run of each NAT program, by the kernel's count,
+    /// while the packets ran; empty where Isthmus does not translate.
+    ns_per_run: BTreeMap<&'static str, f64>,
     /// The connection rate.
     crr: Crr,
 }
 
-/// Packets per second, then the connection rate, of the flow's two pods.
+/// Packets per second, with what they cost in the NAT programs, then the
+/// connection rate, of the flow's two pods.
 fn traffic(flow: &Flow) -> Result<Measured> {
+    let before = Snapshot::take()?;
     let pps = measure(flow)?;
+    let ns_per_run = Snapshot::take()?.ns_per_run_since(&before);
     let target = SocketAddrV4::new(flow.dst.into(), crr::PORT);
     let crr = crr::measure(&flow.client, &flow.server, target)?.all_completed(target)?;
-    Ok(Measured { pps, crr })
+    Ok(Measured {
+        pps,
+        ns_per_run,
+        crr,
+    })
 }
 
 /// `args` as a build from before interval flags took durations reads them
@@ -253,6 +265,7 @@ pub fn run_nat(baseline: Option<PathBuf>) -> Result<()> {
     }
     let mut samples: Samples = setups.iter().map(|s| (*s, Vec::new())).collect();
     let mut rss = Vec::new();
+    let _counting = program_time::start_counting()?;
     for round in 1..=ROUNDS {
         for (setup, rounds) in &mut samples {
             println!(
@@ -396,6 +409,27 @@ fn results(samples: &Samples, rss: &[f64], update_p99: f64) -> String {
             &rounds(Setup::Baseline),
             1,
         );
+        let ns_per_run = |setup, program| -> Vec<f64> {
+            samples
+                .iter()
+                .find(|(s, _)| *s == setup)
+                .map_or_else(Vec::new, |(_, r)| {
+                    r.iter()
+                        .filter_map(|m| m.ns_per_run.get(program).copied())
+                        .collect()
+                })
+        };
+        for program in NAT_PROGRAMS {
+            lines += &ratio_line(
+                &format!(
+                    "nat-ns-per-run-{}-default-1peer-vs-baseline-build",
+                    program.replace('_', "-")
+                ),
+                &ns_per_run(Setup::Isthmus(1, Netfilter::Default), program),
+                &ns_per_run(Setup::Baseline, program),
+                1,
+            );
+        }
     }
     lines
 }
@@ -458,12 +492,25 @@ fn write_report(samples: &Samples, rss: &[f64], results: &str) -> Result<()> {
         let windows: Vec<f64> = rounds.iter().flat_map(|m| m.pps.clone()).collect();
         let crr: Vec<f64> = rounds.iter().map(|m| m.crr.per_second).collect();
         let crr_p99: Vec<f64> = rounds.iter().map(|m| m.crr.p99_us).collect();
+        let program_ns = NAT_PROGRAMS
+            .map(|program| {
+                let ns: Vec<f64> = rounds
+                    .iter()
+                    .filter_map(|m| m.ns_per_run.get(program).copied())
+                    .collect();
+                if ns.is_empty() {
+                    "-".to_owned()
+                } else {
+                    format!("{:.0}", median(&ns))
+                }
+            })
+            .join(", ");
         let (lo, hi) = windows
             .iter()
             .fold((f64::MAX, 0f64), |(lo, hi), r| (lo.min(*r), hi.max(*r)));
         let _ = writeln!(
             table,
-            "| {} | {peers} | {:.0} | {lo:.0}–{hi:.0} | {:.0} | {:.0} |",
+            "| {} | {peers} | {:.0} | {lo:.0}–{hi:.0} | {program_ns} | {:.0} | {:.0} |",
             setup.name(),
             median(&windows),
             median(&crr),
@@ -541,8 +588,8 @@ and conntrack on the way, so this is where Liqo's nat chains are walked
 over rounds of connections per second and of their p99 time, connect to
 close.
 
-| setup | peers | packets/s (median) | range | connections/s | connection p99 (µs) |
-|---|---|---|---|---|---|
+| setup | peers | packets/s (median) | range | NAT programs, ns per run (SNAT, DNAT) | connections/s | connection p99 (µs) |
+|---|---|---|---|---|---|---|
 {table}
 Agent resident memory, idle with 200 peers: {rss:.1} MiB (median over rounds).
 
@@ -553,6 +600,14 @@ with those {endpoints} endpoints in the table; it is one measurement.
 
 ```
 {results}```
+
+**NAT programs, ns per run.** While the packets run, the kernel counts
+the time each program spends (`BPF_ENABLE_STATS`, as `bpftool prog show`
+prints it). The table gives the median over rounds of `nat_egress_eth`'s
+mean time per run on `a-gw` (the SNAT) and `nat_ingress_eth`'s on `b-gw`
+(the DNAT); the `nat-ns-per-run` RESULT lines compare them with the
+`--baseline` build's, when one is given. Lower is cheaper. This is the
+datapath alone, without the generator's and the stack's noise.
 
 trafgen sends from mmap'd ring pages, so any setup that writes a packet
 (every NAT setup, not plain forwarding) first makes the kernel copy it
