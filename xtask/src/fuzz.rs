@@ -4,9 +4,9 @@
 
 use std::{
     fs::{self, File},
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::{Child, Command},
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use anyhow::{Context, Result, bail};
@@ -74,75 +74,6 @@ pub fn build() -> Result<()> {
     Ok(())
 }
 
-/// A build of every target running beside other work, with its output
-/// in a log of its own. Dropped unfinished, it stops the build.
-pub struct BackgroundBuild {
-    child: Option<Child>,
-    log: PathBuf,
-    started: Instant,
-}
-
-impl BackgroundBuild {
-    /// Starts the build.
-    pub fn start() -> Result<Self> {
-        prereqs::cargo_fuzz()?;
-        let target = repo_root().join("fuzz").join("target");
-        fs::create_dir_all(&target)?;
-        let log = target.join("build.log");
-        let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        println!(
-            "fuzz: building the targets in the background, logged to {}",
-            log.display()
-        );
-        let child = cargo_fuzz("build")
-            .stdout(out.try_clone()?)
-            .stderr(out)
-            .spawn()
-            .context("running cargo fuzz build")?;
-        Ok(Self {
-            child: Some(child),
-            log,
-            started: Instant::now(),
-        })
-    }
-
-    /// Waits for the build to end; returns how long it took from its start.
-    pub fn finish(mut self) -> Result<Duration> {
-        let child = self
-            .child
-            .take()
-            .context("the fuzz build was already waited for")?;
-        wait_logged(child, &self.log).context("the fuzz targets do not build")?;
-        Ok(self.started.elapsed())
-    }
-}
-
-impl Drop for BackgroundBuild {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-/// Waits for `child`, whose output goes to `log`; returns the log, or
-/// fails with its last lines.
-fn wait_logged(mut child: Child, log: &Path) -> Result<String> {
-    let status = child.wait()?;
-    let text = fs::read_to_string(log).unwrap_or_default();
-    if !status.success() {
-        let lines: Vec<&str> = text.lines().collect();
-        let tail = &lines[lines.len().saturating_sub(40)..];
-        bail!(
-            "{status}; the end of {}:\n{}",
-            log.display(),
-            tail.join("\n")
-        );
-    }
-    Ok(text)
-}
-
 /// Runs each target for `seconds`, as many side by side as the machine
 /// has cores (libFuzzer takes one), each with its output in a log of its
 /// own; prints each one's final figures.
@@ -208,16 +139,21 @@ fn start(target: &'static str, seconds: u64) -> Result<Fuzzing> {
 impl Fuzzing {
     /// Waits for the target, then prints its final figures, or fails with
     /// the end of its log and where its input is.
-    fn finish(self) -> Result<()> {
-        let artifacts = repo_root().join("fuzz").join("artifacts").join(self.target);
-        let text = wait_logged(self.child, &self.log).with_context(|| {
-            format!(
-                "fuzz target {} failed; its input is under {}",
+    fn finish(mut self) -> Result<()> {
+        let status = self.child.wait()?;
+        let text = fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        if !status.success() {
+            let tail = &lines[lines.len().saturating_sub(40)..];
+            let artifacts = repo_root().join("fuzz").join("artifacts").join(self.target);
+            bail!(
+                "fuzz target {} failed ({status}); its input is under {}:\n{}",
                 self.target,
-                artifacts.display()
-            )
-        })?;
-        for line in text.lines().filter(|l| l.starts_with("Done ")) {
+                artifacts.display(),
+                tail.join("\n")
+            );
+        }
+        for line in lines.iter().filter(|l| l.starts_with("Done ")) {
             println!("fuzz: {}: {line}", self.target);
         }
         Ok(())

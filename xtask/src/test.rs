@@ -9,7 +9,7 @@ use isthmus_lab::{
     topology,
 };
 
-use crate::{build, cargo, fuzz, prereqs, syscalls};
+use crate::{build, cargo, fuzz, syscalls};
 
 /// A tier of the suite, cheapest first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -55,8 +55,8 @@ const IN_CONTAINERS: &[&str] = &[
 
 /// Runs `only` that tier, or every tier and then the fuzz targets.
 ///
-/// A whole run builds the fuzz targets while it builds the workspace:
-/// the build type-checks them against the agent's API early, and the
+/// A whole run builds the fuzz targets right after the workspace: the
+/// build type-checks them against the agent's API early, and the
 /// fuzzing at the end then only runs them.
 pub fn run(only: Option<Tier>) -> Result<()> {
     let started = Instant::now();
@@ -70,36 +70,19 @@ pub fn run(only: Option<Tier>) -> Result<()> {
 }
 
 fn run_phases(only: Option<Tier>, phases: &mut Phases) -> Result<()> {
-    // A whole run builds the fuzz targets beside the workspace's build,
-    // clippy and test build, on the cores their serial stretches (a crate's
-    // front end, a link) leave idle. It must end before the first tier,
-    // whose timing tests need the machine to themselves.
-    let fuzz_build = match only {
-        None => {
-            phases.time("prerequisites", prereqs::ensure)?;
-            Some(fuzz::BackgroundBuild::start()?)
-        }
-        Some(_) => None,
-    };
     phases.time("build", build)?;
     phases.time("fmt", || cargo(&["fmt", "--all", "--check"]))?;
     if only.is_none_or(|tier| tier == Tier::Unit) {
         phases.time("clippy", || cargo(&CLIPPY))?;
     }
-    if only == Some(Tier::Unit) {
-        phases.time("fuzz check", fuzz::check)?;
+    match only {
+        None => phases.time("fuzz build", fuzz::build).map(drop)?,
+        Some(Tier::Unit) => phases.time("fuzz check", fuzz::check).map(drop)?,
+        Some(_) => {}
     }
     // Every test binary is linked before the first tier starts, so that a
     // tier's time is its tests' time.
     phases.time("test build", || cargo(&["test", "--release", "--no-run"]))?;
-    if let Some(fuzz_build) = fuzz_build {
-        let mut took = Duration::ZERO;
-        phases.time("fuzz wait", || {
-            took = fuzz_build.finish()?;
-            Ok(())
-        })?;
-        println!("fuzz build: {:.1} s from its start", took.as_secs_f64());
-    }
     let tiers = only.map_or(TIERS.to_vec(), |tier| vec![tier]);
     // One lab serves consecutive runs that ask for the same one.
     let mut lab = LabUp::default();
