@@ -298,15 +298,16 @@ pub fn run_nat(baseline: Option<PathBuf>) -> Result<()> {
 
 /// The RESULT lines: each compares two setups round by round.
 fn results(samples: &Samples, rss: &[f64], update_p99: f64) -> String {
-    let per_round = |setup: Setup, figure: fn(&Measured) -> f64| -> Vec<f64> {
+    // `figure` of `setup` in each round that has it.
+    let per_round = |setup: Setup, figure: &dyn Fn(&Measured) -> Option<f64>| -> Vec<f64> {
         samples
             .iter()
             .find(|(s, _)| *s == setup)
-            .map_or_else(Vec::new, |(_, r)| r.iter().map(figure).collect())
+            .map_or_else(Vec::new, |(_, r)| r.iter().filter_map(figure).collect())
     };
-    let rounds = |setup| per_round(setup, |m| median(&m.pps));
-    let crr = |setup| per_round(setup, |m| m.crr.per_second);
-    let crr_p99 = |setup| per_round(setup, |m| m.crr.p99_us);
+    let rounds = |setup| per_round(setup, &|m| Some(median(&m.pps)));
+    let crr = |setup| per_round(setup, &|m| Some(m.crr.per_second));
+    let crr_p99 = |setup| per_round(setup, &|m| Some(m.crr.p99_us));
     let shipped = |peers| rounds(Setup::Isthmus(peers, Netfilter::Default));
     let off = |peers| rounds(Setup::Isthmus(peers, Netfilter::Off));
     let liqo = |peers| rounds(Setup::Liqo(peers, Flows::Answered));
@@ -417,16 +418,7 @@ fn results(samples: &Samples, rss: &[f64], update_p99: f64) -> String {
             &rounds(Setup::Baseline),
             1,
         );
-        let ns_per_run = |setup, program| -> Vec<f64> {
-            samples
-                .iter()
-                .find(|(s, _)| *s == setup)
-                .map_or_else(Vec::new, |(_, r)| {
-                    r.iter()
-                        .filter_map(|m| m.ns_per_run.get(program).copied())
-                        .collect()
-                })
-        };
+        let ns_per_run = |setup, program| per_round(setup, &|m| m.ns_per_run.get(program).copied());
         for program in NAT_PROGRAMS {
             lines += &ratio_line(
                 &format!(
