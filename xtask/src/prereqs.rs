@@ -41,8 +41,6 @@ const DEBIAN_PACKAGES: &[&str] = &[
     // Draws the pictures of docs/ (`cargo xtask docs`).
     "graphviz",
 ];
-/// cargo-fuzz, which runs the fuzz targets with the nightly's libFuzzer.
-const CARGO_FUZZ_VERSION: &str = "0.13.2";
 /// bpf-linker release known to build against LLVM 22 (docs/design.md#toolchain).
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const NIGHTLY: &str = "nightly";
@@ -54,21 +52,6 @@ pub fn ensure() -> Result<()> {
     debian_packages()?;
     python_tools()?;
     Ok(())
-}
-
-/// cargo-fuzz, from crates.io, installed once.
-pub fn cargo_fuzz() -> Result<()> {
-    let installed = Command::new("cargo")
-        .args(["fuzz", "--version"])
-        .output()
-        .is_ok_and(|o| {
-            o.status.success() && String::from_utf8_lossy(&o.stdout).contains(CARGO_FUZZ_VERSION)
-        });
-    if installed {
-        return Ok(());
-    }
-    println!("prereqs: installing cargo-fuzz {CARGO_FUZZ_VERSION}");
-    tools::cargo_install("cargo-fuzz", CARGO_FUZZ_VERSION, None)
 }
 
 /// A private Python environment with kubernetes-validate, which checks the

@@ -25,6 +25,7 @@ mod liqo_v0_10;
 mod nat;
 mod overlay;
 mod packets;
+mod program_run;
 mod program_time;
 mod stats;
 mod tunnel;

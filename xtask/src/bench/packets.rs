@@ -61,11 +61,11 @@ pub(super) fn hub_flow(answer_to: Option<std::net::Ipv4Addr>) -> Flow {
 
 /// The source ports of a flow's packets (trafgen's `c8(0x80), dinc(0, 255)`)
 /// and its destination port.
-const FIRST_SOURCE_PORT: u16 = 0x8000;
+pub(super) const FIRST_SOURCE_PORT: u16 = 0x8000;
 
 const SOURCE_PORTS: u16 = 256;
 
-const DESTINATION_PORT: u16 = 9;
+pub(super) const DESTINATION_PORT: u16 = 9;
 
 /// One datagram from the server's side of `flow` to each of its source
 /// ports at `to`.

@@ -3,17 +3,36 @@
 //! per packet, without the noise of the traffic generator and the rest of
 //! the path.
 
-use std::{collections::BTreeMap, os::fd::OwnedFd};
+use std::{collections::BTreeMap, os::fd::OwnedFd, path::PathBuf};
 
 use anyhow::{Context, Result};
 use aya::{
-    programs::loaded_programs,
+    programs::ProgramInfo,
     sys::{Stats, enable_stats},
+};
+use isthmus_lab::{
+    lab,
+    topology::{A, B},
 };
 
 /// The programs every packet of the NAT bench runs: the SNAT at `a-gw`
 /// and the DNAT at `b-gw`.
 pub(super) const NAT_PROGRAMS: [&str; 2] = ["nat_egress_eth", "nat_ingress_eth"];
+
+/// The node that runs `program` of [`NAT_PROGRAMS`] for the bench's
+/// packets.
+pub(super) fn node_of(program: &str) -> String {
+    if program == NAT_PROGRAMS[0] {
+        A.gw()
+    } else {
+        B.gw()
+    }
+}
+
+/// Where that node's agent pins `program`.
+pub(super) fn pinned(program: &str) -> PathBuf {
+    lab::pins(&node_of(program)).program(program)
+}
 
 /// The kernel counts run time while this lives, and stops when it drops.
 pub(super) struct Counting {
@@ -27,8 +46,8 @@ pub(super) fn start_counting() -> Result<Counting> {
         .context("BPF_ENABLE_STATS, which needs root and Linux 5.8")
 }
 
-/// Run time (ns) and runs of each of [`NAT_PROGRAMS`], summed over every
-/// loaded program of that name (one per gateway).
+/// Run time (ns) and runs of each of [`NAT_PROGRAMS`] that its node's
+/// agent has loaded.
 #[derive(Clone, Debug, Default)]
 pub(super) struct Snapshot(BTreeMap<&'static str, (u64, u64)>);
 
@@ -36,17 +55,16 @@ impl Snapshot {
     /// The counts now.
     pub(super) fn take() -> Result<Self> {
         let mut counts = BTreeMap::new();
-        for program in loaded_programs() {
-            let program = program.context("reading a loaded program's info")?;
-            let Some(name) = NAT_PROGRAMS
-                .into_iter()
-                .find(|n| program.name_as_str() == Some(n))
-            else {
+        for name in NAT_PROGRAMS {
+            let pin = pinned(name);
+            // No pin, no Isthmus on that node in this setup.
+            if !pin.exists() {
                 continue;
-            };
-            let (ns, runs) = counts.entry(name).or_insert((0, 0));
-            *ns += u64::try_from(program.run_time().as_nanos()).unwrap_or(u64::MAX);
-            *runs += program.run_count();
+            }
+            let program = ProgramInfo::from_pin(&pin)
+                .with_context(|| format!("reading the info of {}", pin.display()))?;
+            let ns = u64::try_from(program.run_time().as_nanos()).unwrap_or(u64::MAX);
+            counts.insert(name, (ns, program.run_count()));
         }
         Ok(Self(counts))
     }

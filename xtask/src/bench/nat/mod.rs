@@ -25,6 +25,7 @@ use super::{
     gateways::{disable_isthmus, enable_isthmus, nat_gateways, set_isthmus_peers},
     isolation, liqo_v0_10,
     packets::{Flow, WARMUP, WINDOW, WINDOWS, measure},
+    program_run,
     program_time::{self, NAT_PROGRAMS, Snapshot},
     stats::{agent_rss_mib, median, ratio_line},
     write_section,
@@ -133,7 +134,7 @@ impl Setup {
                 liqo_v0_10::remove_all(&gateways)?;
                 run_isthmus(netfilter)?;
                 set_isthmus_peers(peers)?;
-                traffic(flow)
+                traffic(flow)?.with_test_runs(flow)
             }
             Setup::Baseline => {
                 disable_isthmus(&nat_gateways())?;
@@ -147,7 +148,7 @@ impl Setup {
                     lab::wait_ready_in(gw, pid, &log)?;
                 }
                 set_isthmus_peers(1)?;
-                let measured = traffic(flow);
+                let measured = traffic(flow).and_then(|m| m.with_test_runs(flow));
                 for (gw, pid) in gateways.iter().zip(pids) {
                     lab::stop_pid(pid)?;
                     lab::clean_up_agent(gw)?;
@@ -207,15 +208,32 @@ fn flow(answered: bool) -> Flow {
     }
 }
 
+/// A figure of each NAT program that has one, by name.
+type ByProgram = BTreeMap<&'static str, f64>;
+
 /// What a setup measured in one round.
 struct Measured {
     /// Packets per second, one figure per window.
     pps: Vec<f64>,
     /// Nanoseconds per run of each NAT program, by the kernel's count,
     /// while the packets ran; empty where Isthmus does not translate.
-    ns_per_run: BTreeMap<&'static str, f64>,
+    ns_per_run: ByProgram,
+    /// Nanoseconds per run of each NAT program, run by the kernel on the
+    /// bench's frame with the agents' maps; empty where not timed.
+    test_run_ns: ByProgram,
     /// The connection rate.
     crr: Crr,
+}
+
+impl Measured {
+    /// With the NAT programs the agents run now timed on the flow's frame.
+    fn with_test_runs(self, flow: &Flow) -> Result<Self> {
+        let test_run_ns = program_run::nat_programs(flow)?;
+        Ok(Self {
+            test_run_ns,
+            ..self
+        })
+    }
 }
 
 /// Packets per second, with what they cost in the NAT programs, then the
@@ -229,6 +247,7 @@ fn traffic(flow: &Flow) -> Result<Measured> {
     Ok(Measured {
         pps,
         ns_per_run,
+        test_run_ns: BTreeMap::new(),
         crr,
     })
 }
@@ -418,18 +437,26 @@ fn results(samples: &Samples, rss: &[f64], update_p99: f64) -> String {
             &rounds(Setup::Baseline),
             1,
         );
-        let ns_per_run = |setup, program| per_round(setup, &|m| m.ns_per_run.get(program).copied());
-        for program in NAT_PROGRAMS {
-            lines += &ratio_line(
-                &format!(
-                    "nat-ns-per-run-{}-default-1peer-vs-baseline-build",
-                    program.replace('_', "-")
-                ),
-                &ns_per_run(Setup::Isthmus(1, Netfilter::Default), program),
-                &ns_per_run(Setup::Baseline, program),
-                1,
-            );
-        }
+        // Each program's `figure`, this build's against the baseline's.
+        let against_baseline = |figure: &str, of: fn(&Measured) -> &ByProgram| -> String {
+            NAT_PROGRAMS
+                .iter()
+                .map(|program| {
+                    let ns = |setup| per_round(setup, &|m| of(m).get(program).copied());
+                    ratio_line(
+                        &format!(
+                            "nat-{figure}-{}-default-1peer-vs-baseline-build",
+                            program.replace('_', "-")
+                        ),
+                        &ns(Setup::Isthmus(1, Netfilter::Default)),
+                        &ns(Setup::Baseline),
+                        1,
+                    )
+                })
+                .collect()
+        };
+        lines += &against_baseline("ns-per-run", |m| &m.ns_per_run);
+        lines += &against_baseline("test-run-ns", |m| &m.test_run_ns);
     }
     lines
 }

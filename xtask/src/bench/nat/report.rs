@@ -7,7 +7,8 @@ use anyhow::Result;
 use isthmus_lab::cmd::run;
 
 use super::{
-    NAT_PROGRAMS, ROUNDS, Samples, WARMUP, WINDOW, WINDOWS, crr, isolation, median, write_section,
+    ByProgram, Measured, NAT_PROGRAMS, ROUNDS, Samples, WARMUP, WINDOW, WINDOWS, crr, isolation,
+    median, program_run, write_section,
 };
 
 /// Writes the section from what the rounds measured.
@@ -23,25 +24,14 @@ pub(super) fn write(samples: &Samples, rss: &[f64], results: &str) -> Result<()>
         let windows: Vec<f64> = rounds.iter().flat_map(|m| m.pps.clone()).collect();
         let crr: Vec<f64> = rounds.iter().map(|m| m.crr.per_second).collect();
         let crr_p99: Vec<f64> = rounds.iter().map(|m| m.crr.p99_us).collect();
-        let program_ns = NAT_PROGRAMS
-            .map(|program| {
-                let ns: Vec<f64> = rounds
-                    .iter()
-                    .filter_map(|m| m.ns_per_run.get(program).copied())
-                    .collect();
-                if ns.is_empty() {
-                    "-".to_owned()
-                } else {
-                    format!("{:.0}", median(&ns))
-                }
-            })
-            .join(", ");
+        let program_ns = programs_column(rounds, |m| &m.ns_per_run);
+        let test_run_ns = programs_column(rounds, |m| &m.test_run_ns);
         let (lo, hi) = windows
             .iter()
             .fold((f64::MAX, 0f64), |(lo, hi), r| (lo.min(*r), hi.max(*r)));
         let _ = writeln!(
             table,
-            "| {} | {peers} | {:.0} | {lo:.0}–{hi:.0} | {program_ns} | {:.0} | {:.0} |",
+            "| {} | {peers} | {:.0} | {lo:.0}–{hi:.0} | {program_ns} | {test_run_ns} | {:.0} | {:.0} |",
             setup.name(),
             median(&windows),
             median(&crr),
@@ -55,6 +45,7 @@ pub(super) fn write(samples: &Samples, rss: &[f64], results: &str) -> Result<()>
     );
     let rss = median(rss);
     let port = crr::PORT;
+    let test_runs = program_run::RUNS;
     let report = format!(
         "## NAT: 64-byte UDP and TCP connections through two gateways
 
@@ -119,8 +110,8 @@ and conntrack on the way, so this is where Liqo's nat chains are walked
 over rounds of connections per second and of their p99 time, connect to
 close.
 
-| setup | peers | packets/s (median) | range | NAT programs, ns per run (SNAT, DNAT) | connections/s | connection p99 (µs) |
-|---|---|---|---|---|---|---|
+| setup | peers | packets/s (median) | range | NAT programs, ns per run (SNAT, DNAT) | ns per test run (SNAT, DNAT) | connections/s | connection p99 (µs) |
+|---|---|---|---|---|---|---|---|
 {table}
 Agent resident memory, idle with 200 peers: {rss:.1} MiB (median over rounds).
 
@@ -140,6 +131,14 @@ mean time per run on `a-gw` (the SNAT) and `nat_ingress_eth`'s on `b-gw`
 `--baseline` build's, when one is given. Lower is cheaper. This is the
 datapath alone, without the generator's and the stack's noise.
 
+**NAT programs, ns per test run.** After the packets, the bench runs the
+same two programs, as the agents loaded them and with the maps they
+filled, on the bench's own frame (`BPF_PROG_TEST_RUN`, in the gateway's
+netns): `nat_egress_eth` {test_runs} times on `a-pod2`'s frame, and
+`nat_ingress_eth` {test_runs} times on the frame that gave. The kernel
+times each run alone, so the figure has none of the traffic's noise; the
+`nat-test-run-ns` RESULT lines compare it with the `--baseline` build's.
+
 trafgen sends from mmap'd ring pages, so any setup that writes a packet
 (every NAT setup, not plain forwarding) first makes the kernel copy it
 (`skb_copy_ubufs`, `__pskb_pull_tail`); traffic from pod sockets does not
@@ -149,4 +148,22 @@ round where the setup outran plain forwarding.
 "
     );
     write_section("nat", &report)
+}
+
+/// The median over rounds of each NAT program's figure `of`, SNAT then
+/// DNAT, or `-` where no round has it.
+fn programs_column(rounds: &[Measured], of: fn(&Measured) -> &ByProgram) -> String {
+    NAT_PROGRAMS
+        .map(|program| {
+            let ns: Vec<f64> = rounds
+                .iter()
+                .filter_map(|m| of(m).get(program).copied())
+                .collect();
+            if ns.is_empty() {
+                "-".to_owned()
+            } else {
+                format!("{:.0}", median(&ns))
+            }
+        })
+        .join(", ")
 }
