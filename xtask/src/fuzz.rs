@@ -4,10 +4,9 @@
 
 use std::{
     fs::{self, File},
-    os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::{Child, Command},
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use anyhow::{Context, Result, bail};
@@ -106,88 +105,6 @@ pub fn build() -> Result<()> {
         bail!("the fuzz targets do not build ({status})");
     }
     Ok(())
-}
-
-/// A build of every target beside the suite's tiers, in the scheduler's
-/// idle class (`SCHED_IDLE`, which its compilers inherit): it gets only
-/// the CPU time the tests leave, which the lab's tiers, waiting on
-/// handshakes, timers and agents, leave most of. Dropped unfinished, it
-/// stops the build.
-pub struct BackgroundBuild {
-    child: Option<Child>,
-    log: PathBuf,
-    started: Instant,
-}
-
-impl BackgroundBuild {
-    /// Starts the build.
-    pub fn start() -> Result<Self> {
-        let target = repo_root().join("fuzz").join("target");
-        fs::create_dir_all(&target)?;
-        let log = target.join("build.log");
-        let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        println!(
-            "fuzz: building the targets in the background, at idle priority, logged to {}",
-            log.display()
-        );
-        let mut command = cargo_build();
-        // SAFETY: between fork and exec, the closure makes one system call,
-        // which is async-signal-safe, and touches no memory of the parent's.
-        unsafe {
-            command.pre_exec(|| {
-                let param = nix::libc::sched_param { sched_priority: 0 };
-                match nix::libc::sched_setscheduler(0, nix::libc::SCHED_IDLE, &raw const param) {
-                    0 => Ok(()),
-                    _ => Err(std::io::Error::last_os_error()),
-                }
-            });
-        }
-        let child = command
-            .stdout(out.try_clone()?)
-            .stderr(out)
-            .spawn()
-            .context("running cargo build on the fuzz targets, at idle priority")?;
-        Ok(Self {
-            child: Some(child),
-            log,
-            started: Instant::now(),
-        })
-    }
-
-    /// Fails if the build has already ended and failed.
-    pub fn failed(&mut self) -> Result<()> {
-        let Some(child) = self.child.as_mut() else {
-            return Ok(());
-        };
-        match child.try_wait()? {
-            Some(status) if !status.success() => {
-                let child = self.child.take().context("the fuzz build is gone")?;
-                wait_logged(child, &self.log)
-                    .map(drop)
-                    .context("the fuzz targets do not build")
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// Waits for the build to end; returns how long it took from its start.
-    pub fn finish(mut self) -> Result<Duration> {
-        let child = self
-            .child
-            .take()
-            .context("the fuzz build was already waited for")?;
-        wait_logged(child, &self.log).context("the fuzz targets do not build")?;
-        Ok(self.started.elapsed())
-    }
-}
-
-impl Drop for BackgroundBuild {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
 }
 
 /// Waits for `child`, whose output goes to `log`; returns the log, or

@@ -55,8 +55,9 @@ const IN_CONTAINERS: &[&str] = &[
 
 /// Runs `only` that tier, or every tier and then the fuzz targets.
 ///
-/// A whole run builds the fuzz targets beside its tiers, at idle priority,
-/// and the fuzzing at the end then only runs them.
+/// A whole run builds the fuzz targets right after clippy: the build
+/// checks them against the agent's API early, and the fuzzing at the end
+/// then only runs them.
 pub fn run(only: Option<Tier>) -> Result<()> {
     let started = Instant::now();
     let mut phases = Phases::default();
@@ -74,19 +75,14 @@ fn run_phases(only: Option<Tier>, phases: &mut Phases) -> Result<()> {
     if only.is_none_or(|tier| tier == Tier::Unit) {
         phases.time("clippy", || cargo(&CLIPPY))?;
     }
-    if only == Some(Tier::Unit) {
-        phases.time("fuzz check", fuzz::check)?;
+    match only {
+        None => phases.time("fuzz build", fuzz::build).map(drop)?,
+        Some(Tier::Unit) => phases.time("fuzz check", fuzz::check).map(drop)?,
+        Some(_) => {}
     }
     // Every test binary is linked before the first tier starts, so that a
     // tier's time is its tests' time.
     phases.time("test build", || cargo(&["test", "--release", "--no-run"]))?;
-    // The fuzz build takes over 20 minutes of CPU, and the lab's tiers leave
-    // most of theirs idle: the build runs beside the tiers in the idle
-    // class, which yields at once to any test.
-    let mut fuzz_build = only
-        .is_none()
-        .then(fuzz::BackgroundBuild::start)
-        .transpose()?;
     let tiers = only.map_or(TIERS.to_vec(), |tier| vec![tier]);
     // One lab serves consecutive runs that ask for the same one.
     let mut lab = LabUp::default();
@@ -98,21 +94,9 @@ fn run_phases(only: Option<Tier>, phases: &mut Phases) -> Result<()> {
         })?;
         syscalls::none_refused_since(uptime)?;
         println!("tier {tier:?}: passed in {took:.1?}");
-        // A fuzz target that no longer compiles fails the run now, not
-        // after the last tier.
-        fuzz_build
-            .as_mut()
-            .map(fuzz::BackgroundBuild::failed)
-            .transpose()?;
     }
     lab.take_down()?;
-    if let Some(fuzz_build) = fuzz_build {
-        let mut took = Duration::ZERO;
-        phases.time("fuzz wait", || {
-            took = fuzz_build.finish()?;
-            Ok(())
-        })?;
-        println!("fuzz build: {:.1} s from its start", took.as_secs_f64());
+    if only.is_none() {
         phases.time("fuzz", || fuzz::run(fuzz::CI_SECONDS))?;
     }
     Ok(())
