@@ -1,19 +1,25 @@
 //! The NAT programs the gateways' agents loaded, run by the kernel on the
 //! NAT bench's own frame (`BPF_PROG_TEST_RUN`) with the maps the agents
-//! filled: their cost per packet without the traffic's noise, precise
-//! enough to compare two builds within a percent or two.
+//! filled: their cost per packet apart from the traffic, the stack and
+//! the generator. On this machine, a VM, its rounds still vary by about
+//! 10% either way, as much as the kernel's count during the traffic does.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::collections::BTreeMap;
 
 use anyhow::{Context, Result, ensure};
 use aya::programs::{SchedClassifier, TestRun, TestRunOptions};
 use etherparse::PacketBuilder;
+use nix::{
+    sched::{CpuSet, sched_setaffinity},
+    unistd::Pid,
+};
 
 use isthmus_lab::netns;
 
 use super::{
     packets::{DESTINATION_PORT, FIRST_SOURCE_PORT, Flow},
     program_time::{NAT_PROGRAMS, node_of, pinned},
+    stats::median,
 };
 
 /// Calls per program and round. One run per call: the kernel repeats a
@@ -44,7 +50,7 @@ fn frame(flow: &Flow) -> Vec<u8> {
 }
 
 /// Runs `program`, as its node's agent loaded it, [`RUNS`] times on `frame`;
-/// returns its mean time per run and the frame it gives, which must
+/// returns its median time per run and the frame it gives, which must
 /// differ from `frame` in its addresses: a run that left them would time
 /// a pass-through.
 fn time_program(program: &str, frame: &[u8]) -> Result<(f64, Vec<u8>)> {
@@ -57,10 +63,14 @@ fn time_program(program: &str, frame: &[u8]) -> Result<(f64, Vec<u8>)> {
         )
     })?;
     // In the node's netns, so that any route or neighbour the program
-    // looks up is the node's.
-    let (total, out) = netns::run_in(node, || -> Result<(Duration, Vec<u8>)> {
+    // looks up is the node's, and on one core, so that every run finds
+    // the same caches.
+    let (times, out) = netns::run_in(node, || -> Result<(Vec<f64>, Vec<u8>)> {
+        let mut one_core = CpuSet::new();
+        one_core.set(0)?;
+        sched_setaffinity(Pid::from_raw(0), &one_core)?;
         let mut out = vec![0; frame.len() + 64];
-        let mut total = Duration::ZERO;
+        let mut times = Vec::with_capacity(RUNS as usize);
         let mut size = 0;
         for _ in 0..RUNS {
             let result = classifier.test_run(TestRunOptions {
@@ -68,11 +78,11 @@ fn time_program(program: &str, frame: &[u8]) -> Result<(f64, Vec<u8>)> {
                 data_out: Some(&mut out),
                 ..TestRunOptions::default()
             })?;
-            total += result.duration;
+            times.push(result.duration.as_secs_f64() * 1e9);
             size = result.data_size_out as usize;
         }
         out.truncate(size);
-        Ok((total, out))
+        Ok((times, out))
     })??;
     let addresses = |f: &[u8]| f.get(26..34).map(<[u8]>::to_vec);
     ensure!(
@@ -80,5 +90,7 @@ fn time_program(program: &str, frame: &[u8]) -> Result<(f64, Vec<u8>)> {
         "{program} at {node} left the bench's frame's addresses as they were: its time \
          would be a pass-through's"
     );
-    Ok((total.as_secs_f64() * 1e9 / f64::from(RUNS), out))
+    // The median, not the mean: a run the kernel interrupts (a softirq at
+    // the end of the timed section, a timer) takes many times longer.
+    Ok((median(&times), out))
 }

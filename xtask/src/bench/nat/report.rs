@@ -135,8 +135,9 @@ datapath alone, without the generator's and the stack's noise.
 same two programs, as the agents loaded them and with the maps they
 filled, on the bench's own frame (`BPF_PROG_TEST_RUN`, in the gateway's
 netns): `nat_egress_eth` {test_runs} times on `a-pod2`'s frame, and
-`nat_ingress_eth` {test_runs} times on the frame that gave. The kernel
-times each run alone, so the figure has none of the traffic's noise; the
+`nat_ingress_eth` {test_runs} times on the frame that gave, from one
+core. The kernel times each run alone; a round's figure is the median
+run, which leaves out the runs an interrupt lengthened. The
 `nat-test-run-ns` RESULT lines compare it with the `--baseline` build's.
 
 trafgen sends from mmap'd ring pages, so any setup that writes a packet
