@@ -25,10 +25,9 @@ fn main() -> anyhow::Result<()> {
         return aya_build::build_ebpf([package], aya_build::Toolchain::Nightly);
     }
     // The object depends on ebpf/ and the nightly alone, not on the host
-    // build's profile or features, yet each host build (the build, clippy,
-    // the tests) runs this script with an OUT_DIR of its own, under which
-    // aya-build compiles the object and `core` from nothing, a minute each
-    // time. So aya-build works in one directory per profile directory,
+    // build's profile or features, yet the build and clippy each run this
+    // script with an OUT_DIR of their own, under which aya-build compiled
+    // the object and `core` from nothing, a minute each time. So aya-build works in one directory per profile directory,
     // where its cargo finds the last build's work, and the object is
     // copied from there.
     let shared = out_dir
