@@ -4,7 +4,7 @@
 
 use std::{
     fs::{self, File},
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::{Child, Command},
     time::Instant,
 };
@@ -107,23 +107,6 @@ pub fn build() -> Result<()> {
     Ok(())
 }
 
-/// Waits for `child`, whose output goes to `log`; returns the log, or
-/// fails with its last lines.
-fn wait_logged(mut child: Child, log: &Path) -> Result<String> {
-    let status = child.wait()?;
-    let text = fs::read_to_string(log).unwrap_or_default();
-    if !status.success() {
-        let lines: Vec<&str> = text.lines().collect();
-        let tail = &lines[lines.len().saturating_sub(40)..];
-        bail!(
-            "{status}; the end of {}:\n{}",
-            log.display(),
-            tail.join("\n")
-        );
-    }
-    Ok(text)
-}
-
 /// Runs each target for `seconds`, as many side by side as the machine
 /// has cores (libFuzzer takes one), each with its output in a log of its
 /// own; prints each one's final figures.
@@ -154,6 +137,8 @@ struct Fuzzing {
     target: &'static str,
     child: Child,
     log: PathBuf,
+    /// Where libFuzzer leaves a crashing input.
+    artifacts: PathBuf,
 }
 
 /// Starts fuzzing `target` for `seconds`, from the committed corpus.
@@ -189,21 +174,30 @@ fn start(target: &'static str, seconds: u64) -> Result<Fuzzing> {
         .stderr(out)
         .spawn()
         .with_context(|| format!("running {}", binary(target).display()))?;
-    Ok(Fuzzing { target, child, log })
+    Ok(Fuzzing {
+        target,
+        child,
+        log,
+        artifacts,
+    })
 }
 
 impl Fuzzing {
     /// Waits for the target, then prints its final figures, or fails with
     /// the end of its log and where its input is.
-    fn finish(self) -> Result<()> {
-        let artifacts = repo_root().join("fuzz").join("artifacts").join(self.target);
-        let text = wait_logged(self.child, &self.log).with_context(|| {
-            format!(
-                "fuzz target {} failed; its input is under {}",
+    fn finish(mut self) -> Result<()> {
+        let status = self.child.wait()?;
+        let text = fs::read_to_string(&self.log).unwrap_or_default();
+        if !status.success() {
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(40)..];
+            bail!(
+                "fuzz target {} failed ({status}); its input is under {}:\n{}",
                 self.target,
-                artifacts.display()
-            )
-        })?;
+                self.artifacts.display(),
+                tail.join("\n")
+            );
+        }
         for line in text.lines().filter(|l| l.starts_with("Done ")) {
             println!("fuzz: {}: {line}", self.target);
         }
