@@ -41,7 +41,7 @@ struct Datagram {
 fn sockets() -> &'static [UdpSocket; 3] {
     static SOCKETS: OnceLock<[UdpSocket; 3]> = OnceLock::new();
     SOCKETS.get_or_init(|| {
-        [(); 3].map(|_| {
+        [(); 3].map(|()| {
             let s = UdpSocket::bind("127.0.0.1:0").expect("a loopback socket");
             s.set_nonblocking(true).expect("non-blocking");
             s
@@ -88,10 +88,26 @@ fuzz_target!(|datagrams: Vec<Datagram>| {
         networks: vec!["10.77.0.0/24".parse().expect("a CIDR")],
     };
     let networks = config.networks.clone();
-    let peer = Arc::new(TunnelPeer::new(config, 5, &our_secret, None, shared.limiter()));
+    let peer = Arc::new(TunnelPeer::new(
+        config,
+        5,
+        &our_secret,
+        None,
+        shared.limiter(),
+    ));
     shared.set_snapshot(PeerSet::new([(peer.clone(), networks)]));
-    let mut remote = Tunn::new(their_secret, PublicKey::from(&our_secret), None, None, 9, None);
-    let (mut packet, mut scratch) = (vec![0u8; VNET_HDR_LEN + MAX_DATAGRAM], vec![0u8; MAX_DATAGRAM]);
+    let mut remote = Tunn::new(
+        their_secret,
+        PublicKey::from(&our_secret),
+        None,
+        None,
+        9,
+        None,
+    );
+    let (mut packet, mut scratch) = (
+        vec![0u8; VNET_HDR_LEN + MAX_DATAGRAM],
+        vec![0u8; MAX_DATAGRAM],
+    );
     let mut receive = |datagram: &[u8], source: SocketAddrV4| {
         let peers = shared.snapshot();
         let receiver = Receiver {

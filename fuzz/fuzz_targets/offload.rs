@@ -126,7 +126,11 @@ fuzz_target!(|inputs: Vec<Input>| {
     }
     // Packets of no TCP flow come back as they went, in their order.
     let others = |packets: &[Vec<u8>]| -> Vec<Vec<u8>> {
-        packets.iter().filter(|p| seen(p).is_none()).cloned().collect()
+        packets
+            .iter()
+            .filter(|p| seen(p).is_none())
+            .cloned()
+            .collect()
     };
     assert_eq!(others(&back), others(&sent));
     // Each flow's segments come back in order, whole, with valid checksums.

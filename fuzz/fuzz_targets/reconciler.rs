@@ -19,8 +19,8 @@ use isthmus_common::{
     nat::{MappingKey, PeerNat},
     wire::Be32,
 };
-use libfuzzer_sys::fuzz_target;
 use isthmus_lab::objects::TunnelEndpoint;
+use libfuzzer_sys::fuzz_target;
 
 /// A kernel table stand-in, shared as the kernel's is by every agent.
 struct Table<K, V>(Rc<RefCell<BTreeMap<K, V>>>);
@@ -104,7 +104,11 @@ fn pick<'a>(pool: &[&'a str], i: u8) -> &'a str {
 }
 
 fn tep_yaml(t: &Tep) -> String {
-    let namespace = if t.name % 5 == 4 { "default" } else { "liqo-tenant-x" };
+    let namespace = if t.name % 5 == 4 {
+        "default"
+    } else {
+        "liqo-tenant-x"
+    };
     let (pod, external) = (pick(&NETS, t.pod), pick(&NETS, t.external));
     let remote = match t.remapped {
         true => ["10.244.0.0/24", pod, "192.168.0.0/24", external],
@@ -113,7 +117,12 @@ fn tep_yaml(t: &Tep) -> String {
     let key = ["AQ", "Ag", "Aw", "BA"][usize::from(t.key % 4)].to_owned() + &"A".repeat(41) + "=";
     let tep = TunnelEndpoint::new(&format!("t{}", t.name % 6), namespace)
         .cluster_id(&format!("c{}", t.cluster % 3))
-        .local(["10.244.0.0/24", "10.0.40.0/24", "192.168.0.0/24", "10.0.41.0/24"])
+        .local([
+            "10.244.0.0/24",
+            "10.0.40.0/24",
+            "192.168.0.0/24",
+            "10.0.41.0/24",
+        ])
         .remote(remote)
         .endpoint(pick(&ENDPOINTS, t.endpoint))
         .public_key(&key);
@@ -180,9 +189,16 @@ fuzz_target!(|ops: Vec<Op>| {
         let views: Vec<(Ipv4Net, PeerNat)> = live
             .peer_ids()
             .iter()
-            .flat_map(|(id, p)| p.views().map(|(_, net)| (net, p.nat(*id, SecurityMode::default()))))
+            .flat_map(|(id, p)| {
+                p.views()
+                    .map(|(_, net)| (net, p.nat(*id, SecurityMode::default())))
+            })
             .collect();
-        assert_eq!(views.len(), 2 * live.peers().len(), "an accepted peer has no ID");
+        assert_eq!(
+            views.len(),
+            2 * live.peers().len(),
+            "an accepted peer has no ID"
+        );
         for (i, (a, _)) in views.iter().enumerate() {
             for (b, _) in &views[i + 1..] {
                 assert!(!overlaps(*a, *b), "accepted views {a} and {b} overlap");
@@ -192,7 +208,10 @@ fuzz_target!(|ops: Vec<Op>| {
         want.sort_by_key(|(net, _)| *net);
         let table: Vec<(Ipv4Net, PeerNat)> =
             peers.0.borrow().iter().map(|(k, v)| (*k, *v)).collect();
-        assert_eq!(table, want, "the peer table is not what the accepted peers say");
+        assert_eq!(
+            table, want,
+            "the peer table is not what the accepted peers say"
+        );
         for key in mappings.0.borrow().keys() {
             assert!(
                 views.iter().any(|(_, nat)| nat.peer_id == key.peer_id),
@@ -200,8 +219,8 @@ fuzz_target!(|ops: Vec<Op>| {
             );
         }
         // A restarted agent reading the same files writes nothing.
-        let mut restarted = Reconciler::new(peers.clone(), mappings.clone(), allowed.clone())
-            .expect("infallible");
+        let mut restarted =
+            Reconciler::new(peers.clone(), mappings.clone(), allowed.clone()).expect("infallible");
         feed(&mut restarted, &files);
         let (report, _) = restarted.reconcile();
         assert_eq!(
