@@ -3,13 +3,13 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context, Result, bail};
 use isthmus_lab::{
     lab::{self, LiqoPeer, Setup, liqo_v1_peer::Side},
     topology,
 };
 
-use crate::{build, cargo, fuzz, syscalls};
+use crate::{build, cargo, cargo_command, fuzz, syscalls};
 
 /// A tier of the suite, cheapest first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -20,12 +20,13 @@ pub enum Tier {
     /// `BPF_PROG_TEST_RUN` of the real programs: root, in parallel.
     Kernel,
     /// The reference lab: one test at a time, as they restart its agents.
+    /// Beside them, the WireGuard rekey interop of the slow tests.
     Lab,
     /// The lab with every agent run from its image under the DaemonSets'
     /// container settings: the image, the privileges, and the demo's
     /// rows, the hub, the conncheck, metrics, restart and failover there.
     Containers,
-    /// The WireGuard rekey interop, timing budgets, and the Liqo-peer lab.
+    /// Timing budgets, and the Liqo-peer labs.
     Slow,
 }
 
@@ -112,22 +113,41 @@ const CLIPPY: [&str; 6] = [
 struct TestRun {
     lab: Option<Setup>,
     args: Vec<&'static str>,
+    /// A second `cargo test --release`, run at the same time: tests that
+    /// wait on a protocol's timer, in namespaces of their own, and leave
+    /// the CPU to the first.
+    beside: Vec<&'static str>,
 }
 
 impl TestRun {
     fn bare(args: &[&'static str]) -> Self {
-        let args = args.to_vec();
-        Self { lab: None, args }
+        Self {
+            lab: None,
+            args: args.to_vec(),
+            beside: Vec::new(),
+        }
     }
 
     fn in_lab(lab: Setup, args: &[&'static str]) -> Self {
-        let args = args.to_vec();
         Self {
             lab: Some(lab),
-            args,
+            ..Self::bare(args)
+        }
+    }
+
+    fn beside(self, args: &[&'static str]) -> Self {
+        Self {
+            beside: args.to_vec(),
+            ..self
         }
     }
 }
+
+/// The WireGuard rekey interop: two minutes of waiting for WireGuard's
+/// rekey timer, with an echo a second, between an agent and wireguard-go
+/// in namespaces of their own. It runs beside the lab tier, in the lab
+/// that tier brings up, and the slow tier skips it.
+const REKEY_INTEROP: &str = "wireguard_go_interop::";
 
 impl Tier {
     fn runs(self) -> Vec<TestRun> {
@@ -144,10 +164,13 @@ impl Tier {
             // resolution, so the tiers share their builds.
             Tier::Unit => vec![TestRun::bare(&["--lib", "--bins", "--test", "unit"])],
             Tier::Kernel => vec![TestRun::bare(&["--test", "kernel"])],
-            Tier::Lab => vec![TestRun::in_lab(
-                Setup::default(),
-                &one_by_one("lab", &["--skip", "containers::"]),
-            )],
+            Tier::Lab => vec![
+                TestRun::in_lab(
+                    Setup::default(),
+                    &one_by_one("lab", &["--skip", "containers::"]),
+                )
+                .beside(&one_by_one("slow", &[REKEY_INTEROP])),
+            ],
             Tier::Containers => vec![TestRun::in_lab(
                 Setup {
                     containers: true,
@@ -163,7 +186,10 @@ impl Tier {
                     TestRun::in_lab(with_liqo(peer), &one_by_one("slow", &["--ignored", module]))
                 };
                 vec![
-                    TestRun::in_lab(Setup::default(), &one_by_one("slow", &[])),
+                    TestRun::in_lab(
+                        Setup::default(),
+                        &one_by_one("slow", &["--skip", REKEY_INTEROP]),
+                    ),
                     liqo(LiqoPeer::V0_10(&topology::B), "liqo_v0_10_interop::"),
                     liqo(LiqoPeer::V1(Side::Client), "liqo_v1_interop::"),
                     liqo(LiqoPeer::V1(Side::Server), "liqo_v1_interop::"),
@@ -189,7 +215,14 @@ impl LabUp {
                 self.0 = Some(wanted.clone());
             }
         }
-        cargo(&[&["test", "--release"], run.args.as_slice()].concat())
+        let beside = (!run.beside.is_empty())
+            .then(|| Beside::start(&run.beside))
+            .transpose()?;
+        let outcome = cargo(&[&["test", "--release"], run.args.as_slice()].concat());
+        // Waited for even when the first failed: it ends by itself, and
+        // takes down what it set up.
+        let beside_outcome = beside.map_or(Ok(()), Beside::finish);
+        outcome.and(beside_outcome)
     }
 
     fn take_down(&mut self) -> Result<()> {
@@ -205,6 +238,47 @@ impl Drop for LabUp {
         if let Err(e) = self.take_down() {
             eprintln!("test: taking the lab down: {e:#}");
         }
+    }
+}
+
+/// A `cargo test --release` running beside another, its output in a log
+/// of its own so that the two do not interleave.
+struct Beside {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+    command: String,
+}
+
+impl Beside {
+    fn start(args: &[&str]) -> Result<Self> {
+        let args = [&["test", "--release"], args].concat();
+        let command = format!("cargo {}", args.join(" "));
+        let log = isthmus_lab::target_dir().join("test-beside.log");
+        let out =
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        println!("==> {command}, beside, logged to {}", log.display());
+        let child = cargo_command(env!("CARGO"))
+            .args(&args)
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .with_context(|| format!("starting {command}"))?;
+        Ok(Self {
+            child,
+            log,
+            command,
+        })
+    }
+
+    /// Waits for the run, prints its log, and fails if it failed.
+    fn finish(mut self) -> Result<()> {
+        let status = self.child.wait()?;
+        println!("==> {}, beside:", self.command);
+        print!("{}", std::fs::read_to_string(&self.log).unwrap_or_default());
+        if !status.success() {
+            bail!("`{}` failed ({status})", self.command);
+        }
+        Ok(())
     }
 }
 

@@ -1,7 +1,7 @@
-//! The slow tier: the WireGuard rekey interop (over two minutes), the
-//! timing budgets (a directory change reaches the kernel within 100 ms),
-//! and the Liqo-peer labs' interop (v0.10's and v1's, each a lab of its
-//! own).
+//! The slow tests: the WireGuard rekey interop (over two minutes, which
+//! `cargo xtask test` runs beside the lab tier), the timing budgets (a
+//! directory change reaches the kernel within 100 ms), and the Liqo-peer
+//! labs' interop (v0.10's and v1's, each a lab of its own).
 
 mod dir_watch;
 mod liqo_v0_10_interop;
