@@ -25,7 +25,7 @@ use super::{
     gateways::{disable_isthmus, enable_isthmus, nat_gateways, set_isthmus_peers},
     isolation, liqo_v0_10,
     packets::{Flow, WARMUP, WINDOW, WINDOWS, measure},
-    program_run,
+    program_run::{self, NatPrograms},
     program_time::{self, NAT_PROGRAMS, Snapshot},
     stats::{agent_rss_mib, median, ratio_line},
     write_section,
@@ -137,6 +137,11 @@ impl Setup {
                 traffic(flow)?.with_test_runs(flow)
             }
             Setup::Baseline => {
+                // This build's programs, with one peer, held to be run in
+                // turns with the baseline's.
+                run_isthmus(Netfilter::Default)?;
+                set_isthmus_peers(1)?;
+                let this_build = NatPrograms::open()?;
                 disable_isthmus(&nat_gateways())?;
                 let binary = BASELINE.get().context("no --baseline build")?;
                 let mut pids = Vec::new();
@@ -148,7 +153,8 @@ impl Setup {
                     lab::wait_ready_in(gw, pid, &log)?;
                 }
                 set_isthmus_peers(1)?;
-                let measured = traffic(flow).and_then(|m| m.with_test_runs(flow));
+                let measured =
+                    traffic(flow).and_then(|m| m.with_test_runs_beside(&this_build, flow));
                 for (gw, pid) in gateways.iter().zip(pids) {
                     lab::stop_pid(pid)?;
                     lab::clean_up_agent(gw)?;
@@ -221,6 +227,9 @@ struct Measured {
     /// Nanoseconds per run of each NAT program, run by the kernel on the
     /// bench's frame with the agents' maps; empty where not timed.
     test_run_ns: ByProgram,
+    /// For the baseline build, this build's programs timed in turns with
+    /// the baseline's, call by call; empty elsewhere.
+    this_build_test_run_ns: ByProgram,
     /// The connection rate.
     crr: Crr,
 }
@@ -231,6 +240,23 @@ impl Measured {
         let test_run_ns = program_run::nat_programs(flow)?;
         Ok(Self {
             test_run_ns,
+            ..self
+        })
+    }
+
+    /// With the NAT programs the agents run now timed on the flow's frame
+    /// in turns with `this_build`'s.
+    fn with_test_runs_beside(self, this_build: &NatPrograms, flow: &Flow) -> Result<Self> {
+        let baseline = NatPrograms::open()?;
+        let mut test_run_ns = ByProgram::new();
+        let mut this_build_test_run_ns = ByProgram::new();
+        for (program, [this, base]) in NatPrograms::time([this_build, &baseline], flow)? {
+            this_build_test_run_ns.insert(program, this);
+            test_run_ns.insert(program, base);
+        }
+        Ok(Self {
+            test_run_ns,
+            this_build_test_run_ns,
             ..self
         })
     }
@@ -248,6 +274,7 @@ fn traffic(flow: &Flow) -> Result<Measured> {
         pps,
         ns_per_run,
         test_run_ns: BTreeMap::new(),
+        this_build_test_run_ns: BTreeMap::new(),
         crr,
     })
 }
@@ -456,7 +483,24 @@ fn results(samples: &Samples, rss: &[f64], update_p99: f64) -> String {
                 .collect()
         };
         lines += &against_baseline("ns-per-run", |m| &m.ns_per_run);
-        lines += &against_baseline("test-run-ns", |m| &m.test_run_ns);
+        // Both builds' programs, timed in turns in the baseline's rounds.
+        lines += &NAT_PROGRAMS
+            .iter()
+            .map(|program| {
+                let ns = |of: fn(&Measured) -> &ByProgram| {
+                    per_round(Setup::Baseline, &|m| of(m).get(program).copied())
+                };
+                ratio_line(
+                    &format!(
+                        "nat-test-run-ns-{}-in-turns-vs-baseline-build",
+                        program.replace('_', "-")
+                    ),
+                    &ns(|m| &m.this_build_test_run_ns),
+                    &ns(|m| &m.test_run_ns),
+                    1,
+                )
+            })
+            .collect::<String>();
     }
     lines
 }

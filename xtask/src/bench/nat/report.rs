@@ -137,8 +137,17 @@ filled, on the bench's own frame (`BPF_PROG_TEST_RUN`, in the gateway's
 netns): `nat_egress_eth` {test_runs} times on `a-pod2`'s frame, and
 `nat_ingress_eth` {test_runs} times on the frame that gave, from one
 core. The kernel times each run alone; a round's figure is the median
-run, which leaves out the runs an interrupt lengthened. The
-`nat-test-run-ns` RESULT lines compare it with the `--baseline` build's.
+run, which leaves out the runs an interrupt lengthened.
+
+Rounds on this machine, a VM, drift by 5 to 10% either way, more than
+the 2% a change of build must stay within. So in the `--baseline` build's
+rounds, the bench first runs this build's agents with one peer and holds
+their programs open (a program and its maps outlive their agent). It then
+runs the baseline's, and runs both builds' programs in turns, call by
+call, on the same frame: whatever slows the machine slows both alike. The
+two must translate the frame to the same bytes. The
+`nat-test-run-ns-…-in-turns` RESULT lines compare this build's median run
+with the baseline's, round by round.
 
 trafgen sends from mmap'd ring pages, so any setup that writes a packet
 (every NAT setup, not plain forwarding) first makes the kernel copy it
