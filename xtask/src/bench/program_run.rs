@@ -4,7 +4,10 @@
 //! the generator. On this machine, a VM, rounds vary by about 10% either
 //! way, as much as the kernel's count during the traffic does. So two
 //! builds are compared in one round, their programs held open and run in
-//! turns, call by call: whatever slows the machine slows both.
+//! turns, call by call: whatever slows the machine slows both. Not yet
+//! even-handed: run against itself, this build's held `nat_egress_eth`
+//! came out 4% slower than the one loaded after it (1.041, 0.995 to
+//! 1.052 over 5 rounds; `nat_ingress_eth` 1.006).
 
 use std::collections::BTreeMap;
 
@@ -136,7 +139,7 @@ fn in_turns<const N: usize>(
     );
     ensure!(
         outs.iter().all(|out| out == &outs[0]),
-        "the builds' {program} at {node} translate the bench's frame differently"
+        "the builds' {program} at {node} translate the bench's frame differently: {outs:02x?}"
     );
     // The median, not the mean: a run the kernel interrupts (a softirq at
     // the end of the timed section, a timer) takes many times longer.

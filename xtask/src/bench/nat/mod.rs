@@ -138,11 +138,16 @@ impl Setup {
             }
             Setup::Baseline => {
                 // This build's programs, with one peer, held to be run in
-                // turns with the baseline's.
+                // turns with the baseline's. Its agents stop as for a
+                // restart in place, so the baseline's find and keep their
+                // pinned maps and devices, which both builds' programs
+                // then share.
                 run_isthmus(Netfilter::Default)?;
                 set_isthmus_peers(1)?;
                 let this_build = NatPrograms::open()?;
-                disable_isthmus(&nat_gateways())?;
+                for gw in &gateways {
+                    lab::stop_agent(gw)?;
+                }
                 let binary = BASELINE.get().context("no --baseline build")?;
                 let mut pids = Vec::new();
                 for gw in &gateways {

@@ -142,10 +142,12 @@ run, which leaves out the runs an interrupt lengthened.
 Rounds on this machine, a VM, drift by 5 to 10% either way, more than
 the 2% a change of build must stay within. So in the `--baseline` build's
 rounds, the bench first runs this build's agents with one peer and holds
-their programs open (a program and its maps outlive their agent). It then
-runs the baseline's, and runs both builds' programs in turns, call by
-call, on the same frame: whatever slows the machine slows both alike. The
-two must translate the frame to the same bytes. The
+their programs open: a program outlives its agent. It stops them as for a
+restart in place, so the baseline's agents find and keep the pinned maps
+and devices, which both builds' programs then share. Then it runs both
+builds' programs in turns, call by call, on the same frame: whatever slows
+the machine slows both alike. The two must translate the frame to the
+same bytes. The
 `nat-test-run-ns-…-in-turns` RESULT lines compare this build's median run
 with the baseline's, round by round.
 
