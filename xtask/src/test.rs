@@ -162,7 +162,18 @@ impl Tier {
         match self {
             // The default members, as every tier selects: one feature
             // resolution, so the tiers share their builds.
-            Tier::Unit => vec![TestRun::bare(&["--lib", "--bins", "--test", "unit"])],
+            // The binaries by name: `--bins` would take the fuzz targets
+            // too, overriding their `test = false`, and run libFuzzer
+            // without end.
+            Tier::Unit => vec![TestRun::bare(&[
+                "--lib",
+                "--bin",
+                "isthmus-agent",
+                "--bin",
+                "xtask",
+                "--test",
+                "unit",
+            ])],
             Tier::Kernel => vec![TestRun::bare(&["--test", "kernel"])],
             Tier::Lab => vec![
                 TestRun::in_lab(
