@@ -2,17 +2,11 @@
 //! bounded time, from the committed corpus. A crash fails the run and
 //! leaves its input under `fuzz/artifacts/`, to become a regression test.
 
-use std::{
-    fs::{self, File},
-    os::unix::fs::PermissionsExt,
-    path::PathBuf,
-    process::{Child, Command},
-    time::Instant,
-};
+use std::{fs, os::unix::fs::PermissionsExt, path::PathBuf, process::Command, time::Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::cargo_command;
+use crate::{cargo_command, logged::Logged};
 use isthmus_lab::{repo_root, target_dir};
 
 /// How long each target runs in `cargo xtask test`, and by default.
@@ -115,12 +109,10 @@ pub fn build() -> Result<()> {
     Ok(())
 }
 
-/// Runs each target for `seconds`, as many side by side as the machine
+/// Runs each target, as [`build`] left it, for `seconds`, as many side by side as the machine
 /// has cores (libFuzzer takes one), each with its output in a log of its
 /// own; prints each one's final figures.
 pub fn run(seconds: u64) -> Result<()> {
-    // Built once, before the targets that share the build start together.
-    build()?;
     let started = Instant::now();
     let side_by_side = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     for batch in TARGETS.chunks(side_by_side) {
@@ -143,8 +135,7 @@ pub fn run(seconds: u64) -> Result<()> {
 /// A target being fuzzed.
 struct Fuzzing {
     target: &'static str,
-    child: Child,
-    log: PathBuf,
+    run: Logged,
     /// Where libFuzzer leaves a crashing input.
     artifacts: PathBuf,
 }
@@ -162,12 +153,12 @@ fn start(target: &'static str, seconds: u64) -> Result<Fuzzing> {
     let artifacts = fuzz.join("artifacts").join(target);
     fs::create_dir_all(&artifacts)?;
     let log = scratch_dir().join(format!("{target}.log"));
-    let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
     println!(
         "fuzz: {target} for {seconds} s, logged to {}",
         log.display()
     );
-    let child = Command::new(binary(target))
+    let mut command = Command::new(binary(target));
+    command
         .args([&scratch, &committed])
         .args([
             format!("-max_total_time={seconds}"),
@@ -177,15 +168,11 @@ fn start(target: &'static str, seconds: u64) -> Result<Fuzzing> {
         ])
         // As cargo-fuzz sets it: a global that two Rust crates both
         // define is not the C++ bug this check is for.
-        .env("ASAN_OPTIONS", "detect_odr_violation=0")
-        .stdout(out.try_clone()?)
-        .stderr(out)
-        .spawn()
-        .with_context(|| format!("running {}", binary(target).display()))?;
+        .env("ASAN_OPTIONS", "detect_odr_violation=0");
+    let run = Logged::start(command, &binary(target).display().to_string(), log)?;
     Ok(Fuzzing {
         target,
-        child,
-        log,
+        run,
         artifacts,
     })
 }
@@ -193,9 +180,8 @@ fn start(target: &'static str, seconds: u64) -> Result<Fuzzing> {
 impl Fuzzing {
     /// Waits for the target, then prints its final figures, or fails with
     /// the end of its log and where its input is.
-    fn finish(mut self) -> Result<()> {
-        let status = self.child.wait()?;
-        let text = fs::read_to_string(&self.log).unwrap_or_default();
+    fn finish(self) -> Result<()> {
+        let (status, text) = self.run.wait()?;
         if !status.success() {
             let lines: Vec<&str> = text.lines().collect();
             let tail = &lines[lines.len().saturating_sub(40)..];

@@ -4,6 +4,7 @@ mod bench;
 mod demo;
 mod docs;
 mod fuzz;
+mod logged;
 mod prereqs;
 mod syscalls;
 mod test;
@@ -133,7 +134,7 @@ fn main() -> Result<()> {
         Task::Build => build(),
         Task::Demo { keep } => demo::run(keep),
         Task::Test { tier } => test::run(tier),
-        Task::Fuzz { seconds } => fuzz::run(seconds),
+        Task::Fuzz { seconds } => fuzz::build().and_then(|()| fuzz::run(seconds)),
         Task::Lab {
             action:
                 LabAction::Up {

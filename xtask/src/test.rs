@@ -3,13 +3,13 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use isthmus_lab::{
     lab::{self, LiqoPeer, Setup, liqo_v1_peer::Side},
-    topology,
+    target_dir, topology,
 };
 
-use crate::{build, cargo, cargo_command, fuzz, syscalls};
+use crate::{build, cargo, cargo_command, fuzz, logged::Logged, syscalls};
 
 /// A tier of the suite, cheapest first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -255,8 +255,7 @@ impl Drop for LabUp {
 /// A `cargo test --release` running beside another, its output in a log
 /// of its own so that the two do not interleave.
 struct Beside {
-    child: std::process::Child,
-    log: std::path::PathBuf,
+    run: Logged,
     command: String,
 }
 
@@ -264,28 +263,18 @@ impl Beside {
     fn start(args: &[&str]) -> Result<Self> {
         let args = [&["test", "--release"], args].concat();
         let command = format!("cargo {}", args.join(" "));
-        let log = isthmus_lab::target_dir().join("test-beside.log");
-        let out =
-            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        println!("==> {command}, beside, logged to {}", log.display());
-        let child = cargo_command(env!("CARGO"))
-            .args(&args)
-            .stdout(out.try_clone()?)
-            .stderr(out)
-            .spawn()
-            .with_context(|| format!("starting {command}"))?;
-        Ok(Self {
-            child,
-            log,
-            command,
-        })
+        let mut cargo = cargo_command(env!("CARGO"));
+        cargo.args(&args);
+        let run = Logged::start(cargo, &command, target_dir().join("test-beside.log"))?;
+        println!("==> {command}, beside, logged to {}", run.log().display());
+        Ok(Self { run, command })
     }
 
     /// Waits for the run, prints its log, and fails if it failed.
-    fn finish(mut self) -> Result<()> {
-        let status = self.child.wait()?;
+    fn finish(self) -> Result<()> {
+        let (status, text) = self.run.wait()?;
         println!("==> {}, beside:", self.command);
-        print!("{}", std::fs::read_to_string(&self.log).unwrap_or_default());
+        print!("{text}");
         if !status.success() {
             bail!("`{}` failed ({status})", self.command);
         }
@@ -329,5 +318,46 @@ impl Tier {
             Tier::Containers => "containers",
             Tier::Slow => "slow",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Tier;
+
+    /// The unit tier names its binaries, since `--bins` would run the fuzz
+    /// targets: every binary of a default member that has tests must be
+    /// among them.
+    #[test]
+    fn the_unit_tier_names_every_binary_that_has_tests() {
+        let out = crate::cargo_command(env!("CARGO"))
+            .args(["metadata", "--no-deps", "--format-version", "1"])
+            .output()
+            .expect("running cargo metadata");
+        assert!(out.status.success(), "cargo metadata: {out:?}");
+        let metadata: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let default_members = metadata["workspace_default_members"].as_array().unwrap();
+        let runs = Tier::Unit.runs();
+        let args = &runs[0].args;
+        let named = |bin: &str| args.windows(2).any(|w| w == ["--bin", bin]);
+        let mut checked = 0;
+        for package in metadata["packages"].as_array().unwrap() {
+            if !default_members.contains(&package["id"]) {
+                continue;
+            }
+            for target in package["targets"].as_array().unwrap() {
+                let is_bin = target["kind"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|k| k == "bin");
+                if is_bin && target["test"] == true {
+                    let name = target["name"].as_str().unwrap();
+                    assert!(named(name), "the unit tier does not run {name}'s tests");
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 0, "no binary with tests found: {args:?}");
     }
 }

@@ -222,6 +222,9 @@ fn flow(answered: bool) -> Flow {
 /// A figure of each NAT program that has one, by name.
 type ByProgram = BTreeMap<&'static str, f64>;
 
+/// Where a round keeps one of its figures by program.
+type Figure = fn(&Measured) -> &ByProgram;
+
 /// What a setup measured in one round.
 struct Measured {
     /// Packets per second, one figure per window.
@@ -469,43 +472,31 @@ fn results(samples: &Samples, rss: &[f64], update_p99: f64) -> String {
             &rounds(Setup::Baseline),
             1,
         );
-        // Each program's `figure`, this build's against the baseline's.
-        let against_baseline = |figure: &str, of: fn(&Measured) -> &ByProgram| -> String {
+        // One line per NAT program, `{program}` in `name` standing for it:
+        // this build's figure against the baseline's, round by round.
+        let per_program = |name: &str, ours: (Setup, Figure), theirs: (Setup, Figure)| -> String {
             NAT_PROGRAMS
                 .iter()
                 .map(|program| {
-                    let ns = |setup| per_round(setup, &|m| of(m).get(program).copied());
-                    ratio_line(
-                        &format!(
-                            "nat-{figure}-{}-default-1peer-vs-baseline-build",
-                            program.replace('_', "-")
-                        ),
-                        &ns(Setup::Isthmus(1, Netfilter::Default)),
-                        &ns(Setup::Baseline),
-                        1,
-                    )
+                    let ns = |(setup, of): (Setup, Figure)| {
+                        per_round(setup, &|m| of(m).get(program).copied())
+                    };
+                    let name = name.replace("{program}", &program.replace('_', "-"));
+                    ratio_line(&name, &ns(ours), &ns(theirs), 1)
                 })
                 .collect()
         };
-        lines += &against_baseline("ns-per-run", |m| &m.ns_per_run);
+        lines += &per_program(
+            "nat-ns-per-run-{program}-default-1peer-vs-baseline-build",
+            (Setup::Isthmus(1, Netfilter::Default), |m| &m.ns_per_run),
+            (Setup::Baseline, |m| &m.ns_per_run),
+        );
         // Both builds' programs, timed in turns in the baseline's rounds.
-        lines += &NAT_PROGRAMS
-            .iter()
-            .map(|program| {
-                let ns = |of: fn(&Measured) -> &ByProgram| {
-                    per_round(Setup::Baseline, &|m| of(m).get(program).copied())
-                };
-                ratio_line(
-                    &format!(
-                        "nat-test-run-ns-{}-in-turns-vs-baseline-build",
-                        program.replace('_', "-")
-                    ),
-                    &ns(|m| &m.this_build_test_run_ns),
-                    &ns(|m| &m.test_run_ns),
-                    1,
-                )
-            })
-            .collect::<String>();
+        lines += &per_program(
+            "nat-test-run-ns-{program}-in-turns-vs-baseline-build",
+            (Setup::Baseline, |m| &m.this_build_test_run_ns),
+            (Setup::Baseline, |m| &m.test_run_ns),
+        );
     }
     lines
 }

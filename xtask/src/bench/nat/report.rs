@@ -7,7 +7,7 @@ use anyhow::Result;
 use isthmus_lab::cmd::run;
 
 use super::{
-    ByProgram, Measured, NAT_PROGRAMS, ROUNDS, Samples, WARMUP, WINDOW, WINDOWS, crr, isolation,
+    Figure, Measured, NAT_PROGRAMS, ROUNDS, Samples, WARMUP, WINDOW, WINDOWS, crr, isolation,
     median, program_run, write_section,
 };
 
@@ -164,7 +164,7 @@ round where the setup outran plain forwarding.
 
 /// The median over rounds of each NAT program's figure `of`, SNAT then
 /// DNAT, or `-` where no round has it.
-fn programs_column(rounds: &[Measured], of: fn(&Measured) -> &ByProgram) -> String {
+fn programs_column(rounds: &[Measured], of: Figure) -> String {
     NAT_PROGRAMS
         .map(|program| {
             let ns: Vec<f64> = rounds
