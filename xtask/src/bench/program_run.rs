@@ -4,15 +4,15 @@
 //! the generator. On this machine, a VM, rounds vary by about 10% either
 //! way, as much as the kernel's count during the traffic does. So two
 //! builds are compared in one round, their programs held open and run in
-//! turns, call by call: whatever slows the machine slows both. Not yet
-//! even-handed: run against itself, this build's held `nat_egress_eth`
-//! came out 4% slower than the one loaded after it (1.041, 0.995 to
-//! 1.052 over 5 rounds; `nat_ingress_eth` 1.006).
+//! turns, call by call: whatever slows the machine slows both.
 
 use std::collections::BTreeMap;
 
 use anyhow::{Context, Result, ensure};
-use aya::programs::{SchedClassifier, TestRun, TestRunOptions};
+use aya::{
+    maps::MapData,
+    programs::{SchedClassifier, TestRun, TestRunOptions},
+};
 use etherparse::PacketBuilder;
 use nix::{
     sched::{CpuSet, sched_setaffinity},
@@ -41,8 +41,13 @@ pub(super) fn nat_programs(flow: &Flow) -> Result<BTreeMap<&'static str, f64>> {
 
 /// The NAT programs the gateways' agents pinned, held open: a program and
 /// its maps outlive the agent that loaded them while a descriptor holds
-/// them.
-pub(super) struct NatPrograms([SchedClassifier; 2]);
+/// them. The maps are held too: the kernel empties a program array once
+/// no process holds it, and a build whose agent does not pin its arrays
+/// would then miss its tail calls once its agent stopped.
+pub(super) struct NatPrograms {
+    programs: [SchedClassifier; 2],
+    _maps: Vec<MapData>,
+}
 
 impl NatPrograms {
     /// Opens the programs the agents pinned now.
@@ -57,7 +62,18 @@ impl NatPrograms {
                 )
             })
         });
-        Ok(Self([egress?, ingress?]))
+        let programs = [egress?, ingress?];
+        let mut maps = Vec::new();
+        for program in &programs {
+            let ids = program.info()?.map_ids()?.unwrap_or_default();
+            for id in ids {
+                maps.push(MapData::from_id(id)?);
+            }
+        }
+        Ok(Self {
+            programs,
+            _maps: maps,
+        })
     }
 
     /// Runs `nat_egress_eth` of each of `builds` on `flow`'s frame, in
@@ -69,8 +85,9 @@ impl NatPrograms {
         flow: &Flow,
     ) -> Result<[(&'static str, [f64; N]); 2]> {
         let [egress, ingress] = NAT_PROGRAMS;
-        let (egress_ns, translated) = in_turns(egress, builds.map(|b| &b.0[0]), &frame(flow))?;
-        let (ingress_ns, _) = in_turns(ingress, builds.map(|b| &b.0[1]), &translated)?;
+        let (egress_ns, translated) =
+            in_turns(egress, builds.map(|b| &b.programs[0]), &frame(flow))?;
+        let (ingress_ns, _) = in_turns(ingress, builds.map(|b| &b.programs[1]), &translated)?;
         Ok([(egress, egress_ns), (ingress, ingress_ns)])
     }
 }

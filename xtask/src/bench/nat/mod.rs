@@ -17,7 +17,10 @@ use isthmus_lab::{
     topology::{A, B},
 };
 
+mod baseline;
 mod report;
+
+use baseline::{BASELINE, InTurns};
 
 use super::{
     ROUNDS,
@@ -136,36 +139,7 @@ impl Setup {
                 set_isthmus_peers(peers)?;
                 traffic(flow)?.with_test_runs(flow)
             }
-            Setup::Baseline => {
-                // This build's programs, with one peer, held to be run in
-                // turns with the baseline's. Its agents stop as for a
-                // restart in place, so the baseline's find and keep their
-                // pinned maps and devices, which both builds' programs
-                // then share.
-                run_isthmus(Netfilter::Default)?;
-                set_isthmus_peers(1)?;
-                let this_build = NatPrograms::open()?;
-                for gw in &gateways {
-                    lab::stop_agent(gw)?;
-                }
-                let binary = BASELINE.get().context("no --baseline build")?;
-                let mut pids = Vec::new();
-                for gw in &gateways {
-                    let args = for_older_builds(lab::agent_args(gw)?);
-                    let log = lab::log_file(gw);
-                    let pid = lab::spawn_agent_binary(binary, gw, &args, &log)?;
-                    pids.push(pid);
-                    lab::wait_ready_in(gw, pid, &log)?;
-                }
-                set_isthmus_peers(1)?;
-                let measured =
-                    traffic(flow).and_then(|m| m.with_test_runs_beside(&this_build, flow));
-                for (gw, pid) in gateways.iter().zip(pids) {
-                    lab::stop_pid(pid)?;
-                    lab::clean_up_agent(gw)?;
-                }
-                measured
-            }
+            Setup::Baseline => baseline::baseline_round(flow),
             Setup::Segregated => {
                 run_isthmus(Netfilter::Default)?;
                 set_isthmus_peers(1)?;
@@ -235,9 +209,9 @@ struct Measured {
     /// Nanoseconds per run of each NAT program, run by the kernel on the
     /// bench's frame with the agents' maps; empty where not timed.
     test_run_ns: ByProgram,
-    /// For the baseline build, this build's programs timed in turns with
-    /// the baseline's, call by call; empty elsewhere.
-    this_build_test_run_ns: ByProgram,
+    /// For the baseline build, both builds' programs timed in turns, call
+    /// by call; empty elsewhere.
+    in_turns: InTurns,
     /// The connection rate.
     crr: Crr,
 }
@@ -248,23 +222,6 @@ impl Measured {
         let test_run_ns = program_run::nat_programs(flow)?;
         Ok(Self {
             test_run_ns,
-            ..self
-        })
-    }
-
-    /// With the NAT programs the agents run now timed on the flow's frame
-    /// in turns with `this_build`'s.
-    fn with_test_runs_beside(self, this_build: &NatPrograms, flow: &Flow) -> Result<Self> {
-        let baseline = NatPrograms::open()?;
-        let mut test_run_ns = ByProgram::new();
-        let mut this_build_test_run_ns = ByProgram::new();
-        for (program, [this, base]) in NatPrograms::time([this_build, &baseline], flow)? {
-            this_build_test_run_ns.insert(program, this);
-            test_run_ns.insert(program, base);
-        }
-        Ok(Self {
-            test_run_ns,
-            this_build_test_run_ns,
             ..self
         })
     }
@@ -282,28 +239,10 @@ fn traffic(flow: &Flow) -> Result<Measured> {
         pps,
         ns_per_run,
         test_run_ns: BTreeMap::new(),
-        this_build_test_run_ns: BTreeMap::new(),
+        in_turns: InTurns::default(),
         crr,
     })
 }
-
-/// `args` as a build from before interval flags took durations reads them
-/// too: `--resolve-interval` in bare seconds, which this build still reads
-/// (with a warning).
-fn for_older_builds(args: Vec<String>) -> Vec<String> {
-    args.into_iter()
-        .map(|arg| {
-            let seconds = arg
-                .strip_prefix("--resolve-interval=")
-                .and_then(|interval| interval.strip_suffix('s'))
-                .filter(|seconds| seconds.parse::<u32>().is_ok());
-            seconds.map_or_else(|| arg.clone(), |s| format!("--resolve-interval={s}"))
-        })
-        .collect()
-}
-
-/// The `--baseline` build the NAT bench measures beside this one.
-static BASELINE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
 
 /// What each setup measured, round by round.
 type Samples = Vec<(Setup, Vec<Measured>)>;
@@ -494,8 +433,15 @@ fn results(samples: &Samples, rss: &[f64], update_p99: f64) -> String {
         // Both builds' programs, timed in turns in the baseline's rounds.
         lines += &per_program(
             "nat-test-run-ns-{program}-in-turns-vs-baseline-build",
-            (Setup::Baseline, |m| &m.this_build_test_run_ns),
-            (Setup::Baseline, |m| &m.test_run_ns),
+            (Setup::Baseline, |m| &m.in_turns.this_build),
+            (Setup::Baseline, |m| &m.in_turns.baseline),
+        );
+        // What holding a build's programs costs them, whichever build:
+        // what the two orders cancel out.
+        lines += &per_program(
+            "nat-test-run-ns-{program}-held-vs-loaded-after",
+            (Setup::Baseline, |m| &m.in_turns.held),
+            (Setup::Baseline, |m| &m.in_turns.loaded_after),
         );
     }
     lines

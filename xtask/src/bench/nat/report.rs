@@ -141,15 +141,19 @@ run, which leaves out the runs an interrupt lengthened.
 
 Rounds on this machine, a VM, drift by 5 to 10% either way, more than
 the 2% a change of build must stay within. So in the `--baseline` build's
-rounds, the bench first runs this build's agents with one peer and holds
-their programs open: a program outlives its agent. It stops them as for a
-restart in place, so the baseline's agents find and keep the pinned maps
-and devices, which both builds' programs then share. Then it runs both
-builds' programs in turns, call by call, on the same frame: whatever slows
-the machine slows both alike. The two must translate the frame to the
-same bytes. The
+rounds, both builds' programs run in turns, call by call, on the same
+frame: whatever slows the machine slows both alike. The two must translate
+the frame to the same bytes. A program outlives its agent while it is held
+open, so the bench holds one build's programs and stops its agents as for
+a restart in place. The other build's agents then find and keep the pinned
+maps and devices, which both builds' programs share. Each round times two
+orders: this build held with the baseline loaded after it, then the
+baseline held with this build loaded after it. A round's figure is the
+geometric mean of the two orders' figures. Both builds' agents start the
+same way, from gateways cleaned up, with the same flags. The
 `nat-test-run-ns-…-in-turns` RESULT lines compare this build's median run
-with the baseline's, round by round.
+with the baseline's, round by round. The `…-held-vs-loaded-after` lines
+show what the two orders cancel out.
 
 trafgen sends from mmap'd ring pages, so any setup that writes a packet
 (every NAT setup, not plain forwarding) first makes the kernel copy it
