@@ -48,8 +48,8 @@ fuzz_target!(|text: &str| {
             Ok(Object::Lease(raw)) => error(LeaseRecord::from_raw(&raw, FILE)),
             Ok(Object::Configuration(raw)) => v1(&raw, ObjectKind::Configuration),
             Ok(Object::PublicKey(raw)) => v1(&raw, ObjectKind::PublicKey),
-            Ok(Object::GatewayServer(raw)) => v1(&raw, ObjectKind::GatewayServer),
-            Ok(Object::GatewayClient(raw)) => v1(&raw, ObjectKind::GatewayClient),
+            Ok(Object::IsthmusGatewayServer(raw)) => v1(&raw, ObjectKind::IsthmusGatewayServer),
+            Ok(Object::IsthmusGatewayClient(raw)) => v1(&raw, ObjectKind::IsthmusGatewayClient),
             Ok(Object::Ip(raw)) => v1(&raw, ObjectKind::Ip),
         };
         if let Some(message) = message {

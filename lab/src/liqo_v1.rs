@@ -11,6 +11,9 @@ const CLUSTER_ID_LABEL: &str = "liqo.io/remote-cluster-id";
 pub const PORT: u16 = 51840;
 /// Liqo v1's tunnel MTU (`forge/common.go:19`).
 pub const MTU: u16 = 1340;
+/// The API version of Isthmus's gateway objects, which Liqo renders from
+/// Isthmus's gateway templates.
+const ISTHMUS_GATEWAY_API: &str = "gateway.isthmus.dev/v1alpha1";
 
 /// `metadata` of a peer's object, in its tenant namespace.
 fn metadata(remote: &Cluster) -> String {
@@ -51,19 +54,21 @@ impl Peering {
         )
     }
 
-    /// Our `GatewayServer` for the peer's gateway, which contacts ours on
-    /// Liqo v1's port.
-    pub fn gateway_server_yaml(&self) -> String {
+    /// The `IsthmusGatewayServer` Liqo renders from Isthmus's template
+    /// for our `GatewayServer` towards the peer, whose gateway contacts
+    /// ours on Liqo v1's port.
+    pub fn isthmus_gateway_server_yaml(&self) -> String {
         format!(
-            "apiVersion: networking.liqo.io/v1beta1\nkind: GatewayServer\n{}spec:\n  mtu: {MTU}\n  endpoint:\n    port: {PORT}\n    serviceType: NodePort\n",
+            "apiVersion: {ISTHMUS_GATEWAY_API}\nkind: IsthmusGatewayServer\n{}spec:\n  mtu: {MTU}\n  endpoint:\n    port: {PORT}\n",
             metadata(self.remote)
         )
     }
 
-    /// Our `GatewayClient` towards the peer's gateway, on its WAN address.
-    pub fn gateway_client_yaml(&self) -> String {
+    /// The `IsthmusGatewayClient` Liqo renders for our `GatewayClient`
+    /// towards the peer's gateway, on its WAN address.
+    pub fn isthmus_gateway_client_yaml(&self) -> String {
         format!(
-            "apiVersion: networking.liqo.io/v1beta1\nkind: GatewayClient\n{}spec:\n  mtu: {MTU}\n  endpoint:\n    addresses:\n    - {}\n    port: {PORT}\n    protocol: UDP\n",
+            "apiVersion: {ISTHMUS_GATEWAY_API}\nkind: IsthmusGatewayClient\n{}spec:\n  mtu: {MTU}\n  endpoint:\n    addresses:\n    - {}\n    port: {PORT}\n",
             metadata(self.remote),
             self.remote.wan_addr()
         )

@@ -1,5 +1,6 @@
 //! What the agent asks of the Kubernetes API besides the objects it
-//! watches: a client, its node's role, and the gateway's key Secret.
+//! watches: a client, its node's role, the gateway's key Secret, and its
+//! public key for Liqo v1's peers.
 
 use std::{collections::BTreeMap, path::Path};
 
@@ -175,6 +176,66 @@ pub async fn key_from_secret(
     Err(KubeError::Vanished {
         secret: secret_name,
     })
+}
+
+/// Publishes `public`, the gateway's WireGuard key, in Secret
+/// `namespace/name` as `publicKey`, 32 raw bytes, as Liqo v1's gateways
+/// keep theirs: the status of Isthmus's gateway objects names this Secret,
+/// and `liqoctl` copies the key from it to the peer's `PublicKey`. It holds
+/// no private key, so that reading it reveals nothing.
+pub async fn publish_public_key(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    public: &[u8; 32],
+) -> Result<(), KubeError> {
+    let api = Api::<Secret>::namespaced(client.clone(), namespace);
+    let secret_name = format!("{namespace}/{name}");
+    let failed = |what: &str| {
+        let what = format!("{what} Secret {secret_name}");
+        move |source| KubeError::Api { what, source }
+    };
+    let published = KeyEncoding::Raw.encode(public);
+    let patch = Patch::Merge(serde_json::json!({ "data": { PUBLIC_KEY: published } }));
+    match api.get_opt(name).await.map_err(failed("reading"))? {
+        Some(secret)
+            if secret.data.as_ref().and_then(|d| d.get(PUBLIC_KEY)) == Some(&published) =>
+        {
+            return Ok(());
+        }
+        Some(_) => {
+            api.patch(name, &PatchParams::default(), &patch)
+                .await
+                .map_err(failed("publishing the public key in"))?;
+        }
+        None => {
+            let secret = Secret {
+                metadata: ObjectMeta {
+                    name: Some(name.into()),
+                    labels: Some(BTreeMap::from([(
+                        "app.kubernetes.io/name".into(),
+                        "isthmus".into(),
+                    )])),
+                    ..ObjectMeta::default()
+                },
+                type_: Some("Opaque".into()),
+                data: Some(BTreeMap::from([(PUBLIC_KEY.into(), published)])),
+                ..Secret::default()
+            };
+            // Another gateway of the cluster, with the same key, may create
+            // it first.
+            match api.create(&PostParams::default(), &secret).await {
+                Err(kube::Error::Api(status)) if status.is_already_exists() => {
+                    api.patch(name, &PatchParams::default(), &patch)
+                        .await
+                        .map_err(failed("publishing the public key in"))?;
+                }
+                created => created.map(drop).map_err(failed("creating"))?,
+            }
+        }
+    }
+    info!(secret = %secret_name, public_key = %key_text::encode(public), "public key published for Liqo v1's peers");
+    Ok(())
 }
 
 /// How a Secret holds its keys.

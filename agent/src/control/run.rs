@@ -2,7 +2,7 @@
 //! and metrics out. It holds no I/O of its own beyond what it is given, so
 //! a test drives it with a directory source and tables in memory.
 
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{collections::BTreeSet, future::Future, sync::Arc, time::Duration};
 
 use anyhow::{Context, Result};
 use tokio::sync::{mpsc, watch};
@@ -15,7 +15,12 @@ use crate::{
         status::{self, Feedback},
     },
     kernel::table::{AllowedTable, MappingTable, PeerTable},
-    model::{node::Node, object::ObjectKind, peer::Peer, policy::Policy},
+    model::{
+        node::Node,
+        object::{ObjectKey, ObjectKind},
+        peer::{GatewayImplementation, Peer},
+        policy::Policy,
+    },
     observe::metrics::Metrics,
     roles::{gateway::Gateway, routes::Routes},
 };
@@ -150,6 +155,8 @@ where
             .filter(|_| acting)
             .map(Gateway::report);
         let feedback = self.feedback.as_ref().filter(|_| acting);
+        self.metrics
+            .set_gateways_served(served_gateways(self.reconciler.peers(), acting));
         if synced && (report.is_some() || feedback.is_some()) {
             let statuses = status::desired(
                 self.reconciler.peers(),
@@ -158,7 +165,7 @@ where
             );
             status_log.record(&statuses);
             if let Some(feedback) = feedback {
-                feedback.show(statuses);
+                feedback.show(statuses, self.reconciler.peers(), self.reconciler.nodes());
             }
         }
         // A node address that came or went may allow or refuse a view.
@@ -225,6 +232,19 @@ where
             }
         }
     }
+}
+
+/// The Liqo v1 gateways served through Isthmus's gateway objects, whose
+/// peers have a tunnel: none unless this gateway is `acting`.
+fn served_gateways(peers: &[Peer], acting: bool) -> BTreeSet<ObjectKey> {
+    peers
+        .iter()
+        .filter(|_| acting)
+        .filter(|peer| peer.tunnel.is_ok())
+        .filter_map(|peer| peer.liqo_gateway.as_ref())
+        .filter(|gateway| gateway.implementation == GatewayImplementation::Isthmus)
+        .map(|gateway| gateway.key.clone())
+        .collect()
 }
 
 /// Completes when the election's verdict changes; never without an election.

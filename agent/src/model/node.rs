@@ -11,6 +11,8 @@ use crate::model::object::{ObjectError, ObjectKind, RawObject};
 
 /// The node address the overlay sends to, as Kubernetes lists it.
 const ADDRESS_TYPE: &str = "InternalIP";
+/// The node address from outside the cluster, where it has one.
+const EXTERNAL_ADDRESS_TYPE: &str = "ExternalIP";
 
 /// A node, validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -21,6 +23,9 @@ pub struct Node {
     pub pod_cidrs: Vec<Ipv4Net>,
     /// Its first IPv4 `InternalIP`.
     pub address: Ipv4Addr,
+    /// Its first IPv4 `ExternalIP`, if it has one: where a gateway server
+    /// on it is contacted from other clusters.
+    pub external_address: Option<Ipv4Addr>,
     /// Its labels.
     pub labels: BTreeMap<String, String>,
 }
@@ -30,12 +35,20 @@ impl Node {
     pub fn from_raw(raw: &RawObject, origin: &str) -> Result<Self, ObjectError> {
         let error = |problem| ObjectError::new(origin, ObjectKind::Node, raw, problem);
         let pod_cidrs = pod_cidrs(raw).map_err(error)?;
-        let address = internal_ip(raw).map_err(error)?;
+        let address = first_address(raw, ADDRESS_TYPE)
+            .map_err(error)?
+            .ok_or_else(|| {
+                error(format!(
+                    "field status.addresses: no IPv4 address of type {ADDRESS_TYPE}"
+                ))
+            })?;
+        let external_address = first_address(raw, EXTERNAL_ADDRESS_TYPE).map_err(error)?;
         let labels = raw.label_texts();
         Ok(Self {
             name: raw.key.name.clone(),
             pod_cidrs,
             address,
+            external_address,
             labels,
         })
     }
@@ -77,19 +90,18 @@ fn pod_cidrs(raw: &RawObject) -> Result<Vec<Ipv4Net>, String> {
     Ok(cidrs)
 }
 
-/// The first IPv4 `InternalIP` in `status.addresses`.
-fn internal_ip(raw: &RawObject) -> Result<Ipv4Addr, String> {
+/// The first IPv4 address of `address_type` in `status.addresses`.
+fn first_address(raw: &RawObject, address_type: &str) -> Result<Option<Ipv4Addr>, String> {
     let addresses = match raw.get(&["status", "addresses"]) {
         Some(Value::Sequence(list)) => list,
         Some(_) => return Err("field status.addresses: not a list".into()),
         None => return Err("field status.addresses is missing".into()),
     };
-    addresses
+    Ok(addresses
         .iter()
-        .filter(|a| a.get("type").and_then(Value::as_str) == Some(ADDRESS_TYPE))
+        .filter(|a| a.get("type").and_then(Value::as_str) == Some(address_type))
         .filter_map(|a| a.get("address").and_then(Value::as_str))
-        .find_map(|text| text.parse().ok())
-        .ok_or_else(|| format!("field status.addresses: no IPv4 address of type {ADDRESS_TYPE}"))
+        .find_map(|text| text.parse().ok()))
 }
 
 #[cfg(test)]
@@ -117,9 +129,21 @@ mod tests {
         .unwrap();
         assert_eq!(n.pod_cidrs, vec!["10.244.0.128/25".parse().unwrap()]);
         assert_eq!(n.address, Ipv4Addr::new(172, 16, 1, 1));
+        assert_eq!(n.external_address, None);
         assert!(n.has_label("net.liqo.io/gateway=true"));
         assert!(n.has_label("zone"));
         assert!(!n.has_label("net.liqo.io/gateway=false"));
+    }
+
+    #[test]
+    fn an_external_ip_is_kept_beside_the_internal_one() {
+        let n = node(
+            "apiVersion: v1\nkind: Node\nmetadata: {name: a-gw}\nspec: {}\n\
+             status: {addresses: [{type: ExternalIP, address: 203.0.113.1}, {type: InternalIP, address: 172.16.1.1}]}\n",
+        )
+        .unwrap();
+        assert_eq!(n.address, Ipv4Addr::new(172, 16, 1, 1));
+        assert_eq!(n.external_address, Some(Ipv4Addr::new(203, 0, 113, 1)));
     }
 
     #[test]

@@ -412,6 +412,7 @@ mod tests {
             name: "b-node".into(),
             pod_cidrs: Vec::new(),
             address: Ipv4Addr::new(172, 16, 2, 2),
+            external_address: None,
             labels: std::collections::BTreeMap::default(),
         };
         let p = read(

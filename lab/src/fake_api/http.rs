@@ -346,6 +346,6 @@ mod tests {
             ("secrets", "isthmus-system", None)
         );
         assert!(target("/api/v1/namespaces/x/nodes/n").is_none());
-        assert!(target("/apis/apps/v1/deployments").is_none());
+        assert!(target("/apis/apps/v1/daemonsets").is_none());
     }
 }

@@ -4,8 +4,8 @@
 //! real protocol the agent uses: list with a `resourceVersion`, watch
 //! streams of `ADDED`, `MODIFIED`, `DELETED`, `BOOKMARK` and `ERROR` (410
 //! for a compacted version), the status subresource with JSON merge patch,
-//! Liqo v0.10's and v1's networking objects,
-//! Secrets (with `stringData`), Nodes and Events. Tests drive it from plain
+//! Liqo v0.10's and v1's networking objects, Isthmus's gateway objects,
+//! Secrets (with `stringData`), Deployments, Nodes and Events. Tests drive it from plain
 //! threads: change objects, drop every watch, compact history, or go down.
 
 mod http;
@@ -26,7 +26,7 @@ use tokio::sync::watch;
 use http::handle;
 
 /// Resources served, as (path prefix, plural, kind, namespaced).
-const RESOURCES: [(&str, &str, &str, bool); 15] = [
+const RESOURCES: [(&str, &str, &str, bool); 18] = [
     (
         "/apis/net.liqo.io/v1alpha1",
         "tunnelendpoints",
@@ -55,6 +55,7 @@ const RESOURCES: [(&str, &str, &str, bool); 15] = [
     ),
     ("/api/v1", "secrets", "Secret", true),
     ("/apis/coordination.k8s.io/v1", "leases", "Lease", true),
+    ("/apis/apps/v1", "deployments", "Deployment", true),
     ("/apis/events.k8s.io/v1", "events", "Event", true),
     (LIQO_V1, "configurations", "Configuration", true),
     // Sic: Liqo v1's plural of PublicKey.
@@ -63,7 +64,22 @@ const RESOURCES: [(&str, &str, &str, bool); 15] = [
     (LIQO_V1, "gatewayclients", "GatewayClient", true),
     (LIQO_V1, "connections", "Connection", true),
     ("/apis/ipam.liqo.io/v1alpha1", "ips", "IP", true),
+    (
+        ISTHMUS_GATEWAY,
+        "isthmusgatewayservers",
+        "IsthmusGatewayServer",
+        true,
+    ),
+    (
+        ISTHMUS_GATEWAY,
+        "isthmusgatewayclients",
+        "IsthmusGatewayClient",
+        true,
+    ),
 ];
+
+/// Where Isthmus's gateway objects are served.
+const ISTHMUS_GATEWAY: &str = "/apis/gateway.isthmus.dev/v1alpha1";
 
 /// Where Liqo v1's networking objects are served.
 const LIQO_V1: &str = "/apis/networking.liqo.io/v1beta1";

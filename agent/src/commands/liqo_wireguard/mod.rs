@@ -42,7 +42,7 @@ use crate::{
     model::{
         liqo_v1::CLUSTER_ID_LABEL,
         object::ObjectKind,
-        peer::{Endpoint, LiqoApi},
+        peer::{Endpoint, GatewayRole, LiqoApi},
     },
     observe::metrics::{self, BuildInfo, GatewayState, Metrics, PeerHealth},
     roles::{
@@ -84,7 +84,7 @@ pub async fn run(args: LiqoWireguardArgs) -> Result<()> {
         )
     })?);
     let routes = Routes::up(&settings.dev, settings.mtu).await?;
-    let ends = TunnelAddresses::of_side(settings.gateway.kind == ObjectKind::GatewayServer);
+    let ends = TunnelAddresses::of_side(settings.gateway.role == GatewayRole::Server);
     routes
         .set_link_address(ends.ours, PREFIX_LEN)
         .await

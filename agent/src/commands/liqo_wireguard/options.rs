@@ -15,8 +15,8 @@ use thiserror::Error;
 
 use crate::model::{
     go_duration,
-    object::{ObjectKey, ObjectKind},
-    peer::{Endpoint, LiqoGateway},
+    object::ObjectKey,
+    peer::{Endpoint, GatewayImplementation, GatewayRole, LiqoGateway},
 };
 
 /// Which side of the tunnel the gateway object puts us on.
@@ -195,9 +195,9 @@ impl LiqoWireguardArgs {
                     "expected a positive duration as Go writes one, such as 30s or 5m",
                 )
             })?;
-        let (kind, endpoint) = match self.mode {
-            Mode::Server => (ObjectKind::GatewayServer, Endpoint::Learned),
-            Mode::Client => (ObjectKind::GatewayClient, self.client_endpoint()?),
+        let (role, endpoint) = match self.mode {
+            Mode::Server => (GatewayRole::Server, Endpoint::Learned),
+            Mode::Client => (GatewayRole::Client, self.client_endpoint()?),
         };
         let serve_on = [
             ("metrics-address", &self.metrics_address),
@@ -209,7 +209,8 @@ impl LiqoWireguardArgs {
         .collect::<Result<Vec<_>, _>>()?;
         Ok(Settings {
             gateway: LiqoGateway {
-                kind,
+                role,
+                implementation: GatewayImplementation::LiqoWireGuard,
                 key: ObjectKey {
                     namespace: self.namespace.clone(),
                     name: self.name.clone(),
@@ -325,7 +326,7 @@ mod tests {
             &["--listen-port=51840", "--preserve-client-endpoint=false"],
         )
         .unwrap();
-        assert_eq!(settings.gateway.kind, ObjectKind::GatewayServer);
+        assert_eq!(settings.gateway.role, GatewayRole::Server);
         assert_eq!(settings.gateway.connection().name, "gw-rome");
         assert_eq!(settings.gateway.cluster_id, "rome");
         assert_eq!(
@@ -355,7 +356,7 @@ mod tests {
             &["--endpoint-address=203.0.113.1", "--endpoint-port=32000"],
         )
         .unwrap();
-        assert_eq!(settings.gateway.kind, ObjectKind::GatewayClient);
+        assert_eq!(settings.gateway.role, GatewayRole::Client);
         assert_eq!(
             settings.endpoint,
             Endpoint::Addr(Ipv4Addr::new(203, 0, 113, 1))

@@ -160,18 +160,23 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::model::{key_text, object::ObjectKey, peer::LiqoGateway};
+    use crate::model::{
+        key_text,
+        object::ObjectKey,
+        peer::{GatewayImplementation, GatewayRole, LiqoGateway},
+    };
 
     const PEER_KEY: [u8; 32] = [7; 32];
 
     fn settings(endpoint: Endpoint) -> Settings {
-        let kind = match endpoint {
-            Endpoint::Learned => ObjectKind::GatewayServer,
-            _ => ObjectKind::GatewayClient,
+        let role = match endpoint {
+            Endpoint::Learned => GatewayRole::Server,
+            _ => GatewayRole::Client,
         };
         Settings {
             gateway: LiqoGateway {
-                kind,
+                role,
+                implementation: GatewayImplementation::LiqoWireGuard,
                 key: ObjectKey {
                     namespace: "liqo-tenant-rome".into(),
                     name: "rome".into(),

@@ -4,10 +4,7 @@
 
 pub mod options;
 
-use std::{
-    net::{Ipv4Addr, SocketAddr},
-    sync::Arc,
-};
+use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use isthmus_common::{isolation::AllowKey, tcp};
@@ -28,7 +25,7 @@ use crate::{
         reconcile::Reconciler,
         run::{Host, RunLoop},
         source::{self, SourceEvent, SourceSpec},
-        status::Feedback,
+        status::{Feedback, GatewayHome},
     },
     kernel::{
         conntrack::Conntrack,
@@ -40,7 +37,7 @@ use crate::{
     model::{
         election::Election,
         node::Node,
-        object::{ObjectKind, ReadFor},
+        object::{ObjectKey, ObjectKind, ReadFor},
         peer::LiqoApi,
         policy::Policy,
     },
@@ -191,6 +188,16 @@ async fn start_gateway(
         }
         None => key::load_or_generate(&args.private_key_file)?,
     };
+    if let (Some(client), LiqoApi::V1) = (client, args.policy.liqo_api) {
+        let secret = public_key_secret(args);
+        kubernetes::publish_public_key(
+            client,
+            &secret.namespace,
+            &secret.name,
+            key.public.as_bytes(),
+        )
+        .await?;
+    }
     let guard = match &args.guard_dev {
         Some(dev) => {
             dataplane.attach_guard(dev)?;
@@ -291,13 +298,10 @@ async fn serve_metrics(
         },
     )
     .context("opening the pinned maps for the metrics")?;
-    let addr = args.metrics_addr.unwrap_or_else(|| {
-        let ip = args.node_ip.unwrap_or_else(|| {
-            warn!("no --node-ip nor --metrics-addr: metrics are served on loopback only");
-            Ipv4Addr::LOCALHOST
-        });
-        SocketAddr::from((ip, metrics::DEFAULT_PORT))
-    });
+    if args.metrics_addr.is_none() && args.node_ip.is_none() {
+        warn!("no --node-ip nor --metrics-addr: metrics are served on loopback only");
+    }
+    let addr = args.metrics_address();
     metrics::serve(addr, metrics.clone())
         .await
         .with_context(|| format!("serving metrics on {addr}"))?;
@@ -375,12 +379,31 @@ fn open_source(
     // The gateway speaks for the cluster's tunnels; workers only read.
     let gateway = role == Role::Gateway;
     let active = gateway.then(|| elect(&client, args)).transpose()?;
-    let feedback = gateway.then(|| Feedback::spawn(client, objects, &args.node, metrics.clone()));
+    // Serving Liqo v1, the gateway also shows where peers reach it on
+    // Isthmus's gateway objects.
+    let home = (args.policy.liqo_api == LiqoApi::V1).then(|| GatewayHome {
+        node: args.node.clone(),
+        port: args.listen_port,
+        public_key_secret: public_key_secret(args),
+        readiness: args.metrics_address(),
+        pod_image: args.gateway_pod_image.clone(),
+    });
+    let feedback =
+        gateway.then(|| Feedback::spawn(client, objects, &args.node, metrics.clone(), home));
     Ok(Source {
         events,
         feedback,
         active,
     })
+}
+
+/// The Secret the gateway publishes its public key in for Liqo v1's peers:
+/// the key Secret's name with `-public`, in the agent's namespace.
+fn public_key_secret(args: &RunArgs) -> ObjectKey {
+    ObjectKey {
+        namespace: args.namespace.clone(),
+        name: format!("{}-public", args.key_secret),
+    }
 }
 
 /// Starts this gateway's election among the cluster's gateways; returns

@@ -11,12 +11,13 @@ use crate::{
         interval::{self, Interval, OldUnit},
         policy::PolicyArgs,
     },
-    control::source::SourceSpec,
+    control::{source::SourceSpec, status::gateway_pod},
     kernel::{
         dataplane::{self, AttachMode, Capacity},
         privileges::SyscallFilter,
     },
     model::election::{Timings, TimingsError},
+    observe::metrics,
     roles::{flows::Share, past_netfilter::PastNetfilter},
     tunnel::key,
 };
@@ -222,6 +223,23 @@ pub struct RunArgs {
     /// How the gateways of the cluster elect the active one.
     #[command(flatten)]
     pub election: ElectionArgs,
+    /// Gateway with `--liqo-api v1`: the image of the pod of each peer's
+    /// `gw-<gateway>` Deployment, which Liqo reads the readiness of. It
+    /// runs nothing; kubelet asks the agent whether the peer is served.
+    #[arg(long, default_value = gateway_pod::DEFAULT_IMAGE)]
+    pub gateway_pod_image: String,
+}
+
+impl RunArgs {
+    /// Where the metrics and health endpoints are served: `--metrics-addr`,
+    /// else this node's address (`--node-ip`) on the default port, else
+    /// loopback.
+    pub fn metrics_address(&self) -> SocketAddr {
+        self.metrics_addr.unwrap_or_else(|| {
+            let ip = self.node_ip.unwrap_or(Ipv4Addr::LOCALHOST);
+            SocketAddr::from((ip, metrics::DEFAULT_PORT))
+        })
+    }
 }
 
 /// How the gateways of a cluster elect the active one (`--source kube`):

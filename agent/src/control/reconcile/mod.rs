@@ -468,12 +468,12 @@ fn validate(document: Document, origin: &str) -> Option<Result<Valid, Rejection>
             .map(|networks| Valid::V1Networks(raw.key, networks))
             .map_err(Into::into),
         Ok(Object::PublicKey(raw)) => valid(PeerKey::from_public_key(&raw, origin), Valid::V1Key),
-        Ok(Object::GatewayServer(raw)) => valid(
-            Gateway::from_raw(&raw, ObjectKind::GatewayServer, origin),
+        Ok(Object::IsthmusGatewayServer(raw)) => valid(
+            Gateway::from_raw(&raw, ObjectKind::IsthmusGatewayServer, origin),
             Valid::V1Gateway,
         ),
-        Ok(Object::GatewayClient(raw)) => valid(
-            Gateway::from_raw(&raw, ObjectKind::GatewayClient, origin),
+        Ok(Object::IsthmusGatewayClient(raw)) => valid(
+            Gateway::from_raw(&raw, ObjectKind::IsthmusGatewayClient, origin),
             Valid::V1Gateway,
         ),
         Ok(Object::Ip(raw)) => IpMapping::from_raw(&raw, origin)

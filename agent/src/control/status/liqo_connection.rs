@@ -19,8 +19,8 @@ use crate::{
     control::source::api_resource_of,
     model::{
         liqo_v1::CLUSTER_ID_LABEL,
-        object::{LIQO_V1_NETWORKING_API_VERSION, ObjectKey, ObjectKind},
-        peer::LiqoGateway,
+        object::{LIQO_V1_NETWORKING_API_VERSION, ObjectKey},
+        peer::{GatewayRole, LiqoGateway},
     },
     roles::gateway::conncheck,
 };
@@ -96,9 +96,9 @@ pub fn api_resource() -> ApiResource {
 }
 
 /// The Connection `key` of `gateway` as Liqo's gateway creates it: labelled
-/// with the peer's cluster ID, owned by the gateway object, and naming it in
-/// `spec.gatewayRef`. Liqo names the WireGuard child's kind there
-/// (`WgGatewayClient`) beside the parent's UID, and so does this.
+/// with the peer's cluster ID, owned by Liqo's gateway object, and naming
+/// it in `spec.gatewayRef`. Liqo names the rendered object's kind there
+/// (`WgGatewayClient`) beside the gateway object's UID, and so does this.
 pub fn object(key: &ObjectKey, gateway: &LiqoGateway, uid: Option<&str>) -> DynamicObject {
     let mut object = identity(gateway, uid);
     object["apiVersion"] = json!(LIQO_V1_NETWORKING_API_VERSION);
@@ -113,10 +113,11 @@ pub fn object(key: &ObjectKey, gateway: &LiqoGateway, uid: Option<&str>) -> Dyna
 /// and the UID are left out while the gateway's UID is unknown: a null in a
 /// merge patch would delete them.
 pub fn identity(gateway: &LiqoGateway, uid: Option<&str>) -> Value {
-    let (connection_type, gateway_kind) = match gateway.kind {
-        ObjectKind::GatewayServer => ("Server", "WgGatewayServer"),
-        _ => ("Client", "WgGatewayClient"),
+    let connection_type = match gateway.role {
+        GatewayRole::Server => "Server",
+        GatewayRole::Client => "Client",
     };
+    let (rendered_api_version, rendered_kind) = gateway.rendered_kind();
     let mut identity = json!({
         "metadata": {
             "labels": { CLUSTER_ID_LABEL: gateway.cluster_id },
@@ -124,8 +125,8 @@ pub fn identity(gateway: &LiqoGateway, uid: Option<&str>) -> Value {
         "spec": {
             "type": connection_type,
             "gatewayRef": {
-                "apiVersion": LIQO_V1_NETWORKING_API_VERSION,
-                "kind": gateway_kind,
+                "apiVersion": rendered_api_version,
+                "kind": rendered_kind,
                 "name": gateway.key.name,
                 "namespace": gateway.key.namespace,
             },
@@ -134,7 +135,7 @@ pub fn identity(gateway: &LiqoGateway, uid: Option<&str>) -> Value {
     if let Some(uid) = uid {
         identity["metadata"]["ownerReferences"] = json!([{
             "apiVersion": LIQO_V1_NETWORKING_API_VERSION,
-            "kind": gateway.kind.as_str(),
+            "kind": gateway.owner_kind(),
             "name": gateway.key.name,
             "uid": uid,
         }]);
@@ -159,11 +160,15 @@ pub fn status_patch(status: &ConnectionStatus, now: Timestamp) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::control::status::{ShownOn, State};
+    use crate::{
+        control::status::{ShownOn, State},
+        model::peer::GatewayImplementation,
+    };
 
     fn gateway() -> LiqoGateway {
         LiqoGateway {
-            kind: ObjectKind::GatewayClient,
+            role: GatewayRole::Client,
+            implementation: GatewayImplementation::LiqoWireGuard,
             key: ObjectKey {
                 namespace: "liqo-tenant-rome".into(),
                 name: "rome".into(),

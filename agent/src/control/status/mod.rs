@@ -20,6 +20,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::{
     control::source::KubeSource,
+    model::node::Node,
     model::object::{self, ObjectKey, ObjectKind, ReadFor},
     model::peer::{LiqoGateway, Peer},
     model::rejection::Rejection,
@@ -319,9 +320,21 @@ fn due(
 /// The handle the follow loop feeds: the statuses it wants shown, and the
 /// rejections it made.
 pub struct Feedback {
-    statuses: watch::Sender<BTreeMap<ObjectKey, ConnectionStatus>>,
+    statuses: watch::Sender<Wanted>,
     rejected: mpsc::Sender<ObjectRejection>,
     metrics: Arc<Metrics>,
+    /// Where a gateway that serves Liqo v1 peers through Isthmus's own
+    /// gateway objects says what they should show.
+    home: Option<GatewayHome>,
+}
+
+/// What the writer should make the API server show.
+#[derive(Clone, Debug, Default)]
+struct Wanted {
+    /// Each TunnelEndpoint's or Connection's status.
+    connections: BTreeMap<ObjectKey, ConnectionStatus>,
+    /// Each of Isthmus's gateway objects' status.
+    gateway_objects: Vec<gateway_object::GatewayObject>,
 }
 
 /// Every problem one pass found with one object, for one Event.
@@ -396,27 +409,46 @@ fn truncate_note(note: String) -> String {
 }
 
 impl Feedback {
-    /// Starts the writer. `instance` names this agent in Events.
+    /// Starts the writer. `instance` names this agent in Events. With
+    /// `home`, the gateway also writes the status of Isthmus's gateway
+    /// objects of the peers it serves.
     pub fn spawn(
         client: Client,
         source: KubeSource,
         instance: &str,
         metrics: Arc<Metrics>,
+        home: Option<GatewayHome>,
     ) -> Self {
-        let (statuses, statuses_rx) = watch::channel(BTreeMap::new());
+        let (statuses, statuses_rx) = watch::channel(Wanted::default());
         let (rejected, rejected_rx) = mpsc::channel(EVENT_QUEUE);
-        let writer = writer::Writer::new(client, source, instance, metrics.clone());
+        let writer = writer::Writer::new(client, source, instance, metrics.clone(), home.clone());
         tokio::spawn(writer.run(statuses_rx, rejected_rx));
         Self {
             statuses,
             rejected,
             metrics,
+            home,
         }
     }
 
-    /// The statuses every TunnelEndpoint and Connection should show now.
-    pub fn show(&self, statuses: BTreeMap<ObjectKey, ConnectionStatus>) {
-        self.statuses.send_replace(statuses);
+    /// The statuses every TunnelEndpoint and Connection should show now,
+    /// and those of the gateway objects of `peers`, served from this node
+    /// as `nodes` list it.
+    pub fn show(
+        &self,
+        connections: BTreeMap<ObjectKey, ConnectionStatus>,
+        peers: &[Peer],
+        nodes: &[Node],
+    ) {
+        let gateway_objects = self
+            .home
+            .as_ref()
+            .map(|home| home.desired(peers, nodes))
+            .unwrap_or_default();
+        self.statuses.send_replace(Wanted {
+            connections,
+            gateway_objects,
+        });
     }
 
     /// Rejections new in the last pass: each NatMapping or Liqo v1 object
@@ -436,8 +468,12 @@ impl Feedback {
     }
 }
 
+pub mod gateway_object;
+pub mod gateway_pod;
 pub mod liqo_connection;
 mod writer;
+
+pub use gateway_object::GatewayHome;
 
 #[cfg(test)]
 mod tests;

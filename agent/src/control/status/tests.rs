@@ -2,7 +2,10 @@
 //! writer writes it.
 
 use super::*;
-use crate::control::source::api_resource;
+use crate::{
+    control::source::api_resource,
+    model::peer::{GatewayImplementation, GatewayRole},
+};
 
 fn status(state: State, message: &str, latency: Option<&str>) -> ConnectionStatus {
     ConnectionStatus {
@@ -22,7 +25,8 @@ fn writes_a_change_of_state_at_once_and_a_latency_only_every_refresh() {
     let slower = status(State::Connected, "up", Some("4ms"));
     let connection = ConnectionStatus {
         shown_on: ShownOn::Connection(LiqoGateway {
-            kind: ObjectKind::GatewayClient,
+            role: GatewayRole::Client,
+            implementation: GatewayImplementation::Isthmus,
             key: ObjectKey {
                 namespace: "liqo-tenant-rome".into(),
                 name: "rome".into(),

@@ -17,7 +17,7 @@ use kube::{
     },
 };
 use tokio::sync::{mpsc, watch};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::{
     control::source::{KubeSource, api_resource},
@@ -27,9 +27,14 @@ use crate::{
 };
 
 use super::{
-    ConnectionStatus, MANAGER, ObjectRejection, ShownOn, State, WRITES_PER_PASS, Written, due,
-    liqo_connection, truncate_note,
+    ConnectionStatus, GatewayHome, MANAGER, ObjectRejection, RETRY, ShownOn, State,
+    WRITES_PER_PASS, Wanted, Written, due,
+    gateway_object::{self, GatewayObject},
+    gateway_pod, liqo_connection, truncate_note,
 };
+
+/// How often a gateway's Deployment is checked even when nothing changed.
+const RESYNC: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// Writes what the follow loop wants shown.
 pub(super) struct Writer {
@@ -40,6 +45,14 @@ pub(super) struct Writer {
     /// The Connections this writer created or found, which its status
     /// writes may patch.
     connections: HashSet<ObjectKey>,
+    /// Where gateway objects are served from; None on an agent that serves
+    /// none.
+    home: Option<GatewayHome>,
+    /// When each gateway object's status was last written.
+    statuses_tried: HashMap<ObjectKey, Instant>,
+    /// Each gateway's Deployment as last made so, or Null where that
+    /// failed, and when.
+    deployments: HashMap<ObjectKey, (serde_json::Value, Instant)>,
     metrics: Arc<Metrics>,
 }
 
@@ -50,6 +63,7 @@ impl Writer {
         source: KubeSource,
         instance: &str,
         metrics: Arc<Metrics>,
+        home: Option<GatewayHome>,
     ) -> Self {
         let reporter = Reporter {
             controller: MANAGER.into(),
@@ -61,6 +75,9 @@ impl Writer {
             source,
             written: HashMap::new(),
             connections: HashSet::new(),
+            home,
+            statuses_tried: HashMap::new(),
+            deployments: HashMap::new(),
             metrics,
         }
     }
@@ -68,7 +85,7 @@ impl Writer {
     /// Writes until the follow loop ends.
     pub(super) async fn run(
         mut self,
-        mut statuses: watch::Receiver<BTreeMap<ObjectKey, ConnectionStatus>>,
+        mut statuses: watch::Receiver<Wanted>,
         mut rejected: mpsc::Receiver<ObjectRejection>,
     ) {
         loop {
@@ -77,8 +94,9 @@ impl Writer {
                     if changed.is_err() {
                         return;
                     }
-                    let desired = statuses.borrow_and_update().clone();
-                    self.pass(&desired).await;
+                    let wanted = statuses.borrow_and_update().clone();
+                    self.pass(&wanted.connections).await;
+                    self.gateway_objects(&wanted.gateway_objects).await;
                 }
                 rejection = rejected.recv() => match rejection {
                     Some(r) => self.event(r.kind, &r.key, &r.note()).await,
@@ -178,10 +196,107 @@ impl Writer {
         written.map(drop)
     }
 
+    /// Brings each of Isthmus's gateway objects in `desired` in line: its
+    /// status, and its Deployment. Each write waits [`RETRY`] before it is
+    /// tried again, as the store may not have brought it back yet.
+    async fn gateway_objects(&mut self, desired: &[GatewayObject]) {
+        let now = Instant::now();
+        let wanted = |key: &ObjectKey| desired.iter().any(|o| &o.gateway.key == key);
+        self.statuses_tried.retain(|key, _| wanted(key));
+        self.deployments.retain(|key, _| wanted(key));
+        for object in desired {
+            let Some(stored) = self.find(object.kind(), &object.gateway.key) else {
+                continue;
+            };
+            if let Some(uid) = stored.uid() {
+                self.ensure_deployment(object, &uid, now).await;
+            }
+            let tried = self.statuses_tried.get(&object.gateway.key);
+            if tried.is_some_and(|at| now.duration_since(*at) < RETRY)
+                || gateway_object::shows(stored.data.get("status"), &object.status)
+            {
+                continue;
+            }
+            self.statuses_tried.insert(object.gateway.key.clone(), now);
+            self.write_gateway_status(object).await;
+        }
+    }
+
+    /// Patches the status of `object`'s Isthmus object.
+    async fn write_gateway_status(&self, object: &GatewayObject) {
+        let key = &object.gateway.key;
+        let api = Api::<DynamicObject>::namespaced_with(
+            self.client.clone(),
+            &key.namespace,
+            &api_resource(object.kind()),
+        );
+        let patch = Patch::Merge(serde_json::json!({ "status": object.status }));
+        match api
+            .patch_status(&key.name, &PatchParams::apply(MANAGER), &patch)
+            .await
+        {
+            Ok(_) => {
+                self.outcome("written", 1);
+                info!(object = %key, kind = %object.kind(), "gateway object status written");
+            }
+            Err(e) => {
+                self.outcome("failed", 1);
+                warn!(object = %key, kind = %object.kind(), error = %e, "writing the gateway object's status; will retry");
+            }
+        }
+    }
+
+    /// Makes `object`'s Deployment (its owner's UID `owner_uid`) what this
+    /// node's agent would have it, when it last did otherwise, or was last
+    /// checked [`RESYNC`] ago: someone may have changed or deleted it.
+    async fn ensure_deployment(&mut self, object: &GatewayObject, owner_uid: &str, now: Instant) {
+        let Some(home) = &self.home else {
+            return;
+        };
+        let desired = gateway_pod::deployment(
+            &object.gateway,
+            owner_uid,
+            &home.node,
+            home.readiness,
+            &home.pod_image,
+        );
+        let done = self
+            .deployments
+            .get(&object.gateway.key)
+            .is_some_and(|(last, at)| {
+                let age = now.duration_since(*at);
+                (last == &desired && age < RESYNC) || (last.is_null() && age < RETRY)
+            });
+        if done {
+            return;
+        }
+        let key = gateway_pod::key(&object.gateway);
+        let outcome = gateway_pod::ensure(&self.client, &key, &desired).await;
+        let node = home.node.clone();
+        match outcome {
+            Ok(wrote) => {
+                if wrote {
+                    self.outcome("written", 1);
+                    info!(deployment = %key, %node, "gateway Deployment written");
+                }
+                self.deployments
+                    .insert(object.gateway.key.clone(), (desired, now));
+            }
+            Err(e) => {
+                self.outcome("failed", 1);
+                warn!(deployment = %key, error = %e, "writing the gateway's Deployment; will retry");
+                self.deployments
+                    .insert(object.gateway.key.clone(), (serde_json::Value::Null, now));
+            }
+        }
+    }
+
     /// Creates the Connection `key` of `gateway`, or sets its label and spec
-    /// if it exists, as Liqo's gateway does.
+    /// if it exists, as Liqo's gateway does. It is owned by Liqo's gateway
+    /// object, the controller of ours.
     async fn ensure_connection(&self, key: &ObjectKey, gateway: &LiqoGateway) -> kube::Result<()> {
-        let uid = self.find(gateway.kind, &gateway.key).and_then(|o| o.uid());
+        let ours = self.find(LiqoGateway::isthmus_kind(gateway.role), &gateway.key);
+        let uid = ours.as_deref().and_then(controller_uid);
         liqo_connection::ensure(&self.client, key, gateway, uid.as_deref()).await
     }
 
@@ -227,4 +342,13 @@ impl Writer {
             warn!(object = %key, error = %e, "recording an Event");
         }
     }
+}
+
+/// The UID of `object`'s controller, from its owner references.
+fn controller_uid(object: &DynamicObject) -> Option<String> {
+    object
+        .owner_references()
+        .iter()
+        .find(|owner| owner.controller == Some(true))
+        .map(|owner| owner.uid.clone())
 }

@@ -1,8 +1,9 @@
 //! Liqo v1's objects (`networking.liqo.io/v1beta1`, `ipam.liqo.io/v1alpha1`),
 //! read for what a peer needs: its networks and how we see them (a
 //! `Configuration`), its gateway's key (a `PublicKey`), our side of the
-//! tunnel (a `GatewayServer` or `GatewayClient`), and the addresses of ours
-//! exposed under others (`IP`). The objects of one peer carry its cluster ID
+//! tunnel (an `IsthmusGatewayServer` or `IsthmusGatewayClient`, which Liqo
+//! renders for its `GatewayServer` or `GatewayClient`), and the addresses
+//! of ours exposed under others (`IP`). The objects of one peer carry its cluster ID
 //! in the label `liqo.io/remote-cluster-id`.
 //!
 //! Liqo v1 translates the other way from v0.10: each cluster remaps only its
@@ -60,12 +61,12 @@ pub struct PeerKey {
 /// Our side of the tunnel to one peer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Side {
-    /// We listen on `port`; the peer connects (`GatewayServer`).
+    /// We listen on `port`; the peer connects (`IsthmusGatewayServer`).
     Server {
         /// `spec.endpoint.port`.
         port: u16,
     },
-    /// We connect to the peer's gateway (`GatewayClient`).
+    /// We connect to the peer's gateway (`IsthmusGatewayClient`).
     Client {
         /// `spec.endpoint.addresses[0]`: an address, or a host name.
         endpoint: Endpoint,
@@ -74,7 +75,8 @@ pub enum Side {
     },
 }
 
-/// Our gateway towards one peer, from a `GatewayServer` or `GatewayClient`.
+/// Our gateway towards one peer, from an `IsthmusGatewayServer` or
+/// `IsthmusGatewayClient`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Gateway {
     /// The object.
@@ -147,12 +149,13 @@ impl PeerKey {
 }
 
 impl Gateway {
-    /// Reads a `GatewayServer` or a `GatewayClient` from `origin`.
+    /// Reads an `IsthmusGatewayServer` or an `IsthmusGatewayClient` from
+    /// `origin`.
     pub fn from_raw(raw: &RawObject, kind: ObjectKind, origin: &str) -> Result<Self, ObjectError> {
         let fields = Fields::new(raw, origin, kind);
         let port = fields.port(&["spec", "endpoint", "port"])?;
         let side = match kind {
-            ObjectKind::GatewayClient => Side::Client {
+            ObjectKind::IsthmusGatewayClient => Side::Client {
                 endpoint: fields.client_endpoint()?,
                 port,
             },

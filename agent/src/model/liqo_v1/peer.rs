@@ -1,12 +1,12 @@
 //! One Liqo v1 peer, joined from its objects by cluster ID: the networks
 //! of its `Configuration`, the key of its `PublicKey` and our side of the
-//! tunnel from its `GatewayServer` or `GatewayClient`. The result is the
+//! tunnel from its `IsthmusGatewayServer` or `IsthmusGatewayClient`. The result is the
 //! peer model every table is written from, with the NAT running Liqo v1's
 //! way (its layout, [`Layout::LiqoV1`], says so).
 
 use crate::model::{
-    object::{Layout, ObjectKey, ObjectKind},
-    peer::{Endpoint, LiqoGateway, Mapped, Peer, TunnelParams},
+    object::{Layout, ObjectKey},
+    peer::{Endpoint, GatewayImplementation, GatewayRole, LiqoGateway, Mapped, Peer, TunnelParams},
 };
 
 use super::{Gateway, PeerKey, PeerNetworks, Side};
@@ -16,7 +16,7 @@ use super::{Gateway, PeerKey, PeerNetworks, Side};
 pub struct Companions<'a> {
     /// Its `PublicKey`.
     pub key: Option<&'a PeerKey>,
-    /// Our `GatewayServer` or `GatewayClient` towards it.
+    /// Our `IsthmusGatewayServer` or `IsthmusGatewayClient` towards it.
     pub gateway: Option<&'a Gateway>,
 }
 
@@ -49,10 +49,11 @@ impl Gateway {
     /// write its `Connection`.
     pub fn reference(&self) -> LiqoGateway {
         LiqoGateway {
-            kind: match self.side {
-                Side::Server { .. } => ObjectKind::GatewayServer,
-                Side::Client { .. } => ObjectKind::GatewayClient,
+            role: match self.side {
+                Side::Server { .. } => GatewayRole::Server,
+                Side::Client { .. } => GatewayRole::Client,
             },
+            implementation: GatewayImplementation::Isthmus,
             key: self.key.clone(),
             cluster_id: self.cluster_id.clone(),
         }
@@ -60,13 +61,14 @@ impl Gateway {
 }
 
 /// The tunnel to the peer's gateway, or the first field of the peer's
-/// objects it lacks. As a client, we contact the peer at the GatewayClient's
-/// endpoint; as a server, the peer contacts us at the GatewayServer's port,
+/// objects it lacks. As a client, we contact the peer at the endpoint of
+/// our `IsthmusGatewayClient`; as a server, the peer contacts us at our
+/// `IsthmusGatewayServer`'s port,
 /// and we learn where it is from its handshake.
 fn tunnel(companions: Companions<'_>) -> Result<TunnelParams, &'static str> {
     let gateway = companions
         .gateway
-        .ok_or("GatewayServer or GatewayClient spec.endpoint")?;
+        .ok_or("IsthmusGatewayServer or IsthmusGatewayClient spec.endpoint")?;
     let key = companions.key.ok_or("PublicKey spec.publicKey")?;
     let (endpoint, port) = match &gateway.side {
         Side::Client { endpoint, port } => (endpoint.clone(), *port),

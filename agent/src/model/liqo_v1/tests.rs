@@ -4,13 +4,18 @@
 use std::path::Path;
 
 use super::*;
-use crate::model::object::{Object, parse_documents};
+use crate::model::{
+    object::{Object, parse_documents},
+    peer::{GatewayImplementation, GatewayRole},
+};
 
 const CONFIGURATION: &str =
     include_str!("../../../../tests/fixtures/liqo-v1/configuration-rome.yaml");
 const PUBLIC_KEY: &str = include_str!("../../../../tests/fixtures/liqo-v1/publickey-rome.yaml");
-const CLIENT: &str = include_str!("../../../../tests/fixtures/liqo-v1/gatewayclient-rome.yaml");
-const SERVER: &str = include_str!("../../../../tests/fixtures/liqo-v1/gatewayserver-rome.yaml");
+const CLIENT: &str =
+    include_str!("../../../../tests/fixtures/liqo-v1/isthmusgatewayclient-rome.yaml");
+const SERVER: &str =
+    include_str!("../../../../tests/fixtures/liqo-v1/isthmusgatewayserver-rome.yaml");
 const IP: &str = include_str!("../../../../tests/fixtures/liqo-v1/ip-legacy-db.yaml");
 
 /// The one object of `yaml`, its kind and its raw form.
@@ -18,8 +23,8 @@ fn raw(yaml: &str) -> (ObjectKind, RawObject) {
     match parse_documents(Path::new("v1.yaml"), yaml).pop() {
         Some(Ok(Object::Configuration(raw))) => (ObjectKind::Configuration, raw),
         Some(Ok(Object::PublicKey(raw))) => (ObjectKind::PublicKey, raw),
-        Some(Ok(Object::GatewayServer(raw))) => (ObjectKind::GatewayServer, raw),
-        Some(Ok(Object::GatewayClient(raw))) => (ObjectKind::GatewayClient, raw),
+        Some(Ok(Object::IsthmusGatewayServer(raw))) => (ObjectKind::IsthmusGatewayServer, raw),
+        Some(Ok(Object::IsthmusGatewayClient(raw))) => (ObjectKind::IsthmusGatewayClient, raw),
         Some(Ok(Object::Ip(raw))) => (ObjectKind::Ip, raw),
         other => panic!("not a Liqo v1 object: {other:?}"),
     }
@@ -129,7 +134,8 @@ fn a_gateway_client_connects_to_the_peers_endpoint_and_a_server_listens() {
     );
     // The Connection its Liqo gateway would report to.
     let reference = client.reference();
-    assert_eq!(reference.kind, ObjectKind::GatewayClient);
+    assert_eq!(reference.role, GatewayRole::Client);
+    assert_eq!(reference.implementation, GatewayImplementation::Isthmus);
     assert_eq!(
         reference.connection().to_string(),
         "liqo-tenant-rome/gw-rome"
@@ -146,11 +152,11 @@ fn a_gateway_client_connects_to_the_peers_endpoint_and_a_server_listens() {
             ..
         }
     ));
-    let tcp = CLIENT.replace("protocol: UDP", "protocol: TCP");
+    let tcp = CLIENT.replace("    port: 51840\n", "    port: 51840\n    protocol: TCP\n");
     names(gateway(&tcp), "spec.endpoint.protocol");
     let nowhere = CLIENT.replace("    addresses:\n    - 203.0.113.2\n", "");
     names(gateway(&nowhere), "spec.endpoint.addresses");
-    let port = CLIENT.replace("port: 51840\n    protocol", "port: 70000\n    protocol");
+    let port = CLIENT.replace("    port: 51840\n", "    port: 70000\n");
     names(gateway(&port), "spec.endpoint.port");
     let tiny = CLIENT.replace("mtu: 1340", "mtu: 100");
     names(gateway(&tiny), "spec.mtu");

@@ -16,6 +16,9 @@ pub const COORDINATION_API_VERSION: &str = "coordination.k8s.io/v1";
 pub const LIQO_V1_NETWORKING_API_VERSION: &str = "networking.liqo.io/v1beta1";
 /// The API version of Liqo v1's IPAM objects.
 pub const LIQO_V1_IPAM_API_VERSION: &str = "ipam.liqo.io/v1alpha1";
+/// The API version of Isthmus's own gateway objects, which Liqo v1 renders
+/// from Isthmus's gateway templates.
+pub const ISTHMUS_GATEWAY_API_VERSION: &str = "gateway.isthmus.dev/v1alpha1";
 
 /// A kind of object the agent reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -43,10 +46,12 @@ pub enum ObjectKind {
     Configuration,
     /// Liqo v1's copy of a peer gateway's WireGuard key.
     PublicKey,
-    /// Liqo v1's gateway that listens for a peer.
-    GatewayServer,
-    /// Liqo v1's gateway that connects to a peer.
-    GatewayClient,
+    /// The server side of a Liqo v1 peering that Isthmus serves: Liqo
+    /// renders it from a `GatewayServer` whose template is Isthmus's.
+    IsthmusGatewayServer,
+    /// The client side of a Liqo v1 peering that Isthmus serves, rendered
+    /// from a `GatewayClient`.
+    IsthmusGatewayClient,
     /// Liqo v1's address of ours exposed under another (`IP`).
     Ip,
 }
@@ -76,8 +81,7 @@ struct KindInfo {
     plural: &'static str,
     read_for: ReadFor,
     /// Whether the Kubernetes source keeps every object of the kind: the
-    /// kinds whose status and Events the agent writes, and Liqo v1's
-    /// gateways, which own the Connections it writes. The others (Pods
+    /// kinds whose status and Events the agent writes. The others (Pods
     /// above all) are not held in memory twice.
     stored: bool,
 }
@@ -158,18 +162,18 @@ const KINDS: [KindInfo; 12] = [
         stored: false,
     },
     KindInfo {
-        kind: ObjectKind::GatewayServer,
-        name: "GatewayServer",
-        api_version: LIQO_V1_NETWORKING_API_VERSION,
-        plural: "gatewayservers",
+        kind: ObjectKind::IsthmusGatewayServer,
+        name: "IsthmusGatewayServer",
+        api_version: ISTHMUS_GATEWAY_API_VERSION,
+        plural: "isthmusgatewayservers",
         read_for: ReadFor::LiqoV1,
         stored: true,
     },
     KindInfo {
-        kind: ObjectKind::GatewayClient,
-        name: "GatewayClient",
-        api_version: LIQO_V1_NETWORKING_API_VERSION,
-        plural: "gatewayclients",
+        kind: ObjectKind::IsthmusGatewayClient,
+        name: "IsthmusGatewayClient",
+        api_version: ISTHMUS_GATEWAY_API_VERSION,
+        plural: "isthmusgatewayclients",
         read_for: ReadFor::LiqoV1,
         stored: true,
     },

@@ -253,10 +253,10 @@ pub enum Object {
     Configuration(RawObject),
     /// A Liqo v1 `PublicKey`.
     PublicKey(RawObject),
-    /// A Liqo v1 `GatewayServer`.
-    GatewayServer(RawObject),
-    /// A Liqo v1 `GatewayClient`.
-    GatewayClient(RawObject),
+    /// An `IsthmusGatewayServer`, Liqo v1's server side of a peering.
+    IsthmusGatewayServer(RawObject),
+    /// An `IsthmusGatewayClient`, Liqo v1's client side of a peering.
+    IsthmusGatewayClient(RawObject),
     /// A Liqo v1 `IP`.
     Ip(RawObject),
 }
@@ -447,11 +447,11 @@ fn object(file: &str, index: usize, mut value: Value) -> Result<Object, Document
             Object::Configuration(RawObject::new(key, labels, version, body))
         }
         ObjectKind::PublicKey => Object::PublicKey(RawObject::new(key, labels, version, body)),
-        ObjectKind::GatewayServer => {
-            Object::GatewayServer(RawObject::new(key, labels, version, body))
+        ObjectKind::IsthmusGatewayServer => {
+            Object::IsthmusGatewayServer(RawObject::new(key, labels, version, body))
         }
-        ObjectKind::GatewayClient => {
-            Object::GatewayClient(RawObject::new(key, labels, version, body))
+        ObjectKind::IsthmusGatewayClient => {
+            Object::IsthmusGatewayClient(RawObject::new(key, labels, version, body))
         }
         ObjectKind::Ip => Object::Ip(RawObject::new(key, labels, version, body)),
     })

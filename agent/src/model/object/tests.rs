@@ -192,8 +192,8 @@ fn every_kind_has_its_one_entry_and_the_error_names_them_all() {
         [
             ObjectKind::TunnelEndpoint,
             ObjectKind::NatMapping,
-            ObjectKind::GatewayServer,
-            ObjectKind::GatewayClient
+            ObjectKind::IsthmusGatewayServer,
+            ObjectKind::IsthmusGatewayClient
         ]
     );
 }

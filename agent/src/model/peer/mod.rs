@@ -18,9 +18,11 @@ use crate::model::{
 
 mod endpoint;
 mod error;
+mod liqo_gateway;
 
 pub use endpoint::{DEFAULT_TUNNEL_PORT, Endpoint, TunnelParams};
 pub use error::{PeerError, Problem};
+pub use liqo_gateway::{GatewayImplementation, GatewayRole, LiqoGateway};
 
 /// The value Liqo writes for "not remapped".
 pub const NONE: &str = "None";
@@ -164,8 +166,9 @@ pub enum LiqoApi {
     /// its own addresses.
     #[value(name = "v0.10")]
     V0_10,
-    /// Liqo v1: Configurations, PublicKeys, GatewayClients and IPs; each
-    /// side remaps its peer's addresses, and a gateway serves one peer.
+    /// Liqo v1: Configurations, PublicKeys, Isthmus's gateway objects and
+    /// IPs; each side remaps its peer's addresses, and a gateway serves one
+    /// peer.
     #[value(name = "v1")]
     V1,
 }
@@ -212,30 +215,6 @@ pub struct Peer {
     /// For a Liqo v1 peer, our gateway object towards it, whose
     /// `Connection` shows its state; a TunnelEndpoint shows its own.
     pub liqo_gateway: Option<LiqoGateway>,
-}
-
-/// Our Liqo v1 gateway object (`GatewayServer` or `GatewayClient`) towards
-/// one peer.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct LiqoGateway {
-    /// `GatewayServer` or `GatewayClient`.
-    pub kind: ObjectKind,
-    /// The object.
-    pub key: ObjectKey,
-    /// The peer's cluster ID, which labels the `Connection`.
-    pub cluster_id: String,
-}
-
-impl LiqoGateway {
-    /// The `Connection` Liqo v1's gateway reports to: `gw-<gateway>`, beside
-    /// the gateway (`pkg/gateway/forge/utils.go:18`,
-    /// `tunnel/wireguard/k8s.go:90-128` at v1.2.0).
-    pub fn connection(&self) -> ObjectKey {
-        ObjectKey {
-            namespace: self.key.namespace.clone(),
-            name: format!("gw-{}", self.key.name),
-        }
-    }
 }
 
 impl Peer {

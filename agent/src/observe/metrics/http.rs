@@ -1,5 +1,6 @@
 //! The HTTP endpoints: `/metrics` in OpenMetrics or the classic text
-//! format, `/healthz` and `/readyz`.
+//! format, `/healthz`, `/readyz`, and the readiness of each Liqo v1
+//! gateway served.
 
 use std::{
     net::SocketAddr,
@@ -8,7 +9,7 @@ use std::{
 
 use axum::{
     Router,
-    extract::State,
+    extract::{Path, State},
     http::{
         HeaderMap, StatusCode,
         header::{ACCEPT, CONTENT_TYPE},
@@ -19,6 +20,7 @@ use axum::{
 use tracing::warn;
 
 use super::Metrics;
+use crate::model::object::ObjectKey;
 
 /// The port of the metrics and health endpoints unless told otherwise.
 pub const DEFAULT_PORT: u16 = 9873;
@@ -31,6 +33,7 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<(
         .route("/metrics", get(scrape))
         .route("/healthz", get(health))
         .route("/readyz", get(ready))
+        .route("/readyz/gateways/{namespace}/{name}", get(gateway_ready))
         .with_state(metrics);
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
@@ -107,6 +110,20 @@ async fn ready(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
         (StatusCode::OK, "ready")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+    }
+}
+
+/// Ready while this agent is the active gateway and serves the Liqo v1
+/// gateway `namespace/name`: the readiness of its `gw-<name>` Deployment.
+async fn gateway_ready(
+    State(metrics): State<Arc<Metrics>>,
+    Path((namespace, name)): Path<(String, String)>,
+) -> impl IntoResponse {
+    let key = ObjectKey { namespace, name };
+    if metrics.serves_gateway(&key) {
+        (StatusCode::OK, "serving")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not serving")
     }
 }
 

@@ -4,10 +4,10 @@
 //! packet path never waits on the agent.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     path::Path,
     sync::{
-        Arc,
+        Arc, RwLock,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
 };
@@ -22,7 +22,7 @@ use prometheus_client::{
 
 use crate::{
     kernel::maps::{Counters, PinnedMaps},
-    model::object::ObjectKind,
+    model::object::{ObjectKey, ObjectKind},
     model::peer::Peer,
     observe::samples::DataplaneCounters,
     sync::Unpoisoned,
@@ -49,6 +49,9 @@ pub struct Metrics {
     /// dashboards that read them.
     liqo: Registry,
     ready: AtomicBool,
+    /// The Liqo v1 gateways this agent serves now, whose readiness it
+    /// vouches for: none unless it is the active gateway.
+    gateways_served: RwLock<BTreeSet<ObjectKey>>,
     /// The embedded tunnel, whose threads `/healthz` vouches for.
     tunnel: Option<Arc<Tunnel>>,
     /// Peers programmed into the kernel.
@@ -235,6 +238,7 @@ impl Metrics {
                 reconcile_errors,
             ),
             ready: AtomicBool::new(false),
+            gateways_served: RwLock::default(),
             tunnel,
             peer_labels,
             registry,
@@ -281,6 +285,16 @@ impl Metrics {
     /// Marks the agent ready: the dataplane is attached and the source synced.
     pub fn set_ready(&self) {
         self.ready.store(true, Ordering::Release);
+    }
+
+    /// Names the Liqo v1 gateways this agent serves now.
+    pub fn set_gateways_served(&self, gateways: BTreeSet<ObjectKey>) {
+        *self.gateways_served.write().unpoisoned() = gateways;
+    }
+
+    /// Whether this agent serves the Liqo v1 gateway `key` now.
+    pub fn serves_gateway(&self, key: &ObjectKey) -> bool {
+        self.gateways_served.read().unpoisoned().contains(key)
     }
 
     fn text(&self) -> Result<String, std::fmt::Error> {

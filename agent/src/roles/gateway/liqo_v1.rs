@@ -11,10 +11,7 @@ use tracing::error;
 
 use crate::{
     kernel::{dataplane::PeerDevices, link},
-    model::{
-        object::ObjectKind,
-        peer::{Peer, Remaps},
-    },
+    model::peer::{GatewayRole, Peer, Remaps},
 };
 
 /// The server side's tunnel address.
@@ -37,7 +34,7 @@ pub struct TunnelAddresses {
 impl TunnelAddresses {
     /// The ends of the tunnel to `peer`; None for a peer of Liqo v0.10's
     /// API, whose tunnel carries no addresses of its own. We are the
-    /// server for a GatewayServer, the client otherwise.
+    /// server for an `IsthmusGatewayServer`, the client otherwise.
     pub fn of(peer: &Peer) -> Option<Self> {
         if peer.remaps() != Remaps::Theirs {
             return None;
@@ -45,7 +42,7 @@ impl TunnelAddresses {
         let server = peer
             .liqo_gateway
             .as_ref()
-            .is_some_and(|gateway| gateway.kind == ObjectKind::GatewayServer);
+            .is_some_and(|gateway| gateway.role == GatewayRole::Server);
         Some(Self::of_side(server))
     }
 
@@ -107,7 +104,7 @@ mod tests {
     use crate::model::{
         liqo_v1::{Companions, PeerNetworks},
         object::{Object, parse_documents},
-        peer::LiqoGateway,
+        peer::{GatewayImplementation, LiqoGateway},
     };
 
     #[test]
@@ -134,7 +131,8 @@ mod tests {
         assert!(views.iter().all(|v| !tunnel_networks(&peer).contains(v)));
         // As its server, the peer is the client, at .2.
         peer.liqo_gateway = Some(LiqoGateway {
-            kind: ObjectKind::GatewayServer,
+            role: GatewayRole::Server,
+            implementation: GatewayImplementation::Isthmus,
             key: peer.key.clone(),
             cluster_id: "rome".into(),
         });

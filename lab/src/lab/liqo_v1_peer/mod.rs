@@ -73,8 +73,8 @@ pub fn write_objects(side: Side) -> Result<()> {
         a_to_b.configuration_yaml(),
         a_to_b.public_key_yaml(&keys::public_key(&LIQO.gw())?),
         match side {
-            Side::Client => a_to_b.gateway_client_yaml(),
-            Side::Server => a_to_b.gateway_server_yaml(),
+            Side::Client => a_to_b.isthmus_gateway_client_yaml(),
+            Side::Server => a_to_b.isthmus_gateway_server_yaml(),
         },
     ]
     .join("---\n");

@@ -1,7 +1,9 @@
 //! A Liqo v1 peer from the API server, in the shapes Liqo v1.2 writes
 //! (`tests/fixtures/liqo-v1/`): the gateway programs it, reaches the test's
-//! own peer with the key Liqo keeps for the gateway, and creates and keeps
-//! the peer's `Connection` as Liqo's gateway does.
+//! own peer with the key Liqo keeps for the gateway, writes the status of
+//! the gateway object Liqo renders from Isthmus's template as Liqo reads
+//! it, publishes its public key, and creates and keeps the peer's
+//! `Connection` as Liqo's gateway does.
 
 use super::{test_peer::TestPeer, *};
 
@@ -31,6 +33,62 @@ fn gateway_key() -> (Value, [u8; 32]) {
     (secret, public)
 }
 
+/// Liqo's gateway object `parent` (a fixture), applied, and the object
+/// Liqo renders for it from Isthmus's template (`rendered`, a fixture),
+/// owned by it and without the status the agent writes, to apply.
+fn gateway_pair(node: &KubeNode, parent: &str, rendered: &str) -> Value {
+    let parent = fixture(parent);
+    let plural = format!("{}s", parent["kind"].as_str().unwrap().to_lowercase());
+    node.api.apply(parent);
+    let uid = node.api.get(&plural, TENANT, "rome").unwrap()["metadata"]["uid"].clone();
+    let mut rendered = fixture(rendered);
+    rendered["metadata"]["ownerReferences"][0]["uid"] = uid;
+    rendered.as_object_mut().unwrap().remove("status");
+    rendered
+}
+
+/// Waits for the agent (of netns `ns`, whose Node's address is loopback)
+/// to write the status of our `Isthmus{gateway_kind}` as Liqo's
+/// controllers read it: a server's endpoint (addresses, an integer port,
+/// the protocol), the Secret of its public key without a uid, and the
+/// node. The public key is in that Secret, as 32 raw bytes, and alone.
+fn assert_gateway_object_status(node: &KubeNode, ns: &str, gateway_kind: &str, public: [u8; 32]) {
+    let plural = format!("isthmus{}s", gateway_kind.to_lowercase());
+    let secret = format!("{CONNECTION}-public");
+    let mut expected = json!({
+        "secretRef": {"apiVersion": "v1", "kind": "Secret", "name": secret, "namespace": AGENT_NS},
+        "internalEndpoint": {"ip": "127.0.0.1", "node": ns},
+    });
+    if gateway_kind == "GatewayServer" {
+        expected["endpoint"] = json!({"addresses": ["127.0.0.1"], "port": 5871, "protocol": "UDP"});
+    }
+    let status = || node.api.get(&plural, TENANT, "rome").unwrap()["status"].clone();
+    wait_for("the gateway object's status", || status() == expected);
+    let published = node.api.get("secrets", AGENT_NS, &secret).unwrap();
+    assert_eq!(
+        published["data"],
+        json!({"publicKey": STANDARD.encode(public)})
+    );
+}
+
+/// What kubelet would find asking the readiness of the pod of Liqo's
+/// `gw-rome` Deployment, which the agent of netns `ns` keeps on its node.
+fn gateway_pod_ready(node: &KubeNode, ns: &str) -> bool {
+    let deployment = node
+        .api
+        .get("deployments", TENANT, CONNECTION)
+        .expect("the gw-rome Deployment");
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["nodeName"], ns);
+    let probe = &pod["containers"][0]["readinessProbe"]["httpGet"];
+    let host: Ipv4Addr = probe["host"].as_str().unwrap().parse().unwrap();
+    let port = u16::try_from(probe["port"].as_u64().unwrap()).unwrap();
+    let path = probe["path"].as_str().unwrap();
+    let (status, _) =
+        isthmus_lab::lab::http_get_at(ns, (host, port).into(), path).expect("the agent answers");
+    status == 200
+}
+
 /// rome's Configuration, and its PublicKey with `peer`'s key.
 pub(super) fn rome(peer: &TestPeer) -> (Value, Value) {
     let configuration = fixture(include_str!(
@@ -55,9 +113,9 @@ pub(super) fn connection_value(node: &KubeNode) -> Value {
 }
 
 /// Waits for `gw-rome` to go Connected, and asserts it is as Liqo's
-/// gateway creates it beside our `gateway_kind` object (`GatewayClient` or
-/// `GatewayServer`): its label, its owner, its spec naming the WireGuard
-/// child's kind with the parent's UID, and its latency.
+/// gateway creates it beside Liqo's `gateway_kind` object (`GatewayClient`
+/// or `GatewayServer`): its label, its owner, its spec naming the kind of
+/// the object rendered for Isthmus with the owner's UID, and its latency.
 fn assert_connected_as_liqo_writes(node: &KubeNode, gateway_kind: &str) {
     wait_for("gw-rome Connected", || {
         connection_value(node) == "Connected"
@@ -77,7 +135,7 @@ fn assert_connected_as_liqo_writes(node: &KubeNode, gateway_kind: &str) {
     assert_eq!(
         created["spec"],
         json!({"type": side, "gatewayRef": {
-            "apiVersion": "networking.liqo.io/v1beta1", "kind": format!("Wg{gateway_kind}"),
+            "apiVersion": "gateway.isthmus.dev/v1alpha1", "kind": format!("Isthmus{gateway_kind}"),
             "name": "rome", "namespace": TENANT, "uid": uid,
         }})
     );
@@ -90,9 +148,11 @@ fn a_liqo_v1_gateway_creates_and_keeps_the_peers_connection() {
     let mut node = node(NS, true);
     let mut peer = TestPeer::new(NS);
     let (configuration, public_key) = rome(&peer);
-    let mut client = fixture(include_str!(
-        "../../../fixtures/liqo-v1/gatewayclient-rome.yaml"
-    ));
+    let mut client = gateway_pair(
+        &node,
+        include_str!("../../../fixtures/liqo-v1/gatewayclient-rome.yaml"),
+        include_str!("../../../fixtures/liqo-v1/isthmusgatewayclient-rome.yaml"),
+    );
     client["spec"]["endpoint"]["addresses"] = json!(["127.0.0.1"]);
     client["spec"]["endpoint"]["port"] = json!(peer.port);
     let (key_secret, public) = gateway_key();
@@ -114,8 +174,16 @@ fn a_liqo_v1_gateway_creates_and_keeps_the_peers_connection() {
     peer.answer(public);
     let secret = node.api.get("secrets", AGENT_NS, CONNECTION).unwrap();
     assert_eq!(secret["data"], key_secret["data"]);
-    assert_eq!(node.requests("PATCH", "/secrets"), 0);
-    assert_eq!(node.requests("POST", "/secrets"), 0);
+    assert_eq!(
+        node.requests("PATCH", &format!("/secrets/{CONNECTION}?")),
+        0
+    );
+    assert_gateway_object_status(&node, NS, "GatewayClient", public);
+    // Liqo's gw-rome Deployment: its pod on this node, ready while the
+    // agent serves the gateway, before any Connection is up.
+    wait_for("gw-rome ready", || {
+        node.api.get("deployments", TENANT, CONNECTION).is_some() && gateway_pod_ready(&node, NS)
+    });
 
     // Created as Liqo's gateway creates it, then Connected with a latency.
     assert_connected_as_liqo_writes(&node, "GatewayClient");
@@ -176,10 +244,17 @@ fn a_liqo_v1_gateway_creates_and_keeps_the_peers_connection() {
     });
     assert_eq!(node.requests("POST", "/connections"), 2);
 
-    // Without the peer's key there is no tunnel: Error.
+    // Without the peer's key there is no tunnel: Error, and the gateway's
+    // pod is no longer ready.
     assert!(node.api.delete("publickeies", TENANT, "rome"));
     wait_for("gw-rome Error without a PublicKey", || {
         connection_value(&node) == "Error"
+    });
+    wait_for("gw-rome not ready", || !gateway_pod_ready(&node, NS));
+    // Deleted under the agent: made again.
+    assert!(node.api.delete("deployments", TENANT, CONNECTION));
+    wait_for("gw-rome again", || {
+        node.api.get("deployments", TENANT, CONNECTION).is_some()
     });
     let log = node.log();
     assert!(
@@ -191,6 +266,7 @@ fn a_liqo_v1_gateway_creates_and_keeps_the_peers_connection() {
     wait_for("gw-rome Connected with its key back", || {
         connection_value(&node) == "Connected"
     });
+    assert!(gateway_pod_ready(&node, NS));
 }
 
 #[test]
@@ -202,9 +278,11 @@ fn a_liqo_v1_gateway_server_waits_for_the_peer_to_make_contact_serves_it_and_can
     let mut peer = TestPeer::new(NS);
     let (configuration, public_key) = rome(&peer);
     // As Liqo writes it: port 51840.
-    let mut server = fixture(include_str!(
-        "../../../fixtures/liqo-v1/gatewayserver-rome.yaml"
-    ));
+    let mut server = gateway_pair(
+        &node,
+        include_str!("../../../fixtures/liqo-v1/gatewayserver-rome.yaml"),
+        include_str!("../../../fixtures/liqo-v1/isthmusgatewayserver-rome.yaml"),
+    );
     let (key_secret, public) = gateway_key();
     for object in [configuration, public_key, server.clone(), key_secret] {
         node.api.apply(object);
@@ -241,21 +319,25 @@ fn a_liqo_v1_gateway_server_waits_for_the_peer_to_make_contact_serves_it_and_can
     // It makes contact: Connected, as Liqo's server side shows it.
     peer.contact(public, (Ipv4Addr::LOCALHOST, LISTEN_PORT).into());
     assert_connected_as_liqo_writes(&node, "GatewayServer");
+    assert_gateway_object_status(&node, NS, "GatewayServer", public);
     // The server's end of the tunnel, which the peer's conncheck PINGs.
     let addresses =
         || isthmus_lab::cmd::ip(NS, &["-4", "-o", "addr", "show", "dev", "isthmus0"]).unwrap();
     let (server_end, client_end) = ("169.254.18.1/30", "169.254.18.2/30");
     assert!(addresses().contains(server_end) && !addresses().contains(client_end));
 
-    // The peering turns around: the GatewayServer goes, and with it its
-    // Connection (the API server's garbage collector follows the owner);
-    // a GatewayClient comes. The gateway contacts the peer where it
-    // listens, from the client's end in place of the server's.
+    // The peering turns around: the GatewayServer goes, and with it what
+    // it owns (the API server's garbage collector follows the owner); a
+    // GatewayClient comes. The gateway contacts the peer where it listens,
+    // from the client's end in place of the server's.
     assert!(node.api.delete("gatewayservers", TENANT, "rome"));
+    assert!(node.api.delete("isthmusgatewayservers", TENANT, "rome"));
     assert!(node.api.delete("connections", TENANT, CONNECTION));
-    let mut client = fixture(include_str!(
-        "../../../fixtures/liqo-v1/gatewayclient-rome.yaml"
-    ));
+    let mut client = gateway_pair(
+        &node,
+        include_str!("../../../fixtures/liqo-v1/gatewayclient-rome.yaml"),
+        include_str!("../../../fixtures/liqo-v1/isthmusgatewayclient-rome.yaml"),
+    );
     client["spec"]["endpoint"]["addresses"] = json!(["127.0.0.1"]);
     client["spec"]["endpoint"]["port"] = json!(peer.port);
     node.api.apply(client);

@@ -5,8 +5,8 @@
 use isthmus_agent::{
     control::status::{ConnectionStatus, ShownOn, State, liqo_connection},
     model::{
-        object::{ObjectKey, ObjectKind},
-        peer::LiqoGateway,
+        object::ObjectKey,
+        peer::{GatewayImplementation, GatewayRole, LiqoGateway},
     },
 };
 
@@ -74,9 +74,15 @@ fn the_liqo_v1_fixtures_fit_liqo_v1_2s_crds() {
 #[test]
 fn the_connection_the_gateway_writes_fits_liqo_v1_2s_crd() {
     let schema = liqo_schema("networking.liqo.io_connections.yaml", "v1beta1");
-    for kind in [ObjectKind::GatewayClient, ObjectKind::GatewayServer] {
+    for (role, implementation) in [
+        (GatewayRole::Client, GatewayImplementation::LiqoWireGuard),
+        (GatewayRole::Server, GatewayImplementation::LiqoWireGuard),
+        (GatewayRole::Client, GatewayImplementation::Isthmus),
+        (GatewayRole::Server, GatewayImplementation::Isthmus),
+    ] {
         let gateway = LiqoGateway {
-            kind,
+            role,
+            implementation,
             key: ObjectKey {
                 namespace: "liqo-tenant-rome".into(),
                 name: "rome".into(),

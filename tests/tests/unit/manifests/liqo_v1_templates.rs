@@ -10,7 +10,7 @@ use std::net::Ipv4Addr;
 use clap::Parser;
 use isthmus_agent::{
     commands::liqo_wireguard::{LiqoWireguardArgs, Settings},
-    model::{object::ObjectKind, peer::Endpoint},
+    model::peer::{Endpoint, GatewayRole},
 };
 
 use super::{liqo_v1_crds::liqo_schema, *};
@@ -19,7 +19,7 @@ use super::{liqo_v1_crds::liqo_schema, *};
 /// templates (`server-operator/server_controller.go:52-59,177-185` at
 /// v1.2.0): the gateway object's name, namespace, UID, spec, the peer's
 /// cluster ID, and the Secret it names (none from `liqoctl peer`).
-fn template_data(gateway: &Value) -> Value {
+pub(super) fn template_data(gateway: &Value) -> Value {
     serde_json::json!({
         "Name": gateway["metadata"]["name"],
         "Namespace": gateway["metadata"]["namespace"],
@@ -76,7 +76,7 @@ fn render_text(text: &str, data: &Value) -> String {
 /// (`external-network/utils/template.go` at v1.2.0): every string's
 /// actions; a string that is a number becomes one, except in labels and
 /// annotations; a `?key` is kept, as `key`, only if its value is not empty.
-fn render(template: &Value, data: &Value, force_string: bool) -> Value {
+pub(super) fn render(template: &Value, data: &Value, force_string: bool) -> Value {
     match template {
         Value::String(text) => {
             let text = render_text(text, data);
@@ -294,7 +294,7 @@ fn rendered_for_a_peering_they_give_what_liqo_and_kubernetes_accept() {
     // The agent takes the flags Liqo rendered, and they say what the
     // gateway objects say.
     let served = isthmus_settings(&server);
-    assert_eq!(served.gateway.kind, ObjectKind::GatewayServer);
+    assert_eq!(served.gateway.role, GatewayRole::Server);
     assert_eq!(served.gateway.key.name, "rome");
     assert_eq!(served.gateway.cluster_id, "rome");
     assert_eq!(
@@ -307,7 +307,7 @@ fn rendered_for_a_peering_they_give_what_liqo_and_kubernetes_accept() {
     );
     let client_gateway = &yaml_file("../tests/fixtures/liqo-v1/gatewayclient-rome.yaml")[0];
     let contacting = isthmus_settings(&client);
-    assert_eq!(contacting.gateway.kind, ObjectKind::GatewayClient);
+    assert_eq!(contacting.gateway.role, GatewayRole::Client);
     let address: Ipv4Addr = client_gateway["spec"]["endpoint"]["addresses"][0]
         .as_str()
         .unwrap()

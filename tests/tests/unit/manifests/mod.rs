@@ -5,6 +5,7 @@
 mod crds;
 mod liqo_v1;
 mod liqo_v1_crds;
+mod liqo_v1_gateway_type;
 mod liqo_v1_templates;
 mod rbac;
 

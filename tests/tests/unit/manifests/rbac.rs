@@ -144,7 +144,12 @@ fn gateways_are_chosen_by_a_label_no_kubelet_can_set_on_itself() {
 /// Whether the ValidatingAdmissionPolicy admits `request`: its match
 /// condition, then its variables and every validation, evaluated by a CEL
 /// interpreter. None when the policy does not apply.
-fn admitted(policy: &Value, request: &Value, object: &Value, old: &Value) -> Option<bool> {
+pub(super) fn admitted(
+    policy: &Value,
+    request: &Value,
+    object: &Value,
+    old: &Value,
+) -> Option<bool> {
     use cel_interpreter::{Context, Program, Value as Cel};
     let eval = |context: &Context, expression: &str| -> Cel {
         let program =

@@ -5,10 +5,7 @@
 use isthmus_common::nat::{PrefixRewrite, REMAPS_PEER};
 
 use super::*;
-use crate::model::{
-    object::ObjectKind,
-    peer::{Endpoint, LiqoApi, Remaps},
-};
+use crate::model::peer::{Endpoint, GatewayRole, LiqoApi, Remaps};
 
 const FIXTURES: [(&str, &str); 4] = [
     (
@@ -20,8 +17,8 @@ const FIXTURES: [(&str, &str); 4] = [
         include_str!("../../../../../tests/fixtures/liqo-v1/publickey-rome.yaml"),
     ),
     (
-        "gatewayclient-rome.yaml",
-        include_str!("../../../../../tests/fixtures/liqo-v1/gatewayclient-rome.yaml"),
+        "isthmusgatewayclient-rome.yaml",
+        include_str!("../../../../../tests/fixtures/liqo-v1/isthmusgatewayclient-rome.yaml"),
     ),
     (
         "ip-legacy-db.yaml",
@@ -108,18 +105,18 @@ fn a_v1_peer_remaps_the_peers_addresses_and_keeps_ours() {
 }
 
 #[test]
-fn a_v1_peer_without_its_key_or_gateway_client_has_no_tunnel_and_names_what_it_lacks() {
+fn a_v1_peer_without_its_key_or_gateway_object_has_no_tunnel_and_names_what_it_lacks() {
     let mut table = Peers::default();
     let mut r = reconciler(&mut table);
     with_fixtures(&mut r, "publickey-rome.yaml");
     r.reconcile();
     assert_eq!(r.peers()[0].tunnel, Err("PublicKey spec.publicKey"));
-    with_fixtures(&mut r, "gatewayclient-rome.yaml");
-    r.set_origin("gatewayclient-rome.yaml".into(), Vec::new());
+    with_fixtures(&mut r, "isthmusgatewayclient-rome.yaml");
+    r.set_origin("isthmusgatewayclient-rome.yaml".into(), Vec::new());
     r.reconcile();
     assert_eq!(
         r.peers()[0].tunnel,
-        Err("GatewayServer or GatewayClient spec.endpoint")
+        Err("IsthmusGatewayServer or IsthmusGatewayClient spec.endpoint")
     );
 }
 
@@ -127,11 +124,12 @@ fn a_v1_peer_without_its_key_or_gateway_client_has_no_tunnel_and_names_what_it_l
 fn as_the_peers_gateway_server_we_learn_its_endpoint_and_listen_on_the_servers_port() {
     let mut table = Peers::default();
     let mut r = reconciler(&mut table);
-    with_fixtures(&mut r, "gatewayclient-rome.yaml");
-    let server = include_str!("../../../../../tests/fixtures/liqo-v1/gatewayserver-rome.yaml");
+    with_fixtures(&mut r, "isthmusgatewayclient-rome.yaml");
+    let server =
+        include_str!("../../../../../tests/fixtures/liqo-v1/isthmusgatewayserver-rome.yaml");
     r.set_origin(
-        "gatewayserver-rome.yaml".into(),
-        docs("gatewayserver-rome.yaml", server),
+        "isthmusgatewayserver-rome.yaml".into(),
+        docs("isthmusgatewayserver-rome.yaml", server),
     );
     r.reconcile();
     let peer = &r.peers()[0];
@@ -139,7 +137,7 @@ fn as_the_peers_gateway_server_we_learn_its_endpoint_and_listen_on_the_servers_p
     assert_eq!((&tunnel.endpoint, tunnel.port), (&Endpoint::Learned, 51840));
     assert_eq!(tunnel.socket(), None);
     let gateway = peer.liqo_gateway.as_ref().expect("its gateway object");
-    assert_eq!(gateway.kind, ObjectKind::GatewayServer);
+    assert_eq!(gateway.role, GatewayRole::Server);
 }
 
 #[test]
