@@ -391,9 +391,16 @@ impl State {
     }
 }
 
-/// Only the Liqo kinds the agent writes have a status subresource here.
+/// Only the kinds whose status the agent writes have a status subresource
+/// here.
 fn has_status(plural: &str) -> bool {
-    plural == "tunnelendpoints" || plural == "connections"
+    [
+        "tunnelendpoints",
+        "connections",
+        "isthmusgatewayservers",
+        "isthmusgatewayclients",
+    ]
+    .contains(&plural)
 }
 
 /// A Secret's `stringData` is written into `data`, base64, as the API server does.
