@@ -145,25 +145,16 @@ pub async fn key_from_secret(
         let private = generate()?;
         let pair = KeyPair::from_private(private);
         let public = key_text::encode(pair.public.as_bytes());
-        let secret = Secret {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                labels: Some(BTreeMap::from([(
-                    "app.kubernetes.io/name".into(),
-                    "isthmus".into(),
-                )])),
-                ..ObjectMeta::default()
-            },
-            type_: Some("Opaque".into()),
-            data: Some(BTreeMap::from([
+        let secret = agent_secret(
+            name,
+            [
                 (
-                    PRIVATE_KEY.into(),
+                    PRIVATE_KEY,
                     ByteString(key_text::encode(&private).into_bytes()),
                 ),
-                (PUBLIC_KEY.into(), ByteString(public.clone().into_bytes())),
-            ])),
-            ..Secret::default()
-        };
+                (PUBLIC_KEY, ByteString(public.clone().into_bytes())),
+            ],
+        );
         match api.create(&PostParams::default(), &secret).await {
             Ok(_) => {
                 info!(secret = %secret_name, public_key = %public, "new WireGuard key stored");
@@ -209,19 +200,7 @@ pub async fn publish_public_key(
                 .map_err(failed("publishing the public key in"))?;
         }
         None => {
-            let secret = Secret {
-                metadata: ObjectMeta {
-                    name: Some(name.into()),
-                    labels: Some(BTreeMap::from([(
-                        "app.kubernetes.io/name".into(),
-                        "isthmus".into(),
-                    )])),
-                    ..ObjectMeta::default()
-                },
-                type_: Some("Opaque".into()),
-                data: Some(BTreeMap::from([(PUBLIC_KEY.into(), published)])),
-                ..Secret::default()
-            };
+            let secret = agent_secret(name, [(PUBLIC_KEY, published)]);
             // Another gateway of the cluster, with the same key, may create
             // it first.
             match api.create(&PostParams::default(), &secret).await {
@@ -236,6 +215,23 @@ pub async fn publish_public_key(
     }
     info!(secret = %secret_name, public_key = %key_text::encode(public), "public key published for Liqo v1's peers");
     Ok(())
+}
+
+/// A Secret of the agent's, `name`, holding `data`.
+fn agent_secret<const N: usize>(name: &str, data: [(&str, ByteString); N]) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(BTreeMap::from([(
+                "app.kubernetes.io/name".into(),
+                "isthmus".into(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        type_: Some("Opaque".into()),
+        data: Some(data.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()),
+        ..Secret::default()
+    }
 }
 
 /// How a Secret holds its keys.
