@@ -40,6 +40,9 @@ pub trait Host {
     fn sync_nodes(&mut self, nodes: &[Node], active: Option<&str>) -> bool;
     /// What objects may ask of this node, with its networks as they are now.
     fn policy(&self) -> Policy;
+    /// Follows what the accepted peers decide of this node: a gateway's
+    /// masquerade address under Liqo v1.
+    fn follow_peers(&mut self, _peers: &[Peer]) {}
     /// Work that waits for the first pass, so that a restarted agent
     /// carries traffic before it does its slow work.
     fn after_first_pass(&mut self) {}
@@ -184,6 +187,7 @@ where
     async fn pass(&mut self, retry: &mut Retry) {
         let (report, failure) = self.reconciler.reconcile();
         record(&report, &self.metrics);
+        self.host.follow_peers(self.reconciler.peers());
         // A peer's ID is assigned when it is accepted and kept until it goes.
         if !report.added.is_empty() || !report.dropped.is_empty() {
             self.metrics.set_peer_ids(self.reconciler.peer_ids());

@@ -119,42 +119,62 @@ pub trait SweptTable {
     }
 }
 
-/// The flow table (`ist_conntrack`) and the masquerade settings (`ist_snat`).
+/// The flow table (`ist_conntrack`).
 pub struct Conntrack {
     flows: HashMap<MapData, FlowKey, FlowNat>,
-    config: Array<MapData, SnatConfig>,
 }
 
 impl Conntrack {
-    /// Wraps the two maps taken from a freshly loaded object.
-    pub fn new(flows: Map, config: Map) -> Result<Self, MapError> {
+    /// Wraps the map taken from a freshly loaded object.
+    pub fn new(flows: Map) -> Result<Self, MapError> {
         Ok(Self {
             flows: flows.try_into()?,
-            config: config.try_into()?,
         })
     }
 
-    /// Opens the maps pinned under `root`.
+    /// Opens the map pinned under `root`.
     pub fn open(root: &Path) -> Result<Self, MapError> {
-        Self::new(
-            open_pinned(root, names::MAP_CONNTRACK)?,
-            open_pinned(root, names::MAP_SNAT)?,
-        )
-    }
-
-    /// Masquerades flows that need it to `addr` (one of our own addresses),
-    /// or stops masquerading.
-    pub fn set_masquerade(&mut self, addr: Option<Ipv4Addr>) -> Result<(), MapError> {
-        let config = SnatConfig {
-            addr: addr.map_or(Be32::ZERO, Be32::from),
-            enabled: u32::from(addr.is_some()),
-        };
-        self.config.set(0, config, 0)
+        Self::new(open_pinned(root, names::MAP_CONNTRACK)?)
     }
 
     /// Every entry, as the kernel holds it now.
     pub fn entries(&self) -> Result<Vec<(FlowKey, FlowNat)>, MapError> {
         batch::entries(self.flows.map())
+    }
+}
+
+/// The masquerade setting (`ist_snat`): the address of ours that flows
+/// needing it leave from, if any.
+pub struct Masquerade {
+    config: Array<MapData, SnatConfig>,
+    /// Whether the map was set, and to what.
+    written: bool,
+    current: Option<Ipv4Addr>,
+}
+
+impl Masquerade {
+    /// Wraps the map taken from a freshly loaded object.
+    pub fn new(config: Map) -> Result<Self, MapError> {
+        Ok(Self {
+            config: config.try_into()?,
+            written: false,
+            current: None,
+        })
+    }
+
+    /// Masquerades flows that need it to `addr` (one of our own addresses),
+    /// or stops masquerading. Returns whether that changed anything.
+    pub fn set(&mut self, addr: Option<Ipv4Addr>) -> Result<bool, MapError> {
+        if self.written && self.current == addr {
+            return Ok(false);
+        }
+        let config = SnatConfig {
+            addr: addr.map_or(Be32::ZERO, Be32::from),
+            enabled: u32::from(addr.is_some()),
+        };
+        self.config.set(0, config, 0)?;
+        (self.written, self.current) = (true, addr);
+        Ok(true)
     }
 }
 

@@ -120,16 +120,18 @@ fn args_in(node: &str, setup: &Setup) -> Result<Vec<String>> {
     }
     if role_of(node) == "gateway" {
         let cluster = cluster_of(node).context("a gateway of no cluster")?;
-        args.push(format!("--masquerade-ip={}", cluster.masquerade_addr()));
+        // A gateway that serves Liqo v1 masquerades as the DaemonSet for
+        // Liqo v1 has it: to Liqo's address, which its peers decide.
+        if !serves_liqo_v1(node, setup) {
+            args.push(format!("--masquerade-ip={}", cluster.masquerade_addr()));
+        }
         // Endpoint names are looked up again often, so a test sees a move.
         args.push(format!("--resolve-interval={RESOLVE_INTERVAL}"));
         if setup.segregation && node == segregation::CLUSTER.gw() {
             args.push(format!("--security-mode={}", segregation::MODE));
         }
     }
-    if matches!(setup.liqo, Some(LiqoPeer::V1(_)))
-        && cluster_of(node).is_some_and(|c| c.name == liqo_v1_peer::ISTHMUS.name)
-    {
+    if serves_liqo_v1(node, setup) {
         args.push("--liqo-api=v1".into());
         // Where a Liqo v1 peer it serves makes contact, as manifests/liqo-v1.
         if role_of(node) == "gateway" {
@@ -154,6 +156,13 @@ fn args_in(node: &str, setup: &Setup) -> Result<Vec<String>> {
         ]),
     }
     Ok(args)
+}
+
+/// Whether node `node`'s agent serves Liqo v1 (`--liqo-api v1`) in a lab
+/// set up as `setup`: cluster a's, in the Liqo v1 lab.
+fn serves_liqo_v1(node: &str, setup: &Setup) -> bool {
+    matches!(setup.liqo, Some(LiqoPeer::V1(_)))
+        && cluster_of(node).is_some_and(|c| c.name == liqo_v1_peer::ISTHMUS.name)
 }
 
 /// Starts the agent with `args` in netns `ns`, in a session of its own, its

@@ -2,12 +2,13 @@
 //! (`cargo xtask lab up --liqo-v1-peer b`), cluster b runs wireguard-go,
 //! the nftables Liqo v1's FirewallConfigurations render and its conncheck
 //! (`isthmus_lab::lab::liqo_v1_peer`); cluster a runs Isthmus with
-//! `--liqo-api v1`, from a Configuration, a PublicKey and a GatewayClient.
+//! `--liqo-api v1`, from a Configuration, a PublicKey and the
+//! `IsthmusGatewayClient` Liqo renders from Isthmus's template.
 //! The NAT runs the other way from v0.10, yet reachability rows 1–3 hold
 //! with the same addresses, an `IP` exposes an address across, and each
 //! side's conncheck reaches the other. `cargo xtask test` runs them twice:
-//! with a as the tunnel's client (a GatewayClient), then as its server (a
-//! GatewayServer, `--isthmus-side server`), b's gateway taking the other
+//! with a as the tunnel's client, then as its server (an
+//! `IsthmusGatewayServer`, `--isthmus-side server`), b's gateway taking the other
 //! side; behind a's XDP guard too. And a-gw as a gateway pod made from
 //! Isthmus's template: `isthmus-agent liqo-wireguard` in place of a's
 //! agent carries the tunnel to b's wireguard-go on either side.
@@ -46,6 +47,10 @@ const B_POD1_AT_A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 5);
 
 /// The `IP`'s address as b sees it: b's view of a's ExternalCIDR.
 const IP_EXPOSED_AT_B: Ipv4Addr = Ipv4Addr::new(10, 0, 41, 20);
+
+/// a's address for sources b cannot route back to, as b sees it: the first
+/// address of a's ExternalCIDR (192.168.0.0/24), in b's view of it.
+const A_UNKNOWN_SOURCE_AT_B: Ipv4Addr = Ipv4Addr::new(10, 0, 41, 0);
 
 /// How long an object change may take to reach the kernel, with margin.
 const OBJECT_CHANGE: Duration = Duration::from_secs(5);
@@ -103,6 +108,24 @@ fn an_ip_object_exposes_an_address_of_a_to_b_while_it_exists() {
     eventually(OBJECT_CHANGE, "the IP's address is gone", || {
         reaches().is_err()
     });
+}
+
+/// a's gateway runs as the DaemonSet for Liqo v1 does, without
+/// `--masquerade-ip`: its own traffic to b leaves from the first address of
+/// a's ExternalCIDR, as Liqo v1's fabric sends a node's own traffic, and
+/// its answers come back.
+#[test]
+#[ignore = "needs the Liqo v1 lab; `cargo xtask test` runs it there"]
+fn the_gateways_own_traffic_leaves_from_the_first_address_of_our_external_cidr() {
+    require_liqo_v1_lab();
+    for proto in [Proto::Tcp, Proto::Udp, Proto::Icmp] {
+        let seen = probe::exchange(proto, &A.gw(), &B.pod(1), B_POD1_AT_A).unwrap();
+        assert_eq!(
+            (seen.client_as_seen_by_server, seen.server_as_seen_by_client),
+            (A_UNKNOWN_SOURCE_AT_B, B_POD1_AT_A),
+            "{proto:?}"
+        );
+    }
 }
 
 /// a-gw's XDP guard verdicts of `verdict`.

@@ -38,13 +38,14 @@ use crate::{
         election::Election,
         node::Node,
         object::{ObjectKey, ObjectKind, ReadFor},
-        peer::LiqoApi,
+        peer::{LiqoApi, Peer},
         policy::Policy,
     },
     observe::metrics::{self, BuildInfo, GatewayState, Metrics, PeerHealth},
     roles::{
         flows::{self, FlowTables, Sharing},
         gateway::{Gateway, guard::Guard},
+        masquerade::MasqueradeAddress,
         nat_device::NatDevice,
         overlay::{self, Overlay, OverlayOptions, PodDevices},
         past_netfilter::PastNetfilterSetting,
@@ -93,8 +94,8 @@ async fn run_confined(args: RunArgs, runtime_filtered: bool) -> Result<()> {
         .with_context(|| format!("loading the dataplane under {}", args.bpffs.display()))?;
     let reconciler = reconciler(&args, &mut dataplane)?;
     let gateway = start_gateway(&args, role, client.as_ref(), &mut dataplane).await?;
-    let conntrack = configure_translation(&args, role, &mut dataplane)?;
-    let mut host = start_host(&args, role, dataplane).await?;
+    let (conntrack, masquerade) = configure_translation(&args, role, &mut dataplane)?;
+    let mut host = start_host(&args, role, dataplane, masquerade).await?;
     let metrics = serve_metrics(&args, role, gateway.as_ref()).await?;
     let passed = watch::Sender::new(());
     spawn_collector(
@@ -222,14 +223,20 @@ async fn start_gateway(
 }
 
 /// The translation's settings: a gateway's masquerade address and MSS
-/// bound. Returns the flow table, for the collector.
+/// bound. Returns the flow table, for the collector, and the masquerade
+/// address, which may follow the peers.
 fn configure_translation(
     args: &RunArgs,
     role: Role,
     dataplane: &mut Dataplane,
-) -> Result<Conntrack> {
-    let mut conntrack = dataplane.take_conntrack()?;
-    conntrack.set_masquerade(args.masquerade_ip.filter(|_| role == Role::Gateway))?;
+) -> Result<(Conntrack, MasqueradeAddress)> {
+    let conntrack = dataplane.take_conntrack()?;
+    let gateway = role == Role::Gateway;
+    let masquerade = MasqueradeAddress::new(
+        dataplane.take_masquerade()?,
+        args.masquerade_ip.filter(|_| gateway),
+        gateway && args.masquerade_ip.is_none() && args.policy.liqo_api == LiqoApi::V1,
+    )?;
     if role == Role::Gateway {
         let tunnel_mss = match args.tunnel {
             TunnelMode::Userspace => {
@@ -239,12 +246,17 @@ fn configure_translation(
         };
         dataplane.set_tcp_mss(args.tcp_mss.unwrap_or(tunnel_mss))?;
     }
-    Ok(conntrack)
+    Ok((conntrack, masquerade))
 }
 
 /// The devices this node's programs attach to: a gateway's NAT device, the
 /// overlay and the pods' devices.
-async fn start_host(args: &RunArgs, role: Role, mut dataplane: Dataplane) -> Result<NodeHost> {
+async fn start_host(
+    args: &RunArgs,
+    role: Role,
+    mut dataplane: Dataplane,
+    masquerade: MasqueradeAddress,
+) -> Result<NodeHost> {
     let nat = match role {
         Role::Gateway => Some(NatDevice::start(
             &mut dataplane,
@@ -269,6 +281,7 @@ async fn start_host(args: &RunArgs, role: Role, mut dataplane: Dataplane) -> Res
         pods,
         attach: args.attach,
         policy: args.policy.clone(),
+        masquerade,
     })
 }
 
@@ -477,6 +490,8 @@ struct NodeHost {
     links: LinkEvents,
     /// Whether the overlay's programs skip netfilter, and what decides it.
     past_netfilter: PastNetfilterSetting,
+    /// Where flows that need it are masqueraded to.
+    masquerade: MasqueradeAddress,
 }
 
 impl Host for NodeHost {
@@ -509,6 +524,10 @@ impl Host for NodeHost {
 
     fn policy(&self) -> Policy {
         self.policy.policy()
+    }
+
+    fn follow_peers(&mut self, peers: &[Peer]) {
+        self.masquerade.follow(peers);
     }
 
     fn after_first_pass(&mut self) {

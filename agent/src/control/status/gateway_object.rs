@@ -196,6 +196,8 @@ mod tests {
             assert_eq!(desired[0].gateway.key.to_string(), "liqo-tenant-rome/rome");
             assert_eq!(desired[0].status, fixture_status(yaml));
             assert!(shows(Some(&fixture_status(yaml)), &desired[0].status));
+            // A uid there would panic Liqo v1.2's reconcile.
+            assert!(desired[0].status["secretRef"].get("uid").is_none());
         }
     }
 

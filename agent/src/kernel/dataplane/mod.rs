@@ -33,7 +33,7 @@ use crate::{
     },
     kernel::pinned,
     kernel::{
-        conntrack::{Conntrack, PeerFlows},
+        conntrack::{Conntrack, Masquerade, PeerFlows},
         room::Rooms,
     },
 };
@@ -283,13 +283,16 @@ impl Dataplane {
             .map_err(|e| DataplaneError::Map(names::MAP_ALLOWED, e))
     }
 
-    /// The masquerade's flow table and settings.
+    /// The masquerade's flow table.
     pub fn take_conntrack(&mut self) -> Result<Conntrack, DataplaneError> {
-        let (flows, config) = (
-            self.take(names::MAP_CONNTRACK)?,
-            self.take(names::MAP_SNAT)?,
-        );
-        Conntrack::new(flows, config).map_err(|e| DataplaneError::Map(names::MAP_CONNTRACK, e))
+        let flows = self.take(names::MAP_CONNTRACK)?;
+        Conntrack::new(flows).map_err(|e| DataplaneError::Map(names::MAP_CONNTRACK, e))
+    }
+
+    /// The masquerade setting.
+    pub fn take_masquerade(&mut self) -> Result<Masquerade, DataplaneError> {
+        let config = self.take(names::MAP_SNAT)?;
+        Masquerade::new(config).map_err(|e| DataplaneError::Map(names::MAP_SNAT, e))
     }
 
     /// The flows our side opened towards segregated peers.

@@ -22,7 +22,7 @@ pub use peer::Companions;
 use crate::model::{
     key_text,
     object::{ObjectError, ObjectKey, ObjectKind, RawObject},
-    peer::{Endpoint, Mapped},
+    peer::{Endpoint, Mapped, Peer, Remaps},
 };
 
 /// The label that names the peer an object is about.
@@ -32,6 +32,19 @@ pub const CLUSTER_ID_LABEL: &str = "liqo.io/remote-cluster-id";
 pub const DEFAULT_PORT: u16 = 51840;
 /// Liqo v1's tunnel MTU, where the objects leave it out (`forge/common.go:19`).
 pub const DEFAULT_MTU: u16 = 1340;
+
+/// Liqo v1's address for sources the peers cannot route back to, which its
+/// fabric gives a node's own traffic: the first address of our
+/// ExternalCIDR, the network address itself (`pkg/utils/ipam/ips.go:47-75`,
+/// `internal-network/configuration-controller/firewall.go:95`). Taken from
+/// the first Liqo v1 peer among `peers`, as every `Configuration` gives our
+/// ExternalCIDR; None without one.
+pub fn unknown_source(peers: &[Peer]) -> Option<Ipv4Addr> {
+    peers
+        .iter()
+        .find(|peer| peer.remaps() == Remaps::Theirs)
+        .map(|peer| peer.local_external.real.network())
+}
 
 /// One peer's networks, from its `Configuration`.
 #[derive(Clone, Debug, PartialEq, Eq)]

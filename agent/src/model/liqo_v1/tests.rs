@@ -182,3 +182,17 @@ fn an_ip_exposes_its_target_once_the_ipam_gave_it_an_address() {
     let bad = IP.replace("ip: 172.16.4.20", "ip: 172.16.4.300");
     names(IpMapping::from_raw(&raw(&bad).1, "v1.yaml"), "spec.ip");
 }
+
+#[test]
+fn the_unknown_source_is_the_network_address_of_our_external_cidr() {
+    let (_, raw) = raw(CONFIGURATION);
+    let peer = networks(CONFIGURATION)
+        .unwrap()
+        .peer(&raw.key, "v1.yaml", Companions::default());
+    // Liqo's "first IP" of 10.201.0.0/16 is 10.201.0.0 itself, not .1.
+    assert_eq!(
+        unknown_source(std::slice::from_ref(&peer)),
+        Some(Ipv4Addr::new(10, 201, 0, 0))
+    );
+    assert_eq!(unknown_source(&[]), None);
+}

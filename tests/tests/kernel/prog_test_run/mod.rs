@@ -16,7 +16,7 @@ mod tail_calls;
 use aya::{Ebpf, EbpfLoader, programs::SchedClassifier};
 
 use isthmus_agent::{
-    kernel::conntrack::{Conntrack, PeerFlows, SweptTable},
+    kernel::conntrack::{Conntrack, Masquerade, PeerFlows, SweptTable},
     kernel::dataplane::{OBJECT, load_onward},
     kernel::maps::{Counters, MappingMap, PeerMap, PresenceSet},
     kernel::room::Rooms,
@@ -195,13 +195,10 @@ impl Harness {
         mappings
             .put(to_node, &Be32::from_bytes(NODE3), None)
             .unwrap();
-        let mut conntrack = Conntrack::new(
-            ebpf.take_map(names::MAP_CONNTRACK).unwrap(),
-            ebpf.take_map(names::MAP_SNAT).unwrap(),
-        )
-        .unwrap();
-        conntrack
-            .set_masquerade(masquerade.map(Ipv4Addr::from))
+        let conntrack = Conntrack::new(ebpf.take_map(names::MAP_CONNTRACK).unwrap()).unwrap();
+        Masquerade::new(ebpf.take_map(names::MAP_SNAT).unwrap())
+            .unwrap()
+            .set(masquerade.map(Ipv4Addr::from))
             .unwrap();
         let mut nodes: PresenceSet<Be32> =
             PresenceSet::new(ebpf.take_map(names::MAP_NODE_ADDRS).unwrap()).unwrap();

@@ -147,7 +147,7 @@ fn the_rendered_objects_read_as_the_gateway_liqo_asked_for() {
 }
 
 #[test]
-fn a_status_with_a_wrong_type_or_a_uid_in_secret_ref_does_not_fit() {
+fn a_status_with_a_text_port_or_tcp_does_not_fit() {
     let (schema, _) = isthmus_crd("isthmusgatewayservers");
     let fixture = &yaml_file("../tests/fixtures/liqo-v1/isthmusgatewayserver-rome.yaml")[0];
     let mut text_port = fixture.clone();
