@@ -22,7 +22,10 @@ use crate::{
         policy::Policy,
     },
     observe::metrics::Metrics,
-    roles::{gateway::Gateway, routes::Routes},
+    roles::{
+        gateway::{self, Gateway},
+        routes::Routes,
+    },
 };
 
 /// How often peers' connection states are checked for changes to log, and
@@ -159,7 +162,7 @@ where
             .map(Gateway::report);
         let feedback = self.feedback.as_ref().filter(|_| acting);
         self.metrics
-            .set_gateways_served(served_gateways(self.reconciler.peers(), acting));
+            .set_gateways_served(served_gateways(self.reconciler.peers(), report.as_ref()));
         if synced && (report.is_some() || feedback.is_some()) {
             let statuses = status::desired(
                 self.reconciler.peers(),
@@ -238,13 +241,16 @@ where
     }
 }
 
-/// The Liqo v1 gateways served through Isthmus's gateway objects, whose
-/// peers have a tunnel: none unless this gateway is `acting`.
-fn served_gateways(peers: &[Peer], acting: bool) -> BTreeSet<ObjectKey> {
+/// The Liqo v1 gateways served through Isthmus's gateway objects: those
+/// whose peers the tunnel carries, by the acting gateway's `report`; none
+/// without one.
+fn served_gateways(peers: &[Peer], report: Option<&gateway::Report>) -> BTreeSet<ObjectKey> {
+    let Some(report) = report else {
+        return BTreeSet::new();
+    };
     peers
         .iter()
-        .filter(|_| acting)
-        .filter(|peer| peer.tunnel.is_ok())
+        .filter(|peer| report.configurations.contains_key(&peer.key))
         .filter_map(|peer| peer.liqo_gateway.as_ref())
         .filter(|gateway| gateway.implementation == GatewayImplementation::Isthmus)
         .map(|gateway| gateway.key.clone())

@@ -302,6 +302,11 @@ fn a_liqo_v1_gateway_server_waits_for_the_peer_to_make_contact_serves_it_and_can
     wait_for("gw-rome Connecting", || {
         connection_value(&node) == "Connecting"
     });
+    // Nothing listens where the peer would make contact: not ready.
+    wait_for("gw-rome", || {
+        node.api.get("deployments", TENANT, CONNECTION).is_some()
+    });
+    assert!(!gateway_pod_ready(&node, NS));
 
     // Where it listens: the peer is served, and nothing goes to it before
     // it makes contact, the conncheck's PINGs included.
@@ -320,6 +325,7 @@ fn a_liqo_v1_gateway_server_waits_for_the_peer_to_make_contact_serves_it_and_can
     peer.contact(public, (Ipv4Addr::LOCALHOST, LISTEN_PORT).into());
     assert_connected_as_liqo_writes(&node, "GatewayServer");
     assert_gateway_object_status(&node, NS, "GatewayServer", public);
+    assert!(gateway_pod_ready(&node, NS));
     // The server's end of the tunnel, which the peer's conncheck PINGs.
     let addresses =
         || isthmus_lab::cmd::ip(NS, &["-4", "-o", "addr", "show", "dev", "isthmus0"]).unwrap();
