@@ -162,7 +162,6 @@ mod tests {
     use super::*;
     use crate::model::{
         key_text,
-        object::ObjectKey,
         peer::{GatewayImplementation, GatewayRole, LiqoGateway},
     };
 
@@ -174,15 +173,7 @@ mod tests {
             _ => GatewayRole::Client,
         };
         Settings {
-            gateway: LiqoGateway {
-                role,
-                implementation: GatewayImplementation::LiqoWireGuard,
-                key: ObjectKey {
-                    namespace: "liqo-tenant-rome".into(),
-                    name: "rome".into(),
-                },
-                cluster_id: "rome".into(),
-            },
+            gateway: LiqoGateway::rome(role, GatewayImplementation::LiqoWireGuard),
             gateway_uid: None,
             endpoint,
             endpoint_port: 51840,

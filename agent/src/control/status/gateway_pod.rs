@@ -175,15 +175,7 @@ mod tests {
     use crate::model::peer::{GatewayImplementation, GatewayRole};
 
     fn gateway() -> LiqoGateway {
-        LiqoGateway {
-            role: GatewayRole::Server,
-            implementation: GatewayImplementation::Isthmus,
-            key: ObjectKey {
-                namespace: "liqo-tenant-rome".into(),
-                name: "rome".into(),
-            },
-            cluster_id: "rome".into(),
-        }
+        LiqoGateway::rome(GatewayRole::Server, GatewayImplementation::Isthmus)
     }
 
     #[test]

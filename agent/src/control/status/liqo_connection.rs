@@ -166,15 +166,7 @@ mod tests {
     };
 
     fn gateway() -> LiqoGateway {
-        LiqoGateway {
-            role: GatewayRole::Client,
-            implementation: GatewayImplementation::LiqoWireGuard,
-            key: ObjectKey {
-                namespace: "liqo-tenant-rome".into(),
-                name: "rome".into(),
-            },
-            cluster_id: "rome".into(),
-        }
+        LiqoGateway::rome(GatewayRole::Client, GatewayImplementation::LiqoWireGuard)
     }
 
     #[test]

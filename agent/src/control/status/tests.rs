@@ -24,15 +24,10 @@ fn writes_a_change_of_state_at_once_and_a_latency_only_every_refresh() {
     let connected = status(State::Connected, "up", Some("3ms"));
     let slower = status(State::Connected, "up", Some("4ms"));
     let connection = ConnectionStatus {
-        shown_on: ShownOn::Connection(LiqoGateway {
-            role: GatewayRole::Client,
-            implementation: GatewayImplementation::Isthmus,
-            key: ObjectKey {
-                namespace: "liqo-tenant-rome".into(),
-                name: "rome".into(),
-            },
-            cluster_id: "rome".into(),
-        }),
+        shown_on: ShownOn::Connection(LiqoGateway::rome(
+            GatewayRole::Client,
+            GatewayImplementation::Isthmus,
+        )),
         ..connected.clone()
     };
     // (why, shown, desired, last written and how many seconds ago, due)

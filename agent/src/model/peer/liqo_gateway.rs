@@ -86,3 +86,20 @@ impl LiqoGateway {
         }
     }
 }
+
+#[cfg(test)]
+impl LiqoGateway {
+    /// Our gateway of `role` towards the fixtures' peer, rome, in its
+    /// tenant namespace, carried by `implementation`.
+    pub fn rome(role: GatewayRole, implementation: GatewayImplementation) -> Self {
+        Self {
+            role,
+            implementation,
+            key: ObjectKey {
+                namespace: "liqo-tenant-rome".into(),
+                name: "rome".into(),
+            },
+            cluster_id: "rome".into(),
+        }
+    }
+}
