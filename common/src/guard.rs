@@ -1,16 +1,17 @@
-//! The XDP guard in front of the tunnel port: which sources may reach the
-//! userspace tunnel, and what it counts.
+//! The XDP guard in front of the tunnel's ports: which sources may reach
+//! the userspace tunnel, and what it counts.
 //!
-//! A datagram to the tunnel port passes when its source (address and port)
-//! is a peer's endpoint, or when it is a WireGuard message that names one
+//! The guarded ports are the tunnel's, one per tunnel device, each with its
+//! own setting. A datagram to one of them passes when its source (address
+//! and port) is a peer's endpoint, or when it is a WireGuard message that names one
 //! of our sessions (a handshake response, cookie reply or transport data
 //! whose receiver index is ours): that is how a peer that roamed reaches
 //! userspace, which authenticates it and then allows its new source.
-//! While the gateway serves a peer that makes contact itself (a Liqo v1
-//! `GatewayServer`), whose source nobody can know, a handshake initiation
-//! also passes from anywhere: userspace bounds those (a queue of their own
+//! On a port where the gateway serves a peer that makes contact itself (a
+//! Liqo v1 `GatewayServer`), whose source nobody can know, a handshake
+//! initiation also passes from anywhere: userspace bounds those (a queue of their own
 //! and a share of handshake work per source) before it authenticates them.
-//! Everything else aimed at the port is dropped in XDP.
+//! Everything else aimed at a guarded port is dropped in XDP.
 
 use crate::wire::{Be16, Be32};
 
@@ -35,21 +36,17 @@ impl GuardSource {
     }
 }
 
-/// The guard's settings.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct GuardConfig {
-    /// The tunnel's UDP port; 0 until the agent sets it, and then the
-    /// guard passes everything.
-    pub port: Be16,
-    /// 1 while the gateway serves a peer that makes contact itself: a
-    /// handshake initiation then passes from any source.
-    pub initiations: u8,
-    /// Zero.
-    pub pad: u8,
+/// A guarded port's setting in [`crate::names::MAP_GUARD_PORTS`]: whether
+/// a handshake initiation passes from any source there, while the gateway
+/// serves a peer on that port that makes contact itself.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Initiations {
+    /// From peers' endpoints alone.
+    FromEndpoints = 0,
+    /// From any source.
+    FromAnywhere = 1,
 }
-
-assert_layout!(GuardConfig, size = 4, align = 2);
 
 /// What the guard did with a datagram aimed at the tunnel port.
 #[repr(u32)]

@@ -56,10 +56,10 @@ mod pod {
         crate::isolation::PeerFlow,
         crate::conntrack::SnatConfig,
         crate::guard::GuardSource,
-        crate::guard::GuardConfig,
         crate::overlay::OverlayConfig,
         crate::isolation::AllowKey,
         crate::room::Room,
+        crate::wire::Be16,
         crate::wire::Be32,
     );
 }

@@ -56,8 +56,9 @@ pub const MAP_TCP_MSS: &str = "ist_tcp_mss";
 pub const MAP_GUARD_SOURCES: &str = "ist_guard_src";
 /// Hash: our peers' session indexes ([`crate::guard::peer_index`] → 1).
 pub const MAP_GUARD_INDEXES: &str = "ist_guard_idx";
-/// One-entry array: the guard's settings ([`crate::guard::GuardConfig`]).
-pub const MAP_GUARD_CONFIG: &str = "ist_guard_cfg";
+/// Hash: the tunnel's UDP ports the guard watches ([`crate::wire::Be16`] →
+/// [`crate::guard::Initiations`]); empty, the guard passes everything.
+pub const MAP_GUARD_PORTS: &str = "ist_guard_ports";
 /// Per-CPU array of the guard's verdicts, indexed by [`crate::guard::Verdict`].
 pub const MAP_GUARD_STATS: &str = "ist_guard_stats";
 
@@ -105,7 +106,7 @@ pub const MAPS: [&str; 25] = [
     MAP_ROOM_REFUSED,
     MAP_GUARD_SOURCES,
     MAP_GUARD_INDEXES,
-    MAP_GUARD_CONFIG,
+    MAP_GUARD_PORTS,
     MAP_GUARD_STATS,
     MAP_OVERLAY,
     MAP_NODES,
@@ -190,6 +191,9 @@ pub const MAX_PEER_NETWORKS: u32 = 8192;
 pub const MAX_GUARD_SOURCES: u32 = 16384;
 /// Capacity of [`MAP_GUARD_INDEXES`]: one per tunnel peer.
 pub const MAX_GUARD_INDEXES: u32 = 8192;
+/// Capacity of [`MAP_GUARD_PORTS`]: one per tunnel device, as
+/// [`MAX_PEER_DEVS`].
+pub const MAX_GUARD_PORTS: u32 = MAX_PEER_DEVS;
 /// Capacity of [`MAP_POD_DEVS`]: pods on one node.
 pub const MAX_POD_DEVS: u32 = 4096;
 /// Capacity of [`MAP_NODES`] (PodCIDRs of the cluster's nodes) and of

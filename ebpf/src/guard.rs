@@ -1,15 +1,15 @@
-//! The XDP guard of the tunnel port (see `isthmus_common::guard`): drops
-//! datagrams aimed at the port from sources that are not peers' endpoints
-//! and that name none of our sessions (nor, while the gateway serves a
-//! peer that makes contact itself, initiate one), before they cost
-//! userspace anything.
+//! The XDP guard of the tunnel's ports (see `isthmus_common::guard`):
+//! drops datagrams aimed at one from sources that are not peers' endpoints
+//! and that name none of our sessions (nor, on a port where the gateway
+//! serves a peer that makes contact itself, initiate one), before they
+//! cost userspace anything.
 //! Everything else passes untouched, including what cannot be parsed.
 
 use core::mem::size_of;
 
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use isthmus_common::{
-    guard::{GuardSource, INITIATION, Verdict, peer_index, receiver_offset},
+    guard::{GuardSource, INITIATION, Initiations, Verdict, peer_index, receiver_offset},
     ipv4::{self, Header, PROTO_UDP},
     wire::Be16,
 };
@@ -45,10 +45,9 @@ fn read<T: Copy>(ctx: &XdpContext, off: usize) -> Option<T> {
     Some(unsafe { ((start + off) as *const T).read_unaligned() })
 }
 
-/// None for a frame that is not a datagram to the tunnel port.
+/// None for a frame that is not a datagram to one of the tunnel's ports.
 #[inline(always)]
 fn verdict(ctx: &XdpContext) -> Option<Verdict> {
-    let port = maps::guard_port()?;
     if read::<[u8; 2]>(ctx, 12)? != ETHERTYPE_IPV4 {
         return None;
     }
@@ -60,9 +59,7 @@ fn verdict(ctx: &XdpContext) -> Option<Verdict> {
     }
     let udp = ETH_HLEN + ip.header_len();
     let (sport, dport): (u16, u16) = (read(ctx, udp)?, read(ctx, udp + 2)?);
-    if Be16::from_bits(dport) != port {
-        return None;
-    }
+    let initiations = maps::guard_port(Be16::from_bits(dport))?;
     if maps::guard_source_known(&GuardSource::new(ip.src(), Be16::from_bits(sport))) {
         return Some(Verdict::KnownSource);
     }
@@ -76,7 +73,7 @@ fn verdict(ctx: &XdpContext) -> Option<Verdict> {
     let udp_len = read::<[u8; 2]>(ctx, udp + 4).map(u16::from_be_bytes);
     let initiation = kind == Some(INITIATION.0)
         && udp_len == Some(UDP_HLEN as u16 + INITIATION.1)
-        && maps::guard_open_to_initiations();
+        && initiations == Initiations::FromAnywhere;
     Some(if session {
         Verdict::Session
     } else if initiation {

@@ -6,10 +6,10 @@ use aya_ebpf::{
 };
 use isthmus_common::{
     counters::{self, DENY_SLOTS, DenyReason, Direction, DropReason, KINDS, Link, Outcome},
-    guard::{GuardConfig, GuardSource, VERDICTS, Verdict},
+    guard::{GuardSource, Initiations, VERDICTS, Verdict},
     names::{
-        DEFAULT_NAT_MAPPINGS, MAX_GUARD_INDEXES, MAX_GUARD_SOURCES, MAX_NODES, MAX_PEER_DEVS,
-        MAX_PEER_NETWORKS, MAX_POD_DEVS,
+        DEFAULT_NAT_MAPPINGS, MAX_GUARD_INDEXES, MAX_GUARD_PORTS, MAX_GUARD_SOURCES, MAX_NODES,
+        MAX_PEER_DEVS, MAX_PEER_NETWORKS, MAX_POD_DEVS,
     },
     nat::{MappingKey, PREFIX_LENS, PeerKey, PeerNat, PrefixLens},
     overlay::{EVENTS, OverlayConfig, OverlayEvent},
@@ -175,25 +175,24 @@ static GUARD_SOURCES: HashMap<GuardSource, u8, { MAX_GUARD_SOURCES as usize }, O
 #[btf_map(name = "ist_guard_idx")]
 static GUARD_INDEXES: HashMap<u32, u8, { MAX_GUARD_INDEXES as usize }, ON_DEMAND> = HashMap::new();
 
-/// The guard's settings.
-#[btf_map(name = "ist_guard_cfg")]
-static GUARD_CONFIG: Array<GuardConfig, 1> = Array::new();
+/// The tunnel's ports, each with whether initiations pass from anywhere.
+#[btf_map(name = "ist_guard_ports")]
+static GUARD_PORTS: HashMap<Be16, u8, { MAX_GUARD_PORTS as usize }, ON_DEMAND> = HashMap::new();
 
 /// Datagrams to the tunnel port, by verdict; summed over CPUs by the agent.
 #[btf_map(name = "ist_guard_stats")]
 static GUARD_STATS: PerCpuArray<u64, { VERDICTS.len() }> = PerCpuArray::new();
 
-/// The tunnel port, once the agent has set it.
+/// The setting of `port` if it is one of the tunnel's: whether
+/// initiations pass there from any source.
 #[inline(always)]
-pub fn guard_port() -> Option<Be16> {
-    GUARD_CONFIG.get(0).map(|c| c.port).filter(|p| !p.is_zero())
-}
-
-/// Whether initiations pass from any source: the gateway serves a peer
-/// that makes contact itself.
-#[inline(always)]
-pub fn guard_open_to_initiations() -> bool {
-    GUARD_CONFIG.get(0).is_some_and(|c| c.initiations != 0)
+pub fn guard_port(port: Be16) -> Option<Initiations> {
+    // SAFETY: a u8 written whole by the agent.
+    let open = unsafe { GUARD_PORTS.get(&port) }?;
+    Some(match *open {
+        0 => Initiations::FromEndpoints,
+        _ => Initiations::FromAnywhere,
+    })
 }
 
 /// Whether `source` is a peer's endpoint.

@@ -46,6 +46,9 @@ pub trait Host {
     /// Follows what the accepted peers decide of this node: a gateway's
     /// masquerade address under Liqo v1.
     fn follow_peers(&mut self, _peers: &[Peer]) {}
+    /// Attaches the NAT programs to the gateway's tunnel devices, where
+    /// each Liqo v1 peer has its own.
+    fn follow_tunnel_devices(&mut self, _devices: &[String]) {}
     /// Work that waits for the first pass, so that a restarted agent
     /// carries traffic before it does its slow work.
     fn after_first_pass(&mut self) {}
@@ -209,7 +212,11 @@ where
         let acting = self.acting();
         self.metrics.gateway_active.set(i64::from(acting));
         let routed = match (self.gateway.as_mut(), self.blackholes.as_mut()) {
-            (Some(gateway), _) => gateway.sync(self.reconciler.peers(), acting).await,
+            (Some(gateway), _) => {
+                let host = &mut self.host;
+                let attach = |devices: &[String]| host.follow_tunnel_devices(devices);
+                gateway.sync(self.reconciler.peers(), acting, attach).await
+            }
             (None, Some(blackholes)) => sync_blackholes(blackholes, self.reconciler.peers()).await,
             (None, None) => true,
         };

@@ -11,7 +11,7 @@ use aya::maps::{
 use ipnet::Ipv4Net;
 use isthmus_common::{
     counters,
-    guard::{GuardConfig, GuardSource, VERDICTS},
+    guard::{GuardSource, VERDICTS},
     names,
     nat::{MappingKey, PeerKey, PeerNat, PrefixLens},
     overlay::{EVENTS, OverlayConfig},
@@ -89,9 +89,7 @@ impl KernelTable for PeerMap {
             .iter()
             .map(|entry| {
                 let (key, nat) = entry?;
-                let len = key.prefix_len.min(32) as u8;
-                let net = Ipv4Net::new(key.addr.into(), len).expect("prefix length within 32");
-                Ok((net, nat))
+                Ok((net_of(key), nat))
             })
             .collect()
     }
@@ -207,17 +205,18 @@ impl KernelTable for MappingMap {
     }
 }
 
-/// A hash used as a set: present keys map to 1. The guard's tables.
-pub struct PresenceSet<K: aya::Pod>(HashMap<MapData, K, u8>);
+/// A hash of keys to a byte: 1 where it is used as a set. The guard's
+/// tables.
+pub struct ByteHash<K: aya::Pod>(HashMap<MapData, K, u8>);
 
-impl<K: aya::Pod> PresenceSet<K> {
+impl<K: aya::Pod> ByteHash<K> {
     /// Wraps a map taken from a freshly loaded object.
     pub fn new(map: Map) -> Result<Self, MapError> {
         Ok(Self(map.try_into()?))
     }
 }
 
-impl<K: aya::Pod + Ord> KernelTable for PresenceSet<K> {
+impl<K: aya::Pod + Ord> KernelTable for ByteHash<K> {
     type Key = K;
     type Value = u8;
     type Error = MapError;
@@ -226,7 +225,7 @@ impl<K: aya::Pod + Ord> KernelTable for PresenceSet<K> {
     }
 
     fn entries(&self) -> Result<Vec<(K, u8)>, MapError> {
-        self.0.keys().map(|k| Ok((k?, 1))).collect()
+        self.0.iter().collect()
     }
 
     fn put(&mut self, key: K, value: &u8, _old: Option<&u8>) -> Result<(), MapError> {
@@ -238,6 +237,12 @@ impl<K: aya::Pod + Ord> KernelTable for PresenceSet<K> {
     }
 }
 
+/// The network a peer table's key stands for.
+fn net_of(key: PeerKey) -> Ipv4Net {
+    let len = key.prefix_len.min(32) as u8;
+    Ipv4Net::new(key.addr.into(), len).expect("prefix length within 32")
+}
+
 /// The tunnel devices that each carry one Liqo v1 peer (`ist_peer_devs`):
 /// ifindex → the key of that peer's PodCIDR view in the peer table.
 pub struct PeerDevices(HashMap<MapData, u32, PeerKey>);
@@ -246,6 +251,22 @@ impl PeerDevices {
     /// Wraps a map taken from a freshly loaded object.
     pub fn new(map: Map) -> Result<Self, MapError> {
         Ok(Self(map.try_into()?))
+    }
+
+    /// Opens the map pinned under `root`.
+    pub fn open(root: &Path) -> Result<Self, MapError> {
+        Self::new(open_pinned(root, names::MAP_PEER_DEVS)?)
+    }
+
+    /// Each device's ifindex, with the view that names its peer.
+    pub fn entries(&self) -> Result<BTreeMap<u32, Ipv4Net>, MapError> {
+        self.0
+            .iter()
+            .map(|entry| {
+                let (ifindex, key) = entry?;
+                Ok((ifindex, net_of(key)))
+            })
+            .collect()
     }
 
     /// Makes the table hold exactly `wanted`: device ifindex → the view
@@ -265,36 +286,17 @@ impl PeerDevices {
     }
 }
 
-/// The XDP guard's tables: the sources that may reach the tunnel port,
-/// our peers' session indexes, and its settings.
+/// The XDP guard's tables: the sources that may reach the tunnel's ports,
+/// our peers' session indexes, and the ports.
 pub struct GuardMaps {
     /// Allowed sources (`ist_guard_src`).
-    pub sources: PresenceSet<GuardSource>,
+    pub sources: ByteHash<GuardSource>,
     /// Our peers' session indexes (`ist_guard_idx`).
-    pub indexes: PresenceSet<u32>,
-    /// The settings (`ist_guard_cfg`).
-    pub settings: GuardSettings,
-}
-
-/// The guard's settings (`ist_guard_cfg`).
-pub struct GuardSettings(Array<MapData, GuardConfig>);
-
-impl GuardSettings {
-    /// Wraps the map taken from a freshly loaded object.
-    pub fn new(map: Map) -> Result<Self, MapError> {
-        Ok(Self(map.try_into()?))
-    }
-
-    /// Sets the tunnel port the guard watches, and whether handshake
-    /// initiations pass from any source (`open_to_initiations`).
-    pub fn set(&mut self, port: u16, open_to_initiations: bool) -> Result<(), MapError> {
-        let config = GuardConfig {
-            port: Be16::from_host(port),
-            initiations: u8::from(open_to_initiations),
-            pad: 0,
-        };
-        self.0.set(0, config, 0)
-    }
+    pub indexes: ByteHash<u32>,
+    /// The tunnel's ports, each with its [`Initiations`] (`ist_guard_ports`).
+    ///
+    /// [`Initiations`]: isthmus_common::guard::Initiations
+    pub ports: ByteHash<Be16>,
 }
 
 /// The cluster's other nodes (`ist_nodes`): PodCIDR → node address.
@@ -386,7 +388,7 @@ pub struct OverlayMaps {
     /// The other nodes' PodCIDRs.
     pub nodes: NodeMap,
     /// Every node's address: the outer sources it takes packets from.
-    pub addresses: PresenceSet<Be32>,
+    pub addresses: ByteHash<Be32>,
 }
 
 /// Whether `error` is a write refused because the map is full.

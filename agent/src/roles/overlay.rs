@@ -27,7 +27,7 @@ use tracing::{info, warn};
 use crate::{
     kernel::dataplane::{AttachMode, Dataplane},
     kernel::link::{self, device_holding, link_by_name},
-    kernel::maps::{NodeMap, OverlayMaps, OverlaySettings, PresenceSet},
+    kernel::maps::{ByteHash, NodeMap, OverlayMaps, OverlaySettings},
     kernel::table::{KernelTable, Mirror},
     model::node::Node,
 };
@@ -84,7 +84,7 @@ pub struct Overlay {
     config: OverlayConfig,
     nodes: Mirror<NodeMap>,
     /// Every node's address: the overlay takes packets from nowhere else.
-    addresses: Mirror<PresenceSet<Be32>>,
+    addresses: Mirror<ByteHash<Be32>>,
     /// The device the decapsulation is attached to: the one holding this
     /// node's address.
     uplink: Option<String>,
@@ -379,14 +379,14 @@ fn is_ours(link: &LinkMessage, port: u16) -> bool {
 pub struct PodDevices {
     patterns: Vec<String>,
     attached: BTreeMap<String, u32>,
-    table: PresenceSet<u32>,
+    table: ByteHash<u32>,
 }
 
 impl PodDevices {
     /// Devices named by `patterns`: exact names, or prefixes ending in `*`.
     /// The table starts empty: a previous agent's ifindexes may have been
     /// reused by other devices since.
-    pub fn new(patterns: Vec<String>, mut table: PresenceSet<u32>) -> Result<Self, MapError> {
+    pub fn new(patterns: Vec<String>, mut table: ByteHash<u32>) -> Result<Self, MapError> {
         for (ifindex, old) in table.entries()? {
             table.delete(ifindex, &old)?;
         }

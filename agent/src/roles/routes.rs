@@ -88,6 +88,9 @@ pub struct Routes {
     handle: Handle,
     dev: String,
     index: u32,
+    /// Whether these routes keep the blackholes: where a gateway has
+    /// several devices, one set of routes keeps them for all.
+    blackholes: bool,
     installed: BTreeSet<(Ipv4Net, Kind)>,
     /// Whether the routes are in use (the active gateway).
     active: bool,
@@ -113,6 +116,16 @@ impl Routes {
     /// staged or in use. The rule of agents that sent lookups to the
     /// tunnel's table instead is removed.
     pub async fn up(dev: &str, mtu: u32) -> Result<Self, RouteError> {
+        Self::open_device(dev, mtu, true).await
+    }
+
+    /// As [`Routes::up`], without the blackholes: those of a gateway with
+    /// several devices are kept apart ([`Routes::blackholes_only`]).
+    pub async fn into_device(dev: &str, mtu: u32) -> Result<Self, RouteError> {
+        Self::open_device(dev, mtu, false).await
+    }
+
+    async fn open_device(dev: &str, mtu: u32, blackholes: bool) -> Result<Self, RouteError> {
         let handle = connect()?;
         let request = |source| RouteError::Request {
             what: format!("link {dev}"),
@@ -129,7 +142,7 @@ impl Routes {
             .execute()
             .await
             .map_err(request)?;
-        let routes = Self::adopt(handle, dev, index).await?;
+        let routes = Self::adopt(handle, dev, index, blackholes).await?;
         remove_rules(&routes.handle).await?;
         Ok(routes)
     }
@@ -141,18 +154,23 @@ impl Routes {
     /// no gateway known) is dropped here instead of following the node's
     /// default route in clear.
     pub async fn blackholes_only() -> Result<Self, RouteError> {
-        Self::adopt(connect()?, "", NO_DEVICE).await
+        Self::adopt(connect()?, "", NO_DEVICE, true).await
     }
 
-    /// Takes over what of ours a previous agent left: its blackholes, and
-    /// its routes into device `index`, staged or in use (none where there
-    /// is no device).
-    async fn adopt(handle: Handle, dev: &str, index: u32) -> Result<Self, RouteError> {
+    /// Takes over what of ours a previous agent left: its blackholes, if
+    /// these routes keep them, and its routes into device `index`, staged
+    /// or in use (none where there is no device).
+    async fn adopt(
+        handle: Handle,
+        dev: &str,
+        index: u32,
+        blackholes: bool,
+    ) -> Result<Self, RouteError> {
         let mut installed = BTreeSet::new();
         for route in ours(&handle).await? {
             let into_device = index != NO_DEVICE && out_of(&route) == Some(index);
             let kind = match (route.header.kind, table(&route)) {
-                (RouteType::BlackHole, MAIN_TABLE) => Kind::Blackhole,
+                (RouteType::BlackHole, MAIN_TABLE) if blackholes => Kind::Blackhole,
                 (_, TUNNEL_TABLE) if into_device => Kind::Staged,
                 (_, MAIN_TABLE) if into_device => Kind::Live,
                 _ => continue,
@@ -164,6 +182,7 @@ impl Routes {
             handle,
             dev: dev.into(),
             index,
+            blackholes,
             installed,
             active,
         })
@@ -250,6 +269,7 @@ impl Routes {
         let wanted: BTreeSet<(Ipv4Net, Kind)> = desired
             .iter()
             .flat_map(|net| kinds.iter().map(|kind| (*net, *kind)))
+            .filter(|(_, kind)| self.blackholes || *kind != Kind::Blackhole)
             .collect();
         let missing: Vec<(Ipv4Net, Kind)> = wanted.difference(&self.installed).copied().collect();
         for (net, kind) in missing {

@@ -55,6 +55,7 @@ pub enum KeyError {
     Random(getrandom::Error),
 }
 
+#[derive(Clone)]
 /// A WireGuard static key pair.
 pub struct KeyPair {
     /// The private half.

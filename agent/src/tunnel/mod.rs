@@ -6,7 +6,8 @@
 //! - [`peers`]: peers and their lookup tables (no I/O);
 //! - [`tun`], [`batch`]: the two devices' I/O;
 //! - [`offload`]: TSO segmentation and GRO coalescing of TUN packets (no I/O);
-//! - [`datapath`]: the worker and timer loops.
+//! - [`datapath`]: the worker and timer loops;
+//! - [`set`]: a gateway's tunnels, one per tunnel device, as a whole.
 
 mod batch;
 pub mod datapath;
@@ -14,6 +15,7 @@ pub mod handshakes;
 pub mod key;
 pub mod offload;
 pub mod peers;
+pub mod set;
 pub mod throttle;
 mod tun;
 
@@ -59,7 +61,7 @@ pub struct TunnelConfig {
     pub dev: String,
     /// TUN device MTU.
     pub mtu: u32,
-    /// UDP port to listen on.
+    /// UDP port to listen on; 0 for one the kernel picks.
     pub port: u16,
     /// Persistent keepalive, in seconds (0: none).
     pub keepalive: u16,
@@ -262,8 +264,12 @@ impl Tunnel {
     pub fn start(config: &TunnelConfig, key: KeyPair) -> io::Result<Self> {
         let workers = config.workers.max(1);
         let queues = tun::open(&config.dev, workers)?;
-        let sockets: Vec<UdpSocket> = (0..workers)
-            .map(|_| bind(config.port))
+        // Port 0 asks the kernel for one: the first socket's, which the
+        // others then share.
+        let first = bind(config.port)?;
+        let port = first.local_addr()?.port();
+        let sockets: Vec<UdpSocket> = std::iter::once(Ok(first))
+            .chain((1..workers).map(|_| bind(port)))
             .collect::<io::Result<_>>()?;
         let shared = Arc::new(Shared::new(key, config.mtu));
         // Every socket of the SO_REUSEPORT group must be read: the kernel
@@ -299,6 +305,11 @@ impl Tunnel {
             next_index: AtomicU32::new(1),
             keepalive: (config.keepalive > 0).then_some(config.keepalive),
         })
+    }
+
+    /// The UDP port the tunnel listens on.
+    pub fn port(&self) -> u16 {
+        self.control.local_addr().map_or(0, |addr| addr.port())
     }
 
     /// Our public key.

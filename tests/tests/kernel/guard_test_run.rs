@@ -5,19 +5,24 @@
 use aya::{Ebpf, programs::Xdp};
 use isthmus_agent::{
     kernel::dataplane::OBJECT,
-    kernel::maps::{Counters, GuardMaps, GuardSettings, PresenceSet},
+    kernel::maps::{ByteHash, Counters, GuardMaps},
     roles::gateway::guard::{Guard, source},
 };
-use isthmus_common::{guard::VERDICTS, names};
+use isthmus_common::{
+    guard::{Initiations, VERDICTS},
+    names,
+};
 use isthmus_tests::{
     packet::{Datagram, ETH_P_ARP, ETH_P_IP, L4, eth_ipv4, ethernet},
     require_root, test_run,
 };
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
 const PORT: u16 = 5871;
+/// The port of another tunnel device, for another peer.
+const OTHER_PORT: u16 = 5872;
 const GATEWAY: [u8; 4] = [203, 0, 113, 1];
 const PEER: [u8; 4] = [203, 0, 113, 2];
 const STRANGER: [u8; 4] = [198, 51, 100, 7];
@@ -34,11 +39,14 @@ impl Harness {
     fn new() -> Self {
         let mut ebpf = loaded_guard();
         let maps = GuardMaps {
-            sources: PresenceSet::new(ebpf.take_map(names::MAP_GUARD_SOURCES).unwrap()).unwrap(),
-            indexes: PresenceSet::new(ebpf.take_map(names::MAP_GUARD_INDEXES).unwrap()).unwrap(),
-            settings: GuardSettings::new(ebpf.take_map(names::MAP_GUARD_CONFIG).unwrap()).unwrap(),
+            sources: ByteHash::new(ebpf.take_map(names::MAP_GUARD_SOURCES).unwrap()).unwrap(),
+            indexes: ByteHash::new(ebpf.take_map(names::MAP_GUARD_INDEXES).unwrap()).unwrap(),
+            ports: ByteHash::new(ebpf.take_map(names::MAP_GUARD_PORTS).unwrap()).unwrap(),
         };
-        let mut guard = Guard::new(maps, PORT).unwrap();
+        let mut guard = Guard::new(maps).unwrap();
+        guard
+            .set_ports(&BTreeMap::from([(PORT, Initiations::FromEndpoints)]))
+            .unwrap();
         let peer = std::net::SocketAddrV4::new(PEER.into(), PORT);
         guard
             .sync(&BTreeSet::from([peer]), &BTreeSet::from([PEER_INDEX]))
@@ -216,7 +224,7 @@ fn the_guard_passes_peers_and_sessions_and_drops_the_rest() {
 }
 
 #[test]
-fn serving_a_peer_that_makes_contact_lets_initiations_alone_through_from_anywhere() {
+fn a_port_serving_a_peer_that_makes_contact_lets_initiations_alone_through_from_anywhere() {
     let mut harness = Harness::new();
     let initiation = message(1, 0, 0, 148);
     let stranger = || udp(STRANGER, 40000, PORT, initiation.clone());
@@ -226,11 +234,18 @@ fn serving_a_peer_that_makes_contact_lets_initiations_alone_through_from_anywher
         XDP_DROP,
         Some(2),
     )]);
-    assert!(harness.guard.open_to_initiations(true).unwrap());
-    assert!(
-        !harness.guard.open_to_initiations(true).unwrap(),
-        "written twice"
+    let open = BTreeMap::from([
+        (PORT, Initiations::FromAnywhere),
+        (OTHER_PORT, Initiations::FromEndpoints),
+    ]);
+    assert_eq!(
+        harness.guard.set_ports(&open).unwrap(),
+        [
+            (PORT, Initiations::FromAnywhere),
+            (OTHER_PORT, Initiations::FromEndpoints)
+        ]
     );
+    assert_eq!(harness.guard.set_ports(&open).unwrap(), [], "written twice");
     harness.check(vec![
         (
             "open: a stranger's initiation",
@@ -268,8 +283,35 @@ fn serving_a_peer_that_makes_contact_lets_initiations_alone_through_from_anywher
             XDP_DROP,
             Some(2),
         ),
+        (
+            "another tunnel port, closed: a stranger's initiation",
+            udp(STRANGER, 40000, OTHER_PORT, initiation.clone()),
+            XDP_DROP,
+            Some(2),
+        ),
+        (
+            "another tunnel port, closed: a peer's session",
+            udp(
+                STRANGER,
+                40000,
+                OTHER_PORT,
+                message(4, PEER_INDEX << 8, 0, 64),
+            ),
+            XDP_PASS,
+            Some(1),
+        ),
     ]);
-    assert!(harness.guard.open_to_initiations(false).unwrap());
+    let closed = BTreeMap::from([(PORT, Initiations::FromEndpoints)]);
+    assert_eq!(
+        harness.guard.set_ports(&closed).unwrap(),
+        [(PORT, Initiations::FromEndpoints)]
+    );
+    harness.check(vec![(
+        "a port no longer the tunnel's: not guarded",
+        udp(STRANGER, 40000, OTHER_PORT, initiation.clone()),
+        XDP_PASS,
+        None,
+    )]);
     harness.check(vec![(
         "closed again: a stranger's initiation",
         stranger(),
@@ -286,7 +328,7 @@ fn the_guard_keys_sources_by_address_and_port_in_wire_order() {
 }
 
 #[test]
-fn an_unset_port_lets_everything_pass() {
+fn no_port_set_lets_everything_pass() {
     let ebpf = loaded_guard();
     let frame = udp(STRANGER, 40000, PORT, message(1, 0, 0, 148));
     assert_eq!(test_run(guard_program(&ebpf), &frame).0, XDP_PASS);

@@ -10,7 +10,7 @@
 use aya::{Ebpf, EbpfLoader, programs::SchedClassifier};
 use isthmus_agent::{
     kernel::dataplane::{OBJECT, load_onward},
-    kernel::maps::{Counters, NodeMap, OverlaySettings, PeerMap, PresenceSet},
+    kernel::maps::{ByteHash, Counters, NodeMap, OverlaySettings, PeerMap},
     kernel::table::KernelTable,
     model::isolation::SecurityMode,
     model::object::{Object, parse_documents},
@@ -85,8 +85,8 @@ impl Harness {
         nodes
             .put(A.pod_half(1), &Be32::from(A.lan_node()), None)
             .unwrap();
-        let mut addresses: PresenceSet<Be32> =
-            PresenceSet::new(ebpf.take_map(names::MAP_NODE_ADDRS).unwrap()).unwrap();
+        let mut addresses: ByteHash<Be32> =
+            ByteHash::new(ebpf.take_map(names::MAP_NODE_ADDRS).unwrap()).unwrap();
         for node in [A.lan_gw(), A.lan_node()] {
             addresses.put(Be32::from(node), &1, None).unwrap();
         }

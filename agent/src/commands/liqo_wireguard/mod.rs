@@ -54,7 +54,7 @@ use crate::{
         routes::Routes,
     },
     sync::Unpoisoned,
-    tunnel::{Tunnel, TunnelConfig, key::KeyPair, peers::PeerConfig},
+    tunnel::{Tunnel, TunnelConfig, key::KeyPair, peers::PeerConfig, set::TunnelSet},
 };
 
 /// How often work the API server refused is tried again.
@@ -166,7 +166,7 @@ async fn serve_metrics(
     let metrics = Metrics::new(
         None,
         Some(GatewayState {
-            tunnel: tunnel.clone(),
+            tunnels: Arc::new(TunnelSet::of(&settings.dev, tunnel.clone())),
             health: PeerHealth::Reported(reported.clone()),
             device: settings.dev.clone(),
             liqo_api: LiqoApi::V1,

@@ -216,6 +216,10 @@ impl LiqoWireguardArgs {
                     name: self.name.clone(),
                 },
                 cluster_id: self.remote_cluster_id.clone(),
+                port: match role {
+                    GatewayRole::Server => self.listen_port,
+                    GatewayRole::Client => self.endpoint_port,
+                },
             },
             gateway_uid: self.gateway_uid.clone().filter(|uid| !uid.is_empty()),
             endpoint,

@@ -2,9 +2,10 @@
 //! node's role started and the source opened, then [`RunLoop`] follows the
 //! source.
 
+mod host;
 pub mod options;
 
-use std::sync::Arc;
+use std::{collections::BTreeMap, sync::Arc};
 
 use anyhow::{Context, Result, bail};
 use isthmus_common::{isolation::AllowKey, tcp};
@@ -12,10 +13,10 @@ use tokio::{
     signal::unix,
     sync::{mpsc, watch},
 };
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
+use self::host::NodeHost;
 use crate::{
-    commands::policy::PolicyArgs,
     control::{
         election::{
             elector::{Elector, PodLabels},
@@ -23,28 +24,30 @@ use crate::{
         },
         kubernetes,
         reconcile::Reconciler,
-        run::{Host, RunLoop},
+        run::RunLoop,
         source::{self, SourceEvent, SourceSpec},
         status::{Feedback, GatewayHome},
     },
     kernel::{
         conntrack::Conntrack,
-        dataplane::{AttachMode, Capacity, Dataplane},
+        dataplane::{Capacity, Dataplane},
         link::LinkEvents,
-        maps::{MappingMap, PeerMap, PresenceSet},
+        maps::{ByteHash, MappingMap, PeerMap},
         privileges,
     },
     model::{
         election::Election,
-        node::Node,
         object::{ObjectKey, ObjectKind, ReadFor},
-        peer::{LiqoApi, Peer},
-        policy::Policy,
+        peer::LiqoApi,
     },
     observe::metrics::{self, BuildInfo, GatewayState, Metrics, PeerHealth},
     roles::{
         flows::{self, FlowTables, Sharing},
-        gateway::{Gateway, guard::Guard},
+        gateway::{
+            Gateway,
+            guard::Guard,
+            lane::{LaneSettings, LaneSpec},
+        },
         masquerade::MasqueradeAddress,
         nat_device::NatDevice,
         overlay::{self, Overlay, OverlayOptions, PodDevices},
@@ -130,7 +133,7 @@ async fn run_confined(args: RunArgs, runtime_filtered: bool) -> Result<()> {
 }
 
 /// The reconciler over the kernel's own tables.
-type KernelReconciler = Reconciler<PeerMap, MappingMap, PresenceSet<AllowKey>>;
+type KernelReconciler = Reconciler<PeerMap, MappingMap, ByteHash<AllowKey>>;
 
 /// This node's role: as `--role` says, or, from the API, by its label.
 async fn role(args: &RunArgs, client: Option<&kube::Client>) -> Result<Role> {
@@ -157,6 +160,7 @@ fn reconciler(args: &RunArgs, dataplane: &mut Dataplane) -> Result<KernelReconci
     .context("reading the pinned tables")?;
     reconciler.set_policy(args.policy.policy());
     reconciler.set_mapping_capacity(args.nat_mapping_capacity as usize);
+    reconciler.set_device_per_liqo_v1_peer(args.tunnel == TunnelMode::Userspace);
     Ok(reconciler)
 }
 
@@ -202,7 +206,7 @@ async fn start_gateway(
     let guard = match &args.guard_dev {
         Some(dev) => {
             dataplane.attach_guard(dev)?;
-            Some(Guard::new(dataplane.take_guard()?, args.listen_port)?)
+            Some(Guard::new(dataplane.take_guard()?)?)
         }
         None => None,
     };
@@ -210,12 +214,21 @@ async fn start_gateway(
         true => Some(dataplane.take_peer_devs()?),
         false => None,
     };
-    let gateway = Gateway::start(
-        &tunnel_config(args),
+    let settings = LaneSettings {
+        tunnel: tunnel_config(args),
         key,
+        masquerading: args.masquerade_ip.is_some(),
+    };
+    let shared = LaneSpec {
+        device: args.tunnel_dev.clone(),
+        port: args.listen_port,
+        liqo_v1: false,
+    };
+    let gateway = Gateway::start(
+        settings,
+        shared,
         guard,
         args.resolve_interval.duration,
-        args.masquerade_ip.is_some(),
         liqo_v1,
     )
     .await?;
@@ -257,13 +270,13 @@ async fn start_host(
     mut dataplane: Dataplane,
     masquerade: MasqueradeAddress,
 ) -> Result<NodeHost> {
-    let nat = match role {
-        Role::Gateway => Some(NatDevice::start(
-            &mut dataplane,
-            &args.nat_dev,
-            args.attach,
-        )?),
-        Role::Worker => None,
+    // Serving Liqo v1 peers, the NAT follows their tunnel devices.
+    let nat = match (role, serves_liqo_v1(args, role)) {
+        (Role::Gateway, false) => {
+            let device = NatDevice::start(&mut dataplane, &args.nat_dev, args.attach)?;
+            BTreeMap::from([(args.nat_dev.clone(), device)])
+        }
+        _ => BTreeMap::new(),
     };
     let past_netfilter = PastNetfilterSetting::new(args.forward_past_netfilter);
     let overlay = match args.no_overlay {
@@ -275,6 +288,7 @@ async fn start_host(
     Ok(NodeHost {
         past_netfilter,
         nat,
+        nat_follows_tunnels: serves_liqo_v1(args, role),
         links: LinkEvents::subscribe()?,
         dataplane,
         overlay,
@@ -298,7 +312,7 @@ async fn serve_metrics(
     let metrics = Metrics::new(
         Some(&args.bpffs),
         gateway.map(|g| GatewayState {
-            tunnel: g.tunnel.clone(),
+            tunnels: g.tunnels.clone(),
             health: PeerHealth::Conncheck(g.checks.clone()),
             device: args.tunnel_dev.clone(),
             liqo_api: args.policy.liqo_api,
@@ -396,7 +410,6 @@ fn open_source(
     // Isthmus's gateway objects.
     let home = (args.policy.liqo_api == LiqoApi::V1).then(|| GatewayHome {
         node: args.node.clone(),
-        port: args.listen_port,
         public_key_secret: public_key_secret(args),
         readiness: args.metrics_address(),
         pod_image: args.gateway_pod_image.clone(),
@@ -472,81 +485,6 @@ async fn start_overlay(
     let overlay = Overlay::new(options, maps, ifindex)?;
     overlay.drop_stale_decap(dataplane);
     Ok(overlay)
-}
-
-/// This host's side of the dataplane: the loaded programs, the overlay and
-/// the pod devices it steers from.
-struct NodeHost {
-    /// Kept for the agent's lifetime: the XDP guard's link lives with it.
-    dataplane: Dataplane,
-    overlay: Option<Overlay>,
-    pods: PodDevices,
-    attach: AttachMode,
-    /// What objects may ask of this node; its addresses may change.
-    policy: PolicyArgs,
-    /// The gateway's NAT device.
-    nat: Option<NatDevice>,
-    /// Device changes, to follow them at once.
-    links: LinkEvents,
-    /// Whether the overlay's programs skip netfilter, and what decides it.
-    past_netfilter: PastNetfilterSetting,
-    /// Where flows that need it are masqueraded to.
-    masquerade: MasqueradeAddress,
-}
-
-impl Host for NodeHost {
-    /// Follows the devices the programs attach to: the NAT device, pods',
-    /// and the overlay's uplink.
-    fn refresh_devices(&mut self) {
-        if let Some(nat) = self.nat.as_mut() {
-            nat.refresh(&mut self.dataplane, self.attach);
-        }
-        self.pods.refresh(&mut self.dataplane, self.attach);
-        if let Some(overlay) = self.overlay.as_mut() {
-            self.past_netfilter.apply(overlay);
-            overlay.refresh_uplink(&mut self.dataplane, self.attach);
-        }
-    }
-
-    /// Brings the overlay's tables up to date. Returns whether it could;
-    /// it logs why not.
-    fn sync_nodes(&mut self, nodes: &[Node], active: Option<&str>) -> bool {
-        let mut synced = true;
-        if let Some(overlay) = self.overlay.as_mut()
-            && let Err(e) = overlay.sync(nodes, active)
-        {
-            error!(kind = %ObjectKind::Node, error = %e, "updating the overlay's node table; will retry");
-            synced = false;
-        }
-        self.refresh_devices();
-        synced
-    }
-
-    fn policy(&self) -> Policy {
-        self.policy.policy()
-    }
-
-    fn follow_peers(&mut self, peers: &[Peer]) {
-        self.masquerade.follow(peers);
-    }
-
-    fn after_first_pass(&mut self) {
-        if let Some(nat) = self.nat.as_mut() {
-            nat.replace_inherited(&mut self.dataplane, self.attach);
-        }
-    }
-
-    /// A device changed, or the forward hook that decides whether packets
-    /// skip netfilter.
-    fn devices_changed(&mut self) -> impl Future<Output = ()> + Send {
-        let (links, past_netfilter) = (&mut self.links, &mut self.past_netfilter);
-        async move {
-            tokio::select! {
-                () = links.changed() => {}
-                () = past_netfilter.changed() => {}
-            }
-        }
-    }
 }
 
 fn tunnel_config(args: &RunArgs) -> TunnelConfig {

@@ -34,9 +34,20 @@ pub(super) struct Accepted {
     endpoints: BTreeSet<(Ipv4Addr, usize)>,
     /// The accepted Liqo v1 peer, if any.
     v1_peer: Option<usize>,
+    /// Whether each Liqo v1 peer has a device of its own.
+    device_per_v1_peer: bool,
 }
 
 impl Accepted {
+    /// None accepted yet; with `device_per_v1_peer`, any number of Liqo
+    /// v1 peers may be, else one.
+    pub(super) fn new(device_per_v1_peer: bool) -> Self {
+        Self {
+            device_per_v1_peer,
+            ..Self::default()
+        }
+    }
+
     /// Why `peer` cannot join, if it cannot. Where several accepted peers
     /// stand in the way, the error names the senior one.
     pub(super) fn conflict(&self, peer: &Peer) -> Option<PeerError> {
@@ -79,10 +90,13 @@ impl Accepted {
         self.peers
     }
 
-    /// A Liqo v1 peer beside another: the tunnel device names the peer of
-    /// a packet whose source is real (docs/design.md#liqo-v1-peers), so it
-    /// carries one such peer alone, as Liqo v1 runs a gateway per peer.
+    /// A Liqo v1 peer beside another on one NAT device: the device names
+    /// the peer of a packet whose source is real
+    /// (docs/design.md#liqo-v1-peers), so it carries one such peer alone.
     fn second_v1_peer(&self, peer: &Peer) -> Option<Problem> {
+        if self.device_per_v1_peer {
+            return None;
+        }
         let other = self.v1_peer.filter(|_| peer.remaps() == Remaps::Theirs)?;
         let (other, other_file) = self.named(other);
         Some(Problem::SecondV1Peer { other, other_file })

@@ -112,6 +112,9 @@ pub struct Reconciler<P: PeerTable, M: MappingTable, A: AllowedTable = MemoryAll
     accepted: Vec<Peer>,
     nodes: Vec<Node>,
     mapping_capacity: usize,
+    /// Whether each Liqo v1 peer has a tunnel device of its own (the
+    /// embedded tunnel's), or they would share one NAT device.
+    device_per_liqo_v1_peer: bool,
 }
 
 impl<P, M, A> Reconciler<P, M, A>
@@ -140,6 +143,7 @@ where
             accepted: Vec::new(),
             nodes: Vec::new(),
             mapping_capacity: usize::MAX,
+            device_per_liqo_v1_peer: false,
         })
     }
 
@@ -147,6 +151,12 @@ where
     /// clusters: none can take the room of another's entries.
     pub fn set_mapping_capacity(&mut self, capacity: usize) {
         self.mapping_capacity = capacity;
+    }
+
+    /// Lets several Liqo v1 peers in, where each has a tunnel device of
+    /// its own; otherwise one NAT device could tell only one from another.
+    pub fn set_device_per_liqo_v1_peer(&mut self, own_devices: bool) {
+        self.device_per_liqo_v1_peer = own_devices;
     }
 
     /// Replaces the documents of `origin` (a file, for the directory source),
@@ -352,7 +362,7 @@ where
             }
         }
         candidates.sort_by_cached_key(|p| self.rank(p));
-        let mut accepted = Accepted::default();
+        let mut accepted = Accepted::new(self.device_per_liqo_v1_peer);
         for peer in candidates {
             match accepted.conflict(&peer) {
                 Some(e) => {

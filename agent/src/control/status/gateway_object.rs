@@ -20,9 +20,6 @@ use crate::model::{
 pub struct GatewayHome {
     /// This node's name.
     pub node: String,
-    /// The UDP port the tunnel listens on, where peers we serve make
-    /// contact.
-    pub port: u16,
     /// The Secret whose `publicKey` holds our WireGuard key as 32 bytes.
     pub public_key_secret: ObjectKey,
     /// Where this agent serves each gateway's readiness.
@@ -61,17 +58,20 @@ impl GatewayHome {
             .filter(|gateway| gateway.implementation == GatewayImplementation::Isthmus)
             .map(|gateway| GatewayObject {
                 gateway: gateway.clone(),
-                status: self.status(gateway.role, node),
+                status: self.status(gateway, node),
             })
             .collect()
     }
 
-    /// The status of a gateway object of `role` served from `node`. A
-    /// server's endpoint is the node's `ExternalIP`, else its `InternalIP`,
-    /// in the order Liqo's `NodePort` gateway servers take them
-    /// (`pkg/utils/nodeUtils.go:27-45`). There is no `uid` in `secretRef`:
-    /// Liqo v1.2 reads one as a `types.UID`, and a string panics it.
-    fn status(&self, role: GatewayRole, node: &Node) -> Value {
+    /// The status of the gateway object of `role` for `peer`, served from
+    /// `node`. A server's endpoint is the node's `ExternalIP`, else its
+    /// `InternalIP`, in the order Liqo's `NodePort` gateway servers take
+    /// them (`pkg/utils/nodeUtils.go:27-45`), and the port its object
+    /// gives, where the peer's own tunnel device listens: known before the
+    /// peer's key is, which `liqoctl` exchanges only after reading it.
+    /// There is no `uid` in `secretRef`: Liqo v1.2 reads one as a
+    /// `types.UID`, and a string panics it.
+    fn status(&self, gateway: &LiqoGateway, node: &Node) -> Value {
         let contact: Ipv4Addr = node.external_address.unwrap_or(node.address);
         let mut status = json!({
             "secretRef": {
@@ -85,10 +85,10 @@ impl GatewayHome {
                 "node": node.name,
             },
         });
-        if role == GatewayRole::Server {
+        if gateway.role == GatewayRole::Server {
             status["endpoint"] = json!({
                 "addresses": [contact.to_string()],
-                "port": self.port,
+                "port": gateway.port,
                 "protocol": "UDP",
             });
         }
@@ -118,10 +118,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::model::{
-        liqo_v1::Companions,
-        object::{Object, parse_documents},
-    };
+    use crate::model::liqo_v1::fixtures;
 
     fn node(external: Option<Ipv4Addr>) -> Node {
         Node {
@@ -136,7 +133,6 @@ mod tests {
     fn home() -> GatewayHome {
         GatewayHome {
             node: "gateway-1".into(),
-            port: 51840,
             public_key_secret: ObjectKey {
                 namespace: "isthmus-system".into(),
                 name: "isthmus-wireguard-public".into(),
@@ -146,36 +142,10 @@ mod tests {
         }
     }
 
-    /// The rome peer with the fixture `gateway` as our gateway object.
+    /// The rome peer with the fixture `gateway` as our gateway object,
+    /// before its key is known: `liqoctl` reads our status first.
     fn peer(gateway: &str) -> Peer {
-        let parse = |name: &str, yaml: &str| {
-            parse_documents(std::path::Path::new(name), yaml)
-                .pop()
-                .unwrap()
-                .unwrap()
-        };
-        let Object::Configuration(config) = parse(
-            "c.yaml",
-            include_str!("../../../../tests/fixtures/liqo-v1/configuration-rome.yaml"),
-        ) else {
-            panic!("not a Configuration")
-        };
-        let (kind, raw) = match parse("g.yaml", gateway) {
-            Object::IsthmusGatewayServer(raw) => (ObjectKind::IsthmusGatewayServer, raw),
-            Object::IsthmusGatewayClient(raw) => (ObjectKind::IsthmusGatewayClient, raw),
-            other => panic!("not a gateway object: {other:?}"),
-        };
-        let gateway = crate::model::liqo_v1::Gateway::from_raw(&raw, kind, "g.yaml").unwrap();
-        let networks =
-            crate::model::liqo_v1::PeerNetworks::from_configuration(&config, "c.yaml").unwrap();
-        networks.peer(
-            &config.key,
-            "c.yaml",
-            Companions {
-                key: None,
-                gateway: Some(&gateway),
-            },
-        )
+        fixtures::rome(gateway, false)
     }
 
     /// The fixture's `status`, as the agent must write it.
@@ -187,10 +157,7 @@ mod tests {
     #[test]
     fn each_gateway_object_shows_what_liqo_copies_as_the_fixtures_have_it() {
         let external = Some(Ipv4Addr::new(198, 51, 100, 40));
-        for yaml in [
-            include_str!("../../../../tests/fixtures/liqo-v1/isthmusgatewayserver-rome.yaml"),
-            include_str!("../../../../tests/fixtures/liqo-v1/isthmusgatewayclient-rome.yaml"),
-        ] {
+        for yaml in [fixtures::SERVER, fixtures::CLIENT] {
             let desired = home().desired(&[peer(yaml)], &[node(external)]);
             assert_eq!(desired.len(), 1);
             assert_eq!(desired[0].gateway.key.to_string(), "liqo-tenant-rome/rome");
@@ -203,13 +170,13 @@ mod tests {
 
     #[test]
     fn a_server_without_an_external_ip_gives_its_internal_one_and_none_before_its_node_is_listed() {
-        let yaml =
-            include_str!("../../../../tests/fixtures/liqo-v1/isthmusgatewayserver-rome.yaml");
+        let yaml = fixtures::SERVER;
         let desired = home().desired(&[peer(yaml)], &[node(None)]);
         assert_eq!(
             desired[0].status["endpoint"]["addresses"],
             json!(["10.200.1.3"])
         );
+        // The port the object gives, where the peer's own device listens.
         assert_eq!(desired[0].status["endpoint"]["port"], json!(51840));
         assert!(home().desired(&[peer(yaml)], &[]).is_empty());
     }

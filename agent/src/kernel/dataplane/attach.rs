@@ -88,6 +88,17 @@ impl Dataplane {
         Ok(())
     }
 
+    /// Unpins the NAT programs' links to `dev`, a tunnel device going
+    /// away: its pins would otherwise outlive it.
+    pub fn detach_nat(&mut self, dev: &str) -> Result<(), DataplaneError> {
+        for attach_type in [TcAttachType::Egress, TcAttachType::Ingress] {
+            for program in names::PROGRAMS {
+                unpin_link(&self.pins.link(dev, direction(attach_type), program))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Whether the NAT programs for `dev` (a previous agent's) are
     /// attached to both its directions through the TCX links pinned for
     /// them, as the kernel says: pins can outlive the device they were

@@ -28,8 +28,7 @@ use tracing::info;
 use crate::{
     kernel::link::DeviceError,
     kernel::maps::{
-        GuardMaps, GuardSettings, MappingMap, NodeMap, OverlayMaps, OverlaySettings, PeerMap,
-        PresenceSet,
+        ByteHash, GuardMaps, MappingMap, NodeMap, OverlayMaps, OverlaySettings, PeerMap,
     },
     kernel::pinned,
     kernel::{
@@ -278,8 +277,8 @@ impl Dataplane {
     }
 
     /// The allowed table of segregated peers, for the reconciler.
-    pub fn take_allowed(&mut self) -> Result<PresenceSet<AllowKey>, DataplaneError> {
-        PresenceSet::new(self.take(names::MAP_ALLOWED)?)
+    pub fn take_allowed(&mut self) -> Result<ByteHash<AllowKey>, DataplaneError> {
+        ByteHash::new(self.take(names::MAP_ALLOWED)?)
             .map_err(|e| DataplaneError::Map(names::MAP_ALLOWED, e))
     }
 
@@ -325,14 +324,13 @@ impl Dataplane {
     /// The XDP guard's tables.
     pub fn take_guard(&mut self) -> Result<GuardMaps, DataplaneError> {
         let map_error = |e| DataplaneError::Map(names::MAP_GUARD_SOURCES, e);
-        let sources = PresenceSet::new(self.take(names::MAP_GUARD_SOURCES)?).map_err(map_error)?;
-        let indexes = PresenceSet::new(self.take(names::MAP_GUARD_INDEXES)?).map_err(map_error)?;
-        let settings =
-            GuardSettings::new(self.take(names::MAP_GUARD_CONFIG)?).map_err(map_error)?;
+        let sources = ByteHash::new(self.take(names::MAP_GUARD_SOURCES)?).map_err(map_error)?;
+        let indexes = ByteHash::new(self.take(names::MAP_GUARD_INDEXES)?).map_err(map_error)?;
+        let ports = ByteHash::new(self.take(names::MAP_GUARD_PORTS)?).map_err(map_error)?;
         Ok(GuardMaps {
             sources,
             indexes,
-            settings,
+            ports,
         })
     }
 
@@ -360,8 +358,8 @@ impl Dataplane {
     }
 
     /// The table of pod veths the overlay delivers into directly.
-    pub fn take_pod_devs(&mut self) -> Result<PresenceSet<u32>, DataplaneError> {
-        PresenceSet::new(self.take(names::MAP_POD_DEVS)?)
+    pub fn take_pod_devs(&mut self) -> Result<ByteHash<u32>, DataplaneError> {
+        ByteHash::new(self.take(names::MAP_POD_DEVS)?)
             .map_err(|e| DataplaneError::Map(names::MAP_POD_DEVS, e))
     }
 
@@ -371,7 +369,7 @@ impl Dataplane {
             .map_err(|e| DataplaneError::Map(names::MAP_OVERLAY, e))?;
         let nodes = NodeMap::new(self.take(names::MAP_NODES)?)
             .map_err(|e| DataplaneError::Map(names::MAP_NODES, e))?;
-        let addresses = PresenceSet::new(self.take(names::MAP_NODE_ADDRS)?)
+        let addresses = ByteHash::new(self.take(names::MAP_NODE_ADDRS)?)
             .map_err(|e| DataplaneError::Map(names::MAP_NODE_ADDRS, e))?;
         Ok(OverlayMaps {
             settings,

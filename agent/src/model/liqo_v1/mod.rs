@@ -362,4 +362,6 @@ impl<'a> Fields<'a> {
 }
 
 #[cfg(test)]
+pub mod fixtures;
+#[cfg(test)]
 mod tests;

@@ -56,6 +56,9 @@ impl Gateway {
             implementation: GatewayImplementation::Isthmus,
             key: self.key.clone(),
             cluster_id: self.cluster_id.clone(),
+            port: match self.side {
+                Side::Server { port } | Side::Client { port, .. } => port,
+            },
         }
     }
 }

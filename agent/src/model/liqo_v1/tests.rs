@@ -9,13 +9,8 @@ use crate::model::{
     peer::{GatewayImplementation, GatewayRole},
 };
 
-const CONFIGURATION: &str =
-    include_str!("../../../../tests/fixtures/liqo-v1/configuration-rome.yaml");
-const PUBLIC_KEY: &str = include_str!("../../../../tests/fixtures/liqo-v1/publickey-rome.yaml");
-const CLIENT: &str =
-    include_str!("../../../../tests/fixtures/liqo-v1/isthmusgatewayclient-rome.yaml");
-const SERVER: &str =
-    include_str!("../../../../tests/fixtures/liqo-v1/isthmusgatewayserver-rome.yaml");
+use super::fixtures::{CLIENT, CONFIGURATION, PUBLIC_KEY, SERVER};
+
 const IP: &str = include_str!("../../../../tests/fixtures/liqo-v1/ip-legacy-db.yaml");
 
 /// The one object of `yaml`, its kind and its raw form.

@@ -106,7 +106,7 @@ pub enum Problem {
     },
     /// A second Liqo v1 peer on one gateway.
     #[error(
-        "this gateway already serves Liqo v1 peer {other} (Configuration in {other_file}); its tunnel carries one Liqo v1 peer, as Liqo v1 runs one gateway per peer"
+        "this gateway already serves Liqo v1 peer {other} (Configuration in {other_file}) on its NAT device (--nat-dev), which carries one Liqo v1 peer; the embedded tunnel (--tunnel userspace) gives each a device of its own"
     )]
     SecondV1Peer {
         /// The peer kept.

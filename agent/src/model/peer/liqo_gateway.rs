@@ -17,6 +17,9 @@ pub struct LiqoGateway {
     pub key: ObjectKey,
     /// The peer's cluster ID, which labels the `Connection`.
     pub cluster_id: String,
+    /// The UDP port of the tunnel: ours, where the peer contacts us, for a
+    /// server; the peer's for a client.
+    pub port: u16,
 }
 
 /// The side of a Liqo v1 peering's tunnel a gateway takes.
@@ -100,6 +103,7 @@ impl LiqoGateway {
                 name: "rome".into(),
             },
             cluster_id: "rome".into(),
+            port: 51840,
         }
     }
 }

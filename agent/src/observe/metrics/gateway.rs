@@ -3,10 +3,7 @@
 
 use std::{
     collections::BTreeMap,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::{Arc, Mutex, atomic::AtomicU64},
     time::Instant,
 };
 
@@ -20,7 +17,7 @@ use crate::{
     model::peer::LiqoApi,
     roles::gateway::conncheck::{Checks, Health},
     sync::Unpoisoned,
-    tunnel::{Connection, PeerStatus, Tunnel, TunnelCounters},
+    tunnel::{Connection, PeerStatus, TunnelCounters, set::TunnelSet},
 };
 
 use super::collect::{family, peer_labels};
@@ -47,8 +44,8 @@ impl PeerHealth {
 
 /// What a gateway's metrics read at scrape time.
 pub struct GatewayState {
-    /// The embedded tunnel.
-    pub tunnel: Arc<Tunnel>,
+    /// The embedded tunnels, one per tunnel device.
+    pub tunnels: Arc<TunnelSet>,
     /// Whether each peer answers.
     pub health: PeerHealth,
     /// The tunnel's device, Liqo v0.10's `device` label.
@@ -75,7 +72,7 @@ type LiqoLabels = Vec<(&'static str, String)>;
 
 impl Collector for LiqoMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let peers = self.0.tunnel.status();
+        let peers = self.0.tunnels.status();
         let now = std::time::Instant::now();
         let health: Vec<(LiqoLabels, &PeerStatus, Option<Health>)> = peers
             .iter()
@@ -131,7 +128,7 @@ impl Collector for LiqoMetrics {
 }
 
 /// Per-peer and tunnel-wide state of the embedded WireGuard, read at scrape time.
-pub(super) struct TunnelMetrics(pub(super) Arc<Tunnel>);
+pub(super) struct TunnelMetrics(pub(super) Arc<TunnelSet>);
 
 impl std::fmt::Debug for TunnelMetrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -286,8 +283,7 @@ impl Collector for TunnelMetrics {
                 }
             }?;
         }
-        let counters = self.0.counters();
-        let count = |of: Count| ConstCounter::new(of(counters).load(Ordering::Relaxed));
+        let count = |of: Count| ConstCounter::new(self.0.sum(of));
         for f in &TUNNEL_FAMILIES {
             let mut family =
                 encoder.encode_descriptor(f.name, f.help, None, MetricType::Counter)?;

@@ -99,7 +99,7 @@ fn classic_text(openmetrics: &str) -> String {
 /// Healthy unless a datapath thread of the tunnel is down: Kubernetes then
 /// restarts the agent if the thread does not come back.
 async fn health(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
-    match metrics.tunnel.as_ref().is_none_or(|t| t.healthy()) {
+    match metrics.tunnels.as_ref().is_none_or(|t| t.healthy()) {
         true => (StatusCode::OK, "ok"),
         false => (StatusCode::SERVICE_UNAVAILABLE, "a tunnel thread is down"),
     }

@@ -26,7 +26,7 @@ use crate::{
     model::peer::Peer,
     observe::samples::DataplaneCounters,
     sync::Unpoisoned,
-    tunnel::Tunnel,
+    tunnel::set::TunnelSet,
 };
 
 mod collect;
@@ -52,8 +52,8 @@ pub struct Metrics {
     /// The Liqo v1 gateways this agent serves now, whose readiness it
     /// vouches for: none unless it is the active gateway.
     gateways_served: RwLock<BTreeSet<ObjectKey>>,
-    /// The embedded tunnel, whose threads `/healthz` vouches for.
-    tunnel: Option<Arc<Tunnel>>,
+    /// The embedded tunnels, whose threads `/healthz` vouches for.
+    tunnels: Option<Arc<TunnelSet>>,
     /// Peers programmed into the kernel.
     pub peers: Gauge,
     /// Objects currently rejected.
@@ -120,11 +120,11 @@ impl Metrics {
     ) -> Result<Arc<Self>, MapError> {
         let mut registry = Registry::with_prefix("isthmus");
         let mut liqo = Registry::with_prefix("liqo");
-        let tunnel = gateway.as_ref().map(|g| g.tunnel.clone());
+        let tunnels = gateway.as_ref().map(|g| g.tunnels.clone());
         let peer_labels = PeerIds::default();
         registry.register_collector(Box::new(ProgramLoadTime));
         if let Some(gateway) = gateway {
-            registry.register_collector(Box::new(TunnelMetrics(gateway.tunnel.clone())));
+            registry.register_collector(Box::new(TunnelMetrics(gateway.tunnels.clone())));
             liqo.register_collector(Box::new(LiqoMetrics(gateway)));
         }
         if let Some(bpffs) = bpffs {
@@ -239,7 +239,7 @@ impl Metrics {
             ),
             ready: AtomicBool::new(false),
             gateways_served: RwLock::default(),
-            tunnel,
+            tunnels,
             peer_labels,
             registry,
             liqo,

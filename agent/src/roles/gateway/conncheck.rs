@@ -15,8 +15,13 @@
 //!   reverse entry moves into our ExternalCIDR: Isthmus peers answer that.
 //! - No PONG for [`LOSSES_FOR_ERROR`] intervals: the peering is in error.
 //!
+//! - A gateway with several tunnel devices (one per Liqo v1 peer) runs a
+//!   socket on each: a peer's PINGs go, and its PONGs are taken, only
+//!   through its own device, since every Liqo v1 peer has the same tunnel
+//!   address.
+//!
 //! [`Checks`] is the protocol state, without I/O; [`spawn`] runs it on a
-//! socket.
+//! device's socket.
 
 use std::{
     collections::BTreeMap,
@@ -99,11 +104,20 @@ pub struct Health {
     pub failed: bool,
 }
 
+/// Where a peer's PINGs go: an address, through a tunnel device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// The address the PINGs go to.
+    pub addr: Ipv4Addr,
+    /// The tunnel device whose socket sends the PINGs and takes the PONGs.
+    pub device: String,
+}
+
 /// The check of one peer.
 #[derive(Debug)]
 struct PeerCheck {
     /// Where its PINGs go.
-    target: Ipv4Addr,
+    target: Target,
     /// When the check began, or the last PONG arrived.
     heard: Instant,
     /// The timestamp of the last PONG taken: older ones are out of order.
@@ -121,14 +135,14 @@ pub struct Checks {
 }
 
 impl Checks {
-    /// Checks exactly `targets` (cluster ID → address to PING); a peer
+    /// Checks exactly `targets` (cluster ID → where to PING); a peer
     /// whose target is unchanged keeps its state.
-    pub fn set_targets(&mut self, targets: &BTreeMap<String, Ipv4Addr>, now: Instant) {
+    pub fn set_targets(&mut self, targets: &BTreeMap<String, Target>, now: Instant) {
         self.peers
             .retain(|id, check| targets.get(id) == Some(&check.target));
         for (id, target) in targets {
             self.peers.entry(id.clone()).or_insert(PeerCheck {
-                target: *target,
+                target: target.clone(),
                 heard: now,
                 last_pong: None,
                 rtt: None,
@@ -138,10 +152,11 @@ impl Checks {
         }
     }
 
-    /// The PINGs due now, one per peer, stamped `at`.
-    pub fn pings(&mut self, at: Timestamp) -> Vec<(SocketAddrV4, Message)> {
+    /// The PINGs due now through `device`, one per peer, stamped `at`.
+    pub fn pings(&mut self, device: &str, at: Timestamp) -> Vec<(SocketAddrV4, Message)> {
         self.peers
             .iter_mut()
+            .filter(|(_, check)| check.target.device == device)
             .map(|(id, check)| {
                 check.unanswered = check.unanswered.saturating_add(1);
                 let ping = Message {
@@ -149,17 +164,18 @@ impl Checks {
                     kind: Kind::Ping,
                     timestamp: at.to_string(),
                 };
-                (SocketAddrV4::new(check.target, PORT), ping)
+                (SocketAddrV4::new(check.target.addr, PORT), ping)
             })
             .collect()
     }
 
-    /// Takes a message received from `from` at `now` (`wall` on the clock
-    /// the timestamps use); returns the answer to send back, if any.
+    /// Takes a message received from `from` through `device` at `now`
+    /// (`wall` on the clock the timestamps use); returns the answer to send
+    /// back, if any.
     pub fn receive(
         &mut self,
         message: Message,
-        from: Ipv4Addr,
+        from: &Target,
         now: Instant,
         wall: Timestamp,
     ) -> Option<Message> {
@@ -175,14 +191,15 @@ impl Checks {
         }
     }
 
-    fn pong(&mut self, message: &Message, from: Ipv4Addr, now: Instant, wall: Timestamp) {
-        // Only the address PINGed answers for the peer: anyone else (a pod
-        // of ours, another peer) could otherwise keep a dead peering
-        // looking healthy.
+    fn pong(&mut self, message: &Message, from: &Target, now: Instant, wall: Timestamp) {
+        // Only the address PINGed, through the peer's own device, answers
+        // for the peer: anyone else (a pod of ours, another peer, whose
+        // tunnel address may be the same) could otherwise keep a dead
+        // peering looking healthy.
         let Some(check) = self
             .peers
             .get_mut(&message.cluster_id)
-            .filter(|check| check.target == from)
+            .filter(|check| check.target == *from)
         else {
             return;
         };
@@ -228,23 +245,25 @@ pub fn format_latency(rtt: Option<Duration>) -> String {
     }
 }
 
-/// Runs the check until the process ends: PINGs every [`INTERVAL`] from
-/// `pinger` (else from `responder`, as Liqo's one socket does) to the
-/// targets in `checks`, and every message either socket receives taken in
+/// Runs the check of tunnel device `device` until `stop` is dropped, or
+/// the process ends: PINGs every [`INTERVAL`] from `pinger` (else from
+/// `responder`, as Liqo's one socket does) to the targets in `checks`
+/// through the device, and every message either socket receives taken in
 /// (a PONG) or answered from where it came (a PING).
 pub fn spawn(
     responder: tokio::net::UdpSocket,
     pinger: Option<tokio::net::UdpSocket>,
     checks: Arc<Mutex<Checks>>,
-) {
-    tokio::spawn(async move {
+    device: String,
+) -> tokio::task::AbortHandle {
+    let task = tokio::spawn(async move {
         let mut ticks = tokio::time::interval(INTERVAL);
         let (mut buf, mut pong_buf) = (vec![0u8; MAX_MESSAGE + 1], vec![0u8; MAX_MESSAGE + 1]);
         let sender = pinger.as_ref().unwrap_or(&responder);
         loop {
             tokio::select! {
                 _ = ticks.tick() => {
-                    let pings = lock(&checks).pings(Timestamp::now());
+                    let pings = lock(&checks).pings(&device, Timestamp::now());
                     for (target, ping) in pings {
                         if let Err(e) = sender.send_to(&ping.bytes(), target).await {
                             debug!(%target, error = %e, "conncheck PING not sent");
@@ -252,14 +271,15 @@ pub fn spawn(
                     }
                 }
                 received = responder.recv_from(&mut buf) => {
-                    take(&responder, received, &buf, &checks).await;
+                    take(&responder, received, &buf, &checks, &device).await;
                 }
                 received = sender.recv_from(&mut pong_buf), if pinger.is_some() => {
-                    take(sender, received, &pong_buf, &checks).await;
+                    take(sender, received, &pong_buf, &checks, &device).await;
                 }
             }
         }
     });
+    task.abort_handle()
 }
 
 /// A conncheck socket on port [`PORT`] of whatever address device `dev`
@@ -274,13 +294,14 @@ pub fn bind_on_device(dev: &str) -> std::io::Result<tokio::net::UdpSocket> {
     tokio::net::UdpSocket::from_std(socket.into())
 }
 
-/// Takes in one datagram `socket` received into `buf`, and answers it on
-/// `socket` if it is a PING.
+/// Takes in one datagram `socket` received into `buf` through `device`,
+/// and answers it on `socket` if it is a PING.
 async fn take(
     socket: &tokio::net::UdpSocket,
     received: std::io::Result<(usize, SocketAddr)>,
     buf: &[u8],
     checks: &Mutex<Checks>,
+    device: &str,
 ) {
     let (n, from) = match received {
         Ok(r) => r,
@@ -293,7 +314,11 @@ async fn take(
         debug!(%from, bytes = n, "conncheck: not a Liqo message; ignored");
         return;
     };
-    let answer = lock(checks).receive(message, *from.ip(), Instant::now(), Timestamp::now());
+    let sender = Target {
+        addr: *from.ip(),
+        device: device.to_owned(),
+    };
+    let answer = lock(checks).receive(message, &sender, Instant::now(), Timestamp::now());
     if let Some(pong) = answer {
         let _ = socket.send_to(&pong.bytes(), from).await;
     }
@@ -315,10 +340,19 @@ mod tests {
         );
     }
 
-    fn targets(pairs: &[(&str, [u8; 4])]) -> BTreeMap<String, Ipv4Addr> {
+    const DEVICE: &str = "isthmus0";
+
+    fn through(device: &str, ip: [u8; 4]) -> Target {
+        Target {
+            addr: Ipv4Addr::from(ip),
+            device: device.into(),
+        }
+    }
+
+    fn targets(pairs: &[(&str, [u8; 4])]) -> BTreeMap<String, Target> {
         pairs
             .iter()
-            .map(|(id, ip)| ((*id).to_owned(), Ipv4Addr::from(*ip)))
+            .map(|(id, ip)| ((*id).to_owned(), through(DEVICE, *ip)))
             .collect()
     }
 
@@ -333,7 +367,7 @@ mod tests {
         let pong = checks
             .receive(
                 ping.clone(),
-                Ipv4Addr::LOCALHOST,
+                &through(DEVICE, [127, 0, 0, 1]),
                 Instant::now(),
                 Timestamp::now(),
             )
@@ -388,7 +422,7 @@ mod tests {
         let t0 = Instant::now();
         checks.set_targets(&targets(&[("cluster-b", [10, 0, 1, 1])]), t0);
         let wall = Timestamp::now();
-        let pings = checks.pings(wall);
+        let pings = checks.pings(DEVICE, wall);
         assert_eq!(pings[0].0, "10.0.1.1:12345".parse().unwrap());
         let health = checks.health("cluster-b", t0).unwrap();
         assert_eq!(
@@ -401,11 +435,17 @@ mod tests {
             ..pings[0].1.clone()
         };
         let later = wall + Duration::from_micros(640);
-        // The same PONG from anyone but the address PINGed is no answer.
-        checks.receive(pong.clone(), Ipv4Addr::new(10, 0, 40, 5), t0, later);
-        assert!(!checks.health("cluster-b", t0).unwrap().connected);
-        let target = Ipv4Addr::new(10, 0, 1, 1);
-        checks.receive(pong.clone(), target, t0, later);
+        // The same PONG from anyone but the address PINGed, or from that
+        // address through another device, is no answer.
+        for stranger in [
+            through(DEVICE, [10, 0, 40, 5]),
+            through("ist-b", [10, 0, 1, 1]),
+        ] {
+            checks.receive(pong.clone(), &stranger, t0, later);
+            assert!(!checks.health("cluster-b", t0).unwrap().connected);
+        }
+        let target = through(DEVICE, [10, 0, 1, 1]);
+        checks.receive(pong.clone(), &target, t0, later);
         let health = checks.health("cluster-b", t0).unwrap();
         assert_eq!(health.rtt, Some(Duration::from_micros(640)));
         assert!(health.connected && health.unanswered == 0);
@@ -425,7 +465,7 @@ mod tests {
             ..pong
         };
         for m in [old, future, stranger] {
-            checks.receive(m, target, t0, later);
+            checks.receive(m, &target, t0, later);
         }
         assert_eq!(
             checks.health("cluster-b", t0).unwrap().rtt,
@@ -433,7 +473,7 @@ mod tests {
         );
 
         for _ in 0..LOSSES_FOR_ERROR {
-            checks.pings(later);
+            checks.pings(DEVICE, later);
         }
         let silent = t0 + INTERVAL * LOSSES_FOR_ERROR + Duration::from_millis(1);
         let health = checks.health("cluster-b", silent).unwrap();
@@ -444,6 +484,24 @@ mod tests {
         // A new target starts afresh; the others keep their state.
         checks.set_targets(&targets(&[("cluster-b", [10, 0, 1, 2])]), silent);
         assert!(!checks.health("cluster-b", silent).unwrap().failed);
+    }
+
+    #[test]
+    fn each_device_pings_its_own_peers_alone() {
+        let mut checks = Checks::default();
+        let same = [169, 254, 18, 2];
+        let targets = BTreeMap::from([
+            ("rome".to_owned(), through("ist-rome", same)),
+            ("milan".to_owned(), through("ist-milan", same)),
+        ]);
+        checks.set_targets(&targets, Instant::now());
+        let pinged = |checks: &mut Checks, device| -> Vec<String> {
+            let pings = checks.pings(device, Timestamp::now());
+            pings.into_iter().map(|(_, m)| m.cluster_id).collect()
+        };
+        assert_eq!(pinged(&mut checks, "ist-rome"), ["rome"]);
+        assert_eq!(pinged(&mut checks, "ist-milan"), ["milan"]);
+        assert!(pinged(&mut checks, "isthmus0").is_empty());
     }
 
     #[test]

@@ -1,8 +1,9 @@
-//! The XDP guard's tables, kept in line with the tunnel: the sources that
-//! may reach the tunnel port (every peer's configured and current
-//! endpoint) and our peers' session indexes. A peer that roams reaches
-//! userspace through its session index; once authenticated, its new
-//! endpoint shows in the tunnel's status and is allowed here.
+//! The XDP guard's tables, kept in line with the tunnel: the tunnel's
+//! ports, each open to initiations from anywhere or not; the sources that
+//! may reach them (every peer's configured and current endpoint); and our
+//! peers' session indexes. A peer that roams reaches userspace through its
+//! session index; once authenticated, its new endpoint shows in the
+//! tunnel's status and is allowed here.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -11,54 +12,60 @@ use std::{
 
 use aya::maps::MapError;
 use isthmus_common::{
-    guard::GuardSource,
+    guard::{GuardSource, Initiations},
     wire::{Be16, Be32},
 };
 
 use crate::kernel::{
-    maps::{GuardMaps, GuardSettings, PresenceSet},
+    maps::{ByteHash, GuardMaps},
     table::Mirror,
 };
 
 /// The guard's tables.
 pub struct Guard {
-    sources: Mirror<PresenceSet<GuardSource>>,
-    indexes: Mirror<PresenceSet<u32>>,
-    settings: GuardSettings,
-    port: u16,
-    /// Whether initiations pass from anywhere, as last written.
-    open: bool,
+    sources: Mirror<ByteHash<GuardSource>>,
+    indexes: Mirror<ByteHash<u32>>,
+    ports: Mirror<ByteHash<Be16>>,
 }
 
 impl Guard {
-    /// Starts from what the tables hold, and sets the tunnel `port`, with
-    /// initiations passing only from peers' endpoints.
-    pub fn new(maps: GuardMaps, port: u16) -> Result<Self, MapError> {
+    /// Starts from what the tables hold.
+    pub fn new(maps: GuardMaps) -> Result<Self, MapError> {
         let GuardMaps {
             sources,
             indexes,
-            mut settings,
+            ports,
         } = maps;
-        settings.set(port, false)?;
         Ok(Self {
             sources: Mirror::new(sources)?,
             indexes: Mirror::new(indexes)?,
-            settings,
-            port,
-            open: false,
+            ports: Mirror::new(ports)?,
         })
     }
 
-    /// Lets handshake initiations pass from any source (`open`), while the
-    /// gateway serves a peer that makes contact itself, or only from peers'
-    /// endpoints. Returns whether that changed.
-    pub fn open_to_initiations(&mut self, open: bool) -> Result<bool, MapError> {
-        if open == self.open {
-            return Ok(false);
+    /// Guards exactly `ports`, each letting handshake initiations through
+    /// from any source where it serves a peer that makes contact itself,
+    /// or from peers' endpoints alone. Returns the ports whose setting
+    /// changed, or the first failure after trying every change.
+    pub fn set_ports(
+        &mut self,
+        ports: &BTreeMap<u16, Initiations>,
+    ) -> Result<Vec<(u16, Initiations)>, MapError> {
+        let wanted: BTreeMap<Be16, u8> = ports
+            .iter()
+            .map(|(port, initiations)| (Be16::from_host(*port), *initiations as u8))
+            .collect();
+        let changed: Vec<(u16, Initiations)> = ports
+            .iter()
+            .filter(|(port, initiations)| {
+                self.ports.applied().get(&Be16::from_host(**port)) != Some(&(**initiations as u8))
+            })
+            .map(|(port, initiations)| (*port, *initiations))
+            .collect();
+        match self.ports.apply(&wanted) {
+            (_, _, Some(e)) => Err(e),
+            _ => Ok(changed),
         }
-        self.settings.set(self.port, open)?;
-        self.open = open;
-        Ok(true)
     }
 
     /// Allows exactly `endpoints` and `indexes`. Returns the first failure

@@ -2,7 +2,8 @@
 //! (docs/design.md#liqo-v1-peers): the tunnel carries the peer's real
 //! addresses and its tunnel address, Liqo v1's point-to-point addressing
 //! (`pkg/gateway/tunnel/netlink.go:27-29` at v1.2.0), which its conncheck
-//! PINGs; and the tunnel device names the peer to the kernel.
+//! PINGs; and each such peer has a tunnel device of its own, which names
+//! it to the kernel: peers' real networks may overlap.
 
 use std::{collections::BTreeMap, net::Ipv4Addr};
 
@@ -66,32 +67,59 @@ pub fn tunnel_networks(peer: &Peer) -> Vec<Ipv4Net> {
         .collect()
 }
 
-/// The tunnel device's entry in the kernel's table of devices that carry
-/// one Liqo v1 peer.
-pub struct DeviceOfPeer {
-    devices: PeerDevices,
-    dev: String,
+/// The prefix of the tunnel devices of Liqo v1 peers.
+pub const DEVICE_PREFIX: &str = "ist-";
+
+/// The tunnel device of the Liqo v1 peer whose cluster ID is `cluster_id`:
+/// `ist-<cluster ID>`, the same across restarts, so that a restarted agent
+/// finds the device and its routes. An ID too long for a device name
+/// (15 bytes), or with other characters than a DNS label's, is cut to its
+/// first six and followed by a hash of the whole.
+pub fn device_of(cluster_id: &str) -> String {
+    let plain = format!("{DEVICE_PREFIX}{cluster_id}");
+    let label = cluster_id
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if label && !cluster_id.is_empty() && plain.len() < libc::IFNAMSIZ {
+        return plain;
+    }
+    let head: String = cluster_id
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(6)
+        .collect::<String>()
+        .to_ascii_lowercase();
+    format!("{DEVICE_PREFIX}{head}-{:04x}", fnv1a(cluster_id) & 0xffff)
 }
 
-impl DeviceOfPeer {
-    /// The table, for the tunnel device `dev`.
-    pub fn new(devices: PeerDevices, dev: &str) -> Self {
-        Self {
-            devices,
-            dev: dev.to_owned(),
-        }
+/// FNV-1a, 32 bits: a hash that stays the same across builds and
+/// platforms, as a device name must.
+fn fnv1a(text: &str) -> u32 {
+    text.bytes().fold(0x811c_9dc5, |hash, byte| {
+        (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
+    })
+}
+
+/// The kernel's table of the tunnel devices that each carry one Liqo v1
+/// peer, kept as the gateway's devices and peers are.
+pub struct DevicesOfPeers(PeerDevices);
+
+impl DevicesOfPeers {
+    /// The table.
+    pub fn new(devices: PeerDevices) -> Self {
+        Self(devices)
     }
 
-    /// Names `peer` (the one Liqo v1 peer in the tunnel, if any) as the
-    /// peer of the tunnel device, by its PodCIDR view, under the device's
-    /// ifindex now: a recreated device gets its entry anew.
-    pub fn sync(&mut self, peer: Option<&Peer>) {
-        let wanted: BTreeMap<u32, Ipv4Net> = match (peer, link::ifindex(&self.dev)) {
-            (Some(peer), Ok(ifindex)) => BTreeMap::from([(ifindex, peer.views()[0].1)]),
-            _ => BTreeMap::new(),
-        };
-        if let Err(e) = self.devices.sync(&wanted) {
-            error!(dev = %self.dev, error = %e, "naming the Liqo v1 peer of the tunnel device; will retry");
+    /// Names, for each device in `devices`, its peer: by the peer's
+    /// PodCIDR view, under the device's ifindex now, so that a recreated
+    /// device gets its entry anew. Every other entry goes.
+    pub fn sync<'a>(&mut self, devices: impl IntoIterator<Item = (&'a str, &'a Peer)>) {
+        let wanted: BTreeMap<u32, Ipv4Net> = devices
+            .into_iter()
+            .filter_map(|(dev, peer)| Some((link::ifindex(dev).ok()?, peer.views()[0].1)))
+            .collect();
+        if let Err(e) = self.0.sync(&wanted) {
+            error!(error = %e, "naming the Liqo v1 peers of the tunnel devices; will retry");
         }
     }
 }
@@ -106,6 +134,32 @@ mod tests {
         object::{Object, parse_documents},
         peer::{GatewayImplementation, LiqoGateway},
     };
+
+    #[test]
+    fn a_peers_device_is_named_after_its_cluster_the_same_way_every_time() {
+        assert_eq!(device_of("rome"), "ist-rome");
+        assert_eq!(device_of("milan-west"), "ist-milan-west");
+        assert_eq!(device_of("milan-west-1"), "ist-milanw-d74c");
+        let long = device_of("b7a3e2c0-4f1d-4c55-9e0b-5a1f2d3c4b5a");
+        // FNV-1a of the whole ID, as Python computes it too.
+        assert_eq!(long, "ist-b7a3e2-f7c9");
+        assert!(long.len() < libc::IFNAMSIZ);
+        assert_eq!(long, device_of("b7a3e2c0-4f1d-4c55-9e0b-5a1f2d3c4b5a"));
+        // Two IDs that share their first six characters differ by hash.
+        assert_ne!(
+            device_of("tenant-alpha-000001"),
+            device_of("tenant-alpha-000002")
+        );
+        // Characters no device name should carry are left out.
+        for odd in ["Rome", "a/b", "x y", "", "über"] {
+            let dev = device_of(odd);
+            assert!(dev.len() < libc::IFNAMSIZ, "{dev}");
+            assert!(
+                dev.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'),
+                "{dev}"
+            );
+        }
+    }
 
     #[test]
     fn a_v1_peer_sends_from_its_real_networks_and_its_tunnel_address_alone() {
@@ -130,12 +184,10 @@ mod tests {
         let views: Vec<Ipv4Net> = peer.views().iter().map(|(_, n)| *n).collect();
         assert!(views.iter().all(|v| !tunnel_networks(&peer).contains(v)));
         // As its server, the peer is the client, at .2.
-        peer.liqo_gateway = Some(LiqoGateway {
-            role: GatewayRole::Server,
-            implementation: GatewayImplementation::Isthmus,
-            key: peer.key.clone(),
-            cluster_id: "rome".into(),
-        });
+        peer.liqo_gateway = Some(LiqoGateway::rome(
+            GatewayRole::Server,
+            GatewayImplementation::Isthmus,
+        ));
         assert_eq!(tunnel_networks(&peer)[2], net("169.254.18.2/32"));
         assert_eq!(
             TunnelAddresses::of(&peer),

@@ -1,5 +1,6 @@
-//! The gateway role: the tunnel and its routes, kept in line with the
-//! peers the reconciler accepted.
+//! The gateway role: the tunnel devices and their routes, kept in line
+//! with the peers the reconciler accepted. Peers of Liqo v0.10's API share
+//! one device; each Liqo v1 peer has one of its own ([`lane`]).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -8,20 +9,23 @@ use std::{
     time::Instant,
 };
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use ipnet::Ipv4Net;
+use isthmus_common::guard::Initiations;
 use tracing::{error, info, warn};
 
 pub mod conncheck;
 pub mod endpoint;
 pub mod guard;
+pub mod lane;
 pub mod liqo_v1;
 mod plan;
 
 use conncheck::{Checks, Health};
 use endpoint::Resolver;
 use guard::Guard;
-use liqo_v1::DeviceOfPeer;
+use lane::{Lane, LaneSettings, LaneSpec};
+use liqo_v1::DevicesOfPeers;
 use plan::Plan;
 
 use crate::{
@@ -33,14 +37,25 @@ use crate::{
     },
     roles::routes::Routes,
     sync::Unpoisoned,
-    tunnel::{Connection, PeerStatus, Tunnel, TunnelConfig, key::KeyPair},
+    tunnel::{Connection, PeerStatus, set::TunnelSet},
 };
 
-/// The running tunnel of a gateway and what it has told the operator.
+/// The running tunnels of a gateway and what they have told the operator.
 pub struct Gateway {
-    /// The tunnel, shared with the metrics.
-    pub tunnel: Arc<Tunnel>,
-    routes: Routes,
+    /// The tunnels, one per device, shared with the metrics.
+    pub tunnels: Arc<TunnelSet>,
+    /// The running devices, by name.
+    lanes: BTreeMap<String, Lane>,
+    /// What a new device starts from.
+    settings: LaneSettings,
+    /// The device every peer of Liqo v0.10's API shares, always running;
+    /// none where every peer is a Liqo v1 peer, with a device of its own.
+    shared: Option<LaneSpec>,
+    /// The blackholes behind every routed network, whichever the device.
+    blackholes: Routes,
+    /// The networks routed at the last pass, whose blackholes stay until
+    /// their routes into a device are gone.
+    routed: BTreeSet<Ipv4Net>,
     reported: BTreeSet<(String, String)>,
     states: BTreeMap<ObjectKey, Connection>,
     guard: Option<Guard>,
@@ -48,19 +63,16 @@ pub struct Gateway {
     configured: BTreeSet<SocketAddrV4>,
     /// The addresses of endpoint names.
     resolver: Resolver,
-    /// Peers left out of the tunnel for want of an endpoint address, with why.
+    /// Peers left out of the tunnel for want of an endpoint address, or of
+    /// a device, with why.
     unresolved: BTreeMap<ObjectKey, String>,
-    /// The conncheck's state, shared with its socket's task and the metrics.
+    /// The conncheck's state, shared with its sockets' tasks and the metrics.
     pub checks: Arc<Mutex<Checks>>,
     /// What each peer's tunnel was given, and the cluster ID its PINGs carry.
     configured_peers: BTreeMap<ObjectKey, (String, Arc<BTreeMap<String, String>>)>,
-    /// Where the gateway serves a Liqo v1 peer: the kernel's entry that
-    /// names it as the tunnel device's peer.
-    liqo_v1: Option<DeviceOfPeer>,
-    /// The tunnel device's Liqo v1 address now, which follows our side.
-    tunnel_address: Option<Ipv4Addr>,
-    /// The UDP port the tunnel listens on, where peers we serve make contact.
-    port: u16,
+    /// Where the gateway serves Liqo v1 peers: the kernel's table that
+    /// names each device's peer.
+    devices_of_peers: Option<DevicesOfPeers>,
 }
 
 /// What the gateway knows of each peer, for its TunnelEndpoint's status.
@@ -77,60 +89,54 @@ pub struct Report {
 }
 
 impl Gateway {
-    /// Starts the tunnel with `key` and brings its device up. `guard`, if
-    /// any, is kept allowing exactly the peers' endpoints and sessions.
-    /// With `masquerading`, the conncheck's PINGs leave through the
-    /// masquerade, as Liqo peers expect (see [`conncheck`]). With
-    /// `liqo_v1`, the table that names the tunnel device's peer, the
-    /// gateway serves a Liqo v1 peer, and takes Liqo v1's tunnel address.
+    /// Starts the gateway with `settings`. `guard`, if any, is kept
+    /// allowing exactly the peers' endpoints and sessions on the tunnels'
+    /// ports. With `liqo_v1`, the table that names each device's peer,
+    /// the gateway serves Liqo v1 peers, each on a device of its own;
+    /// otherwise it starts `shared`, the device every peer shares.
     pub async fn start(
-        config: &TunnelConfig,
-        key: KeyPair,
+        settings: LaneSettings,
+        shared: LaneSpec,
         guard: Option<Guard>,
         resolve_every: std::time::Duration,
-        masquerading: bool,
         liqo_v1: Option<PeerDevices>,
     ) -> Result<Self> {
-        let public = key_text::encode(key.public.as_bytes());
-        let tunnel = Tunnel::start(config, key).with_context(|| {
-            format!(
-                "starting the tunnel on {} and UDP port {}",
-                config.dev, config.port
-            )
-        })?;
-        let routes = Routes::up(&config.dev, config.mtu).await?;
-        info!(dev = %config.dev, port = config.port, public_key = %public, workers = config.workers, "tunnel up");
-        // The conncheck answers on an address of the tunnel device, as on
-        // Liqo's: the NatMapping's 169.254.0.1 entry leads there, or for a
-        // Liqo v1 peer, the tunnel's own address, which our side decides:
-        // it answers on the device, whichever address that has.
-        let responder = match &liqo_v1 {
-            Some(_) => conncheck::bind_on_device(&config.dev)
-                .with_context(|| format!("binding the conncheck to device {}", config.dev))?,
-            None => conncheck_socket(&routes, conncheck::ADDR, conncheck::PORT).await?,
-        };
-        // A Liqo v1 peer is PINGed from our tunnel address, its route back.
-        let pinger = match masquerading && liqo_v1.is_none() {
-            true => Some(conncheck_socket(&routes, conncheck::SENDER_ADDR, 0).await?),
-            false => None,
-        };
-        let checks = Arc::new(Mutex::new(Checks::default()));
-        conncheck::spawn(responder, pinger, checks.clone());
-        Ok(Self {
-            tunnel: Arc::new(tunnel),
-            routes,
+        let public = key_text::encode(settings.key.public.as_bytes());
+        info!(public_key = %public, "gateway key");
+        let mut gateway = Self {
+            tunnels: Arc::new(TunnelSet::default()),
+            lanes: BTreeMap::new(),
+            shared: liqo_v1.is_none().then_some(shared.clone()),
+            settings,
+            blackholes: Routes::blackholes_only().await?,
+            routed: BTreeSet::new(),
             reported: BTreeSet::new(),
             states: BTreeMap::new(),
             guard,
             configured: BTreeSet::new(),
             resolver: Resolver::new(resolve_every),
             unresolved: BTreeMap::new(),
-            checks,
+            checks: Arc::new(Mutex::new(Checks::default())),
             configured_peers: BTreeMap::new(),
-            liqo_v1: liqo_v1.map(|devices| DeviceOfPeer::new(devices, &config.dev)),
-            tunnel_address: None,
-            port: config.port,
-        })
+            devices_of_peers: liqo_v1.map(DevicesOfPeers::new),
+        };
+        if gateway.shared.is_some() {
+            gateway.open_lane(&shared).await?;
+        }
+        Ok(gateway)
+    }
+
+    /// Starts the device of `spec`.
+    async fn open_lane(&mut self, spec: &LaneSpec) -> Result<()> {
+        let lane = Lane::start(spec, &self.settings, &self.checks).await?;
+        self.tunnels.insert(&spec.device, lane.tunnel.clone());
+        self.lanes.insert(spec.device.clone(), lane);
+        Ok(())
+    }
+
+    /// The tunnel devices running now, which the NAT programs attach to.
+    pub fn devices(&self) -> Vec<String> {
+        self.lanes.keys().cloned().collect()
     }
 
     /// Looks up again the endpoint names that are due: on the interval, or
@@ -147,7 +153,7 @@ impl Gateway {
         let failures: BTreeMap<ObjectKey, u64> = match named.is_empty() {
             true => BTreeMap::new(),
             false => self
-                .tunnel
+                .tunnels
                 .status()
                 .into_iter()
                 .map(|s| (s.key, s.handshake_failures))
@@ -190,17 +196,12 @@ impl Gateway {
     /// The address to reach a peer's gateway at (`tunnel`), none for a
     /// peer we serve, or why the peer cannot be in the tunnel: a name that
     /// does not resolve, or resolves into a peer's view (the tunnel's own
-    /// packets would enter the tunnel); a server's port we do not listen on.
+    /// packets would enter the tunnel).
     fn address(&self, tunnel: &TunnelParams, peers: &[Peer]) -> Result<Option<Ipv4Addr>, String> {
         let name = match &tunnel.endpoint {
             Endpoint::Addr(addr) => return Ok(Some(*addr)),
-            Endpoint::Learned if tunnel.port == self.port => return Ok(None),
-            Endpoint::Learned => {
-                return Err(format!(
-                    "field spec.endpoint.port: {}, and this gateway listens on UDP port {} (--listen-port): the peer would make contact where nothing listens",
-                    tunnel.port, self.port
-                ));
-            }
+            // Its device listens on the port its object gives (see `lane`).
+            Endpoint::Learned => return Ok(None),
             Endpoint::Name(name) => name,
         };
         let addr = self
@@ -220,42 +221,209 @@ impl Gateway {
         }
     }
 
-    /// Routes the networks of the accepted peers that can have a tunnel
-    /// into the device, in the tunnel's table; when `active`, also gives
-    /// the tunnel exactly those peers and sends lookups to that table. A
+    /// Gives each accepted peer that can have a tunnel its device, routes
+    /// its networks into it, in the tunnel's table; when `active`, also
+    /// gives the tunnels exactly those peers and puts the routes in use. A
     /// standby holds no peer (it sends nothing to them) and keeps its
-    /// routes staged. Returns whether every route could be written; it logs
-    /// why not.
-    pub async fn sync(&mut self, peers: &[Peer], active: bool) -> bool {
+    /// routes staged. `attach` is given the devices running, before any
+    /// peer is in their tunnels, so that what crosses them is translated
+    /// from the first packet. Returns whether every route could be
+    /// written; it logs why not.
+    pub async fn sync(
+        &mut self,
+        peers: &[Peer],
+        active: bool,
+        attach: impl FnOnce(&[String]),
+    ) -> bool {
         self.resolve(peers).await;
         let mut plan = Plan::new(peers, |params| self.address(params, peers));
         self.report_problems(std::mem::take(&mut plan.problems));
+        let lanes = self.open_lanes(&mut plan).await;
+        attach(&self.devices());
         self.unresolved = std::mem::take(&mut plan.unresolved);
         self.configured_peers = plan.configurations();
-        let v1_peer = plan.liqo_v1_peer();
         // A standby holds no peer, so it sends nothing to them.
-        let (targets, configs) = match active {
-            true => (plan.conncheck_targets(), plan.tunnel_peers()),
-            false => (BTreeMap::new(), Vec::new()),
+        let targets = match active {
+            true => plan.conncheck_targets(&lanes),
+            false => BTreeMap::new(),
         };
         self.checks
             .lock()
             .unpoisoned()
             .set_targets(&targets, Instant::now());
+        let configs = match active {
+            true => plan.tunnel_peers(),
+            false => Vec::new(),
+        };
         self.configured = configs.iter().filter_map(|c| c.endpoint).collect();
-        // A peer we serve makes contact from where we cannot know.
-        self.open_guard(configs.iter().any(|c| c.endpoint.is_none()));
+        self.guard_ports(&plan, &lanes);
         // Allowed before the handshake goes out, so its answer gets through.
-        self.follow_guard(&self.tunnel.status());
-        for (object, change) in self.tunnel.set_peers(&configs) {
-            info!(object = %object, change = ?change, "tunnel peer");
+        self.follow_guard(&self.tunnels.status());
+        for (device, lane) in &self.lanes {
+            let of_lane: Vec<_> = configs
+                .iter()
+                .filter(|c| lanes.get(&c.key).is_some_and(|spec| spec.device == *device))
+                .cloned()
+                .collect();
+            lane.set_peers(&of_lane);
         }
-        if let Some(device) = &mut self.liqo_v1 {
-            device.sync(v1_peer.filter(|_| active));
+        if let Some(devices) = &mut self.devices_of_peers {
+            let named = plan
+                .carried
+                .iter()
+                .filter(|_| active)
+                .filter_map(|c| Some((lanes.get(&c.peer.key)?, c.peer)))
+                .filter(|(spec, _)| spec.liqo_v1)
+                .map(|(spec, peer)| (spec.device.as_str(), peer));
+            devices.sync(named);
         }
-        self.follow_side(v1_peer).await;
-        self.follow_guard(&self.tunnel.status());
-        self.sync_routes(&plan.routed(), active).await
+        self.follow_guard(&self.tunnels.status());
+        self.sync_routes(&plan, &lanes, active).await
+    }
+
+    /// Finds each carried peer's device, starting those not running yet
+    /// and closing those no peer needs any more. A peer whose device
+    /// cannot run (its port taken by another's, or refused by the kernel)
+    /// is left out, with why. Returns each carried peer's device.
+    async fn open_lanes(&mut self, plan: &mut Plan<'_>) -> BTreeMap<ObjectKey, LaneSpec> {
+        let mut lanes: BTreeMap<ObjectKey, LaneSpec> = BTreeMap::new();
+        let mut wanted: BTreeMap<String, LaneSpec> = self
+            .shared
+            .iter()
+            .map(|spec| (spec.device.clone(), spec.clone()))
+            .collect();
+        let shared = self.shared.clone();
+        for peer in plan.carried.iter().map(|c| c.peer).collect::<Vec<_>>() {
+            let Some(spec) = LaneSpec::of(peer, shared.as_ref()) else {
+                let why = "this gateway serves Liqo v1 peers, each on a tunnel device of its own, and has no device for a peer of Liqo v0.10's API";
+                plan.leave_out(&peer.key, why.into());
+                continue;
+            };
+            if let Err(why) = self.place(&spec, &wanted, &lanes).await {
+                plan.leave_out(&peer.key, why);
+                continue;
+            }
+            wanted.insert(spec.device.clone(), spec.clone());
+            lanes.insert(peer.key.clone(), spec);
+        }
+        let gone: Vec<String> = self
+            .lanes
+            .keys()
+            .filter(|device| !wanted.contains_key(*device))
+            .cloned()
+            .collect();
+        for device in gone {
+            self.close_lane(&device).await;
+        }
+        lanes
+    }
+
+    /// Makes sure the device of `spec` runs, for a peer of its own unless
+    /// it is the shared one: refused where another peer of this pass has
+    /// the device or the port, and where it cannot start.
+    async fn place(
+        &mut self,
+        spec: &LaneSpec,
+        wanted: &BTreeMap<String, LaneSpec>,
+        lanes: &BTreeMap<ObjectKey, LaneSpec>,
+    ) -> Result<(), String> {
+        let taken_by = |clash: &dyn Fn(&LaneSpec) -> bool| {
+            lanes
+                .iter()
+                .find(|(_, other)| clash(other))
+                .map(|(key, _)| key.clone())
+        };
+        if spec.liqo_v1 {
+            if let Some(other) = taken_by(&|other| other.device == spec.device) {
+                return Err(format!(
+                    "its tunnel device {} is already the device of {other}, whose cluster ID shares its first characters and hash",
+                    spec.device
+                ));
+            }
+            if let Some(other) = taken_by(&|other| spec.port != 0 && other.port == spec.port) {
+                return Err(format!(
+                    "field spec.endpoint.port: {} is the UDP port of the tunnel of {other}; each peer we serve needs a port of its own",
+                    spec.port
+                ));
+            }
+        }
+        if wanted.contains_key(&spec.device) && !spec.liqo_v1 {
+            return Ok(());
+        }
+        match self.lanes.get(&spec.device) {
+            Some(lane) if lane.spec() == spec => return Ok(()),
+            Some(_) => self.close_lane(&spec.device).await,
+            None => {}
+        }
+        self.open_lane(spec)
+            .await
+            .map_err(|e| format!("its tunnel device {} cannot run: {e:#}", spec.device))
+    }
+
+    /// Stops the device `device` and deletes it.
+    async fn close_lane(&mut self, device: &str) {
+        self.tunnels.remove(device);
+        if let Some(lane) = self.lanes.remove(device) {
+            lane.close().await;
+        }
+    }
+
+    /// Guards every device's port: open to initiations from anywhere where
+    /// a peer we serve makes contact, from peers' endpoints alone
+    /// elsewhere.
+    fn guard_ports(&mut self, plan: &Plan<'_>, lanes: &BTreeMap<ObjectKey, LaneSpec>) {
+        let Some(guard) = &mut self.guard else {
+            return;
+        };
+        let mut ports: BTreeMap<u16, Initiations> = self
+            .lanes
+            .values()
+            .map(|lane| (lane.port(), Initiations::FromEndpoints))
+            .collect();
+        for carried in plan.carried.iter().filter(|c| c.config.endpoint.is_none()) {
+            if let Some(lane) = lanes
+                .get(&carried.peer.key)
+                .and_then(|s| self.lanes.get(&s.device))
+            {
+                ports.insert(lane.port(), Initiations::FromAnywhere);
+            }
+        }
+        match guard.set_ports(&ports) {
+            Ok(changed) => {
+                for (port, initiations) in changed {
+                    info!(port, initiations = ?initiations, "XDP guard: tunnel port guarded");
+                }
+            }
+            Err(e) => error!(error = %e, "setting the XDP guard's ports; will retry"),
+        }
+    }
+
+    /// Routes each carried peer's views into its device, in use when
+    /// `active`, each behind its blackhole: blackholes come before the
+    /// routes they stand behind, and go after them. Returns whether every
+    /// route could be written; it logs why not.
+    async fn sync_routes(
+        &mut self,
+        plan: &Plan<'_>,
+        lanes: &BTreeMap<ObjectKey, LaneSpec>,
+        active: bool,
+    ) -> bool {
+        let desired = plan.routed();
+        let before: BTreeSet<Ipv4Net> = self.routed.union(&desired).copied().collect();
+        let mut routed =
+            lane::log_routes("blackholes", self.blackholes.sync(&before, active).await);
+        for (device, lane) in &mut self.lanes {
+            let peers: Vec<&Peer> = plan
+                .carried
+                .iter()
+                .filter(|c| lanes.get(&c.peer.key).is_some_and(|s| s.device == *device))
+                .map(|c| c.peer)
+                .collect();
+            routed &= lane.follow(&peers, active).await;
+        }
+        routed &= lane::log_routes("blackholes", self.blackholes.sync(&desired, active).await);
+        self.routed = desired;
+        routed
     }
 
     /// Logs each peer without a tunnel once, when it first has no tunnel.
@@ -264,65 +432,6 @@ impl Gateway {
             error!(object, error = %problem, "peer without a tunnel");
         }
         self.reported = problems;
-    }
-
-    /// Lets handshake initiations through the XDP guard from any source
-    /// while `open`, from peers' endpoints alone otherwise.
-    fn open_guard(&mut self, open: bool) {
-        let Some(guard) = &mut self.guard else {
-            return;
-        };
-        match guard.open_to_initiations(open) {
-            Ok(true) if open => {
-                info!("XDP guard: initiations pass from any source, for a peer we serve");
-            }
-            Ok(true) => info!("XDP guard: initiations pass from peers' endpoints alone"),
-            Ok(false) => {}
-            Err(e) => error!(error = %e, "opening the XDP guard to initiations; will retry"),
-        }
-    }
-
-    /// Routes `desired` into the tunnel, in use when `active`. Returns
-    /// whether every route could be written; it logs why not.
-    async fn sync_routes(&mut self, desired: &BTreeSet<Ipv4Net>, active: bool) -> bool {
-        let synced = self.routes.sync(desired, active).await;
-        let (added, removed) = (synced.added, synced.removed);
-        if added + removed > 0 {
-            info!(added, removed, "routes into the tunnel updated");
-        }
-        match synced.activated {
-            Some(true) => info!("routes into the tunnel in use"),
-            Some(false) => info!("routes into the tunnel staged, not in use"),
-            None => {}
-        }
-        let routed = synced.failures.is_empty();
-        for e in synced.failures {
-            error!(error = %e, "routing a peer's network into the tunnel; will retry");
-        }
-        routed
-    }
-
-    /// Gives the tunnel device our Liqo v1 address towards `peer`, by the
-    /// side we have: the peer's conncheck PINGs it, and ours leave from it.
-    /// A failure is logged and tried again at the next pass.
-    async fn follow_side(&mut self, peer: Option<&Peer>) {
-        let Some(ends) = peer.and_then(liqo_v1::TunnelAddresses::of) else {
-            return;
-        };
-        if self.tunnel_address == Some(ends.ours) {
-            return;
-        }
-        match self
-            .routes
-            .set_link_address(ends.ours, liqo_v1::PREFIX_LEN)
-            .await
-        {
-            Ok(()) => {
-                info!(address = %ends.ours, peer = %ends.theirs, "tunnel address set");
-                self.tunnel_address = Some(ends.ours);
-            }
-            Err(e) => error!(error = %e, "setting the tunnel address; will retry"),
-        }
     }
 
     /// Lets through the guard exactly the configured endpoints, the
@@ -367,7 +476,7 @@ impl Gateway {
     /// Logs every peer whose connection state changed since the last call,
     /// lets roamed endpoints through the guard, and returns every peer's state.
     fn report_states(&mut self) -> Vec<PeerStatus> {
-        let statuses = self.tunnel.status();
+        let statuses = self.tunnels.status();
         self.follow_guard(&statuses);
         let mut now = BTreeMap::new();
         for status in &statuses {
@@ -387,20 +496,4 @@ impl Gateway {
         self.states = now;
         statuses
     }
-}
-
-/// A conncheck socket on `addr`, which the tunnel device gets.
-async fn conncheck_socket(
-    routes: &Routes,
-    addr: Ipv4Addr,
-    port: u16,
-) -> Result<tokio::net::UdpSocket> {
-    routes.add_address(addr).await?;
-    bind_conncheck(addr, port).await
-}
-
-async fn bind_conncheck(addr: Ipv4Addr, port: u16) -> Result<tokio::net::UdpSocket> {
-    tokio::net::UdpSocket::bind((addr, port))
-        .await
-        .with_context(|| format!("binding the conncheck to {addr}:{port}"))
 }

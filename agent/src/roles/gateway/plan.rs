@@ -11,12 +11,12 @@ use std::{
 
 use ipnet::Ipv4Net;
 
-use super::liqo_v1;
+use super::{conncheck::Target, lane::LaneSpec, liqo_v1};
 use crate::{
     model::{
         key_text,
         object::ObjectKey,
-        peer::{Peer, Problem, Remaps, TunnelParams},
+        peer::{Peer, Problem, TunnelParams},
     },
     tunnel::peers::PeerConfig,
 };
@@ -84,11 +84,27 @@ impl<'a> Plan<'a> {
             .collect()
     }
 
-    /// Where the conncheck PINGs each carried peer, by its label.
-    pub fn conncheck_targets(&self) -> BTreeMap<String, Ipv4Addr> {
+    /// Leaves the carried peer `key` out of the tunnel, with why.
+    pub fn leave_out(&mut self, key: &ObjectKey, why: String) {
+        self.carried.retain(|c| c.peer.key != *key);
+        self.unresolved.insert(key.clone(), why);
+    }
+
+    /// Where the conncheck PINGs each carried peer, by its label, through
+    /// its device in `lanes`.
+    pub fn conncheck_targets(
+        &self,
+        lanes: &BTreeMap<ObjectKey, LaneSpec>,
+    ) -> BTreeMap<String, Target> {
         self.carried
             .iter()
-            .map(|c| (c.config.label.clone(), conncheck_target(c.peer)))
+            .filter_map(|c| {
+                let target = Target {
+                    addr: conncheck_target(c.peer),
+                    device: lanes.get(&c.peer.key)?.device.clone(),
+                };
+                Some((c.config.label.clone(), target))
+            })
             .collect()
     }
 
@@ -100,15 +116,6 @@ impl<'a> Plan<'a> {
             .iter()
             .flat_map(|c| c.peer.views().map(|(_, net)| net))
             .collect()
-    }
-
-    /// The carried peer whose NAT runs Liqo v1's way, if any: the one the
-    /// tunnel device names.
-    pub fn liqo_v1_peer(&self) -> Option<&'a Peer> {
-        self.carried
-            .iter()
-            .map(|c| c.peer)
-            .find(|peer| peer.remaps() == Remaps::Theirs)
     }
 
     /// The tunnel's peers.

@@ -94,8 +94,8 @@ impl V1 {
         mappings
             .put(exposed, &Be32::from_bytes(IP_TARGET), None)
             .unwrap();
-        let mut nodes: PresenceSet<Be32> =
-            PresenceSet::new(ebpf.take_map(names::MAP_NODE_ADDRS).unwrap()).unwrap();
+        let mut nodes: ByteHash<Be32> =
+            ByteHash::new(ebpf.take_map(names::MAP_NODE_ADDRS).unwrap()).unwrap();
         nodes.put(Be32::from_bytes(NODE), &1, None).unwrap();
         let counters = Counters::new(ebpf.take_map(names::MAP_COUNTERS).unwrap()).unwrap();
         let denied = Counters::denied(ebpf.take_map(names::MAP_PEER_DENIED).unwrap()).unwrap();

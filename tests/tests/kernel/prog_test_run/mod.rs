@@ -18,7 +18,7 @@ use aya::{Ebpf, EbpfLoader, programs::SchedClassifier};
 use isthmus_agent::{
     kernel::conntrack::{Conntrack, Masquerade, PeerFlows, SweptTable},
     kernel::dataplane::{OBJECT, load_onward},
-    kernel::maps::{Counters, MappingMap, PeerMap, PresenceSet},
+    kernel::maps::{ByteHash, Counters, MappingMap, PeerMap},
     kernel::room::Rooms,
     kernel::table::KernelTable,
     model::isolation::SecurityMode,
@@ -108,7 +108,7 @@ struct Harness {
     counters: Counters,
     denied: Counters,
     conntrack: Conntrack,
-    allowed: PresenceSet<AllowKey>,
+    allowed: ByteHash<AllowKey>,
     peer_flows: PeerFlows,
     rooms: Rooms,
 }
@@ -200,8 +200,8 @@ impl Harness {
             .unwrap()
             .set(masquerade.map(Ipv4Addr::from))
             .unwrap();
-        let mut nodes: PresenceSet<Be32> =
-            PresenceSet::new(ebpf.take_map(names::MAP_NODE_ADDRS).unwrap()).unwrap();
+        let mut nodes: ByteHash<Be32> =
+            ByteHash::new(ebpf.take_map(names::MAP_NODE_ADDRS).unwrap()).unwrap();
         for node in [NODE, NODE2, NODE3] {
             nodes.put(Be32::from_bytes(node), &1, None).unwrap();
         }
@@ -211,7 +211,7 @@ impl Harness {
         mss.set(0, u32::from(TUNNEL_MSS), 0).unwrap();
         let counters = Counters::new(ebpf.take_map(names::MAP_COUNTERS).unwrap()).unwrap();
         let denied = Counters::denied(ebpf.take_map(names::MAP_PEER_DENIED).unwrap()).unwrap();
-        let allowed = PresenceSet::new(ebpf.take_map(names::MAP_ALLOWED).unwrap()).unwrap();
+        let allowed = ByteHash::new(ebpf.take_map(names::MAP_ALLOWED).unwrap()).unwrap();
         let peer_flows = PeerFlows::new(ebpf.take_map(names::MAP_PEER_FLOWS).unwrap()).unwrap();
         let rooms = Rooms::new(
             ebpf.take_map(names::MAP_ROOM).unwrap(),

@@ -9,16 +9,18 @@ use super::{test_peer::TestPeer, *};
 
 pub(super) const TENANT: &str = "liqo-tenant-rome";
 pub(super) const CONNECTION: &str = "gw-rome";
+/// The port of rome's `GatewayServer`, as Liqo writes it.
+const SERVER_PORT: u16 = 51840;
 
 /// A fixture, as the API server would serve it.
-fn fixture(yaml: &str) -> Value {
+pub(super) fn fixture(yaml: &str) -> Value {
     serde_yaml_ng::from_str(yaml).expect("a fixture is YAML")
 }
 
 /// The gateway's key, as Liqo's controller manager stores it for the
 /// gateway: raw bytes in `gw-<gateway>`, in the namespace the gateway runs
 /// in (the agent's). Returns the Secret and the public key.
-fn gateway_key() -> (Value, [u8; 32]) {
+pub(super) fn gateway_key() -> (Value, [u8; 32]) {
     let mut private = [0u8; 32];
     std::io::Read::read_exact(&mut fs::File::open("/dev/urandom").unwrap(), &mut private).unwrap();
     let public = *PublicKey::from(&StaticSecret::from(private)).as_bytes();
@@ -37,11 +39,18 @@ fn gateway_key() -> (Value, [u8; 32]) {
 /// Liqo renders for it from Isthmus's template (`rendered`, a fixture),
 /// owned by it and without the status the agent writes, to apply.
 fn gateway_pair(node: &KubeNode, parent: &str, rendered: &str) -> Value {
-    let parent = fixture(parent);
+    gateway_pair_of(node, fixture(parent), fixture(rendered))
+}
+
+/// [`gateway_pair`], of any peer's objects.
+pub(super) fn gateway_pair_of(node: &KubeNode, parent: Value, mut rendered: Value) -> Value {
     let plural = format!("{}s", parent["kind"].as_str().unwrap().to_lowercase());
+    let (namespace, name) = (
+        parent["metadata"]["namespace"].as_str().unwrap().to_owned(),
+        parent["metadata"]["name"].as_str().unwrap().to_owned(),
+    );
     node.api.apply(parent);
-    let uid = node.api.get(&plural, TENANT, "rome").unwrap()["metadata"]["uid"].clone();
-    let mut rendered = fixture(rendered);
+    let uid = node.api.get(&plural, &namespace, &name).unwrap()["metadata"]["uid"].clone();
     rendered["metadata"]["ownerReferences"][0]["uid"] = uid;
     rendered.as_object_mut().unwrap().remove("status");
     rendered
@@ -60,7 +69,8 @@ fn assert_gateway_object_status(node: &KubeNode, ns: &str, gateway_kind: &str, p
         "internalEndpoint": {"ip": "127.0.0.1", "node": ns},
     });
     if gateway_kind == "GatewayServer" {
-        expected["endpoint"] = json!({"addresses": ["127.0.0.1"], "port": 5871, "protocol": "UDP"});
+        expected["endpoint"] =
+            json!({"addresses": ["127.0.0.1"], "port": SERVER_PORT, "protocol": "UDP"});
     }
     let status = || node.api.get(&plural, TENANT, "rome").unwrap()["status"].clone();
     wait_for("the gateway object's status", || status() == expected);
@@ -270,21 +280,19 @@ fn a_liqo_v1_gateway_creates_and_keeps_the_peers_connection() {
 }
 
 #[test]
-fn a_liqo_v1_gateway_server_waits_for_the_peer_to_make_contact_serves_it_and_can_turn_client() {
+fn a_liqo_v1_gateway_server_listens_on_its_objects_port_waits_for_the_peer_and_can_turn_client() {
     const NS: &str = "ist-t-kube-v1s";
-    /// The agent's `--listen-port`, as the lab's node runs it.
-    const LISTEN_PORT: u16 = 5871;
     let mut node = node(NS, true);
     let mut peer = TestPeer::new(NS);
     let (configuration, public_key) = rome(&peer);
     // As Liqo writes it: port 51840.
-    let mut server = gateway_pair(
+    let server = gateway_pair(
         &node,
         include_str!("../../../fixtures/liqo-v1/gatewayserver-rome.yaml"),
         include_str!("../../../fixtures/liqo-v1/isthmusgatewayserver-rome.yaml"),
     );
     let (key_secret, public) = gateway_key();
-    for object in [configuration, public_key, server.clone(), key_secret] {
+    for object in [configuration, public_key, server, key_secret] {
         node.api.apply(object);
     }
     // The DaemonSet's keepalive: a served peer gets none before contact.
@@ -292,26 +300,9 @@ fn a_liqo_v1_gateway_server_waits_for_the_peer_to_make_contact_serves_it_and_can
         .unwrap();
     node.wait_peers("rome's views", &["10.70.0.0/16", "10.71.0.0/16"]);
 
-    // A port the gateway does not listen on is named, and the Connection
-    // waits.
-    wait_for("the server's port named", || {
-        node.log().contains(&format!(
-            "field spec.endpoint.port: 51840, and this gateway listens on UDP port {LISTEN_PORT}"
-        ))
-    });
-    wait_for("gw-rome Connecting", || {
-        connection_value(&node) == "Connecting"
-    });
-    // Nothing listens where the peer would make contact: not ready.
-    wait_for("gw-rome", || {
-        node.api.get("deployments", TENANT, CONNECTION).is_some()
-    });
-    assert!(!gateway_pod_ready(&node, NS));
-
-    // Where it listens: the peer is served, and nothing goes to it before
-    // it makes contact, the conncheck's PINGs included.
-    server["spec"]["endpoint"]["port"] = json!(LISTEN_PORT);
-    node.api.apply(server);
+    // rome's own device listens on the object's port, not --listen-port,
+    // and nothing goes to rome before it makes contact, the conncheck's
+    // PINGs included: ready, and Connecting.
     let no_endpoint = || {
         sample(
             NS,
@@ -320,15 +311,21 @@ fn a_liqo_v1_gateway_server_waits_for_the_peer_to_make_contact_serves_it_and_can
     };
     wait_for("a PING with nowhere to go", || no_endpoint() >= 1.0);
     assert_eq!(connection_value(&node), "Connecting");
+    wait_for("gw-rome ready before contact", || {
+        node.api.get("deployments", TENANT, CONNECTION).is_some() && gateway_pod_ready(&node, NS)
+    });
 
     // It makes contact: Connected, as Liqo's server side shows it.
-    peer.contact(public, (Ipv4Addr::LOCALHOST, LISTEN_PORT).into());
+    peer.contact(public, (Ipv4Addr::LOCALHOST, SERVER_PORT).into());
     assert_connected_as_liqo_writes(&node, "GatewayServer");
     assert_gateway_object_status(&node, NS, "GatewayServer", public);
     assert!(gateway_pod_ready(&node, NS));
     // The server's end of the tunnel, which the peer's conncheck PINGs.
-    let addresses =
-        || isthmus_lab::cmd::ip(NS, &["-4", "-o", "addr", "show", "dev", "isthmus0"]).unwrap();
+    // The device is made anew when the peering turns: absent meanwhile.
+    let addresses = || {
+        isthmus_lab::cmd::ip(NS, &["-4", "-o", "addr", "show", "dev", "ist-rome"])
+            .unwrap_or_default()
+    };
     let (server_end, client_end) = ("169.254.18.1/30", "169.254.18.2/30");
     assert!(addresses().contains(server_end) && !addresses().contains(client_end));
 

@@ -5,6 +5,7 @@
 mod followers;
 mod gateway_key;
 mod liqo_v1;
+mod liqo_v1_peers;
 mod liqo_wireguard;
 mod test_peer;
 

@@ -88,6 +88,7 @@ fn the_connection_the_gateway_writes_fits_liqo_v1_2s_crd() {
                 name: "rome".into(),
             },
             cluster_id: "rome".into(),
+            port: 51840,
         };
         let created = liqo_connection::object(&gateway.connection(), &gateway, Some("7d2f4b8e"));
         let mut connection = serde_json::to_value(created).unwrap();

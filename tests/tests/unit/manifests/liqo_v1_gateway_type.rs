@@ -231,6 +231,7 @@ fn the_gateway_account_may_make_only_the_readiness_deployment() {
             name: "rome".into(),
         },
         cluster_id: "rome".into(),
+        port: 51840,
     };
     let deployment = gateway_pod::deployment(
         &gateway,

@@ -225,7 +225,7 @@ fn ips_beyond_the_tables_room_are_refused_one_by_one_and_programmed_ones_stay() 
 }
 
 #[test]
-fn a_second_v1_peer_on_one_gateway_is_refused_naming_the_first() {
+fn a_second_v1_peer_on_one_nat_device_is_refused_naming_the_first_and_welcome_with_a_device_each() {
     let mut table = Peers::default();
     let mut r = reconciler(&mut table);
     with_fixtures(&mut r, "");
@@ -241,9 +241,14 @@ fn a_second_v1_peer_on_one_gateway_is_refused_naming_the_first() {
     assert_eq!(
         errors,
         [
-            "milan.yaml: Configuration liqo-tenant-milan/milan: this gateway already serves Liqo v1 peer liqo-tenant-rome/rome (Configuration in configuration-rome.yaml); its tunnel carries one Liqo v1 peer, as Liqo v1 runs one gateway per peer"
+            "milan.yaml: Configuration liqo-tenant-milan/milan: this gateway already serves Liqo v1 peer liqo-tenant-rome/rome (Configuration in configuration-rome.yaml) on its NAT device (--nat-dev), which carries one Liqo v1 peer; the embedded tunnel (--tunnel userspace) gives each a device of its own"
         ]
     );
+    // Their real networks are the same; the views we gave them differ.
+    r.set_device_per_liqo_v1_peer(true);
+    let report = r.reconcile().0;
+    assert_eq!(report.peers, 2);
+    assert!(r.rejections().is_empty(), "{:?}", r.rejections());
 }
 
 #[test]
