@@ -106,6 +106,14 @@ impl KubeNode {
         Ok(pid)
     }
 
+    /// Stops the agent, if it runs, as a rollout would: by SIGTERM.
+    pub fn stop_agent(&mut self) -> Result<()> {
+        match self.agent.take() {
+            Some(pid) => lab::stop_pid(pid),
+            None => Ok(()),
+        }
+    }
+
     /// Where the agent pins its maps.
     pub fn bpffs(&self) -> PathBuf {
         lab::bpffs(&self.ns)

@@ -5,7 +5,10 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 
-use crate::{kernel::dataplane, roles::routes};
+use crate::{
+    kernel::dataplane,
+    roles::{gateway::liqo_v1, routes},
+};
 
 /// The options of `cleanup`.
 #[derive(clap::Args)]
@@ -19,11 +22,15 @@ pub struct CleanupArgs {
 }
 
 /// Detaches and unpins everything under `args.bpffs`, and deletes the
-/// agent's routes and its persistent TUN device, printing each item.
+/// agent's routes and its persistent TUN devices (the shared one and each
+/// Liqo v1 peer's), printing each item.
 pub async fn run(args: &CleanupArgs) -> Result<()> {
     let mut removed = dataplane::cleanup(&args.bpffs)?;
-    if routes::delete_device(&args.tunnel_dev).await? {
-        removed.push(format!("TUN device {}", args.tunnel_dev));
+    let tunnels = std::iter::once(args.tunnel_dev.clone()).chain(liqo_v1::peer_devices());
+    for dev in tunnels {
+        if routes::delete_device(&dev).await? {
+            removed.push(format!("TUN device {dev}"));
+        }
     }
     removed.extend(routes::cleanup().await?);
     for item in &removed {

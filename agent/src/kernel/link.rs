@@ -34,6 +34,14 @@ pub fn devices() -> std::io::Result<Vec<String>> {
         .collect())
 }
 
+/// Whether device `dev` is a TUN device.
+pub fn is_tun(dev: &str) -> bool {
+    Path::new(SYS_CLASS_NET)
+        .join(dev)
+        .join("tun_flags")
+        .exists()
+}
+
 /// The link type (`ARPHRD_*`) of device `dev`.
 pub fn link_type(dev: &str) -> Result<u32, DeviceError> {
     device_number(dev, "type")

@@ -92,6 +92,15 @@ pub fn device_of(cluster_id: &str) -> String {
     format!("{DEVICE_PREFIX}{head}-{:04x}", fnv1a(cluster_id) & 0xffff)
 }
 
+/// The TUN devices of Liqo v1 peers in this netns, by their prefix.
+pub fn peer_devices() -> Vec<String> {
+    let devices = link::devices().unwrap_or_default();
+    devices
+        .into_iter()
+        .filter(|dev| dev.starts_with(DEVICE_PREFIX) && link::is_tun(dev))
+        .collect()
+}
+
 /// FNV-1a, 32 bits: a hash that stays the same across builds and
 /// platforms, as a device name must.
 fn fnv1a(text: &str) -> u32 {

@@ -35,7 +35,7 @@ use crate::{
         object::ObjectKey,
         peer::{Endpoint, Peer, TunnelParams},
     },
-    roles::routes::Routes,
+    roles::routes::{self, Routes},
     sync::Unpoisoned,
     tunnel::{Connection, PeerStatus, set::TunnelSet},
 };
@@ -73,6 +73,9 @@ pub struct Gateway {
     /// Where the gateway serves Liqo v1 peers: the kernel's table that
     /// names each device's peer.
     devices_of_peers: Option<DevicesOfPeers>,
+    /// Whether the devices of peers that went while no agent ran were
+    /// deleted, after the first pass.
+    swept: bool,
 }
 
 /// What the gateway knows of each peer, for its TunnelEndpoint's status.
@@ -119,6 +122,7 @@ impl Gateway {
             checks: Arc::new(Mutex::new(Checks::default())),
             configured_peers: BTreeMap::new(),
             devices_of_peers: liqo_v1.map(DevicesOfPeers::new),
+            swept: false,
         };
         if gateway.shared.is_some() {
             gateway.open_lane(&shared).await?;
@@ -315,7 +319,28 @@ impl Gateway {
         for device in gone {
             self.close_lane(&device).await;
         }
+        self.sweep().await;
         lanes
+    }
+
+    /// Deletes, once, the devices of Liqo v1 peers that went while no
+    /// agent ran: a restarted agent finds its peers' devices, with their
+    /// routes, and keeps those it still needs.
+    async fn sweep(&mut self) {
+        if std::mem::replace(&mut self.swept, true) || self.devices_of_peers.is_none() {
+            return;
+        }
+        let stale = liqo_v1::peer_devices();
+        for device in stale.iter().filter(|d| !self.lanes.contains_key(*d)) {
+            match routes::delete_device(device).await {
+                Ok(_) => {
+                    info!(dev = %device, "deleted the tunnel device of a peer that went while no agent ran");
+                }
+                Err(e) => {
+                    warn!(dev = %device, error = %e, "deleting the tunnel device of a peer that is gone");
+                }
+            }
+        }
     }
 
     /// Makes sure the device of `spec` runs, for a peer of its own unless

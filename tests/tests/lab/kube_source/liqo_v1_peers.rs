@@ -143,7 +143,8 @@ fn one_gateway_serves_two_liqo_v1_peers_with_the_same_networks_each_on_its_own_d
 
     // The kernel knows which peer each device carries, by our view of it,
     // and routes each peer's views into its own device.
-    let devices = || PeerDevices::open(&node.bpffs()).unwrap().entries().unwrap();
+    let bpffs = node.bpffs();
+    let devices = || PeerDevices::open(&bpffs).unwrap().entries().unwrap();
     let expected = |clusters: &[&Cluster]| -> std::collections::BTreeMap<u32, Ipv4Net> {
         clusters
             .iter()
@@ -186,5 +187,22 @@ fn one_gateway_serves_two_liqo_v1_peers_with_the_same_networks_each_on_its_own_d
     let rome_alone = expected(&[&ROME]);
     wait_for("milan's device no longer named", || devices() == rome_alone);
     assert!(ROME.connected(&node));
+
+    // rome goes while no agent runs: its device outlives the agent, and
+    // the next one deletes it once it has read every object.
+    node.stop_agent().unwrap();
+    for cluster in [&ROME, &NAPLES] {
+        assert!(
+            node.api
+                .delete("configurations", &cluster.tenant(), cluster.name)
+        );
+    }
+    assert!(ifindex(NS, &ROME.device()).is_some());
+    node.start_agent(&["--liqo-api=v1", "--key-secret=gw-rome"])
+        .unwrap();
+    wait_for("rome's device deleted by the next agent", || {
+        ifindex(NS, &ROME.device()).is_none()
+    });
+    wait_for("no device named", || devices().is_empty());
     drop(naples);
 }
