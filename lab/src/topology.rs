@@ -164,18 +164,24 @@ impl Cluster {
     /// overlay: each node's half of the PodCIDR, its LAN address, and the
     /// gateway label on the gateway.
     pub fn nodes_yaml(&self) -> String {
+        self.node_objects()
+            .iter()
+            .map(|node| serde_yaml_ng::to_string(node).expect("a JSON value serialises"))
+            .collect::<Vec<_>>()
+            .join("---\n")
+    }
+
+    /// The cluster's Node objects: the gateway's, labelled, and the
+    /// worker's, each with its half of the PodCIDR.
+    pub fn node_objects(&self) -> [Value; 2] {
         [
             (self.gw(), 2, self.lan_gw(), true),
             (self.node(), 1, self.lan_node(), false),
         ]
-        .iter()
         .map(|(name, half, address, gateway)| {
-            let pod_cidr = self.pod_half(*half).to_string();
-            let node = node(name, *address, Some(&pod_cidr), *gateway);
-            serde_yaml_ng::to_string(&node).expect("a JSON value serialises")
+            let pod_cidr = self.pod_half(half).to_string();
+            node(&name, address, Some(&pod_cidr), gateway)
         })
-        .collect::<Vec<_>>()
-        .join("---\n")
     }
 
     /// Every node netns of the cluster with its LAN address.

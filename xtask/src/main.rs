@@ -73,6 +73,10 @@ enum Task {
     /// `lab up --ha`).
     #[command(hide = true)]
     LabControl,
+    /// The API server stand-ins of the `--liqo-api v1` lab (started by
+    /// `lab up --liqo-api v1`).
+    #[command(hide = true)]
+    LiqoV1Apis,
     /// The Liqo-peer labs' conncheck on a cluster's gateway (started by
     /// `lab up --liqo-v0-10-peer` and `--liqo-v1-peer`).
     #[command(hide = true)]
@@ -124,6 +128,12 @@ enum LabAction {
         /// arguments), as a cluster runs it.
         #[arg(long)]
         containers: bool,
+        /// `v1`: every cluster serves Liqo v1's objects as Liqo's gateway
+        /// type, each agent on `--source kube` against an API server
+        /// stand-in of its cluster's own (kubeconfigs in
+        /// /run/isthmus-lab/kubeconfig/).
+        #[arg(long, value_parser = ["v1"])]
+        liqo_api: Option<String>,
     },
     /// Remove everything the lab created; succeeds when nothing is up.
     Down,
@@ -145,6 +155,7 @@ fn main() -> Result<()> {
                     segregation,
                     ha,
                     containers,
+                    liqo_api,
                 },
         } => {
             let liqo = match (liqo_v0_10_peer, liqo_v1_peer) {
@@ -165,6 +176,7 @@ fn main() -> Result<()> {
                 liqo,
                 ha,
                 segregation,
+                liqo_api_v1: liqo_api.is_some(),
                 ..lab::Setup::default()
             };
             // Before the build, which takes minutes.
@@ -187,6 +199,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Task::LabControl => lab::ha::serve(),
+        Task::LiqoV1Apis => lab::liqo_v1_api::serve(),
         Task::LiqoConncheck {
             cluster,
             liqo_v1_peer,

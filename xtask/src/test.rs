@@ -191,7 +191,8 @@ impl Tier {
             )],
             // The tests that need cluster b run as Liqo come last, in labs
             // of their own: v0.10's, then v1's with Isthmus as the client
-            // of b's gateway, then as its server.
+            // of b's gateway, then as its server; then every cluster on
+            // Liqo v1's API.
             Tier::Slow => {
                 let liqo = |peer, module| {
                     TestRun::in_lab(with_liqo(peer), &one_by_one("slow", &["--ignored", module]))
@@ -204,6 +205,13 @@ impl Tier {
                     liqo(LiqoPeer::V0_10(&topology::B), "liqo_v0_10_interop::"),
                     liqo(LiqoPeer::V1(Side::Client), "liqo_v1_interop::"),
                     liqo(LiqoPeer::V1(Side::Server), "liqo_v1_interop::"),
+                    TestRun::in_lab(
+                        Setup {
+                            liqo_api_v1: true,
+                            ..Setup::default()
+                        },
+                        &one_by_one("slow", &["--ignored", "liqo_v1_api::"]),
+                    ),
                 ]
             }
         }

@@ -107,6 +107,11 @@ pub(super) async fn handle(
             "the server is down".into(),
         );
     }
+    if method == Method::GET
+        && let Some(document) = super::discovery::document(uri.path())
+    {
+        return ok(document);
+    }
     let Some(target) = target(uri.path()) else {
         return status(
             StatusCode::NOT_FOUND,

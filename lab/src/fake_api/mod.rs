@@ -8,6 +8,7 @@
 //! Secrets (with `stringData`), Deployments, Nodes and Events. Tests drive it from plain
 //! threads: change objects, drop every watch, compact history, or go down.
 
+mod discovery;
 mod http;
 
 use std::{

@@ -10,6 +10,7 @@ use super::{
     containers, external_tunnel,
     ha::settings as ha,
     keys::key_file,
+    liqo_v1_api::settings as liqo_v1_api,
     liqo_v1_peer::settings as liqo_v1_peer,
     options::LabTunnel,
     paths::{agent_binary, bpffs, bpffs_root, log_file, object_dir, pid_file},
@@ -106,7 +107,17 @@ fn args_in(node: &str, setup: &Setup) -> Result<Vec<String>> {
         ),
         format!("--bpffs={}", bpffs(node).display()),
     ];
-    if ha::is_ha_node(node, setup) {
+    if setup.liqo_api_v1 {
+        let cluster = cluster_of(node).context("a node of no cluster")?;
+        args.extend([
+            "--source=kube".into(),
+            format!(
+                "--kubeconfig={}",
+                liqo_v1_api::kubeconfig(cluster).display()
+            ),
+            format!("--namespace={}", crate::topology::AGENT_NS),
+        ]);
+    } else if ha::is_ha_node(node, setup) {
         args.extend([
             "--source=kube".into(),
             format!("--kubeconfig={}", ha::kubeconfig().display()),
@@ -159,10 +170,12 @@ fn args_in(node: &str, setup: &Setup) -> Result<Vec<String>> {
 }
 
 /// Whether node `node`'s agent serves Liqo v1 (`--liqo-api v1`) in a lab
-/// set up as `setup`: cluster a's, in the Liqo v1 lab.
+/// set up as `setup`: every one in the `--liqo-api v1` lab, cluster a's in
+/// the Liqo v1 peer lab.
 fn serves_liqo_v1(node: &str, setup: &Setup) -> bool {
-    matches!(setup.liqo, Some(LiqoPeer::V1(_)))
-        && cluster_of(node).is_some_and(|c| c.name == liqo_v1_peer::ISTHMUS.name)
+    let serving_liqo = matches!(setup.liqo, Some(LiqoPeer::V1(_)))
+        && cluster_of(node).is_some_and(|c| c.name == liqo_v1_peer::ISTHMUS.name);
+    setup.liqo_api_v1 || serving_liqo
 }
 
 /// Starts the agent with `args` in netns `ns`, in a session of its own, its

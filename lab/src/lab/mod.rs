@@ -12,6 +12,7 @@ pub mod external_tunnel;
 pub mod ha;
 pub mod liqo_conncheck;
 pub mod liqo_v0_10_peer;
+pub mod liqo_v1_api;
 pub mod liqo_v1_peer;
 pub mod monitor;
 pub mod segregation;
@@ -123,6 +124,12 @@ pub fn up(setup: &Setup) -> Result<()> {
     base.record()?;
     build_network(base.tunnel)?;
     start_liqo_peer(base.liqo)?;
+    if base.liqo_api_v1 {
+        println!(
+            "lab: every cluster serves Liqo v1's objects, from an API server stand-in of its own"
+        );
+        liqo_v1_api::start()?;
+    }
     start_isthmus_agents(&base)?;
     if base.liqo.is_none() {
         println!("lab: starting Prometheus in {}", monitor::MON_NS);
@@ -221,6 +228,7 @@ pub fn down() -> Result<()> {
     containers::remove_all()?;
     liqo_conncheck::stop()?;
     ha::stop_control()?;
+    liqo_v1_api::stop()?;
     external_tunnel::stop_all()?;
     for gw in CLUSTERS.iter().map(|c| c.gw()).chain([GW2.to_owned()]) {
         let _ = fs::remove_dir_all(hosts_file(&gw).parent().expect("a directory"));

@@ -3,6 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
+use anyhow::{Result, bail};
+
 /// Where the lab keeps its state: PIDs, logs, objects, bpffs.
 pub const STATE_DIR: &str = "/run/isthmus-lab";
 
@@ -49,4 +51,17 @@ pub fn agent_binary() -> PathBuf {
 /// peers' endpoint names, and localhost.
 pub fn hosts_file(gw: &str) -> PathBuf {
     Path::new("/etc/netns").join(gw).join("hosts")
+}
+
+/// The xtask binary, which runs the lab's background processes: `cargo
+/// xtask` builds it.
+pub(crate) fn xtask_binary() -> Result<PathBuf> {
+    let binary = crate::target_dir().join("debug/xtask");
+    if !binary.exists() {
+        bail!(
+            "{} is missing: run `cargo xtask build` first",
+            binary.display()
+        );
+    }
+    Ok(binary)
 }

@@ -35,6 +35,10 @@ pub struct Setup {
     /// The agents' `--forward-past-netfilter`, when a test sets one; none
     /// runs the DaemonSet's default.
     pub past_netfilter: Option<String>,
+    /// Every cluster serves Liqo v1's objects from an API server stand-in
+    /// of its own (`--liqo-api v1`).
+    #[serde(default)]
+    pub liqo_api_v1: bool,
 }
 
 /// A cluster the lab runs as Liqo runs one.
@@ -136,6 +140,20 @@ impl Setup {
                 self.tunnel.as_str()
             );
         }
+        if self.liqo_api_v1 {
+            let others = [
+                (self.tunnel != LabTunnel::default(), "--tunnel"),
+                (self.liqo.is_some(), "a Liqo peer"),
+                (self.containers, "--containers"),
+                (self.ha, "--ha"),
+                (self.segregation, "--segregation"),
+            ];
+            if let Some((_, other)) = others.iter().find(|(on, _)| *on) {
+                bail!(
+                    "`--liqo-api v1` and {other} cannot be combined: every cluster then runs Isthmus's embedded tunnel as processes, one gateway each, none segregating"
+                );
+            }
+        }
         let Some(liqo) = self.liqo else {
             return Ok(());
         };
@@ -211,6 +229,12 @@ mod tests {
             error.contains("`--tunnel wireguard-go` and `--ha`"),
             "{error}"
         );
+        let error = refused(Setup {
+            liqo_api_v1: true,
+            ha: true,
+            ..Setup::default()
+        });
+        assert!(error.contains("`--liqo-api v1` and --ha"), "{error}");
         let fine = Setup {
             containers: true,
             ha: true,

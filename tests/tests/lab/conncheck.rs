@@ -14,7 +14,7 @@ use isthmus_lab::{
 };
 use isthmus_tests::{eventually, require_lab};
 
-/// Liqo's PING every 2 s, and Error after 5 unanswered: 10 s, and margin.
+/// A PING every 2 s, and Error after 4 unanswered: 8 s, and margin.
 const SILENCE: Duration = Duration::from_secs(20);
 
 fn liqo_metric(node: &str, name: &str, cluster_id: &str) -> Option<f64> {
@@ -120,7 +120,7 @@ fn a_peer_reaches_no_other_port_of_the_gateway_through_the_conncheck_address() {
 }
 
 /// Without its NatMapping's 169.254.0.1 entry, b-gw leaves a-gw's PINGs
-/// unanswered: a-gw marks b disconnected after five intervals, and
+/// unanswered: a-gw marks b disconnected after four intervals, and
 /// connected again once the entry is back.
 #[test]
 fn without_the_natmapping_entry_the_peer_falls_silent_and_comes_back() {

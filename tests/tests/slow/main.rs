@@ -5,5 +5,6 @@
 
 mod dir_watch;
 mod liqo_v0_10_interop;
+mod liqo_v1_api;
 mod liqo_v1_interop;
 mod wireguard_go_interop;

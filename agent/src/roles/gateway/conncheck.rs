@@ -45,8 +45,11 @@ pub const ADDR: Ipv4Addr = Ipv4Addr::new(169, 254, 0, 1);
 pub const SENDER_ADDR: Ipv4Addr = Ipv4Addr::new(169, 254, 0, 2);
 /// Time between two PINGs to a peer.
 pub const INTERVAL: Duration = Duration::from_secs(2);
-/// PINGs in a row without a PONG after which the peering is in error.
-pub const LOSSES_FOR_ERROR: u32 = 5;
+/// Intervals without a PONG after which the peering is in error: four, so
+/// that a peer gone silent shows in error within 10 s of its last PONG
+/// (8 s, and a pass to write it). Liqo's own check waits five (its
+/// `--ping-loss-threshold`), and reports it as late as 12 s after.
+pub const LOSSES_FOR_ERROR: u32 = 4;
 /// Largest message read, as Liqo's receiver's buffer; longer is not Liqo's.
 const MAX_MESSAGE: usize = 1024;
 
@@ -417,7 +420,7 @@ mod tests {
     }
 
     #[test]
-    fn a_pong_gives_the_round_trip_and_five_silent_intervals_an_error() {
+    fn a_pong_gives_the_round_trip_and_four_silent_intervals_an_error() {
         let mut checks = Checks::default();
         let t0 = Instant::now();
         checks.set_targets(&targets(&[("cluster-b", [10, 0, 1, 1])]), t0);
@@ -479,7 +482,7 @@ mod tests {
         let health = checks.health("cluster-b", silent).unwrap();
         assert_eq!(
             (health.connected, health.failed, health.unanswered),
-            (false, true, 5)
+            (false, true, LOSSES_FOR_ERROR)
         );
         // A new target starts afresh; the others keep their state.
         checks.set_targets(&targets(&[("cluster-b", [10, 0, 1, 2])]), silent);

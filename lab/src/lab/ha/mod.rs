@@ -25,7 +25,7 @@ use std::{
     time::Duration,
 };
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -36,7 +36,7 @@ use super::{
     keys::key_file,
     network::{add_ns, route_pod_halves, veth, wire_pod},
     node_objects::NODES_FILE,
-    paths::{bpffs, hosts_file, log_file, object_dir, state},
+    paths::{bpffs, hosts_file, log_file, object_dir, state, xtask_binary},
     process::{running_with, runs_with, spawn_detached, stop_pid},
     setup::Setup,
 };
@@ -244,18 +244,6 @@ fn remove_nodes() -> Result<()> {
     route_pod_halves(CLUSTER)?;
     let _ = fs::remove_file(holder_file());
     Ok(())
-}
-
-/// The xtask binary, which runs the control process: `cargo xtask` builds it.
-fn xtask_binary() -> Result<PathBuf> {
-    let binary = crate::target_dir().join("debug/xtask");
-    if !binary.exists() {
-        bail!(
-            "{} is missing: run `cargo xtask build` first",
-            binary.display()
-        );
-    }
-    Ok(binary)
 }
 
 /// Starts the control process in a session of its own and waits until

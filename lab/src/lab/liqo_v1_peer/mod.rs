@@ -72,10 +72,7 @@ pub fn write_objects(side: Side) -> Result<()> {
     let objects = [
         a_to_b.configuration_yaml(),
         a_to_b.public_key_yaml(&keys::public_key(&LIQO.gw())?),
-        match side {
-            Side::Client => a_to_b.isthmus_gateway_client_yaml(),
-            Side::Server => a_to_b.isthmus_gateway_server_yaml(),
-        },
+        a_to_b.isthmus_gateway_yaml(side),
     ]
     .join("---\n");
     for (node, _) in ISTHMUS.nodes() {

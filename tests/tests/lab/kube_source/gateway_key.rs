@@ -82,7 +82,7 @@ fn the_gateway_keeps_its_key_in_a_secret_and_reports_status_and_events() {
     );
     assert_eq!(waiting["latency"]["value"], "N/A");
     assert_eq!(waiting["peerConfiguration"]["endpointIP"], "127.0.0.2");
-    // Five PINGs (10 s) without a PONG: Error, as Liqo says it.
+    // Four PINGs (8 s) without a PONG: Error, as Liqo says it.
     wait_for("tep-c Error once its conncheck is silent", || {
         node.connection("liqo-tenant-c", "tep-c")["status"] == "Error"
     });

@@ -247,6 +247,21 @@ fn a_liqo_v1_gateway_creates_and_keeps_the_peers_connection() {
     let took = wait_for("a new timestamp", || stamp() != first);
     println!("restamped after {took:?}");
 
+    // The peer falls silent, as behind a cut WAN link: Error within 10 s,
+    // and Connected again once it answers.
+    peer.set_cut(true);
+    let cut = Instant::now();
+    let took = isthmus_tests::eventually(
+        Duration::from_secs(10),
+        "gw-rome Error within 10 s of the peer going silent",
+        || connection_value(&node) == "Error",
+    );
+    println!("Error {took:?} after the cut ({:?} in all)", cut.elapsed());
+    peer.set_cut(false);
+    wait_for("gw-rome Connected once the peer answers again", || {
+        connection_value(&node) == "Connected"
+    });
+
     // Deleted under the agent: created again.
     assert!(node.api.delete("connections", TENANT, CONNECTION));
     wait_for("gw-rome again, Connected", || {

@@ -11,6 +11,8 @@ pub struct TestPeer {
     pub port: u16,
     secret: [u8; 32],
     stop: Arc<AtomicBool>,
+    /// While set, whatever arrives is lost, as behind a cut WAN link.
+    cut: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -30,6 +32,7 @@ impl TestPeer {
             socket: Some(socket),
             secret,
             stop: Arc::new(AtomicBool::new(false)),
+            cut: Arc::new(AtomicBool::new(false)),
             thread: None,
         }
     }
@@ -49,9 +52,16 @@ impl TestPeer {
         self.run(gateway_public, Some(gateway));
     }
 
+    /// Loses everything that arrives while `cut`, and answers again once
+    /// not.
+    pub fn set_cut(&self, cut: bool) {
+        self.cut.store(cut, Ordering::Relaxed);
+    }
+
     fn run(&mut self, gateway_public: [u8; 32], contact: Option<std::net::SocketAddr>) {
         let socket = self.socket.take().expect("answering once");
         let (secret, stop) = (StaticSecret::from(self.secret), self.stop.clone());
+        let cut = self.cut.clone();
         self.thread = Some(std::thread::spawn(move || {
             let mut tunn = Tunn::new(
                 secret,
@@ -78,6 +88,9 @@ impl TestPeer {
                     }
                     continue;
                 };
+                if cut.load(Ordering::Relaxed) {
+                    continue;
+                }
                 let mut result = tunn.decapsulate(Some(from.ip()), &buf[..n], &mut out);
                 while let TunnResult::WriteToNetwork(packet) = result {
                     let _ = socket.send_to(packet, from);

@@ -1,0 +1,184 @@
+//! Every cluster on Liqo v1's API (`cargo xtask lab up --liqo-api v1`):
+//! each agent reads its own cluster's API server stand-in, which holds
+//! Liqo v1's objects as `liqoctl peer` and Liqo's controllers write them,
+//! with Isthmus as the gateway type. b serves a and c at once, each on a
+//! device and a port of its own. The reference lab's reachability rows
+//! hold with v1's direction of NAT; the Connections Liqo reads go to Error
+//! when a WAN link is cut, and back; `kubectl` reads each stand-in.
+//!
+//! These tests need that lab: `cargo xtask test` runs them in it.
+
+use std::{
+    net::Ipv4Addr,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use isthmus_lab::{
+    cmd::run,
+    lab::{
+        self,
+        liqo_v1_api::settings::{HUB, kubeconfig, server_port},
+    },
+    probe::{self, Proto},
+    topology::{A, B, C, Cluster, reachability},
+};
+use isthmus_tests::{eventually, require_lab};
+use serde_json::Value;
+
+/// How long the peerings may take to come up after the lab does.
+const CONNECT: Duration = Duration::from_secs(30);
+
+/// Where b sends what it masquerades: the first address of its
+/// ExternalCIDR, as Liqo v1's fabric does, unremapped as c sees it.
+const B_FIRST_EXTERNAL: Ipv4Addr = Ipv4Addr::new(192, 168, 0, 0);
+
+fn require_liqo_api_v1_lab() {
+    require_lab();
+    assert!(
+        lab::Setup::current().expect("the lab's setup").liqo_api_v1,
+        "the lab is not the Liqo v1 API lab: run `cargo xtask lab up --liqo-api v1`"
+    );
+}
+
+/// `kubectl get <plural> -A -o json` against `cluster`'s stand-in, from its
+/// gateway's netns: the items.
+fn kubectl_get(cluster: &Cluster, plural: &str) -> Vec<Value> {
+    let config = kubeconfig(cluster);
+    let output = Command::new("ip")
+        .args(["netns", "exec", &cluster.gw(), "kubectl", "--kubeconfig"])
+        .arg(&config)
+        .args(["get", plural, "-A", "-o", "json"])
+        .output()
+        .expect("kubectl runs");
+    assert!(
+        output.status.success(),
+        "kubectl get {plural} in cluster {}: {}",
+        cluster.name,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let list: Value = serde_json::from_slice(&output.stdout).expect("kubectl prints JSON");
+    list["items"].as_array().cloned().unwrap_or_default()
+}
+
+/// The `status.value` of each Connection of `cluster`, by peer cluster ID.
+fn connections(cluster: &Cluster) -> Vec<(String, String)> {
+    kubectl_get(cluster, "connections")
+        .iter()
+        .map(|c| {
+            let peer = c["metadata"]["labels"]["liqo.io/remote-cluster-id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let value = c["status"]["value"].as_str().unwrap_or_default().to_owned();
+            (peer, value)
+        })
+        .collect()
+}
+
+/// Whether `cluster`'s Connection to `peer` shows `value`.
+fn shows(cluster: &Cluster, peer: &Cluster, value: &str) -> bool {
+    connections(cluster)
+        .iter()
+        .any(|(id, v)| *id == peer.cluster_id() && v == value)
+}
+
+fn every_connection_connected() -> bool {
+    shows(&A, &B, "Connected")
+        && shows(&B, &A, "Connected")
+        && shows(&B, &C, "Connected")
+        && shows(&C, &B, "Connected")
+}
+
+#[test]
+#[ignore = "needs the Liqo v1 API lab; `cargo xtask test` runs it there"]
+fn rows_1_to_5_hold_with_liqo_v1s_direction_of_nat() {
+    require_liqo_api_v1_lab();
+    eventually(CONNECT, "every Connection Connected", every_connection_connected);
+    for reach in reachability() {
+        // Row 5 crosses b through an IP of b's, and b masquerades it as
+        // Liqo v1's gateway does: to its ExternalCIDR's first address.
+        let seen_as = match reach.row {
+            5 => B_FIRST_EXTERNAL,
+            _ => reach.client_seen_as,
+        };
+        for proto in [Proto::Tcp, Proto::Udp] {
+            let seen = probe::exchange(proto, &reach.from, &reach.answered_by, reach.target)
+                .unwrap_or_else(|e| panic!("row {} over {proto:?}: {e:#}", reach.row));
+            assert_eq!(
+                (seen.client_as_seen_by_server, seen.server_as_seen_by_client),
+                (seen_as, reach.target),
+                "row {} over {proto:?}",
+                reach.row
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs the Liqo v1 API lab; `cargo xtask test` runs it there"]
+fn the_hub_serves_both_peers_each_on_its_own_device_and_port_as_liqo_reads_it() {
+    require_liqo_api_v1_lab();
+    eventually(CONNECT, "every Connection Connected", every_connection_connected);
+    let servers = kubectl_get(HUB, "isthmusgatewayservers");
+    for client in [&A, &C] {
+        let server = servers
+            .iter()
+            .find(|s| s["metadata"]["name"] == client.cluster_id().as_str())
+            .unwrap_or_else(|| panic!("b's server for {}", client.name));
+        let endpoint = &server["status"]["endpoint"];
+        assert_eq!(endpoint["addresses"][0], B.wan_addr().to_string().as_str());
+        assert_eq!(endpoint["port"], server_port(client));
+        assert_eq!(server["status"]["internalEndpoint"]["node"], B.gw().as_str());
+        let device = format!("ist-{}", client.cluster_id());
+        let link = run("ip", &["-n", &B.gw(), "-o", "link", "show", "dev", &device])
+            .unwrap_or_else(|e| panic!("b-gw's device for {}: {e:#}", client.name));
+        assert!(link.contains(&device), "{link}");
+    }
+    let deployments: Vec<String> = kubectl_get(HUB, "deployments")
+        .iter()
+        .filter_map(|d| Some(d["metadata"]["name"].as_str()?.to_owned()))
+        .collect();
+    for client in [&A, &C] {
+        let name = format!("gw-{}", client.cluster_id());
+        assert!(deployments.contains(&name), "{name} in {deployments:?}");
+    }
+}
+
+/// Drops (or lets through again) every datagram between a's and b's
+/// uplinks at a's gateway, as a cut WAN link would.
+fn cut_a_from_b(cut: bool) {
+    let b = B.wan_addr();
+    let rules = match cut {
+        true => format!(
+            "table ip isthmus-cut {{ chain in {{ type filter hook input priority -10; ip saddr {b} drop; }}; chain out {{ type filter hook output priority -10; ip daddr {b} drop; }}; }}"
+        ),
+        false => "delete table ip isthmus-cut".to_owned(),
+    };
+    let script = format!("echo '{rules}' | nft -f -");
+    run("ip", &["netns", "exec", &A.gw(), "sh", "-c", &script]).expect("nft");
+}
+
+#[test]
+#[ignore = "needs the Liqo v1 API lab; `cargo xtask test` runs it there"]
+fn a_cut_wan_link_shows_error_within_10_s_on_both_sides_and_connected_once_mended() {
+    require_liqo_api_v1_lab();
+    eventually(CONNECT, "every Connection Connected", every_connection_connected);
+    cut_a_from_b(true);
+    let cut = Instant::now();
+    let took = eventually(
+        Duration::from_secs(10),
+        "a's and b's Connections in Error within 10 s of the cut",
+        || shows(&A, &B, "Error") && shows(&B, &A, "Error"),
+    );
+    println!("both in Error {took:?} after the cut");
+    // The other peering is b's too, and is not disturbed.
+    assert!(shows(&B, &C, "Connected") && shows(&C, &B, "Connected"));
+    cut_a_from_b(false);
+    eventually(
+        CONNECT,
+        "a's and b's Connections Connected again",
+        every_connection_connected,
+    );
+    println!("Connected again {:?} after the cut", cut.elapsed());
+}
