@@ -195,6 +195,9 @@ fn create(
             format!("{} {name:?} already exists", target.plural),
         );
     }
+    if let Some(refused) = invalid(shared, &target.plural, &object, None) {
+        return refused;
+    }
     let stored = store(state, shared, object, target.key(&name));
     (StatusCode::CREATED, ok(stored)).into_response()
 }
@@ -214,6 +217,9 @@ fn replace(
     }
     object["metadata"]["namespace"] = json!(target.namespace);
     object["kind"] = json!(kind_of(&target.plural));
+    if let Some(refused) = invalid(shared, &target.plural, &object, Some(stored)) {
+        return refused;
+    }
     ok(store(state, shared, object, target.key(name)))
 }
 
@@ -232,17 +238,32 @@ fn patch(
     if let Some(refused) = stale(&patch, &object, &target.plural, name) {
         return refused;
     }
+    let old = object.clone();
     if target.status {
-        // `put` keeps the stored status, so the new one is stored first.
         let mut new_status = object.get("status").cloned().unwrap_or_else(|| json!({}));
         merge(&mut new_status, &patch["status"]);
+        object["status"] = new_status.clone();
+        if let Some(refused) = invalid(shared, &target.plural, &object, Some(&old)) {
+            return refused;
+        }
+        // `put` keeps the stored status, so the new one is stored first.
         if let Some(stored) = state.objects.get_mut(&key) {
             stored["status"] = new_status;
         }
     } else {
         merge(&mut object, &patch);
+        if let Some(refused) = invalid(shared, &target.plural, &object, Some(&old)) {
+            return refused;
+        }
     }
     ok(store(state, shared, object, key))
+}
+
+/// The `422 Unprocessable Entity` the API server answers a write its CRDs
+/// refuse, naming the field and the rule; None if they admit it.
+fn invalid(shared: &Shared, plural: &str, object: &Value, old: Option<&Value>) -> Option<Response> {
+    let why = shared.crds.refusal(plural, object, old)?;
+    Some(status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", why))
 }
 
 /// Stores `object` (whose key is `key`), tells the watches, and returns it

@@ -10,6 +10,7 @@
 
 mod discovery;
 mod http;
+pub mod schema;
 
 use std::{
     collections::BTreeMap,
@@ -122,6 +123,8 @@ struct State {
 
 struct Shared {
     state: Mutex<State>,
+    /// The CRDs whose schemas and rules writes must meet.
+    crds: schema::Crds,
     /// Bumped on every change; `.1` is bumped to end every open watch.
     changes: watch::Sender<(u64, u64)>,
 }
@@ -148,9 +151,16 @@ pub struct FakeApi {
 impl FakeApi {
     /// Serves on `listener` (already bound, perhaps inside a netns).
     pub fn start(listener: TcpListener) -> Result<Self> {
+        Self::start_with_crds(listener, schema::Crds::default())
+    }
+
+    /// Serves on `listener`, refusing the writes `crds` refuse, with `422
+    /// Unprocessable Entity`, as the API server does.
+    pub fn start_with_crds(listener: TcpListener, crds: schema::Crds) -> Result<Self> {
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
+            crds,
             state: Mutex::new(State::default()),
             changes: watch::channel((0, 0)).0,
         });
@@ -221,6 +231,21 @@ current-context: fake
         let rv = self.state().put(object);
         self.notify(false);
         rv
+    }
+
+    /// As [`FakeApi::apply`], for an object the CRDs must admit, as the
+    /// API server would: else the reason it would give, and nothing stored.
+    pub fn admit(&self, object: Value) -> Result<u64, String> {
+        let plural = plural_of(object["kind"].as_str().unwrap_or_default());
+        let old = self.get(
+            &plural,
+            object["metadata"]["namespace"].as_str().unwrap_or_default(),
+            object["metadata"]["name"].as_str().unwrap_or_default(),
+        );
+        match self.shared.crds.refusal(&plural, &object, old.as_ref()) {
+            Some(why) => Err(why),
+            None => Ok(self.apply(object)),
+        }
     }
 
     /// Sets an object's status, as another controller writing the status

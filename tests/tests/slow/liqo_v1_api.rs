@@ -41,16 +41,20 @@ fn require_liqo_api_v1_lab() {
     );
 }
 
-/// `kubectl get <plural> -A -o json` against `cluster`'s stand-in, from its
-/// gateway's netns: the items.
-fn kubectl_get(cluster: &Cluster, plural: &str) -> Vec<Value> {
-    let config = kubeconfig(cluster);
-    let output = Command::new("ip")
+/// `kubectl <args>` against `cluster`'s stand-in, from its gateway's netns.
+fn kubectl(cluster: &Cluster, args: &[&str]) -> std::process::Output {
+    Command::new("ip")
         .args(["netns", "exec", &cluster.gw(), "kubectl", "--kubeconfig"])
-        .arg(&config)
-        .args(["get", plural, "-A", "-o", "json"])
+        .arg(kubeconfig(cluster))
+        .args(args)
         .output()
-        .expect("kubectl runs");
+        .expect("kubectl runs")
+}
+
+/// `kubectl get <plural> -A -o json` against `cluster`'s stand-in: the
+/// items.
+fn kubectl_get(cluster: &Cluster, plural: &str) -> Vec<Value> {
+    let output = kubectl(cluster, &["get", plural, "-A", "-o", "json"]);
     assert!(
         output.status.success(),
         "kubectl get {plural} in cluster {}: {}",
@@ -94,7 +98,11 @@ fn every_connection_connected() -> bool {
 #[ignore = "needs the Liqo v1 API lab; `cargo xtask test` runs it there"]
 fn rows_1_to_5_hold_with_liqo_v1s_direction_of_nat() {
     require_liqo_api_v1_lab();
-    eventually(CONNECT, "every Connection Connected", every_connection_connected);
+    eventually(
+        CONNECT,
+        "every Connection Connected",
+        every_connection_connected,
+    );
     for reach in reachability() {
         // Row 5 crosses b through an IP of b's, and b masquerades it as
         // Liqo v1's gateway does: to its ExternalCIDR's first address.
@@ -119,7 +127,11 @@ fn rows_1_to_5_hold_with_liqo_v1s_direction_of_nat() {
 #[ignore = "needs the Liqo v1 API lab; `cargo xtask test` runs it there"]
 fn the_hub_serves_both_peers_each_on_its_own_device_and_port_as_liqo_reads_it() {
     require_liqo_api_v1_lab();
-    eventually(CONNECT, "every Connection Connected", every_connection_connected);
+    eventually(
+        CONNECT,
+        "every Connection Connected",
+        every_connection_connected,
+    );
     let servers = kubectl_get(HUB, "isthmusgatewayservers");
     for client in [&A, &C] {
         let server = servers
@@ -129,7 +141,10 @@ fn the_hub_serves_both_peers_each_on_its_own_device_and_port_as_liqo_reads_it() 
         let endpoint = &server["status"]["endpoint"];
         assert_eq!(endpoint["addresses"][0], B.wan_addr().to_string().as_str());
         assert_eq!(endpoint["port"], server_port(client));
-        assert_eq!(server["status"]["internalEndpoint"]["node"], B.gw().as_str());
+        assert_eq!(
+            server["status"]["internalEndpoint"]["node"],
+            B.gw().as_str()
+        );
         let device = format!("ist-{}", client.cluster_id());
         let link = run("ip", &["-n", &B.gw(), "-o", "link", "show", "dev", &device])
             .unwrap_or_else(|e| panic!("b-gw's device for {}: {e:#}", client.name));
@@ -143,6 +158,27 @@ fn the_hub_serves_both_peers_each_on_its_own_device_and_port_as_liqo_reads_it() 
         let name = format!("gw-{}", client.cluster_id());
         assert!(deployments.contains(&name), "{name} in {deployments:?}");
     }
+    // The stand-in refuses what Liqo's CRDs refuse: an IP's target is
+    // immutable, by a CEL rule of theirs.
+    let refused = kubectl(
+        HUB,
+        &[
+            "patch",
+            "ips",
+            "c-pod1",
+            "-n",
+            "default",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"ip":"10.1.0.6"}}"#,
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("IP field is immutable"),
+        "{stderr}"
+    );
 }
 
 /// Drops (or lets through again) every datagram between a's and b's
@@ -163,7 +199,11 @@ fn cut_a_from_b(cut: bool) {
 #[ignore = "needs the Liqo v1 API lab; `cargo xtask test` runs it there"]
 fn a_cut_wan_link_shows_error_within_10_s_on_both_sides_and_connected_once_mended() {
     require_liqo_api_v1_lab();
-    eventually(CONNECT, "every Connection Connected", every_connection_connected);
+    eventually(
+        CONNECT,
+        "every Connection Connected",
+        every_connection_connected,
+    );
     cut_a_from_b(true);
     let cut = Instant::now();
     let took = eventually(

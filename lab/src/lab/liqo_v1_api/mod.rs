@@ -6,7 +6,9 @@
 //!   stand-in of its own cluster ([`crate::fake_api`]), served from the
 //!   cluster's LAN at [`settings::api_addr`]. A kubeconfig per cluster is
 //!   at [`settings::kubeconfig`], for `kubectl` in that cluster's netns.
-//! - Each stand-in holds its cluster's objects as `liqoctl peer` and Liqo's
+//! - Each stand-in holds Liqo v1.2's CRDs and Isthmus's, and refuses what
+//!   they refuse (their schemas and CEL rules), the agents' writes too.
+//!   It holds its cluster's objects as `liqoctl peer` and Liqo's
 //!   controllers write them: per peer, the `Configuration` with its
 //!   status and condition, the peer's `PublicKey`, the `GatewayServer` or
 //!   `GatewayClient` naming Isthmus's template, and the object Liqo
@@ -40,7 +42,7 @@ use super::{
 };
 use crate::{
     cmd::ip,
-    fake_api::FakeApi,
+    fake_api::{FakeApi, schema::Crds},
     netns,
     topology::{AGENT_NS, CLUSTERS, Cluster, NAT_MAPPING, PEERINGS},
 };
@@ -108,7 +110,7 @@ pub fn serve() -> Result<()> {
     let mut apis = Vec::new();
     for cluster in CLUSTERS {
         let listener = netns::run_in(&cluster.lan(), || TcpListener::bind(api_addr(cluster)))??;
-        let api = FakeApi::start(listener)?;
+        let api = FakeApi::start_with_crds(listener, crds()?)?;
         let path = kubeconfig(cluster);
         fs::create_dir_all(path.parent().context("a directory")?)?;
         fs::write(&path, api.kubeconfig())?;
@@ -123,6 +125,32 @@ pub fn serve() -> Result<()> {
     loop {
         std::thread::park();
     }
+}
+
+/// Liqo v1.2's CRDs, as its chart installs them, and Isthmus's gateway
+/// kinds: what each stand-in holds and judges writes by.
+fn crds() -> Result<Crds> {
+    let root = crate::repo_root();
+    let mut files = Vec::new();
+    for dir in [
+        "tests/fixtures/liqo-v1/crds",
+        "manifests/liqo-v1/gateway-type/crds",
+    ] {
+        let dir = root.join(dir);
+        for entry in fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
+            files.push(entry?.path());
+        }
+    }
+    files.sort();
+    Crds::load(&files)
+}
+
+/// Stores `object` in `api`, as the API server would; one its CRDs refuse
+/// stops the lab, naming the field.
+fn admit(api: &FakeApi, object: Value) -> Result<()> {
+    api.admit(object)
+        .map(drop)
+        .map_err(|why| anyhow::anyhow!("the lab's own object is refused: {why}"))
 }
 
 /// `cluster`'s objects, as its API server holds them once `liqoctl peer`
@@ -143,14 +171,14 @@ fn seed(api: &FakeApi, cluster: &Cluster) -> Result<()> {
             super::liqo_v1_peer::Side::Server => peering.remote,
             super::liqo_v1_peer::Side::Client => peering.local,
         });
-        api.apply(peering.configuration());
-        api.apply(peering.public_key(&public_key(&peering.remote.gw())?));
+        admit(api, peering.configuration())?;
+        admit(api, peering.public_key(&public_key(&peering.remote.gw())?))?;
         let parent = peering.liqo_gateway(side, port);
         let rendered = owned_by(api, &parent, peering.isthmus_gateway(side, port))?;
-        api.apply(rendered);
+        admit(api, rendered)?;
     }
     if cluster.name == NAT_MAPPING.hub.name {
-        api.apply(hub_ip());
+        admit(api, hub_ip())?;
     }
     Ok(())
 }
@@ -172,7 +200,7 @@ fn hub_ip() -> Value {
 /// `parent` and has given it a UID, as Liqo's controllers own what they
 /// render.
 fn owned_by(api: &FakeApi, parent: &Value, mut child: Value) -> Result<Value> {
-    api.apply(parent.clone());
+    admit(api, parent.clone())?;
     let kind = parent["kind"].as_str().context("a kind")?;
     let (namespace, name) = (
         parent["metadata"]["namespace"]
