@@ -144,9 +144,9 @@ fn args_in(node: &str, setup: &Setup) -> Result<Vec<String>> {
     }
     if serves_liqo_v1(node, setup) {
         args.push("--liqo-api=v1".into());
-        // Where a Liqo v1 peer it serves makes contact, as manifests/liqo-v1.
+        // Its MSS clamp fits Liqo's tunnel MTU, as manifests/liqo-v1's.
         if role_of(node) == "gateway" {
-            args.push(format!("--listen-port={}", crate::liqo_v1::PORT));
+            args.push(format!("--mtu={}", crate::liqo_v1::MTU));
         }
     }
     args.push(format!("--pod-devs={POD_DEVS}"));

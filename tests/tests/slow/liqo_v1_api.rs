@@ -148,7 +148,11 @@ fn the_hub_serves_both_peers_each_on_its_own_device_and_port_as_liqo_reads_it() 
         let device = format!("ist-{}", client.cluster_id());
         let link = run("ip", &["-n", &B.gw(), "-o", "link", "show", "dev", &device])
             .unwrap_or_else(|e| panic!("b-gw's device for {}: {e:#}", client.name));
-        assert!(link.contains(&device), "{link}");
+        // With the MTU of its object, Liqo's.
+        assert!(
+            link.contains(&device) && link.contains("mtu 1340"),
+            "{link}"
+        );
     }
     let deployments: Vec<String> = kubectl_get(HUB, "deployments")
         .iter()

@@ -223,6 +223,7 @@ async fn start_gateway(
         device: args.tunnel_dev.clone(),
         port: args.listen_port,
         liqo_v1: false,
+        mtu: None,
     };
     let gateway = Gateway::start(
         settings,

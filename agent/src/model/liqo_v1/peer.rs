@@ -81,5 +81,6 @@ fn tunnel(companions: Companions<'_>) -> Result<TunnelParams, &'static str> {
         endpoint,
         port,
         public_key: key.key,
+        mtu: Some(gateway.mtu),
     })
 }

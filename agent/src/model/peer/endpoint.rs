@@ -12,6 +12,9 @@ pub struct TunnelParams {
     pub port: u16,
     /// `backend_config.publicKey`, decoded.
     pub public_key: [u8; 32],
+    /// The tunnel's MTU, where the peer's objects give one (a Liqo v1
+    /// gateway object's `spec.mtu`); else the gateway's own (`--mtu`).
+    pub mtu: Option<u16>,
 }
 
 /// `endpointIP`: an address, or a DNS name that Liqo copied from a

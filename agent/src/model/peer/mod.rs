@@ -533,6 +533,7 @@ impl Reader<'_> {
                 endpoint,
                 port,
                 public_key,
+                mtu: None,
             }),
         })
     }

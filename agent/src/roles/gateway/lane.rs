@@ -33,6 +33,9 @@ pub struct LaneSpec {
     /// Whether the device carries one Liqo v1 peer, which it names to the
     /// kernel, and has Liqo v1's tunnel address.
     pub liqo_v1: bool,
+    /// The device's MTU, where the peer's gateway object gives one; else
+    /// the gateway's (`--mtu`).
+    pub mtu: Option<u32>,
 }
 
 impl LaneSpec {
@@ -51,6 +54,7 @@ impl LaneSpec {
                 Endpoint::Addr(_) | Endpoint::Name(_) => 0,
             },
             liqo_v1: true,
+            mtu: params.mtu.map(u32::from),
         })
     }
 }
@@ -89,6 +93,7 @@ impl Lane {
         let config = TunnelConfig {
             dev: spec.device.clone(),
             port: spec.port,
+            mtu: spec.mtu.unwrap_or(settings.tunnel.mtu),
             ..settings.tunnel.clone()
         };
         let tunnel = Tunnel::start(&config, settings.key.clone()).with_context(|| {
@@ -252,16 +257,19 @@ mod tests {
             device: "isthmus0".into(),
             port: 5871,
             liqo_v1: false,
+            mtu: None,
         }
     }
 
     #[test]
-    fn a_v1_peer_has_its_own_device_on_its_servers_port_or_a_port_the_kernel_picks() {
+    fn a_v1_peer_has_its_own_device_on_its_servers_port_or_a_port_the_kernel_picks_with_its_mtu() {
         let server = fixtures::rome(fixtures::SERVER, true);
+        // Liqo's MTU, as the object gives it.
         let own = LaneSpec {
             device: "ist-rome".into(),
             port: 51840,
             liqo_v1: true,
+            mtu: Some(1340),
         };
         assert_eq!(LaneSpec::of(&server, Some(&shared())), Some(own.clone()));
         assert_eq!(LaneSpec::of(&server, None), Some(own.clone()));

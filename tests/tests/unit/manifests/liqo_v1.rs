@@ -36,10 +36,20 @@ fn every_agent_serves_liqo_v1_and_may_read_its_kinds() {
         let has = |arg: &str| agent["args"].as_array().unwrap().iter().any(|a| a == arg);
         let name = &ds["metadata"]["name"];
         assert!(has("--liqo-api=v1"), "{name}: {}", agent["args"]);
-        // The gateway listens where a Liqo v1 peer it serves makes contact:
-        // a GatewayServer's default port.
+        // Each peer's device listens on its own GatewayServer's port, so
+        // no --listen-port: the port declared is a GatewayServer's default.
         if name == "isthmus-gateway" {
-            assert!(has("--listen-port=51840"), "{}", agent["args"]);
+            // The MSS clamp fits Liqo's tunnel MTU.
+            assert!(has("--mtu=1340"), "{}", agent["args"]);
+            assert!(
+                !agent["args"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|a| a.as_str().is_some_and(|a| a.starts_with("--listen-port"))),
+                "{}",
+                agent["args"]
+            );
             let wireguard = agent["ports"]
                 .as_array()
                 .unwrap()
