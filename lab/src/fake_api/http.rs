@@ -137,6 +137,7 @@ pub(super) async fn handle(
         (Method::POST, None) => create(state, &shared, &target, body),
         (Method::PUT, Some(name)) => replace(state, &shared, &target, &name, body),
         (Method::PATCH, Some(name)) => patch(state, &shared, &target, &name, body),
+        (Method::DELETE, Some(name)) => remove(state, &shared, &target, &name),
         (method, _) => status(
             StatusCode::METHOD_NOT_ALLOWED,
             "MethodNotAllowed",
@@ -257,6 +258,24 @@ fn patch(
         }
     }
     ok(store(state, shared, object, key))
+}
+
+/// Deletes the object, as `kubectl delete` asks: the object as it was.
+fn remove(
+    mut state: MutexGuard<'_, State>,
+    shared: &Shared,
+    target: &Target,
+    name: &str,
+) -> Response {
+    let key = target.key(name);
+    let Some(object) = state.objects.get(&key).cloned() else {
+        return target.not_found(name);
+    };
+    state.delete(&key);
+    let rv = state.rv;
+    drop(state);
+    shared.changes.send_modify(|(seen, _)| *seen = rv);
+    ok(object)
 }
 
 /// The `422 Unprocessable Entity` the API server answers a write its CRDs

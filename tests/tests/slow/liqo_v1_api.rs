@@ -226,3 +226,83 @@ fn a_cut_wan_link_shows_error_within_10_s_on_both_sides_and_connected_once_mende
     );
     println!("Connected again {:?} after the cut", cut.elapsed());
 }
+
+/// Liqo's `api-server` IP (`EnforceAPIServerIPRemapping`,
+/// `pkg/utils/ipam/mapping/ips.go:37-71` at v1.2.0), as the IPAM completes
+/// it: the `kubernetes` Service's ClusterIP, exposed at `exposed`.
+fn api_server_ip(exposed: Ipv4Addr) -> String {
+    format!(
+        r#"{{"apiVersion": "ipam.liqo.io/v1alpha1", "kind": "IP",
+  "metadata": {{"name": "api-server", "namespace": "liqo",
+    "labels": {{"ipam.liqo.io/ip-type": "api-server"}},
+    "annotations": {{"liqo.io/preinstalled": "true"}}}},
+  "spec": {{"ip": "{CLUSTER_IP}"}},
+  "status": {{"ip": "{exposed}", "cidr": "{}"}}}}"#,
+        B.external_cidr
+    )
+}
+
+/// The `kubernetes` Service's ClusterIP.
+const CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 1);
+
+/// kube-proxy's part on b-gw (or none): the ClusterIP DNATed to the API
+/// server, b-gw's LAN address here, and a rule at the forward hook, as
+/// kube-proxy's `KUBE-FORWARD` chain has.
+fn kube_proxy_on_b(on: bool) {
+    let rules = match on {
+        true => format!(
+            "table ip kube-proxy-stand-in {{ chain services {{ type nat hook prerouting priority dstnat; ip daddr {CLUSTER_IP} meta l4proto tcp dnat to {}; }}; chain forward {{ type filter hook forward priority filter; ct state related,established accept; }}; }}",
+            B.lan_gw()
+        ),
+        false => "delete table ip kube-proxy-stand-in".to_owned(),
+    };
+    let script = format!("echo '{rules}' | nft -f -");
+    run("ip", &["netns", "exec", &B.gw(), "sh", "-c", &script]).expect("nft");
+}
+
+#[test]
+#[ignore = "needs the Liqo v1 API lab; `cargo xtask test` runs it there"]
+fn liqos_api_server_ip_leads_a_remote_pod_through_the_services_cluster_ip() {
+    require_liqo_api_v1_lab();
+    eventually(
+        CONNECT,
+        "every Connection Connected",
+        every_connection_connected,
+    );
+    // With kube-proxy's forward rule there, b-gw's agent keeps what
+    // crosses in the stack, where kube-proxy's DNAT runs.
+    kube_proxy_on_b(true);
+    eventually(CONNECT, "b-gw forwards through netfilter", || {
+        lab::metric_sum(&B.gw(), "isthmus_forward_past_netfilter", &[]).is_ok_and(|v| v == 0.0)
+    });
+    // b's API server, as a's pods reach it: 192.168.0.1 of b's
+    // ExternalCIDR, 10.0.1.1 in a's view of it.
+    let (exposed, seen_from_a) = (Ipv4Addr::new(192, 168, 0, 1), Ipv4Addr::new(10, 0, 1, 1));
+    let file = std::env::temp_dir().join("isthmus-api-server-ip.json");
+    std::fs::write(&file, api_server_ip(exposed)).unwrap();
+    // The stand-in serves no OpenAPI document for kubectl's own checks;
+    // it judges the object by Liqo's CRD itself.
+    let path = file.to_string_lossy();
+    let applied = kubectl(HUB, &["apply", "--validate=false", "-f", &path]);
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    let reaches = || probe::exchange(Proto::Tcp, &A.pod(1), &B.gw(), seen_from_a);
+    eventually(CONNECT, "a-pod1 reaches b's API server", || {
+        reaches().is_ok()
+    });
+    let seen = reaches().unwrap();
+    assert_eq!(
+        (seen.client_as_seen_by_server, seen.server_as_seen_by_client),
+        (Ipv4Addr::new(10, 0, 40, 5), seen_from_a)
+    );
+    let deleted = kubectl(HUB, &["delete", "ips", "api-server", "-n", "liqo"]);
+    assert!(
+        deleted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&deleted.stderr)
+    );
+    kube_proxy_on_b(false);
+}

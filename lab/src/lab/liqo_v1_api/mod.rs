@@ -23,13 +23,7 @@
 
 pub mod settings;
 
-use std::{
-    fs,
-    net::{SocketAddr, TcpListener, TcpStream},
-    path::PathBuf,
-    process::Command,
-    time::Duration,
-};
+use std::{fs, net::TcpListener, path::PathBuf, process::Command, time::Duration};
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
@@ -58,7 +52,7 @@ fn pid_file() -> PathBuf {
 }
 
 /// Starts the stand-ins, each on its cluster's LAN, and waits until every
-/// one answers.
+/// one serves its objects: its kubeconfig, written last, says so.
 pub fn start() -> Result<()> {
     for cluster in CLUSTERS {
         let addr = format!("{}/24", api_addr(cluster).ip());
@@ -70,17 +64,14 @@ pub fn start() -> Result<()> {
     let pid = spawn_detached(command, log).context("starting the API server stand-ins")?;
     fs::write(pid_file(), pid.to_string())?;
     for cluster in CLUSTERS {
-        let addr = SocketAddr::V4(api_addr(cluster));
         crate::wait::until(
             START_TIMEOUT,
             Duration::from_millis(20),
-            &format!("cluster {}'s API server stand-in answers", cluster.name),
-            || {
-                netns::run_in(&cluster.lan(), || {
-                    TcpStream::connect_timeout(&addr, Duration::from_secs(1))
-                })
-                .is_ok_and(|c| c.is_ok())
-            },
+            &format!(
+                "cluster {}'s API server stand-in serves its objects",
+                cluster.name
+            ),
+            || kubeconfig(cluster).exists(),
         )
         .with_context(|| format!("its log:\n{}", log_tail(&log_file(CONTROL_COMMAND))))?;
     }
@@ -111,10 +102,13 @@ pub fn serve() -> Result<()> {
     for cluster in CLUSTERS {
         let listener = netns::run_in(&cluster.lan(), || TcpListener::bind(api_addr(cluster)))??;
         let api = FakeApi::start_with_crds(listener, crds()?)?;
+        seed(&api, cluster)?;
+        // Last: the lab starts the agents once every kubeconfig is there.
         let path = kubeconfig(cluster);
         fs::create_dir_all(path.parent().context("a directory")?)?;
-        fs::write(&path, api.kubeconfig())?;
-        seed(&api, cluster)?;
+        let staged = path.with_extension("new");
+        fs::write(&staged, api.kubeconfig())?;
+        fs::rename(&staged, &path)?;
         println!(
             "{CONTROL_COMMAND}: serving cluster {}'s objects on {}",
             cluster.name,
