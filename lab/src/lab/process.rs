@@ -4,6 +4,7 @@
 use std::{
     fs,
     os::unix::process::CommandExt,
+    path::Path,
     process::{Command, Stdio},
     time::Duration,
 };
@@ -100,4 +101,23 @@ pub(crate) fn running_with(words: &[&str]) -> Vec<u32> {
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
         .filter(|pid| runs_with(*pid, words))
         .collect()
+}
+
+/// Ends the lab's background `cargo xtask <command>` process, recorded in
+/// `pid_file` or found running, if any.
+pub(crate) fn stop_xtask_process(command: &str, pid_file: &Path) -> Result<()> {
+    let recorded = fs::read_to_string(pid_file)
+        .ok()
+        .and_then(|p| p.trim().parse().ok());
+    let mut pids: Vec<u32> = recorded.into_iter().collect();
+    pids.extend(running_with(&["xtask", command]));
+    pids.sort_unstable();
+    pids.dedup();
+    for pid in pids {
+        if runs_with(pid, &["xtask", command]) {
+            stop_pid(pid)?;
+        }
+    }
+    let _ = fs::remove_file(pid_file);
+    Ok(())
 }

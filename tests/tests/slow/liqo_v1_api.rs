@@ -185,6 +185,12 @@ fn the_hub_serves_both_peers_each_on_its_own_device_and_port_as_liqo_reads_it() 
     );
 }
 
+/// Loads `rules` (nft's own syntax) in netns `ns`.
+fn nft(ns: &str, rules: &str) {
+    let script = format!("echo '{rules}' | nft -f -");
+    run("ip", &["netns", "exec", ns, "sh", "-c", &script]).expect("nft");
+}
+
 /// Drops (or lets through again) every datagram between a's and b's
 /// uplinks at a's gateway, as a cut WAN link would.
 fn cut_a_from_b(cut: bool) {
@@ -195,8 +201,7 @@ fn cut_a_from_b(cut: bool) {
         ),
         false => "delete table ip isthmus-cut".to_owned(),
     };
-    let script = format!("echo '{rules}' | nft -f -");
-    run("ip", &["netns", "exec", &A.gw(), "sh", "-c", &script]).expect("nft");
+    nft(&A.gw(), &rules);
 }
 
 #[test]
@@ -245,7 +250,7 @@ fn api_server_ip(exposed: Ipv4Addr) -> String {
 /// The `kubernetes` Service's ClusterIP.
 const CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 1);
 
-/// kube-proxy's part on b-gw (or none): the ClusterIP DNATed to the API
+/// kube-proxy's part on b-gw (or none): the `ClusterIP` translated to the API
 /// server, b-gw's LAN address here, and a rule at the forward hook, as
 /// kube-proxy's `KUBE-FORWARD` chain has.
 fn kube_proxy_on_b(on: bool) {
@@ -256,8 +261,7 @@ fn kube_proxy_on_b(on: bool) {
         ),
         false => "delete table ip kube-proxy-stand-in".to_owned(),
     };
-    let script = format!("echo '{rules}' | nft -f -");
-    run("ip", &["netns", "exec", &B.gw(), "sh", "-c", &script]).expect("nft");
+    nft(&B.gw(), &rules);
 }
 
 #[test]

@@ -37,7 +37,7 @@ use super::{
     network::{add_ns, route_pod_halves, veth, wire_pod},
     node_objects::NODES_FILE,
     paths::{bpffs, hosts_file, log_file, object_dir, state, xtask_binary},
-    process::{running_with, runs_with, spawn_detached, stop_pid},
+    process::{spawn_detached, stop_xtask_process},
     setup::Setup,
 };
 use crate::{
@@ -272,20 +272,7 @@ fn start_control() -> Result<()> {
 
 /// Ends the control process, if it runs.
 pub fn stop_control() -> Result<()> {
-    let recorded = fs::read_to_string(pid_file())
-        .ok()
-        .and_then(|p| p.trim().parse().ok());
-    let mut pids: Vec<u32> = recorded.into_iter().collect();
-    pids.extend(running_with(&["xtask", CONTROL_COMMAND]));
-    pids.sort_unstable();
-    pids.dedup();
-    for pid in pids {
-        if runs_with(pid, &["xtask", CONTROL_COMMAND]) {
-            stop_pid(pid)?;
-        }
-    }
-    let _ = fs::remove_file(pid_file());
-    Ok(())
+    stop_xtask_process(CONTROL_COMMAND, &pid_file())
 }
 
 /// The control process: serves a's objects and moves a's endpoint address

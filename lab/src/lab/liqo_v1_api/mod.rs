@@ -32,7 +32,7 @@ use super::{
     agents::log_tail,
     keys::{key_file, public_key},
     paths::{log_file, state, xtask_binary},
-    process::{running_with, runs_with, spawn_detached, stop_pid},
+    process::{spawn_detached, stop_xtask_process},
 };
 use crate::{
     cmd::ip,
@@ -80,20 +80,7 @@ pub fn start() -> Result<()> {
 
 /// Ends the control process, if it runs.
 pub fn stop() -> Result<()> {
-    let recorded = fs::read_to_string(pid_file())
-        .ok()
-        .and_then(|p| p.trim().parse().ok());
-    let mut pids: Vec<u32> = recorded.into_iter().collect();
-    pids.extend(running_with(&["xtask", CONTROL_COMMAND]));
-    pids.sort_unstable();
-    pids.dedup();
-    for pid in pids {
-        if runs_with(pid, &["xtask", CONTROL_COMMAND]) {
-            stop_pid(pid)?;
-        }
-    }
-    let _ = fs::remove_file(pid_file());
-    Ok(())
+    stop_xtask_process(CONTROL_COMMAND, &pid_file())
 }
 
 /// The control process: serves every cluster's objects until signalled.
