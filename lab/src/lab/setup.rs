@@ -141,14 +141,8 @@ impl Setup {
             );
         }
         if self.liqo_api_v1 {
-            let others = [
-                (self.tunnel != LabTunnel::default(), "--tunnel"),
-                (self.liqo.is_some(), "a Liqo peer"),
-                (self.containers, "--containers"),
-                (self.ha, "--ha"),
-                (self.segregation, "--segregation"),
-            ];
-            if let Some((_, other)) = others.iter().find(|(on, _)| *on) {
+            let peer = self.liqo.is_some().then_some("a Liqo peer");
+            if let Some(other) = peer.or_else(|| self.variant_beside("--tunnel")) {
                 bail!(
                     "`--liqo-api v1` and {other} cannot be combined: every cluster then runs Isthmus's embedded tunnel as processes, one gateway each, none segregating"
                 );
@@ -162,18 +156,26 @@ impl Setup {
             LiqoPeer::V1(_) => format!("--liqo-v1-peer {}", liqo.cluster().name),
         };
         let tunnel_flag = format!("--tunnel {}", self.tunnel.as_str());
-        let others = [
-            (self.tunnel != LabTunnel::default(), tunnel_flag.as_str()),
-            (self.containers, "--containers"),
-            (self.ha, "--ha"),
-            (self.segregation, "--segregation"),
-        ];
-        if let Some((_, other)) = others.iter().find(|(on, _)| *on) {
+        if let Some(other) = self.variant_beside(&tunnel_flag) {
             bail!(
                 "`{liqo_flag}` and `{other}` cannot be combined: a cluster run as Liqo brings its own tunnel, and the lab runs it beside agents that are processes, one gateway per cluster, none segregating"
             );
         }
         Ok(())
+    }
+
+    /// The first variant set that runs beside every cluster's own agents
+    /// (`tunnel_flag` naming another tunnel), which a lab of Liqo peers or
+    /// of Liqo v1's API cannot take.
+    fn variant_beside<'a>(&self, tunnel_flag: &'a str) -> Option<&'a str> {
+        [
+            (self.tunnel != LabTunnel::default(), tunnel_flag),
+            (self.containers, "--containers"),
+            (self.ha, "--ha"),
+            (self.segregation, "--segregation"),
+        ]
+        .into_iter()
+        .find_map(|(on, flag)| on.then_some(flag))
     }
 
     /// Whether `cluster`'s agents run Isthmus, not Liqo.

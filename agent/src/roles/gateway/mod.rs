@@ -264,10 +264,10 @@ impl Gateway {
         // Allowed before the handshake goes out, so its answer gets through.
         self.follow_guard(&self.tunnels.status());
         for (device, lane) in &self.lanes {
-            let of_lane: Vec<_> = configs
-                .iter()
-                .filter(|c| lanes.get(&c.key).is_some_and(|spec| spec.device == *device))
-                .cloned()
+            let of_lane: Vec<_> = plan
+                .on_device(&lanes, device)
+                .filter(|_| active)
+                .map(|c| c.config.clone())
                 .collect();
             lane.set_peers(&of_lane);
         }
@@ -438,12 +438,7 @@ impl Gateway {
         let mut routed =
             lane::log_routes("blackholes", self.blackholes.sync(&before, active).await);
         for (device, lane) in &mut self.lanes {
-            let peers: Vec<&Peer> = plan
-                .carried
-                .iter()
-                .filter(|c| lanes.get(&c.peer.key).is_some_and(|s| s.device == *device))
-                .map(|c| c.peer)
-                .collect();
+            let peers: Vec<&Peer> = plan.on_device(lanes, device).map(|c| c.peer).collect();
             routed &= lane.follow(&peers, active).await;
         }
         routed &= lane::log_routes("blackholes", self.blackholes.sync(&desired, active).await);

@@ -84,6 +84,20 @@ impl<'a> Plan<'a> {
             .collect()
     }
 
+    /// The carried peers on tunnel device `device`, by their devices in
+    /// `lanes`.
+    pub fn on_device<'s>(
+        &'s self,
+        lanes: &'s BTreeMap<ObjectKey, LaneSpec>,
+        device: &'s str,
+    ) -> impl Iterator<Item = &'s Carried<'a>> {
+        self.carried.iter().filter(move |c| {
+            lanes
+                .get(&c.peer.key)
+                .is_some_and(|spec| spec.device == device)
+        })
+    }
+
     /// Leaves the carried peer `key` out of the tunnel, with why.
     pub fn leave_out(&mut self, key: &ObjectKey, why: String) {
         self.carried.retain(|c| c.peer.key != *key);
