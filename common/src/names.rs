@@ -65,7 +65,7 @@ pub const MAP_GUARD_STATS: &str = "ist_guard_stats";
 /// One-entry array: the overlay's settings
 /// ([`crate::overlay::OverlayConfig`]).
 pub const MAP_OVERLAY: &str = "ist_overlay";
-/// LPM trie: the cluster's other nodes, (PodCIDR) → node address
+/// LPM trie: the cluster's other nodes, (PodCIDR, or address/32) → node address
 /// ([`crate::wire::Be32`]).
 pub const MAP_NODES: &str = "ist_nodes";
 /// Hash: the cluster's nodes' addresses ([`crate::wire::Be32`] → 1): the only outer
@@ -133,6 +133,9 @@ pub const PROG_GUARD: &str = "tunnel_guard";
 pub const PROG_STEER: &str = "overlay_steer";
 /// Every node: takes in packets from the overlay, on its VXLAN device.
 pub const PROG_ACCEPT: &str = "overlay_accept";
+/// Worker: sends the node's own packets for peers' networks, which its
+/// routes lead into the VXLAN device, to the gateway node (egress).
+pub const PROG_OWN: &str = "overlay_own";
 /// Every node: takes in packets from the overlay straight off its uplink,
 /// removing the outer headers itself.
 pub const PROG_DECAP: &str = "overlay_decap";
@@ -171,7 +174,7 @@ pub const NAT_IN_PROGRAMS: [&str; 2] = [PROG_INGRESS_ETH, PROG_INGRESS_IP];
 pub const PROGRAM_ARRAYS: [&str; 3] = [MAP_ONWARD, MAP_PEER_DNAT, MAP_NAT_IN];
 
 /// Every TC program the agent attaches.
-pub const PROGRAMS: [&str; 9] = [
+pub const PROGRAMS: [&str; 10] = [
     PROG_EGRESS_ETH,
     PROG_INGRESS_ETH,
     PROG_EGRESS_IP,
@@ -183,6 +186,7 @@ pub const PROGRAMS: [&str; 9] = [
     // (`nl_handle`) across an upgrade.
     PROG_PEER_SNAT_ETH,
     PROG_PEER_SNAT_IP,
+    PROG_OWN,
 ];
 
 /// Maximum number of peer networks in [`MAP_PEERS`] (two per peer).
@@ -196,7 +200,7 @@ pub const MAX_GUARD_INDEXES: u32 = 8192;
 pub const MAX_GUARD_PORTS: u32 = MAX_PEER_DEVS;
 /// Capacity of [`MAP_POD_DEVS`]: pods on one node.
 pub const MAX_POD_DEVS: u32 = 4096;
-/// Capacity of [`MAP_NODES`] (PodCIDRs of the cluster's nodes) and of
+/// Capacity of [`MAP_NODES`] (PodCIDRs and addresses of the cluster's nodes) and of
 /// [`MAP_NODE_ADDRS`].
 pub const MAX_NODES: u32 = 16384;
 /// Default capacity of [`MAP_NATMAP`] and [`MAP_NATMAP_REV`]; the agent may

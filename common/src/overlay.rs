@@ -4,7 +4,8 @@
 //! collect-metadata VXLAN device.
 //!
 //! The kernel programs choose the remote node per packet and set it as the
-//! tunnel key; no host route, rule or FDB entry is involved.
+//! tunnel key; no rule or FDB entry is involved. A worker's routes lead
+//! only its own traffic for peers into the device.
 
 /// Name of the VXLAN device the agent creates on every node.
 pub const DEFAULT_DEVICE: &str = "isthmus.vx";
@@ -54,14 +55,15 @@ assert_layout!(OverlayConfig, size = 20, align = 4);
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OverlayEvent {
-    /// A worker sent a pod's remote-bound packet to the gateway node.
+    /// A worker sent a remote-bound packet, a pod's or its own, to the
+    /// gateway node.
     ToGateway = 0,
     /// The gateway sent a packet from the tunnel to the node of its pod.
     ToNode = 1,
     /// A node took in a packet from the overlay.
     Received = 2,
-    /// A worker had a remote-bound packet while no gateway is known; the
-    /// packet went on to the stack.
+    /// A worker had a remote-bound packet while no gateway is known: a
+    /// pod's went on to the stack, the node's own was dropped.
     NoGateway = 3,
     /// A packet came in on the overlay device with another VNI; dropped.
     WrongVni = 4,

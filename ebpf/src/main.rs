@@ -145,6 +145,13 @@ pub fn overlay_steer(ctx: TcContext) -> i32 {
     overlay::steer(&ctx, ETH_HLEN)
 }
 
+/// Sends the node's own packets for peers' networks to the gateway node,
+/// on the VXLAN device (egress).
+#[classifier]
+pub fn overlay_own(ctx: TcContext) -> i32 {
+    overlay::own_to_gateway(&ctx)
+}
+
 /// Takes in the overlay's packets, on the VXLAN device (ingress).
 #[classifier]
 pub fn overlay_accept(ctx: TcContext) -> i32 {

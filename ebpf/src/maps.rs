@@ -219,7 +219,7 @@ pub fn count_guard(verdict: Verdict) {
 #[btf_map(name = "ist_overlay")]
 static OVERLAY: Array<OverlayConfig, 1> = Array::new();
 
-/// The cluster's other nodes: PodCIDR → node address.
+/// The cluster's other nodes: PodCIDR, or address/32, → node address.
 #[btf_map(name = "ist_nodes")]
 static NODES: LpmTrie<Be32, Be32, { MAX_NODES as usize }> = LpmTrie::new();
 
@@ -237,7 +237,8 @@ pub fn overlay() -> Option<&'static OverlayConfig> {
     OVERLAY.get(0).filter(|c| c.ifindex != 0)
 }
 
-/// The address of the other node whose PodCIDR holds `addr`.
+/// The address of the other node whose PodCIDR holds `addr`, or which is
+/// `addr`.
 #[inline(always)]
 pub fn node_of(addr: Be32) -> Option<Be32> {
     NODES.get(&Key::new(32, addr)).copied()

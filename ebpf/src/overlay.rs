@@ -57,6 +57,33 @@ pub fn steer(ctx: &TcContext, l3: usize) -> i32 {
     encapsulate(ctx, config, config.gateway, OverlayEvent::ToGateway)
 }
 
+/// A worker, on the VXLAN device (egress): the node's own packet for a
+/// peer's networks, which its routes send into the device, goes to the
+/// gateway node, which masquerades it. A packet the steering or the
+/// gateway redirected here already has its key, and goes on as it is.
+/// Without a gateway node known, the device could send it nowhere: dropped
+/// and counted.
+#[inline(always)]
+pub fn own_to_gateway(ctx: &TcContext) -> i32 {
+    let Some(dst) = ipv4_dst(ctx, ETH_HLEN) else {
+        return TC_ACT_UNSPEC;
+    };
+    if maps::peer(dst).is_none() || has_tunnel_key(ctx) {
+        return TC_ACT_UNSPEC;
+    }
+    let Some(config) = maps::overlay() else {
+        return TC_ACT_UNSPEC;
+    };
+    if config.gateway.is_zero() || config.gateway == config.local {
+        maps::count_overlay(OverlayEvent::NoGateway);
+        return TC_ACT_SHOT;
+    }
+    if set_tunnel_key(ctx, config, config.gateway) {
+        maps::count_overlay(OverlayEvent::ToGateway);
+    }
+    TC_ACT_UNSPEC
+}
+
 /// Gateway, after the ingress NAT: a packet from the tunnel for `dst`, a
 /// pod of another node, goes to that node, and this is the TC action; None
 /// for a packet for no other node. `l3` is 0 on an L3 device (tun), whose
@@ -84,16 +111,7 @@ pub fn accept(ctx: &TcContext) -> i32 {
     let mut slot = MaybeUninit::uninit();
     // SAFETY: all-zero is a valid bpf_tunnel_key.
     let key: &mut bpf_tunnel_key = unsafe { stack::zeroed(&mut slot) };
-    // SAFETY: the helper writes at most `size` bytes into `key`.
-    let got = unsafe {
-        bpf_skb_get_tunnel_key(
-            ctx.skb.skb,
-            &mut *key,
-            size_of::<bpf_tunnel_key>() as u32,
-            0,
-        )
-    };
-    if got != 0 || key.tunnel_id != config.vni {
+    if !read_tunnel_key(ctx, key) || key.tunnel_id != config.vni {
         maps::count_overlay(OverlayEvent::WrongVni);
         return TC_ACT_SHOT;
     }
@@ -205,6 +223,18 @@ fn ipv4_dst(ctx: &TcContext, l3: usize) -> Option<Be32> {
 /// stack: never dropped for our sake.
 #[inline(always)]
 fn encapsulate(ctx: &TcContext, config: &OverlayConfig, remote: Be32, event: OverlayEvent) -> i32 {
+    if !set_tunnel_key(ctx, config, remote) {
+        return TC_ACT_UNSPEC;
+    }
+    maps::count_overlay(event);
+    // SAFETY: plain helper call; it returns TC_ACT_REDIRECT.
+    unsafe { bpf_redirect(config.ifindex, 0) as i32 }
+}
+
+/// Gives the packet the tunnel key that sends it to node `remote`; false,
+/// counted, where the kernel refuses.
+#[inline(always)]
+fn set_tunnel_key(ctx: &TcContext, config: &OverlayConfig, remote: Be32) -> bool {
     let mut slot = MaybeUninit::uninit();
     // SAFETY: all-zero is a valid bpf_tunnel_key.
     let key: &mut bpf_tunnel_key = unsafe { stack::zeroed(&mut slot) };
@@ -223,9 +253,30 @@ fn encapsulate(ctx: &TcContext, config: &OverlayConfig, remote: Be32, event: Ove
     };
     if set != 0 {
         maps::count_overlay(OverlayEvent::Failed);
-        return TC_ACT_UNSPEC;
     }
-    maps::count_overlay(event);
-    // SAFETY: plain helper call; it returns TC_ACT_REDIRECT.
-    unsafe { bpf_redirect(config.ifindex, 0) as i32 }
+    set == 0
+}
+
+/// Whether the packet carries a tunnel key: one of ours, set before it was
+/// redirected to the VXLAN device.
+#[inline(always)]
+fn has_tunnel_key(ctx: &TcContext) -> bool {
+    let mut slot = MaybeUninit::uninit();
+    // SAFETY: all-zero is a valid bpf_tunnel_key.
+    read_tunnel_key(ctx, unsafe { stack::zeroed(&mut slot) })
+}
+
+/// Reads the packet's tunnel key into `key`; false where it has none.
+#[inline(always)]
+fn read_tunnel_key(ctx: &TcContext, key: &mut bpf_tunnel_key) -> bool {
+    // SAFETY: the helper writes at most `size` bytes into `key`.
+    let got = unsafe {
+        bpf_skb_get_tunnel_key(
+            ctx.skb.skb,
+            &mut *key,
+            size_of::<bpf_tunnel_key>() as u32,
+            0,
+        )
+    };
+    got == 0
 }

@@ -2,7 +2,7 @@
 //! and metrics out. It holds no I/O of its own beyond what it is given, so
 //! a test drives it with a directory source and tables in memory.
 
-use std::{collections::BTreeSet, future::Future, sync::Arc, time::Duration};
+use std::{collections::BTreeSet, future::Future, net::Ipv4Addr, sync::Arc, time::Duration};
 
 use anyhow::{Context, Result};
 use tokio::sync::{mpsc, watch};
@@ -43,6 +43,11 @@ pub trait Host {
     fn sync_nodes(&mut self, nodes: &[Node], active: Option<&str>) -> bool;
     /// What objects may ask of this node, with its networks as they are now.
     fn policy(&self) -> Policy;
+    /// This node's address, once the source has given it: the source of
+    /// its own traffic to peers.
+    fn address(&self) -> Option<Ipv4Addr> {
+        None
+    }
     /// Follows what the accepted peers decide of this node: a gateway's
     /// masquerade address under Liqo v1.
     fn follow_peers(&mut self, _peers: &[Peer]) {}
@@ -70,8 +75,10 @@ where
     pub reconciler: Reconciler<P, M, A>,
     /// The tunnel and its routes, on a gateway.
     pub gateway: Option<Gateway>,
-    /// The blackholes behind every peer's networks, on a worker.
-    pub blackholes: Option<Routes>,
+    /// On a worker: every peer's networks into the overlay, for the node's
+    /// own traffic, behind blackholes (or the blackholes alone, with no
+    /// overlay).
+    pub worker_routes: Option<Routes>,
     /// This node's devices, overlay and networks.
     pub host: H,
     /// Status and Events written back, by the gateway of a Kubernetes source.
@@ -211,13 +218,16 @@ where
         // routes, and holds no peer: it sends nothing to them.
         let acting = self.acting();
         self.metrics.gateway_active.set(i64::from(acting));
-        let routed = match (self.gateway.as_mut(), self.blackholes.as_mut()) {
+        let routed = match (self.gateway.as_mut(), self.worker_routes.as_mut()) {
             (Some(gateway), _) => {
                 let host = &mut self.host;
                 let attach = |devices: &[String]| host.follow_tunnel_devices(devices);
                 gateway.sync(self.reconciler.peers(), acting, attach).await
             }
-            (None, Some(blackholes)) => sync_blackholes(blackholes, self.reconciler.peers()).await,
+            (None, Some(routes)) => {
+                let peers = self.reconciler.peers();
+                sync_worker_routes(routes, peers, self.host.address()).await
+            }
             (None, None) => true,
         };
         self.passed.send_replace(());
@@ -370,16 +380,17 @@ fn record(report: &Report, metrics: &Metrics) {
         .inc_by(report.removed as u64);
 }
 
-/// Puts a blackhole behind every network of `peers` on a worker, and takes
+/// Routes every network of `peers` on a worker, from `source`, and takes
 /// away those of peers gone. Returns whether every route could be written.
-async fn sync_blackholes(blackholes: &mut Routes, peers: &[Peer]) -> bool {
+async fn sync_worker_routes(routes: &mut Routes, peers: &[Peer], source: Option<Ipv4Addr>) -> bool {
     let desired = peers
         .iter()
         .flat_map(|peer| peer.views().map(|(_, net)| net))
         .collect();
-    let synced = blackholes.sync(&desired, false).await;
+    routes.set_source(source).await;
+    let synced = routes.sync(&desired, true).await;
     for failure in &synced.failures {
-        error!(error = %failure, "a blackhole behind a peer's network; will retry");
+        error!(error = %failure, "a worker's route to a peer's network; will retry");
     }
     synced.failures.is_empty()
 }

@@ -1,7 +1,7 @@
 //! The overlay between the cluster's nodes (see `isthmus_common::overlay`):
 //! the VXLAN device, the gateway node workers send to, and the table of
-//! other nodes' PodCIDRs the gateway sends to. Both follow the Node objects
-//! of the source; no route, rule or FDB entry is written.
+//! other nodes the gateway sends to, by their PodCIDRs and addresses. Both
+//! follow the Node objects of the source; no rule or FDB entry is written.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -132,10 +132,21 @@ impl Overlay {
     /// other node's PodCIDRs, and every node's address. Returns the first
     /// failure after trying every change.
     pub fn sync(&mut self, nodes: &[Node], active: Option<&str>) -> Result<(), MapError> {
+        // A node's address is there for the replies to its own traffic,
+        // which the gateway masquerades: they come back over the overlay,
+        // where the node's route to the peer leads, so a strict
+        // reverse-path filter lets them in.
         let desired: BTreeMap<Ipv4Net, Be32> = nodes
             .iter()
             .filter(|n| n.name != self.options.node)
-            .flat_map(|n| n.pod_cidrs.iter().map(|c| (*c, Be32::from(n.address))))
+            .flat_map(|n| {
+                let node = Be32::from(n.address);
+                n.pod_cidrs
+                    .iter()
+                    .copied()
+                    .chain([Ipv4Net::from(n.address)])
+                    .map(move |c| (c, node))
+            })
             .collect();
         let addresses: BTreeMap<Be32, u8> = nodes
             .iter()
@@ -188,6 +199,12 @@ impl Overlay {
         }
     }
 
+    /// This node's address, once the source has given it.
+    pub fn local_address(&self) -> Option<Ipv4Addr> {
+        let local = Ipv4Addr::from(self.config.local);
+        (!local.is_unspecified()).then_some(local)
+    }
+
     /// Whether the programs forward past netfilter now.
     pub fn past_netfilter(&self) -> bool {
         self.config.flags & PAST_NETFILTER != 0
@@ -211,10 +228,7 @@ impl Overlay {
 
     /// The device holding this node's address now, if it is known.
     fn uplink_now(&self) -> Option<String> {
-        let local = Ipv4Addr::from(self.config.local);
-        (!local.is_unspecified())
-            .then(|| device_holding(local))
-            .flatten()
+        self.local_address().and_then(device_holding)
     }
 
     /// Keeps the decapsulation on the device holding this node's address,
@@ -347,10 +361,14 @@ async fn accept_any_source(handle: &Handle, index: u32) -> Result<(), rtnetlink:
     handle.link().set(message).execute().await
 }
 
+/// Brings the device up without ARP: the node's own packets routed into
+/// it get the device's own address as their destination MAC, which the
+/// receiving node's `overlay_accept` takes in, where ARP would ask a
+/// device that sends nothing without a tunnel key.
 async fn up(handle: &Handle, index: u32) -> Result<u32, rtnetlink::Error> {
     handle
         .link()
-        .set(LinkUnspec::new_with_index(index).up().build())
+        .set(LinkUnspec::new_with_index(index).arp(false).up().build())
         .execute()
         .await?;
     Ok(index)

@@ -1,8 +1,8 @@
 //! The overlay's real programs, run by the kernel on crafted frames
 //! (`BPF_PROG_TEST_RUN`): which packets a worker sends to the gateway node,
-//! which ones a gateway sends on to another node after its ingress NAT, and
-//! what each leaves in the frame; and that the receiving side refuses a
-//! frame that did not come through the overlay.
+//! its pods' and its own, which ones a gateway sends on to another node
+//! after its ingress NAT, and what each leaves in the frame; and that the
+//! receiving side refuses a frame that did not come through the overlay.
 //!
 //! The kernel returns a redirect's verdict, not the tunnel key it set: the
 //! key's VNI, port and remote node are checked on the wire in `lab_overlay`.
@@ -54,6 +54,7 @@ impl Harness {
             .expect("loading the eBPF object");
         for name in [
             names::PROG_STEER,
+            names::PROG_OWN,
             names::PROG_ACCEPT,
             names::PROG_DECAP,
             names::PROG_INGRESS_ETH,
@@ -199,6 +200,30 @@ fn the_overlay_programs_decide_and_leave_frames_as_they_should() {
                 &[],
             ),
             (
+                "worker: its own packet for a peer, routed into the VXLAN device, gets the gateway node's key and goes on, unchanged",
+                names::PROG_OWN,
+                to_peer.clone(),
+                HAND_ON,
+                to_peer.clone(),
+                &[ToGateway],
+            ),
+            (
+                "worker: its own packet for no peer goes on without a key",
+                names::PROG_OWN,
+                local.clone(),
+                HAND_ON,
+                local.clone(),
+                &[],
+            ),
+            (
+                "worker: not IPv4, on the VXLAN device",
+                names::PROG_OWN,
+                arp.clone(),
+                HAND_ON,
+                arp.clone(),
+                &[],
+            ),
+            (
                 "gateway: from the tunnel, NATed, for a pod of a-node: sent to it",
                 names::PROG_INGRESS_ETH,
                 from_b(A_POD1_AT_B),
@@ -228,14 +253,24 @@ fn the_overlay_programs_decide_and_leave_frames_as_they_should() {
     h.configure(|c| c.gateway = Be32::ZERO);
     check(
         &h,
-        vec![(
-            "worker: no gateway node known yet",
-            names::PROG_STEER,
-            to_peer.clone(),
-            HAND_ON,
-            to_peer.clone(),
-            &[NoGateway],
-        )],
+        vec![
+            (
+                "worker: no gateway node known yet",
+                names::PROG_STEER,
+                to_peer.clone(),
+                HAND_ON,
+                to_peer.clone(),
+                &[NoGateway],
+            ),
+            (
+                "worker: its own packet for a peer, with no gateway node known: the device could send it nowhere",
+                names::PROG_OWN,
+                to_peer.clone(),
+                SHOT,
+                to_peer.clone(),
+                &[NoGateway],
+            ),
+        ],
     );
 
     h.configure(|c| {

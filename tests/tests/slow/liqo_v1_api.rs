@@ -3,8 +3,9 @@
 //! Liqo v1's objects as `liqoctl peer` and Liqo's controllers write them,
 //! with Isthmus as the gateway type. b serves a and c at once, each on a
 //! device and a port of its own. The reference lab's reachability rows
-//! hold with v1's direction of NAT; the Connections Liqo reads go to Error
-//! when a WAN link is cut, and back; `kubectl` reads each stand-in.
+//! hold with v1's direction of NAT; the nodes' own traffic leaves from the
+//! first address of the ExternalCIDR; the Connections Liqo reads go to
+//! Error when a WAN link is cut, and back; `kubectl` reads each stand-in.
 //!
 //! These tests need that lab: `cargo xtask test` runs them in it.
 
@@ -14,14 +15,15 @@ use std::{
     time::{Duration, Instant},
 };
 
+use ipnet::Ipv4Net;
 use isthmus_lab::{
-    cmd::run,
+    cmd::{run, sysctl},
     lab::{
         self,
         liqo_v1_api::settings::{HUB, kubeconfig, server_port},
     },
     probe::{self, Proto},
-    topology::{A, B, C, Cluster, reachability},
+    topology::{A, B, C, Cluster, PEERINGS, reachability},
 };
 use isthmus_tests::{eventually, require_lab};
 use serde_json::Value;
@@ -309,4 +311,49 @@ fn liqos_api_server_ip_leads_a_remote_pod_through_the_services_cluster_ip() {
         String::from_utf8_lossy(&deleted.stderr)
     );
     kube_proxy_on_b(false);
+}
+
+/// Reverse-path filtering made strict on `ns` for as long as it lives, as
+/// many distributions set it on nodes; the lab's netns are loose.
+struct StrictReversePath(String);
+
+impl StrictReversePath {
+    fn on(ns: &str) -> Self {
+        sysctl(ns, "net.ipv4.conf.all.rp_filter", "1").expect("sysctl");
+        Self(ns.to_owned())
+    }
+}
+
+impl Drop for StrictReversePath {
+    fn drop(&mut self) {
+        let _ = sysctl(&self.0, "net.ipv4.conf.all.rp_filter", "0");
+    }
+}
+
+#[test]
+#[ignore = "needs the Liqo v1 API lab; `cargo xtask test` runs it there"]
+fn the_nodes_own_traffic_leaves_from_the_first_address_of_the_external_cidr() {
+    require_liqo_api_v1_lab();
+    eventually(
+        CONNECT,
+        "every Connection Connected",
+        every_connection_connected,
+    );
+    // b-pod1, as a sees it; a's ExternalCIDR's first address, as b sees it.
+    let b_pod1 = reachability()[0].target;
+    let a_external_at_b: Ipv4Net = PEERINGS[0].local_nat_external.unwrap().parse().unwrap();
+    // The worker's replies must come back the way its route to b leads,
+    // over the overlay, not straight off the LAN.
+    let _strict = StrictReversePath::on(&A.node());
+    for node in [A.node(), A.gw()] {
+        for proto in [Proto::Tcp, Proto::Udp] {
+            let seen = probe::exchange(proto, &node, &B.pod(1), b_pod1)
+                .unwrap_or_else(|e| panic!("{node} over {proto:?}: {e:#}"));
+            assert_eq!(
+                (seen.client_as_seen_by_server, seen.server_as_seen_by_client),
+                (a_external_at_b.network(), b_pod1),
+                "{node} over {proto:?}"
+            );
+        }
+    }
 }

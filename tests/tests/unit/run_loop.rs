@@ -96,7 +96,7 @@ impl Running {
             )
             .unwrap(),
             gateway: None,
-            blackholes: None,
+            worker_routes: None,
             host: NoDevices,
             feedback: None,
             active: None,

@@ -2,7 +2,7 @@
 //! devices the programs attach to, the overlay, and what the node's
 //! networks allow.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use tracing::{error, warn};
 
@@ -71,6 +71,10 @@ impl Host for NodeHost {
         }
         self.refresh_devices();
         synced
+    }
+
+    fn address(&self) -> Option<Ipv4Addr> {
+        self.overlay.as_ref().and_then(Overlay::local_address)
     }
 
     fn policy(&self) -> Policy {

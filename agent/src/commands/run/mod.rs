@@ -114,15 +114,17 @@ async fn run_confined(args: RunArgs, runtime_filtered: bool) -> Result<()> {
     host.past_netfilter
         .report_in(metrics.forward_past_netfilter.clone());
     // A worker's peer-bound packets that the overlay does not steer are
-    // dropped, not sent in clear: the blackholes outlive the agent.
-    let blackholes = match role {
-        Role::Worker => Some(Routes::blackholes_only().await?),
-        Role::Gateway => None,
+    // dropped, not sent in clear: the blackholes outlive the agent. Its
+    // own go into the overlay, where there is one.
+    let worker_routes = match (role, args.no_overlay) {
+        (Role::Worker, false) => Some(Routes::into_overlay(&args.overlay_dev).await?),
+        (Role::Worker, true) => Some(Routes::blackholes_only().await?),
+        (Role::Gateway, _) => None,
     };
     let mut run_loop = RunLoop {
         reconciler,
         gateway,
-        blackholes,
+        worker_routes,
         host,
         feedback: objects.feedback,
         active: objects.active,
@@ -282,7 +284,7 @@ async fn start_host(
     let past_netfilter = PastNetfilterSetting::new(args.forward_past_netfilter);
     let overlay = match args.no_overlay {
         true => None,
-        false => Some(start_overlay(args, &mut dataplane, &past_netfilter).await?),
+        false => Some(start_overlay(args, role, &mut dataplane, &past_netfilter).await?),
     };
     dataplane.load_steer()?;
     let pods = PodDevices::new(args.pod_devs.clone(), dataplane.take_pod_devs()?)?;
@@ -464,10 +466,12 @@ fn signal() -> Result<impl std::future::Future<Output = ()>> {
     })
 }
 
-/// Creates the overlay's device, attaches its receiving program and
-/// writes its settings.
+/// Creates the overlay's device, attaches its programs (on a worker, the
+/// one sending the node's own traffic for peers too) and writes its
+/// settings.
 async fn start_overlay(
     args: &RunArgs,
+    role: Role,
     dataplane: &mut Dataplane,
     past_netfilter: &PastNetfilterSetting,
 ) -> Result<Overlay> {
@@ -482,6 +486,9 @@ async fn start_overlay(
     };
     let ifindex = overlay::ensure_device(&options).await?;
     dataplane.attach_accept(&options.dev, args.attach)?;
+    if role == Role::Worker {
+        dataplane.attach_own(&options.dev, args.attach)?;
+    }
     let maps = dataplane.take_overlay()?;
     let overlay = Overlay::new(options, maps, ifindex)?;
     overlay.drop_stale_decap(dataplane);

@@ -136,6 +136,12 @@ impl Dataplane {
         )
     }
 
+    /// Attaches the program that sends the node's own traffic for peers to
+    /// the gateway node to the VXLAN device `dev`, on a worker.
+    pub fn attach_own(&mut self, dev: &str, mode: AttachMode) -> Result<(), DataplaneError> {
+        self.attach(names::PROG_OWN, dev, TcAttachType::Egress, mode.resolve())
+    }
+
     /// Unpins the TCX links of `dev`, a device that is gone: the kernel
     /// detached them with it.
     pub fn forget_device(&mut self, dev: &str) -> Result<(), DataplaneError> {

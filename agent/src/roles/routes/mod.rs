@@ -1,5 +1,6 @@
 //! The TUN device's link state, and the routes that send every peer's
-//! networks into it, kept as a diff over netlink.
+//! networks into it, kept as a diff over netlink. A worker routes them
+//! into the overlay's device instead, for its own traffic.
 //!
 //! Every route the agent writes carries its own protocol number
 //! ([`ROUTE_PROTOCOL`]), so that ours are told from anyone else's: a route
@@ -17,18 +18,24 @@
 //! route in clear. Only a removed peer, or `isthmus-agent cleanup`,
 //! removes it.
 
+mod netlink;
+
 use std::{collections::BTreeSet, net::Ipv4Addr};
 
 use futures::TryStreamExt;
 use ipnet::Ipv4Net;
 use netlink_packet_route::{
-    address::{AddressAttribute, AddressMessage, AddressScope},
-    route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteType},
-    rule::{RuleAttribute, RuleMessage},
+    address::{AddressMessage, AddressScope},
+    route::{RouteHeader, RouteMessage, RouteProtocol, RouteType},
 };
-use rtnetlink::{Handle, IpVersion, LinkUnspec, RouteMessageBuilder, new_connection};
+use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
 use thiserror::Error;
 
+use self::netlink::{
+    address_of, connect, destination, dump, is_ours, ours, out_of, preferred_source, remove_rules,
+    table,
+};
+pub use self::netlink::{cleanup, delete_device};
 use crate::kernel::link::link_by_name;
 
 /// The protocol number of Isthmus's routes (`ip route` prints `proto 153`).
@@ -91,6 +98,12 @@ pub struct Routes {
     /// Whether these routes keep the blackholes: where a gateway has
     /// several devices, one set of routes keeps them for all.
     blackholes: bool,
+    /// Whether routes into the device are staged for a failover: a
+    /// tunnel's are, a worker's into the overlay are simply in use.
+    staged: bool,
+    /// The source address the routes in use give the node's own traffic,
+    /// where one is set.
+    source: Option<Ipv4Addr>,
     installed: BTreeSet<(Ipv4Net, Kind)>,
     /// Whether the routes are in use (the active gateway).
     active: bool,
@@ -142,9 +155,26 @@ impl Routes {
             .execute()
             .await
             .map_err(request)?;
-        let routes = Self::adopt(handle, dev, index, blackholes).await?;
+        let routes = Self::adopt(handle, dev, index, blackholes, true).await?;
         remove_rules(&routes.handle).await?;
         Ok(routes)
+    }
+
+    /// A worker's: every peer's networks into the overlay's device `dev`,
+    /// which sends what the node itself sends there to the gateway node
+    /// (the `overlay_own` program), behind the blackholes. Pods' packets are
+    /// steered before any route is looked up; these routes serve the
+    /// node's own traffic, which the gateway masquerades.
+    pub async fn into_overlay(dev: &str) -> Result<Self, RouteError> {
+        let handle = connect()?;
+        let link = link_by_name(&handle, dev)
+            .await
+            .map_err(|source| RouteError::Request {
+                what: format!("link {dev}"),
+                source,
+            })?
+            .ok_or_else(|| RouteError::NoDevice(dev.into()))?;
+        Self::adopt(handle, dev, link.header.index, true, false).await
     }
 
     /// A worker's: no device, only the blackholes behind every peer's
@@ -154,7 +184,7 @@ impl Routes {
     /// no gateway known) is dropped here instead of following the node's
     /// default route in clear.
     pub async fn blackholes_only() -> Result<Self, RouteError> {
-        Self::adopt(connect()?, "", NO_DEVICE, true).await
+        Self::adopt(connect()?, "", NO_DEVICE, true, false).await
     }
 
     /// Takes over what of ours a previous agent left: its blackholes, if
@@ -165,8 +195,10 @@ impl Routes {
         dev: &str,
         index: u32,
         blackholes: bool,
+        staged: bool,
     ) -> Result<Self, RouteError> {
         let mut installed = BTreeSet::new();
+        let mut source = None;
         for route in ours(&handle).await? {
             let into_device = index != NO_DEVICE && out_of(&route) == Some(index);
             let kind = match (route.header.kind, table(&route)) {
@@ -175,6 +207,9 @@ impl Routes {
                 (_, MAIN_TABLE) if into_device => Kind::Live,
                 _ => continue,
             };
+            if kind == Kind::Live {
+                source = source.or(preferred_source(&route));
+            }
             installed.extend(destination(&route).map(|net| (net, kind)));
         }
         let active = installed.iter().any(|(_, kind)| *kind == Kind::Live);
@@ -183,9 +218,36 @@ impl Routes {
             dev: dev.into(),
             index,
             blackholes,
+            staged,
+            source,
             installed,
             active,
         })
+    }
+
+    /// Makes `source` the source address of the node's own traffic along
+    /// the routes in use. Those written with another are taken away, for
+    /// the next [`Routes::sync`] to write anew.
+    pub async fn set_source(&mut self, source: Option<Ipv4Addr>) {
+        if source == self.source {
+            return;
+        }
+        let live: Vec<Ipv4Net> = self
+            .installed
+            .iter()
+            .filter(|(_, kind)| *kind == Kind::Live)
+            .map(|(net, _)| *net)
+            .collect();
+        for net in live {
+            let _ = self
+                .handle
+                .route()
+                .del(self.message(net, Kind::Live))
+                .execute()
+                .await;
+            self.installed.remove(&(net, Kind::Live));
+        }
+        self.source = source;
     }
 
     /// Gives the device the address `addr`/32 (kept if it has it already),
@@ -260,10 +322,11 @@ impl Routes {
     /// what is missing and removes what is no longer wanted; a route that
     /// cannot be written does not stop the others.
     pub async fn sync(&mut self, desired: &BTreeSet<Ipv4Net>, active: bool) -> Synced {
-        let kinds: &[Kind] = match (self.index, active) {
-            (NO_DEVICE, _) => &[Kind::Blackhole],
-            (_, true) => &[Kind::Blackhole, Kind::Staged, Kind::Live],
-            (_, false) => &[Kind::Blackhole, Kind::Staged],
+        let kinds: &[Kind] = match (self.index, self.staged, active) {
+            (NO_DEVICE, ..) => &[Kind::Blackhole],
+            (_, false, _) => &[Kind::Blackhole, Kind::Live],
+            (_, true, true) => &[Kind::Blackhole, Kind::Staged, Kind::Live],
+            (_, true, false) => &[Kind::Blackhole, Kind::Staged],
         };
         let mut synced = Synced::default();
         let wanted: BTreeSet<(Ipv4Net, Kind)> = desired
@@ -276,7 +339,7 @@ impl Routes {
             match self.add(net, kind).await {
                 Ok(()) => {
                     self.installed.insert((net, kind));
-                    synced.added += usize::from(kind == Kind::Staged);
+                    synced.added += usize::from(kind == self.counted());
                 }
                 Err(e) => synced.failures.push(e),
             }
@@ -292,13 +355,22 @@ impl Routes {
                 .execute()
                 .await;
             self.installed.remove(&(*net, *kind));
-            synced.removed += usize::from(*kind == Kind::Staged);
+            synced.removed += usize::from(*kind == self.counted());
         }
         if self.active != active {
             self.active = active;
             synced.activated = Some(active);
         }
         synced
+    }
+
+    /// The kind of route a network is counted by in [`Synced`]: the one
+    /// every network into the device has.
+    fn counted(&self) -> Kind {
+        match self.staged {
+            true => Kind::Staged,
+            false => Kind::Live,
+        }
     }
 
     /// Creates the route, never replacing one: a route already there is
@@ -343,9 +415,13 @@ impl Routes {
             .destination_prefix(net.network(), net.prefix_len())
             .protocol(RouteProtocol::Other(ROUTE_PROTOCOL))
             .table_id(kind.table());
-        match kind {
-            Kind::Staged | Kind::Live => route.output_interface(self.index).build(),
-            Kind::Blackhole => route
+        match (kind, self.source) {
+            (Kind::Live, Some(source)) => route
+                .output_interface(self.index)
+                .pref_source(source)
+                .build(),
+            (Kind::Staged | Kind::Live, _) => route.output_interface(self.index).build(),
+            (Kind::Blackhole, _) => route
                 .kind(RouteType::BlackHole)
                 .priority(BLACKHOLE_METRIC)
                 .build(),
@@ -386,171 +462,4 @@ fn not_ours(net: Ipv4Net, kind: Kind, there: &[RouteMessage]) -> RouteError {
             false => found.join("; "),
         },
     }
-}
-
-/// A netlink connection, served on a task of its own.
-fn connect() -> Result<Handle, RouteError> {
-    let (connection, handle, _) = new_connection()?;
-    tokio::spawn(connection);
-    Ok(handle)
-}
-
-/// Removes every route and rule of ours, blackholes included. Returns
-/// what it removed, for the operator.
-pub async fn cleanup() -> Result<Vec<String>, RouteError> {
-    let handle = connect()?;
-    let mut removed = Vec::new();
-    let routes = ours(&handle).await?;
-    for route in &routes {
-        let what = format!("deleting route {:?}", destination(route));
-        handle
-            .route()
-            .del(route.clone())
-            .execute()
-            .await
-            .map_err(|source| RouteError::Request { what, source })?;
-    }
-    if !routes.is_empty() {
-        removed.push(format!(
-            "{} route(s) of protocol {ROUTE_PROTOCOL}",
-            routes.len()
-        ));
-    }
-    removed.extend(remove_rules(&handle).await?);
-    Ok(removed)
-}
-
-/// Deletes the persistent TUN device `dev` (and with it every route into
-/// it); returns whether it existed.
-pub async fn delete_device(dev: &str) -> Result<bool, RouteError> {
-    let handle = connect()?;
-    let request = |source| RouteError::Request {
-        what: format!("deleting link {dev}"),
-        source,
-    };
-    let Some(link) = link_by_name(&handle, dev).await.map_err(request)? else {
-        return Ok(false);
-    };
-    handle
-        .link()
-        .del(link.header.index)
-        .execute()
-        .await
-        .map_err(request)?;
-    Ok(true)
-}
-
-/// Every IPv4 route, of every table: without strict checking, the
-/// kernel ignores the table of a dump request.
-async fn dump(handle: &Handle) -> Result<Vec<RouteMessage>, RouteError> {
-    handle
-        .route()
-        .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
-        .execute()
-        .try_collect()
-        .await
-        .map_err(|source| RouteError::Request {
-            what: "listing routes".into(),
-            source,
-        })
-}
-
-/// Every route carrying our protocol number.
-async fn ours(handle: &Handle) -> Result<Vec<RouteMessage>, RouteError> {
-    let mut routes = dump(handle).await?;
-    routes.retain(is_ours);
-    Ok(routes)
-}
-
-fn is_ours(route: &RouteMessage) -> bool {
-    route.header.protocol == RouteProtocol::Other(ROUTE_PROTOCOL)
-}
-
-/// Removes the rules of older agents, which sent lookups to the tunnel's
-/// table; returns what it removed.
-async fn remove_rules(handle: &Handle) -> Result<Vec<String>, RouteError> {
-    let listed = |source| RouteError::Request {
-        what: "listing rules".into(),
-        source,
-    };
-    let rules: Vec<RuleMessage> = handle
-        .rule()
-        .get(IpVersion::V4)
-        .execute()
-        .try_collect()
-        .await
-        .map_err(listed)?;
-    let mut removed = Vec::new();
-    for rule in rules.into_iter().filter(looks_up_tunnel_table) {
-        let what = match priority(&rule) {
-            Some(priority) => format!("rule {priority} lookup {TUNNEL_TABLE}"),
-            None => format!("rule lookup {TUNNEL_TABLE}"),
-        };
-        handle
-            .rule()
-            .del(rule)
-            .execute()
-            .await
-            .map_err(|source| RouteError::Request {
-                what: format!("deleting {what}"),
-                source,
-            })?;
-        removed.push(what);
-    }
-    Ok(removed)
-}
-
-fn looks_up_tunnel_table(rule: &RuleMessage) -> bool {
-    let table = rule.attributes.iter().find_map(|a| match a {
-        RuleAttribute::Table(id) => Some(*id),
-        _ => None,
-    });
-    table.unwrap_or(u32::from(rule.header.table)) == TUNNEL_TABLE
-}
-
-fn priority(rule: &RuleMessage) -> Option<u32> {
-    rule.attributes.iter().find_map(|a| match a {
-        RuleAttribute::Priority(p) => Some(*p),
-        _ => None,
-    })
-}
-
-/// The table a route is in: the attribute, which holds ids beyond 255,
-/// or else the header's.
-fn table(route: &RouteMessage) -> u32 {
-    route
-        .attributes
-        .iter()
-        .find_map(|a| match a {
-            RouteAttribute::Table(id) => Some(*id),
-            _ => None,
-        })
-        .unwrap_or(u32::from(route.header.table))
-}
-
-fn destination(route: &RouteMessage) -> Option<Ipv4Net> {
-    route.attributes.iter().find_map(|a| match a {
-        RouteAttribute::Destination(RouteAddress::Inet(addr)) => {
-            Ipv4Net::new(*addr, route.header.destination_prefix_length).ok()
-        }
-        _ => None,
-    })
-}
-
-fn out_of(route: &RouteMessage) -> Option<u32> {
-    route.attributes.iter().find_map(|a| match a {
-        RouteAttribute::Oif(index) => Some(*index),
-        _ => None,
-    })
-}
-
-/// The IPv4 address an address message gives the device.
-fn address_of(message: &AddressMessage) -> Option<Ipv4Addr> {
-    message
-        .attributes
-        .iter()
-        .find_map(|attribute| match attribute {
-            AddressAttribute::Local(std::net::IpAddr::V4(addr)) => Some(*addr),
-            _ => None,
-        })
 }
