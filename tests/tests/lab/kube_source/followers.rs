@@ -39,7 +39,8 @@ fn overlay_of(node: &KubeNode) -> (Ipv4Addr, BTreeSet<(Ipv4Net, Ipv4Addr)>) {
 
 /// In kube mode the overlay follows the Node objects: the node carrying
 /// the gateway label is where the worker sends, every other node's
-/// PodCIDR leads to its InternalIP, and both follow changes live.
+/// PodCIDR and address lead to its InternalIP, and both follow changes
+/// live.
 #[test]
 fn the_overlay_follows_node_objects() {
     let mut node = node("ist-t-kube3", false);
@@ -49,9 +50,12 @@ fn the_overlay_follows_node_objects() {
         .apply(node_object("w-2", "10.90.0.128/25", "172.30.0.2", false));
     start(&mut node);
     let entry = |net: &str, addr: [u8; 4]| (net.parse::<Ipv4Net>().unwrap(), Ipv4Addr::from(addr));
+    // Each node by its PodCIDR, and by its address.
     let both: BTreeSet<_> = [
         entry("10.90.0.0/25", [172, 30, 0, 1]),
+        entry("172.30.0.1/32", [172, 30, 0, 1]),
         entry("10.90.0.128/25", [172, 30, 0, 2]),
+        entry("172.30.0.2/32", [172, 30, 0, 2]),
     ]
     .into();
     wait_for("the overlay programmed from the Node objects", || {
@@ -69,7 +73,11 @@ fn the_overlay_follows_node_objects() {
 
     // A node leaves: its PodCIDR goes, and so does the gateway it was.
     assert!(node.api.delete("nodes", "", "w-2"));
-    let rest: BTreeSet<_> = [entry("10.90.0.0/25", [172, 30, 0, 1])].into();
+    let rest: BTreeSet<_> = [
+        entry("10.90.0.0/25", [172, 30, 0, 1]),
+        entry("172.30.0.1/32", [172, 30, 0, 1]),
+    ]
+    .into();
     wait_for("the node table without w-2, and no gateway", || {
         overlay_of(&node) == (Ipv4Addr::UNSPECIFIED, rest.clone())
     });

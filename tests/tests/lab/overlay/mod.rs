@@ -1,6 +1,7 @@
 //! The overlay between a cluster's nodes, end to end in the lab: workers
-//! have no route to any peer, yet their pods reach remote worker pods and
-//! back, through both clusters' overlays; what crosses the LAN is VXLAN of
+//! route peers' networks only into the overlay, for their own traffic,
+//! which leaves masqueraded by the gateway; their pods reach remote worker
+//! pods and back, through both clusters' overlays; what crosses the LAN is VXLAN of
 //! the overlay's VNI and port between the two nodes; path MTU discovery
 //! works through the overlay, the tunnel and the NAT; and 50 MB cross intact.
 
@@ -45,6 +46,10 @@ const B_POD1: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 5);
 /// a-pod1 as b sees it.
 const A_POD1: Ipv4Addr = Ipv4Addr::new(10, 0, 40, 5);
 
+/// a's masquerade address as b sees it: a-gw masquerades a-node's own
+/// traffic.
+const A_MASQUERADE_AT_B: Ipv4Addr = Ipv4Addr::new(10, 0, 40, 254);
+
 /// b-pod2 (on b-gw) as a sees it.
 const B_POD2: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 133);
 
@@ -59,18 +64,34 @@ fn overlay(node: &str, event: &str) -> f64 {
 }
 
 #[test]
-fn workers_have_no_route_to_any_peer() {
+fn a_workers_own_traffic_reaches_peers_through_the_overlay_masqueraded() {
     require_lab();
     for target in [B_POD1, Ipv4Addr::new(10, 0, 1, 45)] {
-        let out = ip(&A.node(), &["route", "get", &target.to_string()]);
-        assert!(out.is_err(), "a-node routes {target}: {out:?}");
+        let route = ip(&A.node(), &["route", "get", &target.to_string()]).unwrap();
+        let from = format!("dev isthmus.vx src {}", A.lan_node());
+        assert!(route.contains(&from), "a-node routes {target}: {route}");
     }
     let link = ip(&A.node(), &["-d", "link", "show", "isthmus.vx"]).unwrap();
     assert!(
         link.contains("vxlan")
+            && link.contains("NOARP")
             && link.contains("external")
             && link.contains(&format!("dstport {OVERLAY_PORT}")),
-        "isthmus.vx is not a metadata VXLAN on port {OVERLAY_PORT}: {link}"
+        "isthmus.vx is not a metadata VXLAN without ARP on port {OVERLAY_PORT}: {link}"
+    );
+    let sent = overlay(&A.node(), "to_gateway");
+    for proto in [Proto::Tcp, Proto::Udp] {
+        let seen = probe::exchange(proto, &A.node(), &B.pod(1), B_POD1)
+            .unwrap_or_else(|e| panic!("a-node over {proto:?}: {e:#}"));
+        assert_eq!(
+            (seen.client_as_seen_by_server, seen.server_as_seen_by_client),
+            (A_MASQUERADE_AT_B, B_POD1),
+            "a-node over {proto:?}"
+        );
+    }
+    assert!(
+        overlay(&A.node(), "to_gateway") > sent,
+        "a-node's own packets did not go through overlay_own"
     );
 }
 
