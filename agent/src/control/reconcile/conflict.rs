@@ -24,7 +24,9 @@ use crate::model::{
 #[derive(Default)]
 pub(super) struct Accepted {
     peers: Vec<Peer>,
-    keys: HashMap<ObjectKey, usize>,
+    /// The origin of the first candidate of each object key, accepted or
+    /// not.
+    first_of_key: HashMap<ObjectKey, String>,
     public_keys: HashMap<[u8; 32], usize>,
     cluster_ids: HashMap<String, usize>,
     /// Every accepted view by its first address, with its peer and its
@@ -48,13 +50,28 @@ impl Accepted {
         }
     }
 
+    /// Accepts `peer`, the next candidate in seniority, or says why it
+    /// cannot join. Only the first candidate of an object key may: the
+    /// others are duplicates, even where the first was refused, so that
+    /// which of them stands never depends on the agent's history (a
+    /// restarted agent would not know which one it accepted before).
+    pub(super) fn admit(&mut self, peer: Peer) -> Result<(), PeerError> {
+        if let Some(other_file) = self.first_of_key.get(&peer.key) {
+            let other_file = other_file.clone();
+            return Err(peer.error(Problem::Duplicate { other_file }));
+        }
+        self.first_of_key
+            .insert(peer.key.clone(), peer.origin.clone());
+        if let Some(e) = self.conflict(&peer) {
+            return Err(e);
+        }
+        self.push(peer);
+        Ok(())
+    }
+
     /// Why `peer` cannot join, if it cannot. Where several accepted peers
     /// stand in the way, the error names the senior one.
-    pub(super) fn conflict(&self, peer: &Peer) -> Option<PeerError> {
-        if let Some(&other) = self.keys.get(&peer.key) {
-            let other_file = self.peers[other].origin.clone();
-            return Some(peer.error(Problem::Duplicate { other_file }));
-        }
+    fn conflict(&self, peer: &Peer) -> Option<PeerError> {
         let problem = self
             .duplicate_identity(peer)
             .or_else(|| self.endpoint_in_a_view(peer))
@@ -63,10 +80,9 @@ impl Accepted {
         Some(peer.error(problem))
     }
 
-    /// Accepts `peer`, which must have no conflict.
-    pub(super) fn push(&mut self, peer: Peer) {
+    /// Accepts `peer`, which has no conflict.
+    fn push(&mut self, peer: Peer) {
         let at = self.peers.len();
-        self.keys.insert(peer.key.clone(), at);
         if let Some(public_key) = public_key(&peer) {
             self.public_keys.insert(public_key, at);
         }

@@ -364,11 +364,8 @@ where
         candidates.sort_by_cached_key(|p| self.rank(p));
         let mut accepted = Accepted::new(self.device_per_liqo_v1_peer);
         for peer in candidates {
-            match accepted.conflict(&peer) {
-                Some(e) => {
-                    errors.insert(e.into());
-                }
-                None => accepted.push(peer),
+            if let Err(e) = accepted.admit(peer) {
+                errors.insert(e.into());
             }
         }
         accepted.into_peers()

@@ -122,7 +122,9 @@ fn a_twin_that_would_free_a_blocked_peer_does_not_win_a_restart() {
 
 /// A NatMapping whose only entry lies outside our ExternalCIDR writes
 /// nothing: its peer held no entries, like a peer with no NatMapping, and
-/// must still win over the peer it blocked by its endpoint.
+/// must still win over the peer it blocked by its endpoint. That peer's
+/// twin of the same name is its duplicate, refused too: only the first
+/// object of a name may stand, accepted or not.
 #[test]
 fn a_natmapping_that_wrote_nothing_does_not_demote_its_peer_on_restart() {
     let mapped = fuzz_tep(
@@ -151,7 +153,42 @@ fn a_natmapping_that_wrote_nothing_does_not_demote_its_peer_on_restart() {
         "f1.yaml",
         format!("{mapped}---\n{under}---\n{twin}---\n{outside}"),
     )]);
-    assert_eq!(live.len(), 2, "{live:?}");
+    assert_eq!(live, [("f1.yaml".to_owned(), "t1".to_owned())]);
+    assert_eq!(restarted, live);
+}
+
+/// Two objects of one name in a file, the first refused for its endpoint
+/// in a senior peer's view: the second is its duplicate whatever the
+/// agent accepted before, so a restarted agent keeps the same peers (a
+/// case the reconciler's fuzz target found).
+#[test]
+fn the_second_object_of_a_name_stays_a_duplicate_when_the_first_is_refused() {
+    let senior = fuzz_tep(
+        "t5",
+        ("10.0.1.0/24", "10.0.0.0/24"),
+        false,
+        ("203.0.113.2", 2),
+        "c0",
+    );
+    let hidden = fuzz_tep(
+        "t3",
+        ("10.244.0.0/24", "10.1.0.0/24"),
+        false,
+        ("10.0.0.7", 1),
+        "c2",
+    );
+    let twin = fuzz_tep(
+        "t3",
+        ("10.244.0.0/24", "10.1.0.0/24"),
+        false,
+        ("203.0.113.2", 1),
+        "c1",
+    );
+    let [live, restarted] = live_then_restart(&[
+        ("f1.yaml", senior),
+        ("f0.yaml", format!("{hidden}---\n{twin}")),
+    ]);
+    assert_eq!(live, [("f1.yaml".to_owned(), "t5".to_owned())]);
     assert_eq!(restarted, live);
 }
 
