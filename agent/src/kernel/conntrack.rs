@@ -3,11 +3,9 @@
 //! how the collector sees the flows of both. Expiry is
 //! decided here, with a clock the caller passes, so tests choose the time.
 
-use std::{
-    collections::{HashMap as StdHashMap, HashSet},
-    net::Ipv4Addr,
-    path::Path,
-};
+use std::{net::Ipv4Addr, path::Path};
+
+use foldhash::HashMap as FoldHashMap;
 
 use aya::maps::{Array, HashMap, IterableMap as _, Map, MapData, MapError};
 use isthmus_common::{
@@ -181,46 +179,8 @@ impl Masquerade {
 impl SweptTable for Conntrack {
     const TABLE: FlowTable = FlowTable::Conntrack;
 
-    /// Both entries of a flow go together, judged by both directions. A
-    /// reply entry whose outbound entry is gone (a lost race in the
-    /// kernel) is a flow of its own.
     fn flows(&self, now: u64, timeouts: &Timeouts) -> Result<Vec<Tracked>, MapError> {
-        let entries: StdHashMap<FlowKey, FlowNat> = self.entries()?.into_iter().collect();
-        let mut paired = HashSet::new();
-        let mut flows = Vec::with_capacity(entries.len() / 2);
-        for (key, nat) in entries.iter().filter(|(k, _)| k.dir == DIR_OUT) {
-            let reply = reply_key(key, nat);
-            let back = entries.get(&reply);
-            let keys = match back {
-                Some(_) => ([reply, *key], 2),
-                None => ([*key, *key], 1),
-            };
-            paired.insert(reply);
-            let back = back.unwrap_or(nat);
-            flows.push(Tracked {
-                keys: keys.0,
-                entries: keys.1,
-                owner: nat.owner,
-                answered: back.answered != 0,
-                last_seen: nat.last_seen.max(back.last_seen),
-                dead: timeouts.expired(key.proto, nat, back, now),
-                closed: closed(key.proto, nat.state, back.state),
-            });
-        }
-        for (key, nat) in entries.iter().filter(|(k, _)| k.dir == DIR_IN) {
-            if !paired.contains(key) {
-                flows.push(Tracked {
-                    keys: [*key, *key],
-                    entries: 1,
-                    owner: nat.owner,
-                    answered: nat.answered != 0,
-                    last_seen: nat.last_seen,
-                    dead: timeouts.expired(key.proto, nat, nat, now),
-                    closed: closed(key.proto, nat.state, nat.state),
-                });
-            }
-        }
-        Ok(flows)
+        Ok(pair(&self.entries()?, now, timeouts))
     }
 
     fn remove(&mut self, keys: &[FlowKey]) -> usize {
@@ -283,6 +243,57 @@ impl SweptTable for PeerFlows {
             .get(key, 0)
             .is_ok_and(|f| closed(key.proto, f.ours, f.theirs))
     }
+}
+
+/// The masquerade's flows in its table's `entries`: both entries of a flow
+/// go together, judged by both directions. A reply entry whose outbound
+/// entry is gone (a lost race in the kernel) is a flow of its own. The
+/// collector pairs a table of up to millions of entries on every sweep:
+/// replies are indexed by a fast hash, and marked paired by their place.
+pub fn pair(entries: &[(FlowKey, FlowNat)], now: u64, timeouts: &Timeouts) -> Vec<Tracked> {
+    let replies: FoldHashMap<FlowKey, usize> = entries
+        .iter()
+        .enumerate()
+        .filter(|(_, (key, _))| key.dir == DIR_IN)
+        .map(|(at, (key, _))| (*key, at))
+        .collect();
+    let mut paired = vec![false; entries.len()];
+    let mut flows = Vec::with_capacity(entries.len() / 2 + 1);
+    for (key, nat) in entries.iter().filter(|(k, _)| k.dir == DIR_OUT) {
+        let reply = reply_key(key, nat);
+        let (keys, back) = match replies.get(&reply) {
+            Some(&at) => {
+                paired[at] = true;
+                (([reply, *key], 2), &entries[at].1)
+            }
+            None => (([*key, *key], 1), nat),
+        };
+        flows.push(Tracked {
+            keys: keys.0,
+            entries: keys.1,
+            owner: nat.owner,
+            answered: back.answered != 0,
+            last_seen: nat.last_seen.max(back.last_seen),
+            dead: timeouts.expired(key.proto, nat, back, now),
+            closed: closed(key.proto, nat.state, back.state),
+        });
+    }
+    let unpaired = entries
+        .iter()
+        .zip(&paired)
+        .filter(|((key, _), paired)| key.dir == DIR_IN && !**paired);
+    for ((key, nat), _) in unpaired {
+        flows.push(Tracked {
+            keys: [*key, *key],
+            entries: 1,
+            owner: nat.owner,
+            answered: nat.answered != 0,
+            last_seen: nat.last_seen,
+            dead: timeouts.expired(key.proto, nat, nat, now),
+            closed: closed(key.proto, nat.state, nat.state),
+        });
+    }
+    flows
 }
 
 /// [`tcp_closed`] of two directions' stored states.

@@ -136,6 +136,8 @@ fn a_gateway_exposes_the_whole_metric_set_and_counts_what_it_sent() {
         "isthmus_nat_translated_packets_total",
         "isthmus_nat_dropped_packets_total",
         "isthmus_conntrack_entries",
+        "isthmus_conntrack_gc_interval_seconds",
+        "isthmus_conntrack_gc_runs_total",
         "isthmus_map_entries",
         "isthmus_map_capacity_entries",
         "isthmus_build_info",

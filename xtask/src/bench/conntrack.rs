@@ -3,7 +3,8 @@
 //! conntrack empty, and holding 100,000 and 1,000,000 entries, at
 //! capacities set by flag. For each: packets per second and connection rate
 //! through the hub, the table's kernel memory as `bpftool map show` prints
-//! it, and the agent's CPU while its collector sweeps the table.
+//! it, and, for a full table, the agent's CPU in the steady state its
+//! collector settles in, beside the targets.
 //!
 //! The entries are written straight into the pinned map: established TCP
 //! flows, answered, of an owner that is no peer, so the collector neither
@@ -43,6 +44,9 @@ struct Fill {
     /// `--conntrack-capacity`.
     capacity: u32,
     name: &'static str,
+    /// The most of a core the agent may take holding them, in percent;
+    /// the empty table's CPU is not measured.
+    cpu_target: Option<f64>,
 }
 
 /// The empty table has the shipped capacity.
@@ -51,33 +55,41 @@ const FILLS: [Fill; 3] = [
         entries: 0,
         capacity: DEFAULT_CONNTRACK,
         name: "empty",
+        cpu_target: None,
     },
     Fill {
         entries: 100_000,
         capacity: 262_144,
         name: "100k-entries",
+        cpu_target: Some(0.5),
     },
     Fill {
         entries: 1_000_000,
         capacity: 2_097_152,
         name: "1m-entries",
+        cpu_target: Some(2.0),
     },
 ];
 
 /// The owner of the written flows: no peer has this ID.
 const NO_PEER: u32 = 4000;
-/// How long the agent's CPU is read: two of the collector's sweeps at the
-/// shipped `--conntrack-gc-interval` of 10 s.
-const CPU_WINDOW: Duration = Duration::from_secs(20);
+/// The shipped `--conntrack-gc-max-interval`: the wait between sweeps the
+/// collector settles at while it finds nothing dead.
+const SETTLED_INTERVAL: f64 = 60.0;
+/// How long the collector may take to settle: its wait doubles from 10 s
+/// at each sweep that finds nothing dead (10, 20, 40, then 60 s), and the
+/// next sweep then comes within a settled interval.
+const SETTLING: Duration = Duration::from_secs(200);
+/// The CPU window past a settled interval: the sweep it holds ends in it.
+const SWEEP_MARGIN: Duration = Duration::from_secs(2);
 
 /// One figure of a round.
 type Figure = fn(&Measured) -> f64;
 
 /// The figures compared with the empty table: name, figure, decimals.
-const FIGURES: [(&str, Figure, usize); 4] = [
+const FIGURES: [(&str, Figure, usize); 3] = [
     ("pps", |m| m.pps, 0),
     ("crr", |m| m.crr, 0),
-    ("agent-cpu-percent", |m| m.cpu_percent, 2),
     ("map-mib", |m| m.map_mib, 1),
 ];
 
@@ -112,6 +124,11 @@ pub fn run_conntrack() -> Result<()> {
             let name = format!("conntrack-{what}-{}-vs-empty", fill.name);
             lines += &ratio_line(&name, &series(rounds), &series(empty), decimals);
         }
+        if let Some(target) = fill.cpu_target {
+            let cpu: Vec<f64> = rounds.iter().map(|m| m.cpu_percent).collect();
+            let name = format!("conntrack-agent-cpu-percent-{}-vs-target", fill.name);
+            lines += &ratio_line(&name, &cpu, &vec![target; cpu.len()], 2);
+        }
     }
     write_section("conntrack", &report(&samples, &lines))
 }
@@ -129,7 +146,10 @@ fn measure(fill: &Fill) -> Result<Measured> {
     let agent = Agent(pid);
     lab::wait_ready_in(&gw, pid, &log)?;
     write_flows(fill.entries)?;
-    let cpu_percent = agent_cpu_percent(agent.0)?;
+    let cpu_percent = match fill.cpu_target {
+        Some(_) => settled_cpu_percent(agent.0)?,
+        None => f64::NAN,
+    };
     let pps = median(&super::packets::measure(&hub_flow(Some(
         B.masquerade_addr(),
     )))?);
@@ -227,12 +247,40 @@ fn monotonic_ns() -> Result<u64> {
     Ok(now.tv_sec() as u64 * 1_000_000_000 + now.tv_nsec() as u64)
 }
 
-/// The agent's CPU over [`CPU_WINDOW`], as a percentage of one core.
-fn agent_cpu_percent(pid: u32) -> Result<f64> {
+/// The agent's CPU, as a percentage of one core, once its collector has
+/// settled: from the end of a sweep at the settled interval, over that
+/// interval and [`SWEEP_MARGIN`], a window that holds exactly one whole
+/// sweep and the idle time between two.
+fn settled_cpu_percent(pid: u32) -> Result<f64> {
+    let gw = B.gw();
+    let runs = || lab::metric(&gw, "isthmus_conntrack_gc_runs_total ");
+    let interval = || lab::metric(&gw, "isthmus_conntrack_gc_interval_seconds ");
+    let settled = Instant::now();
+    let mut seen = None;
+    loop {
+        let (now, wait) = (runs()?, interval()?);
+        if wait >= SETTLED_INTERVAL && seen.is_some_and(|before| now > before) {
+            break;
+        }
+        if wait >= SETTLED_INTERVAL && seen.is_none() {
+            seen = Some(now);
+        }
+        anyhow::ensure!(
+            settled.elapsed() < SETTLING,
+            "b-gw's collector did not settle at a {SETTLED_INTERVAL} s interval within {SETTLING:?} (its wait is {wait} s)"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let window = Duration::from_secs_f64(SETTLED_INTERVAL) + SWEEP_MARGIN;
+    println!(
+        "bench:   collector settled after {:.0} s; CPU over {} s",
+        settled.elapsed().as_secs_f64(),
+        window.as_secs()
+    );
     let before = super::stats::cpu_seconds(pid)?;
-    std::thread::sleep(CPU_WINDOW);
+    std::thread::sleep(window);
     let used = super::stats::cpu_seconds(pid)? - before;
-    Ok(100.0 * used / CPU_WINDOW.as_secs_f64())
+    Ok(100.0 * used / window.as_secs_f64())
 }
 
 /// b-gw's conntrack map's memory, as `bpftool map show` prints it.
@@ -254,14 +302,17 @@ fn report(samples: &[Vec<Measured>], lines: &str) -> String {
     for (fill, rounds) in FILLS.iter().zip(samples) {
         let of = |f: fn(&Measured) -> f64| median(&rounds.iter().map(f).collect::<Vec<_>>());
         let failed: usize = rounds.iter().map(|m| m.failed).sum();
+        let cpu = match fill.cpu_target {
+            Some(target) => format!("{:.2} (target {target})", of(|m| m.cpu_percent)),
+            None => "not measured".to_owned(),
+        };
         table += &format!(
-            "| {} | {} | {:.0} | {:.0} | {failed} | {:.1} | {:.2} |\n",
+            "| {} | {} | {:.0} | {:.0} | {failed} | {:.1} | {cpu} |\n",
             fill.entries,
             fill.capacity,
             of(|m| m.pps),
             of(|m| m.crr),
             of(|m| m.map_mib),
-            of(|m| m.cpu_percent),
         );
     }
     format!(
@@ -270,8 +321,12 @@ fn report(samples: &[Vec<Measured>], lines: &str) -> String {
 masqueraded by b-gw, in {ROUNDS} interleaved rounds. Each round restarts b-gw's agent as the lab runs it, with
 `--conntrack-capacity` set. It writes the entries into its pinned table:
 established TCP flows, answered, of an owner that is no peer, so that the
-collector keeps them. It then reads the agent's CPU for {cpu} s (two
-collector sweeps). Then it measures 64-byte UDP packets per second through
+collector keeps them. With a full table, it then reads the agent's CPU
+in the steady state its collector settles in. The collector's wait
+between sweeps doubles from 10 s while it finds nothing dead, up to the
+shipped `--conntrack-gc-max-interval` of {settled} s. Once a sweep ends at
+that wait, the bench reads the CPU over {window} s, which hold exactly one
+sweep. Then it measures 64-byte UDP packets per second through
 the hub (trafgen, 256 flows), and TCP connections per second
 (`bench/crr.rs`). The
 table's memory is the `bytes_memlock` of `bpftool map show`; entries are
@@ -288,6 +343,7 @@ failed (all rounds summed); the time it took counts in the rate.
 ```
 {lines}```
 ",
-        cpu = CPU_WINDOW.as_secs()
+        settled = SETTLED_INTERVAL,
+        window = SETTLED_INTERVAL + SWEEP_MARGIN.as_secs_f64(),
     )
 }

@@ -58,6 +58,8 @@ use crate::{
 };
 use options::{Role, RunArgs, TunnelMode};
 
+use super::interval;
+
 /// `isthmus-agent run`: loads the dataplane, starts this node's role and
 /// follows the source until a signal arrives.
 pub async fn run(args: RunArgs) -> Result<()> {
@@ -355,8 +357,17 @@ fn spawn_collector(
         peers: PeerMap::open(&args.bpffs)?,
         peers_written: passed.subscribe(),
     };
+    let (shortest, longest) = (args.conntrack_gc_interval, args.conntrack_gc_max_interval);
+    if longest.duration < shortest.duration {
+        bail!(
+            "--conntrack-gc-max-interval ({}) is shorter than --conntrack-gc-interval ({})",
+            interval::go_text(longest.duration),
+            interval::go_text(shortest.duration)
+        );
+    }
     let sharing = Sharing {
         every: args.conntrack_gc_interval.duration,
+        longest: args.conntrack_gc_max_interval.duration,
         reserve_percent: args.flow_reserve_percent,
         share: args.flow_share,
     };

@@ -196,9 +196,16 @@ pub struct RunArgs {
     /// (reason `peer_flows_full`).
     #[arg(long, default_value_t = Capacity::default().peer_flows)]
     pub peer_flow_capacity: u32,
-    /// The time between conntrack garbage collections.
+    /// The shortest time between conntrack garbage collections. The time
+    /// grows while collections find few dead flows, up to
+    /// `--conntrack-gc-max-interval`, and shrinks when they find many.
     #[arg(long, default_value = "10s", value_parser = interval::parser(OldUnit::Seconds))]
     pub conntrack_gc_interval: Interval,
+    /// The longest time between conntrack garbage collections. A peer's
+    /// refused or filling share is collected within a second whatever it
+    /// is.
+    #[arg(long, default_value = "1m", value_parser = interval::parser(OldUnit::Seconds))]
+    pub conntrack_gc_max_interval: Interval,
     /// What the agent's own seccomp filter does with a system call the
     /// agent does not make: `enforce` refuses it (EPERM), `log` only logs
     /// it (to the kernel log, as audit type 1326), `off` installs none.
@@ -293,6 +300,7 @@ impl RunArgs {
         [
             ("resolve-interval", self.resolve_interval),
             ("conntrack-gc-interval", self.conntrack_gc_interval),
+            ("conntrack-gc-max-interval", self.conntrack_gc_max_interval),
         ]
         .into_iter()
         .chain(self.election.intervals())

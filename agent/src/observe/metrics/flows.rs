@@ -1,5 +1,7 @@
 //! The flow tables' collector reports into the metrics.
 
+use std::time::Duration;
+
 use isthmus_common::room::{FlowTable, Short};
 
 use super::Metrics;
@@ -33,5 +35,10 @@ impl FlowReport for Metrics {
 
     fn conntrack_entries(&self, entries: u64) {
         self.conntrack_entries.set(entries as i64);
+    }
+
+    fn swept(&self, next: Duration) {
+        self.conntrack_gc_runs.inc();
+        self.conntrack_gc_interval.set(next.as_secs_f64());
     }
 }

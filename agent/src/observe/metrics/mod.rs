@@ -68,6 +68,11 @@ pub struct Metrics {
     pub nat_mappings: Gauge,
     /// Conntrack entries in use after the last collection (two per flow).
     pub conntrack_entries: Gauge,
+    /// The wait before the next collection of dead flows, as the last one
+    /// adapted it.
+    pub conntrack_gc_interval: Gauge<f64, AtomicU64>,
+    /// Collections of dead flows run on the interval.
+    pub conntrack_gc_runs: Counter,
     /// Entries each owner (a peer, or the gateway) holds in each flow
     /// table after the last collection.
     pub flow_entries: Family<OwnerLabels, Gauge>,
@@ -170,6 +175,18 @@ impl Metrics {
                 "conntrack_entries",
                 "Conntrack entries in use after the last garbage collection, two per masqueraded flow",
                 Gauge::default(),
+            ),
+            conntrack_gc_interval: registered(
+                r,
+                "conntrack_gc_interval_seconds",
+                "The wait before the next collection of dead flows, between --conntrack-gc-interval and --conntrack-gc-max-interval, as the last collection adapted it",
+                Gauge::default(),
+            ),
+            conntrack_gc_runs: registered(
+                r,
+                "conntrack_gc_runs",
+                "Collections of dead flows run on their interval (not those a refusal or a filling share brought)",
+                Counter::default(),
             ),
             flow_entries: registered(
                 r,

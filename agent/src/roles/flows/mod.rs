@@ -1,5 +1,5 @@
-//! The collector of the kernel's flow tables. Every interval it removes
-//! dead flows; whenever the kernel refused a new flow for want of room,
+//! The collector of the kernel's flow tables. Every interval, which adapts
+//! to what it finds ([`interval`]), it removes dead flows; whenever the kernel refused a new flow for want of room,
 //! or the peers changed, it also evicts flows never answered to make room
 //! ([`plan`]) and sets each owner's room, within a second. Refusals and
 //! evictions go to a [`FlowReport`] (the agent's metrics), per owner, and
@@ -28,15 +28,19 @@ use crate::kernel::{
     table::KernelTable,
 };
 
+mod interval;
 mod plan;
 
+pub use interval::{SweepInterval, Swept};
 pub use plan::{Limits, Plan, Pressure, Share, plan};
 
 /// How the flow tables are shared and swept.
 #[derive(Clone, Copy, Debug)]
 pub struct Sharing {
-    /// Between two sweeps of dead flows.
+    /// The shortest wait between two sweeps of dead flows.
     pub every: Duration,
+    /// The longest.
+    pub longest: Duration,
     /// Percentage of the conntrack kept for the gateway's own flows.
     pub reserve_percent: u8,
     /// What one peer may hold.
@@ -55,6 +59,8 @@ pub trait FlowReport: Send + Sync {
     fn held(&self, table: FlowTable, owner: u32, held: u64, evicted: u64);
     /// The conntrack holds `entries` flows in all.
     fn conntrack_entries(&self, entries: u64);
+    /// A sweep of dead flows ran on its interval; the next is `next` after.
+    fn swept(&self, next: Duration);
 }
 
 /// Pressure is looked for this often between sweeps.
@@ -105,6 +111,7 @@ pub async fn collect(tables: FlowTables, sharing: Sharing, report: Arc<dyn FlowR
     let mut peer_flow_sweeper = Sweeper::new(peer_flow_capacity, 0);
     let mut ticks = tokio::time::interval(PRESSURE_CHECK);
     let mut last_sweep: Option<Instant> = None;
+    let mut interval = SweepInterval::new(sharing.every, sharing.longest);
     let mut last_peers = None;
     let mut run_loop_alive = true;
     loop {
@@ -117,7 +124,7 @@ pub async fn collect(tables: FlowTables, sharing: Sharing, report: Arc<dyn FlowR
                 true
             }
         };
-        let sweep = last_sweep.is_none_or(|at| at.elapsed() >= sharing.every);
+        let sweep = last_sweep.is_none_or(|at| at.elapsed() >= interval.now());
         // Read again only after a pass, and at each sweep in case a pass
         // was missed: with thousands of peers, reading the table is most
         // of an idle collector's work.
@@ -145,16 +152,22 @@ pub async fn collect(tables: FlowTables, sharing: Sharing, report: Arc<dyn FlowR
             .map(|(id, _)| *id)
             .collect();
         let due = sweep || changed;
-        conntrack_sweeper.pass(&mut conntrack, &mut rooms, &all, sharing, due, &*report);
-        peer_flow_sweeper.pass(
-            &mut peer_flows,
-            &mut rooms,
-            &segregated,
-            sharing,
-            due,
-            &*report,
-        );
+        let swept = [
+            conntrack_sweeper.pass(&mut conntrack, &mut rooms, &all, sharing, due, &*report),
+            peer_flow_sweeper.pass(
+                &mut peer_flows,
+                &mut rooms,
+                &segregated,
+                sharing,
+                due,
+                &*report,
+            ),
+        ];
         if sweep {
+            if let [Some(conntrack), Some(peer_flows)] = swept {
+                interval.after(&[conntrack, peer_flows]);
+                report.swept(interval.now());
+            }
             last_sweep = Some(Instant::now());
             conntrack_sweeper.log(&*report);
             peer_flow_sweeper.log(&*report);
@@ -189,7 +202,8 @@ impl<T: SweptTable> Sweeper<T> {
 
     /// One pass over `table`, sharing it among `peers` (their IDs): only
     /// when due (`due`), when the kernel refused flows since the last one,
-    /// or when a peer's flows are [`Sweeper::filling`] its share.
+    /// or when a peer's flows are [`Sweeper::filling`] its share. Returns
+    /// what the pass found, if it swept.
     pub fn pass(
         &mut self,
         table: &mut T,
@@ -198,11 +212,14 @@ impl<T: SweptTable> Sweeper<T> {
         sharing: Sharing,
         due: bool,
         report: &dyn FlowReport,
-    ) {
+    ) -> Option<Swept> {
         self.owners.extend(peers.iter().map(|id| owner_of(*id)));
         let pressure = match self.pressure(rooms, report) {
             Ok(pressure) => pressure,
-            Err(e) => return error!(table = T::TABLE.as_str(), error = %e, "reading refusals"),
+            Err(e) => {
+                error!(table = T::TABLE.as_str(), error = %e, "reading refusals");
+                return None;
+            }
         };
         let limits = Limits::new(self.capacity, self.reserve, sharing.share, peers.len());
         let filling = || {
@@ -212,10 +229,10 @@ impl<T: SweptTable> Sweeper<T> {
             })
         };
         if !due && pressure == Pressure::default() && !filling() {
-            return;
+            return None;
         }
         match self.sweep(table, rooms, &limits, &pressure, report) {
-            Ok(held) => {
+            Ok((held, swept)) => {
                 // An owner that holds nothing and is no peer any more needs
                 // no room.
                 self.owners.retain(|o| {
@@ -224,8 +241,12 @@ impl<T: SweptTable> Sweeper<T> {
                         || peers.iter().any(|p| owner_of(*p) == *o)
                 });
                 self.left = held;
+                Some(swept)
             }
-            Err(e) => error!(table = T::TABLE.as_str(), error = %e, "collecting a flow table"),
+            Err(e) => {
+                error!(table = T::TABLE.as_str(), error = %e, "collecting a flow table");
+                None
+            }
         }
     }
 
@@ -280,7 +301,7 @@ impl<T: SweptTable> Sweeper<T> {
     /// and as released whatever the kernel charged beyond what it holds.
     /// What the kernel charged is read before the table is, so a flow
     /// added meanwhile counts twice until the next pass: never none.
-    /// Returns what each owner holds.
+    /// Returns what each owner holds, and what the sweep found.
     fn sweep(
         &mut self,
         swept: &mut T,
@@ -288,7 +309,7 @@ impl<T: SweptTable> Sweeper<T> {
         limits: &Limits,
         pressure: &Pressure,
         report: &dyn FlowReport,
-    ) -> Result<BTreeMap<u32, u64>, MapError> {
+    ) -> Result<(BTreeMap<u32, u64>, Swept), MapError> {
         let table = T::TABLE;
         let read: BTreeMap<u32, Room> = self
             .owners
@@ -328,7 +349,11 @@ impl<T: SweptTable> Sweeper<T> {
         if table == FlowTable::Conntrack {
             report.conntrack_entries(plan.held.values().sum());
         }
-        Ok(plan.held)
+        let swept = Swept {
+            flows: flows.len(),
+            expired: plan.expired,
+        };
+        Ok((plan.held, swept))
     }
 
     /// One line per owner refused or evicted since the last, and the

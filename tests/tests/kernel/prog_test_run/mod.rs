@@ -361,6 +361,7 @@ impl Harness {
 fn sharing() -> Sharing {
     Sharing {
         every: std::time::Duration::ZERO,
+        longest: std::time::Duration::ZERO,
         reserve_percent: 25,
         share: Share::Equal,
     }
