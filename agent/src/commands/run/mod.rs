@@ -371,7 +371,8 @@ fn spawn_collector(
         reserve_percent: args.flow_reserve_percent,
         share: args.flow_share,
     };
-    tokio::spawn(flows::collect(tables, sharing, metrics.clone()));
+    flows::spawn(tables, sharing, metrics.clone())
+        .context("starting the flow collector's thread")?;
     Ok(())
 }
 

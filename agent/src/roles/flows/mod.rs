@@ -96,8 +96,27 @@ pub struct FlowTables {
     pub peers_written: watch::Receiver<()>,
 }
 
+/// Runs [`collect`] on a thread of its own, with a runtime of its own, for
+/// the agent's lifetime. A sweep walks tables of up to millions of entries
+/// in blocking system calls: on the runtime that serves the run loop, it
+/// would hold one of its workers, and an object's way to the kernel would
+/// wait behind it.
+pub fn spawn(
+    tables: FlowTables,
+    sharing: Sharing,
+    report: Arc<dyn FlowReport>,
+) -> std::io::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()?;
+    std::thread::Builder::new()
+        .name("flow-collector".into())
+        .spawn(move || runtime.block_on(collect(tables, sharing, report)))?;
+    Ok(())
+}
+
 /// Sweeps the flow tables until the task is dropped.
-pub async fn collect(tables: FlowTables, sharing: Sharing, report: Arc<dyn FlowReport>) {
+async fn collect(tables: FlowTables, sharing: Sharing, report: Arc<dyn FlowReport>) {
     let FlowTables {
         conntrack: (mut conntrack, conntrack_capacity),
         peer_flows: (mut peer_flows, peer_flow_capacity),
