@@ -120,6 +120,21 @@ fn a_twin_that_would_free_a_blocked_peer_does_not_win_a_restart() {
     assert_eq!(restarted, live);
 }
 
+/// Two objects named t3 with the same views: the first's endpoint,
+/// 10.0.0.7, lies in 10.0.0.0/24, the second's does not.
+fn t3_twice() -> (String, String) {
+    let t3 = |endpoint, cluster| {
+        fuzz_tep(
+            "t3",
+            ("10.244.0.0/24", "10.1.0.0/24"),
+            false,
+            (endpoint, 1),
+            cluster,
+        )
+    };
+    (t3("10.0.0.7", "c2"), t3("203.0.113.2", "c1"))
+}
+
 /// A NatMapping whose only entry lies outside our ExternalCIDR writes
 /// nothing: its peer held no entries, like a peer with no NatMapping, and
 /// must still win over the peer it blocked by its endpoint. That peer's
@@ -134,20 +149,7 @@ fn a_natmapping_that_wrote_nothing_does_not_demote_its_peer_on_restart() {
         ("198.51.100.1", 3),
         "c0",
     );
-    let under = fuzz_tep(
-        "t3",
-        ("10.244.0.0/24", "10.1.0.0/24"),
-        false,
-        ("10.0.0.7", 1),
-        "c2",
-    );
-    let twin = fuzz_tep(
-        "t3",
-        ("10.244.0.0/24", "10.1.0.0/24"),
-        false,
-        ("203.0.113.2", 1),
-        "c1",
-    );
+    let (under, twin) = t3_twice();
     let outside = natmapping("c0", &[("10.1.0.6".into(), "192.168.0.45".into())]);
     let [live, restarted] = live_then_restart(&[(
         "f1.yaml",
@@ -170,20 +172,7 @@ fn the_second_object_of_a_name_stays_a_duplicate_when_the_first_is_refused() {
         ("203.0.113.2", 2),
         "c0",
     );
-    let hidden = fuzz_tep(
-        "t3",
-        ("10.244.0.0/24", "10.1.0.0/24"),
-        false,
-        ("10.0.0.7", 1),
-        "c2",
-    );
-    let twin = fuzz_tep(
-        "t3",
-        ("10.244.0.0/24", "10.1.0.0/24"),
-        false,
-        ("203.0.113.2", 1),
-        "c1",
-    );
+    let (hidden, twin) = t3_twice();
     let [live, restarted] = live_then_restart(&[
         ("f1.yaml", senior),
         ("f0.yaml", format!("{hidden}---\n{twin}")),
