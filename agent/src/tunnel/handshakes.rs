@@ -12,10 +12,16 @@
 //! that restarts where it was. The others are opened within a budget a
 //! second ([`OTHERS_PER_SECOND`]), so a flood cannot take the CPU the
 //! workers need either.
+//!
+//! Within each queue, every source address has a line of its own, of at
+//! most [`PER_SOURCE`], and the lines are served in turn. A flood from
+//! one address then fills only its own line and takes only its turns: a
+//! new peer's first initiation, from an address never seen before, waits
+//! behind one of the flood's at most, not behind a full queue of them.
 
 use std::{
-    collections::VecDeque,
-    net::SocketAddrV4,
+    collections::{HashMap, VecDeque},
+    net::{Ipv4Addr, SocketAddrV4},
     sync::{Condvar, Mutex},
     time::{Duration, Instant},
 };
@@ -28,6 +34,9 @@ pub const INITIATION_LEN: usize = 148;
 const MESSAGE_INITIATION: u8 = 1;
 /// Initiations each queue holds.
 pub const QUEUE_LEN: usize = 1024;
+/// Initiations one source address may have waiting in a queue: a peer
+/// retries every 5 s, so a handful is plenty for an honest one.
+pub const PER_SOURCE: usize = 8;
 /// Initiations from elsewhere than a peer's endpoint opened a second, at
 /// most: each costs a MAC check and a cookie reply or Diffie-Hellman
 /// work, and the CPU a stranger's flood would take is the workers'. A new
@@ -52,9 +61,57 @@ pub fn is_initiation(datagram: &[u8]) -> bool {
 /// Initiations from peers' endpoint addresses, and from anywhere else.
 #[derive(Default)]
 struct Queues {
-    peers: VecDeque<Initiation>,
-    others: VecDeque<Initiation>,
+    peers: TakeTurns,
+    others: TakeTurns,
     closed: bool,
+}
+
+/// One queue: a line per source address, served in turn.
+#[derive(Default)]
+struct TakeTurns {
+    lines: HashMap<Ipv4Addr, VecDeque<Initiation>>,
+    /// The addresses with initiations waiting, in the order of their turns.
+    turns: VecDeque<Ipv4Addr>,
+    len: usize,
+}
+
+impl TakeTurns {
+    /// Queues `initiation` at the end of its source's line; false, dropping
+    /// it, when the line or the queue is full.
+    fn push(&mut self, initiation: Initiation) -> bool {
+        if self.len >= QUEUE_LEN {
+            return false;
+        }
+        let address = *initiation.source.ip();
+        let line = self.lines.entry(address).or_default();
+        if line.len() >= PER_SOURCE {
+            return false;
+        }
+        if line.is_empty() {
+            self.turns.push_back(address);
+        }
+        line.push_back(initiation);
+        self.len += 1;
+        true
+    }
+
+    /// The first initiation of the source whose turn it is.
+    fn pop(&mut self) -> Option<Initiation> {
+        let address = self.turns.pop_front()?;
+        let line = self.lines.get_mut(&address)?;
+        let initiation = line.pop_front();
+        if line.is_empty() {
+            self.lines.remove(&address);
+        } else {
+            self.turns.push_back(address);
+        }
+        self.len -= 1;
+        initiation
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
 }
 
 /// The bounded queue between the workers and the handshake thread.
@@ -67,7 +124,7 @@ pub struct HandshakeQueue {
 impl HandshakeQueue {
     /// Queues an initiation (see [`is_initiation`]) from `source`, a peer's
     /// endpoint address if `from_peer`. Returns false, dropping it, when
-    /// its queue is full.
+    /// its queue, or its source's line in it, is full.
     pub fn push(&self, datagram: &[u8], source: SocketAddrV4, from_peer: bool) -> bool {
         let Ok(bytes) = datagram.try_into() else {
             return false;
@@ -77,17 +134,16 @@ impl HandshakeQueue {
             true => &mut queues.peers,
             false => &mut queues.others,
         };
-        if queue.len() >= QUEUE_LEN {
-            return false;
-        }
-        queue.push_back(Initiation {
+        let queued = queue.push(Initiation {
             bytes,
             source,
             from_peer,
         });
         drop(queues);
-        self.ready.notify_one();
-        true
+        if queued {
+            self.ready.notify_one();
+        }
+        queued
     }
 
     /// Closes the queue as the tunnel stops: [`HandshakeQueue::pop`]
@@ -107,9 +163,9 @@ impl HandshakeQueue {
                 !q.closed && q.peers.is_empty() && (!others || q.others.is_empty())
             })
             .unpoisoned();
-        match queues.peers.pop_front() {
+        match queues.peers.pop() {
             Some(initiation) => Some(initiation),
-            None if others => queues.others.pop_front(),
+            None if others => queues.others.pop(),
             None => None,
         }
     }
@@ -171,20 +227,63 @@ mod tests {
         ));
     }
 
+    /// A stranger's source `i`, on any port.
+    fn stranger(i: u32, port: u16) -> SocketAddrV4 {
+        SocketAddrV4::new(Ipv4Addr::from(0xc633_6400 + i), port)
+    }
+
     #[test]
     fn a_full_queue_of_strangers_leaves_a_peers_initiation_first_in_line() {
         let queue = HandshakeQueue::default();
-        let stranger = SocketAddrV4::new(Ipv4Addr::new(198, 51, 100, 9), 4000);
         let peer = SocketAddrV4::new(Ipv4Addr::new(203, 0, 113, 2), 51820);
-        for _ in 0..QUEUE_LEN {
-            assert!(queue.push(&initiation(1), stranger, false));
+        for i in 0..QUEUE_LEN as u32 {
+            assert!(queue.push(&initiation(1), stranger(i, 4000), false));
         }
-        assert!(!queue.push(&initiation(1), stranger, false), "bounded");
+        let one_more = stranger(QUEUE_LEN as u32, 4000);
+        assert!(!queue.push(&initiation(1), one_more, false), "bounded");
         assert!(queue.push(&initiation(2), peer, true));
         let first = queue.pop(Duration::ZERO, true).unwrap();
         assert_eq!((first.source, first.bytes[4]), (peer, 2));
         assert!(queue.pop(Duration::ZERO, false).is_none(), "peers' only");
-        assert_eq!(queue.pop(Duration::ZERO, true).unwrap().source, stranger);
+        assert_eq!(
+            queue.pop(Duration::ZERO, true).unwrap().source,
+            stranger(0, 4000)
+        );
+    }
+
+    #[test]
+    fn a_flood_from_one_address_fills_its_own_line_and_takes_only_its_turns() {
+        let queue = HandshakeQueue::default();
+        // Any port: the line is the address's.
+        for port in 0..100 {
+            let queued = queue.push(&initiation(1), stranger(0, port), false);
+            assert_eq!(queued, usize::from(port) < PER_SOURCE, "port {port}");
+        }
+        // A newcomer, from an address never seen, is next but one.
+        assert!(queue.push(&initiation(2), stranger(1, 51820), false));
+        let first = queue.pop(Duration::ZERO, true).unwrap();
+        let second = queue.pop(Duration::ZERO, true).unwrap();
+        assert_eq!(*first.source.ip(), *stranger(0, 0).ip());
+        assert_eq!((second.source, second.bytes[4]), (stranger(1, 51820), 2));
+        // The flood's line drains after it, and then takes new ones again.
+        let rest = std::iter::from_fn(|| queue.pop(Duration::ZERO, true)).count();
+        assert_eq!(rest, PER_SOURCE - 1);
+        assert!(queue.push(&initiation(1), stranger(0, 7), false));
+    }
+
+    #[test]
+    fn a_peer_flooding_from_its_endpoint_leaves_other_peers_their_turns() {
+        let queue = HandshakeQueue::default();
+        let (flooding, other) = (stranger(5, 51820), stranger(6, 51820));
+        for _ in 0..PER_SOURCE * 4 {
+            queue.push(&initiation(1), flooding, true);
+        }
+        assert!(queue.push(&initiation(2), other, true));
+        let sources: Vec<SocketAddrV4> = (0..3)
+            .filter_map(|_| queue.pop(Duration::ZERO, false))
+            .map(|i| i.source)
+            .collect();
+        assert_eq!(sources, [flooding, other, flooding]);
     }
 
     #[test]
