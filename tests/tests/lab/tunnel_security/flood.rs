@@ -127,3 +127,43 @@ fn a_handshake_flood_spares_the_peers_and_lets_a_restarting_peer_in() {
         "c's p50 went from {before:.0} µs to {during:.0} µs"
     );
 }
+
+/// Where the newcomer of the test below initiates from: an address a-gw
+/// has never seen.
+const NEWCOMER: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 98);
+
+/// A stranger floods a-gw with initiations from one address, as in the
+/// test above. Meanwhile a peer a-gw was just told of initiates from an
+/// address a-gw has never seen: its object gives another endpoint, as for
+/// a client behind NAT, so its initiations wait with the stranger's. It
+/// completes its first handshake within 2 s: its line is served in turn
+/// with the flood's.
+#[test]
+fn a_new_peer_from_an_unseen_address_gets_in_within_2_s_of_a_flood() {
+    require_lab();
+    let mut stranger = Outsider::towards(&A);
+    let mut newcomer = Outsider::at(NEWCOMER, &A);
+    let elsewhere = SocketAddrV4::new(Ipv4Addr::new(198, 51, 100, 77), newcomer.port());
+    let object = Outsider::register_at(elsewhere, &newcomer.public);
+    eventually(GIVE_UP, "a-gw programs the newcomer", || {
+        sample(&A.gw(), "isthmus_peers ") == 2.0
+    });
+    let mut buf = vec![0u8; 256];
+    let TunnResult::WriteToNetwork(init) =
+        stranger.tunn.format_handshake_initiation(&mut buf, false)
+    else {
+        panic!("no initiation");
+    };
+    let flood = Flood::start(&stranger.socket, init.to_vec(), stranger.gateway);
+    let started = Instant::now();
+    let connected = newcomer.handshake(Duration::from_secs(2));
+    let took = started.elapsed();
+    let sent = flood.stop();
+    fs::remove_file(&object).unwrap();
+    println!("flood: {sent} initiations; the newcomer's handshake took {took:?}");
+    assert!(sent > 10_000, "the flood sent only {sent} initiations");
+    assert!(
+        connected,
+        "the newcomer had no session 2 s into the flood ({took:?})"
+    );
+}

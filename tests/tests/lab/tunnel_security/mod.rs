@@ -34,7 +34,7 @@ use isthmus_tests::{
 };
 
 /// An address of the test's own on the WAN bridge.
-const OUTSIDER: &str = "203.0.113.99/24";
+const OUTSIDER: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 99);
 const GIVE_UP: Duration = Duration::from_secs(10);
 
 /// A key pair and a WireGuard state machine for it, towards a-gw.
@@ -62,16 +62,24 @@ fn random_secret() -> [u8; 32] {
 }
 
 /// Starts a handshake over `socket` and answers everything a-gw sends until
-/// `tunn` has a session or `wait` passes. Returns whether it has one.
+/// `tunn` has a session or `wait` passes, sending the initiation again
+/// whenever nothing came for the socket's read timeout (after a cookie,
+/// say). Returns whether it has one.
 fn handshake(socket: &UdpSocket, gateway: SocketAddr, tunn: &mut Tunn, wait: Duration) -> bool {
     let mut buf = vec![0u8; 2048];
-    if let TunnResult::WriteToNetwork(init) = tunn.format_handshake_initiation(&mut buf, false) {
-        socket.send_to(init, gateway).unwrap();
-    }
+    let mut initiate = |tunn: &mut Tunn, again| {
+        if let TunnResult::WriteToNetwork(init) = tunn.format_handshake_initiation(&mut buf, again)
+        {
+            socket.send_to(init, gateway).unwrap();
+        }
+    };
+    initiate(tunn, false);
     let start = Instant::now();
     let mut datagram = vec![0u8; 2048];
+    let mut buf = vec![0u8; 2048];
     while start.elapsed() < wait {
         let Ok((n, from)) = socket.recv_from(&mut datagram) else {
+            initiate(tunn, true);
             continue;
         };
         let mut result = tunn.decapsulate(Some(from.ip()), &datagram[..n], &mut buf);
@@ -87,6 +95,7 @@ fn handshake(socket: &UdpSocket, gateway: SocketAddr, tunn: &mut Tunn, wait: Dur
 }
 
 struct Outsider {
+    address: Ipv4Addr,
     socket: UdpSocket,
     tunn: Tunn,
     public: [u8; 32],
@@ -102,10 +111,16 @@ impl Outsider {
     /// An outsider with a key of its own that `cluster`'s gateway does not
     /// know, on the WAN.
     fn towards(cluster: &Cluster) -> Self {
+        Self::at(OUTSIDER, cluster)
+    }
+
+    /// As [`Outsider::towards`], at `address` on the WAN.
+    fn at(address: Ipv4Addr, cluster: &Cluster) -> Self {
         require_lab();
-        let _ = ip(WAN_NS, &["addr", "del", OUTSIDER, "dev", "br0"]);
-        ip(WAN_NS, &["addr", "add", OUTSIDER, "dev", "br0"]).unwrap();
-        let socket = netns::run_in(WAN_NS, || UdpSocket::bind(("203.0.113.99", 0)))
+        let cidr = format!("{address}/24");
+        let _ = ip(WAN_NS, &["addr", "del", &cidr, "dev", "br0"]);
+        ip(WAN_NS, &["addr", "add", &cidr, "dev", "br0"]).unwrap();
+        let socket = netns::run_in(WAN_NS, || UdpSocket::bind((address, 0)))
             .unwrap()
             .unwrap();
         socket
@@ -115,6 +130,7 @@ impl Outsider {
         let (tunn, public) = identity(gateway_public, random_secret());
         let gateway = SocketAddr::from((cluster.wan_addr(), TUNNEL_PORT));
         Self {
+            address,
             socket,
             tunn,
             public,
@@ -135,6 +151,11 @@ impl Outsider {
     /// Makes a-gw know the outsider as peer `tep-outsider`, with networks
     /// 10.77.0.0/24 and 10.78.0.0/24, endpoint `port`, and `public` key.
     fn register(port: u16, public: &[u8; 32]) -> PathBuf {
+        Self::register_at(SocketAddrV4::new(OUTSIDER, port), public)
+    }
+
+    /// As [`Outsider::register`], with the endpoint `endpoint`.
+    fn register_at(endpoint: SocketAddrV4, public: &[u8; 32]) -> PathBuf {
         let gw = A.gw();
         let object = lab::object_dir(&gw).join("peer-outsider.yaml");
         fs::write(
@@ -142,8 +163,8 @@ impl Outsider {
             TunnelEndpoint::new("tep-outsider", "liqo-tenant-outsider")
                 .cluster_id("cluster-outsider")
                 .remote(["10.77.0.0/24", "None", "10.78.0.0/24", "None"])
-                .endpoint("203.0.113.99")
-                .port(port)
+                .endpoint(endpoint.ip().to_string())
+                .port(endpoint.port())
                 .public_key(&key_text::encode(public))
                 .to_string(),
         )
@@ -161,7 +182,8 @@ impl Outsider {
 
 impl Drop for Outsider {
     fn drop(&mut self) {
-        let _ = ip(WAN_NS, &["addr", "del", OUTSIDER, "dev", "br0"]);
+        let cidr = format!("{}/24", self.address);
+        let _ = ip(WAN_NS, &["addr", "del", &cidr, "dev", "br0"]);
     }
 }
 
