@@ -173,7 +173,8 @@ fn one_peers_flood_fills_only_its_share_of_a_default_conntrack() {
     );
     eprintln!("a's next connection after the flood: {waited:?}");
 
-    // Logged once per collection interval (10 s), not per packet.
+    // Logged once per --conntrack-gc-interval (10 s), not per packet, however
+    // long the sweeps' wait has grown.
     let elapsed = started.elapsed().as_secs() as usize;
     let lines = refusal_lines(&std::fs::read_to_string(&log).unwrap_or_default()) - lines_before;
     assert!(

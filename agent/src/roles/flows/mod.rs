@@ -1,9 +1,10 @@
 //! The collector of the kernel's flow tables. Every interval, which adapts
-//! to what it finds ([`interval`]), it removes dead flows; whenever the kernel refused a new flow for want of room,
-//! or the peers changed, it also evicts flows never answered to make room
-//! ([`plan`]) and sets each owner's room, within a second. Refusals and
-//! evictions go to a [`FlowReport`] (the agent's metrics), per owner, and
-//! are logged once per interval.
+//! to what it finds ([`interval`]), it removes dead flows; whenever the
+//! kernel refused a new flow for want of room, or the peers changed, it
+//! also evicts flows never answered to make room ([`plan`]) and sets each
+//! owner's room, within a second. Refusals and evictions go to a
+//! [`FlowReport`] (the agent's metrics), per owner, and are logged once
+//! per shortest interval (`--conntrack-gc-interval`).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -130,6 +131,9 @@ async fn collect(tables: FlowTables, sharing: Sharing, report: Arc<dyn FlowRepor
     let mut peer_flow_sweeper = Sweeper::new(peer_flow_capacity, 0);
     let mut ticks = tokio::time::interval(PRESSURE_CHECK);
     let mut last_sweep: Option<Instant> = None;
+    // Refusals are logged every shortest interval, however long the
+    // sweeps' wait has grown: an operator sees a flood within seconds.
+    let mut last_log = Instant::now();
     let mut interval = SweepInterval::new(sharing.every, sharing.longest);
     let mut last_peers = None;
     let mut run_loop_alive = true;
@@ -188,6 +192,9 @@ async fn collect(tables: FlowTables, sharing: Sharing, report: Arc<dyn FlowRepor
                 report.swept(interval.now());
             }
             last_sweep = Some(Instant::now());
+        }
+        if last_log.elapsed() >= sharing.every {
+            last_log = Instant::now();
             conntrack_sweeper.log(&*report);
             peer_flow_sweeper.log(&*report);
         }
