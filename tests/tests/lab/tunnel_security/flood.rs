@@ -154,7 +154,13 @@ fn a_new_peer_from_an_unseen_address_gets_in_within_2_s_of_a_flood() {
     else {
         panic!("no initiation");
     };
+    let cookies = || sample(&A.gw(), "isthmus_tunnel_cookies_sent_total");
+    let cookies_before = cookies();
     let flood = Flood::start(&stranger.socket, init.to_vec(), stranger.gateway);
+    // The flood is felt: a-gw is under load, and answers with cookies.
+    eventually(GIVE_UP, "a-gw sends the flood cookies", || {
+        cookies() > cookies_before
+    });
     let started = Instant::now();
     let connected = newcomer.handshake(Duration::from_secs(2));
     let took = started.elapsed();
