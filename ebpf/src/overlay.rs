@@ -68,7 +68,10 @@ pub fn own_to_gateway(ctx: &TcContext) -> i32 {
     let Some(dst) = ipv4_dst(ctx, ETH_HLEN) else {
         return TC_ACT_UNSPEC;
     };
-    if maps::peer(dst).is_none() || has_tunnel_key(ctx) {
+    // Steered packets, nearly all of what leaves here, carry their key:
+    // read it before the peer table's longest-prefix lookup, which the
+    // steering already did for them.
+    if has_tunnel_key(ctx) || maps::peer(dst).is_none() {
         return TC_ACT_UNSPEC;
     }
     let Some(config) = maps::overlay() else {

@@ -140,21 +140,16 @@ impl Routes {
 
     async fn open_device(dev: &str, mtu: u32, blackholes: bool) -> Result<Self, RouteError> {
         let handle = connect()?;
-        let request = |source| RouteError::Request {
-            what: format!("link {dev}"),
-            source,
-        };
-        let link = link_by_name(&handle, dev)
-            .await
-            .map_err(request)?
-            .ok_or_else(|| RouteError::NoDevice(dev.into()))?;
-        let index = link.header.index;
+        let index = index_of(&handle, dev).await?;
         handle
             .link()
             .set(LinkUnspec::new_with_index(index).mtu(mtu).up().build())
             .execute()
             .await
-            .map_err(request)?;
+            .map_err(|source| RouteError::Request {
+                what: format!("link {dev}"),
+                source,
+            })?;
         let routes = Self::adopt(handle, dev, index, blackholes, true).await?;
         remove_rules(&routes.handle).await?;
         Ok(routes)
@@ -167,14 +162,8 @@ impl Routes {
     /// node's own traffic, which the gateway masquerades.
     pub async fn into_overlay(dev: &str) -> Result<Self, RouteError> {
         let handle = connect()?;
-        let link = link_by_name(&handle, dev)
-            .await
-            .map_err(|source| RouteError::Request {
-                what: format!("link {dev}"),
-                source,
-            })?
-            .ok_or_else(|| RouteError::NoDevice(dev.into()))?;
-        Self::adopt(handle, dev, link.header.index, true, false).await
+        let index = index_of(&handle, dev).await?;
+        Self::adopt(handle, dev, index, true, false).await
     }
 
     /// A worker's: no device, only the blackholes behind every peer's
@@ -436,6 +425,18 @@ impl Kind {
             Kind::Blackhole | Kind::Live => MAIN_TABLE,
         }
     }
+}
+
+/// The ifindex of device `dev`, which must exist.
+async fn index_of(handle: &Handle, dev: &str) -> Result<u32, RouteError> {
+    let link = link_by_name(handle, dev)
+        .await
+        .map_err(|source| RouteError::Request {
+            what: format!("link {dev}"),
+            source,
+        })?
+        .ok_or_else(|| RouteError::NoDevice(dev.into()))?;
+    Ok(link.header.index)
 }
 
 /// The refusal of a route for `net` because of the routes `there`.
