@@ -17,6 +17,7 @@ pub mod offload;
 pub mod peers;
 pub mod set;
 pub mod throttle;
+mod timers;
 mod tun;
 
 use std::{
@@ -234,6 +235,8 @@ pub struct PeerStatus {
     pub dropped_source: u64,
     /// Failed or abandoned handshakes.
     pub handshake_failures: u64,
+    /// Handshake initiations sent to the peer.
+    pub initiations: u64,
     /// Our index for the peer: the top 24 bits of its sessions' receiver indexes.
     pub index: u32,
 }
@@ -295,7 +298,7 @@ impl Tunnel {
         let timer_socket = control.try_clone()?;
         threads.push(
             shared.spawn_supervised("tunnel-timers".into(), move |shared| {
-                datapath::timers(shared, &timer_socket);
+                timers::run(shared, &timer_socket);
             })?,
         );
         Ok(Self {
@@ -387,6 +390,7 @@ impl Tunnel {
         let mut tunn = peer.tunn.lock().unpoisoned();
         if let TunnResult::WriteToNetwork(init) = tunn.format_handshake_initiation(&mut buf, false)
         {
+            peer.count_sent(init);
             let _ = self.control.send_to(init, endpoint);
         }
     }
@@ -418,6 +422,7 @@ impl Tunnel {
                     endpoint: peer.endpoint(),
                     dropped_source: peer.counters.dropped_source.load(Ordering::Relaxed),
                     handshake_failures: peer.counters.handshake_failures.load(Ordering::Relaxed),
+                    initiations: peer.counters.initiations.load(Ordering::Relaxed),
                     index: peer.index,
                 }
             })

@@ -49,6 +49,8 @@ pub struct PeerCounters {
     /// Handshake messages from the peer that failed to authenticate, and
     /// handshakes given up after retrying (WireGuard's Rekey-Attempt-Time).
     pub handshake_failures: AtomicU64,
+    /// Handshake initiations sent to the peer: first contact, retries, rekeys.
+    pub initiations: AtomicU64,
     /// Whether the timers last reported the session expired: boringtun
     /// repeats that on every tick, and one expiry is one failure.
     pub expired: AtomicBool,
@@ -91,10 +93,13 @@ pub struct FirstContact {
     step: Duration,
 }
 
+/// The first byte of a WireGuard handshake initiation.
+const MESSAGE_HANDSHAKE_INITIATION: u8 = 1;
+
 /// The first retry's delay; each next one doubles it.
 const FIRST_RETRY: Duration = Duration::from_millis(100);
 /// WireGuard's Rekey-Timeout: from there, its own retries take over.
-const REKEY_TIMEOUT: Duration = Duration::from_secs(5);
+pub const REKEY_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl FirstContact {
     /// A backoff whose first retry falls `FIRST_RETRY` after `now`.
@@ -191,6 +196,16 @@ impl TunnelPeer {
             self.first_contact_over.store(true, Ordering::Relaxed);
         }
         due
+    }
+
+    /// Counts `datagram`, sent to the peer, if it is a handshake
+    /// initiation; returns whether it was.
+    pub fn count_sent(&self, datagram: &[u8]) -> bool {
+        let initiation = datagram.first() == Some(&MESSAGE_HANDSHAKE_INITIATION);
+        if initiation {
+            self.counters.initiations.fetch_add(1, Ordering::Relaxed);
+        }
+        initiation
     }
 
     /// Whether the first handshake's quick retries have ended: it
@@ -308,10 +323,12 @@ impl PeerSet {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn peer(name: &str, index: u32, public: u8) -> Arc<TunnelPeer> {
+    /// A peer named `name`, with session index `index` and a public key of
+    /// `public` bytes.
+    pub(in crate::tunnel) fn peer(name: &str, index: u32, public: u8) -> Arc<TunnelPeer> {
         peer_at(
             name,
             index,

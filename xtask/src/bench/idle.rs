@@ -3,7 +3,8 @@
 //! (`wg_peers`: handshakes answered, keepalives running, conncheck PINGs
 //! answered), idle: its CPU, its resident memory and its BPF map memory.
 //! Then its start with 1,000 peers and 100,000 NatMapping entries, and the
-//! verifier's share of it.
+//! verifier's share of it. Last, the same with 1,000 peers whose endpoints
+//! never answer.
 
 use std::{
     fs,
@@ -45,6 +46,14 @@ const WINDOW: Duration = Duration::from_secs(10);
 const SESSIONS_UP: Duration = Duration::from_mins(3);
 const CPU_BUDGET_PERCENT: f64 = 3.0;
 const MEMORY_BUDGET_MIB: f64 = 64.0;
+/// Where the silent peers' endpoints are: routed into the peers' netns,
+/// which does not forward, so their datagrams vanish without an answer.
+const SILENT_NET: &str = "198.19.0.0/16";
+/// The longest every silent peer's first handshake may take to be given
+/// up: WireGuard's Rekey-Attempt-Time (90 s), and some.
+const SILENT_GIVEN_UP: Duration = Duration::from_mins(3);
+/// WireGuard's Rekey-Timeout: no peer gets initiations more often.
+const REKEY_TIMEOUT_S: f64 = 5.0;
 /// NatMapping entries per peer for the start: 100,000 in all.
 const ENTRIES_PER_PEER: usize = 100;
 /// Above the default (65,536), as a cluster that large sets it.
@@ -52,11 +61,14 @@ const MAPPING_CAPACITY: u32 = 131_072;
 
 /// One peer count's idle figures, one per round.
 struct Idle {
-    peers: usize,
+    /// What the row measures: `1000-peers`, `1000-silent-peers`.
+    name: String,
     cpu_percent: Vec<f64>,
     rss_mib: Vec<f64>,
     map_mib: Vec<f64>,
     connected: f64,
+    /// Handshake initiations sent to each peer per second, over the rounds.
+    initiations_per_peer_s: f64,
 }
 
 /// The start with every peer and entry already there.
@@ -83,7 +95,7 @@ fn idle() -> Result<()> {
     let mut figures = Vec::new();
     for count in STEPS {
         println!("bench: {count} peer(s): waiting for every session");
-        node.write_peers(count)?;
+        node.write_peers(count, endpoint)?;
         node.write_mappings(count, 1)?;
         let started = Instant::now();
         poll(
@@ -100,7 +112,7 @@ fn idle() -> Result<()> {
             )
         })?;
         println!("bench:   up in {:.1} s", started.elapsed().as_secs_f64());
-        figures.push(measure_idle(agent, count)?);
+        figures.push(measure_idle(agent, &format!("{count}-peers"), count)?);
     }
     lab::stop_pid(agent)?;
     lab::clean_up_agent(NS)?;
@@ -129,18 +141,55 @@ fn idle() -> Result<()> {
     lab::stop_pid(agent)?;
     lab::clean_up_agent(NS)?;
     peers.stop()?;
+    figures.push(silent(&node)?);
     report(&figures, &Start { ready, loading })
 }
 
-/// The agent's idle CPU, memory and map memory, `ROUNDS` windows.
-fn measure_idle(pid: u32, peers: usize) -> Result<Idle> {
+/// The agent, started afresh with `STEPS[2]` peers that never answer, idle
+/// once every first handshake has been given up: from then on, only
+/// WireGuard's retries and the conncheck's PINGs reach them.
+fn silent(node: &Node) -> Result<Idle> {
+    let count = STEPS[2];
+    println!("bench: {count} silent peers: waiting for every first handshake to be given up");
+    node.write_peers(count, silent_endpoint)?;
+    node.write_mappings(count, 1)?;
+    let agent = node.start(&[])?;
+    let failures = || lab::metric_sum(NS, "isthmus_peer_handshake_failures_total", &[]);
+    let started = Instant::now();
+    let mut shown = 0;
+    poll(
+        SILENT_GIVEN_UP,
+        Duration::from_secs(1),
+        &format!("{count} first handshakes given up"),
+        || {
+            let given_up = failures().unwrap_or(0.0) as usize;
+            let elapsed = started.elapsed().as_secs();
+            if elapsed >= shown + 15 {
+                shown = elapsed;
+                println!("bench:   {elapsed} s: {given_up} of {count} given up");
+            }
+            (given_up >= count).then_some(())
+        },
+    )?;
+    let idle = measure_idle(agent, &format!("{count}-silent-peers"), count);
+    lab::stop_pid(agent)?;
+    lab::clean_up_agent(NS)?;
+    idle
+}
+
+/// The agent's idle CPU, memory and map memory, `ROUNDS` windows, and the
+/// handshake initiations it sent its `peers` peers meanwhile.
+fn measure_idle(pid: u32, name: &str, peers: usize) -> Result<Idle> {
     let mut idle = Idle {
-        peers,
+        name: name.to_owned(),
         cpu_percent: Vec::new(),
         rss_mib: Vec::new(),
         map_mib: Vec::new(),
         connected: 0.0,
+        initiations_per_peer_s: 0.0,
     };
+    let initiations = || lab::metric_sum(NS, "isthmus_peer_handshake_initiations_total", &[]);
+    let (sent_before, began) = (initiations()?, Instant::now());
     for round in 1..=ROUNDS {
         let (cpu, start) = (cpu_ns(pid)?, Instant::now());
         std::thread::sleep(WINDOW);
@@ -155,6 +204,13 @@ fn measure_idle(pid: u32, peers: usize) -> Result<Idle> {
             idle.map_mib[round - 1]
         );
     }
+    let sent = initiations()? - sent_before;
+    idle.initiations_per_peer_s = sent / peers as f64 / began.elapsed().as_secs_f64();
+    println!(
+        "bench:   {:.3} handshake initiations per peer per second (at most {:.3}: one per Rekey-Timeout)",
+        idle.initiations_per_peer_s,
+        1.0 / REKEY_TIMEOUT_S
+    );
     idle.connected = lab::metric_sum(NS, "liqo_peer_is_connected", &[])?;
     Ok(idle)
 }
@@ -225,6 +281,8 @@ impl Node {
         ip(PEERS_NS, &["-batch", &batch.to_string_lossy()])?;
         ip(NS, &["link", "set", "wan0", "up"])?;
         ip(PEERS_NS, &["link", "set", "wan1", "up"])?;
+        let peers_side = endpoint(0).ip().to_string();
+        ip(NS, &["route", "add", SILENT_NET, "via", &peers_side])?;
         let objects = PathBuf::from(lab::STATE_DIR).join("bench-idle-objects");
         let _ = fs::remove_dir_all(&objects);
         fs::create_dir_all(&objects)?;
@@ -250,9 +308,11 @@ impl Node {
         Ok(pid)
     }
 
-    /// Gives the agent the first `count` peers.
-    fn write_peers(&self, count: usize) -> Result<()> {
-        let docs: Vec<String> = (0..count).map(|i| peer(i).to_string()).collect();
+    /// Gives the agent the first `count` peers, peer `i` at `endpoint(i)`.
+    fn write_peers(&self, count: usize, endpoint: fn(usize) -> SocketAddrV4) -> Result<()> {
+        let docs: Vec<String> = (0..count)
+            .map(|i| peer(i, endpoint(i)).to_string())
+            .collect();
         write_objects(&self.objects, "peer", &docs)
     }
 
@@ -296,12 +356,22 @@ fn endpoint(i: usize) -> SocketAddrV4 {
     )
 }
 
+/// Silent peer `i`'s endpoint, in [`SILENT_NET`].
+fn silent_endpoint(i: usize) -> SocketAddrV4 {
+    let (hi, lo) = (i / 250, i % 250);
+    SocketAddrV4::new(
+        Ipv4Addr::new(198, 19, 10 + hi as u8, 1 + lo as u8),
+        PEER_PORT,
+    )
+}
+
 fn cluster(i: usize) -> String {
     format!("cluster-idle-{i}")
 }
 
-/// Peer `i`'s TunnelEndpoint: networks of its own, its socket and key.
-fn peer(i: usize) -> Value {
+/// Peer `i`'s TunnelEndpoint: networks of its own, its socket at
+/// `endpoint` and its key.
+fn peer(i: usize, endpoint: SocketAddrV4) -> Value {
     let (hi, lo) = (i / 256, i % 256);
     let (pod, external) = (
         format!("10.{}.{lo}.0/24", 64 + hi),
@@ -318,7 +388,7 @@ fn peer(i: usize) -> Value {
         &cluster(i),
         &nets,
         json!({
-            "endpointIP": endpoint(i).ip().to_string(),
+            "endpointIP": endpoint.ip().to_string(),
             "backend_config": {
                 "port": PEER_PORT.to_string(),
                 "publicKey": super::wg_peers::public_key(i),
@@ -352,25 +422,25 @@ fn report(figures: &[Idle], start: &Start) -> Result<()> {
             .map(|(r, m)| r + m)
             .collect();
         lines += &ratio_line(
-            &format!("idle-cpu-percent-{}-peers-vs-budget", f.peers),
+            &format!("idle-cpu-percent-{}-vs-budget", f.name),
             &f.cpu_percent,
             &vec![CPU_BUDGET_PERCENT; f.cpu_percent.len()],
             3,
         );
         lines += &ratio_line(
-            &format!("idle-memory-mib-{}-peers-vs-budget", f.peers),
+            &format!("idle-memory-mib-{}-vs-budget", f.name),
             &memory,
             &vec![MEMORY_BUDGET_MIB; memory.len()],
             1,
         );
         table += &format!(
-            "| {} | {:.2}% | {:.1} MiB | {:.1} MiB | {} of {} |\n",
-            f.peers,
+            "| {} | {:.2}% | {:.1} MiB | {:.1} MiB | {} | {:.3} |\n",
+            f.name.replace('-', " "),
             median(&f.cpu_percent),
             median(&f.rss_mib),
             median(&f.map_mib),
             f.connected,
-            f.peers
+            f.initiations_per_peer_s,
         );
     }
     let (ready, loading) = (start.ready.as_secs_f64(), start.loading.as_secs_f64());
@@ -396,8 +466,8 @@ is the `memlock` of each map fd, the figure `bpftool map show` prints. Memory is
 plus maps. The budgets: under {CPU_BUDGET_PERCENT}% of a core and
 {MEMORY_BUDGET_MIB} MiB with 1,000 peers.
 
-| peers | CPU (median) | resident | maps | conncheck connected |
-|---|---|---|---|---|
+| peers | CPU (median) | resident | maps | conncheck connected | initiations per peer per s |
+|---|---|---|---|---|---|
 {table}
 **Start.** The agent is stopped, given a NatMapping of {ENTRIES_PER_PEER} entries
 for each of the 1,000 peers ({total} in all, with
@@ -405,6 +475,13 @@ for each of the 1,000 peers ({total} in all, with
 from process start to ready (`/readyz`: every object read, every table and
 route written), of which {loading:.2} s loading the programs, the
 verifier's work (`isthmus_program_load_seconds_total`).
+
+**Silent peers.** Last, the agent starts afresh with 1,000 peers whose
+endpoints never answer: their datagrams are routed into a netns that drops
+them ({SILENT_NET}). Once every peer's first handshake has been given up
+(WireGuard's Rekey-Attempt-Time, 90 s), the same windows measure it. Only
+WireGuard's retries and the conncheck's PINGs reach those peers then. A
+peer gets at most one initiation per Rekey-Timeout ({REKEY_TIMEOUT_S} s).
 
 ```
 {lines}```

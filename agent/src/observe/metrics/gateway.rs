@@ -151,7 +151,7 @@ struct PeerFamily {
     value: PeerValue,
 }
 
-const PEER_FAMILIES: [PeerFamily; 9] = [
+const PEER_FAMILIES: [PeerFamily; 10] = [
     PeerFamily {
         name: "peer_connected",
         help: "Whether a WireGuard session with the peer is up (1) or not (0)",
@@ -198,6 +198,11 @@ const PEER_FAMILIES: [PeerFamily; 9] = [
         name: "peer_handshake_failures",
         help: "Handshake messages from the peer that failed to authenticate, and handshakes with it given up after retrying",
         value: PeerValue::Counter(|p| p.handshake_failures),
+    },
+    PeerFamily {
+        name: "peer_handshake_initiations",
+        help: "Handshake initiations sent to the peer: the first, retries while it does not answer, and rekeys",
+        value: PeerValue::Counter(|p| p.initiations),
     },
 ];
 

@@ -10,9 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use boringtun::noise::{
-    Packet, Tunn, TunnResult, errors::WireGuardError, handshake::parse_handshake_anon,
-};
+use boringtun::noise::{Packet, Tunn, TunnResult, handshake::parse_handshake_anon};
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 use tracing::debug;
 
@@ -28,10 +26,6 @@ use crate::sync::Unpoisoned;
 
 /// How often a worker wakes with nothing to do, to notice a stop, in ms.
 const IDLE_MS: u16 = 200;
-/// How often WireGuard's timers run (boringtun's own device uses 250 ms).
-const TICK: Duration = Duration::from_millis(250);
-/// How often the first handshakes' retries are looked at.
-const FIRST_CONTACT_TICK: Duration = Duration::from_millis(25);
 
 /// Frames read from TUN per wake-up, before the UDP side gets a turn.
 const TUN_READS: usize = 64;
@@ -266,6 +260,7 @@ impl Sender<'_> {
         }
         let mut tunn = lock(peer);
         if let TunnResult::WriteToNetwork(datagram) = tunn.encapsulate(packet, outgoing.slot()) {
+            peer.count_sent(datagram);
             let len = datagram.len();
             outgoing.commit(len, endpoint);
         }
@@ -495,81 +490,6 @@ pub fn handshakes(shared: &Shared, udp: &UdpSocket) {
             &mut scratch,
         );
     }
-}
-
-/// Runs every peer's WireGuard timers (handshake retries, rekeying,
-/// keepalives) and its first handshake's quick retries, and resets the
-/// shared rate limiter and forgets idle sources' buckets each second.
-pub fn timers(shared: &Shared, udp: &UdpSocket) {
-    let mut buf = vec![0u8; shared.max_sent()];
-    let mut last_reset = Instant::now();
-    let mut last_tick = Instant::now();
-    let mut peers = shared.snapshot();
-    let mut contacting = first_contacts(&peers);
-    while !shared.stop.load(Ordering::Relaxed) {
-        std::thread::sleep(FIRST_CONTACT_TICK);
-        let now = Instant::now();
-        if now - last_reset >= Duration::from_secs(1) {
-            shared.limiter.reset_count();
-            shared.throttle.forget_idle(now);
-            last_reset = now;
-        }
-        let latest = shared.snapshot();
-        if !Arc::ptr_eq(&latest, &peers) {
-            contacting = first_contacts(&latest);
-            peers = latest;
-        }
-        if now - last_tick >= TICK {
-            last_tick = now;
-            for peer in peers.iter() {
-                run_timers(peer, udp, &mut buf);
-            }
-        }
-        contacting.retain(|peer| retry_first_contact(peer, udp, &mut buf, now));
-    }
-}
-
-/// The peers still in their first handshake's quick retries: walking only
-/// these every few milliseconds, not every peer, keeps a gateway with
-/// thousands of settled sessions idle.
-fn first_contacts(peers: &PeerSet) -> Vec<Arc<TunnelPeer>> {
-    peers
-        .iter()
-        .filter(|peer| !peer.first_contact_over())
-        .cloned()
-        .collect()
-}
-
-/// WireGuard's timers of `peer`: keepalives, rekeys, expiry.
-fn run_timers(peer: &TunnelPeer, udp: &UdpSocket, buf: &mut [u8]) {
-    let endpoint = peer.endpoint();
-    let result = lock(peer).update_timers(buf);
-    let expired = matches!(result, TunnResult::Err(WireGuardError::ConnectionExpired));
-    if expired && !peer.counters.expired.swap(true, Ordering::Relaxed) {
-        peer.counters
-            .handshake_failures
-            .fetch_add(1, Ordering::Relaxed);
-    } else if !expired {
-        peer.counters.expired.store(false, Ordering::Relaxed);
-    }
-    // A peer we serve that has not made contact yet gets nothing: the
-    // handshakes are its to start.
-    if let (TunnResult::WriteToNetwork(datagram), Some(endpoint)) = (result, endpoint) {
-        let _ = udp.send_to(datagram, endpoint);
-    }
-}
-
-/// Sends `peer`'s first initiation again if its backoff says so; returns
-/// whether more retries may follow. The session's lock, which the datapath
-/// takes for every packet, is taken only when a retry is due.
-fn retry_first_contact(peer: &TunnelPeer, udp: &UdpSocket, buf: &mut [u8], now: Instant) -> bool {
-    if let Some(endpoint) = peer.endpoint()
-        && peer.first_contact_due(now, || lock(peer).stats().0.is_some())
-        && let TunnResult::WriteToNetwork(init) = lock(peer).format_handshake_initiation(buf, true)
-    {
-        let _ = udp.send_to(init, endpoint);
-    }
-    !peer.first_contact_over()
 }
 
 #[cfg(test)]

@@ -8,7 +8,11 @@ use boringtun::x25519::{PublicKey, StaticSecret};
 use super::*;
 use crate::{
     model::object::ObjectKey,
-    tunnel::{HANDSHAKE_LIMIT, peers::PeerConfig},
+    tunnel::{
+        HANDSHAKE_LIMIT,
+        peers::PeerConfig,
+        timers::{Retries, retry_first_contact, run_timers},
+    },
 };
 
 /// Our gateway's tunnel with one peer, the peer's own state machine
@@ -272,7 +276,7 @@ fn a_peer_we_serve_gets_nothing_before_it_makes_contact_and_is_answered_where_it
     let mut buf = vec![0u8; 2048];
     let later = Instant::now() + Duration::from_secs(1);
     assert!(!retry_first_contact(&peer, &pair.ours, &mut buf, later));
-    run_timers(&peer, &pair.ours, &mut buf);
+    run_timers(&peer, &pair.ours, &mut buf, &mut Retries::default(), later);
     pair.remote_socket.set_nonblocking(true).unwrap();
     assert!(
         pair.remote_socket.recv_from(&mut buf).is_err(),
