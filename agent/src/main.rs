@@ -73,8 +73,11 @@ async fn main() -> Result<()> {
 }
 
 fn init_logs(format: LogFormat) {
+    // boringtun logs each retry and expiry of every peer's handshake: with
+    // many peers silent, hundreds of lines a second. The agent says the
+    // same once per peer, and counts it; RUST_LOG brings them back.
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,boringtun=off"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

@@ -9,6 +9,11 @@ pub const MAP_PEERS: &str = "ist_peer_nets";
 /// [`crate::nat::PeerNat::peer_id`]: whose a source is, in one lookup,
 /// when a new flow is charged to its owner ([`crate::room`]).
 pub const MAP_PEER_OWNERS: &str = "ist_peer_owners";
+/// Hash, written by the agent alone: each pinned map's name (NUL-padded to
+/// 16 bytes) → the version of its entries' layout, so that a new agent
+/// knows how to read what a previous one pinned. Its own layout never
+/// changes. Not a map of the programs' object.
+pub const MAP_LAYOUTS: &str = "ist_layouts";
 /// One-entry array: the prefix lengths in [`MAP_PEERS`], longest first.
 pub const MAP_PREFIX_LENS: &str = "ist_prefix_lens";
 /// Per-CPU array of packet counters, indexed by [`crate::counters::slot`].

@@ -28,6 +28,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "curl",
     // The benches flush NAT state between setups.
     "conntrack",
+    // The upgrade test unpacks the previous release's agent.
+    "zstd",
     // The lab's Prometheus server, and promtool, which checks our metrics.
     "prometheus",
     // Renders the benchmark chart in docs/.

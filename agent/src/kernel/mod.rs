@@ -4,6 +4,7 @@
 pub mod batch;
 pub mod conntrack;
 pub mod dataplane;
+pub mod layouts;
 pub mod link;
 pub mod maps;
 pub mod netfilter;

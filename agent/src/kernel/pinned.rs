@@ -3,12 +3,13 @@
 //! layout (a changed flag, an upgrade) would then be read and written as if
 //! it were this agent's.
 //!
-//! A pin that matches what this agent would create is kept. A hash map that
-//! differs only in capacity or in its flags (preallocated or not) is
-//! migrated: its entries are copied into the new one, or the agent refuses
-//! to start if they do not fit. Anything else
-//! is replaced by a new, empty map, and said so: counters restart, the
-//! tables the objects describe are written again, masqueraded flows are lost.
+//! A pin that matches what this agent would create is kept. A hash map
+//! whose capacity, flags or entries' layout ([`layouts`]) changed is
+//! migrated: its entries are copied into the new one, each in this
+//! agent's layout, or the agent refuses to start if they do not fit.
+//! Anything else is replaced by a new, empty map, and said so: counters
+//! restart, the tables the objects describe are written again, masqueraded
+//! flows are lost.
 
 use std::{
     collections::HashMap,
@@ -19,6 +20,8 @@ use std::{
 use aya::maps::{MapData, MapError, MapType};
 use thiserror::Error;
 use tracing::{error, info};
+
+use super::layouts::{self, Plan, Registry, Upgrade};
 
 /// A map's shape, as the kernel reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,32 +75,25 @@ pub enum PinnedError {
     },
 }
 
-/// What became of a pinned map found under the root.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Fate {
-    /// Its shape is this agent's: reused as it is.
-    Kept,
-    /// Only its capacity differed: its entries are to be copied.
-    Migrated,
-    /// Its layout differed: unpinned, to be created anew.
-    Replaced,
-}
-
-/// The entries of a hash map whose capacity changes, held while the
-/// loader creates the new map in its place.
+/// The entries of a pinned map to be carried into its successor, held
+/// while the loader creates the new map in its place: its capacity, flags
+/// or layout changed.
 pub struct Migration {
     name: String,
     path: PathBuf,
     old: MapData,
-    shape: Shape,
+    found: Shape,
+    upgrades: Vec<Upgrade>,
 }
 
 /// Checks every pinned map among `wanted` (name → pin and the shape this
-/// agent would create) before the loader reuses it. A pin whose shape
-/// differs is unpinned; the returned migrations copy the entries of those
-/// that can keep them, once the loader has created their successors.
+/// agent would create) before the loader reuses it, by the layout versions
+/// `registry` recorded. A pin whose shape or layout differs is unpinned;
+/// the returned migrations copy the entries of those that can keep them,
+/// once the loader has created their successors.
 pub fn check<S: std::hash::BuildHasher>(
     wanted: &HashMap<&'static str, (PathBuf, Shape), S>,
+    registry: &Registry,
 ) -> Result<Vec<Migration>, PinnedError> {
     let mut migrations = Vec::new();
     for (name, (path, shape)) in wanted {
@@ -111,9 +107,11 @@ pub fn check<S: std::hash::BuildHasher>(
         };
         let old = MapData::from_pin(path).map_err(failed)?;
         let found = shape_of(&old).map_err(failed)?;
-        match fate(&found, shape) {
-            Fate::Kept => continue,
-            Fate::Migrated => {
+        let recorded = registry.recorded(name);
+        let history = layouts::history(name, shape);
+        match layouts::plan(&found, recorded, shape, &history) {
+            Plan::Keep => continue,
+            Plan::Migrate(upgrades) => {
                 let entries = keys(&old, found.key_size, found.max_entries)
                     .map_err(failed)?
                     .len();
@@ -125,22 +123,21 @@ pub fn check<S: std::hash::BuildHasher>(
                     });
                 }
                 info!(
-                    map = name,
-                    from = found.max_entries,
-                    to = shape.max_entries,
-                    entries,
-                    "migrating a pinned map to its new capacity"
+                    map = name, found = %found, wanted = %shape, entries,
+                    layout_from = recorded, layout_steps = upgrades.len(),
+                    "migrating a pinned map into one of this agent's shape and layout"
                 );
                 migrations.push(Migration {
                     name: (*name).to_owned(),
                     path: path.clone(),
                     old,
-                    shape: *shape,
+                    found,
+                    upgrades,
                 });
             }
-            Fate::Replaced => error!(
-                map = name, found = %found, wanted = %shape,
-                "a pinned map has another layout than this agent's: replaced by a new, empty one (its counters restart, its tables are rebuilt from the objects, its flows are lost)"
+            Plan::Replace => error!(
+                map = name, found = %found, layout = recorded, wanted = %shape,
+                "a pinned map has a layout this agent cannot read: replaced by a new, empty one (its counters restart, its tables are rebuilt from the objects, its flows are lost)"
             ),
         }
         std::fs::remove_file(path).map_err(|e| failed(MapError::SyscallError(io(e))))?;
@@ -148,34 +145,17 @@ pub fn check<S: std::hash::BuildHasher>(
     Ok(migrations)
 }
 
-/// What to do with a pinned map of shape `found` where `wanted` is what
-/// this agent creates.
-pub fn fate(found: &Shape, wanted: &Shape) -> Fate {
-    if found == wanted {
-        return Fate::Kept;
-    }
-    let same_layout = Shape {
-        max_entries: wanted.max_entries,
-        map_flags: wanted.map_flags,
-        ..*found
-    } == *wanted;
-    match same_layout && is_hash(found.map_type) {
-        true => Fate::Migrated,
-        false => Fate::Replaced,
-    }
-}
-
 impl Migration {
     /// Copies the old map's entries into `new`, the map the loader created
-    /// in its place. Returns how many.
+    /// in its place, each through the layout upgrades. Returns how many.
     pub fn copy_into(&self, new: &MapData) -> Result<usize, PinnedError> {
         let failed = |source| PinnedError::Map {
             name: self.name.clone(),
             path: self.path.clone(),
             source: Box::new(source),
         };
-        let keys = keys(&self.old, self.shape.key_size, u32::MAX).map_err(failed)?;
-        let mut value = vec![0u8; self.shape.value_size as usize];
+        let keys = keys(&self.old, self.found.key_size, u32::MAX).map_err(failed)?;
+        let mut value = vec![0u8; self.found.value_size as usize];
         for key in &keys {
             // Gone since it was listed: nothing to copy.
             if syscall(
@@ -184,11 +164,18 @@ impl Migration {
                 key.as_ptr(),
                 value.as_mut_ptr(),
             )
-            .is_ok()
+            .is_err()
             {
-                syscall(BPF_MAP_UPDATE_ELEM, new, key.as_ptr(), value.as_mut_ptr())
-                    .map_err(|e| failed(MapError::SyscallError(e)))?;
+                continue;
             }
+            let (key, mut value) = self
+                .upgrades
+                .iter()
+                .fold((key.clone(), value.clone()), |(k, v), upgrade| {
+                    upgrade(&k, &v)
+                });
+            syscall(BPF_MAP_UPDATE_ELEM, new, key.as_ptr(), value.as_mut_ptr())
+                .map_err(|e| failed(MapError::SyscallError(e)))?;
         }
         Ok(keys.len())
     }
@@ -216,7 +203,9 @@ pub fn shape_of(map: &MapData) -> Result<Shape, MapError> {
     })
 }
 
-fn is_hash(map_type: u32) -> bool {
+/// Whether a map of `map_type` is a hash, whose entries can be copied one
+/// by one into a map of another capacity.
+pub(super) fn is_hash(map_type: u32) -> bool {
     [MapType::Hash, MapType::LruHash, MapType::LpmTrie]
         .iter()
         .any(|t| *t as u32 == map_type)
@@ -259,7 +248,8 @@ fn syscall(
     }
 }
 
-fn io(io_error: std::io::Error) -> aya::sys::SyscallError {
+/// A failed system call on a pin, as aya reports one.
+pub(super) fn io(io_error: std::io::Error) -> aya::sys::SyscallError {
     aya::sys::SyscallError {
         call: "bpf",
         io_error,
@@ -301,46 +291,4 @@ pub fn walk(
         }
     }
     Ok(count)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn shape(map_type: MapType, value_size: u32, max_entries: u32) -> Shape {
-        Shape {
-            map_type: map_type as u32,
-            key_size: 16,
-            value_size,
-            max_entries,
-            map_flags: 0,
-        }
-    }
-
-    #[test]
-    fn only_a_hash_maps_capacity_and_flags_migrate() {
-        let wanted = shape(MapType::Hash, 16, 1000);
-        assert_eq!(fate(&wanted, &wanted), Fate::Kept);
-        assert_eq!(fate(&shape(MapType::Hash, 16, 50), &wanted), Fate::Migrated);
-        // A preallocated map of an earlier release keeps its entries.
-        let on_demand = Shape {
-            map_flags: 1,
-            ..wanted
-        };
-        assert_eq!(fate(&wanted, &on_demand), Fate::Migrated);
-        assert_eq!(
-            fate(&shape(MapType::Hash, 24, 1000), &wanted),
-            Fate::Replaced
-        );
-        assert_eq!(
-            fate(&shape(MapType::LruHash, 16, 1000), &wanted),
-            Fate::Replaced
-        );
-        // A counter array of another length changed its layout.
-        let counters = shape(MapType::PerCpuArray, 8, 60);
-        assert_eq!(
-            fate(&shape(MapType::PerCpuArray, 8, 56), &counters),
-            Fate::Replaced
-        );
-    }
 }

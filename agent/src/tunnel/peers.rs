@@ -54,6 +54,8 @@ pub struct PeerCounters {
     /// Whether the timers last reported the session expired: boringtun
     /// repeats that on every tick, and one expiry is one failure.
     pub expired: AtomicBool,
+    /// Whether the peer's silence was logged, since its last session.
+    pub silence_logged: AtomicBool,
 }
 
 /// One peer: its WireGuard state machine and where it is.

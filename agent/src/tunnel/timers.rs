@@ -10,6 +10,7 @@ use std::{
 };
 
 use boringtun::noise::{Tunn, TunnResult, errors::WireGuardError};
+use tracing::{info, warn};
 
 use super::{
     Shared,
@@ -89,12 +90,21 @@ pub(super) fn run_timers(
     }
     let result = tunn.update_timers(buf);
     let expired = matches!(result, TunnResult::Err(WireGuardError::ConnectionExpired));
-    if expired && !peer.counters.expired.swap(true, Ordering::Relaxed) {
-        peer.counters
-            .handshake_failures
-            .fetch_add(1, Ordering::Relaxed);
+    let counters = &peer.counters;
+    if expired && !counters.expired.swap(true, Ordering::Relaxed) {
+        counters.handshake_failures.fetch_add(1, Ordering::Relaxed);
+        if !counters.silence_logged.swap(true, Ordering::Relaxed) {
+            warn!(
+                peer = %peer.config.label, endpoint = ?endpoint,
+                "no handshake with the peer answered for 90 s (WireGuard's Rekey-Attempt-Time): retrying whenever data or a keepalive is due, said again only after a session"
+            );
+        }
     } else if !expired {
-        peer.counters.expired.store(false, Ordering::Relaxed);
+        counters.expired.store(false, Ordering::Relaxed);
+    }
+    if counters.silence_logged.load(Ordering::Relaxed) && has_session(&tunn) {
+        counters.silence_logged.store(false, Ordering::Relaxed);
+        info!(peer = %peer.config.label, "a session with the peer is up after its silence");
     }
     // A peer we serve that has not made contact yet gets nothing: the
     // handshakes are its to start.

@@ -56,6 +56,15 @@ pub fn start_agent(node: &str) -> Result<u32> {
     start_agent_in(node, &Setup::current()?)
 }
 
+/// Starts node `node`'s agent from `binary` (another build, such as a
+/// previous release), with the running lab's arguments, and records its
+/// PID. Does not wait for it to be ready.
+pub fn start_agent_binary(node: &str, binary: &Path) -> Result<u32> {
+    let pid = spawn_agent_binary(binary, node, &agent_args(node)?, &log_file(node))?;
+    fs::write(pid_file(node), pid.to_string())?;
+    Ok(pid)
+}
+
 /// Starts node `node`'s agent as `setup` says, and records its PID.
 pub(super) fn start_agent_in(node: &str, setup: &Setup) -> Result<u32> {
     let args = args_in(node, setup)?;

@@ -26,4 +26,5 @@ mod routes;
 mod segregation;
 mod tunnel_offload;
 mod tunnel_security;
+mod upgrade;
 mod wan_capture;

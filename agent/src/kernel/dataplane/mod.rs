@@ -33,6 +33,7 @@ use crate::{
     kernel::pinned,
     kernel::{
         conntrack::{Conntrack, Masquerade, PeerFlows},
+        layouts::{self, Registry},
         room::Rooms,
     },
 };
@@ -195,7 +196,12 @@ impl Dataplane {
             };
             wanted.insert(name, (pins.map(name), shape));
         }
-        let migrations = pinned::check(&wanted)?;
+        let layouts_pin = pins.map(names::MAP_LAYOUTS);
+        let mut registry = Registry::open(&layouts_pin).map_err(|e| DataplaneError::Io {
+            path: layouts_pin.clone(),
+            source: io::Error::other(e),
+        })?;
+        let migrations = pinned::check(&wanted, &registry)?;
         let mut loader = EbpfLoader::new();
         for (name, (path, _)) in &wanted {
             loader.map_pin_path(name, path.as_path());
@@ -216,6 +222,15 @@ impl Dataplane {
                 entries = copied,
                 "pinned map migrated"
             );
+        }
+        // Only now: a map recorded in this agent's layout must hold it.
+        for (name, (_, shape)) in &wanted {
+            registry
+                .record(name, layouts::current_version(name, shape))
+                .map_err(|e| DataplaneError::Io {
+                    path: layouts_pin.clone(),
+                    source: io::Error::other(e),
+                })?;
         }
         let mut dataplane = Self {
             ebpf,

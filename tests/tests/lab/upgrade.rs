@@ -1,0 +1,215 @@
+//! Upgrades keep what the previous agent pinned: a map whose entries'
+//! layout changed is migrated into this agent's layout, entry by entry,
+//! and the version of each map's layout is recorded for the next agent. A
+//! hub upgraded from the previous release mid-transfer loses no byte.
+
+use std::{
+    fs,
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use aya::maps::{HashMap as BpfHash, Map, MapData};
+use isthmus_agent::kernel::dataplane::{Capacity, Dataplane};
+use isthmus_common::{
+    conntrack::{DIR_IN, DIR_OUT, FlowKey, FlowNat, TcpState},
+    ipv4::{PROTO_TCP, PROTO_UDP},
+    names,
+    pins::Pins,
+    room::OWNER_LOCAL,
+    wire::Be32,
+};
+use isthmus_lab::{
+    cmd::run,
+    lab,
+    stream::TcpTransfer,
+    topology::{B, C, reachability},
+    wait,
+};
+use isthmus_tests::{require_lab, require_root};
+
+/// A conntrack value of the first layout (before flows had owners):
+/// address, port, TCP state, a zero byte, last seen.
+fn first_layout(addr: [u8; 4], port: u16, state: TcpState, last_seen: u64) -> [u8; 16] {
+    let mut value = [0u8; 16];
+    value[..4].copy_from_slice(&addr);
+    value[4..6].copy_from_slice(&port.to_ne_bytes());
+    value[6] = state as u8;
+    value[8..].copy_from_slice(&last_seen.to_ne_bytes());
+    value
+}
+
+fn key(sport: u16, proto: u8, dir: u8) -> FlowKey {
+    let [src, dst] = [1, 2].map(|last| Be32::from_bytes([10, 0, 0, last]));
+    FlowKey::new(src, dst, sport, 80, proto, dir)
+}
+
+fn bytes_of(key: &FlowKey) -> [u8; 16] {
+    // SAFETY: FlowKey is a 16-byte #[repr(C)] map key without padding.
+    unsafe { std::mem::transmute(*key) }
+}
+
+fn hash<K: aya::Pod, V: aya::Pod>(pins: &Pins, name: &str) -> BpfHash<MapData, K, V> {
+    let map = MapData::from_pin(pins.map(name)).unwrap();
+    BpfHash::try_from(Map::HashMap(map)).unwrap()
+}
+
+fn recorded(pins: &Pins, name: &str) -> Option<u32> {
+    let mut k = [0u8; 16];
+    k[..name.len()].copy_from_slice(name.as_bytes());
+    hash::<[u8; 16], u32>(pins, names::MAP_LAYOUTS)
+        .get(&k, 0)
+        .ok()
+}
+
+/// An agent whose conntrack held its flows in the first layout left three;
+/// this agent carries each into its own layout, its translation and age
+/// kept, and records the version.
+#[test]
+fn a_conntrack_of_the_first_layout_keeps_its_flows_in_this_agents_layout() {
+    require_root();
+    require_lab();
+    let root = lab::bpffs("ist-t-layouts");
+    let _ = fs::remove_dir_all(&root);
+    let pins = Pins::new(&root);
+    fs::create_dir_all(root.join(isthmus_common::pins::MAPS)).unwrap();
+    let flows = [
+        (key(40000, PROTO_TCP, DIR_OUT), TcpState::Established),
+        (key(40001, PROTO_TCP, DIR_IN), TcpState::Syn),
+        (key(40002, PROTO_UDP, DIR_OUT), TcpState::None),
+    ];
+    {
+        let mut first: BpfHash<MapData, [u8; 16], [u8; 16]> = BpfHash::create(1024, 0).unwrap();
+        for (i, (key, state)) in flows.iter().enumerate() {
+            let value = first_layout([192, 168, 0, 1], 61000 + i as u16, *state, 1000 + i as u64);
+            first.insert(bytes_of(key), value, 0).unwrap();
+        }
+        first.pin(pins.map(names::MAP_CONNTRACK)).unwrap();
+    }
+    drop(Dataplane::load(&root, &Capacity::default(), false).unwrap());
+    let conntrack = hash::<FlowKey, FlowNat>(&pins, names::MAP_CONNTRACK);
+    assert_eq!(conntrack.keys().count(), flows.len());
+    for (i, (key, state)) in flows.iter().enumerate() {
+        let flow = conntrack.get(key, 0).expect("a flow was lost");
+        assert_eq!(
+            flow,
+            FlowNat {
+                addr: Be32::from_bytes([192, 168, 0, 1]),
+                port: 61000 + i as u16,
+                state: *state as u8,
+                answered: u8::from(*state != TcpState::Syn),
+                owner: OWNER_LOCAL,
+                pad: 0,
+                last_seen: 1000 + i as u64,
+            }
+        );
+    }
+    assert_eq!(recorded(&pins, names::MAP_CONNTRACK), Some(2));
+    assert_eq!(recorded(&pins, names::MAP_NATMAP), Some(1));
+
+    // A later agent's layout, left by a downgrade: this agent cannot read
+    // it, and replaces it.
+    let mut layouts = hash::<[u8; 16], u32>(&pins, names::MAP_LAYOUTS);
+    let mut k = [0u8; 16];
+    k[..names::MAP_CONNTRACK.len()].copy_from_slice(names::MAP_CONNTRACK.as_bytes());
+    layouts.insert(k, 3, 0).unwrap();
+    drop(Dataplane::load(&root, &Capacity::default(), false).unwrap());
+    let conntrack = hash::<FlowKey, FlowNat>(&pins, names::MAP_CONNTRACK);
+    assert_eq!(
+        conntrack.keys().count(),
+        0,
+        "a layout it cannot read was kept"
+    );
+    assert_eq!(recorded(&pins, names::MAP_CONNTRACK), Some(2));
+    fs::remove_dir_all(&root).unwrap();
+}
+
+/// The previous release, whose agent binary this repository keeps
+/// (`tests/artifacts/README.md`): it recorded no layout versions.
+const PREVIOUS: &str = "v0.1.0";
+/// How long traffic may take to flow again after the upgrade.
+const GIVE_UP: Duration = Duration::from_secs(10);
+
+/// The previous release's agent, unpacked into the lab's state.
+fn previous_release() -> PathBuf {
+    let packed = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("artifacts")
+        .join(format!("isthmus-agent-{PREVIOUS}.zst"));
+    let binary = Path::new(lab::STATE_DIR).join(format!("isthmus-agent-{PREVIOUS}"));
+    run(
+        "zstd",
+        &[
+            "-d",
+            "-f",
+            "-q",
+            &packed.to_string_lossy(),
+            "-o",
+            &binary.to_string_lossy(),
+        ],
+    )
+    .unwrap();
+    fs::set_permissions(&binary, fs::Permissions::from_mode(0o755)).unwrap();
+    binary
+}
+
+/// Puts this build's agent back on `node` when the test ends, passed or not.
+struct ThisBuildAfter<'a>(&'a str);
+
+impl Drop for ThisBuildAfter<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = lab::restart_agent(self.0) {
+            eprintln!("{}: this build's agent did not start again: {e:#}", self.0);
+        }
+    }
+}
+
+/// b-gw, the hub, runs the previous release while a-pod1 sends to c-pod1
+/// through its masquerade (row 5), and is upgraded to this build mid-transfer:
+/// the connection survives, and every byte arrives. The new agent reads the
+/// previous one's maps, carries their flows, and records their layouts.
+#[test]
+fn upgrading_the_hub_from_the_previous_release_mid_transfer_loses_no_byte() {
+    require_root();
+    require_lab();
+    let gw = B.gw();
+    let previous = previous_release();
+    let _restore = ThisBuildAfter(&gw);
+    lab::stop_agent(&gw).unwrap();
+    lab::start_agent_binary(&gw, &previous).unwrap();
+    lab::wait_ready(&gw).unwrap();
+    let pins = Pins::new(&lab::bpffs(&gw));
+    assert!(
+        !pins.map(names::MAP_LAYOUTS).exists(),
+        "{PREVIOUS} records layouts: it is not the release this test means"
+    );
+
+    let row = reachability()
+        .into_iter()
+        .find(|r| r.row == 5)
+        .expect("row 5");
+    let transfer =
+        TcpTransfer::start(&row.from, &row.answered_by, C.pod_addr(1), row.target).unwrap();
+    let writes = |more: u64, what: &str| {
+        let from = transfer.sent();
+        wait::until(GIVE_UP, Duration::from_millis(20), what, || {
+            transfer.sent() > from + more
+        })
+        .unwrap();
+    };
+    writes(1 << 20, "TCP writes through the previous release's hub");
+    let log_before = fs::metadata(lab::log_file(&gw)).map_or(0, |m| m.len());
+    lab::restart_agent(&gw).unwrap();
+    writes(1 << 20, "TCP writes through the upgraded hub");
+    let report = transfer.finish().unwrap();
+    eprintln!("upgrade of {gw} from {PREVIOUS}: {report:?}");
+    assert_eq!(report.verified, report.sent, "the TCP transfer lost bytes");
+
+    let log = fs::read(lab::log_file(&gw)).unwrap();
+    let after = String::from_utf8_lossy(&log[log_before as usize..]);
+    assert!(
+        !after.contains("cannot read"),
+        "the upgraded agent replaced a map:\n{after}"
+    );
+    assert_eq!(recorded(&pins, names::MAP_CONNTRACK), Some(2));
+}
