@@ -12,11 +12,14 @@
 //! The kernel only ever adds to an owner's `charged`; the agent sets its
 //! `limit` and `released`. What an owner holds is what the kernel charged
 //! less what the agent saw released: each collection, the agent sets
-//! `released` so that the difference is what it counted. The agent
-//! rewrites a room whole, with `charged` as it read it, so a flow the
-//! kernel charged in between is lost from `charged`, and the next
-//! collection, counting the flow itself, heals that: an owner's count can
-//! be wrong by the flows of a few microseconds, for one interval, not more.
+//! `released` so that the difference is what it counted. Where it counted
+//! more than was ever charged (flows an upgrade carried over), it raises
+//! `charged` to the count. The agent rewrites a room whole, with `charged`
+//! as it read it, so a flow the kernel charged in between is lost from
+//! `charged`, and the next collection, counting the flow itself, heals
+//! that: an owner's count can be wrong by the flows of a few microseconds,
+//! for one interval, not more. So the rooms also tell, in one lookup, how
+//! many entries a flow table holds.
 
 use crate::counters::DENY_PEERS;
 
@@ -52,6 +55,14 @@ impl FlowTable {
         match self {
             Self::Conntrack => 2,
             Self::PeerFlows => 1,
+        }
+    }
+
+    /// The map that holds it.
+    pub const fn map(self) -> &'static str {
+        match self {
+            Self::Conntrack => crate::names::MAP_CONNTRACK,
+            Self::PeerFlows => crate::names::MAP_PEER_FLOWS,
         }
     }
 
@@ -132,6 +143,23 @@ impl Room {
         charged.saturating_sub(self.released)
     }
 
+    /// This room, holding `held` entries with `limit`: what the kernel
+    /// charged beyond them counts as released, and if it charged fewer,
+    /// the charge rises to them.
+    #[must_use]
+    pub const fn holding(self, held: u64, limit: u64) -> Self {
+        let charged = if self.charged > held {
+            self.charged
+        } else {
+            held
+        };
+        Self {
+            limit,
+            released: charged - held,
+            charged,
+        }
+    }
+
     /// Whether `entries` more fit, the kernel having charged `charged`.
     pub const fn fits(&self, charged: u64, entries: u64) -> bool {
         self.limit == 0 || self.used(charged) + entries <= self.limit
@@ -165,5 +193,21 @@ mod tests {
         // A refund the agent has not seen yet leaves nothing negative.
         assert_eq!(room.used(9), 0);
         assert!(Room::default().fits(u64::MAX - 1, 1), "no limit set yet");
+    }
+
+    #[test]
+    fn a_room_holds_what_was_counted_charged_or_not() {
+        let room = Room {
+            limit: 4,
+            released: 1,
+            charged: 10,
+        };
+        let held = room.holding(3, 8);
+        assert_eq!((held.limit, held.released, held.charged), (8, 7, 10));
+        assert_eq!(held.used(held.charged), 3);
+        // Entries the kernel never charged, carried over by an upgrade.
+        let held = room.holding(25, 8);
+        assert_eq!((held.released, held.charged), (0, 25));
+        assert_eq!(held.used(held.charged), 25);
     }
 }

@@ -6,4 +6,5 @@ pub mod kubernetes;
 pub mod reconcile;
 pub mod run;
 pub mod source;
+mod stages;
 pub mod status;

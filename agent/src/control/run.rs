@@ -12,6 +12,7 @@ use crate::{
     control::{
         reconcile::{MemoryAllowedTable, Reconciler, Report},
         source::SourceEvent,
+        stages::Stages,
         status::{self, Feedback},
     },
     kernel::table::{AllowedTable, MappingTable, PeerTable},
@@ -162,7 +163,9 @@ where
     /// The periodic work: devices, statuses, this node's networks and
     /// peers' endpoint names. Returns whether a pass is needed.
     async fn tick(&mut self, synced: bool, status_log: &mut status::StatusLog) -> bool {
+        let mut stages = Stages::start("tick");
         self.host.refresh_devices();
+        stages.end("devices");
         // A standby gateway speaks for no tunnel: the active one writes.
         let acting = self.acting();
         let report = self
@@ -184,21 +187,27 @@ where
                 feedback.show(statuses, self.reconciler.peers(), self.reconciler.nodes());
             }
         }
+        stages.end("statuses");
         // A node address that came or went may allow or refuse a view.
         let changed = self.reconciler.set_policy(self.host.policy());
         if changed {
             info!("this node's networks changed; checking every peer's views again");
         }
+        stages.end("policy");
         let moved = match self.gateway.as_mut() {
             Some(gateway) if synced && acting => gateway.resolve(self.reconciler.peers()).await,
             _ => false,
         };
+        stages.end("resolve");
+        stages.finish(&self.metrics);
         changed || moved
     }
 
     /// One reconcile pass, followed by the overlay and the tunnel.
     async fn pass(&mut self, retry: &mut Retry) {
+        let mut stages = Stages::start("pass");
         let (report, failure) = self.reconciler.reconcile();
+        stages.end("reconcile");
         record(&report, &self.metrics);
         self.host.follow_peers(self.reconciler.peers());
         // A peer's ID is assigned when it is accepted and kept until it goes.
@@ -211,9 +220,11 @@ where
         // The overlay and the tunnel follow the accepted peers even when a
         // table could not take them all: a removed peer loses its session
         // and routes whatever else is full.
+        stages.end("follow");
         let nodes_synced = self
             .host
             .sync_nodes(self.reconciler.nodes(), self.reconciler.active_gateway());
+        stages.end("nodes");
         // A standby gateway keeps its device, key, programs and staged
         // routes, and holds no peer: it sends nothing to them.
         let acting = self.acting();
@@ -230,6 +241,12 @@ where
             }
             (None, None) => true,
         };
+        stages.end(if self.gateway.is_some() {
+            "tunnel"
+        } else {
+            "routes"
+        });
+        stages.finish(&self.metrics);
         self.passed.send_replace(());
         if let Some(e) = &failure {
             if e.full {

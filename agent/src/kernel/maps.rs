@@ -16,10 +16,11 @@ use isthmus_common::{
     nat::{MappingKey, PeerKey, PeerNat, PrefixLens},
     overlay::{EVENTS, OverlayConfig},
     pins::Pins,
+    room::{ALL_PEERS, FLOW_TABLES, FlowTable, OWNER_LOCAL},
     wire::{Be16, Be32},
 };
 
-use crate::kernel::{pinned, table::KernelTable};
+use crate::kernel::{pinned, room::Rooms, table::KernelTable};
 
 /// The peer table (`ist_peer_nets`) and the prefix lengths it holds
 /// (`ist_prefix_lens`), kept consistent: a length is listed while at least
@@ -487,30 +488,38 @@ pub struct Occupancy {
 }
 
 /// Every map the agent pins, opened once, to be counted on request.
-#[derive(Debug)]
-pub struct PinnedMaps(Vec<(&'static str, MapData)>);
+pub struct PinnedMaps {
+    maps: Vec<(&'static str, MapData)>,
+    rooms: Rooms,
+}
 
 impl PinnedMaps {
     /// Opens every map of [`names::MAPS`] pinned under `root`.
     pub fn open(root: &Path) -> Result<Self, MapError> {
         let pins = Pins::new(root);
-        names::MAPS
-            .iter()
-            .map(|name| Ok((*name, MapData::from_pin(pins.map(name))?)))
-            .collect::<Result<_, MapError>>()
-            .map(Self)
+        Ok(Self {
+            maps: names::MAPS
+                .iter()
+                .map(|name| Ok((*name, MapData::from_pin(pins.map(name))?)))
+                .collect::<Result<_, MapError>>()?,
+            rooms: Rooms::open(root)?,
+        })
     }
 
-    /// How full each map is now. Walks the keys of hash maps and tries from
-    /// userspace, never from the packet path, which takes no lock for it.
+    /// How full each map is now. A flow table holds what the kernel charged
+    /// its owners, less what the collector gave back, read in one lookup
+    /// each: walking a million flows would cost more than collecting them.
+    /// The keys of other hash maps and tries are walked from userspace,
+    /// never from the packet path, which takes no lock for it.
     pub fn occupancy(&self) -> Result<Vec<Occupancy>, MapError> {
-        self.0
+        self.maps
             .iter()
             .map(|(map, data)| {
                 let info = data.info()?;
                 let capacity = info.max_entries();
-                let entries = match info.map_type()? {
-                    aya::maps::MapType::Array | aya::maps::MapType::PerCpuArray => capacity,
+                let entries = match (flow_table(map), info.map_type()?) {
+                    (Some(table), _) => self.held(table)?.min(u64::from(capacity)) as u32,
+                    (None, aya::maps::MapType::Array | aya::maps::MapType::PerCpuArray) => capacity,
                     // Entries that come and go meanwhile may be missed or
                     // seen twice; the walk stops at twice the capacity.
                     _ => pinned::walk(data, info.key_size(), capacity.saturating_mul(2), |_| ())?,
@@ -523,4 +532,19 @@ impl PinnedMaps {
             })
             .collect()
     }
+
+    /// Entries `table` holds: the peers' together, and the gateway's own.
+    fn held(&self, table: FlowTable) -> Result<u64, MapError> {
+        let used = |owner| {
+            self.rooms
+                .room(table, owner)
+                .map(|room| room.used(room.charged))
+        };
+        Ok(used(ALL_PEERS)? + used(OWNER_LOCAL)?)
+    }
+}
+
+/// The flow table pinned as `map`, if it is one.
+fn flow_table(map: &str) -> Option<FlowTable> {
+    FLOW_TABLES.into_iter().find(|table| table.map() == map)
 }

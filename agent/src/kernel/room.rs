@@ -40,23 +40,21 @@ impl Rooms {
         self.rooms.get(&slot(table, owner), 0)
     }
 
-    /// Sets `owner`'s limit and release in `table`, keeping what the
-    /// kernel charged as `read` found it (see `isthmus_common::room` for
-    /// why a charge lost in between is harmless).
+    /// Sets `owner`'s limit in `table`, and what it holds: `held`
+    /// entries, as the collector counted them. What the kernel charged is
+    /// kept as `read` found it (see `isthmus_common::room` for why a charge
+    /// lost in between is harmless), or raised to `held` where entries the
+    /// kernel never charged (carried over by an upgrade) are held.
     pub fn set(
         &mut self,
         table: FlowTable,
         owner: u32,
         read: Room,
         limit: u64,
-        released: u64,
+        held: u64,
     ) -> Result<(), MapError> {
-        let room = Room {
-            limit,
-            released,
-            ..read
-        };
-        self.rooms.set(slot(table, owner), room, 0)
+        self.rooms
+            .set(slot(table, owner), read.holding(held, limit), 0)
     }
 
     /// New flows of `owner` refused in `table` for `short` so far, over

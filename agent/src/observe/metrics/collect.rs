@@ -1,7 +1,10 @@
 //! The collectors that read the kernel at scrape time: the dataplane's
 //! counters, map occupancy, and peers' denied packets.
 
-use std::sync::Arc;
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use isthmus_common::counters::{DENY_REASONS, deny_slot};
 use prometheus_client::{
@@ -49,26 +52,35 @@ pub(super) struct DataplaneMetrics {
 /// scrape reads the result.
 pub(super) type Occupancies = Arc<std::sync::Mutex<Vec<Occupancy>>>;
 
-/// How often map occupancy is counted.
-const OCCUPANCY_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+/// How often map occupancy is counted, at most.
+const OCCUPANCY_EVERY: Duration = Duration::from_secs(5);
+/// The waits between two counts, as a multiple of how long the last one
+/// took: a walk of large tables costs at most a hundredth of a core.
+const OCCUPANCY_COST_SHARE: u32 = 100;
 
-/// Counts map occupancy now, then every [`OCCUPANCY_EVERY`], on a thread
+/// Counts map occupancy now, then again after [`next_count`], on a thread
 /// of its own.
 pub(super) fn count_occupancy(maps: PinnedMaps, into: Occupancies) {
     let counter = std::thread::Builder::new()
         .name("map-occupancy".into())
         .spawn(move || {
             loop {
+                let started = Instant::now();
                 match maps.occupancy() {
                     Ok(counted) => *into.lock().unpoisoned() = counted,
                     Err(e) => warn!(error = %e, "counting map entries"),
                 }
-                std::thread::sleep(OCCUPANCY_EVERY);
+                std::thread::sleep(next_count(started.elapsed()));
             }
         });
     if let Err(e) = counter {
         warn!(error = %e, "starting the map occupancy counter: map occupancy will not be reported");
     }
+}
+
+/// The wait after a count that took `took`.
+fn next_count(took: Duration) -> Duration {
+    OCCUPANCY_EVERY.max(took * OCCUPANCY_COST_SHARE)
 }
 
 impl Collector for DataplaneMetrics {
@@ -189,4 +201,18 @@ pub(super) fn family<L: EncodeLabelSet, M: EncodeMetric>(
         metric.encode(family.encode_family(&labels)?)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_count_that_took_long_waits_a_hundred_times_as_long() {
+        assert_eq!(next_count(Duration::from_millis(1)), OCCUPANCY_EVERY);
+        assert_eq!(
+            next_count(Duration::from_millis(300)),
+            Duration::from_secs(30)
+        );
+    }
 }

@@ -16,7 +16,12 @@ use aya::maps::MapError;
 
 use prometheus_client::{
     encoding::text::encode,
-    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
     registry::{Metric, Registry},
 };
 
@@ -88,11 +93,17 @@ pub struct Metrics {
     /// TunnelEndpoint status decisions, by outcome: written, skipped
     /// (already shown, or not due), failed.
     pub status_writes: Family<[(&'static str, &'static str); 1], Counter>,
+    /// Time the control loop spent in each stage of its runs: an object
+    /// change that arrives meanwhile waits for the stage to end.
+    pub loop_stages: StageHistograms,
     /// When the last reconcile pass brought every kernel table up to date.
     last_reconcile: Gauge<f64, AtomicU64>,
     /// The labels of each peer, by the ID the kernel counts it under.
     peer_labels: PeerIds,
 }
+
+/// One histogram per stage of the control loop.
+pub type StageHistograms = Family<[(&'static str, &'static str); 1], Histogram, fn() -> Histogram>;
 
 /// Labels of a flow table and the owner of entries in it.
 pub type OwnerLabels = [(&'static str, String); 2];
@@ -169,6 +180,12 @@ impl Metrics {
                 "status_writes",
                 "TunnelEndpoint status decisions of the gateway, by outcome",
                 Family::default(),
+            ),
+            loop_stages: registered(
+                r,
+                "control_loop_stage_seconds",
+                "Time the control loop spent in each stage of its passes and periodic ticks; an object change that arrives meanwhile waits for the stage to end",
+                Family::new_with_constructor(stage_histogram),
             ),
             conntrack_entries: registered(
                 r,
@@ -322,6 +339,11 @@ impl Metrics {
         encode(&mut out, &self.registry)?;
         Ok(out)
     }
+}
+
+/// The buckets of a control loop stage: 100 µs to about 3 s.
+fn stage_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1e-4, 2.0, 15))
 }
 
 /// `metric`, registered in `registry` as `name` with `help`: a metric is

@@ -365,13 +365,11 @@ impl<T: SweptTable> Sweeper<T> {
                 peers_held += held;
                 limits.per_peer
             };
-            let released = room.charged.saturating_sub(held);
-            rooms.set(table, owner, room, limit, released)?;
+            rooms.set(table, owner, room, limit, held)?;
             let evicted = plan.evicted.get(&owner).copied().unwrap_or(0);
             report.held(table, owner, held, evicted as u64);
         }
-        let released = all.charged.saturating_sub(peers_held);
-        rooms.set(table, ALL_PEERS, all, limits.all_peers, released)?;
+        rooms.set(table, ALL_PEERS, all, limits.all_peers, peers_held)?;
         if table == FlowTable::Conntrack {
             report.conntrack_entries(plan.held.values().sum());
         }
