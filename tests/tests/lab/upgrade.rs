@@ -128,6 +128,8 @@ fn a_conntrack_of_the_first_layout_keeps_its_flows_in_this_agents_layout() {
 /// The previous release, whose agent binary this repository keeps
 /// (`tests/artifacts/README.md`): it recorded no layout versions.
 const PREVIOUS: &str = "v0.1.0";
+/// The SHA-256 of its binary, unpacked.
+const PREVIOUS_SHA256: &str = "e77671f63af5d09dcffab16c9ac4aabf8a70f50977f424d5814d395dec45cf73";
 /// How long traffic may take to flow again after the upgrade.
 const GIVE_UP: Duration = Duration::from_secs(10);
 
@@ -150,7 +152,36 @@ fn previous_release() -> PathBuf {
     )
     .unwrap();
     fs::set_permissions(&binary, fs::Permissions::from_mode(0o755)).unwrap();
+    let sum = run("sha256sum", &[&binary.to_string_lossy()]).unwrap();
+    assert!(
+        sum.starts_with(PREVIOUS_SHA256),
+        "{} is not the binary tests/artifacts/README.md describes: {sum}",
+        packed.display()
+    );
     binary
+}
+
+/// The TCP flows in the conntrack pinned under `pins`.
+fn tcp_flows(pins: &Pins) -> Vec<(FlowKey, FlowNat)> {
+    hash::<FlowKey, FlowNat>(pins, names::MAP_CONNTRACK)
+        .iter()
+        .filter_map(Result::ok)
+        .filter(|(key, _)| key.proto == PROTO_TCP)
+        .collect()
+}
+
+/// The kernel's ID of the map pinned as `name`.
+fn map_id(pins: &Pins, name: &str) -> u32 {
+    MapData::from_pin(pins.map(name))
+        .unwrap()
+        .info()
+        .unwrap()
+        .id()
+}
+
+/// Whether node `node`'s agent says it is of version `version`.
+fn runs_version(node: &str, version: &str) -> bool {
+    lab::metric_sum(node, "isthmus_build_info", &[("version", version)]).is_ok_and(|v| v == 1.0)
 }
 
 /// Puts this build's agent back on `node` when the test ends, passed or not.
@@ -175,14 +206,13 @@ fn upgrading_the_hub_from_the_previous_release_mid_transfer_loses_no_byte() {
     let gw = B.gw();
     let previous = previous_release();
     let _restore = ThisBuildAfter(&gw);
+    let pins = Pins::new(&lab::bpffs(&gw));
     lab::stop_agent(&gw).unwrap();
+    // As on a node that never ran a later agent than the previous release.
+    fs::remove_file(pins.map(names::MAP_LAYOUTS)).unwrap();
     lab::start_agent_binary(&gw, &previous).unwrap();
     lab::wait_ready(&gw).unwrap();
-    let pins = Pins::new(&lab::bpffs(&gw));
-    assert!(
-        !pins.map(names::MAP_LAYOUTS).exists(),
-        "{PREVIOUS} records layouts: it is not the release this test means"
-    );
+    assert!(runs_version(&gw, "0.1.0"), "{gw} does not run {PREVIOUS}");
 
     let row = reachability()
         .into_iter()
@@ -198,12 +228,35 @@ fn upgrading_the_hub_from_the_previous_release_mid_transfer_loses_no_byte() {
         .unwrap();
     };
     writes(1 << 20, "TCP writes through the previous release's hub");
+    let conntrack_id = map_id(&pins, names::MAP_CONNTRACK);
+    let masqueraded = tcp_flows(&pins);
+    assert!(
+        !masqueraded.is_empty(),
+        "{gw} does not masquerade the transfer"
+    );
     let log_before = fs::metadata(lab::log_file(&gw)).map_or(0, |m| m.len());
     lab::restart_agent(&gw).unwrap();
+    assert!(runs_version(&gw, env!("CARGO_PKG_VERSION")));
     writes(1 << 20, "TCP writes through the upgraded hub");
     let report = transfer.finish().unwrap();
     eprintln!("upgrade of {gw} from {PREVIOUS}: {report:?}");
     assert_eq!(report.verified, report.sent, "the TCP transfer lost bytes");
+    // The previous release's conntrack has this agent's layout: it is
+    // kept as it is, and the flow's translation with it. (A flow lost
+    // would mostly be masqueraded anew to the same port, and go on.)
+    assert_eq!(
+        map_id(&pins, names::MAP_CONNTRACK),
+        conntrack_id,
+        "the conntrack was not kept"
+    );
+    let now = tcp_flows(&pins);
+    for (key, flow) in &masqueraded {
+        let kept = now.iter().find(|(k, _)| k == key).map(|(_, f)| f);
+        assert!(
+            kept.is_some_and(|f| (f.addr, f.port) == (flow.addr, flow.port)),
+            "the flow {key:?} ({flow:?}) was not carried over: {kept:?}"
+        );
+    }
 
     let log = fs::read(lab::log_file(&gw)).unwrap();
     let after = String::from_utf8_lossy(&log[log_before as usize..]);
