@@ -7,6 +7,7 @@
 //! never answer.
 
 use std::{
+    collections::HashMap,
     fs,
     net::{Ipv4Addr, SocketAddrV4},
     path::PathBuf,
@@ -191,9 +192,9 @@ fn measure_idle(pid: u32, name: &str, peers: usize) -> Result<Idle> {
     let initiations = || lab::metric_sum(NS, "isthmus_peer_handshake_initiations_total", &[]);
     let (sent_before, began) = (initiations()?, Instant::now());
     for round in 1..=ROUNDS {
-        let (cpu, start) = (cpu_ns(pid)?, Instant::now());
+        let (cpu, start) = (thread_cpu_ns(pid)?, Instant::now());
         std::thread::sleep(WINDOW);
-        let used = (cpu_ns(pid)? - cpu) as f64 / start.elapsed().as_nanos() as f64;
+        let used = cpu_ns_since(pid, &cpu)? as f64 / start.elapsed().as_nanos() as f64;
         idle.cpu_percent.push(used * 100.0);
         idle.rss_mib.push(rss_mib(pid)?);
         idle.map_mib.push(map_mib(pid)?);
@@ -215,19 +216,27 @@ fn measure_idle(pid: u32, name: &str, peers: usize) -> Result<Idle> {
     Ok(idle)
 }
 
-/// CPU time every thread of `pid` has run, in ns, by the scheduler's
-/// clock (not sampled ticks).
-fn cpu_ns(pid: u32) -> Result<u64> {
-    let mut total = 0;
+/// CPU time each thread of `pid` has run, in ns, by the scheduler's
+/// clock (not sampled ticks), by thread ID.
+fn thread_cpu_ns(pid: u32) -> Result<HashMap<String, u64>> {
+    let mut threads = HashMap::new();
     for task in fs::read_dir(format!("/proc/{pid}/task"))? {
-        let stat = fs::read_to_string(task?.path().join("schedstat")).unwrap_or_default();
-        total += stat
-            .split_whitespace()
-            .next()
-            .and_then(|t| t.parse().ok())
-            .unwrap_or(0u64);
+        let task = task?;
+        let stat = fs::read_to_string(task.path().join("schedstat")).unwrap_or_default();
+        let ran = stat.split_whitespace().next().and_then(|t| t.parse().ok());
+        threads.insert(task.file_name().to_string_lossy().into_owned(), ran.unwrap_or(0));
     }
-    Ok(total)
+    Ok(threads)
+}
+
+/// CPU time the threads of `pid` ran since `before` was read. A thread
+/// that ended meanwhile (the runtime ends idle blocking threads) takes
+/// its time with it; one that started counts whole.
+fn cpu_ns_since(pid: u32, before: &HashMap<String, u64>) -> Result<u64> {
+    Ok(thread_cpu_ns(pid)?
+        .iter()
+        .map(|(tid, ran)| ran.saturating_sub(before.get(tid).copied().unwrap_or(0)))
+        .sum())
 }
 
 /// The memory of the BPF maps `pid` holds, as the kernel charges it (the
