@@ -237,6 +237,8 @@ pub struct PeerStatus {
     pub handshake_failures: u64,
     /// Handshake initiations sent to the peer.
     pub initiations: u64,
+    /// Packets for the peer dropped while it stays silent.
+    pub dropped_silent: u64,
     /// Our index for the peer: the top 24 bits of its sessions' receiver indexes.
     pub index: u32,
 }
@@ -423,6 +425,7 @@ impl Tunnel {
                     dropped_source: peer.counters.dropped_source.load(Ordering::Relaxed),
                     handshake_failures: peer.counters.handshake_failures.load(Ordering::Relaxed),
                     initiations: peer.counters.initiations.load(Ordering::Relaxed),
+                    dropped_silent: peer.counters.dropped_silent.load(Ordering::Relaxed),
                     index: peer.index,
                 }
             })

@@ -6,7 +6,7 @@ use std::{
     net::{Ipv4Addr, SocketAddrV4},
     sync::{
         Arc, Mutex,
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -54,8 +54,9 @@ pub struct PeerCounters {
     /// Whether the timers last reported the session expired: boringtun
     /// repeats that on every tick, and one expiry is one failure.
     pub expired: AtomicBool,
-    /// Whether the peer's silence was logged, since its last session.
-    pub silence_logged: AtomicBool,
+    /// Packets for the peer dropped while it stays silent: no session, and
+    /// the wait before data may start the next round of handshakes.
+    pub dropped_silent: AtomicU64,
 }
 
 /// One peer: its WireGuard state machine and where it is.
@@ -80,6 +81,66 @@ pub struct TunnelPeer {
     /// Set once the retries are over, for good: the timer thread then
     /// passes the peer by without taking the lock, forty times a second.
     first_contact_over: AtomicBool,
+    /// The rounds of handshakes it left unanswered in a row.
+    pub silence: Silence,
+}
+
+/// A peer's rounds of handshakes given up in a row (each lasts WireGuard's
+/// Rekey-Attempt-Time, 90 s), and the wait before data may start the next.
+/// WireGuard starts a round whenever data is due, and Liqo's conncheck
+/// makes data due every 2 s: a peer that stays silent would cost a
+/// Diffie-Hellman every 5 s for ever. Each round given up doubles the
+/// wait, from [`FIRST_WAIT`] up to [`LONGEST_WAIT`]; a session ends it. The
+/// peer may initiate at any time meanwhile, and is answered at once.
+#[derive(Debug, Default)]
+pub struct Silence {
+    rounds: AtomicU32,
+    /// [`clock_ns`] until which data starts no round; 0 for none.
+    quiet_until: AtomicU64,
+}
+
+/// The wait after the first round given up.
+pub const FIRST_WAIT: Duration = Duration::from_secs(10);
+/// The longest wait between rounds.
+pub const LONGEST_WAIT: Duration = Duration::from_mins(5);
+
+impl Silence {
+    /// A round was given up at `now` (a [`clock_ns`]); returns the wait
+    /// before data may start the next.
+    pub fn round_given_up(&self, now: u64) -> Duration {
+        let rounds = self.rounds.fetch_add(1, Ordering::Relaxed) + 1;
+        let wait = FIRST_WAIT
+            .saturating_mul(1 << (rounds - 1).min(16))
+            .min(LONGEST_WAIT);
+        let until = now.saturating_add(wait.as_nanos() as u64);
+        self.quiet_until.store(until, Ordering::Relaxed);
+        wait
+    }
+
+    /// Whether data must not start a round now (`now` read only if a wait
+    /// was ever set: one atomic load on the packet path of a peer that
+    /// answers).
+    pub fn quiet(&self, now: impl FnOnce() -> u64) -> bool {
+        let until = self.quiet_until.load(Ordering::Relaxed);
+        until != 0 && now() < until
+    }
+
+    /// Whether any round was given up since the last session.
+    pub fn is_silent(&self) -> bool {
+        self.rounds.load(Ordering::Relaxed) != 0
+    }
+
+    /// A session is up: the silence is over.
+    pub fn end(&self) {
+        self.rounds.store(0, Ordering::Relaxed);
+        self.quiet_until.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Nanoseconds on a monotonic clock shared by the tunnel's threads.
+pub fn clock_ns() -> u64 {
+    static EPOCH: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
+    EPOCH.elapsed().as_nanos() as u64
 }
 
 /// The initiation of a peer's first handshake, sent again on a short
@@ -184,6 +245,7 @@ impl TunnelPeer {
             tunn: Mutex::new(tunn),
             counters: PeerCounters::default(),
             first_contact: Mutex::new(FirstContact::new(Instant::now())),
+            silence: Silence::default(),
         }
     }
 
@@ -363,6 +425,29 @@ pub(super) mod tests {
 
     fn net(s: &str) -> Ipv4Net {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn each_round_given_up_doubles_the_wait_up_to_five_minutes_and_a_session_ends_it() {
+        let silence = Silence::default();
+        assert!(!silence.quiet(|| unreachable!("a peer never silent reads no clock")));
+        let s = |secs: u64| secs * 1_000_000_000;
+        let waits: Vec<u64> = (0..8)
+            .map(|_| silence.round_given_up(s(1000)).as_secs())
+            .collect();
+        assert_eq!(waits, [10, 20, 40, 80, 160, 300, 300, 300]);
+        assert!(silence.is_silent());
+        assert!(silence.quiet(|| s(1299)));
+        assert!(!silence.quiet(|| s(1300)));
+        silence.end();
+        assert!(!silence.is_silent());
+        assert!(!silence.quiet(|| 0));
+        assert_eq!(silence.round_given_up(s(5)), FIRST_WAIT);
+        // Rounds past any count keep the longest wait.
+        for _ in 0..100 {
+            silence.round_given_up(0);
+        }
+        assert_eq!(silence.round_given_up(0), LONGEST_WAIT);
     }
 
     #[test]

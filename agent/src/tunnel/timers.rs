@@ -14,7 +14,7 @@ use tracing::{info, warn};
 
 use super::{
     Shared,
-    peers::{PeerSet, REKEY_TIMEOUT, TunnelPeer},
+    peers::{PeerSet, REKEY_TIMEOUT, TunnelPeer, clock_ns},
 };
 use crate::sync::Unpoisoned;
 
@@ -93,17 +93,19 @@ pub(super) fn run_timers(
     let counters = &peer.counters;
     if expired && !counters.expired.swap(true, Ordering::Relaxed) {
         counters.handshake_failures.fetch_add(1, Ordering::Relaxed);
-        if !counters.silence_logged.swap(true, Ordering::Relaxed) {
+        let first = !peer.silence.is_silent();
+        let wait = peer.silence.round_given_up(clock_ns());
+        if first {
             warn!(
-                peer = %peer.config.label, endpoint = ?endpoint,
-                "no handshake with the peer answered for 90 s (WireGuard's Rekey-Attempt-Time): retrying whenever data or a keepalive is due, said again only after a session"
+                peer = %peer.config.label, endpoint = ?endpoint, next_round_in = ?wait,
+                "no handshake with the peer answered for 90 s (WireGuard's Rekey-Attempt-Time): data starts the next round after a wait that doubles each round, up to 5 min; said again only after a session"
             );
         }
     } else if !expired {
         counters.expired.store(false, Ordering::Relaxed);
     }
-    if counters.silence_logged.load(Ordering::Relaxed) && has_session(&tunn) {
-        counters.silence_logged.store(false, Ordering::Relaxed);
+    if peer.silence.is_silent() && has_session(&tunn) {
+        peer.silence.end();
         info!(peer = %peer.config.label, "a session with the peer is up after its silence");
     }
     // A peer we serve that has not made contact yet gets nothing: the
@@ -136,7 +138,8 @@ pub(super) fn retry_first_contact(
     !peer.first_contact_over()
 }
 
-fn has_session(tunn: &Tunn) -> bool {
+/// Whether `tunn` holds a session: data goes out at once.
+pub(super) fn has_session(tunn: &Tunn) -> bool {
     tunn.time_since_last_handshake().is_some()
 }
 

@@ -224,7 +224,10 @@ fn thread_cpu_ns(pid: u32) -> Result<HashMap<String, u64>> {
         let task = task?;
         let stat = fs::read_to_string(task.path().join("schedstat")).unwrap_or_default();
         let ran = stat.split_whitespace().next().and_then(|t| t.parse().ok());
-        threads.insert(task.file_name().to_string_lossy().into_owned(), ran.unwrap_or(0));
+        threads.insert(
+            task.file_name().to_string_lossy().into_owned(),
+            ran.unwrap_or(0),
+        );
     }
     Ok(threads)
 }

@@ -151,7 +151,7 @@ struct PeerFamily {
     value: PeerValue,
 }
 
-const PEER_FAMILIES: [PeerFamily; 10] = [
+const PEER_FAMILIES: [PeerFamily; 11] = [
     PeerFamily {
         name: "peer_connected",
         help: "Whether a WireGuard session with the peer is up (1) or not (0)",
@@ -203,6 +203,11 @@ const PEER_FAMILIES: [PeerFamily; 10] = [
         name: "peer_handshake_initiations",
         help: "Handshake initiations sent to the peer: the first, retries while it does not answer, and rekeys",
         value: PeerValue::Counter(|p| p.initiations),
+    },
+    PeerFamily {
+        name: "peer_silent_drops",
+        help: "Packets for the peer dropped while it stays silent: it has no session, and its next round of handshakes waits",
+        value: PeerValue::Counter(|p| p.dropped_silent),
     },
 ];
 

@@ -19,7 +19,8 @@ use super::{
     batch::{self, RecvBatch, SendBatch},
     handshakes,
     offload::{self, Coalescer, MAX_FRAME, MAX_PACKET, VNET_HDR_LEN},
-    peers::{PeerSet, TunnelPeer},
+    peers::{PeerSet, TunnelPeer, clock_ns},
+    timers::has_session,
 };
 
 use crate::sync::Unpoisoned;
@@ -259,6 +260,11 @@ impl Sender<'_> {
             self.send(outgoing);
         }
         let mut tunn = lock(peer);
+        // Without a session, boringtun would start a round of handshakes.
+        if peer.silence.quiet(clock_ns) && !has_session(&tunn) {
+            peer.counters.dropped_silent.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         if let TunnResult::WriteToNetwork(datagram) = tunn.encapsulate(packet, outgoing.slot()) {
             peer.count_sent(datagram);
             let len = datagram.len();

@@ -212,6 +212,47 @@ fn a_packet_from_tun_too_big_for_one_datagram_is_dropped_and_counted() {
     assert_eq!(oversized(), 1);
 }
 
+impl Pair {
+    /// Hands `packet` from TUN to our gateway's sender; returns whether
+    /// anything was queued for the remote.
+    fn send(&self, packet: &[u8]) -> bool {
+        let sender = Sender {
+            shared: &self.shared,
+            udp: &self.ours,
+        };
+        let mut outgoing = SendBatch::new(self.shared.max_sent());
+        sender.encrypt(
+            &self.peer(),
+            addr(&self.remote_socket),
+            packet,
+            &mut outgoing,
+        );
+        !outgoing.is_empty()
+    }
+}
+
+#[test]
+fn data_for_a_silent_peer_starts_no_handshake_while_it_waits_and_flows_once_it_answers() {
+    let mut pair = Pair::new();
+    let peer = pair.peer();
+    let packet = ipv4([10, 244, 0, 5], 100);
+    // Its first round of handshakes went unanswered: data waits.
+    peer.silence.round_given_up(clock_ns());
+    assert!(!pair.send(&packet), "data started a round of handshakes");
+    let silent_drops = || peer.counters.dropped_silent.load(Ordering::Relaxed);
+    assert_eq!(silent_drops(), 1);
+    assert_eq!(peer.counters.initiations.load(Ordering::Relaxed), 0);
+    // The peer initiates meanwhile, and is answered: its data goes at once.
+    pair.handshake();
+    assert!(pair.send(&packet), "data for a peer with a session waited");
+    assert_eq!(silent_drops(), 1);
+    // Without a wait, data for a peer without a session starts a round.
+    let fresh = Pair::new();
+    assert!(fresh.send(&packet));
+    let initiations = fresh.peer().counters.initiations.load(Ordering::Relaxed);
+    assert_eq!(initiations, 1);
+}
+
 #[test]
 fn a_peer_with_jumbo_frames_is_heard_whole() {
     let mut pair = Pair::new();
