@@ -90,8 +90,9 @@ pub struct TunnelPeer {
 /// WireGuard starts a round whenever data is due, and Liqo's conncheck
 /// makes data due every 2 s: a peer that stays silent would cost a
 /// Diffie-Hellman every 5 s for ever. Each round given up doubles the
-/// wait, from [`FIRST_WAIT`] up to [`LONGEST_WAIT`]; a session ends it. The
-/// peer may initiate at any time meanwhile, and is answered at once.
+/// wait, from [`FIRST_WAIT`] up to [`LONGEST_WAIT`], and the retries of
+/// the next round are as far apart; a session ends it. The peer may
+/// initiate at any time meanwhile, and is answered at once.
 #[derive(Debug, Default)]
 pub struct Silence {
     rounds: AtomicU32,
@@ -108,13 +109,23 @@ impl Silence {
     /// A round was given up at `now` (a [`clock_ns`]); returns the wait
     /// before data may start the next.
     pub fn round_given_up(&self, now: u64) -> Duration {
-        let rounds = self.rounds.fetch_add(1, Ordering::Relaxed) + 1;
-        let wait = FIRST_WAIT
-            .saturating_mul(1 << (rounds - 1).min(16))
-            .min(LONGEST_WAIT);
+        self.rounds.fetch_add(1, Ordering::Relaxed);
+        let wait = self.spacing();
         let until = now.saturating_add(wait.as_nanos() as u64);
         self.quiet_until.store(until, Ordering::Relaxed);
         wait
+    }
+
+    /// How far apart this round's initiations are: WireGuard's
+    /// Rekey-Timeout (none here) until a round was given up, then the wait
+    /// that round set.
+    pub fn spacing(&self) -> Duration {
+        match self.rounds.load(Ordering::Relaxed) {
+            0 => Duration::ZERO,
+            rounds => FIRST_WAIT
+                .saturating_mul(1 << (rounds - 1).min(16))
+                .min(LONGEST_WAIT),
+        }
     }
 
     /// Whether data must not start a round now (`now` read only if a wait
@@ -436,11 +447,13 @@ pub(super) mod tests {
             .map(|_| silence.round_given_up(s(1000)).as_secs())
             .collect();
         assert_eq!(waits, [10, 20, 40, 80, 160, 300, 300, 300]);
+        assert_eq!(silence.spacing(), LONGEST_WAIT);
         assert!(silence.is_silent());
         assert!(silence.quiet(|| s(1299)));
         assert!(!silence.quiet(|| s(1300)));
         silence.end();
         assert!(!silence.is_silent());
+        assert_eq!(silence.spacing(), Duration::ZERO);
         assert!(!silence.quiet(|| 0));
         assert_eq!(silence.round_given_up(s(5)), FIRST_WAIT);
         // Rounds past any count keep the longest wait.
