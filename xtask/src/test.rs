@@ -143,11 +143,11 @@ impl TestRun {
     }
 }
 
-/// The WireGuard rekey interop: two minutes of waiting for WireGuard's
-/// rekey timer, with an echo a second, between an agent and wireguard-go
-/// in namespaces of their own. It runs beside the lab tier, in the lab
-/// that tier brings up, and the slow tier skips it.
-const REKEY_INTEROP: &str = "wireguard_go_interop::";
+/// The slow tests that wait minutes for WireGuard's timers, each in
+/// namespaces of its own: the rekey interop with wireguard-go, and a
+/// silent peer's rounds of handshakes. They run beside the lab tier, in
+/// the lab that tier brings up, and the slow tier skips them.
+const BESIDE_THE_LAB: [&str; 2] = ["wireguard_go_interop::", "silent_peer::"];
 
 impl Tier {
     fn runs(self) -> Vec<TestRun> {
@@ -180,7 +180,7 @@ impl Tier {
                     Setup::default(),
                     &one_by_one("lab", &["--skip", "containers::"]),
                 )
-                .beside(&one_by_one("slow", &[REKEY_INTEROP])),
+                .beside(&one_by_one("slow", &BESIDE_THE_LAB)),
             ],
             Tier::Containers => vec![TestRun::in_lab(
                 Setup {
@@ -200,7 +200,7 @@ impl Tier {
                 vec![
                     TestRun::in_lab(
                         Setup::default(),
-                        &one_by_one("slow", &["--skip", REKEY_INTEROP]),
+                        &one_by_one("slow", &BESIDE_THE_LAB.map(|t| ["--skip", t]).concat()),
                     ),
                     liqo(LiqoPeer::V0_10(&topology::B), "liqo_v0_10_interop::"),
                     liqo(LiqoPeer::V1(Side::Client), "liqo_v1_interop::"),

@@ -90,8 +90,8 @@ pub struct TunnelPeer {
 /// WireGuard starts a round whenever data is due, and Liqo's conncheck
 /// makes data due every 2 s: a peer that stays silent would cost a
 /// Diffie-Hellman every 5 s for ever. Each round given up doubles the
-/// wait, from [`FIRST_WAIT`] up to [`LONGEST_WAIT`], and the retries of
-/// the next round are as far apart; a session ends it. The peer may
+/// wait, from [`FIRST_WAIT`] up to [`LONGEST_WAIT`], and the initiations
+/// of the next round are as far apart; a session ends it. The peer may
 /// initiate at any time meanwhile, and is answered at once.
 #[derive(Debug, Default)]
 pub struct Silence {
@@ -125,6 +125,16 @@ impl Silence {
             rounds => FIRST_WAIT
                 .saturating_mul(1 << (rounds - 1).min(16))
                 .min(LONGEST_WAIT),
+        }
+    }
+
+    /// An initiation went out at `now`: a silent peer's next waits for
+    /// this round's spacing, whatever sends it (data or a timer).
+    pub fn initiation_sent(&self, now: u64) {
+        let spacing = self.spacing();
+        if !spacing.is_zero() {
+            let until = now.saturating_add(spacing.as_nanos() as u64);
+            self.quiet_until.store(until, Ordering::Relaxed);
         }
     }
 
@@ -279,6 +289,7 @@ impl TunnelPeer {
         let initiation = datagram.first() == Some(&MESSAGE_HANDSHAKE_INITIATION);
         if initiation {
             self.counters.initiations.fetch_add(1, Ordering::Relaxed);
+            self.silence.initiation_sent(clock_ns());
         }
         initiation
     }
@@ -448,12 +459,19 @@ pub(super) mod tests {
             .collect();
         assert_eq!(waits, [10, 20, 40, 80, 160, 300, 300, 300]);
         assert_eq!(silence.spacing(), LONGEST_WAIT);
+        // Each initiation of a silent peer's round holds the next.
+        silence.initiation_sent(s(2000));
+        assert!(silence.quiet(|| s(2299)) && !silence.quiet(|| s(2300)));
+        silence.initiation_sent(s(1000));
         assert!(silence.is_silent());
         assert!(silence.quiet(|| s(1299)));
         assert!(!silence.quiet(|| s(1300)));
         silence.end();
         assert!(!silence.is_silent());
         assert_eq!(silence.spacing(), Duration::ZERO);
+        // A peer that was never silent retries as WireGuard does.
+        silence.initiation_sent(s(3000));
+        assert!(!silence.quiet(|| s(3000)));
         assert!(!silence.quiet(|| 0));
         assert_eq!(silence.round_given_up(s(5)), FIRST_WAIT);
         // Rounds past any count keep the longest wait.

@@ -75,7 +75,8 @@ fn first_contacts(peers: &PeerSet) -> Vec<Arc<TunnelPeer>> {
 }
 
 /// WireGuard's timers of `peer`: keepalives, rekeys, expiry. A peer with
-/// no session whose retry `retries` holds back is passed by.
+/// no session whose retry `retries` holds back, or whose silence does, is
+/// passed by.
 pub(super) fn run_timers(
     peer: &Arc<TunnelPeer>,
     udp: &UdpSocket,
@@ -85,7 +86,8 @@ pub(super) fn run_timers(
 ) {
     let endpoint = peer.endpoint();
     let mut tunn = peer.tunn.lock().unpoisoned();
-    if retries.holds(peer) && !has_session(&tunn) {
+    let waits = retries.holds(peer) || peer.silence.quiet(clock_ns);
+    if waits && !has_session(&tunn) {
         return;
     }
     let result = tunn.update_timers(buf);
@@ -112,7 +114,7 @@ pub(super) fn run_timers(
     // handshakes are its to start.
     if let (TunnResult::WriteToNetwork(datagram), Some(endpoint)) = (result, endpoint) {
         if peer.count_sent(datagram) && !has_session(&tunn) {
-            retries.hold(peer, now, jitter(), peer.silence.spacing());
+            retries.hold(peer, now, jitter());
         }
         let _ = udp.send_to(datagram, endpoint);
     }
@@ -160,10 +162,10 @@ pub(super) struct Retries {
 
 impl Retries {
     /// Holds `peer`'s timers back until Rekey-Timeout plus `jitter` after
-    /// `now`, or `spacing` if longer (a silent peer's), when it retries.
-    fn hold(&mut self, peer: &Arc<TunnelPeer>, now: Instant, jitter: Duration, spacing: Duration) {
-        let wait = (REKEY_TIMEOUT + jitter).max(spacing);
-        self.held.insert(peer.index, (now + wait, peer.clone()));
+    /// `now`, when it retries.
+    fn hold(&mut self, peer: &Arc<TunnelPeer>, now: Instant, jitter: Duration) {
+        self.held
+            .insert(peer.index, (now + REKEY_TIMEOUT + jitter, peer.clone()));
     }
 
     /// Whether `peer`'s timers are held back.
@@ -206,8 +208,8 @@ mod tests {
         let (a, b) = (peer("a", 1, 1), peer("b", 2, 2));
         let mut retries = Retries::default();
         let t0 = Instant::now();
-        retries.hold(&a, t0, Duration::from_millis(300), Duration::ZERO);
-        retries.hold(&b, t0, Duration::ZERO, Duration::ZERO);
+        retries.hold(&a, t0, Duration::from_millis(300));
+        retries.hold(&b, t0, Duration::ZERO);
         assert!(retries.holds(&a) && retries.holds(&b));
         assert!(retries.due(t0 + Duration::from_millis(4999)).is_empty());
         let due = retries.due(t0 + REKEY_TIMEOUT);
@@ -220,22 +222,12 @@ mod tests {
     }
 
     #[test]
-    fn a_silent_peers_retries_are_as_far_apart_as_its_wait() {
-        let a = peer("a", 1, 1);
-        let mut retries = Retries::default();
-        let t0 = Instant::now();
-        retries.hold(&a, t0, Duration::from_millis(100), Duration::from_secs(20));
-        assert!(retries.due(t0 + Duration::from_secs(19)).is_empty());
-        assert_eq!(retries.due(t0 + Duration::from_secs(20)).len(), 1);
-    }
-
-    #[test]
     fn a_peer_that_left_or_was_replaced_is_forgotten() {
         let (a, b) = (peer("a", 1, 1), peer("b", 2, 2));
         let mut retries = Retries::default();
         let t0 = Instant::now();
-        retries.hold(&a, t0, Duration::ZERO, Duration::ZERO);
-        retries.hold(&b, t0, Duration::ZERO, Duration::ZERO);
+        retries.hold(&a, t0, Duration::ZERO);
+        retries.hold(&b, t0, Duration::ZERO);
         // `b` is replaced by a new state machine under the same index.
         let b_again = peer("b", 2, 2);
         retries.keep_only(&PeerSet::new([(b_again.clone(), vec![])]));

@@ -154,7 +154,9 @@ fn idle() -> Result<()> {
 /// once every peer has given up [`SILENT_ROUNDS`] rounds of handshakes.
 fn silent(node: &Node) -> Result<Idle> {
     let count = STEPS[2];
-    println!("bench: {count} silent peers: waiting for {SILENT_ROUNDS} rounds of handshakes each to be given up");
+    println!(
+        "bench: {count} silent peers: waiting for {SILENT_ROUNDS} rounds of handshakes each to be given up"
+    );
     node.write_peers(count, silent_endpoint)?;
     node.write_mappings(count, 1)?;
     let agent = node.start(&[])?;
