@@ -207,6 +207,27 @@ fn spawn_logged(command: Command, log: &Path) -> Result<u32> {
     spawn_detached(command, log)
 }
 
+/// Starts a gateway agent with a tunnel of its own in netns `ns` (a test's
+/// or a bench's): its objects read from `objects`, its key and pins the
+/// lab's for `ns`, its metrics on the netns's loopback, `extra` arguments
+/// after these. Waits until it is ready; returns its PID.
+pub fn start_gateway_in(ns: &str, objects: &Path, extra: &[&str]) -> Result<u32> {
+    let mut args: Vec<String> = vec![
+        "run".into(),
+        format!("--node={ns}"),
+        "--role=gateway".into(),
+        format!("--source=dir:{}", objects.display()),
+        format!("--bpffs={}", bpffs(ns).display()),
+        format!("--private-key-file={}", key_file(ns).display()),
+        format!("--metrics-addr=127.0.0.1:{METRICS_PORT}"),
+    ];
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    let log = log_file(ns);
+    let pid = spawn_agent(ns, &args, &log)?;
+    wait_ready_in(ns, pid, &log)?;
+    Ok(pid)
+}
+
 /// Starts a gateway agent without a tunnel of its own in netns `ns` (a
 /// test's): its NAT on `nat_dev`, its objects read from `objects`, its
 /// pins in the lab's bpffs, `extra` arguments after these. Waits until it

@@ -40,7 +40,8 @@ use switch::start_other_tunnel;
 pub use agents::{
     GUARD_OPTION, POD_DEVS, RESOLVE_INTERVAL, agent_args, agent_pid, clean_up_agent, log_tail,
     restart_agent, spawn_agent, spawn_agent_binary, spawn_container, start_agent,
-    start_agent_binary, start_tunnelless_gateway, stop_agent, wait_ready, wait_ready_in,
+    start_agent_binary, start_gateway_in, start_tunnelless_gateway, stop_agent, wait_ready,
+    wait_ready_in,
 };
 pub use keys::{key_file, public_key};
 pub use network::{POD_GATEWAY, wire_pod};

@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use isthmus_lab::{cmd::ip, lab, objects::TunnelEndpoint, topology::METRICS_PORT};
+use isthmus_lab::{cmd::ip, lab, objects::TunnelEndpoint};
 use isthmus_tests::{netns as test_netns, require_lab, require_root};
 
 const GW: &str = "ist-t-silent";
@@ -56,19 +56,8 @@ impl Silent {
                 .to_string(),
         )
         .unwrap();
-        let args = vec![
-            "run".to_owned(),
-            "--node=silent".to_owned(),
-            "--role=gateway".to_owned(),
-            format!("--private-key-file={}", lab::key_file(GW).display()),
-            format!("--source=dir:{}", dir.join("objects").display()),
-            format!("--bpffs={}", lab::bpffs(GW).display()),
-            format!("--metrics-addr=127.0.0.1:{METRICS_PORT}"),
-        ];
-        let log = lab::log_file(GW);
-        let _ = fs::remove_file(&log);
-        let agent = lab::spawn_agent(GW, &args, &log).unwrap();
-        lab::wait_ready_in(GW, agent, &log).unwrap();
+        let _ = fs::remove_file(lab::log_file(GW));
+        let agent = lab::start_gateway_in(GW, &dir.join("objects"), &[]).unwrap();
         Self { agent, dir }
     }
 }

@@ -122,21 +122,7 @@ impl Pair {
                 .to_string(),
         )
         .unwrap();
-        let args = vec![
-            "run".to_owned(),
-            "--node=iso".to_owned(),
-            "--role=gateway".to_owned(),
-            format!("--private-key-file={}", lab::key_file(ISO).display()),
-            format!("--source=dir:{}", dir.join("objects").display()),
-            format!("--bpffs={}", lab::bpffs(ISO).display()),
-            format!(
-                "--metrics-addr=127.0.0.1:{}",
-                isthmus_lab::topology::METRICS_PORT
-            ),
-        ];
-        let log = lab::log_file(ISO);
-        let agent = lab::spawn_agent(ISO, &args, &log).unwrap();
-        lab::wait_ready_in(ISO, agent, &log).unwrap();
+        let agent = lab::start_gateway_in(ISO, &dir.join("objects"), &[]).unwrap();
         Self {
             agent,
             _wireguard_go: wireguard_go,

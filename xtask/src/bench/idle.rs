@@ -20,7 +20,6 @@ use isthmus_lab::{
     kube_lab::{Networks, nat_mapping, tunnel_endpoint},
     lab::{self, LabTunnel},
     netns,
-    topology::METRICS_PORT,
     wait::poll,
 };
 use serde_json::{Value, json};
@@ -312,20 +311,7 @@ impl Node {
     /// Starts the gateway agent as the DaemonSet does, with `extra`
     /// flags; returns its PID once ready.
     fn start(&self, extra: &[&str]) -> Result<u32> {
-        let mut args = vec![
-            "run".to_owned(),
-            format!("--node={NS}"),
-            "--role=gateway".to_owned(),
-            format!("--source=dir:{}", self.objects.display()),
-            format!("--bpffs={}", lab::bpffs(NS).display()),
-            format!("--private-key-file={}", lab::key_file(NS).display()),
-            format!("--metrics-addr=127.0.0.1:{METRICS_PORT}"),
-        ];
-        args.extend(extra.iter().map(std::string::ToString::to_string));
-        let log = lab::log_file(NS);
-        let pid = lab::spawn_agent(NS, &args, &log)?;
-        lab::wait_ready_in(NS, pid, &log).context("the idle bench's gateway")?;
-        Ok(pid)
+        lab::start_gateway_in(NS, &self.objects, extra).context("the idle bench's gateway")
     }
 
     /// Gives the agent the first `count` peers, peer `i` at `endpoint(i)`.
