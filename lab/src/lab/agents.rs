@@ -212,20 +212,11 @@ fn spawn_logged(command: Command, log: &Path) -> Result<u32> {
 /// lab's for `ns`, its metrics on the netns's loopback, `extra` arguments
 /// after these. Waits until it is ready; returns its PID.
 pub fn start_gateway_in(ns: &str, objects: &Path, extra: &[&str]) -> Result<u32> {
-    let mut args: Vec<String> = vec![
-        "run".into(),
+    let own = [
         format!("--node={ns}"),
-        "--role=gateway".into(),
-        format!("--source=dir:{}", objects.display()),
-        format!("--bpffs={}", bpffs(ns).display()),
         format!("--private-key-file={}", key_file(ns).display()),
-        format!("--metrics-addr=127.0.0.1:{METRICS_PORT}"),
     ];
-    args.extend(extra.iter().map(|a| (*a).to_owned()));
-    let log = log_file(ns);
-    let pid = spawn_agent(ns, &args, &log)?;
-    wait_ready_in(ns, pid, &log)?;
-    Ok(pid)
+    start_gateway(ns, objects, &own, extra)
 }
 
 /// Starts a gateway agent without a tunnel of its own in netns `ns` (a
@@ -238,15 +229,25 @@ pub fn start_tunnelless_gateway(
     objects: &Path,
     extra: &[&str],
 ) -> Result<u32> {
-    let mut args: Vec<String> = ["run", "--node=t", "--role=gateway", "--tunnel=none"]
-        .map(str::to_owned)
-        .into();
-    args.extend([
+    let own = [
+        "--node=t".to_owned(),
+        "--tunnel=none".to_owned(),
         format!("--nat-dev={nat_dev}"),
+    ];
+    start_gateway(ns, objects, &own, extra)
+}
+
+/// Starts a gateway agent in netns `ns` with `own` and `extra` arguments
+/// besides its objects, pins and metrics address; waits until it is ready.
+fn start_gateway(ns: &str, objects: &Path, own: &[String], extra: &[&str]) -> Result<u32> {
+    let mut args: Vec<String> = vec![
+        "run".into(),
+        "--role=gateway".into(),
         format!("--source=dir:{}", objects.display()),
         format!("--bpffs={}", bpffs(ns).display()),
         format!("--metrics-addr=127.0.0.1:{METRICS_PORT}"),
-    ]);
+    ];
+    args.extend_from_slice(own);
     args.extend(extra.iter().map(|a| (*a).to_owned()));
     let log = log_file(ns);
     let pid = spawn_agent(ns, &args, &log)?;
