@@ -16,11 +16,11 @@ use isthmus_common::{
     nat::{MappingKey, PeerKey, PeerNat, PrefixLens},
     overlay::{EVENTS, OverlayConfig},
     pins::Pins,
-    room::{ALL_PEERS, FLOW_TABLES, FlowTable, OWNER_LOCAL},
+    room::{ALL_PEERS, FLOW_TABLES, FlowTable, OWNER_LOCAL, Room, slot},
     wire::{Be16, Be32},
 };
 
-use crate::kernel::{pinned, room::Rooms, table::KernelTable};
+use crate::kernel::{pinned, table::KernelTable};
 
 /// The peer table (`ist_peer_nets`) and the prefix lengths it holds
 /// (`ist_prefix_lens`), kept consistent: a length is listed while at least
@@ -490,7 +490,7 @@ pub struct Occupancy {
 /// Every map the agent pins, opened once, to be counted on request.
 pub struct PinnedMaps {
     maps: Vec<(&'static str, MapData)>,
-    rooms: Rooms,
+    rooms: Array<MapData, Room>,
 }
 
 impl PinnedMaps {
@@ -502,7 +502,7 @@ impl PinnedMaps {
                 .iter()
                 .map(|name| Ok((*name, MapData::from_pin(pins.map(name))?)))
                 .collect::<Result<_, MapError>>()?,
-            rooms: Rooms::open(root)?,
+            rooms: open_pinned(root, names::MAP_ROOM)?.try_into()?,
         })
     }
 
@@ -537,7 +537,7 @@ impl PinnedMaps {
     fn held(&self, table: FlowTable) -> Result<u64, MapError> {
         let used = |owner| {
             self.rooms
-                .room(table, owner)
+                .get(&slot(table, owner), 0)
                 .map(|room| room.used(room.charged))
         };
         Ok(used(ALL_PEERS)? + used(OWNER_LOCAL)?)

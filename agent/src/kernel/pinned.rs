@@ -17,36 +17,12 @@ use std::{
     path::PathBuf,
 };
 
-use aya::maps::{MapData, MapError, MapType};
+use aya::maps::{MapData, MapError};
 use thiserror::Error;
 use tracing::{error, info};
 
-use super::layouts::{self, Plan, Registry, Upgrade};
-
-/// A map's shape, as the kernel reports it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Shape {
-    /// `bpf_map_type`.
-    pub map_type: u32,
-    /// Key size in bytes.
-    pub key_size: u32,
-    /// Value size in bytes.
-    pub value_size: u32,
-    /// Capacity.
-    pub max_entries: u32,
-    /// `BPF_F_*` creation flags, such as whether entries are preallocated.
-    pub map_flags: u32,
-}
-
-impl std::fmt::Display for Shape {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "type {}, key {} B, value {} B, {} entries, flags {:#x}",
-            self.map_type, self.key_size, self.value_size, self.max_entries, self.map_flags
-        )
-    }
-}
+use super::layouts::{self, Plan, Registry, Upgrade, io};
+pub use super::layouts::{Shape, shape_of};
 
 /// A pinned map that cannot be reused.
 #[derive(Debug, Error)]
@@ -191,26 +167,6 @@ impl Migration {
     }
 }
 
-/// The shape of `map`.
-pub fn shape_of(map: &MapData) -> Result<Shape, MapError> {
-    let info = map.info()?;
-    Ok(Shape {
-        map_type: info.map_type()? as u32,
-        key_size: info.key_size(),
-        value_size: info.value_size(),
-        max_entries: info.max_entries(),
-        map_flags: info.map_flags(),
-    })
-}
-
-/// Whether a map of `map_type` is a hash, whose entries can be copied one
-/// by one into a map of another capacity.
-pub(super) fn is_hash(map_type: u32) -> bool {
-    [MapType::Hash, MapType::LruHash, MapType::LpmTrie]
-        .iter()
-        .any(|t| *t as u32 == map_type)
-}
-
 const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
@@ -245,14 +201,6 @@ fn syscall(
     match ret {
         0 => Ok(()),
         _ => Err(io(std::io::Error::last_os_error())),
-    }
-}
-
-/// A failed system call on a pin, as aya reports one.
-pub(super) fn io(io_error: std::io::Error) -> aya::sys::SyscallError {
-    aya::sys::SyscallError {
-        call: "bpf",
-        io_error,
     }
 }
 

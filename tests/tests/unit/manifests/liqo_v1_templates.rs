@@ -270,7 +270,7 @@ fn rendered_for_a_peering_they_give_what_liqo_and_kubernetes_accept() {
         );
         // Ours: the agent's image, NET_ADMIN alone, the key where it reads it.
         let ours = container(deployment, "wireguard");
-        assert_eq!(ours["image"], "ghcr.io/isthmus/isthmus-agent:0.1.0");
+        assert_eq!(ours["image"], "ghcr.io/isthmus/isthmus-agent:0.2.0-dev");
         assert_eq!(ours["securityContext"]["privileged"], false);
         assert_eq!(
             ours["securityContext"]["capabilities"]["drop"],

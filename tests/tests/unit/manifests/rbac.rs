@@ -210,7 +210,7 @@ fn the_gateway_account_may_change_only_its_pods_election_label() {
                        "net.liqo.io/gateway": "standby"},
             "annotations": {"prometheus.io/scrape": "true"},
         },
-        "spec": {"nodeName": "a-gw", "containers": [{"name": "agent", "image": "isthmus-agent:0.1.0"}]},
+        "spec": {"nodeName": "a-gw", "containers": [{"name": "agent", "image": "isthmus-agent:0.2.0-dev"}]},
     });
     let changed = |edit: &dyn Fn(&mut Value)| {
         let mut new = pod.clone();

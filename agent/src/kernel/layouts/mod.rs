@@ -12,16 +12,67 @@
 
 use std::path::Path;
 
-use aya::maps::{HashMap, Map, MapData, MapError};
+use aya::maps::{HashMap, Map, MapData, MapError, MapType};
 use isthmus_common::{
-    conntrack::{FlowNat, TcpState},
+    conntrack::{FlowKey, FlowNat, TcpState},
     names,
     room::OWNER_LOCAL,
     wire::Be32,
 };
 use tracing::warn;
 
-use super::pinned::{Shape, io, is_hash, shape_of};
+/// A map's shape, as the kernel reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    /// `bpf_map_type`.
+    pub map_type: u32,
+    /// Key size in bytes.
+    pub key_size: u32,
+    /// Value size in bytes.
+    pub value_size: u32,
+    /// Capacity.
+    pub max_entries: u32,
+    /// `BPF_F_*` creation flags, such as whether entries are preallocated.
+    pub map_flags: u32,
+}
+
+impl std::fmt::Display for Shape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "type {}, key {} B, value {} B, {} entries, flags {:#x}",
+            self.map_type, self.key_size, self.value_size, self.max_entries, self.map_flags
+        )
+    }
+}
+
+/// The shape of `map`.
+pub fn shape_of(map: &MapData) -> Result<Shape, MapError> {
+    let info = map.info()?;
+    Ok(Shape {
+        map_type: info.map_type()? as u32,
+        key_size: info.key_size(),
+        value_size: info.value_size(),
+        max_entries: info.max_entries(),
+        map_flags: info.map_flags(),
+    })
+}
+
+/// Whether a map of `map_type` is a hash, whose entries can be copied one
+/// by one into a map of another capacity.
+pub(super) fn is_hash(map_type: u32) -> bool {
+    [MapType::Hash, MapType::LruHash, MapType::LpmTrie]
+        .iter()
+        .any(|t| *t as u32 == map_type)
+}
+
+/// A failed system call on a pin, as aya reports one.
+pub(super) fn io(io_error: std::io::Error) -> aya::sys::SyscallError {
+    aya::sys::SyscallError {
+        call: "bpf",
+        io_error,
+    }
+}
 
 /// Turns an entry (key, value) of the layout before into one of this.
 pub type Upgrade = fn(&[u8], &[u8]) -> (Vec<u8>, Vec<u8>);
@@ -50,7 +101,7 @@ const CONNTRACK: [Layout; 2] = [
     },
     Layout {
         version: 2,
-        key_size: 16,
+        key_size: size_of::<FlowKey>() as u32,
         value_size: size_of::<FlowNat>() as u32,
         upgrade: Some(conntrack_owners),
     },
