@@ -113,6 +113,7 @@ fn every_pin_has_a_documented_name() {
     let maps: BTreeSet<&str> = names::MAPS
         .into_iter()
         .chain(names::PROGRAM_ARRAYS)
+        .chain([names::MAP_LAYOUTS])
         .collect();
     let programs: BTreeSet<&str> = names::PROGRAMS.into_iter().collect();
     for node in [A.gw(), A.node()] {
