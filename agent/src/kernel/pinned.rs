@@ -21,8 +21,7 @@ use aya::maps::{MapData, MapError};
 use thiserror::Error;
 use tracing::{error, info};
 
-use super::layouts::{self, Plan, Registry, Upgrade, io};
-pub use super::layouts::{Shape, shape_of};
+use super::layouts::{self, Plan, Registry, Shape, Upgrade, io, shape_of};
 
 /// A pinned map that cannot be reused.
 #[derive(Debug, Error)]

@@ -158,6 +158,11 @@ impl Silence {
     }
 }
 
+/// Whether `tunn` holds a session: data goes out at once.
+pub fn has_session(tunn: &Tunn) -> bool {
+    tunn.time_since_last_handshake().is_some()
+}
+
 /// Nanoseconds on a monotonic clock shared by the tunnel's threads.
 pub fn clock_ns() -> u64 {
     static EPOCH: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);

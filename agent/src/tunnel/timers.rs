@@ -9,12 +9,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use boringtun::noise::{Tunn, TunnResult, errors::WireGuardError};
+use boringtun::noise::{TunnResult, errors::WireGuardError};
 use tracing::{info, warn};
 
 use super::{
     Shared,
-    peers::{PeerSet, REKEY_TIMEOUT, TunnelPeer, clock_ns},
+    peers::{PeerSet, REKEY_TIMEOUT, TunnelPeer, clock_ns, has_session},
 };
 use crate::sync::Unpoisoned;
 
@@ -138,11 +138,6 @@ pub(super) fn retry_first_contact(
         let _ = udp.send_to(init, endpoint);
     }
     !peer.first_contact_over()
-}
-
-/// Whether `tunn` holds a session: data goes out at once.
-pub(super) fn has_session(tunn: &Tunn) -> bool {
-    tunn.time_since_last_handshake().is_some()
 }
 
 /// A random delay between none and [`MAX_JITTER_MS`].

@@ -184,7 +184,7 @@ fn pinned_maps_of_another_shape_are_migrated_or_replaced() {
     };
     use isthmus_agent::{
         kernel::dataplane::{Capacity, Dataplane, OBJECT},
-        kernel::pinned::shape_of,
+        kernel::layouts::shape_of,
     };
     use isthmus_common::{
         conntrack::{DIR_OUT, FlowKey, FlowNat},

@@ -11,7 +11,10 @@ use std::{
 };
 
 use aya::maps::{HashMap as BpfHash, Map, MapData};
-use isthmus_agent::kernel::dataplane::{Capacity, Dataplane};
+use isthmus_agent::kernel::{
+    dataplane::{Capacity, Dataplane},
+    layouts::Registry,
+};
 use isthmus_common::{
     conntrack::{DIR_IN, DIR_OUT, FlowKey, FlowNat, TcpState},
     ipv4::{PROTO_TCP, PROTO_UDP},
@@ -45,22 +48,18 @@ fn key(sport: u16, proto: u8, dir: u8) -> FlowKey {
     FlowKey::new(src, dst, sport, 80, proto, dir)
 }
 
-fn bytes_of(key: &FlowKey) -> [u8; 16] {
-    // SAFETY: FlowKey is a 16-byte #[repr(C)] map key without padding.
-    unsafe { std::mem::transmute(*key) }
-}
-
 fn hash<K: aya::Pod, V: aya::Pod>(pins: &Pins, name: &str) -> BpfHash<MapData, K, V> {
     let map = MapData::from_pin(pins.map(name)).unwrap();
     BpfHash::try_from(Map::HashMap(map)).unwrap()
 }
 
+/// The layouts the agent recorded under `pins`.
+fn registry(pins: &Pins) -> Registry {
+    Registry::open(&pins.map(names::MAP_LAYOUTS)).unwrap()
+}
+
 fn recorded(pins: &Pins, name: &str) -> Option<u32> {
-    let mut k = [0u8; 16];
-    k[..name.len()].copy_from_slice(name.as_bytes());
-    hash::<[u8; 16], u32>(pins, names::MAP_LAYOUTS)
-        .get(&k, 0)
-        .ok()
+    registry(pins).recorded(name)
 }
 
 /// An agent whose conntrack held its flows in the first layout left three;
@@ -80,10 +79,10 @@ fn a_conntrack_of_the_first_layout_keeps_its_flows_in_this_agents_layout() {
         (key(40002, PROTO_UDP, DIR_OUT), TcpState::None),
     ];
     {
-        let mut first: BpfHash<MapData, [u8; 16], [u8; 16]> = BpfHash::create(1024, 0).unwrap();
+        let mut first: BpfHash<MapData, FlowKey, [u8; 16]> = BpfHash::create(1024, 0).unwrap();
         for (i, (key, state)) in flows.iter().enumerate() {
             let value = first_layout([192, 168, 0, 1], 61000 + i as u16, *state, 1000 + i as u64);
-            first.insert(bytes_of(key), value, 0).unwrap();
+            first.insert(key, value, 0).unwrap();
         }
         first.pin(pins.map(names::MAP_CONNTRACK)).unwrap();
     }
@@ -110,10 +109,7 @@ fn a_conntrack_of_the_first_layout_keeps_its_flows_in_this_agents_layout() {
 
     // A later agent's layout, left by a downgrade: this agent cannot read
     // it, and replaces it.
-    let mut layouts = hash::<[u8; 16], u32>(&pins, names::MAP_LAYOUTS);
-    let mut k = [0u8; 16];
-    k[..names::MAP_CONNTRACK.len()].copy_from_slice(names::MAP_CONNTRACK.as_bytes());
-    layouts.insert(k, 3, 0).unwrap();
+    registry(&pins).record(names::MAP_CONNTRACK, 3).unwrap();
     drop(Dataplane::load(&root, &Capacity::default(), false).unwrap());
     let conntrack = hash::<FlowKey, FlowNat>(&pins, names::MAP_CONNTRACK);
     assert_eq!(

@@ -187,7 +187,7 @@ impl Dataplane {
                 .iter()
                 .find_map(|(sized, entries)| (*sized == name).then_some(*entries))
                 .unwrap_or(map.max_entries());
-            let shape = pinned::Shape {
+            let shape = layouts::Shape {
                 map_type: map.map_type(),
                 key_size: map.key_size(),
                 value_size: map.value_size(),

@@ -60,7 +60,7 @@ pub fn shape_of(map: &MapData) -> Result<Shape, MapError> {
 
 /// Whether a map of `map_type` is a hash, whose entries can be copied one
 /// by one into a map of another capacity.
-pub(super) fn is_hash(map_type: u32) -> bool {
+fn is_hash(map_type: u32) -> bool {
     [MapType::Hash, MapType::LruHash, MapType::LpmTrie]
         .iter()
         .any(|t| *t as u32 == map_type)
@@ -193,7 +193,7 @@ fn conntrack_owners(key: &[u8], value: &[u8]) -> (Vec<u8>, Vec<u8>) {
 }
 
 /// The bytes of a map value.
-pub(super) fn pod_bytes<T: aya::Pod>(value: &T) -> &[u8] {
+fn pod_bytes<T: aya::Pod>(value: &T) -> &[u8] {
     // SAFETY: a `Pod` map type is plain bytes, alive as long as the slice.
     unsafe { std::slice::from_raw_parts(std::ptr::from_ref(value).cast(), size_of::<T>()) }
 }

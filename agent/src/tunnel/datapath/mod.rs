@@ -19,8 +19,7 @@ use super::{
     batch::{self, RecvBatch, SendBatch},
     handshakes,
     offload::{self, Coalescer, MAX_FRAME, MAX_PACKET, VNET_HDR_LEN},
-    peers::{PeerSet, TunnelPeer, clock_ns},
-    timers::has_session,
+    peers::{PeerSet, TunnelPeer, clock_ns, has_session},
 };
 
 use crate::sync::Unpoisoned;

@@ -138,6 +138,23 @@ impl Pair {
         assert_eq!(self.receive(&keepalive, from), None);
     }
 
+    /// Hands `packet` from TUN to our gateway's sender; returns whether
+    /// anything was queued for the remote.
+    fn send(&self, packet: &[u8]) -> bool {
+        let sender = Sender {
+            shared: &self.shared,
+            udp: &self.ours,
+        };
+        let mut outgoing = SendBatch::new(self.shared.max_sent());
+        sender.encrypt(
+            &self.peer(),
+            addr(&self.remote_socket),
+            packet,
+            &mut outgoing,
+        );
+        !outgoing.is_empty()
+    }
+
     /// `packet` encrypted by the remote.
     fn sealed(&mut self, packet: &[u8]) -> Vec<u8> {
         let mut buf = vec![0u8; packet.len() + 64];
@@ -191,44 +208,18 @@ fn an_oversized_forged_transport_message_is_rejected_without_a_panic() {
 fn a_packet_from_tun_too_big_for_one_datagram_is_dropped_and_counted() {
     let mut pair = Pair::new();
     pair.handshake();
-    let sender = Sender {
-        shared: &pair.shared,
-        udp: &pair.ours,
-    };
     let largest = pair.shared.max_sent() - OVERHEAD;
-    let (peer, to) = (pair.peer(), addr(&pair.remote_socket));
-    let mut outgoing = SendBatch::new(pair.shared.max_sent());
-    sender.encrypt(
-        &peer,
-        to,
-        &ipv4([10, 244, 0, 5], largest + 1),
-        &mut outgoing,
+    assert!(
+        !pair.send(&ipv4([10, 244, 0, 5], largest + 1)),
+        "the oversized packet was encrypted"
     );
-    assert!(outgoing.is_empty(), "the oversized packet was encrypted");
     let oversized = || pair.shared.counters.oversized.load(Ordering::Relaxed);
     assert_eq!(oversized(), 1);
-    sender.encrypt(&peer, to, &ipv4([10, 244, 0, 5], largest), &mut outgoing);
-    assert!(!outgoing.is_empty(), "the largest packet that fits was not");
+    assert!(
+        pair.send(&ipv4([10, 244, 0, 5], largest)),
+        "the largest packet that fits was not"
+    );
     assert_eq!(oversized(), 1);
-}
-
-impl Pair {
-    /// Hands `packet` from TUN to our gateway's sender; returns whether
-    /// anything was queued for the remote.
-    fn send(&self, packet: &[u8]) -> bool {
-        let sender = Sender {
-            shared: &self.shared,
-            udp: &self.ours,
-        };
-        let mut outgoing = SendBatch::new(self.shared.max_sent());
-        sender.encrypt(
-            &self.peer(),
-            addr(&self.remote_socket),
-            packet,
-            &mut outgoing,
-        );
-        !outgoing.is_empty()
-    }
 }
 
 #[test]
