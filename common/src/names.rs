@@ -79,6 +79,9 @@ pub const MAP_NODE_ADDRS: &str = "ist_node_addrs";
 /// Per-CPU array of overlay events, indexed by
 /// [`crate::overlay::OverlayEvent`].
 pub const MAP_OVERLAY_STATS: &str = "ist_overlay_st";
+/// LPM trie: the destinations whose packets take the stack while others
+/// forward past netfilter, where the node's rules act on them (prefix → 1).
+pub const MAP_STACK_DESTINATIONS: &str = "ist_stack_dsts";
 
 /// Hash: the ifindexes of the pod devices a worker steers from (→ 1):
 /// veths, whose pods the overlay delivers to straight into their netns.
@@ -93,7 +96,7 @@ pub const MAP_PEER_DEVS: &str = "ist_peer_devs";
 pub const MAX_PEER_DEVS: u32 = 256;
 
 /// Every map the agent pins, in the order it reports them.
-pub const MAPS: [&str; 25] = [
+pub const MAPS: [&str; 26] = [
     MAP_PEERS,
     MAP_PEER_OWNERS,
     MAP_PREFIX_LENS,
@@ -117,6 +120,7 @@ pub const MAPS: [&str; 25] = [
     MAP_NODES,
     MAP_NODE_ADDRS,
     MAP_OVERLAY_STATS,
+    MAP_STACK_DESTINATIONS,
     MAP_POD_DEVS,
     MAP_PEER_DEVS,
 ];
@@ -203,6 +207,9 @@ pub const MAX_GUARD_INDEXES: u32 = 8192;
 /// Capacity of [`MAP_GUARD_PORTS`]: one per tunnel device, as
 /// [`MAX_PEER_DEVS`].
 pub const MAX_GUARD_PORTS: u32 = MAX_PEER_DEVS;
+/// Capacity of [`MAP_STACK_DESTINATIONS`]: a Service address each, for
+/// kube-proxy's rules.
+pub const MAX_STACK_DESTINATIONS: u32 = 16384;
 /// Capacity of [`MAP_POD_DEVS`]: pods on one node.
 pub const MAX_POD_DEVS: u32 = 4096;
 /// Capacity of [`MAP_NODES`] (PodCIDRs and addresses of the cluster's nodes) and of

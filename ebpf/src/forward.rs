@@ -41,6 +41,9 @@ pub struct NextHop {
 /// settles it in one step and the node forwards past netfilter
 /// ([`PAST_NETFILTER`] in the overlay's `config`, which every caller has
 /// already read).
+/// Not for a packet with a mark, nor to a destination the node's netfilter
+/// rules act on (`ist_stack_dsts`): the agent proved its rules harmless to
+/// the others only.
 /// Not for a packet to this host, too big for the way out (a GSO packet's
 /// total length says so too), to a next hop not resolved yet, or whose TTL
 /// runs out: the stack does those, and answers with the ICMP errors path
@@ -50,11 +53,15 @@ pub struct NextHop {
 #[inline(always)]
 pub fn route(ctx: &TcContext, config: &OverlayConfig, l3: usize, ip: Header) -> Option<NextHop> {
     let total = usize::from(ip.total_len());
+    // SAFETY: reading a field of the context.
+    let mark = unsafe { (*ctx.skb.skb).mark };
     if config.flags & PAST_NETFILTER == 0
+        || mark != 0
         || !ip.is_valid()
         || total < ip.header_len()
         || l3 + total > ctx.len() as usize
         || ip.ttl() <= 1
+        || maps::takes_the_stack(ip.dst())
     {
         return None;
     }

@@ -9,7 +9,7 @@ use isthmus_common::{
     guard::{GuardSource, Initiations, VERDICTS, Verdict},
     names::{
         DEFAULT_NAT_MAPPINGS, MAX_GUARD_INDEXES, MAX_GUARD_PORTS, MAX_GUARD_SOURCES, MAX_NODES,
-        MAX_PEER_DEVS, MAX_PEER_NETWORKS, MAX_POD_DEVS,
+        MAX_PEER_DEVS, MAX_PEER_NETWORKS, MAX_POD_DEVS, MAX_STACK_DESTINATIONS,
     },
     nat::{MappingKey, PREFIX_LENS, PeerKey, PeerNat, PrefixLens},
     overlay::{EVENTS, OverlayConfig, OverlayEvent},
@@ -255,6 +255,17 @@ pub fn is_node(addr: Be32) -> bool {
 #[inline(always)]
 pub fn count_overlay(event: OverlayEvent) {
     increment(&OVERLAY_STATS, event as u32);
+}
+
+/// Destinations whose packets take the stack, where the node's netfilter
+/// rules act on them (prefix → 1).
+#[btf_map(name = "ist_stack_dsts")]
+static STACK_DESTINATIONS: LpmTrie<Be32, u8, { MAX_STACK_DESTINATIONS as usize }> = LpmTrie::new();
+
+/// Whether packets to `dst` must take the stack, past netfilter or not.
+#[inline(always)]
+pub fn takes_the_stack(dst: Be32) -> bool {
+    STACK_DESTINATIONS.get(&Key::new(32, dst)).is_some()
 }
 
 /// The pod devices (veths) of this node, by ifindex.

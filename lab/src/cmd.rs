@@ -40,6 +40,35 @@ pub fn iptables(ns: &str, args: &[&str]) -> Result<String> {
     )
 }
 
+/// Loads `rules` into netns `ns` with `iptables-restore` (iptables-nft),
+/// adding to what is there when `noflush`.
+pub fn iptables_restore(ns: &str, rules: &str, noflush: bool) -> Result<()> {
+    use std::io::Write as _;
+    let mut args = vec!["netns", "exec", ns, "iptables-restore", "-w"];
+    if noflush {
+        args.push("--noflush");
+    }
+    let mut child = Command::new("ip")
+        .args(&args)
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(rules.as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "iptables-restore in {ns} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
 /// Sets a sysctl inside netns `ns`. Network sysctls resolve against the
 /// netns of the thread that opens them, so no `sysctl` binary is needed.
 pub fn sysctl(ns: &str, key: &str, value: &str) -> Result<()> {

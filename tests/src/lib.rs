@@ -16,11 +16,27 @@ where
             Result = aya::TestRunResult,
         >,
 {
+    test_run_marked(prog, frame, 0)
+}
+
+/// [`test_run`] of a TC program on a packet whose `skb->mark` is `mark`.
+pub fn test_run_marked<P>(prog: &P, frame: &[u8], mark: u32) -> (u32, Vec<u8>)
+where
+    P: for<'a> aya::programs::TestRun<
+            Opts<'a> = aya::programs::TestRunOptions<'a>,
+            Result = aya::TestRunResult,
+        >,
+{
+    // `struct __sk_buff` up to its mark: the kernel takes a shorter context,
+    // and wants zeros before the mark.
+    let mut skb = [0u8; 12];
+    skb[8..].copy_from_slice(&mark.to_ne_bytes());
     let mut out = vec![0u8; frame.len() + 64];
     let result = prog
         .test_run(aya::programs::TestRunOptions {
             data_in: Some(frame),
             data_out: Some(&mut out),
+            ctx_in: (mark != 0).then_some(&skb[..]),
             ..Default::default()
         })
         .expect("BPF_PROG_TEST_RUN");

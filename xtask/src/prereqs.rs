@@ -30,6 +30,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "conntrack",
     // The upgrade test unpacks the previous release's agent.
     "zstd",
+    // kube-proxy's rules count their drops of invalid packets with it.
+    "nfacct",
     // The lab's Prometheus server, and promtool, which checks our metrics.
     "prometheus",
     // Renders the benchmark chart in docs/.

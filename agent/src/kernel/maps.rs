@@ -98,7 +98,7 @@ impl KernelTable for PeerMap {
     fn put(&mut self, net: Ipv4Net, nat: &PeerNat, old: Option<&PeerNat>) -> Result<(), MapError> {
         let key = key(net);
         self.nets.insert(key, nat, 0)?;
-        self.owners.insert(&node_key(net), nat.peer_id, 0)?;
+        self.owners.insert(&prefix_key(net), nat.peer_id, 0)?;
         if old.is_none() {
             let count = self.counts.entry(key.prefix_len).or_insert(0);
             *count += 1;
@@ -113,7 +113,7 @@ impl KernelTable for PeerMap {
         let key = key(net);
         self.nets.remove(&key)?;
         // Gone already is fine: a previous agent may not have written it.
-        let _ = self.owners.remove(&node_key(net));
+        let _ = self.owners.remove(&prefix_key(net));
         if let Some(count) = self.counts.get_mut(&key.prefix_len) {
             *count -= 1;
             if *count == 0 {
@@ -300,15 +300,22 @@ pub struct GuardMaps {
     pub ports: ByteHash<Be16>,
 }
 
-/// The cluster's other nodes (`ist_nodes`): PodCIDR → node address.
-pub struct NodeMap(LpmTrie<MapData, Be32, Be32>);
+/// An LPM trie of IPv4 prefixes: the cluster's other nodes (`ist_nodes`,
+/// PodCIDR → node address), or the destinations that take the stack
+/// (`ist_stack_dsts`, prefix → 1).
+pub struct PrefixTrie<V: aya::Pod>(LpmTrie<MapData, Be32, V>);
 
-impl NodeMap {
+/// The cluster's other nodes (`ist_nodes`): PodCIDR → node address.
+pub type NodeMap = PrefixTrie<Be32>;
+
+impl<V: aya::Pod> PrefixTrie<V> {
     /// Wraps the map taken from a freshly loaded object.
     pub fn new(map: Map) -> Result<Self, MapError> {
         Ok(Self(map.try_into()?))
     }
+}
 
+impl NodeMap {
     /// Opens the map pinned under `root`.
     pub fn open(root: &Path) -> Result<Self, MapError> {
         Self::new(open_pinned(root, names::MAP_NODES)?)
@@ -316,36 +323,36 @@ impl NodeMap {
 }
 
 /// The trie key of `net`.
-fn node_key(net: Ipv4Net) -> Key<Be32> {
+fn prefix_key(net: Ipv4Net) -> Key<Be32> {
     Key::new(u32::from(net.prefix_len()), Be32::from(net.network()))
 }
 
-impl KernelTable for NodeMap {
+impl<V: aya::Pod + PartialEq> KernelTable for PrefixTrie<V> {
     type Key = Ipv4Net;
-    type Value = Be32;
+    type Value = V;
     type Error = MapError;
     fn is_full(error: &MapError) -> bool {
         is_full(error)
     }
 
-    fn entries(&self) -> Result<Vec<(Ipv4Net, Be32)>, MapError> {
+    fn entries(&self) -> Result<Vec<(Ipv4Net, V)>, MapError> {
         self.0
             .iter()
             .map(|entry| {
-                let (key, node) = entry?;
+                let (key, value) = entry?;
                 let addr = std::net::Ipv4Addr::from(key.data());
                 // The kernel keeps a 4-byte trie's prefix lengths within 32.
-                Ok((Ipv4Net::new_assert(addr, key.prefix_len() as u8), node))
+                Ok((Ipv4Net::new_assert(addr, key.prefix_len() as u8), value))
             })
             .collect()
     }
 
-    fn put(&mut self, net: Ipv4Net, node: &Be32, _old: Option<&Be32>) -> Result<(), MapError> {
-        self.0.insert(&node_key(net), node, 0)
+    fn put(&mut self, net: Ipv4Net, value: &V, _old: Option<&V>) -> Result<(), MapError> {
+        self.0.insert(&prefix_key(net), value, 0)
     }
 
-    fn delete(&mut self, net: Ipv4Net, _old: &Be32) -> Result<(), MapError> {
-        gone_is_fine(self.0.remove(&node_key(net)))
+    fn delete(&mut self, net: Ipv4Net, _old: &V) -> Result<(), MapError> {
+        gone_is_fine(self.0.remove(&prefix_key(net)))
     }
 }
 
@@ -390,6 +397,9 @@ pub struct OverlayMaps {
     pub nodes: NodeMap,
     /// Every node's address: the outer sources it takes packets from.
     pub addresses: ByteHash<Be32>,
+    /// The destinations whose packets take the stack while others forward
+    /// past netfilter.
+    pub stack_destinations: PrefixTrie<u8>,
 }
 
 /// Whether `error` is a write refused because the map is full.

@@ -27,7 +27,7 @@ use tracing::{info, warn};
 use crate::{
     kernel::dataplane::{AttachMode, Dataplane},
     kernel::link::{self, device_holding, link_by_name},
-    kernel::maps::{ByteHash, NodeMap, OverlayMaps, OverlaySettings},
+    kernel::maps::{ByteHash, NodeMap, OverlayMaps, OverlaySettings, PrefixTrie},
     kernel::table::{KernelTable, Mirror},
     model::node::Node,
 };
@@ -85,6 +85,8 @@ pub struct Overlay {
     nodes: Mirror<NodeMap>,
     /// Every node's address: the overlay takes packets from nowhere else.
     addresses: Mirror<ByteHash<Be32>>,
+    /// Destinations whose packets take the stack while others skip it.
+    stack_destinations: Mirror<PrefixTrie<u8>>,
     /// The device the decapsulation is attached to: the one holding this
     /// node's address.
     uplink: Option<String>,
@@ -103,6 +105,7 @@ impl Overlay {
             mut settings,
             nodes,
             addresses,
+            stack_destinations,
         } = maps;
         let previous = settings.get()?;
         let config = OverlayConfig {
@@ -124,6 +127,7 @@ impl Overlay {
             config,
             nodes: Mirror::new(nodes)?,
             addresses: Mirror::new(addresses)?,
+            stack_destinations: Mirror::new(stack_destinations)?,
             uplink: None,
         })
     }
@@ -224,6 +228,14 @@ impl Overlay {
         self.settings.set(config)?;
         self.config = config;
         Ok(true)
+    }
+
+    /// Sends packets to `destinations` through the stack while the others
+    /// forward past netfilter. Returns whether that changed anything.
+    pub fn set_stack_destinations(&mut self, destinations: &[Ipv4Net]) -> Result<bool, MapError> {
+        let desired: BTreeMap<Ipv4Net, u8> = destinations.iter().map(|d| (*d, 1)).collect();
+        let (written, removed, failure) = self.stack_destinations.apply(&desired);
+        failure.map_or(Ok(written + removed > 0), Err)
     }
 
     /// The device holding this node's address now, if it is known.

@@ -1,6 +1,7 @@
 //! `--forward-past-netfilter`: whether the overlay's programs forward what
 //! the FIB settles in one step past the node's netfilter, fixed by the
-//! operator or, with `auto`, following what the node's forward hook holds.
+//! operator or, with `auto`, following what the node's rules could do to
+//! forwarded packets.
 
 use clap::ValueEnum;
 use prometheus_client::metrics::gauge::Gauge;
@@ -8,7 +9,7 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use crate::{
-    kernel::netfilter::{self, ForwardHooks},
+    kernel::netfilter::{self, Hooks},
     roles::overlay::Overlay,
 };
 
@@ -19,25 +20,26 @@ pub enum PastNetfilter {
     Off,
     /// Always past it, whatever its FORWARD chains hold.
     On,
-    /// Past it while no base chain at the forward hook (iptables-legacy,
-    /// iptables-nft or nftables) holds a rule or drops; through it while
-    /// one does, followed every second.
+    /// Past it while no netfilter rule at the hooks a forwarded packet
+    /// crosses could act on it (iptables-legacy's, iptables-nft's or
+    /// nftables'), but to the destinations rules act on; through it while
+    /// one could act on any. Followed every second.
     Auto,
 }
 
-/// The operator's choice, and what the forward hook holds if it matters.
+/// The operator's choice, and what the hooks hold if it matters.
 pub struct PastNetfilterSetting {
     mode: PastNetfilter,
     /// Followed only in `auto`.
-    hooks: Option<watch::Receiver<ForwardHooks>>,
+    hooks: Option<watch::Receiver<Hooks>>,
     /// `isthmus_forward_past_netfilter`, once the metrics exist.
     gauge: Option<Gauge>,
 }
 
 impl PastNetfilterSetting {
-    /// Reads the forward hook now, and follows it from then on, in `auto`.
+    /// Reads the hooks now, and follows them from then on, in `auto`.
     pub fn new(mode: PastNetfilter) -> Self {
-        let hooks = (mode == PastNetfilter::Auto).then(netfilter::watch_forward_hooks);
+        let hooks = (mode == PastNetfilter::Auto).then(netfilter::watch_hooks);
         let setting = Self {
             mode,
             hooks,
@@ -45,7 +47,7 @@ impl PastNetfilterSetting {
         };
         if let Some(hooks) = &setting.hooks {
             let hooks = hooks.borrow();
-            info!(mode = ?mode, past = setting.wanted(), forward_hook = %*hooks, "forwarding past netfilter decided by the forward hook");
+            info!(mode = ?mode, past = setting.wanted(), hooks = %*hooks, "forwarding past netfilter decided by the node's rules");
         } else {
             info!(mode = ?mode, "forwarding past netfilter fixed by the operator");
         }
@@ -67,7 +69,7 @@ impl PastNetfilterSetting {
         self.gauge = Some(gauge);
     }
 
-    /// Completes when the forward hook changed; never when it is not followed.
+    /// Completes when the hooks changed; never when they are not followed.
     pub async fn changed(&mut self) {
         let followed = match self.hooks.as_mut() {
             Some(hooks) => hooks.changed().await.is_ok(),
@@ -79,25 +81,52 @@ impl PastNetfilterSetting {
     }
 
     /// Brings the overlay's programs in line with the setting, saying why
-    /// when that changes what they do.
+    /// when that changes what they do. No packet skips netfilter while the
+    /// destinations that must take the stack are not all written: they are
+    /// written before forwarding past it starts, and emptied only after it
+    /// stopped.
     pub fn apply(&mut self, overlay: &mut Overlay) {
+        let hooks = self.hooks.as_ref().map(|h| h.borrow().clone());
+        let reason = hooks.as_ref().map(ToString::to_string).unwrap_or_default();
+        let destinations = hooks.as_ref().map_or(&[][..], Hooks::stack_destinations);
         let wanted = self.wanted();
-        match overlay.set_past_netfilter(wanted) {
-            Ok(false) => {}
-            Ok(true) => {
-                let hooks = self.hooks.as_ref().map(|h| h.borrow().to_string());
-                let reason = hooks.unwrap_or_default();
-                match wanted {
-                    true => info!(forward_hook = %reason, "forwarding past netfilter again"),
-                    false => {
-                        warn!(forward_hook = %reason, "forwarding through netfilter: a forward-hook chain could act on forwarded packets");
-                    }
+        if !wanted {
+            switch(overlay, false, &reason);
+        }
+        let written = match overlay.set_stack_destinations(destinations) {
+            Ok(changed) => {
+                if changed {
+                    let count = destinations.len();
+                    info!(
+                        destinations = count,
+                        "the destinations the node's rules act on take the stack"
+                    );
                 }
+                true
             }
-            Err(e) => error!(error = %e, "writing the overlay's settings; will retry"),
+            Err(e) => {
+                error!(error = %e, "writing the destinations that take the stack; forwarding through netfilter until that succeeds");
+                false
+            }
+        };
+        if wanted {
+            switch(overlay, written, &reason);
         }
         if let Some(gauge) = &self.gauge {
             gauge.set(i64::from(overlay.past_netfilter()));
         }
+    }
+}
+
+/// Starts or stops forwarding past netfilter, saying so when it changes.
+fn switch(overlay: &mut Overlay, past: bool, hooks: &str) {
+    match overlay.set_past_netfilter(past) {
+        Ok(false) => {}
+        Ok(true) if past => info!(hooks, "forwarding past netfilter again"),
+        Ok(true) => warn!(
+            hooks,
+            "forwarding through netfilter: a rule could act on forwarded packets"
+        ),
+        Err(e) => error!(error = %e, "writing the overlay's settings; will retry"),
     }
 }

@@ -10,6 +10,7 @@ pub mod clear_tunnel;
 pub mod containers;
 pub mod external_tunnel;
 pub mod ha;
+pub mod kube_proxy;
 pub mod liqo_conncheck;
 pub mod liqo_v0_10_peer;
 pub mod liqo_v1_api;

@@ -7,10 +7,13 @@
 //! The kernel returns a redirect's verdict, not the tunnel key it set: the
 //! key's VNI, port and remote node are checked on the wire in `lab_overlay`.
 
+use std::net::Ipv4Addr;
+
 use aya::{Ebpf, EbpfLoader, programs::SchedClassifier};
+use ipnet::Ipv4Net;
 use isthmus_agent::{
     kernel::dataplane::{OBJECT, load_onward},
-    kernel::maps::{ByteHash, Counters, NodeMap, OverlaySettings, PeerMap},
+    kernel::maps::{ByteHash, Counters, NodeMap, OverlaySettings, PeerMap, PrefixTrie},
     kernel::table::KernelTable,
     model::isolation::SecurityMode,
     model::object::{Object, parse_documents},
@@ -22,11 +25,13 @@ use isthmus_common::{
     wire::Be32,
 };
 use isthmus_lab::topology::{A, OVERLAY_PORT, PEERINGS};
+
+use crate::forwarding_node::ForwardingNode;
 use isthmus_tests::{
     addrs::{A_POD1, A_POD1_AT_B, A_POD2, A_POD2_AT_B, B_POD1},
     netns,
     packet::{Datagram, ETH_P_ARP, L4, eth_ipv4, ethernet, tcp, udp, vxlan},
-    require_root, test_run,
+    require_root, test_run_marked,
 };
 
 const VNI: u32 = 18952;
@@ -42,8 +47,12 @@ struct Harness {
     settings: OverlaySettings,
     config: OverlayConfig,
     events: Counters,
+    /// Destinations the node's rules act on, which take the stack.
+    stack_destinations: PrefixTrie<u8>,
     /// The netns the programs run in, and look the FIB up in.
     netns: Option<&'static str>,
+    /// The packets' `skb->mark`.
+    mark: u32,
 }
 
 impl Harness {
@@ -93,6 +102,8 @@ impl Harness {
         }
         let settings = OverlaySettings::new(ebpf.take_map(names::MAP_OVERLAY).unwrap()).unwrap();
         let events = Counters::overlay(ebpf.take_map(names::MAP_OVERLAY_STATS).unwrap()).unwrap();
+        let stack_destinations =
+            PrefixTrie::new(ebpf.take_map(names::MAP_STACK_DESTINATIONS).unwrap()).unwrap();
         let mut harness = Self {
             ebpf,
             settings,
@@ -105,7 +116,9 @@ impl Harness {
                 flags: PAST_NETFILTER,
             },
             events,
+            stack_destinations,
             netns: None,
+            mark: 0,
         };
         harness.configure(|_| ());
         harness
@@ -120,9 +133,10 @@ impl Harness {
 
     fn run(&self, program: &str, frame: &[u8]) -> (u32, Vec<u8>) {
         let prog: &SchedClassifier = self.ebpf.program(program).unwrap().try_into().unwrap();
+        let run = || test_run_marked(prog, frame, self.mark);
         match self.netns {
-            Some(ns) => isthmus_lab::netns::run_in(ns, || test_run(prog, frame)).unwrap(),
-            None => test_run(prog, frame),
+            Some(ns) => isthmus_lab::netns::run_in(ns, run).unwrap(),
+            None => run(),
         }
     }
 
@@ -315,65 +329,6 @@ const NEXT_HOP_NS: &str = "ist-t-decap-nh";
 const GATEWAY_NS: &str = "ist-t-onward";
 const GATEWAY_NEXT_HOP_NS: &str = "ist-t-onward-nh";
 
-/// A test's node netns, linked to its next hop's, and both ends' MACs.
-struct ForwardingNode {
-    ns: &'static str,
-    next_hop: [u8; 6],
-    node: [u8; 6],
-}
-
-impl ForwardingNode {
-    /// Builds netns `ns`, forwarding, with a route to a's PodCIDR through
-    /// `next_hop_ns`.
-    fn new(ns: &'static str, next_hop_ns: &str) -> Self {
-        netns::fresh(&[ns, next_hop_ns]);
-        netns::link(ns, next_hop_ns);
-        let mac = |ns: &str, dev: &str| -> [u8; 6] {
-            let text = isthmus_lab::cmd::ip(ns, &["-br", "link", "show", dev]).unwrap();
-            let field = text.split_whitespace().nth(2).unwrap();
-            let bytes: Vec<u8> = field
-                .split(':')
-                .map(|b| u8::from_str_radix(b, 16).unwrap())
-                .collect();
-            bytes.try_into().unwrap()
-        };
-        let (next_hop, node) = (mac(next_hop_ns, "v1"), mac(ns, "v0"));
-        let lladdr = next_hop.map(|b| format!("{b:02x}")).join(":");
-        let neighbour = [
-            "neigh",
-            "replace",
-            "192.0.2.2",
-            "lladdr",
-            &lladdr,
-            "dev",
-            "v0",
-            "nud",
-            "permanent",
-        ];
-        isthmus_lab::cmd::ip(ns, &neighbour).unwrap();
-        isthmus_lab::cmd::sysctl(ns, "net.ipv4.ip_forward", "1").unwrap();
-        let this = Self { ns, next_hop, node };
-        this.route("10.244.0.0/24");
-        this
-    }
-
-    /// Routes `to` through the next hop.
-    fn route(&self, to: &str) {
-        isthmus_lab::cmd::ip(
-            self.ns,
-            &["route", "add", to, "via", "192.0.2.2", "dev", "v0"],
-        )
-        .unwrap();
-    }
-
-    /// `frame` as this node forwards it to the next hop: the next hop's
-    /// MACs in place of its own.
-    fn to_next_hop(&self, mut frame: Vec<u8>) -> Vec<u8> {
-        frame.splice(..12, [self.next_hop, self.node].concat());
-        frame
-    }
-}
-
 #[test]
 fn the_uplink_decapsulates_only_what_the_fib_forwards_in_one_step() {
     let mut h = Harness::new();
@@ -454,6 +409,27 @@ fn the_uplink_decapsulates_only_what_the_fib_forwards_in_one_step() {
         ("plain TCP on the uplink", eth_ipv4(&inner.bytes())),
     ]));
     check(&h, table);
+
+    h.mark = 0x4000;
+    check(
+        &h,
+        rows(vec![(
+            "ours, to a-pod1, marked: for the VXLAN device, since rules may test the mark",
+            arrived.clone(),
+        )]),
+    );
+    h.mark = 0;
+
+    let a_pod1 = Ipv4Net::from(Ipv4Addr::from(A_POD1));
+    h.stack_destinations.put(a_pod1, &1, None).unwrap();
+    check(
+        &h,
+        rows(vec![(
+            "ours, to a-pod1, which the node's rules act on: for the VXLAN device",
+            arrived.clone(),
+        )]),
+    );
+    h.stack_destinations.delete(a_pod1, &1).unwrap();
 
     h.configure(|c| c.flags = 0);
     check(

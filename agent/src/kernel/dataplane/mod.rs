@@ -28,7 +28,7 @@ use tracing::info;
 use crate::{
     kernel::link::DeviceError,
     kernel::maps::{
-        ByteHash, GuardMaps, MappingMap, NodeMap, OverlayMaps, OverlaySettings, PeerMap,
+        ByteHash, GuardMaps, MappingMap, NodeMap, OverlayMaps, OverlaySettings, PeerMap, PrefixTrie,
     },
     kernel::pinned,
     kernel::{
@@ -378,7 +378,8 @@ impl Dataplane {
             .map_err(|e| DataplaneError::Map(names::MAP_POD_DEVS, e))
     }
 
-    /// The overlay's settings, node table and node addresses.
+    /// The overlay's settings, node table, node addresses and the
+    /// destinations that take the stack.
     pub fn take_overlay(&mut self) -> Result<OverlayMaps, DataplaneError> {
         let settings = OverlaySettings::new(self.take(names::MAP_OVERLAY)?)
             .map_err(|e| DataplaneError::Map(names::MAP_OVERLAY, e))?;
@@ -386,10 +387,13 @@ impl Dataplane {
             .map_err(|e| DataplaneError::Map(names::MAP_NODES, e))?;
         let addresses = ByteHash::new(self.take(names::MAP_NODE_ADDRS)?)
             .map_err(|e| DataplaneError::Map(names::MAP_NODE_ADDRS, e))?;
+        let stack_destinations = PrefixTrie::new(self.take(names::MAP_STACK_DESTINATIONS)?)
+            .map_err(|e| DataplaneError::Map(names::MAP_STACK_DESTINATIONS, e))?;
         Ok(OverlayMaps {
             settings,
             nodes,
             addresses,
+            stack_destinations,
         })
     }
 

@@ -1,19 +1,21 @@
-//! iptables-legacy's tables (`x_tables`, no nftables) at the forward hook,
-//! read with the `getsockopt` calls `iptables-legacy -L` makes. Only the
-//! tables the namespace already has are read: asking for another would
-//! create it, and hook it into every packet's path.
+//! iptables-legacy's tables (`x_tables`, no nftables) at the hooks a
+//! forwarded packet crosses, read with the `getsockopt` calls
+//! `iptables-legacy -L` makes. Only the tables the namespace already has
+//! are read: asking for another would create it, and hook it into every
+//! packet's path. Their rules are counted, not read: each counts as acting.
 
 use std::{fs, io, os::fd::AsRawFd};
 
 use socket2::{Domain, Socket, Type};
 
-use super::ForwardFilter;
+use super::rules::{Chain, Rule};
 
 /// Where the kernel lists the namespace's `x_tables`.
 const TABLE_NAMES: &str = "/proc/thread-self/net/ip_tables_names";
 const IPT_SO_GET_INFO: libc::c_int = 64;
 const IPT_SO_GET_ENTRIES: libc::c_int = 65;
-const NF_INET_FORWARD: usize = 2;
+/// The hooks a forwarded packet crosses, and their chains' names.
+const HOOKS: [(usize, &str); 3] = [(0, "PREROUTING"), (2, "FORWARD"), (4, "POSTROUTING")];
 const TABLE_NAME_LEN: usize = 32;
 /// `struct ipt_getinfo`: name, `valid_hooks`, `hook_entry`[5], underflow[5],
 /// `num_entries`, size.
@@ -31,49 +33,62 @@ const VERDICT: usize = 32;
 /// A standard target's verdict for DROP (`-NF_DROP - 1`).
 const VERDICT_DROP: i32 = -1;
 
-/// The forward chain of every table the namespace has that hooks forward.
-pub(super) fn forward_chains() -> io::Result<Vec<ForwardFilter>> {
+/// The chains of every table the namespace has at the hooks a forwarded
+/// packet crosses.
+pub(super) fn chains() -> io::Result<Vec<Chain>> {
     let names = match fs::read_to_string(TABLE_NAMES) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
         other => other?,
     };
     let socket = Socket::new(Domain::IPV4, Type::DGRAM, None)?;
-    let mut filters = Vec::new();
+    let mut chains = Vec::new();
     for table in names.lines().filter(|name| !name.is_empty()) {
         let info = get_info(&socket, table)?;
-        if let Some(filter) = forward_chain(&socket, table, &info)? {
-            filters.push(filter);
-        }
+        chains.extend(hooked_chains(&socket, table, &info)?);
     }
-    Ok(filters)
+    Ok(chains)
 }
 
-/// `table`'s forward chain, if the table hooks forward.
-fn forward_chain(socket: &Socket, table: &str, info: &[u8]) -> io::Result<Option<ForwardFilter>> {
+/// `table`'s chains at the hooks a forwarded packet crosses.
+fn hooked_chains(socket: &Socket, table: &str, info: &[u8]) -> io::Result<Vec<Chain>> {
     let valid_hooks = word(info, TABLE_NAME_LEN).unwrap_or(0);
-    if valid_hooks & (1 << NF_INET_FORWARD) == 0 {
-        return Ok(None);
+    let hooked: Vec<(usize, &str)> = HOOKS
+        .into_iter()
+        .filter(|(hook, _)| valid_hooks & (1 << hook) != 0)
+        .collect();
+    if hooked.is_empty() {
+        return Ok(Vec::new());
     }
-    let (entry, policy) = hook_bounds(info).ok_or_else(|| invalid(table))?;
-    let entries = get_entries(
-        socket,
-        table,
-        word(info, SIZE).ok_or_else(|| invalid(table))?,
-    )?;
-    let (rules, drops) = read_chain(&entries, entry, policy).ok_or_else(|| invalid(table))?;
-    Ok(Some(ForwardFilter {
-        backend: "iptables-legacy",
-        table: table.to_owned(),
-        chain: "FORWARD".into(),
-        rules,
-        drops,
-    }))
+    let size = word(info, SIZE).ok_or_else(|| invalid(table))?;
+    let entries = get_entries(socket, table, size)?;
+    let mut chains = Vec::new();
+    for (hook, name) in hooked {
+        let (entry, policy) = hook_bounds(info, hook).ok_or_else(|| invalid(table))?;
+        let (rules, drops) = read_chain(&entries, entry, policy).ok_or_else(|| invalid(table))?;
+        chains.push(Chain {
+            table: format!("iptables-legacy {table}"),
+            name: name.into(),
+            hooked: true,
+            drops,
+            rules: (1..=rules as u64).map(unread_rule).collect(),
+        });
+    }
+    Ok(chains)
 }
 
-/// Where the forward chain's first rule and its policy are, in the table.
-fn hook_bounds(info: &[u8]) -> Option<(usize, usize)> {
-    let entry = word(info, HOOK_ENTRY + 4 * NF_INET_FORWARD)?;
-    let policy = word(info, UNDERFLOW + 4 * NF_INET_FORWARD)?;
+/// The `position`th rule of a chain, which could do anything.
+fn unread_rule(position: u64) -> Rule {
+    Rule {
+        handle: position,
+        effects: vec!["an iptables-legacy rule, which is not read".into()],
+        ..Rule::default()
+    }
+}
+
+/// Where `hook`'s chain's first rule and its policy are, in the table.
+fn hook_bounds(info: &[u8], hook: usize) -> Option<(usize, usize)> {
+    let entry = word(info, HOOK_ENTRY + 4 * hook)?;
+    let policy = word(info, UNDERFLOW + 4 * hook)?;
     Some((entry as usize, policy as usize))
 }
 

@@ -1,116 +1,141 @@
 //! What the node's netfilter could do to the IPv4 packets it forwards: the
-//! base chains at its forward hook that hold a rule or drop by default, in
-//! nftables (native, and iptables-nft's) and in iptables-legacy's tables.
+//! chains of every hook such a packet crosses (prerouting, forward,
+//! postrouting and ingress), in nftables (native, and iptables-nft's) and
+//! in iptables-legacy's tables, and a proof of what their rules do
+//! ([`rules`]).
 //!
 //! `--forward-past-netfilter=auto` reads this to decide whether packets the
-//! FIB settles in one step may skip the stack: only while nothing here could
-//! enforce a policy on them (see [`ForwardHooks`]).
+//! FIB settles in one step may skip the stack: only those that no rule
+//! could act on (see [`Hooks`]).
 
 mod legacy;
 mod nftables;
+pub mod rules;
 
 use std::{fmt, io, thread, time::Duration};
 
+use ipnet::Ipv4Net;
 use tokio::sync::watch;
 use tracing::warn;
 
-/// A base chain at the IPv4 forward hook that could act on a forwarded
-/// packet: it holds rules, or its policy drops.
+use isthmus_common::names::MAX_STACK_DESTINATIONS;
+use rules::{Acting, Chain};
+
+/// What the node's hooks could do to a forwarded packet, as last read.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ForwardFilter {
-    /// `nftables` (native or iptables-nft) or `iptables-legacy`.
-    pub backend: &'static str,
-    /// The table, with its family for nftables (`ip filter`, `inet fw`).
-    pub table: String,
-    /// The chain's name.
-    pub chain: String,
-    /// Rules in the chain.
-    pub rules: usize,
-    /// Whether the chain's policy drops what no rule accepted.
-    pub drops: bool,
-}
-
-impl fmt::Display for ForwardFilter {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let policy = if self.drops { "drop" } else { "accept" };
-        write!(
-            f,
-            "{} table {} chain {}: {} rule(s), policy {policy}",
-            self.backend, self.table, self.chain, self.rules
-        )
-    }
-}
-
-impl ForwardFilter {
-    /// Whether the chain could change a forwarded packet's fate.
-    fn acts(&self) -> bool {
-        self.rules > 0 || self.drops
-    }
-}
-
-/// What the node's forward hook holds, as last read.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ForwardHooks {
-    /// No base chain at the forward hook holds a rule or drops.
-    Clear,
-    /// These chains could act on forwarded packets.
-    Filtered(Vec<ForwardFilter>),
-    /// The hook could not be read; it is treated as filtered.
+pub enum Hooks {
+    /// No rule acts on forwarded packets, but on those to these
+    /// destinations, which take the stack.
+    Clear {
+        /// Where rules act: kube-proxy's Services' addresses, for one.
+        stack_destinations: Vec<Ipv4Net>,
+    },
+    /// These could act on any forwarded packet.
+    Acting(Vec<Acting>),
+    /// The hooks could not be read; they are treated as acting.
     Unknown(String),
 }
 
-impl ForwardHooks {
-    /// Reads the forward hook of the calling thread's network namespace.
-    pub fn read() -> Self {
-        match forward_filters() {
-            Ok(filters) if filters.is_empty() => ForwardHooks::Clear,
-            Ok(filters) => ForwardHooks::Filtered(filters),
-            Err(e) => ForwardHooks::Unknown(e.to_string()),
+impl Hooks {
+    /// Whether packets may skip netfilter, but to
+    /// [`Hooks::stack_destinations`].
+    pub fn clear(&self) -> bool {
+        matches!(self, Hooks::Clear { .. })
+    }
+
+    /// The destinations whose packets take the stack while the rest skip it.
+    pub fn stack_destinations(&self) -> &[Ipv4Net] {
+        match self {
+            Hooks::Clear { stack_destinations } => stack_destinations,
+            _ => &[],
         }
     }
 
-    /// Whether packets may skip netfilter without skipping a filter.
-    pub fn clear(&self) -> bool {
-        *self == ForwardHooks::Clear
+    fn of(chains: &[Chain]) -> Self {
+        let proof = rules::prove(chains);
+        if !proof.acting.is_empty() {
+            return Hooks::Acting(proof.acting);
+        }
+        if proof.stack_destinations.len() > MAX_STACK_DESTINATIONS as usize {
+            return Hooks::Unknown(format!(
+                "rules act on {} destinations, more than the {MAX_STACK_DESTINATIONS} that can \
+                 be sent through the stack",
+                proof.stack_destinations.len()
+            ));
+        }
+        Hooks::Clear {
+            stack_destinations: proof.stack_destinations,
+        }
     }
 }
 
-impl fmt::Display for ForwardHooks {
+impl fmt::Display for Hooks {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ForwardHooks::Clear => write!(f, "no forward-hook chain holds a rule or drops"),
-            ForwardHooks::Filtered(filters) => {
-                let listed: Vec<String> = filters.iter().map(ToString::to_string).collect();
+            Hooks::Clear { stack_destinations } if stack_destinations.is_empty() => {
+                write!(f, "no rule acts on forwarded packets")
+            }
+            Hooks::Clear { stack_destinations } => write!(
+                f,
+                "rules act on forwarded packets only to {} destination(s), which take the stack",
+                stack_destinations.len()
+            ),
+            Hooks::Acting(acting) => {
+                let listed: Vec<String> = acting.iter().map(ToString::to_string).collect();
                 write!(f, "{}", listed.join("; "))
             }
-            ForwardHooks::Unknown(why) => write!(f, "the forward hook could not be read: {why}"),
+            Hooks::Unknown(why) => write!(f, "the hooks could not be proved harmless: {why}"),
         }
     }
 }
 
-/// Every base chain at the IPv4 forward hook that could act on a packet.
-pub fn forward_filters() -> io::Result<Vec<ForwardFilter>> {
-    let mut filters = nftables::forward_chains()?;
-    filters.extend(legacy::forward_chains()?);
-    filters.retain(ForwardFilter::acts);
-    Ok(filters)
+/// Reads the hooks of the calling thread's network namespace, reading
+/// nftables' rules again only when its generation moved.
+#[derive(Default)]
+pub struct Reader {
+    nftables: Option<(u32, Vec<Chain>)>,
 }
 
-/// How often the forward hook is read again: a rule added by hand or by a
-/// CNI applies to forwarded packets at most this long after it appears.
+impl Reader {
+    /// What the hooks could do now.
+    pub fn read(&mut self) -> Hooks {
+        match self.chains() {
+            Ok(chains) => Hooks::of(&chains),
+            Err(e) => Hooks::Unknown(e.to_string()),
+        }
+    }
+
+    fn chains(&mut self) -> io::Result<Vec<Chain>> {
+        let mut chains = match (nftables::generation()?, &self.nftables) {
+            (Some(now), Some((held, chains))) if now == *held => chains.clone(),
+            (now, _) => {
+                let chains = nftables::chains()?;
+                // A change between the two reads shows in the next.
+                self.nftables = now.map(|generation| (generation, chains.clone()));
+                chains
+            }
+        };
+        chains.extend(legacy::chains()?);
+        Ok(chains)
+    }
+}
+
+/// How often the hooks are read again: a rule added by hand or by a CNI
+/// applies to forwarded packets at most this long after it appears.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Follows the forward hook from a thread of its own, publishing each
-/// change; the first value is read before this returns. The thread ends
-/// when every receiver is gone.
-pub fn watch_forward_hooks() -> watch::Receiver<ForwardHooks> {
-    let (tx, rx) = watch::channel(ForwardHooks::read());
+/// Follows the hooks from a thread of its own, publishing each change; the
+/// first value is read before this returns. The thread ends when every
+/// receiver is gone.
+pub fn watch_hooks() -> watch::Receiver<Hooks> {
+    let mut reader = Reader::default();
+    let (tx, rx) = watch::channel(reader.read());
     let spawned = thread::Builder::new()
         .name("netfilter-watch".into())
         .spawn(move || {
             while !tx.is_closed() {
                 thread::sleep(POLL_INTERVAL);
-                let now = ForwardHooks::read();
+                let now = reader.read();
                 tx.send_if_modified(|held| {
                     let changed = *held != now;
                     *held = now;
@@ -119,7 +144,7 @@ pub fn watch_forward_hooks() -> watch::Receiver<ForwardHooks> {
             }
         });
     if let Err(e) = spawned {
-        warn!(error = %e, "starting the netfilter watch; the forward hook is read once only");
+        warn!(error = %e, "starting the netfilter watch; the hooks are read once only");
     }
     rx
 }

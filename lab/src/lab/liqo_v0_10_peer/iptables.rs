@@ -14,9 +14,9 @@
 //! its gateway's netns `liqo-netns`, a veth hop from the host; the lab
 //! installs them on the gateway itself, which spares Liqo that hop.
 
-use std::{fmt::Write as _, fs, net::Ipv4Addr, process::Command};
+use std::{fmt::Write as _, fs, net::Ipv4Addr};
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use ipnet::Ipv4Net;
 
 use super::super::paths;
@@ -27,20 +27,10 @@ use crate::topology::{
 /// Installs [`rules`] on `local`'s gateway with `iptables-restore`,
 /// keeping them in the lab's state directory for whoever debugs a run.
 pub fn install(local: &Cluster, synthetic: usize) -> Result<()> {
-    let gw = local.gw();
     let path = paths::state(&format!("liqo-v0.10.3-{}.rules", local.name));
-    fs::write(&path, rules(local, synthetic))?;
-    let status = Command::new("ip")
-        .args(["netns", "exec", &gw, "iptables-restore"])
-        .stdin(fs::File::open(&path)?)
-        .status()?;
-    if !status.success() {
-        bail!(
-            "iptables-restore in {gw} failed ({status}); rules in {}",
-            path.display()
-        );
-    }
-    Ok(())
+    let rules = rules(local, synthetic);
+    fs::write(&path, &rules)?;
+    crate::cmd::iptables_restore(&local.gw(), &rules, false)
 }
 
 /// The chains, rules and order Liqo v0.10.3 gives `local`'s gateway:
