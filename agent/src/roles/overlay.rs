@@ -238,6 +238,11 @@ impl Overlay {
         failure.map_or(Ok(written + removed > 0), Err)
     }
 
+    /// How many destinations take the stack, as written.
+    pub fn stack_destinations(&self) -> usize {
+        self.stack_destinations.applied().len()
+    }
+
     /// The device holding this node's address now, if it is known.
     fn uplink_now(&self) -> Option<String> {
         self.local_address().and_then(device_holding)

@@ -32,8 +32,9 @@ pub struct PastNetfilterSetting {
     mode: PastNetfilter,
     /// Followed only in `auto`.
     hooks: Option<watch::Receiver<Hooks>>,
-    /// `isthmus_forward_past_netfilter`, once the metrics exist.
-    gauge: Option<Gauge>,
+    /// `isthmus_forward_past_netfilter` and
+    /// `isthmus_forward_stack_destinations`, once the metrics exist.
+    gauges: Option<(Gauge, Gauge)>,
 }
 
 impl PastNetfilterSetting {
@@ -43,7 +44,7 @@ impl PastNetfilterSetting {
         let setting = Self {
             mode,
             hooks,
-            gauge: None,
+            gauges: None,
         };
         if let Some(hooks) = &setting.hooks {
             let hooks = hooks.borrow();
@@ -63,10 +64,11 @@ impl PastNetfilterSetting {
         }
     }
 
-    /// Reports the setting in `gauge` from now on.
-    pub fn report_in(&mut self, gauge: Gauge) {
-        gauge.set(i64::from(self.wanted()));
-        self.gauge = Some(gauge);
+    /// Reports the setting in `past`, and how many destinations take the
+    /// stack in `stack_destinations`, from now on.
+    pub fn report_in(&mut self, past: Gauge, stack_destinations: Gauge) {
+        past.set(i64::from(self.wanted()));
+        self.gauges = Some((past, stack_destinations));
     }
 
     /// Completes when the hooks changed; never when they are not followed.
@@ -112,8 +114,9 @@ impl PastNetfilterSetting {
         if wanted {
             switch(overlay, written, &reason);
         }
-        if let Some(gauge) = &self.gauge {
-            gauge.set(i64::from(overlay.past_netfilter()));
+        if let Some((past, stack_destinations)) = &self.gauges {
+            past.set(i64::from(overlay.past_netfilter()));
+            stack_destinations.set(overlay.stack_destinations() as i64);
         }
     }
 }

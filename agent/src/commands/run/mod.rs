@@ -113,8 +113,10 @@ async fn run_confined(args: RunArgs, runtime_filtered: bool) -> Result<()> {
     )?;
     let objects = open_source(&args, role, client, &metrics)?;
     info!(node = %args.node, role = role.name(), source = ?args.source, bpffs = %args.bpffs.display(), "agent started");
-    host.past_netfilter
-        .report_in(metrics.forward_past_netfilter.clone());
+    host.past_netfilter.report_in(
+        metrics.forward_past_netfilter.clone(),
+        metrics.forward_stack_destinations.clone(),
+    );
     // A worker's peer-bound packets that the overlay does not steer are
     // dropped, not sent in clear: the blackholes outlive the agent. Its
     // own go into the overlay, where there is one.

@@ -90,6 +90,8 @@ pub struct Metrics {
     pub gateway_active: Gauge,
     /// 1 while the programs forward past netfilter, else 0.
     pub forward_past_netfilter: Gauge,
+    /// Destinations the node's netfilter rules act on, which take the stack.
+    pub forward_stack_destinations: Gauge,
     /// TunnelEndpoint status decisions, by outcome: written, skipped
     /// (already shown, or not due), failed.
     pub status_writes: Family<[(&'static str, &'static str); 1], Counter>,
@@ -239,6 +241,12 @@ impl Metrics {
                 r,
                 "forward_past_netfilter",
                 "1 while the programs forward what the FIB settles in one step past netfilter (--forward-past-netfilter), else 0",
+                Gauge::default(),
+            ),
+            forward_stack_destinations: registered(
+                r,
+                "forward_stack_destinations",
+                "Destination prefixes the node's netfilter rules act on, whose packets take the stack while the rest go past it",
                 Gauge::default(),
             ),
             nat_mappings: registered(

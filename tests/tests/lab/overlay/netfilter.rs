@@ -1,6 +1,9 @@
 //! The gateway's netfilter and the peers' packets for its pods: a FORWARD
 //! rule applies unless the NAT forwards past netfilter, and `auto` follows
-//! whether such a rule exists.
+//! what the rules could act on: kube-proxy's Services' addresses take the
+//! stack, where their DNAT applies, and the rest goes past it.
+
+use isthmus_lab::lab::kube_proxy;
 
 use super::*;
 
@@ -45,12 +48,14 @@ fn a_forward_rule_on_the_gateway_applies_to_peers_packets_for_its_pods_unless_pa
     );
 }
 
-/// `auto`, the DaemonSets' setting and the lab's: a-gw forwards b's packets
-/// for a-pod2 through its netfilter while a forward-hook chain holds a rule,
-/// whichever tool wrote it, so the rule applies; once the rule is gone, it
-/// forwards them past its IP layer again.
+/// `auto`, the DaemonSets' setting and the lab's: while a forward-hook rule
+/// drops TCP to a-pod2 on one port, a-gw forwards b's packets for a-pod2
+/// through its netfilter, so the rule applies. It proves that of a rule
+/// iptables-nft or nft wrote (only a-pod2 takes the stack); an
+/// iptables-legacy rule, which it does not read, keeps every packet in the
+/// stack. Once the rule is gone, it forwards them past its IP layer again.
 #[test]
-fn auto_forwards_through_netfilter_while_a_forward_rule_exists_and_past_it_once_it_goes() {
+fn auto_sends_what_a_forward_rule_acts_on_through_netfilter_and_the_rest_past_it() {
     require_lab();
     assert_eq!(
         lab::Setup::current().unwrap().past_netfilter,
@@ -59,13 +64,28 @@ fn auto_forwards_through_netfilter_while_a_forward_rule_exists_and_past_it_once_
     );
     let gw = A.gw();
     let past = || sample(&gw, "isthmus_forward_past_netfilter") == 1.0;
-    eventually(Duration::from_secs(5), "a-gw forwards past netfilter", past);
+    let stack_destinations = || sample(&gw, "isthmus_forward_stack_destinations");
+    eventually(
+        Duration::from_secs(5),
+        "a-gw forwards past netfilter",
+        || past() && stack_destinations() == 0.0,
+    );
     for tool in Tool::ALL {
         let policy = ForwardPolicy::new(tool, next_port());
+        let (through, what) = match tool {
+            Tool::IptablesLegacy => (
+                Box::new(|| !past()) as Box<dyn Fn() -> bool>,
+                "every packet",
+            ),
+            _ => (
+                Box::new(|| past() && stack_destinations() == 1.0) as Box<dyn Fn() -> bool>,
+                "a-pod2's packets alone",
+            ),
+        };
         eventually(
             Duration::from_secs(5),
-            &format!("a-gw forwards through netfilter while {tool:?}'s rule exists"),
-            || !past(),
+            &format!("a-gw forwards {what} through netfilter while {tool:?}'s rule exists"),
+            through,
         );
         exchange_with_a_pod2(next_port()).expect("another port: not the rule's");
         assert!(
@@ -77,19 +97,122 @@ fn auto_forwards_through_netfilter_while_a_forward_rule_exists_and_past_it_once_
         eventually(
             Duration::from_secs(5),
             &format!("a-gw forwards past netfilter once {tool:?}'s rule is gone"),
-            past,
+            || past() && stack_destinations() == 0.0,
         );
-        let before = (overlay(&gw, "forwarded"), ip_forwarded(&gw));
-        exchange_with_a_pod2(port).expect("the rule gone, its port");
-        let (past_the_stack, through_the_stack) = (
-            overlay(&gw, "forwarded") - before.0,
-            ip_forwarded(&gw) - before.1,
+        assert_forwarded_past_the_ip_layer(
+            || exchange_with_a_pod2(port).map(drop),
+            "the rule gone",
         );
-        assert!(
-            past_the_stack >= 2.0 && through_the_stack < past_the_stack,
-            "{tool:?}'s rule gone, a-gw forwarded {past_the_stack} packets past its IP layer \
-             and {through_the_stack} through it"
+    }
+}
+
+/// Runs `exchange` and asserts a-gw forwarded its packets past its IP
+/// layer: `when` says in what state.
+fn assert_forwarded_past_the_ip_layer(exchange: impl FnOnce() -> anyhow::Result<()>, when: &str) {
+    let gw = A.gw();
+    let before = (overlay(&gw, "forwarded"), ip_forwarded(&gw));
+    exchange().unwrap_or_else(|e| panic!("{when}: {e:#}"));
+    let (past_the_stack, through_the_stack) = (
+        overlay(&gw, "forwarded") - before.0,
+        ip_forwarded(&gw) - before.1,
+    );
+    assert!(
+        past_the_stack >= 2.0 && through_the_stack < past_the_stack,
+        "{when}, a-gw forwarded {past_the_stack} packets past its IP layer and \
+         {through_the_stack} through it"
+    );
+}
+
+/// A node as users have it: a-gw carries kube-proxy's rules, with a Service
+/// whose ClusterIP is an address of a-pod2 that b can reach (a-pod2's
+/// second address, 10.244.0.134). `auto` still forwards b's packets for
+/// a-pod2 past netfilter, since kube-proxy's rules cannot act on them. The
+/// Service's address takes the stack, where kube-proxy's DNAT and
+/// masquerade apply: a-pod2 sees b's connection to it come from a-gw.
+/// Forwarded past netfilter, it would have reached a-pod2 straight, from b.
+#[test]
+fn kube_proxys_rules_leave_peers_packets_past_netfilter_and_services_dnat_in_the_stack() {
+    require_lab();
+    let gw = A.gw();
+    let service = ServiceOnAPod2::new();
+    eventually(
+        Duration::from_secs(5),
+        "a-gw forwards past netfilter, but to kube-proxy's Services",
+        || {
+            sample(&gw, "isthmus_forward_past_netfilter") == 1.0
+                && sample(&gw, "isthmus_forward_stack_destinations") == 4.0
+        },
+    );
+    assert_forwarded_past_the_ip_layer(
+        || exchange_with_a_pod2(next_port()).map(drop),
+        "with kube-proxy's rules",
+    );
+    let seen = probe::exchange_on(Proto::Tcp, &B.pod(2), &A.pod(2), SERVICE_AT_B, service.port)
+        .expect("b's connection to the Service");
+    assert_eq!(
+        seen.client_as_seen_by_server, POD2_GATEWAY,
+        "the Service's DNAT and masquerade applied to b's connection"
+    );
+}
+
+/// a-pod2's second address, a Service's ClusterIP, and how b reaches it.
+const SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 134);
+const SERVICE_AT_B: Ipv4Addr = Ipv4Addr::new(10, 0, 40, 134);
+/// a-gw's address on a-pod2's veth, which kube-proxy masquerades to.
+const POD2_GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
+
+/// kube-proxy's rules on a-gw, with a Service at [`SERVICE_IP`] whose
+/// endpoint is a-pod2, while it lives.
+struct ServiceOnAPod2 {
+    port: u16,
+}
+
+impl ServiceOnAPod2 {
+    fn new() -> Self {
+        let port = next_port();
+        let this = Self { port };
+        let service = kube_proxy::Service {
+            name: "default/on-a-pod2:tcp",
+            cluster_ip: SERVICE_IP,
+            protocol: "tcp",
+            port,
+            endpoints: vec![(Ipv4Addr::from(A_POD2), port)],
+        };
+        let mut services = kube_proxy::services(&A);
+        services.push(service);
+        let address = format!("{SERVICE_IP}/32");
+        ip(&A.pod(2), &["addr", "add", &address, "dev", "eth0"]).unwrap();
+        ip(&A.gw(), &["route", "add", &address, "dev", "pod2"]).unwrap();
+        // A resolved neighbour: past netfilter, the FIB would send the
+        // Service's packets to a-pod2 in one step.
+        let link = ip(&A.pod(2), &["-br", "link", "show", "eth0"]).unwrap();
+        let mac = link.split_whitespace().nth(2).unwrap();
+        let neighbour = [
+            "neigh",
+            "replace",
+            &SERVICE_IP.to_string(),
+            "lladdr",
+            mac,
+            "dev",
+            "pod2",
+        ];
+        ip(&A.gw(), &neighbour).unwrap();
+        kube_proxy::install(&A.gw(), &A, &services).unwrap();
+        this
+    }
+}
+
+impl Drop for ServiceOnAPod2 {
+    fn drop(&mut self) {
+        let address = format!("{SERVICE_IP}/32");
+        let _ = in_a_gw(&["nft", "delete", "table", "ip", "filter"]);
+        let _ = in_a_gw(&["nft", "delete", "table", "ip", "nat"]);
+        let _ = ip(
+            &A.gw(),
+            &["neigh", "del", &SERVICE_IP.to_string(), "dev", "pod2"],
         );
+        let _ = ip(&A.gw(), &["route", "del", &address, "dev", "pod2"]);
+        let _ = ip(&A.pod(2), &["addr", "del", &address, "dev", "eth0"]);
     }
 }
 
