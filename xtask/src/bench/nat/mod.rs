@@ -1,20 +1,22 @@
 //! `cargo xtask bench nat`: 64-byte UDP packets per second through the two
 //! translating gateways, with no NAT, with Liqo v0.10.3's rule set, and
 //! with Isthmus as the DaemonSets run it and with `--forward-past-netfilter=off`
-//! beside it, with 1 and 200 peers, in interleaved rounds.
+//! beside it, with 1 and 200 peers, in interleaved rounds; on gateways
+//! that carry kube-proxy's rules, as users' nodes do, and on bare ones.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     fs,
     net::{Ipv4Addr, SocketAddrV4},
     path::PathBuf,
+    time::Duration,
 };
 
 use anyhow::{Context, Result, bail};
 use isthmus_lab::{
     cmd::ip,
-    lab,
-    topology::{A, B},
+    lab::{self, kube_proxy},
+    topology::{A, B, Cluster},
 };
 
 mod baseline;
@@ -59,15 +61,25 @@ enum Flows {
     OneWay,
 }
 
+/// What the gateways carry besides the setup's own rules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Node {
+    /// Nothing: no netfilter rule but the setup's.
+    Bare,
+    /// kube-proxy's iptables-mode rules, as every node of a cluster that
+    /// runs kube-proxy carries them.
+    KubeProxy,
+}
+
 /// One configuration of the gateways.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Setup {
-    /// No NAT anywhere, and no netfilter hook.
-    Plain,
+    /// No NAT anywhere: on a bare node, no netfilter hook.
+    Plain(Node),
     /// Liqo v0.10.3's rules for this many peers.
-    Liqo(usize, Flows),
+    Liqo(usize, Flows, Node),
     /// Isthmus with this many peers.
-    Isthmus(usize, Netfilter),
+    Isthmus(usize, Netfilter, Node),
     /// The `--baseline` build of the agent, with one peer.
     Baseline,
     /// Isthmus with one peer, which b's gateway segregates, with
@@ -76,36 +88,54 @@ enum Setup {
 }
 
 /// The setups, in the order of odd rounds. The agent's memory is read
-/// right after Isthmus with 200 peers as shipped, in that state.
-const SETUPS: [Setup; 9] = [
-    Setup::Plain,
-    Setup::Liqo(1, Flows::Answered),
-    Setup::Liqo(200, Flows::Answered),
-    Setup::Liqo(200, Flows::OneWay),
-    Setup::Isthmus(1, Netfilter::Default),
-    Setup::Isthmus(1, Netfilter::Off),
+/// right after Isthmus with 200 peers as shipped, on a bare node.
+const SETUPS: [Setup; 13] = [
+    Setup::Plain(Node::KubeProxy),
+    Setup::Liqo(200, Flows::Answered, Node::KubeProxy),
+    Setup::Isthmus(1, Netfilter::Default, Node::KubeProxy),
+    Setup::Isthmus(200, Netfilter::Default, Node::KubeProxy),
+    Setup::Plain(Node::Bare),
+    Setup::Liqo(1, Flows::Answered, Node::Bare),
+    Setup::Liqo(200, Flows::Answered, Node::Bare),
+    Setup::Liqo(200, Flows::OneWay, Node::Bare),
+    Setup::Isthmus(1, Netfilter::Default, Node::Bare),
+    Setup::Isthmus(1, Netfilter::Off, Node::Bare),
     Setup::Segregated,
-    Setup::Isthmus(200, Netfilter::Off),
-    Setup::Isthmus(200, Netfilter::Default),
+    Setup::Isthmus(200, Netfilter::Off, Node::Bare),
+    Setup::Isthmus(200, Netfilter::Default, Node::Bare),
 ];
 
+/// The shipped agent with 200 peers on a bare node, whose memory is read.
+const SHIPPED_200: Setup = Setup::Isthmus(200, Netfilter::Default, Node::Bare);
+
 impl Setup {
-    fn name(self) -> &'static str {
-        match self {
-            Setup::Plain => "plain",
-            Setup::Liqo(_, Flows::Answered) => "Liqo v0.10.3 rules",
-            Setup::Liqo(_, Flows::OneWay) => "Liqo v0.10.3 rules, flows never answered",
-            Setup::Isthmus(_, Netfilter::Default) => "isthmus",
-            Setup::Isthmus(_, Netfilter::Off) => "isthmus, --forward-past-netfilter=off",
+    fn name(self) -> String {
+        let name = match self {
+            Setup::Plain(_) => "plain",
+            Setup::Liqo(_, Flows::Answered, _) => "Liqo v0.10.3 rules",
+            Setup::Liqo(_, Flows::OneWay, _) => "Liqo v0.10.3 rules, flows never answered",
+            Setup::Isthmus(_, Netfilter::Default, _) => "isthmus",
+            Setup::Isthmus(_, Netfilter::Off, _) => "isthmus, --forward-past-netfilter=off",
             Setup::Segregated => "isthmus, segregated",
             Setup::Baseline => "isthmus baseline build",
+        };
+        match self.node() {
+            Node::Bare => name.to_owned(),
+            Node::KubeProxy => format!("kube-proxy node: {name}"),
+        }
+    }
+
+    fn node(self) -> Node {
+        match self {
+            Setup::Plain(node) | Setup::Liqo(_, _, node) | Setup::Isthmus(_, _, node) => node,
+            Setup::Segregated | Setup::Baseline => Node::Bare,
         }
     }
 
     fn peers(self) -> usize {
         match self {
-            Setup::Plain => 0,
-            Setup::Liqo(n, _) | Setup::Isthmus(n, _) => n,
+            Setup::Plain(_) => 0,
+            Setup::Liqo(n, _, _) | Setup::Isthmus(n, _, _) => n,
             Setup::Segregated | Setup::Baseline => 1,
         }
     }
@@ -113,35 +143,41 @@ impl Setup {
     /// Configures the gateways, measures, and undoes what only this setup needs.
     fn measure(self) -> Result<Measured> {
         let gateways = [A.gw(), B.gw()];
-        // Without NAT nor conntrack, nothing on the way tells answered
-        // flows from others.
-        let answered = !matches!(self, Setup::Plain | Setup::Liqo(_, Flows::OneWay));
+        // On a bare node, without NAT nor conntrack, nothing on the way
+        // tells answered flows from others.
+        let answered = !matches!(
+            self,
+            Setup::Plain(Node::Bare) | Setup::Liqo(_, Flows::OneWay, _)
+        );
         let flow = &flow(answered);
         match self {
-            Setup::Plain => {
+            Setup::Plain(node) => {
                 disable_isthmus(&nat_gateways())?;
                 liqo_v0_10::remove_all(&gateways)?;
+                kube_proxy_rules(node)?;
                 plain_routes(true)?;
                 let measured = traffic(flow);
                 plain_routes(false)?;
                 measured
             }
-            Setup::Liqo(peers, _) => {
+            Setup::Liqo(peers, _, node) => {
                 disable_isthmus(&nat_gateways())?;
+                liqo_v0_10::remove_all(&gateways)?;
                 liqo_v0_10::install(&[&A, &B], peers)?;
-                let measured = traffic(flow);
-                liqo_v0_10::remove_all(&gateways)?;
-                measured
+                kube_proxy_rules(node)?;
+                traffic(flow)
             }
-            Setup::Isthmus(peers, netfilter) => {
+            Setup::Isthmus(peers, netfilter, node) => {
                 liqo_v0_10::remove_all(&gateways)?;
-                run_isthmus(netfilter)?;
+                kube_proxy_rules(node)?;
+                run_isthmus(netfilter, node)?;
                 set_isthmus_peers(peers)?;
                 traffic(flow)?.with_test_runs(flow)
             }
             Setup::Baseline => baseline::baseline_round(flow),
             Setup::Segregated => {
-                run_isthmus(Netfilter::Default)?;
+                liqo_v0_10::remove_all(&gateways)?;
+                run_isthmus(Netfilter::Default, Node::Bare)?;
                 set_isthmus_peers(1)?;
                 isolation::segregate()?;
                 let measured = traffic(flow);
@@ -152,10 +188,22 @@ impl Setup {
     }
 }
 
+/// Gives both gateways kube-proxy's rules on a kube-proxy node, beside
+/// whatever rules the setup installed.
+fn kube_proxy_rules(node: Node) -> Result<()> {
+    if node == Node::KubeProxy {
+        for cluster in [&A, &B] {
+            kube_proxy::install(&cluster.gw(), cluster, &kube_proxy::services(cluster))?;
+        }
+    }
+    Ok(())
+}
+
 /// Runs the gateway agents with `netfilter`, restarting them if they run
 /// with another setting, and checks that they forward past netfilter
-/// exactly when the setup says so.
-fn run_isthmus(netfilter: Netfilter) -> Result<()> {
+/// exactly when the setup says so: on a kube-proxy node, with its
+/// Services' addresses alone in the stack.
+fn run_isthmus(netfilter: Netfilter, node: Node) -> Result<()> {
     let mode = match netfilter {
         Netfilter::Default => None,
         Netfilter::Off => Some("off"),
@@ -165,18 +213,41 @@ fn run_isthmus(netfilter: Netfilter) -> Result<()> {
         disable_isthmus(&nat_gateways())?;
     }
     enable_isthmus(&nat_gateways())?;
-    let expected = f64::from(netfilter == Netfilter::Default);
-    for gw in [A.gw(), B.gw()] {
-        let past = lab::metric(&gw, "isthmus_forward_past_netfilter")?;
-        if past != expected {
-            bail!(
-                "{gw}'s agent reports isthmus_forward_past_netfilter {past}, not {expected} as \
-                 the setup '{}' needs; its log says why",
-                Setup::Isthmus(1, netfilter).name()
-            );
-        }
+    let past = f64::from(netfilter == Netfilter::Default);
+    for (cluster, gw) in [(&A, A.gw()), (&B, B.gw())] {
+        let services = match (netfilter, node) {
+            (Netfilter::Default, Node::KubeProxy) => service_addresses(cluster),
+            _ => 0,
+        };
+        let expected = [
+            ("isthmus_forward_past_netfilter", past),
+            ("isthmus_forward_stack_destinations", services as f64),
+        ];
+        // The agents read the node's rules once a second.
+        let what = format!(
+            "{gw}'s agent reports {expected:?}, as the setup '{}' needs (its log says why not)",
+            Setup::Isthmus(1, netfilter, node).name()
+        );
+        isthmus_lab::wait::poll(
+            Duration::from_secs(5),
+            Duration::from_millis(50),
+            &what,
+            || {
+                expected
+                    .iter()
+                    .all(|(metric, value)| lab::metric(&gw, metric).ok() == Some(*value))
+                    .then_some(())
+            },
+        )?;
     }
     Ok(())
+}
+
+/// How many addresses kube-proxy's rules give `cluster`'s Services.
+fn service_addresses(cluster: &Cluster) -> usize {
+    let services = kube_proxy::services(cluster);
+    let addresses: BTreeSet<Ipv4Addr> = services.iter().map(|s| s.cluster_ip).collect();
+    addresses.len()
 }
 
 /// The NAT benchmark's flow: a-pod2 → b-pod2, pods on the gateways,
@@ -255,7 +326,9 @@ pub fn run_nat(baseline: Option<PathBuf>) -> Result<()> {
             .with_context(|| format!("the baseline build {}", binary.display()))?;
         BASELINE.get_or_init(|| binary);
         // Beside this build with one peer, so each round pairs them.
-        setups.insert(4, Setup::Baseline);
+        let this_build = Setup::Isthmus(1, Netfilter::Default, Node::Bare);
+        let beside = setups.iter().position(|s| *s == this_build).unwrap_or(0);
+        setups.insert(beside, Setup::Baseline);
     }
     let mut samples: Samples = setups.iter().map(|s| (*s, Vec::new())).collect();
     let mut rss = Vec::new();
@@ -275,7 +348,7 @@ pub fn run_nat(baseline: Option<PathBuf>) -> Result<()> {
                 setup.peers()
             );
             rounds.push(setup.measure()?);
-            if *setup == Setup::Isthmus(200, Netfilter::Default) {
+            if *setup == SHIPPED_200 {
                 rss.push(agent_rss_mib(&A.gw())?);
             }
         }
@@ -301,10 +374,11 @@ fn results(samples: &Samples, rss: &[f64], update_p99: f64) -> String {
     let rounds = |setup| per_round(setup, &|m| Some(median(&m.pps)));
     let crr = |setup| per_round(setup, &|m| Some(m.crr.per_second));
     let crr_p99 = |setup| per_round(setup, &|m| Some(m.crr.p99_us));
-    let shipped = |peers| rounds(Setup::Isthmus(peers, Netfilter::Default));
-    let off = |peers| rounds(Setup::Isthmus(peers, Netfilter::Off));
-    let liqo = |peers| rounds(Setup::Liqo(peers, Flows::Answered));
-    let plain = rounds(Setup::Plain);
+    let shipped = |peers| rounds(Setup::Isthmus(peers, Netfilter::Default, Node::Bare));
+    let off = |peers| rounds(Setup::Isthmus(peers, Netfilter::Off, Node::Bare));
+    let liqo = |peers| rounds(Setup::Liqo(peers, Flows::Answered, Node::Bare));
+    let plain = rounds(Setup::Plain(Node::Bare));
+    let on_kube_proxy = |peers| rounds(Setup::Isthmus(peers, Netfilter::Default, Node::KubeProxy));
     // What a NAT adds to a packet's trip over plain forwarding, per round;
     // negative when it was faster than plain forwarding in that round.
     let cost_ns = |rates: Vec<f64>| -> Vec<f64> {
@@ -315,6 +389,16 @@ fn results(samples: &Samples, rss: &[f64], update_p99: f64) -> String {
             .collect()
     };
     let pps = [
+        (
+            "nat-pps-kubeproxy-node-1peer-vs-plain-forwarding",
+            on_kube_proxy(1),
+            rounds(Setup::Plain(Node::KubeProxy)),
+        ),
+        (
+            "nat-pps-kubeproxy-node-200peers-vs-liqo-iptables",
+            on_kube_proxy(200),
+            rounds(Setup::Liqo(200, Flows::Answered, Node::KubeProxy)),
+        ),
         (
             "nat-pps-default-1peer-vs-plain-forwarding",
             shipped(1),
@@ -333,7 +417,7 @@ fn results(samples: &Samples, rss: &[f64], update_p99: f64) -> String {
         (
             "nat-pps-default-200peers-vs-liqo-iptables-flows-never-answered",
             shipped(200),
-            rounds(Setup::Liqo(200, Flows::OneWay)),
+            rounds(Setup::Liqo(200, Flows::OneWay, Node::Bare)),
         ),
         (
             "nat-pps-default-200peers-vs-default-1peer",
@@ -352,13 +436,18 @@ fn results(samples: &Samples, rss: &[f64], update_p99: f64) -> String {
             shipped(1),
         ),
     ];
-    let liqo_crr = |peers| crr(Setup::Liqo(peers, Flows::Answered));
-    let shipped_crr = |peers| crr(Setup::Isthmus(peers, Netfilter::Default));
+    let liqo_crr = |peers| crr(Setup::Liqo(peers, Flows::Answered, Node::Bare));
+    let shipped_crr = |peers| crr(Setup::Isthmus(peers, Netfilter::Default, Node::Bare));
     let connections = [
+        (
+            "nat-crr-kubeproxy-node-200peers-vs-liqo-iptables",
+            crr(Setup::Isthmus(200, Netfilter::Default, Node::KubeProxy)),
+            crr(Setup::Liqo(200, Flows::Answered, Node::KubeProxy)),
+        ),
         (
             "nat-crr-default-1peer-vs-plain-forwarding",
             shipped_crr(1),
-            crr(Setup::Plain),
+            crr(Setup::Plain(Node::Bare)),
         ),
         (
             "nat-crr-default-1peer-vs-liqo-iptables",
@@ -372,12 +461,12 @@ fn results(samples: &Samples, rss: &[f64], update_p99: f64) -> String {
         ),
         (
             "nat-crr-p99-us-default-200peers-vs-liqo-iptables",
-            crr_p99(Setup::Isthmus(200, Netfilter::Default)),
-            crr_p99(Setup::Liqo(200, Flows::Answered)),
+            crr_p99(SHIPPED_200),
+            crr_p99(Setup::Liqo(200, Flows::Answered, Node::Bare)),
         ),
         (
             "nat-crr-off-200peers-vs-liqo-iptables",
-            crr(Setup::Isthmus(200, Netfilter::Off)),
+            crr(Setup::Isthmus(200, Netfilter::Off, Node::Bare)),
             liqo_crr(200),
         ),
     ];
@@ -427,7 +516,9 @@ fn results(samples: &Samples, rss: &[f64], update_p99: f64) -> String {
         };
         lines += &per_program(
             "nat-ns-per-run-{program}-default-1peer-vs-baseline-build",
-            (Setup::Isthmus(1, Netfilter::Default), |m| &m.ns_per_run),
+            (Setup::Isthmus(1, Netfilter::Default, Node::Bare), |m| {
+                &m.ns_per_run
+            }),
             (Setup::Baseline, |m| &m.ns_per_run),
         );
         // Both builds' programs, timed in turns in the baseline's rounds.

@@ -94,6 +94,20 @@ rates in the same round, with the least and greatest of those ratios.
 - **isthmus, --forward-past-netfilter=off**: the same agents kept in the
   stack, as `auto` is on a node whose FORWARD chain holds a rule: both
   gateways' IP layers forward every packet, with no netfilter table.
+- **kube-proxy node**: both gateways also carry kube-proxy's rules, as
+  kube-proxy v1.31 and later write them in iptables mode, for four Service
+  ports (`lab/src/lab/kube_proxy.rs`): the jumps from INPUT, FORWARD and
+  OUTPUT, `KUBE-FORWARD` (its drop of invalid packets counted with
+  `nfacct`, its accepts of marked and established ones), each Service's
+  `nat` chains with their DNAT and masquerade mark, the masquerade of
+  marked packets, and the REJECT of a Service without endpoints. These
+  rows are the headline: nodes users run carry such rules. Plain
+  forwarding there pays conntrack and kube-proxy's chains, flows answered
+  as in the NAT setups. Liqo's rules sit beside kube-proxy's. Isthmus as
+  shipped proves that kube-proxy's rules cannot act on peers' packets and
+  forwards them past netfilter, its Services' addresses alone through the
+  stack; the bench checks `isthmus_forward_past_netfilter` is 1 and
+  `isthmus_forward_stack_destinations` is 3 on both gateways.
 - **isthmus, segregated**: the shipped setting with one peer, and `b-gw` in
   IntraClusterTrafficSegregation with {endpoints} endpoints
   exported to a beside `b-pod2`, which is offloaded from a: each packet
