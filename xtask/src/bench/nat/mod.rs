@@ -12,7 +12,7 @@ use std::{
     time::Duration,
 };
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use isthmus_lab::{
     cmd::ip,
     lab::{self, kube_proxy},
