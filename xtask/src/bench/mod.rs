@@ -41,8 +41,9 @@ use isthmus_lab::{cmd::run, lab, netns, wait};
 #[derive(Subcommand)]
 pub enum Which {
     /// 64-byte UDP packets per second through the gateways: no NAT, Isthmus,
-    /// and the iptables NETMAP rules Liqo installs, with 1 and 200 peers;
-    /// and Isthmus segregating a peer with 10,000 allowed endpoints.
+    /// and the iptables NETMAP rules Liqo installs, with 1 and 200 peers, on
+    /// nodes with kube-proxy's rules and on bare ones; and Isthmus
+    /// segregating a peer with 10,000 allowed endpoints.
     Nat {
         /// Another build of the agent (an earlier commit's
         /// `target/release/isthmus-agent`), measured with one peer in the
