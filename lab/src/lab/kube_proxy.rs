@@ -74,8 +74,10 @@ pub fn services(cluster: &Cluster) -> Vec<Service> {
 }
 
 /// Installs kube-proxy's rules for `services` in netns `ns` of `cluster`,
-/// beside whatever rules are there, as kube-proxy does; the counter of its
-/// drop of invalid packets first, as kube-proxy creates it.
+/// beside whatever rules are there, as kube-proxy does: its jumps from the
+/// built-in chains go first (kube-proxy prepends them), before any other
+/// rule. The counter of its drop of invalid packets comes first, as
+/// kube-proxy creates it.
 pub fn install(ns: &str, cluster: &Cluster, services: &[Service]) -> Result<()> {
     let counters = cmd::run("ip", &["netns", "exec", ns, "nfacct", "list"])?;
     if !counters.contains(INVALID_COUNTER) {
@@ -170,15 +172,15 @@ const FILTER_HEADER: &str = "*filter
 :KUBE-SERVICES - [0:0]
 ";
 
-const FILTER_RULES: &str = "-A INPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL
--A INPUT -m comment --comment \"kubernetes health check service ports\" -j KUBE-NODEPORTS
--A INPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes externally visible service portals\" -j KUBE-EXTERNAL-SERVICES
--A FORWARD -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL
--A FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD
--A FORWARD -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES
--A FORWARD -m conntrack --ctstate NEW -m comment --comment \"kubernetes externally visible service portals\" -j KUBE-EXTERNAL-SERVICES
--A OUTPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL
--A OUTPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES
+const FILTER_RULES: &str = "-I INPUT 1 -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL
+-I INPUT 2 -m comment --comment \"kubernetes health check service ports\" -j KUBE-NODEPORTS
+-I INPUT 3 -m conntrack --ctstate NEW -m comment --comment \"kubernetes externally visible service portals\" -j KUBE-EXTERNAL-SERVICES
+-I FORWARD 1 -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL
+-I FORWARD 2 -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD
+-I FORWARD 3 -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES
+-I FORWARD 4 -m conntrack --ctstate NEW -m comment --comment \"kubernetes externally visible service portals\" -j KUBE-EXTERNAL-SERVICES
+-I OUTPUT 1 -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL
+-I OUTPUT 2 -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES
 -A KUBE-FORWARD -m conntrack --ctstate INVALID -m nfacct --nfacct-name ct_state_invalid_dropped_pkts -j DROP
 -A KUBE-FORWARD -m comment --comment \"kubernetes forwarding rules\" -m mark --mark 0x4000/0x4000 -j ACCEPT
 -A KUBE-FORWARD -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
@@ -191,9 +193,9 @@ const NAT_HEADER: &str = "*nat
 :KUBE-SERVICES - [0:0]
 ";
 
-const NAT_RULES: &str = "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES
--A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES
--A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING
+const NAT_RULES: &str = "-I PREROUTING 1 -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES
+-I OUTPUT 1 -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES
+-I POSTROUTING 1 -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING
 -A KUBE-MARK-MASQ -j MARK --or-mark 0x4000
 -A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
 -A KUBE-POSTROUTING -j MARK --xor-mark 0x4000

@@ -103,7 +103,8 @@ rates in the same round, with the least and greatest of those ratios.
   marked packets, and the REJECT of a Service without endpoints. These
   rows are the headline: nodes users run carry such rules. Plain
   forwarding there pays conntrack and kube-proxy's chains, flows answered
-  as in the NAT setups. Liqo's rules sit beside kube-proxy's. Isthmus as
+  as in the NAT setups. Liqo's rules sit after kube-proxy's jumps, which
+  kube-proxy puts first in the built-in chains. Isthmus as
   shipped proves that kube-proxy's rules cannot act on peers' packets and
   forwards them past netfilter, its Services' addresses alone through the
   stack; the bench checks `isthmus_forward_past_netfilter` is 1 and
