@@ -544,7 +544,10 @@ fn results(samples: &Samples, rss: &[f64], update_p99: f64) -> String {
 /// gateway already routes the other's views over the WAN.
 fn plain_routes(add: bool) -> Result<()> {
     let (to_b, to_a) = (format!("{PLAIN_TARGET}/32"), format!("{PLAIN_SOURCE}/32"));
-    let source = PLAIN_SOURCE.to_string();
+    let (source, target) = (PLAIN_SOURCE.to_string(), PLAIN_TARGET.to_string());
+    // Each pod sends to the other from its added address, so that the
+    // answers match the flows where conntrack runs (a kube-proxy node).
+    let from = |src| vec!["via", lab::POD_GATEWAY, "dev", "eth0", "src", src];
     let mut steps = [
         (B.pod(2), "addr", vec![to_b.as_str(), "dev", "eth0"]),
         (B.gw(), "route", vec![&to_b, "dev", "pod2"]),
@@ -553,18 +556,15 @@ fn plain_routes(add: bool) -> Result<()> {
         (
             A.pod(2),
             "route",
-            vec![
-                &to_b,
-                "via",
-                lab::POD_GATEWAY,
-                "dev",
-                "eth0",
-                "src",
-                &source,
-            ],
+            [vec![to_b.as_str()], from(&source)].concat(),
+        ),
+        (
+            B.pod(2),
+            "route",
+            [vec![to_a.as_str()], from(&target)].concat(),
         ),
     ];
-    // The route from a-pod2's added address goes before the address.
+    // The routes from the pods' added addresses go before the addresses.
     if !add {
         steps.reverse();
     }
