@@ -174,7 +174,10 @@ impl Setup {
                 set_isthmus_peers(peers)?;
                 traffic(flow)?.with_test_runs(flow)
             }
-            Setup::Baseline => baseline::baseline_round(flow),
+            Setup::Baseline => {
+                liqo_v0_10::remove_all(&gateways)?;
+                baseline::baseline_round(flow)
+            }
             Setup::Segregated => {
                 liqo_v0_10::remove_all(&gateways)?;
                 run_isthmus(Netfilter::Default, Node::Bare)?;
