@@ -86,22 +86,24 @@ rates in the same round, with the least and greatest of those ratios.
   keeps them NEW, as one-way UDP is: each packet then walks LIQO-FORWARD's
   three rules of every peer.
 - **isthmus**: the agents as the DaemonSets run them
-  (`--forward-past-netfilter=auto`). The lab's gateways have no
-  forward-hook rule, so each forwards by the FIB from TC, past its IP
+  (`--forward-past-netfilter=auto`). The bare gateways have no
+  netfilter rule, so each forwards by the FIB from TC, past its IP
   layer: `a-gw` from `a-pod2`'s veth towards the NAT device, `b-gw` from
   the NAT device into `b-pod2`; the bench checks
   `isthmus_forward_past_netfilter` is 1.
 - **isthmus, --forward-past-netfilter=off**: the same agents kept in the
-  stack, as `auto` is on a node whose FORWARD chain holds a rule: both
+  stack, as `auto` is on a node whose rules could act on any forwarded
+  packet (Calico's iptables policy): both
   gateways' IP layers forward every packet, with no netfilter table.
 - **kube-proxy node**: both gateways also carry kube-proxy's rules, as
   kube-proxy v1.31 and later write them in iptables mode, for four Service
-  ports (`lab/src/lab/kube_proxy.rs`): the jumps from INPUT, FORWARD and
-  OUTPUT, `KUBE-FORWARD` (its drop of invalid packets counted with
-  `nfacct`, its accepts of marked and established ones), each Service's
-  `nat` chains with their DNAT and masquerade mark, the masquerade of
-  marked packets, and the REJECT of a Service without endpoints. These
-  rows are the headline: nodes users run carry such rules. Plain
+  ports (`lab/src/lab/kube_proxy.rs`). They are the jumps from INPUT,
+  FORWARD and OUTPUT, and `KUBE-FORWARD`: its drop of invalid packets,
+  counted with `nfacct`, and its accepts of marked and established ones.
+  Then each Service's `nat` chains with their DNAT and masquerade mark,
+  the masquerade of marked packets, and the REJECT of a Service without
+  endpoints. These rows are the headline: nodes users run carry such
+  rules. Plain
   forwarding there pays conntrack and kube-proxy's chains, flows answered
   as in the NAT setups. Liqo's rules sit after kube-proxy's jumps, which
   kube-proxy puts first in the built-in chains. Isthmus as
