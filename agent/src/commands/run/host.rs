@@ -118,7 +118,7 @@ impl Host for NodeHost {
         }
     }
 
-    /// A device changed, or the forward hook that decides whether packets
+    /// A device changed, or the netfilter rules that decide whether packets
     /// skip netfilter.
     fn devices_changed(&mut self) -> impl Future<Output = ()> + Send {
         let (links, past_netfilter) = (&mut self.links, &mut self.past_netfilter);

@@ -161,9 +161,11 @@ pub struct RunArgs {
     /// this node's IP layer and netfilter: the overlay's packets for this
     /// node's pods; on the gateway node, peers' packets for its pods and its
     /// pods' packets for peers. Faster, but the FORWARD chain does not see
-    /// them. `auto` does so only while no forward-hook chain holds a rule
-    /// or drops (a CNI enforcing NetworkPolicy there, as Calico's iptables
-    /// dataplane and kube-router do, adds such rules); the bare flag is `on`.
+    /// them. `auto` does so only where it proves that no netfilter rule at
+    /// the hooks they would cross could act on them: kube-proxy's rules act
+    /// on its Services' addresses alone, which then take the stack; a CNI
+    /// enforcing NetworkPolicy there (Calico's iptables dataplane,
+    /// kube-router) keeps every packet in the stack. The bare flag is `on`.
     #[arg(
         long,
         value_enum,

@@ -42,11 +42,10 @@ const RSS_BUDGET_MIB: f64 = 32.0;
 /// `--forward-past-netfilter` on the gateways.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Netfilter {
-    /// The DaemonSets' setting, `auto`: past netfilter while no
-    /// forward-hook chain holds a rule, as on the lab's gateways.
+    /// The DaemonSets' setting, `auto`: past netfilter where no rule could
+    /// act, on bare gateways and past kube-proxy's rules alike.
     Default,
-    /// `off`: through the stack, for nodes whose FORWARD chain enforces
-    /// policy.
+    /// `off`: through the stack, as on nodes whose rules enforce policy.
     Off,
 }
 
