@@ -89,34 +89,56 @@ impl fmt::Display for Hooks {
     }
 }
 
-/// Reads the hooks of the calling thread's network namespace, reading
-/// nftables' rules again only when its generation moved.
+/// Reads the hooks of the calling thread's network namespace. nftables'
+/// rules are read again, and the proof made again, only when nftables'
+/// generation or iptables-legacy's chains moved: a node with kube-proxy's
+/// rules for thousands of Services holds tens of thousands of rules.
 #[derive(Default)]
 pub struct Reader {
+    /// nftables' generation, with its chains.
     nftables: Option<(u32, Vec<Chain>)>,
+    /// The last proof, with the iptables-legacy chains it was made of.
+    last: Option<(Vec<Chain>, Hooks)>,
 }
 
 impl Reader {
     /// What the hooks could do now.
     pub fn read(&mut self) -> Hooks {
-        match self.chains() {
-            Ok(chains) => Hooks::of(&chains),
-            Err(e) => Hooks::Unknown(e.to_string()),
+        match self.refresh() {
+            Ok(hooks) => hooks,
+            Err(e) => {
+                self.last = None;
+                Hooks::Unknown(e.to_string())
+            }
         }
     }
 
-    fn chains(&mut self) -> io::Result<Vec<Chain>> {
-        let mut chains = match (nftables::generation()?, &self.nftables) {
-            (Some(now), Some((held, chains))) if now == *held => chains.clone(),
-            (now, _) => {
+    fn refresh(&mut self) -> io::Result<Hooks> {
+        let generation = nftables::generation()?;
+        let legacy = legacy::chains()?;
+        let unchanged_nftables = matches!(
+            (generation, &self.nftables),
+            (Some(now), Some((held, _))) if now == *held
+        );
+        if unchanged_nftables
+            && let Some((held, hooks)) = &self.last
+            && *held == legacy
+        {
+            return Ok(hooks.clone());
+        }
+        let mut chains = match &self.nftables {
+            Some((_, chains)) if unchanged_nftables => chains.clone(),
+            _ => {
+                // A change between the two reads shows at the next.
                 let chains = nftables::chains()?;
-                // A change between the two reads shows in the next.
-                self.nftables = now.map(|generation| (generation, chains.clone()));
+                self.nftables = generation.map(|generation| (generation, chains.clone()));
                 chains
             }
         };
-        chains.extend(legacy::chains()?);
-        Ok(chains)
+        chains.extend(legacy.iter().cloned());
+        let hooks = Hooks::of(&chains);
+        self.last = Some((legacy, hooks.clone()));
+        Ok(hooks)
     }
 }
 
