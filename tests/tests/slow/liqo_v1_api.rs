@@ -275,12 +275,19 @@ fn liqos_api_server_ip_leads_a_remote_pod_through_the_services_cluster_ip() {
         "every Connection Connected",
         every_connection_connected,
     );
-    // With kube-proxy's forward rule there, b-gw's agent keeps what
-    // crosses in the stack, where kube-proxy's DNAT runs.
+    // With kube-proxy's rules there, b-gw's agent sends the ClusterIP
+    // their DNAT acts on through the stack, where that DNAT runs, and the
+    // rest past it.
     kube_proxy_on_b(true);
-    eventually(CONNECT, "b-gw forwards through netfilter", || {
-        lab::metric_sum(&B.gw(), "isthmus_forward_past_netfilter", &[]).is_ok_and(|v| v == 0.0)
-    });
+    let metric = |name| lab::metric_sum(&B.gw(), name, &[]).ok();
+    eventually(
+        CONNECT,
+        "b-gw sends the ClusterIP alone through the stack",
+        || {
+            metric("isthmus_forward_past_netfilter") == Some(1.0)
+                && metric("isthmus_forward_stack_destinations") == Some(1.0)
+        },
+    );
     // b's API server, as a's pods reach it: 192.168.0.1 of b's
     // ExternalCIDR, 10.0.1.1 in a's view of it.
     let (exposed, seen_from_a) = (Ipv4Addr::new(192, 168, 0, 1), Ipv4Addr::new(10, 0, 1, 1));
