@@ -233,6 +233,12 @@ impl Overlay {
     /// Sends packets to `destinations` through the stack while the others
     /// forward past netfilter. Returns whether that changed anything.
     pub fn set_stack_destinations(&mut self, destinations: &[Ipv4Net]) -> Result<bool, MapError> {
+        let applied = self.stack_destinations.applied();
+        if applied.len() == destinations.len()
+            && destinations.iter().all(|d| applied.contains_key(d))
+        {
+            return Ok(false);
+        }
         let desired: BTreeMap<Ipv4Net, u8> = destinations.iter().map(|d| (*d, 1)).collect();
         let (written, removed, failure) = self.stack_destinations.apply(&desired);
         failure.map_or(Ok(written + removed > 0), Err)

@@ -46,9 +46,9 @@ impl PastNetfilterSetting {
             hooks,
             gauges: None,
         };
-        if let Some(hooks) = &setting.hooks {
-            let hooks = hooks.borrow();
-            info!(mode = ?mode, past = setting.wanted(), hooks = %*hooks, "forwarding past netfilter decided by the node's rules");
+        if let Some(hooks) = setting.hooks.as_ref().map(watch::Receiver::borrow) {
+            let past = wants(mode, Some(&hooks));
+            info!(mode = ?mode, past, hooks = %*hooks, "forwarding past netfilter decided by the node's rules");
         } else {
             info!(mode = ?mode, "forwarding past netfilter fixed by the operator");
         }
@@ -57,11 +57,8 @@ impl PastNetfilterSetting {
 
     /// Whether packets should skip netfilter now.
     pub fn wanted(&self) -> bool {
-        match (self.mode, &self.hooks) {
-            (PastNetfilter::On, _) => true,
-            (PastNetfilter::Auto, Some(hooks)) => hooks.borrow().clear(),
-            _ => false,
-        }
+        let hooks = self.hooks.as_ref().map(watch::Receiver::borrow);
+        wants(self.mode, hooks.as_deref())
     }
 
     /// Reports the setting in `past`, and how many destinations take the
@@ -86,14 +83,15 @@ impl PastNetfilterSetting {
     /// when that changes what they do. No packet skips netfilter while the
     /// destinations that must take the stack are not all written: they are
     /// written before forwarding past it starts, and emptied only after it
-    /// stopped.
-    pub fn apply(&mut self, overlay: &mut Overlay) {
-        let hooks = self.hooks.as_ref().map(|h| h.borrow().clone());
-        let reason = hooks.as_ref().map(ToString::to_string).unwrap_or_default();
-        let destinations = hooks.as_ref().map_or(&[][..], Hooks::stack_destinations);
-        let wanted = self.wanted();
+    /// stopped. Called on every pass: unchanged, it reads and compares only.
+    pub fn apply(&self, overlay: &mut Overlay) {
+        let hooks = self.hooks.as_ref().map(watch::Receiver::borrow);
+        let hooks = hooks.as_deref();
+        let reason = || hooks.map(ToString::to_string).unwrap_or_default();
+        let destinations = hooks.map_or(&[][..], Hooks::stack_destinations);
+        let wanted = wants(self.mode, hooks);
         if !wanted {
-            switch(overlay, false, &reason);
+            switch(overlay, false, reason);
         }
         let written = match overlay.set_stack_destinations(destinations) {
             Ok(changed) => {
@@ -112,7 +110,7 @@ impl PastNetfilterSetting {
             }
         };
         if wanted {
-            switch(overlay, written, &reason);
+            switch(overlay, written, reason);
         }
         if let Some((past, stack_destinations)) = &self.gauges {
             past.set(i64::from(overlay.past_netfilter()));
@@ -121,13 +119,24 @@ impl PastNetfilterSetting {
     }
 }
 
-/// Starts or stops forwarding past netfilter, saying so when it changes.
-fn switch(overlay: &mut Overlay, past: bool, hooks: &str) {
+/// Whether packets should skip netfilter in `mode`, given what the hooks
+/// hold where they are followed.
+fn wants(mode: PastNetfilter, hooks: Option<&Hooks>) -> bool {
+    match (mode, hooks) {
+        (PastNetfilter::On, _) => true,
+        (PastNetfilter::Auto, Some(hooks)) => hooks.clear(),
+        _ => false,
+    }
+}
+
+/// Starts or stops forwarding past netfilter, saying so, and why
+/// (`hooks`), when it changes.
+fn switch(overlay: &mut Overlay, past: bool, hooks: impl Fn() -> String) {
     match overlay.set_past_netfilter(past) {
         Ok(false) => {}
-        Ok(true) if past => info!(hooks, "forwarding past netfilter again"),
+        Ok(true) if past => info!(hooks = hooks(), "forwarding past netfilter again"),
         Ok(true) => warn!(
-            hooks,
+            hooks = hooks(),
             "forwarding through netfilter: a rule could act on forwarded packets"
         ),
         Err(e) => error!(error = %e, "writing the overlay's settings; will retry"),

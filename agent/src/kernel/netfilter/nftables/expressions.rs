@@ -9,8 +9,9 @@
 use std::{collections::HashMap, net::Ipv4Addr};
 
 use ipnet::Ipv4Net;
-use netlink_packet_core::{NlasIterator, parse_string, parse_u32_be};
+use netlink_packet_core::{parse_string, parse_u32_be};
 
+use super::nested;
 use crate::kernel::netfilter::rules::{Condition, Rule, Verdict};
 
 const NFTA_LIST_ELEM: u16 = 1;
@@ -46,25 +47,30 @@ const NFT_CMP_NEQ: u32 = 1;
 const NFPROTO_IPV4: u8 = 2;
 const ETH_P_IP: u16 = 0x0800;
 
-/// Expressions that only read: they load, compare, count or test a rate.
-const READ_ONLY: [&str; 16] = [
-    "bitwise",
+/// Expressions that load into a register and write nothing else. Where
+/// their destination register is differs from one to the next, so after
+/// one, nothing the proof knew of any register holds.
+const LOADS: [&str; 9] = [
     "byteorder",
-    "cmp",
-    "counter",
     "exthdr",
     "fib",
     "hash",
-    "last",
-    "limit",
     "numgen",
     "osf",
-    "quota",
-    "range",
     "rt",
     "socket",
     "xfrm",
 ];
+
+/// Expressions that touch no register: they count, or test a rate or a
+/// quota (a test the proof cannot decide).
+const COUNTS: [&str; 2] = ["counter", "last"];
+const TESTS: [&str; 3] = ["limit", "quota", "range"];
+
+/// Expressions that write when they carry a source register, and the
+/// attribute that names it: `payload set`, `meta set`, `ct set`, and
+/// `exthdr set` (`tcp option maxseg size set`, MSS clamping).
+const WRITERS: [(&str, u16); 4] = [("payload", 5), ("meta", 3), ("ct", 4), ("exthdr", 7)];
 
 /// xtables matches that only read the packet or its connection.
 const READ_ONLY_MATCHES: [&str; 20] = [
@@ -136,14 +142,6 @@ impl Expression<'_> {
     }
 }
 
-/// The (kind, value) pairs of a nested attribute.
-fn nested(value: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    NlasIterator::new(value).map_while(Result::ok).map(|nla| {
-        let (kind, end) = (nla.kind(), usize::from(nla.length()));
-        (kind, nla.into_inner().get(4..end).unwrap_or_default())
-    })
-}
-
 /// Reads a rule's `NFTA_RULE_EXPRESSIONS` into `rule`.
 pub(super) fn read(expressions: &[u8], rule: &mut Rule) {
     let mut registers: HashMap<u32, Register> = HashMap::new();
@@ -175,7 +173,7 @@ fn expression(element: &[u8]) -> Option<Expression<'_>> {
 /// What one expression does to the registers and the rule.
 fn apply(e: &Expression, registers: &mut HashMap<u32, Register>, rule: &mut Rule) {
     match e.name.as_str() {
-        "payload" | "meta" | "ct" if writes(e) => rule.effects.push(format!("{} set", e.name)),
+        _ if writes(e) => rule.effects.push(format!("{} set", e.name)),
         "payload" => load(e, registers, payload(e)),
         "meta" => load(e, registers, meta(e)),
         "ct" => load(e, registers, ct(e)),
@@ -189,27 +187,18 @@ fn apply(e: &Expression, registers: &mut HashMap<u32, Register>, rule: &mut Rule
             rule.effects
                 .push(format!("target {}", name.unwrap_or_default()));
         }
-        name if READ_ONLY.contains(&name) => {
-            // A read-only expression that loads leaves something unknown.
-            if let Some(dreg) = e.u32(1) {
-                registers.insert(dreg, Register::Other);
-            }
-            if matches!(name, "limit" | "quota" | "range") {
-                rule.conditions.push(Condition::Other);
-            }
-        }
+        name if LOADS.contains(&name) => registers.clear(),
+        name if TESTS.contains(&name) => rule.conditions.push(Condition::Other),
+        name if COUNTS.contains(&name) => {}
         name => rule.effects.push(name.to_owned()),
     }
 }
 
-/// Whether a payload, meta or ct expression writes rather than loads.
+/// Whether an expression that may write does: it carries a source register.
 fn writes(e: &Expression) -> bool {
-    let sreg = match e.name.as_str() {
-        "payload" => 5,
-        "meta" => 3,
-        _ => 4,
-    };
-    e.has(sreg)
+    WRITERS
+        .iter()
+        .any(|(name, sreg)| e.name == *name && e.has(*sreg))
 }
 
 fn load(e: &Expression, registers: &mut HashMap<u32, Register>, what: Register) {

@@ -231,13 +231,16 @@ fn collect(datagram: &[u8], replies: &mut Vec<Vec<u8>>) -> io::Result<bool> {
 
 /// The attributes of a reply, after its `nfgenmsg`; none if it has none.
 fn attributes(payload: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    NlasIterator::new(payload.get(NFGENMSG_LEN..).unwrap_or_default())
-        .map_while(Result::ok)
-        .map(|nla| {
-            let (kind, end) = (nla.kind(), usize::from(nla.length()));
-            let value = nla.into_inner().get(4..end).unwrap_or_default();
-            (kind, value)
-        })
+    nested(payload.get(NFGENMSG_LEN..).unwrap_or_default())
+}
+
+/// The (kind, value) pairs of a nested attribute's value; none past the
+/// first that does not hold together.
+fn nested(value: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    NlasIterator::new(value).map_while(Result::ok).map(|nla| {
+        let (kind, end) = (nla.kind(), usize::from(nla.length()));
+        (kind, nla.into_inner().get(4..end).unwrap_or_default())
+    })
 }
 
 /// A chain described by a reply to `NFT_MSG_GETCHAIN`; none if the reply
@@ -253,10 +256,9 @@ pub(super) fn parse_chain(payload: &[u8]) -> Option<ChainHeader> {
             NFTA_CHAIN_NAME => chain.name = parse_string(value).ok()?,
             NFTA_CHAIN_POLICY => chain.policy = parse_u32_be(value).ok(),
             NFTA_CHAIN_HOOK => {
-                chain.hook = NlasIterator::new(value)
-                    .map_while(Result::ok)
-                    .find(|nla| nla.kind() == NFTA_HOOK_HOOKNUM)
-                    .and_then(|nla| parse_u32_be(nla.value()).ok());
+                chain.hook = nested(value)
+                    .find(|(kind, _)| *kind == NFTA_HOOK_HOOKNUM)
+                    .and_then(|(_, hook)| parse_u32_be(hook).ok());
             }
             _ => {}
         }

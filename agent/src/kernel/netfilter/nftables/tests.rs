@@ -382,3 +382,22 @@ fn targets_writes_and_unknown_expressions_are_effects() {
     ]);
     assert_eq!(verdict_map.verdict, Verdict::Other("a verdict map".into()));
 }
+
+/// `tcp option maxseg size set rt mtu`, MSS clamping: an `exthdr` that
+/// writes. And a load whose destination register the reader does not know
+/// leaves no earlier load to trust.
+#[test]
+fn mss_clamping_is_a_write_and_an_unknown_load_forgets_the_registers() {
+    let clamp = rule_of(&[
+        expr("rt", &[be32(1, 1), be32(2, 4)]),
+        expr("exthdr", &[be32(2, 2), be32(3, 2), be32(4, 2), be32(7, 1)]),
+    ]);
+    assert_eq!(clamp.effects, ["exthdr set"]);
+    let between = rule_of(&[
+        payload_load(16, 4),
+        expr("hash", &[be32(1, 2), be32(2, 1), be32(3, 4)]),
+        cmp(0, &[10, 96, 0, 1]),
+    ]);
+    assert_eq!(between.conditions, vec![Condition::Other]);
+    assert!(between.effects.is_empty(), "{:?}", between.effects);
+}
