@@ -15,7 +15,7 @@ use crate::{
         stages::Stages,
         status::{self, Feedback},
     },
-    kernel::table::{AllowedTable, MappingTable, PeerTable},
+    kernel::table::{AllowedTable, MappingTable, PeerTable, TableFailure},
     model::{
         node::Node,
         object::{ObjectKey, ObjectKind},
@@ -141,7 +141,9 @@ where
                 synced |= apply_event(&mut self.reconciler, event);
             }
             if synced {
-                self.pass(&mut retry).await;
+                // Changes that reach the tables while the tunnel follows
+                // are followed by the next pass, at once.
+                while self.pass(&mut retry, &mut events).await {}
                 if std::mem::take(&mut first_pass) {
                     self.host.after_first_pass();
                 }
@@ -203,44 +205,45 @@ where
         changed || moved
     }
 
-    /// One reconcile pass, followed by the overlay and the tunnel.
-    async fn pass(&mut self, retry: &mut Retry) {
+    /// One reconcile pass, followed by the overlay and the tunnel. While
+    /// the tunnel and its routes follow (netlink, many milliseconds with
+    /// hundreds of peers), object changes still reach the kernel tables:
+    /// returns whether any did, so that the tunnel follows them too.
+    async fn pass(&mut self, retry: &mut Retry, events: &mut mpsc::Receiver<SourceEvent>) -> bool {
         let mut stages = Stages::start("pass");
-        let (report, failure) = self.reconciler.reconcile();
+        // A standby gateway keeps its device, key, programs and staged
+        // routes, and holds no peer: it sends nothing to them.
+        let acting = self.acting();
+        let feedback = self.feedback.as_ref().filter(|_| acting);
+        let failure = Tables {
+            reconciler: &mut self.reconciler,
+            metrics: &self.metrics,
+            feedback,
+        }
+        .write();
         stages.end("reconcile");
-        record(&report, &self.metrics);
         self.host.follow_peers(self.reconciler.peers());
-        // A peer's ID is assigned when it is accepted and kept until it goes.
-        if !report.added.is_empty() || !report.dropped.is_empty() {
-            self.metrics.set_peer_ids(self.reconciler.peer_ids());
-        }
-        if let Some(feedback) = self.feedback.as_ref().filter(|_| self.acting()) {
-            feedback.rejected(&report.new_errors);
-        }
-        // The overlay and the tunnel follow the accepted peers even when a
-        // table could not take them all: a removed peer loses its session
-        // and routes whatever else is full.
         stages.end("follow");
         let nodes_synced = self
             .host
             .sync_nodes(self.reconciler.nodes(), self.reconciler.active_gateway());
         stages.end("nodes");
-        // A standby gateway keeps its device, key, programs and staged
-        // routes, and holds no peer: it sends nothing to them.
-        let acting = self.acting();
         self.metrics.gateway_active.set(i64::from(acting));
-        let routed = match (self.gateway.as_mut(), self.worker_routes.as_mut()) {
-            (Some(gateway), _) => {
-                let host = &mut self.host;
-                let attach = |devices: &[String]| host.follow_tunnel_devices(devices);
-                gateway.sync(self.reconciler.peers(), acting, attach).await
-            }
-            (None, Some(routes)) => {
-                let peers = self.reconciler.peers();
-                sync_worker_routes(routes, peers, self.host.address()).await
-            }
-            (None, None) => true,
+        // The tunnel follows these peers; the reconciler is free meanwhile.
+        let peers = self.reconciler.peers().to_vec();
+        let following = follow_peers(
+            self.gateway.as_mut(),
+            self.worker_routes.as_mut(),
+            &mut self.host,
+            &peers,
+            acting,
+        );
+        let tables = Tables {
+            reconciler: &mut self.reconciler,
+            metrics: &self.metrics,
+            feedback,
         };
+        let (routed, changed_meanwhile) = tables.while_following(following, events).await;
         stages.end(if self.gateway.is_some() {
             "tunnel"
         } else {
@@ -249,12 +252,7 @@ where
         stages.finish(&self.metrics);
         self.passed.send_replace(());
         if let Some(e) = &failure {
-            if e.full {
-                self.metrics.map_full.inc();
-                error!(kind = %e.kind, error = %e, "a kernel table is full: entries that did not fit are not programmed, and nothing was evicted; raise its capacity or remove objects");
-            } else {
-                error!(kind = %e.kind, error = %e, "updating the kernel tables; will retry");
-            }
+            log_table_failure(e, &self.metrics);
         }
         let failed = [
             failure.map(|e| e.kind),
@@ -272,6 +270,101 @@ where
                 debug!(retry_in = ?wait, "a pass left work undone; trying it again");
             }
         }
+        changed_meanwhile
+    }
+}
+
+/// The kernel tables, as a pass writes them, with where it reports.
+struct Tables<'a, P, M, A>
+where
+    P: PeerTable,
+    M: MappingTable<Error = P::Error>,
+    A: AllowedTable<Error = P::Error>,
+{
+    reconciler: &'a mut Reconciler<P, M, A>,
+    metrics: &'a Metrics,
+    /// Told of new rejections, where this gateway writes statuses.
+    feedback: Option<&'a Feedback>,
+}
+
+impl<P, M, A> Tables<'_, P, M, A>
+where
+    P: PeerTable,
+    M: MappingTable<Error = P::Error>,
+    A: AllowedTable<Error = P::Error>,
+{
+    /// Brings the kernel tables in line with the objects, and logs and
+    /// counts what changed. Returns the first table that failed.
+    fn write(&mut self) -> Option<TableFailure<P::Error>> {
+        let (report, failure) = self.reconciler.reconcile();
+        record(&report, self.metrics);
+        // A peer's ID is assigned when it is accepted and kept until it goes.
+        if !report.added.is_empty() || !report.dropped.is_empty() {
+            self.metrics.set_peer_ids(self.reconciler.peer_ids());
+        }
+        if let Some(feedback) = self.feedback {
+            feedback.rejected(&report.new_errors);
+        }
+        failure
+    }
+
+    /// Waits for `following` (the tunnel or the routes), writing the
+    /// tables for every object change that arrives meanwhile. Returns what
+    /// `following` returned, and whether any change arrived.
+    async fn while_following(
+        mut self,
+        following: impl Future<Output = bool>,
+        events: &mut mpsc::Receiver<SourceEvent>,
+    ) -> (bool, bool) {
+        let mut following = std::pin::pin!(following);
+        let mut changed = false;
+        loop {
+            tokio::select! {
+                done = &mut following => return (done, changed),
+                Some(event) = events.recv() => {
+                    apply_event(self.reconciler, event);
+                    while let Ok(event) = events.try_recv() {
+                        apply_event(self.reconciler, event);
+                    }
+                    let mut stages = Stages::start("tables");
+                    if let Some(e) = self.write() {
+                        log_table_failure(&e, self.metrics);
+                    }
+                    stages.end("reconcile");
+                    stages.finish(self.metrics);
+                    changed = true;
+                }
+            }
+        }
+    }
+}
+
+/// Logs a table that failed, and counts it where it was full.
+fn log_table_failure<E: std::error::Error>(e: &TableFailure<E>, metrics: &Metrics) {
+    if e.full {
+        metrics.map_full.inc();
+        error!(kind = %e.kind, error = %e, "a kernel table is full: entries that did not fit are not programmed, and nothing was evicted; raise its capacity or remove objects");
+    } else {
+        error!(kind = %e.kind, error = %e, "updating the kernel tables; will retry");
+    }
+}
+
+/// The tunnel and its routes on a gateway, or a worker's routes, follow
+/// `peers`. Returns whether every route could be written.
+async fn follow_peers<H: Host>(
+    gateway: Option<&mut Gateway>,
+    worker_routes: Option<&mut Routes>,
+    host: &mut H,
+    peers: &[Peer],
+    acting: bool,
+) -> bool {
+    match (gateway, worker_routes) {
+        (Some(gateway), _) => {
+            let attach = |devices: &[String]| host.follow_tunnel_devices(devices);
+            gateway.sync(peers, acting, attach).await
+        }
+        (None, Some(routes)) => sync_worker_routes(routes, peers, host.address()).await,
+        (None, None) => true,
     }
 }
 

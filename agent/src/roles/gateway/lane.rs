@@ -134,28 +134,30 @@ impl Lane {
 
     /// Routes `peers`' views into the device, in use when `active`, and on
     /// a Liqo v1 peer's device takes our side's address. Returns whether
-    /// every route could be written; it logs why not.
+    /// every route, and the address, could be written; it logs why not.
     pub async fn follow(&mut self, peers: &[&Peer], active: bool) -> bool {
-        if let Some(peer) = peers.first().filter(|_| self.spec.liqo_v1) {
-            self.follow_side(peer).await;
-        }
+        let side = match peers.first().filter(|_| self.spec.liqo_v1) {
+            Some(peer) => self.follow_side(peer).await,
+            None => true,
+        };
         let desired = peers
             .iter()
             .flat_map(|peer| peer.views().map(|(_, net)| net))
             .collect();
         let synced = self.routes.sync(&desired, active).await;
-        log_routes(&self.spec.device, synced)
+        log_routes(&self.spec.device, synced) && side
     }
 
     /// Gives the device our Liqo v1 address towards `peer`, by the side we
     /// have: the peer's conncheck PINGs it, and ours leave from it. A
-    /// failure is logged and tried again at the next pass.
-    async fn follow_side(&mut self, peer: &Peer) {
+    /// failure is logged and tried again at the next pass. Returns
+    /// whether the device has it.
+    async fn follow_side(&mut self, peer: &Peer) -> bool {
         let Some(ends) = TunnelAddresses::of(peer) else {
-            return;
+            return true;
         };
         if self.tunnel_address == Some(ends.ours) {
-            return;
+            return true;
         }
         match self
             .routes
@@ -165,9 +167,11 @@ impl Lane {
             Ok(()) => {
                 info!(dev = %self.spec.device, address = %ends.ours, peer = %ends.theirs, "tunnel address set");
                 self.tunnel_address = Some(ends.ours);
+                true
             }
             Err(e) => {
                 error!(dev = %self.spec.device, error = %e, "setting the tunnel address; will retry");
+                false
             }
         }
     }

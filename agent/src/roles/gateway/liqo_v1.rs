@@ -121,15 +121,18 @@ impl DevicesOfPeers {
 
     /// Names, for each device in `devices`, its peer: by the peer's
     /// PodCIDR view, under the device's ifindex now, so that a recreated
-    /// device gets its entry anew. Every other entry goes.
-    pub fn sync<'a>(&mut self, devices: impl IntoIterator<Item = (&'a str, &'a Peer)>) {
+    /// device gets its entry anew. Every other entry goes. Returns whether
+    /// the table took them; it logs why not.
+    pub fn sync<'a>(&mut self, devices: impl IntoIterator<Item = (&'a str, &'a Peer)>) -> bool {
         let wanted: BTreeMap<u32, Ipv4Net> = devices
             .into_iter()
             .filter_map(|(dev, peer)| Some((link::ifindex(dev).ok()?, peer.views()[0].1)))
             .collect();
-        if let Err(e) = self.0.sync(&wanted) {
+        let synced = self.0.sync(&wanted);
+        if let Err(e) = &synced {
             error!(error = %e, "naming the Liqo v1 peers of the tunnel devices; will retry");
         }
+        synced.is_ok()
     }
 }
 

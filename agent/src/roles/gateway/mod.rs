@@ -76,6 +76,10 @@ pub struct Gateway {
     /// Whether the devices of peers that went while no agent ran were
     /// deleted, after the first pass.
     swept: bool,
+    /// The peers, and whether active, of the last pass that left nothing
+    /// undone: a pass for the same (a NatMapping changed, say) has nothing
+    /// to do here.
+    followed: Option<(Vec<Peer>, bool)>,
 }
 
 /// What the gateway knows of each peer, for its TunnelEndpoint's status.
@@ -123,6 +127,7 @@ impl Gateway {
             configured_peers: BTreeMap::new(),
             devices_of_peers: liqo_v1.map(DevicesOfPeers::new),
             swept: false,
+            followed: None,
         };
         if gateway.shared.is_some() {
             gateway.open_lane(&shared).await?;
@@ -188,6 +193,9 @@ impl Gateway {
             changed |= before.ok() != answer.as_ref().ok().copied();
             self.resolver.record(name, answer, failures, now);
         }
+        if changed {
+            self.followed = None;
+        }
         changed
     }
 
@@ -232,7 +240,9 @@ impl Gateway {
     /// routes staged. `attach` is given the devices running, before any
     /// peer is in their tunnels, so that what crosses them is translated
     /// from the first packet. Returns whether every route could be
-    /// written; it logs why not.
+    /// written; it logs why not. Where the last pass left nothing undone
+    /// for the same peers, the same activity and the same endpoint
+    /// addresses, it only gives `attach` the devices.
     pub async fn sync(
         &mut self,
         peers: &[Peer],
@@ -240,6 +250,15 @@ impl Gateway {
         attach: impl FnOnce(&[String]),
     ) -> bool {
         self.resolve(peers).await;
+        let followed = self.followed.take();
+        if followed
+            .as_ref()
+            .is_some_and(|(followed, was)| *was == active && followed.as_slice() == peers)
+        {
+            attach(&self.devices());
+            self.followed = followed;
+            return true;
+        }
         let mut plan = Plan::new(peers, |params| self.address(params, peers));
         self.report_problems(std::mem::take(&mut plan.problems));
         let lanes = self.open_lanes(&mut plan).await;
@@ -260,7 +279,7 @@ impl Gateway {
             false => Vec::new(),
         };
         self.configured = configs.iter().filter_map(|c| c.endpoint).collect();
-        self.guard_ports(&plan, &lanes);
+        let mut done = self.guard_ports(&plan, &lanes);
         // Allowed before the handshake goes out, so its answer gets through.
         self.follow_guard(&self.tunnels.status());
         for (device, lane) in &self.lanes {
@@ -279,10 +298,13 @@ impl Gateway {
                 .filter_map(|c| Some((lanes.get(&c.peer.key)?, c.peer)))
                 .filter(|(spec, _)| spec.liqo_v1)
                 .map(|(spec, peer)| (spec.device.as_str(), peer));
-            devices.sync(named);
+            done &= devices.sync(named);
         }
         self.follow_guard(&self.tunnels.status());
-        self.sync_routes(&plan, &lanes, active).await
+        let routed = self.sync_routes(&plan, &lanes, active).await;
+        done &= routed && self.reported.is_empty();
+        self.followed = done.then(|| (peers.to_vec(), active));
+        routed
     }
 
     /// Finds each carried peer's device, starting those not running yet
@@ -396,9 +418,10 @@ impl Gateway {
     /// Guards every device's port: open to initiations from anywhere where
     /// a peer we serve makes contact, from peers' endpoints alone
     /// elsewhere.
-    fn guard_ports(&mut self, plan: &Plan<'_>, lanes: &BTreeMap<ObjectKey, LaneSpec>) {
+    /// Returns whether the guard took them; it logs why not.
+    fn guard_ports(&mut self, plan: &Plan<'_>, lanes: &BTreeMap<ObjectKey, LaneSpec>) -> bool {
         let Some(guard) = &mut self.guard else {
-            return;
+            return true;
         };
         let mut ports: BTreeMap<u16, Initiations> = self
             .lanes
@@ -418,8 +441,12 @@ impl Gateway {
                 for (port, initiations) in changed {
                     info!(port, initiations = ?initiations, "XDP guard: tunnel port guarded");
                 }
+                true
             }
-            Err(e) => error!(error = %e, "setting the XDP guard's ports; will retry"),
+            Err(e) => {
+                error!(error = %e, "setting the XDP guard's ports; will retry");
+                false
+            }
         }
     }
 
