@@ -212,9 +212,7 @@ impl NatMapping {
         };
 
         let mut rejected = Vec::new();
-        let mut entries = BTreeMap::new();
-        // externalIPs claimed twice, with the first two claimants.
-        let mut shared = BTreeMap::new();
+        let mut pairs = Vec::with_capacity(mappings.len());
         for (k, v) in mappings {
             let (Some(endpoint), Some(external)) = (address(k), address(v)) else {
                 let shown = |v: &Value| v.as_str().map_or_else(|| format!("{v:?}"), str::to_owned);
@@ -225,22 +223,24 @@ impl NatMapping {
                 }));
                 continue;
             };
-            match entries.entry(external) {
-                Entry::Vacant(slot) => {
-                    slot.insert(endpoint);
-                }
-                Entry::Occupied(first) => {
-                    shared.entry(external).or_insert((*first.get(), endpoint));
-                }
-            }
+            pairs.push((external, endpoint));
         }
-        for (external, (first, second)) in shared {
-            entries.remove(&external);
-            rejected.push(error(MappingProblem::SharedExternal {
-                first,
-                second,
-                external,
-            }));
+        // Sorted once, stably (the first claimant first), and built in
+        // bulk: ten thousand entries are read again on every change.
+        pairs.sort_by_key(|(external, _)| *external);
+        let mut entries = Vec::with_capacity(pairs.len());
+        for claimants in pairs.chunk_by(|a, b| a.0 == b.0) {
+            match claimants {
+                [(external, first), (_, second), ..] => {
+                    rejected.push(error(MappingProblem::SharedExternal {
+                        first: *first,
+                        second: *second,
+                        external: *external,
+                    }));
+                }
+                [only] => entries.push(*only),
+                [] => {}
+            }
         }
         Ok(Self {
             key: raw.key.clone(),
@@ -248,7 +248,7 @@ impl NatMapping {
             cluster_id,
             pod_cidr,
             external_cidr,
-            entries,
+            entries: BTreeMap::from_iter(entries),
             rejected,
         })
     }

@@ -111,6 +111,14 @@ pub struct Reconciler<P: PeerTable, M: MappingTable, A: AllowedTable = MemoryAll
     errors: BTreeSet<Rejection>,
     accepted: Vec<Peer>,
     nodes: Vec<Node>,
+    /// The accepted peers' views, as the peer table should hold them.
+    views: BTreeMap<Ipv4Net, PeerNat>,
+    /// What the selection of nodes and peers rejected.
+    peer_errors: BTreeSet<Rejection>,
+    /// Whether an object the selection of peers reads changed since it
+    /// last ran: a change of NatMappings alone (most changes, on a hub)
+    /// keeps the peers as they were.
+    peers_changed: bool,
     mapping_capacity: usize,
     /// Whether each Liqo v1 peer has a tunnel device of its own (the
     /// embedded tunnel's), or they would share one NAT device.
@@ -142,6 +150,9 @@ where
             errors: BTreeSet::new(),
             accepted: Vec::new(),
             nodes: Vec::new(),
+            views: BTreeMap::new(),
+            peer_errors: BTreeSet::new(),
+            peers_changed: true,
             mapping_capacity: usize::MAX,
             device_per_liqo_v1_peer: false,
         })
@@ -157,16 +168,20 @@ where
     /// its own; otherwise one NAT device could tell only one from another.
     pub fn set_device_per_liqo_v1_peer(&mut self, own_devices: bool) {
         self.device_per_liqo_v1_peer = own_devices;
+        self.peers_changed = true;
     }
 
     /// Replaces the documents of `origin` (a file, for the directory source),
     /// validating them now: a pass over every origin then only arbitrates.
     pub fn set_origin(&mut self, origin: String, documents: Vec<Document>) {
-        let validated = documents
+        let validated: Vec<_> = documents
             .into_iter()
             .filter_map(|document| validate(document, &origin))
             .collect();
-        self.origins.insert(origin, validated);
+        self.peers_changed |= read_by_selection(&validated);
+        if let Some(old) = self.origins.insert(origin, validated) {
+            self.peers_changed |= read_by_selection(&old);
+        }
     }
 
     /// Replaces the policy; returns whether it changed, so that the caller
@@ -174,12 +189,15 @@ where
     pub fn set_policy(&mut self, policy: Policy) -> bool {
         let changed = policy != self.policy;
         self.policy = policy;
+        self.peers_changed |= changed;
         changed
     }
 
     /// Forgets `origin` and everything it held.
     pub fn remove_origin(&mut self, origin: &str) {
-        self.origins.remove(origin);
+        if let Some(old) = self.origins.remove(origin) {
+            self.peers_changed |= read_by_selection(&old);
+        }
     }
 
     /// Everything the last pass rejected or held.
@@ -229,26 +247,10 @@ where
     /// the first failure, if any, so that whatever depends on the accepted
     /// peers (the tunnel, the routes) follows them whatever a table said.
     pub fn reconcile(&mut self) -> (Report, Option<TableFailure<P::Error>>) {
-        let mut errors = BTreeSet::new();
-        self.nodes = self.select_nodes(&mut errors);
-        let accepted = self.select(&mut errors);
-        self.seniority
-            .retain(|key, _| accepted.iter().any(|p| &p.key == key));
-        for peer in &accepted {
-            if !self.seniority.contains_key(&peer.key) {
-                self.seniority.insert(peer.key.clone(), self.next_seniority);
-                self.next_seniority += 1;
-            }
-        }
-        self.assign_ids(&accepted);
-        let desired: BTreeMap<Ipv4Net, PeerNat> = accepted
-            .iter()
-            .flat_map(|peer| {
-                let nat = peer.nat(self.ids[&peer.key], self.policy.security_mode);
-                peer.views().map(|(_, net)| (net, nat))
-            })
-            .collect();
-        let mappings = self.select_mappings(&accepted, &mut errors);
+        let before = self.peers_changed.then(|| self.select_peers());
+        let mut errors = self.peer_errors.clone();
+        let accepted = &self.accepted;
+        let mappings = self.select_mappings(accepted, &mut errors);
         let segregated: Vec<(u32, &Peer)> = accepted
             .iter()
             .filter(|p| p.segregated(self.policy.security_mode))
@@ -256,7 +258,7 @@ where
             .collect();
         let allowed = allowed::desired(&segregated, self.valid());
 
-        let (written, removed, peer_failure) = self.peer_table.apply(&desired);
+        let (written, removed, peer_failure) = self.peer_table.apply(&self.views);
         let (mappings_written, mappings_removed, mapping_failure) =
             self.mapping_table.apply(&mappings);
         let (allowed_written, allowed_removed, allowed_failure) =
@@ -266,28 +268,30 @@ where
             removed,
             mappings_written,
             mappings_removed,
-            peers: accepted.len(),
+            peers: self.accepted.len(),
             mappings: self.mapping_table.applied().len(),
             allowed_written,
             allowed_removed,
             allowed: self.allowed_table.applied().len(),
             rejected: errors.len(),
-            added: accepted
-                .iter()
-                .filter(|p| !self.accepted.contains(p))
-                .cloned()
-                .collect(),
-            dropped: self
-                .accepted
-                .iter()
-                .filter(|old| !accepted.iter().any(|p| p.key == old.key))
-                .map(|old| old.key.clone())
-                .collect(),
+            added: before.as_ref().map_or_else(Vec::new, |before| {
+                self.accepted
+                    .iter()
+                    .filter(|p| !before.contains(p))
+                    .cloned()
+                    .collect()
+            }),
+            dropped: before.as_ref().map_or_else(Vec::new, |before| {
+                before
+                    .iter()
+                    .filter(|old| !self.accepted.iter().any(|p| p.key == old.key))
+                    .map(|old| old.key.clone())
+                    .collect()
+            }),
             new_errors: errors.difference(&self.errors).cloned().collect(),
             cleared_errors: self.errors.difference(&errors).cloned().collect(),
         };
         self.errors = errors;
-        self.accepted = accepted;
         let failure = peer_failure
             .map(|source| TableFailure {
                 kind: ObjectKind::TunnelEndpoint,
@@ -305,6 +309,33 @@ where
                 source,
             }));
         (report, failure)
+    }
+
+    /// Selects the nodes and the peers, with their IDs and views, as the
+    /// objects are now. Returns the peers accepted before.
+    fn select_peers(&mut self) -> Vec<Peer> {
+        let mut errors = BTreeSet::new();
+        self.nodes = self.select_nodes(&mut errors);
+        let accepted = self.select(&mut errors);
+        self.seniority
+            .retain(|key, _| accepted.iter().any(|p| &p.key == key));
+        for peer in &accepted {
+            if !self.seniority.contains_key(&peer.key) {
+                self.seniority.insert(peer.key.clone(), self.next_seniority);
+                self.next_seniority += 1;
+            }
+        }
+        self.assign_ids(&accepted);
+        self.views = accepted
+            .iter()
+            .flat_map(|peer| {
+                let nat = peer.nat(self.ids[&peer.key], self.policy.security_mode);
+                peer.views().map(|(_, net)| (net, nat))
+            })
+            .collect();
+        self.peer_errors = errors;
+        self.peers_changed = false;
+        std::mem::replace(&mut self.accepted, accepted)
     }
 
     /// Every valid Node, once: where two origins define the same node,
@@ -443,6 +474,22 @@ where
             self.ids.insert(peer.key.clone(), id);
         }
     }
+}
+
+/// Whether the selection of nodes and peers reads any of `documents`:
+/// everything but what only the NatMapping and allowed tables hold.
+fn read_by_selection(documents: &[Result<Valid, Rejection>]) -> bool {
+    documents.iter().any(|document| {
+        !matches!(
+            document,
+            Ok(Valid::Mapping(_)
+                | Valid::Pod(_)
+                | Valid::Slice(_)
+                | Valid::Offloading(_)
+                | Valid::Lease(_)
+                | Valid::V1Ip(..))
+        )
+    })
 }
 
 /// Validates one document of `origin`; None for an object that concerns

@@ -21,7 +21,7 @@ pub fn plain_natmapping(text: &str) -> Option<Value> {
     // YAML refuses a tab where it would indent, and any other control
     // character anywhere, and this reader does not tell where those are:
     // one anywhere sends the text to the scanner.
-    if text.chars().any(refused_by_yaml)
+    if refuses_any(text)
         || lines
             .iter()
             .any(|l| l.starts_with("---") || l.starts_with("..."))
@@ -93,6 +93,15 @@ pub fn plain_natmapping(text: &str) -> Option<Value> {
     Some(value)
 }
 
+/// Whether YAML may refuse some character of `text`; ASCII, as most
+/// objects are, is checked a byte at a time.
+fn refuses_any(text: &str) -> bool {
+    match text.is_ascii() {
+        true => text.bytes().any(|b| (b < b' ' && b != b'\n') || b == 0x7f),
+        false => text.chars().any(refused_by_yaml),
+    }
+}
+
 /// Whether YAML may refuse `c` where this reader would take it: outside
 /// YAML 1.2's printable set (a tab is in it, but not where it indents).
 fn refused_by_yaml(c: char) -> bool {
@@ -114,7 +123,49 @@ fn plain_pair(line: &str) -> Option<(&str, &str)> {
 }
 
 fn dotted_quad(s: &str) -> bool {
-    s.split('.').count() == 4
-        && s.split('.')
-            .all(|part| (1..=3).contains(&part.len()) && part.bytes().all(|b| b.is_ascii_digit()))
+    let (mut parts, mut digits) = (1, 0);
+    for b in s.bytes() {
+        match b {
+            b'0'..=b'9' if digits < 3 => digits += 1,
+            b'.' if digits > 0 => (parts, digits) = (parts + 1, 0),
+            _ => return false,
+        }
+    }
+    parts == 4 && digits > 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dotted_quad_is_four_groups_of_one_to_three_digits() {
+        for quad in ["10.0.0.1", "999.1.1.1", "0.0.0.0"] {
+            assert!(dotted_quad(quad), "{quad}");
+        }
+        for other in [
+            "",
+            "1.2.3",
+            "1.2.3.4.5",
+            "1..2.3",
+            ".1.2.3",
+            "1.2.3.",
+            "1234.1.1.1",
+            "a.b.c.d",
+            "1.2.3.4 ",
+            "1.2.3.-4",
+        ] {
+            assert!(!dotted_quad(other), "{other:?}");
+        }
+    }
+
+    #[test]
+    fn what_yaml_refuses_is_found_in_ascii_and_beyond() {
+        for refused in ["a\tb", "a\r\n", "\u{7f}", "\u{85}", "é\u{1}", "\u{ffff}"] {
+            assert!(refuses_any(refused), "{refused:?}");
+        }
+        for taken in ["ok\n", "é: ü\n", ""] {
+            assert!(!refuses_any(taken), "{taken:?}");
+        }
+    }
 }

@@ -352,3 +352,43 @@ fn a_large_natmapping_takes_no_other_clusters_room() {
     assert!(endpoints.contains(&[2, 169, 0, 1]) && endpoints.contains(&[2, 10, 0, 200]));
     assert_eq!(endpoints.iter().filter(|e| e[0] == 2).count(), 8);
 }
+
+/// A change of NatMappings alone keeps the selection of peers, with what
+/// it rejected; any other change of the same file selects them again.
+#[test]
+fn a_natmapping_change_keeps_the_peers_and_any_other_change_selects_them_again() {
+    let (mut peers, mut mappings) = (Peers::default(), Mappings::default());
+    let mut r = Reconciler::new(&mut peers, &mut mappings, MemoryAllowedTable::default()).unwrap();
+    add_cluster_a(&mut r);
+    r.set_origin("bad.yaml".into(), docs("bad.yaml", "kind: ["));
+    let mapping =
+        |endpoint: &str| natmapping("cluster-a", &[(endpoint.into(), "192.168.0.45".into())]);
+    r.set_origin("nm.yaml".into(), docs("nm.yaml", &mapping("10.1.0.5")));
+    let report = r.reconcile().0;
+    assert_eq!((report.peers, report.rejected, report.mappings), (1, 1, 1));
+
+    r.set_origin("nm.yaml".into(), docs("nm.yaml", &mapping("10.1.0.6")));
+    let report = r.reconcile().0;
+    assert_eq!(
+        (report.peers, report.rejected, report.mappings_written),
+        (1, 1, 1)
+    );
+    assert!(
+        report.added.is_empty() && report.new_errors.is_empty() && report.cleared_errors.is_empty()
+    );
+
+    let tep_b = peer("b", "10.0.50.0/24", "10.0.51.0/24").to_string();
+    let both = format!("{}---\n{tep_b}", mapping("10.1.0.6"));
+    r.set_origin("nm.yaml".into(), docs("nm.yaml", &both));
+    let report = r.reconcile().0;
+    assert_eq!((report.peers, report.added.len()), (2, 1));
+
+    r.set_origin("nm.yaml".into(), docs("nm.yaml", &mapping("10.1.0.6")));
+    let report = r.reconcile().0;
+    assert_eq!(report.peers, 1);
+    assert_eq!(report.dropped.len(), 1);
+
+    r.remove_origin("bad.yaml");
+    let report = r.reconcile().0;
+    assert_eq!((report.rejected, report.cleared_errors.len()), (0, 1));
+}
