@@ -274,6 +274,10 @@ impl Gateway {
             .lock()
             .unpoisoned()
             .set_targets(&targets, Instant::now());
+        // Between stretches of work over every peer, object changes that
+        // came meanwhile reach the kernel tables: the run loop waits on
+        // them beside this pass.
+        tokio::task::yield_now().await;
         let configs = match active {
             true => plan.tunnel_peers(),
             false => Vec::new(),
@@ -290,6 +294,7 @@ impl Gateway {
                 .collect();
             lane.set_peers(&of_lane);
         }
+        tokio::task::yield_now().await;
         if let Some(devices) = &mut self.devices_of_peers {
             let named = plan
                 .carried
