@@ -230,7 +230,7 @@ where
         stages.end("nodes");
         self.metrics.gateway_active.set(i64::from(acting));
         // The tunnel follows these peers; the reconciler is free meanwhile.
-        let peers = self.reconciler.peers().to_vec();
+        let peers = self.reconciler.shared_peers();
         let following = follow_peers(
             self.gateway.as_mut(),
             self.worker_routes.as_mut(),
@@ -355,7 +355,7 @@ async fn follow_peers<H: Host>(
     gateway: Option<&mut Gateway>,
     worker_routes: Option<&mut Routes>,
     host: &mut H,
-    peers: &[Peer],
+    peers: &Arc<[Peer]>,
     acting: bool,
 ) -> bool {
     match (gateway, worker_routes) {

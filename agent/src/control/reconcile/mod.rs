@@ -4,7 +4,10 @@
 //! accepted first, and it starts from what the kernel already holds, so a
 //! restarted agent that reads the same objects writes nothing.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    sync::Arc,
+};
 
 use ipnet::Ipv4Net;
 use isthmus_common::{
@@ -109,7 +112,9 @@ pub struct Reconciler<P: PeerTable, M: MappingTable, A: AllowedTable = MemoryAll
     policy: Policy,
     ids: HashMap<ObjectKey, u32>,
     errors: BTreeSet<Rejection>,
-    accepted: Vec<Peer>,
+    /// Shared, so that what follows the peers holds them without a copy,
+    /// and knows an unchanged selection by its address alone.
+    accepted: Arc<[Peer]>,
     nodes: Vec<Node>,
     /// The accepted peers' views, as the peer table should hold them.
     views: BTreeMap<Ipv4Net, PeerNat>,
@@ -148,7 +153,7 @@ where
             policy: Policy::default(),
             ids: HashMap::new(),
             errors: BTreeSet::new(),
-            accepted: Vec::new(),
+            accepted: Arc::from([]),
             nodes: Vec::new(),
             views: BTreeMap::new(),
             peer_errors: BTreeSet::new(),
@@ -203,6 +208,12 @@ where
     /// Everything the last pass rejected or held.
     pub fn rejections(&self) -> &BTreeSet<Rejection> {
         &self.errors
+    }
+
+    /// The peers accepted by the last pass, shared: the same allocation
+    /// while the selection stands.
+    pub fn shared_peers(&self) -> Arc<[Peer]> {
+        Arc::clone(&self.accepted)
     }
 
     /// The peers accepted by the last pass.
@@ -313,7 +324,7 @@ where
 
     /// Selects the nodes and the peers, with their IDs and views, as the
     /// objects are now. Returns the peers accepted before.
-    fn select_peers(&mut self) -> Vec<Peer> {
+    fn select_peers(&mut self) -> Arc<[Peer]> {
         let mut errors = BTreeSet::new();
         self.nodes = self.select_nodes(&mut errors);
         let accepted = self.select(&mut errors);
@@ -335,7 +346,7 @@ where
             .collect();
         self.peer_errors = errors;
         self.peers_changed = false;
-        std::mem::replace(&mut self.accepted, accepted)
+        std::mem::replace(&mut self.accepted, accepted.into())
     }
 
     /// Every valid Node, once: where two origins define the same node,

@@ -79,7 +79,7 @@ pub struct Gateway {
     /// The peers, and whether active, of the last pass that left nothing
     /// undone: a pass for the same (a NatMapping changed, say) has nothing
     /// to do here.
-    followed: Option<(Vec<Peer>, bool)>,
+    followed: Option<(Arc<[Peer]>, bool)>,
 }
 
 /// What the gateway knows of each peer, for its TunnelEndpoint's status.
@@ -245,7 +245,7 @@ impl Gateway {
     /// addresses, it only gives `attach` the devices.
     pub async fn sync(
         &mut self,
-        peers: &[Peer],
+        peers: &Arc<[Peer]>,
         active: bool,
         attach: impl FnOnce(&[String]),
     ) -> bool {
@@ -253,7 +253,7 @@ impl Gateway {
         let followed = self.followed.take();
         if followed
             .as_ref()
-            .is_some_and(|(followed, was)| *was == active && followed.as_slice() == peers)
+            .is_some_and(|(followed, was)| *was == active && same_peers(followed, peers))
         {
             attach(&self.devices());
             self.followed = followed;
@@ -308,7 +308,7 @@ impl Gateway {
         self.follow_guard(&self.tunnels.status());
         let routed = self.sync_routes(&plan, &lanes, active).await;
         done &= routed && self.reported.is_empty();
-        self.followed = done.then(|| (peers.to_vec(), active));
+        self.followed = done.then(|| (Arc::clone(peers), active));
         routed
     }
 
@@ -548,4 +548,10 @@ impl Gateway {
         self.states = now;
         statuses
     }
+}
+
+/// Whether two selections of peers are the same: at once where the
+/// reconciler kept its selection, by content where it selected again.
+fn same_peers(a: &Arc<[Peer]>, b: &Arc<[Peer]>) -> bool {
+    Arc::ptr_eq(a, b) || a[..] == b[..]
 }
