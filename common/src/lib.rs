@@ -16,6 +16,7 @@ macro_rules! assert_layout {
     };
 }
 
+pub mod budget;
 pub mod conntrack;
 pub mod counters;
 pub mod csum;
@@ -59,6 +60,7 @@ mod pod {
         crate::overlay::OverlayConfig,
         crate::isolation::AllowKey,
         crate::room::Room,
+        crate::budget::Budget,
         crate::wire::Be16,
         crate::wire::Be32,
     );

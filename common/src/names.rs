@@ -37,6 +37,9 @@ pub const MAP_CONNTRACK: &str = "ist_conntrack";
 pub const MAP_FRAGMENTS: &str = "ist_frags";
 /// Capacity of [`MAP_FRAGMENTS`]: datagrams in flight in pieces.
 pub const MAX_FRAGMENTS: u32 = 8192;
+/// Array: each owner's budget of new entries per second in
+/// [`MAP_FRAGMENTS`] ([`crate::budget::Budget`], by owner).
+pub const MAP_FRAGMENT_BUDGET: &str = "ist_frag_budget";
 /// Hash: what segregated peers may open connections to
 /// ([`crate::isolation::AllowKey`] → 1).
 pub const MAP_ALLOWED: &str = "ist_allowed";
@@ -96,7 +99,7 @@ pub const MAP_PEER_DEVS: &str = "ist_peer_devs";
 pub const MAX_PEER_DEVS: u32 = 256;
 
 /// Every map the agent pins, in the order it reports them.
-pub const MAPS: [&str; 26] = [
+pub const MAPS: [&str; 27] = [
     MAP_PEERS,
     MAP_PEER_OWNERS,
     MAP_PREFIX_LENS,
@@ -106,6 +109,7 @@ pub const MAPS: [&str; 26] = [
     MAP_NATMAP_REV,
     MAP_CONNTRACK,
     MAP_FRAGMENTS,
+    MAP_FRAGMENT_BUDGET,
     MAP_SNAT,
     MAP_TCP_MSS,
     MAP_ALLOWED,

@@ -21,6 +21,7 @@ use isthmus_common::{
 };
 
 use crate::{
+    budget,
     maps::{self, ON_DEMAND},
     parse::{Fragment, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, Transport},
     room,
@@ -75,9 +76,13 @@ pub fn fragment_key(fragment: &Fragment, src: Be32, dst: Be32, dir: u8) -> FragK
 }
 
 /// Remembers that the datagram of `key` was translated to `addr`, when
-/// its first fragment was.
+/// its first fragment was, if its owner (`peer_id`, or [`OWNER_LOCAL`])
+/// has budget left: past it, only this datagram's later fragments pay.
 #[inline(always)]
-pub fn remember_fragment(key: &FragKey, addr: Be32) {
+pub fn remember_fragment(key: &FragKey, addr: Be32, peer_id: u32) {
+    if !budget::take_fragment(peer_id) {
+        return;
+    }
     // Full: the LRU makes room; a failure only costs the later fragments.
     let _ = FRAGS.insert(key, addr, 0);
 }
@@ -267,7 +272,7 @@ unsafe fn refresh(entry: *mut FlowNat, proto: u8, tcp_flags: u8, now: u64) -> Fl
             port: read_volatile(addr_of!((*entry).port)),
             state,
             answered: 0,
-            owner: 0,
+            owner: read_volatile(addr_of!((*entry).owner)),
             pad: 0,
             last_seen,
         }

@@ -13,6 +13,7 @@
 // function of their own, which carries no doc comment.
 #![allow(missing_docs)]
 
+mod budget;
 mod conntrack;
 mod csum;
 mod forward;

@@ -339,7 +339,7 @@ fn egress(peer: &PeerNat, pkt: &Packet, own: Be32) -> Result<Rewrite, Refused> {
     )?;
     if let Some(fragment) = &pkt.fragment {
         let key = conntrack::fragment_key(fragment, external.addr, pkt.ip.dst, DIR_OUT);
-        conntrack::remember_fragment(&key, nat.addr);
+        conntrack::remember_fragment(&key, nat.addr, nat.owner);
     }
     Ok(Rewrite {
         port: port_change(t, Direction::Egress, nat.port),
@@ -367,7 +367,7 @@ fn ingress(peer: &PeerNat, pkt: &Packet, own: Be32) -> Result<Rewrite, Refused> 
         && let Some(back) = conntrack::inbound(&key, t.tcp_flags)
     {
         if let Some(fragment) = &pkt.fragment {
-            conntrack::remember_fragment(&fragment_key(fragment), back.addr);
+            conntrack::remember_fragment(&fragment_key(fragment), back.addr, peer.peer_id);
         }
         return Ok(Rewrite {
             port: port_change(t, Direction::Ingress, back.port),

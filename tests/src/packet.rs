@@ -260,6 +260,16 @@ impl Datagram {
     }
 }
 
+/// The same IPv4 packet with identification `id`, its header checksum
+/// computed again.
+pub fn with_id(mut packet: Vec<u8>, id: u16) -> Vec<u8> {
+    packet[4..6].copy_from_slice(&id.to_be_bytes());
+    packet[10..12].fill(0);
+    let check = isthmus_common::csum::checksum(&packet[..20]);
+    packet[10..12].copy_from_slice(&check.bytes());
+    packet
+}
+
 fn with_icmp_checksum(mut icmp: Vec<u8>) -> Vec<u8> {
     let check = isthmus_common::csum::checksum(&icmp);
     icmp[2..4].copy_from_slice(&check.bytes());

@@ -1,29 +1,34 @@
 //! Each owner's room in the kernel's flow tables (`isthmus_common::room`),
 //! from userspace: the limits and releases the agent sets, what the kernel
-//! charged, and the new flows it refused.
+//! charged, and the new flows it refused; and each owner's budget of new
+//! entries per second in the fragment table (`isthmus_common::budget`).
 
 use std::path::Path;
 
-use aya::maps::{Array, Map, MapData, MapError, PerCpuArray};
+use aya::maps::{Array, IterableMap, Map, MapData, MapError, PerCpuArray};
 use isthmus_common::{
+    budget::Budget,
     names,
     room::{FlowTable, Room, Short, refusal_slot, slot},
 };
 
-use crate::kernel::maps::open_pinned;
+use crate::kernel::{batch, maps::open_pinned};
 
 /// The room maps.
 pub struct Rooms {
-    rooms: Array<MapData, Room>,
+    by_owner: Array<MapData, Room>,
     refused: PerCpuArray<MapData, u64>,
+    fragments: Array<MapData, Budget>,
 }
 
 impl Rooms {
-    /// Wraps the maps taken from a freshly loaded object.
-    pub fn new(rooms: Map, refused: Map) -> Result<Self, MapError> {
+    /// Wraps the maps taken from a freshly loaded object: the rooms, the
+    /// refusals, and the fragment table's budgets.
+    pub fn new(rooms: Map, refused: Map, fragments: Map) -> Result<Self, MapError> {
         Ok(Self {
-            rooms: rooms.try_into()?,
+            by_owner: rooms.try_into()?,
             refused: refused.try_into()?,
+            fragments: fragments.try_into()?,
         })
     }
 
@@ -32,12 +37,31 @@ impl Rooms {
         Self::new(
             open_pinned(root, names::MAP_ROOM)?,
             open_pinned(root, names::MAP_ROOM_REFUSED)?,
+            open_pinned(root, names::MAP_FRAGMENT_BUDGET)?,
         )
+    }
+
+    /// Every owner's budget in the fragment table, by slot, in one system
+    /// call.
+    pub fn fragment_budgets(&self) -> Result<Vec<(u32, Budget)>, MapError> {
+        batch::entries(self.fragments.map())
+    }
+
+    /// Sets the limit of the budget at `slot`, which `read` found: its
+    /// window and counts are kept as read, and what the kernel counted in
+    /// between is lost, which costs a budget a few entries of one window.
+    pub fn set_fragment_limit(
+        &mut self,
+        slot: u32,
+        read: Budget,
+        limit: u64,
+    ) -> Result<(), MapError> {
+        self.fragments.set(slot, read.with_limit(limit), 0)
     }
 
     /// `owner`'s room in `table`, with what the kernel charged it so far.
     pub fn room(&self, table: FlowTable, owner: u32) -> Result<Room, MapError> {
-        self.rooms.get(&slot(table, owner), 0)
+        self.by_owner.get(&slot(table, owner), 0)
     }
 
     /// Sets `owner`'s limit in `table`, and what it holds: `held`
@@ -53,7 +77,7 @@ impl Rooms {
         limit: u64,
         held: u64,
     ) -> Result<(), MapError> {
-        self.rooms
+        self.by_owner
             .set(slot(table, owner), read.holding(held, limit), 0)
     }
 

@@ -1,4 +1,4 @@
-//! Every program verifies with room to spare, and runs as one function.
+//! Every program verifies with room to spare, and calls no subprogram on its fast path.
 //!
 //! The verifier walks each path through the NAT separately, and a small
 //! change of how LLVM lays out one enum has more than doubled the
@@ -77,8 +77,14 @@ fn every_program_verifies_within_three_quarters_of_the_limit() {
     );
 }
 
+/// Subprograms a program may call: each on a path few packets take, where
+/// the call costs little and saves the verifier a walk of its branches in
+/// every state that reaches it. A datagram's first fragment alone is
+/// charged to its owner's budget.
+const OFF_THE_FAST_PATH: [&str; 1] = ["take_fragment"];
+
 #[test]
-fn no_program_calls_a_subprogram() {
+fn no_program_calls_a_subprogram_off_the_fast_path() {
     require_root();
     let mut calling = Vec::new();
     let (_ebpf, infos) = loaded();
@@ -89,10 +95,16 @@ fn no_program_calls_a_subprogram() {
             .output()
             .expect("running bpftool, a prerequisite of the kernel tests");
         assert!(dump.status.success(), "bpftool could not dump {name}");
-        // A helper call reads `call bpf_…`; a call of a subprogram, `call pc+N`.
+        // A helper call reads `call bpf_…`; a call of a subprogram,
+        // `call pc+N#bpf_prog_<tag>_<name>`.
         let calls: Vec<String> = String::from_utf8_lossy(&dump.stdout)
             .lines()
             .filter(|line| line.contains("call pc"))
+            .filter(|line| {
+                !OFF_THE_FAST_PATH
+                    .iter()
+                    .any(|f| line.ends_with(&format!("_{f}")))
+            })
             .map(|line| line.trim().to_owned())
             .collect();
         if !calls.is_empty() {

@@ -8,6 +8,7 @@ mod conncheck;
 mod containers;
 mod dashboard;
 mod flow_share;
+mod fragment_share;
 mod guard;
 mod ha;
 mod hostname;

@@ -214,7 +214,8 @@ pub struct RunArgs {
     #[arg(long, value_enum, env = "ISTHMUS_SYSCALL_FILTER", default_value_t = SyscallFilter::Enforce)]
     pub syscall_filter: SyscallFilter,
     /// Percentage of the conntrack kept for the gateway's own flows (the
-    /// node's traffic, the conncheck's), which no peer can take.
+    /// node's traffic, the conncheck's), which no peer can take; and of
+    /// the fragment table's new entries per second.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u8).range(0..=90))]
     pub flow_reserve_percent: u8,
     /// How much of each flow table one peer's flows may hold: `equal` (the
@@ -223,7 +224,8 @@ pub struct RunArgs {
     /// more: with many peers, an equal part is too small for a burst of
     /// connections). Past a quarter of it, the peer's connections that are over
     /// are evicted; past it, its new flows are refused, and its flows never
-    /// answered are evicted, oldest first.
+    /// answered are evicted, oldest first. The same share bounds the first
+    /// fragments a peer leaves in the fragment table each second.
     #[arg(long, default_value = "equal-or-25", value_parser = parse_share)]
     pub flow_share: Share,
     /// What objects may ask of this node.

@@ -317,11 +317,12 @@ impl Dataplane {
 
     /// Each owner's room in the flow tables.
     pub fn take_rooms(&mut self) -> Result<Rooms, DataplaneError> {
-        let (rooms, refused) = (
+        let (rooms, refused, fragments) = (
             self.take(names::MAP_ROOM)?,
             self.take(names::MAP_ROOM_REFUSED)?,
+            self.take(names::MAP_FRAGMENT_BUDGET)?,
         );
-        Rooms::new(rooms, refused).map_err(|e| DataplaneError::Map(names::MAP_ROOM, e))
+        Rooms::new(rooms, refused, fragments).map_err(|e| DataplaneError::Map(names::MAP_ROOM, e))
     }
 
     /// Sets the largest MSS a SYN crossing the NAT device may advertise

@@ -12,9 +12,9 @@ impl FlowReport for Metrics {
         Metrics::owner_name(self, owner)
     }
 
-    fn refused(&self, table: FlowTable, owner: u32, reason: Short, count: u64) {
+    fn refused(&self, table: &str, owner: u32, reason: Short, count: u64) {
         let labels = [
-            ("table", table.as_str().to_owned()),
+            ("table", table.to_owned()),
             ("owner", self.owner_name(owner)),
             ("reason", reason.as_str().to_owned()),
         ];

@@ -4,7 +4,8 @@
 //! also evicts flows never answered to make room ([`plan`]) and sets each
 //! owner's room, within a second. Refusals and evictions go to a
 //! [`FlowReport`] (the agent's metrics), per owner, and are logged once
-//! per shortest interval (`--conntrack-gc-interval`).
+//! per shortest interval (`--conntrack-gc-interval`). Each second it also
+//! keeps the fragment table's budgets ([`budget`]).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -29,9 +30,11 @@ use crate::kernel::{
     table::KernelTable,
 };
 
+mod budget;
 mod interval;
 mod plan;
 
+pub use budget::{FRAGMENTS, FragmentBudgets};
 pub use interval::{SweepInterval, Swept};
 pub use plan::{Limits, Plan, Pressure, Share, plan};
 
@@ -52,9 +55,9 @@ pub struct Sharing {
 pub trait FlowReport: Send + Sync {
     /// How logs and metrics name `owner`.
     fn owner_name(&self, owner: u32) -> String;
-    /// The kernel refused `count` more new flows of `owner` in `table`,
-    /// for `reason`.
-    fn refused(&self, table: FlowTable, owner: u32, reason: Short, count: u64);
+    /// The kernel refused `count` more new flows (or fragment table
+    /// entries) of `owner` in `table` (as metrics name it), for `reason`.
+    fn refused(&self, table: &str, owner: u32, reason: Short, count: u64);
     /// `owner` holds `held` flows of `table`, after `evicted` were evicted
     /// by this pass.
     fn held(&self, table: FlowTable, owner: u32, held: u64, evicted: u64);
@@ -129,6 +132,7 @@ async fn collect(tables: FlowTables, sharing: Sharing, report: Arc<dyn FlowRepor
     let mut conntrack_sweeper = Sweeper::new(conntrack_capacity, reserve);
     // No flow towards a segregated peer is the gateway's own: no reserve.
     let mut peer_flow_sweeper = Sweeper::new(peer_flow_capacity, 0);
+    let mut fragment_budgets = FragmentBudgets::new(sharing.reserve_percent);
     let mut ticks = tokio::time::interval(PRESSURE_CHECK);
     let mut last_sweep: Option<Instant> = None;
     // Refusals are logged every shortest interval, however long the
@@ -174,6 +178,9 @@ async fn collect(tables: FlowTables, sharing: Sharing, report: Arc<dyn FlowRepor
             .filter(|(_, flags)| *flags & SEGREGATED != 0)
             .map(|(id, _)| *id)
             .collect();
+        if let Err(e) = fragment_budgets.pass(&mut rooms, all.len(), sharing.share, &*report) {
+            error!(table = FRAGMENTS, error = %e, "setting the fragment table's budgets");
+        }
         let due = sweep || changed;
         let swept = [
             conntrack_sweeper.pass(&mut conntrack, &mut rooms, &all, sharing, due, &*report),
@@ -197,6 +204,7 @@ async fn collect(tables: FlowTables, sharing: Sharing, report: Arc<dyn FlowRepor
             last_log = Instant::now();
             conntrack_sweeper.log(&*report);
             peer_flow_sweeper.log(&*report);
+            fragment_budgets.log(&*report);
         }
         last_peers = Some(peers);
     }
@@ -312,7 +320,7 @@ impl<T: SweptTable> Sweeper<T> {
                     continue;
                 }
                 self.unlogged.entry(owner).or_default().0 += new;
-                report.refused(T::TABLE, owner, short, new);
+                report.refused(T::TABLE.as_str(), owner, short, new);
                 match (short, owner) {
                     (Short::Share, _) => *pressure.share.entry(owner).or_default() += new,
                     (Short::Table, OWNER_LOCAL) => pressure.table += new,

@@ -295,21 +295,9 @@ fn the_collector_reads_every_entry_of_a_table_larger_than_one_batch() {
 fn the_fragments_of_a_masqueraded_datagram_go_where_the_first_went() {
     use Direction::{Egress, Ingress};
     let h = Harness::build(Some(A_MASQ), names::DEFAULT_CONNTRACK);
-    let datagram = |src, dst, sport, dport| {
-        Datagram::new(
-            src,
-            dst,
-            L4::Udp {
-                sport,
-                dport,
-                payload: (0..64).collect(),
-                zero_csum: false,
-            },
-        )
-    };
-    let out = datagram(NODE, B_POD1, 5353, 53);
+    let out = udp_in_fragments(NODE, B_POD1, 5353, 53);
     let out_nat = out.between(A_MASQ_AT_B, B_POD1);
-    let back = datagram(B_POD1, A_MASQ_AT_B, 53, 5353);
+    let back = udp_in_fragments(B_POD1, A_MASQ_AT_B, 53, 5353);
     let back_nat = back.between(B_POD1, NODE);
     for (direction, whole, translated) in [(Egress, &out, &out_nat), (Ingress, &back, &back_nat)] {
         for (from, to) in [(0, 32), (32, 72)] {

@@ -25,7 +25,7 @@ use isthmus_agent::{
     model::object::{Object, parse_documents},
     model::peer::Peer,
     observe::metrics::{BuildInfo, Metrics},
-    roles::flows::{Share, Sharing, Sweeper},
+    roles::flows::{FragmentBudgets, Share, Sharing, Sweeper},
 };
 
 use isthmus_common::{
@@ -41,7 +41,7 @@ use isthmus_common::{
 
 use isthmus_tests::{
     addrs::{A_POD1, A_POD1_AT_B, A_POD2, A_POD2_AT_B, B_POD1},
-    packet::{Addr, Datagram, ETH_P_ARP, ETH_P_IPV6, L4, eth_ipv4, ethernet, tcp, udp},
+    packet::{Addr, Datagram, ETH_P_ARP, ETH_P_IPV6, L4, eth_ipv4, ethernet, tcp, udp, with_id},
     require_root, test_run,
 };
 
@@ -216,6 +216,7 @@ impl Harness {
         let rooms = Rooms::new(
             ebpf.take_map(names::MAP_ROOM).unwrap(),
             ebpf.take_map(names::MAP_ROOM_REFUSED).unwrap(),
+            ebpf.take_map(names::MAP_FRAGMENT_BUDGET).unwrap(),
         )
         .unwrap();
         Self {
@@ -285,14 +286,23 @@ fn tcp_ports(src: Addr, dst: Addr, sport: u16, dport: u16) -> Datagram {
     )
 }
 
+/// A UDP datagram of 72 bytes, which [`Datagram::fragment`] cuts at 32.
+fn udp_in_fragments(src: Addr, dst: Addr, sport: u16, dport: u16) -> Datagram {
+    udp_carrying(src, dst, (sport, dport), (0..64).collect())
+}
+
 fn udp_ports(src: Addr, dst: Addr, sport: u16, dport: u16) -> Datagram {
+    udp_carrying(src, dst, (sport, dport), b"dns?".to_vec())
+}
+
+fn udp_carrying(src: Addr, dst: Addr, (sport, dport): (u16, u16), payload: Vec<u8>) -> Datagram {
     Datagram::new(
         src,
         dst,
         L4::Udp {
             sport,
             dport,
-            payload: b"dns?".to_vec(),
+            payload,
             zero_csum: false,
         },
     )
@@ -375,16 +385,6 @@ fn test_metrics() -> std::sync::Arc<Metrics> {
         xdp_mode: "none",
     };
     Metrics::new(None, None, build).unwrap()
-}
-
-/// The same packet with IPv4 identification `id`, its header checksum
-/// computed again.
-fn with_id(mut packet: Vec<u8>, id: u16) -> Vec<u8> {
-    packet[4..6].copy_from_slice(&id.to_be_bytes());
-    packet[10..12].fill(0);
-    let check = isthmus_common::csum::checksum(&packet[..20]);
-    packet[10..12].copy_from_slice(&check.bytes());
-    packet
 }
 
 fn icmp_error(

@@ -178,3 +178,109 @@ fn a_full_table_of_flows_towards_a_segregated_peer_drops_new_ones_and_keeps_the_
     assert_eq!(gone.map(|c| (c.live, c.removed)).unwrap(), (0, 1));
     h.expect(Egress, &second, &tcp_ports(A_POD1_AT_B, B_POD1, 40301, 443));
 }
+
+/// The first fragments a peer's transit datagrams leave in the fragment
+/// table are bounded per second by its budget, which the collector sets:
+/// past it, only that peer's datagrams lose their later fragments, and the
+/// refusals are counted against it. Another peer's datagrams, and the
+/// gateway's own, still cross whole.
+#[test]
+fn a_peers_first_fragments_past_its_budget_cost_only_its_own_datagrams() {
+    use Direction::{Egress, Ingress};
+    let mut h = Harness::build(Some(A_MASQ), names::DEFAULT_CONNTRACK);
+    let metrics = test_metrics();
+    let mut budgets = FragmentBudgets::new(25);
+    // Two peers, each with 1% of the peers' room: 61 entries a second.
+    budgets
+        .pass(&mut h.rooms, 2, Share::Percent(1), &*metrics)
+        .unwrap();
+    let budget = |h: &Harness, owner| {
+        h.rooms
+            .fragment_budgets()
+            .unwrap()
+            .into_iter()
+            .find(|(slot, _)| *slot == owner)
+            .unwrap()
+            .1
+    };
+    assert_eq!(budget(&h, 2).limit, 61);
+    assert_eq!(budget(&h, ALL_PEERS).limit, 6144);
+    assert_eq!(
+        budget(&h, OWNER_LOCAL).limit,
+        0,
+        "the gateway's own: the table bounds it"
+    );
+
+    // Crosses in two fragments with identification `id`: both translated,
+    // or the later one dropped as a fragment whose first was not seen.
+    let crosses = |h: &Harness, direction, whole: &Datagram, translated: &Datagram, id| {
+        let (ret, got) = h.run(direction, &eth_ipv4(&with_id(whole.fragment(0, 32), id)));
+        assert_eq!(ret, HAND_ON, "a first fragment always crosses");
+        assert_eq!(
+            hex(&got),
+            hex(&eth_ipv4(&with_id(translated.fragment(0, 32), id)))
+        );
+        let later = eth_ipv4(&with_id(whole.fragment(32, 72), id));
+        let (ret, got) = h.run(direction, &later);
+        if ret == DROP {
+            assert_eq!(got, later, "dropped untouched");
+            return false;
+        }
+        assert_eq!(
+            hex(&got),
+            hex(&eth_ipv4(&with_id(translated.fragment(32, 72), id)))
+        );
+        true
+    };
+    // Peer s (ID 2) sends transit datagrams towards b: 61 cross whole.
+    let transit = udp_in_fragments(S_POD2, B_POD1, 5353, 53);
+    let transit_nat = transit.between(A_MASQ_AT_B, B_POD1);
+    let unknown = || {
+        h.counter(counters::drop_slot(
+            Link::Eth,
+            Egress,
+            DropReason::UnknownFragment,
+        ))
+    };
+    let dropped_before = unknown();
+    let whole = (1..=70)
+        .filter(|id| crosses(&h, Egress, &transit, &transit_nat, *id))
+        .count();
+    // A window that opened just before a second passed may let one more in.
+    assert!(
+        (61..=62).contains(&whole),
+        "{whole} of 70 crossed whole, past a budget of 61"
+    );
+    assert_eq!(
+        unknown(),
+        dropped_before + 70 - whole as u64,
+        "each counted"
+    );
+    let refused = budget(&h, 2).refused(Short::Share);
+    assert_eq!(refused, 70 - whole as u64, "counted against peer s");
+
+    // The gateway's own datagrams, and b's replies to them, still cross.
+    let own = udp_in_fragments(NODE, B_POD1, 6000, 53);
+    let reply = udp_in_fragments(B_POD1, A_MASQ_AT_B, 53, 6000);
+    for (direction, whole, translated, id) in [
+        (Egress, &own, own.between(A_MASQ_AT_B, B_POD1), 900),
+        (Ingress, &reply, reply.between(B_POD1, NODE), 901),
+    ] {
+        assert!(
+            crosses(&h, direction, whole, &translated, id),
+            "{direction:?}"
+        );
+    }
+    assert_eq!(budget(&h, 1).refused(Short::Share), 0);
+
+    // The collector reports the refusals, against peer s.
+    budgets
+        .pass(&mut h.rooms, 2, Share::Percent(1), &*metrics)
+        .unwrap();
+    let labels = [
+        ("table", "fragments".to_owned()),
+        ("owner", metrics.owner_name(2)),
+        ("reason", "share_full".to_owned()),
+    ];
+    assert_eq!(metrics.flow_refusals.get_or_create(&labels).get(), refused);
+}
