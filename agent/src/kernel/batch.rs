@@ -34,19 +34,54 @@ struct BatchAttr {
     flags: u64,
 }
 
-/// Every entry of the hash map `map`, whose keys are `K` and values `V`
-/// (as aya checked when it typed the map).
+/// Every entry of the map `map` (a hash, or an array), whose keys are `K`
+/// and values `V` (as aya checked when it typed the map).
 pub fn entries<K: Pod, V: Pod>(map: &MapData) -> Result<Vec<(K, V)>, MapError> {
+    let mut entries = Vec::new();
+    in_batches::<K, V>(map, 1, |keys, values| {
+        entries.extend(keys.iter().copied().zip(values.iter().copied()));
+    })?;
+    Ok(entries)
+}
+
+/// Every entry of the per-CPU array `map` of u64 counters, summed over
+/// the CPUs: (index, sum).
+pub fn per_cpu_sums(map: &MapData) -> Result<Vec<(u32, u64)>, MapError> {
+    let cpus = aya::util::nr_cpus().map_err(|(_, io_error)| {
+        MapError::SyscallError(SyscallError {
+            call: "reading the possible CPUs",
+            io_error,
+        })
+    })?;
+    let mut sums = Vec::new();
+    in_batches::<u32, u64>(map, cpus, |keys, values| {
+        sums.extend(
+            keys.iter()
+                .zip(values.chunks(cpus))
+                .map(|(key, per_cpu)| (*key, per_cpu.iter().sum::<u64>())),
+        );
+    })?;
+    Ok(sums)
+}
+
+/// Reads every entry of `map` in calls of [`CHUNK`] entries, and hands
+/// each call's keys, and their values, `per_key` of `V` each (one per
+/// possible CPU in a per-CPU map), to `each`.
+fn in_batches<K: Pod, V: Pod>(
+    map: &MapData,
+    per_key: usize,
+    mut each: impl FnMut(&[K], &[V]),
+) -> Result<(), MapError> {
     // SAFETY: Pod types are plain data, valid when zeroed.
     let (mut keys, mut values) = unsafe {
         (
             vec![std::mem::zeroed::<K>(); CHUNK],
-            vec![std::mem::zeroed::<V>(); CHUNK],
+            vec![std::mem::zeroed::<V>(); CHUNK * per_key],
         )
     };
-    // A hash map's batch position is a bucket index; none to start.
+    // A batch position is a hash map's bucket index, or an array's index;
+    // none to start.
     let (mut position, mut next) = (None::<u32>, 0u32);
-    let mut entries = Vec::new();
     loop {
         let mut attr = BatchAttr {
             in_batch: position
@@ -60,8 +95,8 @@ pub fn entries<K: Pod, V: Pod>(map: &MapData) -> Result<Vec<(K, V)>, MapError> {
             ..BatchAttr::default()
         };
         // SAFETY: the key and value buffers hold CHUNK entries of the
-        // map's key and value sizes, and the positions one u32 each, all
-        // alive for the call.
+        // map's key and value sizes (a per-CPU value `per_key` times), and
+        // the positions one u32 each, all alive for the call.
         let ret = unsafe {
             libc::syscall(
                 libc::SYS_bpf,
@@ -72,15 +107,10 @@ pub fn entries<K: Pod, V: Pod>(map: &MapData) -> Result<Vec<(K, V)>, MapError> {
         };
         let error = (ret < 0).then(io::Error::last_os_error);
         let filled = (attr.count as usize).min(CHUNK);
-        entries.extend(
-            keys[..filled]
-                .iter()
-                .copied()
-                .zip(values[..filled].iter().copied()),
-        );
+        each(&keys[..filled], &values[..filled * per_key]);
         match error {
             None => position = Some(next),
-            // The last buckets were read.
+            // The last entries were read.
             Some(e) if e.raw_os_error() == Some(libc::ENOENT) => break,
             Some(io_error) => {
                 return Err(MapError::SyscallError(SyscallError {
@@ -90,5 +120,5 @@ pub fn entries<K: Pod, V: Pod>(map: &MapData) -> Result<Vec<(K, V)>, MapError> {
             }
         }
     }
-    Ok(entries)
+    Ok(())
 }

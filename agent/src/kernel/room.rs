@@ -9,7 +9,7 @@ use aya::maps::{Array, IterableMap, Map, MapData, MapError, PerCpuArray};
 use isthmus_common::{
     budget::Budget,
     names,
-    room::{FlowTable, Room, Short, refusal_slot, slot},
+    room::{FlowTable, REFUSAL_SLOTS, Room, Short, refusal_slot, slot},
 };
 
 use crate::kernel::{batch, maps::open_pinned};
@@ -81,10 +81,29 @@ impl Rooms {
             .set(slot(table, owner), read.holding(held, limit), 0)
     }
 
-    /// New flows of `owner` refused in `table` for `short` so far, over
-    /// every CPU.
-    pub fn refused(&self, table: FlowTable, owner: u32, short: Short) -> Result<u64, MapError> {
-        let slot = refusal_slot(table, owner, short);
-        Ok(self.refused.get(&slot, 0)?.iter().sum())
+    /// New flows refused so far, by owner and reason, over every CPU: the
+    /// whole map in a few system calls, where one per owner would cost
+    /// thousands a second with a thousand peers.
+    pub fn refusals(&self) -> Result<Refusals, MapError> {
+        let mut sums = vec![0; REFUSAL_SLOTS as usize];
+        for (slot, sum) in batch::per_cpu_sums(self.refused.map())? {
+            if let Some(at) = sums.get_mut(slot as usize) {
+                *at = sum;
+            }
+        }
+        Ok(Refusals(sums))
+    }
+}
+
+/// New flows refused, as [`Rooms::refusals`] read them.
+pub struct Refusals(Vec<u64>);
+
+impl Refusals {
+    /// New flows of `owner` refused in `table` for `short`.
+    pub fn get(&self, table: FlowTable, owner: u32, short: Short) -> u64 {
+        self.0
+            .get(refusal_slot(table, owner, short) as usize)
+            .copied()
+            .unwrap_or(0)
     }
 }

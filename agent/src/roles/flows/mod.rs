@@ -311,9 +311,10 @@ impl<T: SweptTable> Sweeper<T> {
     /// What the kernel refused since the last pass; counts it.
     fn pressure(&mut self, rooms: &Rooms, report: &dyn FlowReport) -> Result<Pressure, MapError> {
         let mut pressure = Pressure::default();
+        let refusals = rooms.refusals()?;
         for &owner in &self.owners {
             for short in SHORTS {
-                let now = rooms.refused(T::TABLE, owner, short)?;
+                let now = refusals.get(T::TABLE, owner, short);
                 let before = self.refused.insert((owner, short), now).unwrap_or(now);
                 let new = now.saturating_sub(before);
                 if new == 0 {

@@ -39,7 +39,12 @@ fn a_peers_flows_fill_only_its_share_and_its_unanswered_ones_go_first() {
         &udp_ports(B_POD1, A_MASQ_AT_B, 53, 5000),
         &udp_ports(B_POD1, S_POD2, 53, 5000),
     );
-    let refused = |owner, short| h.rooms.refused(FlowTable::Conntrack, owner, short).unwrap();
+    let refused = |owner, short| {
+        h.rooms
+            .refusals()
+            .unwrap()
+            .get(FlowTable::Conntrack, owner, short)
+    };
     h.expect_dropped(
         "a fourth flow of peer s",
         Egress,
@@ -123,8 +128,9 @@ fn flows_towards_a_segregated_peer_are_bounded_by_its_share() {
     );
     let refused = h
         .rooms
-        .refused(FlowTable::PeerFlows, 1, Short::Share)
-        .unwrap();
+        .refusals()
+        .unwrap()
+        .get(FlowTable::PeerFlows, 1, Short::Share);
     assert_eq!(refused, 1);
     // None answered: the collector evicts the oldest, and the next fits.
     sweeper.pass(
