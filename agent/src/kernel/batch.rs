@@ -6,6 +6,7 @@
 
 use std::{
     io,
+    ops::Range,
     os::fd::{AsFd, AsRawFd},
 };
 
@@ -34,19 +35,29 @@ struct BatchAttr {
     flags: u64,
 }
 
-/// Every entry of the map `map` (a hash, or an array), whose keys are `K`
-/// and values `V` (as aya checked when it typed the map).
+/// Every entry of the hash map `map`, whose keys are `K` and values `V`
+/// (as aya checked when it typed the map).
 pub fn entries<K: Pod, V: Pod>(map: &MapData) -> Result<Vec<(K, V)>, MapError> {
     let mut entries = Vec::new();
-    in_batches::<K, V>(map, 1, |keys, values| {
+    in_batches::<K, V>(map, 1, Span::All, |keys, values| {
         entries.extend(keys.iter().copied().zip(values.iter().copied()));
     })?;
     Ok(entries)
 }
 
-/// Every entry of the per-CPU array `map` of u64 counters, summed over
-/// the CPUs: (index, sum).
-pub fn per_cpu_sums(map: &MapData) -> Result<Vec<(u32, u64)>, MapError> {
+/// The entries at `range` of the array `map`, whose values are `V`:
+/// (index, value).
+pub fn array_range<V: Pod>(map: &MapData, range: Range<u32>) -> Result<Vec<(u32, V)>, MapError> {
+    let mut entries = Vec::new();
+    in_batches::<u32, V>(map, 1, Span::Indexes(range), |keys, values| {
+        entries.extend(keys.iter().copied().zip(values.iter().copied()));
+    })?;
+    Ok(entries)
+}
+
+/// The entries at `range` of the per-CPU array `map` of u64 counters,
+/// summed over the CPUs: (index, sum).
+pub fn per_cpu_sums(map: &MapData, range: Range<u32>) -> Result<Vec<(u32, u64)>, MapError> {
     let cpus = aya::util::nr_cpus().map_err(|(_, io_error)| {
         MapError::SyscallError(SyscallError {
             call: "reading the possible CPUs",
@@ -54,7 +65,7 @@ pub fn per_cpu_sums(map: &MapData) -> Result<Vec<(u32, u64)>, MapError> {
         })
     })?;
     let mut sums = Vec::new();
-    in_batches::<u32, u64>(map, cpus, |keys, values| {
+    in_batches::<u32, u64>(map, cpus, Span::Indexes(range), |keys, values| {
         sums.extend(
             keys.iter()
                 .zip(values.chunks(cpus))
@@ -64,12 +75,21 @@ pub fn per_cpu_sums(map: &MapData) -> Result<Vec<(u32, u64)>, MapError> {
     Ok(sums)
 }
 
-/// Reads every entry of `map` in calls of [`CHUNK`] entries, and hands
+/// What a read covers.
+enum Span {
+    /// The whole map.
+    All,
+    /// These indexes of an array.
+    Indexes(Range<u32>),
+}
+
+/// Reads `span` of `map` in calls of at most [`CHUNK`] entries, and hands
 /// each call's keys, and their values, `per_key` of `V` each (one per
 /// possible CPU in a per-CPU map), to `each`.
 fn in_batches<K: Pod, V: Pod>(
     map: &MapData,
     per_key: usize,
+    span: Span,
     mut each: impl FnMut(&[K], &[V]),
 ) -> Result<(), MapError> {
     // SAFETY: Pod types are plain data, valid when zeroed.
@@ -79,10 +99,15 @@ fn in_batches<K: Pod, V: Pod>(
             vec![std::mem::zeroed::<V>(); CHUNK * per_key],
         )
     };
-    // A batch position is a hash map's bucket index, or an array's index;
-    // none to start.
-    let (mut position, mut next) = (None::<u32>, 0u32);
-    loop {
+    // A batch position is a hash map's bucket index, or the array index
+    // before the next to read; none to start at the first.
+    let (mut position, mut left) = match span {
+        Span::All => (None::<u32>, usize::MAX),
+        Span::Indexes(range) => (range.start.checked_sub(1), range.len()),
+    };
+    let mut next = 0u32;
+    while left > 0 {
+        let asked = left.min(CHUNK);
         let mut attr = BatchAttr {
             in_batch: position
                 .as_ref()
@@ -90,7 +115,7 @@ fn in_batches<K: Pod, V: Pod>(
             out_batch: &raw mut next as u64,
             keys: keys.as_mut_ptr() as u64,
             values: values.as_mut_ptr() as u64,
-            count: CHUNK as u32,
+            count: asked as u32,
             map_fd: map.fd().as_fd().as_raw_fd() as u32,
             ..BatchAttr::default()
         };
@@ -106,8 +131,9 @@ fn in_batches<K: Pod, V: Pod>(
             )
         };
         let error = (ret < 0).then(io::Error::last_os_error);
-        let filled = (attr.count as usize).min(CHUNK);
+        let filled = (attr.count as usize).min(asked);
         each(&keys[..filled], &values[..filled * per_key]);
+        left -= filled;
         match error {
             None => position = Some(next),
             // The last entries were read.

@@ -3,13 +3,13 @@
 //! charged, and the new flows it refused; and each owner's budget of new
 //! entries per second in the fragment table (`isthmus_common::budget`).
 
-use std::path::Path;
+use std::{collections::BTreeMap, path::Path};
 
 use aya::maps::{Array, IterableMap, Map, MapData, MapError, PerCpuArray};
 use isthmus_common::{
     budget::Budget,
     names,
-    room::{FlowTable, REFUSAL_SLOTS, Room, Short, refusal_slot, slot},
+    room::{FlowTable, Room, SHORTS, Short, refusal_slot, slot},
 };
 
 use crate::kernel::{batch, maps::open_pinned};
@@ -41,10 +41,16 @@ impl Rooms {
         )
     }
 
-    /// Every owner's budget in the fragment table, by slot, in one system
-    /// call.
-    pub fn fragment_budgets(&self) -> Result<Vec<(u32, Budget)>, MapError> {
-        batch::entries(self.fragments.map())
+    /// The budgets in the fragment table of owners up to `last` (an
+    /// [`owner_of`](isthmus_common::room::owner_of) result), by slot, in
+    /// one system call.
+    pub fn fragment_budgets(&self, last: u32) -> Result<Vec<(u32, Budget)>, MapError> {
+        batch::array_range(self.fragments.map(), 0..last + 1)
+    }
+
+    /// The fragment table's budget at `slot`.
+    pub fn fragment_budget(&self, slot: u32) -> Result<Budget, MapError> {
+        self.fragments.get(&slot, 0)
     }
 
     /// Sets the limit of the budget at `slot`, which `read` found: its
@@ -81,28 +87,31 @@ impl Rooms {
             .set(slot(table, owner), read.holding(held, limit), 0)
     }
 
-    /// New flows refused so far, by owner and reason, over every CPU: the
-    /// whole map in a few system calls, where one per owner would cost
-    /// thousands a second with a thousand peers.
-    pub fn refusals(&self) -> Result<Refusals, MapError> {
-        let mut sums = vec![0; REFUSAL_SLOTS as usize];
-        for (slot, sum) in batch::per_cpu_sums(self.refused.map())? {
-            if let Some(at) = sums.get_mut(slot as usize) {
-                *at = sum;
-            }
-        }
-        Ok(Refusals(sums))
+    /// New flows of owners up to `last` (an
+    /// [`owner_of`](isthmus_common::room::owner_of) result) refused
+    /// so far in `table`, by owner and reason, over every CPU: in one
+    /// system call, where one per owner and reason would cost thousands a
+    /// second with a thousand peers.
+    pub fn refusals(&self, table: FlowTable, last: u32) -> Result<Refusals, MapError> {
+        let first = refusal_slot(table, 0, SHORTS[0]);
+        let end = refusal_slot(table, last, SHORTS[SHORTS.len() - 1]) + 1;
+        Ok(Refusals(
+            batch::per_cpu_sums(self.refused.map(), first..end)?
+                .into_iter()
+                .collect(),
+        ))
     }
 }
 
-/// New flows refused, as [`Rooms::refusals`] read them.
-pub struct Refusals(Vec<u64>);
+/// New flows refused, as [`Rooms::refusals`] read them, by refusal slot.
+pub struct Refusals(BTreeMap<u32, u64>);
 
 impl Refusals {
-    /// New flows of `owner` refused in `table` for `short`.
+    /// New flows of `owner` refused in `table` for `short`; 0 if it was
+    /// not read.
     pub fn get(&self, table: FlowTable, owner: u32, short: Short) -> u64 {
         self.0
-            .get(refusal_slot(table, owner, short) as usize)
+            .get(&refusal_slot(table, owner, short))
             .copied()
             .unwrap_or(0)
     }

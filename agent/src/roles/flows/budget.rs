@@ -8,7 +8,7 @@ use aya::maps::MapError;
 use isthmus_common::{
     budget::Budget,
     names::MAX_FRAGMENTS,
-    room::{ALL_PEERS, OWNER_LOCAL, SHORTS, Short},
+    room::{ALL_PEERS, OWNER_LOCAL, OWNERS, SHORTS, Short, owner_of},
 };
 use tracing::warn;
 
@@ -41,27 +41,34 @@ impl FragmentBudgets {
         }
     }
 
-    /// Reads every budget in one call; sets the limits where `peers`
-    /// peers sharing the table as `share` says changed them; reports the
-    /// refusals since the last pass.
+    /// Sets the limits where `peers` (their IDs) sharing the table as
+    /// `share` says changed them; reports the refusals since the last pass,
+    /// read in one call.
     pub fn pass(
         &mut self,
         rooms: &mut Rooms,
-        peers: usize,
+        peers: &[u32],
         share: Share,
         report: &dyn FlowReport,
     ) -> Result<(), MapError> {
-        let budgets = rooms.fragment_budgets()?;
-        let limits = Limits::new(u64::from(MAX_FRAGMENTS), self.reserve, share, peers);
+        let limits = Limits::new(u64::from(MAX_FRAGMENTS), self.reserve, share, peers.len());
         if self.written != Some(limits) {
             // Every owner's slot, a peer's or not yet: a peer that comes
             // before the next pass is bounded from its first datagram.
-            for (slot, read) in &budgets {
-                rooms.set_fragment_limit(*slot, *read, limit_of(*slot, &limits))?;
+            let slots = rooms.fragment_budgets(OWNERS - 1)?.into_iter();
+            let all = (ALL_PEERS, rooms.fragment_budget(ALL_PEERS)?);
+            for (slot, read) in slots.chain([all]) {
+                rooms.set_fragment_limit(slot, read, limit_of(slot, &limits))?;
             }
             self.written = Some(limits);
         }
-        for (owner, budget) in budgets {
+        let last = peers
+            .iter()
+            .copied()
+            .map(owner_of)
+            .max()
+            .unwrap_or(OWNER_LOCAL);
+        for (owner, budget) in rooms.fragment_budgets(last)? {
             self.count(owner, &budget, report);
         }
         Ok(())

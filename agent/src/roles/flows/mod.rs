@@ -178,7 +178,7 @@ async fn collect(tables: FlowTables, sharing: Sharing, report: Arc<dyn FlowRepor
             .filter(|(_, flags)| *flags & SEGREGATED != 0)
             .map(|(id, _)| *id)
             .collect();
-        if let Err(e) = fragment_budgets.pass(&mut rooms, all.len(), sharing.share, &*report) {
+        if let Err(e) = fragment_budgets.pass(&mut rooms, &all, sharing.share, &*report) {
             error!(table = FRAGMENTS, error = %e, "setting the fragment table's budgets");
         }
         let due = sweep || changed;
@@ -311,7 +311,8 @@ impl<T: SweptTable> Sweeper<T> {
     /// What the kernel refused since the last pass; counts it.
     fn pressure(&mut self, rooms: &Rooms, report: &dyn FlowReport) -> Result<Pressure, MapError> {
         let mut pressure = Pressure::default();
-        let refusals = rooms.refusals()?;
+        let last = self.owners.last().copied().unwrap_or(OWNER_LOCAL);
+        let refusals = rooms.refusals(T::TABLE, last)?;
         for &owner in &self.owners {
             for short in SHORTS {
                 let now = refusals.get(T::TABLE, owner, short);

@@ -41,7 +41,7 @@ fn a_peers_flows_fill_only_its_share_and_its_unanswered_ones_go_first() {
     );
     let refused = |owner, short| {
         h.rooms
-            .refusals()
+            .refusals(FlowTable::Conntrack, 2)
             .unwrap()
             .get(FlowTable::Conntrack, owner, short)
     };
@@ -126,11 +126,11 @@ fn flows_towards_a_segregated_peer_are_bounded_by_its_share() {
         DropReason::PeerFlowsFull,
         None,
     );
-    let refused = h
-        .rooms
-        .refusals()
-        .unwrap()
-        .get(FlowTable::PeerFlows, 1, Short::Share);
+    let refused = h.rooms.refusals(FlowTable::PeerFlows, 2).unwrap().get(
+        FlowTable::PeerFlows,
+        1,
+        Short::Share,
+    );
     assert_eq!(refused, 1);
     // None answered: the collector evicts the oldest, and the next fits.
     sweeper.pass(
@@ -198,17 +198,9 @@ fn a_peers_first_fragments_past_its_budget_cost_only_its_own_datagrams() {
     let mut budgets = FragmentBudgets::new(25);
     // Two peers, each with 1% of the peers' room: 61 entries a second.
     budgets
-        .pass(&mut h.rooms, 2, Share::Percent(1), &*metrics)
+        .pass(&mut h.rooms, &[1, 2], Share::Percent(1), &*metrics)
         .unwrap();
-    let budget = |h: &Harness, owner| {
-        h.rooms
-            .fragment_budgets()
-            .unwrap()
-            .into_iter()
-            .find(|(slot, _)| *slot == owner)
-            .unwrap()
-            .1
-    };
+    let budget = |h: &Harness, owner| h.rooms.fragment_budget(owner).unwrap();
     assert_eq!(budget(&h, 2).limit, 61);
     assert_eq!(budget(&h, ALL_PEERS).limit, 6144);
     assert_eq!(
@@ -281,7 +273,7 @@ fn a_peers_first_fragments_past_its_budget_cost_only_its_own_datagrams() {
 
     // The collector reports the refusals, against peer s.
     budgets
-        .pass(&mut h.rooms, 2, Share::Percent(1), &*metrics)
+        .pass(&mut h.rooms, &[1, 2], Share::Percent(1), &*metrics)
         .unwrap();
     let labels = [
         ("table", "fragments".to_owned()),
