@@ -82,7 +82,7 @@ pub struct Metrics {
     /// table after the last collection.
     pub flow_entries: Family<OwnerLabels, Gauge>,
     /// New flows the kernel refused for want of room, by table, owner and
-    /// reason.
+    /// reason; and first fragments past their owner's budget.
     pub flow_refusals: Family<RefusalLabels, Counter>,
     /// Flows never answered, evicted to make room, by table and owner.
     pub flow_evictions: Family<OwnerLabels, Counter>,
@@ -216,7 +216,7 @@ impl Metrics {
             flow_refusals: registered(
                 r,
                 "flow_table_refusals",
-                "New flows refused for want of room, by table, owner and reason: share_full (the owner's share) or table_full (the peers' room or the table)",
+                "New flows refused for want of room, by table, owner and reason: share_full (the owner's share) or table_full (the peers' room or the table); for table fragments, first fragments not remembered past the owner's budget per second",
                 Family::default(),
             ),
             flow_evictions: registered(
