@@ -38,18 +38,19 @@ struct BatchAttr {
 /// Every entry of the hash map `map`, whose keys are `K` and values `V`
 /// (as aya checked when it typed the map).
 pub fn entries<K: Pod, V: Pod>(map: &MapData) -> Result<Vec<(K, V)>, MapError> {
-    let mut entries = Vec::new();
-    in_batches::<K, V>(map, 1, Span::All, |keys, values| {
-        entries.extend(keys.iter().copied().zip(values.iter().copied()));
-    })?;
-    Ok(entries)
+    collected(map, Span::All)
 }
 
 /// The entries at `range` of the array `map`, whose values are `V`:
 /// (index, value).
 pub fn array_range<V: Pod>(map: &MapData, range: Range<u32>) -> Result<Vec<(u32, V)>, MapError> {
+    collected(map, Span::Indexes(range))
+}
+
+/// The entries of `span` of `map`, one value each.
+fn collected<K: Pod, V: Pod>(map: &MapData, span: Span) -> Result<Vec<(K, V)>, MapError> {
     let mut entries = Vec::new();
-    in_batches::<u32, V>(map, 1, Span::Indexes(range), |keys, values| {
+    in_batches::<K, V>(map, 1, span, |keys, values| {
         entries.extend(keys.iter().copied().zip(values.iter().copied()));
     })?;
     Ok(entries)

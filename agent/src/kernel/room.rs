@@ -95,23 +95,26 @@ impl Rooms {
     pub fn refusals(&self, table: FlowTable, last: u32) -> Result<Refusals, MapError> {
         let first = refusal_slot(table, 0, SHORTS[0]);
         let end = refusal_slot(table, last, SHORTS[SHORTS.len() - 1]) + 1;
-        Ok(Refusals(
-            batch::per_cpu_sums(self.refused.map(), first..end)?
+        Ok(Refusals {
+            table,
+            by_slot: batch::per_cpu_sums(self.refused.map(), first..end)?
                 .into_iter()
                 .collect(),
-        ))
+        })
     }
 }
 
-/// New flows refused, as [`Rooms::refusals`] read them, by refusal slot.
-pub struct Refusals(BTreeMap<u32, u64>);
+/// New flows refused in one table, as [`Rooms::refusals`] read them.
+pub struct Refusals {
+    table: FlowTable,
+    by_slot: BTreeMap<u32, u64>,
+}
 
 impl Refusals {
-    /// New flows of `owner` refused in `table` for `short`; 0 if it was
-    /// not read.
-    pub fn get(&self, table: FlowTable, owner: u32, short: Short) -> u64 {
-        self.0
-            .get(&refusal_slot(table, owner, short))
+    /// New flows of `owner` refused for `short`; 0 if it was not read.
+    pub fn get(&self, owner: u32, short: Short) -> u64 {
+        self.by_slot
+            .get(&refusal_slot(self.table, owner, short))
             .copied()
             .unwrap_or(0)
     }

@@ -8,11 +8,11 @@ use aya::maps::MapError;
 use isthmus_common::{
     budget::Budget,
     names::MAX_FRAGMENTS,
-    room::{ALL_PEERS, OWNER_LOCAL, OWNERS, SHORTS, Short, owner_of},
+    room::{ALL_PEERS, OWNER_LOCAL, OWNERS, SHORTS, owner_of},
 };
 use tracing::warn;
 
-use super::{FlowReport, Limits, Share};
+use super::{FlowReport, Limits, RefusalsSeen, Share};
 use crate::kernel::room::Rooms;
 
 /// How metrics and logs name the fragment table.
@@ -24,7 +24,7 @@ pub struct FragmentBudgets {
     /// The limits last written to every slot.
     written: Option<Limits>,
     /// Refusals counted so far, by owner and reason.
-    refused: BTreeMap<(u32, Short), u64>,
+    refused: RefusalsSeen,
     /// Refusals since the last log line, by owner.
     unlogged: BTreeMap<u32, u64>,
 }
@@ -36,7 +36,7 @@ impl FragmentBudgets {
         Self {
             reserve: u64::from(MAX_FRAGMENTS) * u64::from(reserve_percent) / 100,
             written: None,
-            refused: BTreeMap::new(),
+            refused: RefusalsSeen::default(),
             unlogged: BTreeMap::new(),
         }
     }
@@ -76,11 +76,7 @@ impl FragmentBudgets {
 
     fn count(&mut self, owner: u32, budget: &Budget, report: &dyn FlowReport) {
         for short in SHORTS {
-            let now = budget.refused(short);
-            // The first read counts from there: what an agent before this
-            // one saw is not this one's to report.
-            let before = self.refused.insert((owner, short), now).unwrap_or(now);
-            let new = now.saturating_sub(before);
+            let new = self.refused.since(owner, short, budget.refused(short));
             if new > 0 {
                 *self.unlogged.entry(owner).or_default() += new;
                 report.refused(FRAGMENTS, owner, short, new);

@@ -79,7 +79,7 @@ pub struct Sweeper<T> {
     /// any that held entries at the last pass.
     owners: BTreeSet<u32>,
     /// Refusals counted so far, by owner and reason.
-    refused: BTreeMap<(u32, Short), u64>,
+    refused: RefusalsSeen,
     /// What each owner held when the last pass ended.
     left: BTreeMap<u32, u64>,
     /// Refusals and evictions since the last log line, by owner.
@@ -210,6 +210,21 @@ async fn collect(tables: FlowTables, sharing: Sharing, report: Arc<dyn FlowRepor
     }
 }
 
+/// The kernel's refusal counts as last read, by owner and reason.
+#[derive(Default)]
+struct RefusalsSeen(BTreeMap<(u32, Short), u64>);
+
+impl RefusalsSeen {
+    /// What `owner` was refused for `short` since the last read, the
+    /// kernel having counted `now` in all. The first read counts from
+    /// there: what an agent before this one saw is not this one's to
+    /// report.
+    fn since(&mut self, owner: u32, short: Short, now: u64) -> u64 {
+        let before = self.0.insert((owner, short), now).unwrap_or(now);
+        now.saturating_sub(before)
+    }
+}
+
 /// The peers' IDs in the kernel's peer table, with their flags.
 fn peer_ids(peers: &PeerMap) -> Result<BTreeMap<u32, u32>, MapError> {
     Ok(peers
@@ -228,7 +243,7 @@ impl<T: SweptTable> Sweeper<T> {
             capacity: u64::from(capacity),
             reserve,
             owners: BTreeSet::from([OWNER_LOCAL]),
-            refused: BTreeMap::new(),
+            refused: RefusalsSeen::default(),
             left: BTreeMap::new(),
             unlogged: BTreeMap::new(),
         }
@@ -315,9 +330,7 @@ impl<T: SweptTable> Sweeper<T> {
         let refusals = rooms.refusals(T::TABLE, last)?;
         for &owner in &self.owners {
             for short in SHORTS {
-                let now = refusals.get(T::TABLE, owner, short);
-                let before = self.refused.insert((owner, short), now).unwrap_or(now);
-                let new = now.saturating_sub(before);
+                let new = self.refused.since(owner, short, refusals.get(owner, short));
                 if new == 0 {
                     continue;
                 }

@@ -43,7 +43,7 @@ fn a_peers_flows_fill_only_its_share_and_its_unanswered_ones_go_first() {
         h.rooms
             .refusals(FlowTable::Conntrack, 2)
             .unwrap()
-            .get(FlowTable::Conntrack, owner, short)
+            .get(owner, short)
     };
     h.expect_dropped(
         "a fourth flow of peer s",
@@ -126,11 +126,11 @@ fn flows_towards_a_segregated_peer_are_bounded_by_its_share() {
         DropReason::PeerFlowsFull,
         None,
     );
-    let refused = h.rooms.refusals(FlowTable::PeerFlows, 2).unwrap().get(
-        FlowTable::PeerFlows,
-        1,
-        Short::Share,
-    );
+    let refused = h
+        .rooms
+        .refusals(FlowTable::PeerFlows, 2)
+        .unwrap()
+        .get(1, Short::Share);
     assert_eq!(refused, 1);
     // None answered: the collector evicts the oldest, and the next fits.
     sweeper.pass(
