@@ -214,6 +214,12 @@ impl Link {
             (Link::Ip, Direction::Ingress) => names::PROG_INGRESS_IP,
         }
     }
+
+    /// The slot of [`names::MAP_ICMP_ERROR`] that serves this link kind in
+    /// `direction`: [`names::ICMP_ERROR_PROGRAMS`] are in this order.
+    pub const fn icmp_error_slot(self, direction: Direction) -> u32 {
+        self as u32 * 2 + direction as u32
+    }
 }
 
 impl Outcome {
@@ -263,6 +269,19 @@ impl Kind {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_icmp_error_program_sits_in_the_slot_of_its_link_and_direction() {
+        for link in [Link::Eth, Link::Ip] {
+            for direction in [Direction::Egress, Direction::Ingress] {
+                let slot = link.icmp_error_slot(direction) as usize;
+                let nat = link.program(direction);
+                // The NAT of errors is named as the NAT it follows.
+                let error = names::ICMP_ERROR_PROGRAMS[slot];
+                assert_eq!((&error[..4], &error[4..]), ("err_", &nat[4..]));
+            }
+        }
+    }
 
     #[test]
     fn slots_are_distinct_and_dense() {

@@ -183,8 +183,22 @@ pub const MAP_NAT_IN: &str = "ist_nat_in";
 /// The programs of [`MAP_NAT_IN`], in its order.
 pub const NAT_IN_PROGRAMS: [&str; 2] = [PROG_INGRESS_ETH, PROG_INGRESS_IP];
 
+/// Program array: the NAT of ICMP errors, which every NAT program goes on
+/// in for an ICMP error, indexed by
+/// [`crate::counters::Link::icmp_error_slot`]. Pinned, as
+/// [`MAP_ONWARD`]. Apart, so that the verifier walks the quoted header
+/// once, not once for every path through the NAT that other packets take.
+pub const MAP_ICMP_ERROR: &str = "ist_icmp_error";
+/// The programs of [`MAP_ICMP_ERROR`], in its order.
+pub const ICMP_ERROR_PROGRAMS: [&str; 4] = [
+    "err_egress_eth",
+    "err_ingress_eth",
+    "err_egress_ip",
+    "err_ingress_ip",
+];
+
 /// Every program array, pinned beside [`MAPS`].
-pub const PROGRAM_ARRAYS: [&str; 3] = [MAP_ONWARD, MAP_PEER_DNAT, MAP_NAT_IN];
+pub const PROGRAM_ARRAYS: [&str; 4] = [MAP_ONWARD, MAP_PEER_DNAT, MAP_NAT_IN, MAP_ICMP_ERROR];
 
 /// Every TC program the agent attaches.
 pub const PROGRAMS: [&str; 10] = [
@@ -231,3 +245,22 @@ pub const DEFAULT_ALLOWED: u32 = 65536;
 /// Default capacity of [`MAP_PEER_FLOWS`]; the agent may set another at
 /// load time.
 pub const DEFAULT_PEER_FLOWS: u32 = 65536;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_fits_the_kernels_fifteen_characters() {
+        let names = PROGRAMS
+            .into_iter()
+            .chain(ICMP_ERROR_PROGRAMS)
+            .chain(ONWARD_PROGRAMS)
+            .chain(PEER_DNAT_PROGRAMS)
+            .chain(PROGRAM_ARRAYS)
+            .chain(MAPS);
+        for name in names {
+            assert!(name.len() <= 15, "{name} is longer than 15 characters");
+        }
+    }
+}

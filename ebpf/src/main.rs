@@ -1,7 +1,8 @@
 //! Isthmus kernel programs.
 //!
 //! One pair of TC programs per link type: the same NAT code, compiled with
-//! the offset of the IPv4 header fixed, so the verifier sees constants; the
+//! the offset of the IPv4 header fixed, so the verifier sees constants; a
+//! pair more for ICMP errors, which the NAT goes on in by tail call; the
 //! overlay's programs; and the XDP guard of the tunnel port.
 #![no_std]
 #![no_main]
@@ -44,27 +45,58 @@ use parse::ETH_HLEN;
 /// Rewrites sources of packets leaving towards a peer, on an Ethernet device.
 #[classifier]
 pub fn nat_egress_eth(ctx: TcContext) -> i32 {
-    egress(&ctx, ETH_HLEN)
+    egress::<false>(&ctx, ETH_HLEN)
 }
 
 /// Rewrites destinations of packets arriving from a peer, on an Ethernet
 /// device, and sends those for another node's pods to it.
 #[classifier]
 pub fn nat_ingress_eth(ctx: TcContext) -> i32 {
-    ingress(&ctx, ETH_HLEN)
+    ingress::<false>(&ctx, ETH_HLEN)
 }
 
 /// Rewrites sources of packets leaving towards a peer, on an L3 device (tun).
 #[classifier]
 pub fn nat_egress_ip(ctx: TcContext) -> i32 {
-    egress(&ctx, 0)
+    egress::<false>(&ctx, 0)
+}
+
+/// After `nat_egress_eth`, by tail call: an ICMP error, and the header it
+/// quotes.
+#[classifier]
+pub fn err_egress_eth(ctx: TcContext) -> i32 {
+    egress::<true>(&ctx, ETH_HLEN)
+}
+
+/// After `nat_ingress_eth`, by tail call: an ICMP error, and the header it
+/// quotes.
+#[classifier]
+pub fn err_ingress_eth(ctx: TcContext) -> i32 {
+    ingress::<true>(&ctx, ETH_HLEN)
+}
+
+/// After `nat_egress_ip`, by tail call: an ICMP error, and the header it
+/// quotes.
+#[classifier]
+pub fn err_egress_ip(ctx: TcContext) -> i32 {
+    egress::<true>(&ctx, 0)
+}
+
+/// After `nat_ingress_ip`, by tail call: an ICMP error, and the header it
+/// quotes.
+#[classifier]
+pub fn err_ingress_ip(ctx: TcContext) -> i32 {
+    ingress::<true>(&ctx, 0)
 }
 
 /// A Liqo v1 peer's packet that goes on has its destination rewritten too
 /// (docs/design.md#liqo-v1-peers).
 #[inline(always)]
-fn egress(ctx: &TcContext, l3: usize) -> i32 {
-    let handled = nat::run(ctx, l3, Direction::Egress);
+fn egress<const ERRORS: bool>(ctx: &TcContext, l3: usize) -> i32 {
+    let handled = nat::run::<ERRORS>(ctx, l3, Direction::Egress);
+    if handled.icmp_error {
+        return tail_call::icmp_error(ctx, Link::of_l3(l3), Direction::Egress);
+    }
     if handled.action == TC_ACT_UNSPEC && handled.remaps_peer {
         return tail_call::peer_dnat(ctx, Link::of_l3(l3));
     }
@@ -101,13 +133,16 @@ pub fn peer_snat_ip(ctx: TcContext) -> i32 {
 /// (tun), and sends those for another node's pods to it.
 #[classifier]
 pub fn nat_ingress_ip(ctx: TcContext) -> i32 {
-    ingress(&ctx, 0)
+    ingress::<false>(&ctx, 0)
 }
 
 /// A peer's packet that goes on continues in the onward program.
 #[inline(always)]
-fn ingress(ctx: &TcContext, l3: usize) -> i32 {
-    let handled = nat::run(ctx, l3, Direction::Ingress);
+fn ingress<const ERRORS: bool>(ctx: &TcContext, l3: usize) -> i32 {
+    let handled = nat::run::<ERRORS>(ctx, l3, Direction::Ingress);
+    if handled.icmp_error {
+        return tail_call::icmp_error(ctx, Link::of_l3(l3), Direction::Ingress);
+    }
     if handled.action == TC_ACT_UNSPEC && handled.peers {
         return tail_call::onward(ctx, Link::of_l3(l3));
     }

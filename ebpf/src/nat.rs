@@ -26,7 +26,8 @@ use crate::{
     csum, isolation, maps,
     mss::{self, Oversized},
     parse::{
-        self, ETH_P_IP, ICMP_CHECK, ICMP_ECHO_ID, Ipv4, Malformed, Packet, PseudoCsum, Transport,
+        self, ETH_P_IP, ICMP_CHECK, ICMP_ECHO_ID, Ipv4, Malformed, Packet, Parsed, PseudoCsum,
+        Transport,
     },
 };
 
@@ -78,6 +79,8 @@ enum Verdict {
     Dropped(DropReason),
     /// A packet from peer `.0` for somewhere it may not reach.
     Denied(u32, DenyReason),
+    /// An ICMP error, for the program that rewrites those.
+    IcmpError,
 }
 
 impl Refused {
@@ -101,38 +104,55 @@ pub struct Handled {
     pub peers: bool,
     /// That peer's NAT runs Liqo v1's way: we rewrite its addresses too.
     pub remaps_peer: bool,
+    /// The packet is an ICMP error, which goes on, not yet counted, in the
+    /// program that rewrites those.
+    pub icmp_error: bool,
 }
 
-/// Entry point shared by every NAT program. Drops what must be masqueraded
-/// and cannot be, and what a peer sends where it may not reach; a packet
-/// that is no peer's, or that we send and cannot parse, goes on untouched.
-/// Each packet is counted.
+impl Handled {
+    /// A packet that goes on untouched, and no peer's.
+    const PASSED: Self = Self {
+        action: TC_ACT_UNSPEC,
+        peers: false,
+        remaps_peer: false,
+        icmp_error: false,
+    };
+}
+
+/// Entry point shared by every NAT program: those of ICMP errors when
+/// `ERRORS`, the others' otherwise. Drops what must be masqueraded and
+/// cannot be, and what a peer sends where it may not reach; a packet that
+/// is no peer's, or that we send and cannot parse, goes on untouched.
+/// Each packet is counted, by the program that gives it its outcome.
 #[inline(always)]
-pub fn run(ctx: &TcContext, l3: usize, direction: Direction) -> Handled {
+pub fn run<const ERRORS: bool>(ctx: &TcContext, l3: usize, direction: Direction) -> Handled {
     let link = Link::of_l3(l3);
     // Not IPv4: nothing of ours to read or rewrite. Decided here, not as an
     // early verdict of `translate`, where LLVM read the unset payload of
     // that verdict from a register the verifier calls uninitialised.
     if ctx.skb.protocol() != ETH_P_IP {
         maps::count(link, direction, Outcome::Passed);
-        return Handled {
-            action: TC_ACT_UNSPEC,
-            peers: false,
-            remaps_peer: false,
-        };
+        return Handled::PASSED;
     }
     let mut remaps_peer = false;
-    let verdict =
-        translate(ctx, l3, direction, &mut remaps_peer).or_else(|Malformed| match direction {
+    let verdict = translate::<ERRORS>(ctx, l3, direction, &mut remaps_peer).or_else(|Malformed| {
+        match direction {
             // A peer does not get in by sending what we cannot read.
             Direction::Ingress => match unparseable_from(ctx, l3) {
                 Some(peer_id) => Ok(Verdict::Denied(peer_id, DenyReason::Unparseable)),
                 None => Err(Malformed),
             },
             Direction::Egress => Err(Malformed),
-        });
+        }
+    });
     let peers = matches!(verdict, Ok(Verdict::Translated(_) | Verdict::Unchanged));
     let (outcome, action) = match verdict {
+        Ok(Verdict::IcmpError) => {
+            return Handled {
+                icmp_error: true,
+                ..Handled::PASSED
+            };
+        }
         Ok(Verdict::Translated(kinds)) => {
             maps::count_kinds(link, direction, kinds);
             (Outcome::Translated, TC_ACT_UNSPEC)
@@ -155,6 +175,7 @@ pub fn run(ctx: &TcContext, l3: usize, direction: Direction) -> Handled {
         action,
         peers,
         remaps_peer: peers && remaps_peer,
+        icmp_error: false,
     }
 }
 
@@ -187,13 +208,16 @@ struct PortChange {
 /// Sets `remaps_peer` when the packet's peer is one whose NAT runs Liqo
 /// v1's way.
 #[inline(always)]
-fn translate(
+fn translate<const ERRORS: bool>(
     ctx: &TcContext,
     l3: usize,
     direction: Direction,
     remaps_peer: &mut bool,
 ) -> Result<Verdict, Malformed> {
-    let pkt = parse::packet(ctx, l3)?;
+    let pkt = match parse::packet::<ERRORS>(ctx, l3)? {
+        Parsed::Packet(pkt) => pkt,
+        Parsed::IcmpError => return Ok(Verdict::IcmpError),
+    };
     let fields = Fields::of(direction);
     let quoted_fields = fields.swapped();
 

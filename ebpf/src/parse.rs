@@ -106,11 +106,13 @@ pub struct Fragment {
 pub struct Packet {
     /// Its IPv4 header.
     pub ip: Ipv4,
-    /// Set when the packet is one fragment of a datagram.
+    /// Set when the packet is one fragment of a datagram, unless it is an
+    /// ICMP error.
     pub fragment: Option<Fragment>,
     /// Set when the packet is an ICMP error carrying a quoted header.
     pub icmp_error: Option<IcmpError>,
-    /// Its ports, when it is a whole first fragment of TCP, UDP or ICMP.
+    /// Its ports, when it is a whole first fragment of TCP, UDP or ICMP,
+    /// and no ICMP error.
     pub transport: Option<Transport>,
 }
 
@@ -200,28 +202,80 @@ pub fn be16(b: &[u8], at: usize) -> u16 {
     u16::from_be_bytes([b[at], b[at + 1]])
 }
 
-/// Parses the IPv4 packet at `off`. Fails if any header it needs is cut off.
+/// What [`packet`] found.
+pub enum Parsed {
+    /// A packet for this program.
+    Packet(Packet),
+    /// An ICMP error, which programs of their own rewrite: the verifier
+    /// then walks its quoted header once, not once for every path through
+    /// the NAT that other packets take.
+    IcmpError,
+}
+
+/// Parses the IPv4 packet at `off` for a NAT program: one that rewrites
+/// ICMP errors when `ERRORS`, and every other packet otherwise. Fails if
+/// any header it needs is cut off, or, when `ERRORS`, if the packet is no
+/// ICMP error.
 #[inline(always)]
-pub fn packet(ctx: &TcContext, off: usize) -> Result<Packet, Malformed> {
+pub fn packet<const ERRORS: bool>(ctx: &TcContext, off: usize) -> Result<Parsed, Malformed> {
+    let (view, outer, is_error) = outer(ctx, off)?;
+    match (ERRORS, is_error) {
+        (false, true) => Ok(Parsed::IcmpError),
+        (false, false) => Ok(Parsed::Packet(plain(&view, outer)?)),
+        (true, true) => Ok(Parsed::Packet(error(&view, outer)?)),
+        (true, false) => Err(Malformed),
+    }
+}
+
+/// Parses the IPv4 packet at `off`, of either kind.
+#[inline(always)]
+pub fn any_packet(ctx: &TcContext, off: usize) -> Result<Packet, Malformed> {
+    let (view, outer, is_error) = outer(ctx, off)?;
+    if is_error {
+        error(&view, outer)
+    } else {
+        plain(&view, outer)
+    }
+}
+
+/// The packet's own IPv4 header, in the view that reads it, and whether
+/// the packet is an ICMP error.
+#[inline(always)]
+fn outer(ctx: &TcContext, off: usize) -> Result<(View, Header, bool), Malformed> {
     let len = ctx.len() as usize;
     linearize(ctx, off)?;
     let view = View::of(ctx);
     let outer = header(&view, off, len, true)?;
-    let icmp_error = if outer.proto == PROTO_ICMP && outer.first {
-        icmp_error(&view, outer.l4, outer.end)?
-    } else {
-        None
-    };
+    let is_error = outer.proto == PROTO_ICMP && outer.first && is_error(&view, outer.l4)?;
+    Ok((view, outer, is_error))
+}
+
+/// A packet that is no ICMP error, and its ports if it has them.
+#[inline(always)]
+fn plain(view: &View, outer: Header) -> Result<Packet, Malformed> {
     let transport = if outer.first {
-        transport(&view, outer.proto, outer.l4)?
+        transport(view, outer.proto, outer.l4)?
     } else {
         None
     };
     Ok(Packet {
         ip: outer.ip,
         fragment: outer.fragment,
-        icmp_error,
+        icmp_error: None,
         transport,
+    })
+}
+
+/// An ICMP error and the header it quotes. An error names no flow of its
+/// own, and the rules read only its quoted packet's: it is translated
+/// whole, without state.
+#[inline(always)]
+fn error(view: &View, outer: Header) -> Result<Packet, Malformed> {
+    Ok(Packet {
+        ip: outer.ip,
+        fragment: None,
+        icmp_error: Some(icmp_error(view, outer.l4, outer.end)?),
+        transport: None,
     })
 }
 
@@ -341,14 +395,17 @@ fn pseudo_csum(proto: u8, l4: usize, end: usize, whole: bool) -> Result<PseudoCs
     }
 }
 
-/// The quoted header of an ICMP error message, if this ICMP packet is one.
+/// Whether the ICMP message at `l4` is an error, which quotes a header.
 #[inline(always)]
-fn icmp_error(view: &View, l4: usize, end: usize) -> Result<Option<IcmpError>, Malformed> {
+fn is_error(view: &View, l4: usize) -> Result<bool, Malformed> {
     let icmp_type = view.span::<ICMP_HLEN>(l4)?[0];
     // Destination unreachable, source quench, redirect, time exceeded, parameter problem.
-    if !matches!(icmp_type, 3 | 4 | 5 | 11 | 12) {
-        return Ok(None);
-    }
+    Ok(matches!(icmp_type, 3 | 4 | 5 | 11 | 12))
+}
+
+/// The quoted header of the ICMP error message at `l4`.
+#[inline(always)]
+fn icmp_error(view: &View, l4: usize, end: usize) -> Result<IcmpError, Malformed> {
     let quoted = header(view, l4 + ICMP_HLEN, end, false)?;
     // RFC 792 quotes 8 bytes of the L4 header: both ports, or an echo's
     // identifier.
@@ -365,9 +422,9 @@ fn icmp_error(view: &View, l4: usize, end: usize) -> Result<Option<IcmpError>, M
         sport,
         dport,
     });
-    Ok(Some(IcmpError {
+    Ok(IcmpError {
         check_off: l4 + ICMP_CHECK,
         quoted: quoted.ip,
         quoted_flow,
-    }))
+    })
 }

@@ -67,7 +67,7 @@ pub fn snat(ctx: &TcContext, l3: usize) -> i32 {
     if let Some(peer) = maps::peer_of_device(ifindex)
         && ctx.skb.protocol() == ETH_P_IP
     {
-        let Ok(pkt) = parse::packet(ctx, l3) else {
+        let Ok(pkt) = parse::any_packet(ctx, l3) else {
             maps::count(link, Direction::Ingress, Outcome::Dropped);
             maps::count_drop(link, Direction::Ingress, DropReason::Denied);
             maps::count_denied(peer.peer_id, DenyReason::Unparseable);
@@ -96,7 +96,7 @@ fn packet(ctx: &TcContext, l3: usize) -> Result<parse::Packet, Malformed> {
     if ctx.skb.protocol() != ETH_P_IP {
         return Err(Malformed);
     }
-    parse::packet(ctx, l3)
+    parse::any_packet(ctx, l3)
 }
 
 /// Applies `rules` to the peer's address at `field` (the destination

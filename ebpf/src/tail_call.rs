@@ -27,6 +27,11 @@ static PEER_DNAT: ProgramArray<2> = ProgramArray::new();
 #[btf_map(name = "ist_nat_in")]
 static NAT_IN: ProgramArray<2> = ProgramArray::new();
 
+/// The NAT of ICMP errors (`names::ICMP_ERROR_PROGRAMS`), by link and
+/// direction.
+#[btf_map(name = "ist_icmp_error")]
+static ICMP_ERROR: ProgramArray<4> = ProgramArray::new();
+
 /// Goes on in the program after the ingress NAT for `link`: a peer's
 /// packet, which the NAT gave its outcome.
 #[inline(always)]
@@ -53,6 +58,16 @@ pub fn nat_in(ctx: &TcContext, link: Link) -> i32 {
     unsafe { NAT_IN.tail_call(ctx, link as u32) };
     maps::count(link, Direction::Ingress, Outcome::Dropped);
     missed(link, Direction::Ingress)
+}
+
+/// Goes on in the NAT of ICMP errors for `link` and `direction`, which
+/// gives a packet its outcome: one that misses it gets `dropped` here.
+#[inline(always)]
+pub fn icmp_error(ctx: &TcContext, link: Link, direction: Direction) -> i32 {
+    // SAFETY: a tail call into a TC program of the agent's own object.
+    unsafe { ICMP_ERROR.tail_call(ctx, link.icmp_error_slot(direction)) };
+    maps::count(link, direction, Outcome::Dropped);
+    missed(link, direction)
 }
 
 /// A tail call returned, so its slot was empty: counted and dropped.

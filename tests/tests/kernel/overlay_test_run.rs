@@ -12,7 +12,7 @@ use std::net::Ipv4Addr;
 use aya::{Ebpf, EbpfLoader, programs::SchedClassifier};
 use ipnet::Ipv4Net;
 use isthmus_agent::{
-    kernel::dataplane::{OBJECT, load_onward},
+    kernel::dataplane::{OBJECT, load_nat_stages},
     kernel::maps::{ByteHash, Counters, NodeMap, OverlaySettings, PeerMap, PrefixTrie},
     kernel::table::KernelTable,
     model::isolation::SecurityMode,
@@ -73,7 +73,7 @@ impl Harness {
                 .unwrap_or_else(|e| panic!("verifier rejected {name}: {e}"));
         }
         // What the ingress NAT goes on in, as the agent loads it.
-        load_onward(&mut ebpf).unwrap();
+        load_nat_stages(&mut ebpf).unwrap();
         let mut peers = PeerMap::new(
             ebpf.take_map(names::MAP_PEERS).unwrap(),
             ebpf.take_map(names::MAP_PEER_OWNERS).unwrap(),

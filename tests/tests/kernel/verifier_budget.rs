@@ -43,6 +43,7 @@ fn loaded() -> (Ebpf, Vec<(&'static str, ProgramInfo)>) {
         .into_iter()
         .chain(names::ONWARD_PROGRAMS)
         .chain(names::PEER_DNAT_PROGRAMS)
+        .chain(names::ICMP_ERROR_PROGRAMS)
         .chain([names::PROG_GUARD]);
     let infos = names
         .map(|name| {

@@ -198,6 +198,7 @@ fn footprint(node: &str) -> (String, String, String, Vec<(String, usize)>) {
         if isthmus_common::names::PROGRAMS.contains(&name)
             || isthmus_common::names::ONWARD_PROGRAMS.contains(&name)
             || isthmus_common::names::PEER_DNAT_PROGRAMS.contains(&name)
+            || isthmus_common::names::ICMP_ERROR_PROGRAMS.contains(&name)
         {
             *names.entry(name.to_owned()).or_default() += 1;
         }
@@ -205,9 +206,25 @@ fn footprint(node: &str) -> (String, String, String, Vec<(String, usize)>) {
     (
         show(&["route", "show", "table", "all", "proto", "153"]),
         show(&["rule", "show"]),
-        show(&["-brief", "address", "show"]),
+        without_states(&show(&["-brief", "address", "show"])),
         names.into_iter().collect(),
     )
+}
+
+/// Each device of `brief` (`ip -brief address` output) with its
+/// addresses, without its state: a TUN device reads UNKNOWN when the
+/// agent that made it first opens it, and UP when the next one takes it
+/// over, though nothing else about it differs.
+fn without_states(brief: &str) -> String {
+    brief
+        .lines()
+        .map(|line| {
+            let mut fields = line.split_whitespace();
+            let device = fields.next().unwrap_or_default();
+            let addresses: Vec<&str> = fields.skip(1).collect();
+            format!("{device} {}\n", addresses.join(" "))
+        })
+        .collect()
 }
 
 fn gateway_down_sends_no_pod_address_to_the_wan(stop: impl Fn(&str)) {

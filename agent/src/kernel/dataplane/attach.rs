@@ -74,7 +74,7 @@ impl Dataplane {
     /// whatever a previous agent attached there.
     pub fn attach_nat(&mut self, dev: &str, mode: AttachMode) -> Result<(), DataplaneError> {
         let (egress, ingress) = nat_programs(dev, self.serves_liqo_v1)?;
-        load_onward(&mut self.ebpf)?;
+        load_nat_stages(&mut self.ebpf)?;
         let mode = mode.resolve();
         self.attach(egress, dev, TcAttachType::Egress, mode)?;
         self.attach(ingress, dev, TcAttachType::Ingress, mode)?;
@@ -234,10 +234,12 @@ impl Dataplane {
     }
 }
 
-/// Puts the programs the ingress NAT goes on in into its program array
-/// ([`names::MAP_ONWARD`]), each loaded once.
-pub fn load_onward(ebpf: &mut Ebpf) -> Result<(), DataplaneError> {
-    load_program_array(ebpf, names::MAP_ONWARD, names::ONWARD_PROGRAMS)
+/// Puts the programs every NAT program goes on in into their program
+/// arrays ([`names::MAP_ONWARD`], [`names::MAP_ICMP_ERROR`]), each loaded
+/// once.
+pub fn load_nat_stages(ebpf: &mut Ebpf) -> Result<(), DataplaneError> {
+    load_program_array(ebpf, names::MAP_ONWARD, names::ONWARD_PROGRAMS)?;
+    load_program_array(ebpf, names::MAP_ICMP_ERROR, names::ICMP_ERROR_PROGRAMS)
 }
 
 /// Puts `programs` into the program array `array`, in its order, each

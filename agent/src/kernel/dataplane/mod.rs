@@ -43,7 +43,7 @@ mod cleanup;
 mod verify;
 
 pub use crate::kernel::maps::PeerDevices;
-pub use attach::{AttachMode, Attached, load_onward};
+pub use attach::{AttachMode, Attached, load_nat_stages};
 pub use cleanup::cleanup;
 pub use verify::loading_time;
 

@@ -48,7 +48,7 @@ impl V1 {
             .load(OBJECT)
             .expect("loading the eBPF object");
         // What the ingress NAT goes on in, as the agent loads it.
-        load_onward(&mut ebpf).unwrap();
+        load_nat_stages(&mut ebpf).unwrap();
         for (array, slot, program) in [
             (names::MAP_PEER_DNAT, Link::Eth, "peer_dnat_eth"),
             (names::MAP_NAT_IN, Link::Eth, names::PROG_INGRESS_ETH),

@@ -17,7 +17,7 @@ use aya::{Ebpf, EbpfLoader, programs::SchedClassifier};
 
 use isthmus_agent::{
     kernel::conntrack::{Conntrack, Masquerade, PeerFlows, SweptTable},
-    kernel::dataplane::{OBJECT, load_onward},
+    kernel::dataplane::{OBJECT, load_nat_stages},
     kernel::maps::{ByteHash, Counters, MappingMap, PeerMap},
     kernel::room::Rooms,
     kernel::table::KernelTable,
@@ -145,7 +145,7 @@ impl Harness {
                 .unwrap_or_else(|e| panic!("verifier rejected {name}: {e}"));
         }
         // What the ingress NAT goes on in, as the agent loads it.
-        load_onward(&mut ebpf).unwrap();
+        load_nat_stages(&mut ebpf).unwrap();
         let mut peers = PeerMap::new(
             ebpf.take_map(names::MAP_PEERS).unwrap(),
             ebpf.take_map(names::MAP_PEER_OWNERS).unwrap(),

@@ -10,10 +10,10 @@ use super::{
     *,
 };
 
-/// Empties `link`'s slot of program array `array` of `ebpf`.
-fn empty_slot(ebpf: &mut Ebpf, array: &str, link: Link) {
+/// Empties slot `index` of program array `array` of `ebpf`.
+fn empty_slot(ebpf: &mut Ebpf, array: &str, index: u32) {
     let mut programs = ProgramArray::try_from(ebpf.map_mut(array).unwrap()).unwrap();
-    programs.clear_index(&(link as u32)).unwrap();
+    programs.clear_index(&index).unwrap();
 }
 
 /// How far the counters of `direction`'s Ethernet program moved.
@@ -55,7 +55,7 @@ fn a_peers_packet_that_misses_the_onward_program_is_dropped_and_counted() {
     let (action, _) = harness.run(Ingress, &from_b);
     assert_eq!(action, HAND_ON, "with the onward program in place");
 
-    empty_slot(&mut harness.ebpf, names::MAP_ONWARD, Link::Eth);
+    empty_slot(&mut harness.ebpf, names::MAP_ONWARD, Link::Eth as u32);
     let (action, moved) = counted(&harness.counters, Ingress, || {
         harness.run(Ingress, &from_b).0
     });
@@ -119,7 +119,7 @@ fn a_v1_peers_packet_that_misses_the_peer_dnat_or_the_nat_is_dropped_and_counted
     for (array, direction, packet, outcome) in cases {
         let mut v1 = V1::new();
         assert_eq!(v1.run(direction, &packet).0, HAND_ON, "{array} in place");
-        empty_slot(&mut v1.ebpf, array, Link::Eth);
+        empty_slot(&mut v1.ebpf, array, Link::Eth as u32);
         let (action, moved) = counted(&v1.counters, direction, || v1.run(direction, &packet).0);
         assert_eq!(action, DROP, "{array} empty");
         let want = Moved {
@@ -127,5 +127,41 @@ fn a_v1_peers_packet_that_misses_the_peer_dnat_or_the_nat_is_dropped_and_counted
             missed: 1,
         };
         assert_eq!(moved, want, "{array} empty");
+    }
+}
+
+#[test]
+fn an_icmp_error_that_misses_the_nat_of_errors_is_dropped_and_counted() {
+    let cases = [
+        // a-pod1 refuses b-pod1's datagram.
+        (
+            Direction::Egress,
+            icmp_error(3, 3, A_POD1, B_POD1, udp(B_POD1, A_POD1), 28),
+        ),
+        // b-pod1 refuses a-pod1's.
+        (
+            Direction::Ingress,
+            icmp_error(3, 3, B_POD1, A_POD1_AT_B, udp(A_POD1_AT_B, B_POD1), 28),
+        ),
+    ];
+    for (direction, error) in cases {
+        let mut harness = Harness::new();
+        let frame = eth_ipv4(&error.bytes());
+        let (action, out) = harness.run(direction, &frame);
+        assert_eq!(action, HAND_ON, "{direction:?}, the NAT of errors in place");
+        assert_ne!(out, frame, "{direction:?}: the error is translated");
+
+        let slot = Link::Eth.icmp_error_slot(direction);
+        empty_slot(&mut harness.ebpf, names::MAP_ICMP_ERROR, slot);
+        let (action, moved) = counted(&harness.counters, direction, || {
+            harness.run(direction, &frame).0
+        });
+        assert_eq!(action, DROP, "{direction:?}, its slot empty");
+        // The first program leaves an error's outcome to the second.
+        let want = Moved {
+            outcomes: vec![(Outcome::Dropped, 1)],
+            missed: 1,
+        };
+        assert_eq!(moved, want, "{direction:?}, its slot empty");
     }
 }
