@@ -197,8 +197,23 @@ pub const ICMP_ERROR_PROGRAMS: [&str; 4] = [
     "err_ingress_ip",
 ];
 
+/// Program array: the masquerade, which the egress NAT goes on in for a
+/// packet whose source is none of ours, indexed by
+/// [`crate::counters::Link`]. Pinned, as [`MAP_ONWARD`]. Apart, so that
+/// the verifier walks the connection tracking once, not once for every
+/// path through the stateless rules.
+pub const MAP_MASQUERADE: &str = "ist_masquerade";
+/// The programs of [`MAP_MASQUERADE`], in its order.
+pub const MASQUERADE_PROGRAMS: [&str; 2] = ["masq_egress_eth", "masq_egress_ip"];
+
 /// Every program array, pinned beside [`MAPS`].
-pub const PROGRAM_ARRAYS: [&str; 4] = [MAP_ONWARD, MAP_PEER_DNAT, MAP_NAT_IN, MAP_ICMP_ERROR];
+pub const PROGRAM_ARRAYS: [&str; 5] = [
+    MAP_ONWARD,
+    MAP_PEER_DNAT,
+    MAP_NAT_IN,
+    MAP_ICMP_ERROR,
+    MAP_MASQUERADE,
+];
 
 /// Every TC program the agent attaches.
 pub const PROGRAMS: [&str; 10] = [
@@ -255,6 +270,7 @@ mod tests {
         let names = PROGRAMS
             .into_iter()
             .chain(ICMP_ERROR_PROGRAMS)
+            .chain(MASQUERADE_PROGRAMS)
             .chain(ONWARD_PROGRAMS)
             .chain(PEER_DNAT_PROGRAMS)
             .chain(PROGRAM_ARRAYS)

@@ -1,9 +1,10 @@
 //! Isthmus kernel programs.
 //!
 //! One pair of TC programs per link type: the same NAT code, compiled with
-//! the offset of the IPv4 header fixed, so the verifier sees constants; a
-//! pair more for ICMP errors, which the NAT goes on in by tail call; the
-//! overlay's programs; and the XDP guard of the tunnel port.
+//! the offset of the IPv4 header fixed, so the verifier sees constants;
+//! the NAT's later stages, which it goes on in by tail call (ICMP errors,
+//! the masquerade); the overlay's programs; and the XDP guard of the
+//! tunnel port.
 #![no_std]
 #![no_main]
 // The BPF target has atomic adds but no compare-and-swap, so Rust's
@@ -40,62 +41,77 @@ use isthmus_common::{
     ipv4::{Header, MIN_HLEN},
 };
 
+use nat::Stage;
 use parse::ETH_HLEN;
 
 /// Rewrites sources of packets leaving towards a peer, on an Ethernet device.
 #[classifier]
 pub fn nat_egress_eth(ctx: TcContext) -> i32 {
-    egress::<false>(&ctx, ETH_HLEN)
+    egress(&ctx, ETH_HLEN, Stage::First)
 }
 
 /// Rewrites destinations of packets arriving from a peer, on an Ethernet
 /// device, and sends those for another node's pods to it.
 #[classifier]
 pub fn nat_ingress_eth(ctx: TcContext) -> i32 {
-    ingress::<false>(&ctx, ETH_HLEN)
+    ingress(&ctx, ETH_HLEN, Stage::First)
 }
 
 /// Rewrites sources of packets leaving towards a peer, on an L3 device (tun).
 #[classifier]
 pub fn nat_egress_ip(ctx: TcContext) -> i32 {
-    egress::<false>(&ctx, 0)
+    egress(&ctx, 0, Stage::First)
 }
 
 /// After `nat_egress_eth`, by tail call: an ICMP error, and the header it
 /// quotes.
 #[classifier]
 pub fn err_egress_eth(ctx: TcContext) -> i32 {
-    egress::<true>(&ctx, ETH_HLEN)
+    egress(&ctx, ETH_HLEN, Stage::IcmpError)
 }
 
 /// After `nat_ingress_eth`, by tail call: an ICMP error, and the header it
 /// quotes.
 #[classifier]
 pub fn err_ingress_eth(ctx: TcContext) -> i32 {
-    ingress::<true>(&ctx, ETH_HLEN)
+    ingress(&ctx, ETH_HLEN, Stage::IcmpError)
 }
 
 /// After `nat_egress_ip`, by tail call: an ICMP error, and the header it
 /// quotes.
 #[classifier]
 pub fn err_egress_ip(ctx: TcContext) -> i32 {
-    egress::<true>(&ctx, 0)
+    egress(&ctx, 0, Stage::IcmpError)
 }
 
 /// After `nat_ingress_ip`, by tail call: an ICMP error, and the header it
 /// quotes.
 #[classifier]
 pub fn err_ingress_ip(ctx: TcContext) -> i32 {
-    ingress::<true>(&ctx, 0)
+    ingress(&ctx, 0, Stage::IcmpError)
+}
+
+/// After `nat_egress_eth`, by tail call: a packet whose source the
+/// masquerade translates.
+#[classifier]
+pub fn masq_egress_eth(ctx: TcContext) -> i32 {
+    egress(&ctx, ETH_HLEN, Stage::Masquerade)
+}
+
+/// After `nat_egress_ip`, by tail call: a packet whose source the
+/// masquerade translates.
+#[classifier]
+pub fn masq_egress_ip(ctx: TcContext) -> i32 {
+    egress(&ctx, 0, Stage::Masquerade)
 }
 
 /// A Liqo v1 peer's packet that goes on has its destination rewritten too
 /// (docs/design.md#liqo-v1-peers).
 #[inline(always)]
-fn egress<const ERRORS: bool>(ctx: &TcContext, l3: usize) -> i32 {
-    let handled = nat::run::<ERRORS>(ctx, l3, Direction::Egress);
-    if handled.icmp_error {
-        return tail_call::icmp_error(ctx, Link::of_l3(l3), Direction::Egress);
+fn egress(ctx: &TcContext, l3: usize, stage: Stage) -> i32 {
+    let handled = nat::run(ctx, l3, Direction::Egress, stage);
+    if let Some(next) = handled.next {
+        return tail_call::next_stage(ctx, Link::of_l3(l3), Direction::Egress, next);
     }
     if handled.action == TC_ACT_UNSPEC && handled.remaps_peer {
         return tail_call::peer_dnat(ctx, Link::of_l3(l3));
@@ -133,15 +149,15 @@ pub fn peer_snat_ip(ctx: TcContext) -> i32 {
 /// (tun), and sends those for another node's pods to it.
 #[classifier]
 pub fn nat_ingress_ip(ctx: TcContext) -> i32 {
-    ingress::<false>(&ctx, 0)
+    ingress(&ctx, 0, Stage::First)
 }
 
 /// A peer's packet that goes on continues in the onward program.
 #[inline(always)]
-fn ingress<const ERRORS: bool>(ctx: &TcContext, l3: usize) -> i32 {
-    let handled = nat::run::<ERRORS>(ctx, l3, Direction::Ingress);
-    if handled.icmp_error {
-        return tail_call::icmp_error(ctx, Link::of_l3(l3), Direction::Ingress);
+fn ingress(ctx: &TcContext, l3: usize, stage: Stage) -> i32 {
+    let handled = nat::run(ctx, l3, Direction::Ingress, stage);
+    if let Some(next) = handled.next {
+        return tail_call::next_stage(ctx, Link::of_l3(l3), Direction::Ingress, next);
     }
     if handled.action == TC_ACT_UNSPEC && handled.peers {
         return tail_call::onward(ctx, Link::of_l3(l3));

@@ -79,8 +79,21 @@ enum Verdict {
     Dropped(DropReason),
     /// A packet from peer `.0` for somewhere it may not reach.
     Denied(u32, DenyReason),
-    /// An ICMP error, for the program that rewrites those.
+    /// For the next stage of the NAT.
+    Next(Stage),
+}
+
+/// A program of the NAT. Each is compiled from the same code, which the
+/// stage a program runs leaves only its own paths of.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Every packet first: it rewrites what needs no state, and sends
+    /// the others on.
+    First,
+    /// ICMP errors, and the header each quotes.
     IcmpError,
+    /// Packets towards a peer whose source the masquerade translates.
+    Masquerade,
 }
 
 impl Refused {
@@ -104,9 +117,8 @@ pub struct Handled {
     pub peers: bool,
     /// That peer's NAT runs Liqo v1's way: we rewrite its addresses too.
     pub remaps_peer: bool,
-    /// The packet is an ICMP error, which goes on, not yet counted, in the
-    /// program that rewrites those.
-    pub icmp_error: bool,
+    /// The packet goes on, not yet counted, in this stage of the NAT.
+    pub next: Option<Stage>,
 }
 
 impl Handled {
@@ -115,17 +127,17 @@ impl Handled {
         action: TC_ACT_UNSPEC,
         peers: false,
         remaps_peer: false,
-        icmp_error: false,
+        next: None,
     };
 }
 
-/// Entry point shared by every NAT program: those of ICMP errors when
-/// `ERRORS`, the others' otherwise. Drops what must be masqueraded and
-/// cannot be, and what a peer sends where it may not reach; a packet that
-/// is no peer's, or that we send and cannot parse, goes on untouched.
-/// Each packet is counted, by the program that gives it its outcome.
+/// Entry point shared by every NAT program, which runs `stage`. Drops
+/// what must be masqueraded and cannot be, and what a peer sends where it
+/// may not reach; a packet that is no peer's, or that we send and cannot
+/// parse, goes on untouched. Each packet is counted, by the stage that
+/// gives it its outcome.
 #[inline(always)]
-pub fn run<const ERRORS: bool>(ctx: &TcContext, l3: usize, direction: Direction) -> Handled {
+pub fn run(ctx: &TcContext, l3: usize, direction: Direction, stage: Stage) -> Handled {
     let link = Link::of_l3(l3);
     // Not IPv4: nothing of ours to read or rewrite. Decided here, not as an
     // early verdict of `translate`, where LLVM read the unset payload of
@@ -135,7 +147,7 @@ pub fn run<const ERRORS: bool>(ctx: &TcContext, l3: usize, direction: Direction)
         return Handled::PASSED;
     }
     let mut remaps_peer = false;
-    let verdict = translate::<ERRORS>(ctx, l3, direction, &mut remaps_peer).or_else(|Malformed| {
+    let verdict = translate(ctx, l3, direction, stage, &mut remaps_peer).or_else(|Malformed| {
         match direction {
             // A peer does not get in by sending what we cannot read.
             Direction::Ingress => match unparseable_from(ctx, l3) {
@@ -147,9 +159,9 @@ pub fn run<const ERRORS: bool>(ctx: &TcContext, l3: usize, direction: Direction)
     });
     let peers = matches!(verdict, Ok(Verdict::Translated(_) | Verdict::Unchanged));
     let (outcome, action) = match verdict {
-        Ok(Verdict::IcmpError) => {
+        Ok(Verdict::Next(stage)) => {
             return Handled {
-                icmp_error: true,
+                next: Some(stage),
                 ..Handled::PASSED
             };
         }
@@ -175,7 +187,7 @@ pub fn run<const ERRORS: bool>(ctx: &TcContext, l3: usize, direction: Direction)
         action,
         peers,
         remaps_peer: peers && remaps_peer,
-        icmp_error: false,
+        next: None,
     }
 }
 
@@ -208,15 +220,16 @@ struct PortChange {
 /// Sets `remaps_peer` when the packet's peer is one whose NAT runs Liqo
 /// v1's way.
 #[inline(always)]
-fn translate<const ERRORS: bool>(
+fn translate(
     ctx: &TcContext,
     l3: usize,
     direction: Direction,
+    stage: Stage,
     remaps_peer: &mut bool,
 ) -> Result<Verdict, Malformed> {
-    let pkt = match parse::packet::<ERRORS>(ctx, l3)? {
+    let pkt = match parse::packet(ctx, l3, stage == Stage::IcmpError)? {
         Parsed::Packet(pkt) => pkt,
-        Parsed::IcmpError => return Ok(Verdict::IcmpError),
+        Parsed::IcmpError => return Ok(Verdict::Next(Stage::IcmpError)),
     };
     let fields = Fields::of(direction);
     let quoted_fields = fields.swapped();
@@ -232,10 +245,12 @@ fn translate<const ERRORS: bool>(
     };
     *remaps_peer = peer.flags & REMAPS_PEER != 0;
     // Before the rules, while the verifier has one state to walk the
-    // options with, not one per path through them.
+    // options with, not one per path through them. The first stage clamps:
+    // the masquerade's would find nothing left to clamp.
     // The map is read only for a SYN: one in a flow's packets.
     let mut clamped = false;
     if let (Some(t), PseudoCsum::Tcp(check)) = (&pkt.transport, pkt.ip.csum)
+        && stage == Stage::First
         && t.tcp_flags & SYN != 0
         && let Some(max) = maps::tcp_mss()
         && let Some(Oversized { off, mss }) = mss::oversized(ctx, t, max)?
@@ -247,8 +262,16 @@ fn translate<const ERRORS: bool>(
     let own = addr(&pkt.ip, fields.ours);
     let rewrite = match direction {
         Direction::Egress => {
-            let rewrite = match egress(peer, &pkt, own) {
-                Ok(rewrite) => rewrite,
+            let rewrite = match egress(peer, &pkt, own, stage) {
+                Ok(Some(rewrite)) => rewrite,
+                Ok(None) => {
+                    // The clamp is done: counted here, as the next stage
+                    // finds nothing left to clamp.
+                    if clamped {
+                        maps::count_kinds(Link::of_l3(l3), direction, Kind::MssClamp.bit());
+                    }
+                    return Ok(Verdict::Next(Stage::Masquerade));
+                }
                 Err(refused) => return Ok(Verdict::Dropped(refused.reason())),
             };
             // A segregated peer's replies pass by this record; a masqueraded
@@ -324,25 +347,48 @@ fn translate<const ERRORS: bool>(
 
 /// Towards a peer: an endpoint takes the externalIP that peer knows it by;
 /// a source that is none of ours (the node's own, or a transit flow) is
-/// masqueraded; then our networks move into the peer's view of them.
+/// masqueraded; then our networks move into the peer's view. The first
+/// `stage` leaves the masquerade to its own (None).
 #[inline(always)]
-fn egress(peer: &PeerNat, pkt: &Packet, own: Be32) -> Result<Rewrite, Refused> {
+fn egress(
+    peer: &PeerNat,
+    pkt: &Packet,
+    own: Be32,
+    stage: Stage,
+) -> Result<Option<Rewrite>, Refused> {
     let external = external_of(peer, own);
     if let Some(rule) = find_rule(&peer.egress, external.addr) {
         let remapped = rule.apply(external.addr);
-        return Ok(external.then(remapped, Kind::Prefix));
+        return Ok(Some(external.then(remapped, Kind::Prefix)));
     }
     // None of ours: masquerade what can be, only now reading its settings.
     let Some(masq) = conntrack::masquerade_addr() else {
-        return Ok(external);
+        return Ok(Some(external));
     };
-    // An ICMP error from one of our routers (a node, as on the way to a
-    // pod with a narrower link): nothing answers it, so it takes the
-    // masquerade address without state. Left as it was, the peer could not
-    // route it, and its tunnel would refuse the source.
-    if pkt.icmp_error.is_some() {
-        return Ok(to_peer_view(peer, external.then(masq, Kind::Masquerade)));
+    match stage {
+        Stage::First => Ok(None),
+        // An ICMP error from one of our routers (a node, as on the way to a
+        // pod with a narrower link): nothing answers it, so it takes the
+        // masquerade address without state. Left as it was, the peer could
+        // not route it, and its tunnel would refuse the source.
+        Stage::IcmpError => Ok(Some(to_peer_view(
+            peer,
+            external.then(masq, Kind::Masquerade),
+        ))),
+        Stage::Masquerade => masquerade(peer, pkt, external, masq).map(Some),
     }
+}
+
+/// `external`, none of our networks' addresses, as the masquerade
+/// translates it: a flow's address and port, or those where its first
+/// fragment went.
+#[inline(always)]
+fn masquerade(
+    peer: &PeerNat,
+    pkt: &Packet,
+    external: Rewrite,
+    masq: Be32,
+) -> Result<Rewrite, Refused> {
     // A later fragment, with no ports: where its first fragment went.
     if let Some(fragment) = pkt.fragment.as_ref().filter(|f| !f.first) {
         let key = conntrack::fragment_key(fragment, external.addr, pkt.ip.dst, DIR_OUT);

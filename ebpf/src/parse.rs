@@ -213,13 +213,13 @@ pub enum Parsed {
 }
 
 /// Parses the IPv4 packet at `off` for a NAT program: one that rewrites
-/// ICMP errors when `ERRORS`, and every other packet otherwise. Fails if
-/// any header it needs is cut off, or, when `ERRORS`, if the packet is no
+/// ICMP errors when `errors`, and every other packet otherwise. Fails if
+/// any header it needs is cut off, or, when `errors`, if the packet is no
 /// ICMP error.
 #[inline(always)]
-pub fn packet<const ERRORS: bool>(ctx: &TcContext, off: usize) -> Result<Parsed, Malformed> {
+pub fn packet(ctx: &TcContext, off: usize, errors: bool) -> Result<Parsed, Malformed> {
     let (view, outer, is_error) = outer(ctx, off)?;
-    match (ERRORS, is_error) {
+    match (errors, is_error) {
         (false, true) => Ok(Parsed::IcmpError),
         (false, false) => Ok(Parsed::Packet(plain(&view, outer)?)),
         (true, true) => Ok(Parsed::Packet(error(&view, outer)?)),

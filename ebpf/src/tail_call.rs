@@ -11,7 +11,7 @@ use aya_ebpf::{
 };
 use isthmus_common::counters::{Direction, DropReason, Link, Outcome};
 
-use crate::maps;
+use crate::{maps, nat::Stage};
 
 /// The programs after the ingress NAT (`names::ONWARD_PROGRAMS`), by link.
 #[btf_map(name = "ist_onward")]
@@ -60,12 +60,24 @@ pub fn nat_in(ctx: &TcContext, link: Link) -> i32 {
     missed(link, Direction::Ingress)
 }
 
-/// Goes on in the NAT of ICMP errors for `link` and `direction`, which
-/// gives a packet its outcome: one that misses it gets `dropped` here.
+/// The masquerade after the egress NAT (`names::MASQUERADE_PROGRAMS`), by
+/// link.
+#[btf_map(name = "ist_masquerade")]
+static MASQUERADE: ProgramArray<2> = ProgramArray::new();
+
+/// Goes on in `stage` of the NAT for `link` and `direction`, which gives
+/// a packet its outcome: one that misses it gets `dropped` here.
 #[inline(always)]
-pub fn icmp_error(ctx: &TcContext, link: Link, direction: Direction) -> i32 {
-    // SAFETY: a tail call into a TC program of the agent's own object.
-    unsafe { ICMP_ERROR.tail_call(ctx, link.icmp_error_slot(direction)) };
+pub fn next_stage(ctx: &TcContext, link: Link, direction: Direction, stage: Stage) -> i32 {
+    // SAFETY: tail calls into TC programs of the agent's own object.
+    unsafe {
+        match stage {
+            Stage::IcmpError => ICMP_ERROR.tail_call(ctx, link.icmp_error_slot(direction)),
+            Stage::Masquerade => MASQUERADE.tail_call(ctx, link as u32),
+            // No stage goes back to the first.
+            Stage::First => {}
+        }
+    };
     maps::count(link, direction, Outcome::Dropped);
     missed(link, direction)
 }

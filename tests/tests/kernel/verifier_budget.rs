@@ -11,7 +11,7 @@
 //! packet, and its return through the CPU's return-thunk mitigation, that
 //! cost the forwarding path about 5% of its rate.
 
-use std::process::Command;
+use std::{process::Command, time::Instant};
 
 use aya::{
     Ebpf,
@@ -24,7 +24,7 @@ use isthmus_tests::require_root;
 /// The verifier's limit of processed instructions per program.
 const VERIFIER_LIMIT: u32 = 1_000_000;
 /// What a program may use of it: the rest is for what comes next.
-const BUDGET: u32 = VERIFIER_LIMIT * 3 / 4;
+const BUDGET: u32 = VERIFIER_LIMIT / 2;
 
 fn load(program: &mut Program) -> Result<(), ProgramError> {
     match program {
@@ -44,6 +44,7 @@ fn loaded() -> (Ebpf, Vec<(&'static str, ProgramInfo)>) {
         .chain(names::ONWARD_PROGRAMS)
         .chain(names::PEER_DNAT_PROGRAMS)
         .chain(names::ICMP_ERROR_PROGRAMS)
+        .chain(names::MASQUERADE_PROGRAMS)
         .chain([names::PROG_GUARD]);
     let infos = names
         .map(|name| {
@@ -58,9 +59,14 @@ fn loaded() -> (Ebpf, Vec<(&'static str, ProgramInfo)>) {
 }
 
 #[test]
-fn every_program_verifies_within_three_quarters_of_the_limit() {
+fn every_program_verifies_within_half_the_limit() {
     require_root();
+    let start = Instant::now();
     let (_ebpf, infos) = loaded();
+    println!(
+        "the object's programs loaded in {:.2} s",
+        start.elapsed().as_secs_f64()
+    );
     let counts: Vec<(&str, u32)> = infos
         .iter()
         .map(|(name, info)| {

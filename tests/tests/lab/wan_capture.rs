@@ -199,6 +199,7 @@ fn footprint(node: &str) -> (String, String, String, Vec<(String, usize)>) {
             || isthmus_common::names::ONWARD_PROGRAMS.contains(&name)
             || isthmus_common::names::PEER_DNAT_PROGRAMS.contains(&name)
             || isthmus_common::names::ICMP_ERROR_PROGRAMS.contains(&name)
+            || isthmus_common::names::MASQUERADE_PROGRAMS.contains(&name)
         {
             *names.entry(name.to_owned()).or_default() += 1;
         }

@@ -392,6 +392,7 @@ fn the_packet_path_picture_is_drawn_from_its_source_and_names_every_program() {
         .into_iter()
         .chain(isthmus_common::names::ONWARD_PROGRAMS)
         .chain(isthmus_common::names::ICMP_ERROR_PROGRAMS)
+        .chain(isthmus_common::names::MASQUERADE_PROGRAMS)
         .chain([isthmus_common::names::PROG_GUARD])
         // The picture shows the lab's tun and veths, with Liqo v0.10 peers.
         .filter(|p| !p.ends_with("_eth") && !p.starts_with("peer_"));

@@ -235,11 +235,12 @@ impl Dataplane {
 }
 
 /// Puts the programs every NAT program goes on in into their program
-/// arrays ([`names::MAP_ONWARD`], [`names::MAP_ICMP_ERROR`]), each loaded
-/// once.
+/// arrays ([`names::MAP_ONWARD`], [`names::MAP_ICMP_ERROR`],
+/// [`names::MAP_MASQUERADE`]), each loaded once.
 pub fn load_nat_stages(ebpf: &mut Ebpf) -> Result<(), DataplaneError> {
     load_program_array(ebpf, names::MAP_ONWARD, names::ONWARD_PROGRAMS)?;
-    load_program_array(ebpf, names::MAP_ICMP_ERROR, names::ICMP_ERROR_PROGRAMS)
+    load_program_array(ebpf, names::MAP_ICMP_ERROR, names::ICMP_ERROR_PROGRAMS)?;
+    load_program_array(ebpf, names::MAP_MASQUERADE, names::MASQUERADE_PROGRAMS)
 }
 
 /// Puts `programs` into the program array `array`, in its order, each

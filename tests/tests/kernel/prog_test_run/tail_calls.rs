@@ -131,37 +131,49 @@ fn a_v1_peers_packet_that_misses_the_peer_dnat_or_the_nat_is_dropped_and_counted
 }
 
 #[test]
-fn an_icmp_error_that_misses_the_nat_of_errors_is_dropped_and_counted() {
+fn a_packet_that_misses_a_later_stage_of_the_nat_is_dropped_and_counted() {
+    use Direction::{Egress, Ingress};
+    let error_slot = |direction| Link::Eth.icmp_error_slot(direction);
     let cases = [
         // a-pod1 refuses b-pod1's datagram.
         (
-            Direction::Egress,
+            names::MAP_ICMP_ERROR,
+            error_slot(Egress),
+            Egress,
             icmp_error(3, 3, A_POD1, B_POD1, udp(B_POD1, A_POD1), 28),
         ),
         // b-pod1 refuses a-pod1's.
         (
-            Direction::Ingress,
+            names::MAP_ICMP_ERROR,
+            error_slot(Ingress),
+            Ingress,
             icmp_error(3, 3, B_POD1, A_POD1_AT_B, udp(A_POD1_AT_B, B_POD1), 28),
         ),
+        // The node's own flow, which the masquerade translates.
+        (
+            names::MAP_MASQUERADE,
+            Link::Eth as u32,
+            Egress,
+            tcp_ports(NODE, B_POD1, 40001, 80),
+        ),
     ];
-    for (direction, error) in cases {
-        let mut harness = Harness::new();
-        let frame = eth_ipv4(&error.bytes());
+    for (array, slot, direction, packet) in cases {
+        let mut harness = Harness::build(Some(A_MASQ), names::DEFAULT_CONNTRACK);
+        let frame = eth_ipv4(&packet.bytes());
         let (action, out) = harness.run(direction, &frame);
-        assert_eq!(action, HAND_ON, "{direction:?}, the NAT of errors in place");
-        assert_ne!(out, frame, "{direction:?}: the error is translated");
+        assert_eq!(action, HAND_ON, "{array} in place");
+        assert_ne!(out, frame, "{array}: the packet is translated");
 
-        let slot = Link::Eth.icmp_error_slot(direction);
-        empty_slot(&mut harness.ebpf, names::MAP_ICMP_ERROR, slot);
+        empty_slot(&mut harness.ebpf, array, slot);
         let (action, moved) = counted(&harness.counters, direction, || {
             harness.run(direction, &frame).0
         });
-        assert_eq!(action, DROP, "{direction:?}, its slot empty");
-        // The first program leaves an error's outcome to the second.
+        assert_eq!(action, DROP, "{array} empty");
+        // The first stage leaves the packet's outcome to the next.
         let want = Moved {
             outcomes: vec![(Outcome::Dropped, 1)],
             missed: 1,
         };
-        assert_eq!(moved, want, "{direction:?}, its slot empty");
+        assert_eq!(moved, want, "{array} empty");
     }
 }
