@@ -381,8 +381,11 @@ impl Receiver<'_> {
                         .fetch_add(1, Ordering::Relaxed);
                 }
             }
+            // No peer's networks are IPv6: its source lies outside them,
+            // whatever it is (a router advertisement, a neighbour's
+            // solicitation).
             TunnResult::WriteToTunnelV6(..) => {
-                counters.rejected.fetch_add(1, Ordering::Relaxed);
+                peer.counters.dropped_source.fetch_add(1, Ordering::Relaxed);
             }
         }
         None

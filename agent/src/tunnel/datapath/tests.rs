@@ -184,6 +184,36 @@ fn ipv4(src: [u8; 4], len: usize) -> Vec<u8> {
     packet
 }
 
+/// A router advertisement, as a peer's router would send it to every node
+/// of a link: from a link-local address to all nodes, hop limit 255.
+fn router_advertisement() -> Vec<u8> {
+    let mut packet = vec![0u8; 40 + 16];
+    packet[0] = 0x60;
+    packet[4..6].copy_from_slice(&16u16.to_be_bytes());
+    packet[6] = 58;
+    packet[7] = 255;
+    packet[8..24].copy_from_slice(&"fe80::1".parse::<std::net::Ipv6Addr>().unwrap().octets());
+    packet[24..40].copy_from_slice(&"ff02::1".parse::<std::net::Ipv6Addr>().unwrap().octets());
+    packet[40] = 134;
+    packet
+}
+
+#[test]
+fn a_router_advertisement_a_peer_sends_through_the_tunnel_reaches_no_device() {
+    let mut pair = Pair::new();
+    pair.handshake();
+    let from = addr(&pair.remote_socket);
+    let sealed = pair.sealed(&router_advertisement());
+    assert_eq!(pair.receive(&sealed, from), None, "written to TUN");
+    let peer = pair.peer();
+    assert_eq!(peer.counters.dropped_source.load(Ordering::Relaxed), 1);
+    assert_eq!(peer.counters.rx_packets.load(Ordering::Relaxed), 0);
+    // It was authentic: the peer's session goes on.
+    assert_eq!(pair.shared.counters.rejected.load(Ordering::Relaxed), 0);
+    let datagram = pair.sealed(&ipv4([10, 77, 0, 9], 100));
+    assert_eq!(pair.receive(&datagram, from).map(|p| p.len()), Some(100));
+}
+
 #[test]
 fn an_oversized_forged_transport_message_is_rejected_without_a_panic() {
     let mut pair = Pair::new();
