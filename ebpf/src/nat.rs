@@ -83,8 +83,9 @@ enum Verdict {
     Next(Stage),
 }
 
-/// A program of the NAT. Each is compiled from the same code, which the
-/// stage a program runs leaves only its own paths of.
+/// A program of the NAT. Every stage's program is compiled from the same
+/// code: the stage, a constant once inlined, leaves each program only its
+/// own paths.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
     /// Every packet first: it rewrites what needs no state, and sends
