@@ -231,6 +231,17 @@ pub const PROGRAMS: [&str; 10] = [
     PROG_OWN,
 ];
 
+/// Every TC program of the object: those the agent attaches, and those
+/// they go on in by tail call.
+pub fn tc_programs() -> impl Iterator<Item = &'static str> {
+    PROGRAMS
+        .into_iter()
+        .chain(ONWARD_PROGRAMS)
+        .chain(PEER_DNAT_PROGRAMS)
+        .chain(ICMP_ERROR_PROGRAMS)
+        .chain(MASQUERADE_PROGRAMS)
+}
+
 /// Maximum number of peer networks in [`MAP_PEERS`] (two per peer).
 pub const MAX_PEER_NETWORKS: u32 = 8192;
 /// Capacity of [`MAP_GUARD_SOURCES`]: configured and roamed endpoints.
@@ -267,12 +278,8 @@ mod tests {
 
     #[test]
     fn every_name_fits_the_kernels_fifteen_characters() {
-        let names = PROGRAMS
-            .into_iter()
-            .chain(ICMP_ERROR_PROGRAMS)
-            .chain(MASQUERADE_PROGRAMS)
-            .chain(ONWARD_PROGRAMS)
-            .chain(PEER_DNAT_PROGRAMS)
+        let names = tc_programs()
+            .chain([PROG_GUARD])
             .chain(PROGRAM_ARRAYS)
             .chain(MAPS);
         for name in names {

@@ -79,8 +79,9 @@ enum Verdict {
     Dropped(DropReason),
     /// A packet from peer `.0` for somewhere it may not reach.
     Denied(u32, DenyReason),
-    /// For the next stage of the NAT.
-    Next(Stage),
+    /// For the next stage of the NAT, having been rewritten by the rules
+    /// in a set of [`Kind::bit`]s.
+    Next(Stage, u8),
 }
 
 /// A program of the NAT. Every stage's program is compiled from the same
@@ -160,7 +161,10 @@ pub fn run(ctx: &TcContext, l3: usize, direction: Direction, stage: Stage) -> Ha
     });
     let peers = matches!(verdict, Ok(Verdict::Translated(_) | Verdict::Unchanged));
     let (outcome, action) = match verdict {
-        Ok(Verdict::Next(stage)) => {
+        Ok(Verdict::Next(stage, kinds)) => {
+            if kinds != 0 {
+                maps::count_kinds(link, direction, kinds);
+            }
             return Handled {
                 next: Some(stage),
                 ..Handled::PASSED
@@ -230,7 +234,7 @@ fn translate(
 ) -> Result<Verdict, Malformed> {
     let pkt = match parse::packet(ctx, l3, stage == Stage::IcmpError)? {
         Parsed::Packet(pkt) => pkt,
-        Parsed::IcmpError => return Ok(Verdict::Next(Stage::IcmpError)),
+        Parsed::IcmpError => return Ok(Verdict::Next(Stage::IcmpError, 0)),
     };
     let fields = Fields::of(direction);
     let quoted_fields = fields.swapped();
@@ -265,13 +269,11 @@ fn translate(
         Direction::Egress => {
             let rewrite = match egress(peer, &pkt, own, stage) {
                 Ok(Some(rewrite)) => rewrite,
+                // The clamp is done: counted here, as the next stage
+                // finds nothing left to clamp.
                 Ok(None) => {
-                    // The clamp is done: counted here, as the next stage
-                    // finds nothing left to clamp.
-                    if clamped {
-                        maps::count_kinds(Link::of_l3(l3), direction, Kind::MssClamp.bit());
-                    }
-                    return Ok(Verdict::Next(Stage::Masquerade));
+                    let kinds = if clamped { Kind::MssClamp.bit() } else { 0 };
+                    return Ok(Verdict::Next(Stage::Masquerade, kinds));
                 }
                 Err(refused) => return Ok(Verdict::Dropped(refused.reason())),
             };

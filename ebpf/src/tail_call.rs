@@ -32,6 +32,11 @@ static NAT_IN: ProgramArray<2> = ProgramArray::new();
 #[btf_map(name = "ist_icmp_error")]
 static ICMP_ERROR: ProgramArray<4> = ProgramArray::new();
 
+/// The masquerade after the egress NAT (`names::MASQUERADE_PROGRAMS`), by
+/// link.
+#[btf_map(name = "ist_masquerade")]
+static MASQUERADE: ProgramArray<2> = ProgramArray::new();
+
 /// Goes on in the program after the ingress NAT for `link`: a peer's
 /// packet, which the NAT gave its outcome.
 #[inline(always)]
@@ -56,14 +61,8 @@ pub fn peer_dnat(ctx: &TcContext, link: Link) -> i32 {
 pub fn nat_in(ctx: &TcContext, link: Link) -> i32 {
     // SAFETY: a tail call into a TC program of the agent's own object.
     unsafe { NAT_IN.tail_call(ctx, link as u32) };
-    maps::count(link, Direction::Ingress, Outcome::Dropped);
-    missed(link, Direction::Ingress)
+    missed_before_outcome(link, Direction::Ingress)
 }
-
-/// The masquerade after the egress NAT (`names::MASQUERADE_PROGRAMS`), by
-/// link.
-#[btf_map(name = "ist_masquerade")]
-static MASQUERADE: ProgramArray<2> = ProgramArray::new();
 
 /// Goes on in `stage` of the NAT for `link` and `direction`, which gives
 /// a packet its outcome: one that misses it gets `dropped` here.
@@ -78,6 +77,13 @@ pub fn next_stage(ctx: &TcContext, link: Link, direction: Direction, stage: Stag
             Stage::First => {}
         }
     };
+    missed_before_outcome(link, direction)
+}
+
+/// As [`missed`], for a packet no program gave its outcome yet: it gets
+/// `dropped`.
+#[inline(always)]
+fn missed_before_outcome(link: Link, direction: Direction) -> i32 {
     maps::count(link, direction, Outcome::Dropped);
     missed(link, direction)
 }

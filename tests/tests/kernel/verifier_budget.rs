@@ -39,13 +39,7 @@ fn load(program: &mut Program) -> Result<(), ProgramError> {
 /// of it.
 fn loaded() -> (Ebpf, Vec<(&'static str, ProgramInfo)>) {
     let mut ebpf = Ebpf::load(OBJECT).expect("loading the eBPF object");
-    let names = names::PROGRAMS
-        .into_iter()
-        .chain(names::ONWARD_PROGRAMS)
-        .chain(names::PEER_DNAT_PROGRAMS)
-        .chain(names::ICMP_ERROR_PROGRAMS)
-        .chain(names::MASQUERADE_PROGRAMS)
-        .chain([names::PROG_GUARD]);
+    let names = names::tc_programs().chain([names::PROG_GUARD]);
     let infos = names
         .map(|name| {
             let program = ebpf

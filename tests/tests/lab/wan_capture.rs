@@ -195,12 +195,7 @@ fn footprint(node: &str) -> (String, String, String, Vec<(String, usize)>) {
     let progs: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
     let mut names = std::collections::BTreeMap::<String, usize>::new();
     for name in progs.iter().filter_map(|p| p["name"].as_str()) {
-        if isthmus_common::names::PROGRAMS.contains(&name)
-            || isthmus_common::names::ONWARD_PROGRAMS.contains(&name)
-            || isthmus_common::names::PEER_DNAT_PROGRAMS.contains(&name)
-            || isthmus_common::names::ICMP_ERROR_PROGRAMS.contains(&name)
-            || isthmus_common::names::MASQUERADE_PROGRAMS.contains(&name)
-        {
+        if isthmus_common::names::tc_programs().any(|p| p == name) {
             *names.entry(name.to_owned()).or_default() += 1;
         }
     }

@@ -388,11 +388,7 @@ fn the_packet_path_picture_is_drawn_from_its_source_and_names_every_program() {
         svg.contains(&format!("sha256 {hash}")),
         "docs/packet-path.svg was drawn from another docs/packet-path.dot: run `cargo xtask docs`"
     );
-    let programs = isthmus_common::names::PROGRAMS
-        .into_iter()
-        .chain(isthmus_common::names::ONWARD_PROGRAMS)
-        .chain(isthmus_common::names::ICMP_ERROR_PROGRAMS)
-        .chain(isthmus_common::names::MASQUERADE_PROGRAMS)
+    let programs = isthmus_common::names::tc_programs()
         .chain([isthmus_common::names::PROG_GUARD])
         // The picture shows the lab's tun and veths, with Liqo v0.10 peers.
         .filter(|p| !p.ends_with("_eth") && !p.starts_with("peer_"));
