@@ -28,6 +28,7 @@ pub struct TunnelEndpoint {
     cluster_name: Option<String>,
     local: [String; 4],
     remote: [String; 4],
+    ipv6: Option<[[String; 4]; 2]>,
     endpoint: Option<String>,
     port: Option<u16>,
     public_key: Option<String>,
@@ -51,6 +52,7 @@ impl TunnelEndpoint {
             cluster_name: None,
             local: unmapped.clone(),
             remote: unmapped,
+            ipv6: None,
             endpoint: None,
             port: None,
             public_key: None,
@@ -70,6 +72,14 @@ impl TunnelEndpoint {
     #[must_use]
     pub fn remote(mut self, views: Views) -> Self {
         self.remote = views.map(String::from);
+        self
+    }
+
+    /// The IPv6 networks of both sides, ours then the peer's, in the
+    /// `spec.ipv6` that Isthmus's CRD adds (docs/design.md#dual-stack).
+    #[must_use]
+    pub fn ipv6(mut self, local: Views, remote: Views) -> Self {
+        self.ipv6 = Some([local.map(String::from), remote.map(String::from)]);
         self
     }
 
@@ -131,18 +141,17 @@ impl TunnelEndpoint {
     }
 
     fn network_lines(&self, keep: impl Fn(&str) -> bool) -> String {
-        let sides = [("local", &self.local), ("remote", &self.remote)];
-        sides
-            .iter()
-            .flat_map(|(side, views)| {
-                NETWORKS
-                    .iter()
-                    .zip(views.iter())
-                    .map(move |(network, value)| (format!("{side}{network}"), value))
-            })
-            .filter(|(field, _)| keep(field))
-            .map(|(field, value)| format!("  {field}: {value}\n"))
-            .collect()
+        lines_of([&self.local, &self.remote], "  ", keep)
+    }
+
+    /// `spec.ipv6`, if the object has IPv6 networks.
+    fn ipv6_lines(&self) -> String {
+        match &self.ipv6 {
+            Some([local, remote]) => {
+                format!("  ipv6:\n{}", lines_of([local, remote], "    ", |_| true))
+            }
+            None => String::new(),
+        }
     }
 
     fn cluster_lines(&self) -> String {
@@ -176,6 +185,22 @@ impl TunnelEndpoint {
     }
 }
 
+/// The lines of both sides' networks, each field indented by `indent`.
+fn lines_of(sides: [&[String; 4]; 2], indent: &str, keep: impl Fn(&str) -> bool) -> String {
+    ["local", "remote"]
+        .iter()
+        .zip(sides)
+        .flat_map(|(side, views)| {
+            NETWORKS
+                .iter()
+                .zip(views.iter())
+                .map(move |(network, value)| (format!("{side}{network}"), value))
+        })
+        .filter(|(field, _)| keep(field))
+        .map(|(field, value)| format!("{indent}{field}: {value}\n"))
+        .collect()
+}
+
 impl fmt::Display for TunnelEndpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let created = self
@@ -204,15 +229,17 @@ impl fmt::Display for TunnelEndpoint {
         match self.layout {
             Layout::Spec => write!(
                 f,
-                "{}{}",
+                "{}{}{}",
                 self.network_lines(|_| true),
+                self.ipv6_lines(),
                 self.backend_lines()
             ),
             Layout::Legacy => write!(
                 f,
-                "  podCIDR: {}\n  externalCIDR: {}\n{}status:\n  phase: Ready\n{}",
+                "  podCIDR: {}\n  externalCIDR: {}\n{}{}status:\n  phase: Ready\n{}",
                 self.remote[0],
                 self.remote[2],
+                self.ipv6_lines(),
                 self.backend_lines(),
                 self.network_lines(|field| !real_remote(field))
             ),

@@ -5,7 +5,7 @@
 
 use std::net::Ipv4Addr;
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use isthmus_common::{
     nat::{MappingKey, PeerNat},
     wire::Be32,
@@ -125,8 +125,13 @@ pub fn check(events: Vec<SourceEvent>, policy: Policy) -> Verdict {
 fn peer_table<'p>(peers: impl Iterator<Item = &'p Peer>) -> Table {
     let rows = peers
         .map(|p| {
-            let fields =
-                |views: [(&str, Ipv4Net); 2]| views.map(|(f, n)| format!("{f}={n}")).join(" ");
+            // Both families in one column, IPv6 after IPv4.
+            let fields = |ipv4: [(&str, Ipv4Net); 2], ipv6: Option<[(&str, Ipv6Net); 2]>| {
+                let ipv4 = ipv4.iter().map(|(f, n)| format!("{f}={n}"));
+                let ipv6 = ipv6.into_iter().flatten().map(|(f, n)| format!("{f}={n}"));
+                ipv4.chain(ipv6).collect::<Vec<_>>().join(" ")
+            };
+            let ipv6 = p.ipv6.as_ref();
             let endpoint = match &p.tunnel {
                 Ok(t) if t.endpoint == Endpoint::Learned => {
                     format!("learned: the peer makes contact on port {}", t.port)
@@ -139,8 +144,8 @@ fn peer_table<'p>(peers: impl Iterator<Item = &'p Peer>) -> Table {
                 p.origin.clone(),
                 p.layout.to_string(),
                 p.label().to_owned(),
-                fields(p.views()),
-                fields(p.local_views()),
+                fields(p.views(), ipv6.map(|n| n.views(p.layout))),
+                fields(p.local_views(), ipv6.map(|n| n.local_views(p.layout))),
                 endpoint,
             ]
         })
@@ -165,7 +170,7 @@ fn mapping_table(peers: &[(u32, &Peer)], entries: &[(MappingKey, Be32)]) -> Tabl
         .filter_map(|(key, endpoint)| {
             let (_, peer) = peers.iter().find(|(id, _)| *id == key.peer_id)?;
             let real = Ipv4Addr::from(key.addr);
-            let seen = peer.local_external.seen_of(real)?;
+            let seen = peer.ipv4.local_external.seen_of(real)?;
             Some(vec![
                 peer.label().to_owned(),
                 seen.to_string(),
@@ -191,5 +196,49 @@ fn rejection_table(rejections: &[Rejection]) -> Table {
     Table {
         columns: vec!["kind", "object", "error"],
         rows,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use isthmus_lab::objects::TunnelEndpoint;
+
+    use super::*;
+    use crate::model::object::parse_documents;
+
+    #[test]
+    fn a_dual_stack_peer_shows_both_families_of_its_networks() {
+        let yaml = TunnelEndpoint::new("b", "liqo-tenant-b")
+            .cluster_id("cluster-b")
+            .remote(["10.1.0.0/24", "10.0.0.0/24", "192.168.2.0/24", "None"])
+            .ipv6(
+                ["fd00:10:244::/64", "None", "fd00:192:168::/64", "None"],
+                [
+                    "fd00:10:1::/64",
+                    "fd00:10::/64",
+                    "fd00:192:168:2::/64",
+                    "None",
+                ],
+            )
+            .to_string();
+        let events = vec![SourceEvent::Origin {
+            origin: "b.yaml".into(),
+            documents: parse_documents(Path::new("b.yaml"), &yaml),
+        }];
+        let verdict = check(events, Policy::default());
+        assert!(verdict.clean(), "{}", verdict.text());
+        let row = &verdict.peers.rows[0];
+        assert_eq!(
+            row[4],
+            "remoteNATPodCIDR=10.0.0.0/24 remoteExternalCIDR=192.168.2.0/24 \
+             ipv6.remoteNATPodCIDR=fd00:10::/64 ipv6.remoteExternalCIDR=fd00:192:168:2::/64"
+        );
+        assert_eq!(
+            row[5],
+            "localPodCIDR=10.244.0.0/24 localExternalCIDR=192.168.0.0/24 \
+             ipv6.localPodCIDR=fd00:10:244::/64 ipv6.localExternalCIDR=fd00:192:168::/64"
+        );
     }
 }

@@ -443,7 +443,7 @@ fn record(report: &Report, metrics: &Metrics) {
     for peer in &report.added {
         info!(
             object = %peer.key, peer = peer.label(), file = %peer.origin, fields_from = %peer.layout,
-            pod = %peer.remote_pod.seen(), external = %peer.remote_external.seen(),
+            pod = %peer.ipv4.remote_pod.seen(), external = %peer.ipv4.remote_external.seen(),
             "peer programmed"
         );
     }

@@ -4,6 +4,7 @@
 //! ask of this node.
 //! Nothing here does I/O, so all of it is tested in memory.
 
+pub mod cidr;
 pub mod election;
 pub mod go_duration;
 pub mod isolation;

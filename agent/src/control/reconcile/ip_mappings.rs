@@ -68,7 +68,7 @@ pub(super) fn entries<'a>(
             continue;
         }
         for (peer_id, peer) in &v1_peers {
-            let external = peer.local_external.real;
+            let external = peer.ipv4.local_external.real;
             if !external.contains(&ip.exposed) {
                 errors.insert(refusal(origin, key, format!(
                     "field status.ip: {} is outside our ExternalCIDR {external} (spec.local.cidr.external of Configuration {})",

@@ -76,7 +76,7 @@ where
                 }
                 // The kernel keys the entry by the real address the prefix
                 // step gives it: the same packets, with one lookup.
-                let Some(real) = peer.local_external.real_of(*external) else {
+                let Some(real) = peer.ipv4.local_external.real_of(*external) else {
                     let problem = MappingProblem::OutsideExternalCidr {
                         endpoint: *endpoint,
                         external: *external,

@@ -77,7 +77,7 @@ type Document = Result<Object, DocumentError>;
 
 /// A document of an origin, validated as far as it can be alone.
 enum Valid {
-    Peer(Peer),
+    Peer(Box<Peer>),
     Mapping(NatMapping),
     Node(Node),
     Pod(OffloadedPod),
@@ -384,7 +384,7 @@ where
         for (origin, results) in &self.origins {
             for result in results {
                 let peer = match result {
-                    Ok(Valid::Peer(peer)) => peer.clone(),
+                    Ok(Valid::Peer(peer)) => Peer::clone(peer),
                     Ok(Valid::V1Networks(key, networks)) => {
                         let of_peer = companions.get(networks.cluster_id.as_str());
                         networks.peer(key, origin, of_peer.copied().unwrap_or_default())
@@ -514,7 +514,9 @@ fn validate(document: Document, origin: &str) -> Option<Result<Valid, Rejection>
     }
     Some(match document {
         Err(e) => Err(e.into()),
-        Ok(Object::TunnelEndpoint(raw)) => valid(Peer::from_raw(&raw, origin), Valid::Peer),
+        Ok(Object::TunnelEndpoint(raw)) => {
+            valid(Peer::from_raw(&raw, origin).map(Box::new), Valid::Peer)
+        }
         Ok(Object::NatMapping(raw)) => valid(NatMapping::from_raw(&raw, origin), Valid::Mapping),
         Ok(Object::Node(raw)) => valid(Node::from_raw(&raw, origin), Valid::Node),
         Ok(Object::Pod(raw)) => valid(

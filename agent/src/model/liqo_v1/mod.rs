@@ -12,7 +12,7 @@
 
 use std::net::Ipv4Addr;
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use serde_yaml_ng::Value;
 
 mod peer;
@@ -20,9 +20,10 @@ mod peer;
 pub use peer::Companions;
 
 use crate::model::{
+    cidr::Cidr,
     key_text,
     object::{ObjectError, ObjectKey, ObjectKind, RawObject},
-    peer::{Endpoint, Mapped, Peer, Remaps},
+    peer::{Endpoint, Mapped, Networks, Peer, Remaps},
 };
 
 /// The label that names the peer an object is about.
@@ -43,23 +44,27 @@ pub fn unknown_source(peers: &[Peer]) -> Option<Ipv4Addr> {
     peers
         .iter()
         .find(|peer| peer.remaps() == Remaps::Theirs)
-        .map(|peer| peer.local_external.real.network())
+        .map(|peer| peer.ipv4.local_external.real.network())
 }
 
-/// One peer's networks, from its `Configuration`.
+/// One peer's networks, from its `Configuration`: ours
+/// (`spec.local.cidr`), never remapped by us, and the peer's
+/// (`spec.remote.cidr`) with how we see them (`status.remote.cidr`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PeerNetworks {
     /// The peer's cluster ID.
     pub cluster_id: String,
-    /// Our PodCIDR (`spec.local.cidr.pod`).
-    pub local_pod: Ipv4Net,
-    /// Our ExternalCIDR (`spec.local.cidr.external`).
-    pub local_external: Ipv4Net,
-    /// The peer's PodCIDR (`spec.remote.cidr.pod`) and how we see it
-    /// (`status.remote.cidr.pod`).
-    pub remote_pod: Mapped,
-    /// The peer's ExternalCIDR and how we see it.
-    pub remote_external: Mapped,
+    /// The IPv4 networks.
+    pub ipv4: Networks,
+    /// The IPv6 networks, where every list holds one.
+    pub ipv6: Option<Networks<Ipv6Net>>,
+}
+
+/// The networks of one field's list: one IPv4 network and at most one IPv6
+/// network.
+struct Listed {
+    ipv4: Ipv4Net,
+    ipv6: Option<Ipv6Net>,
 }
 
 /// A peer gateway's WireGuard key, from its `PublicKey`.
@@ -119,30 +124,53 @@ impl PeerNetworks {
     /// that says so.
     pub fn from_configuration(raw: &RawObject, origin: &str) -> Result<Self, ObjectError> {
         let fields = Fields::new(raw, origin, ObjectKind::Configuration);
-        let one = |path: &[&str]| fields.only_cidr(path);
-        let mapped = |network: &str| -> Result<Mapped, ObjectError> {
-            let real = one(&["spec", "remote", "cidr", network])?;
-            let seen = one(&["status", "remote", "cidr", network])?;
-            if seen.prefix_len() != real.prefix_len() {
+        let list = |path: &[&str]| fields.cidrs(path);
+        let [local_pod, local_external] =
+            ["pod", "external"].map(|network| list(&["spec", "local", "cidr", network]));
+        let [remote_pod, remote_external] =
+            ["pod", "external"].map(|network| list(&["spec", "remote", "cidr", network]));
+        let [seen_pod, seen_external] =
+            ["pod", "external"].map(|network| list(&["status", "remote", "cidr", network]));
+        let lists = [
+            local_pod?,
+            local_external?,
+            remote_pod?,
+            remote_external?,
+            seen_pod?,
+            seen_external?,
+        ];
+        let ipv4 = fields.networks(lists.each_ref().map(|listed| Some(listed.ipv4)))?;
+        let ipv6 = lists.each_ref().map(|listed| listed.ipv6);
+        let ipv6 = match ipv6.iter().position(Option::is_none) {
+            Some(_) if ipv6.iter().all(Option::is_none) => None,
+            None => Some(fields.networks(ipv6)?),
+            Some(missing) => {
+                let with = ipv6.iter().position(Option::is_some).unwrap_or_default();
                 return Err(fields.error(format!(
-                    "field status.remote.cidr.{network}: {seen} does not have the length of \
-                     spec.remote.cidr.{network} ({real})"
+                    "field {}: no IPv6 network, where {} has one; a peer has IPv6 networks in \
+                     every field or in none",
+                    CONFIGURATION_LISTS[missing], CONFIGURATION_LISTS[with]
                 )));
             }
-            Ok(Mapped {
-                real,
-                nat: (seen != real).then_some(seen),
-            })
         };
         Ok(Self {
             cluster_id: fields.cluster_id()?,
-            local_pod: one(&["spec", "local", "cidr", "pod"])?,
-            local_external: one(&["spec", "local", "cidr", "external"])?,
-            remote_pod: mapped("pod")?,
-            remote_external: mapped("external")?,
+            ipv4,
+            ipv6,
         })
     }
 }
+
+/// The lists of a `Configuration`, in the order [`Fields::networks`] reads
+/// them.
+const CONFIGURATION_LISTS: [&str; 6] = [
+    "spec.local.cidr.pod",
+    "spec.local.cidr.external",
+    "spec.remote.cidr.pod",
+    "spec.remote.cidr.external",
+    "status.remote.cidr.pod",
+    "status.remote.cidr.external",
+];
 
 impl PeerKey {
     /// Reads a `PublicKey` from `origin`.
@@ -258,33 +286,84 @@ impl<'a> Fields<'a> {
             })
     }
 
-    /// The one IPv4 network of the list at `path`. Liqo allows a list;
-    /// Isthmus maps one network of each kind per peer, so a longer list is
-    /// an error rather than a network silently left out.
-    fn only_cidr(&self, path: &[&str]) -> Result<Ipv4Net, ObjectError> {
+    /// The networks of one family of a `Configuration`, its lists in the
+    /// order of [`CONFIGURATION_LISTS`], each present.
+    fn networks<N: Cidr>(&self, lists: [Option<N>; 6]) -> Result<Networks<N>, ObjectError> {
+        let [
+            local_pod,
+            local_external,
+            remote_pod,
+            remote_external,
+            seen_pod,
+            seen_external,
+        ] = lists.map(|net| net.expect("checked by the caller"));
+        let ours = |real| Mapped { real, nat: None };
+        let theirs = |network: &str, real: N, seen: N| {
+            if seen.prefix() != real.prefix() {
+                return Err(self.error(format!(
+                    "field status.remote.cidr.{network}: {seen} does not have the length of \
+                     spec.remote.cidr.{network} ({real})"
+                )));
+            }
+            Ok(Mapped {
+                real,
+                nat: (seen != real).then_some(seen),
+            })
+        };
+        Ok(Networks {
+            local_pod: ours(local_pod),
+            local_external: ours(local_external),
+            remote_pod: theirs("pod", remote_pod, seen_pod)?,
+            remote_external: theirs("external", remote_external, seen_external)?,
+        })
+    }
+
+    /// The networks of the list at `path`: one IPv4 network, and at most
+    /// one IPv6 network. Isthmus maps one network of each family and kind
+    /// per peer, so a longer list is an error rather than a network
+    /// silently left out.
+    fn cidrs(&self, path: &[&str]) -> Result<Listed, ObjectError> {
         let field = path.join(".");
         let list = match self.get(path) {
             Some(Value::Sequence(list)) => list,
             Some(_) => return Err(self.error(format!("field {field}: not a list"))),
             None => return Err(self.missing(path)),
         };
-        let [only] = list.as_slice() else {
-            return Err(self.error(format!(
-                "field {field}: {} networks; Isthmus maps exactly one",
-                list.len()
-            )));
-        };
-        let Some(text) = only.as_str() else {
-            return Err(self.error(format!("field {field}: {only:?} is not a string")));
-        };
-        if text.is_empty() {
-            return Err(self.error(format!(
-                "field {field}: empty; Liqo's IPAM has not remapped it yet"
-            )));
+        let mut ipv4 = None;
+        let mut ipv6 = None;
+        for item in list {
+            let Some(text) = item.as_str() else {
+                return Err(self.error(format!("field {field}: {item:?} is not a string")));
+            };
+            if text.is_empty() {
+                return Err(self.error(format!(
+                    "field {field}: empty; Liqo's IPAM has not remapped it yet"
+                )));
+            }
+            let (slot, family) = match (Ipv4Net::parse_network(text), Ipv6Net::parse_network(text))
+            {
+                (Some(net), _) => (ipv4.replace(net).map(|_| ()), "IPv4"),
+                (_, Some(net)) => (ipv6.replace(net).map(|_| ()), "IPv6"),
+                _ => {
+                    return Err(self.error(format!(
+                        "field {field}: {text:?} is not an IPv4 or IPv6 CIDR"
+                    )));
+                }
+            };
+            if slot.is_some() {
+                return Err(self.error(format!(
+                    "field {field}: {} networks, two of them {family}; Isthmus maps one of each \
+                     family",
+                    list.len()
+                )));
+            }
         }
-        text.parse::<Ipv4Net>()
-            .map(|net| net.trunc())
-            .map_err(|_| self.error(format!("field {field}: {text:?} is not an IPv4 CIDR")))
+        let ipv4 = ipv4.ok_or_else(|| {
+            self.error(format!(
+                "field {field}: no IPv4 network; Isthmus needs one, and maps an IPv6 one beside it"
+            ))
+        })?;
+        Ok(Listed { ipv4, ipv6 })
     }
 
     fn address(&self, path: &[&str]) -> Result<Ipv4Addr, ObjectError> {

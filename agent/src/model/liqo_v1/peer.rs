@@ -6,7 +6,7 @@
 
 use crate::model::{
     object::{Layout, ObjectKey},
-    peer::{Endpoint, GatewayImplementation, GatewayRole, LiqoGateway, Mapped, Peer, TunnelParams},
+    peer::{Endpoint, GatewayImplementation, GatewayRole, LiqoGateway, Peer, TunnelParams},
 };
 
 use super::{Gateway, PeerKey, PeerNetworks, Side};
@@ -25,7 +25,6 @@ impl PeerNetworks {
     /// its `companions`. Our networks are never remapped by us: the peer
     /// remaps them on its side.
     pub fn peer(&self, config: &ObjectKey, origin: &str, companions: Companions<'_>) -> Peer {
-        let ours = |real| Mapped { real, nat: None };
         Peer {
             key: config.clone(),
             origin: origin.to_owned(),
@@ -33,10 +32,8 @@ impl PeerNetworks {
             cluster_id: Some(self.cluster_id.clone()),
             cluster_name: None,
             layout: Layout::LiqoV1,
-            local_pod: ours(self.local_pod),
-            local_external: ours(self.local_external),
-            remote_pod: self.remote_pod,
-            remote_external: self.remote_external,
+            ipv4: self.ipv4,
+            ipv6: self.ipv6,
             tunnel: tunnel(companions),
             security_mode: None,
             liqo_gateway: companions.gateway.map(Gateway::reference),

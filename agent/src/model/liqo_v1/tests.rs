@@ -51,21 +51,30 @@ fn a_configuration_gives_the_peers_real_networks_and_our_view_of_them() {
         networks(CONFIGURATION).unwrap(),
         PeerNetworks {
             cluster_id: "rome".into(),
-            local_pod: net("10.200.0.0/16"),
-            local_external: net("10.201.0.0/16"),
-            remote_pod: Mapped {
-                real: net("10.200.0.0/16"),
-                nat: Some(net("10.70.0.0/16")),
+            ipv4: Networks {
+                local_pod: Mapped {
+                    real: net("10.200.0.0/16"),
+                    nat: None
+                },
+                local_external: Mapped {
+                    real: net("10.201.0.0/16"),
+                    nat: None
+                },
+                remote_pod: Mapped {
+                    real: net("10.200.0.0/16"),
+                    nat: Some(net("10.70.0.0/16")),
+                },
+                remote_external: Mapped {
+                    real: net("10.201.0.0/16"),
+                    nat: Some(net("10.71.0.0/16")),
+                },
             },
-            remote_external: Mapped {
-                real: net("10.201.0.0/16"),
-                nat: Some(net("10.71.0.0/16")),
-            },
+            ipv6: None,
         }
     );
     // A network the IPAM left as it is (no overlap) is not remapped.
     let same = CONFIGURATION.replace("      - 10.70.0.0/16", "      - 10.200.0.0/16");
-    assert_eq!(networks(&same).unwrap().remote_pod.nat, None);
+    assert_eq!(networks(&same).unwrap().ipv4.remote_pod.nat, None);
 }
 
 #[test]
@@ -80,7 +89,7 @@ fn a_configuration_not_yet_remapped_or_malformed_names_the_field() {
         "      pod:\n      - 10.200.0.0/16\n      external:\n      - 10.201.0.0/16\n  remote",
         "      pod:\n      - 10.200.0.0/16\n      - 10.210.0.0/16\n      external:\n      - 10.201.0.0/16\n  remote",
     );
-    assert!(names(networks(&two), "spec.local.cidr.pod").contains("2 networks"));
+    assert!(names(networks(&two), "spec.local.cidr.pod").contains("2 networks, two of them IPv4"));
     let shorter = CONFIGURATION.replace("10.70.0.0/16", "10.70.0.0/24");
     names(networks(&shorter), "status.remote.cidr.pod");
     let garbage = CONFIGURATION.replace("      - 10.71.0.0/16", "      - 10.71.0.0/40");
@@ -190,4 +199,77 @@ fn the_unknown_source_is_the_network_address_of_our_external_cidr() {
         Some(Ipv4Addr::new(10, 201, 0, 0))
     );
     assert_eq!(unknown_source(&[]), None);
+}
+
+/// rome's `Configuration` with an IPv6 network in each list, after the
+/// IPv4 one, as Liqo's `[]CIDR` fields hold them.
+fn dual_stack() -> String {
+    let mut yaml = CONFIGURATION.to_owned();
+    for (ipv4, ipv6) in [
+        ("10.200.0.0/16", "fd00:10:244::/64"),
+        ("10.201.0.0/16", "fd00:192:168::/64"),
+        ("10.70.0.0/16", "fd00:10::/64"),
+        ("10.71.0.0/16", "fd00:10:0:1::/64"),
+    ] {
+        yaml = yaml.replace(
+            &format!("      - {ipv4}\n"),
+            &format!("      - {ipv4}\n      - {ipv6}\n"),
+        );
+    }
+    yaml
+}
+
+#[test]
+fn a_configuration_lists_an_ipv6_network_beside_each_ipv4_one() {
+    let single = networks(CONFIGURATION).unwrap();
+    let dual = networks(&dual_stack()).unwrap();
+    assert_eq!(dual.ipv4, single.ipv4);
+    let ipv6 = dual.ipv6.expect("IPv6 networks");
+    let net6 = |text: &str| text.parse::<ipnet::Ipv6Net>().unwrap();
+    assert_eq!(
+        ipv6.remote_pod,
+        Mapped {
+            real: net6("fd00:10:244::/64"),
+            nat: Some(net6("fd00:10::/64"))
+        }
+    );
+    assert_eq!(ipv6.local_external.real, net6("fd00:192:168::/64"));
+    assert_eq!(ipv6.local_external.nat, None);
+    assert_eq!(
+        ipv6.views(crate::model::object::Layout::LiqoV1)[1],
+        ("status.remote.cidr.external", net6("fd00:10:0:1::/64"))
+    );
+    // The order within a list does not matter.
+    let swapped = dual_stack().replace(
+        "      - 10.70.0.0/16\n      - fd00:10::/64\n",
+        "      - fd00:10::/64\n      - 10.70.0.0/16\n",
+    );
+    assert_eq!(
+        networks(&swapped).unwrap(),
+        networks(&dual_stack()).unwrap()
+    );
+}
+
+#[test]
+fn a_configuration_with_ipv6_in_some_lists_or_twice_in_one_names_the_field() {
+    let partial = dual_stack().replace("      - fd00:10:0:1::/64\n", "");
+    assert!(
+        names(networks(&partial), "status.remote.cidr.external")
+            .contains("no IPv6 network, where spec.local.cidr.pod has one")
+    );
+    let twice = dual_stack().replace(
+        "      - fd00:10::/64\n",
+        "      - fd00:10::/64\n      - fd00:11::/64\n",
+    );
+    assert!(
+        names(networks(&twice), "status.remote.cidr.pod").contains("3 networks, two of them IPv6")
+    );
+    let only_ipv6 = dual_stack().replace("      - 10.200.0.0/16\n", "");
+    assert!(names(networks(&only_ipv6), "spec.local.cidr.pod").contains("no IPv4 network"));
+    let shorter = dual_stack().replace("fd00:10::/64", "fd00:10::/80");
+    names(networks(&shorter), "status.remote.cidr.pod");
+    let garbage = dual_stack().replace("fd00:10::/64", "fd00:10::/200");
+    assert!(
+        names(networks(&garbage), "status.remote.cidr.pod").contains("is not an IPv4 or IPv6 CIDR")
+    );
 }

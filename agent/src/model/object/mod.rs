@@ -92,6 +92,10 @@ impl RawTunnelEndpoint {
     /// Network `field`, by its v0.3.1+ name, wherever the object's layout
     /// keeps it, with the name it goes by there (for errors).
     pub fn network(&self, field: &'static str) -> (&'static str, Option<&Value>) {
+        // The IPv6 networks are in `spec.ipv6`, in every layout.
+        if let Some(name) = field.strip_prefix("ipv6.") {
+            return (field, self.spec.get("ipv6").and_then(|v| v.get(name)));
+        }
         if self.layout() == Layout::Spec {
             return (field, self.spec.get(field));
         }

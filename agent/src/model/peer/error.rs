@@ -44,12 +44,14 @@ pub enum Problem {
         field: &'static str,
     },
     /// A network that does not parse.
-    #[error("field {field}: {value:?} is not an IPv4 CIDR{none}")]
+    #[error("field {field}: {value:?} is not an {family} CIDR{none}")]
     BadCidr {
         /// The field, by its Liqo name.
         field: &'static str,
         /// What it holds.
         value: String,
+        /// The address family the field holds.
+        family: &'static str,
         /// `or "None"` where "None" is allowed.
         none: &'static str,
     },

@@ -1,17 +1,16 @@
 //! A validated peer: the networks of one TunnelEndpoint, checked field by
 //! field, and the kernel rules they turn into.
 
-use std::net::Ipv4Addr;
-
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use isthmus_common::{
     isolation::SEGREGATED,
-    nat::{PeerNat, PrefixRewrite, REMAPS_PEER},
+    nat::{PeerNat, REMAPS_PEER},
 };
 use serde_yaml_ng::Value;
 use sha2::{Digest, Sha256};
 
 use crate::model::{
+    cidr::Cidr,
     isolation::{self, SecurityMode},
     object::{Layout, ObjectKey, ObjectKind, RawTunnelEndpoint},
 };
@@ -19,126 +18,20 @@ use crate::model::{
 mod endpoint;
 mod error;
 mod liqo_gateway;
+mod networks;
 
 pub use endpoint::{DEFAULT_TUNNEL_PORT, Endpoint, TunnelParams};
 pub use error::{PeerError, Problem};
 pub use liqo_gateway::{GatewayImplementation, GatewayRole, LiqoGateway};
+use networks::{Fields, LayoutFields};
+pub use networks::{Mapped, Networks};
+
+/// The field of a TunnelEndpoint's spec that holds its IPv6 networks, by
+/// the names of the IPv4 ones.
+pub const IPV6_FIELD: &str = "ipv6";
 
 /// The value Liqo writes for "not remapped".
 pub const NONE: &str = "None";
-/// A real network and, when the other side remapped it, its remapped form.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Mapped {
-    /// The real network.
-    pub real: Ipv4Net,
-    /// The network it is remapped to, if any.
-    pub nat: Option<Ipv4Net>,
-}
-
-impl Mapped {
-    /// The network as it appears after remapping.
-    pub fn seen(&self) -> Ipv4Net {
-        self.nat.unwrap_or(self.real)
-    }
-
-    /// The real address behind `addr`, an address of the remapped network.
-    pub fn real_of(&self, addr: Ipv4Addr) -> Option<Ipv4Addr> {
-        let wire = isthmus_common::wire::Be32::from(addr);
-        self.seen()
-            .contains(&addr)
-            .then(|| Ipv4Addr::from(self.inbound().apply(wire)))
-    }
-
-    /// The address of the remapped network behind `addr`, a real one.
-    pub fn seen_of(&self, addr: Ipv4Addr) -> Option<Ipv4Addr> {
-        let wire = isthmus_common::wire::Be32::from(addr);
-        self.real
-            .contains(&addr)
-            .then(|| Ipv4Addr::from(self.outbound().apply(wire)))
-    }
-
-    /// Real → remapped, or the identity when not remapped: the kernel
-    /// still needs the real network, to tell our addresses from others'.
-    fn outbound(&self) -> PrefixRewrite {
-        rewrite(self.real, self.seen())
-    }
-
-    /// Remapped → real, or the identity when not remapped.
-    fn inbound(&self) -> PrefixRewrite {
-        rewrite(self.seen(), self.real)
-    }
-}
-
-fn rewrite(from: Ipv4Net, to: Ipv4Net) -> PrefixRewrite {
-    PrefixRewrite::new(
-        from.network().octets(),
-        to.network().octets(),
-        from.prefix_len(),
-    )
-}
-
-/// The Liqo field names of one network pair.
-struct Fields {
-    real: &'static str,
-    nat: &'static str,
-}
-
-const LOCAL_POD: Fields = Fields {
-    real: "localPodCIDR",
-    nat: "localNATPodCIDR",
-};
-const LOCAL_EXTERNAL: Fields = Fields {
-    real: "localExternalCIDR",
-    nat: "localNATExternalCIDR",
-};
-const REMOTE_POD: Fields = Fields {
-    real: "remotePodCIDR",
-    nat: "remoteNATPodCIDR",
-};
-const REMOTE_EXTERNAL: Fields = Fields {
-    real: "remoteExternalCIDR",
-    nat: "remoteNATExternalCIDR",
-};
-
-/// The same networks in a Liqo v1 `Configuration`, where we remap only
-/// the peer's: ours have no remapped form there.
-const V1_LOCAL_POD: Fields = Fields {
-    real: "spec.local.cidr.pod",
-    nat: "spec.local.cidr.pod",
-};
-const V1_LOCAL_EXTERNAL: Fields = Fields {
-    real: "spec.local.cidr.external",
-    nat: "spec.local.cidr.external",
-};
-const V1_REMOTE_POD: Fields = Fields {
-    real: "spec.remote.cidr.pod",
-    nat: "status.remote.cidr.pod",
-};
-const V1_REMOTE_EXTERNAL: Fields = Fields {
-    real: "spec.remote.cidr.external",
-    nat: "status.remote.cidr.external",
-};
-
-/// The fields of one layout: our PodCIDR, our ExternalCIDR, the peer's
-/// PodCIDR, the peer's ExternalCIDR.
-struct LayoutFields([&'static Fields; 4]);
-
-impl LayoutFields {
-    const fn of(layout: Layout) -> Self {
-        match layout {
-            Layout::Spec | Layout::Legacy => {
-                Self([&LOCAL_POD, &LOCAL_EXTERNAL, &REMOTE_POD, &REMOTE_EXTERNAL])
-            }
-            Layout::LiqoV1 => Self([
-                &V1_LOCAL_POD,
-                &V1_LOCAL_EXTERNAL,
-                &V1_REMOTE_POD,
-                &V1_REMOTE_EXTERNAL,
-            ]),
-        }
-    }
-}
-
 /// Whose addresses this gateway rewrites for a peer
 /// (docs/design.md#who-rewrites-what, docs/design.md#liqo-v1-peers).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -199,14 +92,10 @@ pub struct Peer {
     pub cluster_name: Option<String>,
     /// Where the fields were found.
     pub layout: Layout,
-    /// Our PodCIDR, and how the peer sees it.
-    pub local_pod: Mapped,
-    /// Our ExternalCIDR, and how the peer sees it.
-    pub local_external: Mapped,
-    /// The peer's PodCIDR, and how we see it.
-    pub remote_pod: Mapped,
-    /// The peer's ExternalCIDR, and how we see it.
-    pub remote_external: Mapped,
+    /// Its IPv4 networks.
+    pub ipv4: Networks,
+    /// Its IPv6 networks, if it has them (docs/design.md#dual-stack).
+    pub ipv6: Option<Networks<Ipv6Net>>,
     /// The peer gateway's WireGuard endpoint and key, or the first of their
     /// fields the object lacks.
     pub tunnel: Result<TunnelParams, &'static str>,
@@ -228,89 +117,47 @@ impl Peer {
             cluster_id: identity(raw, "clusterID"),
             cluster_name: identity(raw, "clusterName"),
             layout: raw.layout(),
-            local_pod: reader.mapped(&LOCAL_POD)?,
-            local_external: reader.mapped(&LOCAL_EXTERNAL)?,
-            remote_pod: reader.mapped(&REMOTE_POD)?,
-            remote_external: reader.mapped(&REMOTE_EXTERNAL)?,
+            ipv4: reader.networks()?,
+            ipv6: reader.ipv6_networks()?,
             tunnel: reader.tunnel()?,
             security_mode: reader.security_mode()?,
             liqo_gateway: None,
         })
     }
 
-    /// The networks we see the peer under, with the field each comes from.
-    /// The kernel finds the peer of a packet by these.
+    /// The IPv4 networks we see the peer under, with the field each comes
+    /// from. The kernel finds the peer of a packet by these.
     pub fn views(&self) -> [(&'static str, Ipv4Net); 2] {
-        let [_, _, pod, external] = LayoutFields::of(self.layout).0;
-        [
-            (seen_field(&self.remote_pod, pod), self.remote_pod.seen()),
-            (
-                seen_field(&self.remote_external, external),
-                self.remote_external.seen(),
-            ),
-        ]
+        self.ipv4.views(self.layout)
     }
 
-    /// The networks whose addresses the peer's packets carry inside the
-    /// tunnel, with their fields: our views of them where the peer
-    /// remaps its own (Liqo v0.10), the real ones where we do (Liqo v1).
+    /// The IPv4 networks whose addresses the peer's packets carry inside
+    /// the tunnel, with their fields.
     pub fn tunnel_networks(&self) -> [(&'static str, Ipv4Net); 2] {
-        let [_, _, pod, external] = LayoutFields::of(self.layout).0;
-        match self.remaps() {
-            Remaps::Ours => self.views(),
-            Remaps::Theirs => [
-                (pod.real, self.remote_pod.real),
-                (external.real, self.remote_external.real),
-            ],
-        }
+        self.ipv4.tunnel_networks(self.layout)
     }
 
-    /// Our ExternalCIDR as the peer sees it, with its field: where the
+    /// Our IPv4 ExternalCIDR as the peer sees it, with its field: where the
     /// peer reaches what our NatMapping for it exposes.
     pub fn local_external_view(&self) -> (&'static str, Ipv4Net) {
         self.local_views()[1]
     }
 
-    /// Our networks as the peer sees them, each with its field.
+    /// Our IPv4 networks as the peer sees them, each with its field.
     pub fn local_views(&self) -> [(&'static str, Ipv4Net); 2] {
-        let [pod, external, _, _] = LayoutFields::of(self.layout).0;
-        [
-            (seen_field(&self.local_pod, pod), self.local_pod.seen()),
-            (
-                seen_field(&self.local_external, external),
-                self.local_external.seen(),
-            ),
-        ]
+        self.ipv4.local_views(self.layout)
     }
 
-    /// Our real networks, each with its field: where the ingress rules
+    /// Our real IPv4 networks, each with its field: where the ingress rules
     /// lead the peer's packets.
     pub fn local_networks(&self) -> [(&'static str, Ipv4Net); 2] {
-        let [pod, external, _, _] = LayoutFields::of(self.layout).0;
-        [
-            (pod.real, self.local_pod.real),
-            (external.real, self.local_external.real),
-        ]
+        self.ipv4.local_networks(self.layout)
     }
 
-    /// Every network of the object, each with its field: the real ones and
-    /// those remapped.
+    /// Every IPv4 network of the object, each with its field: the real ones
+    /// and those remapped.
     pub fn networks(&self) -> Vec<(&'static str, Ipv4Net)> {
-        let [local_pod, local_external, remote_pod, remote_external] =
-            LayoutFields::of(self.layout).0;
-        [
-            (&self.local_pod, local_pod),
-            (&self.local_external, local_external),
-            (&self.remote_pod, remote_pod),
-            (&self.remote_external, remote_external),
-        ]
-        .into_iter()
-        .flat_map(|(mapped, fields)| {
-            [(fields.real, Some(mapped.real)), (fields.nat, mapped.nat)]
-                .into_iter()
-                .filter_map(|(field, net)| Some((field, net?)))
-        })
-        .collect()
+        self.ipv4.all(self.layout)
     }
 
     /// The kernel rules for this peer.
@@ -324,14 +171,23 @@ impl Peer {
             Remaps::Ours => (0, Default::default()),
             Remaps::Theirs => (
                 REMAPS_PEER,
-                [self.remote_pod.inbound(), self.remote_external.inbound()],
+                [
+                    self.ipv4.remote_pod.inbound(),
+                    self.ipv4.remote_external.inbound(),
+                ],
             ),
         };
         PeerNat {
             peer_id,
             flags: segregated | remaps,
-            egress: [self.local_pod.outbound(), self.local_external.outbound()],
-            ingress: [self.local_pod.inbound(), self.local_external.inbound()],
+            egress: [
+                self.ipv4.local_pod.outbound(),
+                self.ipv4.local_external.outbound(),
+            ],
+            ingress: [
+                self.ipv4.local_pod.inbound(),
+                self.ipv4.local_external.inbound(),
+            ],
             theirs,
             owner: self.owner(),
         }
@@ -359,10 +215,7 @@ impl Peer {
 
     /// Whose addresses we rewrite: the objects' Liqo version says.
     pub fn remaps(&self) -> Remaps {
-        match self.layout {
-            Layout::Spec | Layout::Legacy => Remaps::Ours,
-            Layout::LiqoV1 => Remaps::Theirs,
-        }
+        self.layout.remaps()
     }
 
     /// `problem` of this peer, naming the object it came from.
@@ -389,11 +242,14 @@ impl Peer {
     }
 }
 
-fn seen_field(mapped: &Mapped, fields: &Fields) -> &'static str {
-    if mapped.nat.is_some() {
-        fields.nat
-    } else {
-        fields.real
+impl Layout {
+    /// Whose addresses a gateway rewrites for a peer whose objects are
+    /// written this way.
+    pub fn remaps(self) -> Remaps {
+        match self {
+            Layout::Spec | Layout::Legacy => Remaps::Ours,
+            Layout::LiqoV1 => Remaps::Theirs,
+        }
     }
 }
 
@@ -426,18 +282,42 @@ struct Reader<'a> {
 }
 
 impl Reader<'_> {
-    fn mapped(&self, fields: &Fields) -> Result<Mapped, PeerError> {
-        let (real_field, real) = self.cidr(fields.real, false)?;
+    fn networks<N: Cidr>(&self) -> Result<Networks<N>, PeerError> {
+        let [local_pod, local_external, remote_pod, remote_external] =
+            LayoutFields::of::<N>(self.raw.layout()).0;
+        Ok(Networks {
+            local_pod: self.mapped(local_pod)?,
+            local_external: self.mapped(local_external)?,
+            remote_pod: self.mapped(remote_pod)?,
+            remote_external: self.mapped(remote_external)?,
+        })
+    }
+
+    /// The networks of `spec.ipv6`, if the object has them.
+    fn ipv6_networks(&self) -> Result<Option<Networks<Ipv6Net>>, PeerError> {
+        match self.raw.field(IPV6_FIELD) {
+            None => Ok(None),
+            Some(Value::Mapping(_)) => self.networks().map(Some),
+            Some(other) => Err(self.error(Problem::BadValue {
+                field: IPV6_FIELD,
+                value: text(other),
+                what: "a map of the IPv6 networks",
+            })),
+        }
+    }
+
+    fn mapped<N: Cidr>(&self, fields: &Fields) -> Result<Mapped<N>, PeerError> {
+        let (real_field, real) = self.cidr::<N>(fields.real, false)?;
         let real = real.ok_or_else(|| self.error(Problem::Missing { field: real_field }))?;
-        let (nat_field, nat) = self.cidr(fields.nat, true)?;
+        let (nat_field, nat) = self.cidr::<N>(fields.nat, true)?;
         if let Some(nat) = nat
-            && nat.prefix_len() != real.prefix_len()
+            && nat.prefix() != real.prefix()
         {
             return Err(self.error(Problem::MaskMismatch {
                 field: nat_field,
-                nat_len: nat.prefix_len(),
+                nat_len: nat.prefix(),
                 real_field,
-                real_len: real.prefix_len(),
+                real_len: real.prefix(),
             }));
         }
         Ok(Mapped { real, nat })
@@ -445,31 +325,26 @@ impl Reader<'_> {
 
     /// The network in `field`, with the name it goes by in the object's
     /// layout; `None` if absent, or "None" where allowed.
-    fn cidr(
+    fn cidr<N: Cidr>(
         &self,
         field: &'static str,
         none_allowed: bool,
-    ) -> Result<(&'static str, Option<Ipv4Net>), PeerError> {
+    ) -> Result<(&'static str, Option<N>), PeerError> {
         let (field, value) = self.raw.network(field);
         let Some(value) = value else {
             return Ok((field, None));
         };
-        let text = value.as_str().unwrap_or_default();
-        if none_allowed && text == NONE {
+        let written = value.as_str().unwrap_or_default();
+        if none_allowed && written == NONE {
             return Ok((field, None));
         }
-        text.parse::<Ipv4Net>()
-            .map(|net| (field, Some(net.trunc())))
-            .map_err(|_| {
+        N::parse_network(written)
+            .map(|net| (field, Some(net)))
+            .ok_or_else(|| {
                 self.error(Problem::BadCidr {
                     field,
-                    value: match value {
-                        Value::String(s) => s.clone(),
-                        other => serde_yaml_ng::to_string(other)
-                            .unwrap_or_default()
-                            .trim()
-                            .to_owned(),
-                    },
+                    value: text(value),
+                    family: N::FAMILY,
                     none: if none_allowed { " or \"None\"" } else { "" },
                 })
             })

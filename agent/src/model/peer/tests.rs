@@ -5,6 +5,10 @@ use std::path::Path;
 
 use isthmus_lab::objects::{Layout as Written, TunnelEndpoint};
 
+use std::net::Ipv4Addr;
+
+use isthmus_common::nat::PrefixRewrite;
+
 use super::*;
 use crate::model::{
     isolation::SecurityMode,
@@ -81,10 +85,10 @@ fn an_address_of_a_remapped_network_has_a_real_one_with_the_same_host_bits() {
     let peer = parse(&a_to_b().to_string()).unwrap();
     let ip = |s: &str| s.parse::<Ipv4Addr>().unwrap();
     assert_eq!(
-        peer.local_external.real_of(ip("10.0.41.45")),
+        peer.ipv4.local_external.real_of(ip("10.0.41.45")),
         Some(ip("192.168.0.45"))
     );
-    assert_eq!(peer.local_external.real_of(ip("192.168.0.45")), None);
+    assert_eq!(peer.ipv4.local_external.real_of(ip("192.168.0.45")), None);
 }
 
 #[test]
@@ -283,4 +287,90 @@ fn the_security_mode_annotation_overrides_the_agents_for_its_peer() {
             "{bad}: {e}"
         );
     }
+}
+
+/// DESIGN's dual-stack lab: a's view of b, IPv6 beside IPv4.
+fn a_to_b_dual_stack() -> TunnelEndpoint {
+    a_to_b().ipv6(
+        [
+            "fd00:10:244::/64",
+            "fd00:10:0:40::/64",
+            "fd00:192:168::/64",
+            "fd00:10:0:41::/64",
+        ],
+        [
+            "fd00:10:244::/64",
+            "fd00:10::/64",
+            "fd00:192:168::/64",
+            "fd00:10:0:1::/64",
+        ],
+    )
+}
+
+fn net6(s: &str) -> Ipv6Net {
+    s.parse().unwrap()
+}
+
+#[test]
+fn the_ipv6_networks_of_spec_ipv6_sit_beside_the_ipv4_ones() {
+    let single = parse(&a_to_b().to_string()).unwrap();
+    assert_eq!(single.ipv6, None);
+    let peer = parse(&a_to_b_dual_stack().to_string()).unwrap();
+    assert_eq!(peer.ipv4, single.ipv4);
+    let ipv6 = peer.ipv6.expect("IPv6 networks");
+    assert_eq!(
+        ipv6.views(peer.layout),
+        [
+            ("ipv6.remoteNATPodCIDR", net6("fd00:10::/64")),
+            ("ipv6.remoteNATExternalCIDR", net6("fd00:10:0:1::/64"))
+        ]
+    );
+    assert_eq!(
+        ipv6.local_views(peer.layout),
+        [
+            ("ipv6.localNATPodCIDR", net6("fd00:10:0:40::/64")),
+            ("ipv6.localNATExternalCIDR", net6("fd00:10:0:41::/64"))
+        ]
+    );
+    assert_eq!(ipv6.all(peer.layout).len(), 8);
+    // The v0.2.1-v0.3.0 layout keeps `spec.ipv6` where it is.
+    let legacy = parse(&a_to_b_dual_stack().layout(Written::Legacy).to_string()).unwrap();
+    assert_eq!(legacy.ipv6, Some(ipv6));
+}
+
+#[test]
+fn a_broken_ipv6_network_names_its_field_in_spec_ipv6() {
+    let yaml = a_to_b_dual_stack().to_string();
+    let cases = [
+        (
+            "    remoteNATPodCIDR: fd00:10::/64",
+            "    remoteNATPodCIDR: 10.0.0.0/24",
+            "f.yaml: TunnelEndpoint liqo/b: field ipv6.remoteNATPodCIDR: \"10.0.0.0/24\" is not an IPv6 CIDR or \"None\"",
+        ),
+        (
+            "    localPodCIDR: fd00:10:244::/64",
+            "    localPodCIDR: fd00:10:244::/129",
+            "f.yaml: TunnelEndpoint liqo/b: field ipv6.localPodCIDR: \"fd00:10:244::/129\" is not an IPv6 CIDR",
+        ),
+        (
+            "    localNATExternalCIDR: fd00:10:0:41::/64",
+            "    localNATExternalCIDR: fd00:10:0:41::/80",
+            "f.yaml: TunnelEndpoint liqo/b: field ipv6.localNATExternalCIDR: mask /80 differs from ipv6.localExternalCIDR /64",
+        ),
+        (
+            "    remoteExternalCIDR: fd00:192:168::/64\n",
+            "",
+            "f.yaml: TunnelEndpoint liqo/b: field ipv6.remoteExternalCIDR is missing",
+        ),
+    ];
+    for (from, to, expected) in cases {
+        assert!(yaml.contains(from), "{from}");
+        let err = parse(&yaml.replace(from, to)).unwrap_err();
+        assert_eq!(err.to_string(), expected);
+    }
+    let not_a_map = a_to_b().to_string() + "  ipv6: fd00:10:244::/64\n";
+    assert_eq!(
+        parse(&not_a_map).unwrap_err().to_string(),
+        "f.yaml: TunnelEndpoint liqo/b: field ipv6: \"fd00:10:244::/64\" is not a map of the IPv6 networks"
+    );
 }

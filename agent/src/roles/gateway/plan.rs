@@ -157,7 +157,7 @@ fn conncheck_target(peer: &Peer) -> Ipv4Addr {
     if let Some(ends) = liqo_v1::TunnelAddresses::of(peer) {
         return ends.theirs;
     }
-    let view = peer.remote_external.seen();
+    let view = peer.ipv4.remote_external.seen();
     Ipv4Addr::from(u32::from(view.network()).saturating_add(1))
 }
 

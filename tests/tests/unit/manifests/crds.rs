@@ -67,6 +67,7 @@ fn liqo_objects_fit_the_crd_schemas_and_malformed_ones_do_not() {
         "endpointIP: a1b2c3-1234567890.eu-west-1.elb.amazonaws.com",
     );
     assert!(tunnel_endpoints.is_valid(&yaml(&elb)), "{elb}");
+    assert_ipv6_networks_are_validated(&tunnel_endpoints);
 
     // Every object of Liqo's shapes in the fixtures.
     let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/liqo");
@@ -104,6 +105,51 @@ fn liqo_objects_fit_the_crd_schemas_and_malformed_ones_do_not() {
 
 /// Every field, printer column and category of Liqo v0.10.3's CRDs
 /// (`deployments/liqo/crds`) is in ours, so that either may own them.
+/// `spec.ipv6` of a dual-stack peering holds IPv6 networks, each where its
+/// IPv4 namesake holds an IPv4 one.
+fn assert_ipv6_networks_are_validated(tunnel_endpoints: &jsonschema::Validator) {
+    let dual = isthmus_lab::objects::TunnelEndpoint::new("b", "liqo-tenant-b")
+        .cluster_id("cluster-b")
+        .ipv6(
+            [
+                "fd00:10:244::/64",
+                "fd00:10:0:40::/64",
+                "fd00:192:168::/64",
+                "None",
+            ],
+            [
+                "fd00:10:244::/64",
+                "fd00:10::/64",
+                "fd00:192:168::/64",
+                "::/0",
+            ],
+        )
+        .to_string();
+    assert!(tunnel_endpoints.is_valid(&yaml(&dual)), "{dual}");
+    for (what, from, to) in [
+        ("an IPv4 network", "fd00:10::/64", "10.0.0.0/24"),
+        ("a prefix past 128", "fd00:10::/64", "fd00:10::/129"),
+        ("two compressions", "fd00:10::/64", "fd00::10::/64"),
+        (
+            "None for a real network",
+            "remotePodCIDR: fd00:10:244::/64",
+            "remotePodCIDR: None",
+        ),
+        (
+            "a missing network",
+            "    localExternalCIDR: fd00:192:168::/64\n",
+            "",
+        ),
+    ] {
+        let bad = dual.replace(from, to);
+        assert_ne!(bad, dual, "{what}");
+        assert!(
+            !tunnel_endpoints.is_valid(&yaml(&bad)),
+            "{what} accepted:\n{bad}"
+        );
+    }
+}
+
 #[test]
 fn our_crds_are_a_superset_of_liqo_v0_10() {
     let crd = |file: &str| yaml_file(file).remove(0);
