@@ -1,34 +1,43 @@
 //! Stateless prefix remapping (docs/design.md#prefix-remapping).
 //!
-//! Addresses are [`Be32`]s: the four bytes as they sit in the packet.
-//! Masking and or-ing are byte-wise, so the maths needs no byte swaps on
-//! either side.
+//! Addresses are [`Be32`]s or [`Be128`]s: the bytes as they sit in the
+//! packet. Masking and or-ing are byte-wise, so the maths needs no byte
+//! swaps on either side, and is the same for both families ([`Address`]).
 
-use crate::wire::Be32;
+use crate::wire::{Address, Be32, Be128};
 
 /// One prefix swap: addresses in `from/mask` move to `to/mask`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PrefixRewrite {
+pub struct PrefixRewrite<A = Be32> {
     /// Network that matches, already masked.
-    pub from: Be32,
+    pub from: A,
     /// Network that replaces it, already masked.
-    pub to: Be32,
+    pub to: A,
     /// Mask shared by both networks.
-    pub mask: Be32,
+    pub mask: A,
     /// Non-zero when the rule applies; an empty table slot is zero.
     pub active: u32,
 }
 
 assert_layout!(PrefixRewrite, size = 16, align = 4);
+assert_layout!(PrefixRewrite<Be128>, size = 52, align = 4);
 
 impl PrefixRewrite {
+    /// A rule that moves the IPv4 network `from/prefix_len` to
+    /// `to/prefix_len`.
+    pub fn ipv4(from: [u8; 4], to: [u8; 4], prefix_len: u8) -> Self {
+        Self::new(Be32::from_bytes(from), Be32::from_bytes(to), prefix_len)
+    }
+}
+
+impl<A: Address> PrefixRewrite<A> {
     /// A rule that moves `from/prefix_len` to `to/prefix_len`.
-    pub const fn new(from: [u8; 4], to: [u8; 4], prefix_len: u8) -> Self {
-        let mask = Be32::mask(prefix_len);
+    pub fn new(from: A, to: A, prefix_len: u8) -> Self {
+        let mask = A::mask(prefix_len);
         Self {
-            from: Be32::from_bytes(from).masked(mask),
-            to: Be32::from_bytes(to).masked(mask),
+            from: from.masked(mask),
+            to: to.masked(mask),
             mask,
             active: 1,
         }
@@ -36,20 +45,20 @@ impl PrefixRewrite {
 
     /// Whether `addr` lies in the network this rule moves.
     #[inline(always)]
-    pub const fn matches(&self, addr: Be32) -> bool {
-        self.active != 0 && addr.masked(self.mask).to_bits() == self.from.to_bits()
+    pub fn matches(&self, addr: A) -> bool {
+        self.active != 0 && addr.masked(self.mask) == self.from
     }
 
     /// `addr` moved into the target network, keeping its host bits.
     #[inline(always)]
-    pub const fn apply(&self, addr: Be32) -> Be32 {
+    pub fn apply(&self, addr: A) -> A {
         addr.remap(self.to, self.mask)
     }
 
     /// The rule that moves the target network back.
     #[inline(always)]
     #[must_use]
-    pub const fn inverse(&self) -> Self {
+    pub fn inverse(&self) -> Self {
         Self {
             from: self.to,
             to: self.from,
@@ -68,20 +77,20 @@ pub const REMAPS_PEER: u32 = 1 << 1;
 /// peer's networks as we see them (its `remoteNAT*CIDR`, or `remote*CIDR`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PeerNat {
+pub struct PeerNat<A = Be32> {
     /// Agent-assigned index of the peer, stable while the peer exists.
     pub peer_id: u32,
     /// How the peer is treated: [`crate::isolation::SEGREGATED`] or 0.
     pub flags: u32,
     /// Source rewrites towards the peer: PodCIDR, then ExternalCIDR.
-    pub egress: [PrefixRewrite; 2],
+    pub egress: [PrefixRewrite<A>; 2],
     /// Destination rewrites from the peer: PodCIDR, then ExternalCIDR.
-    pub ingress: [PrefixRewrite; 2],
+    pub ingress: [PrefixRewrite<A>; 2],
     /// With [`REMAPS_PEER`], the peer's networks from our view back to
     /// the real ones, PodCIDR then ExternalCIDR: a destination's rewrite
     /// towards the peer; their inverses rewrite a source from the peer.
     /// Inactive otherwise.
-    pub theirs: [PrefixRewrite; 2],
+    pub theirs: [PrefixRewrite<A>; 2],
     /// Which object the entry was written for: a fingerprint of its origin
     /// and name. Only the agent reads it: a restarted agent meeting two
     /// peers with the same networks keeps the one its predecessor accepted.
@@ -89,28 +98,30 @@ pub struct PeerNat {
 }
 
 assert_layout!(PeerNat, size = 112, align = 8);
+assert_layout!(PeerNat<Be128>, size = 328, align = 8);
 
 /// Key of the peer table: a network, as its prefix length and its masked
 /// address. A hash lookup per prefix length in use replaces a
 /// trie walk, which costs a cache miss per node on a busy path.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PeerKey {
-    /// Prefix length, 0 to 32.
+pub struct PeerKey<A = Be32> {
+    /// Prefix length, 0 to 32 (128 for IPv6).
     pub prefix_len: u32,
     /// The network address, masked to `prefix_len`.
-    pub addr: Be32,
+    pub addr: A,
 }
 
 assert_layout!(PeerKey, size = 8, align = 4);
+assert_layout!(PeerKey<Be128>, size = 20, align = 4);
 
-impl PeerKey {
+impl<A: Address> PeerKey<A> {
     /// The key of the `prefix_len` network holding `addr`.
     #[inline(always)]
-    pub const fn of(addr: Be32, prefix_len: u8) -> Self {
+    pub fn of(addr: A, prefix_len: u8) -> Self {
         Self {
-            prefix_len: prefix_len as u32,
-            addr: addr.masked(Be32::mask(prefix_len)),
+            prefix_len: u32::from(prefix_len),
+            addr: addr.masked(A::mask(prefix_len)),
         }
     }
 }
@@ -120,14 +131,15 @@ impl PeerKey {
 /// lookup stays one hash probe however many clusters hold mappings.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct MappingKey {
+pub struct MappingKey<A = Be32> {
     /// [`PeerNat::peer_id`] of the cluster the mapping is for.
     pub peer_id: u32,
     /// An externalIP in the forward table, an endpointIP in the reverse one.
-    pub addr: Be32,
+    pub addr: A,
 }
 
 assert_layout!(MappingKey, size = 8, align = 4);
+assert_layout!(MappingKey<Be128>, size = 20, align = 4);
 
 /// The address Liqo's conncheck answers on, on every gateway (169.254.0.1):
 /// each NatMapping's `169.254.0.1` entry leads a peer there.
@@ -135,7 +147,8 @@ pub const CONNCHECK_ADDR: Be32 = Be32::from_bytes([169, 254, 0, 1]);
 /// The conncheck's UDP port, the only one a peer reaches that address on.
 pub const CONNCHECK_PORT: u16 = 12345;
 
-/// Most prefix lengths a table can hold: /0 to /32.
+/// Most prefix lengths a table can hold: /0 to /32. An IPv6 table holds as
+/// many of its 129, which bounds the lookups a packet costs.
 pub const PREFIX_LENS: usize = 33;
 
 /// The prefix lengths present in the peer table, longest first: a lookup
@@ -162,7 +175,7 @@ impl Default for PrefixLens {
 
 /// Finds the first rule of `rules` that matches `addr`.
 #[inline(always)]
-pub fn find_rule(rules: &[PrefixRewrite; 2], addr: Be32) -> Option<&PrefixRewrite> {
+pub fn find_rule<A: Address>(rules: &[PrefixRewrite<A>; 2], addr: A) -> Option<&PrefixRewrite<A>> {
     if rules[0].matches(addr) {
         Some(&rules[0])
     } else if rules[1].matches(addr) {
@@ -183,7 +196,7 @@ mod tests {
     #[test]
     fn remap_keeps_host_bits() {
         // docs/design.md#expected-reachability: a-pod1 10.244.0.5 is seen by b as 10.0.40.5.
-        let r = PrefixRewrite::new([10, 244, 0, 0], [10, 0, 40, 0], 24);
+        let r = PrefixRewrite::ipv4([10, 244, 0, 0], [10, 0, 40, 0], 24);
         assert!(r.matches(w(10, 244, 0, 5)));
         assert_eq!(r.apply(w(10, 244, 0, 5)), w(10, 0, 40, 5));
         assert_eq!(r.apply(w(10, 244, 0, 133)), w(10, 0, 40, 133));
@@ -191,9 +204,9 @@ mod tests {
 
     #[test]
     fn remap_with_unaligned_prefixes() {
-        let r = PrefixRewrite::new([10, 200, 0, 0], [10, 71, 0, 0], 16);
+        let r = PrefixRewrite::ipv4([10, 200, 0, 0], [10, 71, 0, 0], 16);
         assert_eq!(r.apply(w(10, 200, 254, 7)), w(10, 71, 254, 7));
-        let r = PrefixRewrite::new([172, 16, 0, 0], [192, 168, 64, 0], 19);
+        let r = PrefixRewrite::ipv4([172, 16, 0, 0], [192, 168, 64, 0], 19);
         assert!(r.matches(w(172, 16, 31, 255)));
         assert!(!r.matches(w(172, 16, 32, 0)));
         assert_eq!(r.apply(w(172, 16, 31, 255)), w(192, 168, 95, 255));
@@ -201,10 +214,10 @@ mod tests {
 
     #[test]
     fn remap_edges() {
-        let all = PrefixRewrite::new([0, 0, 0, 0], [0, 0, 0, 0], 0);
+        let all = PrefixRewrite::ipv4([0, 0, 0, 0], [0, 0, 0, 0], 0);
         assert!(all.matches(w(1, 2, 3, 4)));
         assert_eq!(all.apply(w(1, 2, 3, 4)), w(1, 2, 3, 4));
-        let host = PrefixRewrite::new([10, 0, 0, 1], [10, 9, 9, 9], 32);
+        let host = PrefixRewrite::ipv4([10, 0, 0, 1], [10, 9, 9, 9], 32);
         assert!(host.matches(w(10, 0, 0, 1)));
         assert!(!host.matches(w(10, 0, 0, 2)));
         assert_eq!(host.apply(w(10, 0, 0, 1)), w(10, 9, 9, 9));
@@ -212,8 +225,8 @@ mod tests {
 
     #[test]
     fn remap_is_a_bijection_on_the_prefix() {
-        let there = PrefixRewrite::new([10, 244, 0, 0], [10, 0, 40, 0], 24);
-        let back = PrefixRewrite::new([10, 0, 40, 0], [10, 244, 0, 0], 24);
+        let there = PrefixRewrite::ipv4([10, 244, 0, 0], [10, 0, 40, 0], 24);
+        let back = PrefixRewrite::ipv4([10, 0, 40, 0], [10, 244, 0, 0], 24);
         for host in 0..=255u8 {
             let a = w(10, 244, 0, host);
             assert_eq!(back.apply(there.apply(a)), a);
@@ -222,7 +235,7 @@ mod tests {
 
     #[test]
     fn the_inverse_moves_back() {
-        let there = PrefixRewrite::new([10, 0, 0, 0], [10, 244, 0, 0], 24);
+        let there = PrefixRewrite::ipv4([10, 0, 0, 0], [10, 244, 0, 0], 24);
         let back = there.inverse();
         assert!(back.matches(w(10, 244, 0, 5)));
         assert!(!back.matches(w(10, 0, 0, 5)));
@@ -232,7 +245,7 @@ mod tests {
 
     #[test]
     fn unmasked_input_is_masked() {
-        let r = PrefixRewrite::new([10, 244, 0, 77], [10, 0, 40, 99], 24);
+        let r = PrefixRewrite::ipv4([10, 244, 0, 77], [10, 0, 40, 99], 24);
         assert_eq!(r.from, w(10, 244, 0, 0));
         assert_eq!(r.to, w(10, 0, 40, 0));
     }
@@ -272,8 +285,8 @@ mod tests {
     #[test]
     fn find_rule_picks_the_matching_network() {
         let rules = [
-            PrefixRewrite::new([10, 244, 0, 0], [10, 0, 40, 0], 24),
-            PrefixRewrite::new([192, 168, 0, 0], [10, 0, 41, 0], 24),
+            PrefixRewrite::ipv4([10, 244, 0, 0], [10, 0, 40, 0], 24),
+            PrefixRewrite::ipv4([192, 168, 0, 0], [10, 0, 41, 0], 24),
         ];
         assert_eq!(find_rule(&rules, w(192, 168, 0, 9)), Some(&rules[1]));
         assert_eq!(find_rule(&rules, w(10, 244, 0, 9)), Some(&rules[0]));

@@ -55,7 +55,7 @@ impl Mapped {
 }
 
 fn rewrite(from: Ipv4Net, to: Ipv4Net) -> PrefixRewrite {
-    PrefixRewrite::new(
+    PrefixRewrite::ipv4(
         from.network().octets(),
         to.network().octets(),
         from.prefix_len(),

@@ -64,19 +64,19 @@ fn double_nat_rules_for_cluster_a() {
     assert_eq!(nat.peer_id, 7);
     assert_eq!(
         nat.egress[0],
-        PrefixRewrite::new([10, 244, 0, 0], [10, 0, 40, 0], 24)
+        PrefixRewrite::ipv4([10, 244, 0, 0], [10, 0, 40, 0], 24)
     );
     assert_eq!(
         nat.egress[1],
-        PrefixRewrite::new([192, 168, 0, 0], [10, 0, 41, 0], 24)
+        PrefixRewrite::ipv4([192, 168, 0, 0], [10, 0, 41, 0], 24)
     );
     assert_eq!(
         nat.ingress[0],
-        PrefixRewrite::new([10, 0, 40, 0], [10, 244, 0, 0], 24)
+        PrefixRewrite::ipv4([10, 0, 40, 0], [10, 244, 0, 0], 24)
     );
     assert_eq!(
         nat.ingress[1],
-        PrefixRewrite::new([10, 0, 41, 0], [192, 168, 0, 0], 24)
+        PrefixRewrite::ipv4([10, 0, 41, 0], [192, 168, 0, 0], 24)
     );
 }
 
@@ -99,8 +99,8 @@ fn none_means_not_remapped() {
     assert_eq!(peer.views()[0], ("remotePodCIDR", net("10.1.0.0/24")));
     let nat = peer.nat(1, SecurityMode::default());
     let identity = [
-        PrefixRewrite::new([10, 244, 0, 0], [10, 244, 0, 0], 24),
-        PrefixRewrite::new([192, 168, 0, 0], [192, 168, 0, 0], 24),
+        PrefixRewrite::ipv4([10, 244, 0, 0], [10, 244, 0, 0], 24),
+        PrefixRewrite::ipv4([192, 168, 0, 0], [192, 168, 0, 0], 24),
     ];
     assert_eq!(nat.egress, identity);
     assert_eq!(nat.ingress, identity);

@@ -45,7 +45,7 @@ where
 
 fn rule(from: &str, to: &str) -> PrefixRewrite {
     let (from, to) = (net(from), net(to));
-    PrefixRewrite::new(
+    PrefixRewrite::ipv4(
         from.network().octets(),
         to.network().octets(),
         from.prefix_len(),
