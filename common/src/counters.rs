@@ -67,6 +67,14 @@ pub enum DropReason {
     /// program array: sent on, the packet would skip a rewrite or a check
     /// (docs/design.md#tail-calls).
     MissedTailCall = 6,
+    /// An IPv6 packet whose chain of extension headers runs past the
+    /// bound the NAT walks ([`crate::ipv6::MAX_EXTENSION_HEADERS`]): its
+    /// upper-layer header, which the rules may need, is out of reach.
+    ExtensionHeaders = 7,
+    /// An IPv6 first fragment without the whole header chain, up to the
+    /// upper-layer header's ports (RFC 7112): its later fragments could not
+    /// be told apart from another flow's.
+    TinyFragment = 8,
 }
 
 /// Where a peer's packet was headed that it may not reach: after the
@@ -148,7 +156,7 @@ pub const OUTCOMES: [Outcome; 4] = [
     Outcome::Dropped,
 ];
 /// Every drop reason, in slot order.
-pub const DROP_REASONS: [DropReason; 7] = [
+pub const DROP_REASONS: [DropReason; 9] = [
     DropReason::ConntrackFull,
     DropReason::NoFreePort,
     DropReason::Denied,
@@ -156,6 +164,8 @@ pub const DROP_REASONS: [DropReason; 7] = [
     DropReason::RewriteFailed,
     DropReason::PeerFlowsFull,
     DropReason::MissedTailCall,
+    DropReason::ExtensionHeaders,
+    DropReason::TinyFragment,
 ];
 /// Every kind of rule, in slot order.
 pub const KINDS: [Kind; 4] = [
@@ -245,6 +255,8 @@ impl DropReason {
             DropReason::RewriteFailed => "rewrite_failed",
             DropReason::PeerFlowsFull => "peer_flows_full",
             DropReason::MissedTailCall => "missed_tail_call",
+            DropReason::ExtensionHeaders => "extension_headers",
+            DropReason::TinyFragment => "tiny_fragment",
         }
     }
 }

@@ -22,6 +22,7 @@ pub mod counters;
 pub mod csum;
 pub mod guard;
 pub mod ipv4;
+pub mod ipv6;
 pub mod isolation;
 #[cfg(feature = "user")]
 pub mod liqo;

@@ -16,6 +16,11 @@ pub const MAP_PEER_OWNERS: &str = "ist_peer_owners";
 pub const MAP_LAYOUTS: &str = "ist_layouts";
 /// One-entry array: the prefix lengths in [`MAP_PEERS`], longest first.
 pub const MAP_PREFIX_LENS: &str = "ist_prefix_lens";
+/// Hash: a peer's IPv6 networks as we see them
+/// (`PeerKey<Be128>`) → `PeerNat<Be128>` (docs/design.md#dual-stack).
+pub const MAP_PEERS6: &str = "ist_peer_nets6";
+/// One-entry array: the prefix lengths in [`MAP_PEERS6`], longest first.
+pub const MAP_PREFIX_LENS6: &str = "ist_prefix6";
 /// Per-CPU array of packet counters, indexed by [`crate::counters::slot`].
 pub const MAP_COUNTERS: &str = "ist_counters";
 
@@ -28,6 +33,10 @@ pub const MAP_PEER_DENIED: &str = "ist_peer_denied";
 pub const MAP_NATMAP: &str = "ist_natmap";
 /// Hash: the reverse of [`MAP_NATMAP`], (key of an endpointIP) → externalIP.
 pub const MAP_NATMAP_REV: &str = "ist_natmap_rev";
+/// Hash: [`MAP_NATMAP`] for IPv6 addresses.
+pub const MAP_NATMAP6: &str = "ist_natmap6";
+/// Hash: [`MAP_NATMAP_REV`] for IPv6 addresses.
+pub const MAP_NATMAP_REV6: &str = "ist_natmap_rev6";
 
 /// Hash: masqueraded flows, both directions
 /// ([`crate::conntrack::FlowKey`] → [`crate::conntrack::FlowNat`]).
@@ -79,6 +88,8 @@ pub const MAP_NODES: &str = "ist_nodes";
 /// Hash: the cluster's nodes' addresses ([`crate::wire::Be32`] → 1): the only outer
 /// sources the overlay takes packets from.
 pub const MAP_NODE_ADDRS: &str = "ist_node_addrs";
+/// Hash: the cluster's nodes' IPv6 addresses ([`crate::wire::Be128`] → 1).
+pub const MAP_NODE_ADDRS6: &str = "ist_node_addrs6";
 /// Per-CPU array of overlay events, indexed by
 /// [`crate::overlay::OverlayEvent`].
 pub const MAP_OVERLAY_STATS: &str = "ist_overlay_st";
@@ -99,14 +110,18 @@ pub const MAP_PEER_DEVS: &str = "ist_peer_devs";
 pub const MAX_PEER_DEVS: u32 = 256;
 
 /// Every map the agent pins, in the order it reports them.
-pub const MAPS: [&str; 27] = [
+pub const MAPS: [&str; 32] = [
     MAP_PEERS,
     MAP_PEER_OWNERS,
     MAP_PREFIX_LENS,
+    MAP_PEERS6,
+    MAP_PREFIX_LENS6,
     MAP_COUNTERS,
     MAP_PEER_DENIED,
     MAP_NATMAP,
     MAP_NATMAP_REV,
+    MAP_NATMAP6,
+    MAP_NATMAP_REV6,
     MAP_CONNTRACK,
     MAP_FRAGMENTS,
     MAP_FRAGMENT_BUDGET,
@@ -123,6 +138,7 @@ pub const MAPS: [&str; 27] = [
     MAP_OVERLAY,
     MAP_NODES,
     MAP_NODE_ADDRS,
+    MAP_NODE_ADDRS6,
     MAP_OVERLAY_STATS,
     MAP_STACK_DESTINATIONS,
     MAP_POD_DEVS,
@@ -206,13 +222,29 @@ pub const MAP_MASQUERADE: &str = "ist_masquerade";
 /// The programs of [`MAP_MASQUERADE`], in its order.
 pub const MASQUERADE_PROGRAMS: [&str; 2] = ["masq_egress_eth", "masq_egress_ip"];
 
+/// Program array: the IPv6 NAT, which every IPv4 NAT program goes on in
+/// for an IPv6 packet, indexed by [`crate::counters::Link::icmp_error_slot`].
+/// Pinned, as [`MAP_ONWARD`]. Apart, so that the verifier walks each
+/// family's paths in programs of their own (docs/design.md#dual-stack).
+pub const MAP_NAT6: &str = "ist_nat6";
+/// The programs of [`MAP_NAT6`], in its order.
+pub const NAT6_PROGRAMS: [&str; 4] = ["nat6_out_eth", "nat6_in_eth", "nat6_out_ip", "nat6_in_ip"];
+/// Program array: the NAT of ICMPv6 errors, which the IPv6 NAT goes on in
+/// for one, as [`MAP_ICMP_ERROR`].
+pub const MAP_ICMP6_ERROR: &str = "ist_icmp6_error";
+/// The programs of [`MAP_ICMP6_ERROR`], in its order.
+pub const ICMP6_ERROR_PROGRAMS: [&str; 4] =
+    ["err6_out_eth", "err6_in_eth", "err6_out_ip", "err6_in_ip"];
+
 /// Every program array, pinned beside [`MAPS`].
-pub const PROGRAM_ARRAYS: [&str; 5] = [
+pub const PROGRAM_ARRAYS: [&str; 7] = [
     MAP_ONWARD,
     MAP_PEER_DNAT,
     MAP_NAT_IN,
     MAP_ICMP_ERROR,
     MAP_MASQUERADE,
+    MAP_NAT6,
+    MAP_ICMP6_ERROR,
 ];
 
 /// Every TC program the agent attaches.
@@ -240,6 +272,8 @@ pub fn tc_programs() -> impl Iterator<Item = &'static str> {
         .chain(PEER_DNAT_PROGRAMS)
         .chain(ICMP_ERROR_PROGRAMS)
         .chain(MASQUERADE_PROGRAMS)
+        .chain(NAT6_PROGRAMS)
+        .chain(ICMP6_ERROR_PROGRAMS)
 }
 
 /// Maximum number of peer networks in [`MAP_PEERS`] (two per peer).

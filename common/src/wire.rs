@@ -381,7 +381,7 @@ mod tests {
         let seen = a.remap(addr("fd00:10:0:40::"), Be128::mask(64));
         assert_eq!(seen, addr("fd00:10:0:40:8000::133"));
         assert!(!a.is_zero() && Be128::ZERO.is_zero());
-        assert_eq!(format!("{:?}", addr("fd00:10::5")), "fd00:10::5",);
+        assert_eq!(format!("{:?}", addr("fd00:10::5")), "fd00:10::5");
     }
 
     #[test]

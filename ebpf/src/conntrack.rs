@@ -17,13 +17,13 @@ use isthmus_common::{
     ipv4::{PROTO_ICMP, PROTO_TCP},
     names::{DEFAULT_CONNTRACK, MAX_FRAGMENTS},
     room::{FlowTable, OWNER_LOCAL, Short},
-    wire::Be32,
+    wire::{Be16, Be32},
 };
 
 use crate::{
     budget,
     maps::{self, ON_DEMAND},
-    parse::{Fragment, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, Transport},
+    parse::{Fragment, ICMP_ECHO_REPLY, Transport},
     room,
 };
 
@@ -69,7 +69,8 @@ pub fn fragment_key(fragment: &Fragment, src: Be32, dst: Be32, dir: u8) -> FragK
     FragKey {
         saddr: src,
         daddr: dst,
-        id: fragment.id,
+        // IPv4's identification, which `Fragment` widened.
+        id: Be16::from_bits(fragment.id as u16),
         proto: fragment.proto,
         dir,
     }
@@ -101,13 +102,6 @@ pub fn fragment_addr(key: &FragKey) -> Result<Be32, Refused> {
 pub fn masquerade_addr() -> Option<Be32> {
     let config = SNAT.get(0)?;
     (config.enabled != 0).then_some(config.addr)
-}
-
-/// Whether the flow of `t` can be masqueraded at all: TCP, UDP, and ICMP
-/// echo requests (replies and errors are answers, never new flows).
-#[inline(always)]
-pub fn outbound_kind(t: &Transport) -> bool {
-    t.proto != PROTO_ICMP || t.icmp_type == ICMP_ECHO_REQUEST
 }
 
 /// The flow key of a packet leaving towards a peer.

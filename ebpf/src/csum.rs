@@ -2,11 +2,16 @@
 
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
+    helpers::bpf_csum_diff,
     programs::TcContext,
 };
-use isthmus_common::{csum::replace4, ipv4, wire::Be32};
+use isthmus_common::{
+    csum::replace4,
+    ipv4,
+    wire::{Be32, Be128},
+};
 
-use crate::parse::{IcmpError, Ipv4, PseudoCsum};
+use crate::parse::{IcmpError, Ip, PseudoCsum};
 
 const PSEUDO: u64 = BPF_F_PSEUDO_HDR as u64;
 /// A UDP checksum of zero means "none": the kernel leaves it so.
@@ -37,7 +42,7 @@ fn done<E>(result: Result<(), E>) -> Result<(), RewriteFailed> {
 #[inline(always)]
 pub fn set_addr(
     ctx: &TcContext,
-    hdr: &Ipv4,
+    hdr: &Ip<Be32>,
     field: usize,
     old: Be32,
     new: Be32,
@@ -61,12 +66,82 @@ pub fn set_addr(
         done(ctx.store(hdr.off + field, &new, 0))?;
         done(ctx.l3_csum_replace(hdr.off + ipv4::CHECK, old.into(), new.into(), 4))?;
     }
-    let (off, flags) = match hdr.csum {
-        PseudoCsum::None => return Ok(()),
-        PseudoCsum::Tcp(off) => (off, PSEUDO),
-        PseudoCsum::Udp(off) => (off, PSEUDO | UDP_ZERO_STAYS),
+    match l4_pseudo(hdr.csum) {
+        Some((off, flags)) => done(ctx.l4_csum_replace(off, old.into(), new.into(), flags | 4)),
+        None => Ok(()),
+    }
+}
+
+/// Where the L4 checksum over the pseudo-header is, and the flags its
+/// helper takes.
+#[inline(always)]
+fn l4_pseudo(csum: PseudoCsum) -> Option<(usize, u64)> {
+    match csum {
+        PseudoCsum::None => None,
+        PseudoCsum::Full(off) => Some((off, PSEUDO)),
+        PseudoCsum::Udp(off) => Some((off, PSEUDO | UDP_ZERO_STAYS)),
+    }
+}
+
+/// Writes `new` over the IPv6 address at `field` of the packet's own
+/// header, and updates the L4 checksum over the pseudo-header. IPv6 has no
+/// header checksum; the change's sum is taken once, and the helper folds it
+/// in, offloaded checksums included.
+#[inline(always)]
+pub fn set_addr6(
+    ctx: &TcContext,
+    hdr: &Ip<Be128>,
+    field: usize,
+    old: Be128,
+    new: Be128,
+) -> Result<(), RewriteFailed> {
+    done(ctx.store(hdr.off + field, &new, 0))?;
+    match l4_pseudo(hdr.csum) {
+        Some((off, flags)) => {
+            let diff = diff16(old, new)?;
+            done(ctx.l4_csum_replace(off, 0, diff, flags))
+        }
+        None => Ok(()),
+    }
+}
+
+/// The one's-complement sum of the change from `old` to `new`, as the
+/// checksum helpers take it.
+#[inline(always)]
+fn diff16(old: Be128, new: Be128) -> Result<u64, RewriteFailed> {
+    let mut from = old.words().map(Be32::to_bits);
+    let mut to = new.words().map(Be32::to_bits);
+    // SAFETY: two 16-byte buffers on the stack, their sizes given.
+    let diff = unsafe { bpf_csum_diff(from.as_mut_ptr(), 16, to.as_mut_ptr(), 16, 0) };
+    u64::try_from(diff).map_err(|_| RewriteFailed)
+}
+
+/// Writes `new` over the IPv6 address at `field` of the header quoted in
+/// an ICMPv6 error. The quoted header is plain data to the ICMPv6
+/// checksum, which covers it; a quoted L4 checksum is updated here, and its
+/// change folded into the ICMPv6 checksum too.
+#[inline(always)]
+pub fn set_quoted_addr6(
+    ctx: &TcContext,
+    err: &IcmpError<Be128>,
+    field: usize,
+    old: Be128,
+    new: Be128,
+) -> Result<(), RewriteFailed> {
+    done(ctx.store(err.quoted.off + field, &new, 0))?;
+    done(ctx.l4_csum_replace(err.check_off, 0, diff16(old, new)?, 0))?;
+    let (old, new) = (old.words(), new.words());
+    let change = |mut check| {
+        for i in 0..4 {
+            check = replace4(check, old[i].to_bits(), new[i].to_bits());
+        }
+        check
     };
-    done(ctx.l4_csum_replace(off, old.into(), new.into(), flags | 4))
+    match err.quoted.csum {
+        PseudoCsum::None => Ok(()),
+        PseudoCsum::Full(off) => update_quoted_check(ctx, err.check_off, off, false, change),
+        PseudoCsum::Udp(off) => update_quoted_check(ctx, err.check_off, off, true, change),
+    }
 }
 
 /// Writes the 16-bit L4 field `new` (a port, an ICMP echo identifier, a
@@ -93,7 +168,7 @@ pub fn set_be16(
 #[inline(always)]
 pub fn set_quoted_addr(
     ctx: &TcContext,
-    err: &IcmpError,
+    err: &IcmpError<Be32>,
     field: usize,
     old: Be32,
     new: Be32,
@@ -102,37 +177,31 @@ pub fn set_quoted_addr(
     let (old, new) = (old.to_bits(), new.to_bits());
     done(ctx.store(quoted.off + field, &new, 0))?;
     done(ctx.l4_csum_replace(err.check_off, old.into(), new.into(), 4))?;
-    update_quoted_check(
-        ctx,
-        err.check_off,
-        quoted.off + ipv4::CHECK,
-        old,
-        new,
-        false,
-    )?;
+    let change = |check| replace4(check, old, new);
+    update_quoted_check(ctx, err.check_off, quoted.off + ipv4::CHECK, false, change)?;
     match quoted.csum {
         PseudoCsum::None => Ok(()),
-        PseudoCsum::Tcp(off) => update_quoted_check(ctx, err.check_off, off, old, new, false),
-        PseudoCsum::Udp(off) => update_quoted_check(ctx, err.check_off, off, old, new, true),
+        PseudoCsum::Full(off) => update_quoted_check(ctx, err.check_off, off, false, change),
+        PseudoCsum::Udp(off) => update_quoted_check(ctx, err.check_off, off, true, change),
     }
 }
 
-/// Updates the quoted checksum at `off` for an address change from `old` to
-/// `new`, and the ICMP checksum at `icmp_check` for the checksum's own change.
+/// Updates the quoted checksum at `off` by `change`, for an address
+/// change, and the ICMP checksum at `icmp_check` for the checksum's own
+/// change.
 #[inline(always)]
 fn update_quoted_check(
     ctx: &TcContext,
     icmp_check: usize,
     off: usize,
-    old: u32,
-    new: u32,
     udp: bool,
+    change: impl Fn(u16) -> u16,
 ) -> Result<(), RewriteFailed> {
     let before: u16 = ctx.load(off).map_err(|_| RewriteFailed)?;
     if udp && before == 0 {
         return Ok(());
     }
-    let mut after = replace4(before, old, new);
+    let mut after = change(before);
     if udp && after == 0 {
         after = 0xffff;
     }

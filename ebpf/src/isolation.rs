@@ -86,7 +86,7 @@ pub fn remember(peer_id: u32, t: &Transport, ours: Be32, theirs: Be32) -> Result
 /// to `ours` (translated), may go on. An ICMP error passes when the flow
 /// it quotes would.
 #[inline(always)]
-pub fn admits(peer_id: u32, pkt: &Packet, theirs: Be32, ours: Be32) -> bool {
+pub fn admits(peer_id: u32, pkt: &Packet<Be32>, theirs: Be32, ours: Be32) -> bool {
     if let Some(err) = &pkt.icmp_error {
         // The quoted packet went from us to the peer: its source port is ours.
         // An error is no answer: it keeps the flow, and changes no state

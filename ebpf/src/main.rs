@@ -1,10 +1,10 @@
 //! Isthmus kernel programs.
 //!
 //! One pair of TC programs per link type: the same NAT code, compiled with
-//! the offset of the IPv4 header fixed, so the verifier sees constants;
+//! the offset of the IP header fixed, so the verifier sees constants;
 //! the NAT's later stages, which it goes on in by tail call (ICMP errors,
-//! the masquerade); the overlay's programs; and the XDP guard of the
-//! tunnel port.
+//! the masquerade), and the IPv6 NAT, the same code again for the other
+//! family; the overlay's programs; and the XDP guard of the tunnel port.
 #![no_std]
 #![no_main]
 // The BPF target has atomic adds but no compare-and-swap, so Rust's
@@ -18,6 +18,7 @@
 mod budget;
 mod conntrack;
 mod csum;
+mod family;
 mod forward;
 mod guard;
 mod isolation;
@@ -41,79 +42,135 @@ use isthmus_common::{
     ipv4::{Header, MIN_HLEN},
 };
 
+use family::{Family, V4, V6};
 use nat::Stage;
-use parse::ETH_HLEN;
+use parse::{ETH_HLEN, ETH_P_IPV6};
 
 /// Rewrites sources of packets leaving towards a peer, on an Ethernet device.
 #[classifier]
 pub fn nat_egress_eth(ctx: TcContext) -> i32 {
-    egress(&ctx, ETH_HLEN, Stage::First)
+    egress::<V4>(&ctx, ETH_HLEN, Stage::First)
 }
 
 /// Rewrites destinations of packets arriving from a peer, on an Ethernet
 /// device, and sends those for another node's pods to it.
 #[classifier]
 pub fn nat_ingress_eth(ctx: TcContext) -> i32 {
-    ingress(&ctx, ETH_HLEN, Stage::First)
+    ingress::<V4>(&ctx, ETH_HLEN, Stage::First)
 }
 
 /// Rewrites sources of packets leaving towards a peer, on an L3 device (tun).
 #[classifier]
 pub fn nat_egress_ip(ctx: TcContext) -> i32 {
-    egress(&ctx, 0, Stage::First)
+    egress::<V4>(&ctx, 0, Stage::First)
 }
 
 /// After `nat_egress_eth`, by tail call: an ICMP error, and the header it
 /// quotes.
 #[classifier]
 pub fn err_egress_eth(ctx: TcContext) -> i32 {
-    egress(&ctx, ETH_HLEN, Stage::IcmpError)
+    egress::<V4>(&ctx, ETH_HLEN, Stage::IcmpError)
 }
 
 /// After `nat_ingress_eth`, by tail call: an ICMP error, and the header it
 /// quotes.
 #[classifier]
 pub fn err_ingress_eth(ctx: TcContext) -> i32 {
-    ingress(&ctx, ETH_HLEN, Stage::IcmpError)
+    ingress::<V4>(&ctx, ETH_HLEN, Stage::IcmpError)
 }
 
 /// After `nat_egress_ip`, by tail call: an ICMP error, and the header it
 /// quotes.
 #[classifier]
 pub fn err_egress_ip(ctx: TcContext) -> i32 {
-    egress(&ctx, 0, Stage::IcmpError)
+    egress::<V4>(&ctx, 0, Stage::IcmpError)
 }
 
 /// After `nat_ingress_ip`, by tail call: an ICMP error, and the header it
 /// quotes.
 #[classifier]
 pub fn err_ingress_ip(ctx: TcContext) -> i32 {
-    ingress(&ctx, 0, Stage::IcmpError)
+    ingress::<V4>(&ctx, 0, Stage::IcmpError)
 }
 
 /// After `nat_egress_eth`, by tail call: a packet whose source the
 /// masquerade translates.
 #[classifier]
 pub fn masq_egress_eth(ctx: TcContext) -> i32 {
-    egress(&ctx, ETH_HLEN, Stage::Masquerade)
+    egress::<V4>(&ctx, ETH_HLEN, Stage::Masquerade)
 }
 
 /// After `nat_egress_ip`, by tail call: a packet whose source the
 /// masquerade translates.
 #[classifier]
 pub fn masq_egress_ip(ctx: TcContext) -> i32 {
-    egress(&ctx, 0, Stage::Masquerade)
+    egress::<V4>(&ctx, 0, Stage::Masquerade)
+}
+
+/// After `nat_egress_eth`, by tail call: an IPv6 packet.
+#[classifier]
+pub fn nat6_out_eth(ctx: TcContext) -> i32 {
+    egress::<V6>(&ctx, ETH_HLEN, Stage::First)
+}
+
+/// After `nat_ingress_eth`, by tail call: an IPv6 packet.
+#[classifier]
+pub fn nat6_in_eth(ctx: TcContext) -> i32 {
+    ingress::<V6>(&ctx, ETH_HLEN, Stage::First)
+}
+
+/// After `nat_egress_ip`, by tail call: an IPv6 packet.
+#[classifier]
+pub fn nat6_out_ip(ctx: TcContext) -> i32 {
+    egress::<V6>(&ctx, 0, Stage::First)
+}
+
+/// After `nat_ingress_ip`, by tail call: an IPv6 packet.
+#[classifier]
+pub fn nat6_in_ip(ctx: TcContext) -> i32 {
+    ingress::<V6>(&ctx, 0, Stage::First)
+}
+
+/// After `nat6_out_eth`, by tail call: an ICMPv6 error, and the header it
+/// quotes.
+#[classifier]
+pub fn err6_out_eth(ctx: TcContext) -> i32 {
+    egress::<V6>(&ctx, ETH_HLEN, Stage::IcmpError)
+}
+
+/// After `nat6_in_eth`, by tail call: an ICMPv6 error, and the header it
+/// quotes.
+#[classifier]
+pub fn err6_in_eth(ctx: TcContext) -> i32 {
+    ingress::<V6>(&ctx, ETH_HLEN, Stage::IcmpError)
+}
+
+/// After `nat6_out_ip`, by tail call: an ICMPv6 error, and the header it
+/// quotes.
+#[classifier]
+pub fn err6_out_ip(ctx: TcContext) -> i32 {
+    egress::<V6>(&ctx, 0, Stage::IcmpError)
+}
+
+/// After `nat6_in_ip`, by tail call: an ICMPv6 error, and the header it
+/// quotes.
+#[classifier]
+pub fn err6_in_ip(ctx: TcContext) -> i32 {
+    ingress::<V6>(&ctx, 0, Stage::IcmpError)
 }
 
 /// A Liqo v1 peer's packet that goes on has its destination rewritten too
-/// (docs/design.md#liqo-v1-peers).
+/// (docs/design.md#liqo-v1-peers); the IPv6 NAT serves no Liqo v1 peer yet.
 #[inline(always)]
-fn egress(ctx: &TcContext, l3: usize, stage: Stage) -> i32 {
-    let handled = nat::run(ctx, l3, Direction::Egress, stage);
-    if let Some(next) = handled.next {
-        return tail_call::next_stage(ctx, Link::of_l3(l3), Direction::Egress, next);
+fn egress<F: Family>(ctx: &TcContext, l3: usize, stage: Stage) -> i32 {
+    if !F::IPV6 && stage == Stage::First && ctx.skb.protocol() == ETH_P_IPV6 {
+        return tail_call::nat6(ctx, Link::of_l3(l3), Direction::Egress);
     }
-    if handled.action == TC_ACT_UNSPEC && handled.remaps_peer {
+    let handled = nat::run::<F>(ctx, l3, Direction::Egress, stage);
+    if let Some(next) = handled.next {
+        return tail_call::next_stage::<F>(ctx, Link::of_l3(l3), Direction::Egress, next);
+    }
+    if handled.action == TC_ACT_UNSPEC && handled.remaps_peer && !F::IPV6 {
         return tail_call::peer_dnat(ctx, Link::of_l3(l3));
     }
     handled.action
@@ -149,17 +206,21 @@ pub fn peer_snat_ip(ctx: TcContext) -> i32 {
 /// (tun), and sends those for another node's pods to it.
 #[classifier]
 pub fn nat_ingress_ip(ctx: TcContext) -> i32 {
-    ingress(&ctx, 0, Stage::First)
+    ingress::<V4>(&ctx, 0, Stage::First)
 }
 
-/// A peer's packet that goes on continues in the onward program.
+/// A peer's packet that goes on continues in the onward program; an IPv6
+/// one takes the stack.
 #[inline(always)]
-fn ingress(ctx: &TcContext, l3: usize, stage: Stage) -> i32 {
-    let handled = nat::run(ctx, l3, Direction::Ingress, stage);
-    if let Some(next) = handled.next {
-        return tail_call::next_stage(ctx, Link::of_l3(l3), Direction::Ingress, next);
+fn ingress<F: Family>(ctx: &TcContext, l3: usize, stage: Stage) -> i32 {
+    if !F::IPV6 && stage == Stage::First && ctx.skb.protocol() == ETH_P_IPV6 {
+        return tail_call::nat6(ctx, Link::of_l3(l3), Direction::Ingress);
     }
-    if handled.action == TC_ACT_UNSPEC && handled.peers {
+    let handled = nat::run::<F>(ctx, l3, Direction::Ingress, stage);
+    if let Some(next) = handled.next {
+        return tail_call::next_stage::<F>(ctx, Link::of_l3(l3), Direction::Ingress, next);
+    }
+    if handled.action == TC_ACT_UNSPEC && handled.peers && !F::IPV6 {
         return tail_call::onward(ctx, Link::of_l3(l3));
     }
     handled.action

@@ -13,7 +13,7 @@ use isthmus_common::{
     },
     nat::{MappingKey, PREFIX_LENS, PeerKey, PeerNat, PrefixLens},
     overlay::{EVENTS, OverlayConfig, OverlayEvent},
-    wire::{Be16, Be32},
+    wire::{Address, Be16, Be32, Be128},
 };
 
 /// The flags of every hash map but the LRU: entries are allocated as they
@@ -24,7 +24,14 @@ pub const ON_DEMAND: usize = aya_ebpf::bindings::BPF_F_NO_PREALLOC as usize;
 
 /// A peer's networks as we see them → what to rewrite for that peer.
 #[btf_map(name = "ist_peer_nets")]
-static PEERS: HashMap<PeerKey, PeerNat, { MAX_PEER_NETWORKS as usize }, ON_DEMAND> = HashMap::new();
+static PEERS: PeerTable<Be32> = HashMap::new();
+
+/// The same for the peers' IPv6 networks.
+#[btf_map(name = "ist_peer_nets6")]
+static PEERS6: PeerTable<Be128> = HashMap::new();
+
+/// A peer table of one family.
+type PeerTable<A> = HashMap<PeerKey<A>, PeerNat<A>, { MAX_PEER_NETWORKS as usize }, ON_DEMAND>;
 
 /// A peer's networks as we see them → its ID.
 #[btf_map(name = "ist_peer_owners")]
@@ -42,15 +49,28 @@ pub fn peer_id(addr: Be32) -> Option<u32> {
 #[btf_map(name = "ist_prefix_lens")]
 static LENS: Array<PrefixLens, 1> = Array::new();
 
+/// The prefix lengths present in `PEERS6`, longest first.
+#[btf_map(name = "ist_prefix6")]
+static LENS6: Array<PrefixLens, 1> = Array::new();
+
 /// NatMapping DNAT: a peer cluster's externalIP → the endpoint behind it.
 #[btf_map(name = "ist_natmap")]
-static NATMAP: HashMap<MappingKey, Be32, { DEFAULT_NAT_MAPPINGS as usize }, ON_DEMAND> =
-    HashMap::new();
+static NATMAP: MappingTable<Be32> = HashMap::new();
 
 /// The reverse: an endpoint → the externalIP that peer cluster knows it by.
 #[btf_map(name = "ist_natmap_rev")]
-static NATMAP_REV: HashMap<MappingKey, Be32, { DEFAULT_NAT_MAPPINGS as usize }, ON_DEMAND> =
-    HashMap::new();
+static NATMAP_REV: MappingTable<Be32> = HashMap::new();
+
+/// NatMapping DNAT of IPv6 addresses.
+#[btf_map(name = "ist_natmap6")]
+static NATMAP6: MappingTable<Be128> = HashMap::new();
+
+/// The reverse of `NATMAP6`.
+#[btf_map(name = "ist_natmap_rev6")]
+static NATMAP_REV6: MappingTable<Be128> = HashMap::new();
+
+/// A NatMapping table of one family.
+type MappingTable<A> = HashMap<MappingKey<A>, A, { DEFAULT_NAT_MAPPINGS as usize }, ON_DEMAND>;
 
 /// The largest MSS a SYN crossing the tunnel device may advertise.
 #[btf_map(name = "ist_tcp_mss")]
@@ -84,7 +104,22 @@ pub fn count_denied(peer_id: u32, reason: DenyReason) {
 /// length in use, longest first.
 #[inline(always)]
 pub fn peer(addr: Be32) -> Option<&'static PeerNat> {
-    let lens = LENS.get(0)?;
+    peer_in(&PEERS, &LENS, addr)
+}
+
+/// The peer whose IPv6 networks hold `addr`, if any.
+#[inline(always)]
+pub fn peer6(addr: Be128) -> Option<&'static PeerNat<Be128>> {
+    peer_in(&PEERS6, &LENS6, addr)
+}
+
+#[inline(always)]
+fn peer_in<A: Address>(
+    peers: &'static PeerTable<A>,
+    lens: &'static Array<PrefixLens, 1>,
+    addr: A,
+) -> Option<&'static PeerNat<A>> {
+    let lens = lens.get(0)?;
     for i in 0..PREFIX_LENS {
         if i as u32 >= lens.count {
             break;
@@ -92,7 +127,7 @@ pub fn peer(addr: Be32) -> Option<&'static PeerNat> {
         let key = PeerKey::of(addr, lens.lens[i] as u8);
         // SAFETY: entries are replaced whole by the agent; a concurrent
         // replacement yields the old or the new value, both valid.
-        if let Some(nat) = unsafe { PEERS.get(&key) } {
+        if let Some(nat) = unsafe { peers.get(&key) } {
             return Some(nat);
         }
     }
@@ -124,13 +159,21 @@ pub fn external_of(peer_id: u32, endpoint: Be32) -> Option<Be32> {
     lookup(&NATMAP_REV, peer_id, endpoint)
 }
 
+/// The IPv6 endpoint that peer `peer_id` reaches at `external`.
 #[inline(always)]
-fn lookup(
-    map: &HashMap<MappingKey, Be32, { DEFAULT_NAT_MAPPINGS as usize }, ON_DEMAND>,
-    peer_id: u32,
-    addr: Be32,
-) -> Option<Be32> {
-    // SAFETY: a four-byte value, copied out at once.
+pub fn endpoint6_of(peer_id: u32, external: Be128) -> Option<Be128> {
+    lookup(&NATMAP6, peer_id, external)
+}
+
+/// The IPv6 externalIP under which peer `peer_id` knows `endpoint`.
+#[inline(always)]
+pub fn external6_of(peer_id: u32, endpoint: Be128) -> Option<Be128> {
+    lookup(&NATMAP_REV6, peer_id, endpoint)
+}
+
+#[inline(always)]
+fn lookup<A: Address>(map: &MappingTable<A>, peer_id: u32, addr: A) -> Option<A> {
+    // SAFETY: a small value, copied out at once.
     unsafe { map.get(&MappingKey { peer_id, addr }) }.copied()
 }
 
@@ -227,6 +270,10 @@ static NODES: LpmTrie<Be32, Be32, { MAX_NODES as usize }> = LpmTrie::new();
 #[btf_map(name = "ist_node_addrs")]
 static NODE_ADDRS: HashMap<Be32, u8, { MAX_NODES as usize }, ON_DEMAND> = HashMap::new();
 
+/// The cluster's nodes' IPv6 addresses.
+#[btf_map(name = "ist_node_addrs6")]
+static NODE_ADDRS6: HashMap<Be128, u8, { MAX_NODES as usize }, ON_DEMAND> = HashMap::new();
+
 /// Overlay events; summed over CPUs by the agent.
 #[btf_map(name = "ist_overlay_st")]
 static OVERLAY_STATS: PerCpuArray<u64, { EVENTS.len() }> = PerCpuArray::new();
@@ -249,6 +296,13 @@ pub fn node_of(addr: Be32) -> Option<Be32> {
 pub fn is_node(addr: Be32) -> bool {
     // SAFETY: only presence is read.
     unsafe { NODE_ADDRS.get(&addr) }.is_some()
+}
+
+/// Whether `addr` is an IPv6 address of one of the cluster's nodes.
+#[inline(always)]
+pub fn is_node6(addr: Be128) -> bool {
+    // SAFETY: only presence is read.
+    unsafe { NODE_ADDRS6.get(&addr) }.is_some()
 }
 
 /// Counts one overlay event.

@@ -46,7 +46,7 @@ pub fn steer(ctx: &TcContext, l3: usize) -> i32 {
     }
     if config.gateway == config.local {
         // The egress NAT parses the packet next: pulled once, for both.
-        if parse::linearize(ctx, l3).is_err() {
+        if parse::ipv4::linearize(ctx, l3).is_err() {
             return TC_ACT_UNSPEC;
         }
         return match bytes_at::<MIN_HLEN>(ctx, l3) {

@@ -18,10 +18,13 @@ use isthmus_common::{
     counters::{DenyReason, Direction, DropReason, Kind, Link, Outcome},
     ipv4,
     nat::{PrefixRewrite, REMAPS_PEER, find_rule},
+    wire::Be32,
 };
 
 use crate::{
-    csum, maps, nat,
+    csum,
+    family::V4,
+    maps, nat,
     parse::{self, ETH_P_IP, Malformed},
     tail_call,
 };
@@ -67,7 +70,7 @@ pub fn snat(ctx: &TcContext, l3: usize) -> i32 {
     if let Some(peer) = maps::peer_of_device(ifindex)
         && ctx.skb.protocol() == ETH_P_IP
     {
-        let Ok(pkt) = parse::any_packet(ctx, l3) else {
+        let Ok(pkt) = parse::ipv4::any_packet(ctx, l3) else {
             maps::count(link, Direction::Ingress, Outcome::Dropped);
             maps::count_drop(link, Direction::Ingress, DropReason::Denied);
             maps::count_denied(peer.peer_id, DenyReason::Unparseable);
@@ -92,11 +95,11 @@ pub fn snat(ctx: &TcContext, l3: usize) -> i32 {
 /// `pkt`, if it is IPv4 and can be read; anything else is not ours to
 /// rewrite.
 #[inline(always)]
-fn packet(ctx: &TcContext, l3: usize) -> Result<parse::Packet, Malformed> {
+fn packet(ctx: &TcContext, l3: usize) -> Result<parse::Packet<Be32>, Malformed> {
     if ctx.skb.protocol() != ETH_P_IP {
         return Err(Malformed);
     }
-    parse::any_packet(ctx, l3)
+    parse::ipv4::any_packet(ctx, l3)
 }
 
 /// Applies `rules` to the peer's address at `field` (the destination
@@ -105,12 +108,12 @@ fn packet(ctx: &TcContext, l3: usize) -> Result<parse::Packet, Malformed> {
 #[inline(always)]
 fn rewrite(
     ctx: &TcContext,
-    pkt: &parse::Packet,
+    pkt: &parse::Packet<Be32>,
     rules: [PrefixRewrite; 2],
     field: usize,
 ) -> Remapped {
     let mut changed = false;
-    let theirs = nat::addr(&pkt.ip, field);
+    let theirs = nat::addr::<V4>(&pkt.ip, field);
     if let Some(rule) = find_rule(&rules, theirs) {
         let new = rule.apply(theirs);
         if csum::set_addr(ctx, &pkt.ip, field, theirs, new).is_err() {
@@ -124,7 +127,7 @@ fn rewrite(
         } else {
             ipv4::SRC
         };
-        let quoted = nat::addr(&err.quoted, quoted_field);
+        let quoted = nat::addr::<V4>(&err.quoted, quoted_field);
         if let Some(rule) = find_rule(&rules, quoted) {
             let new = rule.apply(quoted);
             if csum::set_quoted_addr(ctx, err, quoted_field, quoted, new).is_err() {

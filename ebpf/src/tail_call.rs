@@ -11,7 +11,7 @@ use aya_ebpf::{
 };
 use isthmus_common::counters::{Direction, DropReason, Link, Outcome};
 
-use crate::{maps, nat::Stage};
+use crate::{family::Family, maps, nat::Stage};
 
 /// The programs after the ingress NAT (`names::ONWARD_PROGRAMS`), by link.
 #[btf_map(name = "ist_onward")]
@@ -36,6 +36,16 @@ static ICMP_ERROR: ProgramArray<4> = ProgramArray::new();
 /// link.
 #[btf_map(name = "ist_masquerade")]
 static MASQUERADE: ProgramArray<2> = ProgramArray::new();
+
+/// The IPv6 NAT, which the NAT sends IPv6 packets to
+/// (`names::NAT6_PROGRAMS`), by link and direction.
+#[btf_map(name = "ist_nat6")]
+static NAT6: ProgramArray<4> = ProgramArray::new();
+
+/// The NAT of ICMPv6 errors (`names::ICMP6_ERROR_PROGRAMS`), by link and
+/// direction.
+#[btf_map(name = "ist_icmp6_error")]
+static ICMP6_ERROR: ProgramArray<4> = ProgramArray::new();
 
 /// Goes on in the program after the ingress NAT for `link`: a peer's
 /// packet, which the NAT gave its outcome.
@@ -64,19 +74,36 @@ pub fn nat_in(ctx: &TcContext, link: Link) -> i32 {
     missed_before_outcome(link, Direction::Ingress)
 }
 
-/// Goes on in `stage` of the NAT for `link` and `direction`, which gives
-/// a packet its outcome: one that misses it gets `dropped` here.
+/// Goes on in `stage` of family `F`'s NAT for `link` and `direction`,
+/// which gives a packet its outcome: one that misses it gets `dropped`
+/// here.
 #[inline(always)]
-pub fn next_stage(ctx: &TcContext, link: Link, direction: Direction, stage: Stage) -> i32 {
+pub fn next_stage<F: Family>(
+    ctx: &TcContext,
+    link: Link,
+    direction: Direction,
+    stage: Stage,
+) -> i32 {
+    let slot = link.icmp_error_slot(direction);
     // SAFETY: tail calls into TC programs of the agent's own object.
     unsafe {
-        match stage {
-            Stage::IcmpError => ICMP_ERROR.tail_call(ctx, link.icmp_error_slot(direction)),
-            Stage::Masquerade => MASQUERADE.tail_call(ctx, link as u32),
-            // No stage goes back to the first.
-            Stage::First => {}
+        match (stage, F::IPV6) {
+            (Stage::IcmpError, false) => ICMP_ERROR.tail_call(ctx, slot),
+            (Stage::IcmpError, true) => ICMP6_ERROR.tail_call(ctx, slot),
+            (Stage::Masquerade, false) => MASQUERADE.tail_call(ctx, link as u32),
+            // No IPv6 masquerade yet; no stage goes back to the first.
+            (Stage::Masquerade, true) | (Stage::First, _) => {}
         }
     };
+    missed_before_outcome(link, direction)
+}
+
+/// Goes on in the IPv6 NAT for `link` and `direction`, which gives an
+/// IPv6 packet its outcome: one that misses it gets `dropped` here.
+#[inline(always)]
+pub fn nat6(ctx: &TcContext, link: Link, direction: Direction) -> i32 {
+    // SAFETY: a tail call into a TC program of the agent's own object.
+    unsafe { NAT6.tail_call(ctx, link.icmp_error_slot(direction)) };
     missed_before_outcome(link, direction)
 }
 

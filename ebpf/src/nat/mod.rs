@@ -14,21 +14,24 @@ use aya_ebpf::{
 use isthmus_common::{
     conntrack::{DIR_IN, DIR_OUT},
     counters::{DenyReason, Direction, DropReason, Kind, Link, Outcome},
-    ipv4::{self, PROTO_ICMP, PROTO_UDP},
+    ipv4::PROTO_UDP,
     isolation::SEGREGATED,
-    nat::{CONNCHECK_ADDR, CONNCHECK_PORT, PeerNat, REMAPS_PEER, find_rule},
+    nat::{CONNCHECK_PORT, PeerNat, REMAPS_PEER, find_rule},
     tcp::SYN,
-    wire::Be32,
+    wire::Address,
 };
 
+mod rules;
+
+use rules::{endpoint_of, external_of, from_peer_view, to_peer_view};
+
 use crate::{
-    conntrack::{self, Refused},
-    csum, isolation, maps,
+    conntrack::Refused,
+    csum,
+    family::Family,
+    maps,
     mss::{self, Oversized},
-    parse::{
-        self, ETH_P_IP, ICMP_CHECK, ICMP_ECHO_ID, Ipv4, Malformed, Packet, Parsed, PseudoCsum,
-        Transport,
-    },
+    parse::{ICMP_CHECK, ICMP_ECHO_ID, Ip, Malformed, Packet, Parsed, PseudoCsum, Transport},
 };
 
 /// Which address field is ours and which is the peer's, in one direction.
@@ -39,15 +42,15 @@ struct Fields {
 }
 
 impl Fields {
-    const fn of(direction: Direction) -> Self {
+    const fn of<F: Family>(direction: Direction) -> Self {
         match direction {
             Direction::Egress => Self {
-                ours: ipv4::SRC,
-                theirs: ipv4::DST,
+                ours: F::SRC,
+                theirs: F::DST,
             },
             Direction::Ingress => Self {
-                ours: ipv4::DST,
-                theirs: ipv4::SRC,
+                ours: F::DST,
+                theirs: F::SRC,
             },
         }
     }
@@ -61,10 +64,10 @@ impl Fields {
     }
 }
 
-/// The address at `field` (`ipv4::SRC` or `ipv4::DST`) of `hdr`.
+/// The address at `field` (`F::SRC` or `F::DST`) of `hdr`.
 #[inline(always)]
-pub(crate) fn addr(hdr: &Ipv4, field: usize) -> Be32 {
-    if field == ipv4::SRC { hdr.src } else { hdr.dst }
+pub(crate) fn addr<F: Family>(hdr: &Ip<F::Addr>, field: usize) -> F::Addr {
+    if field == F::SRC { hdr.src } else { hdr.dst }
 }
 
 /// What a program did with a packet.
@@ -139,26 +142,28 @@ impl Handled {
 /// parse, goes on untouched. Each packet is counted, by the stage that
 /// gives it its outcome.
 #[inline(always)]
-pub fn run(ctx: &TcContext, l3: usize, direction: Direction, stage: Stage) -> Handled {
+pub fn run<F: Family>(ctx: &TcContext, l3: usize, direction: Direction, stage: Stage) -> Handled {
     let link = Link::of_l3(l3);
-    // Not IPv4: nothing of ours to read or rewrite. Decided here, not as an
-    // early verdict of `translate`, where LLVM read the unset payload of
-    // that verdict from a register the verifier calls uninitialised.
-    if ctx.skb.protocol() != ETH_P_IP {
+    // Not of this family: nothing of ours to read or rewrite. Decided here,
+    // not as an early verdict of `translate`, where LLVM read the unset
+    // payload of that verdict from a register the verifier calls
+    // uninitialised.
+    if ctx.skb.protocol() != F::PROTOCOL {
         maps::count(link, direction, Outcome::Passed);
         return Handled::PASSED;
     }
     let mut remaps_peer = false;
-    let verdict = translate(ctx, l3, direction, stage, &mut remaps_peer).or_else(|Malformed| {
-        match direction {
-            // A peer does not get in by sending what we cannot read.
-            Direction::Ingress => match unparseable_from(ctx, l3) {
-                Some(peer_id) => Ok(Verdict::Denied(peer_id, DenyReason::Unparseable)),
-                None => Err(Malformed),
-            },
-            Direction::Egress => Err(Malformed),
-        }
-    });
+    let verdict =
+        translate::<F>(ctx, l3, direction, stage, &mut remaps_peer).or_else(|Malformed| {
+            match direction {
+                // A peer does not get in by sending what we cannot read.
+                Direction::Ingress => match unparseable_from::<F>(ctx, l3) {
+                    Some(peer_id) => Ok(Verdict::Denied(peer_id, DenyReason::Unparseable)),
+                    None => Err(Malformed),
+                },
+                Direction::Egress => Err(Malformed),
+            }
+        });
     let peers = matches!(verdict, Ok(Verdict::Translated(_) | Verdict::Unchanged));
     let (outcome, action) = match verdict {
         Ok(Verdict::Next(stage, kinds)) => {
@@ -209,8 +214,8 @@ macro_rules! or_drop {
 
 /// Our side's new address, and port if it changes too, and the kinds of
 /// rule that produced them (a set of [`Kind::bit`]s).
-struct Rewrite {
-    addr: Be32,
+struct Rewrite<A> {
+    addr: A,
     port: Option<PortChange>,
     kinds: u8,
 }
@@ -225,25 +230,26 @@ struct PortChange {
 /// Sets `remaps_peer` when the packet's peer is one whose NAT runs Liqo
 /// v1's way.
 #[inline(always)]
-fn translate(
+fn translate<F: Family>(
     ctx: &TcContext,
     l3: usize,
     direction: Direction,
     stage: Stage,
     remaps_peer: &mut bool,
 ) -> Result<Verdict, Malformed> {
-    let pkt = match parse::packet(ctx, l3, stage == Stage::IcmpError)? {
+    let pkt = match F::parse(ctx, l3, stage == Stage::IcmpError)? {
         Parsed::Packet(pkt) => pkt,
         Parsed::IcmpError => return Ok(Verdict::Next(Stage::IcmpError, 0)),
+        Parsed::Refused(reason) => return Ok(Verdict::Dropped(reason)),
     };
-    let fields = Fields::of(direction);
+    let fields = Fields::of::<F>(direction);
     let quoted_fields = fields.swapped();
 
     // A router's ICMP error comes from an address of no peer; the packet it
     // quotes still names the peer.
-    let peer = maps::peer(addr(&pkt.ip, fields.theirs)).or_else(|| {
+    let peer = F::peer(addr::<F>(&pkt.ip, fields.theirs)).or_else(|| {
         let err = pkt.icmp_error.as_ref()?;
-        maps::peer(addr(&err.quoted, quoted_fields.theirs))
+        F::peer(addr::<F>(&err.quoted, quoted_fields.theirs))
     });
     let Some(peer) = peer else {
         return Ok(Verdict::Passed);
@@ -254,20 +260,20 @@ fn translate(
     // the masquerade's would find nothing left to clamp.
     // The map is read only for a SYN: one in a flow's packets.
     let mut clamped = false;
-    if let (Some(t), PseudoCsum::Tcp(check)) = (&pkt.transport, pkt.ip.csum)
+    if let (Some(t), PseudoCsum::Full(check)) = (&pkt.transport, pkt.ip.csum)
         && stage == Stage::First
         && t.tcp_flags & SYN != 0
-        && let Some(max) = maps::tcp_mss()
+        && let Some(max) = maps::tcp_mss().map(F::mss)
         && let Some(Oversized { off, mss }) = mss::oversized(ctx, t, max)?
     {
         or_drop!(csum::set_be16(ctx, off, check, false, mss, max));
         clamped = true;
     }
 
-    let own = addr(&pkt.ip, fields.ours);
+    let own = addr::<F>(&pkt.ip, fields.ours);
     let rewrite = match direction {
         Direction::Egress => {
-            let rewrite = match egress(peer, &pkt, own, stage) {
+            let rewrite = match egress::<F>(peer, &pkt, own, stage) {
                 Ok(Some(rewrite)) => rewrite,
                 // The clamp is done: counted here, as the next stage
                 // finds nothing left to clamp.
@@ -281,22 +287,19 @@ fn translate(
             // flow's by its conntrack entry.
             if peer.flags & SEGREGATED != 0
                 && rewrite.kinds & Kind::Masquerade.bit() == 0
-                && let Some(t) = pkt
-                    .transport
-                    .as_ref()
-                    .filter(|t| conntrack::outbound_kind(t))
-                && isolation::remember(peer.peer_id, t, own, pkt.ip.dst).is_err()
+                && let Some(t) = pkt.transport.as_ref().filter(|t| outbound_kind::<F>(t))
+                && !F::remember(peer.peer_id, t, own, pkt.ip.dst)
             {
                 return Ok(Verdict::Dropped(DropReason::PeerFlowsFull));
             }
             rewrite
         }
         Direction::Ingress => {
-            let rewrite = match ingress(peer, &pkt, own) {
+            let rewrite = match ingress::<F>(peer, &pkt, own) {
                 Ok(rewrite) => rewrite,
                 Err(refused) => return Ok(Verdict::Dropped(refused.reason())),
             };
-            if let Some(reason) = denied(peer, &pkt, &rewrite) {
+            if let Some(reason) = denied::<F>(peer, &pkt, &rewrite) {
                 return Ok(Verdict::Denied(peer.peer_id, reason));
             }
             rewrite
@@ -305,13 +308,13 @@ fn translate(
     let mut translated = false;
     let mut kinds = 0;
     if rewrite.addr != own {
-        or_drop!(csum::set_addr(ctx, &pkt.ip, fields.ours, own, rewrite.addr));
+        or_drop!(F::set_addr(ctx, &pkt.ip, fields.ours, own, rewrite.addr));
         translated = true;
         kinds |= rewrite.kinds;
     }
     if let (Some(port), Some(t)) = (&rewrite.port, &pkt.transport) {
         let (check, udp) = match pkt.ip.csum {
-            PseudoCsum::Tcp(off) => (off, false),
+            PseudoCsum::Full(off) => (off, false),
             PseudoCsum::Udp(off) => (off, true),
             PseudoCsum::None => (t.off + ICMP_CHECK, false),
         };
@@ -327,10 +330,10 @@ fn translate(
     }
     // The quoted packet of an ICMP error gets the stateless rules only.
     if let Some(err) = &pkt.icmp_error {
-        let own = addr(&err.quoted, quoted_fields.ours);
-        let quoted = stateless(peer, direction, own);
+        let own = addr::<F>(&err.quoted, quoted_fields.ours);
+        let quoted = stateless::<F>(peer, direction, own);
         if quoted.addr != own {
-            or_drop!(csum::set_quoted_addr(
+            or_drop!(F::set_quoted_addr(
                 ctx,
                 err,
                 quoted_fields.ours,
@@ -353,19 +356,19 @@ fn translate(
 /// masqueraded; then our networks move into the peer's view. The first
 /// `stage` leaves the masquerade to its own (None).
 #[inline(always)]
-fn egress(
-    peer: &PeerNat,
-    pkt: &Packet,
-    own: Be32,
+fn egress<F: Family>(
+    peer: &PeerNat<F::Addr>,
+    pkt: &Packet<F::Addr>,
+    own: F::Addr,
     stage: Stage,
-) -> Result<Option<Rewrite>, Refused> {
-    let external = external_of(peer, own);
+) -> Result<Option<Rewrite<F::Addr>>, Refused> {
+    let external = external_of::<F>(peer, own);
     if let Some(rule) = find_rule(&peer.egress, external.addr) {
         let remapped = rule.apply(external.addr);
         return Ok(Some(external.then(remapped, Kind::Prefix)));
     }
     // None of ours: masquerade what can be, only now reading its settings.
-    let Some(masq) = conntrack::masquerade_addr() else {
+    let Some(masq) = F::masquerade_addr() else {
         return Ok(Some(external));
     };
     match stage {
@@ -378,7 +381,7 @@ fn egress(
             peer,
             external.then(masq, Kind::Masquerade),
         ))),
-        Stage::Masquerade => masquerade(peer, pkt, external, masq).map(Some),
+        Stage::Masquerade => masquerade::<F>(peer, pkt, external, masq).map(Some),
     }
 }
 
@@ -386,36 +389,33 @@ fn egress(
 /// translates it: a flow's address and port, or those where its first
 /// fragment went.
 #[inline(always)]
-fn masquerade(
-    peer: &PeerNat,
-    pkt: &Packet,
-    external: Rewrite,
-    masq: Be32,
-) -> Result<Rewrite, Refused> {
+fn masquerade<F: Family>(
+    peer: &PeerNat<F::Addr>,
+    pkt: &Packet<F::Addr>,
+    external: Rewrite<F::Addr>,
+    masq: F::Addr,
+) -> Result<Rewrite<F::Addr>, Refused> {
     // A later fragment, with no ports: where its first fragment went.
     if let Some(fragment) = pkt.fragment.as_ref().filter(|f| !f.first) {
-        let key = conntrack::fragment_key(fragment, external.addr, pkt.ip.dst, DIR_OUT);
-        let addr = conntrack::fragment_addr(&key)?;
+        let addr = F::fragment_addr(fragment, external.addr, pkt.ip.dst, DIR_OUT)?;
         return Ok(to_peer_view(peer, external.then(addr, Kind::Masquerade)));
     }
-    let Some(t) = pkt
-        .transport
-        .as_ref()
-        .filter(|t| conntrack::outbound_kind(t))
-    else {
+    let Some(t) = pkt.transport.as_ref().filter(|t| outbound_kind::<F>(t)) else {
         return Ok(external);
     };
-    let nat = conntrack::outbound(
-        &conntrack::out_key(t, external.addr, pkt.ip.dst),
-        masq,
-        t.tcp_flags,
-    )?;
+    let nat = F::outbound(t, external.addr, pkt.ip.dst, masq)?;
     if let Some(fragment) = &pkt.fragment {
-        let key = conntrack::fragment_key(fragment, external.addr, pkt.ip.dst, DIR_OUT);
-        conntrack::remember_fragment(&key, nat.addr, nat.owner);
+        F::remember_fragment(
+            fragment,
+            external.addr,
+            pkt.ip.dst,
+            DIR_OUT,
+            nat.addr,
+            nat.owner,
+        );
     }
     Ok(Rewrite {
-        port: port_change(t, Direction::Egress, nat.port),
+        port: port_change::<F>(t, Direction::Egress, nat.port),
         ..to_peer_view(peer, external.then(nat.addr, Kind::Masquerade))
     })
 }
@@ -425,29 +425,31 @@ fn masquerade(
 /// of a reply whose first went there; an externalIP resolves to its
 /// endpoint.
 #[inline(always)]
-fn ingress(peer: &PeerNat, pkt: &Packet, own: Be32) -> Result<Rewrite, Refused> {
+fn ingress<F: Family>(
+    peer: &PeerNat<F::Addr>,
+    pkt: &Packet<F::Addr>,
+    own: F::Addr,
+) -> Result<Rewrite<F::Addr>, Refused> {
     let real = from_peer_view(peer, own);
-    let Some(masq) = conntrack::masquerade_addr().filter(|masq| real.addr == *masq) else {
-        return Ok(endpoint_of(peer, real));
+    let Some(masq) = F::masquerade_addr().filter(|masq| real.addr == *masq) else {
+        return Ok(endpoint_of::<F>(peer, real));
     };
-    let fragment_key = |f| conntrack::fragment_key(f, pkt.ip.src, masq, DIR_IN);
     if let Some(fragment) = pkt.fragment.as_ref().filter(|f| !f.first) {
-        let addr = conntrack::fragment_addr(&fragment_key(fragment))?;
+        let addr = F::fragment_addr(fragment, pkt.ip.src, masq, DIR_IN)?;
         return Ok(real.then(addr, Kind::Masquerade));
     }
     if let Some(t) = &pkt.transport
-        && let Some(key) = conntrack::in_key(t, pkt.ip.src, masq)
-        && let Some(back) = conntrack::inbound(&key, t.tcp_flags)
+        && let Some((back, port)) = F::inbound(t, pkt.ip.src, masq)
     {
         if let Some(fragment) = &pkt.fragment {
-            conntrack::remember_fragment(&fragment_key(fragment), back.addr, peer.peer_id);
+            F::remember_fragment(fragment, pkt.ip.src, masq, DIR_IN, back, peer.peer_id);
         }
         return Ok(Rewrite {
-            port: port_change(t, Direction::Ingress, back.port),
-            ..real.then(back.addr, Kind::Masquerade)
+            port: port_change::<F>(t, Direction::Ingress, port),
+            ..real.then(back, Kind::Masquerade)
         });
     }
-    Ok(endpoint_of(peer, real))
+    Ok(endpoint_of::<F>(peer, real))
 }
 
 /// Why a packet from `peer`, translated by `rewrite`, may not go on, if it
@@ -458,11 +460,14 @@ fn ingress(peer: &PeerNat, pkt: &Packet, own: Be32) -> Result<Rewrite, Refused> 
 /// No rule leads to a node: what an object wrote cannot expose one. A
 /// segregated peer reaches in our networks only what it is allowed to.
 #[inline(always)]
-fn denied(peer: &PeerNat, pkt: &Packet, rewrite: &Rewrite) -> Option<DenyReason> {
+fn denied<F: Family>(
+    peer: &PeerNat<F::Addr>,
+    pkt: &Packet<F::Addr>,
+    rewrite: &Rewrite<F::Addr>,
+) -> Option<DenyReason> {
     let dst = rewrite.addr;
     let t = pkt.transport.as_ref();
-    if dst == CONNCHECK_ADDR
-        && !t.is_some_and(|t| t.proto == PROTO_UDP && t.dport == CONNCHECK_PORT)
+    if F::is_conncheck(dst) && !t.is_some_and(|t| t.proto == PROTO_UDP && t.dport == CONNCHECK_PORT)
     {
         return Some(DenyReason::NodeAddress);
     }
@@ -470,7 +475,7 @@ fn denied(peer: &PeerNat, pkt: &Packet, rewrite: &Rewrite) -> Option<DenyReason>
     if rewrite.kinds & Kind::Masquerade.bit() != 0 {
         return None;
     }
-    if maps::is_node(dst) {
+    if F::is_node(dst) {
         return Some(DenyReason::NodeAddress);
     }
     if rewrite.kinds & Kind::NatMapping.bit() != 0 {
@@ -479,112 +484,45 @@ fn denied(peer: &PeerNat, pkt: &Packet, rewrite: &Rewrite) -> Option<DenyReason>
     if peer
         .ingress
         .iter()
-        .any(|rule| rule.active != 0 && dst & rule.mask == rule.to)
+        .any(|rule| rule.active != 0 && dst.masked(rule.mask) == rule.to)
     {
         let segregated = peer.flags & SEGREGATED != 0;
-        return (segregated && !isolation::admits(peer.peer_id, pkt, pkt.ip.src, dst))
+        return (segregated && !F::admits(peer.peer_id, pkt, pkt.ip.src, dst))
             .then_some(DenyReason::NotAllowed);
     }
-    Some(if maps::peer(dst).is_some() {
+    Some(if F::peer(dst).is_some() {
         DenyReason::OtherPeer
     } else {
         DenyReason::OutsideOurNetworks
     })
 }
 
-/// The peer a packet comes from when only its IPv4 source can be read.
+/// The peer a packet comes from when only its source can be read.
 #[inline(always)]
-fn unparseable_from(ctx: &TcContext, l3: usize) -> Option<u32> {
-    let src = Be32::from_bits(ctx.load::<u32>(l3 + ipv4::SRC).ok()?);
-    maps::peer(src).map(|peer| peer.peer_id)
+fn unparseable_from<F: Family>(ctx: &TcContext, l3: usize) -> Option<u32> {
+    F::peer(F::source(ctx, l3)?).map(|peer| peer.peer_id)
 }
 
 /// The stateless rules alone (prefix remap and NatMapping), for headers
 /// quoted in ICMP errors.
 #[inline(always)]
-fn stateless(peer: &PeerNat, direction: Direction, own: Be32) -> Rewrite {
+fn stateless<F: Family>(
+    peer: &PeerNat<F::Addr>,
+    direction: Direction,
+    own: F::Addr,
+) -> Rewrite<F::Addr> {
     match direction {
-        Direction::Ingress => endpoint_of(peer, from_peer_view(peer, own)),
-        Direction::Egress => to_peer_view(peer, external_of(peer, own)),
-    }
-}
-
-/// `rewrite`'s address as the peer sees it (unchanged when it is none of
-/// ours).
-#[inline(always)]
-fn to_peer_view(peer: &PeerNat, rewrite: Rewrite) -> Rewrite {
-    match find_rule(&peer.egress, rewrite.addr) {
-        Some(rule) => {
-            let remapped = rule.apply(rewrite.addr);
-            rewrite.then(remapped, Kind::Prefix)
-        }
-        None => rewrite,
-    }
-}
-
-/// An address in the peer's view of our networks, as it really is.
-#[inline(always)]
-fn from_peer_view(peer: &PeerNat, addr: Be32) -> Rewrite {
-    let rewrite = address_only(addr);
-    match find_rule(&peer.ingress, addr) {
-        Some(rule) => rewrite.then(rule.apply(addr), Kind::Prefix),
-        None => rewrite,
-    }
-}
-
-/// The externalIP under which the peer knows endpoint `addr`, if any.
-#[inline(always)]
-fn external_of(peer: &PeerNat, addr: Be32) -> Rewrite {
-    let rewrite = address_only(addr);
-    match maps::external_of(peer.peer_id, addr) {
-        Some(external) => rewrite.then(external, Kind::NatMapping),
-        None => rewrite,
-    }
-}
-
-/// The endpoint behind `rewrite`'s address if it is an externalIP.
-#[inline(always)]
-fn endpoint_of(peer: &PeerNat, rewrite: Rewrite) -> Rewrite {
-    match maps::endpoint_of(peer.peer_id, rewrite.addr) {
-        Some(endpoint) => rewrite.then(endpoint, Kind::NatMapping),
-        None => rewrite,
-    }
-}
-
-/// A rewrite of the address alone, by no rule yet.
-#[inline(always)]
-fn address_only(addr: Be32) -> Rewrite {
-    Rewrite {
-        addr,
-        port: None,
-        kinds: 0,
-    }
-}
-
-impl Rewrite {
-    /// This rewrite followed by a rule of `kind` that gives `addr`; the
-    /// kind counts only if the address changes.
-    #[inline(always)]
-    fn then(self, addr: Be32, kind: Kind) -> Self {
-        let kinds = if addr != self.addr {
-            self.kinds | kind.bit()
-        } else {
-            self.kinds
-        };
-        Self {
-            addr,
-            kinds,
-            ..self
-        }
+        Direction::Ingress => endpoint_of::<F>(peer, from_peer_view(peer, own)),
+        Direction::Egress => to_peer_view(peer, external_of::<F>(peer, own)),
     }
 }
 
 /// Where our port is in `t`, and its value: the source port going out, the
 /// destination port coming back, and the identifier of an ICMP echo either way.
 #[inline(always)]
-fn our_port(t: &Transport, direction: Direction) -> (usize, u16) {
+fn our_port<F: Family>(t: &Transport, direction: Direction) -> (usize, u16) {
     match (t.proto, direction) {
-        (PROTO_ICMP, _) => (t.off + ICMP_ECHO_ID, t.sport),
+        (proto, _) if proto == F::ICMP => (t.off + ICMP_ECHO_ID, t.sport),
         (_, Direction::Egress) => (t.off, t.sport),
         (_, Direction::Ingress) => (t.off + 2, t.dport),
     }
@@ -592,7 +530,15 @@ fn our_port(t: &Transport, direction: Direction) -> (usize, u16) {
 
 /// The change of our port in `t` to `new`, if it changes.
 #[inline(always)]
-fn port_change(t: &Transport, direction: Direction, new: u16) -> Option<PortChange> {
-    let (off, old) = our_port(t, direction);
+fn port_change<F: Family>(t: &Transport, direction: Direction, new: u16) -> Option<PortChange> {
+    let (off, old) = our_port::<F>(t, direction);
     (old != new).then_some(PortChange { off, old, new })
+}
+
+/// Whether the flow of `t` can be masqueraded, or opened towards a
+/// segregated peer, at all: TCP, UDP, and ICMP echo requests (replies and
+/// errors are answers, never new flows).
+#[inline(always)]
+fn outbound_kind<F: Family>(t: &Transport) -> bool {
+    t.proto != F::ICMP || t.icmp_type == F::ECHO_REQUEST
 }

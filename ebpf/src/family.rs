@@ -1,0 +1,372 @@
+//! docs/design.md#dual-stack: the two address families the NAT serves.
+//! What differs between them (the header and its parser, where the
+//! addresses sit, how a write keeps the checksums, the tables) is here,
+//! behind [`Family`]; the NAT is one code, compiled once for each.
+
+use aya_ebpf::programs::TcContext;
+use isthmus_common::{
+    ipv4::{self, PROTO_ICMP},
+    ipv6::{self, ICMPV6_ECHO_REQUEST, PROTO_ICMPV6},
+    nat::{CONNCHECK_ADDR, PeerNat},
+    wire::{Address, Be32, Be128},
+};
+
+use crate::{
+    conntrack::{self, Refused},
+    csum::{self, RewriteFailed},
+    isolation, maps,
+    parse::{
+        self, ETH_P_IP, ETH_P_IPV6, Fragment, ICMP_ECHO_REQUEST, IcmpError, Ip, Malformed, Packet,
+        Parsed, Transport,
+    },
+};
+
+/// Where a masqueraded flow goes out as.
+pub struct Masqueraded<A> {
+    /// The masquerade address.
+    pub addr: A,
+    /// Our port (an ICMP echo's identifier).
+    pub port: u16,
+    /// Whom the flow's room is charged to.
+    pub owner: u32,
+}
+
+/// One address family, as the NAT sees it.
+pub trait Family {
+    /// Its addresses.
+    type Addr: Address + 'static;
+    /// Whether it is IPv6: its programs go on in arrays of their own.
+    const IPV6: bool;
+    /// `skb->protocol` of its packets.
+    const PROTOCOL: u32;
+    /// Offset of the source address in its header.
+    const SRC: usize;
+    /// Offset of the destination address in its header.
+    const DST: usize;
+    /// Its ICMP's protocol number.
+    const ICMP: u8;
+    /// Its ICMP echo request's type.
+    const ECHO_REQUEST: u8;
+
+    /// Parses the packet at `off`: an ICMP error when `errors`, any other
+    /// packet otherwise.
+    fn parse(ctx: &TcContext, off: usize, errors: bool) -> Result<Parsed<Self::Addr>, Malformed>;
+    /// The source of the packet at `off`, when no more of it can be read.
+    fn source(ctx: &TcContext, off: usize) -> Option<Self::Addr>;
+    /// The peer whose networks, as we see them, hold `addr`.
+    fn peer(addr: Self::Addr) -> Option<&'static PeerNat<Self::Addr>>;
+    /// The endpoint that peer `peer_id` reaches at `external`.
+    fn endpoint_of(peer_id: u32, external: Self::Addr) -> Option<Self::Addr>;
+    /// The externalIP under which peer `peer_id` knows `endpoint`.
+    fn external_of(peer_id: u32, endpoint: Self::Addr) -> Option<Self::Addr>;
+    /// Whether `addr` is one of the cluster's nodes' addresses.
+    fn is_node(addr: Self::Addr) -> bool;
+    /// Whether `addr` is the conncheck's, which answers on every gateway.
+    fn is_conncheck(addr: Self::Addr) -> bool;
+    /// The largest MSS a SYN may advertise, when an IPv4 one may advertise
+    /// `ipv4`: the tunnel's MTU less this family's headers.
+    fn mss(ipv4: u16) -> u16;
+    /// Writes `new` over the address at `field` of `hdr`, keeping every
+    /// checksum that covers it.
+    fn set_addr(
+        ctx: &TcContext,
+        hdr: &Ip<Self::Addr>,
+        field: usize,
+        old: Self::Addr,
+        new: Self::Addr,
+    ) -> Result<(), RewriteFailed>;
+    /// Writes `new` over the address at `field` of the header `err` quotes.
+    fn set_quoted_addr(
+        ctx: &TcContext,
+        err: &IcmpError<Self::Addr>,
+        field: usize,
+        old: Self::Addr,
+        new: Self::Addr,
+    ) -> Result<(), RewriteFailed>;
+
+    /// The masquerade address, when masquerading is on.
+    fn masquerade_addr() -> Option<Self::Addr>;
+    /// Where the datagram of `fragment`, from `src` to `dst` in direction
+    /// `dir`, was translated to when its first fragment was.
+    fn fragment_addr(
+        fragment: &Fragment,
+        src: Self::Addr,
+        dst: Self::Addr,
+        dir: u8,
+    ) -> Result<Self::Addr, Refused>;
+    /// Remembers that the datagram of `fragment` was translated to `addr`,
+    /// charged to `owner`.
+    fn remember_fragment(
+        fragment: &Fragment,
+        src: Self::Addr,
+        dst: Self::Addr,
+        dir: u8,
+        addr: Self::Addr,
+        owner: u32,
+    );
+    /// Where the flow of `t` from `src` to `dst` goes out as, behind
+    /// `masq`.
+    fn outbound(
+        t: &Transport,
+        src: Self::Addr,
+        dst: Self::Addr,
+        masq: Self::Addr,
+    ) -> Result<Masqueraded<Self::Addr>, Refused>;
+    /// Where a reply `t` from `src` to `masq` goes back to, if its flow is
+    /// known.
+    fn inbound(t: &Transport, src: Self::Addr, masq: Self::Addr) -> Option<(Self::Addr, u16)>;
+    /// Records a flow our side opens towards segregated peer `peer_id`, so
+    /// that its replies pass; false when the peer's table is full.
+    fn remember(peer_id: u32, t: &Transport, ours: Self::Addr, theirs: Self::Addr) -> bool;
+    /// Whether segregated peer `peer_id` may send `pkt` from `theirs` to
+    /// `ours`.
+    fn admits(peer_id: u32, pkt: &Packet<Self::Addr>, theirs: Self::Addr, ours: Self::Addr)
+    -> bool;
+}
+
+/// IPv4.
+pub struct V4;
+
+/// IPv6.
+pub struct V6;
+
+impl Family for V4 {
+    type Addr = Be32;
+    const IPV6: bool = false;
+    const PROTOCOL: u32 = ETH_P_IP;
+    const SRC: usize = ipv4::SRC;
+    const DST: usize = ipv4::DST;
+    const ICMP: u8 = PROTO_ICMP;
+    const ECHO_REQUEST: u8 = ICMP_ECHO_REQUEST;
+
+    #[inline(always)]
+    fn parse(ctx: &TcContext, off: usize, errors: bool) -> Result<Parsed<Be32>, Malformed> {
+        parse::ipv4::packet(ctx, off, errors)
+    }
+
+    #[inline(always)]
+    fn source(ctx: &TcContext, off: usize) -> Option<Be32> {
+        ctx.load::<u32>(off + ipv4::SRC).ok().map(Be32::from_bits)
+    }
+
+    #[inline(always)]
+    fn peer(addr: Be32) -> Option<&'static PeerNat> {
+        maps::peer(addr)
+    }
+
+    #[inline(always)]
+    fn endpoint_of(peer_id: u32, external: Be32) -> Option<Be32> {
+        maps::endpoint_of(peer_id, external)
+    }
+
+    #[inline(always)]
+    fn external_of(peer_id: u32, endpoint: Be32) -> Option<Be32> {
+        maps::external_of(peer_id, endpoint)
+    }
+
+    #[inline(always)]
+    fn is_node(addr: Be32) -> bool {
+        maps::is_node(addr)
+    }
+
+    #[inline(always)]
+    fn is_conncheck(addr: Be32) -> bool {
+        addr == CONNCHECK_ADDR
+    }
+
+    #[inline(always)]
+    fn mss(ipv4: u16) -> u16 {
+        ipv4
+    }
+
+    #[inline(always)]
+    fn set_addr(
+        ctx: &TcContext,
+        hdr: &Ip<Be32>,
+        field: usize,
+        old: Be32,
+        new: Be32,
+    ) -> Result<(), RewriteFailed> {
+        csum::set_addr(ctx, hdr, field, old, new)
+    }
+
+    #[inline(always)]
+    fn set_quoted_addr(
+        ctx: &TcContext,
+        err: &IcmpError<Be32>,
+        field: usize,
+        old: Be32,
+        new: Be32,
+    ) -> Result<(), RewriteFailed> {
+        csum::set_quoted_addr(ctx, err, field, old, new)
+    }
+
+    #[inline(always)]
+    fn masquerade_addr() -> Option<Be32> {
+        conntrack::masquerade_addr()
+    }
+
+    #[inline(always)]
+    fn fragment_addr(fragment: &Fragment, src: Be32, dst: Be32, dir: u8) -> Result<Be32, Refused> {
+        conntrack::fragment_addr(&conntrack::fragment_key(fragment, src, dst, dir))
+    }
+
+    #[inline(always)]
+    fn remember_fragment(
+        fragment: &Fragment,
+        src: Be32,
+        dst: Be32,
+        dir: u8,
+        addr: Be32,
+        owner: u32,
+    ) {
+        let key = conntrack::fragment_key(fragment, src, dst, dir);
+        conntrack::remember_fragment(&key, addr, owner);
+    }
+
+    #[inline(always)]
+    fn outbound(
+        t: &Transport,
+        src: Be32,
+        dst: Be32,
+        masq: Be32,
+    ) -> Result<Masqueraded<Be32>, Refused> {
+        let nat = conntrack::outbound(&conntrack::out_key(t, src, dst), masq, t.tcp_flags)?;
+        Ok(Masqueraded {
+            addr: nat.addr,
+            port: nat.port,
+            owner: nat.owner,
+        })
+    }
+
+    #[inline(always)]
+    fn inbound(t: &Transport, src: Be32, masq: Be32) -> Option<(Be32, u16)> {
+        let key = conntrack::in_key(t, src, masq)?;
+        conntrack::inbound(&key, t.tcp_flags).map(|back| (back.addr, back.port))
+    }
+
+    #[inline(always)]
+    fn remember(peer_id: u32, t: &Transport, ours: Be32, theirs: Be32) -> bool {
+        isolation::remember(peer_id, t, ours, theirs).is_ok()
+    }
+
+    #[inline(always)]
+    fn admits(peer_id: u32, pkt: &Packet<Be32>, theirs: Be32, ours: Be32) -> bool {
+        isolation::admits(peer_id, pkt, theirs, ours)
+    }
+}
+
+/// IPv6 has no masquerade, no fragment table and no record of flows
+/// towards segregated peers yet: the masquerade address is never set, so
+/// the NAT never asks for the first three, and a segregated peer reaches
+/// none of our IPv6 addresses (docs/design.md#dual-stack).
+impl Family for V6 {
+    type Addr = Be128;
+    const IPV6: bool = true;
+    const PROTOCOL: u32 = ETH_P_IPV6;
+    const SRC: usize = ipv6::SRC;
+    const DST: usize = ipv6::DST;
+    const ICMP: u8 = PROTO_ICMPV6;
+    const ECHO_REQUEST: u8 = ICMPV6_ECHO_REQUEST;
+
+    #[inline(always)]
+    fn parse(ctx: &TcContext, off: usize, errors: bool) -> Result<Parsed<Be128>, Malformed> {
+        parse::ipv6::packet(ctx, off, errors)
+    }
+
+    #[inline(always)]
+    fn source(ctx: &TcContext, off: usize) -> Option<Be128> {
+        parse::ipv6::source(ctx, off)
+    }
+
+    #[inline(always)]
+    fn peer(addr: Be128) -> Option<&'static PeerNat<Be128>> {
+        maps::peer6(addr)
+    }
+
+    #[inline(always)]
+    fn endpoint_of(peer_id: u32, external: Be128) -> Option<Be128> {
+        maps::endpoint6_of(peer_id, external)
+    }
+
+    #[inline(always)]
+    fn external_of(peer_id: u32, endpoint: Be128) -> Option<Be128> {
+        maps::external6_of(peer_id, endpoint)
+    }
+
+    #[inline(always)]
+    fn is_node(addr: Be128) -> bool {
+        maps::is_node6(addr)
+    }
+
+    #[inline(always)]
+    fn is_conncheck(_: Be128) -> bool {
+        false
+    }
+
+    #[inline(always)]
+    fn mss(ipv4: u16) -> u16 {
+        // The IPv6 header is 20 bytes longer than IPv4's.
+        ipv4.saturating_sub(20)
+    }
+
+    #[inline(always)]
+    fn set_addr(
+        ctx: &TcContext,
+        hdr: &Ip<Be128>,
+        field: usize,
+        old: Be128,
+        new: Be128,
+    ) -> Result<(), RewriteFailed> {
+        csum::set_addr6(ctx, hdr, field, old, new)
+    }
+
+    #[inline(always)]
+    fn set_quoted_addr(
+        ctx: &TcContext,
+        err: &IcmpError<Be128>,
+        field: usize,
+        old: Be128,
+        new: Be128,
+    ) -> Result<(), RewriteFailed> {
+        csum::set_quoted_addr6(ctx, err, field, old, new)
+    }
+
+    #[inline(always)]
+    fn masquerade_addr() -> Option<Be128> {
+        None
+    }
+
+    #[inline(always)]
+    fn fragment_addr(_: &Fragment, _: Be128, _: Be128, _: u8) -> Result<Be128, Refused> {
+        Err(Refused::UnknownFragment)
+    }
+
+    #[inline(always)]
+    fn remember_fragment(_: &Fragment, _: Be128, _: Be128, _: u8, _: Be128, _: u32) {}
+
+    #[inline(always)]
+    fn outbound(
+        _: &Transport,
+        _: Be128,
+        _: Be128,
+        _: Be128,
+    ) -> Result<Masqueraded<Be128>, Refused> {
+        Err(Refused::Full)
+    }
+
+    #[inline(always)]
+    fn inbound(_: &Transport, _: Be128, _: Be128) -> Option<(Be128, u16)> {
+        None
+    }
+
+    #[inline(always)]
+    fn remember(_: u32, _: &Transport, _: Be128, _: Be128) -> bool {
+        true
+    }
+
+    #[inline(always)]
+    fn admits(_: u32, _: &Packet<Be128>, _: Be128, _: Be128) -> bool {
+        false
+    }
+}

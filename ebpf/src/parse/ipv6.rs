@@ -1,0 +1,272 @@
+//! The IPv6 header, its chain of extension headers, and what the NAT reads
+//! behind them.
+//!
+//! The chain is walked one header at a time, within two bounds: at most
+//! [`MAX_EXTENSION_HEADERS`] headers, in at most [`CHAIN_MAX`] bytes. A
+//! packet past either is refused, and counted: its upper-layer header,
+//! which the rules may need, is out of reach. A first fragment must hold
+//! the whole chain and the upper-layer header's ports (RFC 7112).
+
+use aya_ebpf::programs::TcContext;
+use isthmus_common::{
+    counters::DropReason,
+    ipv4::{PROTO_TCP, PROTO_UDP},
+    ipv6::{self, FRAGMENT_HLEN, FragmentHeader, HLEN, MAX_EXTENSION_HEADERS, PROTO_ICMPV6, Step},
+    tcp,
+    wire::{Be32, Be128},
+};
+
+use super::{
+    Fragment, ICMP_CHECK, ICMP_HLEN, IcmpError, Ip, Malformed, Packet, Parsed, PseudoCsum,
+    UDP_HLEN, View, linearize, pseudo_csum, quoted_flow, transport,
+};
+
+/// The bytes of extension headers the NAT reads before the upper-layer
+/// header: a fragment header and a few options, or a routing header of a
+/// few segments.
+const CHAIN_MAX: usize = 256;
+
+/// The least an extension header takes, and all a fragment header takes.
+const MIN_EXTENSION: usize = FRAGMENT_HLEN;
+
+/// The most the parser reads past the header's start in an ordinary
+/// packet: the header, its chain, and a TCP header.
+const MAX_PARSED: usize = HLEN + CHAIN_MAX + tcp::MIN_HEADER;
+
+/// The most it reads in an ICMPv6 error: the error's header, its own
+/// header, the quoted header and its chain, and the quoted TCP checksum.
+const MAX_PARSED_ERROR: usize = HLEN + ICMP_HLEN + HLEN + CHAIN_MAX + tcp::MIN_HEADER;
+
+/// Where a packet stands in its datagram.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// Not in fragments (an atomic fragment among them, RFC 8021).
+    Whole,
+    /// The first of its fragments, which carries the upper-layer header.
+    First,
+    /// A later fragment: data alone.
+    Later,
+}
+
+/// Where a chain of headers ends. Every field is set on every path: a
+/// payload left unset, as an `Option`'s, is one LLVM may still copy, and
+/// the verifier refuses to read.
+struct Chain {
+    /// The upper-layer protocol.
+    proto: u8,
+    /// Packet offset of the upper-layer header, or of a later fragment's
+    /// data.
+    l4: usize,
+    /// Where the packet stands in its datagram.
+    place: Place,
+    /// The fragment header's identification, when it has one.
+    id: u32,
+}
+
+impl Chain {
+    /// What the packet shares with the other fragments of its datagram,
+    /// if it is one of them.
+    #[inline(always)]
+    fn fragment(&self) -> Option<Fragment> {
+        (self.place != Place::Whole).then_some(Fragment {
+            id: self.id,
+            first: self.place == Place::First,
+            proto: self.proto,
+        })
+    }
+}
+
+/// Why a walk stopped short of the upper-layer header.
+enum Stop {
+    /// The chain is cut off, or not one chain.
+    Cut,
+    /// The NAT refuses the packet.
+    Refused(DropReason),
+}
+
+/// Parses the IPv6 packet at `off` for a NAT program: one that rewrites
+/// ICMPv6 errors when `errors`, and every other packet otherwise. Fails if
+/// any header it needs is cut off, or, when `errors`, if the packet is no
+/// ICMPv6 error.
+#[inline(always)]
+pub fn packet(ctx: &TcContext, off: usize, errors: bool) -> Result<Parsed<Be128>, Malformed> {
+    let len = ctx.len() as usize;
+    linearize(ctx, off, if errors { MAX_PARSED_ERROR } else { MAX_PARSED })?;
+    let view = View::of(ctx);
+    let h = ipv6::Header(view.span::<HLEN>(off)?);
+    // A payload length longer than the packet is a lie; shorter is link
+    // padding. Zero would be a jumbogram, which no link here carries.
+    let end = off + HLEN + usize::from(h.payload_len());
+    if !h.is_valid() || h.payload_len() == 0 || end > len {
+        return Err(Malformed);
+    }
+    let (src, dst) = (
+        view.address(off + ipv6::SRC)?,
+        view.address(off + ipv6::DST)?,
+    );
+    let chain = match walk(ctx, h.next_header(), off + HLEN, end) {
+        Ok(chain) => chain,
+        Err(Stop::Cut) => return Err(Malformed),
+        Err(Stop::Refused(reason)) => return Ok(Parsed::Refused(reason)),
+    };
+    let header = |csum| Ip {
+        off,
+        src,
+        dst,
+        csum,
+    };
+    // A later fragment carries no header of its own.
+    if chain.place == Place::Later {
+        return match errors {
+            true => Err(Malformed),
+            false => Ok(Parsed::Packet(Packet {
+                ip: header(PseudoCsum::None),
+                fragment: chain.fragment(),
+                icmp_error: None,
+                transport: None,
+            })),
+        };
+    }
+    if chain.place == Place::First && chain.l4 + upper_len(chain.proto) > end {
+        return Ok(Parsed::Refused(DropReason::TinyFragment));
+    }
+    let is_error =
+        chain.proto == PROTO_ICMPV6 && ipv6::is_error(view.span::<ICMP_HLEN>(chain.l4)?[0]);
+    match (errors, is_error) {
+        (false, true) => return Ok(Parsed::IcmpError),
+        (true, false) => return Err(Malformed),
+        _ => {}
+    }
+    let csum = pseudo_csum(chain.proto, chain.l4, end, true, PROTO_ICMPV6)?;
+    let packet = if is_error {
+        Packet {
+            ip: header(csum),
+            fragment: None,
+            icmp_error: Some(icmp_error(ctx, &view, chain.l4, len)?),
+            transport: None,
+        }
+    } else {
+        Packet {
+            ip: header(csum),
+            fragment: chain.fragment(),
+            icmp_error: None,
+            transport: transport(&view, chain.proto, chain.l4, PROTO_ICMPV6)?,
+        }
+    };
+    Ok(Parsed::Packet(packet))
+}
+
+/// The source address of the IPv6 packet at `off`, when that much of it
+/// can be read.
+#[inline(always)]
+pub fn source(ctx: &TcContext, off: usize) -> Option<Be128> {
+    let words: [u32; 4] = ctx.load(off + ipv6::SRC).ok()?;
+    Some(Be128::from_words(words.map(Be32::from_bits)))
+}
+
+/// Walks the chain that starts with a header of kind `next` at `at`, up to
+/// the upper-layer header, within `end`.
+///
+/// Each extension header is copied out by the kernel: an offset that grows
+/// by what the packet says, in a loop, is one LLVM compiles into bounds
+/// checks the verifier cannot follow. Most packets have no extension
+/// header, and copy nothing.
+#[inline(always)]
+fn walk(ctx: &TcContext, mut next: u8, mut at: usize, end: usize) -> Result<Chain, Stop> {
+    let start = at;
+    let mut place = Place::Whole;
+    let mut id = 0;
+    // One turn more than the headers allowed: the last finds the upper one.
+    for _ in 0..=MAX_EXTENSION_HEADERS {
+        let step = Step::of(next);
+        if step == Step::Upper {
+            return Ok(Chain {
+                proto: next,
+                l4: at,
+                place,
+                id,
+            });
+        }
+        // Every extension header is 8 bytes or more. A first fragment must
+        // hold the whole chain.
+        if at + MIN_EXTENSION > end {
+            return Err(match place {
+                Place::First => Stop::Refused(DropReason::TinyFragment),
+                _ => Stop::Cut,
+            });
+        }
+        let bytes: [u8; MIN_EXTENSION] = ctx.load(at).map_err(|_| Stop::Cut)?;
+        if step == Step::Fragment {
+            if place != Place::Whole {
+                return Err(Stop::Cut);
+            }
+            let header = FragmentHeader::read(&bytes);
+            id = header.id;
+            place = match (header.is_first(), header.is_fragment()) {
+                (false, _) => Place::Later,
+                (true, true) => Place::First,
+                (true, false) => Place::Whole,
+            };
+            // What follows a later fragment's header is data.
+            if place == Place::Later {
+                return Ok(Chain {
+                    proto: header.next_header,
+                    l4: at + FRAGMENT_HLEN,
+                    place,
+                    id,
+                });
+            }
+        }
+        next = bytes[0];
+        at += step.header_len(bytes[1]);
+        if at - start > CHAIN_MAX {
+            break;
+        }
+    }
+    Err(Stop::Refused(DropReason::ExtensionHeaders))
+}
+
+/// The least of the upper-layer header a first fragment must hold: what
+/// names the flow.
+#[inline(always)]
+const fn upper_len(proto: u8) -> usize {
+    match proto {
+        PROTO_TCP => tcp::MIN_HEADER,
+        PROTO_UDP | PROTO_ICMPV6 => UDP_HLEN,
+        _ => 0,
+    }
+}
+
+/// The quoted header of the ICMPv6 error message at `l4`, in a packet that
+/// ends at `end`. A quoted chain that is cut off, or too long, still has
+/// its addresses rewritten; only its L4 checksum and flow are out of reach.
+#[inline(always)]
+fn icmp_error(
+    ctx: &TcContext,
+    view: &View,
+    l4: usize,
+    end: usize,
+) -> Result<IcmpError<Be128>, Malformed> {
+    let off = l4 + ICMP_HLEN;
+    let h = ipv6::Header(view.span::<HLEN>(off)?);
+    if !h.is_valid() || off + HLEN > end {
+        return Err(Malformed);
+    }
+    let (csum, quoted_flow) = match walk(ctx, h.next_header(), off + HLEN, end) {
+        Ok(chain) if chain.place != Place::Later => (
+            pseudo_csum(chain.proto, chain.l4, end, false, PROTO_ICMPV6)?,
+            quoted_flow(view, chain.proto, chain.l4, end, PROTO_ICMPV6),
+        ),
+        _ => (PseudoCsum::None, None),
+    };
+    Ok(IcmpError {
+        check_off: l4 + ICMP_CHECK,
+        quoted: Ip {
+            off,
+            src: view.address(off + ipv6::SRC)?,
+            dst: view.address(off + ipv6::DST)?,
+            csum,
+        },
+        quoted_flow,
+    })
+}
