@@ -48,6 +48,15 @@ pub fn ipv4_l4_checksum(src: [u8; 4], dst: [u8; 4], proto: u8, segment: &[u8]) -
     checksum_of(&[&pseudo, segment])
 }
 
+/// The checksum of an upper-layer `segment` (TCP, UDP, ICMPv6) from `src`
+/// to `dst`, over the IPv6 pseudo-header (RFC 8200, 8.1) and the segment.
+/// Zero when the segment's own checksum field is right.
+pub fn ipv6_l4_checksum(src: [u8; 16], dst: [u8; 16], proto: u8, segment: &[u8]) -> Be16 {
+    let len = (segment.len() as u32).to_be_bytes();
+    let tail = [len[0], len[1], len[2], len[3], 0, 0, 0, proto];
+    checksum_of(&[&src, &dst, &tail, segment])
+}
+
 /// The checksum of `parts` taken as one run of bytes: every part but the
 /// last must have an even length.
 fn checksum_of(parts: &[&[u8]]) -> Be16 {

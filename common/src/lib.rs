@@ -49,8 +49,11 @@ mod pod {
 
     plain!(
         crate::nat::PeerNat,
+        crate::nat::PeerNat<crate::wire::Be128>,
         crate::nat::PrefixRewrite,
         crate::nat::PeerKey,
+        crate::nat::PeerKey<crate::wire::Be128>,
+        crate::nat::MappingKey<crate::wire::Be128>,
         crate::nat::PrefixLens,
         crate::nat::MappingKey,
         crate::conntrack::FlowKey,
@@ -64,5 +67,6 @@ mod pod {
         crate::budget::Budget,
         crate::wire::Be16,
         crate::wire::Be32,
+        crate::wire::Be128,
     );
 }

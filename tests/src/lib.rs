@@ -5,6 +5,7 @@ pub mod capture;
 pub mod metrics;
 pub mod netns;
 pub mod packet;
+pub mod packet6;
 pub mod wireguard;
 
 /// Runs `prog` once on `frame` (`BPF_PROG_TEST_RUN`); returns its return

@@ -13,117 +13,17 @@ use isthmus_common::{
     counters,
     guard::{GuardSource, VERDICTS},
     names,
-    nat::{MappingKey, PeerKey, PeerNat, PrefixLens},
+    nat::{MappingKey, PeerKey},
     overlay::{EVENTS, OverlayConfig},
     pins::Pins,
     room::{ALL_PEERS, FLOW_TABLES, FlowTable, OWNER_LOCAL, Room, slot},
     wire::{Be16, Be32},
 };
 
-use crate::kernel::{pinned, table::KernelTable};
-
-/// The peer table (`ist_peer_nets`) and the prefix lengths it holds
-/// (`ist_prefix_lens`), kept consistent: a length is listed while at least
-/// one network has it.
-pub struct PeerMap {
-    nets: HashMap<MapData, PeerKey, PeerNat>,
-    /// The same networks in a trie, to each peer's ID.
-    owners: LpmTrie<MapData, Be32, u32>,
-    lens: Array<MapData, PrefixLens>,
-    /// Networks per prefix length.
-    counts: BTreeMap<u32, usize>,
-}
-
-impl PeerMap {
-    /// Wraps the three maps taken from a freshly loaded object.
-    pub fn new(nets: Map, owners: Map, lens: Map) -> Result<Self, MapError> {
-        let nets: HashMap<MapData, PeerKey, PeerNat> = nets.try_into()?;
-        let mut owners: LpmTrie<MapData, Be32, u32> = owners.try_into()?;
-        let mut counts = BTreeMap::new();
-        for entry in &nets {
-            let (key, nat) = entry?;
-            *counts.entry(key.prefix_len).or_insert(0) += 1;
-            // A previous agent's table may predate the trie: it follows.
-            owners.insert(&Key::new(key.prefix_len, key.addr), nat.peer_id, 0)?;
-        }
-        Ok(Self {
-            nets,
-            owners,
-            lens: lens.try_into()?,
-            counts,
-        })
-    }
-
-    /// Opens the maps pinned under `root`.
-    pub fn open(root: &Path) -> Result<Self, MapError> {
-        Self::new(
-            open_pinned(root, names::MAP_PEERS)?,
-            open_pinned(root, names::MAP_PEER_OWNERS)?,
-            open_pinned(root, names::MAP_PREFIX_LENS)?,
-        )
-    }
-
-    fn write_lens(&mut self) -> Result<(), MapError> {
-        let mut lens = PrefixLens::default();
-        for (slot, len) in lens.lens.iter_mut().zip(self.counts.keys().rev()) {
-            *slot = *len;
-        }
-        lens.count = self.counts.len() as u32;
-        self.lens.set(0, lens, 0)
-    }
-}
-
-fn key(net: Ipv4Net) -> PeerKey {
-    PeerKey::of(Be32::from(net.network()), net.prefix_len())
-}
-
-impl KernelTable for PeerMap {
-    type Key = Ipv4Net;
-    type Value = PeerNat;
-    type Error = MapError;
-    fn is_full(error: &MapError) -> bool {
-        is_full(error)
-    }
-
-    fn entries(&self) -> Result<Vec<(Ipv4Net, PeerNat)>, MapError> {
-        self.nets
-            .iter()
-            .map(|entry| {
-                let (key, nat) = entry?;
-                Ok((net_of(key), nat))
-            })
-            .collect()
-    }
-
-    fn put(&mut self, net: Ipv4Net, nat: &PeerNat, old: Option<&PeerNat>) -> Result<(), MapError> {
-        let key = key(net);
-        self.nets.insert(key, nat, 0)?;
-        self.owners.insert(&prefix_key(net), nat.peer_id, 0)?;
-        if old.is_none() {
-            let count = self.counts.entry(key.prefix_len).or_insert(0);
-            *count += 1;
-            if *count == 1 {
-                self.write_lens()?;
-            }
-        }
-        Ok(())
-    }
-
-    fn delete(&mut self, net: Ipv4Net, _old: &PeerNat) -> Result<(), MapError> {
-        let key = key(net);
-        self.nets.remove(&key)?;
-        // Gone already is fine: a previous agent may not have written it.
-        let _ = self.owners.remove(&prefix_key(net));
-        if let Some(count) = self.counts.get_mut(&key.prefix_len) {
-            *count -= 1;
-            if *count == 0 {
-                self.counts.remove(&key.prefix_len);
-                self.write_lens()?;
-            }
-        }
-        Ok(())
-    }
-}
+use crate::{
+    kernel::{pinned, table::KernelTable},
+    model::cidr::Cidr,
+};
 
 /// The NatMapping tables (`ist_natmap` and its reverse `ist_natmap_rev`),
 /// kept consistent: every forward entry has its reverse.
@@ -238,12 +138,6 @@ impl<K: aya::Pod + Ord> KernelTable for ByteHash<K> {
     }
 }
 
-/// The network a peer table's key stands for.
-fn net_of(key: PeerKey) -> Ipv4Net {
-    let len = key.prefix_len.min(32) as u8;
-    Ipv4Net::new(key.addr.into(), len).expect("prefix length within 32")
-}
-
 /// The tunnel devices that each carry one Liqo v1 peer (`ist_peer_devs`):
 /// ifindex → the key of that peer's PodCIDR view in the peer table.
 pub struct PeerDevices(HashMap<MapData, u32, PeerKey>);
@@ -265,7 +159,7 @@ impl PeerDevices {
             .iter()
             .map(|entry| {
                 let (ifindex, key) = entry?;
-                Ok((ifindex, net_of(key)))
+                Ok((ifindex, Ipv4Net::from_wire(key.addr, key.prefix_len as u8)))
             })
             .collect()
     }

@@ -8,6 +8,7 @@ pub mod layouts;
 pub mod link;
 pub mod maps;
 pub mod netfilter;
+pub mod peer_table;
 pub mod pinned;
 pub mod privileges;
 pub mod room;

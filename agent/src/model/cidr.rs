@@ -5,9 +5,12 @@
 use std::fmt;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use isthmus_common::wire::{Address, Be32, Be128};
 
 /// A network of one address family.
 pub trait Cidr: Copy + Eq + fmt::Display + fmt::Debug {
+    /// Its addresses as the kernel's tables hold them.
+    type Wire: Address;
     /// The family's name, for errors: "IPv4" or "IPv6".
     const FAMILY: &'static str;
     /// Whether the family is IPv6: its fields may have names of their own.
@@ -22,9 +25,17 @@ pub trait Cidr: Copy + Eq + fmt::Display + fmt::Debug {
 
     /// This family's network of `net`, if it is of this family.
     fn of(net: IpNet) -> Option<Self>;
+
+    /// Its network address, as the kernel's tables hold it.
+    fn wire(&self) -> Self::Wire;
+
+    /// The network of `prefix_len` bits at `addr`, as a kernel table's key
+    /// holds it (a longer length counts as the family's longest).
+    fn from_wire(addr: Self::Wire, prefix_len: u8) -> Self;
 }
 
 impl Cidr for Ipv4Net {
+    type Wire = Be32;
     const FAMILY: &'static str = "IPv4";
     const IPV6: bool = false;
 
@@ -42,9 +53,18 @@ impl Cidr for Ipv4Net {
             IpNet::V6(_) => None,
         }
     }
+
+    fn wire(&self) -> Be32 {
+        Be32::from(self.network())
+    }
+
+    fn from_wire(addr: Be32, prefix_len: u8) -> Self {
+        Ipv4Net::new(addr.into(), prefix_len.min(32)).expect("prefix length within 32")
+    }
 }
 
 impl Cidr for Ipv6Net {
+    type Wire = Be128;
     const FAMILY: &'static str = "IPv6";
     const IPV6: bool = true;
 
@@ -61,6 +81,14 @@ impl Cidr for Ipv6Net {
             IpNet::V6(net) => Some(net),
             IpNet::V4(_) => None,
         }
+    }
+
+    fn wire(&self) -> Be128 {
+        Be128::from(self.network())
+    }
+
+    fn from_wire(addr: Be128, prefix_len: u8) -> Self {
+        Ipv6Net::new(addr.into(), prefix_len.min(128)).expect("prefix length within 128")
     }
 }
 

@@ -13,7 +13,8 @@ use aya::{Ebpf, EbpfLoader, programs::SchedClassifier};
 use ipnet::Ipv4Net;
 use isthmus_agent::{
     kernel::dataplane::{OBJECT, load_nat_stages},
-    kernel::maps::{ByteHash, Counters, NodeMap, OverlaySettings, PeerMap, PrefixTrie},
+    kernel::maps::{ByteHash, Counters, NodeMap, OverlaySettings, PrefixTrie},
+    kernel::peer_table::PeerMap,
     kernel::table::KernelTable,
     model::isolation::SecurityMode,
     model::object::{Object, parse_documents},

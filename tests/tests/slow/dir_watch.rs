@@ -5,7 +5,7 @@
 use std::{collections::BTreeMap, fs, path::PathBuf, time::Duration};
 
 use ipnet::Ipv4Net;
-use isthmus_agent::{kernel::maps::PeerMap, kernel::table::KernelTable};
+use isthmus_agent::{kernel::peer_table::PeerMap, kernel::table::KernelTable};
 use isthmus_common::nat::PeerNat;
 use isthmus_lab::{
     cmd::ip,

@@ -32,7 +32,8 @@ use crate::{
         conntrack::Conntrack,
         dataplane::{Capacity, Dataplane},
         link::LinkEvents,
-        maps::{ByteHash, MappingMap, PeerMap},
+        maps::{ByteHash, MappingMap},
+        peer_table::PeerMap,
         privileges,
     },
     model::{

@@ -28,8 +28,9 @@ use tracing::info;
 use crate::{
     kernel::link::DeviceError,
     kernel::maps::{
-        ByteHash, GuardMaps, MappingMap, NodeMap, OverlayMaps, OverlaySettings, PeerMap, PrefixTrie,
+        ByteHash, GuardMaps, MappingMap, NodeMap, OverlayMaps, OverlaySettings, PrefixTrie,
     },
+    kernel::peer_table::PeerMap,
     kernel::pinned,
     kernel::{
         conntrack::{Conntrack, Masquerade, PeerFlows},

@@ -5,6 +5,7 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use isthmus_common::{
     isolation::SEGREGATED,
     nat::{PeerNat, REMAPS_PEER},
+    wire::Be128,
 };
 use serde_yaml_ng::Value;
 use sha2::{Digest, Sha256};
@@ -162,6 +163,22 @@ impl Peer {
 
     /// The kernel rules for this peer.
     pub fn nat(&self, peer_id: u32, default_mode: SecurityMode) -> PeerNat {
+        self.rules(&self.ipv4, peer_id, default_mode)
+    }
+
+    /// The kernel rules for this peer's IPv6 networks, if it has them.
+    pub fn nat6(&self, peer_id: u32, default_mode: SecurityMode) -> Option<PeerNat<Be128>> {
+        let ipv6 = self.ipv6.as_ref()?;
+        Some(self.rules(ipv6, peer_id, default_mode))
+    }
+
+    /// The kernel rules for `networks`, of one family of this peer.
+    fn rules<N: Cidr>(
+        &self,
+        networks: &Networks<N>,
+        peer_id: u32,
+        default_mode: SecurityMode,
+    ) -> PeerNat<N::Wire> {
         let segregated = if self.segregated(default_mode) {
             SEGREGATED
         } else {
@@ -172,8 +189,8 @@ impl Peer {
             Remaps::Theirs => (
                 REMAPS_PEER,
                 [
-                    self.ipv4.remote_pod.inbound(),
-                    self.ipv4.remote_external.inbound(),
+                    networks.remote_pod.inbound(),
+                    networks.remote_external.inbound(),
                 ],
             ),
         };
@@ -181,12 +198,12 @@ impl Peer {
             peer_id,
             flags: segregated | remaps,
             egress: [
-                self.ipv4.local_pod.outbound(),
-                self.ipv4.local_external.outbound(),
+                networks.local_pod.outbound(),
+                networks.local_external.outbound(),
             ],
             ingress: [
-                self.ipv4.local_pod.inbound(),
-                self.ipv4.local_external.inbound(),
+                networks.local_pod.inbound(),
+                networks.local_external.inbound(),
             ],
             theirs,
             owner: self.owner(),

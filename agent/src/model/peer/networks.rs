@@ -23,6 +23,17 @@ impl<N: Cidr> Mapped<N> {
     pub fn seen(&self) -> N {
         self.nat.unwrap_or(self.real)
     }
+
+    /// Real → remapped, or the identity when not remapped: the kernel
+    /// still needs the real network, to tell our addresses from others'.
+    pub(super) fn outbound(&self) -> PrefixRewrite<N::Wire> {
+        rewrite(self.real, self.seen())
+    }
+
+    /// Remapped → real, or the identity when not remapped.
+    pub(super) fn inbound(&self) -> PrefixRewrite<N::Wire> {
+        rewrite(self.seen(), self.real)
+    }
 }
 
 impl Mapped {
@@ -41,25 +52,10 @@ impl Mapped {
             .contains(&addr)
             .then(|| Ipv4Addr::from(self.outbound().apply(wire)))
     }
-
-    /// Real → remapped, or the identity when not remapped: the kernel
-    /// still needs the real network, to tell our addresses from others'.
-    pub(super) fn outbound(&self) -> PrefixRewrite {
-        rewrite(self.real, self.seen())
-    }
-
-    /// Remapped → real, or the identity when not remapped.
-    pub(super) fn inbound(&self) -> PrefixRewrite {
-        rewrite(self.seen(), self.real)
-    }
 }
 
-fn rewrite(from: Ipv4Net, to: Ipv4Net) -> PrefixRewrite {
-    PrefixRewrite::ipv4(
-        from.network().octets(),
-        to.network().octets(),
-        from.prefix_len(),
-    )
+fn rewrite<N: Cidr>(from: N, to: N) -> PrefixRewrite<N::Wire> {
+    PrefixRewrite::new(from.wire(), to.wire(), from.prefix())
 }
 
 /// The Liqo field names of one network pair.

@@ -25,7 +25,7 @@ use tracing::{debug, error, warn};
 
 use crate::kernel::{
     conntrack::{self, Conntrack, PeerFlows, SweptTable},
-    maps::PeerMap,
+    peer_table::PeerMap,
     room::Rooms,
     table::KernelTable,
 };

@@ -6,6 +6,7 @@
 //! table drives the `_eth` programs; the `_ip` ones share their code and
 //! differ only in the header offset, and are exercised on tun in the lab.
 
+mod ipv6;
 mod isolation;
 mod liqo_v1;
 mod masquerade;
@@ -18,7 +19,8 @@ use aya::{Ebpf, EbpfLoader, programs::SchedClassifier};
 use isthmus_agent::{
     kernel::conntrack::{Conntrack, Masquerade, PeerFlows, SweptTable},
     kernel::dataplane::{OBJECT, load_nat_stages},
-    kernel::maps::{ByteHash, Counters, MappingMap, PeerMap},
+    kernel::maps::{ByteHash, Counters, MappingMap},
+    kernel::peer_table::PeerMap,
     kernel::room::Rooms,
     kernel::table::KernelTable,
     model::isolation::SecurityMode,

@@ -31,7 +31,8 @@ use boringtun::{
 use ipnet::Ipv4Net;
 
 use isthmus_agent::{
-    kernel::maps::{MappingMap, NodeMap, OverlaySettings, PeerMap},
+    kernel::maps::{MappingMap, NodeMap, OverlaySettings},
+    kernel::peer_table::PeerMap,
     kernel::table::KernelTable,
     model::key_text,
 };
