@@ -52,6 +52,7 @@ impl<K: Ord + Copy, V: PartialEq + Copy> KernelTable for Table<K, V> {
 }
 
 type Peers = Table<Ipv4Net, PeerNat>;
+type Peers6 = Table<ipnet::Ipv6Net, PeerNat<isthmus_common::wire::Be128>>;
 type Mappings = Table<MappingKey, Be32>;
 type Allowed = Table<AllowKey, u8>;
 
@@ -146,23 +147,40 @@ fn mapping_yaml(m: &Mapping) -> String {
     yaml
 }
 
-fn feed<P, M, A>(r: &mut Reconciler<P, M, A>, files: &BTreeMap<String, String>)
+fn feed<P, M, A, P6>(r: &mut Reconciler<P, M, A, P6>, files: &BTreeMap<String, String>)
 where
     P: isthmus_agent::kernel::table::PeerTable<Error = Infallible>,
     M: isthmus_agent::kernel::table::MappingTable<Error = Infallible>,
     A: isthmus_agent::kernel::table::AllowedTable<Error = Infallible>,
+    P6: isthmus_agent::kernel::table::PeerTable6<Error = Infallible>,
 {
     for (file, text) in files {
         r.set_origin(file.clone(), parse_documents(file.as_ref(), text));
     }
 }
 
+/// A reconciler over the tables, which a restarted one shares.
+fn reconciler(
+    peers: &Peers,
+    peers6: &Peers6,
+    mappings: &Mappings,
+    allowed: &Allowed,
+) -> Reconciler<Peers, Mappings, Allowed, Peers6> {
+    Reconciler::dual_stack(
+        peers.clone(),
+        peers6.clone(),
+        mappings.clone(),
+        allowed.clone(),
+    )
+    .expect("infallible")
+}
+
 fuzz_target!(|ops: Vec<Op>| {
     let peers: Peers = Table(Rc::default());
     let mappings: Mappings = Table(Rc::default());
     let allowed: Allowed = Table(Rc::default());
-    let mut live =
-        Reconciler::new(peers.clone(), mappings.clone(), allowed.clone()).expect("infallible");
+    let peers6: Peers6 = Table(Rc::default());
+    let mut live = reconciler(&peers, &peers6, &mappings, &allowed);
     let mut files: BTreeMap<String, String> = BTreeMap::new();
     for op in ops.into_iter().take(32) {
         match op {
@@ -219,8 +237,7 @@ fuzz_target!(|ops: Vec<Op>| {
             );
         }
         // A restarted agent reading the same files writes nothing.
-        let mut restarted =
-            Reconciler::new(peers.clone(), mappings.clone(), allowed.clone()).expect("infallible");
+        let mut restarted = reconciler(&peers, &peers6, &mappings, &allowed);
         feed(&mut restarted, &files);
         let (report, _) = restarted.reconcile();
         assert_eq!(

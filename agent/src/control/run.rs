@@ -10,12 +10,12 @@ use tracing::{debug, error, info, warn};
 
 use crate::{
     control::{
-        reconcile::{MemoryAllowedTable, Reconciler, Report},
+        reconcile::{MemoryAllowedTable, MemoryPeerTable6, Reconciler, Report},
         source::SourceEvent,
         stages::Stages,
         status::{self, Feedback},
     },
-    kernel::table::{AllowedTable, MappingTable, PeerTable, TableFailure},
+    kernel::table::{AllowedTable, MappingTable, PeerTable, PeerTable6, TableFailure},
     model::{
         node::Node,
         object::{ObjectKey, ObjectKind},
@@ -65,15 +65,16 @@ pub trait Host {
 }
 
 /// Everything the loop drives.
-pub struct RunLoop<P, M, H, A = MemoryAllowedTable>
+pub struct RunLoop<P, M, H, A = MemoryAllowedTable, P6 = MemoryPeerTable6>
 where
     P: PeerTable,
     M: MappingTable<Error = P::Error>,
     H: Host,
     A: AllowedTable<Error = P::Error>,
+    P6: PeerTable6<Error = P::Error>,
 {
     /// From objects to the kernel's peer, NatMapping and allowed tables.
-    pub reconciler: Reconciler<P, M, A>,
+    pub reconciler: Reconciler<P, M, A, P6>,
     /// The tunnel and its routes, on a gateway.
     pub gateway: Option<Gateway>,
     /// On a worker: every peer's networks into the overlay, for the node's
@@ -94,12 +95,13 @@ where
     pub passed: watch::Sender<()>,
 }
 
-impl<P, M, H, A> RunLoop<P, M, H, A>
+impl<P, M, H, A, P6> RunLoop<P, M, H, A, P6>
 where
     P: PeerTable,
     M: MappingTable<Error = P::Error>,
     H: Host,
     A: AllowedTable<Error = P::Error>,
+    P6: PeerTable6<Error = P::Error>,
 {
     /// Applies source events until `stop` completes. Nothing is written
     /// before the source has sent every existing object, so a restart never
@@ -275,23 +277,25 @@ where
 }
 
 /// The kernel tables, as a pass writes them, with where it reports.
-struct Tables<'a, P, M, A>
+struct Tables<'a, P, M, A, P6>
 where
     P: PeerTable,
     M: MappingTable<Error = P::Error>,
     A: AllowedTable<Error = P::Error>,
+    P6: PeerTable6<Error = P::Error>,
 {
-    reconciler: &'a mut Reconciler<P, M, A>,
+    reconciler: &'a mut Reconciler<P, M, A, P6>,
     metrics: &'a Metrics,
     /// Told of new rejections, where this gateway writes statuses.
     feedback: Option<&'a Feedback>,
 }
 
-impl<P, M, A> Tables<'_, P, M, A>
+impl<P, M, A, P6> Tables<'_, P, M, A, P6>
 where
     P: PeerTable,
     M: MappingTable<Error = P::Error>,
     A: AllowedTable<Error = P::Error>,
+    P6: PeerTable6<Error = P::Error>,
 {
     /// Brings the kernel tables in line with the objects, and logs and
     /// counts what changed. Returns the first table that failed.
@@ -424,11 +428,12 @@ impl Retry {
 }
 
 /// Feeds one event to the reconciler. Returns true for the end of the initial sync.
-fn apply_event<P, M, A>(reconciler: &mut Reconciler<P, M, A>, event: SourceEvent) -> bool
+fn apply_event<P, M, A, P6>(reconciler: &mut Reconciler<P, M, A, P6>, event: SourceEvent) -> bool
 where
     P: PeerTable,
     M: MappingTable<Error = P::Error>,
     A: AllowedTable<Error = P::Error>,
+    P6: PeerTable6<Error = P::Error>,
 {
     match event {
         SourceEvent::Origin { origin, documents } => reconciler.set_origin(origin, documents),

@@ -10,11 +10,11 @@ use std::{
 
 use crate::model::object::ObjectKind;
 use crate::sync::Unpoisoned;
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use isthmus_common::{
     isolation::AllowKey,
     nat::{MappingKey, PeerNat},
-    wire::Be32,
+    wire::{Be32, Be128},
 };
 
 /// A kernel map the reconciler keeps in line with the objects: the peer
@@ -146,6 +146,10 @@ impl<K: Ord + Copy, V: PartialEq + Copy> KernelTable for MemoryTable<K, V> {
 /// The peer table: a peer's network as we see it → its rules.
 pub trait PeerTable: KernelTable<Key = Ipv4Net, Value = PeerNat> {}
 impl<T: KernelTable<Key = Ipv4Net, Value = PeerNat>> PeerTable for T {}
+
+/// The IPv6 peer table, or a stand-in: IPv6 view → rules.
+pub trait PeerTable6: KernelTable<Key = Ipv6Net, Value = PeerNat<Be128>> {}
+impl<T: KernelTable<Key = Ipv6Net, Value = PeerNat<Be128>>> PeerTable6 for T {}
 
 /// The NatMapping table: (peer, externalIP) → endpointIP.
 pub trait MappingTable: KernelTable<Key = MappingKey, Value = Be32> {}

@@ -33,7 +33,7 @@ use crate::{
         dataplane::{Capacity, Dataplane},
         link::LinkEvents,
         maps::{ByteHash, MappingMap},
-        peer_table::PeerMap,
+        peer_table::{PeerMap, PeerMap6},
         privileges,
     },
     model::{
@@ -140,7 +140,7 @@ async fn run_confined(args: RunArgs, runtime_filtered: bool) -> Result<()> {
 }
 
 /// The reconciler over the kernel's own tables.
-type KernelReconciler = Reconciler<PeerMap, MappingMap, ByteHash<AllowKey>>;
+type KernelReconciler = Reconciler<PeerMap, MappingMap, ByteHash<AllowKey>, PeerMap6>;
 
 /// This node's role: as `--role` says, or, from the API, by its label.
 async fn role(args: &RunArgs, client: Option<&kube::Client>) -> Result<Role> {
@@ -159,8 +159,9 @@ async fn role(args: &RunArgs, client: Option<&kube::Client>) -> Result<Role> {
 
 /// The reconciler, holding the tables the kernel already has.
 fn reconciler(args: &RunArgs, dataplane: &mut Dataplane) -> Result<KernelReconciler> {
-    let mut reconciler = Reconciler::new(
+    let mut reconciler = Reconciler::dual_stack(
         dataplane.take_peer_map()?,
+        dataplane.take_peer_map6()?,
         dataplane.take_mapping_map()?,
         dataplane.take_allowed()?,
     )

@@ -5,16 +5,15 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr},
 };
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 
 use crate::model::{
     natmapping::{MappingProblem, NatMapping},
     object::ObjectKey,
     peer::{Peer, PeerError, Problem, Remaps},
-    policy::overlaps,
 };
 
 /// The peers a pass has accepted so far, indexed so that checking a
@@ -29,9 +28,10 @@ pub(super) struct Accepted {
     first_of_key: HashMap<ObjectKey, String>,
     public_keys: HashMap<[u8; 32], usize>,
     cluster_ids: HashMap<String, usize>,
-    /// Every accepted view by its first address, with its peer and its
-    /// place among that peer's views. Accepted views never overlap.
-    views: BTreeMap<u32, (usize, usize)>,
+    /// Every accepted view, of both families, by its first address, with
+    /// its peer and its place among that peer's views. Accepted views never
+    /// overlap.
+    views: BTreeMap<AddrKey, (usize, usize)>,
     /// Every accepted endpoint address, with its peer.
     endpoints: BTreeSet<(Ipv4Addr, usize)>,
     /// The accepted Liqo v1 peer, if any.
@@ -89,8 +89,8 @@ impl Accepted {
         if let Some(cluster_id) = &peer.cluster_id {
             self.cluster_ids.insert(cluster_id.clone(), at);
         }
-        for (place, (_, view)) in peer.views().into_iter().enumerate() {
-            self.views.insert(u32::from(view.network()), (at, place));
+        for (place, (_, view)) in peer.all_views().into_iter().enumerate() {
+            self.views.insert(key(view.network()), (at, place));
         }
         if let Some(endpoint) = endpoint(&peer) {
             self.endpoints.insert((endpoint, at));
@@ -169,7 +169,8 @@ impl Accepted {
             });
         }
         let at = endpoint(peer)?;
-        let (other, place) = self.view_holding(at)?;
+        // An IPv4 address lies in an IPv4 view, first among a peer's.
+        let (other, place) = self.view_holding(IpAddr::V4(at))?;
         let (other_field, other_net) = self.peers[other].views()[place];
         let (other, other_file) = self.named(other);
         Some(Problem::EndpointUnderView {
@@ -184,8 +185,8 @@ impl Accepted {
     /// A view of `peer` that overlaps an accepted peer's view, or its own
     /// earlier view.
     fn overlap(&self, peer: &Peer) -> Option<Problem> {
-        let views = peer.views();
-        for (place, (field, net)) in views.into_iter().enumerate() {
+        let views = peer.all_views();
+        for (place, &(field, net)) in views.iter().enumerate() {
             let accepted = self
                 .overlapping(net)
                 .map(|(other, other_place)| (&self.peers[other], other_place));
@@ -195,14 +196,14 @@ impl Accepted {
                     .map(|own_place| (peer, own_place))
             };
             if let Some((other, other_place)) = accepted.or_else(own_earlier) {
-                let (other_field, other_net) = other.views()[other_place];
+                let (other_field, other_net) = other.all_views()[other_place];
                 return Some(Problem::Overlap {
                     field,
-                    net,
+                    net: Box::new(net),
                     other: other.key.clone(),
                     other_file: other.origin.clone(),
                     other_field,
-                    other_net,
+                    other_net: Box::new(other_net),
                 });
             }
         }
@@ -211,8 +212,8 @@ impl Accepted {
 
     /// The senior accepted view overlapping `net`, as (peer, place): the
     /// one holding its first address, or any that starts inside it.
-    fn overlapping(&self, net: Ipv4Net) -> Option<(usize, usize)> {
-        let inside = u32::from(net.network())..=u32::from(net.broadcast());
+    fn overlapping(&self, net: IpNet) -> Option<(usize, usize)> {
+        let inside = key(net.network())..=key(net.broadcast());
         let starting_inside = self.views.range(inside).map(|(_, held)| *held);
         (self.view_holding(net.network()).into_iter())
             .chain(starting_inside)
@@ -220,9 +221,9 @@ impl Accepted {
     }
 
     /// The accepted view holding `addr`, as (peer, place).
-    fn view_holding(&self, addr: Ipv4Addr) -> Option<(usize, usize)> {
-        let (_, &(other, place)) = self.views.range(..=u32::from(addr)).next_back()?;
-        let (_, view) = self.peers[other].views()[place];
+    fn view_holding(&self, addr: IpAddr) -> Option<(usize, usize)> {
+        let (_, &(other, place)) = self.views.range(..=key(addr)).next_back()?;
+        let (_, view) = self.peers[other].all_views()[place];
         view.contains(&addr).then_some((other, place))
     }
 
@@ -231,6 +232,22 @@ impl Accepted {
         let peer = &self.peers[at];
         (peer.key.clone(), peer.origin.clone())
     }
+}
+
+/// An address as the index orders it: IPv4 before IPv6, each family by
+/// number, so that a range of one family holds none of the other.
+type AddrKey = (bool, u128);
+
+fn key(addr: IpAddr) -> AddrKey {
+    match addr {
+        IpAddr::V4(addr) => (false, u128::from(u32::from(addr))),
+        IpAddr::V6(addr) => (true, u128::from(addr)),
+    }
+}
+
+/// Whether two networks share an address; never across families.
+fn overlaps(a: IpNet, b: IpNet) -> bool {
+    a.contains(&b.network()) || b.contains(&a.network())
 }
 
 fn public_key(peer: &Peer) -> Option<[u8; 32]> {

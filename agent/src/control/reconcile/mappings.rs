@@ -10,7 +10,7 @@ use isthmus_common::{
 
 use super::{Reconciler, Valid, conflict::view_mismatch, ip_mappings, share};
 use crate::{
-    kernel::table::{AllowedTable, MappingTable, PeerTable},
+    kernel::table::{AllowedTable, MappingTable, PeerTable, PeerTable6},
     model::{
         natmapping::{self, MappingProblem, NatMapping},
         peer::Peer,
@@ -18,11 +18,12 @@ use crate::{
     },
 };
 
-impl<P, M, A> Reconciler<P, M, A>
+impl<P, M, A, P6> Reconciler<P, M, A, P6>
 where
     P: PeerTable,
     M: MappingTable<Error = P::Error>,
     A: AllowedTable<Error = P::Error>,
+    P6: PeerTable6<Error = P::Error>,
 {
     /// The NatMapping entries to program: one NatMapping per cluster, held
     /// while its cluster has no accepted TunnelEndpoint, each entry checked

@@ -9,11 +9,11 @@ use std::{
     sync::Arc,
 };
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use isthmus_common::{
     isolation::AllowKey,
     nat::{MappingKey, PeerNat},
-    wire::Be32,
+    wire::{Be32, Be128},
 };
 
 mod allowed;
@@ -21,11 +21,14 @@ mod conflict;
 mod ip_mappings;
 mod mappings;
 mod share;
+mod views;
 
 use conflict::Accepted;
 
 use crate::{
-    kernel::table::{AllowedTable, MappingTable, MemoryTable, Mirror, PeerTable, TableFailure},
+    kernel::table::{
+        AllowedTable, MappingTable, MemoryTable, Mirror, PeerTable, PeerTable6, TableFailure,
+    },
     model::{
         lease::LeaseRecord,
         liqo_v1::{Companions, Gateway, IpMapping, PeerKey, PeerNetworks},
@@ -94,10 +97,18 @@ enum Valid {
 
 /// An allowed table in memory: what `check` programs, and the tests'.
 pub type MemoryAllowedTable = MemoryTable<AllowKey, u8>;
+/// An IPv6 peer table in memory.
+pub type MemoryPeerTable6 = MemoryTable<Ipv6Net, PeerNat<Be128>>;
 
 /// Keeps the kernel's tables equal to what the objects describe.
-pub struct Reconciler<P: PeerTable, M: MappingTable, A: AllowedTable = MemoryAllowedTable> {
+pub struct Reconciler<
+    P: PeerTable,
+    M: MappingTable,
+    A: AllowedTable = MemoryAllowedTable,
+    P6: PeerTable6 = MemoryPeerTable6,
+> {
     peer_table: Mirror<P>,
+    peer6_table: Mirror<P6>,
     mapping_table: Mirror<M>,
     allowed_table: Mirror<A>,
     /// Each origin's documents, validated once when the origin changes.
@@ -118,6 +129,8 @@ pub struct Reconciler<P: PeerTable, M: MappingTable, A: AllowedTable = MemoryAll
     nodes: Vec<Node>,
     /// The accepted peers' views, as the peer table should hold them.
     views: BTreeMap<Ipv4Net, PeerNat>,
+    /// Their IPv6 views, as the IPv6 peer table should hold them.
+    views6: BTreeMap<Ipv6Net, PeerNat<Be128>>,
     /// What the selection of nodes and peers rejected.
     peer_errors: BTreeSet<Rejection>,
     /// Whether an object the selection of peers reads changed since it
@@ -132,19 +145,36 @@ pub struct Reconciler<P: PeerTable, M: MappingTable, A: AllowedTable = MemoryAll
 
 impl<P, M, A> Reconciler<P, M, A>
 where
-    P: PeerTable,
+    P: PeerTable<Error = std::io::Error>,
     M: MappingTable<Error = P::Error>,
     A: AllowedTable<Error = P::Error>,
 {
-    /// Starts from what the tables already hold (a previous agent's work),
-    /// with Liqo's default policy.
+    /// As [`Reconciler::dual_stack`], over tables in memory, the IPv6 peer
+    /// table among them: what `check` and the tests program.
     pub fn new(peers: P, mappings: M, allowed: A) -> Result<Self, P::Error> {
+        Self::dual_stack(peers, MemoryPeerTable6::default(), mappings, allowed)
+    }
+}
+
+impl<P, M, A, P6> Reconciler<P, M, A, P6>
+where
+    P: PeerTable,
+    M: MappingTable<Error = P::Error>,
+    A: AllowedTable<Error = P::Error>,
+    P6: PeerTable6<Error = P::Error>,
+{
+    /// Starts from what the tables already hold (a previous agent's work),
+    /// with Liqo's default policy, writing the peers' IPv6 networks to
+    /// `peers6`.
+    pub fn dual_stack(peers: P, peers6: P6, mappings: M, allowed: A) -> Result<Self, P::Error> {
         let peer_table = Mirror::new(peers)?;
+        let peer6_table = Mirror::new(peers6)?;
         let mapping_table = Mirror::new(mappings)?;
         let allowed_table = Mirror::new(allowed)?;
         Ok(Self {
             inherited: peer_table.applied().clone(),
             peer_table,
+            peer6_table,
             mapping_table,
             allowed_table,
             origins: BTreeMap::new(),
@@ -156,6 +186,7 @@ where
             accepted: Arc::from([]),
             nodes: Vec::new(),
             views: BTreeMap::new(),
+            views6: BTreeMap::new(),
             peer_errors: BTreeSet::new(),
             peers_changed: true,
             mapping_capacity: usize::MAX,
@@ -270,6 +301,9 @@ where
         let allowed = allowed::desired(&segregated, self.valid());
 
         let (written, removed, peer_failure) = self.peer_table.apply(&self.views);
+        let (written6, removed6, peer6_failure) = self.peer6_table.apply(&self.views6);
+        let (written, removed) = (written + written6, removed + removed6);
+        let peer_failure = peer_failure.or(peer6_failure);
         let (mappings_written, mappings_removed, mapping_failure) =
             self.mapping_table.apply(&mappings);
         let (allowed_written, allowed_removed, allowed_failure) =
@@ -337,13 +371,7 @@ where
             }
         }
         self.assign_ids(&accepted);
-        self.views = accepted
-            .iter()
-            .flat_map(|peer| {
-                let nat = peer.nat(self.ids[&peer.key], self.policy.security_mode);
-                peer.views().map(|(_, net)| (net, nat))
-            })
-            .collect();
+        (self.views, self.views6) = views::of(&accepted, &self.ids, self.policy.security_mode);
         self.peer_errors = errors;
         self.peers_changed = false;
         std::mem::replace(&mut self.accepted, accepted.into())
@@ -439,7 +467,7 @@ where
     /// accepted first by this agent, then held by the kernel when it
     /// started (both views, written for this very object), then by origin
     /// and name.
-    fn rank(&self, p: &Peer) -> impl Ord + use<P, M, A> {
+    fn rank(&self, p: &Peer) -> impl Ord + use<P, M, A, P6> {
         let accepted = self.seniority.get(&p.key).copied().unwrap_or(u64::MAX);
         let owner = p.owner();
         let inherited = p.views().iter().all(|(_, view)| {

@@ -30,7 +30,7 @@ use crate::{
     kernel::maps::{
         ByteHash, GuardMaps, MappingMap, NodeMap, OverlayMaps, OverlaySettings, PrefixTrie,
     },
-    kernel::peer_table::PeerMap,
+    kernel::peer_table::{PeerMap, PeerMap6},
     kernel::pinned,
     kernel::{
         conntrack::{Conntrack, Masquerade, PeerFlows},
@@ -281,6 +281,15 @@ impl Dataplane {
             self.take(names::MAP_PREFIX_LENS)?,
         );
         PeerMap::new(nets, owners, lens).map_err(|e| DataplaneError::Map(names::MAP_PEERS, e))
+    }
+
+    /// The IPv6 peer table, for the reconciler.
+    pub fn take_peer_map6(&mut self) -> Result<PeerMap6, DataplaneError> {
+        let (nets, lens) = (
+            self.take(names::MAP_PEERS6)?,
+            self.take(names::MAP_PREFIX_LENS6)?,
+        );
+        PeerMap6::new(nets, lens).map_err(|e| DataplaneError::Map(names::MAP_PEERS6, e))
     }
 
     /// The NatMapping tables, for the reconciler.

@@ -2,7 +2,7 @@
 
 use std::net::Ipv4Addr;
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net};
 use thiserror::Error;
 
 use crate::model::object::{ObjectKey, ObjectKind};
@@ -76,7 +76,7 @@ pub enum Problem {
         /// The overlapping field.
         field: &'static str,
         /// That field's network.
-        net: Ipv4Net,
+        net: Box<IpNet>,
         /// The object kept.
         other: ObjectKey,
         /// File holding the object kept.
@@ -84,7 +84,7 @@ pub enum Problem {
         /// Its overlapping field.
         other_field: &'static str,
         /// That field's network.
-        other_net: Ipv4Net,
+        other_net: Box<IpNet>,
     },
     /// A scalar field that does not parse.
     #[error("field {field}: {value:?} is not {what}")]

@@ -1,7 +1,7 @@
 //! A validated peer: the networks of one TunnelEndpoint, checked field by
 //! field, and the kernel rules they turn into.
 
-use ipnet::{Ipv4Net, Ipv6Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use isthmus_common::{
     isolation::SEGREGATED,
     nat::{PeerNat, REMAPS_PEER},
@@ -130,6 +130,17 @@ impl Peer {
     /// from. The kernel finds the peer of a packet by these.
     pub fn views(&self) -> [(&'static str, Ipv4Net); 2] {
         self.ipv4.views(self.layout)
+    }
+
+    /// The networks we see the peer under in both families, with their
+    /// fields: IPv4's, then IPv6's if it has them. No two peers' overlap.
+    pub fn all_views(&self) -> Vec<(&'static str, IpNet)> {
+        let ipv4 = self.views().map(|(field, net)| (field, IpNet::V4(net)));
+        let ipv6 = (self.ipv6.as_ref()).map(|ipv6| {
+            ipv6.views(self.layout)
+                .map(|(field, net)| (field, IpNet::V6(net)))
+        });
+        ipv4.into_iter().chain(ipv6.into_iter().flatten()).collect()
     }
 
     /// The IPv4 networks whose addresses the peer's packets carry inside

@@ -499,6 +499,7 @@ fn natmapping(cluster: &str, entries: &[(String, String)]) -> String {
 }
 
 mod allowed;
+mod dual_stack;
 mod liqo_v1;
 mod mappings;
 mod restart;

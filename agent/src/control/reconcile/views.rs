@@ -1,0 +1,40 @@
+//! What the peer tables of both families should hold: each accepted peer's
+//! views, to its rules.
+
+use std::collections::{BTreeMap, HashMap};
+
+use ipnet::{Ipv4Net, Ipv6Net};
+use isthmus_common::{nat::PeerNat, wire::Be128};
+
+use crate::model::{
+    isolation::SecurityMode,
+    object::ObjectKey,
+    peer::{Peer, Remaps},
+};
+
+/// The IPv4 views of `accepted` and their IPv6 views, each to its peer's
+/// rules, under the peer's ID in `ids`. The IPv6 NAT serves no Liqo v1
+/// peer yet (docs/design.md#dual-stack).
+pub(super) fn of(
+    accepted: &[Peer],
+    ids: &HashMap<ObjectKey, u32>,
+    mode: SecurityMode,
+) -> (
+    BTreeMap<Ipv4Net, PeerNat>,
+    BTreeMap<Ipv6Net, PeerNat<Be128>>,
+) {
+    let ipv4 = accepted
+        .iter()
+        .flat_map(|peer| {
+            let nat = peer.nat(ids[&peer.key], mode);
+            peer.views().map(|(_, net)| (net, nat))
+        })
+        .collect();
+    let ipv6 = accepted
+        .iter()
+        .filter(|peer| peer.remaps() == Remaps::Ours)
+        .filter_map(|peer| Some((peer, peer.ipv6.as_ref()?, peer.nat6(ids[&peer.key], mode)?)))
+        .flat_map(|(peer, ipv6, nat)| ipv6.views(peer.layout).map(|(_, net)| (net, nat)))
+        .collect();
+    (ipv4, ipv6)
+}
