@@ -175,13 +175,27 @@ pub const KINDS: [Kind; 4] = [
     Kind::MssClamp,
 ];
 
-/// Slots of one NAT program.
-pub const PER_PROGRAM: u32 = (OUTCOMES.len() + DROP_REASONS.len() + KINDS.len()) as u32;
-/// Number of slots in the counters map.
-pub const SLOTS: u32 = (LINKS.len() * DIRECTIONS.len()) as u32 * PER_PROGRAM;
+/// The drop reasons counted in each program's block of slots: those of
+/// the counters' first layout. A reason added since is counted after every
+/// block, so that an upgraded agent reads the slots a previous one left
+/// where they were.
+const BLOCK_DROP_REASONS: u32 = 7;
+/// The NAT programs that count: one per link and direction.
+const PROGRAMS: u32 = (LINKS.len() * DIRECTIONS.len()) as u32;
+/// Slots of one NAT program's block.
+pub const PER_PROGRAM: u32 = OUTCOMES.len() as u32 + BLOCK_DROP_REASONS + KINDS.len() as u32;
+/// Slots of the counters' first layout: every program's block.
+pub const BLOCK_SLOTS: u32 = PROGRAMS * PER_PROGRAM;
+/// Number of slots in the counters map: the blocks, then each program's
+/// later drop reasons.
+pub const SLOTS: u32 = BLOCK_SLOTS + PROGRAMS * (DROP_REASONS.len() as u32 - BLOCK_DROP_REASONS);
+
+const fn program(link: Link, direction: Direction) -> u32 {
+    link as u32 * DIRECTIONS.len() as u32 + direction as u32
+}
 
 const fn block(link: Link, direction: Direction) -> u32 {
-    (link as u32 * DIRECTIONS.len() as u32 + direction as u32) * PER_PROGRAM
+    program(link, direction) * PER_PROGRAM
 }
 
 /// Index of the counter of `outcome` in the program for `link` and `direction`.
@@ -191,12 +205,17 @@ pub const fn outcome_slot(link: Link, direction: Direction, outcome: Outcome) ->
 
 /// Index of the counter of drops for `reason`.
 pub const fn drop_slot(link: Link, direction: Direction, reason: DropReason) -> u32 {
-    block(link, direction) + OUTCOMES.len() as u32 + reason as u32
+    let reason = reason as u32;
+    if reason < BLOCK_DROP_REASONS {
+        return block(link, direction) + OUTCOMES.len() as u32 + reason;
+    }
+    let later = DROP_REASONS.len() as u32 - BLOCK_DROP_REASONS;
+    BLOCK_SLOTS + program(link, direction) * later + reason - BLOCK_DROP_REASONS
 }
 
 /// Index of the counter of packets rewritten by a rule of `kind`.
 pub const fn kind_slot(link: Link, direction: Direction, kind: Kind) -> u32 {
-    block(link, direction) + (OUTCOMES.len() + DROP_REASONS.len()) as u32 + kind as u32
+    block(link, direction) + OUTCOMES.len() as u32 + BLOCK_DROP_REASONS + kind as u32
 }
 
 impl Direction {
@@ -316,6 +335,30 @@ mod tests {
             }
         }
         assert!(seen.iter().all(|s| *s));
+    }
+
+    /// The first layout's 60 slots keep their places: an upgraded agent
+    /// reads a previous one's counters where it left them.
+    #[test]
+    fn the_first_layouts_slots_keep_their_places() {
+        assert_eq!(BLOCK_SLOTS, 60);
+        assert_eq!(
+            outcome_slot(Link::Ip, Direction::Ingress, Outcome::Dropped),
+            48
+        );
+        assert_eq!(
+            drop_slot(Link::Ip, Direction::Ingress, DropReason::MissedTailCall),
+            55
+        );
+        assert_eq!(kind_slot(Link::Ip, Direction::Ingress, Kind::MssClamp), 59);
+        assert_eq!(
+            drop_slot(Link::Eth, Direction::Egress, DropReason::ExtensionHeaders),
+            60
+        );
+        assert_eq!(
+            drop_slot(Link::Ip, Direction::Ingress, DropReason::TinyFragment),
+            SLOTS - 1
+        );
     }
 
     #[test]

@@ -5,7 +5,10 @@
 //! [`Header`] is a view over the fixed 40 bytes that a program has already
 //! bounds-checked against the packet; it reads fields, never the packet.
 
-use crate::wire::{Be32, Be128};
+use crate::{
+    counters::DropReason,
+    wire::{Be32, Be128},
+};
 
 /// Length of the fixed header.
 pub const HLEN: usize = 40;
@@ -56,8 +59,13 @@ pub const ICMPV6_PACKET_TOO_BIG: u8 = 2;
 /// kinds, each once (destination options twice); more is no real traffic.
 pub const MAX_EXTENSION_HEADERS: usize = 8;
 
-/// Length of the fragment header.
+/// Length of the fragment header, and the least any extension header
+/// takes.
 pub const FRAGMENT_HLEN: usize = 8;
+/// The bytes of extension headers the NAT reads before the upper-layer
+/// header: a fragment header and a few options, or a routing header of a
+/// few segments.
+pub const CHAIN_MAX: usize = 256;
 /// The fragment offset, in its header's third and fourth bytes.
 const FRAGMENT_OFFSET: u16 = 0xfff8;
 /// "More fragments", in the same bytes.
@@ -200,6 +208,105 @@ impl FragmentHeader {
     }
 }
 
+/// Where a packet stands in its datagram.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// Not in fragments (an atomic fragment among them, RFC 8021).
+    Whole,
+    /// The first of its fragments, which carries the upper-layer header.
+    First,
+    /// A later fragment: data alone.
+    Later,
+}
+
+/// Where a chain of headers ends. Every field is set on every path: a
+/// payload left unset, as an `Option`'s, is one LLVM may still copy, and
+/// the verifier refuses to read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Chain {
+    /// The upper-layer protocol.
+    pub proto: u8,
+    /// Offset of the upper-layer header, or of a later fragment's data.
+    pub l4: usize,
+    /// Where the packet stands in its datagram.
+    pub place: Place,
+    /// The fragment header's identification, as its bits in memory, when
+    /// it has one.
+    pub id: u32,
+}
+
+/// Why a walk stopped short of the upper-layer header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// The chain is cut off, or not one chain.
+    Cut,
+    /// The NAT refuses the packet.
+    Refused(DropReason),
+}
+
+/// Walks the chain that starts with a header of kind `next` at `at`, up to
+/// the upper-layer header, within `end`, reading each extension header's
+/// first 8 bytes with `read`. At most [`MAX_EXTENSION_HEADERS`] headers
+/// in at most [`CHAIN_MAX`] bytes: past either, the packet is refused. A
+/// first fragment must hold the whole chain (RFC 7112).
+#[inline(always)]
+pub fn walk(
+    mut next: u8,
+    mut at: usize,
+    end: usize,
+    read: impl Fn(usize) -> Option<[u8; FRAGMENT_HLEN]>,
+) -> Result<Chain, Stop> {
+    let start = at;
+    let mut place = Place::Whole;
+    let mut id = 0;
+    // One turn more than the headers allowed: the last finds the upper one.
+    for _ in 0..=MAX_EXTENSION_HEADERS {
+        let step = Step::of(next);
+        if step == Step::Upper {
+            return Ok(Chain {
+                proto: next,
+                l4: at,
+                place,
+                id,
+            });
+        }
+        if at + FRAGMENT_HLEN > end {
+            return Err(match place {
+                Place::First => Stop::Refused(DropReason::TinyFragment),
+                _ => Stop::Cut,
+            });
+        }
+        let bytes = read(at).ok_or(Stop::Cut)?;
+        if step == Step::Fragment {
+            if place != Place::Whole {
+                return Err(Stop::Cut);
+            }
+            let header = FragmentHeader::read(&bytes);
+            id = header.id;
+            place = match (header.is_first(), header.is_fragment()) {
+                (false, _) => Place::Later,
+                (true, true) => Place::First,
+                (true, false) => Place::Whole,
+            };
+            // What follows a later fragment's header is data.
+            if place == Place::Later {
+                return Ok(Chain {
+                    proto: header.next_header,
+                    l4: at + FRAGMENT_HLEN,
+                    place,
+                    id,
+                });
+            }
+        }
+        next = bytes[0];
+        at += step.header_len(bytes[1]);
+        if at - start > CHAIN_MAX {
+            break;
+        }
+    }
+    Err(Stop::Refused(DropReason::ExtensionHeaders))
+}
+
 /// Whether an ICMPv6 message of `icmp_type` is an error, which quotes the
 /// packet that caused it (types below 128, RFC 4443).
 #[inline(always)]
@@ -218,6 +325,8 @@ pub fn stays_on_link(addr: Be128) -> bool {
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
+
     use core::net::Ipv6Addr;
 
     use super::*;
@@ -284,6 +393,57 @@ mod tests {
         assert!(!later.is_first() && later.is_fragment() && !later.more);
         let atomic = FragmentHeader::read(&[17, 0, 0, 0, 1, 2, 3, 4]);
         assert!(atomic.is_first() && !atomic.is_fragment());
+    }
+
+    /// A chain of `kinds`, each an 8-byte extension header, then UDP.
+    fn chain(kinds: &[u8]) -> std::vec::Vec<u8> {
+        let mut bytes = std::vec::Vec::new();
+        for (i, _) in kinds.iter().enumerate() {
+            let next = kinds.get(i + 1).copied().unwrap_or(17);
+            bytes.extend([next, 0, 0, 0, 0, 0, 0, 0]);
+        }
+        bytes.extend([0; 8]);
+        bytes
+    }
+
+    fn walk_of(first: u8, bytes: &[u8]) -> Result<Chain, Stop> {
+        walk(first, 0, bytes.len(), |at| {
+            bytes.get(at..at + 8)?.try_into().ok()
+        })
+    }
+
+    #[test]
+    fn the_walk_finds_the_upper_layer_within_its_bounds_and_refuses_past_them() {
+        let eight = [DEST_OPTIONS; MAX_EXTENSION_HEADERS];
+        let found = walk_of(DEST_OPTIONS, &chain(&eight)).unwrap();
+        assert_eq!((found.proto, found.l4, found.place), (17, 64, Place::Whole));
+        let nine = [DEST_OPTIONS; MAX_EXTENSION_HEADERS + 1];
+        assert_eq!(
+            walk_of(DEST_OPTIONS, &chain(&nine)),
+            Err(Stop::Refused(DropReason::ExtensionHeaders))
+        );
+        // One header of 2,048 bytes: past the bytes walked.
+        let mut long = chain(&[DEST_OPTIONS]);
+        long[1] = 255;
+        long.resize(2048 + 8, 0);
+        assert_eq!(
+            walk_of(DEST_OPTIONS, &long),
+            Err(Stop::Refused(DropReason::ExtensionHeaders))
+        );
+        // Cut off mid-chain; a first fragment cut off is a tiny one.
+        let cut = chain(&[DEST_OPTIONS, DEST_OPTIONS]);
+        assert_eq!(walk_of(DEST_OPTIONS, &cut[..12]), Err(Stop::Cut));
+        let mut first = chain(&[FRAGMENT, DEST_OPTIONS]);
+        first[3] = 1; // offset 0, more fragments
+        assert_eq!(
+            walk_of(FRAGMENT, &first[..12]),
+            Err(Stop::Refused(DropReason::TinyFragment))
+        );
+        // A later fragment ends the chain at its data.
+        let mut later = chain(&[FRAGMENT]);
+        later[2] = 0x05;
+        let found = walk_of(FRAGMENT, &later).unwrap();
+        assert_eq!((found.proto, found.l4, found.place), (17, 8, Place::Later));
     }
 
     #[test]

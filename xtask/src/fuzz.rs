@@ -13,7 +13,7 @@ use isthmus_lab::{repo_root, target_dir};
 pub const CI_SECONDS: u64 = 60;
 
 /// The targets, in the order they run.
-pub const TARGETS: [&str; 4] = ["offload", "datagram", "objects", "reconciler"];
+pub const TARGETS: [&str; 5] = ["offload", "datagram", "objects", "reconciler", "ipv6"];
 
 /// The crates whose code the targets fuzz, and the targets: only these
 /// are instrumented. cargo-fuzz instruments every crate; built so, the

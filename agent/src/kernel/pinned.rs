@@ -17,7 +17,7 @@ use std::{
     path::PathBuf,
 };
 
-use aya::maps::{MapData, MapError};
+use aya::maps::{MapData, MapError, MapType};
 use thiserror::Error;
 use tracing::{error, info};
 
@@ -130,7 +130,7 @@ impl Migration {
             source: Box::new(source),
         };
         let keys = keys(&self.old, self.found.key_size, u32::MAX).map_err(failed)?;
-        let mut value = vec![0u8; self.found.value_size as usize];
+        let mut value = vec![0u8; value_len(&self.found).map_err(failed)?];
         for key in &keys {
             // Gone since it was listed: nothing to copy.
             if syscall(
@@ -164,6 +164,23 @@ impl Migration {
     pub fn path(&self) -> &std::path::Path {
         &self.path
     }
+}
+
+/// The bytes a lookup of a map of shape `shape` writes: a value for each
+/// possible CPU, each 8-byte aligned, in a per-CPU map.
+fn value_len(shape: &Shape) -> Result<usize, MapError> {
+    let per_cpu = [
+        MapType::PerCpuArray,
+        MapType::PerCpuHash,
+        MapType::LruPerCpuHash,
+    ]
+    .iter()
+    .any(|t| *t as u32 == shape.map_type);
+    if !per_cpu {
+        return Ok(shape.value_size as usize);
+    }
+    let cpus = aya::util::nr_cpus().map_err(|(_, e)| MapError::SyscallError(io(e)))?;
+    Ok((shape.value_size as usize).next_multiple_of(8) * cpus)
 }
 
 const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;

@@ -1,9 +1,8 @@
 //! The IPv6 header, its chain of extension headers, and what the NAT reads
 //! behind them.
 //!
-//! The chain is walked one header at a time, within two bounds: at most
-//! [`MAX_EXTENSION_HEADERS`] headers, in at most [`CHAIN_MAX`] bytes. A
-//! packet past either is refused, and counted: its upper-layer header,
+//! The chain is walked by `isthmus_common::ipv6::walk`, within its bounds;
+//! a packet past them is refused, and counted: its upper-layer header,
 //! which the rules may need, is out of reach. A first fragment must hold
 //! the whole chain and the upper-layer header's ports (RFC 7112).
 
@@ -11,7 +10,7 @@ use aya_ebpf::programs::TcContext;
 use isthmus_common::{
     counters::DropReason,
     ipv4::{PROTO_TCP, PROTO_UDP},
-    ipv6::{self, FRAGMENT_HLEN, FragmentHeader, HLEN, MAX_EXTENSION_HEADERS, PROTO_ICMPV6, Step},
+    ipv6::{self, CHAIN_MAX, Chain, HLEN, PROTO_ICMPV6, Place, Stop},
     tcp,
     wire::{Be32, Be128},
 };
@@ -21,14 +20,6 @@ use super::{
     UDP_HLEN, View, linearize, pseudo_csum, quoted_flow, transport,
 };
 
-/// The bytes of extension headers the NAT reads before the upper-layer
-/// header: a fragment header and a few options, or a routing header of a
-/// few segments.
-const CHAIN_MAX: usize = 256;
-
-/// The least an extension header takes, and all a fragment header takes.
-const MIN_EXTENSION: usize = FRAGMENT_HLEN;
-
 /// The most the parser reads past the header's start in an ordinary
 /// packet: the header, its chain, and a TCP header.
 const MAX_PARSED: usize = HLEN + CHAIN_MAX + tcp::MIN_HEADER;
@@ -37,51 +28,15 @@ const MAX_PARSED: usize = HLEN + CHAIN_MAX + tcp::MIN_HEADER;
 /// header, the quoted header and its chain, and the quoted TCP checksum.
 const MAX_PARSED_ERROR: usize = HLEN + ICMP_HLEN + HLEN + CHAIN_MAX + tcp::MIN_HEADER;
 
-/// Where a packet stands in its datagram.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Place {
-    /// Not in fragments (an atomic fragment among them, RFC 8021).
-    Whole,
-    /// The first of its fragments, which carries the upper-layer header.
-    First,
-    /// A later fragment: data alone.
-    Later,
-}
-
-/// Where a chain of headers ends. Every field is set on every path: a
-/// payload left unset, as an `Option`'s, is one LLVM may still copy, and
-/// the verifier refuses to read.
-struct Chain {
-    /// The upper-layer protocol.
-    proto: u8,
-    /// Packet offset of the upper-layer header, or of a later fragment's
-    /// data.
-    l4: usize,
-    /// Where the packet stands in its datagram.
-    place: Place,
-    /// The fragment header's identification, when it has one.
-    id: u32,
-}
-
-impl Chain {
-    /// What the packet shares with the other fragments of its datagram,
-    /// if it is one of them.
-    #[inline(always)]
-    fn fragment(&self) -> Option<Fragment> {
-        (self.place != Place::Whole).then_some(Fragment {
-            id: self.id,
-            first: self.place == Place::First,
-            proto: self.proto,
-        })
-    }
-}
-
-/// Why a walk stopped short of the upper-layer header.
-enum Stop {
-    /// The chain is cut off, or not one chain.
-    Cut,
-    /// The NAT refuses the packet.
-    Refused(DropReason),
+/// What the packet shares with the other fragments of its datagram, if
+/// it is one of them.
+#[inline(always)]
+fn fragment(chain: &Chain) -> Option<Fragment> {
+    (chain.place != Place::Whole).then_some(Fragment {
+        id: chain.id,
+        first: chain.place == Place::First,
+        proto: chain.proto,
+    })
 }
 
 /// Parses the IPv6 packet at `off` for a NAT program: one that rewrites
@@ -121,7 +76,7 @@ pub fn packet(ctx: &TcContext, off: usize, errors: bool) -> Result<Parsed<Be128>
             true => Err(Malformed),
             false => Ok(Parsed::Packet(Packet {
                 ip: header(PseudoCsum::None),
-                fragment: chain.fragment(),
+                fragment: fragment(&chain),
                 icmp_error: None,
                 transport: None,
             })),
@@ -148,7 +103,7 @@ pub fn packet(ctx: &TcContext, off: usize, errors: bool) -> Result<Parsed<Be128>
     } else {
         Packet {
             ip: header(csum),
-            fragment: chain.fragment(),
+            fragment: fragment(&chain),
             icmp_error: None,
             transport: transport(&view, chain.proto, chain.l4, PROTO_ICMPV6)?,
         }
@@ -164,66 +119,14 @@ pub fn source(ctx: &TcContext, off: usize) -> Option<Be128> {
     Some(Be128::from_words(words.map(Be32::from_bits)))
 }
 
-/// Walks the chain that starts with a header of kind `next` at `at`, up to
-/// the upper-layer header, within `end`.
-///
+/// Walks the chain from a header of kind `next` at `at` within `end`.
 /// Each extension header is copied out by the kernel: an offset that grows
 /// by what the packet says, in a loop, is one LLVM compiles into bounds
 /// checks the verifier cannot follow. Most packets have no extension
 /// header, and copy nothing.
 #[inline(always)]
-fn walk(ctx: &TcContext, mut next: u8, mut at: usize, end: usize) -> Result<Chain, Stop> {
-    let start = at;
-    let mut place = Place::Whole;
-    let mut id = 0;
-    // One turn more than the headers allowed: the last finds the upper one.
-    for _ in 0..=MAX_EXTENSION_HEADERS {
-        let step = Step::of(next);
-        if step == Step::Upper {
-            return Ok(Chain {
-                proto: next,
-                l4: at,
-                place,
-                id,
-            });
-        }
-        // Every extension header is 8 bytes or more. A first fragment must
-        // hold the whole chain.
-        if at + MIN_EXTENSION > end {
-            return Err(match place {
-                Place::First => Stop::Refused(DropReason::TinyFragment),
-                _ => Stop::Cut,
-            });
-        }
-        let bytes: [u8; MIN_EXTENSION] = ctx.load(at).map_err(|_| Stop::Cut)?;
-        if step == Step::Fragment {
-            if place != Place::Whole {
-                return Err(Stop::Cut);
-            }
-            let header = FragmentHeader::read(&bytes);
-            id = header.id;
-            place = match (header.is_first(), header.is_fragment()) {
-                (false, _) => Place::Later,
-                (true, true) => Place::First,
-                (true, false) => Place::Whole,
-            };
-            // What follows a later fragment's header is data.
-            if place == Place::Later {
-                return Ok(Chain {
-                    proto: header.next_header,
-                    l4: at + FRAGMENT_HLEN,
-                    place,
-                    id,
-                });
-            }
-        }
-        next = bytes[0];
-        at += step.header_len(bytes[1]);
-        if at - start > CHAIN_MAX {
-            break;
-        }
-    }
-    Err(Stop::Refused(DropReason::ExtensionHeaders))
+fn walk(ctx: &TcContext, next: u8, at: usize, end: usize) -> Result<Chain, Stop> {
+    ipv6::walk(next, at, end, |at| ctx.load(at).ok())
 }
 
 /// The least of the upper-layer header a first fragment must hold: what

@@ -15,7 +15,7 @@ use std::path::Path;
 use aya::maps::{HashMap, Map, MapData, MapError, MapType};
 use isthmus_common::{
     conntrack::{FlowKey, FlowNat, TcpState},
-    names,
+    counters, names,
     room::OWNER_LOCAL,
     wire::Be32,
 };
@@ -89,6 +89,9 @@ pub struct Layout {
     /// How an entry of the version before becomes one of this; None for
     /// the first.
     pub upgrade: Option<Upgrade>,
+    /// For an array whose slots keep their places as it grows: its length
+    /// in this layout. A later layout then reads it slot for slot.
+    pub slots: Option<u32>,
 }
 
 /// The conntrack's layouts: version 2 charges each flow to an owner.
@@ -98,14 +101,40 @@ const CONNTRACK: [Layout; 2] = [
         key_size: 16,
         value_size: 16,
         upgrade: None,
+        slots: None,
     },
     Layout {
         version: 2,
         key_size: size_of::<FlowKey>() as u32,
         value_size: size_of::<FlowNat>() as u32,
         upgrade: Some(conntrack_owners),
+        slots: None,
     },
 ];
+
+/// The NAT counters' layouts: version 2 counts IPv6's drop reasons after
+/// the blocks of version 1, whose slots stay where they were.
+const COUNTERS: [Layout; 2] = [
+    Layout {
+        version: 1,
+        key_size: 4,
+        value_size: 8,
+        upgrade: None,
+        slots: Some(counters::BLOCK_SLOTS),
+    },
+    Layout {
+        version: 2,
+        key_size: 4,
+        value_size: 8,
+        upgrade: Some(same_entry),
+        slots: Some(counters::SLOTS),
+    },
+];
+
+/// An entry that keeps its key and value: a counter in its slot.
+fn same_entry(key: &[u8], value: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    (key.to_vec(), value.to_vec())
+}
 
 /// The layouts map `name`'s entries have had, oldest first: the last is
 /// this agent's, of `current` shape. A map whose layout never changed has
@@ -113,11 +142,13 @@ const CONNTRACK: [Layout; 2] = [
 pub fn history(name: &str, current: &Shape) -> Vec<Layout> {
     match name {
         names::MAP_CONNTRACK => CONNTRACK.to_vec(),
+        names::MAP_COUNTERS => COUNTERS.to_vec(),
         _ => vec![Layout {
             version: 1,
             key_size: current.key_size,
             value_size: current.value_size,
             upgrade: None,
+            slots: None,
         }],
     }
 }
@@ -143,7 +174,11 @@ pub enum Plan {
 /// `recorded` (None if none was), where this agent creates `wanted` with
 /// the layouts of `history`.
 pub fn plan(found: &Shape, recorded: Option<u32>, wanted: &Shape, history: &[Layout]) -> Plan {
-    let sizes = |l: &&Layout| l.key_size == found.key_size && l.value_size == found.value_size;
+    let sizes = |l: &&Layout| {
+        l.key_size == found.key_size
+            && l.value_size == found.value_size
+            && l.slots.is_none_or(|slots| slots == found.max_entries)
+    };
     let layout = match recorded {
         Some(version) => history.iter().find(|l| l.version == version).filter(sizes),
         None => history.iter().rev().find(sizes),
@@ -160,11 +195,12 @@ pub fn plan(found: &Shape, recorded: Option<u32>, wanted: &Shape, history: &[Lay
     };
     match (
         upgrades.is_empty() && found == wanted,
-        is_hash(found.map_type),
+        is_hash(found.map_type) || from.slots.is_some(),
     ) {
         (true, _) => Plan::Keep,
         (false, true) => Plan::Migrate(upgrades),
-        // An array's length or layout is its meaning: counters, slots.
+        // An array's length or layout is its meaning, unless its history
+        // says its slots keep their places.
         (false, false) => Plan::Replace,
     }
 }

@@ -65,8 +65,8 @@ fn only_a_hash_maps_capacity_and_flags_migrate_as_they_are() {
         plan(&lru, Some(2), &wanted, &history),
         Plan::Replace
     ));
-    // A counter array of another length changed its meaning.
-    let counters = shape(MapType::PerCpuArray, 4, 8, 60);
+    // A counter array of a length no layout had changed its meaning.
+    let counters = shape(MapType::PerCpuArray, 4, 8, counters::SLOTS);
     let history = super::history(names::MAP_COUNTERS, &counters);
     assert!(matches!(
         plan(
@@ -76,6 +76,15 @@ fn only_a_hash_maps_capacity_and_flags_migrate_as_they_are() {
             &history
         ),
         Plan::Replace
+    ));
+    // The first layout's 60 slots are read where they are, recorded or not.
+    let first = shape(MapType::PerCpuArray, 4, 8, counters::BLOCK_SLOTS);
+    for recorded in [None, Some(1)] {
+        assert_eq!(steps(&plan(&first, recorded, &counters, &history)), Some(1));
+    }
+    assert!(matches!(
+        plan(&counters, Some(2), &counters, &history),
+        Plan::Keep
     ));
 }
 
