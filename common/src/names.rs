@@ -222,6 +222,14 @@ pub const MAP_MASQUERADE: &str = "ist_masquerade";
 /// The programs of [`MAP_MASQUERADE`], in its order.
 pub const MASQUERADE_PROGRAMS: [&str; 2] = ["masq_egress_eth", "masq_egress_ip"];
 
+/// Program array: the masquerade's replies, which the ingress NAT goes on
+/// in for a packet to the masquerade address, indexed by
+/// [`crate::counters::Link`]. Pinned, as [`MAP_ONWARD`]. Apart, as
+/// [`MAP_MASQUERADE`].
+pub const MAP_MASQUERADE_IN: &str = "ist_masq_in";
+/// The programs of [`MAP_MASQUERADE_IN`], in its order.
+pub const MASQUERADE_IN_PROGRAMS: [&str; 2] = ["masq_in_eth", "masq_in_ip"];
+
 /// Program array: the IPv6 NAT, which every IPv4 NAT program goes on in
 /// for an IPv6 packet, indexed by [`crate::counters::Link::icmp_error_slot`].
 /// Pinned, as [`MAP_ONWARD`]. Apart, so that the verifier walks each
@@ -237,12 +245,13 @@ pub const ICMP6_ERROR_PROGRAMS: [&str; 4] =
     ["err6_out_eth", "err6_in_eth", "err6_out_ip", "err6_in_ip"];
 
 /// Every program array, pinned beside [`MAPS`].
-pub const PROGRAM_ARRAYS: [&str; 7] = [
+pub const PROGRAM_ARRAYS: [&str; 8] = [
     MAP_ONWARD,
     MAP_PEER_DNAT,
     MAP_NAT_IN,
     MAP_ICMP_ERROR,
     MAP_MASQUERADE,
+    MAP_MASQUERADE_IN,
     MAP_NAT6,
     MAP_ICMP6_ERROR,
 ];
@@ -272,6 +281,7 @@ pub fn tc_programs() -> impl Iterator<Item = &'static str> {
         .chain(PEER_DNAT_PROGRAMS)
         .chain(ICMP_ERROR_PROGRAMS)
         .chain(MASQUERADE_PROGRAMS)
+        .chain(MASQUERADE_IN_PROGRAMS)
         .chain(NAT6_PROGRAMS)
         .chain(ICMP6_ERROR_PROGRAMS)
 }

@@ -107,6 +107,20 @@ pub fn masq_egress_ip(ctx: TcContext) -> i32 {
     egress::<V4>(&ctx, 0, Stage::Masquerade)
 }
 
+/// After `nat_ingress_eth`, by tail call: a packet for the masquerade
+/// address, a reply to a masqueraded flow.
+#[classifier]
+pub fn masq_in_eth(ctx: TcContext) -> i32 {
+    ingress::<V4>(&ctx, ETH_HLEN, Stage::Masquerade)
+}
+
+/// After `nat_ingress_ip`, by tail call: a packet for the masquerade
+/// address, a reply to a masqueraded flow.
+#[classifier]
+pub fn masq_in_ip(ctx: TcContext) -> i32 {
+    ingress::<V4>(&ctx, 0, Stage::Masquerade)
+}
+
 /// After `nat_egress_eth`, by tail call: an IPv6 packet.
 #[classifier]
 pub fn nat6_out_eth(ctx: TcContext) -> i32 {

@@ -37,6 +37,11 @@ static ICMP_ERROR: ProgramArray<4> = ProgramArray::new();
 #[btf_map(name = "ist_masquerade")]
 static MASQUERADE: ProgramArray<2> = ProgramArray::new();
 
+/// The masquerade's replies, after the ingress NAT
+/// (`names::MASQUERADE_IN_PROGRAMS`), by link.
+#[btf_map(name = "ist_masq_in")]
+static MASQUERADE_IN: ProgramArray<2> = ProgramArray::new();
+
 /// The IPv6 NAT, which the NAT sends IPv6 packets to
 /// (`names::NAT6_PROGRAMS`), by link and direction.
 #[btf_map(name = "ist_nat6")]
@@ -90,7 +95,10 @@ pub fn next_stage<F: Family>(
         match (stage, F::IPV6) {
             (Stage::IcmpError, false) => ICMP_ERROR.tail_call(ctx, slot),
             (Stage::IcmpError, true) => ICMP6_ERROR.tail_call(ctx, slot),
-            (Stage::Masquerade, false) => MASQUERADE.tail_call(ctx, link as u32),
+            (Stage::Masquerade, false) => match direction {
+                Direction::Egress => MASQUERADE.tail_call(ctx, link as u32),
+                Direction::Ingress => MASQUERADE_IN.tail_call(ctx, link as u32),
+            },
             // No IPv6 masquerade yet; no stage goes back to the first.
             (Stage::Masquerade, true) | (Stage::First, _) => {}
         }

@@ -97,7 +97,8 @@ pub enum Stage {
     First,
     /// ICMP errors, and the header each quotes.
     IcmpError,
-    /// Packets towards a peer whose source the masquerade translates.
+    /// Packets towards a peer whose source the masquerade translates, and
+    /// packets from a peer to the masquerade address.
     Masquerade,
 }
 
@@ -275,12 +276,7 @@ fn translate<F: Family>(
         Direction::Egress => {
             let rewrite = match egress::<F>(peer, &pkt, own, stage) {
                 Ok(Some(rewrite)) => rewrite,
-                // The clamp is done: counted here, as the next stage
-                // finds nothing left to clamp.
-                Ok(None) => {
-                    let kinds = if clamped { Kind::MssClamp.bit() } else { 0 };
-                    return Ok(Verdict::Next(Stage::Masquerade, kinds));
-                }
+                Ok(None) => return Ok(to_masquerade(clamped)),
                 Err(refused) => return Ok(Verdict::Dropped(refused.reason())),
             };
             // A segregated peer's replies pass by this record; a masqueraded
@@ -295,8 +291,9 @@ fn translate<F: Family>(
             rewrite
         }
         Direction::Ingress => {
-            let rewrite = match ingress::<F>(peer, &pkt, own) {
-                Ok(rewrite) => rewrite,
+            let rewrite = match ingress::<F>(peer, &pkt, own, stage) {
+                Ok(Some(rewrite)) => rewrite,
+                Ok(None) => return Ok(to_masquerade(clamped)),
                 Err(refused) => return Ok(Verdict::Dropped(refused.reason())),
             };
             if let Some(reason) = denied::<F>(peer, &pkt, &rewrite) {
@@ -423,17 +420,38 @@ fn masquerade<F: Family>(
 /// From a peer: our networks come back from the peer's view; a reply to a
 /// masqueraded flow goes back to its source, and so do the later fragments
 /// of a reply whose first went there; an externalIP resolves to its
-/// endpoint.
+/// endpoint. The first `stage` leaves what comes to the masquerade
+/// address to the masquerade's (None).
 #[inline(always)]
 fn ingress<F: Family>(
     peer: &PeerNat<F::Addr>,
     pkt: &Packet<F::Addr>,
     own: F::Addr,
-) -> Result<Rewrite<F::Addr>, Refused> {
+    stage: Stage,
+) -> Result<Option<Rewrite<F::Addr>>, Refused> {
     let real = from_peer_view(peer, own);
     let Some(masq) = F::masquerade_addr().filter(|masq| real.addr == *masq) else {
-        return Ok(endpoint_of::<F>(peer, real));
+        return Ok(Some(endpoint_of::<F>(peer, real)));
     };
+    match stage {
+        Stage::First => Ok(None),
+        // An error names no flow: it goes to the masquerade address as it
+        // is.
+        Stage::IcmpError => Ok(Some(endpoint_of::<F>(peer, real))),
+        Stage::Masquerade => unmasquerade::<F>(peer, pkt, real, masq).map(Some),
+    }
+}
+
+/// `real`, the masquerade address `masq`, as a reply to a masqueraded flow
+/// goes back: to the flow's source and port, or where the first fragment
+/// of its datagram went.
+#[inline(always)]
+fn unmasquerade<F: Family>(
+    peer: &PeerNat<F::Addr>,
+    pkt: &Packet<F::Addr>,
+    real: Rewrite<F::Addr>,
+    masq: F::Addr,
+) -> Result<Rewrite<F::Addr>, Refused> {
     if let Some(fragment) = pkt.fragment.as_ref().filter(|f| !f.first) {
         let addr = F::fragment_addr(fragment, pkt.ip.src, masq, DIR_IN)?;
         return Ok(real.then(addr, Kind::Masquerade));
@@ -450,6 +468,14 @@ fn ingress<F: Family>(
         });
     }
     Ok(endpoint_of::<F>(peer, real))
+}
+
+/// A packet for the masquerade's stage, having been clamped or not: the
+/// clamp is counted here, as that stage finds nothing left to clamp.
+#[inline(always)]
+fn to_masquerade(clamped: bool) -> Verdict {
+    let kinds = if clamped { Kind::MssClamp.bit() } else { 0 };
+    Verdict::Next(Stage::Masquerade, kinds)
 }
 
 /// Why a packet from `peer`, translated by `rewrite`, may not go on, if it

@@ -241,6 +241,11 @@ pub fn load_nat_stages(ebpf: &mut Ebpf) -> Result<(), DataplaneError> {
     load_program_array(ebpf, names::MAP_ONWARD, names::ONWARD_PROGRAMS)?;
     load_program_array(ebpf, names::MAP_ICMP_ERROR, names::ICMP_ERROR_PROGRAMS)?;
     load_program_array(ebpf, names::MAP_MASQUERADE, names::MASQUERADE_PROGRAMS)?;
+    load_program_array(
+        ebpf,
+        names::MAP_MASQUERADE_IN,
+        names::MASQUERADE_IN_PROGRAMS,
+    )?;
     load_program_array(ebpf, names::MAP_NAT6, names::NAT6_PROGRAMS)?;
     load_program_array(ebpf, names::MAP_ICMP6_ERROR, names::ICMP6_ERROR_PROGRAMS)
 }

@@ -141,6 +141,7 @@ fn a_packet_that_misses_a_later_stage_of_the_nat_is_dropped_and_counted() {
             error_slot(Egress),
             Egress,
             icmp_error(3, 3, A_POD1, B_POD1, udp(B_POD1, A_POD1), 28),
+            None,
         ),
         // b-pod1 refuses a-pod1's.
         (
@@ -148,6 +149,7 @@ fn a_packet_that_misses_a_later_stage_of_the_nat_is_dropped_and_counted() {
             error_slot(Ingress),
             Ingress,
             icmp_error(3, 3, B_POD1, A_POD1_AT_B, udp(A_POD1_AT_B, B_POD1), 28),
+            None,
         ),
         // The node's own flow, which the masquerade translates.
         (
@@ -155,10 +157,23 @@ fn a_packet_that_misses_a_later_stage_of_the_nat_is_dropped_and_counted() {
             Link::Eth as u32,
             Egress,
             tcp_ports(NODE, B_POD1, 40001, 80),
+            None,
+        ),
+        // b-pod1's answer to it, which the masquerade takes back.
+        (
+            names::MAP_MASQUERADE_IN,
+            Link::Eth as u32,
+            Ingress,
+            tcp_ports(B_POD1, A_MASQ_AT_B, 80, 40001),
+            Some(tcp_ports(NODE, B_POD1, 40001, 80)),
         ),
     ];
-    for (array, slot, direction, packet) in cases {
+    for (array, slot, direction, packet, opened_by) in cases {
         let mut harness = Harness::build(Some(A_MASQ), names::DEFAULT_CONNTRACK);
+        if let Some(first) = opened_by {
+            let (action, _) = harness.run(Egress, &eth_ipv4(&first.bytes()));
+            assert_eq!(action, HAND_ON, "{array}: the flow opens");
+        }
         let frame = eth_ipv4(&packet.bytes());
         let (action, out) = harness.run(direction, &frame);
         assert_eq!(action, HAND_ON, "{array} in place");
