@@ -41,6 +41,10 @@ pub struct Cluster {
     pub pod_cidr: &'static str,
     /// Its ExternalCIDR.
     pub external_cidr: &'static str,
+    /// Its IPv6 PodCIDR, in the dual-stack lab (docs/design.md#dual-stack).
+    pub pod_cidr6: &'static str,
+    /// Its IPv6 ExternalCIDR, in the dual-stack lab.
+    pub external_cidr6: &'static str,
 }
 
 /// Cluster a.
@@ -49,6 +53,8 @@ pub const A: Cluster = Cluster {
     index: 1,
     pod_cidr: "10.244.0.0/24",
     external_cidr: "192.168.0.0/24",
+    pod_cidr6: "fd00:10:244::/64",
+    external_cidr6: "fd00:192:168::/64",
 };
 /// Cluster b: overlaps a on both networks on purpose.
 pub const B: Cluster = Cluster {
@@ -56,6 +62,8 @@ pub const B: Cluster = Cluster {
     index: 2,
     pod_cidr: "10.244.0.0/24",
     external_cidr: "192.168.0.0/24",
+    pod_cidr6: "fd00:10:244::/64",
+    external_cidr6: "fd00:192:168::/64",
 };
 
 /// Cluster c: peered with b only, reached from a through b.
@@ -64,6 +72,8 @@ pub const C: Cluster = Cluster {
     index: 3,
     pod_cidr: "10.1.0.0/24",
     external_cidr: "192.168.2.0/24",
+    pod_cidr6: "fd00:10:1::/64",
+    external_cidr6: "fd00:192:168:2::/64",
 };
 
 /// The `--ha` lab's second gateway node of cluster a.
@@ -216,6 +226,9 @@ pub struct Peering {
     /// address, as Liqo copies a LoadBalancer's; the local gateway's
     /// `/etc/hosts` resolves it.
     pub endpoint_name: Option<&'static str>,
+    /// The IPv6 remappings of the dual-stack lab, in the order of the
+    /// IPv4 ones: the peer's PodCIDR, ours, the peer's ExternalCIDR, ours.
+    pub nat6: [Option<&'static str>; 4],
 }
 
 /// The first address of `net`, as Liqo's `GetFirstIP`: where a peer's
@@ -235,6 +248,12 @@ pub const PEERINGS: [Peering; 4] = [
         local_nat_external: Some("10.0.41.0/24"),
         layout: Layout::Spec,
         endpoint_name: Some("b-gw.wan.isthmus.test"),
+        nat6: [
+            Some("fd00:10::/64"),
+            Some("fd00:10:0:40::/64"),
+            Some("fd00:10:0:1::/64"),
+            Some("fd00:10:0:41::/64"),
+        ],
     },
     Peering {
         local: &B,
@@ -245,6 +264,12 @@ pub const PEERINGS: [Peering; 4] = [
         local_nat_external: Some("10.0.1.0/24"),
         layout: Layout::Legacy,
         endpoint_name: None,
+        nat6: [
+            Some("fd00:10:0:40::/64"),
+            Some("fd00:10::/64"),
+            Some("fd00:10:0:41::/64"),
+            Some("fd00:10:0:1::/64"),
+        ],
     },
     Peering {
         local: &B,
@@ -255,6 +280,7 @@ pub const PEERINGS: [Peering; 4] = [
         local_nat_external: None,
         layout: Layout::Spec,
         endpoint_name: None,
+        nat6: [None; 4],
     },
     Peering {
         local: &C,
@@ -265,6 +291,7 @@ pub const PEERINGS: [Peering; 4] = [
         local_nat_external: None,
         layout: Layout::Legacy,
         endpoint_name: None,
+        nat6: [None; 4],
     },
 ];
 
@@ -408,6 +435,26 @@ spec:
                 .unwrap_or(self.remote.external_cidr),
         ]
         .map(|n| n.parse().expect("valid CIDR"))
+    }
+
+    /// The IPv6 networks of both sides, ours then the peer's, as
+    /// [`TunnelEndpoint::ipv6`] takes them.
+    pub fn ipv6_views(&self) -> [[&'static str; 4]; 2] {
+        let [remote_pod, local_pod, remote_external, local_external] = self.nat6.map(or_none);
+        [
+            [
+                self.local.pod_cidr6,
+                local_pod,
+                self.local.external_cidr6,
+                local_external,
+            ],
+            [
+                self.remote.pod_cidr6,
+                remote_pod,
+                self.remote.external_cidr6,
+                remote_external,
+            ],
+        ]
     }
 
     /// The TunnelEndpoint the local cluster holds, as Liqo writes it, with

@@ -291,20 +291,8 @@ fn the_security_mode_annotation_overrides_the_agents_for_its_peer() {
 
 /// DESIGN's dual-stack lab: a's view of b, IPv6 beside IPv4.
 fn a_to_b_dual_stack() -> TunnelEndpoint {
-    a_to_b().ipv6(
-        [
-            "fd00:10:244::/64",
-            "fd00:10:0:40::/64",
-            "fd00:192:168::/64",
-            "fd00:10:0:41::/64",
-        ],
-        [
-            "fd00:10:244::/64",
-            "fd00:10::/64",
-            "fd00:192:168::/64",
-            "fd00:10:0:1::/64",
-        ],
-    )
+    let [local, remote] = isthmus_lab::topology::PEERINGS[0].ipv6_views();
+    a_to_b().ipv6(local, remote)
 }
 
 fn net6(s: &str) -> Ipv6Net {
