@@ -440,19 +440,15 @@ spec:
     /// The IPv6 networks of both sides, ours then the peer's, as
     /// [`TunnelEndpoint::ipv6`] takes them.
     pub fn ipv6_views(&self) -> [[&'static str; 4]; 2] {
-        let [remote_pod, local_pod, remote_external, local_external] = self.nat6.map(or_none);
+        let [remote_pod, local_pod, remote_ext, local_ext] = self.nat6.map(or_none);
+        let (ours, theirs) = (self.local, self.remote);
         [
+            [ours.pod_cidr6, local_pod, ours.external_cidr6, local_ext],
             [
-                self.local.pod_cidr6,
-                local_pod,
-                self.local.external_cidr6,
-                local_external,
-            ],
-            [
-                self.remote.pod_cidr6,
+                theirs.pod_cidr6,
                 remote_pod,
-                self.remote.external_cidr6,
-                remote_external,
+                theirs.external_cidr6,
+                remote_ext,
             ],
         ]
     }
@@ -581,28 +577,4 @@ pub fn node(name: &str, address: Ipv4Addr, pod_cidr: Option<&str>, gateway: bool
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn addresses_follow_design() {
-        assert_eq!(A.pod_addr(1), Ipv4Addr::new(10, 244, 0, 5));
-        assert_eq!(A.pod_addr(2), Ipv4Addr::new(10, 244, 0, 133));
-        assert_eq!(A.pod_half(1).to_string(), "10.244.0.0/25");
-        assert_eq!(A.pod_half(2).to_string(), "10.244.0.128/25");
-        assert_eq!(B.wan_addr(), Ipv4Addr::new(203, 0, 113, 2));
-        assert_eq!(B.lan_node(), Ipv4Addr::new(172, 16, 2, 2));
-    }
-
-    #[test]
-    fn peer_views_are_the_remapped_networks() {
-        assert_eq!(
-            PEERINGS[0].remote_views().map(|n| n.to_string()),
-            ["10.0.0.0/24", "10.0.1.0/24"]
-        );
-        assert_eq!(
-            PEERINGS[1].remote_views().map(|n| n.to_string()),
-            ["10.0.40.0/24", "10.0.41.0/24"]
-        );
-    }
-}
+mod tests;
