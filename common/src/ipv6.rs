@@ -48,8 +48,6 @@ pub const SHIM6: u8 = 140;
 pub const PROTO_ICMPV6: u8 = 58;
 /// ICMPv6 echo request.
 pub const ICMPV6_ECHO_REQUEST: u8 = 128;
-/// ICMPv6 echo reply.
-pub const ICMPV6_ECHO_REPLY: u8 = 129;
 /// ICMPv6 Packet Too Big, which must reach the sender: no IPv6 router
 /// fragments.
 pub const ICMPV6_PACKET_TOO_BIG: u8 = 2;
@@ -314,15 +312,6 @@ pub const fn is_error(icmp_type: u8) -> bool {
     icmp_type < 128
 }
 
-/// Whether `addr` must never cross the tunnel: link-local (`fe80::/10`) and
-/// multicast (`ff00::/8`), where neighbour discovery and router
-/// advertisements live, and the unspecified address.
-#[inline(always)]
-pub fn stays_on_link(addr: Be128) -> bool {
-    let first = addr.words()[0].bytes();
-    first[0] == 0xff || (first[0] == 0xfe && first[1] & 0xc0 == 0x80) || addr.is_zero()
-}
-
 #[cfg(test)]
 mod tests {
     extern crate std;
@@ -447,14 +436,7 @@ mod tests {
     }
 
     #[test]
-    fn link_local_multicast_and_unspecified_addresses_stay_on_the_link() {
-        let on_link = |text: &str| stays_on_link(Be128::from(text.parse::<Ipv6Addr>().unwrap()));
-        for local in ["fe80::1", "febf::1", "ff02::1", "ff02::1:ff00:5", "::"] {
-            assert!(on_link(local), "{local}");
-        }
-        for routed in ["fd00:10::5", "fec0::1", "2001:db8::1", "::1"] {
-            assert!(!on_link(routed), "{routed}");
-        }
+    fn icmpv6_errors_are_the_types_below_128() {
         assert!(is_error(ICMPV6_PACKET_TOO_BIG) && is_error(1) && is_error(4));
         assert!(!is_error(ICMPV6_ECHO_REQUEST) && !is_error(134));
     }

@@ -173,21 +173,37 @@ pub fn err6_in_ip(ctx: TcContext) -> i32 {
     ingress::<V6>(&ctx, 0, Stage::IcmpError)
 }
 
-/// A Liqo v1 peer's packet that goes on has its destination rewritten too
-/// (docs/design.md#liqo-v1-peers); the IPv6 NAT serves no Liqo v1 peer yet.
+/// `stage` of family `F`'s egress NAT.
 #[inline(always)]
 fn egress<F: Family>(ctx: &TcContext, l3: usize, stage: Stage) -> i32 {
+    nat_stage::<F>(ctx, l3, Direction::Egress, stage)
+}
+
+/// `stage` of family `F`'s NAT for `direction`. The IPv4 NAT's first stage
+/// sends an IPv6 packet to the IPv6 NAT; a packet for a later stage goes on
+/// there. A peer's packet that goes on continues after the NAT: going out,
+/// a Liqo v1 peer's has its destination rewritten too
+/// (docs/design.md#liqo-v1-peers); coming in, it goes to its pod. What
+/// follows the NAT reads IPv4 alone: an IPv6 packet takes the stack, and
+/// the IPv6 NAT serves no Liqo v1 peer yet.
+#[inline(always)]
+fn nat_stage<F: Family>(ctx: &TcContext, l3: usize, direction: Direction, stage: Stage) -> i32 {
+    let link = Link::of_l3(l3);
     if !F::IPV6 && stage == Stage::First && ctx.skb.protocol() == ETH_P_IPV6 {
-        return tail_call::nat6(ctx, Link::of_l3(l3), Direction::Egress);
+        return tail_call::nat6(ctx, link, direction);
     }
-    let handled = nat::run::<F>(ctx, l3, Direction::Egress, stage);
+    let handled = nat::run::<F>(ctx, l3, direction, stage);
     if let Some(next) = handled.next {
-        return tail_call::next_stage::<F>(ctx, Link::of_l3(l3), Direction::Egress, next);
+        return tail_call::next_stage::<F>(ctx, link, direction, next);
     }
-    if handled.action == TC_ACT_UNSPEC && handled.remaps_peer && !F::IPV6 {
-        return tail_call::peer_dnat(ctx, Link::of_l3(l3));
+    if handled.action != TC_ACT_UNSPEC || F::IPV6 {
+        return handled.action;
     }
-    handled.action
+    match direction {
+        Direction::Egress if handled.remaps_peer => tail_call::peer_dnat(ctx, link),
+        Direction::Ingress if handled.peers => tail_call::onward(ctx, link),
+        _ => handled.action,
+    }
 }
 
 /// After `nat_egress_eth`, by tail call: a Liqo v1 peer's destination goes
@@ -223,21 +239,10 @@ pub fn nat_ingress_ip(ctx: TcContext) -> i32 {
     ingress::<V4>(&ctx, 0, Stage::First)
 }
 
-/// A peer's packet that goes on continues in the onward program; an IPv6
-/// one takes the stack.
+/// `stage` of family `F`'s ingress NAT.
 #[inline(always)]
 fn ingress<F: Family>(ctx: &TcContext, l3: usize, stage: Stage) -> i32 {
-    if !F::IPV6 && stage == Stage::First && ctx.skb.protocol() == ETH_P_IPV6 {
-        return tail_call::nat6(ctx, Link::of_l3(l3), Direction::Ingress);
-    }
-    let handled = nat::run::<F>(ctx, l3, Direction::Ingress, stage);
-    if let Some(next) = handled.next {
-        return tail_call::next_stage::<F>(ctx, Link::of_l3(l3), Direction::Ingress, next);
-    }
-    if handled.action == TC_ACT_UNSPEC && handled.peers && !F::IPV6 {
-        return tail_call::onward(ctx, Link::of_l3(l3));
-    }
-    handled.action
+    nat_stage::<F>(ctx, l3, Direction::Ingress, stage)
 }
 
 /// After `nat_ingress_eth`, by tail call: a peer's packet goes to its pod.

@@ -155,9 +155,7 @@ impl View {
         // SAFETY: bounds checked against data_end just above.
         Ok(unsafe { &*((self.start + off) as *const [u8; N]) })
     }
-}
 
-impl View {
     /// The IPv6 address at `off`, read a word at a time: kept in four
     /// registers or stack words, not in sixteen bytes spilled one by one.
     #[inline(always)]
