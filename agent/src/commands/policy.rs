@@ -1,6 +1,6 @@
 //! What objects may ask of this node: the options `run` and `check` share.
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use tracing::error;
 
 use crate::model::{
@@ -16,17 +16,20 @@ pub struct PolicyArgs {
     /// `liqo-tenant-*`: names, or prefixes ending in `*` (comma-separated).
     #[arg(long, value_delimiter = ',')]
     pub tunnelendpoint_namespaces: Vec<String>,
-    /// The shortest prefix of any network of a TunnelEndpoint.
+    /// The shortest prefix of any IPv4 network of a TunnelEndpoint.
     #[arg(long, default_value_t = policy::DEFAULT_MIN_PREFIX)]
     pub min_view_prefix: u8,
-    /// This cluster's Pod networks, which no peer may be seen under (the
-    /// Node objects' PodCIDRs count too; comma-separated).
+    /// The shortest prefix of any IPv6 network of a TunnelEndpoint.
+    #[arg(long, default_value_t = policy::DEFAULT_MIN_PREFIX6)]
+    pub min_view_prefix_ipv6: u8,
+    /// This cluster's Pod networks of either family, which no peer may be
+    /// seen under (the Node objects' PodCIDRs count too; comma-separated).
     #[arg(long, value_delimiter = ',')]
-    pub pod_cidr: Vec<Ipv4Net>,
-    /// This cluster's Service networks, which no peer may be seen under
-    /// (comma-separated).
+    pub pod_cidr: Vec<IpNet>,
+    /// This cluster's Service networks of either family, which no peer
+    /// may be seen under (comma-separated).
     #[arg(long, value_delimiter = ',')]
-    pub service_cidr: Vec<Ipv4Net>,
+    pub service_cidr: Vec<IpNet>,
     /// What peers reach in this cluster (Liqo's security modes):
     /// FullPodToPod, or IntraClusterTrafficSegregation, where a peer opens
     /// connections only to pods offloaded from it and endpoints exported to
@@ -71,12 +74,16 @@ impl PolicyArgs {
         Policy {
             namespaces,
             min_prefix: self.min_view_prefix,
+            min_prefix6: self.min_view_prefix_ipv6,
             protected: host
                 .iter()
                 .map(policy::HostAddress::network)
                 .chain(policy::cluster_networks(&self.pod_cidr, &self.service_cidr))
                 .collect(),
-            host_addresses: host.iter().map(policy::HostAddress::address).collect(),
+            host_addresses: host
+                .iter()
+                .filter_map(policy::HostAddress::address)
+                .collect(),
             api_server,
             security_mode: self.security_mode,
             liqo_api: self.liqo_api,

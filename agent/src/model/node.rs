@@ -2,12 +2,18 @@
 //! address, and which node is the gateway. Read from `v1` Node objects, from
 //! the API server or from a nodes file in the object directory.
 
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde_yaml_ng::Value;
 
-use crate::model::object::{ObjectError, ObjectKind, RawObject};
+use crate::model::{
+    cidr::Cidr,
+    object::{ObjectError, ObjectKind, RawObject},
+};
 
 /// The node address the overlay sends to, as Kubernetes lists it.
 const ADDRESS_TYPE: &str = "InternalIP";
@@ -19,10 +25,14 @@ const EXTERNAL_ADDRESS_TYPE: &str = "ExternalIP";
 pub struct Node {
     /// Its name.
     pub name: String,
-    /// Its `spec.podCIDRs` (or `spec.podCIDR`), IPv4 only.
+    /// The IPv4 networks of its `spec.podCIDRs` (or `spec.podCIDR`).
     pub pod_cidrs: Vec<Ipv4Net>,
+    /// The IPv6 networks of its `spec.podCIDRs`, on a dual-stack cluster.
+    pub pod_cidrs6: Vec<Ipv6Net>,
     /// Its first IPv4 `InternalIP`.
     pub address: Ipv4Addr,
+    /// Its first IPv6 `InternalIP`, on a dual-stack cluster.
+    pub address6: Option<Ipv6Addr>,
     /// Its first IPv4 `ExternalIP`, if it has one: where a gateway server
     /// on it is contacted from other clusters.
     pub external_address: Option<Ipv4Addr>,
@@ -35,19 +45,22 @@ impl Node {
     pub fn from_raw(raw: &RawObject, origin: &str) -> Result<Self, ObjectError> {
         let error = |problem| ObjectError::new(origin, ObjectKind::Node, raw, problem);
         let pod_cidrs = pod_cidrs(raw).map_err(error)?;
-        let address = first_address(raw, ADDRESS_TYPE)
+        let address = first_address(raw, ADDRESS_TYPE, ipv4)
             .map_err(error)?
             .ok_or_else(|| {
                 error(format!(
                     "field status.addresses: no IPv4 address of type {ADDRESS_TYPE}"
                 ))
             })?;
-        let external_address = first_address(raw, EXTERNAL_ADDRESS_TYPE).map_err(error)?;
+        let external_address = first_address(raw, EXTERNAL_ADDRESS_TYPE, ipv4).map_err(error)?;
+        let address6 = first_address(raw, ADDRESS_TYPE, ipv6).map_err(error)?;
         let labels = raw.label_texts();
         Ok(Self {
             name: raw.key.name.clone(),
-            pod_cidrs,
+            pod_cidrs: pod_cidrs.iter().filter_map(|n| Ipv4Net::of(*n)).collect(),
+            pod_cidrs6: pod_cidrs.iter().filter_map(|n| Ipv6Net::of(*n)).collect(),
             address,
+            address6,
             external_address,
             labels,
         })
@@ -63,9 +76,9 @@ impl Node {
     }
 }
 
-/// `spec.podCIDRs`, else `spec.podCIDR`; IPv6 entries are skipped, as the
-/// dataplane is IPv4. A node without any is valid: it holds no pods yet.
-fn pod_cidrs(raw: &RawObject) -> Result<Vec<Ipv4Net>, String> {
+/// `spec.podCIDRs`, else `spec.podCIDR`, of both families. A node without
+/// any is valid: it holds no pods yet.
+fn pod_cidrs(raw: &RawObject) -> Result<Vec<IpNet>, String> {
     let (field, values): (&str, Vec<&Value>) = match raw.get(&["spec", "podCIDRs"]) {
         Some(Value::Sequence(list)) => ("spec.podCIDRs", list.iter().collect()),
         Some(_) => return Err("field spec.podCIDRs: not a list".into()),
@@ -79,19 +92,21 @@ fn pod_cidrs(raw: &RawObject) -> Result<Vec<Ipv4Net>, String> {
         let text = value
             .as_str()
             .ok_or_else(|| format!("field {field}: {value:?} is not a string"))?;
-        if text.contains(':') {
-            continue;
-        }
-        let net: Ipv4Net = text
+        let net: IpNet = text
             .parse()
-            .map_err(|_| format!("field {field}: {text:?} is not an IPv4 CIDR"))?;
+            .map_err(|_| format!("field {field}: {text:?} is not a CIDR"))?;
         cidrs.push(net.trunc());
     }
     Ok(cidrs)
 }
 
-/// The first IPv4 address of `address_type` in `status.addresses`.
-fn first_address(raw: &RawObject, address_type: &str) -> Result<Option<Ipv4Addr>, String> {
+/// The first address of `address_type` in `status.addresses` that `family`
+/// takes.
+fn first_address<A>(
+    raw: &RawObject,
+    address_type: &str,
+    family: fn(IpAddr) -> Option<A>,
+) -> Result<Option<A>, String> {
     let addresses = match raw.get(&["status", "addresses"]) {
         Some(Value::Sequence(list)) => list,
         Some(_) => return Err("field status.addresses: not a list".into()),
@@ -101,7 +116,22 @@ fn first_address(raw: &RawObject, address_type: &str) -> Result<Option<Ipv4Addr>
         .iter()
         .filter(|a| a.get("type").and_then(Value::as_str) == Some(address_type))
         .filter_map(|a| a.get("address").and_then(Value::as_str))
-        .find_map(|text| text.parse().ok()))
+        .filter_map(|text| text.parse().ok())
+        .find_map(family))
+}
+
+fn ipv4(addr: IpAddr) -> Option<Ipv4Addr> {
+    match addr {
+        IpAddr::V4(addr) => Some(addr),
+        IpAddr::V6(_) => None,
+    }
+}
+
+fn ipv6(addr: IpAddr) -> Option<Ipv6Addr> {
+    match addr {
+        IpAddr::V6(addr) => Some(addr),
+        IpAddr::V4(_) => None,
+    }
 }
 
 #[cfg(test)]
@@ -128,7 +158,9 @@ mod tests {
         )
         .unwrap();
         assert_eq!(n.pod_cidrs, vec!["10.244.0.128/25".parse().unwrap()]);
+        assert_eq!(n.pod_cidrs6, vec!["fd00::/64".parse().unwrap()]);
         assert_eq!(n.address, Ipv4Addr::new(172, 16, 1, 1));
+        assert_eq!(n.address6, Some("fd00::1".parse().unwrap()));
         assert_eq!(n.external_address, None);
         assert!(n.has_label("net.liqo.io/gateway=true"));
         assert!(n.has_label("zone"));
@@ -166,7 +198,7 @@ mod tests {
         .to_string();
         assert_eq!(
             bad_cidr,
-            "nodes.yaml: Node w: field spec.podCIDR: \"10.244.0/25\" is not an IPv4 CIDR"
+            "nodes.yaml: Node w: field spec.podCIDR: \"10.244.0/25\" is not a CIDR"
         );
         let no_address = node(
             "apiVersion: v1\nkind: Node\nmetadata: {name: w}\nspec: {podCIDR: 10.244.0.0/25}\n\

@@ -14,6 +14,7 @@ use crate::model::{
     natmapping::{MappingProblem, NatMapping},
     object::ObjectKey,
     peer::{Peer, PeerError, Problem, Remaps},
+    policy::overlaps,
 };
 
 /// The peers a pass has accepted so far, indexed so that checking a
@@ -243,11 +244,6 @@ fn key(addr: IpAddr) -> AddrKey {
         IpAddr::V4(addr) => (false, u128::from(u32::from(addr))),
         IpAddr::V6(addr) => (true, u128::from(addr)),
     }
-}
-
-/// Whether two networks share an address; never across families.
-fn overlaps(a: IpNet, b: IpNet) -> bool {
-    a.contains(&b.network()) || b.contains(&a.network())
 }
 
 fn public_key(peer: &Peer) -> Option<[u8; 32]> {

@@ -124,7 +124,9 @@ mod tests {
         Node {
             name: "gateway-1".into(),
             pod_cidrs: Vec::new(),
+            pod_cidrs6: Vec::new(),
             address: Ipv4Addr::new(10, 200, 1, 3),
+            address6: None,
             external_address: external,
             labels: BTreeMap::new(),
         }

@@ -139,14 +139,16 @@ pub enum Problem {
         allowed: String,
     },
     /// A network shorter than the policy allows.
-    #[error("field {field}: {net} is wider than /{min} (--min-view-prefix)")]
+    #[error("field {field}: {net} is wider than /{min} ({flag})")]
     TooWide {
         /// The field.
         field: &'static str,
         /// Its network.
-        net: Ipv4Net,
-        /// The shortest prefix allowed.
+        net: IpNet,
+        /// The shortest prefix allowed in its family.
         min: u8,
+        /// The flag that sets it.
+        flag: &'static str,
     },
     /// A network that touches one no peer may use.
     #[error("field {field}: {net} touches {what}; no peer may use it")]
@@ -154,7 +156,7 @@ pub enum Problem {
         /// The field.
         field: &'static str,
         /// Its network.
-        net: Ipv4Net,
+        net: IpNet,
         /// What it touches.
         what: String,
     },

@@ -135,12 +135,20 @@ impl Peer {
     /// The networks we see the peer under in both families, with their
     /// fields: IPv4's, then IPv6's if it has them. No two peers' overlap.
     pub fn all_views(&self) -> Vec<(&'static str, IpNet)> {
-        let ipv4 = self.views().map(|(field, net)| (field, IpNet::V4(net)));
-        let ipv6 = (self.ipv6.as_ref()).map(|ipv6| {
-            ipv6.views(self.layout)
-                .map(|(field, net)| (field, IpNet::V6(net)))
-        });
-        ipv4.into_iter().chain(ipv6.into_iter().flatten()).collect()
+        let ipv6 = self.ipv6.as_ref().map(|n| n.views(self.layout));
+        in_both_families(self.views(), ipv6)
+    }
+
+    /// Our real networks in both families, with their fields.
+    pub fn all_local_networks(&self) -> Vec<(&'static str, IpNet)> {
+        let ipv6 = self.ipv6.as_ref().map(|n| n.local_networks(self.layout));
+        in_both_families(self.local_networks(), ipv6)
+    }
+
+    /// Every network of the object in both families, with its field.
+    pub fn all_networks(&self) -> Vec<(&'static str, IpNet)> {
+        let ipv6 = self.ipv6.as_ref().map(|n| n.all(self.layout));
+        in_both_families(self.networks(), ipv6)
     }
 
     /// The IPv4 networks whose addresses the peer's packets carry inside
@@ -268,6 +276,17 @@ impl Peer {
     pub fn name(&self) -> &str {
         self.cluster_name.as_deref().unwrap_or(&self.key.name)
     }
+}
+
+/// `ipv4`'s networks, then `ipv6`'s, each with its field.
+fn in_both_families(
+    ipv4: impl IntoIterator<Item = (&'static str, Ipv4Net)>,
+    ipv6: Option<impl IntoIterator<Item = (&'static str, Ipv6Net)>>,
+) -> Vec<(&'static str, IpNet)> {
+    let ipv4 = ipv4.into_iter().map(|(field, net)| (field, IpNet::V4(net)));
+    let ipv6 = ipv6.into_iter().flatten();
+    ipv4.chain(ipv6.map(|(field, net)| (field, IpNet::V6(net))))
+        .collect()
 }
 
 impl Layout {

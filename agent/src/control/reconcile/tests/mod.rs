@@ -428,7 +428,7 @@ fn the_policy_and_the_nodes_pod_cidrs_bound_every_view() {
     );
     let lan_protected = Policy {
         protected: vec![Protected {
-            net: net("172.16.1.0/24"),
+            net: net("172.16.1.0/24").into(),
             what: "the network of lan0 (172.16.1.2/24)".into(),
         }],
         ..Policy::default()
