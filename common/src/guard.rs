@@ -13,14 +13,16 @@
 //! and a share of handshake work per source) before it authenticates them.
 //! Everything else aimed at a guarded port is dropped in XDP.
 
-use crate::wire::{Be16, Be32};
+use crate::wire::{Be16, Be32, Be128};
 
-/// A source allowed to reach the tunnel port.
+/// A source allowed to reach the tunnel port: an IPv4 one in
+/// [`crate::names::MAP_GUARD_SOURCES`], an IPv6 one (`A` = [`Be128`]) in
+/// [`crate::names::MAP_GUARD_SOURCES6`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct GuardSource {
-    /// IPv4 address.
-    pub addr: Be32,
+pub struct GuardSource<A = Be32> {
+    /// The address.
+    pub addr: A,
     /// UDP port.
     pub port: Be16,
     /// Zero.
@@ -28,10 +30,11 @@ pub struct GuardSource {
 }
 
 assert_layout!(GuardSource, size = 8, align = 4);
+assert_layout!(GuardSource<Be128>, size = 20, align = 4);
 
-impl GuardSource {
+impl<A> GuardSource<A> {
     /// The source `addr:port`.
-    pub const fn new(addr: Be32, port: Be16) -> Self {
+    pub const fn new(addr: A, port: Be16) -> Self {
         Self { addr, port, pad: 0 }
     }
 }

@@ -61,6 +61,7 @@ mod pod {
         crate::isolation::PeerFlow,
         crate::conntrack::SnatConfig,
         crate::guard::GuardSource,
+        crate::guard::GuardSource<crate::wire::Be128>,
         crate::overlay::OverlayConfig,
         crate::isolation::AllowKey,
         crate::room::Room,

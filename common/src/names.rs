@@ -71,6 +71,9 @@ pub const MAP_TCP_MSS: &str = "ist_tcp_mss";
 /// Hash: sources allowed to reach the tunnel port
 /// ([`crate::guard::GuardSource`] → 1).
 pub const MAP_GUARD_SOURCES: &str = "ist_guard_src";
+/// Hash: [`MAP_GUARD_SOURCES`] for IPv6 sources
+/// ([`crate::guard::GuardSource`]`<Be128>` → 1).
+pub const MAP_GUARD_SOURCES6: &str = "ist_guard_src6";
 /// Hash: our peers' session indexes ([`crate::guard::peer_index`] → 1).
 pub const MAP_GUARD_INDEXES: &str = "ist_guard_idx";
 /// Hash: the tunnel's UDP ports the guard watches ([`crate::wire::Be16`] →
@@ -110,7 +113,7 @@ pub const MAP_PEER_DEVS: &str = "ist_peer_devs";
 pub const MAX_PEER_DEVS: u32 = 256;
 
 /// Every map the agent pins, in the order it reports them.
-pub const MAPS: [&str; 32] = [
+pub const MAPS: [&str; 33] = [
     MAP_PEERS,
     MAP_PEER_OWNERS,
     MAP_PREFIX_LENS,
@@ -132,6 +135,7 @@ pub const MAPS: [&str; 32] = [
     MAP_ROOM,
     MAP_ROOM_REFUSED,
     MAP_GUARD_SOURCES,
+    MAP_GUARD_SOURCES6,
     MAP_GUARD_INDEXES,
     MAP_GUARD_PORTS,
     MAP_GUARD_STATS,
@@ -288,7 +292,8 @@ pub fn tc_programs() -> impl Iterator<Item = &'static str> {
 
 /// Maximum number of peer networks in [`MAP_PEERS`] (two per peer).
 pub const MAX_PEER_NETWORKS: u32 = 8192;
-/// Capacity of [`MAP_GUARD_SOURCES`]: configured and roamed endpoints.
+/// Capacity of [`MAP_GUARD_SOURCES`] and of [`MAP_GUARD_SOURCES6`]:
+/// configured and roamed endpoints.
 pub const MAX_GUARD_SOURCES: u32 = 16384;
 /// Capacity of [`MAP_GUARD_INDEXES`]: one per tunnel peer.
 pub const MAX_GUARD_INDEXES: u32 = 8192;

@@ -214,6 +214,11 @@ pub(crate) fn increment<const N: usize>(counters: &PerCpuArray<u64, N>, slot: u3
 static GUARD_SOURCES: HashMap<GuardSource, u8, { MAX_GUARD_SOURCES as usize }, ON_DEMAND> =
     HashMap::new();
 
+/// IPv6 sources allowed to reach the tunnel port.
+#[btf_map(name = "ist_guard_src6")]
+static GUARD_SOURCES6: HashMap<GuardSource<Be128>, u8, { MAX_GUARD_SOURCES as usize }, ON_DEMAND> =
+    HashMap::new();
+
 /// Our peers' session indexes (top 24 bits of a receiver index).
 #[btf_map(name = "ist_guard_idx")]
 static GUARD_INDEXES: HashMap<u32, u8, { MAX_GUARD_INDEXES as usize }, ON_DEMAND> = HashMap::new();
@@ -238,11 +243,18 @@ pub fn guard_port(port: Be16) -> Option<Initiations> {
     })
 }
 
-/// Whether `source` is a peer's endpoint.
+/// Whether `source` is a peer's IPv4 endpoint.
 #[inline(always)]
 pub fn guard_source_known(source: &GuardSource) -> bool {
     // SAFETY: only presence is read.
     unsafe { GUARD_SOURCES.get(source) }.is_some()
+}
+
+/// Whether `source` is a peer's IPv6 endpoint.
+#[inline(always)]
+pub fn guard_source6_known(source: &GuardSource<Be128>) -> bool {
+    // SAFETY: only presence is read.
+    unsafe { GUARD_SOURCES6.get(source) }.is_some()
 }
 
 /// Whether `index` is one of our peers' session indexes.

@@ -1,12 +1,14 @@
 //! What the gateway does with datagrams from the WAN, up to boringtun and
 //! back: a peer with a session up, then any datagrams from its endpoint or
 //! a stranger's, some of them sealed by the peer itself around any bytes.
-//! Nothing may panic, a packet is delivered only from the peer's networks,
-//! and the peer moves only to where an authenticated datagram came from.
+//! Nothing may panic, a packet is delivered only from the peer's networks
+//! (of either family) and never to a link's own IPv6 addresses, and the
+//! peer moves only to where an authenticated datagram came from. The
+//! stranger sends over IPv6, the peer over IPv4, to one dual-stack socket.
 #![no_main]
 
 use std::{
-    net::{Ipv4Addr, SocketAddrV4, UdpSocket},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket},
     sync::{Arc, OnceLock},
 };
 
@@ -37,23 +39,31 @@ struct Datagram {
     bytes: Vec<u8>,
 }
 
-/// Sockets on loopback, bound once: ours, the peer's and a stranger's.
+/// Sockets bound once: ours (both families), the peer's on IPv4
+/// loopback and a stranger's on IPv6 loopback.
 fn sockets() -> &'static [UdpSocket; 3] {
     static SOCKETS: OnceLock<[UdpSocket; 3]> = OnceLock::new();
     SOCKETS.get_or_init(|| {
-        [(); 3].map(|()| {
-            let s = UdpSocket::bind("127.0.0.1:0").expect("a loopback socket");
+        ["[::]:0", "127.0.0.1:0", "[::1]:0"].map(|at| {
+            let s = UdpSocket::bind(at).expect("a loopback socket");
             s.set_nonblocking(true).expect("non-blocking");
             s
         })
     })
 }
 
-fn addr(socket: &UdpSocket) -> SocketAddrV4 {
-    match socket.local_addr().expect("bound") {
-        std::net::SocketAddr::V4(a) => a,
-        std::net::SocketAddr::V6(_) => unreachable!("bound to IPv4"),
+fn addr(socket: &UdpSocket) -> SocketAddr {
+    socket.local_addr().expect("bound")
+}
+
+/// The source and destination of a delivered packet, of either family.
+fn addresses(packet: &[u8]) -> (IpAddr, IpAddr) {
+    if packet[0] >> 4 == 4 {
+        let at = |i: usize| Ipv4Addr::new(packet[i], packet[i + 1], packet[i + 2], packet[i + 3]);
+        return (at(12).into(), at(16).into());
     }
+    let at = |i: usize| Ipv6Addr::from(<[u8; 16]>::try_from(&packet[i..i + 16]).unwrap());
+    (at(8).into(), at(24).into())
 }
 
 /// Everything waiting on `socket`, dropped.
@@ -85,7 +95,9 @@ fuzz_target!(|datagrams: Vec<Datagram>| {
         cluster_name: "b".into(),
         public: *PublicKey::from(&their_secret).as_bytes(),
         endpoint: Some(home),
-        networks: vec!["10.77.0.0/24".parse().expect("a CIDR")],
+        networks: ["10.77.0.0/24", "fd00:77::/64"]
+            .map(|n| n.parse().expect("a CIDR"))
+            .to_vec(),
     };
     let networks = config.networks.clone();
     let peer = Arc::new(TunnelPeer::new(
@@ -108,7 +120,7 @@ fuzz_target!(|datagrams: Vec<Datagram>| {
         vec![0u8; VNET_HDR_LEN + MAX_DATAGRAM],
         vec![0u8; MAX_DATAGRAM],
     );
-    let mut receive = |datagram: &[u8], source: SocketAddrV4| {
+    let mut receive = |datagram: &[u8], source: SocketAddr| {
         let peers = shared.snapshot();
         let receiver = Receiver {
             shared: &shared,
@@ -148,8 +160,18 @@ fuzz_target!(|datagrams: Vec<Datagram>| {
         if let Some(inner) = delivered {
             // Delivered: from the peer's networks, authenticated, and the
             // peer is now where it came from.
-            let src = Ipv4Addr::new(inner[12], inner[13], inner[14], inner[15]);
-            assert!(src.octets()[..3] == [10, 77, 0], "delivered from {src}");
+            let (src, dst) = addresses(&inner);
+            let from_peer = match src {
+                IpAddr::V4(src) => src.octets()[..3] == [10, 77, 0],
+                IpAddr::V6(src) => src.segments()[..4] == [0xfd00, 0x77, 0, 0],
+            };
+            assert!(from_peer, "delivered from {src}");
+            if let IpAddr::V6(dst) = dst {
+                assert!(
+                    !dst.is_multicast() && !dst.is_unicast_link_local(),
+                    "to {dst}"
+                );
+            }
             assert_eq!(peer.endpoint(), Some(source));
         } else if !datagram.sealed {
             // Bytes nobody sealed: the peer may move only if they happen to

@@ -17,7 +17,7 @@ use isthmus_common::{
     overlay::{EVENTS, OverlayConfig},
     pins::Pins,
     room::{ALL_PEERS, FLOW_TABLES, FlowTable, OWNER_LOCAL, Room, slot},
-    wire::{Be16, Be32},
+    wire::{Be16, Be32, Be128},
 };
 
 use crate::{
@@ -184,8 +184,10 @@ impl PeerDevices {
 /// The XDP guard's tables: the sources that may reach the tunnel's ports,
 /// our peers' session indexes, and the ports.
 pub struct GuardMaps {
-    /// Allowed sources (`ist_guard_src`).
+    /// Allowed IPv4 sources (`ist_guard_src`).
     pub sources: ByteHash<GuardSource>,
+    /// Allowed IPv6 sources (`ist_guard_src6`).
+    pub sources6: ByteHash<GuardSource<Be128>>,
     /// Our peers' session indexes (`ist_guard_idx`).
     pub indexes: ByteHash<u32>,
     /// The tunnel's ports, each with its [`Initiations`] (`ist_guard_ports`).

@@ -7,15 +7,18 @@
 use std::{
     io,
     mem::zeroed,
-    net::{Ipv4Addr, SocketAddrV4, UdpSocket},
+    net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket},
     os::fd::AsRawFd,
     ptr,
 };
 
 /// Messages per system call.
 pub const MESSAGES: usize = 32;
-/// The largest UDP payload of one IPv4 message, a GSO or GRO train included.
-const MAX_MESSAGE: usize = 65535 - 20 - 8;
+/// The largest UDP payload of one message, a GSO or GRO train included:
+/// IPv6's, whose payload length leaves out its header.
+const MAX_MESSAGE: usize = 65535 - 8;
+/// The largest UDP payload of one IPv4 message.
+const MAX_MESSAGE_IPV4: usize = 65535 - 20 - 8;
 /// Datagrams per GSO message (the kernel's `UDP_MAX_SEGMENTS`).
 const MAX_SEGMENTS: usize = 64;
 /// Bytes of datagrams held before a send.
@@ -29,7 +32,8 @@ type Control = [u64; 4];
 
 /// The kernel's per-message headers, pointing into a batch's buffers.
 struct Headers {
-    addrs: [libc::sockaddr_in; MESSAGES],
+    /// Room for an address of either family.
+    addrs: [libc::sockaddr_in6; MESSAGES],
     iovs: [libc::iovec; MESSAGES],
     controls: [Control; MESSAGES],
     msgs: [libc::mmsghdr; MESSAGES],
@@ -49,7 +53,7 @@ impl Headers {
         };
         let hdr = &mut self.msgs[i].msg_hdr;
         hdr.msg_name = (&raw mut self.addrs[i]).cast();
-        hdr.msg_namelen = size_of::<libc::sockaddr_in>() as u32;
+        hdr.msg_namelen = size_of::<libc::sockaddr_in6>() as u32;
         hdr.msg_iov = &raw mut self.iovs[i];
         hdr.msg_iovlen = 1;
         hdr.msg_control = if control == 0 {
@@ -133,12 +137,8 @@ impl RecvBatch {
 
     /// Message `i` after [`RecvBatch::recv`]: its bytes, the size of each
     /// datagram in it, and its source.
-    pub fn get(&self, i: usize) -> (&[u8], usize, SocketAddrV4) {
-        let a = &self.headers.addrs[i];
-        let source = SocketAddrV4::new(
-            Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
-            u16::from_be(a.sin_port),
-        );
+    pub fn get(&self, i: usize) -> (&[u8], usize, SocketAddr) {
+        let source = socket_addr(&self.headers.addrs[i]);
         let start = i * MAX_MESSAGE;
         (
             &self.buf[start..start + self.lens[i]],
@@ -173,7 +173,7 @@ struct Message {
     /// Size of each datagram but the last.
     segment: usize,
     count: usize,
-    to: SocketAddrV4,
+    to: SocketAddr,
     /// A shorter datagram ends a GSO message.
     closed: bool,
 }
@@ -220,7 +220,7 @@ impl SendBatch {
 
     /// Commits `len` bytes written to the slot, bound for `to`: they join
     /// the last message if they continue its run.
-    pub fn commit(&mut self, len: usize, to: SocketAddrV4) {
+    pub fn commit(&mut self, len: usize, to: SocketAddr) {
         let start = self.used;
         self.used += len;
         let gso = self.gso;
@@ -229,7 +229,7 @@ impl SendBatch {
                 && !m.closed
                 && len <= m.segment
                 && m.count < MAX_SEGMENTS
-                && m.len + len <= MAX_MESSAGE
+                && m.len + len <= max_message(to)
         }) {
             last.len += len;
             last.count += 1;
@@ -262,7 +262,8 @@ impl SendBatch {
             };
             self.headers
                 .point(i, &mut self.buf[m.start..m.start + m.len], control);
-            self.headers.addrs[i] = sockaddr(m.to);
+            let namelen = sockaddr(m.to, &mut self.headers.addrs[i]);
+            self.headers.msgs[i].msg_hdr.msg_namelen = namelen;
         }
         let mut sent = 0;
         while sent < count {
@@ -316,14 +317,63 @@ fn segment_control(control: &mut Control, segment: usize) -> libc::size_t {
     }
 }
 
-fn sockaddr(addr: SocketAddrV4) -> libc::sockaddr_in {
-    libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: addr.port().to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from(*addr.ip()).to_be(),
-        },
-        sin_zero: [0; 8],
+/// The largest UDP payload of one message to `to`.
+fn max_message(to: SocketAddr) -> usize {
+    if to.is_ipv4() {
+        MAX_MESSAGE_IPV4
+    } else {
+        MAX_MESSAGE
+    }
+}
+
+/// Writes `addr` into `slot` as the kernel reads it; returns its length.
+/// An IPv4 address goes as `sockaddr_in` even on an IPv6 socket, which
+/// sends it over IPv4 (`udpv6_sendmsg` hands it to `udp_sendmsg`).
+fn sockaddr(addr: SocketAddr, slot: &mut libc::sockaddr_in6) -> libc::socklen_t {
+    match addr {
+        SocketAddr::V4(addr) => {
+            let v4 = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: addr.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from(*addr.ip()).to_be(),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: a sockaddr_in6 is larger than a sockaddr_in, and both
+            // are plain C structs.
+            unsafe { ptr::write((&raw mut *slot).cast::<libc::sockaddr_in>(), v4) };
+            size_of::<libc::sockaddr_in>() as libc::socklen_t
+        }
+        SocketAddr::V6(addr) => {
+            *slot = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: addr.port().to_be(),
+                sin6_flowinfo: 0,
+                sin6_addr: libc::in6_addr {
+                    s6_addr: addr.ip().octets(),
+                },
+                sin6_scope_id: addr.scope_id(),
+            };
+            size_of::<libc::sockaddr_in6>() as libc::socklen_t
+        }
+    }
+}
+
+/// The source the kernel wrote into `slot`: an IPv4 one as IPv4, whether
+/// an IPv4 socket wrote it or a dual-stack one mapped it into IPv6.
+fn socket_addr(slot: &libc::sockaddr_in6) -> SocketAddr {
+    if i32::from(slot.sin6_family) == libc::AF_INET {
+        // SAFETY: the kernel wrote a sockaddr_in, smaller than the slot.
+        let v4 = unsafe { ptr::read((&raw const *slot).cast::<libc::sockaddr_in>()) };
+        let ip = Ipv4Addr::from(u32::from_be(v4.sin_addr.s_addr));
+        return SocketAddrV4::new(ip, u16::from_be(v4.sin_port)).into();
+    }
+    let ip = Ipv6Addr::from(slot.sin6_addr.s6_addr);
+    let port = u16::from_be(slot.sin6_port);
+    match ip.to_ipv4_mapped() {
+        Some(ip) => SocketAddrV4::new(ip, port).into(),
+        None => SocketAddrV6::new(ip, port, 0, slot.sin6_scope_id).into(),
     }
 }
 
@@ -331,11 +381,11 @@ fn sockaddr(addr: SocketAddrV4) -> libc::sockaddr_in {
 mod tests {
     use super::*;
 
-    fn to(port: u16) -> SocketAddrV4 {
-        SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)
+    fn to(port: u16) -> SocketAddr {
+        SocketAddrV4::new(Ipv4Addr::LOCALHOST, port).into()
     }
 
-    fn push(batch: &mut SendBatch, len: usize, dest: SocketAddrV4) {
+    fn push(batch: &mut SendBatch, len: usize, dest: SocketAddr) {
         batch.slot()[..len].fill(len as u8);
         batch.commit(len, dest);
     }
@@ -368,20 +418,66 @@ mod tests {
         }
         let counts: Vec<usize> = b.messages.iter().map(|m| m.count).collect();
         assert_eq!(counts, [45, 15]);
-        assert!(b.messages.iter().all(|m| m.len <= MAX_MESSAGE));
+        assert!(b.messages.iter().all(|m| m.len <= MAX_MESSAGE_IPV4));
+        // IPv6's payload length leaves out its header: a message to an
+        // IPv6 endpoint holds 20 bytes more.
+        let (mut v4, mut v6) = (SendBatch::new(1500), SendBatch::new(1500));
+        let at6: SocketAddr = "[::1]:1".parse().unwrap();
+        for _ in 0..45 {
+            push(&mut v4, 1489, to(1));
+            push(&mut v6, 1489, at6);
+        }
+        assert_eq!(
+            v4.messages.iter().map(|m| m.count).collect::<Vec<_>>(),
+            [43, 2]
+        );
+        assert_eq!(
+            v6.messages.iter().map(|m| m.count).collect::<Vec<_>>(),
+            [44, 1]
+        );
+    }
+
+    /// A socket on loopback of `addr`'s family; an IPv6 one takes IPv4 too.
+    fn bound(addr: &str) -> UdpSocket {
+        let addr: SocketAddr = addr.parse().unwrap();
+        let socket = socket2::Socket::new(
+            socket2::Domain::for_address(addr),
+            socket2::Type::DGRAM,
+            None,
+        )
+        .unwrap();
+        if addr.is_ipv6() {
+            socket.set_only_v6(false).unwrap();
+        }
+        socket.bind(&addr.into()).unwrap();
+        socket.set_nonblocking(true).unwrap();
+        socket.into()
+    }
+
+    /// Receives `count` datagrams on `rx` (waiting up to 5 s), each as
+    /// (length, first byte, source).
+    fn receive(rx: &UdpSocket, count: usize) -> Vec<(usize, u8, SocketAddr)> {
+        let mut got = Vec::new();
+        let mut incoming = RecvBatch::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while got.len() < count && std::time::Instant::now() < deadline {
+            let n = incoming.recv(rx).unwrap();
+            for i in 0..n {
+                let (message, segment, source) = incoming.get(i);
+                got.extend(message.chunks(segment).map(|d| (d.len(), d[0], source)));
+            }
+        }
+        got
     }
 
     /// Both ends on loopback: GSO messages go out and arrive as the same
     /// datagrams, whether or not the kernel hands them over as GRO trains.
     #[test]
     fn gso_out_and_gro_in_carry_every_datagram_intact() {
-        let rx = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-        rx.set_nonblocking(true).unwrap();
+        let rx = bound("127.0.0.1:0");
         enable_gro(&rx);
-        let tx = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-        let std::net::SocketAddr::V4(dest) = rx.local_addr().unwrap() else {
-            unreachable!("bound to an IPv4 address")
-        };
+        let tx = bound("127.0.0.1:0");
+        let dest = rx.local_addr().unwrap();
         let mut out = SendBatch::new(1500);
         let sizes = [1000, 1000, 1000, 300, 1000, 7];
         for (i, &len) in sizes.iter().enumerate() {
@@ -389,21 +485,49 @@ mod tests {
             out.commit(len, dest);
         }
         assert_eq!(out.send(&tx), 2, "[1000 ×3, 300] and [1000, 7]");
-        let mut got = Vec::new();
-        let mut incoming = RecvBatch::new();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while got.len() < sizes.len() && std::time::Instant::now() < deadline {
-            let n = incoming.recv(&rx).unwrap();
-            for i in 0..n {
-                let (message, segment, _) = incoming.get(i);
-                got.extend(message.chunks(segment).map(|d| (d.len(), d[0])));
-            }
-        }
-        let expected: Vec<(usize, u8)> = sizes
+        let got = receive(&rx, sizes.len());
+        let source = tx.local_addr().unwrap();
+        let expected: Vec<(usize, u8, SocketAddr)> = sizes
             .iter()
             .enumerate()
-            .map(|(i, &l)| (l, i as u8))
+            .map(|(i, &l)| (l, i as u8, source))
             .collect();
         assert_eq!(got, expected);
+    }
+
+    /// A dual-stack socket sends to and receives from both families: an
+    /// IPv4 peer's source reads as IPv4, never as a mapped IPv6 address,
+    /// so that it compares equal to the endpoint its object gives.
+    #[test]
+    fn a_dual_stack_socket_carries_both_families_and_reads_ipv4_sources_as_ipv4() {
+        let rx = bound("[::]:0");
+        enable_gro(&rx);
+        let port = rx.local_addr().unwrap().port();
+        let (tx4, tx6) = (bound("127.0.0.1:0"), bound("[::1]:0"));
+        for (tx, dest) in [(&tx4, "127.0.0.1"), (&tx6, "::1")] {
+            let mut out = SendBatch::new(1500);
+            for _ in 0..3 {
+                out.slot()[..1200].fill(6);
+                out.commit(1200, SocketAddr::new(dest.parse().unwrap(), port));
+            }
+            assert_eq!(out.send(tx), 1);
+            let got = receive(&rx, 3);
+            let source = tx.local_addr().unwrap();
+            assert_eq!(got, vec![(1200, 6, source); 3], "from {source}");
+        }
+        // And answers each where it came from.
+        let mut out = SendBatch::new(1500);
+        for tx in [&tx4, &tx6] {
+            out.slot()[..100].fill(9);
+            out.commit(100, tx.local_addr().unwrap());
+        }
+        out.send(&rx);
+        let back = rx.local_addr().unwrap().port();
+        assert_eq!(
+            receive(&tx4, 1),
+            [(100, 9, SocketAddr::from(([127, 0, 0, 1], back)))]
+        );
+        let from6 = SocketAddr::new("::1".parse().unwrap(), back);
+        assert_eq!(receive(&tx6, 1), [(100, 9, from6)]);
     }
 }

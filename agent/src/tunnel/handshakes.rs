@@ -21,11 +21,12 @@
 
 use std::{
     collections::{HashMap, VecDeque},
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, SocketAddr},
     sync::{Condvar, Mutex},
     time::{Duration, Instant},
 };
 
+use super::throttle::party;
 use crate::sync::Unpoisoned;
 
 /// The length of a WireGuard handshake initiation.
@@ -48,7 +49,7 @@ pub struct Initiation {
     /// The datagram.
     pub bytes: [u8; INITIATION_LEN],
     /// Where it came from.
-    pub source: SocketAddrV4,
+    pub source: SocketAddr,
     /// Whether that is a peer's endpoint address.
     pub from_peer: bool,
 }
@@ -69,9 +70,10 @@ struct Queues {
 /// One queue: a line per source address, served in turn.
 #[derive(Default)]
 struct TakeTurns {
-    lines: HashMap<Ipv4Addr, VecDeque<Initiation>>,
-    /// The addresses with initiations waiting, in the order of their turns.
-    turns: VecDeque<Ipv4Addr>,
+    lines: HashMap<IpAddr, VecDeque<Initiation>>,
+    /// The sources (each a [`party`]) with initiations waiting, in the
+    /// order of their turns.
+    turns: VecDeque<IpAddr>,
     len: usize,
 }
 
@@ -82,7 +84,7 @@ impl TakeTurns {
         if self.len >= QUEUE_LEN {
             return false;
         }
-        let address = *initiation.source.ip();
+        let address = party(initiation.source.ip());
         let line = self.lines.entry(address).or_default();
         if line.len() >= PER_SOURCE {
             return false;
@@ -125,7 +127,7 @@ impl HandshakeQueue {
     /// Queues an initiation (see [`is_initiation`]) from `source`, a peer's
     /// endpoint address if `from_peer`. Returns false, dropping it, when
     /// its queue, or its source's line in it, is full.
-    pub fn push(&self, datagram: &[u8], source: SocketAddrV4, from_peer: bool) -> bool {
+    pub fn push(&self, datagram: &[u8], source: SocketAddr, from_peer: bool) -> bool {
         let Ok(bytes) = datagram.try_into() else {
             return false;
         };
@@ -204,7 +206,7 @@ impl OthersBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::Ipv4Addr;
+    use std::net::{Ipv4Addr, SocketAddrV4};
 
     fn initiation(tag: u8) -> [u8; INITIATION_LEN] {
         let mut bytes = [tag; INITIATION_LEN];
@@ -222,20 +224,20 @@ mod tests {
         let queue = HandshakeQueue::default();
         assert!(!queue.push(
             &[1, 0, 0, 0],
-            SocketAddrV4::new(Ipv4Addr::LOCALHOST, 1),
+            SocketAddrV4::new(Ipv4Addr::LOCALHOST, 1).into(),
             false
         ));
     }
 
     /// A stranger's source `i`, on any port.
-    fn stranger(i: u32, port: u16) -> SocketAddrV4 {
-        SocketAddrV4::new(Ipv4Addr::from(0xc633_6400 + i), port)
+    fn stranger(i: u32, port: u16) -> SocketAddr {
+        SocketAddrV4::new(Ipv4Addr::from(0xc633_6400 + i), port).into()
     }
 
     #[test]
     fn a_full_queue_of_strangers_leaves_a_peers_initiation_first_in_line() {
         let queue = HandshakeQueue::default();
-        let peer = SocketAddrV4::new(Ipv4Addr::new(203, 0, 113, 2), 51820);
+        let peer = SocketAddr::from(([203, 0, 113, 2], 51820));
         for i in 0..QUEUE_LEN as u32 {
             assert!(queue.push(&initiation(1), stranger(i, 4000), false));
         }
@@ -263,12 +265,27 @@ mod tests {
         assert!(queue.push(&initiation(2), stranger(1, 51820), false));
         let first = queue.pop(Duration::ZERO, true).unwrap();
         let second = queue.pop(Duration::ZERO, true).unwrap();
-        assert_eq!(*first.source.ip(), *stranger(0, 0).ip());
+        assert_eq!(first.source.ip(), stranger(0, 0).ip());
         assert_eq!((second.source, second.bytes[4]), (stranger(1, 51820), 2));
         // The flood's line drains after it, and then takes new ones again.
         let rest = std::iter::from_fn(|| queue.pop(Duration::ZERO, true)).count();
         assert_eq!(rest, PER_SOURCE - 1);
         assert!(queue.push(&initiation(1), stranger(0, 7), false));
+    }
+
+    #[test]
+    fn an_ipv6_flood_shares_one_line_across_its_slash_64() {
+        let queue = HandshakeQueue::default();
+        let host = |i: u32| SocketAddr::new(format!("2001:db8:7:7::{i:x}").parse().unwrap(), 9);
+        let queued = (1..100)
+            .filter(|i| queue.push(&initiation(1), host(*i), false))
+            .count();
+        assert_eq!(queued, PER_SOURCE, "one line for every address of the /64");
+        let other: SocketAddr = "[2001:db8:7:8::1]:9".parse().unwrap();
+        assert!(queue.push(&initiation(2), other, false));
+        queue.pop(Duration::ZERO, true).unwrap();
+        let next = queue.pop(Duration::ZERO, true).unwrap();
+        assert_eq!((next.source, next.bytes[4]), (other, 2), "next but one");
     }
 
     #[test]
@@ -279,7 +296,7 @@ mod tests {
             queue.push(&initiation(1), flooding, true);
         }
         assert!(queue.push(&initiation(2), other, true));
-        let sources: Vec<SocketAddrV4> = (0..3)
+        let sources: Vec<SocketAddr> = (0..3)
             .filter_map(|_| queue.pop(Duration::ZERO, false))
             .map(|i| i.source)
             .collect();

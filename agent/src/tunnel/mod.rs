@@ -15,6 +15,7 @@ pub mod handshakes;
 pub mod key;
 pub mod offload;
 pub mod peers;
+mod routes;
 pub mod set;
 pub mod throttle;
 mod timers;
@@ -23,7 +24,7 @@ mod tun;
 use std::{
     collections::BTreeSet,
     io,
-    net::{Ipv4Addr, SocketAddrV4, UdpSocket},
+    net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, UdpSocket},
     panic::AssertUnwindSafe,
     sync::{
         Arc, RwLock,
@@ -230,7 +231,7 @@ pub struct PeerStatus {
     /// Round-trip estimate from the last handshake, in milliseconds.
     pub rtt_ms: Option<u32>,
     /// Current endpoint (roams); None until a peer we serve made contact.
-    pub endpoint: Option<SocketAddrV4>,
+    pub endpoint: Option<SocketAddr>,
     /// Authenticated packets dropped for an inner source outside the peer's networks.
     pub dropped_source: u64,
     /// Failed or abandoned handshakes.
@@ -445,14 +446,28 @@ impl Drop for Tunnel {
     }
 }
 
-/// A non-blocking UDP socket on `port`, shared with the other workers
-/// through `SO_REUSEPORT`.
+/// A non-blocking UDP socket on `port` of both families, shared with the
+/// other workers through `SO_REUSEPORT`; IPv4 alone on a kernel without
+/// IPv6 (booted with `ipv6.disable=1`).
 fn bind(port: u16) -> io::Result<UdpSocket> {
-    let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+    let dual_stack = SocketAddr::from((Ipv6Addr::UNSPECIFIED, port));
+    match bind_at(dual_stack) {
+        Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) => {
+            bind_at(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port).into())
+        }
+        bound => bound,
+    }
+}
+
+fn bind_at(addr: SocketAddr) -> io::Result<UdpSocket> {
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(false)?;
+    }
     socket.set_reuse_port(true)?;
     socket.set_nonblocking(true)?;
     socket.set_recv_buffer_size(4 << 20)?;
     socket.set_send_buffer_size(4 << 20)?;
-    socket.bind(&SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port).into())?;
+    socket.bind(&addr.into())?;
     Ok(socket.into())
 }

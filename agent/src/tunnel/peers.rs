@@ -3,7 +3,7 @@
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, SocketAddr},
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
@@ -13,7 +13,10 @@ use std::{
 
 use boringtun::noise::{Tunn, rate_limiter::RateLimiter};
 use boringtun::x25519::{PublicKey, StaticSecret};
-use ipnet::Ipv4Net;
+use crossbeam_utils::atomic::AtomicCell;
+use ipnet::IpNet;
+
+use super::routes::Routes;
 
 use crate::model::object::ObjectKey;
 use crate::sync::Unpoisoned;
@@ -32,9 +35,9 @@ pub struct PeerConfig {
     /// Where the peer gateway listens (`endpointIP`, `backend_config.port`),
     /// or None when it is the peer that makes contact (we are its server):
     /// nothing is sent to it until it has.
-    pub endpoint: Option<SocketAddrV4>,
-    /// The peer's networks as we see them.
-    pub networks: Vec<Ipv4Net>,
+    pub endpoint: Option<SocketAddr>,
+    /// The peer's networks as we see them, of both families.
+    pub networks: Vec<IpNet>,
 }
 
 /// Counters of one peer, updated by the datapath.
@@ -68,12 +71,12 @@ pub struct TunnelPeer {
     /// The WireGuard state machine; `encapsulate` and `decapsulate` need it exclusively.
     pub tunn: Mutex<Tunn>,
     /// Current endpoint: starts at the configured one and roams to the
-    /// source of the last authenticated packet. IPv4 and port packed in 48
-    /// bits; 0 while there is none, as 0.0.0.0:0 is no peer's source.
-    endpoint: AtomicU64,
-    /// The endpoint the object gives now (a name's address moves), packed
-    /// as `endpoint` is.
-    configured: AtomicU64,
+    /// source of the last authenticated packet. Read for every packet sent,
+    /// written only when it moves: an IPv6 endpoint is wider than any
+    /// atomic, and the cell's reads take no lock.
+    endpoint: AtomicCell<Option<SocketAddr>>,
+    /// The endpoint the object gives now (a name's address moves).
+    configured: AtomicCell<Option<SocketAddr>>,
     /// Datapath counters.
     pub counters: PeerCounters,
     /// The first handshake's retries, until a session is up.
@@ -231,17 +234,6 @@ impl std::fmt::Debug for TunnelPeer {
     }
 }
 
-fn pack(addr: Option<SocketAddrV4>) -> u64 {
-    addr.map_or(0, |addr| {
-        (u64::from(u32::from(*addr.ip())) << 16) | u64::from(addr.port())
-    })
-}
-
-fn unpack(packed: u64) -> Option<SocketAddrV4> {
-    let addr = SocketAddrV4::new(Ipv4Addr::from((packed >> 16) as u32), packed as u16);
-    (packed != 0).then_some(addr)
-}
-
 impl TunnelPeer {
     /// A peer with a fresh state machine.
     pub fn new(
@@ -263,8 +255,8 @@ impl TunnelPeer {
             Some(limiter),
         );
         Self {
-            endpoint: AtomicU64::new(pack(config.endpoint)),
-            configured: AtomicU64::new(pack(config.endpoint)),
+            endpoint: AtomicCell::new(config.endpoint),
+            configured: AtomicCell::new(config.endpoint),
             first_contact_over: AtomicBool::new(config.endpoint.is_none()),
             config,
             index,
@@ -307,21 +299,23 @@ impl TunnelPeer {
 
     /// Where to send to the peer now; None until a peer we serve has made
     /// contact.
-    pub fn endpoint(&self) -> Option<SocketAddrV4> {
-        unpack(self.endpoint.load(Ordering::Relaxed))
+    pub fn endpoint(&self) -> Option<SocketAddr> {
+        self.endpoint.load()
     }
 
     /// Follows the peer to `addr`, the source of an authenticated packet.
-    pub fn roam(&self, addr: SocketAddrV4) {
-        self.endpoint.store(pack(Some(addr)), Ordering::Relaxed);
+    pub fn roam(&self, addr: SocketAddr) {
+        if self.endpoint.load() != Some(addr) {
+            self.endpoint.store(Some(addr));
+        }
     }
 
     /// Moves the peer to a new configured endpoint, keeping its session;
     /// returns whether it changed. A new endpoint replaces wherever the
     /// peer roamed; none (we became its server) leaves it where it last
     /// made contact from.
-    pub fn reconfigure(&self, addr: Option<SocketAddrV4>) -> bool {
-        let moved = self.configured.swap(pack(addr), Ordering::Relaxed) != pack(addr);
+    pub fn reconfigure(&self, addr: Option<SocketAddr>) -> bool {
+        let moved = self.configured.swap(addr) != addr;
         if let (true, Some(addr)) = (moved, addr) {
             self.roam(addr);
         }
@@ -337,59 +331,37 @@ pub struct PeerSet {
     by_index: HashMap<u32, Arc<TunnelPeer>>,
     by_public: HashMap<[u8; 32], Arc<TunnelPeer>>,
     /// The peers' endpoint addresses, as of the snapshot.
-    endpoints: HashSet<Ipv4Addr>,
-    /// Longest prefix first: (prefix length, mask, network → peer).
-    routes: Vec<(u8, u32, HashMap<u32, Arc<TunnelPeer>>)>,
+    endpoints: HashSet<IpAddr>,
+    /// The peers' networks, of both families.
+    routes: Routes<Arc<TunnelPeer>>,
 }
 
 impl PeerSet {
     /// Indexes `peers`, routing each one's `networks`.
-    pub fn new(peers: impl IntoIterator<Item = (Arc<TunnelPeer>, Vec<Ipv4Net>)>) -> Self {
+    pub fn new(peers: impl IntoIterator<Item = (Arc<TunnelPeer>, Vec<IpNet>)>) -> Self {
         let mut set = Self::default();
-        let mut routes: BTreeMap<u8, HashMap<u32, Arc<TunnelPeer>>> = BTreeMap::new();
+        let mut routes = Vec::new();
         for (peer, networks) in peers {
-            for net in networks {
-                routes
-                    .entry(net.prefix_len())
-                    .or_default()
-                    .insert(u32::from(net.network()), peer.clone());
-            }
-            set.endpoints.extend(peer.endpoint().map(|e| *e.ip()));
+            routes.extend(networks.into_iter().map(|net| (net, peer.clone())));
+            set.endpoints.extend(peer.endpoint().map(|e| e.ip()));
             set.by_index.insert(peer.index, peer.clone());
             set.by_public.insert(peer.config.public, peer.clone());
             set.by_key.insert(peer.config.key.clone(), peer);
         }
-        set.routes = routes
-            .into_iter()
-            .rev()
-            .map(|(len, nets)| {
-                (
-                    len,
-                    u32::from(
-                        Ipv4Net::new(Ipv4Addr::UNSPECIFIED, len)
-                            .expect("≤ 32")
-                            .netmask(),
-                    ),
-                    nets,
-                )
-            })
-            .collect();
+        set.routes = Routes::new(routes);
         set
     }
 
     /// Whether `addr` was a peer's endpoint address when the snapshot was
     /// taken.
-    pub fn is_endpoint(&self, addr: Ipv4Addr) -> bool {
+    pub fn is_endpoint(&self, addr: IpAddr) -> bool {
         self.endpoints.contains(&addr)
     }
 
     /// The peer whose networks hold `addr`: where a packet to `addr` goes,
     /// and the only peer allowed to send from `addr`.
-    pub fn route(&self, addr: Ipv4Addr) -> Option<&Arc<TunnelPeer>> {
-        let addr = u32::from(addr);
-        self.routes
-            .iter()
-            .find_map(|(_, mask, nets)| nets.get(&(addr & mask)))
+    pub fn route(&self, addr: IpAddr) -> Option<&Arc<TunnelPeer>> {
+        self.routes.get(addr)
     }
 
     /// The peer a receiver index belongs to.
@@ -432,7 +404,7 @@ pub(super) mod tests {
         name: &str,
         index: u32,
         public: u8,
-        endpoint: Option<SocketAddrV4>,
+        endpoint: Option<SocketAddr>,
     ) -> Arc<TunnelPeer> {
         let private = StaticSecret::from([7u8; 32]);
         let config = PeerConfig {
@@ -450,7 +422,7 @@ pub(super) mod tests {
         Arc::new(TunnelPeer::new(config, index, &private, Some(10), limiter))
     }
 
-    fn net(s: &str) -> Ipv4Net {
+    fn net(s: &str) -> IpNet {
         s.parse().unwrap()
     }
 
@@ -497,6 +469,9 @@ pub(super) mod tests {
         assert_eq!(set.route("10.0.8.9".parse().unwrap()).unwrap().index, 1);
         assert_eq!(set.route("10.9.0.1".parse().unwrap()).unwrap().index, 1);
         assert!(set.route("10.10.0.1".parse().unwrap()).is_none());
+        let v6 = PeerSet::new([(b.clone(), vec![net("fd00:10::/64")])]);
+        assert_eq!(v6.route("fd00:10::5".parse().unwrap()).unwrap().index, 1);
+        assert!(v6.route("10.0.8.9".parse().unwrap()).is_none());
         // boringtun puts our index in the top 24 bits of the receiver index.
         assert_eq!(set.by_receiver((2 << 8) | 5).unwrap().index, 2);
         assert!(set.by_receiver(7 << 8).is_none());
@@ -506,7 +481,7 @@ pub(super) mod tests {
     #[test]
     fn endpoint_roams_and_only_a_new_configured_endpoint_moves_it_back() {
         let b = peer("b", 1, 2);
-        let at = |s: &str| Some(s.parse::<SocketAddrV4>().unwrap());
+        let at = |s: &str| Some(s.parse::<SocketAddr>().unwrap());
         assert_eq!(b.endpoint(), at("203.0.113.2:5871"));
         b.roam("198.51.100.9:40000".parse().unwrap());
         assert_eq!(b.endpoint(), at("198.51.100.9:40000"));
@@ -527,7 +502,7 @@ pub(super) mod tests {
         assert!(b.first_contact_over());
         assert!(!b.first_contact_due(Instant::now() + Duration::from_secs(1), || false));
         let set = PeerSet::new([(b.clone(), vec![net("10.0.0.0/16")])]);
-        assert!(!set.is_endpoint(Ipv4Addr::UNSPECIFIED));
+        assert!(!set.is_endpoint(IpAddr::from([0, 0, 0, 0])));
         b.roam("198.51.100.9:40000".parse().unwrap());
         assert_eq!(b.endpoint(), Some("198.51.100.9:40000".parse().unwrap()));
         // The configuration again (still none) keeps where it made contact.

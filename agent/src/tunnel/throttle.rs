@@ -16,10 +16,13 @@
 //! table holds that many sources active within the last second: the shared
 //! rate limiter answers with cookies long before that, so those are
 //! addresses that answered a cookie.
+//!
+//! An IPv6 source counts by its /64 ([`party`]): one host is given a
+//! whole /64, and would otherwise have a bucket per address it picks.
 
 use std::{
     collections::HashMap,
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv6Addr},
     sync::Mutex,
     time::{Duration, Instant},
 };
@@ -51,13 +54,14 @@ struct Bucket {
 /// The buckets of the sources seen lately.
 #[derive(Debug, Default)]
 pub struct SourceThrottle {
-    sources: Mutex<HashMap<Ipv4Addr, Bucket>>,
+    sources: Mutex<HashMap<IpAddr, Bucket>>,
 }
 
 impl SourceThrottle {
     /// Whether an initiation from `source` may be opened at `now`; it is
     /// counted if so.
-    pub fn allow(&self, source: Ipv4Addr, now: Instant) -> bool {
+    pub fn allow(&self, source: IpAddr, now: Instant) -> bool {
+        let source = party(source);
         let mut sources = self.sources.lock().unpoisoned();
         if !sources.contains_key(&source) && sources.len() >= MAX_SOURCES {
             return false;
@@ -96,12 +100,30 @@ impl SourceThrottle {
     }
 }
 
+/// Who sent from `addr`, as the throttle and the handshake queue count
+/// sources: an IPv4 address, or an IPv6 address's /64.
+pub fn party(addr: IpAddr) -> IpAddr {
+    match addr.to_canonical() {
+        IpAddr::V6(addr) => {
+            let prefix = u128::from(addr) & !u128::from(u64::MAX);
+            IpAddr::V6(Ipv6Addr::from(prefix))
+        }
+        ipv4 @ IpAddr::V4(_) => ipv4,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const FLOODER: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 7);
-    const PEER: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 2);
+    use std::net::Ipv4Addr;
+
+    const FLOODER: IpAddr = IpAddr::V4(Ipv4Addr::new(198, 51, 100, 7));
+    const PEER: IpAddr = IpAddr::V4(Ipv4Addr::new(203, 0, 113, 2));
+
+    fn v4(bits: u32) -> IpAddr {
+        Ipv4Addr::from(bits).into()
+    }
 
     #[test]
     fn a_flooding_source_gets_its_burst_then_its_rate_and_no_more() {
@@ -124,15 +146,29 @@ mod tests {
         let throttle = SourceThrottle::default();
         let t0 = Instant::now();
         for i in 0..MAX_SOURCES as u32 {
-            assert!(throttle.allow(Ipv4Addr::from(0x0a00_0000 + i), t0));
+            assert!(throttle.allow(v4(0x0a00_0000 + i), t0));
         }
         assert!(!throttle.allow(PEER, t0), "a source past the bound");
         // A source already followed keeps its bucket.
-        assert!(throttle.allow(Ipv4Addr::from(0x0a00_0000), t0));
+        assert!(throttle.allow(v4(0x0a00_0000), t0));
         throttle.forget_idle(t0 + Duration::from_millis(999));
         assert_eq!(throttle.len(), MAX_SOURCES);
         throttle.forget_idle(t0 + IDLE);
         assert!(throttle.is_empty());
         assert!(throttle.allow(PEER, t0 + IDLE));
+    }
+
+    #[test]
+    fn an_ipv6_flooder_shares_one_bucket_across_its_slash_64() {
+        let throttle = SourceThrottle::default();
+        let t0 = Instant::now();
+        let host = |i: u32| IpAddr::V6(format!("2001:db8:7:7::{i:x}").parse().unwrap());
+        let allowed = (1..1000).filter(|i| throttle.allow(host(*i), t0)).count();
+        assert_eq!(allowed, BURST as usize, "one bucket for every address");
+        assert_eq!(throttle.len(), 1);
+        let neighbour: IpAddr = "2001:db8:7:8::1".parse().unwrap();
+        assert!(throttle.allow(neighbour, t0), "the next /64 has its own");
+        let mapped: IpAddr = "::ffff:198.51.100.7".parse().unwrap();
+        assert_eq!(party(mapped), FLOODER);
     }
 }

@@ -6,17 +6,21 @@ use aya::{Ebpf, programs::Xdp};
 use isthmus_agent::{
     kernel::dataplane::OBJECT,
     kernel::maps::{ByteHash, Counters, GuardMaps},
-    roles::gateway::guard::{Guard, source},
+    roles::gateway::guard::Guard,
 };
 use isthmus_common::{
     guard::{Initiations, VERDICTS},
     names,
 };
 use isthmus_tests::{
-    packet::{Datagram, ETH_P_ARP, ETH_P_IP, L4, eth_ipv4, ethernet},
+    packet::{Datagram, ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, L4, eth_ipv4, ethernet},
+    packet6::{Packet6, addr6, udp6},
     require_root, test_run,
 };
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::SocketAddr,
+};
 
 const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
@@ -26,6 +30,9 @@ const OTHER_PORT: u16 = 5872;
 const GATEWAY: [u8; 4] = [203, 0, 113, 1];
 const PEER: [u8; 4] = [203, 0, 113, 2];
 const STRANGER: [u8; 4] = [198, 51, 100, 7];
+const GATEWAY6: &str = "2001:db8:ffff::1";
+const PEER6: &str = "2001:db8:ffff::2";
+const STRANGER6: &str = "2001:db8:7::7";
 /// Our index for the one peer: its sessions' receiver indexes are 0x000101xx.
 const PEER_INDEX: u32 = 0x101;
 
@@ -40,6 +47,7 @@ impl Harness {
         let mut ebpf = loaded_guard();
         let maps = GuardMaps {
             sources: ByteHash::new(ebpf.take_map(names::MAP_GUARD_SOURCES).unwrap()).unwrap(),
+            sources6: ByteHash::new(ebpf.take_map(names::MAP_GUARD_SOURCES6).unwrap()).unwrap(),
             indexes: ByteHash::new(ebpf.take_map(names::MAP_GUARD_INDEXES).unwrap()).unwrap(),
             ports: ByteHash::new(ebpf.take_map(names::MAP_GUARD_PORTS).unwrap()).unwrap(),
         };
@@ -47,9 +55,13 @@ impl Harness {
         guard
             .set_ports(&BTreeMap::from([(PORT, Initiations::FromEndpoints)]))
             .unwrap();
-        let peer = std::net::SocketAddrV4::new(PEER.into(), PORT);
+        let peer = SocketAddr::from((PEER, PORT));
+        let peer6 = SocketAddr::new(PEER6.parse().unwrap(), PORT);
         guard
-            .sync(&BTreeSet::from([peer]), &BTreeSet::from([PEER_INDEX]))
+            .sync(
+                &BTreeSet::from([peer, peer6]),
+                &BTreeSet::from([PEER_INDEX]),
+            )
             .unwrap();
         let stats = Counters::guard(ebpf.take_map(names::MAP_GUARD_STATS).unwrap()).unwrap();
         Self { ebpf, stats, guard }
@@ -120,6 +132,92 @@ fn udp(src: [u8; 4], sport: u16, dport: u16, payload: Vec<u8>) -> Vec<u8> {
         zero_csum: false,
     };
     eth_ipv4(&Datagram::new(src, GATEWAY, l4).bytes())
+}
+
+/// An IPv6 datagram from `src` to the gateway, in a frame.
+fn udp_ipv6(src: &str, sport: u16, dport: u16, payload: &[u8]) -> Packet6 {
+    Packet6::new(addr6(src), addr6(GATEWAY6), udp6(sport, dport, payload))
+}
+
+fn eth_ipv6(packet: &Packet6) -> Vec<u8> {
+    ethernet(ETH_P_IPV6, &packet.bytes())
+}
+
+#[test]
+fn the_guard_judges_ipv6_datagrams_as_ipv4_ones_past_their_extension_headers() {
+    let harness = Harness::new();
+    let initiation = message(1, 0, 0, 148);
+    let ours = (PEER_INDEX << 8) | 0x2a;
+    let data = message(4, ours, 0, 64);
+    let stranger = |payload: &[u8]| udp_ipv6(STRANGER6, 40000, PORT, payload);
+    harness.check(vec![
+        (
+            "a peer's initiation over IPv6",
+            eth_ipv6(&udp_ipv6(PEER6, PORT, PORT, &initiation)),
+            XDP_PASS,
+            Some(0),
+        ),
+        (
+            "a stranger's initiation over IPv6",
+            eth_ipv6(&stranger(&initiation)),
+            XDP_DROP,
+            Some(2),
+        ),
+        (
+            "the peer's IPv4 address written as IPv6",
+            eth_ipv6(&udp_ipv6("::ffff:203.0.113.2", PORT, PORT, &initiation)),
+            XDP_DROP,
+            Some(2),
+        ),
+        (
+            "data for our session from a new IPv6 source",
+            eth_ipv6(&stranger(&data)),
+            XDP_PASS,
+            Some(1),
+        ),
+        (
+            "a stranger's initiation behind 3 extension headers",
+            eth_ipv6(&stranger(&initiation).with_options(3)),
+            XDP_DROP,
+            Some(2),
+        ),
+        (
+            "a peer's initiation behind 8 extension headers",
+            eth_ipv6(&udp_ipv6(PEER6, PORT, PORT, &initiation).with_options(8)),
+            XDP_PASS,
+            Some(0),
+        ),
+        (
+            "9 extension headers, hiding the port",
+            eth_ipv6(&udp_ipv6(PEER6, PORT, PORT, &initiation).with_options(9)),
+            XDP_DROP,
+            Some(2),
+        ),
+        (
+            "a stranger's first fragment",
+            eth_ipv6(&stranger(&initiation).in_fragment(0, true, 7)),
+            XDP_DROP,
+            Some(2),
+        ),
+        (
+            "a later fragment: no port to judge by",
+            eth_ipv6(&stranger(&initiation).in_fragment(2, false, 7)),
+            XDP_PASS,
+            None,
+        ),
+        (
+            "another UDP port over IPv6",
+            eth_ipv6(&udp_ipv6(STRANGER6, 40000, 53, &initiation)),
+            XDP_PASS,
+            None,
+        ),
+        (
+            "a truncated IPv6 header",
+            ethernet(ETH_P_IPV6, &[0x60, 0, 0]),
+            XDP_PASS,
+            None,
+        ),
+    ]);
 }
 
 #[test]
@@ -318,13 +416,6 @@ fn a_port_serving_a_peer_that_makes_contact_lets_initiations_alone_through_from_
         XDP_DROP,
         Some(2),
     )]);
-}
-
-#[test]
-fn the_guard_keys_sources_by_address_and_port_in_wire_order() {
-    let key = source(std::net::SocketAddrV4::new(PEER.into(), PORT));
-    assert_eq!(key.addr.bytes(), PEER);
-    assert_eq!(key.port.bytes(), PORT.to_be_bytes());
 }
 
 #[test]

@@ -18,7 +18,7 @@ pub use options::{Implementation, LiqoWireguardArgs, Mode, OptionError, Settings
 
 use std::{
     collections::BTreeMap,
-    net::Ipv4Addr,
+    net::IpAddr,
     path::Path,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -203,7 +203,7 @@ struct Container {
     public_keys: Store<DynamicObject>,
     connections: Store<DynamicObject>,
     /// The peer's gateway address, for a client whose endpoint is a name.
-    address: Option<Ipv4Addr>,
+    address: Option<IpAddr>,
     /// When the name is looked up next.
     lookup_due: Instant,
     /// The peer the tunnel was last given.

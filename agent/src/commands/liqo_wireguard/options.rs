@@ -5,7 +5,7 @@
 //! and the command. Each flag is checked here, and a refusal names it.
 
 use std::{
-    net::{Ipv4Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     path::PathBuf,
     time::Duration,
 };
@@ -249,14 +249,16 @@ impl LiqoWireguardArgs {
             return Err(bad("endpoint-port", "0", "the peer listens on a port"));
         }
         match Endpoint::parse(text) {
-            Some(Endpoint::Addr(ip)) if ip.is_unspecified() || ip.is_broadcast() => {
+            Some(Endpoint::Addr(ip))
+                if ip.is_unspecified() || ip.is_multicast() || is_broadcast(ip) =>
+            {
                 Err(bad("endpoint-address", text, "no gateway listens there"))
             }
             Some(endpoint) => Ok(endpoint),
             None => Err(bad(
                 "endpoint-address",
                 text,
-                "neither an IPv4 address nor a host name",
+                "neither an IP address nor a host name",
             )),
         }
     }
@@ -282,6 +284,11 @@ fn bad(flag: &'static str, value: &str, reason: &str) -> OptionError {
         value: value.into(),
         reason: reason.into(),
     }
+}
+
+/// Whether `ip` is IPv4's limited broadcast address.
+fn is_broadcast(ip: IpAddr) -> bool {
+    matches!(ip, IpAddr::V4(ip) if ip.is_broadcast())
 }
 
 #[cfg(test)]
@@ -363,7 +370,7 @@ mod tests {
         assert_eq!(settings.gateway.role, GatewayRole::Client);
         assert_eq!(
             settings.endpoint,
-            Endpoint::Addr(Ipv4Addr::new(203, 0, 113, 1))
+            Endpoint::Addr(Ipv4Addr::new(203, 0, 113, 1).into())
         );
         assert_eq!(settings.endpoint_port, 32000);
         assert_eq!(settings.dns_check_interval, Duration::from_mins(5));
@@ -387,7 +394,7 @@ mod tests {
             (
                 "client",
                 &["--endpoint-address=203.0.113.300"],
-                "--endpoint-address=203.0.113.300: neither an IPv4 address nor a host name",
+                "--endpoint-address=203.0.113.300: neither an IP address nor a host name",
             ),
             (
                 "client",

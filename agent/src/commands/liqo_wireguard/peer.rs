@@ -6,11 +6,11 @@
 
 use std::{
     collections::BTreeSet,
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, SocketAddr},
     sync::Arc,
 };
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net};
 use kube::{ResourceExt, api::DynamicObject};
 
 use super::options::Settings;
@@ -45,7 +45,7 @@ pub struct Desired {
 pub fn desired(
     settings: &Settings,
     public_keys: &[Arc<DynamicObject>],
-    address: Option<Ipv4Addr>,
+    address: Option<IpAddr>,
 ) -> Desired {
     let cluster_id = &settings.gateway.cluster_id;
     let mut problems = Vec::new();
@@ -87,8 +87,8 @@ pub fn desired(
     };
     let endpoint = match (&settings.endpoint, address) {
         (Endpoint::Learned, _) => None,
-        (Endpoint::Addr(ip), _) => Some(SocketAddrV4::new(*ip, settings.endpoint_port)),
-        (Endpoint::Name(_), Some(ip)) => Some(SocketAddrV4::new(ip, settings.endpoint_port)),
+        (Endpoint::Addr(ip), _) => Some(SocketAddr::new(*ip, settings.endpoint_port)),
+        (Endpoint::Name(_), Some(ip)) => Some(SocketAddr::new(ip, settings.endpoint_port)),
         (Endpoint::Name(name), None) => {
             problems.push(format!(
                 "--endpoint-address={name} has no address yet: the tunnel has no peer until it resolves"
@@ -107,7 +107,7 @@ pub fn desired(
             public,
             endpoint,
             // Liqo's AllowedIPs: the gateway's routes decide what enters.
-            networks: vec![Ipv4Net::default()],
+            networks: vec![IpNet::V4(Ipv4Net::default())],
         }),
         problems,
     }
@@ -157,6 +157,8 @@ pub fn needs_initial_status(connection: &DynamicObject) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+
     use serde_json::{Value, json};
 
     use super::*;
@@ -218,7 +220,7 @@ mod tests {
             public_key("gw-milan", "milan", key_spec([9; 32])),
         ];
         let client = desired(
-            &settings(Endpoint::Addr(Ipv4Addr::new(203, 0, 113, 1))),
+            &settings(Endpoint::Addr(Ipv4Addr::new(203, 0, 113, 1).into())),
             &keys,
             None,
         );
@@ -226,7 +228,7 @@ mod tests {
         let peer = client.peer.unwrap();
         assert_eq!(peer.public, PEER_KEY);
         assert_eq!(peer.endpoint, Some("203.0.113.1:51840".parse().unwrap()));
-        assert_eq!(peer.networks, vec!["0.0.0.0/0".parse::<Ipv4Net>().unwrap()]);
+        assert_eq!(peer.networks, vec!["0.0.0.0/0".parse::<IpNet>().unwrap()]);
         assert_eq!(
             (peer.label.as_str(), peer.key.name.as_str()),
             ("rome", "rome")
@@ -245,7 +247,7 @@ mod tests {
         assert!(
             waiting.problems[0].contains("--endpoint-address=gw.rome.example has no address yet")
         );
-        let resolved = desired(&named, &keys, Some(Ipv4Addr::new(198, 51, 100, 4)));
+        let resolved = desired(&named, &keys, Some(Ipv4Addr::new(198, 51, 100, 4).into()));
         assert_eq!(
             resolved.peer.unwrap().endpoint,
             Some("198.51.100.4:51840".parse().unwrap())
@@ -254,7 +256,7 @@ mod tests {
 
     #[test]
     fn forged_and_conflicting_public_keys_are_named_and_give_no_peer() {
-        let client = settings(Endpoint::Addr(Ipv4Addr::new(203, 0, 113, 1)));
+        let client = settings(Endpoint::Addr(Ipv4Addr::new(203, 0, 113, 1).into()));
         let forged = [
             public_key("gw-rome", "rome", json!({ "publicKey": "not base64!" })),
             public_key("short", "rome", json!({ "publicKey": "AAAA" })),

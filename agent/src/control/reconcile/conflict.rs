@@ -5,7 +5,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
-    net::{IpAddr, Ipv4Addr},
+    net::IpAddr,
 };
 
 use ipnet::IpNet;
@@ -34,7 +34,7 @@ pub(super) struct Accepted {
     /// overlap.
     views: BTreeMap<AddrKey, (usize, usize)>,
     /// Every accepted endpoint address, with its peer.
-    endpoints: BTreeSet<(Ipv4Addr, usize)>,
+    endpoints: BTreeSet<(IpAddr, usize)>,
     /// The accepted Liqo v1 peer, if any.
     v1_peer: Option<usize>,
     /// Whether each Liqo v1 peer has a device of its own.
@@ -142,7 +142,7 @@ impl Accepted {
     /// A view of `peer` holding a WireGuard endpoint (an accepted peer's,
     /// else its own), or its endpoint inside an accepted peer's view.
     fn endpoint_in_a_view(&self, peer: &Peer) -> Option<Problem> {
-        let views = peer.views();
+        let views = peer.all_views();
         let senior_inside = views
             .iter()
             .filter_map(|(_, view)| {
@@ -170,9 +170,8 @@ impl Accepted {
             });
         }
         let at = endpoint(peer)?;
-        // An IPv4 address lies in an IPv4 view, first among a peer's.
-        let (other, place) = self.view_holding(IpAddr::V4(at))?;
-        let (other_field, other_net) = self.peers[other].views()[place];
+        let (other, place) = self.view_holding(at)?;
+        let (other_field, other_net) = self.peers[other].all_views()[place];
         let (other, other_file) = self.named(other);
         Some(Problem::EndpointUnderView {
             endpoint: at,
@@ -250,7 +249,7 @@ fn public_key(peer: &Peer) -> Option<[u8; 32]> {
     peer.tunnel.as_ref().ok().map(|t| t.public_key)
 }
 
-fn endpoint(peer: &Peer) -> Option<Ipv4Addr> {
+fn endpoint(peer: &Peer) -> Option<IpAddr> {
     peer.tunnel.as_ref().ok().and_then(|t| t.endpoint.addr())
 }
 

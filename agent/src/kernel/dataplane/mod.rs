@@ -351,10 +351,13 @@ impl Dataplane {
     pub fn take_guard(&mut self) -> Result<GuardMaps, DataplaneError> {
         let map_error = |e| DataplaneError::Map(names::MAP_GUARD_SOURCES, e);
         let sources = ByteHash::new(self.take(names::MAP_GUARD_SOURCES)?).map_err(map_error)?;
+        let map_error = |e| DataplaneError::Map(names::MAP_GUARD_SOURCES6, e);
+        let sources6 = ByteHash::new(self.take(names::MAP_GUARD_SOURCES6)?).map_err(map_error)?;
         let indexes = ByteHash::new(self.take(names::MAP_GUARD_INDEXES)?).map_err(map_error)?;
         let ports = ByteHash::new(self.take(names::MAP_GUARD_PORTS)?).map_err(map_error)?;
         Ok(GuardMaps {
             sources,
+            sources6,
             indexes,
             ports,
         })

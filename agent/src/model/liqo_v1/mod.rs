@@ -434,7 +434,7 @@ impl<'a> Fields<'a> {
             .ok_or_else(|| self.missing(&path))?;
         Endpoint::parse(text).ok_or_else(|| {
             self.error(format!(
-                "field spec.endpoint.addresses[0]: {text:?} is neither an IPv4 address nor a host name"
+                "field spec.endpoint.addresses[0]: {text:?} is neither an IP address nor a host name"
             ))
         })
     }

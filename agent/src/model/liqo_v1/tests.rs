@@ -130,7 +130,7 @@ fn a_gateway_client_connects_to_the_peers_endpoint_and_a_server_listens() {
             },
             cluster_id: "rome".into(),
             side: Side::Client {
-                endpoint: Endpoint::Addr(Ipv4Addr::new(203, 0, 113, 2)),
+                endpoint: Endpoint::Addr(Ipv4Addr::new(203, 0, 113, 2).into()),
                 port: 51840,
             },
             mtu: 1340,

@@ -1,7 +1,7 @@
 //! Where and how to reach a peer's gateway: `endpointIP` (an address, or a
 //! host name), the port and the WireGuard key.
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, SocketAddr};
 
 /// Where and how to reach a peer's gateway.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,8 +22,8 @@ pub struct TunnelParams {
 /// that makes contact itself.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Endpoint {
-    /// An IPv4 address.
-    Addr(Ipv4Addr),
+    /// An IPv4 or IPv6 address.
+    Addr(IpAddr),
     /// A host name, resolved by the gateway through the system resolver.
     Name(String),
     /// Where the peer makes contact from: we are its server (a Liqo v1
@@ -33,7 +33,7 @@ pub enum Endpoint {
 
 impl Endpoint {
     /// The address, when the object gives one rather than a name.
-    pub fn addr(&self) -> Option<Ipv4Addr> {
+    pub fn addr(&self) -> Option<IpAddr> {
         match self {
             Endpoint::Addr(ip) => Some(*ip),
             Endpoint::Name(_) | Endpoint::Learned => None,
@@ -42,8 +42,8 @@ impl Endpoint {
 
     /// An address, or a host name; None for anything else.
     pub(crate) fn parse(text: &str) -> Option<Self> {
-        if let Ok(ip) = text.parse::<Ipv4Addr>() {
-            return Some(Endpoint::Addr(ip));
+        if let Ok(ip) = text.parse::<IpAddr>() {
+            return Some(Endpoint::Addr(ip.to_canonical()));
         }
         is_host_name(text).then(|| Endpoint::Name(text.to_ascii_lowercase()))
     }
@@ -61,8 +61,8 @@ impl std::fmt::Display for Endpoint {
 
 impl TunnelParams {
     /// The endpoint with its port, when it is an address.
-    pub fn socket(&self) -> Option<SocketAddrV4> {
-        Some(SocketAddrV4::new(self.endpoint.addr()?, self.port))
+    pub fn socket(&self) -> Option<SocketAddr> {
+        Some(SocketAddr::new(self.endpoint.addr()?, self.port))
     }
 }
 

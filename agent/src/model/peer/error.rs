@@ -1,8 +1,8 @@
 //! Why a TunnelEndpoint cannot be used, naming the file, object and field.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::IpNet;
 use thiserror::Error;
 
 use crate::model::object::{ObjectKey, ObjectKind};
@@ -169,9 +169,9 @@ pub enum Problem {
         /// The field holding the endpoint.
         field: &'static str,
         /// Its network.
-        net: Ipv4Net,
+        net: IpNet,
         /// The endpoint.
-        endpoint: Ipv4Addr,
+        endpoint: IpAddr,
         /// The TunnelEndpoint of that endpoint, or of that view.
         other: ObjectKey,
         /// File holding it.
@@ -183,7 +183,7 @@ pub enum Problem {
     )]
     EndpointUnderView {
         /// The endpoint.
-        endpoint: Ipv4Addr,
+        endpoint: IpAddr,
         /// The TunnelEndpoint whose view holds it.
         other: ObjectKey,
         /// File holding it.
@@ -191,7 +191,7 @@ pub enum Problem {
         /// Its field.
         other_field: &'static str,
         /// That field's network.
-        other_net: Ipv4Net,
+        other_net: IpNet,
     },
     /// A second TunnelEndpoint with a public key already taken.
     #[error(

@@ -139,6 +139,13 @@ impl Peer {
         in_both_families(self.views(), ipv6)
     }
 
+    /// The networks in both families whose addresses the peer's packets
+    /// carry inside the tunnel, with their fields.
+    pub fn all_tunnel_networks(&self) -> Vec<(&'static str, IpNet)> {
+        let ipv6 = self.ipv6.as_ref().map(|n| n.tunnel_networks(self.layout));
+        in_both_families(self.tunnel_networks(), ipv6)
+    }
+
     /// Our real networks in both families, with their fields.
     pub fn all_local_networks(&self) -> Vec<(&'static str, IpNet)> {
         let ipv6 = self.ipv6.as_ref().map(|n| n.local_networks(self.layout));

@@ -191,7 +191,7 @@ const PEER_FAMILIES: [PeerFamily; 11] = [
     },
     PeerFamily {
         name: "peer_source_violations",
-        help: "Authenticated packets from the peer dropped because their inner source lay outside its networks",
+        help: "Authenticated packets from the peer dropped because their inner source lay outside its networks, or their destination was IPv6 multicast or link-local",
         value: PeerValue::Counter(|p| p.dropped_source),
     },
     PeerFamily {

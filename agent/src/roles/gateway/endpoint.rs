@@ -8,7 +8,7 @@
 
 use std::{
     collections::BTreeMap,
-    net::Ipv4Addr,
+    net::IpAddr,
     time::{Duration, Instant},
 };
 
@@ -22,7 +22,7 @@ const RETRY_FAILED: Duration = Duration::from_secs(5);
 /// The last lookup of one name.
 #[derive(Clone, Debug)]
 struct Resolution {
-    result: Result<Ipv4Addr, String>,
+    result: Result<IpAddr, String>,
     at: Instant,
     /// The peer's handshake failures when it was made.
     failures: u64,
@@ -61,7 +61,7 @@ impl Resolver {
     pub fn record(
         &mut self,
         name: &str,
-        result: Result<Ipv4Addr, String>,
+        result: Result<IpAddr, String>,
         failures: u64,
         now: Instant,
     ) {
@@ -76,7 +76,7 @@ impl Resolver {
     }
 
     /// The last answer for `name`: its address, or why there is none.
-    pub fn address(&self, name: &str) -> Result<Ipv4Addr, String> {
+    pub fn address(&self, name: &str) -> Result<IpAddr, String> {
         self.names
             .get(name)
             .map_or_else(|| Err("not resolved yet".to_owned()), |r| r.result.clone())
@@ -90,22 +90,24 @@ impl Resolver {
 
 /// The first IPv4 address of `name`, through the system resolver
 /// (`/etc/hosts`, DNS, as `getaddrinfo` is configured).
-pub async fn lookup(name: &str) -> Result<Ipv4Addr, String> {
+pub async fn lookup(name: &str) -> Result<IpAddr, String> {
     let query = tokio::net::lookup_host((name, 0));
     match tokio::time::timeout(LOOKUP_TIMEOUT, query).await {
         Err(_) => Err(format!("no answer within {LOOKUP_TIMEOUT:?}")),
         Ok(Err(e)) => Err(e.to_string()),
-        Ok(Ok(mut addrs)) => addrs
-            .find_map(|a| match a.ip() {
-                std::net::IpAddr::V4(v4) => Some(v4),
-                std::net::IpAddr::V6(_) => None,
-            })
-            .ok_or_else(|| "no IPv4 address".to_owned()),
+        Ok(Ok(addrs)) => {
+            let addrs: Vec<IpAddr> = addrs.map(|a| a.ip().to_canonical()).collect();
+            (addrs.iter().find(|a| a.is_ipv4()).or_else(|| addrs.first()))
+                .copied()
+                .ok_or_else(|| "no address".to_owned())
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+
     use super::*;
 
     #[test]
@@ -116,8 +118,8 @@ mod tests {
         let name = "gw.example";
         assert!(r.due(name, 0, t0));
         assert_eq!(r.address(name), Err("not resolved yet".into()));
-        r.record(name, Ok(Ipv4Addr::new(203, 0, 113, 2)), 0, t0);
-        assert_eq!(r.address(name), Ok(Ipv4Addr::new(203, 0, 113, 2)));
+        r.record(name, Ok(Ipv4Addr::new(203, 0, 113, 2).into()), 0, t0);
+        assert_eq!(r.address(name), Ok(Ipv4Addr::new(203, 0, 113, 2).into()));
         assert!(!r.due(name, 0, t0 + Duration::from_secs(59)));
         assert!(r.due(name, 0, t0 + Duration::from_mins(1)));
         // A failed handshake since the lookup: the LoadBalancer may have moved.
@@ -131,7 +133,11 @@ mod tests {
 
     #[tokio::test]
     async fn the_system_resolver_answers_for_localhost_and_fails_cleanly_for_an_unknown_name() {
-        assert_eq!(lookup("localhost").await, Ok(Ipv4Addr::LOCALHOST));
+        assert_eq!(lookup("localhost").await, Ok(Ipv4Addr::LOCALHOST.into()));
+        assert_eq!(
+            lookup("::1").await,
+            Ok(std::net::Ipv6Addr::LOCALHOST.into())
+        );
         // `.invalid` never resolves (RFC 2606).
         assert!(lookup("isthmus-test.invalid").await.is_err());
     }

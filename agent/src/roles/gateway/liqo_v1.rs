@@ -7,7 +7,7 @@
 
 use std::{collections::BTreeMap, net::Ipv4Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net};
 use tracing::error;
 
 use crate::{
@@ -57,13 +57,14 @@ impl TunnelAddresses {
     }
 }
 
-/// The networks whose addresses `peer`'s packets carry inside the tunnel:
-/// for a Liqo v1 peer, its real networks and its tunnel address.
-pub fn tunnel_networks(peer: &Peer) -> Vec<Ipv4Net> {
-    let networks = peer.tunnel_networks().map(|(_, net)| net);
-    networks
-        .into_iter()
-        .chain(TunnelAddresses::of(peer).map(|ends| Ipv4Net::from(ends.theirs)))
+/// The networks of both families whose addresses `peer`'s packets carry
+/// inside the tunnel: for a Liqo v1 peer, its real networks and its
+/// tunnel address.
+pub fn tunnel_networks(peer: &Peer) -> Vec<IpNet> {
+    let networks = peer.all_tunnel_networks().into_iter();
+    let tunnel_address = TunnelAddresses::of(peer).map(|ends| Ipv4Net::from(ends.theirs));
+    (networks.map(|(_, net)| net))
+        .chain(tunnel_address.map(IpNet::V4))
         .collect()
 }
 
@@ -182,7 +183,7 @@ mod tests {
         };
         let networks = PeerNetworks::from_configuration(&raw, "c.yaml").unwrap();
         let mut peer = networks.peer(&raw.key, "c.yaml", Companions::default());
-        let net = |s: &str| s.parse::<Ipv4Net>().unwrap();
+        let net = |s: &str| s.parse::<IpNet>().unwrap();
         assert_eq!(
             tunnel_networks(&peer),
             [
@@ -193,7 +194,7 @@ mod tests {
         );
         // Its views, which the kernel finds it by, are routed, not
         // carried: nothing inside the tunnel may claim them.
-        let views: Vec<Ipv4Net> = peer.views().iter().map(|(_, n)| *n).collect();
+        let views: Vec<IpNet> = peer.all_views().iter().map(|(_, n)| *n).collect();
         assert!(views.iter().all(|v| !tunnel_networks(&peer).contains(v)));
         // As its server, the peer is the client, at .2.
         peer.liqo_gateway = Some(LiqoGateway::rome(

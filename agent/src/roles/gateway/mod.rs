@@ -4,7 +4,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, SocketAddr},
     sync::{Arc, Mutex},
     time::Instant,
 };
@@ -60,7 +60,7 @@ pub struct Gateway {
     states: BTreeMap<ObjectKey, Connection>,
     guard: Option<Guard>,
     /// Endpoints as the objects give them, before any roaming.
-    configured: BTreeSet<SocketAddrV4>,
+    configured: BTreeSet<SocketAddr>,
     /// The addresses of endpoint names.
     resolver: Resolver,
     /// Peers left out of the tunnel for want of an endpoint address, or of
@@ -209,7 +209,7 @@ impl Gateway {
     /// peer we serve, or why the peer cannot be in the tunnel: a name that
     /// does not resolve, or resolves into a peer's view (the tunnel's own
     /// packets would enter the tunnel).
-    fn address(&self, tunnel: &TunnelParams, peers: &[Peer]) -> Result<Option<Ipv4Addr>, String> {
+    fn address(&self, tunnel: &TunnelParams, peers: &[Peer]) -> Result<Option<IpAddr>, String> {
         let name = match &tunnel.endpoint {
             Endpoint::Addr(addr) => return Ok(Some(*addr)),
             // Its device listens on the port its object gives (see `lane`).
@@ -222,7 +222,7 @@ impl Gateway {
             .map_err(|e| format!("field endpointIP: {name} does not resolve: {e}"))?;
         match peers
             .iter()
-            .flat_map(|p| p.views().map(|view| (p, view)))
+            .flat_map(|p| p.all_views().into_iter().map(move |view| (p, view)))
             .find(|(_, (_, net))| net.contains(&addr))
         {
             Some((other, (field, net))) => Err(format!(
@@ -492,7 +492,7 @@ impl Gateway {
         let Some(guard) = &mut self.guard else {
             return;
         };
-        let endpoints: BTreeSet<SocketAddrV4> = statuses
+        let endpoints: BTreeSet<SocketAddr> = statuses
             .iter()
             .filter_map(|s| s.endpoint)
             .chain(self.configured.iter().copied())

@@ -5,7 +5,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     sync::Arc,
 };
 
@@ -46,7 +46,7 @@ impl<'a> Plan<'a> {
     /// says (none for a peer we serve, which makes contact itself).
     pub fn new(
         peers: &'a [Peer],
-        address: impl Fn(&TunnelParams) -> Result<Option<Ipv4Addr>, String>,
+        address: impl Fn(&TunnelParams) -> Result<Option<IpAddr>, String>,
     ) -> Self {
         let mut plan = Plan::default();
         for peer in peers {
@@ -139,13 +139,13 @@ impl<'a> Plan<'a> {
 }
 
 /// The tunnel peer of `peer`, reached at `addr` on its port.
-fn tunnel_peer(peer: &Peer, params: &TunnelParams, addr: Option<Ipv4Addr>) -> PeerConfig {
+fn tunnel_peer(peer: &Peer, params: &TunnelParams, addr: Option<IpAddr>) -> PeerConfig {
     PeerConfig {
         key: peer.key.clone(),
         label: peer.label().to_owned(),
         cluster_name: peer.name().to_owned(),
         public: params.public_key,
-        endpoint: addr.map(|addr| SocketAddrV4::new(addr, params.port)),
+        endpoint: addr.map(|addr| SocketAddr::new(addr, params.port)),
         networks: liqo_v1::tunnel_networks(peer),
     }
 }

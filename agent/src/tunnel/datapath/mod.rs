@@ -4,7 +4,7 @@
 //! call: TSO and GRO on TUN, GSO and GRO on UDP.
 
 use std::{
-    net::{IpAddr, Ipv4Addr, SocketAddrV4, UdpSocket},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket},
     os::fd::{AsRawFd, OwnedFd},
     sync::{Arc, atomic::Ordering},
     time::{Duration, Instant},
@@ -30,9 +30,10 @@ const IDLE_MS: u16 = 200;
 /// Frames read from TUN per wake-up, before the UDP side gets a turn.
 const TUN_READS: usize = 64;
 
-/// The largest UDP payload of one IPv4 datagram. Whatever a WAN host
-/// sends, boringtun never gets a buffer shorter than this: it panics on one.
-pub const MAX_DATAGRAM: usize = 65535 - 20 - 8;
+/// The largest UDP payload of one datagram, of either family (IPv6's
+/// payload length leaves out its header). Whatever a WAN host sends,
+/// boringtun never gets a buffer shorter than this: it panics on one.
+pub const MAX_DATAGRAM: usize = 65535 - 8;
 
 /// Buffers of one worker, allocated once.
 struct Buffers {
@@ -209,7 +210,7 @@ impl<'a> Worker<'a> {
             }
             for datagram in message.chunks(segment) {
                 if handshakes::is_initiation(datagram) {
-                    let from_peer = peers.is_endpoint(*source.ip());
+                    let from_peer = peers.is_endpoint(source.ip());
                     if !self.shared.handshakes.push(datagram, source, from_peer) {
                         let full = &self.shared.counters.handshake_queue_full;
                         full.fetch_add(1, Ordering::Relaxed);
@@ -244,7 +245,7 @@ impl Sender<'_> {
     fn encrypt(
         &self,
         peer: &TunnelPeer,
-        endpoint: SocketAddrV4,
+        endpoint: SocketAddr,
         packet: &[u8],
         outgoing: &mut SendBatch,
     ) {
@@ -282,9 +283,34 @@ impl Sender<'_> {
     }
 }
 
-fn destination(packet: &[u8]) -> Option<Ipv4Addr> {
-    (packet.len() >= 20 && packet[0] >> 4 == 4)
-        .then(|| Ipv4Addr::new(packet[16], packet[17], packet[18], packet[19]))
+/// Where an IP packet of either family goes.
+fn destination(packet: &[u8]) -> Option<IpAddr> {
+    match packet.first()? >> 4 {
+        4 => {
+            let dst: [u8; 4] = packet.get(16..20)?.try_into().ok()?;
+            Some(Ipv4Addr::from(dst).into())
+        }
+        6 => {
+            let dst: [u8; 16] = packet.get(24..40)?.try_into().ok()?;
+            Some(Ipv6Addr::from(dst).into())
+        }
+        _ => None,
+    }
+}
+
+/// Whether `dst` is an address a router forwards: not IPv6's multicast,
+/// link-local, loopback or unspecified addresses, which neighbour
+/// discovery and router advertisements use and no tunnel carries.
+fn leaves_the_link(dst: IpAddr) -> bool {
+    match dst {
+        IpAddr::V4(_) => true,
+        IpAddr::V6(dst) => {
+            !(dst.is_multicast()
+                || dst.is_unicast_link_local()
+                || dst.is_loopback()
+                || dst.is_unspecified())
+        }
+    }
 }
 
 fn lock(peer: &TunnelPeer) -> std::sync::MutexGuard<'_, Tunn> {
@@ -315,7 +341,7 @@ impl Receiver<'_> {
     pub fn receive(
         &self,
         datagram: &[u8],
-        source: SocketAddrV4,
+        source: SocketAddr,
         packet: &mut [u8],
         scratch: &mut [u8],
     ) -> Option<usize> {
@@ -330,16 +356,12 @@ impl Receiver<'_> {
         &self,
         peer: &Arc<TunnelPeer>,
         datagram: &[u8],
-        source: SocketAddrV4,
+        source: SocketAddr,
         buf: &mut [u8],
     ) -> Option<usize> {
         let counters = &self.shared.counters;
         let mut tunn = lock(peer);
-        let result = tunn.decapsulate(
-            Some(IpAddr::V4(*source.ip())),
-            datagram,
-            &mut buf[VNET_HDR_LEN..],
-        );
+        let result = tunn.decapsulate(Some(source.ip()), datagram, &mut buf[VNET_HDR_LEN..]);
         if authenticated(datagram, &result) {
             // Follow the peer to where it authenticated from before anything
             // answers it: another worker may encrypt the reply to this very
@@ -348,16 +370,10 @@ impl Receiver<'_> {
         }
         match result {
             TunnResult::WriteToTunnelV4(packet, inner_source) => {
-                // The inner source must be one of this peer's networks.
-                if self
-                    .peers
-                    .route(inner_source)
-                    .is_some_and(|owner| Arc::ptr_eq(owner, peer))
-                {
-                    peer.counters.rx_packets.fetch_add(1, Ordering::Relaxed);
-                    return Some(packet.len());
-                }
-                peer.counters.dropped_source.fetch_add(1, Ordering::Relaxed);
+                return self.deliver(peer, packet, inner_source.into());
+            }
+            TunnResult::WriteToTunnelV6(packet, inner_source) => {
+                return self.deliver(peer, packet, inner_source.into());
             }
             TunnResult::WriteToNetwork(reply) => {
                 let _ = self.udp.send_to(reply, source);
@@ -381,13 +397,29 @@ impl Receiver<'_> {
                         .fetch_add(1, Ordering::Relaxed);
                 }
             }
-            // No peer's networks are IPv6: its source lies outside them,
-            // whatever it is (a router advertisement, a neighbour's
-            // solicitation).
-            TunnResult::WriteToTunnelV6(..) => {
-                peer.counters.dropped_source.fetch_add(1, Ordering::Relaxed);
-            }
         }
+        None
+    }
+
+    /// Whether a decrypted `packet` from `inner_source` is delivered: its
+    /// source must lie in `peer`'s own networks, as WireGuard's cryptokey
+    /// routing wants (a router advertisement's or a neighbour
+    /// solicitation's link-local source lies in none), and it must not be
+    /// bound for a link: IPv6 multicast or link-local. Returns its length
+    /// if so.
+    fn deliver(
+        &self,
+        peer: &Arc<TunnelPeer>,
+        packet: &[u8],
+        inner_source: IpAddr,
+    ) -> Option<usize> {
+        let owner = self.peers.route(inner_source);
+        let routed = destination(packet).is_some_and(leaves_the_link);
+        if routed && owner.is_some_and(|owner| Arc::ptr_eq(owner, peer)) {
+            peer.counters.rx_packets.fetch_add(1, Ordering::Relaxed);
+            return Some(packet.len());
+        }
+        peer.counters.dropped_source.fetch_add(1, Ordering::Relaxed);
         None
     }
 
@@ -399,19 +431,18 @@ impl Receiver<'_> {
     fn sender(
         &self,
         datagram: &[u8],
-        source: SocketAddrV4,
+        source: SocketAddr,
         scratch: &mut [u8],
     ) -> Option<&Arc<TunnelPeer>> {
         let (shared, peers) = (self.shared, self.peers);
         let found = match Tunn::parse_incoming_packet(datagram) {
             Ok(Packet::HandshakeInit(_)) => {
-                match shared.limiter.verify_packet(
-                    Some(IpAddr::V4(*source.ip())),
-                    datagram,
-                    scratch,
-                ) {
+                match shared
+                    .limiter
+                    .verify_packet(Some(source.ip()), datagram, scratch)
+                {
                     Ok(Packet::HandshakeInit(_))
-                        if !shared.throttle.allow(*source.ip(), Instant::now()) =>
+                        if !shared.throttle.allow(source.ip(), Instant::now()) =>
                     {
                         shared.counters.throttled.fetch_add(1, Ordering::Relaxed);
                         return None;

@@ -25,19 +25,21 @@ struct Pair {
     bufs: Buffers,
 }
 
-fn loopback() -> UdpSocket {
-    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+/// A socket bound to `at`: "[::]:0" takes both families.
+fn bound(at: &str) -> UdpSocket {
+    let socket = UdpSocket::bind(at).unwrap();
     socket
         .set_read_timeout(Some(Duration::from_secs(2)))
         .unwrap();
     socket
 }
 
-fn addr(socket: &UdpSocket) -> SocketAddrV4 {
-    match socket.local_addr().unwrap() {
-        std::net::SocketAddr::V4(a) => a,
-        other @ std::net::SocketAddr::V6(_) => panic!("{other}"),
-    }
+fn loopback() -> UdpSocket {
+    bound("127.0.0.1:0")
+}
+
+fn addr(socket: &UdpSocket) -> SocketAddr {
+    socket.local_addr().unwrap()
 }
 
 impl Pair {
@@ -49,6 +51,17 @@ impl Pair {
     /// A remote whose endpoint we know, or one we serve (`known` false),
     /// which makes contact itself.
     fn with_known_endpoint(known: bool) -> Self {
+        Self::between("127.0.0.1:0", "127.0.0.1:0", known)
+    }
+
+    /// A remote we know at an IPv6 address, our socket taking both
+    /// families as the tunnel's does.
+    fn over_ipv6() -> Self {
+        Self::between("[::]:0", "[::1]:0", true)
+    }
+
+    /// Our socket bound to `ours`, the remote's to `theirs`.
+    fn between(ours: &str, theirs: &str, known: bool) -> Self {
         let our_secret = StaticSecret::from([1u8; 32]);
         let remote_secret = StaticSecret::from([2u8; 32]);
         let our_public = PublicKey::from(&our_secret);
@@ -57,7 +70,7 @@ impl Pair {
             public: our_public,
         };
         let shared = Arc::new(Shared::new(key, 1420));
-        let remote_socket = loopback();
+        let remote_socket = bound(theirs);
         let config = PeerConfig {
             key: ObjectKey {
                 namespace: "liqo-tenant-b".into(),
@@ -67,7 +80,9 @@ impl Pair {
             cluster_name: "b".into(),
             public: *PublicKey::from(&remote_secret).as_bytes(),
             endpoint: known.then(|| addr(&remote_socket)),
-            networks: vec!["10.77.0.0/24".parse().unwrap()],
+            networks: ["10.77.0.0/24", "fd00:77::/64"]
+                .map(|n| n.parse().unwrap())
+                .to_vec(),
         };
         let networks = config.networks.clone();
         let peer = Arc::new(TunnelPeer::new(
@@ -82,7 +97,7 @@ impl Pair {
         let bufs = Buffers::new(&shared);
         Self {
             shared,
-            ours: loopback(),
+            ours: bound(ours),
             remote,
             remote_socket,
             bufs,
@@ -94,7 +109,7 @@ impl Pair {
     }
 
     /// Hands `datagram` to our gateway as if it came from `source`.
-    fn receive(&mut self, datagram: &[u8], source: SocketAddrV4) -> Option<Vec<u8>> {
+    fn receive(&mut self, datagram: &[u8], source: SocketAddr) -> Option<Vec<u8>> {
         let peers = self.shared.snapshot();
         let receiver = Receiver {
             shared: &self.shared,
@@ -184,6 +199,18 @@ fn ipv4(src: [u8; 4], len: usize) -> Vec<u8> {
     packet
 }
 
+/// An IPv6 packet of 100 bytes from `src` to `dst`, a UDP header after it.
+fn ipv6(src: &str, dst: &str) -> Vec<u8> {
+    let mut packet = vec![0u8; 100];
+    packet[0] = 0x60;
+    packet[4..6].copy_from_slice(&60u16.to_be_bytes());
+    packet[6] = 17;
+    packet[7] = 64;
+    packet[8..24].copy_from_slice(&src.parse::<std::net::Ipv6Addr>().unwrap().octets());
+    packet[24..40].copy_from_slice(&dst.parse::<std::net::Ipv6Addr>().unwrap().octets());
+    packet
+}
+
 /// A router advertisement, as a peer's router would send it to every node
 /// of a link: from a link-local address to all nodes, hop limit 255.
 fn router_advertisement() -> Vec<u8> {
@@ -212,6 +239,51 @@ fn a_router_advertisement_a_peer_sends_through_the_tunnel_reaches_no_device() {
     assert_eq!(pair.shared.counters.rejected.load(Ordering::Relaxed), 0);
     let datagram = pair.sealed(&ipv4([10, 77, 0, 9], 100));
     assert_eq!(pair.receive(&datagram, from).map(|p| p.len()), Some(100));
+}
+
+#[test]
+fn ipv6_packets_from_the_peers_networks_are_delivered_and_none_bound_for_a_link() {
+    let mut pair = Pair::new();
+    pair.handshake();
+    let from = addr(&pair.remote_socket);
+    let routed = pair.sealed(&ipv6("fd00:77::9", "fd00:10:244::5"));
+    assert_eq!(pair.receive(&routed, from).map(|p| p.len()), Some(100));
+    for (src, dst) in [
+        ("fd00:77::9", "ff02::1"),
+        ("fd00:77::9", "ff05::2"),
+        ("fd00:77::9", "fe80::1"),
+        ("fd00:77::9", "::1"),
+        ("fd00:78::9", "fd00:10:244::5"),
+        ("fe80::9", "fd00:10:244::5"),
+    ] {
+        let sealed = pair.sealed(&ipv6(src, dst));
+        assert_eq!(pair.receive(&sealed, from), None, "{src} → {dst}");
+    }
+    let peer = pair.peer();
+    assert_eq!(peer.counters.dropped_source.load(Ordering::Relaxed), 6);
+    assert_eq!(peer.counters.rx_packets.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn a_peer_over_an_ipv6_wan_handshakes_carries_both_families_and_roams_within_ipv6() {
+    let mut pair = Pair::over_ipv6();
+    pair.handshake();
+    let from = addr(&pair.remote_socket);
+    assert!(from.is_ipv6());
+    for packet in [
+        ipv4([10, 77, 0, 9], 100),
+        ipv6("fd00:77::9", "fd00:10:244::5"),
+    ] {
+        let sealed = pair.sealed(&packet);
+        assert_eq!(pair.receive(&sealed, from).map(|p| p.len()), Some(100));
+    }
+    assert_eq!(pair.peer().endpoint(), Some(from));
+    // Our answer reaches it over IPv6.
+    assert!(pair.send(&ipv4([10, 244, 0, 5], 100)));
+    let moved: SocketAddr = "[::1]:40001".parse().unwrap();
+    let sealed = pair.sealed(&ipv4([10, 77, 0, 9], 100));
+    assert!(pair.receive(&sealed, moved).is_some());
+    assert_eq!(pair.peer().endpoint(), Some(moved));
 }
 
 #[test]

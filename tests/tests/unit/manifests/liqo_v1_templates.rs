@@ -313,7 +313,7 @@ fn rendered_for_a_peering_they_give_what_liqo_and_kubernetes_accept() {
         .unwrap()
         .parse()
         .unwrap();
-    assert_eq!(contacting.endpoint, Endpoint::Addr(address));
+    assert_eq!(contacting.endpoint, Endpoint::Addr(address.into()));
     assert_eq!(
         u64::from(contacting.endpoint_port),
         client_gateway["spec"]["endpoint"]["port"].as_u64().unwrap()
