@@ -500,7 +500,7 @@ fn record(report: &Report, metrics: &Metrics) {
 async fn sync_worker_routes(routes: &mut Routes, peers: &[Peer], source: Option<Ipv4Addr>) -> bool {
     let desired = peers
         .iter()
-        .flat_map(|peer| peer.views().map(|(_, net)| net))
+        .flat_map(|peer| peer.all_views().into_iter().map(|(_, net)| net))
         .collect();
     routes.set_source(source).await;
     let synced = routes.sync(&desired, true).await;

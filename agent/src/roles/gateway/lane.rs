@@ -142,7 +142,7 @@ impl Lane {
         };
         let desired = peers
             .iter()
-            .flat_map(|peer| peer.views().map(|(_, net)| net))
+            .flat_map(|peer| peer.all_views().into_iter().map(|(_, net)| net))
             .collect();
         let synced = self.routes.sync(&desired, active).await;
         log_routes(&self.spec.device, synced) && side

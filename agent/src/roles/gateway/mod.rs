@@ -10,7 +10,7 @@ use std::{
 };
 
 use anyhow::Result;
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use isthmus_common::guard::Initiations;
 use tracing::{error, info, warn};
 
@@ -55,7 +55,7 @@ pub struct Gateway {
     blackholes: Routes,
     /// The networks routed at the last pass, whose blackholes stay until
     /// their routes into a device are gone.
-    routed: BTreeSet<Ipv4Net>,
+    routed: BTreeSet<IpNet>,
     reported: BTreeSet<(String, String)>,
     states: BTreeMap<ObjectKey, Connection>,
     guard: Option<Guard>,
@@ -466,7 +466,7 @@ impl Gateway {
         active: bool,
     ) -> bool {
         let desired = plan.routed();
-        let before: BTreeSet<Ipv4Net> = self.routed.union(&desired).copied().collect();
+        let before: BTreeSet<IpNet> = self.routed.union(&desired).copied().collect();
         let mut routed =
             lane::log_routes("blackholes", self.blackholes.sync(&before, active).await);
         for (device, lane) in &mut self.lanes {

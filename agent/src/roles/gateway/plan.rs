@@ -9,7 +9,7 @@ use std::{
     sync::Arc,
 };
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 
 use super::{conncheck::Target, lane::LaneSpec, liqo_v1};
 use crate::{
@@ -122,13 +122,13 @@ impl<'a> Plan<'a> {
             .collect()
     }
 
-    /// The networks routed into the tunnel: our views of the carried peers.
-    /// The addresses inside the tunnel may be real ones, which a Liqo v1
-    /// peer shares with us.
-    pub fn routed(&self) -> BTreeSet<Ipv4Net> {
+    /// The networks of both families routed into the tunnel: our views of
+    /// the carried peers. The addresses inside the tunnel may be real ones,
+    /// which a Liqo v1 peer shares with us.
+    pub fn routed(&self) -> BTreeSet<IpNet> {
         self.carried
             .iter()
-            .flat_map(|c| c.peer.views().map(|(_, net)| net))
+            .flat_map(|c| c.peer.all_views().into_iter().map(|(_, net)| net))
             .collect()
     }
 

@@ -20,10 +20,13 @@
 
 mod netlink;
 
-use std::{collections::BTreeSet, net::Ipv4Addr};
+use std::{
+    collections::BTreeSet,
+    net::{Ipv4Addr, Ipv6Addr},
+};
 
 use futures::TryStreamExt;
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net};
 use netlink_packet_route::{
     address::{AddressMessage, AddressScope},
     route::{RouteHeader, RouteMessage, RouteProtocol, RouteType},
@@ -72,7 +75,7 @@ pub enum RouteError {
     )]
     NotOurs {
         /// The network.
-        net: Ipv4Net,
+        net: IpNet,
         /// ` metric N` for a blackhole route, empty otherwise.
         metric: String,
         /// How the kernel describes the route there.
@@ -104,7 +107,8 @@ pub struct Routes {
     /// The source address the routes in use give the node's own traffic,
     /// where one is set.
     source: Option<Ipv4Addr>,
-    installed: BTreeSet<(Ipv4Net, Kind)>,
+    /// Networks of both families, each with its kind of route.
+    installed: BTreeSet<(IpNet, Kind)>,
     /// Whether the routes are in use (the active gateway).
     active: bool,
 }
@@ -221,7 +225,7 @@ impl Routes {
         if source == self.source {
             return;
         }
-        let live: Vec<Ipv4Net> = self
+        let live: Vec<IpNet> = self
             .installed
             .iter()
             .filter(|(_, kind)| *kind == Kind::Live)
@@ -310,7 +314,7 @@ impl Routes {
     /// worker, with no device, keeps the blackholes alone. Adds
     /// what is missing and removes what is no longer wanted; a route that
     /// cannot be written does not stop the others.
-    pub async fn sync(&mut self, desired: &BTreeSet<Ipv4Net>, active: bool) -> Synced {
+    pub async fn sync(&mut self, desired: &BTreeSet<IpNet>, active: bool) -> Synced {
         let kinds: &[Kind] = match (self.index, self.staged, active) {
             (NO_DEVICE, ..) => &[Kind::Blackhole],
             (_, false, _) => &[Kind::Blackhole, Kind::Live],
@@ -318,12 +322,12 @@ impl Routes {
             (_, true, false) => &[Kind::Blackhole, Kind::Staged],
         };
         let mut synced = Synced::default();
-        let wanted: BTreeSet<(Ipv4Net, Kind)> = desired
+        let wanted: BTreeSet<(IpNet, Kind)> = desired
             .iter()
             .flat_map(|net| kinds.iter().map(|kind| (*net, *kind)))
             .filter(|(_, kind)| self.blackholes || *kind != Kind::Blackhole)
             .collect();
-        let missing: Vec<(Ipv4Net, Kind)> = wanted.difference(&self.installed).copied().collect();
+        let missing: Vec<(IpNet, Kind)> = wanted.difference(&self.installed).copied().collect();
         for (net, kind) in missing {
             match self.add(net, kind).await {
                 Ok(()) => {
@@ -333,7 +337,7 @@ impl Routes {
                 Err(e) => synced.failures.push(e),
             }
         }
-        let stale: Vec<(Ipv4Net, Kind)> = self.installed.difference(&wanted).copied().collect();
+        let stale: Vec<(IpNet, Kind)> = self.installed.difference(&wanted).copied().collect();
         // In reverse: a network's route in use goes before its blackhole.
         for (net, kind) in stale.iter().rev() {
             // Already gone (the device went down, say) is as good as removed.
@@ -366,7 +370,7 @@ impl Routes {
     /// someone else's (ours were adopted at start). A route in use is also
     /// refused where main has someone else's route for the same network
     /// with another metric, which it would silently override.
-    async fn add(&self, net: Ipv4Net, kind: Kind) -> Result<(), RouteError> {
+    async fn add(&self, net: IpNet, kind: Kind) -> Result<(), RouteError> {
         if kind == Kind::Live {
             let foreign = self.routes_for(net, MAIN_TABLE).await;
             if !foreign.is_empty() {
@@ -393,24 +397,39 @@ impl Routes {
     }
 
     /// The routes of `table` for exactly `net` that are not ours.
-    async fn routes_for(&self, net: Ipv4Net, table_id: u32) -> Vec<RouteMessage> {
+    async fn routes_for(&self, net: IpNet, table_id: u32) -> Vec<RouteMessage> {
         let mut routes = dump(&self.handle).await.unwrap_or_default();
         routes.retain(|r| destination(r) == Some(net) && table(r) == table_id && !is_ours(r));
         routes
     }
 
-    fn message(&self, net: Ipv4Net, kind: Kind) -> RouteMessage {
-        let route = RouteMessageBuilder::<Ipv4Addr>::new()
-            .destination_prefix(net.network(), net.prefix_len())
+    fn message(&self, net: IpNet, kind: Kind) -> RouteMessage {
+        match net {
+            IpNet::V4(net) => {
+                let route = RouteMessageBuilder::<Ipv4Addr>::new()
+                    .destination_prefix(net.network(), net.prefix_len());
+                match (kind, self.source) {
+                    (Kind::Live, Some(source)) => self.shape(route.pref_source(source), kind),
+                    _ => self.shape(route, kind),
+                }
+            }
+            IpNet::V6(net) => {
+                let route = RouteMessageBuilder::<Ipv6Addr>::new()
+                    .destination_prefix(net.network(), net.prefix_len());
+                self.shape(route, kind)
+            }
+        }
+    }
+
+    /// A route of `kind` for the destination `route` holds: ours, in its
+    /// table, into the device or a blackhole.
+    fn shape<T>(&self, route: RouteMessageBuilder<T>, kind: Kind) -> RouteMessage {
+        let route = route
             .protocol(RouteProtocol::Other(ROUTE_PROTOCOL))
             .table_id(kind.table());
-        match (kind, self.source) {
-            (Kind::Live, Some(source)) => route
-                .output_interface(self.index)
-                .pref_source(source)
-                .build(),
-            (Kind::Staged | Kind::Live, _) => route.output_interface(self.index).build(),
-            (Kind::Blackhole, _) => route
+        match kind {
+            Kind::Staged | Kind::Live => route.output_interface(self.index).build(),
+            Kind::Blackhole => route
                 .kind(RouteType::BlackHole)
                 .priority(BLACKHOLE_METRIC)
                 .build(),
@@ -440,7 +459,7 @@ async fn index_of(handle: &Handle, dev: &str) -> Result<u32, RouteError> {
 }
 
 /// The refusal of a route for `net` because of the routes `there`.
-fn not_ours(net: Ipv4Net, kind: Kind, there: &[RouteMessage]) -> RouteError {
+fn not_ours(net: IpNet, kind: Kind, there: &[RouteMessage]) -> RouteError {
     let found: Vec<String> = there
         .iter()
         .map(|r| {

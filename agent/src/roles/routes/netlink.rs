@@ -1,10 +1,10 @@
 //! The netlink side of the routes: the connection, the dumps of what is
 //! ours, the removal of it all, and the readers of the messages' fields.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use futures::TryStreamExt;
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use netlink_packet_route::{
     address::{AddressAttribute, AddressMessage},
     route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol},
@@ -67,12 +67,28 @@ pub async fn delete_device(dev: &str) -> Result<bool, RouteError> {
     Ok(true)
 }
 
-/// Every IPv4 route, of every table: without strict checking, the
-/// kernel ignores the table of a dump request.
+/// Every route of both families, of every table: without strict
+/// checking, the kernel ignores the table of a dump request.
 pub(super) async fn dump(handle: &Handle) -> Result<Vec<RouteMessage>, RouteError> {
+    let mut routes = dump_one(handle, RouteMessageBuilder::<Ipv4Addr>::new().build()).await?;
+    // A kernel without IPv6 has no IPv6 routes to list.
+    let ipv6 = RouteMessageBuilder::<Ipv6Addr>::new().build();
+    match dump_one(handle, ipv6).await {
+        Ok(more) => routes.extend(more),
+        Err(RouteError::Request {
+            source: rtnetlink::Error::NetlinkError(e),
+            ..
+        }) if e.raw_code() == -libc::EAFNOSUPPORT => {}
+        Err(e) => return Err(e),
+    }
+    Ok(routes)
+}
+
+/// Every route of the family `request` asks for.
+async fn dump_one(handle: &Handle, request: RouteMessage) -> Result<Vec<RouteMessage>, RouteError> {
     handle
         .route()
-        .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
+        .get(request)
         .execute()
         .try_collect()
         .await
@@ -155,10 +171,14 @@ pub(super) fn table(route: &RouteMessage) -> u32 {
         .unwrap_or(u32::from(route.header.table))
 }
 
-pub(super) fn destination(route: &RouteMessage) -> Option<Ipv4Net> {
+pub(super) fn destination(route: &RouteMessage) -> Option<IpNet> {
+    let len = route.header.destination_prefix_length;
     route.attributes.iter().find_map(|a| match a {
         RouteAttribute::Destination(RouteAddress::Inet(addr)) => {
-            Ipv4Net::new(*addr, route.header.destination_prefix_length).ok()
+            Ipv4Net::new(*addr, len).ok().map(IpNet::V4)
+        }
+        RouteAttribute::Destination(RouteAddress::Inet6(addr)) => {
+            Ipv6Net::new(*addr, len).ok().map(IpNet::V6)
         }
         _ => None,
     })
