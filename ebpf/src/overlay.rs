@@ -11,13 +11,14 @@ use aya_ebpf::{
 };
 use isthmus_common::{
     ipv4::{DST, Header, MIN_HLEN, PROTO_UDP},
+    ipv6,
     overlay::{OverlayConfig, OverlayEvent},
-    wire::Be32,
+    wire::{Be32, Be128},
 };
 
 use crate::{
     forward, maps,
-    parse::{self, ETH_HLEN, ETH_P_IP, be16, bytes_at},
+    parse::{self, ETH_HLEN, ETH_P_IP, ETH_P_IPV6, be16, bytes_at},
     stack,
 };
 
@@ -26,17 +27,23 @@ const PACKET_HOST: u32 = 0;
 /// Outer TTL of overlay packets.
 const OUTER_TTL: u8 = 64;
 
-/// On a pod-facing device: a packet for a peer's networks goes to the
-/// gateway node, or, on the gateway node itself, towards the tunnel past
-/// the stack (its egress NAT still runs); anything else goes on untouched.
+/// The family of a packet bound for a peer's networks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PeerBound {
+    Ipv4,
+    Ipv6,
+}
+
+/// On a pod-facing device: a packet for a peer's networks, of either
+/// family, goes to the gateway node, or, on the gateway node itself,
+/// towards the tunnel: an IPv4 one past the stack (its egress NAT still
+/// runs), an IPv6 one by the stack's route into the tunnel. Anything else
+/// goes on untouched.
 #[inline(always)]
 pub fn steer(ctx: &TcContext, l3: usize) -> i32 {
-    let Some(dst) = ipv4_dst(ctx, l3) else {
+    let Some(family) = peer_bound(ctx, l3) else {
         return TC_ACT_UNSPEC;
     };
-    if maps::peer(dst).is_none() {
-        return TC_ACT_UNSPEC;
-    }
     let Some(config) = maps::overlay() else {
         return TC_ACT_UNSPEC;
     };
@@ -45,6 +52,9 @@ pub fn steer(ctx: &TcContext, l3: usize) -> i32 {
         return TC_ACT_UNSPEC;
     }
     if config.gateway == config.local {
+        if family == PeerBound::Ipv6 {
+            return TC_ACT_UNSPEC;
+        }
         // The egress NAT parses the packet next: pulled once, for both.
         if parse::ipv4::linearize(ctx, l3).is_err() {
             return TC_ACT_UNSPEC;
@@ -65,13 +75,10 @@ pub fn steer(ctx: &TcContext, l3: usize) -> i32 {
 /// and counted.
 #[inline(always)]
 pub fn own_to_gateway(ctx: &TcContext) -> i32 {
-    let Some(dst) = ipv4_dst(ctx, ETH_HLEN) else {
-        return TC_ACT_UNSPEC;
-    };
     // Steered packets, nearly all of what leaves here, carry their key:
     // read it before the peer table's longest-prefix lookup, which the
     // steering already did for them.
-    if has_tunnel_key(ctx) || maps::peer(dst).is_none() {
+    if has_tunnel_key(ctx) || peer_bound(ctx, ETH_HLEN).is_none() {
         return TC_ACT_UNSPEC;
     }
     let Some(config) = maps::overlay() else {
@@ -129,6 +136,10 @@ pub fn accept(ctx: &TcContext) -> i32 {
         return TC_ACT_UNSPEC;
     }
     maps::count_overlay(OverlayEvent::Received);
+    // An IPv6 packet takes the stack's routes.
+    if ctx.skb.protocol() != ETH_P_IP {
+        return TC_ACT_UNSPEC;
+    }
     match bytes_at::<MIN_HLEN>(ctx, ETH_HLEN) {
         Some(ip) => forward::to_next_hop(ctx, config, ETH_HLEN, &ip),
         None => TC_ACT_UNSPEC,
@@ -211,14 +222,21 @@ pub fn decapsulate(ctx: &TcContext) -> i32 {
 
 const ETH_TYPE_IPV4: u16 = 0x0800;
 
-/// The IPv4 destination of an IPv4 packet starting at `l3`: all a pod's
-/// packet that is for no peer costs.
+/// The family of a packet starting at `l3` if its destination lies in a
+/// peer's networks: its destination and one lookup are all a pod's packet
+/// that is for no peer costs.
 #[inline(always)]
-fn ipv4_dst(ctx: &TcContext, l3: usize) -> Option<Be32> {
-    if ctx.skb.protocol() != ETH_P_IP {
-        return None;
+fn peer_bound(ctx: &TcContext, l3: usize) -> Option<PeerBound> {
+    let protocol = ctx.skb.protocol();
+    if protocol == ETH_P_IP {
+        let dst = parse::peek::<4>(ctx, l3 + DST).map(Be32::from_bytes)?;
+        return maps::peer(dst).map(|_| PeerBound::Ipv4);
     }
-    parse::peek::<4>(ctx, l3 + DST).map(Be32::from_bytes)
+    if protocol == ETH_P_IPV6 {
+        let dst = parse::peek::<16>(ctx, l3 + ipv6::DST).map(Be128::from_bytes)?;
+        return maps::peer6(dst).map(|_| PeerBound::Ipv6);
+    }
+    None
 }
 
 /// Sets the tunnel key to `remote` and redirects the packet to the VXLAN

@@ -4,7 +4,7 @@
 use std::{
     io::{Read, Write},
     mem::MaybeUninit,
-    net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket},
     sync::atomic::{AtomicU16, Ordering},
     time::{Duration, Instant},
 };
@@ -46,9 +46,9 @@ impl Proto {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Seen {
     /// The source address of the client's packets, as the server got them.
-    pub client_as_seen_by_server: Ipv4Addr,
+    pub client_as_seen_by_server: IpAddr,
     /// The source address of the server's reply, as the client got it.
-    pub server_as_seen_by_client: Ipv4Addr,
+    pub server_as_seen_by_client: IpAddr,
 }
 
 static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
@@ -62,8 +62,13 @@ pub fn next_port() -> u16 {
 }
 
 /// One exchange: a server in `server_ns`, a client in `client_ns` that
-/// sends to `target`, on a port no other probe uses.
-pub fn exchange(proto: Proto, client_ns: &str, server_ns: &str, target: Ipv4Addr) -> Result<Seen> {
+/// sends to `target` (of either family), on a port no other probe uses.
+pub fn exchange(
+    proto: Proto,
+    client_ns: &str,
+    server_ns: &str,
+    target: impl Into<IpAddr>,
+) -> Result<Seen> {
     exchange_on(proto, client_ns, server_ns, target, next_port())
 }
 
@@ -72,9 +77,10 @@ pub fn exchange_on(
     proto: Proto,
     client_ns: &str,
     server_ns: &str,
-    target: Ipv4Addr,
+    target: impl Into<IpAddr>,
     port: u16,
 ) -> Result<Seen> {
+    let target = target.into();
     match proto {
         Proto::Tcp => tcp(client_ns, server_ns, target, port),
         Proto::Udp => udp(client_ns, server_ns, target, port),
@@ -88,18 +94,18 @@ pub fn exchange_on(
     })
 }
 
-fn v4(addr: SocketAddr) -> Result<Ipv4Addr> {
-    match addr {
-        SocketAddr::V4(a) => Ok(*a.ip()),
-        SocketAddr::V6(a) => bail!("unexpected IPv6 peer {a}"),
+/// The unspecified address of `target`'s family, for a server or a
+/// client to bind.
+fn any_of(target: IpAddr) -> IpAddr {
+    match target {
+        IpAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+        IpAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
     }
 }
 
-fn tcp(client_ns: &str, server_ns: &str, target: Ipv4Addr, port: u16) -> Result<Seen> {
-    let listener = netns::run_in(server_ns, || {
-        TcpListener::bind((Ipv4Addr::UNSPECIFIED, port))
-    })??;
-    let server = std::thread::spawn(move || -> Result<Ipv4Addr> {
+fn tcp(client_ns: &str, server_ns: &str, target: IpAddr, port: u16) -> Result<Seen> {
+    let listener = netns::run_in(server_ns, || TcpListener::bind((any_of(target), port)))??;
+    let server = std::thread::spawn(move || -> Result<IpAddr> {
         listener.set_nonblocking(true)?;
         let accepted = || match listener.accept() {
             Ok(conn) => Ok(Some(conn)),
@@ -109,11 +115,11 @@ fn tcp(client_ns: &str, server_ns: &str, target: Ipv4Addr, port: u16) -> Result<
         let (mut stream, peer) =
             crate::wait::try_poll(TIMEOUT, Duration::from_millis(2), "a connection", accepted)?;
         stream.set_nonblocking(false)?;
-        let peer = v4(peer)?;
+        let peer = peer.ip();
         stream.write_all(peer.to_string().as_bytes())?;
         Ok(peer)
     });
-    let server_seen = netns::run_in(client_ns, move || -> Result<Ipv4Addr> {
+    let server_seen = netns::run_in(client_ns, move || -> Result<IpAddr> {
         let addr = SocketAddr::from((target, port));
         let mut stream = TcpStream::connect_timeout(&addr, TIMEOUT).context("connect")?;
         stream.set_read_timeout(Some(TIMEOUT))?;
@@ -121,7 +127,7 @@ fn tcp(client_ns: &str, server_ns: &str, target: Ipv4Addr, port: u16) -> Result<
         stream
             .read_to_string(&mut echoed)
             .context("reading the server's reply")?;
-        v4(stream.peer_addr()?)
+        Ok(stream.peer_addr()?.ip())
     })?;
     // Join the server before reporting a client failure, so no thread outlives the probe.
     let client_seen = server
@@ -134,9 +140,10 @@ fn tcp(client_ns: &str, server_ns: &str, target: Ipv4Addr, port: u16) -> Result<
     })
 }
 
-fn udp(client_ns: &str, server_ns: &str, target: Ipv4Addr, port: u16) -> Result<Seen> {
-    let server = netns::run_in(server_ns, || UdpSocket::bind((Ipv4Addr::UNSPECIFIED, port)))??;
-    let client = netns::run_in(client_ns, || UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)))??;
+fn udp(client_ns: &str, server_ns: &str, target: IpAddr, port: u16) -> Result<Seen> {
+    let any = any_of(target);
+    let server = netns::run_in(server_ns, || UdpSocket::bind((any, port)))??;
+    let client = netns::run_in(client_ns, || UdpSocket::bind((any, 0)))??;
     server.set_read_timeout(Some(TIMEOUT))?;
     client.set_read_timeout(Some(TIMEOUT))?;
     client.send_to(b"isthmus-probe", (target, port))?;
@@ -149,58 +156,80 @@ fn udp(client_ns: &str, server_ns: &str, target: Ipv4Addr, port: u16) -> Result<
         .recv_from(&mut buf)
         .context("client waiting for the reply")?;
     Ok(Seen {
-        client_as_seen_by_server: v4(from)?,
-        server_as_seen_by_client: v4(reply_from)?,
+        client_as_seen_by_server: from.ip(),
+        server_as_seen_by_client: reply_from.ip(),
     })
 }
 
-fn icmp(client_ns: &str, server_ns: &str, target: Ipv4Addr) -> Result<Seen> {
+/// An echo request and reply's ICMP types, and the raw socket's protocol,
+/// in `target`'s family. An ICMPv6 raw socket gets no IPv6 header, and
+/// has the kernel fill its checksum over the pseudo-header.
+fn echo_of(target: IpAddr) -> (u8, u8, Domain, Protocol) {
+    match target {
+        IpAddr::V4(_) => (8, 0, Domain::IPV4, Protocol::ICMPV4),
+        IpAddr::V6(_) => (128, 129, Domain::IPV6, Protocol::ICMPV6),
+    }
+}
+
+fn icmp(client_ns: &str, server_ns: &str, target: IpAddr) -> Result<Seen> {
     let id = NEXT_ICMP_ID.fetch_add(1, Ordering::Relaxed) ^ (std::process::id() as u16);
-    let raw = || Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::ICMPV4));
+    let (request, reply, domain, protocol) = echo_of(target);
+    let raw = || Socket::new(domain, Type::RAW, Some(protocol));
     // The server's kernel answers the echo; a raw socket there watches it arrive.
     let watcher = netns::run_in(server_ns, raw)??;
     let client = netns::run_in(client_ns, raw)??;
     watcher.set_read_timeout(Some(TIMEOUT))?;
     client.set_read_timeout(Some(TIMEOUT))?;
-    client.send_to(&echo_request(id, 1), &SocketAddrV4::new(target, 0).into())?;
-    let client_seen = wait_icmp(&watcher, 8, id).context("server watching for the echo request")?;
-    let server_seen = wait_icmp(&client, 0, id).context("client waiting for the echo reply")?;
+    let echo = echo_request(request, id, 1);
+    client.send_to(&echo, &SocketAddr::new(target, 0).into())?;
+    let client_seen =
+        wait_icmp(&watcher, request, id).context("server watching for the echo request")?;
+    let server_seen = wait_icmp(&client, reply, id).context("client waiting for the echo reply")?;
     Ok(Seen {
         client_as_seen_by_server: client_seen,
         server_as_seen_by_client: server_seen,
     })
 }
 
-fn echo_request(id: u16, seq: u16) -> Vec<u8> {
-    let mut packet = vec![8, 0, 0, 0];
+/// An echo request of ICMP type `icmp_type`; its checksum is IPv4's (the
+/// kernel fills an ICMPv6 one).
+fn echo_request(icmp_type: u8, id: u16, seq: u16) -> Vec<u8> {
+    let mut packet = vec![icmp_type, 0, 0, 0];
     packet.extend(id.to_be_bytes());
     packet.extend(seq.to_be_bytes());
     packet.extend(b"isthmus-probe");
-    let check = isthmus_common::csum::checksum(&packet);
-    packet[2..4].copy_from_slice(&check.bytes());
+    if icmp_type == 8 {
+        let check = isthmus_common::csum::checksum(&packet);
+        packet[2..4].copy_from_slice(&check.bytes());
+    }
     packet
 }
 
-/// Reads a raw ICMP socket until an ICMP message of `icmp_type` with echo
-/// id `id` arrives; returns its IP source.
-fn wait_icmp(socket: &Socket, icmp_type: u8, id: u16) -> Result<Ipv4Addr> {
+/// Reads a raw ICMP or ICMPv6 socket until a message of `icmp_type` with
+/// echo id `id` arrives; returns its IP source.
+fn wait_icmp(socket: &Socket, icmp_type: u8, id: u16) -> Result<IpAddr> {
     let deadline = Instant::now() + TIMEOUT;
     let mut buf = [MaybeUninit::<u8>::uninit(); 1500];
     while Instant::now() < deadline {
-        let n = socket.recv(&mut buf)?;
-        // SAFETY: recv initialised the first n bytes.
+        let (n, from) = socket.recv_from(&mut buf)?;
+        // SAFETY: recv_from initialised the first n bytes.
         let packet: Vec<u8> = buf[..n]
             .iter()
             .map(|b| unsafe { b.assume_init() })
             .collect();
-        let ihl = usize::from(packet[0] & 0x0f) * 4;
-        let Some(icmp) = packet.get(ihl..) else {
+        let Some(source) = from.as_socket().map(|a| a.ip()) else {
+            continue;
+        };
+        // An IPv4 raw socket gets the IP header; an IPv6 one does not.
+        let icmp = match source {
+            IpAddr::V4(_) => packet.get(usize::from(packet[0] & 0x0f) * 4..),
+            IpAddr::V6(_) => Some(&packet[..]),
+        };
+        let Some(icmp) = icmp else {
             continue;
         };
         if icmp.len() >= 8 && icmp[0] == icmp_type && u16::from_be_bytes([icmp[4], icmp[5]]) == id {
-            return Ok(Ipv4Addr::new(
-                packet[12], packet[13], packet[14], packet[15],
-            ));
+            return Ok(source);
         }
     }
     bail!("no ICMP type {icmp_type} with id {id} within {TIMEOUT:?}")

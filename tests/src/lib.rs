@@ -78,3 +78,20 @@ pub fn require_root() {
         "this test loads eBPF programs and needs root; run it through `cargo xtask test` as root"
     );
 }
+
+/// Exchanges one probe of `proto` for reachability row `row`, of either
+/// family: the row's server answers, each end seeing the addresses the row
+/// says.
+pub fn assert_row<A: Into<std::net::IpAddr> + Copy>(
+    proto: isthmus_lab::probe::Proto,
+    row: &isthmus_lab::topology::Reach<A>,
+) {
+    let seen = isthmus_lab::probe::exchange(proto, &row.from, &row.answered_by, row.target)
+        .unwrap_or_else(|e| panic!("row {} over {proto:?}: {e:#}", row.row));
+    assert_eq!(
+        (seen.client_as_seen_by_server, seen.server_as_seen_by_client),
+        (row.client_seen_as.into(), row.target.into()),
+        "row {} over {proto:?}",
+        row.row
+    );
+}

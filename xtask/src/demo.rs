@@ -1,19 +1,30 @@
 //! `cargo xtask demo`: real traffic across the lab's clusters, and what
 //! each end saw.
 
+use std::net::IpAddr;
+
 use anyhow::{Result, bail};
 use isthmus_lab::{
     lab,
     probe::{self, Proto},
-    topology::{self, CLUSTERS},
+    topology::{self, CLUSTERS, Reach},
 };
 
-/// Builds, brings the lab up, probes every reachability row over TCP, UDP
-/// and ICMP, and prints the result. Fails if any row fails.
-pub fn run(keep: bool) -> Result<()> {
+/// Builds, brings the lab up (`dual_stack`: the dual-stack lab), probes
+/// every reachability row over TCP, UDP and ICMP, IPv4's and, in the
+/// dual-stack lab, IPv6's, and prints the result. Fails if any row fails.
+pub fn run(keep: bool, dual_stack: bool) -> Result<()> {
     crate::build()?;
-    lab::up(&lab::Setup::default())?;
-    let result = probe_rows();
+    lab::up(&lab::Setup {
+        dual_stack,
+        ..lab::Setup::default()
+    })?;
+    let ipv4 = topology::reachability().into_iter().map(any_family);
+    let mut result = probe_rows("IPv4", ipv4.collect());
+    if dual_stack {
+        let ipv6 = topology::reachability6().into_iter().map(any_family);
+        result = result.and(probe_rows("IPv6", ipv6.collect()));
+    }
     print_counters();
     if keep {
         println!("\nlab left up; `cargo xtask lab down` removes it");
@@ -23,17 +34,37 @@ pub fn run(keep: bool) -> Result<()> {
     result
 }
 
-fn probe_rows() -> Result<()> {
-    println!();
+/// A row in addresses of either family.
+fn any_family<A: Into<IpAddr>>(row: Reach<A>) -> Reach<IpAddr> {
+    Reach {
+        row: row.row,
+        from: row.from,
+        target: row.target.into(),
+        answered_by: row.answered_by,
+        client_seen_as: row.client_seen_as.into(),
+    }
+}
+
+/// Probes `rows`, of `family`, and prints a table of them.
+fn probe_rows(family: &str, rows: Vec<Reach<IpAddr>>) -> Result<()> {
+    let width = if family == "IPv4" { 12 } else { 24 };
+    println!("\n{family}:");
     println!(
-        "{:<4} {:<5} {:<22} {:<12} {:<22} {:<24} result",
-        "row", "proto", "from", "to", "answered by", "server saw client as"
+        "{:<4} {:<5} {:<w2$} {:<width$} {:<w2$} {:<w2$} result",
+        "row",
+        "proto",
+        "from",
+        "to",
+        "answered by",
+        "server saw client as",
+        w2 = width + 10
     );
     let mut failures = 0;
-    for row in topology::reachability() {
+    for row in rows {
         for proto in Proto::ALL {
-            let from = format!("{} {}", row.from, pod_addr(&row.from));
-            let server = format!("{} {}", row.answered_by, pod_addr(&row.answered_by));
+            let v6 = row.target.is_ipv6();
+            let from = format!("{} {}", row.from, pod_addr(&row.from, v6));
+            let server = format!("{} {}", row.answered_by, pod_addr(&row.answered_by, v6));
             let (seen, verdict) =
                 match probe::exchange(proto, &row.from, &row.answered_by, row.target) {
                     Ok(seen) => {
@@ -56,31 +87,37 @@ fn probe_rows() -> Result<()> {
                     }
                 };
             println!(
-                "{:<4} {:<5} {:<22} {:<12} {:<22} {:<24} {verdict}",
+                "{:<4} {:<5} {:<w2$} {:<width$} {:<w2$} {:<w2$} {verdict}",
                 row.row,
                 proto.as_str(),
                 from,
                 row.target.to_string(),
                 server,
-                seen
+                seen,
+                w2 = width + 10
             );
         }
     }
     if failures > 0 {
-        bail!("{failures} exchange(s) failed");
+        bail!("{failures} {family} exchange(s) failed");
     }
     println!(
-        "\nevery row answered by the right pod, which saw the client under the remapped address"
+        "every {family} row answered by the right pod, which saw the client under the remapped address"
     );
     Ok(())
 }
 
-fn pod_addr(ns: &str) -> String {
+/// The address of pod `ns`, IPv6's where `ipv6`.
+fn pod_addr(ns: &str, ipv6: bool) -> String {
+    let addr = |c: &topology::Cluster, i| match ipv6 {
+        true => c.pod_addr6(i).to_string(),
+        false => c.pod_addr(i).to_string(),
+    };
     CLUSTERS
         .iter()
-        .flat_map(|c| [1, 2].map(|i| (c.pod(i), c.pod_addr(i))))
+        .flat_map(|c| [1, 2].map(|i| (c.pod(i), addr(c, i))))
         .find(|(name, _)| name == ns)
-        .map(|(_, addr)| addr.to_string())
+        .map(|(_, addr)| addr)
         .unwrap_or_default()
 }
 

@@ -31,6 +31,10 @@ enum Task {
         /// Leave the lab up afterwards.
         #[arg(long)]
         keep: bool,
+        /// Build the dual-stack lab, and send traffic for its IPv6 rows
+        /// too.
+        #[arg(long)]
+        dual_stack: bool,
     },
     /// The test suite in tiers: style and unit tests, `BPF_PROG_TEST_RUN`,
     /// the lab, the slow tests; then a minute of each fuzz target. Each
@@ -134,6 +138,11 @@ enum LabAction {
         /// /run/isthmus-lab/kubeconfig/).
         #[arg(long, value_parser = ["v1"])]
         liqo_api: Option<String>,
+        /// Give every network its IPv6 network beside the IPv4 one, and
+        /// run the a–b tunnel over the WAN's IPv6 addresses
+        /// (docs/design.md#dual-stack).
+        #[arg(long)]
+        dual_stack: bool,
     },
     /// Remove everything the lab created; succeeds when nothing is up.
     Down,
@@ -142,7 +151,7 @@ enum LabAction {
 fn main() -> Result<()> {
     match Cli::parse().task {
         Task::Build => build(),
-        Task::Demo { keep } => demo::run(keep),
+        Task::Demo { keep, dual_stack } => demo::run(keep, dual_stack),
         Task::Test { tier } => test::run(tier),
         Task::Fuzz { seconds } => fuzz::build().and_then(|()| fuzz::run(seconds)),
         Task::Lab {
@@ -156,6 +165,7 @@ fn main() -> Result<()> {
                     ha,
                     containers,
                     liqo_api,
+                    dual_stack,
                 },
         } => {
             let liqo = match (liqo_v0_10_peer, liqo_v1_peer) {
@@ -177,6 +187,7 @@ fn main() -> Result<()> {
                 ha,
                 segregation,
                 liqo_api_v1: liqo_api.is_some(),
+                dual_stack,
                 ..lab::Setup::default()
             };
             // Before the build, which takes minutes.

@@ -189,10 +189,11 @@ impl Tier {
                 },
                 &one_by_one("lab", IN_CONTAINERS),
             )],
-            // The tests that need cluster b run as Liqo come last, in labs
-            // of their own: v0.10's, then v1's with Isthmus as the client
-            // of b's gateway, then as its server; then every cluster on
-            // Liqo v1's API.
+            // The dual-stack lab's tests follow the slow ones, in a lab of
+            // their own. The tests that need cluster b run as Liqo come
+            // last, in labs of their own: v0.10's, then v1's with Isthmus
+            // as the client of b's gateway, then as its server; then every
+            // cluster on Liqo v1's API.
             Tier::Slow => {
                 let liqo = |peer, module| {
                     TestRun::in_lab(with_liqo(peer), &one_by_one("slow", &["--ignored", module]))
@@ -201,6 +202,13 @@ impl Tier {
                     TestRun::in_lab(
                         Setup::default(),
                         &one_by_one("slow", &BESIDE_THE_LAB.map(|t| ["--skip", t]).concat()),
+                    ),
+                    TestRun::in_lab(
+                        Setup {
+                            dual_stack: true,
+                            ..Setup::default()
+                        },
+                        &one_by_one("lab", &["--ignored", "dual_stack::"]),
                     ),
                     liqo(LiqoPeer::V0_10(&topology::B), "liqo_v0_10_interop::"),
                     liqo(LiqoPeer::V1(Side::Client), "liqo_v1_interop::"),

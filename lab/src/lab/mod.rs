@@ -124,7 +124,7 @@ pub fn up(setup: &Setup) -> Result<()> {
         ..setup.clone()
     };
     base.record()?;
-    build_network(base.tunnel)?;
+    build_network(&base)?;
     start_liqo_peer(base.liqo)?;
     if base.liqo_api_v1 {
         println!(
@@ -160,18 +160,22 @@ pub fn up(setup: &Setup) -> Result<()> {
 
 /// The lab's bpffs, namespaces, links, routes and objects, and what
 /// carries traffic between its gateways besides the agents.
-fn build_network(tunnel: LabTunnel) -> Result<()> {
+fn build_network(setup: &Setup) -> Result<()> {
+    let tunnel = setup.tunnel;
     run(
         "mount",
         &["-t", "bpf", "isthmus-lab", &bpffs_root().to_string_lossy()],
     )?;
     println!("lab: building namespaces and links");
     build_wan()?;
+    if setup.dual_stack {
+        println!("lab: dual stack: every network has its IPv6 network too");
+    }
     for cluster in CLUSTERS {
-        build_cluster(cluster)?;
+        build_cluster(cluster, setup.dual_stack)?;
     }
     route_peers(tunnel)?;
-    write_objects(tunnel)?;
+    write_objects(tunnel, setup.dual_stack)?;
     start_other_tunnel(tunnel)
 }
 

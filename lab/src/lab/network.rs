@@ -1,7 +1,7 @@
 //! The lab's namespaces and wires: the WAN, each cluster's LAN, its nodes
 //! and pods, and the routes a CNI would add.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use anyhow::Result;
 
@@ -29,6 +29,31 @@ pub(crate) fn add_ns(name: &str) -> Result<()> {
     ] {
         sysctl(name, key, "1")?;
     }
+    Ok(())
+}
+
+/// Turns IPv6 on in netns `name`, for the devices made there from now on
+/// and those it has: no duplicate address detection, which would hold
+/// every address back for a second, and no router solicitations or
+/// advertisements taken.
+fn enable_ipv6(name: &str) -> Result<()> {
+    for scope in ["all", "default"] {
+        for (key, value) in [
+            ("accept_dad", "0"),
+            ("accept_ra", "0"),
+            ("router_solicitations", "0"),
+            ("disable_ipv6", "0"),
+        ] {
+            sysctl(name, &format!("net.ipv6.conf.{scope}.{key}"), value)?;
+        }
+    }
+    Ok(())
+}
+
+/// Adds IPv6 address `addr`/`prefix_len` to `dev` in `ns`, usable at once.
+fn add_addr6(ns: &str, addr: Ipv6Addr, prefix_len: u8, dev: &str) -> Result<()> {
+    let addr = format!("{addr}/{prefix_len}");
+    ip(ns, &["-6", "addr", "add", &addr, "dev", dev, "nodad"])?;
     Ok(())
 }
 
@@ -88,13 +113,19 @@ pub(super) fn build_wan() -> Result<()> {
     Ok(())
 }
 
-pub(super) fn build_cluster(c: &Cluster) -> Result<()> {
+pub(super) fn build_cluster(c: &Cluster, dual_stack: bool) -> Result<()> {
     let (gw, node, lan) = (c.gw(), c.node(), c.lan());
     for ns in [&gw, &node, &lan] {
         add_ns(ns)?;
+        if dual_stack {
+            enable_ipv6(ns)?;
+        }
     }
     for ns in [&gw, &node] {
         sysctl(ns, "net.ipv4.ip_forward", "1")?;
+        if dual_stack {
+            sysctl(ns, "net.ipv6.conf.all.forwarding", "1")?;
+        }
     }
     bridge(&lan)?;
 
@@ -124,9 +155,34 @@ pub(super) fn build_cluster(c: &Cluster) -> Result<()> {
     }
 
     // Pods: pod1 on the worker, pod2 on the gateway.
-    add_pod(c, 1, &node)?;
-    add_pod(c, 2, &gw)?;
-    route_pod_halves(c)
+    add_pod(c, 1, &node, dual_stack)?;
+    add_pod(c, 2, &gw, dual_stack)?;
+    route_pod_halves(c)?;
+    if dual_stack {
+        address_cluster6(c)?;
+    }
+    Ok(())
+}
+
+/// The dual-stack lab's IPv6 addresses and routes of cluster `c`
+/// (docs/design.md#dual-stack), beside the IPv4 ones: the uplink, the
+/// LAN, the pods and the CNI's routes between the PodCIDR's halves.
+fn address_cluster6(c: &Cluster) -> Result<()> {
+    let (gw, node) = (c.gw(), c.node());
+    add_addr6(&gw, c.wan_addr6(), 64, "wan0")?;
+    add_addr6(&gw, c.lan_gw6(), 64, "lan0")?;
+    add_addr6(&node, c.lan_node6(), 64, "lan0")?;
+    for (pod, host) in [(1, &node), (2, &gw)] {
+        wire_pod6(&c.pod(pod), host, &format!("pod{pod}"), c.pod_addr6(pod))?;
+    }
+    for (host, other_half, via) in [
+        (&node, c.pod_half6(2), c.lan_gw6()),
+        (&gw, c.pod_half6(1), c.lan_node6()),
+    ] {
+        let (half, via) = (other_half.to_string(), via.to_string());
+        ip(host, &["-6", "route", "replace", &half, "via", &via])?;
+    }
+    Ok(())
 }
 
 /// The CNI stand-in's routes: each node routes the other's half of the
@@ -153,10 +209,51 @@ pub(crate) fn route_pod_halves(c: &Cluster) -> Result<()> {
 
 /// A pod netns wired to its node like a routed CNI: a /32 address, a
 /// link-local gateway on the node's end, and a host route back.
-fn add_pod(c: &Cluster, i: u8, host: &str) -> Result<()> {
+fn add_pod(c: &Cluster, i: u8, host: &str, dual_stack: bool) -> Result<()> {
     let pod = c.pod(i);
     add_ns(&pod)?;
+    if dual_stack {
+        enable_ipv6(&pod)?;
+    }
     wire_pod(&pod, host, &format!("pod{i}"), c.pod_addr(i))
+}
+
+/// Every pod's IPv6 next hop, as Calico gives it: the node's end of the
+/// pod's veth answers for it.
+const POD_GATEWAY6: &str = "fe80::1";
+
+/// Gives the pod `pod`, wired to `host` through `host_end`, its IPv6
+/// address `addr` as [`wire_pod`] gives its IPv4 one: a /128, a
+/// link-local gateway on the node's end, and a host route back.
+fn wire_pod6(pod: &str, host: &str, host_end: &str, addr: Ipv6Addr) -> Result<()> {
+    add_addr6(pod, addr, 128, "eth0")?;
+    let gateway: Ipv6Addr = POD_GATEWAY6.parse().expect("an IPv6 address");
+    add_addr6(host, gateway, 64, host_end)?;
+    ip(
+        pod,
+        &[
+            "-6",
+            "route",
+            "add",
+            "default",
+            "via",
+            POD_GATEWAY6,
+            "dev",
+            "eth0",
+        ],
+    )?;
+    ip(
+        host,
+        &[
+            "-6",
+            "route",
+            "add",
+            &format!("{addr}/128"),
+            "dev",
+            host_end,
+        ],
+    )?;
+    Ok(())
 }
 
 /// Every pod's next hop, as Calico gives it: the node's end of the pod's

@@ -2,7 +2,10 @@
 //! (TunnelEndpoints, NatMappings, its cluster's nodes) and each gateway's
 //! hosts file.
 
-use std::{fs, net::Ipv4Addr};
+use std::{
+    fs,
+    net::{IpAddr, Ipv4Addr},
+};
 
 use anyhow::Result;
 
@@ -11,16 +14,17 @@ use super::{
     options::LabTunnel,
     paths::{hosts_file, object_dir},
 };
-use crate::topology::{CLUSTERS, NAT_MAPPING, PEERINGS};
+use crate::topology::{CLUSTERS, NAT_MAPPING, PEERINGS, Peering};
 
 /// Writes every gateway's hosts file, resolving the endpoint names of its
-/// TunnelEndpoints to the peers' uplink addresses.
-fn write_hosts() -> Result<()> {
+/// TunnelEndpoints to the peers' uplink addresses: in the dual-stack lab,
+/// to the IPv6 one where the peering's tunnel runs over IPv6.
+fn write_hosts(dual_stack: bool) -> Result<()> {
     for cluster in CLUSTERS {
         let mut hosts = String::from("127.0.0.1 localhost\n");
         for p in cluster.peerings() {
             if let Some(name) = p.endpoint_name {
-                hosts.push_str(&format!("{} {name}\n", p.remote.wan_addr()));
+                hosts.push_str(&format!("{} {name}\n", endpoint_addr(p, dual_stack)));
             }
         }
         let path = hosts_file(&cluster.gw());
@@ -30,14 +34,25 @@ fn write_hosts() -> Result<()> {
     Ok(())
 }
 
-pub(super) fn write_objects(tunnel: LabTunnel) -> Result<()> {
-    write_hosts()?;
+/// The address `p`'s tunnel reaches the peer's gateway at.
+fn endpoint_addr(p: &Peering, dual_stack: bool) -> IpAddr {
+    match dual_stack && p.over_ipv6_wan() {
+        true => p.remote.wan_addr6().into(),
+        false => p.remote.wan_addr().into(),
+    }
+}
+
+pub(super) fn write_objects(tunnel: LabTunnel, dual_stack: bool) -> Result<()> {
+    write_hosts(dual_stack)?;
     for p in &PEERINGS {
         let key = match tunnel {
             LabTunnel::None => None,
             _ => Some(public_key(&p.remote.gw())?),
         };
-        let yaml = p.tunnel_endpoint_yaml(key.as_deref());
+        let yaml = match dual_stack {
+            true => p.dual_stack_tunnel_endpoint_yaml(key.as_deref(), endpoint_addr(p, true)),
+            false => p.tunnel_endpoint_yaml(key.as_deref()),
+        };
         for (node, _) in p.local.nodes() {
             let dir = object_dir(&node);
             fs::create_dir_all(&dir)?;

@@ -39,6 +39,10 @@ pub struct Setup {
     /// of its own (`--liqo-api v1`).
     #[serde(default)]
     pub liqo_api_v1: bool,
+    /// Every network also has its IPv6 network, and the a–b tunnel runs
+    /// over the WAN's IPv6 addresses (docs/design.md#dual-stack).
+    #[serde(default)]
+    pub dual_stack: bool,
 }
 
 /// A cluster the lab runs as Liqo runs one.
@@ -148,6 +152,16 @@ impl Setup {
                 );
             }
         }
+        if self.dual_stack {
+            let liqo = self.liqo.is_some().then_some("a Liqo peer");
+            let api = self.liqo_api_v1.then_some("--liqo-api v1");
+            let tunnel_flag = format!("--tunnel {}", self.tunnel.as_str());
+            if let Some(other) = (liqo.or(api)).or_else(|| self.variant_beside(&tunnel_flag)) {
+                bail!(
+                    "`--dual-stack` and {other} cannot be combined: the dual-stack lab runs Isthmus's embedded tunnel as processes, one gateway per cluster, none segregating"
+                );
+            }
+        }
         let Some(liqo) = self.liqo else {
             return Ok(());
         };
@@ -237,6 +251,15 @@ mod tests {
             ..Setup::default()
         });
         assert!(error.contains("`--liqo-api v1` and --ha"), "{error}");
+        let error = refused(Setup {
+            dual_stack: true,
+            tunnel: LabTunnel::WireguardGo,
+            ..Setup::default()
+        });
+        assert!(
+            error.contains("`--dual-stack` and --tunnel wireguard-go"),
+            "{error}"
+        );
         let fine = Setup {
             containers: true,
             ha: true,

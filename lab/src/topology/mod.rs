@@ -456,6 +456,11 @@ spec:
     /// The TunnelEndpoint the local cluster holds, as Liqo writes it, with
     /// the remote gateway's WireGuard public key if there is one.
     pub fn tunnel_endpoint_yaml(&self, remote_public_key: Option<&str>) -> String {
+        self.tunnel_endpoint(remote_public_key).to_string()
+    }
+
+    /// The TunnelEndpoint of [`Peering::tunnel_endpoint_yaml`], to build on.
+    fn tunnel_endpoint(&self, remote_public_key: Option<&str>) -> TunnelEndpoint {
         let remote = self.remote.name;
         let tep = TunnelEndpoint::new(&format!("tep-{remote}"), &format!("liqo-tenant-{remote}"))
             .local([
@@ -484,26 +489,27 @@ spec:
             Layout::Spec => tep.cluster_identity(&self.remote.cluster_id(), remote),
             Layout::Legacy => tep.cluster_id(&self.remote.cluster_id()),
         };
-        tep.layout(self.layout).to_string()
+        tep.layout(self.layout)
     }
 }
 
-/// One row of docs/design.md#expected-reachability.
+/// One row of docs/design.md#expected-reachability, in addresses `A` of
+/// one family.
 #[derive(Debug, Clone)]
-pub struct Reach {
+pub struct Reach<A = Ipv4Addr> {
     /// Row number in docs/design.md#expected-reachability.
     pub row: u8,
     /// Client pod netns.
     pub from: String,
     /// Address the client connects to.
-    pub target: Ipv4Addr,
+    pub target: A,
     /// Server pod netns that must answer.
     pub answered_by: String,
     /// Address the server must see the client as.
-    pub client_seen_as: Ipv4Addr,
+    pub client_seen_as: A,
 }
 
-impl Reach {
+impl<A> Reach<A> {
     /// The clusters whose gateways the row's traffic crosses: both ends,
     /// and a hub between them when they are not peered.
     pub fn clusters_crossed(&self) -> Vec<&'static Cluster> {
@@ -575,6 +581,9 @@ pub fn node(name: &str, address: Ipv4Addr, pod_cidr: Option<&str>, gateway: bool
     }
     node
 }
+
+mod dual_stack;
+pub use dual_stack::reachability6;
 
 #[cfg(test)]
 mod tests;

@@ -48,3 +48,32 @@ fn the_dual_stack_views_are_designs() {
         ["fd00:10:1::/64", "None", "fd00:192:168:2::/64", "None"]
     );
 }
+
+#[test]
+fn the_dual_stack_addresses_are_designs() {
+    let addr = |text: &str| text.parse::<std::net::Ipv6Addr>().unwrap();
+    assert_eq!(A.pod_addr6(1), addr("fd00:10:244::5"));
+    assert_eq!(A.pod_addr6(2), addr("fd00:10:244:0:8000::133"));
+    assert_eq!(C.pod_addr6(1), addr("fd00:10:1::5"));
+    assert_eq!(A.pod_half6(2).to_string(), "fd00:10:244:0:8000::/65");
+    assert_eq!(B.wan_addr6(), addr("2001:db8:ffff::2"));
+    assert_eq!(C.lan_node6(), addr("fd00:172:16:3::2"));
+    let over_ipv6: Vec<bool> = PEERINGS.iter().map(Peering::over_ipv6_wan).collect();
+    assert_eq!(over_ipv6, [true, true, false, false]);
+    // Each row's server holds the address its client connects to, as
+    // its own cluster sees it.
+    for row in reachability6() {
+        let cluster = CLUSTERS
+            .iter()
+            .find(|c| row.answered_by.starts_with(c.name))
+            .unwrap();
+        let i = if row.answered_by.ends_with('1') { 1 } else { 2 };
+        let host = u128::from(cluster.pod_addr6(i)) & u128::from(u64::MAX);
+        assert_eq!(
+            u128::from(row.target) & u128::from(u64::MAX),
+            host,
+            "row {}",
+            row.row
+        );
+    }
+}

@@ -7,6 +7,7 @@ mod bpftool;
 mod conncheck;
 mod containers;
 mod dashboard;
+mod dual_stack;
 mod flow_share;
 mod fragment_share;
 mod guard;

@@ -9,7 +9,7 @@ use isthmus_lab::{
 };
 use isthmus_tests::{metrics::nat_packets, require_lab};
 
-fn check_rows(proto: Proto) {
+pub(crate) fn check_rows(proto: Proto) {
     require_lab();
     let translated = |gw: &str| {
         nat_packets(gw, "egress", "translated") + nat_packets(gw, "ingress", "translated")

@@ -297,7 +297,7 @@ fn gateway_down_sends_no_pod_address_to_the_wan(stop: impl Fn(&str)) {
         Proto::Udp,
         &A.pod(1),
         &B.pod(1),
-        "10.0.0.5".parse().unwrap(),
+        "10.0.0.5".parse::<std::net::Ipv4Addr>().unwrap(),
     )
     .expect("a-pod1 does not reach b-pod1 once a-gw's agent is back");
     assert!(

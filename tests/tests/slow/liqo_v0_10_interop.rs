@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use isthmus_lab::{
     lab::{self, liqo_conncheck},
-    probe::{self, Proto},
+    probe::Proto,
     topology::{self, A, B},
 };
 use isthmus_tests::{POLL, eventually, require_lab};
@@ -94,14 +94,7 @@ pub(crate) fn a_measures_b() {
 pub(crate) fn assert_rows_1_to_3() {
     for reach in topology::reachability().iter().filter(|r| r.row <= 3) {
         for proto in [Proto::Tcp, Proto::Udp, Proto::Icmp] {
-            let seen = probe::exchange(proto, &reach.from, &reach.answered_by, reach.target)
-                .unwrap_or_else(|e| panic!("row {} over {proto:?}: {e:#}", reach.row));
-            assert_eq!(
-                (seen.client_as_seen_by_server, seen.server_as_seen_by_client),
-                (reach.client_seen_as, reach.target),
-                "row {} over {proto:?}",
-                reach.row
-            );
+            isthmus_tests::assert_row(proto, reach);
         }
     }
 }

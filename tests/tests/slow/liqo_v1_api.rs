@@ -117,7 +117,7 @@ fn rows_1_to_5_hold_with_liqo_v1s_direction_of_nat() {
                 .unwrap_or_else(|e| panic!("row {} over {proto:?}: {e:#}", reach.row));
             assert_eq!(
                 (seen.client_as_seen_by_server, seen.server_as_seen_by_client),
-                (seen_as, reach.target),
+                (seen_as.into(), reach.target.into()),
                 "row {} over {proto:?}",
                 reach.row
             );
@@ -309,7 +309,7 @@ fn liqos_api_server_ip_leads_a_remote_pod_through_the_services_cluster_ip() {
     let seen = reaches().unwrap();
     assert_eq!(
         (seen.client_as_seen_by_server, seen.server_as_seen_by_client),
-        (Ipv4Addr::new(10, 0, 40, 5), seen_from_a)
+        (Ipv4Addr::new(10, 0, 40, 5).into(), seen_from_a.into())
     );
     let deleted = kubectl(HUB, &["delete", "ips", "api-server", "-n", "liqo"]);
     assert!(
@@ -358,7 +358,7 @@ fn the_nodes_own_traffic_leaves_from_the_first_address_of_the_external_cidr() {
                 .unwrap_or_else(|e| panic!("{node} over {proto:?}: {e:#}"));
             assert_eq!(
                 (seen.client_as_seen_by_server, seen.server_as_seen_by_client),
-                (a_external_at_b.network(), b_pod1),
+                (a_external_at_b.network().into(), b_pod1.into()),
                 "{node} over {proto:?}"
             );
         }

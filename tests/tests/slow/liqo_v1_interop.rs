@@ -100,7 +100,7 @@ fn an_ip_object_exposes_an_address_of_a_to_b_while_it_exists() {
         let seen = probe::exchange(proto, &from, &to, IP_EXPOSED_AT_B).unwrap();
         assert_eq!(
             (seen.client_as_seen_by_server, seen.server_as_seen_by_client),
-            (B_POD1_AT_A, IP_EXPOSED_AT_B),
+            (B_POD1_AT_A.into(), IP_EXPOSED_AT_B.into()),
             "{proto:?}"
         );
     }
@@ -122,7 +122,7 @@ fn the_gateways_own_traffic_leaves_from_the_first_address_of_our_external_cidr()
         let seen = probe::exchange(proto, &A.gw(), &B.pod(1), B_POD1_AT_A).unwrap();
         assert_eq!(
             (seen.client_as_seen_by_server, seen.server_as_seen_by_client),
-            (A_UNKNOWN_SOURCE_AT_B, B_POD1_AT_A),
+            (A_UNKNOWN_SOURCE_AT_B.into(), B_POD1_AT_A.into()),
             "{proto:?}"
         );
     }

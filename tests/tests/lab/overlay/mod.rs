@@ -85,7 +85,7 @@ fn a_workers_own_traffic_reaches_peers_through_the_overlay_masqueraded() {
             .unwrap_or_else(|e| panic!("a-node over {proto:?}: {e:#}"));
         assert_eq!(
             (seen.client_as_seen_by_server, seen.server_as_seen_by_client),
-            (A_MASQUERADE_AT_B, B_POD1),
+            (A_MASQUERADE_AT_B.into(), B_POD1.into()),
             "a-node over {proto:?}"
         );
     }

@@ -94,17 +94,17 @@ fn handshake(socket: &UdpSocket, gateway: SocketAddr, tunn: &mut Tunn, wait: Dur
     false
 }
 
-struct Outsider {
+pub(crate) struct Outsider {
     address: Ipv4Addr,
     socket: UdpSocket,
     tunn: Tunn,
-    public: [u8; 32],
+    pub(crate) public: [u8; 32],
     gateway: SocketAddr,
     gateway_public: [u8; 32],
 }
 
 impl Outsider {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::towards(&A)
     }
 
@@ -139,12 +139,12 @@ impl Outsider {
         }
     }
 
-    fn port(&self) -> u16 {
+    pub(crate) fn port(&self) -> u16 {
         self.socket.local_addr().unwrap().port()
     }
 
     /// Handshakes with a-gw on the outsider's socket.
-    fn handshake(&mut self, wait: Duration) -> bool {
+    pub(crate) fn handshake(&mut self, wait: Duration) -> bool {
         handshake(&self.socket, self.gateway, &mut self.tunn, wait)
     }
 
@@ -156,23 +156,36 @@ impl Outsider {
 
     /// As [`Outsider::register`], with the endpoint `endpoint`.
     fn register_at(endpoint: SocketAddrV4, public: &[u8; 32]) -> PathBuf {
-        let gw = A.gw();
-        let object = lab::object_dir(&gw).join("peer-outsider.yaml");
-        fs::write(
-            &object,
-            TunnelEndpoint::new("tep-outsider", "liqo-tenant-outsider")
-                .cluster_id("cluster-outsider")
-                .remote(["10.77.0.0/24", "None", "10.78.0.0/24", "None"])
-                .endpoint(endpoint.ip().to_string())
-                .port(endpoint.port())
-                .public_key(&key_text::encode(public))
-                .to_string(),
-        )
-        .unwrap();
-        object
+        Self::write_object(Self::object(endpoint, public))
     }
 
-    fn send_inner(&mut self, packet: &[u8]) {
+    /// As [`Outsider::register`], the outsider also having the IPv6
+    /// networks `fd00:77::/64` and `fd00:78::/64`, and a-gw its own.
+    pub(crate) fn register_dual_stack(port: u16, public: &[u8; 32]) -> PathBuf {
+        let ours = [A.pod_cidr6, "None", A.external_cidr6, "None"];
+        let theirs = ["fd00:77::/64", "None", "fd00:78::/64", "None"];
+        let object = Self::object(SocketAddrV4::new(OUTSIDER, port), public);
+        Self::write_object(object.ipv6(ours, theirs))
+    }
+
+    /// Its TunnelEndpoint, reached at `endpoint`, with `public` key.
+    fn object(endpoint: SocketAddrV4, public: &[u8; 32]) -> TunnelEndpoint {
+        TunnelEndpoint::new("tep-outsider", "liqo-tenant-outsider")
+            .cluster_id("cluster-outsider")
+            .remote(["10.77.0.0/24", "None", "10.78.0.0/24", "None"])
+            .endpoint(endpoint.ip().to_string())
+            .port(endpoint.port())
+            .public_key(&key_text::encode(public))
+    }
+
+    /// Writes `object` into a-gw's object directory; returns its path.
+    fn write_object(object: TunnelEndpoint) -> PathBuf {
+        let object_file = lab::object_dir(&A.gw()).join("peer-outsider.yaml");
+        fs::write(&object_file, object.to_string()).unwrap();
+        object_file
+    }
+
+    pub(crate) fn send_inner(&mut self, packet: &[u8]) {
         let mut buf = vec![0u8; 2048];
         if let TunnResult::WriteToNetwork(datagram) = self.tunn.encapsulate(packet, &mut buf) {
             self.socket.send_to(datagram, self.gateway).unwrap();

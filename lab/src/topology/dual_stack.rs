@@ -1,0 +1,100 @@
+//! The dual-stack lab's IPv6 addresses and reachability rows
+//! (docs/design.md#dual-stack): every IPv4 address keeps its role, and
+//! each gets the IPv6 address of the same role. A pod's host part is
+//! kept: `.5` is `::5`, and `.133`, on the gateway node, is
+//! `:8000::133`, in the upper half of the /64.
+
+use std::net::{IpAddr, Ipv6Addr};
+
+use ipnet::Ipv6Net;
+
+use super::{A, B, C, Cluster, Peering, Reach};
+
+/// Host part of the pod on the worker node (lower /65).
+const POD1_HOST: u128 = 5;
+/// Host part of the pod on the gateway node (upper /65).
+const POD2_HOST: u128 = (0x8000 << 48) | 0x133;
+
+impl Cluster {
+    /// The gateway's uplink IPv6 address, `2001:db8:ffff::N`.
+    pub fn wan_addr6(&self) -> Ipv6Addr {
+        Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, self.index.into())
+    }
+    /// The gateway's LAN IPv6 address, `fd00:172:16:N::1`.
+    pub fn lan_gw6(&self) -> Ipv6Addr {
+        Ipv6Addr::new(0xfd00, 0x172, 0x16, self.index.into(), 0, 0, 0, 1)
+    }
+    /// The worker's LAN IPv6 address, `fd00:172:16:N::2`.
+    pub fn lan_node6(&self) -> Ipv6Addr {
+        Ipv6Addr::new(0xfd00, 0x172, 0x16, self.index.into(), 0, 0, 0, 2)
+    }
+    /// The IPv6 PodCIDR as a network.
+    pub fn pods6(&self) -> Ipv6Net {
+        self.pod_cidr6.parse().expect("valid IPv6 PodCIDR")
+    }
+    /// IPv6 address of pod `i` (1 on the worker, 2 on the gateway).
+    pub fn pod_addr6(&self, i: u8) -> Ipv6Addr {
+        let host = if i == 1 { POD1_HOST } else { POD2_HOST };
+        Ipv6Addr::from(u128::from(self.pods6().network()) | host)
+    }
+    /// The half of the IPv6 PodCIDR whose pods live on the worker (1) or
+    /// the gateway (2).
+    pub fn pod_half6(&self, i: u8) -> Ipv6Net {
+        let pods = self.pods6();
+        let halves = pods.subnets(pods.prefix_len() + 1).expect("splittable");
+        halves
+            .into_iter()
+            .nth(usize::from(i - 1))
+            .expect("two halves")
+    }
+}
+
+impl Peering {
+    /// Whether the tunnel of this peering runs over the WAN's IPv6
+    /// addresses: a–b's does, b–c's runs over IPv4.
+    pub fn over_ipv6_wan(&self) -> bool {
+        let ends = [self.local.name, self.remote.name];
+        ends.contains(&"a") && ends.contains(&"b")
+    }
+
+    /// The TunnelEndpoint of the dual-stack lab: the IPv4 one's, with the
+    /// IPv6 networks of both sides, and the peer's gateway at `endpoint`
+    /// where the object gives an address rather than a name.
+    pub fn dual_stack_tunnel_endpoint_yaml(
+        &self,
+        remote_public_key: Option<&str>,
+        endpoint: IpAddr,
+    ) -> String {
+        let [ours, theirs] = self.ipv6_views();
+        let tep = self.tunnel_endpoint(remote_public_key).ipv6(ours, theirs);
+        match self.endpoint_name {
+            Some(_) => tep.to_string(),
+            None => tep.endpoint(endpoint.to_string()).to_string(),
+        }
+    }
+}
+
+/// The IPv6 rows of docs/design.md#dual-stack that Pod and External
+/// remapping carry: a–b both ways through the double NAT, and b to c.
+pub fn reachability6() -> Vec<Reach<Ipv6Addr>> {
+    let addr = |text: &str| text.parse::<Ipv6Addr>().expect("an IPv6 address");
+    let row = |row, from: String, target: &str, answered_by: String, seen: &str| Reach {
+        row,
+        from,
+        target: addr(target),
+        answered_by,
+        client_seen_as: addr(seen),
+    };
+    vec![
+        row(1, A.pod(1), "fd00:10::5", B.pod(1), "fd00:10:0:40::5"),
+        row(
+            2,
+            A.pod(2),
+            "fd00:10::8000:0:0:133",
+            B.pod(2),
+            "fd00:10:0:40:8000::133",
+        ),
+        row(3, B.pod(1), "fd00:10:0:40::5", A.pod(1), "fd00:10::5"),
+        row(4, B.pod(1), "fd00:10:1::5", C.pod(1), "fd00:10:244::5"),
+    ]
+}

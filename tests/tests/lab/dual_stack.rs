@@ -1,0 +1,151 @@
+//! The dual-stack lab (docs/design.md#dual-stack), which `cargo xtask
+//! test` brings up for these tests alone: the IPv6 rows with real sockets
+//! through the double NAT, the IPv4 rows in the same lab, the a–b tunnel
+//! over the WAN's IPv6 addresses, and what a peer may not send over IPv6.
+
+use std::{
+    net::{IpAddr, Ipv6Addr, UdpSocket},
+    time::Duration,
+};
+
+use isthmus_lab::{
+    lab, netns,
+    probe::{self, Proto, next_port},
+    topology::{A, B, C, reachability6},
+};
+use isthmus_tests::{
+    assert_row, eventually,
+    metrics::{nat_packets, sample},
+    packet6::{Packet6, addr6, icmp6, udp6},
+    require_lab,
+};
+
+use crate::{reachability::check_rows, tunnel_security::Outsider};
+
+const GIVE_UP: Duration = Duration::from_secs(10);
+
+fn require_dual_stack_lab() {
+    require_lab();
+    let setup = lab::Setup::current().unwrap();
+    assert!(
+        setup.dual_stack,
+        "the lab is not dual-stack: `cargo xtask lab up --dual-stack` first"
+    );
+}
+
+#[test]
+#[ignore = "needs the dual-stack lab; `cargo xtask test` runs it there"]
+fn the_ipv6_rows_cross_the_double_nat_over_tcp_udp_and_icmp() {
+    require_dual_stack_lab();
+    let translated = |gw: &str| {
+        nat_packets(gw, "egress", "translated") + nat_packets(gw, "ingress", "translated")
+    };
+    let before = [translated(&A.gw()), translated(&B.gw())];
+    for proto in Proto::ALL {
+        for row in reachability6() {
+            assert_row(proto, &row);
+        }
+    }
+    // Rows 1 to 3 cross both a's and b's NAT, request and reply.
+    let after = [translated(&A.gw()), translated(&B.gw())];
+    for (gw, (before, after)) in ["a-gw", "b-gw"].iter().zip(before.iter().zip(after)) {
+        let exchanges = 3 * Proto::ALL.len();
+        assert!(
+            after - before >= 2.0 * exchanges as f64,
+            "{gw}: only {} packets translated for {exchanges} IPv6 exchanges",
+            after - before
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs the dual-stack lab; `cargo xtask test` runs it there"]
+fn the_ipv4_rows_keep_passing_in_the_dual_stack_lab() {
+    require_dual_stack_lab();
+    for proto in Proto::ALL {
+        check_rows(proto);
+    }
+}
+
+/// A counter of a netns's `/proc/net/snmp6` (`Udp6OutDatagrams`, …).
+fn snmp6(ns: &str, counter: &str) -> u64 {
+    let text = netns::run_in(ns, || {
+        std::fs::read_to_string("/proc/thread-self/net/snmp6")
+    })
+    .unwrap()
+    .unwrap();
+    text.lines()
+        .filter_map(|line| line.split_once(char::is_whitespace))
+        .find(|(name, _)| *name == counter)
+        .and_then(|(_, value)| value.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{ns} has no {counter} in its snmp6"))
+}
+
+#[test]
+#[ignore = "needs the dual-stack lab; `cargo xtask test` runs it there"]
+fn the_a_b_tunnel_runs_over_the_wans_ipv6_addresses_and_b_c_over_ipv4() {
+    require_dual_stack_lab();
+    let sent6 = |ns: &str| snmp6(ns, "Udp6OutDatagrams");
+    let (a_before, c_before) = (sent6(&A.gw()), sent6(&C.gw()));
+    let rows = reachability6();
+    for row in &rows {
+        probe::exchange(Proto::Udp, &row.from, &row.answered_by, row.target)
+            .unwrap_or_else(|e| panic!("IPv6 row {}: {e:#}", row.row));
+    }
+    // a's rows go to b over IPv6 datagrams; c's tunnel to b sends none.
+    assert!(sent6(&A.gw()) > a_before, "a-gw sent b no IPv6 datagram");
+    assert_eq!(sent6(&C.gw()), c_before, "c-gw sent IPv6 datagrams");
+    let endpoint = format!("isthmus_peer_connected{{cluster_id=\"{}\"", B.cluster_id());
+    assert_eq!(sample(&A.gw(), &endpoint), 1.0, "a-gw's session with b");
+}
+
+#[test]
+#[ignore = "needs the dual-stack lab; `cargo xtask test` runs it there"]
+fn a_peers_ipv6_packets_arrive_from_its_networks_and_its_router_advertisements_reach_no_device() {
+    require_dual_stack_lab();
+    let mut outsider = Outsider::new();
+    let object = Outsider::register_dual_stack(outsider.port(), &outsider.public);
+    eventually(GIVE_UP, "a-gw programs the outsider", || {
+        sample(&A.gw(), "isthmus_peers ") == 2.0
+    });
+    assert!(outsider.handshake(GIVE_UP), "no handshake with a-gw");
+    let port = next_port();
+    let pod = A.pod_addr6(1);
+    let listener = netns::run_in(&A.pod(1), || UdpSocket::bind((Ipv6Addr::UNSPECIFIED, port)))
+        .unwrap()
+        .unwrap();
+    listener
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let violations = || {
+        sample(
+            &A.gw(),
+            "isthmus_peer_source_violations_total{cluster_id=\"cluster-outsider\"",
+        )
+    };
+    let before = violations();
+    let udp = |src: &str, dst: &str, payload: &[u8]| {
+        Packet6::new(addr6(src), addr6(dst), udp6(4000, port, payload)).bytes()
+    };
+    // A router advertisement from its router, and datagrams to every node
+    // of a link and to a link-local address: none crosses.
+    let advertisement = icmp6(134, [64, 0, 0x07, 0x08], &[0; 8]);
+    outsider.send_inner(&Packet6::new(addr6("fe80::1"), addr6("ff02::1"), advertisement).bytes());
+    outsider.send_inner(&udp("fd00:77::9", "ff02::1", b"to every node"));
+    outsider.send_inner(&udp("fd00:77::9", "fe80::1", b"to a link-local address"));
+    eventually(GIVE_UP, "the three packets are counted", || {
+        violations() >= before + 3.0
+    });
+    // From its own IPv6 network, to a pod: delivered.
+    outsider.send_inner(&udp("fd00:77::9", &pod.to_string(), b"allowed"));
+    let mut buf = [0u8; 64];
+    let (n, from) = listener
+        .recv_from(&mut buf)
+        .expect("the allowed packet never reached a-pod1");
+    assert_eq!(&buf[..n], b"allowed");
+    assert_eq!(from.ip(), IpAddr::from(addr6("fd00:77::9")));
+    std::fs::remove_file(&object).unwrap();
+    eventually(GIVE_UP, "a-gw drops the outsider", || {
+        sample(&A.gw(), "isthmus_peers ") == 1.0
+    });
+}
