@@ -174,7 +174,7 @@ fn build_network(setup: &Setup) -> Result<()> {
     for cluster in CLUSTERS {
         build_cluster(cluster, setup.dual_stack)?;
     }
-    route_peers(tunnel)?;
+    route_peers(tunnel, setup.dual_stack)?;
     write_objects(tunnel, setup.dual_stack)?;
     start_other_tunnel(tunnel)
 }

@@ -285,20 +285,32 @@ pub fn wire_pod(pod: &str, host: &str, host_end: &str, addr: Ipv4Addr) -> Result
     Ok(())
 }
 
-/// Without a tunnel, gateways route peers' networks over the WAN in clear;
-/// with one, the gateway's agent (or wireguard-go's setup) routes them into
-/// it. Workers have no route to peers: the overlay steers their pods'
-/// traffic from the kernel.
-pub(super) fn route_peers(tunnel: LabTunnel) -> Result<()> {
+/// Without a tunnel, gateways route peers' networks over the WAN in clear,
+/// those of both families in the dual-stack lab; with one, the gateway's
+/// agent (or wireguard-go's setup) routes them into it. Workers have no
+/// route to peers: the overlay steers their pods' traffic from the kernel.
+pub(super) fn route_peers(tunnel: LabTunnel, dual_stack: bool) -> Result<()> {
     if tunnel != LabTunnel::None {
         return Ok(());
     }
     for p in &PEERINGS {
+        let gw = p.local.gw();
         for net in p.remote_views() {
             let via = p.remote.wan_addr().to_string();
             ip(
-                &p.local.gw(),
+                &gw,
                 &["route", "add", &net.to_string(), "via", &via, "dev", "wan0"],
+            )?;
+        }
+        if !dual_stack {
+            continue;
+        }
+        for net in p.remote_views6() {
+            let via = p.remote.wan_addr6().to_string();
+            let net = net.to_string();
+            ip(
+                &gw,
+                &["-6", "route", "add", &net, "via", &via, "dev", "wan0"],
             )?;
         }
     }

@@ -50,7 +50,9 @@ pub(super) fn write_objects(tunnel: LabTunnel, dual_stack: bool) -> Result<()> {
             _ => Some(public_key(&p.remote.gw())?),
         };
         let yaml = match dual_stack {
-            true => p.dual_stack_tunnel_endpoint_yaml(key.as_deref(), endpoint_addr(p, true)),
+            true => p
+                .dual_stack_tunnel_endpoint(key.as_deref(), endpoint_addr(p, true))
+                .to_string(),
             false => p.tunnel_endpoint_yaml(key.as_deref()),
         };
         for (node, _) in p.local.nodes() {

@@ -153,12 +153,19 @@ impl Setup {
             }
         }
         if self.dual_stack {
-            let liqo = self.liqo.is_some().then_some("a Liqo peer");
-            let api = self.liqo_api_v1.then_some("--liqo-api v1");
             let tunnel_flag = format!("--tunnel {}", self.tunnel.as_str());
-            if let Some(other) = (liqo.or(api)).or_else(|| self.variant_beside(&tunnel_flag)) {
+            let other_tunnel = !matches!(self.tunnel, LabTunnel::Userspace | LabTunnel::None);
+            let refused = [
+                (self.liqo.is_some(), "a Liqo peer"),
+                (self.liqo_api_v1, "--liqo-api v1"),
+                (other_tunnel, tunnel_flag.as_str()),
+                (self.containers, "--containers"),
+                (self.ha, "--ha"),
+                (self.segregation, "--segregation"),
+            ];
+            if let Some((_, other)) = refused.iter().find(|(on, _)| *on) {
                 bail!(
-                    "`--dual-stack` and {other} cannot be combined: the dual-stack lab runs Isthmus's embedded tunnel as processes, one gateway per cluster, none segregating"
+                    "`--dual-stack` and {other} cannot be combined: the dual-stack lab runs Isthmus's embedded tunnel, or none, as processes, one gateway per cluster, none segregating"
                 );
             }
         }
@@ -260,6 +267,13 @@ mod tests {
             error.contains("`--dual-stack` and --tunnel wireguard-go"),
             "{error}"
         );
+        Setup {
+            dual_stack: true,
+            tunnel: LabTunnel::None,
+            ..Setup::default()
+        }
+        .check()
+        .unwrap();
         let fine = Setup {
             containers: true,
             ha: true,

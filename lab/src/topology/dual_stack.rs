@@ -9,6 +9,7 @@ use std::net::{IpAddr, Ipv6Addr};
 use ipnet::Ipv6Net;
 
 use super::{A, B, C, Cluster, Peering, Reach};
+use crate::objects::TunnelEndpoint;
 
 /// Host part of the pod on the worker node (lower /65).
 const POD1_HOST: u128 = 5;
@@ -57,19 +58,29 @@ impl Peering {
         ends.contains(&"a") && ends.contains(&"b")
     }
 
+    /// The IPv6 networks the local cluster routes towards the peer: its
+    /// Pod and External CIDRs as we see them.
+    pub fn remote_views6(&self) -> [Ipv6Net; 2] {
+        [
+            self.nat6[0].unwrap_or(self.remote.pod_cidr6),
+            self.nat6[2].unwrap_or(self.remote.external_cidr6),
+        ]
+        .map(|n| n.parse().expect("valid IPv6 CIDR"))
+    }
+
     /// The TunnelEndpoint of the dual-stack lab: the IPv4 one's, with the
     /// IPv6 networks of both sides, and the peer's gateway at `endpoint`
     /// where the object gives an address rather than a name.
-    pub fn dual_stack_tunnel_endpoint_yaml(
+    pub fn dual_stack_tunnel_endpoint(
         &self,
         remote_public_key: Option<&str>,
         endpoint: IpAddr,
-    ) -> String {
+    ) -> TunnelEndpoint {
         let [ours, theirs] = self.ipv6_views();
         let tep = self.tunnel_endpoint(remote_public_key).ipv6(ours, theirs);
         match self.endpoint_name {
-            Some(_) => tep.to_string(),
-            None => tep.endpoint(endpoint.to_string()).to_string(),
+            Some(_) => tep,
+            None => tep.endpoint(endpoint),
         }
     }
 }
@@ -97,4 +108,14 @@ pub fn reachability6() -> Vec<Reach<Ipv6Addr>> {
         row(3, B.pod(1), "fd00:10:0:40::5", A.pod(1), "fd00:10::5"),
         row(4, B.pod(1), "fd00:10:1::5", C.pod(1), "fd00:10:244::5"),
     ]
+}
+
+/// The IPv6 networks of synthetic peer `i` of the benchmarks, in the order
+/// of `synthetic_peer_views`: ours as it sees them (Pod, External), then
+/// its own as we see them.
+pub fn synthetic_peer_views6(i: usize) -> [Ipv6Net; 4] {
+    [0x130, 0x131, 0x128, 0x129].map(|second| {
+        let net = Ipv6Addr::new(0xfd00, second, i as u16, 0, 0, 0, 0, 0);
+        Ipv6Net::new(net, 64).expect("a /64")
+    })
 }

@@ -583,7 +583,7 @@ pub fn node(name: &str, address: Ipv4Addr, pod_cidr: Option<&str>, gateway: bool
 }
 
 mod dual_stack;
-pub use dual_stack::reachability6;
+pub use dual_stack::{reachability6, synthetic_peer_views6};
 
 #[cfg(test)]
 mod tests;

@@ -58,6 +58,14 @@ fn the_dual_stack_addresses_are_designs() {
     assert_eq!(A.pod_half6(2).to_string(), "fd00:10:244:0:8000::/65");
     assert_eq!(B.wan_addr6(), addr("2001:db8:ffff::2"));
     assert_eq!(C.lan_node6(), addr("fd00:172:16:3::2"));
+    assert_eq!(
+        PEERINGS[0].remote_views6().map(|n| n.to_string()),
+        ["fd00:10::/64", "fd00:10:0:1::/64"]
+    );
+    assert_eq!(
+        PEERINGS[2].remote_views6().map(|n| n.to_string()),
+        ["fd00:10:1::/64", "fd00:192:168:2::/64"]
+    );
     let over_ipv6: Vec<bool> = PEERINGS.iter().map(Peering::over_ipv6_wan).collect();
     assert_eq!(over_ipv6, [true, true, false, false]);
     // Each row's server holds the address its client connects to, as

@@ -1,7 +1,10 @@
 //! The dual-stack lab (docs/design.md#dual-stack), which `cargo xtask
 //! test` brings up for these tests alone: the IPv6 rows with real sockets
 //! through the double NAT, the IPv4 rows in the same lab, the a–b tunnel
-//! over the WAN's IPv6 addresses, and what a peer may not send over IPv6.
+//! over the WAN's IPv6 addresses, and what a peer or a pod may not send
+//! over IPv6. A payload length longer than the packet is not among them:
+//! the kernel of the sending pod rewrites it, and the gateway's drops it
+//! before any program (the kernel tier sends it to the NAT itself).
 
 use std::{
     net::{IpAddr, Ipv6Addr, UdpSocket},
@@ -19,6 +22,8 @@ use isthmus_tests::{
     packet6::{Packet6, addr6, icmp6, udp6},
     require_lab,
 };
+
+use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::{reachability::check_rows, tunnel_security::Outsider};
 
@@ -99,6 +104,16 @@ fn the_a_b_tunnel_runs_over_the_wans_ipv6_addresses_and_b_c_over_ipv4() {
     assert_eq!(sample(&A.gw(), &endpoint), 1.0, "a-gw's session with b");
 }
 
+/// A UDP socket on `port` of every IPv6 address of netns `ns`, whose reads
+/// give up after `wait`.
+fn listener(ns: &str, port: u16, wait: Duration) -> UdpSocket {
+    let socket = netns::run_in(ns, || UdpSocket::bind((Ipv6Addr::UNSPECIFIED, port)))
+        .unwrap()
+        .unwrap();
+    socket.set_read_timeout(Some(wait)).unwrap();
+    socket
+}
+
 #[test]
 #[ignore = "needs the dual-stack lab; `cargo xtask test` runs it there"]
 fn a_peers_ipv6_packets_arrive_from_its_networks_and_its_router_advertisements_reach_no_device() {
@@ -111,12 +126,7 @@ fn a_peers_ipv6_packets_arrive_from_its_networks_and_its_router_advertisements_r
     assert!(outsider.handshake(GIVE_UP), "no handshake with a-gw");
     let port = next_port();
     let pod = A.pod_addr6(1);
-    let listener = netns::run_in(&A.pod(1), || UdpSocket::bind((Ipv6Addr::UNSPECIFIED, port)))
-        .unwrap()
-        .unwrap();
-    listener
-        .set_read_timeout(Some(Duration::from_secs(2)))
-        .unwrap();
+    let listener = listener(&A.pod(1), port, Duration::from_secs(2));
     let violations = || {
         sample(
             &A.gw(),
@@ -148,4 +158,64 @@ fn a_peers_ipv6_packets_arrive_from_its_networks_and_its_router_advertisements_r
     eventually(GIVE_UP, "a-gw drops the outsider", || {
         sample(&A.gw(), "isthmus_peers ") == 1.0
     });
+}
+
+/// Sends `packet`, a whole IPv6 packet, from netns `ns` as it is: a raw
+/// socket of `IPPROTO_RAW` takes the header from us.
+fn send_raw6(ns: &str, packet: &[u8]) {
+    let dst: [u8; 16] = packet[24..40].try_into().unwrap();
+    let to = std::net::SocketAddr::from((Ipv6Addr::from(dst), 0));
+    netns::run_in(ns, || {
+        let socket = Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::from(255)))?;
+        socket.send_to(packet, &to.into())
+    })
+    .unwrap()
+    .unwrap();
+}
+
+/// a-gw's count of IPv6 packets its NAT dropped for `reason`.
+fn dropped(reason: &str) -> f64 {
+    let labels = [("reason", reason)];
+    lab::metric_sum(&A.gw(), "isthmus_nat_dropped_packets_total", &labels).unwrap_or(0.0)
+}
+
+#[test]
+#[ignore = "needs the dual-stack lab; `cargo xtask test` runs it there"]
+fn a_pods_hostile_ipv6_headers_stop_at_its_gateway_and_are_counted() {
+    require_dual_stack_lab();
+    let port = next_port();
+    let listener = listener(&B.pod(2), port, Duration::from_millis(500));
+    let received = || {
+        let mut buf = [0u8; 64];
+        listener.recv(&mut buf).ok().map(|n| buf[..n].to_vec())
+    };
+    // a-pod2 to b-pod2, as a sees it: a-gw's NAT is the first to parse it.
+    let (from, to) = (A.pod_addr6(2), "fd00:10::8000:0:0:133");
+    let datagram = |payload: &[u8]| {
+        Packet6::new(
+            addr6(&from.to_string()),
+            addr6(to),
+            udp6(4000, port, payload),
+        )
+    };
+    send_raw6(&A.pod(2), &datagram(b"eight").with_options(8).bytes());
+    assert_eq!(
+        received().as_deref(),
+        Some(&b"eight"[..]),
+        "8 headers: within the bound"
+    );
+
+    let chains = dropped("extension_headers");
+    send_raw6(&A.pod(2), &datagram(b"nine").with_options(9).bytes());
+    eventually(GIVE_UP, "nine extension headers counted at a-gw", || {
+        dropped("extension_headers") > chains
+    });
+    // RFC 7112: a first fragment without the whole UDP header.
+    let tiny = dropped("tiny_fragment");
+    let first = datagram(b"tiny").in_fragment(0, true, 0x0102_0304);
+    send_raw6(&A.pod(2), &first.with_segment(&[0x0f, 0xa0, 0, 53]));
+    eventually(GIVE_UP, "the tiny first fragment counted at a-gw", || {
+        dropped("tiny_fragment") > tiny
+    });
+    assert_eq!(received(), None, "a hostile packet reached b-pod2");
 }

@@ -153,7 +153,7 @@ fn measure(fill: &Fill) -> Result<Measured> {
     let pps = median(&super::packets::measure(&hub_flow(Some(
         B.masquerade_addr(),
     )))?);
-    let target = SocketAddrV4::new(HUB_TARGET.into(), crr::PORT);
+    let target = SocketAddrV4::new(HUB_TARGET, crr::PORT);
     let connections = crr::measure(&A.pod(2), &C.pod(1), target)?;
     let (crr, failed) = (connections.per_second, connections.failed);
     let map_mib = map_mib()?;

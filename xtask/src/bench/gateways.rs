@@ -13,7 +13,7 @@ use isthmus_common::{
 use isthmus_lab::{
     lab,
     objects::TunnelEndpoint,
-    topology::{A, B, Cluster, PEERINGS, Peering, synthetic_peer_views},
+    topology::{A, B, Cluster, PEERINGS, Peering, synthetic_peer_views, synthetic_peer_views6},
     wait,
 };
 
@@ -47,21 +47,47 @@ pub(super) fn disable_isthmus(nodes: &[String]) -> Result<()> {
 }
 
 /// The peers of `local` in a run with `count` peers: `count - 1` synthetic
-/// ones (10.128.i.0/24 and 10.129.i.0/24), then the real one, last.
-pub(super) fn synthetic_peers(local: &Cluster, count: usize) -> Vec<String> {
-    (1..count)
+/// ones (10.128.i.0/24 and 10.129.i.0/24; in the dual-stack lab, also
+/// `fd00:128:i::/64` and `fd00:129:i::/64`), then the real one, last.
+pub(super) fn synthetic_peers(local: &Cluster, count: usize) -> Result<Vec<String>> {
+    let dual_stack = lab::Setup::current()?.dual_stack;
+    Ok((1..count)
         .map(|i| {
             let [local_pod, local_ext, remote_pod, remote_ext] =
                 synthetic_peer_views(i).map(|net| net.to_string());
-            TunnelEndpoint::new(&format!("tep-bench-{i}"), &format!("liqo-tenant-bench-{i}"))
-                .local([local.pod_cidr, &local_pod, local.external_cidr, &local_ext])
-                .remote(["10.50.0.0/24", &remote_pod, "192.168.50.0/24", &remote_ext])
-                .endpoint("203.0.113.200")
-                .port(5871)
-                .public_key(&synthetic_key(i))
-                .to_string()
+            let tep =
+                TunnelEndpoint::new(&format!("tep-bench-{i}"), &format!("liqo-tenant-bench-{i}"))
+                    .local([local.pod_cidr, &local_pod, local.external_cidr, &local_ext])
+                    .remote(["10.50.0.0/24", &remote_pod, "192.168.50.0/24", &remote_ext])
+                    .endpoint("203.0.113.200")
+                    .port(5871)
+                    .public_key(&synthetic_key(i));
+            match dual_stack {
+                true => with_ipv6(tep, local, i).to_string(),
+                false => tep.to_string(),
+            }
         })
-        .collect()
+        .collect())
+}
+
+/// `tep`, synthetic peer `i` of `local`, with its IPv6 networks.
+fn with_ipv6(tep: TunnelEndpoint, local: &Cluster, i: usize) -> TunnelEndpoint {
+    let [local_pod, local_ext, remote_pod, remote_ext] =
+        synthetic_peer_views6(i).map(|net| net.to_string());
+    tep.ipv6(
+        [
+            local.pod_cidr6,
+            &local_pod,
+            local.external_cidr6,
+            &local_ext,
+        ],
+        [
+            "fd00:50::/64",
+            &remote_pod,
+            "fd00:192:168:50::/64",
+            &remote_ext,
+        ],
+    )
 }
 
 /// A distinct public key for synthetic peer `i`: any 32 bytes are one.
@@ -86,7 +112,7 @@ pub(super) fn set_isthmus_peers(count: usize) -> Result<()> {
                 fs::remove_file(path)?;
             }
         }
-        for (i, yaml) in synthetic_peers(p.local, count).iter().enumerate() {
+        for (i, yaml) in synthetic_peers(p.local, count)?.iter().enumerate() {
             fs::write(dir.join(format!("bench-{i}.yaml")), yaml)?;
         }
     }

@@ -95,7 +95,7 @@ struct Measured {
 /// c-pod1 sees a), then connections.
 fn traffic(masquerade: Ipv4Addr) -> Result<Measured> {
     let pps = median(&measure(&hub_flow(Some(masquerade)))?);
-    let target = SocketAddrV4::new(HUB_TARGET.into(), crr::PORT);
+    let target = SocketAddrV4::new(HUB_TARGET, crr::PORT);
     let crr = crr::measure(&A.pod(2), &C.pod(1), target)?;
     println!(
         "bench:   {pps:.0} pps, {:.0} connections/s, p99 {:.0} µs, {} failed",

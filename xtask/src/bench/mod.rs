@@ -23,12 +23,14 @@ mod isolation;
 mod kube;
 mod liqo_v0_10;
 mod nat;
+mod nat6;
 mod overlay;
 mod packets;
 mod program_run;
 mod program_time;
 mod stats;
 mod tunnel;
+mod tunnel6;
 mod wg_peers;
 
 use anyhow::{Context, Result};
@@ -51,11 +53,20 @@ pub enum Which {
         #[arg(long)]
         baseline: Option<PathBuf>,
     },
+    /// The smallest IPv6 UDP packets per second through the gateways of
+    /// the dual-stack lab: plain IPv6 forwarding, Isthmus with 1 and 200
+    /// peers, and the ip6tables NETMAP and MASQUERADE rules a user would
+    /// write for 200 peers.
+    Nat6,
     /// TCP and UDP throughput, round-trip time and CPU per gigabyte from
     /// a-pod1 to b-pod1 through the embedded tunnel, and through each other
     /// userspace WireGuard in its place: wireguard-go (bookworm and
     /// bookworm-backports), gotatun-cli and boringtun-cli.
     Tunnel,
+    /// TCP from a-pod1 to b-pod1 through the embedded tunnel of the
+    /// dual-stack lab, the a–b tunnel over the WAN's IPv6 addresses and
+    /// over its IPv4 ones in turns.
+    Tunnel6,
     /// A handshake flood at the tunnel port: the XDP guard's drop rate,
     /// and the CPU the agent spends with and without it.
     Guard,
@@ -97,7 +108,9 @@ pub enum Which {
 pub fn run_all() -> Result<()> {
     let all = [
         Which::Nat { baseline: None },
+        Which::Nat6,
         Which::Tunnel,
+        Which::Tunnel6,
         Which::Overlay,
         Which::Guard,
         Which::Control { kube_only: false },
@@ -118,7 +131,9 @@ impl Which {
     fn name(&self) -> &'static str {
         match self {
             Which::Nat { .. } => "nat",
+            Which::Nat6 => "nat6",
             Which::Tunnel => "tunnel",
+            Which::Tunnel6 => "tunnel6",
             Which::Overlay => "overlay",
             Which::Guard => "guard",
             Which::Control { .. } => "control",
@@ -136,7 +151,21 @@ pub fn run_bench(which: Which) -> Result<()> {
     match which {
         // NAT alone: gateways route over the WAN in clear.
         Which::Nat { baseline } => on_lab(lab::LabTunnel::None, || nat::run_nat(baseline)),
+        Which::Nat6 => on_lab_setup(
+            &lab::Setup {
+                dual_stack: true,
+                ..lab::Setup::with_tunnel(lab::LabTunnel::None)
+            },
+            nat6::run_nat6,
+        ),
         Which::Tunnel => tunnel::run_tunnel(),
+        Which::Tunnel6 => on_lab_setup(
+            &lab::Setup {
+                dual_stack: true,
+                ..lab::Setup::default()
+            },
+            tunnel6::run_tunnel6,
+        ),
         Which::Guard => guard::run_guard(),
         Which::Overlay => overlay::run_overlay(),
         Which::Control { kube_only } => control::run_control(kube_only),
@@ -153,7 +182,12 @@ pub fn run_bench(which: Which) -> Result<()> {
 /// each second for the tests, is stopped first: the benches read what they
 /// need themselves, and its bursts would fall on some setups' windows.
 fn on_lab<T>(tunnel: lab::LabTunnel, measure: impl FnOnce() -> Result<T>) -> Result<T> {
-    lab::up(&lab::Setup::with_tunnel(tunnel))?;
+    on_lab_setup(&lab::Setup::with_tunnel(tunnel), measure)
+}
+
+/// As [`on_lab`], with the lab of `setup`.
+fn on_lab_setup<T>(setup: &lab::Setup, measure: impl FnOnce() -> Result<T>) -> Result<T> {
+    lab::up(setup)?;
     let result = lab::monitor::down().and_then(|()| measure());
     lab::down()?;
     result

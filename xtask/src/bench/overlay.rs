@@ -62,6 +62,9 @@ struct Samples {
     gbps: Vec<f64>,
 }
 
+/// b-pod1 as a sees it.
+const B_POD1_AT_A: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 0, 0, 5);
+
 fn overlay() -> Result<()> {
     for pod in [A.pod(1), B.pod(1)] {
         ip(&pod, &["link", "set", "eth0", "mtu", POD_MTU])?;
@@ -70,8 +73,8 @@ fn overlay() -> Result<()> {
         client: A.pod(1),
         next_hop: (A.node(), "pod1"),
         server: B.pod(1),
-        src: A.pod_addr(1).octets(),
-        dst: [10, 0, 0, 5],
+        src: A.pod_addr(1).into(),
+        dst: B_POD1_AT_A.into(),
         answer_to: None,
     };
     let mut samples = [
@@ -85,7 +88,7 @@ fn overlay() -> Result<()> {
                 liqo(true)?;
             }
             let measured = measure(&flow).and_then(|pps| {
-                let gbps = iperf(&flow.client, &flow.server, flow.dst.into(), 1)?;
+                let gbps = iperf(&flow.client, &flow.server, B_POD1_AT_A, 1)?;
                 println!("bench:   {gbps:.2} Gbit/s");
                 Ok((pps, gbps))
             });

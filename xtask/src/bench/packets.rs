@@ -4,6 +4,7 @@
 
 use std::{
     fs,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
@@ -34,28 +35,29 @@ pub(super) struct Flow {
     /// next hop.
     pub(super) next_hop: (String, &'static str),
     pub(super) server: String,
-    pub(super) src: [u8; 4],
-    pub(super) dst: [u8; 4],
+    /// The client's address; of the destination's family.
+    pub(super) src: IpAddr,
+    pub(super) dst: IpAddr,
     /// Where the server answers each of the flow's source ports once
     /// before the measurement (the client as the server sees it), so that
     /// conntrack on the way holds every flow as answered, as it does a
     /// request/response or TCP flow; none leaves the flows one-way.
-    pub(super) answer_to: Option<std::net::Ipv4Addr>,
+    pub(super) answer_to: Option<IpAddr>,
 }
 
 /// How a reaches c-pod1 through the hub b (reachability row 5).
-pub(super) const HUB_TARGET: [u8; 4] = [10, 0, 1, 45];
+pub(super) const HUB_TARGET: Ipv4Addr = Ipv4Addr::new(10, 0, 1, 45);
 
 /// a-pod2, on a's gateway node, to c-pod1 through the hub, answered at
 /// `answer_to` (b's masquerade address, as c-pod1 sees a) or not.
-pub(super) fn hub_flow(answer_to: Option<std::net::Ipv4Addr>) -> Flow {
+pub(super) fn hub_flow(answer_to: Option<Ipv4Addr>) -> Flow {
     Flow {
         client: A.pod(2),
         next_hop: (A.gw(), "pod2"),
         server: isthmus_lab::topology::C.pod(1),
-        src: A.pod_addr(2).octets(),
-        dst: HUB_TARGET,
-        answer_to,
+        src: A.pod_addr(2).into(),
+        dst: HUB_TARGET.into(),
+        answer_to: answer_to.map(IpAddr::V4),
     }
 }
 
@@ -69,9 +71,13 @@ pub(super) const DESTINATION_PORT: u16 = 9;
 
 /// One datagram from the server's side of `flow` to each of its source
 /// ports at `to`.
-pub(super) fn answer(flow: &Flow, to: std::net::Ipv4Addr) -> Result<()> {
+pub(super) fn answer(flow: &Flow, to: IpAddr) -> Result<()> {
+    let any: IpAddr = match to {
+        IpAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+        IpAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
+    };
     netns::run_in(&flow.server, || -> Result<()> {
-        let socket = std::net::UdpSocket::bind(("0.0.0.0", DESTINATION_PORT))?;
+        let socket = std::net::UdpSocket::bind((any, DESTINATION_PORT))?;
         for port in FIRST_SOURCE_PORT..FIRST_SOURCE_PORT + SOURCE_PORTS {
             socket.send_to(b"answer", (to, port))?;
         }
@@ -80,8 +86,6 @@ pub(super) fn answer(flow: &Flow, to: std::net::Ipv4Addr) -> Result<()> {
     .context("answering the flow's source ports")
 }
 
-/// A trafgen configuration: 64-byte frames (60 without FCS) from the client
-/// pod to `dst`, over 256 source ports so conntrack sees real flows.
 /// The MAC address of `dev` in netns `ns`, as trafgen bytes.
 pub(super) fn mac_bytes(ns: &str, dev: &str) -> Result<String> {
     let out = ip(ns, &["-o", "link", "show", dev])?;
@@ -97,21 +101,46 @@ pub(super) fn mac_bytes(ns: &str, dev: &str) -> Result<String> {
         .join(", "))
 }
 
+/// Octets as trafgen bytes.
+fn octets(octets: &[u8]) -> String {
+    let bytes: Vec<String> = octets.iter().map(u8::to_string).collect();
+    bytes.join(", ")
+}
+
+/// A trafgen configuration: the smallest frames from the client pod to
+/// `dst` (IPv4: 60 bytes, 64 with FCS; IPv6: 64, 68 with FCS), over 256
+/// source ports so conntrack sees real flows.
 pub(super) fn trafgen_config(flow: &Flow) -> Result<String> {
-    let octets = |a: [u8; 4]| a.map(|o| o.to_string()).join(", ");
+    let l3 = match (flow.src, flow.dst) {
+        (IpAddr::V4(src), IpAddr::V4(dst)) => format!(
+            "c16(0x0800),
+  0x45, 0x00, c16(46), c16(0), c16(0), 64, 17, csumip(14, 33),
+  {}, {},",
+            octets(&src.octets()),
+            octets(&dst.octets())
+        ),
+        (IpAddr::V6(src), IpAddr::V6(dst)) => format!(
+            "c16(0x86dd),
+  0x60, 0x00, 0x00, 0x00, c16(10), 17, 64,
+  {}, {},",
+            octets(&src.octets()),
+            octets(&dst.octets())
+        ),
+        (src, dst) => bail!("a flow from {src} to {dst} mixes address families"),
+    };
+    let (udp_len, csum, payload) = match flow.dst {
+        IpAddr::V4(_) => (26, "csumudp(14, 34)", 18),
+        IpAddr::V6(_) => (10, "csumudp6(14, 54)", 2),
+    };
     Ok(format!(
         "{{
-  {dst_mac}, {src_mac}, c16(0x0800),
-  0x45, 0x00, c16(46), c16(0), c16(0), 64, 17, csumip(14, 33),
-  {src}, {dst},
-  c8({port_high:#x}), dinc(0, {last_port_low}), c16({DESTINATION_PORT}), c16(26), csumudp(14, 34),
-  fill(0x42, 18)
+  {dst_mac}, {src_mac}, {l3}
+  c8({port_high:#x}), dinc(0, {last_port_low}), c16({DESTINATION_PORT}), c16({udp_len}), {csum},
+  fill(0x42, {payload})
 }}
 ",
         dst_mac = mac_bytes(&flow.next_hop.0, flow.next_hop.1)?,
         src_mac = mac_bytes(&flow.client, "eth0")?,
-        src = octets(flow.src),
-        dst = octets(flow.dst),
         port_high = FIRST_SOURCE_PORT >> 8,
         last_port_low = SOURCE_PORTS - 1,
     ))
@@ -158,7 +187,7 @@ pub(super) fn measure(flow: &Flow) -> Result<Vec<f64>> {
     let sink = format!("{}/sink.nft", lab::STATE_DIR);
     fs::write(
         &sink,
-        "table netdev isthmus_bench_sink {\n  chain in {\n    type filter hook ingress device \"eth0\" priority 0;\n    meta protocol ip ip protocol udp drop\n  }\n}\n",
+        "table netdev isthmus_bench_sink {\n  chain in {\n    type filter hook ingress device \"eth0\" priority 0;\n    meta protocol ip ip protocol udp drop\n    meta protocol ip6 ip6 nexthdr udp drop\n  }\n}\n",
     )?;
     run("ip", &["netns", "exec", &flow.server, "nft", "-f", &sink])?;
     let rate = generate(flow);

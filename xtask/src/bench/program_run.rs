@@ -6,7 +6,7 @@
 //! builds are compared in one round, their programs held open and run in
 //! turns, call by call: whatever slows the machine slows both.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, net::IpAddr};
 
 use anyhow::{Context, Result, ensure};
 use aya::{
@@ -86,24 +86,33 @@ impl NatPrograms {
     ) -> Result<[(&'static str, [f64; N]); 2]> {
         let [egress, ingress] = NAT_PROGRAMS;
         let (egress_ns, translated) =
-            in_turns(egress, builds.map(|b| &b.programs[0]), &frame(flow))?;
+            in_turns(egress, builds.map(|b| &b.programs[0]), &frame(flow)?)?;
         let (ingress_ns, _) = in_turns(ingress, builds.map(|b| &b.programs[1]), &translated)?;
         Ok([(egress, egress_ns), (ingress, ingress_ns)])
     }
 }
 
-/// The bench's 60-byte frame (64 on the wire) of `flow`, from its first
-/// source port.
-fn frame(flow: &Flow) -> Vec<u8> {
-    let builder = PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
-        .ipv4(flow.src, flow.dst, 64)
-        .udp(FIRST_SOURCE_PORT, DESTINATION_PORT);
-    let payload = [0x42; 18];
+/// The bench's smallest frame of `flow` (IPv4: 60 bytes, 64 on the wire),
+/// from its first source port.
+fn frame(flow: &Flow) -> Result<Vec<u8>> {
+    let ethernet = PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
+    let (builder, payload) = match (flow.src, flow.dst) {
+        (IpAddr::V4(src), IpAddr::V4(dst)) => (
+            ethernet.ipv4(src.octets(), dst.octets(), 64),
+            &[0x42; 18][..],
+        ),
+        (IpAddr::V6(src), IpAddr::V6(dst)) => (
+            ethernet.ipv6(src.octets(), dst.octets(), 64),
+            &[0x42; 2][..],
+        ),
+        (src, dst) => anyhow::bail!("a flow from {src} to {dst} mixes address families"),
+    };
+    let builder = builder.udp(FIRST_SOURCE_PORT, DESTINATION_PORT);
     let mut frame = Vec::with_capacity(builder.size(payload.len()));
     builder
-        .write(&mut frame, &payload)
+        .write(&mut frame, payload)
         .expect("writing to a Vec cannot fail");
-    frame
+    Ok(frame)
 }
 
 /// Each copy's times per run, and the frame it gave.

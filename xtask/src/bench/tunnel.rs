@@ -319,7 +319,7 @@ fn rtt(client: &str, server: &str, target: std::net::Ipv4Addr) -> Result<Vec<[f6
 /// Resident memory of a-gw's agent once it runs `count` tunnel peers.
 fn tunnel_rss_with_peers(count: usize) -> Result<f64> {
     let dir = lab::object_dir(&A.gw());
-    for (i, yaml) in synthetic_peers(&A, count).iter().enumerate() {
+    for (i, yaml) in synthetic_peers(&A, count)?.iter().enumerate() {
         fs::write(dir.join(format!("bench-{i}.yaml")), yaml)?;
     }
     wait::try_poll(

@@ -259,10 +259,10 @@ fn flow(answered: bool) -> Flow {
         client: A.pod(2),
         next_hop: (A.gw(), "pod2"),
         server: B.pod(2),
-        src: A.pod_addr(2).octets(),
-        dst: [10, 0, 0, 133],
+        src: A.pod_addr(2).into(),
+        dst: PLAIN_TARGET.into(),
         // a-pod2 as b sees it.
-        answer_to: answered.then_some(std::net::Ipv4Addr::new(10, 0, 40, 133)),
+        answer_to: answered.then_some(PLAIN_SOURCE.into()),
     }
 }
 
@@ -306,7 +306,10 @@ fn traffic(flow: &Flow) -> Result<Measured> {
     let before = Snapshot::take()?;
     let pps = measure(flow)?;
     let ns_per_run = Snapshot::take()?.ns_per_run_since(&before);
-    let target = SocketAddrV4::new(flow.dst.into(), crr::PORT);
+    let std::net::IpAddr::V4(dst) = flow.dst else {
+        anyhow::bail!("the connection rate is measured over IPv4");
+    };
+    let target = SocketAddrV4::new(dst, crr::PORT);
     let crr = crr::measure(&flow.client, &flow.server, target)?.all_completed(target)?;
     Ok(Measured {
         pps,
