@@ -311,7 +311,8 @@ impl Routes {
 
     /// Routes exactly `desired` into the device, each behind its
     /// blackhole: staged on every gateway, and in use where `active`; a
-    /// worker, with no device, keeps the blackholes alone. Adds
+    /// worker, with no device, keeps the blackholes alone. On a kernel
+    /// without IPv6, IPv6 networks are left out. Adds
     /// what is missing and removes what is no longer wanted; a route that
     /// cannot be written does not stop the others.
     pub async fn sync(&mut self, desired: &BTreeSet<IpNet>, active: bool) -> Synced {
@@ -324,6 +325,7 @@ impl Routes {
         let mut synced = Synced::default();
         let wanted: BTreeSet<(IpNet, Kind)> = desired
             .iter()
+            .filter(|net| matches!(net, IpNet::V4(_)) || kernel_has_ipv6())
             .flat_map(|net| kinds.iter().map(|kind| (*net, *kind)))
             .filter(|(_, kind)| self.blackholes || *kind != Kind::Blackhole)
             .collect();
@@ -444,6 +446,14 @@ impl Kind {
             Kind::Blackhole | Kind::Live => MAIN_TABLE,
         }
     }
+}
+
+/// Whether the kernel has IPv6: one booted without it takes no IPv6 route,
+/// and has no IPv6 packet to route.
+fn kernel_has_ipv6() -> bool {
+    static IPV6: std::sync::LazyLock<bool> =
+        std::sync::LazyLock::new(|| std::path::Path::new("/proc/net/if_inet6").exists());
+    *IPV6
 }
 
 /// The ifindex of device `dev`, which must exist.
