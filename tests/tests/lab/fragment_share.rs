@@ -36,6 +36,8 @@ const FLOOD_PORT: u16 = 9;
 /// What a reply of c-pod1 carries: three fragments on the way.
 const REPLY_LEN: usize = 4000;
 const GIVE_UP: Duration = Duration::from_secs(10);
+/// How often the agents log refusals: their `--conntrack-gc-interval`.
+const LOG_PERIOD: Duration = Duration::from_secs(10);
 
 /// c-pod1 gives up on an incomplete datagram after a second, not 30, for
 /// as long as it lives: the flood's datagrams whose later fragments b
@@ -195,7 +197,9 @@ fn one_peers_fragment_flood_costs_only_its_own_datagrams() {
         whole_during > 0,
         "no reply of c's crossed whole during a's flood"
     );
-    eventually(GIVE_UP, "b-gw logs a's refusals", || {
+    // The agent logs refusals once per `--conntrack-gc-interval` (10 s):
+    // a whole period may pass before the line, on top of the usual wait.
+    eventually(LOG_PERIOD + GIVE_UP, "b-gw logs a's refusals", || {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         text[logged_before..]
             .lines()
