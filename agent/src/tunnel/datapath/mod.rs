@@ -298,8 +298,8 @@ fn destination(packet: &[u8]) -> Option<IpAddr> {
     }
 }
 
-/// Whether `dst` is an address a router forwards: not IPv6's multicast,
-/// link-local, loopback or unspecified addresses, which neighbour
+/// Whether IPv6 destination `dst` is an address a router forwards: not
+/// multicast, link-local, loopback or unspecified, which neighbour
 /// discovery and router advertisements use and no tunnel carries.
 fn leaves_the_link(dst: IpAddr) -> bool {
     match dst {
@@ -414,7 +414,9 @@ impl Receiver<'_> {
         inner_source: IpAddr,
     ) -> Option<usize> {
         let owner = self.peers.route(inner_source);
-        let routed = destination(packet).is_some_and(leaves_the_link);
+        // Only IPv6 has link-scoped destinations to refuse: an IPv4
+        // packet's is not read again.
+        let routed = inner_source.is_ipv4() || destination(packet).is_some_and(leaves_the_link);
         if routed && owner.is_some_and(|owner| Arc::ptr_eq(owner, peer)) {
             peer.counters.rx_packets.fetch_add(1, Ordering::Relaxed);
             return Some(packet.len());
