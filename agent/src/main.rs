@@ -58,7 +58,8 @@ async fn main() -> Result<()> {
     let cli = Cli::parse();
     init_logs(cli.log_format);
     match cli.command {
-        Command::Run(args) => run::run(*args).await,
+        // Boxed: the agent's whole state lives in this future.
+        Command::Run(args) => Box::pin(run::run(*args)).await,
         Command::LiqoWireguard(args) => liqo_wireguard::run(*args).await,
         Command::Check(args) => {
             if !check::run(&args)? {

@@ -10,10 +10,13 @@
 //! agent's garbage collector decides expiry, with a clock it is given, so
 //! tests choose the time.
 
+use core::{fmt, hash::Hash};
+
 use crate::{
     ipv4::{PROTO_ICMP, PROTO_TCP},
+    ipv6::PROTO_ICMPV6,
     tcp::{ACK as TCP_ACK, FIN as TCP_FIN, RST as TCP_RST, SYN as TCP_SYN},
-    wire::{Be16, Be32},
+    wire::{Address, Be16, Be32, Be128},
 };
 
 /// An entry keyed by a packet leaving towards a peer.
@@ -24,14 +27,40 @@ pub const DIR_IN: u8 = 1;
 /// Our ports are taken from here when the original one is taken.
 pub const PORT_MIN: u16 = 1024;
 
+/// An address family's address as the masquerade's tables hold it, one
+/// table per family. The kernel hashes a key's every byte and copies a
+/// value's: the padding each family's entries need is a field, never a
+/// hole left uninitialised.
+pub trait TrackedAddr: Address + 'static {
+    /// Fills [`FlowNat`] out to its 8-byte `last_seen`.
+    type NatPad: Copy + Default + fmt::Debug + Eq;
+    /// A datagram's identification: IPv4's 16 bits, the IPv6 Fragment
+    /// header's 32.
+    type FragmentId: Copy + Default + fmt::Debug + Eq + Ord + Hash;
+    /// Fills [`FragKey`] out to its 4-byte alignment.
+    type FragPad: Copy + Default + fmt::Debug + Eq + Ord + Hash;
+}
+
+impl TrackedAddr for Be32 {
+    type NatPad = u32;
+    type FragmentId = Be16;
+    type FragPad = ();
+}
+
+impl TrackedAddr for Be128 {
+    type NatPad = ();
+    type FragmentId = Be32;
+    type FragPad = u16;
+}
+
 /// A flow as one packet names it; ports in host order.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct FlowKey {
+pub struct FlowKey<A = Be32> {
     /// Source address.
-    pub saddr: Be32,
+    pub saddr: A,
     /// Destination address.
-    pub daddr: Be32,
+    pub daddr: A,
     /// Source port (ICMP echo: the identifier outbound, 0 inbound).
     pub sport: u16,
     /// Destination port (ICMP echo: 0 outbound, the identifier inbound).
@@ -45,11 +74,12 @@ pub struct FlowKey {
 }
 
 assert_layout!(FlowKey, size = 16, align = 4);
+assert_layout!(FlowKey<Be128>, size = 40, align = 4);
 
-impl FlowKey {
+impl<A: Copy> FlowKey<A> {
     /// The key of a packet from `saddr:sport` to `daddr:dport`, in direction `dir`.
     #[inline(always)]
-    pub const fn new(saddr: Be32, daddr: Be32, sport: u16, dport: u16, proto: u8, dir: u8) -> Self {
+    pub const fn new(saddr: A, daddr: A, sport: u16, dport: u16, proto: u8, dir: u8) -> Self {
         Self {
             saddr,
             daddr,
@@ -65,9 +95,9 @@ impl FlowKey {
 /// Where one direction of a flow is rewritten to, and its life so far.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FlowNat {
+pub struct FlowNat<A: TrackedAddr = Be32> {
     /// Outbound: the masquerade address; inbound: the original source.
-    pub addr: Be32,
+    pub addr: A,
     /// Outbound: our port after SNAT; inbound: the original source port.
     pub port: u16,
     /// A [`TcpState`] as a byte.
@@ -78,12 +108,13 @@ pub struct FlowNat {
     /// The [`crate::room`] owner the flow's room was charged to.
     pub owner: u32,
     /// Zero.
-    pub pad: u32,
+    pub pad: A::NatPad,
     /// `bpf_ktime_get_ns` (`CLOCK_MONOTONIC`) when a packet last used it.
     pub last_seen: u64,
 }
 
 assert_layout!(FlowNat, size = 24, align = 8);
+assert_layout!(FlowNat<Be128>, size = 32, align = 8);
 
 /// What the packets of a TCP flow have said so far, in one direction.
 #[repr(u8)]
@@ -164,7 +195,7 @@ pub const fn tcp_closed(proto: u8, out: TcpState, back: TcpState) -> bool {
 /// The key under which the reply to an outbound flow `out`, masqueraded as
 /// `nat`, arrives.
 #[inline(always)]
-pub const fn reply_key(out: &FlowKey, nat: &FlowNat) -> FlowKey {
+pub const fn reply_key<A: TrackedAddr>(out: &FlowKey<A>, nat: &FlowNat<A>) -> FlowKey<A> {
     FlowKey::new(out.daddr, nat.addr, out.dport, nat.port, out.proto, DIR_IN)
 }
 
@@ -173,33 +204,37 @@ pub const fn reply_key(out: &FlowKey, nat: &FlowNat) -> FlowKey {
 /// addresses, protocol and identification all fragments share.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct FragKey {
+pub struct FragKey<A: TrackedAddr = Be32> {
     /// Source address, as the fragment arrived.
-    pub saddr: Be32,
+    pub saddr: A,
     /// Destination address, as the fragment arrived.
-    pub daddr: Be32,
-    /// IPv4 identification.
-    pub id: Be16,
+    pub daddr: A,
+    /// The datagram's identification.
+    pub id: A::FragmentId,
     /// IP protocol.
     pub proto: u8,
     /// [`DIR_OUT`] or [`DIR_IN`].
     pub dir: u8,
+    /// Zero.
+    pub pad: A::FragPad,
 }
 
 assert_layout!(FragKey, size = 12, align = 4);
+assert_layout!(FragKey<Be128>, size = 40, align = 4);
 
 /// The masquerade settings of a gateway (a one-entry array).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SnatConfig {
+pub struct SnatConfig<A = Be32> {
     /// The address flows are masqueraded to, in our own networks: each
     /// peer then sees it through its prefix remap.
-    pub addr: Be32,
+    pub addr: A,
     /// Non-zero when masquerading is on.
     pub enabled: u32,
 }
 
 assert_layout!(SnatConfig, size = 8, align = 4);
+assert_layout!(SnatConfig<Be128>, size = 20, align = 4);
 
 /// How long an entry lives after its last packet, by state, in seconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -246,14 +281,20 @@ impl Timeouts {
             (PROTO_TCP, TcpState::Fin) => self.tcp_fin,
             (PROTO_TCP, TcpState::Established) if answered => self.tcp_established,
             (PROTO_TCP, _) => self.tcp_syn,
-            (PROTO_ICMP, _) => self.icmp,
+            (PROTO_ICMP | PROTO_ICMPV6, _) => self.icmp,
             _ => self.udp,
         }
     }
 
     /// Whether the flow whose two entries are `out` and `back` is dead at
     /// `now` (nanoseconds on the kernel's monotonic clock).
-    pub const fn expired(&self, proto: u8, out: &FlowNat, back: &FlowNat, now: u64) -> bool {
+    pub const fn expired<A: TrackedAddr>(
+        &self,
+        proto: u8,
+        out: &FlowNat<A>,
+        back: &FlowNat<A>,
+        now: u64,
+    ) -> bool {
         let last = if out.last_seen > back.last_seen {
             out.last_seen
         } else {
@@ -337,7 +378,7 @@ mod tests {
     #[test]
     fn a_flow_expires_after_the_lifetime_of_its_most_final_state() {
         let t = Timeouts::DEFAULT;
-        let at = |secs: u64, state: TcpState| FlowNat {
+        let at = |secs: u64, state: TcpState| FlowNat::<Be32> {
             last_seen: secs * 1_000_000_000,
             state: state as u8,
             ..FlowNat::default()
@@ -368,5 +409,6 @@ mod tests {
         assert!(!t.expired(PROTO_UDP, &out, &back, 60 * s));
         assert!(t.expired(PROTO_UDP, &out, &back, 61 * s));
         assert!(t.expired(PROTO_ICMP, &out, &back, 31 * s));
+        assert!(t.expired(PROTO_ICMPV6, &out, &back, 31 * s));
     }
 }

@@ -48,6 +48,8 @@ pub const SHIM6: u8 = 140;
 pub const PROTO_ICMPV6: u8 = 58;
 /// ICMPv6 echo request.
 pub const ICMPV6_ECHO_REQUEST: u8 = 128;
+/// ICMPv6 echo reply's type.
+pub const ICMPV6_ECHO_REPLY: u8 = 129;
 /// ICMPv6 Packet Too Big, which must reach the sender: no IPv6 router
 /// fragments.
 pub const ICMPV6_PACKET_TOO_BIG: u8 = 2;
@@ -207,14 +209,15 @@ impl FragmentHeader {
 }
 
 /// Where a packet stands in its datagram.
+#[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Place {
     /// Not in fragments (an atomic fragment among them, RFC 8021).
-    Whole,
+    Whole = 0,
     /// The first of its fragments, which carries the upper-layer header.
-    First,
+    First = 1,
     /// A later fragment: data alone.
-    Later,
+    Later = 2,
 }
 
 /// Where a chain of headers ends. Every field is set on every path: a
@@ -231,6 +234,43 @@ pub struct Chain {
     /// The fragment header's identification, as its bits in memory, when
     /// it has one.
     pub id: u32,
+}
+
+impl Chain {
+    /// The chain in two words, for a later stage of the NAT to read back
+    /// with [`Chain::kept`] instead of walking it again: each walk is one
+    /// path per chain's shape for the verifier, and a stage's every path
+    /// after it is walked once per shape.
+    #[inline(always)]
+    pub const fn keep(&self) -> [u32; 2] {
+        let l4 = self.l4 as u32 & 0xffff;
+        [
+            l4 | (self.proto as u32) << 16 | (self.place as u32) << 24,
+            self.id,
+        ]
+    }
+
+    /// The chain [`Chain::keep`] gave `words`, if they hold one whose
+    /// upper-layer header is at most `max_l4` bytes in.
+    #[inline(always)]
+    pub const fn kept(words: [u32; 2], max_l4: usize) -> Option<Self> {
+        let l4 = (words[0] & 0xffff) as usize;
+        let place = match words[0] >> 24 {
+            0 => Place::Whole,
+            1 => Place::First,
+            2 => Place::Later,
+            _ => return None,
+        };
+        if l4 > max_l4 {
+            return None;
+        }
+        Some(Self {
+            proto: (words[0] >> 16) as u8,
+            l4,
+            place,
+            id: words[1],
+        })
+    }
 }
 
 /// Why a walk stopped short of the upper-layer header.
@@ -439,5 +479,26 @@ mod tests {
     fn icmpv6_errors_are_the_types_below_128() {
         assert!(is_error(ICMPV6_PACKET_TOO_BIG) && is_error(1) && is_error(4));
         assert!(!is_error(ICMPV6_ECHO_REQUEST) && !is_error(134));
+    }
+
+    #[test]
+    fn a_kept_chain_reads_back_as_it_was_within_its_bound() {
+        let chain = Chain {
+            proto: 17,
+            l4: 14 + HLEN + 8,
+            place: Place::First,
+            id: 0xdead_beef,
+        };
+        assert_eq!(
+            Chain::kept(chain.keep(), 14 + HLEN + CHAIN_MAX),
+            Some(chain)
+        );
+        assert_eq!(Chain::kept(chain.keep(), 14 + HLEN), None, "past the bound");
+        let [w0, w1] = chain.keep();
+        assert_eq!(
+            Chain::kept([w0 | 3 << 24, w1], usize::MAX),
+            None,
+            "no such place"
+        );
     }
 }

@@ -9,6 +9,8 @@ pub const MAP_PEERS: &str = "ist_peer_nets";
 /// [`crate::nat::PeerNat::peer_id`]: whose a source is, in one lookup,
 /// when a new flow is charged to its owner ([`crate::room`]).
 pub const MAP_PEER_OWNERS: &str = "ist_peer_owners";
+/// LPM trie: [`MAP_PEER_OWNERS`] for the peers' IPv6 networks.
+pub const MAP_PEER_OWNERS6: &str = "ist_peer_owner6";
 /// Hash, written by the agent alone: each pinned map's name (NUL-padded to
 /// 16 bytes) → the version of its entries' layout, so that a new agent
 /// knows how to read what a previous one pinned. Its own layout never
@@ -41,9 +43,15 @@ pub const MAP_NATMAP_REV6: &str = "ist_natmap_rev6";
 /// Hash: masqueraded flows, both directions
 /// ([`crate::conntrack::FlowKey`] → [`crate::conntrack::FlowNat`]).
 pub const MAP_CONNTRACK: &str = "ist_conntrack";
+/// Hash: [`MAP_CONNTRACK`] for IPv6 flows
+/// ([`crate::conntrack::FlowKey`]`<Be128>` → [`crate::conntrack::FlowNat`]`<Be128>`),
+/// of the same capacity; both families' flows share each owner's room.
+pub const MAP_CONNTRACK6: &str = "ist_conntrack6";
 /// LRU hash: fragments of masqueraded datagrams
 /// ([`crate::conntrack::FragKey`] → the address the first was translated to).
 pub const MAP_FRAGMENTS: &str = "ist_frags";
+/// LRU hash: [`MAP_FRAGMENTS`] for IPv6 datagrams, of the same capacity.
+pub const MAP_FRAGMENTS6: &str = "ist_frags6";
 /// Capacity of [`MAP_FRAGMENTS`]: datagrams in flight in pieces.
 pub const MAX_FRAGMENTS: u32 = 8192;
 /// Array: each owner's budget of new entries per second in
@@ -64,6 +72,9 @@ pub const MAP_ROOM_REFUSED: &str = "ist_room_refuse";
 /// One-entry array: the gateway's masquerade settings
 /// ([`crate::conntrack::SnatConfig`]).
 pub const MAP_SNAT: &str = "ist_snat";
+/// One-entry array: [`MAP_SNAT`] for IPv6
+/// ([`crate::conntrack::SnatConfig`]`<Be128>`).
+pub const MAP_SNAT6: &str = "ist_snat6";
 /// One-entry array: the largest TCP MSS a SYN crossing the tunnel device
 /// may advertise (0: no clamping).
 pub const MAP_TCP_MSS: &str = "ist_tcp_mss";
@@ -113,11 +124,12 @@ pub const MAP_PEER_DEVS: &str = "ist_peer_devs";
 pub const MAX_PEER_DEVS: u32 = 256;
 
 /// Every map the agent pins, in the order it reports them.
-pub const MAPS: [&str; 33] = [
+pub const MAPS: [&str; 37] = [
     MAP_PEERS,
     MAP_PEER_OWNERS,
     MAP_PREFIX_LENS,
     MAP_PEERS6,
+    MAP_PEER_OWNERS6,
     MAP_PREFIX_LENS6,
     MAP_COUNTERS,
     MAP_PEER_DENIED,
@@ -126,9 +138,12 @@ pub const MAPS: [&str; 33] = [
     MAP_NATMAP6,
     MAP_NATMAP_REV6,
     MAP_CONNTRACK,
+    MAP_CONNTRACK6,
     MAP_FRAGMENTS,
+    MAP_FRAGMENTS6,
     MAP_FRAGMENT_BUDGET,
     MAP_SNAT,
+    MAP_SNAT6,
     MAP_TCP_MSS,
     MAP_ALLOWED,
     MAP_PEER_FLOWS,
@@ -248,8 +263,21 @@ pub const MAP_ICMP6_ERROR: &str = "ist_icmp6_error";
 pub const ICMP6_ERROR_PROGRAMS: [&str; 4] =
     ["err6_out_eth", "err6_in_eth", "err6_out_ip", "err6_in_ip"];
 
+/// Program array: the IPv6 masquerade, which the IPv6 NAT goes on in for
+/// a packet whose source it translates or for the masquerade address, as
+/// [`MAP_MASQUERADE`] and [`MAP_MASQUERADE_IN`] for IPv4, indexed by
+/// [`crate::counters::Link::icmp_error_slot`].
+pub const MAP_MASQUERADE6: &str = "ist_masq6";
+/// The programs of [`MAP_MASQUERADE6`], in its order.
+pub const MASQUERADE6_PROGRAMS: [&str; 4] = [
+    "masq6_out_eth",
+    "masq6_in_eth",
+    "masq6_out_ip",
+    "masq6_in_ip",
+];
+
 /// Every program array, pinned beside [`MAPS`].
-pub const PROGRAM_ARRAYS: [&str; 8] = [
+pub const PROGRAM_ARRAYS: [&str; 9] = [
     MAP_ONWARD,
     MAP_PEER_DNAT,
     MAP_NAT_IN,
@@ -258,6 +286,7 @@ pub const PROGRAM_ARRAYS: [&str; 8] = [
     MAP_MASQUERADE_IN,
     MAP_NAT6,
     MAP_ICMP6_ERROR,
+    MAP_MASQUERADE6,
 ];
 
 /// Every TC program the agent attaches.
@@ -288,6 +317,7 @@ pub fn tc_programs() -> impl Iterator<Item = &'static str> {
         .chain(MASQUERADE_IN_PROGRAMS)
         .chain(NAT6_PROGRAMS)
         .chain(ICMP6_ERROR_PROGRAMS)
+        .chain(MASQUERADE6_PROGRAMS)
 }
 
 /// Maximum number of peer networks in [`MAP_PEERS`] (two per peer).

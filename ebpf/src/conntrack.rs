@@ -1,5 +1,6 @@
-//! Stateful source NAT: the flow table and port allocation. See
-//! `isthmus_common::conntrack` for the layout and the state machine.
+//! Stateful source NAT: the flow table and port allocation, one set of
+//! tables per address family. See `isthmus_common::conntrack` for the
+//! layout and the state machine.
 
 use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
 
@@ -11,36 +12,120 @@ use aya_ebpf::{
 };
 use isthmus_common::{
     conntrack::{
-        DIR_IN, DIR_OUT, FlowKey, FlowNat, FragKey, PORT_MIN, SnatConfig, TcpState, next_tcp_state,
-        reply_key,
+        DIR_IN, DIR_OUT, FlowKey, FlowNat, FragKey, PORT_MIN, SnatConfig, TcpState, TrackedAddr,
+        next_tcp_state, reply_key,
     },
-    ipv4::{PROTO_ICMP, PROTO_TCP},
+    ipv4::PROTO_TCP,
     names::{DEFAULT_CONNTRACK, MAX_FRAGMENTS},
     room::{FlowTable, OWNER_LOCAL, Short},
-    wire::{Be16, Be32},
+    wire::{Be16, Be32, Be128},
 };
 
 use crate::{
     budget,
     maps::{self, ON_DEMAND},
-    parse::{Fragment, ICMP_ECHO_REPLY, Transport},
+    parse::{Fragment, Transport},
     room,
 };
 
-/// Masqueraded flows, an entry per direction.
+/// A family's flow table: masqueraded flows, an entry per direction.
+type Flows<A> = HashMap<FlowKey<A>, FlowNat<A>, { DEFAULT_CONNTRACK as usize }, ON_DEMAND>;
+
+/// A family's fragment table: where the first fragment of each
+/// masqueraded datagram was translated to, for the later ones, which
+/// carry no ports. An LRU: a forgotten datagram costs only its later
+/// fragments, which are then dropped and counted.
+type Fragments<A> = LruHashMap<FragKey<A>, A, { MAX_FRAGMENTS as usize }>;
+
 #[btf_map(name = "ist_conntrack")]
-static FLOWS: HashMap<FlowKey, FlowNat, { DEFAULT_CONNTRACK as usize }, ON_DEMAND> = HashMap::new();
+static FLOWS: Flows<Be32> = HashMap::new();
 
-/// Where the first fragment of each masqueraded datagram was translated
-/// to, for the later ones, which carry no ports. An LRU: a forgotten
-/// datagram costs only its later fragments, which are then dropped and
-/// counted.
+#[btf_map(name = "ist_conntrack6")]
+static FLOWS6: Flows<Be128> = HashMap::new();
+
 #[btf_map(name = "ist_frags")]
-static FRAGS: LruHashMap<FragKey, Be32, { MAX_FRAGMENTS as usize }> = LruHashMap::new();
+static FRAGS: Fragments<Be32> = LruHashMap::new();
 
-/// The gateway's masquerade settings.
+#[btf_map(name = "ist_frags6")]
+static FRAGS6: Fragments<Be128> = LruHashMap::new();
+
+/// The gateway's masquerade settings, per family.
 #[btf_map(name = "ist_snat")]
 static SNAT: Array<SnatConfig, 1> = Array::new();
+
+#[btf_map(name = "ist_snat6")]
+static SNAT6: Array<SnatConfig<Be128>, 1> = Array::new();
+
+/// An address family's masquerade tables. Both families' flows are
+/// charged to one room per owner ([`FlowTable::Conntrack`]): a peer's
+/// share bounds what it holds in both.
+pub trait Tables: TrackedAddr {
+    /// Its flows.
+    fn flows() -> &'static Flows<Self>;
+    /// Its fragments.
+    fn fragments() -> &'static Fragments<Self>;
+    /// Its masquerade settings.
+    fn settings() -> &'static Array<SnatConfig<Self>, 1>;
+    /// The identification of `fragment`'s datagram, as its key holds it.
+    fn fragment_id(fragment: &Fragment) -> Self::FragmentId;
+    /// The peer whose networks hold `addr`, as we see them.
+    fn peer_id(addr: Self) -> Option<u32>;
+}
+
+impl Tables for Be32 {
+    #[inline(always)]
+    fn flows() -> &'static Flows<Self> {
+        &FLOWS
+    }
+
+    #[inline(always)]
+    fn fragments() -> &'static Fragments<Self> {
+        &FRAGS
+    }
+
+    #[inline(always)]
+    fn settings() -> &'static Array<SnatConfig<Self>, 1> {
+        &SNAT
+    }
+
+    #[inline(always)]
+    fn fragment_id(fragment: &Fragment) -> Be16 {
+        // IPv4's identification, which `Fragment` widened.
+        Be16::from_bits(fragment.id as u16)
+    }
+
+    #[inline(always)]
+    fn peer_id(addr: Self) -> Option<u32> {
+        maps::peer_id(addr)
+    }
+}
+
+impl Tables for Be128 {
+    #[inline(always)]
+    fn flows() -> &'static Flows<Self> {
+        &FLOWS6
+    }
+
+    #[inline(always)]
+    fn fragments() -> &'static Fragments<Self> {
+        &FRAGS6
+    }
+
+    #[inline(always)]
+    fn settings() -> &'static Array<SnatConfig<Self>, 1> {
+        &SNAT6
+    }
+
+    #[inline(always)]
+    fn fragment_id(fragment: &Fragment) -> Be32 {
+        Be32::from_bits(fragment.id)
+    }
+
+    #[inline(always)]
+    fn peer_id(addr: Self) -> Option<u32> {
+        maps::peer6_id(addr)
+    }
+}
 
 /// Ports tried before a flow is refused: the original, then random ones.
 const PORT_TRIES: u32 = 8;
@@ -65,14 +150,14 @@ pub enum Refused {
 /// The key under which the fragments of `fragment`'s datagram, from `src`
 /// to `dst` in direction `dir`, find their translation.
 #[inline(always)]
-pub fn fragment_key(fragment: &Fragment, src: Be32, dst: Be32, dir: u8) -> FragKey {
+pub fn fragment_key<A: Tables>(fragment: &Fragment, src: A, dst: A, dir: u8) -> FragKey<A> {
     FragKey {
         saddr: src,
         daddr: dst,
-        // IPv4's identification, which `Fragment` widened.
-        id: Be16::from_bits(fragment.id as u16),
+        id: A::fragment_id(fragment),
         proto: fragment.proto,
         dir,
+        pad: Default::default(),
     }
 }
 
@@ -80,43 +165,50 @@ pub fn fragment_key(fragment: &Fragment, src: Be32, dst: Be32, dir: u8) -> FragK
 /// its first fragment was, if its owner (`peer_id`, or [`OWNER_LOCAL`])
 /// has budget left: past it, only this datagram's later fragments pay.
 #[inline(always)]
-pub fn remember_fragment(key: &FragKey, addr: Be32, peer_id: u32) {
+pub fn remember_fragment<A: Tables>(key: &FragKey<A>, addr: A, peer_id: u32) {
     if !budget::take_fragment(peer_id) {
         return;
     }
     // Full: the LRU makes room; a failure only costs the later fragments.
-    let _ = FRAGS.insert(key, addr, 0);
+    let _ = A::fragments().insert(key, addr, 0);
 }
 
 /// Where the first fragment of a later fragment's datagram was translated to.
 #[inline(always)]
-pub fn fragment_addr(key: &FragKey) -> Result<Be32, Refused> {
-    // SAFETY: a four-byte value, copied out at once.
-    unsafe { FRAGS.get(key) }
+pub fn fragment_addr<A: Tables>(key: &FragKey<A>) -> Result<A, Refused> {
+    // SAFETY: an address, copied out at once.
+    unsafe { A::fragments().get(key) }
         .copied()
         .ok_or(Refused::UnknownFragment)
 }
 
 /// The masquerade address, when masquerading is on.
 #[inline(always)]
-pub fn masquerade_addr() -> Option<Be32> {
-    let config = SNAT.get(0)?;
+pub fn masquerade_addr<A: Tables>() -> Option<A> {
+    let config = A::settings().get(0)?;
     (config.enabled != 0).then_some(config.addr)
 }
 
 /// The flow key of a packet leaving towards a peer.
 #[inline(always)]
-pub fn out_key(t: &Transport, src: Be32, dst: Be32) -> FlowKey {
+pub fn out_key<A: Tables>(t: &Transport, src: A, dst: A) -> FlowKey<A> {
     FlowKey::new(src, dst, t.sport, t.dport, t.proto, DIR_OUT)
 }
 
 /// The flow key of a reply arriving from a peer, or None when `t` cannot
-/// be one (an ICMP that is not an echo reply).
+/// be one (a packet of the family's ICMP, `icmp`, that is not an echo
+/// reply, `echo_reply`).
 #[inline(always)]
-pub fn in_key(t: &Transport, src: Be32, dst: Be32) -> Option<FlowKey> {
+pub fn in_key<A: Tables>(
+    t: &Transport,
+    src: A,
+    dst: A,
+    icmp: u8,
+    echo_reply: u8,
+) -> Option<FlowKey<A>> {
     let (sport, dport) = match t.proto {
-        PROTO_ICMP if t.icmp_type != ICMP_ECHO_REPLY => return None,
-        PROTO_ICMP => (0, t.sport),
+        proto if proto == icmp && t.icmp_type != echo_reply => return None,
+        proto if proto == icmp => (0, t.sport),
         _ => (t.sport, t.dport),
     };
     Some(FlowKey::new(src, dst, sport, dport, t.proto, DIR_IN))
@@ -126,16 +218,20 @@ pub fn in_key(t: &Transport, src: Be32, dst: Be32) -> Option<FlowKey> {
 /// with a port of ours that no other flow to the same peer address and
 /// port holds, charged to the owner of its source.
 #[inline(always)]
-pub fn outbound(key: &FlowKey, masq: Be32, tcp_flags: u8) -> Result<FlowNat, Refused> {
+pub fn outbound<A: Tables>(
+    key: &FlowKey<A>,
+    masq: A,
+    tcp_flags: u8,
+) -> Result<FlowNat<A>, Refused> {
     // SAFETY: bpf_ktime_get_ns has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
-    if let Some(entry) = FLOWS.get_ptr_mut(key) {
+    if let Some(entry) = A::flows().get_ptr_mut(key) {
         // SAFETY: a valid entry pointer from the map.
         return Ok(unsafe { refresh(entry, key.proto, tcp_flags, now) });
     }
     // Only a new flow looks its owner up: the peer its source is in, or
     // the gateway itself (the node's own traffic, the conncheck's).
-    let owner = maps::peer_id(key.saddr).unwrap_or(OWNER_LOCAL);
+    let owner = A::peer_id(key.saddr).unwrap_or(OWNER_LOCAL);
     room::take(FlowTable::Conntrack, owner).map_err(|_| Refused::Full)?;
     let result = insert(key, masq, tcp_flags, owner, now);
     if let Err(refused) = &result {
@@ -149,20 +245,20 @@ pub fn outbound(key: &FlowKey, masq: Be32, tcp_flags: u8) -> Result<FlowNat, Ref
 
 /// Inserts both entries of a new flow of `owner`, whose room is charged.
 #[inline(always)]
-fn insert(
-    key: &FlowKey,
-    masq: Be32,
+fn insert<A: Tables>(
+    key: &FlowKey<A>,
+    masq: A,
     tcp_flags: u8,
     owner: u32,
     now: u64,
-) -> Result<FlowNat, Refused> {
+) -> Result<FlowNat<A>, Refused> {
     let mut nat = FlowNat {
         addr: masq,
         port: key.sport,
         state: initial_state(key.proto, tcp_flags),
         answered: 0,
         owner,
-        pad: 0,
+        pad: Default::default(),
         last_seen: now,
     };
     let back = FlowNat {
@@ -173,7 +269,7 @@ fn insert(
     };
     for _ in 0..PORT_TRIES {
         let reply = reply_key(key, &nat);
-        match FLOWS.insert(reply, back, BPF_NOEXIST as u64) {
+        match A::flows().insert(reply, back, BPF_NOEXIST as u64) {
             Ok(()) => return claim(key, &reply, nat),
             Err(EEXIST) => {
                 // SAFETY: bpf_get_prandom_u32 has no preconditions.
@@ -190,13 +286,18 @@ fn insert(
 /// another CPU published the same flow first, its entry wins, and the
 /// room taken for this one is given back.
 #[inline(always)]
-fn claim(key: &FlowKey, reply: &FlowKey, nat: FlowNat) -> Result<FlowNat, Refused> {
-    match FLOWS.insert(key, nat, BPF_NOEXIST as u64) {
+fn claim<A: Tables>(
+    key: &FlowKey<A>,
+    reply: &FlowKey<A>,
+    nat: FlowNat<A>,
+) -> Result<FlowNat<A>, Refused> {
+    let flows = A::flows();
+    match flows.insert(key, nat, BPF_NOEXIST as u64) {
         Ok(()) => Ok(nat),
         Err(e) => {
-            let _ = FLOWS.remove(reply);
+            let _ = flows.remove(reply);
             // SAFETY: a u64-aligned value copied out at once.
-            match unsafe { FLOWS.get(key) } {
+            match unsafe { flows.get(key) } {
                 Some(existing) if e == EEXIST => {
                     room::give_back(FlowTable::Conntrack, nat.owner);
                     Ok(*existing)
@@ -211,8 +312,8 @@ fn claim(key: &FlowKey, reply: &FlowKey, nat: FlowNat) -> Result<FlowNat, Refuse
 /// is known. The flow is then answered, and no longer the first to go
 /// when room is short.
 #[inline(always)]
-pub fn inbound(key: &FlowKey, tcp_flags: u8) -> Option<FlowNat> {
-    let entry = FLOWS.get_ptr_mut(key)?;
+pub fn inbound<A: Tables>(key: &FlowKey<A>, tcp_flags: u8) -> Option<FlowNat<A>> {
+    let entry = A::flows().get_ptr_mut(key)?;
     // SAFETY: bpf_ktime_get_ns has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     // SAFETY: a valid entry pointer from the map.
@@ -249,9 +350,14 @@ pub(crate) fn initial_state(proto: u8, tcp_flags: u8) -> u8 {
 /// Records a packet on the entry at `entry` and returns a copy of it.
 ///
 /// # Safety
-/// `entry` points at a live entry of [`FLOWS`].
+/// `entry` points at a live entry of a family's [`Tables::flows`].
 #[inline(always)]
-unsafe fn refresh(entry: *mut FlowNat, proto: u8, tcp_flags: u8, now: u64) -> FlowNat {
+unsafe fn refresh<A: Tables>(
+    entry: *mut FlowNat<A>,
+    proto: u8,
+    tcp_flags: u8,
+    now: u64,
+) -> FlowNat<A> {
     // SAFETY: fields of a live, aligned map entry (the caller's promise).
     unsafe {
         let (state, last_seen) = touch(
@@ -270,7 +376,7 @@ unsafe fn refresh(entry: *mut FlowNat, proto: u8, tcp_flags: u8, now: u64) -> Fl
             // just read, where a trie lookup for the few first fragments
             // cost the egress NAT 25,000 of the verifier's instructions.
             owner: read_volatile(addr_of!((*entry).owner)),
-            pad: 0,
+            pad: Default::default(),
             last_seen,
         }
     }
@@ -286,7 +392,8 @@ unsafe fn refresh(entry: *mut FlowNat, proto: u8, tcp_flags: u8, now: u64) -> Fl
 /// racing updates leave one writer's state and timestamp, both valid.
 ///
 /// # Safety
-/// Both point into one live, aligned entry of a flow table: [`FLOWS`], or
+/// Both point into one live, aligned entry of a flow table: a family's
+/// [`Tables::flows`], or
 /// the isolation's flows towards segregated peers.
 #[inline(always)]
 pub(crate) unsafe fn touch(

@@ -6,18 +6,18 @@
 use aya_ebpf::programs::TcContext;
 use isthmus_common::{
     ipv4::{self, PROTO_ICMP},
-    ipv6::{self, ICMPV6_ECHO_REQUEST, PROTO_ICMPV6},
+    ipv6::{self, ICMPV6_ECHO_REPLY, ICMPV6_ECHO_REQUEST, PROTO_ICMPV6},
     nat::{CONNCHECK_ADDR, PeerNat},
     wire::{Address, Be32, Be128},
 };
 
 use crate::{
-    conntrack::{self, Refused},
+    conntrack::{self, Refused, Tables},
     csum::{self, RewriteFailed},
     isolation, maps,
     parse::{
-        self, ETH_P_IP, ETH_P_IPV6, Fragment, ICMP_ECHO_REQUEST, IcmpError, Ip, Malformed, Packet,
-        Parsed, Transport,
+        self, ETH_P_IP, ETH_P_IPV6, Fragment, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, IcmpError, Ip,
+        Malformed, Packet, Parsed, Reading, Transport,
     },
 };
 
@@ -33,8 +33,8 @@ pub struct Masqueraded<A> {
 
 /// One address family, as the NAT sees it.
 pub trait Family {
-    /// Its addresses.
-    type Addr: Address + 'static;
+    /// Its addresses, and their masquerade tables.
+    type Addr: Address + Tables;
     /// Whether it is IPv6: its programs go on in arrays of their own.
     const IPV6: bool;
     /// `skb->protocol` of its packets.
@@ -47,10 +47,15 @@ pub trait Family {
     const ICMP: u8;
     /// Its ICMP echo request's type.
     const ECHO_REQUEST: u8;
+    /// Its ICMP echo reply's type.
+    const ECHO_REPLY: u8;
 
-    /// Parses the packet at `off`: an ICMP error when `errors`, any other
-    /// packet otherwise.
-    fn parse(ctx: &TcContext, off: usize, errors: bool) -> Result<Parsed<Self::Addr>, Malformed>;
+    /// Parses the packet at `off`, as `reading` says.
+    fn parse(
+        ctx: &TcContext,
+        off: usize,
+        reading: Reading,
+    ) -> Result<Parsed<Self::Addr>, Malformed>;
     /// The source of the packet at `off`, when no more of it can be read.
     fn source(ctx: &TcContext, off: usize) -> Option<Self::Addr>;
     /// The peer whose networks, as we see them, hold `addr`.
@@ -85,17 +90,26 @@ pub trait Family {
     ) -> Result<(), RewriteFailed>;
 
     /// The masquerade address, when masquerading is on.
-    fn masquerade_addr() -> Option<Self::Addr>;
+    #[inline(always)]
+    fn masquerade_addr() -> Option<Self::Addr> {
+        conntrack::masquerade_addr()
+    }
+
     /// Where the datagram of `fragment`, from `src` to `dst` in direction
     /// `dir`, was translated to when its first fragment was.
+    #[inline(always)]
     fn fragment_addr(
         fragment: &Fragment,
         src: Self::Addr,
         dst: Self::Addr,
         dir: u8,
-    ) -> Result<Self::Addr, Refused>;
+    ) -> Result<Self::Addr, Refused> {
+        conntrack::fragment_addr(&conntrack::fragment_key(fragment, src, dst, dir))
+    }
+
     /// Remembers that the datagram of `fragment` was translated to `addr`,
     /// charged to `owner`.
+    #[inline(always)]
     fn remember_fragment(
         fragment: &Fragment,
         src: Self::Addr,
@@ -103,18 +117,36 @@ pub trait Family {
         dir: u8,
         addr: Self::Addr,
         owner: u32,
-    );
+    ) {
+        let key = conntrack::fragment_key(fragment, src, dst, dir);
+        conntrack::remember_fragment(&key, addr, owner);
+    }
+
     /// Where the flow of `t` from `src` to `dst` goes out as, behind
     /// `masq`.
+    #[inline(always)]
     fn outbound(
         t: &Transport,
         src: Self::Addr,
         dst: Self::Addr,
         masq: Self::Addr,
-    ) -> Result<Masqueraded<Self::Addr>, Refused>;
+    ) -> Result<Masqueraded<Self::Addr>, Refused> {
+        let nat = conntrack::outbound(&conntrack::out_key(t, src, dst), masq, t.tcp_flags)?;
+        Ok(Masqueraded {
+            addr: nat.addr,
+            port: nat.port,
+            owner: nat.owner,
+        })
+    }
+
     /// Where a reply `t` from `src` to `masq` goes back to, if its flow is
     /// known.
-    fn inbound(t: &Transport, src: Self::Addr, masq: Self::Addr) -> Option<(Self::Addr, u16)>;
+    #[inline(always)]
+    fn inbound(t: &Transport, src: Self::Addr, masq: Self::Addr) -> Option<(Self::Addr, u16)> {
+        let key = conntrack::in_key(t, src, masq, Self::ICMP, Self::ECHO_REPLY)?;
+        conntrack::inbound(&key, t.tcp_flags).map(|back| (back.addr, back.port))
+    }
+
     /// Records a flow our side opens towards segregated peer `peer_id`, so
     /// that its replies pass; false when the peer's table is full.
     fn remember(peer_id: u32, t: &Transport, ours: Self::Addr, theirs: Self::Addr) -> bool;
@@ -138,10 +170,11 @@ impl Family for V4 {
     const DST: usize = ipv4::DST;
     const ICMP: u8 = PROTO_ICMP;
     const ECHO_REQUEST: u8 = ICMP_ECHO_REQUEST;
+    const ECHO_REPLY: u8 = ICMP_ECHO_REPLY;
 
     #[inline(always)]
-    fn parse(ctx: &TcContext, off: usize, errors: bool) -> Result<Parsed<Be32>, Malformed> {
-        parse::ipv4::packet(ctx, off, errors)
+    fn parse(ctx: &TcContext, off: usize, reading: Reading) -> Result<Parsed<Be32>, Malformed> {
+        parse::ipv4::packet(ctx, off, reading == Reading::IcmpError)
     }
 
     #[inline(always)]
@@ -202,50 +235,6 @@ impl Family for V4 {
     }
 
     #[inline(always)]
-    fn masquerade_addr() -> Option<Be32> {
-        conntrack::masquerade_addr()
-    }
-
-    #[inline(always)]
-    fn fragment_addr(fragment: &Fragment, src: Be32, dst: Be32, dir: u8) -> Result<Be32, Refused> {
-        conntrack::fragment_addr(&conntrack::fragment_key(fragment, src, dst, dir))
-    }
-
-    #[inline(always)]
-    fn remember_fragment(
-        fragment: &Fragment,
-        src: Be32,
-        dst: Be32,
-        dir: u8,
-        addr: Be32,
-        owner: u32,
-    ) {
-        let key = conntrack::fragment_key(fragment, src, dst, dir);
-        conntrack::remember_fragment(&key, addr, owner);
-    }
-
-    #[inline(always)]
-    fn outbound(
-        t: &Transport,
-        src: Be32,
-        dst: Be32,
-        masq: Be32,
-    ) -> Result<Masqueraded<Be32>, Refused> {
-        let nat = conntrack::outbound(&conntrack::out_key(t, src, dst), masq, t.tcp_flags)?;
-        Ok(Masqueraded {
-            addr: nat.addr,
-            port: nat.port,
-            owner: nat.owner,
-        })
-    }
-
-    #[inline(always)]
-    fn inbound(t: &Transport, src: Be32, masq: Be32) -> Option<(Be32, u16)> {
-        let key = conntrack::in_key(t, src, masq)?;
-        conntrack::inbound(&key, t.tcp_flags).map(|back| (back.addr, back.port))
-    }
-
-    #[inline(always)]
     fn remember(peer_id: u32, t: &Transport, ours: Be32, theirs: Be32) -> bool {
         isolation::remember(peer_id, t, ours, theirs).is_ok()
     }
@@ -256,10 +245,8 @@ impl Family for V4 {
     }
 }
 
-/// IPv6 has no masquerade, no fragment table and no record of flows
-/// towards segregated peers yet: the masquerade address is never set, so
-/// the NAT never asks for the first three, and a segregated peer reaches
-/// none of our IPv6 addresses (docs/design.md#dual-stack).
+/// IPv6 has no record of flows towards segregated peers yet: a segregated
+/// peer reaches none of our IPv6 addresses (docs/design.md#dual-stack).
 impl Family for V6 {
     type Addr = Be128;
     const IPV6: bool = true;
@@ -268,10 +255,11 @@ impl Family for V6 {
     const DST: usize = ipv6::DST;
     const ICMP: u8 = PROTO_ICMPV6;
     const ECHO_REQUEST: u8 = ICMPV6_ECHO_REQUEST;
+    const ECHO_REPLY: u8 = ICMPV6_ECHO_REPLY;
 
     #[inline(always)]
-    fn parse(ctx: &TcContext, off: usize, errors: bool) -> Result<Parsed<Be128>, Malformed> {
-        parse::ipv6::packet(ctx, off, errors)
+    fn parse(ctx: &TcContext, off: usize, reading: Reading) -> Result<Parsed<Be128>, Malformed> {
+        parse::ipv6::packet(ctx, off, reading)
     }
 
     #[inline(always)]
@@ -330,34 +318,6 @@ impl Family for V6 {
         new: Be128,
     ) -> Result<(), RewriteFailed> {
         csum::set_quoted_addr6(ctx, err, field, old, new)
-    }
-
-    #[inline(always)]
-    fn masquerade_addr() -> Option<Be128> {
-        None
-    }
-
-    #[inline(always)]
-    fn fragment_addr(_: &Fragment, _: Be128, _: Be128, _: u8) -> Result<Be128, Refused> {
-        Err(Refused::UnknownFragment)
-    }
-
-    #[inline(always)]
-    fn remember_fragment(_: &Fragment, _: Be128, _: Be128, _: u8, _: Be128, _: u32) {}
-
-    #[inline(always)]
-    fn outbound(
-        _: &Transport,
-        _: Be128,
-        _: Be128,
-        _: Be128,
-    ) -> Result<Masqueraded<Be128>, Refused> {
-        Err(Refused::Full)
-    }
-
-    #[inline(always)]
-    fn inbound(_: &Transport, _: Be128, _: Be128) -> Option<(Be128, u16)> {
-        None
     }
 
     #[inline(always)]

@@ -173,6 +173,34 @@ pub fn err6_in_ip(ctx: TcContext) -> i32 {
     ingress::<V6>(&ctx, 0, Stage::IcmpError)
 }
 
+/// After `nat6_out_eth`, by tail call: an IPv6 packet whose source the
+/// masquerade translates.
+#[classifier]
+pub fn masq6_out_eth(ctx: TcContext) -> i32 {
+    egress::<V6>(&ctx, ETH_HLEN, Stage::Masquerade)
+}
+
+/// After `nat6_in_eth`, by tail call: an IPv6 packet for the masquerade
+/// address.
+#[classifier]
+pub fn masq6_in_eth(ctx: TcContext) -> i32 {
+    ingress::<V6>(&ctx, ETH_HLEN, Stage::Masquerade)
+}
+
+/// After `nat6_out_ip`, by tail call: an IPv6 packet whose source the
+/// masquerade translates.
+#[classifier]
+pub fn masq6_out_ip(ctx: TcContext) -> i32 {
+    egress::<V6>(&ctx, 0, Stage::Masquerade)
+}
+
+/// After `nat6_in_ip`, by tail call: an IPv6 packet for the masquerade
+/// address.
+#[classifier]
+pub fn masq6_in_ip(ctx: TcContext) -> i32 {
+    ingress::<V6>(&ctx, 0, Stage::Masquerade)
+}
+
 /// `stage` of family `F`'s egress NAT.
 #[inline(always)]
 fn egress<F: Family>(ctx: &TcContext, l3: usize, stage: Stage) -> i32 {

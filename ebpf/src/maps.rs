@@ -37,12 +37,22 @@ type PeerTable<A> = HashMap<PeerKey<A>, PeerNat<A>, { MAX_PEER_NETWORKS as usize
 #[btf_map(name = "ist_peer_owners")]
 static PEER_OWNERS: LpmTrie<Be32, u32, { MAX_PEER_NETWORKS as usize }> = LpmTrie::new();
 
+/// The same for the peers' IPv6 networks.
+#[btf_map(name = "ist_peer_owner6")]
+static PEER_OWNERS6: LpmTrie<Be128, u32, { MAX_PEER_NETWORKS as usize }> = LpmTrie::new();
+
 /// The ID of the peer whose networks hold `addr`, if any: one trie
 /// lookup, for the rare path (a new flow) where [`peer`]'s loop would
 /// cost the verifier more than the packet.
 #[inline(always)]
 pub fn peer_id(addr: Be32) -> Option<u32> {
     PEER_OWNERS.get(&Key::new(32, addr)).copied()
+}
+
+/// [`peer_id`] for an IPv6 address.
+#[inline(always)]
+pub fn peer6_id(addr: Be128) -> Option<u32> {
+    PEER_OWNERS6.get(&Key::new(128, addr)).copied()
 }
 
 /// The prefix lengths present in `PEERS`, longest first.

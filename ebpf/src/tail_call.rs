@@ -52,6 +52,11 @@ static NAT6: ProgramArray<4> = ProgramArray::new();
 #[btf_map(name = "ist_icmp6_error")]
 static ICMP6_ERROR: ProgramArray<4> = ProgramArray::new();
 
+/// The IPv6 masquerade, after the IPv6 NAT
+/// (`names::MASQUERADE6_PROGRAMS`), by link and direction.
+#[btf_map(name = "ist_masq6")]
+static MASQUERADE6: ProgramArray<4> = ProgramArray::new();
+
 /// Goes on in the program after the ingress NAT for `link`: a peer's
 /// packet, which the NAT gave its outcome.
 #[inline(always)]
@@ -99,8 +104,9 @@ pub fn next_stage<F: Family>(
                 Direction::Egress => MASQUERADE.tail_call(ctx, link as u32),
                 Direction::Ingress => MASQUERADE_IN.tail_call(ctx, link as u32),
             },
-            // No IPv6 masquerade yet; no stage goes back to the first.
-            (Stage::Masquerade, true) | (Stage::First, _) => {}
+            (Stage::Masquerade, true) => MASQUERADE6.tail_call(ctx, slot),
+            // No stage goes back to the first.
+            (Stage::First, _) => {}
         }
     };
     missed_before_outcome(link, direction)

@@ -1,21 +1,26 @@
-//! The kernel's flow tables from userspace: the masquerade's, with its
-//! settings, and the flows our side opened towards segregated peers; and
-//! how the collector sees the flows of both. Expiry is
-//! decided here, with a clock the caller passes, so tests choose the time.
+//! The kernel's flow tables from userspace: the masquerade's, one per
+//! address family, with its settings, and the flows our side opened
+//! towards segregated peers; and how the collector sees the flows of all.
+//! Expiry is decided here, with a clock the caller passes, so tests choose
+//! the time.
 
-use std::{net::Ipv4Addr, path::Path};
+use std::{
+    net::{Ipv4Addr, Ipv6Addr},
+    path::Path,
+};
 
 use foldhash::HashMap as FoldHashMap;
 
 use aya::maps::{Array, HashMap, IterableMap as _, Map, MapData, MapError};
 use isthmus_common::{
     conntrack::{
-        DIR_IN, DIR_OUT, FlowKey, FlowNat, SnatConfig, TcpState, Timeouts, reply_key, tcp_closed,
+        DIR_IN, DIR_OUT, FlowKey, FlowNat, SnatConfig, TcpState, Timeouts, TrackedAddr, reply_key,
+        tcp_closed,
     },
     isolation::PeerFlow,
     names,
     room::FlowTable,
-    wire::Be32,
+    wire::{Be32, Be128},
 };
 
 use crate::kernel::{batch, maps::open_pinned};
@@ -29,13 +34,44 @@ pub struct Collected {
     pub removed: usize,
 }
 
+/// An entry's key in a flow table of either family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TrackedKey {
+    /// In an IPv4 table.
+    V4(FlowKey),
+    /// In an IPv6 table.
+    V6(FlowKey<Be128>),
+}
+
+impl TrackedKey {
+    /// Its direction: [`DIR_OUT`] or [`DIR_IN`].
+    pub fn dir(&self) -> u8 {
+        match self {
+            Self::V4(key) => key.dir,
+            Self::V6(key) => key.dir,
+        }
+    }
+}
+
+impl From<FlowKey> for TrackedKey {
+    fn from(key: FlowKey) -> Self {
+        Self::V4(key)
+    }
+}
+
+impl From<FlowKey<Be128>> for TrackedKey {
+    fn from(key: FlowKey<Be128>) -> Self {
+        Self::V6(key)
+    }
+}
+
 /// One flow of a table, as the collector judges it: the entries it holds
 /// (two for a masqueraded flow, one for a flow towards a segregated peer
 /// or a reply entry whose outbound one is gone), who was charged for them,
 /// whether the far side ever answered, and whether it is dead.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tracked {
-    keys: [FlowKey; 2],
+    keys: [TrackedKey; 2],
     entries: usize,
     /// The room owner charged (`isthmus_common::room`).
     pub owner: u32,
@@ -58,13 +94,13 @@ impl Tracked {
     /// round, a packet out would find no entry while the reply's entry
     /// still held the port, take another port, and split a live
     /// connection (one reopened by a SYN just as it was evicted) in two.
-    pub fn keys(&self) -> &[FlowKey] {
+    pub fn keys(&self) -> &[TrackedKey] {
         &self.keys[..self.entries]
     }
 
     /// The outbound entry and the reply's, as [`keys`](Self::keys) orders
     /// them; a flow of one entry is its own reply.
-    fn outbound_and_reply(&self) -> (FlowKey, FlowKey) {
+    fn outbound_and_reply(&self) -> (TrackedKey, TrackedKey) {
         (self.keys[self.entries - 1], self.keys[0])
     }
 }
@@ -81,7 +117,7 @@ pub trait SweptTable {
 
     /// Removes `keys`; returns how many it removed. Already gone is fine:
     /// the kernel may have lost a race for an entry.
-    fn remove(&mut self, keys: &[FlowKey]) -> usize;
+    fn remove(&mut self, keys: &[TrackedKey]) -> usize;
 
     /// Whether `flow`'s entries, read again, still hold a connection that
     /// is over; false if one is gone.
@@ -103,7 +139,7 @@ pub trait SweptTable {
     /// Removes the flows dead at `now`, all entries of a flow together.
     fn remove_dead(&mut self, now: u64, timeouts: &Timeouts) -> Result<Collected, MapError> {
         let flows = self.flows(now, timeouts)?;
-        let dead: Vec<FlowKey> = flows
+        let dead: Vec<TrackedKey> = flows
             .iter()
             .filter(|f| f.dead)
             .flat_map(|f| f.keys().iter().copied())
@@ -117,40 +153,64 @@ pub trait SweptTable {
     }
 }
 
-/// The flow table (`ist_conntrack`).
+/// A family's flow table.
+type Flows<A> = HashMap<MapData, FlowKey<A>, FlowNat<A>>;
+
+/// A family's flow table's entries.
+pub type Entries<A> = Vec<(FlowKey<A>, FlowNat<A>)>;
+
+/// The masquerade's flow tables (`ist_conntrack`, `ist_conntrack6`),
+/// swept as one: both families' flows are charged to one room per owner.
 pub struct Conntrack {
-    flows: HashMap<MapData, FlowKey, FlowNat>,
+    flows: Flows<Be32>,
+    flows6: Flows<Be128>,
 }
 
 impl Conntrack {
-    /// Wraps the map taken from a freshly loaded object.
-    pub fn new(flows: Map) -> Result<Self, MapError> {
+    /// Wraps the maps taken from a freshly loaded object: the IPv4 table,
+    /// then the IPv6 one.
+    pub fn new(flows: Map, flows6: Map) -> Result<Self, MapError> {
         Ok(Self {
             flows: flows.try_into()?,
+            flows6: flows6.try_into()?,
         })
     }
 
-    /// Opens the map pinned under `root`.
+    /// Opens the maps pinned under `root`.
     pub fn open(root: &Path) -> Result<Self, MapError> {
-        Self::new(open_pinned(root, names::MAP_CONNTRACK)?)
+        Self::new(
+            open_pinned(root, names::MAP_CONNTRACK)?,
+            open_pinned(root, names::MAP_CONNTRACK6)?,
+        )
     }
 
-    /// Every entry, as the kernel holds it now.
-    pub fn entries(&self) -> Result<Vec<(FlowKey, FlowNat)>, MapError> {
+    /// Every IPv4 entry, as the kernel holds it now.
+    pub fn entries(&self) -> Result<Entries<Be32>, MapError> {
         batch::entries(self.flows.map())
     }
+
+    /// Every IPv6 entry, as the kernel holds it now.
+    pub fn entries6(&self) -> Result<Entries<Be128>, MapError> {
+        batch::entries(self.flows6.map())
+    }
 }
 
-/// The masquerade setting (`ist_snat`): the address of ours that flows
-/// needing it leave from, if any.
-pub struct Masquerade {
-    config: Array<MapData, SnatConfig>,
+/// One family's masquerade setting (`ist_snat`, `ist_snat6`): the
+/// address of ours that flows needing it leave from, if any.
+pub struct Masquerade<A: TrackedAddr>
+where
+    SnatConfig<A>: aya::Pod,
+{
+    config: Array<MapData, SnatConfig<A>>,
     /// Whether the map was set, and to what.
     written: bool,
-    current: Option<Ipv4Addr>,
+    current: Option<A>,
 }
 
-impl Masquerade {
+impl<A: TrackedAddr> Masquerade<A>
+where
+    SnatConfig<A>: aya::Pod,
+{
     /// Wraps the map taken from a freshly loaded object.
     pub fn new(config: Map) -> Result<Self, MapError> {
         Ok(Self {
@@ -162,12 +222,12 @@ impl Masquerade {
 
     /// Masquerades flows that need it to `addr` (one of our own addresses),
     /// or stops masquerading. Returns whether that changed anything.
-    pub fn set(&mut self, addr: Option<Ipv4Addr>) -> Result<bool, MapError> {
+    pub fn set(&mut self, addr: Option<A>) -> Result<bool, MapError> {
         if self.written && self.current == addr {
             return Ok(false);
         }
         let config = SnatConfig {
-            addr: addr.map_or(Be32::ZERO, Be32::from),
+            addr: addr.unwrap_or_default(),
             enabled: u32::from(addr.is_some()),
         };
         self.config.set(0, config, 0)?;
@@ -176,24 +236,73 @@ impl Masquerade {
     }
 }
 
+/// The masquerade settings of both families.
+pub struct MasqueradeSettings {
+    ipv4: Masquerade<Be32>,
+    ipv6: Masquerade<Be128>,
+}
+
+impl MasqueradeSettings {
+    /// Wraps the maps taken from a freshly loaded object: IPv4's, then
+    /// IPv6's.
+    pub fn new(ipv4: Map, ipv6: Map) -> Result<Self, MapError> {
+        Ok(Self {
+            ipv4: Masquerade::new(ipv4)?,
+            ipv6: Masquerade::new(ipv6)?,
+        })
+    }
+
+    /// Masquerades to `ipv4` and `ipv6`, each family's flows to its own,
+    /// or none. Returns whether that changed anything.
+    pub fn set(
+        &mut self,
+        ipv4: Option<Ipv4Addr>,
+        ipv6: Option<Ipv6Addr>,
+    ) -> Result<bool, MapError> {
+        let changed4 = self.ipv4.set(ipv4.map(Be32::from))?;
+        let changed6 = self.ipv6.set(ipv6.map(Be128::from))?;
+        Ok(changed4 || changed6)
+    }
+}
+
 impl SweptTable for Conntrack {
     const TABLE: FlowTable = FlowTable::Conntrack;
 
     fn flows(&self, now: u64, timeouts: &Timeouts) -> Result<Vec<Tracked>, MapError> {
-        Ok(pair(&self.entries()?, now, timeouts))
+        let mut flows = pair(&self.entries()?, now, timeouts);
+        flows.extend(pair(&self.entries6()?, now, timeouts));
+        Ok(flows)
     }
 
-    fn remove(&mut self, keys: &[FlowKey]) -> usize {
-        remove_all(&mut self.flows, keys)
+    fn remove(&mut self, keys: &[TrackedKey]) -> usize {
+        keys.iter()
+            .filter(|key| match key {
+                TrackedKey::V4(key) => self.flows.remove(key).is_ok(),
+                TrackedKey::V6(key) => self.flows6.remove(key).is_ok(),
+            })
+            .count()
     }
 
     fn still_closed(&self, flow: &Tracked) -> bool {
-        let state = |key| self.flows.get(key, 0).map(|nat| nat.state);
-        let (out, back) = flow.outbound_and_reply();
-        match (state(&out), state(&back)) {
-            (Ok(out_state), Ok(back_state)) => closed(out.proto, out_state, back_state),
+        match flow.outbound_and_reply() {
+            (TrackedKey::V4(out), TrackedKey::V4(back)) => still_closed(&self.flows, &out, &back),
+            (TrackedKey::V6(out), TrackedKey::V6(back)) => still_closed(&self.flows6, &out, &back),
             _ => false,
         }
+    }
+}
+
+/// Whether the entries `out` and `back` of `flows`, read again, still hold
+/// a connection that is over; false if one is gone.
+fn still_closed<A: TrackedAddr>(flows: &Flows<A>, out: &FlowKey<A>, back: &FlowKey<A>) -> bool
+where
+    FlowKey<A>: aya::Pod,
+    FlowNat<A>: aya::Pod,
+{
+    let state = |key| flows.get(key, 0).map(|nat| nat.state);
+    match (state(out), state(back)) {
+        (Ok(out_state), Ok(back_state)) => closed(out.proto, out_state, back_state),
+        _ => false,
     }
 }
 
@@ -222,7 +331,7 @@ impl SweptTable for PeerFlows {
             .entries()?
             .into_iter()
             .map(|(key, flow)| Tracked {
-                keys: [key, key],
+                keys: [key.into(), key.into()],
                 entries: 1,
                 owner: flow.owner,
                 answered: flow.answered != 0,
@@ -233,12 +342,17 @@ impl SweptTable for PeerFlows {
             .collect())
     }
 
-    fn remove(&mut self, keys: &[FlowKey]) -> usize {
-        remove_all(&mut self.0, keys)
+    /// Its keys are IPv4's alone.
+    fn remove(&mut self, keys: &[TrackedKey]) -> usize {
+        keys.iter()
+            .filter(|key| matches!(key, TrackedKey::V4(key) if self.0.remove(key).is_ok()))
+            .count()
     }
 
     fn still_closed(&self, flow: &Tracked) -> bool {
-        let key = &flow.keys[0];
+        let TrackedKey::V4(key) = &flow.keys[0] else {
+            return false;
+        };
         self.0
             .get(key, 0)
             .is_ok_and(|f| closed(key.proto, f.ours, f.theirs))
@@ -250,8 +364,15 @@ impl SweptTable for PeerFlows {
 /// entry is gone (a lost race in the kernel) is a flow of its own. The
 /// collector pairs a table of up to millions of entries on every sweep:
 /// replies are indexed by a fast hash, and marked paired by their place.
-pub fn pair(entries: &[(FlowKey, FlowNat)], now: u64, timeouts: &Timeouts) -> Vec<Tracked> {
-    let replies: FoldHashMap<FlowKey, usize> = entries
+pub fn pair<A: TrackedAddr>(
+    entries: &[(FlowKey<A>, FlowNat<A>)],
+    now: u64,
+    timeouts: &Timeouts,
+) -> Vec<Tracked>
+where
+    TrackedKey: From<FlowKey<A>>,
+{
+    let replies: FoldHashMap<FlowKey<A>, usize> = entries
         .iter()
         .enumerate()
         .filter(|(_, (key, _))| key.dir == DIR_IN)
@@ -264,9 +385,9 @@ pub fn pair(entries: &[(FlowKey, FlowNat)], now: u64, timeouts: &Timeouts) -> Ve
         let (keys, back) = match replies.get(&reply) {
             Some(&at) => {
                 paired[at] = true;
-                (([reply, *key], 2), &entries[at].1)
+                (([reply.into(), (*key).into()], 2), &entries[at].1)
             }
-            None => (([*key, *key], 1), nat),
+            None => (([(*key).into(), (*key).into()], 1), nat),
         };
         flows.push(Tracked {
             keys: keys.0,
@@ -284,7 +405,7 @@ pub fn pair(entries: &[(FlowKey, FlowNat)], now: u64, timeouts: &Timeouts) -> Ve
         .filter(|((key, _), paired)| key.dir == DIR_IN && !**paired);
     for ((key, nat), _) in unpaired {
         flows.push(Tracked {
-            keys: [*key, *key],
+            keys: [(*key).into(), (*key).into()],
             entries: 1,
             owner: nat.owner,
             answered: nat.answered != 0,
@@ -301,12 +422,6 @@ fn closed(proto: u8, out: u8, back: u8) -> bool {
     tcp_closed(proto, TcpState::from_u8(out), TcpState::from_u8(back))
 }
 
-/// Removes `keys` from `table`; returns how many it removed. Already gone
-/// is fine: the kernel may have lost a race for an entry.
-fn remove_all<V: aya::Pod>(table: &mut HashMap<MapData, FlowKey, V>, keys: &[FlowKey]) -> usize {
-    keys.iter().filter(|key| table.remove(key).is_ok()).count()
-}
-
 /// The kernel's clock for conntrack timestamps: `CLOCK_MONOTONIC`, in ns.
 pub fn now() -> u64 {
     let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
@@ -321,7 +436,7 @@ pub(crate) mod tests {
     /// A live, unanswered flow of `owner` in `table` for the collector's
     /// tests, its entries told apart by `id`, last seen at `last_seen`.
     pub(crate) fn tracked(table: FlowTable, owner: u32, id: u32, last_seen: u64) -> Tracked {
-        let key = |dir| FlowKey::new(Be32::from_host(id), Be32::ZERO, 0, 0, 17, dir);
+        let key = |dir| FlowKey::new(Be32::from_host(id), Be32::ZERO, 0, 0, 17, dir).into();
         Tracked {
             keys: [key(DIR_IN), key(DIR_OUT)],
             entries: table.entries_per_flow() as usize,

@@ -13,7 +13,6 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use isthmus_common::{
     names,
     nat::{PREFIX_LENS, PeerKey, PeerNat, PrefixLens},
-    wire::Be32,
 };
 
 use crate::{
@@ -105,18 +104,30 @@ where
     }
 }
 
-/// The IPv4 peer table, with the same networks in a trie to each peer's
-/// ID (`ist_peer_owners`), which the masquerade charges new flows by.
-pub struct PeerMap {
-    prefixes: Prefixes<Ipv4Net>,
-    owners: LpmTrie<MapData, Be32, u32>,
+/// One family's peer table, with the same networks in a trie to each
+/// peer's ID (`ist_peer_owners`, `ist_peer_owner6`), which the masquerade
+/// charges new flows by.
+pub struct PeerTable<N: Cidr> {
+    prefixes: Prefixes<N>,
+    owners: LpmTrie<MapData, N::Wire, u32>,
 }
 
-impl PeerMap {
+/// The IPv4 peer table.
+pub type PeerMap = PeerTable<Ipv4Net>;
+
+/// The IPv6 peer table (docs/design.md#dual-stack).
+pub type PeerMap6 = PeerTable<Ipv6Net>;
+
+impl<N: Cidr> PeerTable<N>
+where
+    PeerKey<N::Wire>: aya::Pod,
+    PeerNat<N::Wire>: aya::Pod,
+    N::Wire: aya::Pod,
+{
     /// Wraps the three maps taken from a freshly loaded object.
     pub fn new(nets: Map, owners: Map, lens: Map) -> Result<Self, MapError> {
         let prefixes = Prefixes::new(nets, lens)?;
-        let mut owners: LpmTrie<MapData, Be32, u32> = owners.try_into()?;
+        let mut owners: LpmTrie<MapData, N::Wire, u32> = owners.try_into()?;
         for entry in &prefixes.nets {
             let (key, nat) = entry?;
             // A previous agent's table may predate the trie: it follows.
@@ -124,7 +135,9 @@ impl PeerMap {
         }
         Ok(Self { prefixes, owners })
     }
+}
 
+impl PeerMap {
     /// Opens the maps pinned under `root`.
     pub fn open(root: &Path) -> Result<Self, MapError> {
         Self::new(
@@ -135,75 +148,55 @@ impl PeerMap {
     }
 }
 
-fn owner_key(net: Ipv4Net) -> Key<Be32> {
-    Key::new(u32::from(net.prefix_len()), Be32::from(net.network()))
-}
-
-impl KernelTable for PeerMap {
-    type Key = Ipv4Net;
-    type Value = PeerNat;
-    type Error = MapError;
-    fn is_full(error: &MapError) -> bool {
-        is_full(error)
-    }
-
-    fn entries(&self) -> Result<Vec<(Ipv4Net, PeerNat)>, MapError> {
-        self.prefixes.entries()
-    }
-
-    fn put(&mut self, net: Ipv4Net, nat: &PeerNat, old: Option<&PeerNat>) -> Result<(), MapError> {
-        self.prefixes.put(net, nat, old)?;
-        self.owners.insert(&owner_key(net), nat.peer_id, 0)
-    }
-
-    fn delete(&mut self, net: Ipv4Net, _old: &PeerNat) -> Result<(), MapError> {
-        self.prefixes.delete(net)?;
-        // Gone already is fine: a previous agent may not have written it.
-        let _ = self.owners.remove(&owner_key(net));
-        Ok(())
-    }
-}
-
-/// The IPv6 peer table (docs/design.md#dual-stack).
-pub struct PeerMap6(Prefixes<Ipv6Net>);
-
 impl PeerMap6 {
-    /// Wraps the two maps taken from a freshly loaded object.
-    pub fn new(nets: Map, lens: Map) -> Result<Self, MapError> {
-        Prefixes::new(nets, lens).map(Self)
-    }
-
     /// Opens the maps pinned under `root`.
     pub fn open(root: &Path) -> Result<Self, MapError> {
         Self::new(
             open_pinned(root, names::MAP_PEERS6)?,
+            open_pinned(root, names::MAP_PEER_OWNERS6)?,
             open_pinned(root, names::MAP_PREFIX_LENS6)?,
         )
     }
 }
 
-impl KernelTable for PeerMap6 {
-    type Key = Ipv6Net;
-    type Value = PeerNat<isthmus_common::wire::Be128>;
+fn owner_key<N: Cidr>(net: N) -> Key<N::Wire>
+where
+    N::Wire: aya::Pod,
+{
+    Key::new(u32::from(net.prefix()), net.wire())
+}
+
+impl<N: Cidr + Ord> KernelTable for PeerTable<N>
+where
+    PeerKey<N::Wire>: aya::Pod,
+    PeerNat<N::Wire>: aya::Pod,
+    N::Wire: aya::Pod,
+{
+    type Key = N;
+    type Value = PeerNat<N::Wire>;
     type Error = MapError;
     fn is_full(error: &MapError) -> bool {
         is_full(error)
     }
 
-    fn entries(&self) -> Result<Vec<(Ipv6Net, Self::Value)>, MapError> {
-        self.0.entries()
+    fn entries(&self) -> Result<Vec<(N, Self::Value)>, MapError> {
+        self.prefixes.entries()
     }
 
     fn put(
         &mut self,
-        net: Ipv6Net,
+        net: N,
         nat: &Self::Value,
         old: Option<&Self::Value>,
     ) -> Result<(), MapError> {
-        self.0.put(net, nat, old)
+        self.prefixes.put(net, nat, old)?;
+        self.owners.insert(&owner_key(net), nat.peer_id, 0)
     }
 
-    fn delete(&mut self, net: Ipv6Net, _old: &Self::Value) -> Result<(), MapError> {
-        self.0.delete(net)
+    fn delete(&mut self, net: N, _old: &Self::Value) -> Result<(), MapError> {
+        self.prefixes.delete(net)?;
+        // Gone already is fine: a previous agent may not have written it.
+        let _ = self.owners.remove(&owner_key(net));
+        Ok(())
     }
 }

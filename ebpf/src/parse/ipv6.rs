@@ -16,7 +16,7 @@ use isthmus_common::{
 };
 
 use super::{
-    Fragment, ICMP_CHECK, ICMP_HLEN, IcmpError, Ip, Malformed, Packet, Parsed, PseudoCsum,
+    Fragment, ICMP_CHECK, ICMP_HLEN, IcmpError, Ip, Malformed, Packet, Parsed, PseudoCsum, Reading,
     UDP_HLEN, View, linearize, pseudo_csum, quoted_flow, transport,
 };
 
@@ -39,12 +39,12 @@ fn fragment(chain: &Chain) -> Option<Fragment> {
     })
 }
 
-/// Parses the IPv6 packet at `off` for a NAT program: one that rewrites
-/// ICMPv6 errors when `errors`, and every other packet otherwise. Fails if
-/// any header it needs is cut off, or, when `errors`, if the packet is no
-/// ICMPv6 error.
+/// Parses the IPv6 packet at `off` for a NAT program, as `reading` says.
+/// Fails if any header it needs is cut off, or, for the stage of ICMPv6
+/// errors, if the packet is no ICMPv6 error.
 #[inline(always)]
-pub fn packet(ctx: &TcContext, off: usize, errors: bool) -> Result<Parsed<Be128>, Malformed> {
+pub fn packet(ctx: &TcContext, off: usize, reading: Reading) -> Result<Parsed<Be128>, Malformed> {
+    let errors = reading == Reading::IcmpError;
     let len = ctx.len() as usize;
     linearize(ctx, off, if errors { MAX_PARSED_ERROR } else { MAX_PARSED })?;
     let view = View::of(ctx);
@@ -59,11 +59,17 @@ pub fn packet(ctx: &TcContext, off: usize, errors: bool) -> Result<Parsed<Be128>
         view.address(off + ipv6::SRC)?,
         view.address(off + ipv6::DST)?,
     );
-    let chain = match walk(ctx, h.next_header(), off + HLEN, end) {
-        Ok(chain) => chain,
-        Err(Stop::Cut) => return Err(Malformed),
-        Err(Stop::Refused(reason)) => return Ok(Parsed::Refused(reason)),
+    let chain = match reading {
+        Reading::Again => kept(ctx, off)?,
+        Reading::Fresh | Reading::IcmpError => match walk(ctx, h.next_header(), off + HLEN, end) {
+            Ok(chain) => chain,
+            Err(Stop::Cut) => return Err(Malformed),
+            Err(Stop::Refused(reason)) => return Ok(Parsed::Refused(reason)),
+        },
     };
+    if reading == Reading::Fresh {
+        keep(ctx, &chain);
+    }
     let header = |csum| Ip {
         off,
         src,
@@ -117,6 +123,26 @@ pub fn packet(ctx: &TcContext, off: usize, errors: bool) -> Result<Parsed<Be128>
 pub fn source(ctx: &TcContext, off: usize) -> Option<Be128> {
     let words: [u32; 4] = ctx.load(off + ipv6::SRC).ok()?;
     Some(Be128::from_words(words.map(Be32::from_bits)))
+}
+
+/// Keeps `chain` in the socket buffer's control block, which a tail call
+/// leaves as it was, for the stage the packet may go on in.
+#[inline(always)]
+fn keep(ctx: &TcContext, chain: &Chain) {
+    let [first, second] = chain.keep();
+    // SAFETY: the context's socket buffer, whose control block TC programs
+    // may write.
+    unsafe {
+        (*ctx.skb.skb).cb[0] = first;
+        (*ctx.skb.skb).cb[1] = second;
+    }
+}
+
+/// The chain the first stage kept for the packet at `off`.
+#[inline(always)]
+fn kept(ctx: &TcContext, off: usize) -> Result<Chain, Malformed> {
+    let cb = ctx.skb.cb();
+    Chain::kept([cb[0], cb[1]], off + HLEN + CHAIN_MAX).ok_or(Malformed)
 }
 
 /// Walks the chain from a header of kind `next` at `at` within `end`.

@@ -94,6 +94,19 @@ pub struct Transport {
     pub icmp_type: u8,
 }
 
+/// What a stage of the NAT parses a packet as.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Reading {
+    /// A packet first seen: anything but an ICMP error. An IPv6 packet's
+    /// chain of headers is walked, and kept for a later stage.
+    Fresh,
+    /// An ICMP error, which its own stage parses afresh.
+    IcmpError,
+    /// A packet the first stage parsed and sent on: an IPv6 packet's chain
+    /// is the one that stage kept.
+    Again,
+}
+
 /// ICMP echo reply.
 pub const ICMP_ECHO_REPLY: u8 = 0;
 /// ICMP echo request.

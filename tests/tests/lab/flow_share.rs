@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use isthmus_agent::kernel::conntrack::{Conntrack, SweptTable};
+use isthmus_agent::kernel::conntrack::{Conntrack, SweptTable, TrackedKey};
 use isthmus_common::conntrack::{DIR_OUT, Timeouts};
 use isthmus_lab::{
     lab, netns,
@@ -48,7 +48,7 @@ impl Drop for FloodCleanup {
             .filter(|f| {
                 f.keys()
                     .iter()
-                    .any(|k| k.dir == DIR_OUT && FLOOD_PORTS.contains(&k.dport))
+                    .any(|k| matches!(k, TrackedKey::V4(k) if k.dir == DIR_OUT && FLOOD_PORTS.contains(&k.dport)))
             })
             .flat_map(|f| f.keys().iter().copied())
             .collect();

@@ -5,7 +5,7 @@
 mod host;
 pub mod options;
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{collections::BTreeMap, net::IpAddr, sync::Arc};
 
 use anyhow::{Context, Result, bail};
 use isthmus_common::{isolation::AllowKey, tcp};
@@ -49,7 +49,7 @@ use crate::{
             guard::Guard,
             lane::{LaneSettings, LaneSpec},
         },
-        masquerade::MasqueradeAddress,
+        masquerade::{MasqueradeAddress, MasqueradeIps},
         nat_device::NatDevice,
         overlay::{self, Overlay, OverlayOptions, PodDevices},
         past_netfilter::PastNetfilterSetting,
@@ -225,7 +225,7 @@ async fn start_gateway(
     let settings = LaneSettings {
         tunnel: tunnel_config(args),
         key,
-        masquerading: args.masquerade_ip.is_some(),
+        masquerading: args.masquerade_ip.iter().any(IpAddr::is_ipv4),
     };
     let shared = LaneSpec {
         device: args.tunnel_dev.clone(),
@@ -254,10 +254,14 @@ fn configure_translation(
 ) -> Result<(Conntrack, MasqueradeAddress)> {
     let conntrack = dataplane.take_conntrack()?;
     let gateway = role == Role::Gateway;
+    let fixed = match gateway {
+        true => MasqueradeIps::from_flag(&args.masquerade_ip)?,
+        false => MasqueradeIps::default(),
+    };
     let masquerade = MasqueradeAddress::new(
         dataplane.take_masquerade()?,
-        args.masquerade_ip.filter(|_| gateway),
-        gateway && args.masquerade_ip.is_none() && args.policy.liqo_api == LiqoApi::V1,
+        fixed,
+        gateway && fixed.is_empty() && args.policy.liqo_api == LiqoApi::V1,
     )?;
     if role == Role::Gateway {
         let tunnel_mss = match args.tunnel {

@@ -2,7 +2,7 @@
 //! environment give them.
 
 use std::{
-    net::{Ipv4Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     path::PathBuf,
 };
 
@@ -183,9 +183,10 @@ pub struct RunArgs {
     pub nat_mapping_capacity: u32,
     /// Gateway: an address of our own networks to masquerade flows to when
     /// their source is none of ours (the node's own traffic, transit
-    /// through this cluster). Without it, such flows leave unchanged.
-    #[arg(long)]
-    pub masquerade_ip: Option<Ipv4Addr>,
+    /// through this cluster); one per family, comma-separated. Without
+    /// one, such flows of that family leave unchanged.
+    #[arg(long, value_delimiter = ',')]
+    pub masquerade_ip: Vec<IpAddr>,
     /// Capacity of the conntrack table, in entries (two per flow).
     #[arg(long, default_value_t = Capacity::default().conntrack)]
     pub conntrack_capacity: u32,

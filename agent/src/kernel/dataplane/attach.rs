@@ -247,7 +247,8 @@ pub fn load_nat_stages(ebpf: &mut Ebpf) -> Result<(), DataplaneError> {
         names::MASQUERADE_IN_PROGRAMS,
     )?;
     load_program_array(ebpf, names::MAP_NAT6, names::NAT6_PROGRAMS)?;
-    load_program_array(ebpf, names::MAP_ICMP6_ERROR, names::ICMP6_ERROR_PROGRAMS)
+    load_program_array(ebpf, names::MAP_ICMP6_ERROR, names::ICMP6_ERROR_PROGRAMS)?;
+    load_program_array(ebpf, names::MAP_MASQUERADE6, names::MASQUERADE6_PROGRAMS)
 }
 
 /// Puts `programs` into the program array `array`, in its order, each

@@ -33,7 +33,7 @@ use crate::{
     kernel::peer_table::{PeerMap, PeerMap6},
     kernel::pinned,
     kernel::{
-        conntrack::{Conntrack, Masquerade, PeerFlows},
+        conntrack::{Conntrack, MasqueradeSettings, PeerFlows},
         layouts::{self, Registry},
         room::Rooms,
     },
@@ -174,6 +174,7 @@ impl Dataplane {
             (names::MAP_NATMAP, capacity.nat_mappings),
             (names::MAP_NATMAP_REV, capacity.nat_mappings),
             (names::MAP_CONNTRACK, capacity.conntrack),
+            (names::MAP_CONNTRACK6, capacity.conntrack),
             (names::MAP_ALLOWED, capacity.allowed),
             (names::MAP_PEER_FLOWS, capacity.peer_flows),
         ];
@@ -285,11 +286,12 @@ impl Dataplane {
 
     /// The IPv6 peer table, for the reconciler.
     pub fn take_peer_map6(&mut self) -> Result<PeerMap6, DataplaneError> {
-        let (nets, lens) = (
+        let (nets, owners, lens) = (
             self.take(names::MAP_PEERS6)?,
+            self.take(names::MAP_PEER_OWNERS6)?,
             self.take(names::MAP_PREFIX_LENS6)?,
         );
-        PeerMap6::new(nets, lens).map_err(|e| DataplaneError::Map(names::MAP_PEERS6, e))
+        PeerMap6::new(nets, owners, lens).map_err(|e| DataplaneError::Map(names::MAP_PEERS6, e))
     }
 
     /// The NatMapping tables, for the reconciler.
@@ -307,16 +309,18 @@ impl Dataplane {
             .map_err(|e| DataplaneError::Map(names::MAP_ALLOWED, e))
     }
 
-    /// The masquerade's flow table.
+    /// The masquerade's flow tables.
     pub fn take_conntrack(&mut self) -> Result<Conntrack, DataplaneError> {
         let flows = self.take(names::MAP_CONNTRACK)?;
-        Conntrack::new(flows).map_err(|e| DataplaneError::Map(names::MAP_CONNTRACK, e))
+        let flows6 = self.take(names::MAP_CONNTRACK6)?;
+        Conntrack::new(flows, flows6).map_err(|e| DataplaneError::Map(names::MAP_CONNTRACK, e))
     }
 
-    /// The masquerade setting.
-    pub fn take_masquerade(&mut self) -> Result<Masquerade, DataplaneError> {
-        let config = self.take(names::MAP_SNAT)?;
-        Masquerade::new(config).map_err(|e| DataplaneError::Map(names::MAP_SNAT, e))
+    /// The masquerade settings.
+    pub fn take_masquerade(&mut self) -> Result<MasqueradeSettings, DataplaneError> {
+        let ipv4 = self.take(names::MAP_SNAT)?;
+        let ipv6 = self.take(names::MAP_SNAT6)?;
+        MasqueradeSettings::new(ipv4, ipv6).map_err(|e| DataplaneError::Map(names::MAP_SNAT, e))
     }
 
     /// The flows our side opened towards segregated peers.

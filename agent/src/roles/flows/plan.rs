@@ -7,12 +7,9 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use isthmus_common::{
-    conntrack::FlowKey,
-    room::{FlowTable, OWNER_LOCAL, owner_of},
-};
+use isthmus_common::room::{FlowTable, OWNER_LOCAL, owner_of};
 
-use crate::kernel::conntrack::Tracked;
+use crate::kernel::conntrack::{Tracked, TrackedKey};
 
 /// How much of a table one peer may hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,7 +79,7 @@ pub struct Pressure {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Plan {
     /// The entries to remove.
-    pub remove: Vec<FlowKey>,
+    pub remove: Vec<TrackedKey>,
     /// Connections that were over when the table was read: removed only
     /// if they still are, since a SYN from the same port may have opened
     /// one anew since.

@@ -28,10 +28,15 @@ fn a_to_b() -> TunnelEndpoint {
 }
 
 /// The stateless harness, with peer b's IPv6 networks under its ID.
-fn harness() -> Harness {
-    let mut h = Harness::new();
+pub(super) fn harness() -> Harness {
+    with_peer_b(Harness::new())
+}
+
+/// `h` with peer b's IPv6 networks under its ID.
+pub(super) fn with_peer_b(mut h: Harness) -> Harness {
     let mut peers = PeerMap6::new(
         h.ebpf.take_map(names::MAP_PEERS6).unwrap(),
+        h.ebpf.take_map(names::MAP_PEER_OWNERS6).unwrap(),
         h.ebpf.take_map(names::MAP_PREFIX_LENS6).unwrap(),
     )
     .unwrap();
@@ -50,24 +55,24 @@ fn harness() -> Harness {
     h
 }
 
-fn a_pod1() -> [u8; 16] {
+pub(super) fn a_pod1() -> [u8; 16] {
     addr6("fd00:10:244::5")
 }
-fn a_pod1_at_b() -> [u8; 16] {
+pub(super) fn a_pod1_at_b() -> [u8; 16] {
     addr6("fd00:10:0:40::5")
 }
-fn a_pod2() -> [u8; 16] {
+pub(super) fn a_pod2() -> [u8; 16] {
     addr6("fd00:10:244:0:8000::133")
 }
-fn a_pod2_at_b() -> [u8; 16] {
+pub(super) fn a_pod2_at_b() -> [u8; 16] {
     addr6("fd00:10:0:40:8000::133")
 }
-fn b_pod1() -> [u8; 16] {
+pub(super) fn b_pod1() -> [u8; 16] {
     addr6("fd00:10::5")
 }
 
 /// What a packet should come to.
-enum Fate {
+pub(super) enum Fate {
     /// Handed on as these bytes, counted with this outcome and these kinds.
     Out(Vec<u8>, Outcome, &'static [Kind]),
     /// Dropped, for this reason.
@@ -76,7 +81,13 @@ enum Fate {
 
 /// Runs `input` through the NAT of `direction` and checks its fate and its
 /// counts: every slot that moved, and only those.
-fn check(h: &Harness, name: &str, direction: Direction, input: &[u8], fate: Fate) -> Vec<String> {
+pub(super) fn check(
+    h: &Harness,
+    name: &str,
+    direction: Direction,
+    input: &[u8],
+    fate: Fate,
+) -> Vec<String> {
     let before = h.counters.read().unwrap();
     let (ret, out) = h.run(direction, &ethernet(ETH_P_IPV6, input));
     let after = h.counters.read().unwrap();

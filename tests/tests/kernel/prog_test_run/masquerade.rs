@@ -247,7 +247,11 @@ fn a_flow_half_removed_by_the_collector_keeps_its_port() {
     let [first, second] = flow.keys() else {
         panic!("a masqueraded flow has two entries: {flow:?}")
     };
-    assert_eq!((first.dir, second.dir), (DIR_IN, DIR_OUT), "reply first");
+    assert_eq!(
+        (first.dir(), second.dir()),
+        (DIR_IN, DIR_OUT),
+        "reply first"
+    );
     assert_eq!(h.conntrack.remove(&[*first]), 1);
     let more = data(40001);
     h.expect(Egress, &more, &more.between(A_MASQ_AT_B, B_POD1));

@@ -10,6 +10,7 @@ mod ipv6;
 mod isolation;
 mod liqo_v1;
 mod masquerade;
+mod masquerade6;
 mod packet_shapes;
 mod shares;
 mod tail_calls;
@@ -46,8 +47,6 @@ use isthmus_tests::{
     packet::{Addr, Datagram, ETH_P_ARP, ETH_P_IPV6, L4, eth_ipv4, ethernet, tcp, udp, with_id},
     require_root, test_run,
 };
-
-use std::net::Ipv4Addr;
 
 use isthmus_lab::{objects::TunnelEndpoint, topology::PEERINGS};
 
@@ -135,6 +134,7 @@ impl Harness {
         require_root();
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(names::MAP_CONNTRACK, capacity)
+            .map_max_entries(names::MAP_CONNTRACK6, capacity)
             .map_max_entries(
                 names::MAP_PEER_FLOWS,
                 peer_flows.unwrap_or(names::DEFAULT_PEER_FLOWS),
@@ -197,10 +197,14 @@ impl Harness {
         mappings
             .put(to_node, &Be32::from_bytes(NODE3), None)
             .unwrap();
-        let conntrack = Conntrack::new(ebpf.take_map(names::MAP_CONNTRACK).unwrap()).unwrap();
-        Masquerade::new(ebpf.take_map(names::MAP_SNAT).unwrap())
+        let conntrack = Conntrack::new(
+            ebpf.take_map(names::MAP_CONNTRACK).unwrap(),
+            ebpf.take_map(names::MAP_CONNTRACK6).unwrap(),
+        )
+        .unwrap();
+        Masquerade::<Be32>::new(ebpf.take_map(names::MAP_SNAT).unwrap())
             .unwrap()
-            .set(masquerade.map(Ipv4Addr::from))
+            .set(masquerade.map(Be32::from_bytes))
             .unwrap();
         let mut nodes: ByteHash<Be32> =
             ByteHash::new(ebpf.take_map(names::MAP_NODE_ADDRS).unwrap()).unwrap();
