@@ -143,7 +143,11 @@ fn args_in(node: &str, setup: &Setup) -> Result<Vec<String>> {
         // A gateway that serves Liqo v1 masquerades as the DaemonSet for
         // Liqo v1 has it: to Liqo's address, which its peers decide.
         if !serves_liqo_v1(node, setup) {
-            args.push(format!("--masquerade-ip={}", cluster.masquerade_addr()));
+            let mut addrs = cluster.masquerade_addr().to_string();
+            if setup.dual_stack {
+                addrs.push_str(&format!(",{}", cluster.masquerade_addr6()));
+            }
+            args.push(format!("--masquerade-ip={addrs}"));
         }
         // Endpoint names are looked up again often, so a test sees a move.
         args.push(format!("--resolve-interval={RESOLVE_INTERVAL}"));

@@ -38,6 +38,12 @@ impl Cluster {
         let host = if i == 1 { POD1_HOST } else { POD2_HOST };
         Ipv6Addr::from(u128::from(self.pods6().network()) | host)
     }
+    /// The IPv6 address its gateway masquerades flows to when their source
+    /// is none of the cluster's: the last but one of its PodCIDR, as for
+    /// IPv4.
+    pub fn masquerade_addr6(&self) -> Ipv6Addr {
+        Ipv6Addr::from(u128::from(self.pods6().broadcast()) - 1)
+    }
     /// The half of the IPv6 PodCIDR whose pods live on the worker (1) or
     /// the gateway (2).
     pub fn pod_half6(&self, i: u8) -> Ipv6Net {

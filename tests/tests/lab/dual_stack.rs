@@ -23,6 +23,7 @@ use isthmus_tests::{
     require_lab,
 };
 
+use isthmus_agent::kernel::conntrack::Conntrack;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::{reachability::check_rows, tunnel_security::Outsider};
@@ -218,4 +219,53 @@ fn a_pods_hostile_ipv6_headers_stop_at_its_gateway_and_are_counted() {
         dropped("tiny_fragment") > tiny
     });
     assert_eq!(received(), None, "a hostile packet reached b-pod2");
+}
+
+#[test]
+#[ignore = "needs the dual-stack lab; `cargo xtask test` runs it there"]
+fn a_gateways_own_ipv6_traffic_gets_out_through_the_ipv6_masquerade() {
+    require_dual_stack_lab();
+    // a-gw's IPv6 masquerade address, as b sees a's PodCIDR.
+    assert_eq!(
+        A.masquerade_addr6(),
+        addr("fd00:10:244::ffff:ffff:ffff:fffe")
+    );
+    let masquerade_at_b = addr("fd00:10:0:40:ffff:ffff:ffff:fffe");
+    let b_pod1 = addr("fd00:10::5");
+    let masqueraded = || {
+        lab::metric_sum(
+            &A.gw(),
+            "isthmus_nat_translated_packets_total",
+            &[("kind", "masquerade")],
+        )
+        .unwrap_or_else(|e| panic!("scraping a-gw: {e:#}"))
+    };
+    let before = masqueraded();
+    for proto in Proto::ALL {
+        let seen =
+            probe::exchange(proto, &A.gw(), &B.pod(1), b_pod1).unwrap_or_else(|e| panic!("{e:#}"));
+        assert_eq!(
+            seen.client_as_seen_by_server,
+            IpAddr::V6(masquerade_at_b),
+            "{}",
+            proto.as_str()
+        );
+        assert_eq!(seen.server_as_seen_by_client, IpAddr::V6(b_pod1));
+    }
+    // Both ways of each exchange, on a-gw, in its IPv6 flow table.
+    assert!(
+        masqueraded() - before >= 2.0 * Proto::ALL.len() as f64,
+        "a-gw counted {} masquerade translations",
+        masqueraded() - before
+    );
+    let table = Conntrack::open(&lab::bpffs(&A.gw())).unwrap();
+    assert!(
+        table.entries6().unwrap().len() >= 2 * Proto::ALL.len(),
+        "a-gw's IPv6 flow table: {:?}",
+        table.entries6()
+    );
+}
+
+fn addr(text: &str) -> Ipv6Addr {
+    text.parse().expect("an IPv6 address")
 }
