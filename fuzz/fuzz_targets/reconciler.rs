@@ -10,7 +10,7 @@ use std::{cell::RefCell, collections::BTreeMap, convert::Infallible, rc::Rc};
 use arbitrary::Arbitrary;
 use ipnet::Ipv4Net;
 use isthmus_agent::{
-    control::reconcile::Reconciler,
+    control::reconcile::{Ipv6Tables, Reconciler},
     kernel::table::{Entry, KernelTable},
     model::{isolation::SecurityMode, object::parse_documents, policy::overlaps},
 };
@@ -54,6 +54,7 @@ impl<K: Ord + Copy, V: PartialEq + Copy> KernelTable for Table<K, V> {
 type Peers = Table<Ipv4Net, PeerNat>;
 type Peers6 = Table<ipnet::Ipv6Net, PeerNat<isthmus_common::wire::Be128>>;
 type Mappings = Table<MappingKey, Be32>;
+type Mappings6 = Table<MappingKey<isthmus_common::wire::Be128>, isthmus_common::wire::Be128>;
 type Allowed = Table<AllowKey, u8>;
 
 const NETS: [&str; 9] = [
@@ -69,6 +70,8 @@ const NETS: [&str; 9] = [
 ];
 const ENDPOINTS: [&str; 4] = ["203.0.113.2", "203.0.113.3", "10.0.0.7", "198.51.100.1"];
 const VALUES: [&str; 3] = ["10.0.41.45", "192.168.0.45", "10.0.41.46"];
+/// IPv6 externalIPs, one of the wrong family.
+const VALUES6: [&str; 3] = ["fd00:192:168::45", "fd00:10:0:41::45", "10.0.41.45"];
 
 #[derive(Arbitrary, Debug)]
 struct Tep {
@@ -86,6 +89,7 @@ struct Tep {
 struct Mapping {
     cluster: u8,
     entries: Vec<(bool, u8)>,
+    ipv6: Option<Vec<(bool, u8)>>,
 }
 
 #[derive(Arbitrary, Debug)]
@@ -144,43 +148,70 @@ fn mapping_yaml(m: &Mapping) -> String {
         let endpoint = if *second { "10.1.0.6" } else { "10.1.0.5" };
         yaml.push_str(&format!("    {endpoint}: {}\n", pick(&VALUES, *value)));
     }
+    if let Some(entries) = &m.ipv6 {
+        yaml.push_str("  ipv6:\n    clusterMappings:\n");
+        for (second, value) in entries.iter().take(4) {
+            let endpoint = if *second {
+                "fd00:10:1::6"
+            } else {
+                "fd00:10:1::5"
+            };
+            yaml.push_str(&format!(
+                "      '{endpoint}': '{}'\n",
+                pick(&VALUES6, *value)
+            ));
+        }
+    }
     yaml
 }
 
-fn feed<P, M, A, P6>(r: &mut Reconciler<P, M, A, P6>, files: &BTreeMap<String, String>)
+fn feed<P, M, A, P6, M6>(r: &mut Reconciler<P, M, A, P6, M6>, files: &BTreeMap<String, String>)
 where
     P: isthmus_agent::kernel::table::PeerTable<Error = Infallible>,
     M: isthmus_agent::kernel::table::MappingTable<Error = Infallible>,
     A: isthmus_agent::kernel::table::AllowedTable<Error = Infallible>,
     P6: isthmus_agent::kernel::table::PeerTable6<Error = Infallible>,
+    M6: isthmus_agent::kernel::table::MappingTable6<Error = Infallible>,
 {
     for (file, text) in files {
         r.set_origin(file.clone(), parse_documents(file.as_ref(), text));
     }
 }
 
-/// A reconciler over the tables, which a restarted one shares.
-fn reconciler(
-    peers: &Peers,
-    peers6: &Peers6,
-    mappings: &Mappings,
-    allowed: &Allowed,
-) -> Reconciler<Peers, Mappings, Allowed, Peers6> {
+/// The tables a reconciler writes, which a restarted one shares.
+struct Tables {
+    peers: Peers,
+    peers6: Peers6,
+    mappings: Mappings,
+    mappings6: Mappings6,
+    allowed: Allowed,
+}
+
+/// A reconciler over `tables`.
+fn reconciler(tables: &Tables) -> Reconciler<Peers, Mappings, Allowed, Peers6, Mappings6> {
+    let ipv6 = Ipv6Tables {
+        peers: tables.peers6.clone(),
+        mappings: tables.mappings6.clone(),
+    };
     Reconciler::dual_stack(
-        peers.clone(),
-        peers6.clone(),
-        mappings.clone(),
-        allowed.clone(),
+        tables.peers.clone(),
+        tables.mappings.clone(),
+        tables.allowed.clone(),
+        ipv6,
     )
     .expect("infallible")
 }
 
 fuzz_target!(|ops: Vec<Op>| {
-    let peers: Peers = Table(Rc::default());
-    let mappings: Mappings = Table(Rc::default());
-    let allowed: Allowed = Table(Rc::default());
-    let peers6: Peers6 = Table(Rc::default());
-    let mut live = reconciler(&peers, &peers6, &mappings, &allowed);
+    let tables = Tables {
+        peers: Table(Rc::default()),
+        peers6: Table(Rc::default()),
+        mappings: Table(Rc::default()),
+        mappings6: Table(Rc::default()),
+        allowed: Table(Rc::default()),
+    };
+    let (peers, mappings) = (&tables.peers, &tables.mappings);
+    let mut live = reconciler(&tables);
     let mut files: BTreeMap<String, String> = BTreeMap::new();
     for op in ops.into_iter().take(32) {
         match op {
@@ -230,14 +261,27 @@ fuzz_target!(|ops: Vec<Op>| {
             table, want,
             "the peer table is not what the accepted peers say"
         );
-        for key in mappings.0.borrow().keys() {
+        let ids4 = mappings
+            .0
+            .borrow()
+            .keys()
+            .map(|k| k.peer_id)
+            .collect::<Vec<_>>();
+        let ids6 = tables
+            .mappings6
+            .0
+            .borrow()
+            .keys()
+            .map(|k| k.peer_id)
+            .collect::<Vec<_>>();
+        for peer_id in ids4.into_iter().chain(ids6) {
             assert!(
-                views.iter().any(|(_, nat)| nat.peer_id == key.peer_id),
+                views.iter().any(|(_, nat)| nat.peer_id == peer_id),
                 "a mapping of no accepted peer"
             );
         }
         // A restarted agent reading the same files writes nothing.
-        let mut restarted = reconciler(&peers, &peers6, &mappings, &allowed);
+        let mut restarted = reconciler(&tables);
         feed(&mut restarted, &files);
         let (report, _) = restarted.reconcile();
         assert_eq!(

@@ -25,14 +25,21 @@ use crate::{
     model::cidr::Cidr,
 };
 
-/// The NatMapping tables (`ist_natmap` and its reverse `ist_natmap_rev`),
-/// kept consistent: every forward entry has its reverse.
-pub struct MappingMap {
-    forward: HashMap<MapData, MappingKey, Be32>,
-    reverse: HashMap<MapData, MappingKey, Be32>,
+/// One family's NatMapping tables (`ist_natmap` and its reverse
+/// `ist_natmap_rev`, or `ist_natmap6` and `ist_natmap_rev6`), kept
+/// consistent: every forward entry has its reverse.
+pub struct MappingMap<A = Be32> {
+    forward: HashMap<MapData, MappingKey<A>, A>,
+    reverse: HashMap<MapData, MappingKey<A>, A>,
 }
 
-impl MappingMap {
+/// The IPv6 NatMapping tables.
+pub type MappingMap6 = MappingMap<Be128>;
+
+impl<A: aya::Pod + Eq> MappingMap<A>
+where
+    MappingKey<A>: aya::Pod,
+{
     /// Wraps the two maps taken from a freshly loaded object.
     pub fn new(forward: Map, reverse: Map) -> Result<Self, MapError> {
         Ok(Self {
@@ -41,22 +48,9 @@ impl MappingMap {
         })
     }
 
-    /// Opens the maps pinned under `root`.
-    pub fn open(root: &Path) -> Result<Self, MapError> {
-        Self::new(
-            open_pinned(root, names::MAP_NATMAP)?,
-            open_pinned(root, names::MAP_NATMAP_REV)?,
-        )
-    }
-
     /// Removes the reverse entry of `endpoint` if it still names `external`:
     /// an endpoint that moved to another externalIP keeps its new one.
-    fn drop_reverse(
-        &mut self,
-        peer_id: u32,
-        endpoint: Be32,
-        external: Be32,
-    ) -> Result<(), MapError> {
+    fn drop_reverse(&mut self, peer_id: u32, endpoint: A, external: A) -> Result<(), MapError> {
         let key = MappingKey {
             peer_id,
             addr: endpoint,
@@ -68,26 +62,34 @@ impl MappingMap {
     }
 }
 
-impl KernelTable for MappingMap {
-    type Key = MappingKey;
-    type Value = Be32;
+impl MappingMap {
+    /// Opens the maps pinned under `root`.
+    pub fn open(root: &Path) -> Result<Self, MapError> {
+        Self::new(
+            open_pinned(root, names::MAP_NATMAP)?,
+            open_pinned(root, names::MAP_NATMAP_REV)?,
+        )
+    }
+}
+
+impl<A: aya::Pod + Eq + Ord> KernelTable for MappingMap<A>
+where
+    MappingKey<A>: aya::Pod + Ord,
+{
+    type Key = MappingKey<A>;
+    type Value = A;
     type Error = MapError;
     fn is_full(error: &MapError) -> bool {
         is_full(error)
     }
 
-    fn entries(&self) -> Result<Vec<(MappingKey, Be32)>, MapError> {
+    fn entries(&self) -> Result<Vec<(MappingKey<A>, A)>, MapError> {
         self.forward.iter().collect()
     }
 
     /// Writes the reverse entry first: a reply must never find a forward
     /// entry without the way back.
-    fn put(
-        &mut self,
-        key: MappingKey,
-        endpoint: &Be32,
-        old: Option<&Be32>,
-    ) -> Result<(), MapError> {
+    fn put(&mut self, key: MappingKey<A>, endpoint: &A, old: Option<&A>) -> Result<(), MapError> {
         let reverse = MappingKey {
             peer_id: key.peer_id,
             addr: *endpoint,
@@ -100,7 +102,7 @@ impl KernelTable for MappingMap {
         }
     }
 
-    fn delete(&mut self, key: MappingKey, endpoint: &Be32) -> Result<(), MapError> {
+    fn delete(&mut self, key: MappingKey<A>, endpoint: &A) -> Result<(), MapError> {
         gone_is_fine(self.forward.remove(&key))?;
         self.drop_reverse(key.peer_id, *endpoint, key.addr)
     }

@@ -155,6 +155,11 @@ impl<T: KernelTable<Key = Ipv6Net, Value = PeerNat<Be128>>> PeerTable6 for T {}
 pub trait MappingTable: KernelTable<Key = MappingKey, Value = Be32> {}
 impl<T: KernelTable<Key = MappingKey, Value = Be32>> MappingTable for T {}
 
+/// The IPv6 NatMapping table, or a stand-in: (peer, externalIP) →
+/// endpointIP.
+pub trait MappingTable6: KernelTable<Key = MappingKey<Be128>, Value = Be128> {}
+impl<T: KernelTable<Key = MappingKey<Be128>, Value = Be128>> MappingTable6 for T {}
+
 /// The allowed table: what segregated peers may open connections to.
 pub trait AllowedTable: KernelTable<Key = AllowKey, Value = u8> {}
 impl<T: KernelTable<Key = AllowKey, Value = u8>> AllowedTable for T {}

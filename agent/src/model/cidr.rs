@@ -2,15 +2,20 @@
 //! field holds an IPv4 or an IPv6 network, and the model reads each where
 //! its family is expected.
 
-use std::fmt;
+use std::{
+    fmt,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use isthmus_common::wire::{Address, Be32, Be128};
 
 /// A network of one address family.
-pub trait Cidr: Copy + Eq + fmt::Display + fmt::Debug {
+pub trait Cidr: Copy + Eq + fmt::Display + fmt::Debug + Into<IpNet> {
     /// Its addresses as the kernel's tables hold them.
-    type Wire: Address;
+    type Wire: Address + From<Self::Addr> + Into<Self::Addr>;
+    /// Its addresses.
+    type Addr: Copy + Ord + fmt::Display + fmt::Debug + Into<IpAddr>;
     /// The family's name, for errors: "IPv4" or "IPv6".
     const FAMILY: &'static str;
     /// Whether the family is IPv6: its fields may have names of their own.
@@ -32,10 +37,14 @@ pub trait Cidr: Copy + Eq + fmt::Display + fmt::Debug {
     /// The network of `prefix_len` bits at `addr`, as a kernel table's key
     /// holds it (a longer length counts as the family's longest).
     fn from_wire(addr: Self::Wire, prefix_len: u8) -> Self;
+
+    /// Whether it holds `addr`.
+    fn holds(&self, addr: Self::Addr) -> bool;
 }
 
 impl Cidr for Ipv4Net {
     type Wire = Be32;
+    type Addr = Ipv4Addr;
     const FAMILY: &'static str = "IPv4";
     const IPV6: bool = false;
 
@@ -61,10 +70,15 @@ impl Cidr for Ipv4Net {
     fn from_wire(addr: Be32, prefix_len: u8) -> Self {
         Ipv4Net::new(addr.into(), prefix_len.min(32)).expect("prefix length within 32")
     }
+
+    fn holds(&self, addr: Ipv4Addr) -> bool {
+        self.contains(&addr)
+    }
 }
 
 impl Cidr for Ipv6Net {
     type Wire = Be128;
+    type Addr = Ipv6Addr;
     const FAMILY: &'static str = "IPv6";
     const IPV6: bool = true;
 
@@ -89,6 +103,10 @@ impl Cidr for Ipv6Net {
 
     fn from_wire(addr: Be128, prefix_len: u8) -> Self {
         Ipv6Net::new(addr.into(), prefix_len.min(128)).expect("prefix length within 128")
+    }
+
+    fn holds(&self, addr: Ipv6Addr) -> bool {
+        self.contains(&addr)
     }
 }
 

@@ -4,14 +4,18 @@
 
 use std::{
     collections::{BTreeMap, btree_map::Entry},
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    str::FromStr,
 };
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde_yaml_ng::{Mapping, Value};
 use thiserror::Error;
 
-use crate::model::object::{ObjectKey, RawNatMapping};
+use crate::model::{
+    cidr::Cidr,
+    object::{ObjectKey, RawNatMapping},
+};
 
 /// A NatMapping, or one of its entries, that cannot be used.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -43,15 +47,23 @@ pub enum MappingProblem {
     #[error("field spec.clusterID is missing")]
     NoClusterId,
     /// Entries that are not a map.
-    #[error("field spec.clusterMappings is not a map")]
-    NoMappings,
+    #[error("field spec.{field} is not a map")]
+    NoMappings {
+        /// The field: `clusterMappings`, or `ipv6.clusterMappings`.
+        field: &'static str,
+    },
+    /// The IPv6 part that is not a map.
+    #[error("field spec.ipv6 is not a map")]
+    NoIpv6,
     /// A network field that does not parse.
-    #[error("field spec.{field}: {value:?} is not an IPv4 CIDR")]
+    #[error("field spec.{field}: {value:?} is not an {family} CIDR")]
     BadCidr {
         /// The field.
         field: &'static str,
         /// What it holds.
         value: String,
+        /// The family the field holds.
+        family: &'static str,
     },
     /// A network that is not the one the cluster's TunnelEndpoint gives:
     /// the object was written for other views (a stale or a foreign one).
@@ -62,9 +74,9 @@ pub enum MappingProblem {
         /// The NatMapping's field.
         field: &'static str,
         /// What it holds.
-        found: Ipv4Net,
+        found: IpNet,
         /// What the TunnelEndpoint gives.
-        expected: Ipv4Net,
+        expected: IpNet,
         /// What that network is.
         meaning: &'static str,
         /// The TunnelEndpoint's field.
@@ -73,36 +85,42 @@ pub enum MappingProblem {
         tunnel_endpoint: ObjectKey,
     },
     /// An entry whose key or value is not an address.
-    #[error("field spec.clusterMappings.{endpoint}: {value:?} is not an IPv4 address")]
+    #[error("field spec.{entries}.{endpoint}: {value:?} is not an {family} address")]
     BadAddress {
+        /// The entries' field.
+        entries: &'static str,
         /// The entry's key (endpointIP) as written.
         endpoint: String,
         /// The part that does not parse.
         value: String,
+        /// The family the field holds.
+        family: &'static str,
     },
     /// One externalIP claimed by several endpoints: none of them can have it.
-    #[error(
-        "field spec.clusterMappings: endpoints {first} and {second} share externalIP {external}"
-    )]
+    #[error("field spec.{entries}: endpoints {first} and {second} share externalIP {external}")]
     SharedExternal {
+        /// The entries' field.
+        entries: &'static str,
         /// One endpoint.
-        first: Ipv4Addr,
+        first: IpAddr,
         /// Another.
-        second: Ipv4Addr,
+        second: IpAddr,
         /// The externalIP both claim.
-        external: Ipv4Addr,
+        external: IpAddr,
     },
     /// An externalIP the peer cannot be reaching us at.
     #[error(
-        "field spec.clusterMappings.{endpoint}: externalIP {external} lies outside {cidr}, our ExternalCIDR as the peer sees it ({field} of TunnelEndpoint {tunnel_endpoint})"
+        "field spec.{entries}.{endpoint}: externalIP {external} lies outside {cidr}, our ExternalCIDR as the peer sees it ({field} of TunnelEndpoint {tunnel_endpoint})"
     )]
     OutsideExternalCidr {
+        /// The entries' field.
+        entries: &'static str,
         /// The entry's endpoint.
-        endpoint: Ipv4Addr,
+        endpoint: IpAddr,
         /// Its externalIP.
-        external: Ipv4Addr,
+        external: IpAddr,
         /// Our ExternalCIDR as the peer sees it.
-        cidr: Ipv4Net,
+        cidr: IpNet,
         /// The TunnelEndpoint field that CIDR comes from.
         field: &'static str,
         /// Where that CIDR comes from.
@@ -110,21 +128,27 @@ pub enum MappingProblem {
     },
     /// An entry that would expose a node of this cluster to the peer.
     #[error(
-        "field spec.clusterMappings.{endpoint}: endpoint {endpoint} (externalIP {external}) is {what}; no node is exposed to a peer"
+        "field spec.{entries}.{endpoint}: endpoint {endpoint} (externalIP {external}) is {what}; no node is exposed to a peer"
     )]
     NodeAddress {
+        /// The entries' field.
+        entries: &'static str,
         /// The entry's endpoint.
-        endpoint: Ipv4Addr,
+        endpoint: IpAddr,
         /// Its externalIP.
-        external: Ipv4Addr,
+        external: IpAddr,
         /// Which node address it is.
         what: String,
     },
     /// More entries than this cluster's fair share of the kernel's table.
     #[error(
-        "field spec.clusterMappings: {refused} of its {entries} entries are refused: this cluster's share of the NatMapping table is {share} of {capacity} (--nat-mapping-capacity); the conncheck's entry and those already programmed are kept first"
+        "field spec.{field}: {refused} of its {entries} entries are refused: this cluster's share of the {family} NatMapping table is {share} of {capacity} (--nat-mapping-capacity); the conncheck's entry and those already programmed are kept first"
     )]
     BeyondShare {
+        /// The entries' field.
+        field: &'static str,
+        /// The table's family.
+        family: &'static str,
         /// Entries refused.
         refused: usize,
         /// Entries the object asks for (valid ones).
@@ -133,6 +157,17 @@ pub enum MappingProblem {
         share: usize,
         /// The table's capacity.
         capacity: usize,
+    },
+    /// IPv6 entries for a cluster whose TunnelEndpoint gives no IPv6
+    /// networks: there is no view to read them in.
+    #[error(
+        "field spec.ipv6: TunnelEndpoint {tunnel_endpoint} gives cluster {cluster} no IPv6 networks; its IPv6 entries are held"
+    )]
+    NoIpv6Networks {
+        /// The cluster ID.
+        cluster: String,
+        /// The cluster's TunnelEndpoint.
+        tunnel_endpoint: ObjectKey,
     },
     /// The cluster has no TunnelEndpoint (yet): nothing to attach the entries to.
     #[error(
@@ -172,8 +207,33 @@ pub struct NatMapping {
     pub external_cidr: Option<Ipv4Net>,
     /// Usable entries, externalIP (in the cluster's view) → endpointIP.
     pub entries: BTreeMap<Ipv4Addr, Ipv4Addr>,
+    /// `spec.ipv6`: the same for IPv6, if given (docs/design.md#dual-stack).
+    pub ipv6: Option<Ipv6Mappings>,
     /// Entries that cannot be used, each with why.
     pub rejected: Vec<NatMappingError>,
+}
+
+/// The IPv6 part of a NatMapping, `spec.ipv6`: the fields of `spec` that
+/// hold networks and entries, by the same names, for IPv6. Liqo v0.10's
+/// NatMapping holds one network a field, so Isthmus's CRD adds it, and
+/// Liqo ignores it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ipv6Mappings {
+    /// `spec.ipv6.podCIDR`.
+    pub pod_cidr: Option<Ipv6Net>,
+    /// `spec.ipv6.externalCIDR`.
+    pub external_cidr: Option<Ipv6Net>,
+    /// `spec.ipv6.clusterMappings`: externalIP → endpointIP.
+    pub entries: BTreeMap<Ipv6Addr, Ipv6Addr>,
+}
+
+/// The field of a family's entries.
+pub const fn entries_field(ipv6: bool) -> &'static str {
+    if ipv6 {
+        "ipv6.clusterMappings"
+    } else {
+        "clusterMappings"
+    }
 }
 
 impl NatMapping {
@@ -187,68 +247,28 @@ impl NatMapping {
             .filter(|id| !id.is_empty())
             .ok_or_else(|| error(MappingProblem::NoClusterId))?
             .to_owned();
-        let cidr = |field: &'static str| match raw.spec.get(field) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => v
-                .as_str()
-                .and_then(|t| t.parse::<Ipv4Net>().ok())
-                .map(|net| Some(net.trunc()))
-                .ok_or_else(|| {
-                    error(MappingProblem::BadCidr {
-                        field,
-                        value: v.as_str().map_or_else(|| format!("{v:?}"), str::to_owned),
-                    })
-                }),
-        };
-        let (pod_cidr, external_cidr) = (cidr("podCIDR")?, cidr("externalCIDR")?);
-        // Liqo writes a new NatMapping with no entries as `{}`, and Go
-        // marshals a nil map as null.
-        let empty = Mapping::new();
-        let mappings = match raw.spec.get("clusterMappings") {
-            None | Some(Value::Null) => &empty,
-            Some(v) => v
-                .as_mapping()
-                .ok_or_else(|| error(MappingProblem::NoMappings))?,
-        };
-
         let mut rejected = Vec::new();
-        let mut pairs = Vec::with_capacity(mappings.len());
-        for (k, v) in mappings {
-            let (Some(endpoint), Some(external)) = (address(k), address(v)) else {
-                let shown = |v: &Value| v.as_str().map_or_else(|| format!("{v:?}"), str::to_owned);
-                let value = if address(k).is_none() { k } else { v };
-                rejected.push(error(MappingProblem::BadAddress {
-                    endpoint: shown(k),
-                    value: shown(value),
-                }));
-                continue;
-            };
-            pairs.push((external, endpoint));
-        }
-        // Sorted once, stably (the first claimant first), and built in
-        // bulk: ten thousand entries are read again on every change.
-        pairs.sort_by_key(|(external, _)| *external);
-        let mut entries = Vec::with_capacity(pairs.len());
-        for claimants in pairs.chunk_by(|a, b| a.0 == b.0) {
-            match claimants {
-                [(external, first), (_, second), ..] => {
-                    rejected.push(error(MappingProblem::SharedExternal {
-                        first: *first,
-                        second: *second,
-                        external: *external,
-                    }));
-                }
-                [only] => entries.push(*only),
-                [] => {}
+        let (pod_cidr, external_cidr, entries) = family(&raw.spec, &error, &mut rejected)?;
+        let ipv6 = match raw.spec.get("ipv6") {
+            None | Some(Value::Null) => None,
+            Some(Value::Mapping(spec)) => {
+                let (pod_cidr, external_cidr, entries) = family(spec, &error, &mut rejected)?;
+                Some(Ipv6Mappings {
+                    pod_cidr,
+                    external_cidr,
+                    entries,
+                })
             }
-        }
+            Some(_) => return Err(error(MappingProblem::NoIpv6)),
+        };
         Ok(Self {
             key: raw.key.clone(),
             origin: origin.to_owned(),
             cluster_id,
             pod_cidr,
             external_cidr,
-            entries: BTreeMap::from_iter(entries),
+            entries,
+            ipv6,
             rejected,
         })
     }
@@ -259,8 +279,92 @@ impl NatMapping {
     }
 }
 
-/// An IPv4 address written as a YAML string.
-fn address(v: &Value) -> Option<Ipv4Addr> {
+/// One family's networks (`podCIDR`, `externalCIDR`) and usable entries.
+type Family<N, A> = (Option<N>, Option<N>, BTreeMap<A, A>);
+
+/// Reads one family's fields from `spec`: the NatMapping's own for IPv4,
+/// its `ipv6` map for IPv6. Entries that cannot be used go to `rejected`.
+fn family<N, A>(
+    spec: &Mapping,
+    error: &impl Fn(MappingProblem) -> NatMappingError,
+    rejected: &mut Vec<NatMappingError>,
+) -> Result<Family<N, A>, NatMappingError>
+where
+    N: Cidr,
+    A: FromStr + Ord + Copy + Into<IpAddr>,
+{
+    let ipv6 = N::IPV6;
+    let (pod, external) = match ipv6 {
+        true => ("ipv6.podCIDR", "ipv6.externalCIDR"),
+        false => ("podCIDR", "externalCIDR"),
+    };
+    let cidr = |name: &str, field: &'static str| match spec.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_str()
+            .and_then(N::parse_network)
+            .map(Some)
+            .ok_or_else(|| {
+                error(MappingProblem::BadCidr {
+                    field,
+                    value: shown(v),
+                    family: N::FAMILY,
+                })
+            }),
+    };
+    let (pod_cidr, external_cidr) = (cidr("podCIDR", pod)?, cidr("externalCIDR", external)?);
+    let field = entries_field(ipv6);
+    // Liqo writes a new NatMapping with no entries as `{}`, and Go
+    // marshals a nil map as null.
+    let empty = Mapping::new();
+    let mappings = match spec.get("clusterMappings") {
+        None | Some(Value::Null) => &empty,
+        Some(v) => v
+            .as_mapping()
+            .ok_or_else(|| error(MappingProblem::NoMappings { field }))?,
+    };
+    let mut pairs = Vec::with_capacity(mappings.len());
+    for (k, v) in mappings {
+        let (Some(endpoint), Some(external)) = (address::<A>(k), address::<A>(v)) else {
+            let value = if address::<A>(k).is_none() { k } else { v };
+            rejected.push(error(MappingProblem::BadAddress {
+                entries: field,
+                endpoint: shown(k),
+                value: shown(value),
+                family: N::FAMILY,
+            }));
+            continue;
+        };
+        pairs.push((external, endpoint));
+    }
+    // Sorted once, stably (the first claimant first), and built in
+    // bulk: ten thousand entries are read again on every change.
+    pairs.sort_by_key(|(external, _)| *external);
+    let mut entries = Vec::with_capacity(pairs.len());
+    for claimants in pairs.chunk_by(|a, b| a.0 == b.0) {
+        match claimants {
+            [(external, first), (_, second), ..] => {
+                rejected.push(error(MappingProblem::SharedExternal {
+                    entries: field,
+                    first: (*first).into(),
+                    second: (*second).into(),
+                    external: (*external).into(),
+                }));
+            }
+            [only] => entries.push(*only),
+            [] => {}
+        }
+    }
+    Ok((pod_cidr, external_cidr, BTreeMap::from_iter(entries)))
+}
+
+/// A YAML value as an error shows it.
+fn shown(v: &Value) -> String {
+    v.as_str().map_or_else(|| format!("{v:?}"), str::to_owned)
+}
+
+/// An address of family `A` written as a YAML string.
+fn address<A: FromStr>(v: &Value) -> Option<A> {
     v.as_str()?.parse().ok()
 }
 
@@ -368,6 +472,44 @@ mod tests {
     }
 
     #[test]
+    fn the_ipv6_part_is_read_as_the_ipv4_one_and_a_bad_entry_costs_only_itself() {
+        let nm = parse(&natmapping(
+            "  clusterID: a\n  clusterMappings: {10.1.0.5: 10.0.1.45}\n  ipv6:\n    externalCIDR: fd00:10:0:1::/64\n    clusterMappings:\n      'fd00:10:1::5': 'fd00:10:0:1::45'\n      'fd00:10:1::6': 10.0.1.46\n",
+        ))
+        .unwrap();
+        assert_eq!(nm.entries.len(), 1);
+        let ipv6 = nm.ipv6.as_ref().unwrap();
+        assert_eq!(
+            ipv6.external_cidr,
+            Some("fd00:10:0:1::/64".parse().unwrap())
+        );
+        assert_eq!(
+            ipv6.entries.iter().collect::<Vec<_>>(),
+            [(
+                &"fd00:10:0:1::45".parse::<Ipv6Addr>().unwrap(),
+                &"fd00:10:1::5".parse::<Ipv6Addr>().unwrap()
+            )]
+        );
+        let errors: Vec<String> = nm.rejected.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            errors,
+            [
+                "nm.yaml: NatMapping nm-a: field spec.ipv6.clusterMappings.fd00:10:1::6: \"10.0.1.46\" is not an IPv6 address"
+            ]
+        );
+        let err = parse(&natmapping(
+            "  clusterID: a\n  ipv6:\n    podCIDR: 10.0.40.0/24\n",
+        ))
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "nm.yaml: NatMapping nm-a: field spec.ipv6.podCIDR: \"10.0.40.0/24\" is not an IPv6 CIDR"
+        );
+        let err = parse(&natmapping("  clusterID: a\n  ipv6: [1]\n")).unwrap_err();
+        assert_eq!(*err.problem, MappingProblem::NoIpv6);
+    }
+
+    #[test]
     fn two_endpoints_cannot_share_an_external_ip() {
         let nm = parse(&natmapping(
             "  clusterID: a\n  clusterMappings:\n    10.1.0.5: 192.168.0.45\n    10.1.0.6: 192.168.0.45\n    10.1.0.7: 192.168.0.47\n",
@@ -392,7 +534,12 @@ mod tests {
             "nm.yaml: NatMapping nm-a: field spec.clusterID is missing"
         );
         let no_map = parse(&natmapping("  clusterID: a\n  clusterMappings: [1, 2]\n")).unwrap_err();
-        assert_eq!(*no_map.problem, MappingProblem::NoMappings);
+        assert_eq!(
+            *no_map.problem,
+            MappingProblem::NoMappings {
+                field: "clusterMappings"
+            }
+        );
     }
 
     #[test]

@@ -73,7 +73,10 @@ pub(super) fn write_objects(tunnel: LabTunnel, dual_stack: bool) -> Result<()> {
             }
         }
     }
-    write_nat_mapping(&[NAT_MAPPING.entry()])
+    match dual_stack {
+        true => write_dual_stack_nat_mapping(),
+        false => write_nat_mapping(&[NAT_MAPPING.entry()]),
+    }
 }
 
 /// The nodes file in every node's object directory.
@@ -85,6 +88,16 @@ pub const NODES_FILE: &str = "nodes.yaml";
 /// conncheck's entry, as Liqo's do.
 pub fn write_nat_mapping(entries: &[(Ipv4Addr, Ipv4Addr)]) -> Result<()> {
     let yaml = NAT_MAPPING.yaml(entries);
+    for (node, _) in NAT_MAPPING.hub.nodes() {
+        write_object(&node, &NAT_MAPPING.file_name(), &yaml)?;
+    }
+    Ok(())
+}
+
+/// Writes the hub's NatMapping of the dual-stack lab: the lab's entry of
+/// each family.
+fn write_dual_stack_nat_mapping() -> Result<()> {
+    let yaml = NAT_MAPPING.dual_stack_yaml(&[NAT_MAPPING.entry()], &[NAT_MAPPING.entry6()]);
     for (node, _) in NAT_MAPPING.hub.nodes() {
         write_object(&node, &NAT_MAPPING.file_name(), &yaml)?;
     }

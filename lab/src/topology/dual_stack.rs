@@ -8,7 +8,7 @@ use std::net::{IpAddr, Ipv6Addr};
 
 use ipnet::Ipv6Net;
 
-use super::{A, B, C, Cluster, Peering, Reach};
+use super::{A, B, C, Cluster, HubMapping, NAT_MAPPING, Peering, Reach};
 use crate::objects::TunnelEndpoint;
 
 /// Host part of the pod on the worker node (lower /65).
@@ -74,6 +74,15 @@ impl Peering {
         .map(|n| n.parse().expect("valid IPv6 CIDR"))
     }
 
+    /// Our IPv6 ExternalCIDR as the peer sees it: where the peer reaches
+    /// what our NatMapping's IPv6 entries expose.
+    pub fn local_external_view6(&self) -> Ipv6Net {
+        self.nat6[3]
+            .unwrap_or(self.local.external_cidr6)
+            .parse()
+            .expect("valid IPv6 CIDR")
+    }
+
     /// The TunnelEndpoint of the dual-stack lab: the IPv4 one's, with the
     /// IPv6 networks of both sides, and the peer's gateway at `endpoint`
     /// where the object gives an address rather than a name.
@@ -91,8 +100,39 @@ impl Peering {
     }
 }
 
-/// The IPv6 rows of docs/design.md#dual-stack that Pod and External
-/// remapping carry: a–b both ways through the double NAT, and b to c.
+impl HubMapping {
+    /// The lab's IPv6 entry (endpoint, externalIP): c-pod1 at
+    /// `fd00:10:0:1::45`, in a's view of b's IPv6 ExternalCIDR.
+    pub fn entry6(&self) -> (Ipv6Addr, Ipv6Addr) {
+        let view = self.peering().local_external_view6();
+        let external = Ipv6Addr::from(u128::from(view.network()) | 0x45);
+        (C.pod_addr6(1), external)
+    }
+
+    /// The NatMapping of [`HubMapping::yaml`], with `spec.ipv6` holding
+    /// `entries6` (endpoint, externalIP): Isthmus's superset for a
+    /// dual-stack peering.
+    pub fn dual_stack_yaml(
+        &self,
+        entries: &[(std::net::Ipv4Addr, std::net::Ipv4Addr)],
+        entries6: &[(Ipv6Addr, Ipv6Addr)],
+    ) -> String {
+        let peering = self.peering();
+        let mut yaml = self.yaml(entries);
+        yaml.push_str(&format!(
+            "  ipv6:\n    podCIDR: {}\n    externalCIDR: {}\n    clusterMappings:\n",
+            peering.remote_views6()[0],
+            peering.local_external_view6(),
+        ));
+        for (endpoint, external) in entries6 {
+            yaml.push_str(&format!("      '{endpoint}': '{external}'\n"));
+        }
+        yaml
+    }
+}
+
+/// The IPv6 rows of docs/design.md#dual-stack: a–b both ways through the
+/// double NAT, b to c, and a to c through b's NatMapping and masquerade.
 pub fn reachability6() -> Vec<Reach<Ipv6Addr>> {
     let addr = |text: &str| text.parse::<Ipv6Addr>().expect("an IPv6 address");
     let row = |row, from: String, target: &str, answered_by: String, seen: &str| Reach {
@@ -113,6 +153,13 @@ pub fn reachability6() -> Vec<Reach<Ipv6Addr>> {
         ),
         row(3, B.pod(1), "fd00:10:0:40::5", A.pod(1), "fd00:10::5"),
         row(4, B.pod(1), "fd00:10:1::5", C.pod(1), "fd00:10:244::5"),
+        Reach {
+            row: 5,
+            from: A.pod(1),
+            target: NAT_MAPPING.entry6().1,
+            answered_by: C.pod(1),
+            client_seen_as: B.masquerade_addr6(),
+        },
     ]
 }
 

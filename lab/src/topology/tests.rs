@@ -68,9 +68,19 @@ fn the_dual_stack_addresses_are_designs() {
     );
     let over_ipv6: Vec<bool> = PEERINGS.iter().map(Peering::over_ipv6_wan).collect();
     assert_eq!(over_ipv6, [true, true, false, false]);
-    // Each row's server holds the address its client connects to, as
-    // its own cluster sees it.
-    for row in reachability6() {
+    // Row 5 reaches c-pod1 through b's NatMapping, from b's masquerade
+    // address.
+    assert_eq!(
+        NAT_MAPPING.entry6(),
+        (addr("fd00:10:1::5"), addr("fd00:10:0:1::45"))
+    );
+    assert_eq!(
+        B.masquerade_addr6(),
+        addr("fd00:10:244::ffff:ffff:ffff:fffe")
+    );
+    // Each other row's server holds the address its client connects to,
+    // as its own cluster sees it.
+    for row in reachability6().into_iter().filter(|row| row.row != 5) {
         let cluster = CLUSTERS
             .iter()
             .find(|c| row.answered_by.starts_with(c.name))

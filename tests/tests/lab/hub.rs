@@ -443,7 +443,7 @@ fn one_peers_large_natmapping_takes_no_other_peers_room() {
     isthmus_tests::eventually(GIVE_UP, "b-gw refuses c's excess", || {
         std::fs::read_to_string(&small.log)
             .unwrap_or_default()
-            .contains("45 of its 51 entries are refused: this cluster's share of the NatMapping table is 6 of 8")
+            .contains("45 of its 51 entries are refused: this cluster's share of the IPv4 NatMapping table is 6 of 8")
     });
     let map = MappingMap::open(&lab::bpffs(&B.gw())).unwrap();
     let endpoints: Vec<Ipv4Addr> = map

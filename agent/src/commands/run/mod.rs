@@ -23,7 +23,7 @@ use crate::{
             lease::LeaseClient,
         },
         kubernetes,
-        reconcile::Reconciler,
+        reconcile::{Ipv6Tables, Reconciler},
         run::RunLoop,
         source::{self, SourceEvent, SourceSpec},
         status::{Feedback, GatewayHome},
@@ -32,7 +32,7 @@ use crate::{
         conntrack::Conntrack,
         dataplane::{Capacity, Dataplane},
         link::LinkEvents,
-        maps::{ByteHash, MappingMap},
+        maps::{ByteHash, MappingMap, MappingMap6},
         peer_table::{PeerMap, PeerMap6},
         privileges,
     },
@@ -140,7 +140,7 @@ async fn run_confined(args: RunArgs, runtime_filtered: bool) -> Result<()> {
 }
 
 /// The reconciler over the kernel's own tables.
-type KernelReconciler = Reconciler<PeerMap, MappingMap, ByteHash<AllowKey>, PeerMap6>;
+type KernelReconciler = Reconciler<PeerMap, MappingMap, ByteHash<AllowKey>, PeerMap6, MappingMap6>;
 
 /// This node's role: as `--role` says, or, from the API, by its label.
 async fn role(args: &RunArgs, client: Option<&kube::Client>) -> Result<Role> {
@@ -159,11 +159,15 @@ async fn role(args: &RunArgs, client: Option<&kube::Client>) -> Result<Role> {
 
 /// The reconciler, holding the tables the kernel already has.
 fn reconciler(args: &RunArgs, dataplane: &mut Dataplane) -> Result<KernelReconciler> {
+    let ipv6 = Ipv6Tables {
+        peers: dataplane.take_peer_map6()?,
+        mappings: dataplane.take_mapping_map6()?,
+    };
     let mut reconciler = Reconciler::dual_stack(
         dataplane.take_peer_map()?,
-        dataplane.take_peer_map6()?,
         dataplane.take_mapping_map()?,
         dataplane.take_allowed()?,
+        ipv6,
     )
     .context("reading the pinned tables")?;
     reconciler.set_policy(args.policy.policy());

@@ -11,6 +11,7 @@ use std::{
 use ipnet::IpNet;
 
 use crate::model::{
+    cidr::Cidr,
     natmapping::{MappingProblem, NatMapping},
     object::ObjectKey,
     peer::{Peer, PeerError, Problem, Remaps},
@@ -256,34 +257,54 @@ fn endpoint(peer: &Peer) -> Option<IpAddr> {
 /// A network of `mapping` that is not the view `peer`'s TunnelEndpoint
 /// gives: its values would then be read in the wrong network.
 pub(super) fn view_mismatch(mapping: &NatMapping, peer: &Peer) -> Option<MappingProblem> {
-    let (tep_field, expected) = peer.local_external_view();
-    let (pod_field, pod_view) = peer.views()[0];
-    [
+    let ipv4 = [
         (
             "externalCIDR",
             mapping.external_cidr,
-            expected,
-            "ExternalCIDR of ours the peer sees",
-            tep_field,
+            peer.local_external_view(),
         ),
-        (
-            "podCIDR",
-            mapping.pod_cidr,
-            pod_view,
-            "PodCIDR of the peer we see",
-            pod_field,
-        ),
-    ]
-    .into_iter()
-    .find_map(|(field, found, expected, meaning, tep_field)| {
-        let found = found.filter(|found| *found != expected)?;
-        Some(MappingProblem::ViewMismatch {
-            field,
-            found,
-            expected,
-            meaning,
-            tep_field,
-            tunnel_endpoint: peer.key.clone(),
+        ("podCIDR", mapping.pod_cidr, peer.views()[0]),
+    ];
+    let mut checks: Vec<_> = ipv4.into_iter().map(in_either_family).collect();
+    if let (Some(mapping), Some(networks)) = (&mapping.ipv6, &peer.ipv6) {
+        let ipv6 = [
+            (
+                "ipv6.externalCIDR",
+                mapping.external_cidr,
+                networks.local_views(peer.layout)[1],
+            ),
+            (
+                "ipv6.podCIDR",
+                mapping.pod_cidr,
+                networks.views(peer.layout)[0],
+            ),
+        ];
+        checks.extend(ipv6.into_iter().map(in_either_family));
+    }
+    checks
+        .into_iter()
+        .find_map(|(field, found, (tep_field, expected))| {
+            let found = found.filter(|found| *found != expected)?;
+            let meaning = match field.ends_with("externalCIDR") {
+                true => "ExternalCIDR of ours the peer sees",
+                false => "PodCIDR of the peer we see",
+            };
+            Some(MappingProblem::ViewMismatch {
+                field,
+                found,
+                expected,
+                meaning,
+                tep_field,
+                tunnel_endpoint: peer.key.clone(),
+            })
         })
-    })
+}
+
+/// A NatMapping's network field, what it holds, and the TunnelEndpoint's
+/// field and view it must equal.
+type ViewCheck<N> = (&'static str, Option<N>, (&'static str, N));
+
+/// `check` in networks of either family.
+fn in_either_family<N: Cidr>((field, found, (tep_field, view)): ViewCheck<N>) -> ViewCheck<IpNet> {
+    (field, found.map(Into::into), (tep_field, view.into()))
 }

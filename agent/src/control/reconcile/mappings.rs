@@ -1,29 +1,47 @@
-//! The NatMapping table's entries: each cluster's NatMapping, checked and
-//! held to its fair share, and Liqo v1's IP mappings.
+//! The NatMapping tables' entries, one table per address family: each
+//! cluster's NatMapping, checked and held to its fair share, and Liqo v1's
+//! IP mappings.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{Ipv4Addr, Ipv6Addr},
+};
 
+use ipnet::{Ipv4Net, Ipv6Net};
 use isthmus_common::{
     nat::{CONNCHECK_ADDR, MappingKey},
-    wire::Be32,
+    wire::{Be32, Be128},
 };
 
 use super::{Reconciler, Valid, conflict::view_mismatch, ip_mappings, share};
 use crate::{
-    kernel::table::{AllowedTable, MappingTable, PeerTable, PeerTable6},
+    kernel::table::{AllowedTable, MappingTable, MappingTable6, PeerTable, PeerTable6},
     model::{
-        natmapping::{self, MappingProblem, NatMapping},
-        peer::Peer,
+        cidr::Cidr,
+        natmapping::{self, MappingProblem, NatMapping, entries_field},
+        peer::{Mapped, Peer},
         rejection::Rejection,
     },
 };
 
-impl<P, M, A, P6> Reconciler<P, M, A, P6>
+/// One family's entries a NatMapping asks for, as the kernel keys them.
+type Wanted<'m, A> = Vec<(&'m NatMapping, Vec<(MappingKey<A>, A)>)>;
+
+/// The entries to program, by family.
+pub(super) struct Desired {
+    /// IPv4's: NatMappings' and Liqo v1 IPs'.
+    pub(super) ipv4: BTreeMap<MappingKey, Be32>,
+    /// IPv6's: NatMappings' `spec.ipv6`.
+    pub(super) ipv6: BTreeMap<MappingKey<Be128>, Be128>,
+}
+
+impl<P, M, A, P6, M6> Reconciler<P, M, A, P6, M6>
 where
     P: PeerTable,
     M: MappingTable<Error = P::Error>,
     A: AllowedTable<Error = P::Error>,
     P6: PeerTable6<Error = P::Error>,
+    M6: MappingTable6<Error = P::Error>,
 {
     /// The NatMapping entries to program: one NatMapping per cluster, held
     /// while its cluster has no accepted TunnelEndpoint, each entry checked
@@ -32,7 +50,7 @@ where
         &self,
         accepted: &[Peer],
         errors: &mut BTreeSet<Rejection>,
-    ) -> BTreeMap<MappingKey, Be32> {
+    ) -> Desired {
         let candidates = self.origins.values().flatten().filter_map(|v| match v {
             Ok(Valid::Mapping(m)) => Some(m),
             _ => None,
@@ -41,7 +59,19 @@ where
         errors.extend(duplicates.into_iter().map(Rejection::from));
         // Looked up for every entry of every NatMapping: one set per pass.
         let node_addresses = self.policy.node_addresses(&self.nodes);
-        let mut wanted = Vec::new();
+        let is_node4 = |endpoint: &Ipv4Addr| {
+            // The conncheck's entry leads to the gateway itself, which
+            // holds that address: the kernel lets a peer reach only the
+            // conncheck's port there.
+            if Be32::from(*endpoint) == CONNCHECK_ADDR || !node_addresses.contains(endpoint) {
+                return None;
+            }
+            self.policy
+                .node_address_in(&self.nodes, |a| a == *endpoint)
+                .map(|node| node.what)
+        };
+        let is_node6 = |endpoint: &Ipv6Addr| self.policy.node_address6(&self.nodes, *endpoint);
+        let (mut wanted, mut wanted6) = (Vec::new(), Vec::new());
         for mapping in kept {
             errors.extend(mapping.rejected.iter().cloned().map(Rejection::from));
             let Some(peer) = accepted
@@ -57,46 +87,52 @@ where
                 continue;
             }
             let peer_id = self.ids[&peer.key];
-            let (field, cidr) = peer.local_external_view();
-            let mut entries = Vec::new();
-            for (external, endpoint) in &mapping.entries {
-                // The conncheck's entry leads to the gateway itself, which
-                // holds that address: the kernel lets a peer reach only the
-                // conncheck's port there.
-                if Be32::from(*endpoint) != CONNCHECK_ADDR
-                    && node_addresses.contains(endpoint)
-                    && let Some(node) = self.policy.node_address_in(&self.nodes, |a| a == *endpoint)
-                {
-                    let problem = MappingProblem::NodeAddress {
-                        endpoint: *endpoint,
-                        external: *external,
-                        what: node.what,
-                    };
-                    errors.insert(mapping.error(problem).into());
-                    continue;
-                }
-                // The kernel keys the entry by the real address the prefix
-                // step gives it: the same packets, with one lookup.
-                let Some(real) = peer.ipv4.local_external.real_of(*external) else {
-                    let problem = MappingProblem::OutsideExternalCidr {
-                        endpoint: *endpoint,
-                        external: *external,
-                        cidr,
-                        field,
+            let (field, _) = peer.local_external_view();
+            let entries = Entries {
+                mapping,
+                peer,
+                peer_id,
+                tep_field: field,
+            };
+            wanted.push((
+                mapping,
+                entries.keyed(
+                    &mapping.entries,
+                    &peer.ipv4.local_external,
+                    is_node4,
+                    errors,
+                ),
+            ));
+            let Some(ipv6) = &mapping.ipv6 else {
+                continue;
+            };
+            let Some(networks) = &peer.ipv6 else {
+                if !ipv6.entries.is_empty() {
+                    let problem = MappingProblem::NoIpv6Networks {
+                        cluster: mapping.cluster_id.clone(),
                         tunnel_endpoint: peer.key.clone(),
                     };
                     errors.insert(mapping.error(problem).into());
-                    continue;
-                };
-                let key = MappingKey {
-                    peer_id,
-                    addr: Be32::from(real),
-                };
-                entries.push((key, Be32::from(*endpoint)));
-            }
-            wanted.push((mapping, entries));
+                }
+                continue;
+            };
+            let entries = Entries {
+                tep_field: networks.local_views(peer.layout)[1].0,
+                ..entries
+            };
+            wanted6.push((
+                mapping,
+                entries.keyed(&ipv6.entries, &networks.local_external, is_node6, errors),
+            ));
         }
-        let mut desired = self.within_shares(wanted, errors);
+        let capacity = self.mapping_capacity;
+        let mut desired = within_shares::<Ipv4Net>(
+            wanted,
+            capacity,
+            self.mapping_table.applied(),
+            Some(CONNCHECK_ADDR),
+            errors,
+        );
         let ids: Vec<(u32, &Peer)> = accepted.iter().map(|p| (self.ids[&p.key], p)).collect();
         let origins = self
             .origins
@@ -107,43 +143,111 @@ where
         let room = self.mapping_capacity.saturating_sub(desired.len());
         let applied = self.mapping_table.applied();
         desired.extend(ip_mappings::within_room(ip_entries, room, applied, errors));
-        desired
-    }
-
-    /// The entries to program: each cluster's within its fair share of the
-    /// table. Where a cluster asks for more, its conncheck entry is kept
-    /// first, then those the kernel already holds (a pass never trades a
-    /// working entry for a new one); the rest are refused, in one error.
-    fn within_shares(
-        &self,
-        wanted: Vec<(&NatMapping, Vec<(MappingKey, Be32)>)>,
-        errors: &mut BTreeSet<Rejection>,
-    ) -> BTreeMap<MappingKey, Be32> {
-        let demands: Vec<usize> = wanted.iter().map(|(_, entries)| entries.len()).collect();
-        let shares = share::fair_shares(&demands, self.mapping_capacity);
-        let applied = self.mapping_table.applied();
-        let mut desired = Vec::new();
-        for ((mapping, mut entries), share) in wanted.into_iter().zip(shares) {
-            if entries.len() > share {
-                entries.sort_by_key(|(key, endpoint)| {
-                    (
-                        *endpoint != CONNCHECK_ADDR,
-                        !applied.contains_key(key),
-                        *key,
-                    )
-                });
-                let problem = MappingProblem::BeyondShare {
-                    refused: entries.len() - share,
-                    entries: entries.len(),
-                    share,
-                    capacity: self.mapping_capacity,
-                };
-                errors.insert(mapping.error(problem).into());
-                entries.truncate(share);
-            }
-            desired.extend(entries);
+        let applied6 = self.mapping6_table.applied();
+        Desired {
+            ipv4: desired,
+            ipv6: within_shares::<Ipv6Net>(wanted6, capacity, applied6, None, errors),
         }
-        // Built at once from a sorted list, much faster than entry by entry.
-        BTreeMap::from_iter(desired)
     }
+}
+
+/// A NatMapping's entries of one family, as they are checked and keyed.
+#[derive(Clone, Copy)]
+struct Entries<'a> {
+    mapping: &'a NatMapping,
+    peer: &'a Peer,
+    peer_id: u32,
+    /// The TunnelEndpoint's field that gives our ExternalCIDR as the peer
+    /// sees it, in this family.
+    tep_field: &'static str,
+}
+
+impl Entries<'_> {
+    /// `entries` (externalIP → endpoint) as the kernel keys them: by the
+    /// real address the prefix step gives the externalIP, in
+    /// `local_external`, which gives the same packets with one lookup.
+    /// An entry that names a node (`is_node` says which), or whose
+    /// externalIP lies outside the peer's view, is rejected alone.
+    fn keyed<N: Cidr>(
+        self,
+        entries: &BTreeMap<N::Addr, N::Addr>,
+        local_external: &Mapped<N>,
+        is_node: impl Fn(&N::Addr) -> Option<String>,
+        errors: &mut BTreeSet<Rejection>,
+    ) -> Vec<(MappingKey<N::Wire>, N::Wire)> {
+        let field = entries_field(N::IPV6);
+        let mut keyed = Vec::with_capacity(entries.len());
+        for (external, endpoint) in entries {
+            if let Some(what) = is_node(endpoint) {
+                let problem = MappingProblem::NodeAddress {
+                    entries: field,
+                    endpoint: (*endpoint).into(),
+                    external: (*external).into(),
+                    what,
+                };
+                errors.insert(self.mapping.error(problem).into());
+                continue;
+            }
+            let Some(real) = local_external.real_of(*external) else {
+                let problem = MappingProblem::OutsideExternalCidr {
+                    entries: field,
+                    endpoint: (*endpoint).into(),
+                    external: (*external).into(),
+                    cidr: local_external.seen().into(),
+                    field: self.tep_field,
+                    tunnel_endpoint: self.peer.key.clone(),
+                };
+                errors.insert(self.mapping.error(problem).into());
+                continue;
+            };
+            let key = MappingKey {
+                peer_id: self.peer_id,
+                addr: N::Wire::from(real),
+            };
+            keyed.push((key, N::Wire::from(*endpoint)));
+        }
+        keyed
+    }
+}
+
+/// The entries to program of one family's table of `capacity` entries,
+/// which holds `applied`: each cluster's within its fair share. Where a
+/// cluster asks for more, its conncheck entry (to `conncheck`, where the
+/// family has one) is kept first, then those the kernel already holds (a
+/// pass never trades a working entry for a new one); the rest are refused,
+/// in one error.
+fn within_shares<N: Cidr>(
+    wanted: Wanted<'_, N::Wire>,
+    capacity: usize,
+    applied: &BTreeMap<MappingKey<N::Wire>, N::Wire>,
+    conncheck: Option<N::Wire>,
+    errors: &mut BTreeSet<Rejection>,
+) -> BTreeMap<MappingKey<N::Wire>, N::Wire> {
+    let demands: Vec<usize> = wanted.iter().map(|(_, entries)| entries.len()).collect();
+    let shares = share::fair_shares(&demands, capacity);
+    let mut desired = Vec::new();
+    for ((mapping, mut entries), share) in wanted.into_iter().zip(shares) {
+        if entries.len() > share {
+            entries.sort_by_key(|(key, endpoint)| {
+                (
+                    Some(*endpoint) != conncheck,
+                    !applied.contains_key(key),
+                    *key,
+                )
+            });
+            let problem = MappingProblem::BeyondShare {
+                field: entries_field(N::IPV6),
+                family: N::FAMILY,
+                refused: entries.len() - share,
+                entries: entries.len(),
+                share,
+                capacity,
+            };
+            errors.insert(mapping.error(problem).into());
+            entries.truncate(share);
+        }
+        desired.extend(entries);
+    }
+    // Built at once from a sorted list, much faster than entry by entry.
+    BTreeMap::from_iter(desired)
 }

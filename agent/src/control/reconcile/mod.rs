@@ -21,13 +21,16 @@ mod conflict;
 mod ip_mappings;
 mod mappings;
 mod share;
+mod validate;
 mod views;
 
 use conflict::Accepted;
+use validate::{read_by_selection, validate};
 
 use crate::{
     kernel::table::{
-        AllowedTable, MappingTable, MemoryTable, Mirror, PeerTable, PeerTable6, TableFailure,
+        AllowedTable, MappingTable, MappingTable6, MemoryTable, Mirror, PeerTable, PeerTable6,
+        TableFailure,
     },
     model::{
         lease::LeaseRecord,
@@ -76,7 +79,7 @@ pub struct Report {
 }
 
 /// A document of an origin, as parsed.
-type Document = Result<Object, DocumentError>;
+pub(super) type Document = Result<Object, DocumentError>;
 
 /// A document of an origin, validated as far as it can be alone.
 enum Valid {
@@ -99,6 +102,8 @@ enum Valid {
 pub type MemoryAllowedTable = MemoryTable<AllowKey, u8>;
 /// An IPv6 peer table in memory.
 pub type MemoryPeerTable6 = MemoryTable<Ipv6Net, PeerNat<Be128>>;
+/// An IPv6 NatMapping table in memory.
+pub type MemoryMappingTable6 = MemoryTable<MappingKey<Be128>, Be128>;
 
 /// Keeps the kernel's tables equal to what the objects describe.
 pub struct Reconciler<
@@ -106,10 +111,12 @@ pub struct Reconciler<
     M: MappingTable,
     A: AllowedTable = MemoryAllowedTable,
     P6: PeerTable6 = MemoryPeerTable6,
+    M6: MappingTable6 = MemoryMappingTable6,
 > {
     peer_table: Mirror<P>,
     peer6_table: Mirror<P6>,
     mapping_table: Mirror<M>,
+    mapping6_table: Mirror<M6>,
     allowed_table: Mirror<A>,
     /// Each origin's documents, validated once when the origin changes.
     origins: BTreeMap<String, Vec<Result<Valid, Rejection>>>,
@@ -152,30 +159,50 @@ where
     /// As [`Reconciler::dual_stack`], over tables in memory, the IPv6 peer
     /// table among them: what `check` and the tests program.
     pub fn new(peers: P, mappings: M, allowed: A) -> Result<Self, P::Error> {
-        Self::dual_stack(peers, MemoryPeerTable6::default(), mappings, allowed)
+        let ipv6 = Ipv6Tables {
+            peers: MemoryPeerTable6::default(),
+            mappings: MemoryMappingTable6::default(),
+        };
+        Self::dual_stack(peers, mappings, allowed, ipv6)
     }
 }
 
-impl<P, M, A, P6> Reconciler<P, M, A, P6>
+/// The IPv6 tables a reconciler writes beside the IPv4 ones.
+pub struct Ipv6Tables<P6, M6> {
+    /// The peers' IPv6 networks.
+    pub peers: P6,
+    /// The NatMappings' IPv6 entries.
+    pub mappings: M6,
+}
+
+impl<P, M, A, P6, M6> Reconciler<P, M, A, P6, M6>
 where
     P: PeerTable,
     M: MappingTable<Error = P::Error>,
     A: AllowedTable<Error = P::Error>,
     P6: PeerTable6<Error = P::Error>,
+    M6: MappingTable6<Error = P::Error>,
 {
     /// Starts from what the tables already hold (a previous agent's work),
-    /// with Liqo's default policy, writing the peers' IPv6 networks to
-    /// `peers6`.
-    pub fn dual_stack(peers: P, peers6: P6, mappings: M, allowed: A) -> Result<Self, P::Error> {
+    /// with Liqo's default policy, writing the peers' IPv6 networks and
+    /// the NatMappings' IPv6 entries to `ipv6`'s tables.
+    pub fn dual_stack(
+        peers: P,
+        mappings: M,
+        allowed: A,
+        ipv6: Ipv6Tables<P6, M6>,
+    ) -> Result<Self, P::Error> {
         let peer_table = Mirror::new(peers)?;
-        let peer6_table = Mirror::new(peers6)?;
+        let peer6_table = Mirror::new(ipv6.peers)?;
         let mapping_table = Mirror::new(mappings)?;
+        let mapping6_table = Mirror::new(ipv6.mappings)?;
         let allowed_table = Mirror::new(allowed)?;
         Ok(Self {
             inherited: peer_table.applied().clone(),
             peer_table,
             peer6_table,
             mapping_table,
+            mapping6_table,
             allowed_table,
             origins: BTreeMap::new(),
             seniority: HashMap::new(),
@@ -305,7 +332,14 @@ where
         let (written, removed) = (written + written6, removed + removed6);
         let peer_failure = peer_failure.or(peer6_failure);
         let (mappings_written, mappings_removed, mapping_failure) =
-            self.mapping_table.apply(&mappings);
+            self.mapping_table.apply(&mappings.ipv4);
+        let (mappings6_written, mappings6_removed, mapping6_failure) =
+            self.mapping6_table.apply(&mappings.ipv6);
+        let (mappings_written, mappings_removed) = (
+            mappings_written + mappings6_written,
+            mappings_removed + mappings6_removed,
+        );
+        let mapping_failure = mapping_failure.or(mapping6_failure);
         let (allowed_written, allowed_removed, allowed_failure) =
             self.allowed_table.apply(&allowed);
         let report = Report {
@@ -314,7 +348,7 @@ where
             mappings_written,
             mappings_removed,
             peers: self.accepted.len(),
-            mappings: self.mapping_table.applied().len(),
+            mappings: self.mapping_table.applied().len() + self.mapping6_table.applied().len(),
             allowed_written,
             allowed_removed,
             allowed: self.allowed_table.applied().len(),
@@ -467,7 +501,7 @@ where
     /// accepted first by this agent, then held by the kernel when it
     /// started (both views, written for this very object), then by origin
     /// and name.
-    fn rank(&self, p: &Peer) -> impl Ord + use<P, M, A, P6> {
+    fn rank(&self, p: &Peer) -> impl Ord + use<P, M, A, P6, M6> {
         let accepted = self.seniority.get(&p.key).copied().unwrap_or(u64::MAX);
         let owner = p.owner();
         let inherited = p.views().iter().all(|(_, view)| {
@@ -513,69 +547,6 @@ where
             self.ids.insert(peer.key.clone(), id);
         }
     }
-}
-
-/// Whether the selection of nodes and peers reads any of `documents`:
-/// everything but what only the NatMapping and allowed tables hold.
-fn read_by_selection(documents: &[Result<Valid, Rejection>]) -> bool {
-    documents.iter().any(|document| {
-        !matches!(
-            document,
-            Ok(Valid::Mapping(_)
-                | Valid::Pod(_)
-                | Valid::Slice(_)
-                | Valid::Offloading(_)
-                | Valid::Lease(_)
-                | Valid::V1Ip(..))
-        )
-    })
-}
-
-/// Validates one document of `origin`; None for an object that concerns
-/// no table (a Pod not offloaded, an EndpointSlice of another manager).
-fn validate(document: Document, origin: &str) -> Option<Result<Valid, Rejection>> {
-    fn valid<T, E: Into<Rejection>>(
-        result: Result<T, E>,
-        into: fn(T) -> Valid,
-    ) -> Result<Valid, Rejection> {
-        result.map(into).map_err(Into::into)
-    }
-    Some(match document {
-        Err(e) => Err(e.into()),
-        Ok(Object::TunnelEndpoint(raw)) => {
-            valid(Peer::from_raw(&raw, origin).map(Box::new), Valid::Peer)
-        }
-        Ok(Object::NatMapping(raw)) => valid(NatMapping::from_raw(&raw, origin), Valid::Mapping),
-        Ok(Object::Node(raw)) => valid(Node::from_raw(&raw, origin), Valid::Node),
-        Ok(Object::Pod(raw)) => valid(
-            OffloadedPod::from_raw(&raw, origin).transpose()?,
-            Valid::Pod,
-        ),
-        Ok(Object::EndpointSlice(raw)) => valid(
-            ExportedSlice::from_raw(&raw, origin).transpose()?,
-            Valid::Slice,
-        ),
-        Ok(Object::NamespaceOffloading(raw)) => {
-            valid(Offloading::from_raw(&raw, origin), Valid::Offloading)
-        }
-        Ok(Object::Lease(raw)) => valid(LeaseRecord::from_raw(&raw, origin), Valid::Lease),
-        Ok(Object::Configuration(raw)) => PeerNetworks::from_configuration(&raw, origin)
-            .map(|networks| Valid::V1Networks(raw.key, networks))
-            .map_err(Into::into),
-        Ok(Object::PublicKey(raw)) => valid(PeerKey::from_public_key(&raw, origin), Valid::V1Key),
-        Ok(Object::IsthmusGatewayServer(raw)) => valid(
-            Gateway::from_raw(&raw, ObjectKind::IsthmusGatewayServer, origin),
-            Valid::V1Gateway,
-        ),
-        Ok(Object::IsthmusGatewayClient(raw)) => valid(
-            Gateway::from_raw(&raw, ObjectKind::IsthmusGatewayClient, origin),
-            Valid::V1Gateway,
-        ),
-        Ok(Object::Ip(raw)) => IpMapping::from_raw(&raw, origin)
-            .transpose()?
-            .map(|mapping| Valid::V1Ip(raw.key, mapping))
-            .map_err(Into::into),
-    })
 }
 
 #[cfg(test)]

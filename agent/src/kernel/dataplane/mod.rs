@@ -28,7 +28,8 @@ use tracing::info;
 use crate::{
     kernel::link::DeviceError,
     kernel::maps::{
-        ByteHash, GuardMaps, MappingMap, NodeMap, OverlayMaps, OverlaySettings, PrefixTrie,
+        ByteHash, GuardMaps, MappingMap, MappingMap6, NodeMap, OverlayMaps, OverlaySettings,
+        PrefixTrie,
     },
     kernel::peer_table::{PeerMap, PeerMap6},
     kernel::pinned,
@@ -173,6 +174,8 @@ impl Dataplane {
         let sized = [
             (names::MAP_NATMAP, capacity.nat_mappings),
             (names::MAP_NATMAP_REV, capacity.nat_mappings),
+            (names::MAP_NATMAP6, capacity.nat_mappings),
+            (names::MAP_NATMAP_REV6, capacity.nat_mappings),
             (names::MAP_CONNTRACK, capacity.conntrack),
             (names::MAP_CONNTRACK6, capacity.conntrack),
             (names::MAP_ALLOWED, capacity.allowed),
@@ -301,6 +304,15 @@ impl Dataplane {
             self.take(names::MAP_NATMAP_REV)?,
         );
         MappingMap::new(forward, reverse).map_err(|e| DataplaneError::Map(names::MAP_NATMAP, e))
+    }
+
+    /// The IPv6 NatMapping tables, for the reconciler.
+    pub fn take_mapping_map6(&mut self) -> Result<MappingMap6, DataplaneError> {
+        let (forward, reverse) = (
+            self.take(names::MAP_NATMAP6)?,
+            self.take(names::MAP_NATMAP_REV6)?,
+        );
+        MappingMap6::new(forward, reverse).map_err(|e| DataplaneError::Map(names::MAP_NATMAP6, e))
     }
 
     /// The allowed table of segregated peers, for the reconciler.

@@ -1,8 +1,6 @@
 //! A peer's networks of one address family, and the names of the fields
 //! each is read from in every layout Liqo writes.
 
-use std::net::Ipv4Addr;
-
 use ipnet::Ipv4Net;
 use isthmus_common::nat::PrefixRewrite;
 
@@ -36,21 +34,21 @@ impl<N: Cidr> Mapped<N> {
     }
 }
 
-impl Mapped {
+impl<N: Cidr> Mapped<N> {
     /// The real address behind `addr`, an address of the remapped network.
-    pub fn real_of(&self, addr: Ipv4Addr) -> Option<Ipv4Addr> {
-        let wire = isthmus_common::wire::Be32::from(addr);
+    pub fn real_of(&self, addr: N::Addr) -> Option<N::Addr> {
+        let wire = N::Wire::from(addr);
         self.seen()
-            .contains(&addr)
-            .then(|| Ipv4Addr::from(self.inbound().apply(wire)))
+            .holds(addr)
+            .then(|| self.inbound().apply(wire).into())
     }
 
     /// The address of the remapped network behind `addr`, a real one.
-    pub fn seen_of(&self, addr: Ipv4Addr) -> Option<Ipv4Addr> {
-        let wire = isthmus_common::wire::Be32::from(addr);
+    pub fn seen_of(&self, addr: N::Addr) -> Option<N::Addr> {
+        let wire = N::Wire::from(addr);
         self.real
-            .contains(&addr)
-            .then(|| Ipv4Addr::from(self.outbound().apply(wire)))
+            .holds(addr)
+            .then(|| self.outbound().apply(wire).into())
     }
 }
 

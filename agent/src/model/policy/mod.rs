@@ -8,7 +8,7 @@
 
 use std::{
     collections::HashSet,
-    net::{IpAddr, Ipv4Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
@@ -220,6 +220,14 @@ impl Policy {
                 .find(|node| matches(node.addr))
                 .cloned()
         })
+    }
+
+    /// The Node object whose IPv6 address is `addr`, named.
+    pub fn node_address6(&self, nodes: &[Node], addr: Ipv6Addr) -> Option<String> {
+        nodes
+            .iter()
+            .find(|n| n.address6 == Some(addr))
+            .map(|n| format!("the address of node {}", n.name))
     }
 
     /// Every address [`Self::node_address_in`] names: to test many

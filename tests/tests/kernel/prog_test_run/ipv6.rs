@@ -4,7 +4,10 @@
 //! full checksums, and each packet counted once where the IPv4 NAT counts.
 
 use isthmus_agent::kernel::peer_table::PeerMap6;
-use isthmus_common::ipv6::{ICMPV6_ECHO_REQUEST, ICMPV6_PACKET_TOO_BIG};
+use isthmus_common::{
+    ipv6::{ICMPV6_ECHO_REQUEST, ICMPV6_PACKET_TOO_BIG},
+    wire::Be128,
+};
 use isthmus_tests::packet6::{Packet6, addr6, icmp6, icmp6_error, tcp6, udp6};
 
 use super::*;
@@ -318,6 +321,52 @@ fn an_icmpv6_error_and_the_packet_it_quotes_are_translated_back_to_the_sender() 
         Direction::Ingress,
         &error.bytes(),
         Fate::Out(back.bytes(), Outcome::Translated, &[Kind::Prefix]),
+    ));
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn an_ipv6_natmapping_entry_leads_to_its_endpoint_and_the_reply_leaves_from_its_external_ip() {
+    use Direction::{Egress, Ingress};
+    use isthmus_agent::kernel::maps::MappingMap6;
+    let mut h = harness();
+    let mut mappings = MappingMap6::new(
+        h.ebpf.take_map(names::MAP_NATMAP6).unwrap(),
+        h.ebpf.take_map(names::MAP_NATMAP_REV6).unwrap(),
+    )
+    .unwrap();
+    // b reaches a-pod1 at fd00:10:0:41::45: our fd00:192:168::45.
+    let key = MappingKey {
+        peer_id: 1,
+        addr: Be128::from_bytes(addr6("fd00:192:168::45")),
+    };
+    mappings
+        .put(key, &Be128::from_bytes(a_pod1()), None)
+        .unwrap();
+    let external_at_b = addr6("fd00:10:0:41::45");
+    let request = Packet6::new(b_pod1(), external_at_b, udp6(5353, 53, b"query"));
+    let reply = Packet6::new(a_pod1(), b_pod1(), udp6(53, 5353, b"answer"));
+    let mut failures = check(
+        &h,
+        "to the externalIP",
+        Ingress,
+        &request.bytes(),
+        Fate::Out(
+            request.between(b_pod1(), a_pod1()).bytes(),
+            Outcome::Translated,
+            &[Kind::Prefix, Kind::NatMapping],
+        ),
+    );
+    failures.extend(check(
+        &h,
+        "the endpoint's reply",
+        Egress,
+        &reply.bytes(),
+        Fate::Out(
+            reply.between(external_at_b, b_pod1()).bytes(),
+            Outcome::Translated,
+            &[Kind::Prefix, Kind::NatMapping],
+        ),
     ));
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }

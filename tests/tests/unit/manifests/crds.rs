@@ -96,6 +96,13 @@ fn liqo_objects_fit_the_crd_schemas_and_malformed_ones_do_not() {
         !nat_mappings.is_valid(&yaml(&bad)),
         "bad externalIP accepted"
     );
+    let dual = NAT_MAPPING.dual_stack_yaml(&[NAT_MAPPING.entry()], &[NAT_MAPPING.entry6()]);
+    assert!(nat_mappings.is_valid(&yaml(&dual)), "{dual}");
+    let bad6 = dual.replace("fd00:10:0:1::45", "fd00:10:0:1::45/64");
+    assert!(
+        !nat_mappings.is_valid(&yaml(&bad6)),
+        "a network as IPv6 externalIP accepted"
+    );
     let no_cluster = good.replace("spec:\n  clusterID: cluster-a\n", "spec:\n");
     assert!(
         !nat_mappings.is_valid(&yaml(&no_cluster)),

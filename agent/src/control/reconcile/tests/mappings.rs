@@ -5,12 +5,13 @@ use super::*;
 use isthmus_common::wire::Be32;
 
 /// Peer a, cluster-a, whose view of our ExternalCIDR is ours.
-fn add_cluster_a<P, M, A, P6>(r: &mut Reconciler<P, M, A, P6>)
+fn add_cluster_a<P, M, A, P6, M6>(r: &mut Reconciler<P, M, A, P6, M6>)
 where
     P: PeerTable,
     M: MappingTable<Error = P::Error>,
     A: AllowedTable<Error = P::Error>,
     P6: PeerTable6<Error = P::Error>,
+    M6: MappingTable6<Error = P::Error>,
 {
     let tep_a = peer("a", "10.0.40.0/24", "10.0.41.0/24")
         .cluster_id("cluster-a")
@@ -334,7 +335,7 @@ fn a_large_natmapping_takes_no_other_clusters_room() {
     assert_eq!(
         messages(&report.new_errors),
         [
-            "nm-b.yaml: NatMapping nm-cluster-b: field spec.clusterMappings: 94 of its 102 entries are refused: this cluster's share of the NatMapping table is 8 of 10 (--nat-mapping-capacity); the conncheck's entry and those already programmed are kept first"
+            "nm-b.yaml: NatMapping nm-cluster-b: field spec.clusterMappings: 94 of its 102 entries are refused: this cluster's share of the IPv4 NatMapping table is 8 of 10 (--nat-mapping-capacity); the conncheck's entry and those already programmed are kept first"
         ]
     );
     drop(r);
