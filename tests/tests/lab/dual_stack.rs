@@ -1,8 +1,8 @@
 //! The dual-stack lab (docs/design.md#dual-stack), which `cargo xtask
 //! test` brings up for these tests alone: the IPv6 rows with real sockets
-//! through the double NAT, the IPv4 rows in the same lab, the a–b tunnel
-//! over the WAN's IPv6 addresses, and what a peer or a pod may not send
-//! over IPv6. A payload length longer than the packet is not among them:
+//! through the double NAT and the hub, the IPv6 masquerade, the IPv4 rows
+//! in the same lab, the a–b tunnel over the WAN's IPv6 addresses, and what
+//! a peer or a pod may not send over IPv6. A payload length longer than the packet is not among them:
 //! the kernel of the sending pod rewrites it, and the gateway's drops it
 //! before any program (the kernel tier sends it to the NAT itself).
 
@@ -14,7 +14,7 @@ use std::{
 use isthmus_lab::{
     lab, netns,
     probe::{self, Proto, next_port},
-    topology::{A, B, C, reachability6},
+    topology::{A, B, C, NAT_MAPPING, reachability6},
 };
 use isthmus_tests::{
     assert_row, eventually,
@@ -268,4 +268,34 @@ fn a_gateways_own_ipv6_traffic_gets_out_through_the_ipv6_masquerade() {
 
 fn addr(text: &str) -> Ipv6Addr {
     text.parse().expect("an IPv6 address")
+}
+
+/// A datagram of 4,000 bytes from a-pod1 to c-pod1 through the hub leaves
+/// a-pod1 in IPv6 fragments (only the source fragments IPv6), and b
+/// masquerades every one of them alike, the later ones by the first's
+/// translation: c-pod1 gets it whole, from b's masquerade address. The
+/// first try may meet the tunnel's smaller MTU: a-gw's Packet Too Big then
+/// teaches a-pod1 the path's MTU, and the next try's fragments fit.
+#[test]
+#[ignore = "needs the dual-stack lab; `cargo xtask test` runs it there"]
+fn a_fragmented_ipv6_datagram_crosses_the_hub_whole() {
+    require_dual_stack_lab();
+    const TRIES: usize = 3;
+    let port = next_port();
+    let server = listener(&C.pod(1), port, Duration::from_secs(2));
+    let payload: Vec<u8> = (0..4000u32).map(|i| (i * 7) as u8).collect();
+    let client = listener(&A.pod(1), 0, GIVE_UP);
+    let (_, hub_target) = NAT_MAPPING.entry6();
+    let mut buf = vec![0u8; 8192];
+    let received = (1..=TRIES).find_map(|_| {
+        client.send_to(&payload, (hub_target, port)).unwrap();
+        server.recv_from(&mut buf).ok()
+    });
+    let (n, from) = received.expect("c-pod1 never got the fragmented datagram whole");
+    assert_eq!(&buf[..n], &payload[..], "the datagram arrived changed");
+    assert_eq!(
+        from.ip(),
+        IpAddr::V6(B.masquerade_addr6()),
+        "c-pod1 saw {from}"
+    );
 }
