@@ -150,7 +150,7 @@ pub enum Refused {
 /// The key under which the fragments of `fragment`'s datagram, from `src`
 /// to `dst` in direction `dir`, find their translation.
 #[inline(always)]
-pub fn fragment_key<A: Tables>(fragment: &Fragment, src: A, dst: A, dir: u8) -> FragKey<A> {
+fn fragment_key<A: Tables>(fragment: &Fragment, src: A, dst: A, dir: u8) -> FragKey<A> {
     FragKey {
         saddr: src,
         daddr: dst,
@@ -161,23 +161,39 @@ pub fn fragment_key<A: Tables>(fragment: &Fragment, src: A, dst: A, dir: u8) -> 
     }
 }
 
-/// Remembers that the datagram of `key` was translated to `addr`, when
-/// its first fragment was, if its owner (`peer_id`, or [`OWNER_LOCAL`])
-/// has budget left: past it, only this datagram's later fragments pay.
+/// Remembers that the datagram of `fragment`, from `src` to `dst` in
+/// direction `dir`, was translated to `addr` when its first fragment was,
+/// if its owner (`peer_id`, or [`OWNER_LOCAL`]) has budget left: past it,
+/// only this datagram's later fragments pay.
 #[inline(always)]
-pub fn remember_fragment<A: Tables>(key: &FragKey<A>, addr: A, peer_id: u32) {
+pub fn remember_fragment<A: Tables>(
+    fragment: &Fragment,
+    src: A,
+    dst: A,
+    dir: u8,
+    addr: A,
+    peer_id: u32,
+) {
     if !budget::take_fragment(peer_id) {
         return;
     }
+    let key = fragment_key(fragment, src, dst, dir);
     // Full: the LRU makes room; a failure only costs the later fragments.
-    let _ = A::fragments().insert(key, addr, 0);
+    let _ = A::fragments().insert(&key, addr, 0);
 }
 
-/// Where the first fragment of a later fragment's datagram was translated to.
+/// Where the datagram of `fragment`, from `src` to `dst` in direction
+/// `dir`, was translated to when its first fragment was.
 #[inline(always)]
-pub fn fragment_addr<A: Tables>(key: &FragKey<A>) -> Result<A, Refused> {
+pub fn fragment_addr<A: Tables>(
+    fragment: &Fragment,
+    src: A,
+    dst: A,
+    dir: u8,
+) -> Result<A, Refused> {
+    let key = fragment_key(fragment, src, dst, dir);
     // SAFETY: an address, copied out at once.
-    unsafe { A::fragments().get(key) }
+    unsafe { A::fragments().get(&key) }
         .copied()
         .ok_or(Refused::UnknownFragment)
 }
@@ -191,7 +207,7 @@ pub fn masquerade_addr<A: Tables>() -> Option<A> {
 
 /// The flow key of a packet leaving towards a peer.
 #[inline(always)]
-pub fn out_key<A: Tables>(t: &Transport, src: A, dst: A) -> FlowKey<A> {
+fn out_key<A: Tables>(t: &Transport, src: A, dst: A) -> FlowKey<A> {
     FlowKey::new(src, dst, t.sport, t.dport, t.proto, DIR_OUT)
 }
 
@@ -199,7 +215,7 @@ pub fn out_key<A: Tables>(t: &Transport, src: A, dst: A) -> FlowKey<A> {
 /// be one (a packet of the family's ICMP, `icmp`, that is not an echo
 /// reply, `echo_reply`).
 #[inline(always)]
-pub fn in_key<A: Tables>(
+fn in_key<A: Tables>(
     t: &Transport,
     src: A,
     dst: A,
@@ -214,15 +230,13 @@ pub fn in_key<A: Tables>(
     Some(FlowKey::new(src, dst, sport, dport, t.proto, DIR_IN))
 }
 
-/// Where an outbound flow goes out as: its existing entry, or a new one
-/// with a port of ours that no other flow to the same peer address and
-/// port holds, charged to the owner of its source.
+/// Where the flow of `t` from `src` to `dst` goes out as, behind `masq`:
+/// its existing entry, or a new one with a port of ours that no other flow
+/// to the same peer address and port holds, charged to the owner of its
+/// source.
 #[inline(always)]
-pub fn outbound<A: Tables>(
-    key: &FlowKey<A>,
-    masq: A,
-    tcp_flags: u8,
-) -> Result<FlowNat<A>, Refused> {
+pub fn outbound<A: Tables>(t: &Transport, src: A, dst: A, masq: A) -> Result<FlowNat<A>, Refused> {
+    let (key, tcp_flags) = (&out_key(t, src, dst), t.tcp_flags);
     // SAFETY: bpf_ktime_get_ns has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     if let Some(entry) = A::flows().get_ptr_mut(key) {
@@ -308,11 +322,20 @@ fn claim<A: Tables>(
     }
 }
 
-/// Where a reply goes back to: the original source and port, if the flow
-/// is known. The flow is then answered, and no longer the first to go
-/// when room is short.
+/// Where a reply `t` from `src` to `masq` goes back to: the original
+/// source and port, if the flow is known (`icmp` and `echo_reply` are the
+/// family's, see [`in_key`]). The flow is then answered, and no longer the
+/// first to go when room is short.
 #[inline(always)]
-pub fn inbound<A: Tables>(key: &FlowKey<A>, tcp_flags: u8) -> Option<FlowNat<A>> {
+pub fn inbound<A: Tables>(
+    t: &Transport,
+    src: A,
+    masq: A,
+    icmp: u8,
+    echo_reply: u8,
+) -> Option<FlowNat<A>> {
+    let key = &in_key(t, src, masq, icmp, echo_reply)?;
+    let tcp_flags = t.tcp_flags;
     let entry = A::flows().get_ptr_mut(key)?;
     // SAFETY: bpf_ktime_get_ns has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };

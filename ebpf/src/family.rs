@@ -1,7 +1,8 @@
 //! docs/design.md#dual-stack: the two address families the NAT serves.
 //! What differs between them (the header and its parser, where the
-//! addresses sit, how a write keeps the checksums, the tables) is here,
-//! behind [`Family`]; the NAT is one code, compiled once for each.
+//! addresses sit, how a write keeps the checksums, the peer tables) is
+//! here, behind [`Family`]; the masquerade's tables are behind
+//! `conntrack::Tables`. The NAT is one code, compiled once for each.
 
 use aya_ebpf::programs::TcContext;
 use isthmus_common::{
@@ -12,28 +13,18 @@ use isthmus_common::{
 };
 
 use crate::{
-    conntrack::{self, Refused, Tables},
+    conntrack::Tables,
     csum::{self, RewriteFailed},
     isolation, maps,
     parse::{
-        self, ETH_P_IP, ETH_P_IPV6, Fragment, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, IcmpError, Ip,
-        Malformed, Packet, Parsed, Reading, Transport,
+        self, ETH_P_IP, ETH_P_IPV6, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, IcmpError, Ip, Malformed,
+        Packet, Parsed, Reading, Transport,
     },
 };
 
-/// Where a masqueraded flow goes out as.
-pub struct Masqueraded<A> {
-    /// The masquerade address.
-    pub addr: A,
-    /// Our port (an ICMP echo's identifier).
-    pub port: u16,
-    /// Whom the flow's room is charged to.
-    pub owner: u32,
-}
-
 /// One address family, as the NAT sees it.
 pub trait Family {
-    /// Its addresses, and their masquerade tables.
+    /// Its addresses, which name their masquerade tables.
     type Addr: Address + Tables;
     /// Whether it is IPv6: its programs go on in arrays of their own.
     const IPV6: bool;
@@ -88,64 +79,6 @@ pub trait Family {
         old: Self::Addr,
         new: Self::Addr,
     ) -> Result<(), RewriteFailed>;
-
-    /// The masquerade address, when masquerading is on.
-    #[inline(always)]
-    fn masquerade_addr() -> Option<Self::Addr> {
-        conntrack::masquerade_addr()
-    }
-
-    /// Where the datagram of `fragment`, from `src` to `dst` in direction
-    /// `dir`, was translated to when its first fragment was.
-    #[inline(always)]
-    fn fragment_addr(
-        fragment: &Fragment,
-        src: Self::Addr,
-        dst: Self::Addr,
-        dir: u8,
-    ) -> Result<Self::Addr, Refused> {
-        conntrack::fragment_addr(&conntrack::fragment_key(fragment, src, dst, dir))
-    }
-
-    /// Remembers that the datagram of `fragment` was translated to `addr`,
-    /// charged to `owner`.
-    #[inline(always)]
-    fn remember_fragment(
-        fragment: &Fragment,
-        src: Self::Addr,
-        dst: Self::Addr,
-        dir: u8,
-        addr: Self::Addr,
-        owner: u32,
-    ) {
-        let key = conntrack::fragment_key(fragment, src, dst, dir);
-        conntrack::remember_fragment(&key, addr, owner);
-    }
-
-    /// Where the flow of `t` from `src` to `dst` goes out as, behind
-    /// `masq`.
-    #[inline(always)]
-    fn outbound(
-        t: &Transport,
-        src: Self::Addr,
-        dst: Self::Addr,
-        masq: Self::Addr,
-    ) -> Result<Masqueraded<Self::Addr>, Refused> {
-        let nat = conntrack::outbound(&conntrack::out_key(t, src, dst), masq, t.tcp_flags)?;
-        Ok(Masqueraded {
-            addr: nat.addr,
-            port: nat.port,
-            owner: nat.owner,
-        })
-    }
-
-    /// Where a reply `t` from `src` to `masq` goes back to, if its flow is
-    /// known.
-    #[inline(always)]
-    fn inbound(t: &Transport, src: Self::Addr, masq: Self::Addr) -> Option<(Self::Addr, u16)> {
-        let key = conntrack::in_key(t, src, masq, Self::ICMP, Self::ECHO_REPLY)?;
-        conntrack::inbound(&key, t.tcp_flags).map(|back| (back.addr, back.port))
-    }
 
     /// Records a flow our side opens towards segregated peer `peer_id`, so
     /// that its replies pass; false when the peer's table is full.

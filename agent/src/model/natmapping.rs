@@ -4,7 +4,7 @@
 
 use std::{
     collections::{BTreeMap, btree_map::Entry},
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    net::IpAddr,
     str::FromStr,
 };
 
@@ -200,39 +200,55 @@ pub struct NatMapping {
     pub origin: String,
     /// `spec.clusterID`: the cluster whose traffic the entries translate.
     pub cluster_id: String,
-    /// `spec.podCIDR`: the cluster's PodCIDR as we see it, if given.
-    pub pod_cidr: Option<Ipv4Net>,
-    /// `spec.externalCIDR`: our ExternalCIDR as the cluster sees it, where
-    /// every externalIP lies, if given.
-    pub external_cidr: Option<Ipv4Net>,
-    /// Usable entries, externalIP (in the cluster's view) → endpointIP.
-    pub entries: BTreeMap<Ipv4Addr, Ipv4Addr>,
+    /// The IPv4 fields of `spec`.
+    pub ipv4: Mappings<Ipv4Net>,
     /// `spec.ipv6`: the same for IPv6, if given (docs/design.md#dual-stack).
-    pub ipv6: Option<Ipv6Mappings>,
+    /// Liqo v0.10's NatMapping holds one network a field, so Isthmus's CRD
+    /// adds it, and Liqo ignores it.
+    pub ipv6: Option<Mappings<Ipv6Net>>,
     /// Entries that cannot be used, each with why.
     pub rejected: Vec<NatMappingError>,
 }
 
-/// The IPv6 part of a NatMapping, `spec.ipv6`: the fields of `spec` that
-/// hold networks and entries, by the same names, for IPv6. Liqo v0.10's
-/// NatMapping holds one network a field, so Isthmus's CRD adds it, and
-/// Liqo ignores it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Ipv6Mappings {
-    /// `spec.ipv6.podCIDR`.
-    pub pod_cidr: Option<Ipv6Net>,
-    /// `spec.ipv6.externalCIDR`.
-    pub external_cidr: Option<Ipv6Net>,
-    /// `spec.ipv6.clusterMappings`: externalIP → endpointIP.
-    pub entries: BTreeMap<Ipv6Addr, Ipv6Addr>,
+/// One family's part of a NatMapping.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mappings<N: Cidr> {
+    /// `podCIDR`: the cluster's PodCIDR as we see it, if given.
+    pub pod_cidr: Option<N>,
+    /// `externalCIDR`: our ExternalCIDR as the cluster sees it, where every
+    /// externalIP lies, if given.
+    pub external_cidr: Option<N>,
+    /// `clusterMappings`' usable entries, externalIP (in the cluster's
+    /// view) → endpointIP.
+    pub entries: BTreeMap<N::Addr, N::Addr>,
 }
 
-/// The field of a family's entries.
-pub const fn entries_field(ipv6: bool) -> &'static str {
-    if ipv6 {
-        "ipv6.clusterMappings"
-    } else {
-        "clusterMappings"
+/// The names of one family's fields in `spec`, as errors give them.
+#[derive(Clone, Copy, Debug)]
+pub struct FieldNames {
+    /// The PodCIDR's.
+    pub pod_cidr: &'static str,
+    /// The ExternalCIDR's.
+    pub external_cidr: &'static str,
+    /// The entries'.
+    pub entries: &'static str,
+}
+
+impl FieldNames {
+    /// IPv6's fields, in `spec.ipv6`, or IPv4's.
+    pub const fn of(ipv6: bool) -> Self {
+        match ipv6 {
+            true => Self {
+                pod_cidr: "ipv6.podCIDR",
+                external_cidr: "ipv6.externalCIDR",
+                entries: "ipv6.clusterMappings",
+            },
+            false => Self {
+                pod_cidr: "podCIDR",
+                external_cidr: "externalCIDR",
+                entries: "clusterMappings",
+            },
+        }
     }
 }
 
@@ -248,26 +264,17 @@ impl NatMapping {
             .ok_or_else(|| error(MappingProblem::NoClusterId))?
             .to_owned();
         let mut rejected = Vec::new();
-        let (pod_cidr, external_cidr, entries) = family(&raw.spec, &error, &mut rejected)?;
+        let ipv4 = family(&raw.spec, &error, &mut rejected)?;
         let ipv6 = match raw.spec.get("ipv6") {
             None | Some(Value::Null) => None,
-            Some(Value::Mapping(spec)) => {
-                let (pod_cidr, external_cidr, entries) = family(spec, &error, &mut rejected)?;
-                Some(Ipv6Mappings {
-                    pod_cidr,
-                    external_cidr,
-                    entries,
-                })
-            }
+            Some(Value::Mapping(spec)) => Some(family(spec, &error, &mut rejected)?),
             Some(_) => return Err(error(MappingProblem::NoIpv6)),
         };
         Ok(Self {
             key: raw.key.clone(),
             origin: origin.to_owned(),
             cluster_id,
-            pod_cidr,
-            external_cidr,
-            entries,
+            ipv4,
             ipv6,
             rejected,
         })
@@ -279,25 +286,18 @@ impl NatMapping {
     }
 }
 
-/// One family's networks (`podCIDR`, `externalCIDR`) and usable entries.
-type Family<N, A> = (Option<N>, Option<N>, BTreeMap<A, A>);
-
 /// Reads one family's fields from `spec`: the NatMapping's own for IPv4,
 /// its `ipv6` map for IPv6. Entries that cannot be used go to `rejected`.
-fn family<N, A>(
+fn family<N>(
     spec: &Mapping,
     error: &impl Fn(MappingProblem) -> NatMappingError,
     rejected: &mut Vec<NatMappingError>,
-) -> Result<Family<N, A>, NatMappingError>
+) -> Result<Mappings<N>, NatMappingError>
 where
     N: Cidr,
-    A: FromStr + Ord + Copy + Into<IpAddr>,
+    N::Addr: FromStr,
 {
-    let ipv6 = N::IPV6;
-    let (pod, external) = match ipv6 {
-        true => ("ipv6.podCIDR", "ipv6.externalCIDR"),
-        false => ("podCIDR", "externalCIDR"),
-    };
+    let names = FieldNames::of(N::IPV6);
     let cidr = |name: &str, field: &'static str| match spec.get(name) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => v
@@ -312,8 +312,9 @@ where
                 })
             }),
     };
-    let (pod_cidr, external_cidr) = (cidr("podCIDR", pod)?, cidr("externalCIDR", external)?);
-    let field = entries_field(ipv6);
+    let pod_cidr = cidr("podCIDR", names.pod_cidr)?;
+    let external_cidr = cidr("externalCIDR", names.external_cidr)?;
+    let field = names.entries;
     // Liqo writes a new NatMapping with no entries as `{}`, and Go
     // marshals a nil map as null.
     let empty = Mapping::new();
@@ -325,8 +326,13 @@ where
     };
     let mut pairs = Vec::with_capacity(mappings.len());
     for (k, v) in mappings {
-        let (Some(endpoint), Some(external)) = (address::<A>(k), address::<A>(v)) else {
-            let value = if address::<A>(k).is_none() { k } else { v };
+        let (Some(endpoint), Some(external)) = (address::<N::Addr>(k), address::<N::Addr>(v))
+        else {
+            let value = if address::<N::Addr>(k).is_none() {
+                k
+            } else {
+                v
+            };
             rejected.push(error(MappingProblem::BadAddress {
                 entries: field,
                 endpoint: shown(k),
@@ -355,7 +361,11 @@ where
             [] => {}
         }
     }
-    Ok((pod_cidr, external_cidr, BTreeMap::from_iter(entries)))
+    Ok(Mappings {
+        pod_cidr,
+        external_cidr,
+        entries: BTreeMap::from_iter(entries),
+    })
 }
 
 /// A YAML value as an error shows it.
@@ -396,6 +406,8 @@ pub fn one_per_cluster<'m>(
 mod tests {
     use std::path::Path;
 
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
     use super::*;
     use crate::model::object::{Object, parse_documents};
 
@@ -424,10 +436,10 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(nm.cluster_id, "cluster-a");
-        assert_eq!(nm.pod_cidr, Some("10.0.40.0/24".parse().unwrap()));
-        assert_eq!(nm.external_cidr, Some("10.0.1.0/24".parse().unwrap()));
+        assert_eq!(nm.ipv4.pod_cidr, Some("10.0.40.0/24".parse().unwrap()));
+        assert_eq!(nm.ipv4.external_cidr, Some("10.0.1.0/24".parse().unwrap()));
         assert_eq!(
-            nm.entries.into_iter().collect::<Vec<_>>(),
+            nm.ipv4.entries.into_iter().collect::<Vec<_>>(),
             [
                 (ip("10.0.1.1"), ip("169.254.0.1")),
                 (ip("10.0.1.45"), ip("10.1.0.5"))
@@ -445,7 +457,10 @@ mod tests {
                 "  clusterID: a\n  podCIDR: 10.0.40.0/24\n  externalCIDR: 10.0.1.0/24\n  clusterMappings: {entries}\n"
             )))
             .unwrap();
-            assert!(nm.entries.is_empty() && nm.rejected.is_empty(), "{entries}");
+            assert!(
+                nm.ipv4.entries.is_empty() && nm.rejected.is_empty(),
+                "{entries}"
+            );
         }
         let err = parse(&natmapping("  clusterID: a\n  externalCIDR: 10.0.1.0/33\n")).unwrap_err();
         assert_eq!(
@@ -460,7 +475,7 @@ mod tests {
             "  clusterID: a\n  clusterMappings:\n    10.1.0.5: 192.168.0.45\n    10.1.0.7: 192.168.0.300\n    nonsense: 192.168.0.9\n",
         ))
         .unwrap();
-        assert_eq!(nm.entries.len(), 1);
+        assert_eq!(nm.ipv4.entries.len(), 1);
         let errors: Vec<String> = nm.rejected.iter().map(ToString::to_string).collect();
         assert_eq!(
             errors,
@@ -477,7 +492,7 @@ mod tests {
             "  clusterID: a\n  clusterMappings: {10.1.0.5: 10.0.1.45}\n  ipv6:\n    externalCIDR: fd00:10:0:1::/64\n    clusterMappings:\n      'fd00:10:1::5': 'fd00:10:0:1::45'\n      'fd00:10:1::6': 10.0.1.46\n",
         ))
         .unwrap();
-        assert_eq!(nm.entries.len(), 1);
+        assert_eq!(nm.ipv4.entries.len(), 1);
         let ipv6 = nm.ipv6.as_ref().unwrap();
         assert_eq!(
             ipv6.external_cidr,
@@ -516,7 +531,7 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(
-            nm.entries.into_iter().collect::<Vec<_>>(),
+            nm.ipv4.entries.into_iter().collect::<Vec<_>>(),
             [(ip("192.168.0.47"), ip("10.1.0.7"))]
         );
         assert_eq!(

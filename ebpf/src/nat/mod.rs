@@ -26,7 +26,7 @@ mod rules;
 use rules::{endpoint_of, external_of, from_peer_view, to_peer_view};
 
 use crate::{
-    conntrack::Refused,
+    conntrack::{self, Refused},
     csum,
     family::Family,
     maps,
@@ -372,7 +372,7 @@ fn egress<F: Family>(
         return Ok(Some(external.then(remapped, Kind::Prefix)));
     }
     // None of ours: masquerade what can be, only now reading its settings.
-    let Some(masq) = F::masquerade_addr() else {
+    let Some(masq) = conntrack::masquerade_addr() else {
         return Ok(Some(external));
     };
     match stage {
@@ -401,15 +401,15 @@ fn masquerade<F: Family>(
 ) -> Result<Rewrite<F::Addr>, Refused> {
     // A later fragment, with no ports: where its first fragment went.
     if let Some(fragment) = pkt.fragment.as_ref().filter(|f| !f.first) {
-        let addr = F::fragment_addr(fragment, external.addr, pkt.ip.dst, DIR_OUT)?;
+        let addr = conntrack::fragment_addr(fragment, external.addr, pkt.ip.dst, DIR_OUT)?;
         return Ok(to_peer_view(peer, external.then(addr, Kind::Masquerade)));
     }
     let Some(t) = pkt.transport.as_ref().filter(|t| outbound_kind::<F>(t)) else {
         return Ok(external);
     };
-    let nat = F::outbound(t, external.addr, pkt.ip.dst, masq)?;
+    let nat = conntrack::outbound(t, external.addr, pkt.ip.dst, masq)?;
     if let Some(fragment) = &pkt.fragment {
-        F::remember_fragment(
+        conntrack::remember_fragment(
             fragment,
             external.addr,
             pkt.ip.dst,
@@ -437,7 +437,7 @@ fn ingress<F: Family>(
     stage: Stage,
 ) -> Result<Option<Rewrite<F::Addr>>, Refused> {
     let real = from_peer_view(peer, own);
-    let Some(masq) = F::masquerade_addr().filter(|masq| real.addr == *masq) else {
+    let Some(masq) = conntrack::masquerade_addr().filter(|masq| real.addr == *masq) else {
         return Ok(Some(endpoint_of::<F>(peer, real)));
     };
     match stage {
@@ -460,18 +460,25 @@ fn unmasquerade<F: Family>(
     masq: F::Addr,
 ) -> Result<Rewrite<F::Addr>, Refused> {
     if let Some(fragment) = pkt.fragment.as_ref().filter(|f| !f.first) {
-        let addr = F::fragment_addr(fragment, pkt.ip.src, masq, DIR_IN)?;
+        let addr = conntrack::fragment_addr(fragment, pkt.ip.src, masq, DIR_IN)?;
         return Ok(real.then(addr, Kind::Masquerade));
     }
     if let Some(t) = &pkt.transport
-        && let Some((back, port)) = F::inbound(t, pkt.ip.src, masq)
+        && let Some(back) = conntrack::inbound(t, pkt.ip.src, masq, F::ICMP, F::ECHO_REPLY)
     {
         if let Some(fragment) = &pkt.fragment {
-            F::remember_fragment(fragment, pkt.ip.src, masq, DIR_IN, back, peer.peer_id);
+            conntrack::remember_fragment(
+                fragment,
+                pkt.ip.src,
+                masq,
+                DIR_IN,
+                back.addr,
+                peer.peer_id,
+            );
         }
         return Ok(Rewrite {
-            port: port_change::<F>(t, Direction::Ingress, port),
-            ..real.then(back, Kind::Masquerade)
+            port: port_change::<F>(t, Direction::Ingress, back.port),
+            ..real.then(back.addr, Kind::Masquerade)
         });
     }
     Ok(endpoint_of::<F>(peer, real))

@@ -12,9 +12,9 @@ use ipnet::IpNet;
 
 use crate::model::{
     cidr::Cidr,
-    natmapping::{MappingProblem, NatMapping},
+    natmapping::{FieldNames, MappingProblem, Mappings, NatMapping},
     object::ObjectKey,
-    peer::{Peer, PeerError, Problem, Remaps},
+    peer::{Networks, Peer, PeerError, Problem, Remaps},
     policy::overlaps,
 };
 
@@ -257,54 +257,45 @@ fn endpoint(peer: &Peer) -> Option<IpAddr> {
 /// A network of `mapping` that is not the view `peer`'s TunnelEndpoint
 /// gives: its values would then be read in the wrong network.
 pub(super) fn view_mismatch(mapping: &NatMapping, peer: &Peer) -> Option<MappingProblem> {
-    let ipv4 = [
+    let ipv6 = match (&mapping.ipv6, &peer.ipv6) {
+        (Some(mappings), Some(networks)) => family_mismatch(mappings, networks, peer),
+        _ => None,
+    };
+    family_mismatch(&mapping.ipv4, &peer.ipv4, peer).or(ipv6)
+}
+
+/// [`view_mismatch`] in one family: `mappings` against `networks`.
+fn family_mismatch<N: Cidr>(
+    mappings: &Mappings<N>,
+    networks: &Networks<N>,
+    peer: &Peer,
+) -> Option<MappingProblem> {
+    let names = FieldNames::of(N::IPV6);
+    let checks = [
         (
-            "externalCIDR",
-            mapping.external_cidr,
-            peer.local_external_view(),
+            names.external_cidr,
+            mappings.external_cidr,
+            networks.local_views(peer.layout)[1],
+            "ExternalCIDR of ours the peer sees",
         ),
-        ("podCIDR", mapping.pod_cidr, peer.views()[0]),
+        (
+            names.pod_cidr,
+            mappings.pod_cidr,
+            networks.views(peer.layout)[0],
+            "PodCIDR of the peer we see",
+        ),
     ];
-    let mut checks: Vec<_> = ipv4.into_iter().map(in_either_family).collect();
-    if let (Some(mapping), Some(networks)) = (&mapping.ipv6, &peer.ipv6) {
-        let ipv6 = [
-            (
-                "ipv6.externalCIDR",
-                mapping.external_cidr,
-                networks.local_views(peer.layout)[1],
-            ),
-            (
-                "ipv6.podCIDR",
-                mapping.pod_cidr,
-                networks.views(peer.layout)[0],
-            ),
-        ];
-        checks.extend(ipv6.into_iter().map(in_either_family));
-    }
     checks
         .into_iter()
-        .find_map(|(field, found, (tep_field, expected))| {
+        .find_map(|(field, found, (tep_field, expected), meaning)| {
             let found = found.filter(|found| *found != expected)?;
-            let meaning = match field.ends_with("externalCIDR") {
-                true => "ExternalCIDR of ours the peer sees",
-                false => "PodCIDR of the peer we see",
-            };
             Some(MappingProblem::ViewMismatch {
                 field,
-                found,
-                expected,
+                found: found.into(),
+                expected: expected.into(),
                 meaning,
                 tep_field,
                 tunnel_endpoint: peer.key.clone(),
             })
         })
-}
-
-/// A NatMapping's network field, what it holds, and the TunnelEndpoint's
-/// field and view it must equal.
-type ViewCheck<N> = (&'static str, Option<N>, (&'static str, N));
-
-/// `check` in networks of either family.
-fn in_either_family<N: Cidr>((field, found, (tep_field, view)): ViewCheck<N>) -> ViewCheck<IpNet> {
-    (field, found.map(Into::into), (tep_field, view.into()))
 }

@@ -18,8 +18,8 @@ use crate::{
     kernel::table::{AllowedTable, MappingTable, MappingTable6, PeerTable, PeerTable6},
     model::{
         cidr::Cidr,
-        natmapping::{self, MappingProblem, NatMapping, entries_field},
-        peer::{Mapped, Peer},
+        natmapping::{self, FieldNames, MappingProblem, Mappings, NatMapping},
+        peer::{Networks, Peer},
         rejection::Rejection,
     },
 };
@@ -86,22 +86,14 @@ where
                 errors.insert(mapping.error(problem).into());
                 continue;
             }
-            let peer_id = self.ids[&peer.key];
-            let (field, _) = peer.local_external_view();
             let entries = Entries {
                 mapping,
                 peer,
-                peer_id,
-                tep_field: field,
+                peer_id: self.ids[&peer.key],
             };
             wanted.push((
                 mapping,
-                entries.keyed(
-                    &mapping.entries,
-                    &peer.ipv4.local_external,
-                    is_node4,
-                    errors,
-                ),
+                entries.keyed(&mapping.ipv4, &peer.ipv4, is_node4, errors),
             ));
             let Some(ipv6) = &mapping.ipv6 else {
                 continue;
@@ -116,14 +108,7 @@ where
                 }
                 continue;
             };
-            let entries = Entries {
-                tep_field: networks.local_views(peer.layout)[1].0,
-                ..entries
-            };
-            wanted6.push((
-                mapping,
-                entries.keyed(&ipv6.entries, &networks.local_external, is_node6, errors),
-            ));
+            wanted6.push((mapping, entries.keyed(ipv6, networks, is_node6, errors)));
         }
         let capacity = self.mapping_capacity;
         let mut desired = within_shares::<Ipv4Net>(
@@ -151,33 +136,32 @@ where
     }
 }
 
-/// A NatMapping's entries of one family, as they are checked and keyed.
+/// A NatMapping's entries, as they are checked and keyed for its peer.
 #[derive(Clone, Copy)]
 struct Entries<'a> {
     mapping: &'a NatMapping,
     peer: &'a Peer,
     peer_id: u32,
-    /// The TunnelEndpoint's field that gives our ExternalCIDR as the peer
-    /// sees it, in this family.
-    tep_field: &'static str,
 }
 
 impl Entries<'_> {
-    /// `entries` (externalIP → endpoint) as the kernel keys them: by the
-    /// real address the prefix step gives the externalIP, in
-    /// `local_external`, which gives the same packets with one lookup.
-    /// An entry that names a node (`is_node` says which), or whose
-    /// externalIP lies outside the peer's view, is rejected alone.
+    /// One family's entries, `mappings`, as the kernel keys them: by the
+    /// real address the prefix step gives the externalIP in our ExternalCIDR
+    /// of `networks`, which gives the same packets with one lookup. An entry
+    /// that names a node (`is_node` says which), or whose externalIP lies
+    /// outside the peer's view, is rejected alone.
     fn keyed<N: Cidr>(
         self,
-        entries: &BTreeMap<N::Addr, N::Addr>,
-        local_external: &Mapped<N>,
+        mappings: &Mappings<N>,
+        networks: &Networks<N>,
         is_node: impl Fn(&N::Addr) -> Option<String>,
         errors: &mut BTreeSet<Rejection>,
     ) -> Vec<(MappingKey<N::Wire>, N::Wire)> {
-        let field = entries_field(N::IPV6);
-        let mut keyed = Vec::with_capacity(entries.len());
-        for (external, endpoint) in entries {
+        let field = FieldNames::of(N::IPV6).entries;
+        let (tep_field, _) = networks.local_views(self.peer.layout)[1];
+        let local_external = &networks.local_external;
+        let mut keyed = Vec::with_capacity(mappings.entries.len());
+        for (external, endpoint) in &mappings.entries {
             if let Some(what) = is_node(endpoint) {
                 let problem = MappingProblem::NodeAddress {
                     entries: field,
@@ -194,7 +178,7 @@ impl Entries<'_> {
                     endpoint: (*endpoint).into(),
                     external: (*external).into(),
                     cidr: local_external.seen().into(),
-                    field: self.tep_field,
+                    field: tep_field,
                     tunnel_endpoint: self.peer.key.clone(),
                 };
                 errors.insert(self.mapping.error(problem).into());
@@ -236,7 +220,7 @@ fn within_shares<N: Cidr>(
                 )
             });
             let problem = MappingProblem::BeyondShare {
-                field: entries_field(N::IPV6),
+                field: FieldNames::of(N::IPV6).entries,
                 family: N::FAMILY,
                 refused: entries.len() - share,
                 entries: entries.len(),
