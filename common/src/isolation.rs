@@ -12,21 +12,23 @@
 use crate::{
     conntrack::{DIR_IN, FlowKey, TcpState, Timeouts},
     ipv4::PROTO_ICMP,
-    wire::Be32,
+    ipv6::PROTO_ICMPV6,
+    wire::{Be32, Be128},
 };
 
 /// [`crate::nat::PeerNat::flags`] bit: the peer is segregated.
 pub const SEGREGATED: u32 = 1;
 
-/// Key of the allowed table: an address of ours that a segregated peer may
-/// open connections to, on one protocol and port, or on any.
+/// Key of an allowed table (one per address family): an address of ours
+/// that a segregated peer may open connections to, on one protocol and
+/// port, or on any.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct AllowKey {
+pub struct AllowKey<A = Be32> {
     /// [`crate::nat::PeerNat::peer_id`] of the peer.
     pub peer_id: u32,
     /// The address, real (after the ingress translation).
-    pub addr: Be32,
+    pub addr: A,
     /// The destination port, host order; 0 with `proto` 0 for any.
     pub port: u16,
     /// The IP protocol; 0 for any.
@@ -36,10 +38,11 @@ pub struct AllowKey {
 }
 
 assert_layout!(AllowKey, size = 12, align = 4);
+assert_layout!(AllowKey<Be128>, size = 24, align = 4);
 
-impl AllowKey {
+impl<A: Copy> AllowKey<A> {
     /// `addr`'s `port` on `proto`: an endpoint exported to the peer.
-    pub const fn endpoint(peer_id: u32, addr: Be32, proto: u8, port: u16) -> Self {
+    pub const fn endpoint(peer_id: u32, addr: A, proto: u8, port: u16) -> Self {
         Self {
             peer_id,
             addr,
@@ -50,7 +53,7 @@ impl AllowKey {
     }
 
     /// Every port of `addr`: a pod offloaded from the peer.
-    pub const fn any_port(peer_id: u32, addr: Be32) -> Self {
+    pub const fn any_port(peer_id: u32, addr: A) -> Self {
         Self::endpoint(peer_id, addr, 0, 0)
     }
 }
@@ -95,16 +98,17 @@ impl PeerFlow {
 
 /// The key under which the replies of a flow our side sends, from `ours`
 /// (real) port `our_port` to the peer's `theirs` port `their_port`, arrive
-/// from the peer once translated. An ICMP echo's identifier is our port,
-/// and theirs is 0, as in the conntrack.
-pub const fn reply_key(
+/// from the peer once translated. An ICMP or ICMPv6 echo's identifier is
+/// our port, and theirs is 0, as in the conntrack.
+pub const fn reply_key<A: Copy>(
     proto: u8,
-    ours: Be32,
+    ours: A,
     our_port: u16,
-    theirs: Be32,
+    theirs: A,
     their_port: u16,
-) -> FlowKey {
-    let their_port = if proto == PROTO_ICMP { 0 } else { their_port };
+) -> FlowKey<A> {
+    let echo = proto == PROTO_ICMP || proto == PROTO_ICMPV6;
+    let their_port = if echo { 0 } else { their_port };
     FlowKey::new(theirs, ours, their_port, our_port, proto, DIR_IN)
 }
 
@@ -126,6 +130,12 @@ mod tests {
         let echo = reply_key(PROTO_ICMP, ours, 7, theirs, 0);
         assert_eq!((echo.sport, echo.dport), (0, 7));
         assert_ne!(reply_key(PROTO_UDP, ours, 40000, theirs, 80), key);
+        // ICMPv6's echo, between IPv6 addresses, alike.
+        let ours6 = Be128::from("fd00:10:244::5".parse::<core::net::Ipv6Addr>().unwrap());
+        let theirs6 = Be128::from("fd00:10:0:40::5".parse::<core::net::Ipv6Addr>().unwrap());
+        let echo6 = reply_key(PROTO_ICMPV6, ours6, 7, theirs6, 9);
+        assert_eq!((echo6.saddr, echo6.daddr), (theirs6, ours6));
+        assert_eq!((echo6.sport, echo6.dport), (0, 7));
     }
 
     #[test]

@@ -67,6 +67,7 @@ mod pod {
         crate::guard::GuardSource<crate::wire::Be128>,
         crate::overlay::OverlayConfig,
         crate::isolation::AllowKey,
+        crate::isolation::AllowKey<crate::wire::Be128>,
         crate::room::Room,
         crate::budget::Budget,
         crate::wire::Be16,

@@ -60,9 +60,15 @@ pub const MAP_FRAGMENT_BUDGET: &str = "ist_frag_budget";
 /// Hash: what segregated peers may open connections to
 /// ([`crate::isolation::AllowKey`] → 1).
 pub const MAP_ALLOWED: &str = "ist_allowed";
+/// Hash: [`MAP_ALLOWED`] for IPv6 addresses
+/// ([`crate::isolation::AllowKey`]`<Be128>` → 1), of the same capacity.
+pub const MAP_ALLOWED6: &str = "ist_allowed6";
 /// Hash: flows our side opened towards segregated peers, keyed as their
 /// replies arrive ([`crate::conntrack::FlowKey`] → [`crate::isolation::PeerFlow`]).
 pub const MAP_PEER_FLOWS: &str = "ist_peer_flows";
+/// Hash: [`MAP_PEER_FLOWS`] for IPv6 flows, of the same capacity; both
+/// families' flows share each peer's room.
+pub const MAP_PEER_FLOWS6: &str = "ist_peer_flows6";
 /// Array: each owner's room in the flow tables ([`crate::room::Room`],
 /// by [`crate::room::slot`]).
 pub const MAP_ROOM: &str = "ist_room";
@@ -124,7 +130,7 @@ pub const MAP_PEER_DEVS: &str = "ist_peer_devs";
 pub const MAX_PEER_DEVS: u32 = 256;
 
 /// Every map the agent pins, in the order it reports them.
-pub const MAPS: [&str; 37] = [
+pub const MAPS: [&str; 39] = [
     MAP_PEERS,
     MAP_PEER_OWNERS,
     MAP_PREFIX_LENS,
@@ -146,7 +152,9 @@ pub const MAPS: [&str; 37] = [
     MAP_SNAT6,
     MAP_TCP_MSS,
     MAP_ALLOWED,
+    MAP_ALLOWED6,
     MAP_PEER_FLOWS,
+    MAP_PEER_FLOWS6,
     MAP_ROOM,
     MAP_ROOM_REFUSED,
     MAP_GUARD_SOURCES,

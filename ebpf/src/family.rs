@@ -13,19 +13,19 @@ use isthmus_common::{
 };
 
 use crate::{
-    conntrack::Tables,
+    conntrack,
     csum::{self, RewriteFailed},
     isolation, maps,
     parse::{
         self, ETH_P_IP, ETH_P_IPV6, ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, IcmpError, Ip, Malformed,
-        Packet, Parsed, Reading, Transport,
+        Parsed, Reading,
     },
 };
 
 /// One address family, as the NAT sees it.
 pub trait Family {
-    /// Its addresses, which name their masquerade tables.
-    type Addr: Address + Tables;
+    /// Its addresses, which name their masquerade and isolation tables.
+    type Addr: Address + conntrack::Tables + isolation::Tables;
     /// Whether it is IPv6: its programs go on in arrays of their own.
     const IPV6: bool;
     /// `skb->protocol` of its packets.
@@ -79,14 +79,6 @@ pub trait Family {
         old: Self::Addr,
         new: Self::Addr,
     ) -> Result<(), RewriteFailed>;
-
-    /// Records a flow our side opens towards segregated peer `peer_id`, so
-    /// that its replies pass; false when the peer's table is full.
-    fn remember(peer_id: u32, t: &Transport, ours: Self::Addr, theirs: Self::Addr) -> bool;
-    /// Whether segregated peer `peer_id` may send `pkt` from `theirs` to
-    /// `ours`.
-    fn admits(peer_id: u32, pkt: &Packet<Self::Addr>, theirs: Self::Addr, ours: Self::Addr)
-    -> bool;
 }
 
 /// IPv4.
@@ -166,20 +158,8 @@ impl Family for V4 {
     ) -> Result<(), RewriteFailed> {
         csum::set_quoted_addr(ctx, err, field, old, new)
     }
-
-    #[inline(always)]
-    fn remember(peer_id: u32, t: &Transport, ours: Be32, theirs: Be32) -> bool {
-        isolation::remember(peer_id, t, ours, theirs).is_ok()
-    }
-
-    #[inline(always)]
-    fn admits(peer_id: u32, pkt: &Packet<Be32>, theirs: Be32, ours: Be32) -> bool {
-        isolation::admits(peer_id, pkt, theirs, ours)
-    }
 }
 
-/// IPv6 has no record of flows towards segregated peers yet: a segregated
-/// peer reaches none of our IPv6 addresses (docs/design.md#dual-stack).
 impl Family for V6 {
     type Addr = Be128;
     const IPV6: bool = true;
@@ -251,15 +231,5 @@ impl Family for V6 {
         new: Be128,
     ) -> Result<(), RewriteFailed> {
         csum::set_quoted_addr6(ctx, err, field, old, new)
-    }
-
-    #[inline(always)]
-    fn remember(_: u32, _: &Transport, _: Be128, _: Be128) -> bool {
-        true
-    }
-
-    #[inline(always)]
-    fn admits(_: u32, _: &Packet<Be128>, _: Be128, _: Be128) -> bool {
-        false
     }
 }

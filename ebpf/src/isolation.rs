@@ -1,6 +1,6 @@
 //! Cross-cluster isolation (`isthmus_common::isolation`): what a segregated
 //! peer may open connections to, and the flows our side opened towards it,
-//! whose replies pass.
+//! whose replies pass; one pair of tables per address family.
 
 use core::{mem::MaybeUninit, ptr::addr_of_mut};
 
@@ -10,11 +10,12 @@ use aya_ebpf::{
 use isthmus_common::{
     conntrack::{FlowKey, TcpState},
     ipv4::{PROTO_ICMP, PROTO_TCP},
+    ipv6::PROTO_ICMPV6,
     isolation::{AllowKey, PeerFlow, reply_key},
     names::{DEFAULT_ALLOWED, DEFAULT_PEER_FLOWS},
     room::{FlowTable, Short},
     tcp::{ACK, SYN},
-    wire::Be32,
+    wire::{Address, Be32, Be128},
 };
 
 use crate::{
@@ -24,15 +25,64 @@ use crate::{
     room, stack,
 };
 
-/// What segregated peers may open connections to.
-#[btf_map(name = "ist_allowed")]
-static ALLOWED: HashMap<AllowKey, u8, { DEFAULT_ALLOWED as usize }, ON_DEMAND> = HashMap::new();
+/// A family's allowed table: what segregated peers may open connections to.
+type Allowed<A> = HashMap<AllowKey<A>, u8, { DEFAULT_ALLOWED as usize }, ON_DEMAND>;
 
-/// Flows our side opened towards segregated peers, keyed as their replies
-/// arrive.
+/// A family's flows our side opened towards segregated peers, keyed as
+/// their replies arrive.
+type Flows<A> = HashMap<FlowKey<A>, PeerFlow, { DEFAULT_PEER_FLOWS as usize }, ON_DEMAND>;
+
+#[btf_map(name = "ist_allowed")]
+static ALLOWED: Allowed<Be32> = HashMap::new();
+
+#[btf_map(name = "ist_allowed6")]
+static ALLOWED6: Allowed<Be128> = HashMap::new();
+
 #[btf_map(name = "ist_peer_flows")]
-static FLOWS: HashMap<FlowKey, PeerFlow, { DEFAULT_PEER_FLOWS as usize }, ON_DEMAND> =
-    HashMap::new();
+static FLOWS: Flows<Be32> = HashMap::new();
+
+#[btf_map(name = "ist_peer_flows6")]
+static FLOWS6: Flows<Be128> = HashMap::new();
+
+/// An address family's isolation tables. Both families' flows are charged
+/// to one room per peer ([`FlowTable::PeerFlows`]): a peer's share bounds
+/// what it holds in both.
+pub trait Tables: Address + 'static {
+    /// Its ICMP's protocol number, whose echo identifier is our port.
+    const ICMP: u8;
+    /// What segregated peers may open connections to.
+    fn allowed() -> &'static Allowed<Self>;
+    /// The flows our side opened towards them.
+    fn flows() -> &'static Flows<Self>;
+}
+
+impl Tables for Be32 {
+    const ICMP: u8 = PROTO_ICMP;
+
+    #[inline(always)]
+    fn allowed() -> &'static Allowed<Self> {
+        &ALLOWED
+    }
+
+    #[inline(always)]
+    fn flows() -> &'static Flows<Self> {
+        &FLOWS
+    }
+}
+
+impl Tables for Be128 {
+    const ICMP: u8 = PROTO_ICMPV6;
+
+    #[inline(always)]
+    fn allowed() -> &'static Allowed<Self> {
+        &ALLOWED6
+    }
+
+    #[inline(always)]
+    fn flows() -> &'static Flows<Self> {
+        &FLOWS6
+    }
+}
 
 /// The table of flows towards segregated peers is full.
 pub struct Full;
@@ -43,11 +93,11 @@ pub struct Full;
 /// connection the peer opened (to what it is allowed to reach): it is no
 /// flow of ours, and starts none.
 #[inline(always)]
-pub fn remember(peer_id: u32, t: &Transport, ours: Be32, theirs: Be32) -> Result<(), Full> {
+pub fn remember<A: Tables>(peer_id: u32, t: &Transport, ours: A, theirs: A) -> Result<(), Full> {
     let key = reply_key(t.proto, ours, t.sport, theirs, t.dport);
     // SAFETY: bpf_ktime_get_ns has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
-    if let Some(entry) = FLOWS.get_ptr_mut(&key) {
+    if let Some(entry) = A::flows().get_ptr_mut(&key) {
         // SAFETY: fields of a valid entry pointer from the map.
         unsafe {
             let ours_at = addr_of_mut!((*entry).ours);
@@ -68,7 +118,7 @@ pub fn remember(peer_id: u32, t: &Transport, ours: Be32, theirs: Be32) -> Result
     life.theirs = TcpState::None as u8;
     life.owner = peer_id;
     life.last_seen = now;
-    match FLOWS.insert(&key, life, BPF_NOEXIST as u64) {
+    match A::flows().insert(&key, life, BPF_NOEXIST as u64) {
         Ok(()) => Ok(()),
         Err(e) => {
             room::give_back(FlowTable::PeerFlows, peer_id);
@@ -86,7 +136,7 @@ pub fn remember(peer_id: u32, t: &Transport, ours: Be32, theirs: Be32) -> Result
 /// to `ours` (translated), may go on. An ICMP error passes when the flow
 /// it quotes would.
 #[inline(always)]
-pub fn admits(peer_id: u32, pkt: &Packet<Be32>, theirs: Be32, ours: Be32) -> bool {
+pub fn admits<A: Tables>(peer_id: u32, pkt: &Packet<A>, theirs: A, ours: A) -> bool {
     if let Some(err) = &pkt.icmp_error {
         // The quoted packet went from us to the peer: its source port is ours.
         // An error is no answer: it keeps the flow, and changes no state
@@ -94,7 +144,7 @@ pub fn admits(peer_id: u32, pkt: &Packet<Be32>, theirs: Be32, ours: Be32) -> boo
         return err.quoted_flow.is_some_and(|f| {
             reply(
                 reply_key(f.proto, ours, f.sport, err.quoted.dst, f.dport),
-                PROTO_ICMP,
+                A::ICMP,
                 0,
             ) || allowed(peer_id, ours, f.proto, f.sport)
         });
@@ -102,11 +152,7 @@ pub fn admits(peer_id: u32, pkt: &Packet<Be32>, theirs: Be32, ours: Be32) -> boo
     match &pkt.transport {
         Some(t) => {
             // Arriving, our port is the destination's; an echo's identifier either way.
-            let our_port = if t.proto == PROTO_ICMP {
-                t.sport
-            } else {
-                t.dport
-            };
+            let our_port = if t.proto == A::ICMP { t.sport } else { t.dport };
             let key = reply_key(t.proto, ours, our_port, theirs, t.sport);
             reply(key, t.proto, t.tcp_flags) || allowed(peer_id, ours, t.proto, t.dport)
         }
@@ -118,8 +164,8 @@ pub fn admits(peer_id: u32, pkt: &Packet<Be32>, theirs: Be32, ours: Be32) -> boo
 /// Whether `key` is a reply to a flow our side opened; it records the
 /// peer's side of the flow.
 #[inline(always)]
-fn reply(key: FlowKey, proto: u8, tcp_flags: u8) -> bool {
-    let Some(entry) = FLOWS.get_ptr_mut(&key) else {
+fn reply<A: Tables>(key: FlowKey<A>, proto: u8, tcp_flags: u8) -> bool {
+    let Some(entry) = A::flows().get_ptr_mut(&key) else {
         return false;
     };
     // SAFETY: bpf_ktime_get_ns has no preconditions.
@@ -136,13 +182,13 @@ fn reply(key: FlowKey, proto: u8, tcp_flags: u8) -> bool {
 
 /// Whether `addr`'s `port` on `proto`, or any port of it, is open to the peer.
 #[inline(always)]
-fn allowed(peer_id: u32, addr: Be32, proto: u8, port: u16) -> bool {
+fn allowed<A: Tables>(peer_id: u32, addr: A, proto: u8, port: u16) -> bool {
     exists(&AllowKey::endpoint(peer_id, addr, proto, port))
         || exists(&AllowKey::any_port(peer_id, addr))
 }
 
 #[inline(always)]
-fn exists(key: &AllowKey) -> bool {
+fn exists<A: Tables>(key: &AllowKey<A>) -> bool {
     // SAFETY: only presence is read.
-    unsafe { ALLOWED.get(key) }.is_some()
+    unsafe { A::allowed().get(key) }.is_some()
 }

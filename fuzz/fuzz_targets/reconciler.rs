@@ -56,6 +56,7 @@ type Peers6 = Table<ipnet::Ipv6Net, PeerNat<isthmus_common::wire::Be128>>;
 type Mappings = Table<MappingKey, Be32>;
 type Mappings6 = Table<MappingKey<isthmus_common::wire::Be128>, isthmus_common::wire::Be128>;
 type Allowed = Table<AllowKey, u8>;
+type Allowed6 = Table<AllowKey<isthmus_common::wire::Be128>, u8>;
 
 const NETS: [&str; 9] = [
     "10.0.0.0/24",
@@ -165,13 +166,16 @@ fn mapping_yaml(m: &Mapping) -> String {
     yaml
 }
 
-fn feed<P, M, A, P6, M6>(r: &mut Reconciler<P, M, A, P6, M6>, files: &BTreeMap<String, String>)
-where
+fn feed<P, M, A, P6, M6, A6>(
+    r: &mut Reconciler<P, M, A, P6, M6, A6>,
+    files: &BTreeMap<String, String>,
+) where
     P: isthmus_agent::kernel::table::PeerTable<Error = Infallible>,
     M: isthmus_agent::kernel::table::MappingTable<Error = Infallible>,
     A: isthmus_agent::kernel::table::AllowedTable<Error = Infallible>,
     P6: isthmus_agent::kernel::table::PeerTable6<Error = Infallible>,
     M6: isthmus_agent::kernel::table::MappingTable6<Error = Infallible>,
+    A6: isthmus_agent::kernel::table::AllowedTable6<Error = Infallible>,
 {
     for (file, text) in files {
         r.set_origin(file.clone(), parse_documents(file.as_ref(), text));
@@ -185,13 +189,17 @@ struct Tables {
     mappings: Mappings,
     mappings6: Mappings6,
     allowed: Allowed,
+    allowed6: Allowed6,
 }
 
 /// A reconciler over `tables`.
-fn reconciler(tables: &Tables) -> Reconciler<Peers, Mappings, Allowed, Peers6, Mappings6> {
+fn reconciler(
+    tables: &Tables,
+) -> Reconciler<Peers, Mappings, Allowed, Peers6, Mappings6, Allowed6> {
     let ipv6 = Ipv6Tables {
         peers: tables.peers6.clone(),
         mappings: tables.mappings6.clone(),
+        allowed: tables.allowed6.clone(),
     };
     Reconciler::dual_stack(
         tables.peers.clone(),
@@ -209,6 +217,7 @@ fuzz_target!(|ops: Vec<Op>| {
         mappings: Table(Rc::default()),
         mappings6: Table(Rc::default()),
         allowed: Table(Rc::default()),
+        allowed6: Table(Rc::default()),
     };
     let (peers, mappings) = (&tables.peers, &tables.mappings);
     let mut live = reconciler(&tables);

@@ -3,37 +3,54 @@
 //! controller, and NamespaceOffloadings with Liqo v0.10's status. The
 //! lab's, the benchmarks' and the tests' isolation objects.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use isthmus_common::liqo::namespace_map_name;
 
-/// A pod in `namespace` at `ip`, offloaded from the cluster
+/// A pod in `namespace` at `ips` (the first is `status.podIP`; a
+/// dual-stack pod has one of each family), offloaded from the cluster
 /// `origin_cluster_id`, or local with None.
-pub fn pod(name: &str, namespace: &str, origin_cluster_id: Option<&str>, ip: Ipv4Addr) -> String {
+pub fn pod<A: Into<IpAddr> + Copy>(
+    name: &str,
+    namespace: &str,
+    origin_cluster_id: Option<&str>,
+    ips: &[A],
+) -> String {
     let origin = origin_cluster_id
         .map(|id| {
             format!("\n    virtualkubelet.liqo.io/origin: {id}\n    liqo.io/managed-by: shadowpod")
         })
         .unwrap_or_default();
+    let ips: Vec<IpAddr> = ips.iter().map(|ip| (*ip).into()).collect();
+    let first = ips.first().map(IpAddr::to_string).unwrap_or_default();
+    let all: String = ips.iter().map(|ip| format!("  - ip: {ip}\n")).collect();
     format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {namespace}\n  labels:\n    app: {name}{origin}\n\
          spec:\n  containers:\n  - name: main\n    image: registry.k8s.io/pause:3.9\n\
-         status:\n  phase: Running\n  podIP: {ip}\n  podIPs:\n  - ip: {ip}\n"
+         status:\n  phase: Running\n  podIP: {first}\n  podIPs:\n{all}"
     )
 }
 
 /// The EndpointSlice Kubernetes' endpointslice controller writes for
-/// Service `service` in `namespace`: `addresses` on `ports` (name, port,
-/// protocol).
-pub fn endpoint_slice(
+/// Service `service` in `namespace`: `addresses`, all of one family, on
+/// `ports` (name, port, protocol). A dual-stack Service has one slice per
+/// family, named apart.
+pub fn endpoint_slice<A: Into<IpAddr> + Copy>(
     service: &str,
     namespace: &str,
-    addresses: &[Ipv4Addr],
+    addresses: &[A],
     ports: &[(&str, u16, &str)],
 ) -> String {
+    let ipv6 = addresses.first().is_some_and(|a| (*a).into().is_ipv6());
+    let (family, suffix) = if ipv6 {
+        ("IPv6", "m3q9w")
+    } else {
+        ("IPv4", "x7k2p")
+    };
     let endpoints: String = addresses
         .iter()
-        .map(|a| format!("- addresses:\n  - {a}\n  conditions:\n    ready: true\n    serving: true\n    terminating: false\n"))
+        .map(|a| (*a).into())
+        .map(|a: IpAddr| format!("- addresses:\n  - {a}\n  conditions:\n    ready: true\n    serving: true\n    terminating: false\n"))
         .collect();
     let ports: String = ports
         .iter()
@@ -42,9 +59,9 @@ pub fn endpoint_slice(
         })
         .collect();
     format!(
-        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {service}-x7k2p\n  namespace: {namespace}\n  generateName: {service}-\n\
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {service}-{suffix}\n  namespace: {namespace}\n  generateName: {service}-\n\
          \x20 labels:\n    endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io\n    kubernetes.io/service-name: {service}\n\
-         addressType: IPv4\nendpoints:\n{endpoints}ports:\n{ports}"
+         addressType: {family}\nendpoints:\n{endpoints}ports:\n{ports}"
     )
 }
 

@@ -11,14 +11,16 @@ use tracing::{debug, error, info, warn};
 use crate::{
     control::{
         reconcile::{
-            MemoryAllowedTable, MemoryMappingTable6, MemoryPeerTable6, Reconciler, Report,
+            MemoryAllowedTable, MemoryAllowedTable6, MemoryMappingTable6, MemoryPeerTable6,
+            Reconciler, Report,
         },
         source::SourceEvent,
         stages::Stages,
         status::{self, Feedback},
     },
     kernel::table::{
-        AllowedTable, MappingTable, MappingTable6, PeerTable, PeerTable6, TableFailure,
+        AllowedTable, AllowedTable6, MappingTable, MappingTable6, PeerTable, PeerTable6,
+        TableFailure,
     },
     model::{
         node::Node,
@@ -69,17 +71,25 @@ pub trait Host {
 }
 
 /// Everything the loop drives.
-pub struct RunLoop<P, M, H, A = MemoryAllowedTable, P6 = MemoryPeerTable6, M6 = MemoryMappingTable6>
-where
+pub struct RunLoop<
+    P,
+    M,
+    H,
+    A = MemoryAllowedTable,
+    P6 = MemoryPeerTable6,
+    M6 = MemoryMappingTable6,
+    A6 = MemoryAllowedTable6,
+> where
     P: PeerTable,
     M: MappingTable<Error = P::Error>,
     H: Host,
     A: AllowedTable<Error = P::Error>,
     P6: PeerTable6<Error = P::Error>,
     M6: MappingTable6<Error = P::Error>,
+    A6: AllowedTable6<Error = P::Error>,
 {
     /// From objects to the kernel's peer, NatMapping and allowed tables.
-    pub reconciler: Reconciler<P, M, A, P6, M6>,
+    pub reconciler: Reconciler<P, M, A, P6, M6, A6>,
     /// The tunnel and its routes, on a gateway.
     pub gateway: Option<Gateway>,
     /// On a worker: every peer's networks into the overlay, for the node's
@@ -100,7 +110,7 @@ where
     pub passed: watch::Sender<()>,
 }
 
-impl<P, M, H, A, P6, M6> RunLoop<P, M, H, A, P6, M6>
+impl<P, M, H, A, P6, M6, A6> RunLoop<P, M, H, A, P6, M6, A6>
 where
     P: PeerTable,
     M: MappingTable<Error = P::Error>,
@@ -108,6 +118,7 @@ where
     A: AllowedTable<Error = P::Error>,
     P6: PeerTable6<Error = P::Error>,
     M6: MappingTable6<Error = P::Error>,
+    A6: AllowedTable6<Error = P::Error>,
 {
     /// Applies source events until `stop` completes. Nothing is written
     /// before the source has sent every existing object, so a restart never
@@ -283,27 +294,29 @@ where
 }
 
 /// The kernel tables, as a pass writes them, with where it reports.
-struct Tables<'a, P, M, A, P6, M6>
+struct Tables<'a, P, M, A, P6, M6, A6>
 where
     P: PeerTable,
     M: MappingTable<Error = P::Error>,
     A: AllowedTable<Error = P::Error>,
     P6: PeerTable6<Error = P::Error>,
     M6: MappingTable6<Error = P::Error>,
+    A6: AllowedTable6<Error = P::Error>,
 {
-    reconciler: &'a mut Reconciler<P, M, A, P6, M6>,
+    reconciler: &'a mut Reconciler<P, M, A, P6, M6, A6>,
     metrics: &'a Metrics,
     /// Told of new rejections, where this gateway writes statuses.
     feedback: Option<&'a Feedback>,
 }
 
-impl<P, M, A, P6, M6> Tables<'_, P, M, A, P6, M6>
+impl<P, M, A, P6, M6, A6> Tables<'_, P, M, A, P6, M6, A6>
 where
     P: PeerTable,
     M: MappingTable<Error = P::Error>,
     A: AllowedTable<Error = P::Error>,
     P6: PeerTable6<Error = P::Error>,
     M6: MappingTable6<Error = P::Error>,
+    A6: AllowedTable6<Error = P::Error>,
 {
     /// Brings the kernel tables in line with the objects, and logs and
     /// counts what changed. Returns the first table that failed.
@@ -436,8 +449,8 @@ impl Retry {
 }
 
 /// Feeds one event to the reconciler. Returns true for the end of the initial sync.
-fn apply_event<P, M, A, P6, M6>(
-    reconciler: &mut Reconciler<P, M, A, P6, M6>,
+fn apply_event<P, M, A, P6, M6, A6>(
+    reconciler: &mut Reconciler<P, M, A, P6, M6, A6>,
     event: SourceEvent,
 ) -> bool
 where
@@ -446,6 +459,7 @@ where
     A: AllowedTable<Error = P::Error>,
     P6: PeerTable6<Error = P::Error>,
     M6: MappingTable6<Error = P::Error>,
+    A6: AllowedTable6<Error = P::Error>,
 {
     match event {
         SourceEvent::Origin { origin, documents } => reconciler.set_origin(origin, documents),

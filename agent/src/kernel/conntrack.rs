@@ -306,19 +306,31 @@ where
     }
 }
 
-/// The flows our side opened towards segregated peers (`ist_peer_flows`),
-/// one entry each, keyed as their replies arrive.
-pub struct PeerFlows(HashMap<MapData, FlowKey, PeerFlow>);
+/// The flows our side opened towards segregated peers (`ist_peer_flows`
+/// and `ist_peer_flows6`), one entry each, keyed as their replies arrive.
+pub struct PeerFlows {
+    flows: HashMap<MapData, FlowKey, PeerFlow>,
+    flows6: HashMap<MapData, FlowKey<Be128>, PeerFlow>,
+}
 
 impl PeerFlows {
-    /// Wraps the map taken from a freshly loaded object.
-    pub fn new(map: Map) -> Result<Self, MapError> {
-        Ok(Self(map.try_into()?))
+    /// Wraps the maps taken from a freshly loaded object: IPv4's, then
+    /// IPv6's.
+    pub fn new(flows: Map, flows6: Map) -> Result<Self, MapError> {
+        Ok(Self {
+            flows: flows.try_into()?,
+            flows6: flows6.try_into()?,
+        })
     }
 
-    /// Every entry, as the kernel holds it now.
+    /// Every IPv4 entry, as the kernel holds it now.
     pub fn entries(&self) -> Result<Vec<(FlowKey, PeerFlow)>, MapError> {
-        batch::entries(self.0.map())
+        batch::entries(self.flows.map())
+    }
+
+    /// Every IPv6 entry, as the kernel holds it now.
+    pub fn entries6(&self) -> Result<Vec<(FlowKey<Be128>, PeerFlow)>, MapError> {
+        batch::entries(self.flows6.map())
     }
 }
 
@@ -327,36 +339,51 @@ impl SweptTable for PeerFlows {
 
     /// With the conntrack's lifetimes, each direction judged by what it said.
     fn flows(&self, now: u64, timeouts: &Timeouts) -> Result<Vec<Tracked>, MapError> {
-        Ok(self
-            .entries()?
-            .into_iter()
-            .map(|(key, flow)| Tracked {
-                keys: [key.into(), key.into()],
-                entries: 1,
-                owner: flow.owner,
-                answered: flow.answered != 0,
-                last_seen: flow.last_seen,
-                dead: flow.expired(key.proto, timeouts, now),
-                closed: closed(key.proto, flow.ours, flow.theirs),
-            })
-            .collect())
+        let mut flows = single(&self.entries()?, now, timeouts);
+        flows.extend(single(&self.entries6()?, now, timeouts));
+        Ok(flows)
     }
 
-    /// Its keys are IPv4's alone.
     fn remove(&mut self, keys: &[TrackedKey]) -> usize {
         keys.iter()
-            .filter(|key| matches!(key, TrackedKey::V4(key) if self.0.remove(key).is_ok()))
+            .filter(|key| match key {
+                TrackedKey::V4(key) => self.flows.remove(key).is_ok(),
+                TrackedKey::V6(key) => self.flows6.remove(key).is_ok(),
+            })
             .count()
     }
 
     fn still_closed(&self, flow: &Tracked) -> bool {
-        let TrackedKey::V4(key) = &flow.keys[0] else {
-            return false;
+        let state = match &flow.keys[0] {
+            TrackedKey::V4(key) => self.flows.get(key, 0).map(|f| (key.proto, f)),
+            TrackedKey::V6(key) => self.flows6.get(key, 0).map(|f| (key.proto, f)),
         };
-        self.0
-            .get(key, 0)
-            .is_ok_and(|f| closed(key.proto, f.ours, f.theirs))
+        state.is_ok_and(|(proto, f)| closed(proto, f.ours, f.theirs))
     }
+}
+
+/// The flows towards segregated peers in a table's `entries`: one entry
+/// each.
+fn single<A: Copy>(
+    entries: &[(FlowKey<A>, PeerFlow)],
+    now: u64,
+    timeouts: &Timeouts,
+) -> Vec<Tracked>
+where
+    TrackedKey: From<FlowKey<A>>,
+{
+    entries
+        .iter()
+        .map(|(key, flow)| Tracked {
+            keys: [(*key).into(), (*key).into()],
+            entries: 1,
+            owner: flow.owner,
+            answered: flow.answered != 0,
+            last_seen: flow.last_seen,
+            dead: flow.expired(key.proto, timeouts, now),
+            closed: closed(key.proto, flow.ours, flow.theirs),
+        })
+        .collect()
 }
 
 /// The masquerade's flows in its table's `entries`: both entries of a flow

@@ -164,6 +164,10 @@ impl<T: KernelTable<Key = MappingKey<Be128>, Value = Be128>> MappingTable6 for T
 pub trait AllowedTable: KernelTable<Key = AllowKey, Value = u8> {}
 impl<T: KernelTable<Key = AllowKey, Value = u8>> AllowedTable for T {}
 
+/// The IPv6 allowed table, or a stand-in.
+pub trait AllowedTable6: KernelTable<Key = AllowKey<Be128>, Value = u8> {}
+impl<T: KernelTable<Key = AllowKey<Be128>, Value = u8>> AllowedTable6 for T {}
+
 /// A kernel table and a mirror of what it holds, so that a pass writes
 /// only what changed.
 pub(crate) struct Mirror<T: KernelTable> {

@@ -2,7 +2,10 @@
 //! maps pinned under `--bpffs`, so it works while the agent is down. Each
 //! view is a table of strings, printed aligned or as JSON.
 
-use std::{net::Ipv4Addr, path::Path};
+use std::{
+    net::{Ipv4Addr, Ipv6Addr},
+    path::Path,
+};
 
 use aya::maps::{HashMap, MapData, MapError};
 use clap::ValueEnum;
@@ -12,7 +15,7 @@ use isthmus_common::{
     names,
     nat::{MappingKey, PeerKey, PeerNat, PrefixRewrite},
     pins::Pins,
-    wire::Be32,
+    wire::{Be32, Be128},
 };
 use thiserror::Error;
 
@@ -28,7 +31,7 @@ pub enum View {
     /// NatMapping entries: externalIP to endpointIP, per peer (`ist_natmap`).
     Natmap,
     /// What segregated peers may open connections to, per peer
-    /// (`ist_allowed`).
+    /// (`ist_allowed`, `ist_allowed6`).
     Allowed,
     /// Masqueraded flows (`ist_conntrack`).
     Conntrack,
@@ -223,26 +226,30 @@ fn natmap(root: &Path) -> Result<Table, InspectError> {
 }
 
 fn allowed(root: &Path) -> Result<Table, InspectError> {
-    let mut rows: Vec<Vec<String>> = entries::<AllowKey, u8>(root, names::MAP_ALLOWED)?
+    let ipv4 = entries::<AllowKey, u8>(root, names::MAP_ALLOWED)?;
+    let ipv6 = entries::<AllowKey<Be128>, u8>(root, names::MAP_ALLOWED6)?;
+    let mut rows: Vec<Vec<String>> = ipv4
         .into_iter()
-        .map(|(key, _)| {
-            let (proto, port) = match key.proto {
-                0 => ("any".to_owned(), "any".to_owned()),
-                proto => (protocol(proto).to_owned(), key.port.to_string()),
-            };
-            vec![
-                key.peer_id.to_string(),
-                addr(key.addr).to_string(),
-                proto,
-                port,
-            ]
-        })
+        .map(|(key, _)| allowed_row(key, addr(key.addr).to_string()))
+        .chain(
+            ipv6.into_iter()
+                .map(|(key, _)| allowed_row(key, Ipv6Addr::from(key.addr).to_string())),
+        )
         .collect();
     rows.sort();
     Ok(Table {
         columns: vec!["peer_id", "address", "protocol", "port"],
         rows,
     })
+}
+
+/// An allowed entry of either family, its address shown as `address`.
+fn allowed_row<A>(key: AllowKey<A>, address: String) -> Vec<String> {
+    let (proto, port) = match key.proto {
+        0 => ("any".to_owned(), "any".to_owned()),
+        proto => (protocol(proto).to_owned(), key.port.to_string()),
+    };
+    vec![key.peer_id.to_string(), address, proto, port]
 }
 
 fn conntrack(root: &Path) -> Result<Table, InspectError> {

@@ -29,7 +29,7 @@ use crate::{
     conntrack::{self, Refused},
     csum,
     family::Family,
-    maps,
+    isolation, maps,
     mss::{self, Oversized},
     parse::{
         ICMP_CHECK, ICMP_ECHO_ID, Ip, Malformed, Packet, Parsed, PseudoCsum, Reading, Transport,
@@ -291,7 +291,7 @@ fn translate<F: Family>(
             if peer.flags & SEGREGATED != 0
                 && rewrite.kinds & Kind::Masquerade.bit() == 0
                 && let Some(t) = pkt.transport.as_ref().filter(|t| outbound_kind::<F>(t))
-                && !F::remember(peer.peer_id, t, own, pkt.ip.dst)
+                && isolation::remember(peer.peer_id, t, own, pkt.ip.dst).is_err()
             {
                 return Ok(Verdict::Dropped(DropReason::PeerFlowsFull));
             }
@@ -528,7 +528,7 @@ fn denied<F: Family>(
         .any(|rule| rule.active != 0 && dst.masked(rule.mask) == rule.to)
     {
         let segregated = peer.flags & SEGREGATED != 0;
-        return (segregated && !F::admits(peer.peer_id, pkt, pkt.ip.src, dst))
+        return (segregated && !isolation::admits(peer.peer_id, pkt, pkt.ip.src, dst))
             .then_some(DenyReason::NotAllowed);
     }
     // The masquerade's stage sends on only the masquerade address, one of

@@ -8,7 +8,7 @@ pub mod options;
 use std::{collections::BTreeMap, net::IpAddr, sync::Arc};
 
 use anyhow::{Context, Result, bail};
-use isthmus_common::{isolation::AllowKey, tcp};
+use isthmus_common::{isolation::AllowKey, tcp, wire::Be128};
 use tokio::{
     signal::unix,
     sync::{mpsc, watch},
@@ -141,7 +141,14 @@ async fn run_confined(args: RunArgs, runtime_filtered: bool) -> Result<()> {
 }
 
 /// The reconciler over the kernel's own tables.
-type KernelReconciler = Reconciler<PeerMap, MappingMap, ByteHash<AllowKey>, PeerMap6, MappingMap6>;
+type KernelReconciler = Reconciler<
+    PeerMap,
+    MappingMap,
+    ByteHash<AllowKey>,
+    PeerMap6,
+    MappingMap6,
+    ByteHash<AllowKey<Be128>>,
+>;
 
 /// This node's role: as `--role` says, or, from the API, by its label.
 async fn role(args: &RunArgs, client: Option<&kube::Client>) -> Result<Role> {
@@ -175,6 +182,7 @@ fn reconciler(args: &RunArgs, dataplane: &mut Dataplane) -> Result<KernelReconci
     let ipv6 = Ipv6Tables {
         peers: dataplane.take_peer_map6()?,
         mappings: dataplane.take_mapping_map6()?,
+        allowed: dataplane.take_allowed6()?,
     };
     let mut reconciler = Reconciler::dual_stack(
         dataplane.take_peer_map()?,

@@ -2,12 +2,36 @@
 //! peer may open connections to, from what was offloaded from it and what
 //! is exported to it.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    net::IpAddr,
+};
 
-use isthmus_common::{isolation::AllowKey, liqo::namespace_map_name, wire::Be32};
+use isthmus_common::{
+    isolation::AllowKey,
+    liqo::namespace_map_name,
+    wire::{Be32, Be128},
+};
 
 use super::Valid;
 use crate::model::{offloading::ExportedPort, peer::Peer};
+
+/// The allowed tables' entries, one table per family.
+#[derive(Debug, Default)]
+pub(super) struct Allowed {
+    pub(super) ipv4: BTreeMap<AllowKey, u8>,
+    pub(super) ipv6: BTreeMap<AllowKey<Be128>, u8>,
+}
+
+impl Allowed {
+    /// Opens `addr` to peer `peer_id` on `port`, in its family's table.
+    fn insert(&mut self, peer_id: u32, addr: IpAddr, port: ExportedPort) {
+        match addr {
+            IpAddr::V4(addr) => self.ipv4.insert(key(peer_id, Be32::from(addr), port), 1),
+            IpAddr::V6(addr) => self.ipv6.insert(key(peer_id, Be128::from(addr), port), 1),
+        };
+    }
+}
 
 /// Every entry the `segregated` peers (with their IDs) are owed by the
 /// objects: each pod offloaded from a peer on any port, and each endpoint
@@ -15,8 +39,8 @@ use crate::model::{offloading::ExportedPort, peer::Peer};
 pub(super) fn desired<'a>(
     segregated: &[(u32, &Peer)],
     objects: impl Iterator<Item = &'a Valid> + Clone,
-) -> BTreeMap<AllowKey, u8> {
-    let mut allowed = BTreeMap::new();
+) -> Allowed {
+    let mut allowed = Allowed::default();
     if segregated.is_empty() {
         return allowed;
     }
@@ -62,7 +86,7 @@ pub(super) fn desired<'a>(
                     .flatten()
                 {
                     for addr in &pod.addresses {
-                        allowed.insert(AllowKey::any_port(*id, Be32::from(*addr)), 1);
+                        allowed.insert(*id, *addr, ExportedPort::Any);
                     }
                 }
             }
@@ -73,7 +97,7 @@ pub(super) fn desired<'a>(
                 for id in peers {
                     for addr in &slice.addresses {
                         for port in &slice.ports {
-                            allowed.insert(key(*id, Be32::from(*addr), *port), 1);
+                            allowed.insert(*id, *addr, *port);
                         }
                     }
                 }
@@ -84,7 +108,7 @@ pub(super) fn desired<'a>(
     allowed
 }
 
-fn key(peer_id: u32, addr: Be32, port: ExportedPort) -> AllowKey {
+fn key<A: Copy>(peer_id: u32, addr: A, port: ExportedPort) -> AllowKey<A> {
     match port {
         ExportedPort::Exact { proto, port } => AllowKey::endpoint(peer_id, addr, proto, port),
         ExportedPort::Any => AllowKey::any_port(peer_id, addr),

@@ -15,7 +15,9 @@ use isthmus_common::{
 
 use super::{Reconciler, Valid, conflict::view_mismatch, ip_mappings, share};
 use crate::{
-    kernel::table::{AllowedTable, MappingTable, MappingTable6, PeerTable, PeerTable6},
+    kernel::table::{
+        AllowedTable, AllowedTable6, MappingTable, MappingTable6, PeerTable, PeerTable6,
+    },
     model::{
         cidr::Cidr,
         natmapping::{self, FieldNames, MappingProblem, Mappings, NatMapping},
@@ -35,13 +37,14 @@ pub(super) struct Desired {
     pub(super) ipv6: BTreeMap<MappingKey<Be128>, Be128>,
 }
 
-impl<P, M, A, P6, M6> Reconciler<P, M, A, P6, M6>
+impl<P, M, A, P6, M6, A6> Reconciler<P, M, A, P6, M6, A6>
 where
     P: PeerTable,
     M: MappingTable<Error = P::Error>,
     A: AllowedTable<Error = P::Error>,
     P6: PeerTable6<Error = P::Error>,
     M6: MappingTable6<Error = P::Error>,
+    A6: AllowedTable6<Error = P::Error>,
 {
     /// The NatMapping entries to program: one NatMapping per cluster, held
     /// while its cluster has no accepted TunnelEndpoint, each entry checked

@@ -29,8 +29,8 @@ use validate::{read_by_selection, validate};
 
 use crate::{
     kernel::table::{
-        AllowedTable, MappingTable, MappingTable6, MemoryTable, Mirror, PeerTable, PeerTable6,
-        TableFailure,
+        AllowedTable, AllowedTable6, MappingTable, MappingTable6, MemoryTable, Mirror, PeerTable,
+        PeerTable6, TableFailure,
     },
     model::{
         lease::LeaseRecord,
@@ -104,6 +104,8 @@ pub type MemoryAllowedTable = MemoryTable<AllowKey, u8>;
 pub type MemoryPeerTable6 = MemoryTable<Ipv6Net, PeerNat<Be128>>;
 /// An IPv6 NatMapping table in memory.
 pub type MemoryMappingTable6 = MemoryTable<MappingKey<Be128>, Be128>;
+/// An IPv6 allowed table in memory.
+pub type MemoryAllowedTable6 = MemoryTable<AllowKey<Be128>, u8>;
 
 /// Keeps the kernel's tables equal to what the objects describe.
 pub struct Reconciler<
@@ -112,12 +114,14 @@ pub struct Reconciler<
     A: AllowedTable = MemoryAllowedTable,
     P6: PeerTable6 = MemoryPeerTable6,
     M6: MappingTable6 = MemoryMappingTable6,
+    A6: AllowedTable6 = MemoryAllowedTable6,
 > {
     peer_table: Mirror<P>,
     peer6_table: Mirror<P6>,
     mapping_table: Mirror<M>,
     mapping6_table: Mirror<M6>,
     allowed_table: Mirror<A>,
+    allowed6_table: Mirror<A6>,
     /// Each origin's documents, validated once when the origin changes.
     origins: BTreeMap<String, Vec<Result<Valid, Rejection>>>,
     /// Order of acceptance: a peer accepted earlier wins an overlap.
@@ -162,41 +166,48 @@ where
         let ipv6 = Ipv6Tables {
             peers: MemoryPeerTable6::default(),
             mappings: MemoryMappingTable6::default(),
+            allowed: MemoryAllowedTable6::default(),
         };
         Self::dual_stack(peers, mappings, allowed, ipv6)
     }
 }
 
 /// The IPv6 tables a reconciler writes beside the IPv4 ones.
-pub struct Ipv6Tables<P6, M6> {
+pub struct Ipv6Tables<P6, M6, A6> {
     /// The peers' IPv6 networks.
     pub peers: P6,
     /// The NatMappings' IPv6 entries.
     pub mappings: M6,
+    /// What segregated peers may open connections to, of our IPv6
+    /// addresses.
+    pub allowed: A6,
 }
 
-impl<P, M, A, P6, M6> Reconciler<P, M, A, P6, M6>
+impl<P, M, A, P6, M6, A6> Reconciler<P, M, A, P6, M6, A6>
 where
     P: PeerTable,
     M: MappingTable<Error = P::Error>,
     A: AllowedTable<Error = P::Error>,
     P6: PeerTable6<Error = P::Error>,
     M6: MappingTable6<Error = P::Error>,
+    A6: AllowedTable6<Error = P::Error>,
 {
     /// Starts from what the tables already hold (a previous agent's work),
-    /// with Liqo's default policy, writing the peers' IPv6 networks and
-    /// the NatMappings' IPv6 entries to `ipv6`'s tables.
+    /// with Liqo's default policy, writing the peers' IPv6 networks, the
+    /// NatMappings' IPv6 entries and the IPv6 allowed entries to `ipv6`'s
+    /// tables.
     pub fn dual_stack(
         peers: P,
         mappings: M,
         allowed: A,
-        ipv6: Ipv6Tables<P6, M6>,
+        ipv6: Ipv6Tables<P6, M6, A6>,
     ) -> Result<Self, P::Error> {
         let peer_table = Mirror::new(peers)?;
         let peer6_table = Mirror::new(ipv6.peers)?;
         let mapping_table = Mirror::new(mappings)?;
         let mapping6_table = Mirror::new(ipv6.mappings)?;
         let allowed_table = Mirror::new(allowed)?;
+        let allowed6_table = Mirror::new(ipv6.allowed)?;
         Ok(Self {
             inherited: peer_table.applied().clone(),
             peer_table,
@@ -204,6 +215,7 @@ where
             mapping_table,
             mapping6_table,
             allowed_table,
+            allowed6_table,
             origins: BTreeMap::new(),
             seniority: HashMap::new(),
             next_seniority: 0,
@@ -341,7 +353,14 @@ where
         );
         let mapping_failure = mapping_failure.or(mapping6_failure);
         let (allowed_written, allowed_removed, allowed_failure) =
-            self.allowed_table.apply(&allowed);
+            self.allowed_table.apply(&allowed.ipv4);
+        let (allowed6_written, allowed6_removed, allowed6_failure) =
+            self.allowed6_table.apply(&allowed.ipv6);
+        let (allowed_written, allowed_removed) = (
+            allowed_written + allowed6_written,
+            allowed_removed + allowed6_removed,
+        );
+        let allowed_failure = allowed_failure.or(allowed6_failure);
         let report = Report {
             written,
             removed,
@@ -351,7 +370,7 @@ where
             mappings: self.mapping_table.applied().len() + self.mapping6_table.applied().len(),
             allowed_written,
             allowed_removed,
-            allowed: self.allowed_table.applied().len(),
+            allowed: self.allowed_table.applied().len() + self.allowed6_table.applied().len(),
             rejected: errors.len(),
             added: before.as_ref().map_or_else(Vec::new, |before| {
                 self.accepted
@@ -501,7 +520,7 @@ where
     /// accepted first by this agent, then held by the kernel when it
     /// started (both views, written for this very object), then by origin
     /// and name.
-    fn rank(&self, p: &Peer) -> impl Ord + use<P, M, A, P6, M6> {
+    fn rank(&self, p: &Peer) -> impl Ord + use<P, M, A, P6, M6, A6> {
         let accepted = self.seniority.get(&p.key).copied().unwrap_or(u64::MAX);
         let owner = p.owner();
         let inherited = p.views().iter().all(|(_, view)| {

@@ -21,6 +21,7 @@ use isthmus_common::{
     isolation::AllowKey,
     names,
     pins::{Direction, Pins},
+    wire::Be128,
 };
 use thiserror::Error;
 use tracing::info;
@@ -179,7 +180,9 @@ impl Dataplane {
             (names::MAP_CONNTRACK, capacity.conntrack),
             (names::MAP_CONNTRACK6, capacity.conntrack),
             (names::MAP_ALLOWED, capacity.allowed),
+            (names::MAP_ALLOWED6, capacity.allowed),
             (names::MAP_PEER_FLOWS, capacity.peer_flows),
+            (names::MAP_PEER_FLOWS6, capacity.peer_flows),
         ];
         let object = aya_obj::Object::parse(OBJECT)?;
         let mut wanted = std::collections::HashMap::new();
@@ -321,6 +324,12 @@ impl Dataplane {
             .map_err(|e| DataplaneError::Map(names::MAP_ALLOWED, e))
     }
 
+    /// The IPv6 allowed table of segregated peers, for the reconciler.
+    pub fn take_allowed6(&mut self) -> Result<ByteHash<AllowKey<Be128>>, DataplaneError> {
+        ByteHash::new(self.take(names::MAP_ALLOWED6)?)
+            .map_err(|e| DataplaneError::Map(names::MAP_ALLOWED6, e))
+    }
+
     /// The masquerade's flow tables.
     pub fn take_conntrack(&mut self) -> Result<Conntrack, DataplaneError> {
         let flows = self.take(names::MAP_CONNTRACK)?;
@@ -335,10 +344,12 @@ impl Dataplane {
         MasqueradeSettings::new(ipv4, ipv6).map_err(|e| DataplaneError::Map(names::MAP_SNAT, e))
     }
 
-    /// The flows our side opened towards segregated peers.
+    /// The flows our side opened towards segregated peers, of both
+    /// families.
     pub fn take_peer_flows(&mut self) -> Result<PeerFlows, DataplaneError> {
-        let map = self.take(names::MAP_PEER_FLOWS)?;
-        PeerFlows::new(map).map_err(|e| DataplaneError::Map(names::MAP_PEER_FLOWS, e))
+        let flows = self.take(names::MAP_PEER_FLOWS)?;
+        let flows6 = self.take(names::MAP_PEER_FLOWS6)?;
+        PeerFlows::new(flows, flows6).map_err(|e| DataplaneError::Map(names::MAP_PEER_FLOWS, e))
     }
 
     /// Each owner's room in the flow tables.

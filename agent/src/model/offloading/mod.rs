@@ -10,7 +10,7 @@
 //!   each peer by its NamespaceMap (Liqo v0.5 on) or by its cluster ID
 //!   (v0.3 and v0.4).
 
-use std::{collections::BTreeSet, net::Ipv4Addr};
+use std::{collections::BTreeSet, net::IpAddr};
 
 use isthmus_common::ipv4::{PROTO_SCTP, PROTO_TCP, PROTO_UDP};
 use serde_yaml_ng::Value;
@@ -35,8 +35,9 @@ pub struct OffloadedPod {
     pub key: ObjectKey,
     /// The cluster ID of the peer it came from.
     pub origin_cluster: String,
-    /// Its IPv4 addresses; none once it has ended or while it has none.
-    pub addresses: Vec<Ipv4Addr>,
+    /// Its addresses, of both families; none once it has ended or while
+    /// it has none.
+    pub addresses: Vec<IpAddr>,
 }
 
 impl OffloadedPod {
@@ -59,10 +60,10 @@ impl OffloadedPod {
     }
 }
 
-/// `status.podIPs`, else `status.podIP`, IPv4 only. A pod that has ended
-/// holds none: its address may already be another pod's. A pod on the
-/// host's network has the node's address, which no peer may reach.
-fn pod_addresses(raw: &RawObject) -> Result<Vec<Ipv4Addr>, String> {
+/// `status.podIPs`, else `status.podIP`. A pod that has ended holds none:
+/// its address may already be another pod's. A pod on the host's network
+/// has the node's address, which no peer may reach.
+fn pod_addresses(raw: &RawObject) -> Result<Vec<IpAddr>, String> {
     let phase = raw.get(&["status", "phase"]).and_then(Value::as_str);
     let host_network = raw.get(&["spec", "hostNetwork"]).and_then(Value::as_bool);
     if matches!(phase, Some("Succeeded" | "Failed")) || host_network == Some(true) {
@@ -84,26 +85,19 @@ fn pod_addresses(raw: &RawObject) -> Result<Vec<Ipv4Addr>, String> {
             .collect(),
         Some(_) => return Err("field status.podIPs: not a list".into()),
     };
-    let mut addresses = Vec::new();
-    for (field, value) in texts {
-        if let Some(address) = ipv4_of(&field, value)? {
-            addresses.push(address);
-        }
-    }
-    Ok(addresses)
+    texts
+        .into_iter()
+        .map(|(field, value)| address_of(&field, value))
+        .collect()
 }
 
-/// An address field: IPv4, or IPv6 (skipped: the dataplane is IPv4).
-fn ipv4_of(field: &str, value: &Value) -> Result<Option<Ipv4Addr>, String> {
+/// An address field, of either family.
+fn address_of(field: &str, value: &Value) -> Result<IpAddr, String> {
     let text = value
         .as_str()
         .ok_or_else(|| format!("field {field}: {value:?} is not a string"))?;
-    if text.contains(':') {
-        return Ok(None);
-    }
     text.parse()
-        .map(Some)
-        .map_err(|_| format!("field {field}: {text:?} is not an IPv4 address"))
+        .map_err(|_| format!("field {field}: {text:?} is not an IP address"))
 }
 
 /// A port of an EndpointSlice.
@@ -126,25 +120,29 @@ pub struct ExportedSlice {
     /// The EndpointSlice; its namespace decides which peers it is exported to.
     pub key: ObjectKey,
     /// Every address of every endpoint, ready or not: a connection to an
-    /// endpoint that is shutting down must not break mid-way.
-    pub addresses: Vec<Ipv4Addr>,
+    /// endpoint that is shutting down must not break mid-way. All of the
+    /// family its `addressType` names.
+    pub addresses: Vec<IpAddr>,
     /// Its ports.
     pub ports: Vec<ExportedPort>,
 }
 
 impl ExportedSlice {
     /// Reads an EndpointSlice; None when another controller manages it or
-    /// its addresses are not IPv4.
+    /// its addresses are FQDNs.
     pub fn from_raw(raw: &RawObject, origin: &str) -> Result<Option<Self>, ObjectError> {
-        if raw.label(MANAGED_BY_LABEL).as_deref() != Some(ENDPOINTSLICE_CONTROLLER)
-            || raw.get(&["addressType"]).and_then(Value::as_str) != Some("IPv4")
-        {
+        let ipv6 = match raw.get(&["addressType"]).and_then(Value::as_str) {
+            Some("IPv4") => false,
+            Some("IPv6") => true,
+            _ => return Ok(None),
+        };
+        if raw.label(MANAGED_BY_LABEL).as_deref() != Some(ENDPOINTSLICE_CONTROLLER) {
             return Ok(None);
         }
         let error = |problem| ObjectError::new(origin, ObjectKind::EndpointSlice, raw, problem);
         Ok(Some(Self {
             key: raw.key.clone(),
-            addresses: slice_addresses(raw).map_err(error)?,
+            addresses: slice_addresses(raw, ipv6).map_err(error)?,
             ports: slice_ports(raw).map_err(error)?,
         }))
     }
@@ -159,7 +157,9 @@ fn list<'a>(raw: &'a RawObject, field: &str) -> Result<&'a [Value], String> {
     }
 }
 
-fn slice_addresses(raw: &RawObject) -> Result<Vec<Ipv4Addr>, String> {
+/// The endpoints' addresses, each of the family `addressType` names
+/// (IPv6 when `ipv6`).
+fn slice_addresses(raw: &RawObject, ipv6: bool) -> Result<Vec<IpAddr>, String> {
     let mut addresses = Vec::new();
     for (i, endpoint) in list(raw, "endpoints")?.iter().enumerate() {
         let Some(Value::Sequence(texts)) = endpoint.get("addresses") else {
@@ -167,10 +167,12 @@ fn slice_addresses(raw: &RawObject) -> Result<Vec<Ipv4Addr>, String> {
         };
         for (j, text) in texts.iter().enumerate() {
             let field = format!("endpoints[{i}].addresses[{j}]");
-            match ipv4_of(&field, text)? {
-                Some(address) => addresses.push(address),
-                None => return Err(format!("field {field}: not IPv4, as addressType says")),
+            let address = address_of(&field, text)?;
+            if address.is_ipv6() != ipv6 {
+                let family = if ipv6 { "IPv6" } else { "IPv4" };
+                return Err(format!("field {field}: not {family}, as addressType says"));
             }
+            addresses.push(address);
         }
     }
     Ok(addresses)

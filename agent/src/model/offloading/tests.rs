@@ -6,6 +6,10 @@ use std::path::Path;
 use super::*;
 use crate::model::object::{Object, parse_documents};
 
+fn ip(text: &str) -> IpAddr {
+    text.parse().unwrap()
+}
+
 fn raw(yaml: &str) -> RawObject {
     match parse_documents(Path::new("objects.yaml"), yaml).pop() {
         Some(Ok(
@@ -39,12 +43,12 @@ status:
 ";
 
 #[test]
-fn an_offloaded_pod_names_its_origin_and_ipv4_addresses() {
+fn an_offloaded_pod_names_its_origin_and_addresses_of_both_families() {
     let pod = OffloadedPod::from_raw(&raw(OFFLOADED_POD), "objects.yaml")
         .unwrap()
         .unwrap();
     assert_eq!(pod.origin_cluster, "cluster-a");
-    assert_eq!(pod.addresses, [Ipv4Addr::new(10, 244, 0, 133)]);
+    assert_eq!(pod.addresses, [ip("10.244.0.133"), ip("fd00:10:244::85")]);
     assert_eq!(pod.key.to_string(), "shop-a-34ab3e/web-7d4b9c-xk2lp");
 }
 
@@ -79,7 +83,7 @@ fn pods_not_offloaded_ended_or_on_the_host_network_open_nothing() {
 fn a_pod_with_only_the_single_address_field_is_read() {
     let single = OFFLOADED_POD.split("  podIPs:").next().unwrap().to_owned();
     let pod = OffloadedPod::from_raw(&raw(&single), "f").unwrap().unwrap();
-    assert_eq!(pod.addresses, [Ipv4Addr::new(10, 244, 0, 133)]);
+    assert_eq!(pod.addresses, [ip("10.244.0.133")]);
 }
 
 #[test]
@@ -91,7 +95,7 @@ fn a_broken_pod_is_refused_naming_the_field() {
     };
     assert_eq!(
         error(&OFFLOADED_POD.replace("- ip: 10.244.0.133", "- ip: 10.244.0.333")),
-        "objects.yaml: Pod shop-a-34ab3e/web-7d4b9c-xk2lp: field status.podIPs[0].ip: \"10.244.0.333\" is not an IPv4 address"
+        "objects.yaml: Pod shop-a-34ab3e/web-7d4b9c-xk2lp: field status.podIPs[0].ip: \"10.244.0.333\" is not an IP address"
     );
     assert!(
         error(&OFFLOADED_POD.replace("origin: cluster-a", "origin: \"\""))
@@ -152,10 +156,7 @@ ports:
 #[test]
 fn a_managed_slice_exports_every_address_on_its_ports() {
     let slice = ExportedSlice::from_raw(&raw(SLICE), "f").unwrap().unwrap();
-    assert_eq!(
-        slice.addresses,
-        [Ipv4Addr::new(10, 244, 0, 5), Ipv4Addr::new(10, 244, 0, 6)]
-    );
+    assert_eq!(slice.addresses, [ip("10.244.0.5"), ip("10.244.0.6")]);
     assert_eq!(
         slice.ports,
         [
@@ -175,6 +176,30 @@ fn a_managed_slice_exports_every_address_on_its_ports() {
     assert_eq!(slice.ports[1], ExportedPort::Any);
 }
 
+/// A dual-stack Service gets one slice per family: the IPv6 one is read
+/// as the IPv4 one.
+#[test]
+fn an_ipv6_slice_exports_its_ipv6_addresses() {
+    let v6 = SLICE
+        .replace("addressType: IPv4", "addressType: IPv6")
+        .replace("  - 10.244.0.5", "  - fd00:10:244::5")
+        .replace("  - 10.244.0.6", "  - fd00:10:244::6");
+    let slice = ExportedSlice::from_raw(&raw(&v6), "f").unwrap().unwrap();
+    assert_eq!(
+        slice.addresses,
+        [ip("fd00:10:244::5"), ip("fd00:10:244::6")]
+    );
+    assert_eq!(slice.ports.len(), 2);
+    let mixed = v6.replace("  - fd00:10:244::6", "  - 10.244.0.6");
+    let error = ExportedSlice::from_raw(&raw(&mixed), "f").unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .ends_with("field endpoints[1].addresses[0]: not IPv6, as addressType says"),
+        "{error}"
+    );
+}
+
 #[test]
 fn slices_of_other_managers_or_families_are_not_exported() {
     // Liqo's reflected slices carry the peer's endpoints, not ours.
@@ -186,8 +211,8 @@ fn slices_of_other_managers_or_families_are_not_exported() {
         ExportedSlice::from_raw(&raw(&reflected), "f").unwrap(),
         None
     );
-    let v6 = SLICE.replace("addressType: IPv4", "addressType: IPv6");
-    assert_eq!(ExportedSlice::from_raw(&raw(&v6), "f").unwrap(), None);
+    let names = SLICE.replace("addressType: IPv4", "addressType: FQDN");
+    assert_eq!(ExportedSlice::from_raw(&raw(&names), "f").unwrap(), None);
     let empty = SLICE.split("endpoints:").next().unwrap().to_owned() + "endpoints: null\n";
     let slice = ExportedSlice::from_raw(&raw(&empty), "f").unwrap().unwrap();
     assert!(slice.addresses.is_empty() && slice.ports.is_empty());

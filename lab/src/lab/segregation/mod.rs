@@ -1,9 +1,11 @@
 //! The lab's `--segregation` variant: cluster b's gateway runs in
 //! IntraClusterTrafficSegregation, and b's objects say that b-pod2 was
 //! offloaded from a, and that b-pod1 is the endpoint of a TCP service on
-//! port 18080 in a namespace offloaded to a and to nobody else.
+//! port 18080 in a namespace offloaded to a and to nobody else. In the
+//! dual-stack lab, b-pod2 has both its addresses, and the service a slice
+//! of each family, as Kubernetes writes a dual-stack Service's.
 
-use std::{fs, net::Ipv4Addr};
+use std::{fs, net::IpAddr};
 
 use anyhow::Result;
 
@@ -29,6 +31,8 @@ pub const POD_FILE: &str = "isolation-pod2.yaml";
 pub const OFFLOADING_FILE: &str = "isolation-offloading.yaml";
 /// The file holding the service's EndpointSlice.
 const SLICE_FILE: &str = "isolation-slice.yaml";
+/// The file holding the service's IPv6 EndpointSlice, in the dual-stack lab.
+const SLICE6_FILE: &str = "isolation-slice6.yaml";
 
 /// Turns segregation on (or off): b's isolation objects are written (or
 /// removed) and b's gateway restarted in the mode; returns once it is ready.
@@ -37,15 +41,12 @@ pub fn set(on: bool) -> Result<()> {
     if on {
         write_pod(true)?;
         write_offloading(true)?;
-        let slice = endpoint_slice(
-            "web",
-            NAMESPACE,
-            &[CLUSTER.pod_addr(1)],
-            &[("http", SERVICE_PORT, "TCP")],
-        );
-        write_object(&gw, SLICE_FILE, &slice)?;
+        write_object(&gw, SLICE_FILE, &service_slice(CLUSTER.pod_addr(1)))?;
+        if Setup::current()?.dual_stack {
+            write_object(&gw, SLICE6_FILE, &service_slice(CLUSTER.pod_addr6(1)))?;
+        }
     } else {
-        for file in [POD_FILE, OFFLOADING_FILE, SLICE_FILE] {
+        for file in [POD_FILE, OFFLOADING_FILE, SLICE_FILE, SLICE6_FILE] {
             let _ = fs::remove_file(object_dir(&gw).join(file));
         }
     }
@@ -56,8 +57,14 @@ pub fn set(on: bool) -> Result<()> {
 /// Writes b-pod2's Pod, offloaded from a or (`false`) not.
 pub fn write_pod(from_a: bool) -> Result<()> {
     let origin = from_a.then(|| A.cluster_id());
-    let yaml = pod("b-pod2", NAMESPACE, origin.as_deref(), pod2());
+    let yaml = pod("b-pod2", NAMESPACE, origin.as_deref(), &pod2()?);
     write_object(&CLUSTER.gw(), POD_FILE, &yaml)
+}
+
+/// The EndpointSlice of b-pod1's service, for its address `addr`.
+fn service_slice(addr: impl Into<IpAddr>) -> String {
+    let addr: IpAddr = addr.into();
+    endpoint_slice("web", NAMESPACE, &[addr], &[("http", SERVICE_PORT, "TCP")])
 }
 
 /// Writes the namespace's NamespaceOffloading, as Liqo lists both of b's
@@ -84,6 +91,11 @@ fn listed<'a>(peer: &'a Cluster, cluster_id: &'a str, selected: bool) -> Listed<
     }
 }
 
-fn pod2() -> Ipv4Addr {
-    CLUSTER.pod_addr(2)
+/// b-pod2's addresses: both families' in the dual-stack lab.
+fn pod2() -> Result<Vec<IpAddr>> {
+    let mut addresses = vec![IpAddr::from(CLUSTER.pod_addr(2))];
+    if Setup::current()?.dual_stack {
+        addresses.push(CLUSTER.pod_addr6(2).into());
+    }
+    Ok(addresses)
 }

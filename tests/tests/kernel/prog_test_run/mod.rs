@@ -218,7 +218,11 @@ impl Harness {
         let counters = Counters::new(ebpf.take_map(names::MAP_COUNTERS).unwrap()).unwrap();
         let denied = Counters::denied(ebpf.take_map(names::MAP_PEER_DENIED).unwrap()).unwrap();
         let allowed = ByteHash::new(ebpf.take_map(names::MAP_ALLOWED).unwrap()).unwrap();
-        let peer_flows = PeerFlows::new(ebpf.take_map(names::MAP_PEER_FLOWS).unwrap()).unwrap();
+        let peer_flows = PeerFlows::new(
+            ebpf.take_map(names::MAP_PEER_FLOWS).unwrap(),
+            ebpf.take_map(names::MAP_PEER_FLOWS6).unwrap(),
+        )
+        .unwrap();
         let rooms = Rooms::new(
             ebpf.take_map(names::MAP_ROOM).unwrap(),
             ebpf.take_map(names::MAP_ROOM_REFUSED).unwrap(),

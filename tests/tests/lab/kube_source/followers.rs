@@ -101,7 +101,7 @@ fn a_segregating_gateway_follows_offloaded_pods_exported_slices_and_offloadings(
             "web",
             "shop",
             origin,
-            Ipv4Addr::new(10, 244, 0, 133),
+            &[Ipv4Addr::new(10, 244, 0, 133)],
         ))
     };
     let slice = offloading::endpoint_slice(

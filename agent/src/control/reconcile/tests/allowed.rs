@@ -2,7 +2,7 @@
 //! EndpointSlices and NamespaceOffloadings Liqo and Kubernetes write, as a
 //! diff.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use isthmus_common::{
     ipv4::{PROTO_TCP, PROTO_UDP},
@@ -44,6 +44,10 @@ fn ip(last: u8) -> Ipv4Addr {
     Ipv4Addr::new(10, 244, 0, last)
 }
 
+fn ip6(last: u16) -> Ipv6Addr {
+    Ipv6Addr::new(0xfd00, 0x10, 0x244, 0, 0, 0, 0, last)
+}
+
 /// A reconciler over `peers` and `allowed`, fed the objects of peers a
 /// (segregated, ID 1) and c (not, ID 2); a pod offloaded from
 /// each; namespace `shop` offloaded to a and not c, exporting b-pod1's
@@ -58,13 +62,13 @@ fn lab<'a>(
         ("c.yaml", cluster("c", 41, false)),
         (
             "pod-from-a.yaml",
-            pod("web", "shop", Some("cluster-a"), ip(133)),
+            pod("web", "shop", Some("cluster-a"), &[ip(133)]),
         ),
         (
             "pod-from-c.yaml",
-            pod("db", "shop", Some("cluster-c"), ip(134)),
+            pod("db", "shop", Some("cluster-c"), &[ip(134)]),
         ),
-        ("pod-local.yaml", pod("local", "shop", None, ip(135))),
+        ("pod-local.yaml", pod("local", "shop", None, &[ip(135)])),
         (
             "slice-shop.yaml",
             endpoint_slice(
@@ -124,6 +128,64 @@ fn a_segregated_peer_is_allowed_its_offloaded_pods_and_the_endpoints_exported_to
     assert_eq!(peers.entries[&net("10.41.0.0/24")].flags, 0);
 }
 
+/// A dual-stack pod's IPv6 address, and the IPv6 slice of a dual-stack
+/// Service, go to the IPv6 table; the IPv4 ones to the IPv4 table.
+#[test]
+fn a_dual_stack_pod_and_an_ipv6_slice_open_ipv6_entries() {
+    let (mut peers, mut allowed) = (Peers::default(), Allowed::default());
+    let mut allowed6 = MemoryAllowedTable6::default();
+    let ipv6 = Ipv6Tables {
+        peers: MemoryPeerTable6::default(),
+        mappings: MemoryMappingTable6::default(),
+        allowed: &mut allowed6,
+    };
+    let mut r =
+        Reconciler::dual_stack(&mut peers, Mappings::default(), &mut allowed, ipv6).unwrap();
+    let files = [
+        ("a.yaml", cluster("a", 40, true)),
+        (
+            "pod-from-a.yaml",
+            pod(
+                "web",
+                "shop",
+                Some("cluster-a"),
+                &[ip(133).into(), IpAddr::from(ip6(0x85))],
+            ),
+        ),
+        (
+            "slice-shop6.yaml",
+            endpoint_slice("web", "shop", &[ip6(5)], &[("http", 18080, "TCP")]),
+        ),
+        (
+            "offloading-shop.yaml",
+            namespace_offloading("shop", &[listed("a", "cluster-a", true)]),
+        ),
+    ];
+    for (file, yaml) in files {
+        r.set_origin(file.into(), docs(file, &yaml));
+    }
+    let report = r.reconcile().0;
+    assert_eq!(
+        (report.rejected, report.allowed, report.allowed_written),
+        (0, 3, 3),
+        "{:?}",
+        report.new_errors
+    );
+    drop(r);
+    assert_eq!(
+        entries(&allowed),
+        [AllowKey::any_port(1, Be32::from(ip(133)))]
+    );
+    let a = 1;
+    assert_eq!(
+        allowed6.entries.keys().copied().collect::<Vec<_>>(),
+        [
+            AllowKey::endpoint(a, Be128::from(ip6(5)), PROTO_TCP, 18080),
+            AllowKey::any_port(a, Be128::from(ip6(0x85))),
+        ]
+    );
+}
+
 #[test]
 fn each_change_reaches_the_table_as_a_diff() {
     let (mut peers, mut allowed) = (Peers::default(), Allowed::default());
@@ -132,7 +194,7 @@ fn each_change_reaches_the_table_as_a_diff() {
     // The pod's label removed: it is no longer a's.
     r.set_origin(
         "pod-from-a.yaml".into(),
-        docs("pod-from-a.yaml", &pod("web", "shop", None, ip(133))),
+        docs("pod-from-a.yaml", &pod("web", "shop", None, &[ip(133)])),
     );
     let report = r.reconcile().0;
     assert_eq!((report.allowed_written, report.allowed_removed), (0, 1));
@@ -223,7 +285,7 @@ fn an_offloading_keyed_by_cluster_id_selects_the_peer_too() {
 fn a_broken_object_is_rejected_alone_naming_its_field() {
     let (mut peers, mut allowed) = (Peers::default(), Allowed::default());
     let mut r = lab(&mut peers, &mut allowed);
-    let broken = pod("web", "shop", Some("cluster-a"), ip(133))
+    let broken = pod("web", "shop", Some("cluster-a"), &[ip(133)])
         .replace("- ip: 10.244.0.133", "- ip: 10.244.0.1333");
     r.set_origin("pod-from-a.yaml".into(), docs("pod-from-a.yaml", &broken));
     let report = r.reconcile().0;
@@ -231,7 +293,7 @@ fn a_broken_object_is_rejected_alone_naming_its_field() {
     assert_eq!(
         messages(&report.new_errors),
         [
-            "pod-from-a.yaml: Pod shop/web: field status.podIPs[0].ip: \"10.244.0.1333\" is not an IPv4 address"
+            "pod-from-a.yaml: Pod shop/web: field status.podIPs[0].ip: \"10.244.0.1333\" is not an IP address"
         ]
     );
 }
@@ -251,7 +313,7 @@ fn ten_thousand_endpoints_change_one_entry_at_a_time() {
         "pod-from-a.yaml".into(),
         docs(
             "pod-from-a.yaml",
-            &pod("web", "shop", Some("cluster-a"), ip(136)),
+            &pod("web", "shop", Some("cluster-a"), &[ip(136)]),
         ),
     );
     let report = r.reconcile().0;

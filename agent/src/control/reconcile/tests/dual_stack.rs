@@ -31,10 +31,18 @@ fn reconciler6<'a>(
     peers: &'a mut Peers,
     peers6: &'a mut Peers6,
     mappings6: &'a mut Mappings6,
-) -> Reconciler<&'a mut Peers, Mappings, MemoryAllowedTable, &'a mut Peers6, &'a mut Mappings6> {
+) -> Reconciler<
+    &'a mut Peers,
+    Mappings,
+    MemoryAllowedTable,
+    &'a mut Peers6,
+    &'a mut Mappings6,
+    MemoryAllowedTable6,
+> {
     let ipv6 = Ipv6Tables {
         peers: peers6,
         mappings: mappings6,
+        allowed: MemoryAllowedTable6::default(),
     };
     Reconciler::dual_stack(
         peers,

@@ -28,13 +28,14 @@ const FIXTURES: [(&str, &str); 4] = [
 
 /// The objects of `FIXTURES` but `leave_out`, for an agent that serves
 /// Liqo v1 (`--liqo-api v1`).
-fn with_fixtures<P, M, A, P6, M6>(r: &mut Reconciler<P, M, A, P6, M6>, leave_out: &str)
+fn with_fixtures<P, M, A, P6, M6, A6>(r: &mut Reconciler<P, M, A, P6, M6, A6>, leave_out: &str)
 where
     P: PeerTable,
     M: MappingTable<Error = P::Error>,
     A: AllowedTable<Error = P::Error>,
     P6: PeerTable6<Error = P::Error>,
     M6: MappingTable6<Error = P::Error>,
+    A6: AllowedTable6<Error = P::Error>,
 {
     r.set_policy(Policy {
         liqo_api: LiqoApi::V1,

@@ -5,13 +5,14 @@ use super::*;
 use isthmus_common::wire::Be32;
 
 /// Peer a, cluster-a, whose view of our ExternalCIDR is ours.
-fn add_cluster_a<P, M, A, P6, M6>(r: &mut Reconciler<P, M, A, P6, M6>)
+fn add_cluster_a<P, M, A, P6, M6, A6>(r: &mut Reconciler<P, M, A, P6, M6, A6>)
 where
     P: PeerTable,
     M: MappingTable<Error = P::Error>,
     A: AllowedTable<Error = P::Error>,
     P6: PeerTable6<Error = P::Error>,
     M6: MappingTable6<Error = P::Error>,
+    A6: AllowedTable6<Error = P::Error>,
 {
     let tep_a = peer("a", "10.0.40.0/24", "10.0.41.0/24")
         .cluster_id("cluster-a")
