@@ -282,6 +282,29 @@ pub enum Stop {
     Refused(DropReason),
 }
 
+/// Where a walk of the chain ended: at the upper-layer header, or short of
+/// it, with `chain` then holding where it stopped. Every field is defined
+/// however the walk ended. A `Result` would leave a chain undefined on its
+/// error paths, which LLVM may still spill from a register never written
+/// there, and the verifier refuses any read of such a register.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Walked {
+    /// The chain as walked.
+    pub chain: Chain,
+    /// Why the walk stopped short of the upper-layer header, if it did.
+    pub stop: Option<Stop>,
+}
+
+impl Walked {
+    /// The chain, or why there is none.
+    pub fn result(self) -> Result<Chain, Stop> {
+        match self.stop {
+            Some(stop) => Err(stop),
+            None => Ok(self.chain),
+        }
+    }
+}
+
 /// Walks the chain that starts with a header of kind `next` at `at`, up to
 /// the upper-layer header, within `end`, reading each extension header's
 /// first 8 bytes with `read`. At most [`MAX_EXTENSION_HEADERS`] headers
@@ -289,60 +312,63 @@ pub enum Stop {
 /// first fragment must hold the whole chain (RFC 7112).
 #[inline(always)]
 pub fn walk(
-    mut next: u8,
-    mut at: usize,
+    next: u8,
+    at: usize,
     end: usize,
     read: impl Fn(usize) -> Option<[u8; FRAGMENT_HLEN]>,
-) -> Result<Chain, Stop> {
+) -> Walked {
     let start = at;
-    let mut place = Place::Whole;
-    let mut id = 0;
+    let mut chain = Chain {
+        proto: next,
+        l4: at,
+        place: Place::Whole,
+        id: 0,
+    };
+    let stopped = |chain, stop| Walked {
+        chain,
+        stop: Some(stop),
+    };
     // One turn more than the headers allowed: the last finds the upper one.
     for _ in 0..=MAX_EXTENSION_HEADERS {
-        let step = Step::of(next);
+        let step = Step::of(chain.proto);
         if step == Step::Upper {
-            return Ok(Chain {
-                proto: next,
-                l4: at,
-                place,
-                id,
-            });
+            return Walked { chain, stop: None };
         }
-        if at + FRAGMENT_HLEN > end {
-            return Err(match place {
+        if chain.l4 + FRAGMENT_HLEN > end {
+            let stop = match chain.place {
                 Place::First => Stop::Refused(DropReason::TinyFragment),
                 _ => Stop::Cut,
-            });
+            };
+            return stopped(chain, stop);
         }
-        let bytes = read(at).ok_or(Stop::Cut)?;
+        let Some(bytes) = read(chain.l4) else {
+            return stopped(chain, Stop::Cut);
+        };
         if step == Step::Fragment {
-            if place != Place::Whole {
-                return Err(Stop::Cut);
+            if chain.place != Place::Whole {
+                return stopped(chain, Stop::Cut);
             }
             let header = FragmentHeader::read(&bytes);
-            id = header.id;
-            place = match (header.is_first(), header.is_fragment()) {
+            chain.id = header.id;
+            chain.place = match (header.is_first(), header.is_fragment()) {
                 (false, _) => Place::Later,
                 (true, true) => Place::First,
                 (true, false) => Place::Whole,
             };
             // What follows a later fragment's header is data.
-            if place == Place::Later {
-                return Ok(Chain {
-                    proto: header.next_header,
-                    l4: at + FRAGMENT_HLEN,
-                    place,
-                    id,
-                });
+            if chain.place == Place::Later {
+                chain.proto = header.next_header;
+                chain.l4 += FRAGMENT_HLEN;
+                return Walked { chain, stop: None };
             }
         }
-        next = bytes[0];
-        at += step.header_len(bytes[1]);
-        if at - start > CHAIN_MAX {
+        chain.proto = bytes[0];
+        chain.l4 += step.header_len(bytes[1]);
+        if chain.l4 - start > CHAIN_MAX {
             break;
         }
     }
-    Err(Stop::Refused(DropReason::ExtensionHeaders))
+    stopped(chain, Stop::Refused(DropReason::ExtensionHeaders))
 }
 
 /// Whether an ICMPv6 message of `icmp_type` is an error, which quotes the
@@ -439,6 +465,7 @@ mod tests {
         walk(first, 0, bytes.len(), |at| {
             bytes.get(at..at + 8)?.try_into().ok()
         })
+        .result()
     }
 
     #[test]

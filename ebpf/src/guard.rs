@@ -115,19 +115,18 @@ fn ipv6_datagram(ctx: &XdpContext) -> Option<Datagram> {
         return None;
     }
     let end = ctx.data_end() - ctx.data();
-    let chain = ipv6::walk(ip.next_header(), ETH_HLEN + ipv6::HLEN, end, |at| {
+    let walked = ipv6::walk(ip.next_header(), ETH_HLEN + ipv6::HLEN, end, |at| {
         read(ctx, at)
     });
-    match chain {
-        Ok(chain) if chain.proto == PROTO_UDP && chain.place != Place::Later => {
-            Some(Datagram::Udp {
-                udp: chain.l4,
-                source: Source::V6(ip.src()),
-            })
-        }
-        Err(Stop::Refused(_)) => Some(Datagram::Judged(Verdict::Dropped)),
+    let chain = walked.chain;
+    match walked.stop {
+        None if chain.proto == PROTO_UDP && chain.place != Place::Later => Some(Datagram::Udp {
+            udp: chain.l4,
+            source: Source::V6(ip.src()),
+        }),
+        Some(Stop::Refused(_)) => Some(Datagram::Judged(Verdict::Dropped)),
         // A later fragment has no UDP header to judge by.
-        Ok(_) | Err(Stop::Cut) => None,
+        None | Some(Stop::Cut) => None,
     }
 }
 

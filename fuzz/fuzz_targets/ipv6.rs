@@ -31,7 +31,7 @@ fuzz_target!(|packet: Packet| {
         assert!(span.is_some(), "read past the packet at {at}");
         span?.try_into().ok()
     };
-    let result = walk(packet.first, 0, bytes.len(), read);
+    let result = walk(packet.first, 0, bytes.len(), read).result();
     assert!(reads.get() <= MAX_EXTENSION_HEADERS + 1);
     match result {
         Ok(chain) => {

@@ -10,7 +10,7 @@ use aya_ebpf::programs::TcContext;
 use isthmus_common::{
     counters::DropReason,
     ipv4::{PROTO_TCP, PROTO_UDP},
-    ipv6::{self, CHAIN_MAX, Chain, HLEN, PROTO_ICMPV6, Place, Stop},
+    ipv6::{self, CHAIN_MAX, Chain, HLEN, PROTO_ICMPV6, Place, Stop, Walked},
     tcp,
     wire::{Be32, Be128},
 };
@@ -61,11 +61,14 @@ pub fn packet(ctx: &TcContext, off: usize, reading: Reading) -> Result<Parsed<Be
     );
     let chain = match reading {
         Reading::Again => kept(ctx, off)?,
-        Reading::Fresh | Reading::IcmpError => match walk(ctx, h.next_header(), off + HLEN, end) {
-            Ok(chain) => chain,
-            Err(Stop::Cut) => return Err(Malformed),
-            Err(Stop::Refused(reason)) => return Ok(Parsed::Refused(reason)),
-        },
+        Reading::Fresh | Reading::IcmpError => {
+            let walked = walk(ctx, h.next_header(), off + HLEN, end);
+            match walked.stop {
+                None => walked.chain,
+                Some(Stop::Cut) => return Err(Malformed),
+                Some(Stop::Refused(reason)) => return Ok(Parsed::Refused(reason)),
+            }
+        }
     };
     if reading == Reading::Fresh {
         keep(ctx, &chain);
@@ -151,7 +154,7 @@ fn kept(ctx: &TcContext, off: usize) -> Result<Chain, Malformed> {
 /// checks the verifier cannot follow. Most packets have no extension
 /// header, and copy nothing.
 #[inline(always)]
-fn walk(ctx: &TcContext, next: u8, at: usize, end: usize) -> Result<Chain, Stop> {
+fn walk(ctx: &TcContext, next: u8, at: usize, end: usize) -> Walked {
     ipv6::walk(next, at, end, |at| ctx.load(at).ok())
 }
 
@@ -181,8 +184,10 @@ fn icmp_error(
     if !h.is_valid() || off + HLEN > end {
         return Err(Malformed);
     }
-    let (csum, quoted_flow) = match walk(ctx, h.next_header(), off + HLEN, end) {
-        Ok(chain) if chain.place != Place::Later => (
+    let walked = walk(ctx, h.next_header(), off + HLEN, end);
+    let chain = walked.chain;
+    let (csum, quoted_flow) = match walked.stop {
+        None if chain.place != Place::Later => (
             pseudo_csum(chain.proto, chain.l4, end, false, PROTO_ICMPV6)?,
             quoted_flow(view, chain.proto, chain.l4, end, PROTO_ICMPV6),
         ),

@@ -32,11 +32,11 @@ fn a_to_b() -> TunnelEndpoint {
 
 /// The stateless harness, with peer b's IPv6 networks under its ID.
 pub(super) fn harness() -> Harness {
-    with_peer_b(Harness::new())
+    with_peer_b(Harness::new(), SecurityMode::FullPodToPod)
 }
 
-/// `h` with peer b's IPv6 networks under its ID.
-pub(super) fn with_peer_b(mut h: Harness) -> Harness {
+/// `h` with peer b's IPv6 networks under its ID, in security `mode`.
+pub(super) fn with_peer_b(mut h: Harness, mode: SecurityMode) -> Harness {
     let mut peers = PeerMap6::new(
         h.ebpf.take_map(names::MAP_PEERS6).unwrap(),
         h.ebpf.take_map(names::MAP_PEER_OWNERS6).unwrap(),
@@ -49,9 +49,7 @@ pub(super) fn with_peer_b(mut h: Harness) -> Harness {
         panic!("{docs:?}")
     };
     let peer = Peer::from_raw(raw, "test.yaml").unwrap();
-    let nat = peer
-        .nat6(1, SecurityMode::FullPodToPod)
-        .expect("IPv6 rules");
+    let nat = peer.nat6(1, mode).expect("IPv6 rules");
     for (_, net) in peer.ipv6.unwrap().views(peer.layout) {
         peers.put(net, &nat, None).unwrap();
     }

@@ -35,7 +35,7 @@ fn node2() -> [u8; 16] {
 
 /// `base` with peer b's IPv6 networks and the IPv6 masquerade on.
 fn masquerading(base: Harness) -> Harness {
-    let mut h = with_peer_b(base);
+    let mut h = with_peer_b(base, SecurityMode::FullPodToPod);
     Masquerade::<Be128>::new(h.ebpf.take_map(names::MAP_SNAT6).unwrap())
         .unwrap()
         .set(Some(Be128::from_bytes(masq())))

@@ -8,6 +8,7 @@
 
 mod ipv6;
 mod isolation;
+mod isolation6;
 mod liqo_v1;
 mod masquerade;
 mod masquerade6;
