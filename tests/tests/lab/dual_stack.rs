@@ -12,9 +12,10 @@ use std::{
 };
 
 use isthmus_lab::{
-    lab, netns,
+    lab::{self, segregation},
+    netns,
     probe::{self, Proto, next_port},
-    topology::{A, B, C, NAT_MAPPING, reachability6},
+    topology::{A, B, C, NAT_MAPPING, Reach, reachability6},
 };
 use isthmus_tests::{
     assert_row, eventually,
@@ -26,7 +27,7 @@ use isthmus_tests::{
 use isthmus_agent::kernel::conntrack::Conntrack;
 use socket2::{Domain, Protocol, Socket, Type};
 
-use crate::{reachability::check_rows, tunnel_security::Outsider};
+use crate::{reachability::check_rows, segregation::Segregated, tunnel_security::Outsider};
 
 const GIVE_UP: Duration = Duration::from_secs(10);
 
@@ -298,4 +299,50 @@ fn a_fragmented_ipv6_datagram_crosses_the_hub_whole() {
         IpAddr::V6(B.masquerade_addr6()),
         "c-pod1 saw {from}"
     );
+}
+
+/// Whether `proto` on `port` along `row` is answered by its server, who
+/// sees the client as the row says.
+fn answered_on(proto: Proto, row: &Reach<Ipv6Addr>, port: u16) -> bool {
+    probe::exchange_on(proto, &row.from, &row.answered_by, row.target, port)
+        .is_ok_and(|seen| seen.client_as_seen_by_server == IpAddr::from(row.client_seen_as))
+}
+
+/// b segregating its peers, over IPv6 as over IPv4: a reaches b-pod2,
+/// offloaded from it (its Pod's IPv6 address), on any port, and b-pod1
+/// only on the port of the service's IPv6 EndpointSlice; b's own flows'
+/// replies come back.
+#[test]
+#[ignore = "needs the dual-stack lab; `cargo xtask test` runs it there"]
+fn a_segregated_peer_reaches_over_ipv6_only_what_it_is_allowed() {
+    require_dual_stack_lab();
+    let rows = reachability6();
+    let (to_b_pod1, to_b_pod2, b_to_a) = (&rows[0], &rows[1], &rows[2]);
+    assert_eq!((to_b_pod1.row, to_b_pod2.row, b_to_a.row), (1, 2, 3));
+    let _segregated = Segregated::on();
+    let service = segregation::SERVICE_PORT;
+    assert!(
+        answered_on(Proto::Tcp, to_b_pod1, service),
+        "TCP to b-pod1's exported port over IPv6"
+    );
+    for (proto, port) in [
+        (Proto::Udp, service),
+        (Proto::Tcp, service + 2),
+        (Proto::Icmp, next_port()),
+    ] {
+        assert!(
+            !answered_on(proto, to_b_pod1, port),
+            "{proto:?} to b-pod1 on {port} over IPv6 was answered"
+        );
+    }
+    for proto in Proto::ALL {
+        assert!(
+            answered_on(proto, to_b_pod2, next_port()),
+            "{proto:?}: a-pod2 to b-pod2, offloaded from a, over IPv6"
+        );
+        assert!(
+            answered_on(proto, b_to_a, next_port()),
+            "{proto:?}: b-pod1 to a-pod1 over IPv6, whose replies pass"
+        );
+    }
 }

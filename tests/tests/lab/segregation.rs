@@ -27,10 +27,11 @@ const CUT_OFF: Duration = Duration::from_millis(100);
 
 /// b segregating (the `--segregation` lab) until dropped, even when an
 /// assertion fails, for the tests after.
-struct Segregated;
+pub(crate) struct Segregated;
 
 impl Segregated {
-    fn on() -> Self {
+    /// b-gw restarted segregating, its isolation objects written.
+    pub(crate) fn on() -> Self {
         segregation::set(true).expect("b-gw restarted segregating");
         Segregated
     }
