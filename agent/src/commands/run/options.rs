@@ -191,12 +191,14 @@ pub struct RunArgs {
     #[arg(long, default_value_t = Capacity::default().conntrack)]
     pub conntrack_capacity: u32,
     /// Capacity of the table of endpoints segregated peers may open
-    /// connections to, in entries over every peer.
+    /// connections to, in entries over every peer; IPv6 endpoints have a
+    /// table of their own, of the same capacity.
     #[arg(long, default_value_t = Capacity::default().allowed)]
     pub allowed_capacity: u32,
     /// Capacity of the table of flows our side opened towards segregated
     /// peers; when it is full, a new such flow is dropped and counted
-    /// (reason `peer_flows_full`).
+    /// (reason `peer_flows_full`). IPv6 flows have a table of their own,
+    /// of the same capacity; a peer's share bounds what it holds in both.
     #[arg(long, default_value_t = Capacity::default().peer_flows)]
     pub peer_flow_capacity: u32,
     /// The shortest time between conntrack garbage collections. The time
