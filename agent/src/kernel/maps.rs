@@ -295,6 +295,8 @@ pub struct OverlayMaps {
     pub nodes: NodeMap,
     /// Every node's address: the outer sources it takes packets from.
     pub addresses: ByteHash<Be32>,
+    /// Every node's IPv6 address: where no peer's packet may lead.
+    pub addresses6: ByteHash<Be128>,
     /// The destinations whose packets take the stack while others forward
     /// past netfilter.
     pub stack_destinations: PrefixTrie<u8>,

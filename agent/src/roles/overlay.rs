@@ -12,7 +12,7 @@ use aya::maps::MapError;
 use ipnet::Ipv4Net;
 use isthmus_common::{
     overlay::{OverlayConfig, PAST_NETFILTER},
-    wire::Be32,
+    wire::{Be32, Be128},
 };
 use rtnetlink::{
     Handle, LinkUnspec, LinkVxlan, new_connection,
@@ -85,6 +85,8 @@ pub struct Overlay {
     nodes: Mirror<NodeMap>,
     /// Every node's address: the overlay takes packets from nowhere else.
     addresses: Mirror<ByteHash<Be32>>,
+    /// Every node's IPv6 address: the NAT leads no peer's packet there.
+    addresses6: Mirror<ByteHash<Be128>>,
     /// Destinations whose packets take the stack while others skip it.
     stack_destinations: Mirror<PrefixTrie<u8>>,
     /// The device the decapsulation is attached to: the one holding this
@@ -105,6 +107,7 @@ impl Overlay {
             mut settings,
             nodes,
             addresses,
+            addresses6,
             stack_destinations,
         } = maps;
         let previous = settings.get()?;
@@ -127,14 +130,15 @@ impl Overlay {
             config,
             nodes: Mirror::new(nodes)?,
             addresses: Mirror::new(addresses)?,
+            addresses6: Mirror::new(addresses6)?,
             stack_destinations: Mirror::new(stack_destinations)?,
             uplink: None,
         })
     }
 
     /// Follows the cluster's nodes: the gateway workers send to, every
-    /// other node's PodCIDRs, and every node's address. Returns the first
-    /// failure after trying every change.
+    /// other node's PodCIDRs, and every node's addresses of both families.
+    /// Returns the first failure after trying every change.
     pub fn sync(&mut self, nodes: &[Node], active: Option<&str>) -> Result<(), MapError> {
         // A node's address is there for the replies to its own traffic,
         // which the gateway masquerades: they come back over the overlay,
@@ -158,7 +162,13 @@ impl Overlay {
             .chain(self.options.gateway)
             .map(|a| (Be32::from(a), 1))
             .collect();
+        let addresses6: BTreeMap<Be128, u8> = nodes
+            .iter()
+            .filter_map(|n| n.address6)
+            .map(|a| (Be128::from(a), 1))
+            .collect();
         let (_, _, address_failure) = self.addresses.apply(&addresses);
+        let (_, _, address6_failure) = self.addresses6.apply(&addresses6);
         let (written, removed, failure) = self.nodes.apply(&desired);
         if written + removed > 0 {
             info!(
@@ -184,7 +194,10 @@ impl Overlay {
             }
             self.config = config;
         }
-        failure.or(address_failure).map_or(Ok(()), Err)
+        failure
+            .or(address_failure)
+            .or(address6_failure)
+            .map_or(Ok(()), Err)
     }
 
     /// Takes away the decapsulation a previous agent that forwarded past

@@ -63,7 +63,7 @@ pub(super) fn write_objects(tunnel: LabTunnel, dual_stack: bool) -> Result<()> {
     }
     for cluster in CLUSTERS {
         for (node, _) in cluster.nodes() {
-            write_object(&node, NODES_FILE, &cluster.nodes_yaml())?;
+            write_object(&node, NODES_FILE, &cluster.nodes_yaml(dual_stack))?;
         }
     }
     for p in &PEERINGS {

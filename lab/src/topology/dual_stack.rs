@@ -7,6 +7,7 @@
 use std::net::{IpAddr, Ipv6Addr};
 
 use ipnet::Ipv6Net;
+use serde_json::{Value, json};
 
 use super::{A, B, C, Cluster, HubMapping, NAT_MAPPING, Peering, Reach};
 use crate::objects::TunnelEndpoint;
@@ -17,6 +18,24 @@ const POD1_HOST: u128 = 5;
 const POD2_HOST: u128 = (0x8000 << 48) | 0x133;
 
 impl Cluster {
+    /// The cluster's Node objects as a dual-stack cluster's are: each with
+    /// an IPv6 `InternalIP` after its IPv4 one, and its half of the IPv6
+    /// PodCIDR after its IPv4 half, as Kubernetes lists both families.
+    pub fn dual_stack_node_objects(&self) -> [Value; 2] {
+        let mut nodes = self.node_objects();
+        let ipv6 = [(self.lan_gw6(), 2), (self.lan_node6(), 1)];
+        for (node, (address, half)) in nodes.iter_mut().zip(ipv6) {
+            let internal = json!({"type": "InternalIP", "address": address.to_string()});
+            if let Some(addresses) = node["status"]["addresses"].as_array_mut() {
+                addresses.push(internal);
+            }
+            if let Some(cidrs) = node["spec"]["podCIDRs"].as_array_mut() {
+                cidrs.push(json!(self.pod_half6(half).to_string()));
+            }
+        }
+        nodes
+    }
+
     /// The gateway's uplink IPv6 address, `2001:db8:ffff::N`.
     pub fn wan_addr6(&self) -> Ipv6Addr {
         Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, self.index.into())

@@ -172,9 +172,14 @@ impl Cluster {
     }
     /// The cluster's `v1` Node objects, as the agents read them for the
     /// overlay: each node's half of the PodCIDR, its LAN address, and the
-    /// gateway label on the gateway.
-    pub fn nodes_yaml(&self) -> String {
-        self.node_objects()
+    /// gateway label on the gateway; in the `dual_stack` lab, those of
+    /// IPv6 too.
+    pub fn nodes_yaml(&self, dual_stack: bool) -> String {
+        let nodes = match dual_stack {
+            true => self.dual_stack_node_objects(),
+            false => self.node_objects(),
+        };
+        nodes
             .iter()
             .map(|node| serde_yaml_ng::to_string(node).expect("a JSON value serialises"))
             .collect::<Vec<_>>()

@@ -2,14 +2,19 @@
 //! test` brings up for these tests alone: the IPv6 rows with real sockets
 //! through the double NAT and the hub, the IPv6 masquerade, the IPv4 rows
 //! in the same lab, the a–b tunnel over the WAN's IPv6 addresses, and what
-//! a peer or a pod may not send over IPv6. A payload length longer than the packet is not among them:
+//! a peer or a pod may not send over IPv6, segregation over IPv6, and the
+//! nodes' IPv6 addresses in the gateways' node table. A payload length
+//! longer than the packet is not among them:
 //! the kernel of the sending pod rewrites it, and the gateway's drops it
 //! before any program (the kernel tier sends it to the NAT itself).
 
 use std::{
+    collections::BTreeSet,
     net::{IpAddr, Ipv6Addr, UdpSocket},
     time::Duration,
 };
+
+use isthmus_common::{names, wire::Be128};
 
 use isthmus_lab::{
     lab::{self, segregation},
@@ -344,5 +349,27 @@ fn a_segregated_peer_reaches_over_ipv6_only_what_it_is_allowed() {
             answered_on(proto, b_to_a, next_port()),
             "{proto:?}: b-pod1 to a-pod1 over IPv6, whose replies pass"
         );
+    }
+}
+
+/// A dual-stack cluster's Node objects list an IPv6 `InternalIP`: each
+/// gateway's agent writes its cluster's, which no peer's packet may reach.
+#[test]
+#[ignore = "needs the dual-stack lab; `cargo xtask test` runs it there"]
+fn the_nodes_ipv6_addresses_are_in_the_gateways_node_table() {
+    require_dual_stack_lab();
+    for cluster in [&A, &B, &C] {
+        let gw = cluster.gw();
+        let want: BTreeSet<Ipv6Addr> = [cluster.lan_gw6(), cluster.lan_node6()].into();
+        eventually(GIVE_UP, &format!("{gw}'s IPv6 node addresses"), || {
+            let table =
+                lab::pinned_hash::<Be128, u8>(&lab::bpffs(&gw), names::MAP_NODE_ADDRS6).unwrap();
+            let held: BTreeSet<Ipv6Addr> = table
+                .keys()
+                .filter_map(Result::ok)
+                .map(Ipv6Addr::from)
+                .collect();
+            held == want
+        });
     }
 }

@@ -260,8 +260,9 @@ fn remove_liqo_overlay(c: &Cluster) -> Result<()> {
 fn isthmus_overlay(c: &Cluster, on: bool) -> Result<()> {
     let nodes = [c.gw(), c.node()];
     if on {
+        let dual_stack = lab::Setup::current()?.dual_stack;
         for node in &nodes {
-            lab::write_object(node, lab::NODES_FILE, &c.nodes_yaml())?;
+            lab::write_object(node, lab::NODES_FILE, &c.nodes_yaml(dual_stack))?;
         }
         lab::restart_agent(&c.node())?;
     } else {

@@ -419,8 +419,8 @@ impl Dataplane {
             .map_err(|e| DataplaneError::Map(names::MAP_POD_DEVS, e))
     }
 
-    /// The overlay's settings, node table, node addresses and the
-    /// destinations that take the stack.
+    /// The overlay's settings, node table, node addresses of both families
+    /// and the destinations that take the stack.
     pub fn take_overlay(&mut self) -> Result<OverlayMaps, DataplaneError> {
         let settings = OverlaySettings::new(self.take(names::MAP_OVERLAY)?)
             .map_err(|e| DataplaneError::Map(names::MAP_OVERLAY, e))?;
@@ -428,12 +428,15 @@ impl Dataplane {
             .map_err(|e| DataplaneError::Map(names::MAP_NODES, e))?;
         let addresses = ByteHash::new(self.take(names::MAP_NODE_ADDRS)?)
             .map_err(|e| DataplaneError::Map(names::MAP_NODE_ADDRS, e))?;
+        let addresses6 = ByteHash::new(self.take(names::MAP_NODE_ADDRS6)?)
+            .map_err(|e| DataplaneError::Map(names::MAP_NODE_ADDRS6, e))?;
         let stack_destinations = PrefixTrie::new(self.take(names::MAP_STACK_DESTINATIONS)?)
             .map_err(|e| DataplaneError::Map(names::MAP_STACK_DESTINATIONS, e))?;
         Ok(OverlayMaps {
             settings,
             nodes,
             addresses,
+            addresses6,
             stack_destinations,
         })
     }

@@ -366,5 +366,26 @@ fn an_ipv6_natmapping_entry_leads_to_its_endpoint_and_the_reply_leaves_from_its_
             &[Kind::Prefix, Kind::NatMapping],
         ),
     ));
+    // A forged entry that leads to a node's IPv6 address, which the agent
+    // writes to the node table: no rule leads a peer to a node.
+    let node = addr6("fd00:172:16:1::2");
+    let mut nodes: ByteHash<Be128> =
+        ByteHash::new(h.ebpf.take_map(names::MAP_NODE_ADDRS6).unwrap()).unwrap();
+    nodes.put(Be128::from_bytes(node), &1, None).unwrap();
+    let to_node = MappingKey {
+        peer_id: 1,
+        addr: Be128::from_bytes(addr6("fd00:192:168::46")),
+    };
+    mappings
+        .put(to_node, &Be128::from_bytes(node), None)
+        .unwrap();
+    let forged = Packet6::new(b_pod1(), addr6("fd00:10:0:41::46"), udp6(5353, 53, b"q"));
+    failures.extend(check(
+        &h,
+        "to an externalIP that leads to a node",
+        Ingress,
+        &forged.bytes(),
+        Fate::Dropped(DropReason::Denied),
+    ));
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
