@@ -3,14 +3,14 @@
 //! view is a table of strings, printed aligned or as JSON.
 
 use std::{
-    net::{Ipv4Addr, Ipv6Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     path::Path,
 };
 
 use aya::maps::{HashMap, MapData, MapError};
 use clap::ValueEnum;
 use isthmus_common::{
-    conntrack::{DIR_OUT, FlowKey, FlowNat, SnatConfig, TcpState},
+    conntrack::{DIR_OUT, FlowKey, FlowNat, SnatConfig, TcpState, TrackedAddr},
     isolation::AllowKey,
     names,
     nat::{MappingKey, PeerKey, PeerNat, PrefixRewrite},
@@ -24,16 +24,18 @@ use crate::{kernel::maps::open_pinned, observe::samples::DataplaneCounters};
 /// What to show.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum View {
-    /// Each peer and the networks we see it under (`ist_peer_nets`).
+    /// Each peer and the networks we see it under (`ist_peer_nets`,
+    /// `ist_peer_nets6`).
     Peers,
     /// Each peer's prefix remaps, both ways, and the masquerade address.
     Nat,
-    /// NatMapping entries: externalIP to endpointIP, per peer (`ist_natmap`).
+    /// NatMapping entries: externalIP to endpointIP, per peer (`ist_natmap`,
+    /// `ist_natmap6`).
     Natmap,
     /// What segregated peers may open connections to, per peer
     /// (`ist_allowed`, `ist_allowed6`).
     Allowed,
-    /// Masqueraded flows (`ist_conntrack`).
+    /// Masqueraded flows (`ist_conntrack`, `ist_conntrack6`).
     Conntrack,
     /// Every per-CPU counter, summed.
     Counters,
@@ -135,38 +137,121 @@ fn entries<K: aya::Pod, V: aya::Pod>(
         .map_err(|source| InspectError::Map { map, source })
 }
 
-fn addr(addr: Be32) -> Ipv4Addr {
-    addr.into()
+/// An address of either family, as the views print it.
+trait Shown: TrackedAddr + aya::Pod {
+    /// The map of the peers' networks of its family.
+    const PEERS: &'static str;
+    /// Its NatMapping table.
+    const NATMAP: &'static str;
+    /// Its allowed table.
+    const ALLOWED: &'static str;
+    /// Its masquerade's flow table.
+    const CONNTRACK: &'static str;
+    /// Its masquerade's settings.
+    const SNAT: &'static str;
+
+    /// The address.
+    fn ip(self) -> IpAddr;
+    /// The length of the prefix of netmask `self`.
+    fn prefix_len(self) -> u32;
 }
 
-fn network(net: Be32, mask: Be32) -> String {
-    format!("{}/{}", addr(net), mask.to_bits().count_ones())
+impl Shown for Be32 {
+    const PEERS: &'static str = names::MAP_PEERS;
+    const NATMAP: &'static str = names::MAP_NATMAP;
+    const ALLOWED: &'static str = names::MAP_ALLOWED;
+    const CONNTRACK: &'static str = names::MAP_CONNTRACK;
+    const SNAT: &'static str = names::MAP_SNAT;
+
+    fn ip(self) -> IpAddr {
+        Ipv4Addr::from(self).into()
+    }
+
+    fn prefix_len(self) -> u32 {
+        self.to_bits().count_ones()
+    }
+}
+
+impl Shown for Be128 {
+    const PEERS: &'static str = names::MAP_PEERS6;
+    const NATMAP: &'static str = names::MAP_NATMAP6;
+    const ALLOWED: &'static str = names::MAP_ALLOWED6;
+    const CONNTRACK: &'static str = names::MAP_CONNTRACK6;
+    const SNAT: &'static str = names::MAP_SNAT6;
+
+    fn ip(self) -> IpAddr {
+        Ipv6Addr::from(self).into()
+    }
+
+    fn prefix_len(self) -> u32 {
+        self.words().iter().map(|w| w.to_bits().count_ones()).sum()
+    }
+}
+
+fn network<A: Shown>(net: A, mask: A) -> String {
+    format!("{}/{}", net.ip(), mask.prefix_len())
+}
+
+/// An address and port: `[fd00::5]:80` for IPv6.
+fn endpoint<A: Shown>(addr: A, port: u16) -> String {
+    SocketAddr::new(addr.ip(), port).to_string()
+}
+
+/// The rows of both families, IPv4's (from `rows4`) first.
+fn both<T>(
+    root: &Path,
+    rows4: fn(&Path) -> Result<Vec<T>, InspectError>,
+    rows6: fn(&Path) -> Result<Vec<T>, InspectError>,
+) -> Result<Vec<T>, InspectError> {
+    let mut rows = rows4(root)?;
+    rows.extend(rows6(root)?);
+    Ok(rows)
 }
 
 fn peers(root: &Path) -> Result<Table, InspectError> {
     let mut by_peer = std::collections::BTreeMap::<u32, Vec<String>>::default();
-    for (key, nat) in entries::<PeerKey, PeerNat>(root, names::MAP_PEERS)? {
-        by_peer.entry(nat.peer_id).or_default().push(format!(
-            "{}/{}",
-            addr(key.addr),
-            key.prefix_len
-        ));
+    for (id, net) in both(root, peer_networks::<Be32>, peer_networks::<Be128>)? {
+        by_peer.entry(id).or_default().push(net);
     }
     Ok(Table {
         columns: vec!["peer_id", "networks"],
         rows: by_peer
             .into_iter()
-            .map(|(id, mut nets)| {
-                nets.sort();
-                vec![id.to_string(), nets.join(",")]
-            })
+            .map(|(id, nets)| vec![id.to_string(), nets.join(",")])
             .collect(),
     })
 }
 
+/// Each peer ID with one of its networks of family `A`, sorted.
+fn peer_networks<A: Shown>(root: &Path) -> Result<Vec<(u32, String)>, InspectError>
+where
+    PeerKey<A>: aya::Pod,
+    PeerNat<A>: aya::Pod,
+{
+    let mut rows: Vec<(u32, String)> = entries::<PeerKey<A>, PeerNat<A>>(root, A::PEERS)?
+        .into_iter()
+        .map(|(key, nat)| (nat.peer_id, format!("{}/{}", key.addr.ip(), key.prefix_len)))
+        .collect();
+    rows.sort();
+    Ok(rows)
+}
+
 fn nat(root: &Path) -> Result<Table, InspectError> {
+    Ok(Table {
+        columns: vec!["peer_id", "direction", "from", "to"],
+        rows: both(root, nat_rows::<Be32>, nat_rows::<Be128>)?,
+    })
+}
+
+/// Family `A`'s masquerade address and each peer's prefix remaps, sorted.
+fn nat_rows<A: Shown>(root: &Path) -> Result<Vec<Vec<String>>, InspectError>
+where
+    PeerKey<A>: aya::Pod,
+    PeerNat<A>: aya::Pod,
+    SnatConfig<A>: aya::Pod,
+{
     let mut rows = std::collections::BTreeSet::new();
-    for (_, nat) in entries::<PeerKey, PeerNat>(root, names::MAP_PEERS)? {
+    for (_, nat) in entries::<PeerKey<A>, PeerNat<A>>(root, A::PEERS)? {
         for (direction, rules) in [("egress", nat.egress), ("ingress", nat.ingress)] {
             for PrefixRewrite {
                 from,
@@ -186,89 +271,84 @@ fn nat(root: &Path) -> Result<Table, InspectError> {
             }
         }
     }
-    let snat = open_pinned(root, names::MAP_SNAT)
-        .and_then(aya::maps::Array::<MapData, SnatConfig>::try_from)
-        .and_then(|a| a.get(&0, 0))
-        .map_err(|source| InspectError::Map {
-            map: names::MAP_SNAT,
-            source,
-        })?;
-    if snat.enabled != 0 {
-        rows.insert(vec![
-            "*".into(),
-            "masquerade".into(),
-            "others".into(),
-            addr(snat.addr).to_string(),
-        ]);
+    if let Some(to) = masquerade::<A>(root)? {
+        let others = ["*", "masquerade", "others"].map(str::to_owned);
+        rows.insert(others.into_iter().chain([to.ip().to_string()]).collect());
     }
-    Ok(Table {
-        columns: vec!["peer_id", "direction", "from", "to"],
-        rows: rows.into_iter().collect(),
-    })
+    Ok(rows.into_iter().collect())
+}
+
+/// Family `A`'s masquerade address, if it has one.
+fn masquerade<A: Shown>(root: &Path) -> Result<Option<A>, InspectError>
+where
+    SnatConfig<A>: aya::Pod,
+{
+    let map = A::SNAT;
+    let snat = open_pinned(root, map)
+        .and_then(aya::maps::Array::<MapData, SnatConfig<A>>::try_from)
+        .and_then(|a| a.get(&0, 0))
+        .map_err(|source| InspectError::Map { map, source })?;
+    Ok((snat.enabled != 0).then_some(snat.addr))
 }
 
 fn natmap(root: &Path) -> Result<Table, InspectError> {
-    let mut rows: Vec<Vec<String>> = entries::<MappingKey, Be32>(root, names::MAP_NATMAP)?
+    Ok(Table {
+        columns: vec!["peer_id", "external_ip", "endpoint_ip"],
+        rows: both(root, natmap_rows::<Be32>, natmap_rows::<Be128>)?,
+    })
+}
+
+/// Family `A`'s NatMapping entries, sorted.
+fn natmap_rows<A: Shown>(root: &Path) -> Result<Vec<Vec<String>>, InspectError>
+where
+    MappingKey<A>: aya::Pod,
+{
+    let mut rows: Vec<Vec<String>> = entries::<MappingKey<A>, A>(root, A::NATMAP)?
         .into_iter()
         .map(|(key, endpoint)| {
-            vec![
-                key.peer_id.to_string(),
-                addr(key.addr).to_string(),
-                addr(endpoint).to_string(),
-            ]
+            let addresses = [key.addr, endpoint].map(|a| a.ip().to_string());
+            [key.peer_id.to_string()]
+                .into_iter()
+                .chain(addresses)
+                .collect()
         })
         .collect();
     rows.sort();
-    Ok(Table {
-        columns: vec!["peer_id", "external_ip", "endpoint_ip"],
-        rows,
-    })
+    Ok(rows)
 }
 
 fn allowed(root: &Path) -> Result<Table, InspectError> {
-    let ipv4 = entries::<AllowKey, u8>(root, names::MAP_ALLOWED)?;
-    let ipv6 = entries::<AllowKey<Be128>, u8>(root, names::MAP_ALLOWED6)?;
-    let mut rows: Vec<Vec<String>> = ipv4
-        .into_iter()
-        .map(|(key, _)| allowed_row(key, addr(key.addr).to_string()))
-        .chain(
-            ipv6.into_iter()
-                .map(|(key, _)| allowed_row(key, Ipv6Addr::from(key.addr).to_string())),
-        )
-        .collect();
-    rows.sort();
     Ok(Table {
         columns: vec!["peer_id", "address", "protocol", "port"],
-        rows,
+        rows: both(root, allowed_rows::<Be32>, allowed_rows::<Be128>)?,
     })
 }
 
-/// An allowed entry of either family, its address shown as `address`.
-fn allowed_row<A>(key: AllowKey<A>, address: String) -> Vec<String> {
-    let (proto, port) = match key.proto {
-        0 => ("any".to_owned(), "any".to_owned()),
-        proto => (protocol(proto).to_owned(), key.port.to_string()),
-    };
-    vec![key.peer_id.to_string(), address, proto, port]
-}
-
-fn conntrack(root: &Path) -> Result<Table, InspectError> {
-    let now = crate::kernel::conntrack::now();
-    let mut rows: Vec<Vec<String>> = entries::<FlowKey, FlowNat>(root, names::MAP_CONNTRACK)?
+/// Family `A`'s allowed entries, sorted.
+fn allowed_rows<A: Shown>(root: &Path) -> Result<Vec<Vec<String>>, InspectError>
+where
+    AllowKey<A>: aya::Pod,
+{
+    let mut rows: Vec<Vec<String>> = entries::<AllowKey<A>, u8>(root, A::ALLOWED)?
         .into_iter()
-        .map(|(key, nat)| {
+        .map(|(key, _)| {
+            let (proto, port) = match key.proto {
+                0 => ("any".to_owned(), "any".to_owned()),
+                proto => (protocol(proto).to_owned(), key.port.to_string()),
+            };
             vec![
-                protocol(key.proto).to_owned(),
-                if key.dir == DIR_OUT { "out" } else { "in" }.to_owned(),
-                format!("{}:{}", addr(key.saddr), key.sport),
-                format!("{}:{}", addr(key.daddr), key.dport),
-                format!("{}:{}", addr(nat.addr), nat.port),
-                format!("{:?}", TcpState::from_u8(nat.state)).to_lowercase(),
-                format!("{:.1}", now.saturating_sub(nat.last_seen) as f64 / 1e9),
+                key.peer_id.to_string(),
+                key.addr.ip().to_string(),
+                proto,
+                port,
             ]
         })
         .collect();
     rows.sort();
+    Ok(rows)
+}
+
+fn conntrack(root: &Path) -> Result<Table, InspectError> {
     Ok(Table {
         columns: vec![
             "proto",
@@ -279,8 +359,34 @@ fn conntrack(root: &Path) -> Result<Table, InspectError> {
             "state",
             "idle_s",
         ],
-        rows,
+        rows: both(root, flow_rows::<Be32>, flow_rows::<Be128>)?,
     })
+}
+
+/// Family `A`'s masqueraded flows' entries, sorted, idle since their last
+/// packet.
+fn flow_rows<A: Shown>(root: &Path) -> Result<Vec<Vec<String>>, InspectError>
+where
+    FlowKey<A>: aya::Pod,
+    FlowNat<A>: aya::Pod,
+{
+    let now = crate::kernel::conntrack::now();
+    let mut rows: Vec<Vec<String>> = entries::<FlowKey<A>, FlowNat<A>>(root, A::CONNTRACK)?
+        .into_iter()
+        .map(|(key, nat)| {
+            vec![
+                protocol(key.proto).to_owned(),
+                if key.dir == DIR_OUT { "out" } else { "in" }.to_owned(),
+                endpoint(key.saddr, key.sport),
+                endpoint(key.daddr, key.dport),
+                endpoint(nat.addr, nat.port),
+                format!("{:?}", TcpState::from_u8(nat.state)).to_lowercase(),
+                format!("{:.1}", now.saturating_sub(nat.last_seen) as f64 / 1e9),
+            ]
+        })
+        .collect();
+    rows.sort();
+    Ok(rows)
 }
 
 fn protocol(proto: u8) -> &'static str {
@@ -288,6 +394,7 @@ fn protocol(proto: u8) -> &'static str {
         1 => "icmp",
         6 => "tcp",
         17 => "udp",
+        58 => "icmpv6",
         _ => "other",
     }
 }

@@ -32,7 +32,12 @@ use isthmus_tests::{
 use isthmus_agent::kernel::conntrack::Conntrack;
 use socket2::{Domain, Protocol, Socket, Type};
 
-use crate::{reachability::check_rows, segregation::Segregated, tunnel_security::Outsider};
+use crate::{
+    inspect::{cell, inspect_on},
+    reachability::check_rows,
+    segregation::Segregated,
+    tunnel_security::Outsider,
+};
 
 const GIVE_UP: Duration = Duration::from_secs(10);
 
@@ -270,6 +275,21 @@ fn a_gateways_own_ipv6_traffic_gets_out_through_the_ipv6_masquerade() {
         "a-gw's IPv6 flow table: {:?}",
         table.entries6()
     );
+    // `inspect` shows the IPv6 flows and the IPv6 masquerade address.
+    let masquerade = format!("[{}]:", A.masquerade_addr6());
+    let flows = inspect_on(&A.gw(), "conntrack");
+    let ours = flows
+        .iter()
+        .filter(|row| cell(row, "dir") == "out" && cell(row, "nat").starts_with(&masquerade))
+        .count();
+    assert!(ours >= Proto::ALL.len(), "inspect conntrack: {flows:?}");
+    let nat = inspect_on(&A.gw(), "nat");
+    let addr6 = A.masquerade_addr6().to_string();
+    assert!(
+        nat.iter()
+            .any(|row| cell(row, "direction") == "masquerade" && cell(row, "to") == addr6),
+        "inspect nat: {nat:?}"
+    );
 }
 
 fn addr(text: &str) -> Ipv6Addr {
@@ -372,4 +392,27 @@ fn the_nodes_ipv6_addresses_are_in_the_gateways_node_table() {
             held == want
         });
     }
+}
+
+/// `inspect` shows each table's IPv6 entries beside the IPv4 ones: a's
+/// IPv6 view of b's pods, and b's IPv6 NatMapping entry of the hub row.
+#[test]
+#[ignore = "needs the dual-stack lab; `cargo xtask test` runs it there"]
+fn inspect_shows_the_ipv6_tables() {
+    require_dual_stack_lab();
+    let b_pods_at_a = "fd00:10::/64";
+    let peers = inspect_on(&A.gw(), "peers");
+    assert!(
+        peers
+            .iter()
+            .any(|row| cell(row, "networks").split(',').any(|n| n == b_pods_at_a)),
+        "inspect peers on a-gw: {peers:?}"
+    );
+    let natmap = inspect_on(&B.gw(), "natmap");
+    assert!(
+        natmap
+            .iter()
+            .any(|row| cell(row, "external_ip").parse::<Ipv6Addr>().is_ok()),
+        "inspect natmap on b-gw: {natmap:?}"
+    );
 }

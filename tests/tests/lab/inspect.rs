@@ -14,7 +14,12 @@ use serde_json::Value;
 
 /// `inspect VIEW --json` on b-gw's pins: one object per row.
 fn inspect(view: &str) -> Vec<serde_json::Map<String, Value>> {
-    let bpffs = lab::bpffs(&B.gw());
+    inspect_on(&B.gw(), view)
+}
+
+/// `inspect VIEW --json` on `node`'s pins: one object per row.
+pub(crate) fn inspect_on(node: &str, view: &str) -> Vec<serde_json::Map<String, Value>> {
+    let bpffs = lab::bpffs(node);
     let out = Command::new(lab::agent_binary())
         .args(["inspect", view, "--json", "--bpffs"])
         .arg(&bpffs)
@@ -33,7 +38,7 @@ fn inspect(view: &str) -> Vec<serde_json::Map<String, Value>> {
         .collect()
 }
 
-fn cell<'a>(row: &'a serde_json::Map<String, Value>, column: &str) -> &'a str {
+pub(crate) fn cell<'a>(row: &'a serde_json::Map<String, Value>, column: &str) -> &'a str {
     row[column].as_str().unwrap()
 }
 
