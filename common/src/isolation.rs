@@ -96,6 +96,12 @@ impl PeerFlow {
     }
 }
 
+/// Whether `proto` is ICMP or ICMPv6: an echo's identifier stands for our
+/// port, either way.
+pub const fn is_icmp(proto: u8) -> bool {
+    proto == PROTO_ICMP || proto == PROTO_ICMPV6
+}
+
 /// The key under which the replies of a flow our side sends, from `ours`
 /// (real) port `our_port` to the peer's `theirs` port `their_port`, arrive
 /// from the peer once translated. An ICMP or ICMPv6 echo's identifier is
@@ -107,8 +113,7 @@ pub const fn reply_key<A: Copy>(
     theirs: A,
     their_port: u16,
 ) -> FlowKey<A> {
-    let echo = proto == PROTO_ICMP || proto == PROTO_ICMPV6;
-    let their_port = if echo { 0 } else { their_port };
+    let their_port = if is_icmp(proto) { 0 } else { their_port };
     FlowKey::new(theirs, ours, their_port, our_port, proto, DIR_IN)
 }
 

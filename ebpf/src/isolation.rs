@@ -10,8 +10,7 @@ use aya_ebpf::{
 use isthmus_common::{
     conntrack::{FlowKey, TcpState},
     ipv4::{PROTO_ICMP, PROTO_TCP},
-    ipv6::PROTO_ICMPV6,
-    isolation::{AllowKey, PeerFlow, reply_key},
+    isolation::{AllowKey, PeerFlow, is_icmp, reply_key},
     names::{DEFAULT_ALLOWED, DEFAULT_PEER_FLOWS},
     room::{FlowTable, Short},
     tcp::{ACK, SYN},
@@ -48,8 +47,6 @@ static FLOWS6: Flows<Be128> = HashMap::new();
 /// to one room per peer ([`FlowTable::PeerFlows`]): a peer's share bounds
 /// what it holds in both.
 pub trait Tables: Address + 'static {
-    /// Its ICMP's protocol number, whose echo identifier is our port.
-    const ICMP: u8;
     /// Whether a segregated peer's ICMP errors pass when the flow they
     /// quote would; otherwise they are dropped.
     const JUDGES_ERRORS: bool;
@@ -60,7 +57,6 @@ pub trait Tables: Address + 'static {
 }
 
 impl Tables for Be32 {
-    const ICMP: u8 = PROTO_ICMP;
     const JUDGES_ERRORS: bool = true;
 
     #[inline(always)]
@@ -75,7 +71,6 @@ impl Tables for Be32 {
 }
 
 impl Tables for Be128 {
-    const ICMP: u8 = PROTO_ICMPV6;
     // Judged, the ICMPv6 errors' stage goes past what its verifier
     // budget allows: after the walks of two chains of extension headers,
     // each error it lets on is walked through the rest of the stage again
@@ -155,7 +150,7 @@ pub fn admits<A: Tables>(peer_id: u32, pkt: &Packet<A>, theirs: A, ours: A) -> b
             && err.quoted_flow.is_some_and(|f| {
                 reply(
                     reply_key(f.proto, ours, f.sport, err.quoted.dst, f.dport),
-                    A::ICMP,
+                    PROTO_ICMP,
                     0,
                 ) || allowed(peer_id, ours, f.proto, f.sport)
             });
@@ -163,7 +158,7 @@ pub fn admits<A: Tables>(peer_id: u32, pkt: &Packet<A>, theirs: A, ours: A) -> b
     match &pkt.transport {
         Some(t) => {
             // Arriving, our port is the destination's; an echo's identifier either way.
-            let our_port = if t.proto == A::ICMP { t.sport } else { t.dport };
+            let our_port = if is_icmp(t.proto) { t.sport } else { t.dport };
             let key = reply_key(t.proto, ours, our_port, theirs, t.sport);
             reply(key, t.proto, t.tcp_flags) || allowed(peer_id, ours, t.proto, t.dport)
         }

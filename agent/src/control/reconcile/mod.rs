@@ -29,8 +29,8 @@ use validate::{read_by_selection, validate};
 
 use crate::{
     kernel::table::{
-        AllowedTable, AllowedTable6, MappingTable, MappingTable6, MemoryTable, Mirror, PeerTable,
-        PeerTable6, TableFailure,
+        AllowedTable, AllowedTable6, KernelTable, MappingTable, MappingTable6, MemoryTable, Mirror,
+        PeerTable, PeerTable6, TableFailure,
     },
     model::{
         lease::LeaseRecord,
@@ -339,28 +339,18 @@ where
             .collect();
         let allowed = allowed::desired(&segregated, self.valid());
 
-        let (written, removed, peer_failure) = self.peer_table.apply(&self.views);
-        let (written6, removed6, peer6_failure) = self.peer6_table.apply(&self.views6);
-        let (written, removed) = (written + written6, removed + removed6);
-        let peer_failure = peer_failure.or(peer6_failure);
-        let (mappings_written, mappings_removed, mapping_failure) =
-            self.mapping_table.apply(&mappings.ipv4);
-        let (mappings6_written, mappings6_removed, mapping6_failure) =
-            self.mapping6_table.apply(&mappings.ipv6);
-        let (mappings_written, mappings_removed) = (
-            mappings_written + mappings6_written,
-            mappings_removed + mappings6_removed,
+        let (written, removed, peer_failure) = apply_both(
+            (&mut self.peer_table, &self.views),
+            (&mut self.peer6_table, &self.views6),
         );
-        let mapping_failure = mapping_failure.or(mapping6_failure);
-        let (allowed_written, allowed_removed, allowed_failure) =
-            self.allowed_table.apply(&allowed.ipv4);
-        let (allowed6_written, allowed6_removed, allowed6_failure) =
-            self.allowed6_table.apply(&allowed.ipv6);
-        let (allowed_written, allowed_removed) = (
-            allowed_written + allowed6_written,
-            allowed_removed + allowed6_removed,
+        let (mappings_written, mappings_removed, mapping_failure) = apply_both(
+            (&mut self.mapping_table, &mappings.ipv4),
+            (&mut self.mapping6_table, &mappings.ipv6),
         );
-        let allowed_failure = allowed_failure.or(allowed6_failure);
+        let (allowed_written, allowed_removed, allowed_failure) = apply_both(
+            (&mut self.allowed_table, &allowed.ipv4),
+            (&mut self.allowed6_table, &allowed.ipv6),
+        );
         let report = Report {
             written,
             removed,
@@ -566,6 +556,25 @@ where
             self.ids.insert(peer.key.clone(), id);
         }
     }
+}
+
+/// Brings one table of each family to what it should hold: the entries
+/// written and removed in both, and the first failure.
+fn apply_both<T4, T6>(
+    (ipv4, desired4): (&mut Mirror<T4>, &BTreeMap<T4::Key, T4::Value>),
+    (ipv6, desired6): (&mut Mirror<T6>, &BTreeMap<T6::Key, T6::Value>),
+) -> (usize, usize, Option<T4::Error>)
+where
+    T4: KernelTable,
+    T6: KernelTable<Error = T4::Error>,
+{
+    let (written4, removed4, failure4) = ipv4.apply(desired4);
+    let (written6, removed6, failure6) = ipv6.apply(desired6);
+    (
+        written4 + written6,
+        removed4 + removed6,
+        failure4.or(failure6),
+    )
 }
 
 #[cfg(test)]

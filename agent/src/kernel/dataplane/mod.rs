@@ -320,14 +320,12 @@ impl Dataplane {
 
     /// The allowed table of segregated peers, for the reconciler.
     pub fn take_allowed(&mut self) -> Result<ByteHash<AllowKey>, DataplaneError> {
-        ByteHash::new(self.take(names::MAP_ALLOWED)?)
-            .map_err(|e| DataplaneError::Map(names::MAP_ALLOWED, e))
+        self.take_byte_hash(names::MAP_ALLOWED)
     }
 
     /// The IPv6 allowed table of segregated peers, for the reconciler.
     pub fn take_allowed6(&mut self) -> Result<ByteHash<AllowKey<Be128>>, DataplaneError> {
-        ByteHash::new(self.take(names::MAP_ALLOWED6)?)
-            .map_err(|e| DataplaneError::Map(names::MAP_ALLOWED6, e))
+        self.take_byte_hash(names::MAP_ALLOWED6)
     }
 
     /// The masquerade's flow tables.
@@ -376,12 +374,10 @@ impl Dataplane {
 
     /// The XDP guard's tables.
     pub fn take_guard(&mut self) -> Result<GuardMaps, DataplaneError> {
-        let map_error = |e| DataplaneError::Map(names::MAP_GUARD_SOURCES, e);
-        let sources = ByteHash::new(self.take(names::MAP_GUARD_SOURCES)?).map_err(map_error)?;
-        let map_error = |e| DataplaneError::Map(names::MAP_GUARD_SOURCES6, e);
-        let sources6 = ByteHash::new(self.take(names::MAP_GUARD_SOURCES6)?).map_err(map_error)?;
-        let indexes = ByteHash::new(self.take(names::MAP_GUARD_INDEXES)?).map_err(map_error)?;
-        let ports = ByteHash::new(self.take(names::MAP_GUARD_PORTS)?).map_err(map_error)?;
+        let sources = self.take_byte_hash(names::MAP_GUARD_SOURCES)?;
+        let sources6 = self.take_byte_hash(names::MAP_GUARD_SOURCES6)?;
+        let indexes = self.take_byte_hash(names::MAP_GUARD_INDEXES)?;
+        let ports = self.take_byte_hash(names::MAP_GUARD_PORTS)?;
         Ok(GuardMaps {
             sources,
             sources6,
@@ -415,8 +411,7 @@ impl Dataplane {
 
     /// The table of pod veths the overlay delivers into directly.
     pub fn take_pod_devs(&mut self) -> Result<ByteHash<u32>, DataplaneError> {
-        ByteHash::new(self.take(names::MAP_POD_DEVS)?)
-            .map_err(|e| DataplaneError::Map(names::MAP_POD_DEVS, e))
+        self.take_byte_hash(names::MAP_POD_DEVS)
     }
 
     /// The overlay's settings, node table, node addresses of both families
@@ -426,10 +421,8 @@ impl Dataplane {
             .map_err(|e| DataplaneError::Map(names::MAP_OVERLAY, e))?;
         let nodes = NodeMap::new(self.take(names::MAP_NODES)?)
             .map_err(|e| DataplaneError::Map(names::MAP_NODES, e))?;
-        let addresses = ByteHash::new(self.take(names::MAP_NODE_ADDRS)?)
-            .map_err(|e| DataplaneError::Map(names::MAP_NODE_ADDRS, e))?;
-        let addresses6 = ByteHash::new(self.take(names::MAP_NODE_ADDRS6)?)
-            .map_err(|e| DataplaneError::Map(names::MAP_NODE_ADDRS6, e))?;
+        let addresses = self.take_byte_hash(names::MAP_NODE_ADDRS)?;
+        let addresses6 = self.take_byte_hash(names::MAP_NODE_ADDRS6)?;
         let stack_destinations = PrefixTrie::new(self.take(names::MAP_STACK_DESTINATIONS)?)
             .map_err(|e| DataplaneError::Map(names::MAP_STACK_DESTINATIONS, e))?;
         Ok(OverlayMaps {
@@ -439,6 +432,14 @@ impl Dataplane {
             addresses6,
             stack_destinations,
         })
+    }
+
+    /// The hash `name` of keys to a byte, wrapped; an error names it.
+    fn take_byte_hash<K: aya::Pod>(
+        &mut self,
+        name: &'static str,
+    ) -> Result<ByteHash<K>, DataplaneError> {
+        ByteHash::new(self.take(name)?).map_err(|e| DataplaneError::Map(name, e))
     }
 
     fn take(&mut self, name: &'static str) -> Result<aya::maps::Map, DataplaneError> {
