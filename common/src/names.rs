@@ -126,11 +126,14 @@ pub const MAP_POD_DEVS: &str = "ist_pod_devs";
 /// the tunnel the peer's sources are real, and may be anyone's, so the
 /// device names the peer (docs/design.md#liqo-v1-peers).
 pub const MAP_PEER_DEVS: &str = "ist_peer_devs";
-/// Capacity of [`MAP_PEER_DEVS`].
+/// Capacity of [`MAP_PEER_DEVS`] and of [`MAP_PEER_DEVS6`].
 pub const MAX_PEER_DEVS: u32 = 256;
+/// The same for the Liqo v1 peers with IPv6 networks: the ifindex → the
+/// peer's [`crate::nat::PeerKey`] in [`MAP_PEERS6`].
+pub const MAP_PEER_DEVS6: &str = "ist_peer_devs6";
 
 /// Every map the agent pins, in the order it reports them.
-pub const MAPS: [&str; 39] = [
+pub const MAPS: [&str; 40] = [
     MAP_PEERS,
     MAP_PEER_OWNERS,
     MAP_PREFIX_LENS,
@@ -170,6 +173,7 @@ pub const MAPS: [&str; 39] = [
     MAP_STACK_DESTINATIONS,
     MAP_POD_DEVS,
     MAP_PEER_DEVS,
+    MAP_PEER_DEVS6,
 ];
 
 /// Egress NAT for devices that carry Ethernet frames (veth).
@@ -284,8 +288,21 @@ pub const MASQUERADE6_PROGRAMS: [&str; 4] = [
     "masq6_in_ip",
 ];
 
+/// Program array: a Liqo v1 peer's IPv6 remap, as [`MAP_PEER_DNAT`] and
+/// the peer SNAT programs for IPv4, indexed by
+/// [`crate::counters::Link::icmp_error_slot`]: going out, after the IPv6
+/// NAT; coming in, before it, from the peer SNAT program of the device.
+pub const MAP_PEER_REMAP6: &str = "ist_peer_remap6";
+/// The programs of [`MAP_PEER_REMAP6`], in its order.
+pub const PEER_REMAP6_PROGRAMS: [&str; 4] = [
+    "peer_dnat6_eth",
+    "peer_snat6_eth",
+    "peer_dnat6_ip",
+    "peer_snat6_ip",
+];
+
 /// Every program array, pinned beside [`MAPS`].
-pub const PROGRAM_ARRAYS: [&str; 9] = [
+pub const PROGRAM_ARRAYS: [&str; 10] = [
     MAP_ONWARD,
     MAP_PEER_DNAT,
     MAP_NAT_IN,
@@ -295,6 +312,7 @@ pub const PROGRAM_ARRAYS: [&str; 9] = [
     MAP_NAT6,
     MAP_ICMP6_ERROR,
     MAP_MASQUERADE6,
+    MAP_PEER_REMAP6,
 ];
 
 /// Every TC program the agent attaches.
@@ -326,6 +344,7 @@ pub fn tc_programs() -> impl Iterator<Item = &'static str> {
         .chain(NAT6_PROGRAMS)
         .chain(ICMP6_ERROR_PROGRAMS)
         .chain(MASQUERADE6_PROGRAMS)
+        .chain(PEER_REMAP6_PROGRAMS)
 }
 
 /// Maximum number of peer networks in [`MAP_PEERS`] (two per peer).

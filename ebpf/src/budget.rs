@@ -23,10 +23,19 @@ static FRAGMENT_BUDGETS: Array<Budget, { BUDGET_SLOTS as usize }> = Array::new()
 /// counted against the owner, when either is spent.
 ///
 /// A subprogram, not inlined: only a datagram's first fragment calls it,
-/// and inlined, its branches cost the egress NAT some 25,000 of the
+/// and inlined, its branches cost the IPv4 NAT some 25,000 of the
 /// verifier's instructions, walked in every state that reaches them.
 #[inline(never)]
 pub fn take_fragment(peer_id: u32) -> bool {
+    charge_fragment(peer_id)
+}
+
+/// [`take_fragment`], inlined: for the IPv6 programs, whose frames leave
+/// no room for a subprogram's. A program that tail calls may use 512
+/// bytes of stack in all its frames together, and the IPv6 masquerade
+/// uses nearly all of them alone.
+#[inline(always)]
+pub fn charge_fragment(peer_id: u32) -> bool {
     let owner = owner_of(peer_id);
     let Some(own) = FRAGMENT_BUDGETS.get_ptr_mut(owner) else {
         return true;

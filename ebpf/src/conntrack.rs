@@ -70,6 +70,9 @@ pub trait Tables: TrackedAddr {
     fn fragment_id(fragment: &Fragment) -> Self::FragmentId;
     /// The peer whose networks hold `addr`, as we see them.
     fn peer_id(addr: Self) -> Option<u32>;
+    /// Charges a new fragment entry to peer `peer_id`, as
+    /// [`budget::take_fragment`] says.
+    fn take_fragment(peer_id: u32) -> bool;
 }
 
 impl Tables for Be32 {
@@ -98,6 +101,11 @@ impl Tables for Be32 {
     fn peer_id(addr: Self) -> Option<u32> {
         maps::peer_id(addr)
     }
+
+    #[inline(always)]
+    fn take_fragment(peer_id: u32) -> bool {
+        budget::take_fragment(peer_id)
+    }
 }
 
 impl Tables for Be128 {
@@ -124,6 +132,11 @@ impl Tables for Be128 {
     #[inline(always)]
     fn peer_id(addr: Self) -> Option<u32> {
         maps::peer6_id(addr)
+    }
+
+    #[inline(always)]
+    fn take_fragment(peer_id: u32) -> bool {
+        budget::charge_fragment(peer_id)
     }
 }
 
@@ -174,7 +187,7 @@ pub fn remember_fragment<A: Tables>(
     addr: A,
     peer_id: u32,
 ) {
-    if !budget::take_fragment(peer_id) {
+    if !A::take_fragment(peer_id) {
         return;
     }
     let key = fragment_key(fragment, src, dst, dir);

@@ -47,10 +47,15 @@ pub trait Family {
         off: usize,
         reading: Reading,
     ) -> Result<Parsed<Self::Addr>, Malformed>;
-    /// The source of the packet at `off`, when no more of it can be read.
-    fn source(ctx: &TcContext, off: usize) -> Option<Self::Addr>;
+    /// The address at `field` ([`Family::SRC`] or [`Family::DST`]) of the
+    /// packet at `off`, read alone: before the packet is parsed, or when it
+    /// cannot be.
+    fn address(ctx: &TcContext, off: usize, field: usize) -> Option<Self::Addr>;
     /// The peer whose networks, as we see them, hold `addr`.
     fn peer(addr: Self::Addr) -> Option<&'static PeerNat<Self::Addr>>;
+    /// The networks of this family of the Liqo v1 peer that the tunnel
+    /// device `ifindex` carries alone.
+    fn peer_of_device(ifindex: u32) -> Option<&'static PeerNat<Self::Addr>>;
     /// The endpoint that peer `peer_id` reaches at `external`.
     fn endpoint_of(peer_id: u32, external: Self::Addr) -> Option<Self::Addr>;
     /// The externalIP under which peer `peer_id` knows `endpoint`.
@@ -99,17 +104,25 @@ impl Family for V4 {
 
     #[inline(always)]
     fn parse(ctx: &TcContext, off: usize, reading: Reading) -> Result<Parsed<Be32>, Malformed> {
-        parse::ipv4::packet(ctx, off, reading == Reading::IcmpError)
+        match reading {
+            Reading::Either => parse::ipv4::any_packet(ctx, off).map(Parsed::Packet),
+            _ => parse::ipv4::packet(ctx, off, reading == Reading::IcmpError),
+        }
     }
 
     #[inline(always)]
-    fn source(ctx: &TcContext, off: usize) -> Option<Be32> {
-        ctx.load::<u32>(off + ipv4::SRC).ok().map(Be32::from_bits)
+    fn address(ctx: &TcContext, off: usize, field: usize) -> Option<Be32> {
+        ctx.load::<u32>(off + field).ok().map(Be32::from_bits)
     }
 
     #[inline(always)]
     fn peer(addr: Be32) -> Option<&'static PeerNat> {
         maps::peer(addr)
+    }
+
+    #[inline(always)]
+    fn peer_of_device(ifindex: u32) -> Option<&'static PeerNat> {
+        maps::peer_of_device(ifindex)
     }
 
     #[inline(always)]
@@ -176,13 +189,18 @@ impl Family for V6 {
     }
 
     #[inline(always)]
-    fn source(ctx: &TcContext, off: usize) -> Option<Be128> {
-        parse::ipv6::source(ctx, off)
+    fn address(ctx: &TcContext, off: usize, field: usize) -> Option<Be128> {
+        parse::ipv6::address(ctx, off, field)
     }
 
     #[inline(always)]
     fn peer(addr: Be128) -> Option<&'static PeerNat<Be128>> {
         maps::peer6(addr)
+    }
+
+    #[inline(always)]
+    fn peer_of_device(ifindex: u32) -> Option<&'static PeerNat<Be128>> {
+        maps::peer6_of_device(ifindex)
     }
 
     #[inline(always)]

@@ -211,9 +211,9 @@ fn egress<F: Family>(ctx: &TcContext, l3: usize, stage: Stage) -> i32 {
 /// sends an IPv6 packet to the IPv6 NAT; a packet for a later stage goes on
 /// there. A peer's packet that goes on continues after the NAT: going out,
 /// a Liqo v1 peer's has its destination rewritten too
-/// (docs/design.md#liqo-v1-peers); coming in, it goes to its pod. What
-/// follows the NAT reads IPv4 alone: an IPv6 packet takes the stack, and
-/// the IPv6 NAT serves no Liqo v1 peer yet.
+/// (docs/design.md#liqo-v1-peers); coming in, it goes to its pod. The way
+/// to the pod past the stack reads IPv4 alone: an IPv6 packet takes the
+/// stack.
 #[inline(always)]
 fn nat_stage<F: Family>(ctx: &TcContext, l3: usize, direction: Direction, stage: Stage) -> i32 {
     let link = Link::of_l3(l3);
@@ -224,12 +224,12 @@ fn nat_stage<F: Family>(ctx: &TcContext, l3: usize, direction: Direction, stage:
     if let Some(next) = handled.next {
         return tail_call::next_stage::<F>(ctx, link, direction, next);
     }
-    if handled.action != TC_ACT_UNSPEC || F::IPV6 {
+    if handled.action != TC_ACT_UNSPEC {
         return handled.action;
     }
     match direction {
-        Direction::Egress if handled.remaps_peer => tail_call::peer_dnat(ctx, link),
-        Direction::Ingress if handled.peers => tail_call::onward(ctx, link),
+        Direction::Egress if handled.remaps_peer => tail_call::peer_dnat::<F>(ctx, link),
+        Direction::Ingress if handled.peers && !F::IPV6 => tail_call::onward(ctx, link),
         _ => handled.action,
     }
 }
@@ -238,26 +238,52 @@ fn nat_stage<F: Family>(ctx: &TcContext, l3: usize, direction: Direction, stage:
 /// from our view of it to its real address.
 #[classifier]
 pub fn peer_dnat_eth(ctx: TcContext) -> i32 {
-    peer_remap::dnat(&ctx, ETH_HLEN)
+    peer_remap::dnat::<V4>(&ctx, ETH_HLEN)
 }
 
 /// After `nat_egress_ip`, by tail call: as `peer_dnat_eth`, on a tun.
 #[classifier]
 pub fn peer_dnat_ip(ctx: TcContext) -> i32 {
-    peer_remap::dnat(&ctx, 0)
+    peer_remap::dnat::<V4>(&ctx, 0)
 }
 
 /// Ingress of an Ethernet device that carries one Liqo v1 peer: its real
 /// source goes to our view of it, then `nat_ingress_eth` runs.
 #[classifier]
 pub fn peer_snat_eth(ctx: TcContext) -> i32 {
-    peer_remap::snat(&ctx, ETH_HLEN)
+    peer_remap::snat::<V4>(&ctx, ETH_HLEN)
 }
 
 /// As `peer_snat_eth`, on a tun, then `nat_ingress_ip`.
 #[classifier]
 pub fn peer_snat_ip(ctx: TcContext) -> i32 {
-    peer_remap::snat(&ctx, 0)
+    peer_remap::snat::<V4>(&ctx, 0)
+}
+
+/// After the IPv6 NAT's egress, by tail call: as `peer_dnat_eth`, for
+/// IPv6.
+#[classifier]
+pub fn peer_dnat6_eth(ctx: TcContext) -> i32 {
+    peer_remap::dnat::<V6>(&ctx, ETH_HLEN)
+}
+
+/// As `peer_dnat6_eth`, on a tun.
+#[classifier]
+pub fn peer_dnat6_ip(ctx: TcContext) -> i32 {
+    peer_remap::dnat::<V6>(&ctx, 0)
+}
+
+/// After `peer_snat_eth`, by tail call, for an IPv6 packet: as it, then
+/// `nat6_in_eth` runs.
+#[classifier]
+pub fn peer_snat6_eth(ctx: TcContext) -> i32 {
+    peer_remap::snat::<V6>(&ctx, ETH_HLEN)
+}
+
+/// As `peer_snat6_eth`, on a tun, then `nat6_in_ip`.
+#[classifier]
+pub fn peer_snat6_ip(ctx: TcContext) -> i32 {
+    peer_remap::snat::<V6>(&ctx, 0)
 }
 
 /// Rewrites destinations of packets arriving from a peer, on an L3 device

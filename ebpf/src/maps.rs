@@ -149,12 +149,27 @@ fn peer_in<A: Address>(
 #[btf_map(name = "ist_peer_devs")]
 static PEER_DEVS: HashMap<u32, PeerKey, { MAX_PEER_DEVS as usize }, ON_DEMAND> = HashMap::new();
 
+/// The same for the Liqo v1 peers' IPv6 networks: ifindex → the key of
+/// that peer in [`PEERS6`].
+#[btf_map(name = "ist_peer_devs6")]
+static PEER_DEVS6: HashMap<u32, PeerKey<Be128>, { MAX_PEER_DEVS as usize }, ON_DEMAND> =
+    HashMap::new();
+
 /// The Liqo v1 peer device `ifindex` carries alone, if it carries one.
 #[inline(always)]
 pub fn peer_of_device(ifindex: u32) -> Option<&'static PeerNat> {
     // SAFETY: both values are replaced whole by the agent, as in `peer`.
     let key = unsafe { PEER_DEVS.get(&ifindex) }?;
     unsafe { PEERS.get(key) }
+}
+
+/// The IPv6 networks of the Liqo v1 peer device `ifindex` carries alone,
+/// if it carries one that has them.
+#[inline(always)]
+pub fn peer6_of_device(ifindex: u32) -> Option<&'static PeerNat<Be128>> {
+    // SAFETY: as in `peer_of_device`.
+    let key = unsafe { PEER_DEVS6.get(&ifindex) }?;
+    unsafe { PEERS6.get(key) }
 }
 
 /// The endpoint that peer `peer_id` reaches at `external`.

@@ -57,6 +57,11 @@ static ICMP6_ERROR: ProgramArray<4> = ProgramArray::new();
 #[btf_map(name = "ist_masq6")]
 static MASQUERADE6: ProgramArray<4> = ProgramArray::new();
 
+/// A Liqo v1 peer's IPv6 remap (`names::PEER_REMAP6_PROGRAMS`), by link
+/// and direction.
+#[btf_map(name = "ist_peer_remap6")]
+static PEER_REMAP6: ProgramArray<4> = ProgramArray::new();
+
 /// Goes on in the program after the ingress NAT for `link`: a peer's
 /// packet, which the NAT gave its outcome.
 #[inline(always)]
@@ -66,13 +71,28 @@ pub fn onward(ctx: &TcContext, link: Link) -> i32 {
     missed(link, Direction::Ingress)
 }
 
-/// Goes on in the rewrite of a Liqo v1 peer's destination for `link`: a
-/// peer's packet, which the egress NAT gave its outcome.
+/// Goes on in the rewrite of a Liqo v1 peer's destination of family `F`
+/// for `link`: a peer's packet, which the egress NAT gave its outcome.
 #[inline(always)]
-pub fn peer_dnat(ctx: &TcContext, link: Link) -> i32 {
-    // SAFETY: a tail call into a TC program of the agent's own object.
-    unsafe { PEER_DNAT.tail_call(ctx, link as u32) };
+pub fn peer_dnat<F: Family>(ctx: &TcContext, link: Link) -> i32 {
+    // SAFETY: tail calls into TC programs of the agent's own object.
+    unsafe {
+        match F::IPV6 {
+            false => PEER_DNAT.tail_call(ctx, link as u32),
+            true => PEER_REMAP6.tail_call(ctx, link.icmp_error_slot(Direction::Egress)),
+        }
+    };
     missed(link, Direction::Egress)
+}
+
+/// Goes on in the rewrite of a Liqo v1 peer's IPv6 source for `link`,
+/// before the IPv6 NAT, which gives a packet its outcome: one that misses
+/// it gets `dropped` here.
+#[inline(always)]
+pub fn peer_snat6(ctx: &TcContext, link: Link) -> i32 {
+    // SAFETY: a tail call into a TC program of the agent's own object.
+    unsafe { PEER_REMAP6.tail_call(ctx, link.icmp_error_slot(Direction::Ingress)) };
+    missed_before_outcome(link, Direction::Ingress)
 }
 
 /// Goes on in the ingress NAT for `link`, which gives a packet its

@@ -81,6 +81,29 @@ impl Peering {
         configuration
     }
 
+    /// [`Peering::configuration`] for the dual-stack lab: each list holds
+    /// the IPv6 network after the IPv4 one, as Liqo v1's lists are made
+    /// for, with our IPv6 view of the peer in `status.remote`.
+    pub fn dual_stack_configuration(&self) -> Value {
+        let mut configuration = self.configuration();
+        let (local, remote) = (self.local, self.remote);
+        let [seen_pod, seen_external] = self.remote_views6().map(|net| net.to_string());
+        let ipv6 = [
+            ("spec", "local", [local.pod_cidr6, local.external_cidr6]),
+            ("spec", "remote", [remote.pod_cidr6, remote.external_cidr6]),
+            ("status", "remote", [&seen_pod, &seen_external]),
+        ];
+        for (part, side, [pod, external]) in ipv6 {
+            let cidr = &mut configuration[part][side]["cidr"];
+            for (list, net) in [("pod", pod), ("external", external)] {
+                if let Some(list) = cidr[list].as_array_mut() {
+                    list.push(json!(net));
+                }
+            }
+        }
+        configuration
+    }
+
     /// [`Peering::configuration`], as YAML.
     pub fn configuration_yaml(&self) -> String {
         yaml(&self.configuration())

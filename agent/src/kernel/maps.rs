@@ -8,7 +8,7 @@ use aya::maps::{
     Array, HashMap, Map, MapData, MapError, PerCpuArray,
     lpm_trie::{Key, LpmTrie},
 };
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use isthmus_common::{
     counters,
     guard::{GuardSource, VERDICTS},
@@ -140,47 +140,88 @@ impl<K: aya::Pod + Ord> KernelTable for ByteHash<K> {
     }
 }
 
-/// The tunnel devices that each carry one Liqo v1 peer (`ist_peer_devs`):
-/// ifindex → the key of that peer's PodCIDR view in the peer table.
-pub struct PeerDevices(HashMap<MapData, u32, PeerKey>);
+/// The tunnel devices that each carry one Liqo v1 peer (`ist_peer_devs`,
+/// and `ist_peer_devs6` for the peers' IPv6 networks): ifindex → the key
+/// of that peer's PodCIDR view in the peer table of each family.
+pub struct PeerDevices {
+    ipv4: DeviceTable<Ipv4Net>,
+    ipv6: DeviceTable<Ipv6Net>,
+}
+
+/// One family's table of the tunnel devices of Liqo v1 peers.
+type DeviceTable<N> = HashMap<MapData, u32, PeerKey<<N as Cidr>::Wire>>;
 
 impl PeerDevices {
-    /// Wraps a map taken from a freshly loaded object.
-    pub fn new(map: Map) -> Result<Self, MapError> {
-        Ok(Self(map.try_into()?))
+    /// Wraps the maps of each family taken from a freshly loaded object.
+    pub fn new(ipv4: Map, ipv6: Map) -> Result<Self, MapError> {
+        Ok(Self {
+            ipv4: ipv4.try_into()?,
+            ipv6: ipv6.try_into()?,
+        })
     }
 
-    /// Opens the map pinned under `root`.
+    /// Opens the maps pinned under `root`.
     pub fn open(root: &Path) -> Result<Self, MapError> {
-        Self::new(open_pinned(root, names::MAP_PEER_DEVS)?)
+        Self::new(
+            open_pinned(root, names::MAP_PEER_DEVS)?,
+            open_pinned(root, names::MAP_PEER_DEVS6)?,
+        )
     }
 
-    /// Each device's ifindex, with the view that names its peer.
+    /// Each device's ifindex, with the IPv4 view that names its peer.
     pub fn entries(&self) -> Result<BTreeMap<u32, Ipv4Net>, MapError> {
-        self.0
-            .iter()
-            .map(|entry| {
-                let (ifindex, key) = entry?;
-                Ok((ifindex, Ipv4Net::from_wire(key.addr, key.prefix_len as u8)))
-            })
-            .collect()
+        entries_of(&self.ipv4)
     }
 
-    /// Makes the table hold exactly `wanted`: device ifindex → the view
-    /// that names its peer in the peer table.
-    pub fn sync(&mut self, wanted: &BTreeMap<u32, Ipv4Net>) -> Result<(), MapError> {
-        let held: Vec<u32> = self.0.keys().collect::<Result<_, _>>()?;
-        for ifindex in held.iter().filter(|i| !wanted.contains_key(i)) {
-            gone_is_fine(self.0.remove(ifindex))?;
-        }
-        for (ifindex, view) in wanted {
-            let key = PeerKey::of(Be32::from(view.network()), view.prefix_len());
-            if self.0.get(ifindex, 0).ok() != Some(key) {
-                self.0.insert(ifindex, key, 0)?;
-            }
-        }
-        Ok(())
+    /// Each device's ifindex, with the IPv6 view that names its peer.
+    pub fn entries6(&self) -> Result<BTreeMap<u32, Ipv6Net>, MapError> {
+        entries_of(&self.ipv6)
     }
+
+    /// Makes the tables hold exactly `wanted` and `wanted6`: device
+    /// ifindex → the view of each family that names its peer in that
+    /// family's peer table.
+    pub fn sync(
+        &mut self,
+        wanted: &BTreeMap<u32, Ipv4Net>,
+        wanted6: &BTreeMap<u32, Ipv6Net>,
+    ) -> Result<(), MapError> {
+        sync_table(&mut self.ipv4, wanted)?;
+        sync_table(&mut self.ipv6, wanted6)
+    }
+}
+
+fn entries_of<N: Cidr>(table: &DeviceTable<N>) -> Result<BTreeMap<u32, N>, MapError>
+where
+    PeerKey<N::Wire>: aya::Pod,
+{
+    table
+        .iter()
+        .map(|entry| {
+            let (ifindex, key) = entry?;
+            Ok((ifindex, N::from_wire(key.addr, key.prefix_len as u8)))
+        })
+        .collect()
+}
+
+fn sync_table<N: Cidr>(
+    table: &mut DeviceTable<N>,
+    wanted: &BTreeMap<u32, N>,
+) -> Result<(), MapError>
+where
+    PeerKey<N::Wire>: aya::Pod + PartialEq,
+{
+    let held: Vec<u32> = table.keys().collect::<Result<_, _>>()?;
+    for ifindex in held.iter().filter(|i| !wanted.contains_key(i)) {
+        gone_is_fine(table.remove(ifindex))?;
+    }
+    for (ifindex, view) in wanted {
+        let key = PeerKey::of(view.wire(), view.prefix());
+        if table.get(ifindex, 0).ok() != Some(key) {
+            table.insert(ifindex, key, 0)?;
+        }
+    }
+    Ok(())
 }
 
 /// The XDP guard's tables: the sources that may reach the tunnel's ports,

@@ -544,7 +544,7 @@ fn denied<F: Family>(
 /// The peer a packet comes from when only its source can be read.
 #[inline(always)]
 fn unparseable_from<F: Family>(ctx: &TcContext, l3: usize) -> Option<u32> {
-    F::peer(F::source(ctx, l3)?).map(|peer| peer.peer_id)
+    F::peer(F::address(ctx, l3, F::SRC)?).map(|peer| peer.peer_id)
 }
 
 /// The stateless rules alone (prefix remap and NatMapping), for headers

@@ -46,7 +46,8 @@ fn fragment(chain: &Chain) -> Option<Fragment> {
 pub fn packet(ctx: &TcContext, off: usize, reading: Reading) -> Result<Parsed<Be128>, Malformed> {
     let errors = reading == Reading::IcmpError;
     let len = ctx.len() as usize;
-    linearize(ctx, off, if errors { MAX_PARSED_ERROR } else { MAX_PARSED })?;
+    let quotes = errors || reading == Reading::Either;
+    linearize(ctx, off, if quotes { MAX_PARSED_ERROR } else { MAX_PARSED })?;
     let view = View::of(ctx);
     let h = ipv6::Header(view.span::<HLEN>(off)?);
     // A payload length longer than the packet is a lie; shorter is link
@@ -61,7 +62,7 @@ pub fn packet(ctx: &TcContext, off: usize, reading: Reading) -> Result<Parsed<Be
     );
     let chain = match reading {
         Reading::Again => kept(ctx, off)?,
-        Reading::Fresh | Reading::IcmpError => {
+        Reading::Fresh | Reading::IcmpError | Reading::Either => {
             let walked = walk(ctx, h.next_header(), off + HLEN, end);
             match walked.stop {
                 None => walked.chain,
@@ -96,8 +97,9 @@ pub fn packet(ctx: &TcContext, off: usize, reading: Reading) -> Result<Parsed<Be
     }
     let is_error =
         chain.proto == PROTO_ICMPV6 && ipv6::is_error(view.span::<ICMP_HLEN>(chain.l4)?[0]);
+    let either = reading == Reading::Either;
     match (errors, is_error) {
-        (false, true) => return Ok(Parsed::IcmpError),
+        (false, true) if !either => return Ok(Parsed::IcmpError),
         (true, false) => return Err(Malformed),
         _ => {}
     }
@@ -120,11 +122,11 @@ pub fn packet(ctx: &TcContext, off: usize, reading: Reading) -> Result<Parsed<Be
     Ok(Parsed::Packet(packet))
 }
 
-/// The source address of the IPv6 packet at `off`, when that much of it
-/// can be read.
+/// The address at `field` (`ipv6::SRC` or `ipv6::DST`) of the IPv6 packet
+/// at `off`, when that much of it can be read.
 #[inline(always)]
-pub fn source(ctx: &TcContext, off: usize) -> Option<Be128> {
-    let words: [u32; 4] = ctx.load(off + ipv6::SRC).ok()?;
+pub fn address(ctx: &TcContext, off: usize, field: usize) -> Option<Be128> {
+    let words: [u32; 4] = ctx.load(off + field).ok()?;
     Some(Be128::from_words(words.map(Be32::from_bits)))
 }
 

@@ -105,6 +105,10 @@ pub enum Reading {
     /// A packet the first stage parsed and sent on: an IPv6 packet's chain
     /// is the one that stage kept.
     Again,
+    /// A packet of either kind, an ICMP error with its quoted header, read
+    /// afresh and kept for no later stage: what a Liqo v1 peer's remap
+    /// reads, which rewrites one address of both kinds.
+    Either,
 }
 
 /// ICMP echo reply.

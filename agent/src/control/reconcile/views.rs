@@ -6,15 +6,10 @@ use std::collections::{BTreeMap, HashMap};
 use ipnet::{Ipv4Net, Ipv6Net};
 use isthmus_common::{nat::PeerNat, wire::Be128};
 
-use crate::model::{
-    isolation::SecurityMode,
-    object::ObjectKey,
-    peer::{Peer, Remaps},
-};
+use crate::model::{isolation::SecurityMode, object::ObjectKey, peer::Peer};
 
 /// The IPv4 views of `accepted` and their IPv6 views, each to its peer's
-/// rules, under the peer's ID in `ids`. The IPv6 NAT serves no Liqo v1
-/// peer yet (docs/design.md#dual-stack).
+/// rules, under the peer's ID in `ids`.
 pub(super) fn of(
     accepted: &[Peer],
     ids: &HashMap<ObjectKey, u32>,
@@ -32,7 +27,6 @@ pub(super) fn of(
         .collect();
     let ipv6 = accepted
         .iter()
-        .filter(|peer| peer.remaps() == Remaps::Ours)
         .filter_map(|peer| Some((peer, peer.ipv6.as_ref()?, peer.nat6(ids[&peer.key], mode)?)))
         .flat_map(|(peer, ipv6, nat)| ipv6.views(peer.layout).map(|(_, net)| (net, nat)))
         .collect();

@@ -263,21 +263,29 @@ impl Dataplane {
         self.serves_liqo_v1
     }
 
-    /// Puts the programs that rewrite a Liqo v1 peer's addresses, and the
-    /// ingress NAT after them, into their program arrays.
+    /// Puts the programs that rewrite a Liqo v1 peer's addresses, of both
+    /// families, and the ingress NAT after them, into their program arrays.
     fn load_liqo_v1_programs(&mut self) -> Result<(), DataplaneError> {
         attach::load_program_array(
             &mut self.ebpf,
             names::MAP_PEER_DNAT,
             names::PEER_DNAT_PROGRAMS,
         )?;
-        attach::load_program_array(&mut self.ebpf, names::MAP_NAT_IN, names::NAT_IN_PROGRAMS)
+        attach::load_program_array(&mut self.ebpf, names::MAP_NAT_IN, names::NAT_IN_PROGRAMS)?;
+        attach::load_program_array(
+            &mut self.ebpf,
+            names::MAP_PEER_REMAP6,
+            names::PEER_REMAP6_PROGRAMS,
+        )
     }
 
     /// The table of tunnel devices that each carry one Liqo v1 peer.
     pub fn take_peer_devs(&mut self) -> Result<PeerDevices, DataplaneError> {
-        PeerDevices::new(self.take(names::MAP_PEER_DEVS)?)
-            .map_err(|e| DataplaneError::Map(names::MAP_PEER_DEVS, e))
+        let (ipv4, ipv6) = (
+            self.take(names::MAP_PEER_DEVS)?,
+            self.take(names::MAP_PEER_DEVS6)?,
+        );
+        PeerDevices::new(ipv4, ipv6).map_err(|e| DataplaneError::Map(names::MAP_PEER_DEVS, e))
     }
 
     /// The peer table, for the reconciler.

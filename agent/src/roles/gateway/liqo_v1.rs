@@ -7,7 +7,7 @@
 
 use std::{collections::BTreeMap, net::Ipv4Addr};
 
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use tracing::error;
 
 use crate::{
@@ -121,15 +121,24 @@ impl DevicesOfPeers {
     }
 
     /// Names, for each device in `devices`, its peer: by the peer's
-    /// PodCIDR view, under the device's ifindex now, so that a recreated
-    /// device gets its entry anew. Every other entry goes. Returns whether
-    /// the table took them; it logs why not.
+    /// PodCIDR view of each family it has, under the device's ifindex now,
+    /// so that a recreated device gets its entry anew. Every other entry
+    /// goes. Returns whether the tables took them; it logs why not.
     pub fn sync<'a>(&mut self, devices: impl IntoIterator<Item = (&'a str, &'a Peer)>) -> bool {
-        let wanted: BTreeMap<u32, Ipv4Net> = devices
+        let by_ifindex: Vec<(u32, &Peer)> = devices
             .into_iter()
-            .filter_map(|(dev, peer)| Some((link::ifindex(dev).ok()?, peer.views()[0].1)))
+            .filter_map(|(dev, peer)| Some((link::ifindex(dev).ok()?, peer)))
             .collect();
-        let synced = self.0.sync(&wanted);
+        let wanted: BTreeMap<u32, Ipv4Net> = (by_ifindex.iter())
+            .map(|(ifindex, peer)| (*ifindex, peer.views()[0].1))
+            .collect();
+        let wanted6: BTreeMap<u32, Ipv6Net> = (by_ifindex.iter())
+            .filter_map(|(ifindex, peer)| {
+                let ipv6 = peer.ipv6.as_ref()?;
+                Some((*ifindex, ipv6.views(peer.layout)[0].1))
+            })
+            .collect();
+        let synced = self.0.sync(&wanted, &wanted6);
         if let Err(e) = &synced {
             error!(error = %e, "naming the Liqo v1 peers of the tunnel devices; will retry");
         }

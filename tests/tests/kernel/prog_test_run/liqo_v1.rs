@@ -49,16 +49,27 @@ impl V1 {
             .expect("loading the eBPF object");
         // What the ingress NAT goes on in, as the agent loads it.
         load_nat_stages(&mut ebpf).unwrap();
+        let slot6 = |direction| Link::Eth.icmp_error_slot(direction);
         for (array, slot, program) in [
-            (names::MAP_PEER_DNAT, Link::Eth, "peer_dnat_eth"),
-            (names::MAP_NAT_IN, Link::Eth, names::PROG_INGRESS_ETH),
+            (names::MAP_PEER_DNAT, Link::Eth as u32, "peer_dnat_eth"),
+            (names::MAP_NAT_IN, Link::Eth as u32, names::PROG_INGRESS_ETH),
+            (
+                names::MAP_PEER_REMAP6,
+                slot6(Direction::Egress),
+                "peer_dnat6_eth",
+            ),
+            (
+                names::MAP_PEER_REMAP6,
+                slot6(Direction::Ingress),
+                "peer_snat6_eth",
+            ),
         ] {
             let prog: &mut SchedClassifier = ebpf.program_mut(program).unwrap().try_into().unwrap();
             prog.load()
                 .unwrap_or_else(|e| panic!("verifier rejected {program}: {e}"));
             let fd = prog.fd().unwrap().try_clone().unwrap();
             let mut map = ProgramArray::try_from(ebpf.map_mut(array).unwrap()).unwrap();
-            map.set(slot as u32, &fd, 0).unwrap();
+            map.set(slot, &fd, 0).unwrap();
         }
         for program in [names::PROG_EGRESS_ETH, names::PROG_PEER_SNAT_ETH] {
             let prog: &mut SchedClassifier = ebpf.program_mut(program).unwrap().try_into().unwrap();
@@ -82,6 +93,7 @@ impl V1 {
             BpfHashMap::try_from(ebpf.map_mut(names::MAP_PEER_DEVS).unwrap()).unwrap();
         let key = PeerKey::of(Be32::from(pod_view.network()), pod_view.prefix_len());
         devices.insert(TEST_RUN_IFINDEX, key, 0).unwrap();
+        liqo_v1_ipv6::add_peer(&mut ebpf, &peer, TEST_RUN_IFINDEX);
         let mut mappings = MappingMap::new(
             ebpf.take_map(names::MAP_NATMAP).unwrap(),
             ebpf.take_map(names::MAP_NATMAP_REV).unwrap(),
@@ -107,12 +119,18 @@ impl V1 {
     }
 
     pub(super) fn run(&self, direction: Direction, packet: &Datagram) -> (i32, Vec<u8>) {
+        self.run_frame(direction, &eth_ipv4(&packet.bytes()))
+    }
+
+    /// Runs the Ethernet frame `frame` through the gateway's programs for
+    /// `direction`: the egress NAT, or the tunnel device's peer SNAT.
+    pub(super) fn run_frame(&self, direction: Direction, frame: &[u8]) -> (i32, Vec<u8>) {
         let name = match direction {
             Direction::Egress => names::PROG_EGRESS_ETH,
             Direction::Ingress => names::PROG_PEER_SNAT_ETH,
         };
         let prog: &SchedClassifier = self.ebpf.program(name).unwrap().try_into().unwrap();
-        let (action, out) = test_run(prog, &eth_ipv4(&packet.bytes()));
+        let (action, out) = test_run(prog, frame);
         (action as i32, out)
     }
 
@@ -126,10 +144,23 @@ impl V1 {
         want: &Datagram,
         kinds: &[Kind],
     ) {
+        let [input, want] = [input, want].map(|d| eth_ipv4(&d.bytes()));
+        self.expect_frame(name, direction, &input, &want, kinds);
+    }
+
+    /// As [`V1::expect`], of Ethernet frames.
+    pub(super) fn expect_frame(
+        &self,
+        name: &str,
+        direction: Direction,
+        input: &[u8],
+        want: &[u8],
+        kinds: &[Kind],
+    ) {
         let before = self.counters.read().unwrap();
-        let (ret, out) = self.run(direction, input);
+        let (ret, out) = self.run_frame(direction, input);
         assert_eq!(ret, HAND_ON, "{name}");
-        assert_eq!(hex(&out), hex(&eth_ipv4(&want.bytes())), "{name}");
+        assert_eq!(hex(&out), hex(want), "{name}");
         let after = self.counters.read().unwrap();
         for kind in [
             Kind::Prefix,
@@ -146,6 +177,11 @@ impl V1 {
     /// Runs `input` and asserts it was dropped, counted as denied to b for
     /// `reason`, and given one outcome: dropped.
     fn expect_denied(&self, name: &str, input: &[u8], reason: DenyReason) {
+        self.expect_denied_frame(name, &eth_ipv4(input), reason);
+    }
+
+    /// As [`V1::expect_denied`], of an Ethernet frame.
+    pub(super) fn expect_denied_frame(&self, name: &str, frame: &[u8], reason: DenyReason) {
         let before = self.denied.read().unwrap();
         let outcomes_before = self.counters.read().unwrap();
         let prog: &SchedClassifier = self
@@ -154,7 +190,7 @@ impl V1 {
             .unwrap()
             .try_into()
             .unwrap();
-        let (ret, _) = test_run(prog, &eth_ipv4(input));
+        let (ret, _) = test_run(prog, frame);
         assert_eq!(ret as i32, DROP, "{name}");
         let after = self.denied.read().unwrap();
         let slot = counters::deny_slot(1, reason) as usize;
@@ -176,10 +212,10 @@ impl V1 {
 }
 
 /// Cluster a's peer b, from a `Configuration` as Liqo v1 writes it for the
-/// lab's peering: b's networks are a's own, seen as 10.0.0.0/24 and
-/// 10.0.1.0/24.
+/// dual-stack lab's peering: b's networks are a's own, seen as
+/// `10.0.0.0/24` and `10.0.1.0/24`, and `fd00:10::/64` and `fd00:10:0:1::/64`.
 fn a_serving_b() -> Peer {
-    let yaml = PEERINGS[0].configuration_yaml();
+    let yaml = serde_yaml_ng::to_string(&PEERINGS[0].dual_stack_configuration()).unwrap();
     let docs = parse_documents("configuration.yaml".as_ref(), &yaml);
     let Ok(Object::Configuration(raw)) = &docs[0] else {
         panic!("{docs:?}")

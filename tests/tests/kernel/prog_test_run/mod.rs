@@ -10,6 +10,7 @@ mod ipv6;
 mod isolation;
 mod isolation6;
 mod liqo_v1;
+mod liqo_v1_ipv6;
 mod masquerade;
 mod masquerade6;
 mod packet_shapes;
