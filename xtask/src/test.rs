@@ -193,7 +193,7 @@ impl Tier {
             // their own. The tests that need cluster b run as Liqo come
             // last, in labs of their own: v0.10's, then v1's with Isthmus
             // as the client of b's gateway, then as its server; then every
-            // cluster on Liqo v1's API.
+            // cluster on Liqo v1's API, dual-stack.
             Tier::Slow => {
                 let liqo = |peer, module| {
                     TestRun::in_lab(with_liqo(peer), &one_by_one("slow", &["--ignored", module]))
@@ -216,6 +216,7 @@ impl Tier {
                     TestRun::in_lab(
                         Setup {
                             liqo_api_v1: true,
+                            dual_stack: true,
                             ..Setup::default()
                         },
                         &one_by_one("slow", &["--ignored", "liqo_v1_api::"]),

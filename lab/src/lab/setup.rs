@@ -157,7 +157,6 @@ impl Setup {
             let other_tunnel = !matches!(self.tunnel, LabTunnel::Userspace | LabTunnel::None);
             let refused = [
                 (self.liqo.is_some(), "a Liqo peer"),
-                (self.liqo_api_v1, "--liqo-api v1"),
                 (other_tunnel, tunnel_flag.as_str()),
                 (self.containers, "--containers"),
                 (self.ha, "--ha"),

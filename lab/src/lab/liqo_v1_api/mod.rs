@@ -135,9 +135,11 @@ fn admit(api: &FakeApi, object: Value) -> Result<()> {
 }
 
 /// `cluster`'s objects, as its API server holds them once `liqoctl peer`
-/// and Liqo's controllers are done.
+/// and Liqo's controllers are done; in the dual-stack lab, with both
+/// families' networks and node addresses.
 fn seed(api: &FakeApi, cluster: &Cluster) -> Result<()> {
-    for node in nodes(cluster) {
+    let dual_stack = super::Setup::current()?.dual_stack;
+    for node in nodes(cluster, dual_stack) {
         api.apply(node);
     }
     let key = fs::read_to_string(key_file(&cluster.gw()))?;
@@ -152,7 +154,13 @@ fn seed(api: &FakeApi, cluster: &Cluster) -> Result<()> {
             super::liqo_v1_peer::Side::Server => peering.remote,
             super::liqo_v1_peer::Side::Client => peering.local,
         });
-        admit(api, peering.configuration())?;
+        admit(
+            api,
+            match dual_stack {
+                true => peering.dual_stack_configuration(),
+                false => peering.configuration(),
+            },
+        )?;
         admit(api, peering.public_key(&public_key(&peering.remote.gw())?))?;
         let parent = peering.liqo_gateway(side, port);
         let rendered = owned_by(api, &parent, peering.isthmus_gateway(side, port))?;
@@ -202,8 +210,11 @@ fn owned_by(api: &FakeApi, parent: &Value, mut child: Value) -> Result<Value> {
 
 /// `cluster`'s Nodes, the gateway's with its uplink as `ExternalIP`, where
 /// a server's peers make contact.
-fn nodes(cluster: &Cluster) -> [Value; 2] {
-    let mut nodes = cluster.node_objects();
+fn nodes(cluster: &Cluster, dual_stack: bool) -> [Value; 2] {
+    let mut nodes = match dual_stack {
+        true => cluster.dual_stack_node_objects(),
+        false => cluster.node_objects(),
+    };
     let external = json!({"type": "ExternalIP", "address": cluster.wan_addr().to_string()});
     nodes[0]["status"]["addresses"]
         .as_array_mut()
