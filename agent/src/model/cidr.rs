@@ -40,6 +40,9 @@ pub trait Cidr: Copy + Eq + fmt::Display + fmt::Debug + Into<IpNet> {
 
     /// Whether it holds `addr`.
     fn holds(&self, addr: Self::Addr) -> bool;
+
+    /// `addr`, if it is of this family.
+    fn addr_of(addr: IpAddr) -> Option<Self::Addr>;
 }
 
 impl Cidr for Ipv4Net {
@@ -74,6 +77,13 @@ impl Cidr for Ipv4Net {
     fn holds(&self, addr: Ipv4Addr) -> bool {
         self.contains(&addr)
     }
+
+    fn addr_of(addr: IpAddr) -> Option<Ipv4Addr> {
+        match addr {
+            IpAddr::V4(addr) => Some(addr),
+            IpAddr::V6(_) => None,
+        }
+    }
 }
 
 impl Cidr for Ipv6Net {
@@ -107,6 +117,13 @@ impl Cidr for Ipv6Net {
 
     fn holds(&self, addr: Ipv6Addr) -> bool {
         self.contains(&addr)
+    }
+
+    fn addr_of(addr: IpAddr) -> Option<Ipv6Addr> {
+        match addr {
+            IpAddr::V6(addr) => Some(addr),
+            IpAddr::V4(_) => None,
+        }
     }
 }
 

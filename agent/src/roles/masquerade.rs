@@ -86,12 +86,12 @@ impl MasqueradeAddress {
         if !self.follows_liqo_v1 {
             return;
         }
-        let addr = liqo_v1::unknown_source(peers);
-        match self.map.set(addr, None) {
+        let (addr, addr6) = liqo_v1::unknown_sources(peers);
+        match self.map.set(addr, addr6) {
             Ok(false) => {}
             Ok(true) => {
                 if let Some(addr) = addr {
-                    info!(%addr, "masquerading to the first address of our ExternalCIDR, as Liqo v1's fabric does");
+                    info!(%addr, ipv6 = ?addr6, "masquerading to the first address of our ExternalCIDR, as Liqo v1's fabric does");
                 } else {
                     info!("no Liqo v1 peer: masquerading nothing");
                 }

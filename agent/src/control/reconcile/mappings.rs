@@ -21,7 +21,7 @@ use crate::{
     model::{
         cidr::Cidr,
         natmapping::{self, FieldNames, MappingProblem, Mappings, NatMapping},
-        peer::{Networks, Peer},
+        peer::{Networks, Peer, Remaps},
         rejection::Rejection,
     },
 };
@@ -33,7 +33,7 @@ type Wanted<'m, A> = Vec<(&'m NatMapping, Vec<(MappingKey<A>, A)>)>;
 pub(super) struct Desired {
     /// IPv4's: NatMappings' and Liqo v1 IPs'.
     pub(super) ipv4: BTreeMap<MappingKey, Be32>,
-    /// IPv6's: NatMappings' `spec.ipv6`.
+    /// IPv6's: NatMappings' `spec.ipv6` and Liqo v1 IPv6 IPs'.
     pub(super) ipv6: BTreeMap<MappingKey<Be128>, Be128>,
 }
 
@@ -62,18 +62,18 @@ where
         errors.extend(duplicates.into_iter().map(Rejection::from));
         // Looked up for every entry of every NatMapping: one set per pass.
         let node_addresses = self.policy.node_addresses(&self.nodes);
-        let is_node4 = |endpoint: &Ipv4Addr| {
+        let is_node4 = |endpoint: Ipv4Addr| {
             // The conncheck's entry leads to the gateway itself, which
             // holds that address: the kernel lets a peer reach only the
             // conncheck's port there.
-            if Be32::from(*endpoint) == CONNCHECK_ADDR || !node_addresses.contains(endpoint) {
+            if Be32::from(endpoint) == CONNCHECK_ADDR || !node_addresses.contains(&endpoint) {
                 return None;
             }
             self.policy
-                .node_address_in(&self.nodes, |a| a == *endpoint)
+                .node_address_in(&self.nodes, |a| a == endpoint)
                 .map(|node| node.what)
         };
-        let is_node6 = |endpoint: &Ipv6Addr| self.policy.node_address6(&self.nodes, *endpoint);
+        let is_node6 = |endpoint: Ipv6Addr| self.policy.node_address6(&self.nodes, endpoint);
         let (mut wanted, mut wanted6) = (Vec::new(), Vec::new());
         for mapping in kept {
             errors.extend(mapping.rejected.iter().cloned().map(Rejection::from));
@@ -114,28 +114,42 @@ where
             wanted6.push((mapping, entries.keyed(ipv6, networks, is_node6, errors)));
         }
         let capacity = self.mapping_capacity;
-        let mut desired = within_shares::<Ipv4Net>(
-            wanted,
-            capacity,
-            self.mapping_table.applied(),
-            Some(CONNCHECK_ADDR),
-            errors,
-        );
-        let ids: Vec<(u32, &Peer)> = accepted.iter().map(|p| (self.ids[&p.key], p)).collect();
-        let origins = self
-            .origins
-            .iter()
-            .flat_map(|(origin, results)| results.iter().flatten().map(move |v| (origin, v)));
-        let ip_entries = ip_mappings::entries(origins, &ids, &self.policy, &self.nodes, errors);
+        let (applied, applied6) = (self.mapping_table.applied(), self.mapping6_table.applied());
+        let mut ipv4 =
+            within_shares::<Ipv4Net>(wanted, capacity, applied, Some(CONNCHECK_ADDR), errors);
+        let mut ipv6 = within_shares::<Ipv6Net>(wanted6, capacity, applied6, None, errors);
+        let v1_peers: Vec<(u32, &Peer)> = (accepted.iter())
+            .filter(|p| p.remaps() == Remaps::Theirs)
+            .map(|p| (self.ids[&p.key], p))
+            .collect();
+        let is_ip_node4 = |target: Ipv4Addr| {
+            let node = self.policy.node_address_in(&self.nodes, |a| a == target);
+            node.map(|node| node.what)
+        };
+        let peers4: Vec<_> = (v1_peers.iter())
+            .map(|(id, p)| (*id, *p, &p.ipv4))
+            .collect();
+        let peers6: Vec<_> = (v1_peers.iter())
+            .filter_map(|(id, p)| Some((*id, *p, p.ipv6.as_ref()?)))
+            .collect();
+        let entries4 = ip_mappings::entries(self.valid_objects(), &peers4, is_ip_node4, errors);
+        let entries6 = ip_mappings::entries(self.valid_objects(), &peers6, is_node6, errors);
         // IPs belong to no one peer: they get what the NatMappings left.
-        let room = self.mapping_capacity.saturating_sub(desired.len());
-        let applied = self.mapping_table.applied();
-        desired.extend(ip_mappings::within_room(ip_entries, room, applied, errors));
-        let applied6 = self.mapping6_table.applied();
-        Desired {
-            ipv4: desired,
-            ipv6: within_shares::<Ipv6Net>(wanted6, capacity, applied6, None, errors),
-        }
+        let room = capacity.saturating_sub(ipv4.len());
+        ipv4.extend(ip_mappings::within_room::<Ipv4Net>(
+            entries4, room, applied, errors,
+        ));
+        let room = capacity.saturating_sub(ipv6.len());
+        ipv6.extend(ip_mappings::within_room::<Ipv6Net>(
+            entries6, room, applied6, errors,
+        ));
+        Desired { ipv4, ipv6 }
+    }
+
+    /// Every object read and found valid, with where it was read from.
+    fn valid_objects(&self) -> impl Iterator<Item = (&String, &Valid)> {
+        (self.origins.iter())
+            .flat_map(|(origin, results)| results.iter().flatten().map(move |v| (origin, v)))
     }
 }
 
@@ -157,7 +171,7 @@ impl Entries<'_> {
         self,
         mappings: &Mappings<N>,
         networks: &Networks<N>,
-        is_node: impl Fn(&N::Addr) -> Option<String>,
+        is_node: impl Fn(N::Addr) -> Option<String>,
         errors: &mut BTreeSet<Rejection>,
     ) -> Vec<(MappingKey<N::Wire>, N::Wire)> {
         let field = FieldNames::of(N::IPV6).entries;
@@ -165,7 +179,7 @@ impl Entries<'_> {
         let local_external = &networks.local_external;
         let mut keyed = Vec::with_capacity(mappings.entries.len());
         for (external, endpoint) in &mappings.entries {
-            if let Some(what) = is_node(endpoint) {
+            if let Some(what) = is_node(*endpoint) {
                 let problem = MappingProblem::NodeAddress {
                     entries: field,
                     endpoint: (*endpoint).into(),

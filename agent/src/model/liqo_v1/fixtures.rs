@@ -62,3 +62,21 @@ pub fn rome(gateway: &str, keyed: bool) -> Peer {
         },
     )
 }
+
+/// rome's `Configuration` with an IPv6 network in each list, after the
+/// IPv4 one, as Liqo's `[]CIDR` fields hold them.
+pub fn dual_stack() -> String {
+    let mut yaml = CONFIGURATION.to_owned();
+    for (ipv4, ipv6) in [
+        ("10.200.0.0/16", "fd00:10:244::/64"),
+        ("10.201.0.0/16", "fd00:192:168::/64"),
+        ("10.70.0.0/16", "fd00:10::/64"),
+        ("10.71.0.0/16", "fd00:10:0:1::/64"),
+    ] {
+        yaml = yaml.replace(
+            &format!("      - {ipv4}\n"),
+            &format!("      - {ipv4}\n      - {ipv6}\n"),
+        );
+    }
+    yaml
+}

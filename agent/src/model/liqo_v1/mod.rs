@@ -10,7 +10,7 @@
 //! peers' addresses, so between the gateways both addresses are real. The
 //! file and line references are to liqotech/liqo at v1.2.0.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde_yaml_ng::Value;
@@ -39,12 +39,16 @@ pub const DEFAULT_MTU: u16 = 1340;
 /// ExternalCIDR, the network address itself (`pkg/utils/ipam/ips.go:47-75`,
 /// `internal-network/configuration-controller/firewall.go:95`). Taken from
 /// the first Liqo v1 peer among `peers`, as every `Configuration` gives our
-/// ExternalCIDR; None without one.
-pub fn unknown_source(peers: &[Peer]) -> Option<Ipv4Addr> {
-    peers
-        .iter()
-        .find(|peer| peer.remaps() == Remaps::Theirs)
-        .map(|peer| peer.ipv4.local_external.real.network())
+/// ExternalCIDR; None without one. The IPv6 address is found the same way
+/// in our IPv6 ExternalCIDR, from the first such peer that has one.
+pub fn unknown_sources(peers: &[Peer]) -> (Option<Ipv4Addr>, Option<Ipv6Addr>) {
+    let mut v1_peers = peers.iter().filter(|peer| peer.remaps() == Remaps::Theirs);
+    let ipv4 = v1_peers.clone().next();
+    let ipv6 = v1_peers.find_map(|peer| peer.ipv6.as_ref());
+    (
+        ipv4.map(|peer| peer.ipv4.local_external.real.network()),
+        ipv6.map(|networks| networks.local_external.real.network()),
+    )
 }
 
 /// One peer's networks, from its `Configuration`: ours
@@ -108,13 +112,15 @@ pub struct Gateway {
 }
 
 /// An address of ours that peers reach under another, from an `IP`: the
-/// gateway sends what arrives for `exposed` on to `target`.
+/// gateway sends what arrives for `exposed` on to `target`. Both are of
+/// one family: an IPv6 `IP` exposes an IPv6 address in our IPv6
+/// ExternalCIDR.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IpMapping {
     /// `status.ip`: the address in our ExternalCIDR the IPAM gave it.
-    pub exposed: Ipv4Addr,
+    pub exposed: IpAddr,
     /// `spec.ip`: the address behind it.
-    pub target: Ipv4Addr,
+    pub target: IpAddr,
 }
 
 impl PeerNetworks {
@@ -220,10 +226,13 @@ impl IpMapping {
         if fields.get(&["status", "ip"]).is_none() {
             return Ok(None);
         }
-        Ok(Some(Self {
-            exposed: fields.address(&["status", "ip"])?,
-            target,
-        }))
+        let exposed = fields.address(&["status", "ip"])?;
+        if exposed.is_ipv6() != target.is_ipv6() {
+            return Err(fields.error(format!(
+                "field status.ip: {exposed} is not of the family of spec.ip {target}"
+            )));
+        }
+        Ok(Some(Self { exposed, target }))
     }
 }
 
@@ -366,11 +375,11 @@ impl<'a> Fields<'a> {
         Ok(Listed { ipv4, ipv6 })
     }
 
-    fn address(&self, path: &[&str]) -> Result<Ipv4Addr, ObjectError> {
+    fn address(&self, path: &[&str]) -> Result<IpAddr, ObjectError> {
         let text = self.text(path)?;
         text.parse().map_err(|_| {
             self.error(format!(
-                "field {}: {text:?} is not an IPv4 address",
+                "field {}: {text:?} is not an IPv4 or IPv6 address",
                 path.join(".")
             ))
         })

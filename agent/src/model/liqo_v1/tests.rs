@@ -9,7 +9,7 @@ use crate::model::{
     peer::{GatewayImplementation, GatewayRole},
 };
 
-use super::fixtures::{CLIENT, CONFIGURATION, PUBLIC_KEY, SERVER};
+use super::fixtures::{CLIENT, CONFIGURATION, PUBLIC_KEY, SERVER, dual_stack};
 
 const IP: &str = include_str!("../../../../tests/fixtures/liqo-v1/ip-legacy-db.yaml");
 
@@ -174,8 +174,8 @@ fn an_ip_exposes_its_target_once_the_ipam_gave_it_an_address() {
     assert_eq!(
         IpMapping::from_raw(&ip, "v1.yaml").unwrap(),
         Some(IpMapping {
-            exposed: Ipv4Addr::new(10, 201, 0, 4),
-            target: Ipv4Addr::new(172, 16, 4, 20),
+            exposed: Ipv4Addr::new(10, 201, 0, 4).into(),
+            target: Ipv4Addr::new(172, 16, 4, 20).into(),
         })
     );
     let status = IP.find("\nstatus:").unwrap();
@@ -188,6 +188,25 @@ fn an_ip_exposes_its_target_once_the_ipam_gave_it_an_address() {
 }
 
 #[test]
+fn an_ipv6_ip_exposes_an_ipv6_target_and_a_mixed_one_names_its_field() {
+    let ipv6 = IP
+        .replace("ip: 172.16.4.20", "ip: fd00:172:16:4::20")
+        .replace("ip: 10.201.0.4", "ip: fd00:192:168::4")
+        .replace("cidr: 10.201.0.0/16", "cidr: fd00:192:168::/64");
+    let addr = |text: &str| text.parse::<IpAddr>().unwrap();
+    assert_eq!(
+        IpMapping::from_raw(&raw(&ipv6).1, "v1.yaml").unwrap(),
+        Some(IpMapping {
+            exposed: addr("fd00:192:168::4"),
+            target: addr("fd00:172:16:4::20"),
+        })
+    );
+    let mixed = IP.replace("ip: 172.16.4.20", "ip: fd00:172:16:4::20");
+    let err = names(IpMapping::from_raw(&raw(&mixed).1, "v1.yaml"), "status.ip");
+    assert!(err.contains("is not of the family of spec.ip"), "{err}");
+}
+
+#[test]
 fn the_unknown_source_is_the_network_address_of_our_external_cidr() {
     let (_, raw) = raw(CONFIGURATION);
     let peer = networks(CONFIGURATION)
@@ -195,28 +214,17 @@ fn the_unknown_source_is_the_network_address_of_our_external_cidr() {
         .peer(&raw.key, "v1.yaml", Companions::default());
     // Liqo's "first IP" of 10.201.0.0/16 is 10.201.0.0 itself, not .1.
     assert_eq!(
-        unknown_source(std::slice::from_ref(&peer)),
-        Some(Ipv4Addr::new(10, 201, 0, 0))
+        unknown_sources(std::slice::from_ref(&peer)),
+        (Some(Ipv4Addr::new(10, 201, 0, 0)), None)
     );
-    assert_eq!(unknown_source(&[]), None);
-}
-
-/// rome's `Configuration` with an IPv6 network in each list, after the
-/// IPv4 one, as Liqo's `[]CIDR` fields hold them.
-fn dual_stack() -> String {
-    let mut yaml = CONFIGURATION.to_owned();
-    for (ipv4, ipv6) in [
-        ("10.200.0.0/16", "fd00:10:244::/64"),
-        ("10.201.0.0/16", "fd00:192:168::/64"),
-        ("10.70.0.0/16", "fd00:10::/64"),
-        ("10.71.0.0/16", "fd00:10:0:1::/64"),
-    ] {
-        yaml = yaml.replace(
-            &format!("      - {ipv4}\n"),
-            &format!("      - {ipv4}\n      - {ipv6}\n"),
-        );
-    }
-    yaml
+    assert_eq!(unknown_sources(&[]), (None, None));
+    let dual = networks(&dual_stack())
+        .unwrap()
+        .peer(&raw.key, "v1.yaml", Companions::default());
+    assert_eq!(
+        unknown_sources(&[dual]).1,
+        Some("fd00:192:168::".parse().unwrap())
+    );
 }
 
 #[test]

@@ -174,7 +174,8 @@ fn seed(api: &FakeApi, cluster: &Cluster) -> Result<()> {
 
 /// The hub's `IP` that gives the lab's hub path (reachability row 5) in
 /// place of a NatMapping: an address of the hub's ExternalCIDR, which
-/// every peer reaches, leading to c-pod1.
+/// every peer reaches, leading to c-pod1. IPv4 alone: Liqo's CRD holds an
+/// `IP`'s addresses to `format: ipv4`, and the stand-in refuses others.
 fn hub_ip() -> Value {
     let hub = NAT_MAPPING.hub;
     json!({

@@ -6,7 +6,7 @@ use isthmus_common::wire::Be128;
 
 use super::*;
 
-type Peers6 = MemoryTable<Ipv6Net, PeerNat<Be128>>;
+pub(super) type Peers6 = MemoryTable<Ipv6Net, PeerNat<Be128>>;
 
 /// Peer `name` of `peer`, with IPv6 networks we see as `remote_pod` and
 /// `remote_ext`.
@@ -23,11 +23,11 @@ fn dual(name: &str, remote_pod: &str, remote_ext: &str) -> TunnelEndpoint {
     )
 }
 
-type Mappings6 = MemoryMappingTable6;
+pub(super) type Mappings6 = MemoryMappingTable6;
 
 /// A reconciler over both peer tables and the IPv6 NatMapping table, and
 /// an IPv4 NatMapping table of its own.
-fn reconciler6<'a>(
+pub(super) fn reconciler6<'a>(
     peers: &'a mut Peers,
     peers6: &'a mut Peers6,
     mappings6: &'a mut Mappings6,

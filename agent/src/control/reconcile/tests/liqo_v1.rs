@@ -282,3 +282,71 @@ fn each_api_refuses_the_other_apis_peers_naming_the_flag() {
     );
     assert_eq!(r.peers()[0].key.name, "b");
 }
+
+#[test]
+fn a_dual_stack_v1_peer_is_remapped_in_both_families_and_an_ipv6_ip_leads_to_its_target() {
+    use super::dual_stack::{Mappings6, Peers6, reconciler6};
+    use crate::model::liqo_v1::fixtures::dual_stack;
+    let (mut peers, mut peers6) = (Peers::default(), Peers6::default());
+    let mut mappings6 = Mappings6::default();
+    let mut r = reconciler6(&mut peers, &mut peers6, &mut mappings6);
+    with_fixtures(&mut r, FIXTURES[0].0);
+    r.set_origin("dual.yaml".into(), docs("dual.yaml", &dual_stack()));
+    let ipv6 = |name, status_ip, target| {
+        ip_object(name, status_ip, target).replace("cidr: 10.201.0.0/16", "cidr: fd00:192:168::/64")
+    };
+    for (file, ip) in [
+        (
+            "db6.yaml",
+            ipv6("db6", "fd00:192:168::4", "fd00:172:16:4::20"),
+        ),
+        (
+            "stray6.yaml",
+            ipv6("stray6", "fd00:99::4", "fd00:172:16:4::21"),
+        ),
+    ] {
+        r.set_origin(file.into(), docs(file, &ip));
+    }
+    let report = r.reconcile().0;
+    assert_eq!(
+        messages(&report.new_errors),
+        [
+            "stray6.yaml: IP default/stray6: field status.ip: fd00:99::4 is outside our ExternalCIDR fd00:192:168::/64 (spec.local.cidr.external of Configuration liqo-tenant-rome/rome)"
+        ]
+    );
+    assert_eq!(report.peers, 1, "the peer keeps working");
+    drop(r);
+    let addr = |text: &str| Be128::from(text.parse::<std::net::Ipv6Addr>().unwrap());
+    let key = MappingKey {
+        peer_id: 1,
+        addr: addr("fd00:192:168::4"),
+    };
+    assert_eq!(
+        mappings6.entries.into_iter().collect::<Vec<_>>(),
+        [(key, addr("fd00:172:16:4::20"))]
+    );
+    // The IPv4 IP still gives its entry: each family's IPs their own.
+    assert_eq!(peers.entries.len(), 2);
+    let views: Vec<String> = peers6.entries.keys().map(ToString::to_string).collect();
+    assert_eq!(views, ["fd00:10::/64", "fd00:10:0:1::/64"]);
+    let nat = peers6.entries.values().next().unwrap();
+    assert_eq!(nat.flags, REMAPS_PEER);
+    let rule6 = |from: &str, to: &str| {
+        let (from, to) = (
+            from.parse::<Ipv6Net>().unwrap(),
+            to.parse::<Ipv6Net>().unwrap(),
+        );
+        PrefixRewrite::new(
+            Be128::from(from.network()),
+            Be128::from(to.network()),
+            from.prefix_len(),
+        )
+    };
+    assert_eq!(
+        nat.theirs,
+        [
+            rule6("fd00:10::/64", "fd00:10:244::/64"),
+            rule6("fd00:10:0:1::/64", "fd00:192:168::/64")
+        ]
+    );
+}
