@@ -2,6 +2,7 @@
 
 pub mod addrs;
 pub mod capture;
+pub mod inspect;
 pub mod metrics;
 pub mod netns;
 pub mod packet;

@@ -27,7 +27,8 @@ pub enum View {
     /// Each peer and the networks we see it under (`ist_peer_nets`,
     /// `ist_peer_nets6`).
     Peers,
-    /// Each peer's prefix remaps, both ways, and the masquerade address.
+    /// Each peer's prefix remaps, both ways, a Liqo v1 peer's remap of its
+    /// own networks, and the masquerade address.
     Nat,
     /// NatMapping entries: externalIP to endpointIP, per peer (`ist_natmap`,
     /// `ist_natmap6`).
@@ -252,7 +253,14 @@ where
 {
     let mut rows = std::collections::BTreeSet::new();
     for (_, nat) in entries::<PeerKey<A>, PeerNat<A>>(root, A::PEERS)? {
-        for (direction, rules) in [("egress", nat.egress), ("ingress", nat.ingress)] {
+        // `peer`: a Liqo v1 peer's own networks, from our view of them to
+        // the real ones (the destination going out, reversed coming in).
+        let directions = [
+            ("egress", nat.egress),
+            ("ingress", nat.ingress),
+            ("peer", nat.theirs),
+        ];
+        for (direction, rules) in directions {
             for PrefixRewrite {
                 from,
                 to,

@@ -24,6 +24,7 @@ use isthmus_lab::{
 };
 use isthmus_tests::{
     assert_row, eventually,
+    inspect::{cell, inspect_on},
     metrics::{nat_packets, sample},
     packet6::{Packet6, addr6, icmp6, udp6},
     require_lab,
@@ -32,12 +33,7 @@ use isthmus_tests::{
 use isthmus_agent::kernel::conntrack::Conntrack;
 use socket2::{Domain, Protocol, Socket, Type};
 
-use crate::{
-    inspect::{cell, inspect_on},
-    reachability::check_rows,
-    segregation::Segregated,
-    tunnel_security::Outsider,
-};
+use crate::{reachability::check_rows, segregation::Segregated, tunnel_security::Outsider};
 
 const GIVE_UP: Duration = Duration::from_secs(10);
 

@@ -9,37 +9,15 @@ use isthmus_lab::{
     probe::{self, Proto},
     topology::{self, B, NAT_MAPPING, PEERINGS},
 };
-use isthmus_tests::require_lab;
+use isthmus_tests::{
+    inspect::{cell, inspect_on},
+    require_lab,
+};
 use serde_json::Value;
 
 /// `inspect VIEW --json` on b-gw's pins: one object per row.
 fn inspect(view: &str) -> Vec<serde_json::Map<String, Value>> {
     inspect_on(&B.gw(), view)
-}
-
-/// `inspect VIEW --json` on `node`'s pins: one object per row.
-pub(crate) fn inspect_on(node: &str, view: &str) -> Vec<serde_json::Map<String, Value>> {
-    let bpffs = lab::bpffs(node);
-    let out = Command::new(lab::agent_binary())
-        .args(["inspect", view, "--json", "--bpffs"])
-        .arg(&bpffs)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "inspect {view}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
-    rows.as_array()
-        .unwrap_or_else(|| panic!("inspect {view} printed no array: {rows}"))
-        .iter()
-        .map(|r| r.as_object().unwrap().clone())
-        .collect()
-}
-
-pub(crate) fn cell<'a>(row: &'a serde_json::Map<String, Value>, column: &str) -> &'a str {
-    row[column].as_str().unwrap()
 }
 
 #[test]

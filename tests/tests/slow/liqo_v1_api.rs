@@ -18,6 +18,7 @@ use std::{
 };
 
 use ipnet::Ipv4Net;
+use isthmus_agent::kernel::maps::PeerDevices;
 use isthmus_lab::{
     cmd::{run, sysctl},
     lab::{
@@ -27,7 +28,11 @@ use isthmus_lab::{
     probe::{self, Proto},
     topology::{A, B, C, Cluster, PEERINGS, reachability, reachability6},
 };
-use isthmus_tests::{assert_row, eventually, require_lab};
+use isthmus_tests::{
+    assert_row, eventually,
+    inspect::{cell, inspect_on},
+    require_lab,
+};
 use serde_json::Value;
 
 /// How long the peerings may take to come up after the lab does.
@@ -148,6 +153,37 @@ fn the_ipv6_rows_hold_with_liqo_v1s_direction_of_nat() {
             assert_row(proto, row);
         }
     }
+}
+
+/// `inspect nat` on a-gw shows b's remap, our view to its real networks,
+/// in each family, and the IPv6 view is the device's in `ist_peer_devs6`.
+#[test]
+#[ignore = "needs the Liqo v1 API lab, dual-stack; `cargo xtask test` runs it there"]
+fn inspect_shows_a_v1_peers_remap_in_both_families() {
+    require_liqo_api_v1_lab();
+    let peering = &PEERINGS[0];
+    let views = peering.remote_views().map(|v| v.to_string());
+    let views6 = peering.remote_views6().map(|v| v.to_string());
+    let real = [peering.remote.pod_cidr, peering.remote.external_cidr];
+    let real6 = [peering.remote.pod_cidr6, peering.remote.external_cidr6];
+    let mut wanted: Vec<(String, String)> = views
+        .into_iter()
+        .chain(views6)
+        .zip(real.into_iter().chain(real6).map(str::to_owned))
+        .collect();
+    wanted.sort();
+    let mut shown: Vec<(String, String)> = inspect_on(&A.gw(), "nat")
+        .iter()
+        .filter(|row| cell(row, "direction") == "peer")
+        .map(|row| (cell(row, "from").to_owned(), cell(row, "to").to_owned()))
+        .collect();
+    shown.sort();
+    assert_eq!(shown, wanted);
+    let devices = PeerDevices::open(&lab::bpffs(&A.gw())).unwrap();
+    let pod_views6: Vec<String> = (devices.entries6().unwrap().values())
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(pod_views6, [peering.remote_views6()[0].to_string()]);
 }
 
 #[test]
