@@ -37,14 +37,6 @@ enum Remapped {
     Failed,
 }
 
-/// Why a packet was not read.
-enum Unread {
-    /// A header is cut off, or the packet is of another family.
-    Malformed,
-    /// The parser refuses it for this reason, as the NAT would.
-    Refused(DropReason),
-}
-
 /// Towards a Liqo v1 peer: its destination, in our view, goes back to the
 /// real address. Runs after family `F`'s egress NAT, by tail call.
 #[inline(always)]
@@ -62,7 +54,7 @@ pub fn dnat<F: Family>(ctx: &TcContext, l3: usize) -> i32 {
     let Some(peer) = peer.filter(|p| p.flags & REMAPS_PEER != 0) else {
         return TC_ACT_UNSPEC;
     };
-    let Ok(pkt) = packet::<F>(ctx, l3) else {
+    let Ok(Parsed::Packet(pkt)) = F::parse(ctx, l3, Reading::Either) else {
         return TC_ACT_UNSPEC;
     };
     finish(
@@ -87,8 +79,8 @@ pub fn snat<F: Family>(ctx: &TcContext, l3: usize) -> i32 {
     if let Some(peer) = F::peer_of_device(ifindex)
         && ctx.skb.protocol() == F::PROTOCOL
     {
-        let action = match packet::<F>(ctx, l3) {
-            Ok(pkt) => {
+        let action = match F::parse(ctx, l3, Reading::Either) {
+            Ok(Parsed::Packet(pkt)) => {
                 let back = [peer.theirs[0].inverse(), peer.theirs[1].inverse()];
                 finish(
                     link,
@@ -96,13 +88,16 @@ pub fn snat<F: Family>(ctx: &TcContext, l3: usize) -> i32 {
                     rewrite::<F>(ctx, &pkt, back, F::SRC),
                 )
             }
-            Err(Unread::Malformed) => {
-                maps::count_drop(link, Direction::Ingress, DropReason::Denied);
-                maps::count_denied(peer.peer_id, DenyReason::Unparseable);
+            // Refused as the NAT would refuse it, for this reason.
+            Ok(Parsed::Refused(reason)) => {
+                maps::count_drop(link, Direction::Ingress, reason);
                 TC_ACT_SHOT
             }
-            Err(Unread::Refused(reason)) => {
-                maps::count_drop(link, Direction::Ingress, reason);
+            // A header cut off (`Either` reads an error whole, so
+            // `IcmpError` never comes).
+            Ok(Parsed::IcmpError) | Err(_) => {
+                maps::count_drop(link, Direction::Ingress, DropReason::Denied);
+                maps::count_denied(peer.peer_id, DenyReason::Unparseable);
                 TC_ACT_SHOT
             }
         };
@@ -116,20 +111,6 @@ pub fn snat<F: Family>(ctx: &TcContext, l3: usize) -> i32 {
     match F::IPV6 {
         false => tail_call::nat_in(ctx, link),
         true => tail_call::nat6(ctx, link, Direction::Ingress),
-    }
-}
-
-/// `pkt`, if it is of family `F` and can be read: an ICMP error with the
-/// header it quotes. Anything else is not ours to rewrite.
-#[inline(always)]
-fn packet<F: Family>(ctx: &TcContext, l3: usize) -> Result<parse::Packet<F::Addr>, Unread> {
-    if ctx.skb.protocol() != F::PROTOCOL {
-        return Err(Unread::Malformed);
-    }
-    match F::parse(ctx, l3, Reading::Either) {
-        Ok(Parsed::Packet(pkt)) => Ok(pkt),
-        Ok(Parsed::Refused(reason)) => Err(Unread::Refused(reason)),
-        Ok(Parsed::IcmpError) | Err(_) => Err(Unread::Malformed),
     }
 }
 

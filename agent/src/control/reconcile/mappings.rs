@@ -62,6 +62,10 @@ where
         errors.extend(duplicates.into_iter().map(Rejection::from));
         // Looked up for every entry of every NatMapping: one set per pass.
         let node_addresses = self.policy.node_addresses(&self.nodes);
+        let node4 = |addr: Ipv4Addr| {
+            let node = self.policy.node_address_in(&self.nodes, |a| a == addr);
+            node.map(|node| node.what)
+        };
         let is_node4 = |endpoint: Ipv4Addr| {
             // The conncheck's entry leads to the gateway itself, which
             // holds that address: the kernel lets a peer reach only the
@@ -69,9 +73,7 @@ where
             if Be32::from(endpoint) == CONNCHECK_ADDR || !node_addresses.contains(&endpoint) {
                 return None;
             }
-            self.policy
-                .node_address_in(&self.nodes, |a| a == endpoint)
-                .map(|node| node.what)
+            node4(endpoint)
         };
         let is_node6 = |endpoint: Ipv6Addr| self.policy.node_address6(&self.nodes, endpoint);
         let (mut wanted, mut wanted6) = (Vec::new(), Vec::new());
@@ -122,17 +124,13 @@ where
             .filter(|p| p.remaps() == Remaps::Theirs)
             .map(|p| (self.ids[&p.key], p))
             .collect();
-        let is_ip_node4 = |target: Ipv4Addr| {
-            let node = self.policy.node_address_in(&self.nodes, |a| a == target);
-            node.map(|node| node.what)
-        };
         let peers4: Vec<_> = (v1_peers.iter())
             .map(|(id, p)| (*id, *p, &p.ipv4))
             .collect();
         let peers6: Vec<_> = (v1_peers.iter())
             .filter_map(|(id, p)| Some((*id, *p, p.ipv6.as_ref()?)))
             .collect();
-        let entries4 = ip_mappings::entries(self.valid_objects(), &peers4, is_ip_node4, errors);
+        let entries4 = ip_mappings::entries(self.valid_objects(), &peers4, node4, errors);
         let entries6 = ip_mappings::entries(self.valid_objects(), &peers6, is_node6, errors);
         // IPs belong to no one peer: they get what the NatMappings left.
         let room = capacity.saturating_sub(ipv4.len());
