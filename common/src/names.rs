@@ -116,6 +116,8 @@ pub const MAP_OVERLAY_STATS: &str = "ist_overlay_st";
 /// LPM trie: the destinations whose packets take the stack while others
 /// forward past netfilter, where the node's rules act on them (prefix → 1).
 pub const MAP_STACK_DESTINATIONS: &str = "ist_stack_dsts";
+/// LPM trie: as [`MAP_STACK_DESTINATIONS`], for IPv6 prefixes.
+pub const MAP_STACK_DESTINATIONS6: &str = "ist_stack_dsts6";
 
 /// Hash: the ifindexes of the pod devices a worker steers from (→ 1):
 /// veths, whose pods the overlay delivers to straight into their netns.
@@ -133,7 +135,7 @@ pub const MAX_PEER_DEVS: u32 = 256;
 pub const MAP_PEER_DEVS6: &str = "ist_peer_devs6";
 
 /// Every map the agent pins, in the order it reports them.
-pub const MAPS: [&str; 40] = [
+pub const MAPS: [&str; 41] = [
     MAP_PEERS,
     MAP_PEER_OWNERS,
     MAP_PREFIX_LENS,
@@ -171,6 +173,7 @@ pub const MAPS: [&str; 40] = [
     MAP_NODE_ADDRS6,
     MAP_OVERLAY_STATS,
     MAP_STACK_DESTINATIONS,
+    MAP_STACK_DESTINATIONS6,
     MAP_POD_DEVS,
     MAP_PEER_DEVS,
     MAP_PEER_DEVS6,
@@ -357,8 +360,9 @@ pub const MAX_GUARD_INDEXES: u32 = 8192;
 /// Capacity of [`MAP_GUARD_PORTS`]: one per tunnel device, as
 /// [`MAX_PEER_DEVS`].
 pub const MAX_GUARD_PORTS: u32 = MAX_PEER_DEVS;
-/// Capacity of [`MAP_STACK_DESTINATIONS`]: a Service address each, for
-/// kube-proxy's rules.
+/// Capacity of [`MAP_STACK_DESTINATIONS`] and of
+/// [`MAP_STACK_DESTINATIONS6`]: a Service address each, for kube-proxy's
+/// rules.
 pub const MAX_STACK_DESTINATIONS: u32 = 16384;
 /// Capacity of [`MAP_POD_DEVS`]: pods on one node.
 pub const MAX_POD_DEVS: u32 = 4096;

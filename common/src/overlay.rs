@@ -38,7 +38,7 @@ pub struct OverlayConfig {
     pub local: Be32,
     /// The overlay's UDP port (host order).
     pub port: u16,
-    /// [`PAST_NETFILTER`] or nothing.
+    /// [`PAST_NETFILTER`], [`PAST_NETFILTER6`], both or neither.
     pub flags: u16,
 }
 
@@ -47,7 +47,11 @@ pub struct OverlayConfig {
 /// node's pods, peers' packets for the gateway node's pods, and those pods'
 /// packets for peers. Off, the stack forwards them all, and netfilter's
 /// FORWARD chain (where some CNIs enforce NetworkPolicy) sees them.
+/// It covers IPv4 packets.
 pub const PAST_NETFILTER: u16 = 1;
+/// [`OverlayConfig::flags`]: as [`PAST_NETFILTER`], for IPv6 packets. The
+/// node's rules are proved harmless for each family apart.
+pub const PAST_NETFILTER6: u16 = 2;
 
 assert_layout!(OverlayConfig, size = 20, align = 4);
 

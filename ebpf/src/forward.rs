@@ -13,13 +13,14 @@ use aya_ebpf::{
 };
 use isthmus_common::{
     csum::replace2,
-    ipv4::{self, Header, MIN_HLEN},
-    overlay::{OverlayConfig, OverlayEvent, PAST_NETFILTER},
+    ipv4, ipv6,
+    overlay::{OverlayConfig, OverlayEvent, PAST_NETFILTER, PAST_NETFILTER6},
 };
 
 use crate::{maps, parse::ETH_HLEN, stack};
 
 const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
 /// The length of the Ethernet header pushed onto an L3 packet.
 const L2_HEADER_LEN: u32 = 14;
 
@@ -37,45 +38,153 @@ pub struct NextHop {
     smac: [u8; 6],
 }
 
+/// The fixed header of a packet the node forwards, in either family: what
+/// the FIB is asked, and what forwarding changes in it.
+pub trait Routed: Copy {
+    /// The flag of [`OverlayConfig::flags`] that lets this family past
+    /// netfilter: the agent proves each family's hooks apart.
+    const PAST: u16;
+    /// Its ethertype, in the order the wire has it.
+    const ETHERTYPE: [u8; 2];
+    /// The length of the header forwarding rewrites.
+    const HLEN: usize;
+
+    /// Whether the stack alone may forward it: a header that does not hold
+    /// together, or whose length is more than the `available` bytes; a hop
+    /// count that runs out; a destination the node's netfilter rules act
+    /// on; and, in IPv6, a hop-by-hop header or a link-local address.
+    fn for_the_stack(&self, available: usize) -> bool;
+    /// Fills the FIB's question.
+    fn ask(&self, fib: &mut bpf_fib_lookup);
+    /// The header's bytes from its hop count on, with the count one lower
+    /// (and the checksum to match, in IPv4), and where they go.
+    fn lowered(&self) -> (usize, [u8; 4]);
+}
+
+impl Routed for ipv4::Header<'_> {
+    const PAST: u16 = PAST_NETFILTER;
+    const ETHERTYPE: [u8; 2] = [0x08, 0x00];
+    const HLEN: usize = ipv4::MIN_HLEN;
+
+    #[inline(always)]
+    fn for_the_stack(&self, available: usize) -> bool {
+        let total = usize::from(self.total_len());
+        !self.is_valid()
+            || total < self.header_len()
+            || total > available
+            || self.ttl() <= 1
+            || maps::takes_the_stack(self.dst())
+    }
+
+    #[inline(always)]
+    fn ask(&self, fib: &mut bpf_fib_lookup) {
+        fib.family = AF_INET;
+        fib.l4_protocol = self.proto();
+        fib.__bindgen_anon_1.tot_len = self.total_len();
+        fib.__bindgen_anon_2.tos = self.tos();
+        fib.__bindgen_anon_3.ipv4_src = self.src().to_bits();
+        fib.__bindgen_anon_4.ipv4_dst = self.dst().to_bits();
+    }
+
+    #[inline(always)]
+    fn lowered(&self) -> (usize, [u8; 4]) {
+        let ttl_proto = [self.ttl(), self.proto()];
+        let lowered = [ttl_proto[0] - 1, ttl_proto[1]];
+        let check = replace2(
+            u16::from_ne_bytes([self.0[ipv4::CHECK], self.0[ipv4::CHECK + 1]]),
+            u16::from_ne_bytes(ttl_proto),
+            u16::from_ne_bytes(lowered),
+        )
+        .to_ne_bytes();
+        (ipv4::TTL, [lowered[0], lowered[1], check[0], check[1]])
+    }
+}
+
+impl Routed for ipv6::Header<'_> {
+    const PAST: u16 = PAST_NETFILTER6;
+    const ETHERTYPE: [u8; 2] = [0x86, 0xdd];
+    const HLEN: usize = ipv6::HLEN;
+
+    #[inline(always)]
+    fn for_the_stack(&self, available: usize) -> bool {
+        let payload = usize::from(self.payload_len());
+        // A payload length of 0 announces a jumbogram's hop-by-hop option.
+        !self.is_valid()
+            || payload == 0
+            || ipv6::HLEN + payload > available
+            || self.hop_limit() <= 1
+            || self.next_header() == ipv6::HOP_BY_HOP
+            || link_local(self.0, ipv6::SRC)
+            || link_local(self.0, ipv6::DST)
+            || maps::takes_the_stack6(self.dst())
+    }
+
+    #[inline(always)]
+    fn ask(&self, fib: &mut bpf_fib_lookup) {
+        let h = self.0;
+        // Each word as the wire has it: constant offsets, nothing checked
+        // at run time.
+        let word = |at: usize| u32::from_ne_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]);
+        let (src, dst) = (ipv6::SRC, ipv6::DST);
+        fib.family = AF_INET6;
+        fib.l4_protocol = self.next_header();
+        fib.__bindgen_anon_1.tot_len = ipv6::HLEN as u16 + self.payload_len();
+        // The traffic class and flow label, without the version.
+        fib.__bindgen_anon_2.flowinfo = word(0) & 0x0fff_ffffu32.to_be();
+        fib.__bindgen_anon_3.ipv6_src = [word(src), word(src + 4), word(src + 8), word(src + 12)];
+        fib.__bindgen_anon_4.ipv6_dst = [word(dst), word(dst + 4), word(dst + 8), word(dst + 12)];
+    }
+
+    #[inline(always)]
+    fn lowered(&self) -> (usize, [u8; 4]) {
+        let at = ipv6::HOP_LIMIT;
+        let hop_limit = self.hop_limit() - 1;
+        (
+            at,
+            [hop_limit, self.0[at + 1], self.0[at + 2], self.0[at + 3]],
+        )
+    }
+}
+
+/// Whether the address at `at` of `header` is link-local (fe80::/10),
+/// which the stack never forwards.
+#[inline(always)]
+fn link_local(header: &[u8; ipv6::HLEN], at: usize) -> bool {
+    header[at] == 0xfe && header[at + 1] & 0xc0 == 0x80
+}
+
 /// The FIB's next hop for a packet with header `ip`, at `l3`, when it
-/// settles it in one step and the node forwards past netfilter
-/// ([`PAST_NETFILTER`] in the overlay's `config`, which every caller has
+/// settles it in one step and the node forwards its family past netfilter
+/// ([`Routed::PAST`] in the overlay's `config`, which every caller has
 /// already read).
 /// Not for a packet with a mark, nor to a destination the node's netfilter
-/// rules act on (`ist_stack_dsts`): the agent proved its rules harmless to
-/// the others only.
+/// rules act on (`ist_stack_dsts`, `ist_stack_dsts6`): the agent proved its
+/// rules harmless to the others only.
 /// Not for a packet to this host, too big for the way out (a GSO packet's
-/// total length says so too), to a next hop not resolved yet, or whose TTL
-/// runs out: the stack does those, and answers with the ICMP errors path
-/// MTU discovery and traceroute need. Nor for one whose total length does
+/// total length says so too), to a next hop not resolved yet, or whose hop
+/// count runs out: the stack does those, and answers with the ICMP errors
+/// path MTU discovery and traceroute need. Nor for one whose length does
 /// not hold its header or is more than the packet holds, which the stack
 /// drops.
 #[inline(always)]
-pub fn route(ctx: &TcContext, config: &OverlayConfig, l3: usize, ip: Header) -> Option<NextHop> {
-    let total = usize::from(ip.total_len());
+pub fn route<H: Routed>(
+    ctx: &TcContext,
+    config: &OverlayConfig,
+    l3: usize,
+    ip: H,
+) -> Option<NextHop> {
     // SAFETY: reading a field of the context.
     let mark = unsafe { (*ctx.skb.skb).mark };
-    if config.flags & PAST_NETFILTER == 0
-        || mark != 0
-        || !ip.is_valid()
-        || total < ip.header_len()
-        || l3 + total > ctx.len() as usize
-        || ip.ttl() <= 1
-        || maps::takes_the_stack(ip.dst())
-    {
+    let available = (ctx.len() as usize).saturating_sub(l3);
+    if config.flags & H::PAST == 0 || mark != 0 || ip.for_the_stack(available) {
         return None;
     }
     let mut slot = MaybeUninit::uninit();
     // SAFETY: all-zero is a valid bpf_fib_lookup.
     let fib: &mut bpf_fib_lookup = unsafe { stack::zeroed(&mut slot) };
-    fib.family = AF_INET;
-    fib.l4_protocol = ip.proto();
-    fib.__bindgen_anon_1.tot_len = ip.total_len();
+    ip.ask(fib);
     // SAFETY: reading a field of the context.
     fib.ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    fib.__bindgen_anon_2.tos = ip.tos();
-    fib.__bindgen_anon_3.ipv4_src = ip.src().to_bits();
-    fib.__bindgen_anon_4.ipv4_dst = ip.dst().to_bits();
     // SAFETY: `fib` is a complete bpf_fib_lookup of the size given.
     let found = unsafe {
         fib_lookup(
@@ -92,10 +201,10 @@ pub fn route(ctx: &TcContext, config: &OverlayConfig, l3: usize, ip: Header) -> 
     })
 }
 
-/// Sends the Ethernet frame whose IPv4 header is `ip` to `next_hop`, as the
-/// stack would forward it: the next hop's MACs, a TTL one lower.
+/// Sends the Ethernet frame whose IP header is `ip` to `next_hop`, as the
+/// stack would forward it: the next hop's MACs, a hop count one lower.
 #[inline(always)]
-pub fn send(ctx: &TcContext, ip: Header, next_hop: &NextHop) -> i32 {
+pub fn send<H: Routed>(ctx: &TcContext, ip: H, next_hop: &NextHop) -> i32 {
     if rewrite(ctx, ip, next_hop).is_none() {
         maps::count_overlay(OverlayEvent::Failed);
         return TC_ACT_UNSPEC;
@@ -111,12 +220,13 @@ pub fn send(ctx: &TcContext, ip: Header, next_hop: &NextHop) -> i32 {
     unsafe { bpf_redirect(next_hop.ifindex, 0) as i32 }
 }
 
-/// Writes the next hop's MACs and the lowered TTL, with its checksum,
-/// straight into the packet: no helper call per field. The headers are
-/// pulled into the linear part first if they are not there.
+/// Writes the next hop's MACs and the lowered hop count, with its
+/// checksum in IPv4, straight into the packet: no helper call per field.
+/// The headers are pulled into the linear part first if they are not
+/// there.
 #[inline(always)]
-fn rewrite(ctx: &TcContext, ip: Header, next_hop: &NextHop) -> Option<()> {
-    let headers = ETH_HLEN + MIN_HLEN;
+fn rewrite<H: Routed>(ctx: &TcContext, ip: H, next_hop: &NextHop) -> Option<()> {
+    let headers = ETH_HLEN + H::HLEN;
     if ctx.data() + headers > ctx.data_end() {
         ctx.pull_data(headers as u32).ok()?;
     }
@@ -124,57 +234,52 @@ fn rewrite(ctx: &TcContext, ip: Header, next_hop: &NextHop) -> Option<()> {
     if start + headers > ctx.data_end() {
         return None;
     }
-    let ttl_proto = [ip.ttl(), ip.proto()];
-    let lowered = [ttl_proto[0] - 1, ttl_proto[1]];
-    let check = replace2(
-        u16::from_ne_bytes([ip.0[ipv4::CHECK], ip.0[ipv4::CHECK + 1]]),
-        u16::from_ne_bytes(ttl_proto),
-        u16::from_ne_bytes(lowered),
-    );
+    let (at, lowered) = ip.lowered();
     // SAFETY: every byte written lies below `start + headers`, checked
-    // against the packet's end just above; TC programs may write packet
-    // data, and the kernel unclones the skb first.
+    // against the packet's end just above (`at + 4` is within either
+    // family's header); TC programs may write packet data, and the kernel
+    // unclones the skb first.
     unsafe {
         let frame = start as *mut u8;
         frame.cast::<[u8; 6]>().write(next_hop.dmac);
         frame.add(6).cast::<[u8; 6]>().write(next_hop.smac);
-        *frame.add(ETH_HLEN + ipv4::TTL) = lowered[0];
         frame
-            .add(ETH_HLEN + ipv4::CHECK)
-            .cast::<[u8; 2]>()
-            .write(check.to_ne_bytes());
+            .add(ETH_HLEN + at)
+            .cast::<[u8; 4]>()
+            .write_unaligned(lowered);
     }
     Some(())
 }
 
-/// TC ingress, a packet whose IPv4 header `ip` starts at `l3` (0 on an L3
+/// TC ingress, a packet whose IP header `ip` starts at `l3` (0 on an L3
 /// device): forwarded past the stack when the FIB settles it in one step
 /// out of an Ethernet device; left to the stack otherwise.
 #[inline(always)]
-pub fn to_next_hop(ctx: &TcContext, config: &OverlayConfig, l3: usize, ip: &[u8; MIN_HLEN]) -> i32 {
-    let Some(next_hop) = route(ctx, config, l3, Header(ip)) else {
+pub fn to_next_hop<H: Routed>(ctx: &TcContext, config: &OverlayConfig, l3: usize, ip: H) -> i32 {
+    let Some(next_hop) = route(ctx, config, l3, ip) else {
         return TC_ACT_UNSPEC;
     };
-    if l3 == 0 && !push_l2_header(ctx) {
+    if l3 == 0 && !push_l2_header(ctx, H::ETHERTYPE) {
         maps::count_overlay(OverlayEvent::Failed);
         return TC_ACT_UNSPEC;
     }
-    send(ctx, Header(ip), &next_hop)
+    send(ctx, ip, &next_hop)
 }
 
-/// Prepends an Ethernet header to an L3 packet.
+/// Prepends an Ethernet header of `ethertype` to an L3 packet.
 #[inline(always)]
-pub fn push_l2_header(ctx: &TcContext) -> bool {
+pub fn push_l2_header(ctx: &TcContext, ethertype: [u8; 2]) -> bool {
     // SAFETY: the helper checks the skb itself.
     let grown = unsafe { bpf_skb_change_head(ctx.skb.skb, L2_HEADER_LEN, 0) };
-    // The MACs are set later; the ethertype is IPv4. Built on the stack,
-    // not copied from a constant: a constant would sit in the object's
-    // read-only data, which aya loads only where the kernel lets it probe
-    // for global data, so an agent without CAP_BPF would fail on that
-    // rather than on the kernel's refusal.
+    // The MACs are set later. Built on the stack, not copied from a
+    // constant: a constant would sit in the object's read-only data, which
+    // aya loads only where the kernel lets it probe for global data, so an
+    // agent without CAP_BPF would fail on that rather than on the kernel's
+    // refusal.
     let mut slot = MaybeUninit::uninit();
     // SAFETY: all-zero is a valid L2Header.
     let header: &mut L2Header = unsafe { stack::zeroed(&mut slot) };
-    header.bytes[12] = 0x08;
+    header.bytes[12] = ethertype[0];
+    header.bytes[13] = ethertype[1];
     grown == 0 && ctx.store(0, &header.bytes, 0).is_ok()
 }

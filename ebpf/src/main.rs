@@ -39,7 +39,8 @@ use aya_ebpf::{
 };
 use isthmus_common::{
     counters::{Direction, Link},
-    ipv4::{Header, MIN_HLEN},
+    ipv4::{self, MIN_HLEN},
+    ipv6,
 };
 
 use family::{Family, V4, V6};
@@ -211,9 +212,7 @@ fn egress<F: Family>(ctx: &TcContext, l3: usize, stage: Stage) -> i32 {
 /// sends an IPv6 packet to the IPv6 NAT; a packet for a later stage goes on
 /// there. A peer's packet that goes on continues after the NAT: going out,
 /// a Liqo v1 peer's has its destination rewritten too
-/// (docs/design.md#liqo-v1-peers); coming in, it goes to its pod. The way
-/// to the pod past the stack reads IPv4 alone: an IPv6 packet takes the
-/// stack.
+/// (docs/design.md#liqo-v1-peers); coming in, it goes to its pod.
 #[inline(always)]
 fn nat_stage<F: Family>(ctx: &TcContext, l3: usize, direction: Direction, stage: Stage) -> i32 {
     let link = Link::of_l3(l3);
@@ -229,7 +228,7 @@ fn nat_stage<F: Family>(ctx: &TcContext, l3: usize, direction: Direction, stage:
     }
     match direction {
         Direction::Egress if handled.remaps_peer => tail_call::peer_dnat::<F>(ctx, link),
-        Direction::Ingress if handled.peers && !F::IPV6 => tail_call::onward(ctx, link),
+        Direction::Ingress if handled.peers => tail_call::onward(ctx, link),
         _ => handled.action,
     }
 }
@@ -314,14 +313,26 @@ pub fn nat_onward_ip(ctx: TcContext) -> i32 {
 /// A peer's packet for a pod of another node goes there through the
 /// overlay; one for a pod of this node, past the stack where the FIB
 /// settles it, as the overlay's packets do on the node that takes them in.
+/// An IPv6 one goes past the stack wherever the FIB settles it: the
+/// overlay carries IPv6 to the gateway node alone, and the stack's routes
+/// lead it to other nodes.
 #[inline(always)]
 fn onward(ctx: &TcContext, l3: usize) -> i32 {
-    // The NAT's parser left the headers linear: read in place.
-    let (Some(config), Some(ip)) = (maps::overlay(), parse::bytes_at::<MIN_HLEN>(ctx, l3)) else {
+    let Some(config) = maps::overlay() else {
         return TC_ACT_UNSPEC;
     };
-    overlay::to_node(ctx, config, l3, Header(&ip).dst())
-        .unwrap_or_else(|| forward::to_next_hop(ctx, config, l3, &ip))
+    // The NAT's parser left the headers linear: read in place.
+    if ctx.skb.protocol() == ETH_P_IPV6 {
+        return match parse::bytes_at::<{ ipv6::HLEN }>(ctx, l3) {
+            Some(ip) => forward::to_next_hop(ctx, config, l3, ipv6::Header(&ip)),
+            None => TC_ACT_UNSPEC,
+        };
+    }
+    let Some(ip) = parse::bytes_at::<MIN_HLEN>(ctx, l3) else {
+        return TC_ACT_UNSPEC;
+    };
+    overlay::to_node(ctx, config, l3, ipv4::Header(&ip).dst())
+        .unwrap_or_else(|| forward::to_next_hop(ctx, config, l3, ipv4::Header(&ip)))
 }
 
 /// Sends pods' packets for peers' networks to the gateway node, or on the

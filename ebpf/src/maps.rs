@@ -359,6 +359,18 @@ pub fn takes_the_stack(dst: Be32) -> bool {
     STACK_DESTINATIONS.get(&Key::new(32, dst)).is_some()
 }
 
+/// As `ist_stack_dsts`, for IPv6.
+#[btf_map(name = "ist_stack_dsts6")]
+static STACK_DESTINATIONS6: LpmTrie<Be128, u8, { MAX_STACK_DESTINATIONS as usize }> =
+    LpmTrie::new();
+
+/// Whether IPv6 packets to `dst` must take the stack, past netfilter or
+/// not.
+#[inline(always)]
+pub fn takes_the_stack6(dst: Be128) -> bool {
+    STACK_DESTINATIONS6.get(&Key::new(128, dst)).is_some()
+}
+
 /// The pod devices (veths) of this node, by ifindex.
 #[btf_map(name = "ist_pod_devs")]
 static POD_DEVS: HashMap<u32, u8, { MAX_POD_DEVS as usize }, ON_DEMAND> = HashMap::new();

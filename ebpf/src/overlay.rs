@@ -27,18 +27,18 @@ const PACKET_HOST: u32 = 0;
 /// Outer TTL of overlay packets.
 const OUTER_TTL: u8 = 64;
 
-/// The family of a packet bound for a peer's networks.
+/// The family of a packet bound for a peer's networks, or of one the
+/// overlay took in.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum PeerBound {
+enum IpVersion {
     Ipv4,
     Ipv6,
 }
 
 /// On a pod-facing device: a packet for a peer's networks, of either
 /// family, goes to the gateway node, or, on the gateway node itself,
-/// towards the tunnel: an IPv4 one past the stack (its egress NAT still
-/// runs), an IPv6 one by the stack's route into the tunnel. Anything else
-/// goes on untouched.
+/// towards the tunnel past the stack where the FIB settles it (its egress
+/// NAT still runs). Anything else goes on untouched.
 #[inline(always)]
 pub fn steer(ctx: &TcContext, l3: usize) -> i32 {
     let Some(family) = peer_bound(ctx, l3) else {
@@ -52,17 +52,7 @@ pub fn steer(ctx: &TcContext, l3: usize) -> i32 {
         return TC_ACT_UNSPEC;
     }
     if config.gateway == config.local {
-        if family == PeerBound::Ipv6 {
-            return TC_ACT_UNSPEC;
-        }
-        // The egress NAT parses the packet next: pulled once, for both.
-        if parse::ipv4::linearize(ctx, l3).is_err() {
-            return TC_ACT_UNSPEC;
-        }
-        return match bytes_at::<MIN_HLEN>(ctx, l3) {
-            Some(ip) => forward::to_next_hop(ctx, config, l3, &ip),
-            None => TC_ACT_UNSPEC,
-        };
+        return to_next_hop(ctx, config, l3, family);
     }
     encapsulate(ctx, config, config.gateway, OverlayEvent::ToGateway)
 }
@@ -102,7 +92,7 @@ pub fn own_to_gateway(ctx: &TcContext) -> i32 {
 pub fn to_node(ctx: &TcContext, config: &OverlayConfig, l3: usize, dst: Be32) -> Option<i32> {
     let node = maps::node_of(dst)?;
     // Any MACs will do: the receiving node's `accept` makes it ours.
-    if l3 == 0 && !forward::push_l2_header(ctx) {
+    if l3 == 0 && !forward::push_l2_header(ctx, <Header as forward::Routed>::ETHERTYPE) {
         maps::count_overlay(OverlayEvent::Failed);
         return Some(TC_ACT_UNSPEC);
     }
@@ -136,13 +126,32 @@ pub fn accept(ctx: &TcContext) -> i32 {
         return TC_ACT_UNSPEC;
     }
     maps::count_overlay(OverlayEvent::Received);
-    // An IPv6 packet takes the stack's routes.
-    if ctx.skb.protocol() != ETH_P_IP {
-        return TC_ACT_UNSPEC;
+    match ctx.skb.protocol() {
+        ETH_P_IP => to_next_hop(ctx, config, ETH_HLEN, IpVersion::Ipv4),
+        ETH_P_IPV6 => to_next_hop(ctx, config, ETH_HLEN, IpVersion::Ipv6),
+        _ => TC_ACT_UNSPEC,
     }
-    match bytes_at::<MIN_HLEN>(ctx, ETH_HLEN) {
-        Some(ip) => forward::to_next_hop(ctx, config, ETH_HLEN, &ip),
-        None => TC_ACT_UNSPEC,
+}
+
+/// The packet of `family` at `l3`, past the stack where the FIB settles it
+/// in one step; to the stack otherwise.
+#[inline(always)]
+fn to_next_hop(ctx: &TcContext, config: &OverlayConfig, l3: usize, family: IpVersion) -> i32 {
+    match family {
+        IpVersion::Ipv4 => {
+            // The egress NAT parses the packet next: pulled once, for both.
+            if parse::ipv4::linearize(ctx, l3).is_err() {
+                return TC_ACT_UNSPEC;
+            }
+            match bytes_at::<MIN_HLEN>(ctx, l3) {
+                Some(ip) => forward::to_next_hop(ctx, config, l3, Header(&ip)),
+                None => TC_ACT_UNSPEC,
+            }
+        }
+        IpVersion::Ipv6 => match bytes_at::<{ ipv6::HLEN }>(ctx, l3) {
+            Some(ip) => forward::to_next_hop(ctx, config, l3, ipv6::Header(&ip)),
+            None => TC_ACT_UNSPEC,
+        },
     }
 }
 
@@ -226,15 +235,15 @@ const ETH_TYPE_IPV4: u16 = 0x0800;
 /// peer's networks: its destination and one lookup are all a pod's packet
 /// that is for no peer costs.
 #[inline(always)]
-fn peer_bound(ctx: &TcContext, l3: usize) -> Option<PeerBound> {
+fn peer_bound(ctx: &TcContext, l3: usize) -> Option<IpVersion> {
     let protocol = ctx.skb.protocol();
     if protocol == ETH_P_IP {
         let dst = parse::peek::<4>(ctx, l3 + DST).map(Be32::from_bytes)?;
-        return maps::peer(dst).map(|_| PeerBound::Ipv4);
+        return maps::peer(dst).map(|_| IpVersion::Ipv4);
     }
     if protocol == ETH_P_IPV6 {
         let dst = parse::peek::<16>(ctx, l3 + ipv6::DST).map(Be128::from_bytes)?;
-        return maps::peer6(dst).map(|_| PeerBound::Ipv6);
+        return maps::peer6(dst).map(|_| IpVersion::Ipv6);
     }
     None
 }

@@ -239,15 +239,21 @@ pub struct GuardMaps {
     pub ports: ByteHash<Be16>,
 }
 
-/// An LPM trie of IPv4 prefixes: the cluster's other nodes (`ist_nodes`,
-/// PodCIDR → node address), or the destinations that take the stack
-/// (`ist_stack_dsts`, prefix → 1).
-pub struct PrefixTrie<V: aya::Pod>(LpmTrie<MapData, Be32, V>);
+/// An LPM trie of prefixes of one family (IPv4's unless `N` says): the
+/// cluster's other nodes (`ist_nodes`, PodCIDR → node address), or the
+/// destinations that take the stack (`ist_stack_dsts`, `ist_stack_dsts6`,
+/// prefix → 1).
+pub struct PrefixTrie<V: aya::Pod, N: Cidr = Ipv4Net>(LpmTrie<MapData, N::Wire, V>)
+where
+    N::Wire: aya::Pod;
 
 /// The cluster's other nodes (`ist_nodes`): PodCIDR → node address.
 pub type NodeMap = PrefixTrie<Be32>;
 
-impl<V: aya::Pod> PrefixTrie<V> {
+impl<V: aya::Pod, N: Cidr> PrefixTrie<V, N>
+where
+    N::Wire: aya::Pod,
+{
     /// Wraps the map taken from a freshly loaded object.
     pub fn new(map: Map) -> Result<Self, MapError> {
         Ok(Self(map.try_into()?))
@@ -262,35 +268,39 @@ impl NodeMap {
 }
 
 /// The trie key of `net`.
-fn prefix_key(net: Ipv4Net) -> Key<Be32> {
-    Key::new(u32::from(net.prefix_len()), Be32::from(net.network()))
+fn prefix_key<N: Cidr>(net: N) -> Key<N::Wire>
+where
+    N::Wire: aya::Pod,
+{
+    Key::new(u32::from(net.prefix()), net.wire())
 }
 
-impl<V: aya::Pod + PartialEq> KernelTable for PrefixTrie<V> {
-    type Key = Ipv4Net;
+impl<V: aya::Pod + PartialEq, N: Cidr + Ord> KernelTable for PrefixTrie<V, N>
+where
+    N::Wire: aya::Pod,
+{
+    type Key = N;
     type Value = V;
     type Error = MapError;
     fn is_full(error: &MapError) -> bool {
         is_full(error)
     }
 
-    fn entries(&self) -> Result<Vec<(Ipv4Net, V)>, MapError> {
+    fn entries(&self) -> Result<Vec<(N, V)>, MapError> {
         self.0
             .iter()
             .map(|entry| {
                 let (key, value) = entry?;
-                let addr = std::net::Ipv4Addr::from(key.data());
-                // The kernel keeps a 4-byte trie's prefix lengths within 32.
-                Ok((Ipv4Net::new_assert(addr, key.prefix_len() as u8), value))
+                Ok((N::from_wire(key.data(), key.prefix_len() as u8), value))
             })
             .collect()
     }
 
-    fn put(&mut self, net: Ipv4Net, value: &V, _old: Option<&V>) -> Result<(), MapError> {
+    fn put(&mut self, net: N, value: &V, _old: Option<&V>) -> Result<(), MapError> {
         self.0.insert(&prefix_key(net), value, 0)
     }
 
-    fn delete(&mut self, net: Ipv4Net, _old: &V) -> Result<(), MapError> {
+    fn delete(&mut self, net: N, _old: &V) -> Result<(), MapError> {
         gone_is_fine(self.0.remove(&prefix_key(net)))
     }
 }
@@ -341,6 +351,8 @@ pub struct OverlayMaps {
     /// The destinations whose packets take the stack while others forward
     /// past netfilter.
     pub stack_destinations: PrefixTrie<u8>,
+    /// The same, for IPv6.
+    pub stack_destinations6: PrefixTrie<u8, Ipv6Net>,
 }
 
 /// Whether `error` is a write refused because the map is full.

@@ -9,9 +9,9 @@ use std::{
 };
 
 use aya::maps::MapError;
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use isthmus_common::{
-    overlay::{OverlayConfig, PAST_NETFILTER},
+    overlay::{OverlayConfig, PAST_NETFILTER, PAST_NETFILTER6},
     wire::{Be32, Be128},
 };
 use rtnetlink::{
@@ -28,8 +28,9 @@ use crate::{
     kernel::dataplane::{AttachMode, Dataplane},
     kernel::link::{self, device_holding, link_by_name},
     kernel::maps::{ByteHash, NodeMap, OverlayMaps, OverlaySettings, PrefixTrie},
+    kernel::netfilter::rules::IpFamily,
     kernel::table::{KernelTable, Mirror},
-    model::node::Node,
+    model::{cidr::Cidr, node::Node},
 };
 
 /// What the operator chose for the overlay.
@@ -48,9 +49,10 @@ pub struct OverlayOptions {
     pub gateway_label: String,
     /// This node's name: its own PodCIDRs are not overlay destinations.
     pub node: String,
-    /// Whether to forward past netfilter ([`PAST_NETFILTER`]) from the
-    /// start; [`Overlay::set_past_netfilter`] changes it.
-    pub past_netfilter: bool,
+    /// The families forwarded past netfilter ([`PAST_NETFILTER`],
+    /// [`PAST_NETFILTER6`]) from the start; [`Overlay::set_past_netfilter`]
+    /// changes them.
+    pub past_netfilter: Vec<IpFamily>,
 }
 
 /// Failures setting the overlay up.
@@ -89,6 +91,8 @@ pub struct Overlay {
     addresses6: Mirror<ByteHash<Be128>>,
     /// Destinations whose packets take the stack while others skip it.
     stack_destinations: Mirror<PrefixTrie<u8>>,
+    /// The same, for IPv6.
+    stack_destinations6: Mirror<PrefixTrie<u8, Ipv6Net>>,
     /// The device the decapsulation is attached to: the one holding this
     /// node's address.
     uplink: Option<String>,
@@ -109,6 +113,7 @@ impl Overlay {
             addresses,
             addresses6,
             stack_destinations,
+            stack_destinations6,
         } = maps;
         let previous = settings.get()?;
         let config = OverlayConfig {
@@ -117,11 +122,7 @@ impl Overlay {
             ifindex,
             local: previous.local,
             port: options.port,
-            flags: if options.past_netfilter {
-                PAST_NETFILTER
-            } else {
-                0
-            },
+            flags: options.past_netfilter.iter().map(|f| past_flag(*f)).sum(),
         };
         settings.set(config)?;
         Ok(Self {
@@ -132,6 +133,7 @@ impl Overlay {
             addresses: Mirror::new(addresses)?,
             addresses6: Mirror::new(addresses6)?,
             stack_destinations: Mirror::new(stack_destinations)?,
+            stack_destinations6: Mirror::new(stack_destinations6)?,
             uplink: None,
         })
     }
@@ -205,7 +207,7 @@ impl Overlay {
     /// older agent's program does not read the setting, and would go on
     /// forwarding past netfilter.
     pub fn drop_stale_decap(&self, dataplane: &mut Dataplane) {
-        if self.past_netfilter() {
+        if self.past_netfilter(IpFamily::Ipv4) {
             return;
         }
         let Some(dev) = self.uplink_now() else {
@@ -222,20 +224,21 @@ impl Overlay {
         (!local.is_unspecified()).then_some(local)
     }
 
-    /// Whether the programs forward past netfilter now.
-    pub fn past_netfilter(&self) -> bool {
-        self.config.flags & PAST_NETFILTER != 0
+    /// Whether the programs forward `family`'s packets past netfilter now.
+    pub fn past_netfilter(&self, family: IpFamily) -> bool {
+        self.config.flags & past_flag(family) != 0
     }
 
-    /// Starts or stops forwarding past netfilter; the decapsulation on the
-    /// uplink follows at the next [`Overlay::refresh_uplink`]. Returns
-    /// whether that changed anything.
-    pub fn set_past_netfilter(&mut self, on: bool) -> Result<bool, MapError> {
-        if on == self.past_netfilter() {
+    /// Starts or stops forwarding `family`'s packets past netfilter; the
+    /// decapsulation on the uplink, which takes IPv4 alone, follows at the
+    /// next [`Overlay::refresh_uplink`]. Returns whether that changed
+    /// anything.
+    pub fn set_past_netfilter(&mut self, family: IpFamily, on: bool) -> Result<bool, MapError> {
+        if on == self.past_netfilter(family) {
             return Ok(false);
         }
         let config = OverlayConfig {
-            flags: self.config.flags ^ PAST_NETFILTER,
+            flags: self.config.flags ^ past_flag(family),
             ..self.config
         };
         self.settings.set(config)?;
@@ -243,23 +246,29 @@ impl Overlay {
         Ok(true)
     }
 
-    /// Sends packets to `destinations` through the stack while the others
-    /// forward past netfilter. Returns whether that changed anything.
-    pub fn set_stack_destinations(&mut self, destinations: &[Ipv4Net]) -> Result<bool, MapError> {
-        let applied = self.stack_destinations.applied();
-        if applied.len() == destinations.len()
-            && destinations.iter().all(|d| applied.contains_key(d))
-        {
-            return Ok(false);
-        }
-        let desired: BTreeMap<Ipv4Net, u8> = destinations.iter().map(|d| (*d, 1)).collect();
-        let (written, removed, failure) = self.stack_destinations.apply(&desired);
-        failure.map_or(Ok(written + removed > 0), Err)
+    /// Sends packets to `destinations`, of either family, through the
+    /// stack while the others forward past netfilter. Returns whether that
+    /// changed anything.
+    pub fn set_stack_destinations(&mut self, destinations: &[IpNet]) -> Result<bool, MapError> {
+        let ipv4 = destinations.iter().filter_map(|d| match d {
+            IpNet::V4(net) => Some(*net),
+            IpNet::V6(_) => None,
+        });
+        let ipv6 = destinations.iter().filter_map(|d| match d {
+            IpNet::V6(net) => Some(*net),
+            IpNet::V4(_) => None,
+        });
+        let changed4 = write_destinations(&mut self.stack_destinations, ipv4)?;
+        let changed6 = write_destinations(&mut self.stack_destinations6, ipv6)?;
+        Ok(changed4 || changed6)
     }
 
-    /// How many destinations take the stack, as written.
-    pub fn stack_destinations(&self) -> usize {
-        self.stack_destinations.applied().len()
+    /// How many destinations of `family` take the stack, as written.
+    pub fn stack_destinations(&self, family: IpFamily) -> usize {
+        match family {
+            IpFamily::Ipv4 => self.stack_destinations.applied().len(),
+            IpFamily::Ipv6 => self.stack_destinations6.applied().len(),
+        }
     }
 
     /// The device holding this node's address now, if it is known.
@@ -273,7 +282,9 @@ impl Overlay {
     /// it does when the node does not forward past netfilter: then the
     /// decapsulation could forward nothing.
     pub fn refresh_uplink(&mut self, dataplane: &mut Dataplane, mode: AttachMode) {
-        let wanted = self.uplink_now().filter(|_| self.past_netfilter());
+        let wanted = self
+            .uplink_now()
+            .filter(|_| self.past_netfilter(IpFamily::Ipv4));
         if wanted == self.uplink {
             return;
         }
@@ -514,4 +525,32 @@ fn matches(pattern: &str, dev: &str) -> bool {
         Some(prefix) => dev.starts_with(prefix),
         None => dev == pattern,
     }
+}
+
+/// The flag of [`OverlayConfig::flags`] that sends `family`'s packets past
+/// netfilter.
+fn past_flag(family: IpFamily) -> u16 {
+    match family {
+        IpFamily::Ipv4 => PAST_NETFILTER,
+        IpFamily::Ipv6 => PAST_NETFILTER6,
+    }
+}
+
+/// Brings one family's table of destinations that take the stack to
+/// `destinations`. Returns whether that changed anything.
+fn write_destinations<N: Cidr + Ord>(
+    table: &mut Mirror<PrefixTrie<u8, N>>,
+    destinations: impl Iterator<Item = N>,
+) -> Result<bool, MapError>
+where
+    N::Wire: aya::Pod,
+{
+    let desired: BTreeMap<N, u8> = destinations.map(|d| (d, 1)).collect();
+    if table.applied().len() == desired.len()
+        && desired.keys().all(|d| table.applied().contains_key(d))
+    {
+        return Ok(false);
+    }
+    let (written, removed, failure) = table.apply(&desired);
+    failure.map_or(Ok(written + removed > 0), Err)
 }

@@ -9,7 +9,7 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use crate::{
-    kernel::netfilter::{self, Hooks},
+    kernel::netfilter::{self, Hooks, NodeHooks, rules::IpFamily},
     roles::overlay::Overlay,
 };
 
@@ -23,18 +23,28 @@ pub enum PastNetfilter {
     /// Past it while no netfilter rule at the hooks a forwarded packet
     /// crosses could act on it (iptables-legacy's, iptables-nft's or
     /// nftables'), but to the destinations rules act on; through it while
-    /// one could act on any. Followed every second.
+    /// one could act on any. Decided for each family apart, and followed
+    /// every second.
     Auto,
+}
+
+/// One family's gauges: whether it goes past netfilter, and how many of
+/// its destinations take the stack.
+pub struct FamilyGauges {
+    /// `isthmus_forward_past_netfilter`, or its `_ipv6` twin.
+    pub past: Gauge,
+    /// `isthmus_forward_stack_destinations`, or its `_ipv6` twin.
+    pub stack_destinations: Gauge,
 }
 
 /// The operator's choice, and what the hooks hold if it matters.
 pub struct PastNetfilterSetting {
     mode: PastNetfilter,
     /// Followed only in `auto`.
-    hooks: Option<watch::Receiver<Hooks>>,
-    /// `isthmus_forward_past_netfilter` and
-    /// `isthmus_forward_stack_destinations`, once the metrics exist.
-    gauges: Option<(Gauge, Gauge)>,
+    hooks: Option<watch::Receiver<NodeHooks>>,
+    /// Each family's gauges, in [`IpFamily::BOTH`]'s order, once the
+    /// metrics exist.
+    gauges: Option<[FamilyGauges; 2]>,
 }
 
 impl PastNetfilterSetting {
@@ -47,25 +57,30 @@ impl PastNetfilterSetting {
             gauges: None,
         };
         if let Some(hooks) = setting.hooks.as_ref().map(watch::Receiver::borrow) {
-            let past = wants(mode, Some(&hooks));
-            info!(mode = ?mode, past, hooks = %*hooks, "forwarding past netfilter decided by the node's rules");
+            let past = IpFamily::BOTH.map(|family| wants(mode, Some(hooks.of(family))));
+            info!(mode = ?mode, ipv4 = past[0], ipv6 = past[1], hooks = %*hooks, "forwarding past netfilter decided by the node's rules");
         } else {
             info!(mode = ?mode, "forwarding past netfilter fixed by the operator");
         }
         setting
     }
 
-    /// Whether packets should skip netfilter now.
-    pub fn wanted(&self) -> bool {
+    /// The families whose packets should skip netfilter now.
+    pub fn wanted(&self) -> Vec<IpFamily> {
         let hooks = self.hooks.as_ref().map(watch::Receiver::borrow);
-        wants(self.mode, hooks.as_deref())
+        IpFamily::BOTH
+            .into_iter()
+            .filter(|family| wants(self.mode, hooks.as_ref().map(|h| h.of(*family))))
+            .collect()
     }
 
-    /// Reports the setting in `past`, and how many destinations take the
-    /// stack in `stack_destinations`, from now on.
-    pub fn report_in(&mut self, past: Gauge, stack_destinations: Gauge) {
-        past.set(i64::from(self.wanted()));
-        self.gauges = Some((past, stack_destinations));
+    /// Reports the setting in each family's `gauges`, from now on.
+    pub fn report_in(&mut self, gauges: [FamilyGauges; 2]) {
+        let wanted = self.wanted();
+        for (family, gauges) in IpFamily::BOTH.iter().zip(&gauges) {
+            gauges.past.set(i64::from(wanted.contains(family)));
+        }
+        self.gauges = Some(gauges);
     }
 
     /// Completes when the hooks changed; never when they are not followed.
@@ -80,20 +95,25 @@ impl PastNetfilterSetting {
     }
 
     /// Brings the overlay's programs in line with the setting, saying why
-    /// when that changes what they do. No packet skips netfilter while the
-    /// destinations that must take the stack are not all written: they are
-    /// written before forwarding past it starts, and emptied only after it
-    /// stopped. Called on every pass: unchanged, it reads and compares only.
+    /// when that changes what they do, for each family. No packet skips
+    /// netfilter while the destinations that must take the stack are not
+    /// all written: they are written before forwarding past it starts, and
+    /// emptied only after it stopped. Called on every pass: unchanged, it
+    /// reads and compares only.
     pub fn apply(&self, overlay: &mut Overlay) {
         let hooks = self.hooks.as_ref().map(watch::Receiver::borrow);
-        let hooks = hooks.as_deref();
-        let reason = || hooks.map(ToString::to_string).unwrap_or_default();
-        let destinations = hooks.map_or(&[][..], Hooks::stack_destinations);
-        let wanted = wants(self.mode, hooks);
-        if !wanted {
-            switch(overlay, false, reason);
+        let of = |family| hooks.as_ref().map(|h| h.of(family));
+        let reason = |family| move || of(family).map(ToString::to_string).unwrap_or_default();
+        let wanted = IpFamily::BOTH.map(|family| wants(self.mode, of(family)));
+        for (family, _) in IpFamily::BOTH.into_iter().zip(wanted).filter(|(_, w)| !w) {
+            switch(overlay, family, false, reason(family));
         }
-        let written = match overlay.set_stack_destinations(destinations) {
+        let destinations: Vec<_> = IpFamily::BOTH
+            .into_iter()
+            .filter_map(of)
+            .flat_map(|h| h.stack_destinations().iter().copied())
+            .collect();
+        let written = match overlay.set_stack_destinations(&destinations) {
             Ok(changed) => {
                 if changed {
                     let count = destinations.len();
@@ -109,18 +129,19 @@ impl PastNetfilterSetting {
                 false
             }
         };
-        if wanted {
-            switch(overlay, written, reason);
+        for (family, _) in IpFamily::BOTH.into_iter().zip(wanted).filter(|(_, w)| *w) {
+            switch(overlay, family, written, reason(family));
         }
-        if let Some((past, stack_destinations)) = &self.gauges {
-            past.set(i64::from(overlay.past_netfilter()));
-            stack_destinations.set(overlay.stack_destinations() as i64);
+        for (family, gauges) in IpFamily::BOTH.iter().zip(self.gauges.iter().flatten()) {
+            gauges.past.set(i64::from(overlay.past_netfilter(*family)));
+            let count = overlay.stack_destinations(*family) as i64;
+            gauges.stack_destinations.set(count);
         }
     }
 }
 
-/// Whether packets should skip netfilter in `mode`, given what the hooks
-/// hold where they are followed.
+/// Whether packets of a family should skip netfilter in `mode`, given what
+/// the hooks hold for it where they are followed.
 fn wants(mode: PastNetfilter, hooks: Option<&Hooks>) -> bool {
     match (mode, hooks) {
         (PastNetfilter::On, _) => true,
@@ -129,16 +150,17 @@ fn wants(mode: PastNetfilter, hooks: Option<&Hooks>) -> bool {
     }
 }
 
-/// Starts or stops forwarding past netfilter, saying so, and why
-/// (`hooks`), when it changes.
-fn switch(overlay: &mut Overlay, past: bool, hooks: impl Fn() -> String) {
-    match overlay.set_past_netfilter(past) {
+/// Starts or stops forwarding `family`'s packets past netfilter, saying
+/// so, and why (`hooks`), when it changes.
+fn switch(overlay: &mut Overlay, family: IpFamily, past: bool, hooks: impl Fn() -> String) {
+    match overlay.set_past_netfilter(family, past) {
         Ok(false) => {}
-        Ok(true) if past => info!(hooks = hooks(), "forwarding past netfilter again"),
+        Ok(true) if past => info!(%family, hooks = hooks(), "forwarding past netfilter again"),
         Ok(true) => warn!(
+            %family,
             hooks = hooks(),
             "forwarding through netfilter: a rule could act on forwarded packets"
         ),
-        Err(e) => error!(error = %e, "writing the overlay's settings; will retry"),
+        Err(e) => error!(%family, error = %e, "writing the overlay's settings; will retry"),
     }
 }

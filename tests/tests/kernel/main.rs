@@ -5,6 +5,7 @@
 mod forwarding_node;
 mod guard_test_run;
 mod netfilter_rules;
+mod overlay_ipv6;
 mod overlay_test_run;
 mod prog_test_run;
 mod verifier_budget;

@@ -2,10 +2,10 @@
 //! back from the kernel as the agent reads them: kube-proxy's rules act
 //! only on its Services' addresses, which then take the stack, and a rule
 //! that could act on any forwarded packet keeps them all in the stack,
-//! whichever tool wrote it.
+//! whichever tool wrote it; each family apart.
 
-use ipnet::Ipv4Net;
-use isthmus_agent::kernel::netfilter::{Hooks, Reader};
+use ipnet::IpNet;
+use isthmus_agent::kernel::netfilter::{Hooks, NodeHooks, Reader};
 use isthmus_lab::{lab::kube_proxy, netns::run_in, topology::A};
 use isthmus_tests::{netns, require_root};
 
@@ -15,14 +15,28 @@ fn in_ns(command: &[&str]) {
     isthmus_lab::cmd::run("ip", &[&["netns", "exec", NS][..], command].concat()).unwrap();
 }
 
-fn nets(list: &[&str]) -> Vec<Ipv4Net> {
+fn nets(list: &[&str]) -> Vec<IpNet> {
     list.iter().map(|n| n.parse().unwrap()).collect()
 }
 
 /// The hooks as one reader sees them: the same reader throughout, so that
 /// its cache of nftables' rules is tested against every change.
-fn read(reader: &mut Reader) -> Hooks {
+fn read_both(reader: &mut Reader) -> NodeHooks {
     run_in(NS, || reader.read()).unwrap()
+}
+
+/// IPv4's hooks, checking that IPv6's are clear with no destination: the
+/// rules of the IPv4 part of the test are IPv4's alone.
+fn read(reader: &mut Reader) -> Hooks {
+    let both = read_both(reader);
+    assert_eq!(both.ipv6, clear(&[]), "IPv6, beside IPv4's rules");
+    both.ipv4
+}
+
+fn clear(destinations: &[&str]) -> Hooks {
+    Hooks::Clear {
+        stack_destinations: nets(destinations),
+    }
 }
 
 fn acting(hooks: &Hooks) -> String {
@@ -41,13 +55,7 @@ fn kube_proxys_rules_send_only_its_services_addresses_through_the_stack() {
     require_root();
     netns::fresh(&[NS]);
     let mut reader = Reader::default();
-    assert_eq!(
-        read(&mut reader),
-        Hooks::Clear {
-            stack_destinations: vec![]
-        },
-        "a node without rules"
-    );
+    assert_eq!(read(&mut reader), clear(&[]), "a node without rules");
 
     kube_proxy::install(NS, &A, &kube_proxy::services(&A)).unwrap();
     assert_eq!(
@@ -123,11 +131,13 @@ fn kube_proxys_rules_send_only_its_services_addresses_through_the_stack() {
         "native nftables: the invalid drop is inert, the policy for one pod sends it through"
     );
     in_ns(&["nft", "add rule inet isthmus_test forward meta mark 0 log"]);
-    let why = acting(&read(&mut reader));
-    assert!(
-        why.contains("inet isthmus_test chain forward") && why.contains("log"),
-        "{why}"
-    );
+    let both = read_both(&mut reader);
+    for why in [acting(&both.ipv4), acting(&both.ipv6)] {
+        assert!(
+            why.contains("inet isthmus_test chain forward") && why.contains("log"),
+            "an inet table's rule, in both families: {why}"
+        );
+    }
     in_ns(&["nft", "delete table inet isthmus_test"]);
 
     in_ns(&["iptables-legacy", "-w", "-A", "FORWARD", "-j", "ACCEPT"]);
@@ -141,5 +151,80 @@ fn kube_proxys_rules_send_only_its_services_addresses_through_the_stack() {
     in_ns(&["iptables", "-w", "-P", "FORWARD", "DROP"]);
     let why = acting(&read(&mut reader));
     assert!(why.contains("policy drops"), "{why}");
+    netns::remove(&[NS]);
+}
+
+/// IPv6's own rules, from ip6tables (nft and legacy) and nftables' ip6
+/// tables, move IPv6's proof alone.
+#[test]
+fn ipv6_rules_send_ipv6_through_the_stack_and_leave_ipv4_past_it() {
+    require_root();
+    netns::fresh(&[NS]);
+    let mut reader = Reader::default();
+    let read_ipv6 = |reader: &mut Reader| {
+        let both = read_both(reader);
+        assert_eq!(both.ipv4, clear(&[]), "IPv4, beside IPv6's rules");
+        both.ipv6
+    };
+    let service = ["-d", "fd00:10:96::1/128", "-p", "tcp", "-j", "DROP"];
+    let ip6tables = |tool: &str, op: &str, chain: &[&str], rule: &[&str]| {
+        in_ns(&[&[tool, "-w"][..], chain, &[op][..], rule].concat());
+    };
+    ip6tables(
+        "ip6tables",
+        "-A",
+        &[],
+        &[&["FORWARD"][..], &service].concat(),
+    );
+    assert_eq!(
+        read_ipv6(&mut reader),
+        clear(&["fd00:10:96::1/128"]),
+        "ip6tables-nft: a rule for one address sends it through the stack"
+    );
+    ip6tables(
+        "ip6tables",
+        "-D",
+        &[],
+        &[&["FORWARD"][..], &service].concat(),
+    );
+
+    let masquerade = ["POSTROUTING", "-j", "MASQUERADE"];
+    ip6tables("ip6tables", "-A", &["-t", "nat"], &masquerade);
+    let why = acting(&read_ipv6(&mut reader));
+    assert!(
+        why.contains("ip6 nat chain POSTROUTING") && why.contains("MASQUERADE"),
+        "{why}"
+    );
+    ip6tables("ip6tables", "-D", &["-t", "nat"], &masquerade);
+
+    in_ns(&["nft", "add table ip6 isthmus_test"]);
+    in_ns(&[
+        "nft",
+        "add chain ip6 isthmus_test forward { type filter hook forward priority 0; }",
+    ]);
+    in_ns(&[
+        "nft",
+        "add rule ip6 isthmus_test forward ip6 daddr fd00:10:244::/64 counter accept",
+    ]);
+    in_ns(&[
+        "nft",
+        "add rule ip6 isthmus_test forward ip6 daddr fd00:10:244:0:8000::133 reject",
+    ]);
+    assert_eq!(
+        read_ipv6(&mut reader),
+        clear(&["fd00:10:244:0:8000::133/128"]),
+        "native ip6 table: the accept is inert, the reject for one pod sends it through"
+    );
+    in_ns(&["nft", "delete table ip6 isthmus_test"]);
+
+    let forward = ["FORWARD", "-j", "ACCEPT"];
+    ip6tables("ip6tables-legacy", "-A", &[], &forward);
+    let why = acting(&read_ipv6(&mut reader));
+    assert!(
+        why.contains("ip6tables-legacy filter chain FORWARD"),
+        "{why}"
+    );
+    ip6tables("ip6tables-legacy", "-D", &[], &forward);
+    assert_eq!(read_ipv6(&mut reader), clear(&[]), "all rules gone");
     netns::remove(&[NS]);
 }

@@ -7,14 +7,14 @@
 //! The kernel returns a redirect's verdict, not the tunnel key it set: the
 //! key's VNI, port and remote node are checked on the wire in `lab_overlay`.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use aya::{Ebpf, EbpfLoader, programs::SchedClassifier};
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use isthmus_agent::{
     kernel::dataplane::{OBJECT, load_nat_stages},
     kernel::maps::{ByteHash, Counters, NodeMap, OverlaySettings, PrefixTrie},
-    kernel::peer_table::PeerMap,
+    kernel::peer_table::{PeerMap, PeerMap6},
     kernel::table::KernelTable,
     model::isolation::SecurityMode,
     model::object::{Object, parse_documents},
@@ -22,7 +22,7 @@ use isthmus_agent::{
 };
 use isthmus_common::{
     names,
-    overlay::{EVENTS, OverlayConfig, OverlayEvent, PAST_NETFILTER},
+    overlay::{EVENTS, OverlayConfig, OverlayEvent, PAST_NETFILTER, PAST_NETFILTER6},
     wire::Be32,
 };
 use isthmus_lab::topology::{A, OVERLAY_PORT, PEERINGS};
@@ -37,27 +37,30 @@ use isthmus_tests::{
 
 const VNI: u32 = 18952;
 /// TC verdicts as the kernel returns them.
-const HAND_ON: u32 = u32::MAX;
-const SHOT: u32 = 2;
-const REDIRECT: u32 = 7;
+pub(crate) const HAND_ON: u32 = u32::MAX;
+pub(crate) const SHOT: u32 = 2;
+pub(crate) const REDIRECT: u32 = 7;
 
-/// The object loaded fresh, seen from cluster a: peer b, the gateway node
-/// a-gw, and the worker a-node holding the lower half of the PodCIDR.
-struct Harness {
+/// The object loaded fresh, seen from cluster a: peer b, of both families,
+/// the gateway node a-gw, and the worker a-node holding the lower half of
+/// the PodCIDR.
+pub(crate) struct Harness {
     ebpf: Ebpf,
     settings: OverlaySettings,
     config: OverlayConfig,
     events: Counters,
     /// Destinations the node's rules act on, which take the stack.
     stack_destinations: PrefixTrie<u8>,
+    /// The same, for IPv6.
+    pub(crate) stack_destinations6: PrefixTrie<u8, Ipv6Net>,
     /// The netns the programs run in, and look the FIB up in.
-    netns: Option<&'static str>,
+    pub(crate) netns: Option<&'static str>,
     /// The packets' `skb->mark`.
     mark: u32,
 }
 
 impl Harness {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         require_root();
         let mut ebpf = EbpfLoader::new()
             .load(OBJECT)
@@ -81,7 +84,10 @@ impl Harness {
             ebpf.take_map(names::MAP_PREFIX_LENS).unwrap(),
         )
         .unwrap();
-        let yaml = PEERINGS[0].tunnel_endpoint_yaml(None);
+        let endpoint = IpAddr::from(PEERINGS[0].remote.wan_addr());
+        let yaml = PEERINGS[0]
+            .dual_stack_tunnel_endpoint(None, endpoint)
+            .to_string();
         let docs = parse_documents("test.yaml".as_ref(), &yaml);
         let Ok(Object::TunnelEndpoint(raw)) = &docs[0] else {
             panic!("{docs:?}")
@@ -91,6 +97,16 @@ impl Harness {
             peers
                 .put(net, &peer.nat(1, SecurityMode::default()), None)
                 .unwrap();
+        }
+        let mut peers6 = PeerMap6::new(
+            ebpf.take_map(names::MAP_PEERS6).unwrap(),
+            ebpf.take_map(names::MAP_PEER_OWNERS6).unwrap(),
+            ebpf.take_map(names::MAP_PREFIX_LENS6).unwrap(),
+        )
+        .unwrap();
+        let nat6 = peer.nat6(1, SecurityMode::default()).expect("IPv6 rules");
+        for (_, net) in peer.ipv6.as_ref().unwrap().views(peer.layout) {
+            peers6.put(net, &nat6, None).unwrap();
         }
         let mut nodes = NodeMap::new(ebpf.take_map(names::MAP_NODES).unwrap()).unwrap();
         nodes
@@ -105,6 +121,8 @@ impl Harness {
         let events = Counters::overlay(ebpf.take_map(names::MAP_OVERLAY_STATS).unwrap()).unwrap();
         let stack_destinations =
             PrefixTrie::new(ebpf.take_map(names::MAP_STACK_DESTINATIONS).unwrap()).unwrap();
+        let stack_destinations6 =
+            PrefixTrie::new(ebpf.take_map(names::MAP_STACK_DESTINATIONS6).unwrap()).unwrap();
         let mut harness = Self {
             ebpf,
             settings,
@@ -114,10 +132,11 @@ impl Harness {
                 ifindex: 1,
                 local: Be32::from(A.lan_node()),
                 port: OVERLAY_PORT,
-                flags: PAST_NETFILTER,
+                flags: PAST_NETFILTER | PAST_NETFILTER6,
             },
             events,
             stack_destinations,
+            stack_destinations6,
             netns: None,
             mark: 0,
         };
@@ -127,7 +146,7 @@ impl Harness {
 
     /// Changes the overlay's settings. `gateway` 0: none known; `ifindex`
     /// 0: no overlay device yet; `local` 0: this node's address unknown.
-    fn configure(&mut self, change: impl FnOnce(&mut OverlayConfig)) {
+    pub(crate) fn configure(&mut self, change: impl FnOnce(&mut OverlayConfig)) {
         change(&mut self.config);
         self.settings.set(self.config).unwrap();
     }
@@ -150,7 +169,7 @@ impl Harness {
 
 /// One case: its name, the program, the frame in, the verdict, the frame
 /// out, and the events it must count.
-type Row = (
+pub(crate) type Row = (
     &'static str,
     &'static str,
     Vec<u8>,
@@ -159,7 +178,7 @@ type Row = (
     &'static [OverlayEvent],
 );
 
-fn check(h: &Harness, rows: Vec<Row>) {
+pub(crate) fn check(h: &Harness, rows: Vec<Row>) {
     for (name, program, input, want_verdict, want_out, want_events) in rows {
         let before: Vec<u64> = EVENTS.iter().map(|e| h.count(*e)).collect();
         let (verdict, out) = h.run(program, &input);

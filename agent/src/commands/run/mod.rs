@@ -52,7 +52,7 @@ use crate::{
         masquerade::{MasqueradeAddress, MasqueradeIps},
         nat_device::NatDevice,
         overlay::{self, Overlay, OverlayOptions, PodDevices},
-        past_netfilter::PastNetfilterSetting,
+        past_netfilter::{FamilyGauges, PastNetfilterSetting},
         routes::Routes,
     },
     tunnel::{TunnelConfig, key},
@@ -73,7 +73,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
     }
     let runtime_filtered = privileges::runtime_filter_present();
     privileges::confine(args.syscall_filter)?;
-    run_confined(args, runtime_filtered)
+    // The agent's whole state lives in this future: on the heap, once.
+    Box::pin(run_confined(args, runtime_filtered))
         .await
         .map_err(|e| match missing.0.is_empty() {
             true => e,
@@ -115,10 +116,16 @@ async fn run_confined(args: RunArgs, runtime_filtered: bool) -> Result<()> {
     )?;
     let objects = open_source(&args, role, client, &metrics)?;
     info!(node = %args.node, role = role.name(), source = ?args.source, bpffs = %args.bpffs.display(), "agent started");
-    host.past_netfilter.report_in(
-        metrics.forward_past_netfilter.clone(),
-        metrics.forward_stack_destinations.clone(),
-    );
+    host.past_netfilter.report_in([
+        FamilyGauges {
+            past: metrics.forward_past_netfilter.clone(),
+            stack_destinations: metrics.forward_stack_destinations.clone(),
+        },
+        FamilyGauges {
+            past: metrics.forward_past_netfilter_ipv6.clone(),
+            stack_destinations: metrics.forward_stack_destinations_ipv6.clone(),
+        },
+    ]);
     // A worker's peer-bound packets that the overlay does not steer are
     // dropped, not sent in clear: the blackholes outlive the agent. Its
     // own go into the overlay, where there is one.

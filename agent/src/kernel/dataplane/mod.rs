@@ -433,12 +433,15 @@ impl Dataplane {
         let addresses6 = self.take_byte_hash(names::MAP_NODE_ADDRS6)?;
         let stack_destinations = PrefixTrie::new(self.take(names::MAP_STACK_DESTINATIONS)?)
             .map_err(|e| DataplaneError::Map(names::MAP_STACK_DESTINATIONS, e))?;
+        let stack_destinations6 = PrefixTrie::new(self.take(names::MAP_STACK_DESTINATIONS6)?)
+            .map_err(|e| DataplaneError::Map(names::MAP_STACK_DESTINATIONS6, e))?;
         Ok(OverlayMaps {
             settings,
             nodes,
             addresses,
             addresses6,
             stack_destinations,
+            stack_destinations6,
         })
     }
 

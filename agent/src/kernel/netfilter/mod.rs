@@ -1,8 +1,8 @@
-//! What the node's netfilter could do to the IPv4 packets it forwards: the
-//! chains of every hook such a packet crosses (prerouting, forward,
-//! postrouting and ingress), in nftables (native, and iptables-nft's) and
-//! in iptables-legacy's tables, and a proof of what their rules do
-//! ([`rules`]).
+//! What the node's netfilter could do to the packets it forwards, for each
+//! family: the chains of every hook such a packet crosses (prerouting,
+//! forward, postrouting and ingress), in nftables (native, and
+//! iptables-nft's) and in iptables-legacy's and ip6tables-legacy's tables,
+//! and a proof of what their rules do ([`rules`]).
 //!
 //! `--forward-past-netfilter=auto` reads this to decide whether packets the
 //! FIB settles in one step may skip the stack: only those that no rule
@@ -14,21 +14,63 @@ pub mod rules;
 
 use std::{fmt, io, thread, time::Duration};
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use tokio::sync::watch;
 use tracing::warn;
 
 use isthmus_common::names::MAX_STACK_DESTINATIONS;
-use rules::{Acting, Chain};
+use rules::{Acting, Chain, IpFamily};
 
-/// What the node's hooks could do to a forwarded packet, as last read.
+/// What the node's hooks could do to a forwarded packet of each family, as
+/// last read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeHooks {
+    /// To an IPv4 packet.
+    pub ipv4: Hooks,
+    /// To an IPv6 packet.
+    pub ipv6: Hooks,
+}
+
+impl NodeHooks {
+    /// What they could do to `family`'s packets.
+    pub fn of(&self, family: IpFamily) -> &Hooks {
+        match family {
+            IpFamily::Ipv4 => &self.ipv4,
+            IpFamily::Ipv6 => &self.ipv6,
+        }
+    }
+
+    /// Both families' proofs over `chains`.
+    fn proved(chains: &[Chain]) -> Self {
+        Self {
+            ipv4: Hooks::of(chains, IpFamily::Ipv4),
+            ipv6: Hooks::of(chains, IpFamily::Ipv6),
+        }
+    }
+
+    /// Both, as hooks that could not be read, for `why`.
+    fn unknown(why: &str) -> Self {
+        Self {
+            ipv4: Hooks::Unknown(why.into()),
+            ipv6: Hooks::Unknown(why.into()),
+        }
+    }
+}
+
+impl fmt::Display for NodeHooks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "IPv4: {}; IPv6: {}", self.ipv4, self.ipv6)
+    }
+}
+
+/// What the node's hooks could do to a forwarded packet of one family.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Hooks {
     /// No rule acts on forwarded packets, but on those to these
     /// destinations, which take the stack.
     Clear {
         /// Where rules act: kube-proxy's Services' addresses, for one.
-        stack_destinations: Vec<Ipv4Net>,
+        stack_destinations: Vec<IpNet>,
     },
     /// These could act on any forwarded packet.
     Acting(Vec<Acting>),
@@ -44,15 +86,15 @@ impl Hooks {
     }
 
     /// The destinations whose packets take the stack while the rest skip it.
-    pub fn stack_destinations(&self) -> &[Ipv4Net] {
+    pub fn stack_destinations(&self) -> &[IpNet] {
         match self {
             Hooks::Clear { stack_destinations } => stack_destinations,
             _ => &[],
         }
     }
 
-    fn of(chains: &[Chain]) -> Self {
-        let proof = rules::prove(chains);
+    fn of(chains: &[Chain], family: IpFamily) -> Self {
+        let proof = rules::prove(chains, family);
         if !proof.acting.is_empty() {
             return Hooks::Acting(proof.acting);
         }
@@ -90,30 +132,30 @@ impl fmt::Display for Hooks {
 }
 
 /// Reads the hooks of the calling thread's network namespace. nftables'
-/// rules are read again, and the proof made again, only when nftables'
-/// generation or iptables-legacy's chains moved: a node with kube-proxy's
+/// rules are read again, and the proofs made again, only when nftables'
+/// generation or the legacy tables' chains moved: a node with kube-proxy's
 /// rules for thousands of Services holds tens of thousands of rules.
 #[derive(Default)]
 pub struct Reader {
     /// nftables' generation, with its chains.
     nftables: Option<(u32, Vec<Chain>)>,
-    /// The last proof, with the iptables-legacy chains it was made of.
-    last: Option<(Vec<Chain>, Hooks)>,
+    /// The last proofs, with the legacy tables' chains they were made of.
+    last: Option<(Vec<Chain>, NodeHooks)>,
 }
 
 impl Reader {
     /// What the hooks could do now.
-    pub fn read(&mut self) -> Hooks {
+    pub fn read(&mut self) -> NodeHooks {
         match self.refresh() {
             Ok(hooks) => hooks,
             Err(e) => {
                 self.last = None;
-                Hooks::Unknown(e.to_string())
+                NodeHooks::unknown(&e.to_string())
             }
         }
     }
 
-    fn refresh(&mut self) -> io::Result<Hooks> {
+    fn refresh(&mut self) -> io::Result<NodeHooks> {
         let generation = nftables::generation()?;
         let legacy = legacy::chains()?;
         let unchanged_nftables = matches!(
@@ -136,7 +178,7 @@ impl Reader {
             }
         };
         chains.extend(legacy.iter().cloned());
-        let hooks = Hooks::of(&chains);
+        let hooks = NodeHooks::proved(&chains);
         self.last = Some((legacy, hooks.clone()));
         Ok(hooks)
     }
@@ -149,7 +191,7 @@ pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// Follows the hooks from a thread of its own, publishing each change; the
 /// first value is read before this returns. The thread ends when every
 /// receiver is gone.
-pub fn watch_hooks() -> watch::Receiver<Hooks> {
+pub fn watch_hooks() -> watch::Receiver<NodeHooks> {
     let mut reader = Reader::default();
     let (tx, rx) = watch::channel(reader.read());
     let spawned = thread::Builder::new()

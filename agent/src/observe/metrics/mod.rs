@@ -88,10 +88,15 @@ pub struct Metrics {
     pub flow_evictions: Family<OwnerLabels, Counter>,
     /// 1 while this gateway is the active one (or the only one), else 0.
     pub gateway_active: Gauge,
-    /// 1 while the programs forward past netfilter, else 0.
+    /// 1 while the programs forward IPv4 past netfilter, else 0.
     pub forward_past_netfilter: Gauge,
-    /// Destinations the node's netfilter rules act on, which take the stack.
+    /// IPv4 destinations the node's netfilter rules act on, which take the
+    /// stack.
     pub forward_stack_destinations: Gauge,
+    /// The same for IPv6, whose rules are proved apart.
+    pub forward_past_netfilter_ipv6: Gauge,
+    /// IPv6 destinations the node's netfilter rules act on.
+    pub forward_stack_destinations_ipv6: Gauge,
     /// TunnelEndpoint status decisions, by outcome: written, skipped
     /// (already shown, or not due), failed.
     pub status_writes: Family<[(&'static str, &'static str); 1], Counter>,
@@ -240,13 +245,25 @@ impl Metrics {
             forward_past_netfilter: registered(
                 r,
                 "forward_past_netfilter",
-                "1 while the programs forward what the FIB settles in one step past netfilter (--forward-past-netfilter), else 0",
+                "1 while the programs forward IPv4 packets the FIB settles in one step past netfilter (--forward-past-netfilter), else 0",
                 Gauge::default(),
             ),
             forward_stack_destinations: registered(
                 r,
                 "forward_stack_destinations",
                 "Destination prefixes the node's netfilter rules act on, whose packets take the stack while the rest go past it",
+                Gauge::default(),
+            ),
+            forward_past_netfilter_ipv6: registered(
+                r,
+                "forward_past_netfilter_ipv6",
+                "1 while the programs forward IPv6 packets the FIB settles in one step past netfilter, else 0",
+                Gauge::default(),
+            ),
+            forward_stack_destinations_ipv6: registered(
+                r,
+                "forward_stack_destinations_ipv6",
+                "IPv6 destination prefixes the node's netfilter rules act on, whose packets take the stack while the rest go past it",
                 Gauge::default(),
             ),
             nat_mappings: registered(

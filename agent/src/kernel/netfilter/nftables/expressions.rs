@@ -1,14 +1,18 @@
 //! A rule's expressions, as `NFT_MSG_GETRULE` describes them, reduced to
 //! the conditions, effects and verdict the proof reads ([`Rule`]). Loads
 //! into registers are followed to the comparison that tests them, so that
-//! `ip daddr 10.96.0.1`, `meta mark & 0x4000 == 0x4000` and
+//! `ip daddr 10.96.0.1`, `ip6 daddr fd00:10:96::1`,
+//! `meta mark & 0x4000 == 0x4000` and
 //! `ct state invalid` are recognised, whether nft or iptables-nft wrote
 //! them, and iptables-nft's xtables matches are read from their own
 //! structures.
 
-use std::{collections::HashMap, net::Ipv4Addr};
+use std::{
+    collections::HashMap,
+    net::{Ipv4Addr, Ipv6Addr},
+};
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use netlink_packet_core::{parse_string, parse_u32_be};
 
 use super::nested;
@@ -36,6 +40,8 @@ const NFT_RETURN: i32 = -5;
 const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
 /// Where an IPv4 header holds its destination.
 const IPV4_DST_OFFSET: u32 = 16;
+/// Where an IPv6 header holds its destination.
+const IPV6_DST_OFFSET: u32 = 24;
 const NFT_META_PROTOCOL: u32 = 1;
 const NFT_META_MARK: u32 = 3;
 const NFT_META_NFPROTO: u32 = 15;
@@ -45,7 +51,9 @@ const CT_STATE_INVALID: u32 = 1;
 const NFT_CMP_EQ: u32 = 0;
 const NFT_CMP_NEQ: u32 = 1;
 const NFPROTO_IPV4: u8 = 2;
+const NFPROTO_IPV6: u8 = 10;
 const ETH_P_IP: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86dd;
 
 /// Expressions that load into a register and write nothing else. Where
 /// their destination register is differs from one to the next, so after
@@ -99,10 +107,12 @@ const READ_ONLY_MATCHES: [&str; 20] = [
 /// What a register holds, as far as the proof cares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Register {
-    /// The first `len` bytes of the IPv4 destination, masked.
+    /// The first `len` bytes of the destination, masked, where an IPv6
+    /// header holds it when `ipv6`, where an IPv4 one does otherwise.
     Destination {
+        ipv6: bool,
         len: usize,
-        mask: [u8; 4],
+        mask: [u8; 16],
     },
     /// The packet's mark, masked.
     Mark {
@@ -209,14 +219,15 @@ fn load(e: &Expression, registers: &mut HashMap<u32, Register>, what: Register) 
 
 fn payload(e: &Expression) -> Register {
     let (base, offset, len) = (e.u32(2), e.u32(3), e.u32(4));
-    match (base, offset, len) {
-        (Some(NFT_PAYLOAD_NETWORK_HEADER), Some(IPV4_DST_OFFSET), Some(len @ 1..=4)) => {
-            Register::Destination {
-                len: len as usize,
-                mask: [0xff; 4],
-            }
-        }
-        _ => Register::Other,
+    let ipv6 = match (base, offset, len) {
+        (Some(NFT_PAYLOAD_NETWORK_HEADER), Some(IPV4_DST_OFFSET), Some(1..=4)) => false,
+        (Some(NFT_PAYLOAD_NETWORK_HEADER), Some(IPV6_DST_OFFSET), Some(1..=16)) => true,
+        _ => return Register::Other,
+    };
+    Register::Destination {
+        ipv6,
+        len: len.unwrap_or_default() as usize,
+        mask: [0xff; 16],
     }
 }
 
@@ -246,10 +257,10 @@ fn bitwise(e: &Expression, registers: &mut HashMap<u32, Register>) {
     let (mask, xor) = (e.value(4), e.value(5));
     let plain_mask = xor.is_some_and(|x| x.iter().all(|b| *b == 0)) && e.u32(6).unwrap_or(0) == 0;
     let masked = match (source, mask.filter(|_| plain_mask)) {
-        (Register::Destination { len, .. }, Some(m)) if m.len() == len => {
-            let mut mask = [0; 4];
+        (Register::Destination { ipv6, len, .. }, Some(m)) if m.len() == len => {
+            let mut mask = [0; 16];
             mask[..len].copy_from_slice(m);
-            Register::Destination { len, mask }
+            Register::Destination { ipv6, len, mask }
         }
         (Register::Mark { .. }, Some(m)) => {
             word(m).map_or(Register::Other, |mask| Register::Mark { mask })
@@ -274,8 +285,8 @@ fn compare(e: &Expression, registers: &HashMap<u32, Register>) -> Condition {
     };
     let held = registers.get(&sreg).copied().unwrap_or(Register::Other);
     match (held, op) {
-        (Register::Destination { len, mask }, NFT_CMP_EQ) if data.len() == len => {
-            destination(data, mask).map_or(Condition::Other, Condition::DestinationIn)
+        (Register::Destination { ipv6, len, mask }, NFT_CMP_EQ) if data.len() == len => {
+            destination(data, &mask[..len], ipv6).map_or(Condition::Other, Condition::DestinationIn)
         }
         (Register::Mark { mask }, NFT_CMP_EQ | NFT_CMP_NEQ) => {
             word(data).map_or(Condition::Other, |value| Condition::Mark {
@@ -290,13 +301,17 @@ fn compare(e: &Expression, registers: &HashMap<u32, Register>) -> Condition {
             Condition::ConntrackInvalid
         }
         (Register::Family { ethertype }, NFT_CMP_EQ | NFT_CMP_NEQ) => {
-            let ipv4 = match ethertype {
-                true => data == ETH_P_IP.to_be_bytes(),
-                false => data == [NFPROTO_IPV4],
+            let (ipv4, ipv6) = match ethertype {
+                true => (
+                    data == ETH_P_IP.to_be_bytes(),
+                    data == ETH_P_IPV6.to_be_bytes(),
+                ),
+                false => (data == [NFPROTO_IPV4], data == [NFPROTO_IPV6]),
             };
-            match ipv4 == (op == NFT_CMP_EQ) {
-                true => Condition::Other,
-                false => Condition::NotIpv4,
+            let equal = op == NFT_CMP_EQ;
+            Condition::FamilyIn {
+                ipv4: ipv4 == equal,
+                ipv6: ipv6 == equal,
             }
         }
         _ => Condition::Other,
@@ -304,18 +319,24 @@ fn compare(e: &Expression, registers: &HashMap<u32, Register>) -> Condition {
 }
 
 /// The prefix a masked comparison of the destination's first bytes asks
-/// for; none if the mask is not a prefix.
-fn destination(data: &[u8], mask: [u8; 4]) -> Option<Ipv4Net> {
-    let mask = u32::from_be_bytes(mask) & (u32::MAX << (8 * (4 - data.len())));
+/// for, in IPv6 when `ipv6`; none if the mask is not a prefix.
+fn destination(data: &[u8], mask: &[u8], ipv6: bool) -> Option<IpNet> {
+    let mut bits = [0u8; 16];
+    bits[..mask.len()].copy_from_slice(mask);
+    let mask = u128::from_be_bytes(bits);
     let len = mask.leading_ones();
     if mask.count_ones() != len {
         return None;
     }
-    let mut address = [0; 4];
+    let mut address = [0u8; 16];
     address[..data.len()].copy_from_slice(data);
-    Ipv4Net::new(Ipv4Addr::from(address), len as u8)
-        .ok()
-        .map(|n| n.trunc())
+    let net = if ipv6 {
+        IpNet::V6(Ipv6Net::new(Ipv6Addr::from(address), len as u8).ok()?)
+    } else {
+        let [a, b, c, d, ..] = address;
+        IpNet::V4(Ipv4Net::new(Ipv4Addr::new(a, b, c, d), len.min(32) as u8).ok()?)
+    };
+    Some(net.trunc())
 }
 
 fn immediate(e: &Expression, registers: &mut HashMap<u32, Register>, rule: &mut Rule) {

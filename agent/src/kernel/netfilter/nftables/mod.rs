@@ -1,6 +1,6 @@
-//! nftables' chains that see forwarded IPv4 packets, with their rules,
-//! read over nfnetlink as `nft list ruleset` does. iptables-nft's tables
-//! (`ip filter`, `ip nat`, ...) are among them.
+//! nftables' chains that see forwarded IPv4 or IPv6 packets, with their
+//! rules, read over nfnetlink as `nft list ruleset` does. iptables-nft's
+//! tables (`ip filter`, `ip6 nat`, ...) are among them.
 
 mod expressions;
 
@@ -12,17 +12,18 @@ use netlink_packet_core::{
 };
 use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
 
-use super::rules::{Chain, Rule};
+use super::rules::{Chain, IpFamily, Rule};
 
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFT_MSG_GETCHAIN: u16 = 4;
 const NFT_MSG_GETRULE: u16 = 7;
 const NFT_MSG_GETGEN: u16 = 16;
-/// Netfilter families (`NFPROTO_*`) whose chains see IPv4 packets.
+/// Netfilter families (`NFPROTO_*`) whose chains see IP packets.
 const NFPROTO_UNSPEC: u8 = 0;
 const NFPROTO_INET: u8 = 1;
 const NFPROTO_IPV4: u8 = 2;
 const NFPROTO_NETDEV: u8 = 5;
+const NFPROTO_IPV6: u8 = 10;
 /// The hooks a forwarded packet crosses in the stack and skips past it.
 const NF_INET_PRE_ROUTING: u32 = 0;
 const NF_INET_FORWARD: u32 = 2;
@@ -55,8 +56,22 @@ pub(super) struct ChainHeader {
 }
 
 impl ChainHeader {
-    fn sees_ipv4(&self) -> bool {
-        matches!(self.family, NFPROTO_INET | NFPROTO_IPV4 | NFPROTO_NETDEV)
+    /// Whether it sees IP packets of either family: not an `arp` or
+    /// `bridge` table's.
+    fn sees_ip(&self) -> bool {
+        matches!(
+            self.family,
+            NFPROTO_INET | NFPROTO_IPV4 | NFPROTO_IPV6 | NFPROTO_NETDEV
+        )
+    }
+
+    /// The one family it sees; None where it sees both.
+    fn ip_family(&self) -> Option<IpFamily> {
+        match self.family {
+            NFPROTO_IPV4 => Some(IpFamily::Ipv4),
+            NFPROTO_IPV6 => Some(IpFamily::Ipv6),
+            _ => None,
+        }
     }
 
     /// Whether the kernel runs it for a forwarded packet in the stack that
@@ -97,8 +112,8 @@ pub(super) fn generation() -> io::Result<Option<u32>> {
     }))
 }
 
-/// Every chain of the tables that see IPv4 packets, with its rules in
-/// order. A kernel without `nf_tables` has none.
+/// Every chain of the tables that see IP packets, with its rules in order.
+/// A kernel without `nf_tables` has none.
 pub(super) fn chains() -> io::Result<Vec<Chain>> {
     let socket = socket()?;
     let headers = match dump(&socket, NFT_MSG_GETCHAIN, NFPROTO_UNSPEC) {
@@ -108,7 +123,7 @@ pub(super) fn chains() -> io::Result<Vec<Chain>> {
     let headers: Vec<ChainHeader> = headers
         .iter()
         .filter_map(|m| parse_chain(m))
-        .filter(ChainHeader::sees_ipv4)
+        .filter(ChainHeader::sees_ip)
         .collect();
     // Rules of a chain created since the first dump are not asked for.
     let mut rules: BTreeMap<(u8, String, String), Vec<Rule>> =
@@ -128,6 +143,7 @@ pub(super) fn chains() -> io::Result<Vec<Chain>> {
         .iter()
         .map(|header| Chain {
             table: format!("nftables {} {}", family_name(header.family), header.table),
+            family: header.ip_family(),
             name: header.name.clone(),
             hooked: header.hooked(),
             drops: header.hooked() && header.policy == Some(NF_DROP),
@@ -175,6 +191,7 @@ fn family_name(family: u8) -> &'static str {
     match family {
         NFPROTO_INET => "inet",
         NFPROTO_NETDEV => "netdev",
+        NFPROTO_IPV6 => "ip6",
         _ => "ip",
     }
 }

@@ -137,7 +137,8 @@ fn to(net: &str) -> Condition {
 #[test]
 fn base_chains_of_the_hooks_forwarded_packets_cross_are_hooked() {
     let chain = parse_chain(&chain_reply(NFPROTO_IPV4, "filter", "FORWARD", 2, 0)).unwrap();
-    assert!(chain.hooked() && chain.sees_ipv4());
+    assert!(chain.hooked() && chain.sees_ip());
+    assert_eq!(chain.ip_family(), Some(IpFamily::Ipv4));
     assert_eq!(
         (chain.table.as_str(), chain.name.as_str(), chain.policy),
         ("filter", "FORWARD", Some(NF_DROP))
@@ -154,8 +155,17 @@ fn base_chains_of_the_hooks_forwarded_packets_cross_are_hooked() {
         let chain = parse_chain(&chain_reply(family, "t", "c", hook, 1)).unwrap();
         assert_eq!(chain.hooked(), hooked, "family {family} hook {hook}");
     }
-    let ipv6 = parse_chain(&chain_reply(10, "filter", "FORWARD", 2, 1)).unwrap();
-    assert!(!ipv6.sees_ipv4(), "an ip6 chain sees no IPv4: {ipv6:?}");
+    let ipv6 = parse_chain(&chain_reply(NFPROTO_IPV6, "filter", "FORWARD", 2, 1)).unwrap();
+    assert!(ipv6.hooked() && ipv6.sees_ip(), "{ipv6:?}");
+    assert_eq!(
+        ipv6.ip_family(),
+        Some(IpFamily::Ipv6),
+        "an ip6 chain sees IPv6 alone"
+    );
+    let inet = parse_chain(&chain_reply(NFPROTO_INET, "filter", "FORWARD", 2, 1)).unwrap();
+    assert_eq!(inet.ip_family(), None, "an inet chain sees both");
+    let arp = parse_chain(&chain_reply(3, "filter", "FORWARD", 2, 1)).unwrap();
+    assert!(!arp.sees_ip(), "an arp chain sees no IP: {arp:?}");
 }
 
 #[test]
@@ -331,6 +341,30 @@ fn a_destination_test_is_read_as_the_prefix_it_asks_for() {
         verdict(0, None),
     ]);
     assert_eq!(slash12.conditions, vec![to("10.96.0.0/12")]);
+    let ip6_service = rule_of(&[
+        payload_load(24, 16),
+        cmp(
+            0,
+            &"fd00:10:96::1"
+                .parse::<std::net::Ipv6Addr>()
+                .unwrap()
+                .octets(),
+        ),
+        verdict(-3, Some("KUBE-SVC-6")),
+    ]);
+    assert_eq!(ip6_service.conditions, vec![to("fd00:10:96::1/128")]);
+    let ip6_slash64 = rule_of(&[
+        payload_load(24, 16),
+        bitwise(&[[0xff; 8], [0; 8]].concat()),
+        cmp(
+            0,
+            &[0xfd, 0, 0, 0x10, 0, 0x96, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        ),
+        verdict(0, None),
+    ]);
+    assert_eq!(ip6_slash64.conditions, vec![to("fd00:10:96::/64")]);
+    let ip6_source = rule_of(&[payload_load(8, 16), cmp(0, &[0; 16])]);
+    assert_eq!(ip6_source.conditions, vec![Condition::Other], "ip6 saddr");
     let not_a_prefix = rule_of(&[
         payload_load(16, 4),
         bitwise(&[255, 0, 255, 0]),
@@ -360,10 +394,27 @@ fn matches_that_settle_forwarded_packets_are_read_from_their_structures() {
         "! --dst-type LOCAL"
     );
 
+    let family = |ipv4, ipv6| vec![Condition::FamilyIn { ipv4, ipv6 }];
     let ipv6_only = rule_of(&[meta_load(15), cmp(0, &[10]), verdict(0, None)]);
-    assert_eq!(ipv6_only.conditions, vec![Condition::NotIpv4]);
+    assert_eq!(
+        ipv6_only.conditions,
+        family(false, true),
+        "meta nfproto ipv6"
+    );
     let ipv4_only = rule_of(&[meta_load(15), cmp(0, &[2]), verdict(0, None)]);
-    assert_eq!(ipv4_only.conditions, vec![Condition::Other]);
+    assert_eq!(
+        ipv4_only.conditions,
+        family(true, false),
+        "meta nfproto ipv4"
+    );
+    let not_ipv4 = rule_of(&[meta_load(15), cmp(1, &[2]), verdict(0, None)]);
+    assert_eq!(
+        not_ipv4.conditions,
+        family(false, true),
+        "meta nfproto != ipv4"
+    );
+    let arp = rule_of(&[meta_load(1), cmp(0, &[0x08, 0x06]), verdict(0, None)]);
+    assert_eq!(arp.conditions, family(false, false), "meta protocol arp");
 }
 
 #[test]

@@ -1,13 +1,16 @@
 //! What a node's netfilter rules could do to a packet the overlay would
 //! forward past them, proved rule by rule.
 //!
-//! The packets in question are forwarded (never for this host), carry no
-//! mark, and may be anything else. Walking every chain the kernel runs for
-//! them, in order, a rule:
+//! The packets in question are of one family, forwarded (never for this
+//! host), carry no mark, and may be anything else. Each family has a proof
+//! of its own, over the chains its packets cross. Walking every chain the
+//! kernel runs for them, in order, a rule:
 //! - never matches them: it tests the mark for a bit they lack, or asks for
 //!   a local destination;
 //! - matches only packets to one prefix: those take the stack (the prefix
 //!   joins [`Proof::stack_destinations`]), and the rest cannot meet it;
+//!   a test of the other family's destination reads other bytes of these
+//!   packets, and may match them;
 //! - or may match them. Then it must be inert: no side effect, and a
 //!   verdict that lets them through (accept, return, continue, or a jump
 //!   into a chain that is itself inert), or a drop of what conntrack calls
@@ -22,16 +25,50 @@ use std::{
     fmt,
 };
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 
 /// How deep jumps are followed; the kernel's own limit is 16.
 const MAX_JUMP_DEPTH: usize = 16;
+
+/// An address family, whose forwarded packets one proof is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IpFamily {
+    /// IPv4.
+    Ipv4,
+    /// IPv6.
+    Ipv6,
+}
+
+impl IpFamily {
+    /// Both, in the order the proofs are made.
+    pub const BOTH: [IpFamily; 2] = [IpFamily::Ipv4, IpFamily::Ipv6];
+
+    /// Whether `net` is of this family.
+    fn holds(self, net: IpNet) -> bool {
+        matches!(
+            (self, net),
+            (IpFamily::Ipv4, IpNet::V4(_)) | (IpFamily::Ipv6, IpNet::V6(_))
+        )
+    }
+}
+
+impl fmt::Display for IpFamily {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            IpFamily::Ipv4 => "IPv4",
+            IpFamily::Ipv6 => "IPv6",
+        })
+    }
+}
 
 /// A chain, with the rules it holds in their order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Chain {
     /// Where the chain lives, for messages: `nftables ip filter`.
     pub table: String,
+    /// The family whose packets it sees; None for both (nftables' `inet`
+    /// and `netdev` tables).
+    pub family: Option<IpFamily>,
     /// The chain's name.
     pub name: String,
     /// Whether the kernel runs it for forwarded packets from a hook (a base
@@ -61,8 +98,9 @@ pub struct Rule {
 /// A test of a rule.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Condition {
-    /// The destination lies in this prefix.
-    DestinationIn(Ipv4Net),
+    /// The destination, read where this network's family holds it, lies
+    /// in it.
+    DestinationIn(IpNet),
     /// The destination is one of this host's addresses.
     DestinationLocal,
     /// `(mark & mask) == value`, or `!=` when `negated`.
@@ -76,8 +114,14 @@ pub enum Condition {
     },
     /// Conntrack's state is invalid, and nothing else is asked of it.
     ConntrackInvalid,
-    /// The packet is of a family other than IPv4.
-    NotIpv4,
+    /// The packet is of a family this says: IPv4, IPv6, either, or
+    /// neither (ARP, say).
+    FamilyIn {
+        /// Whether IPv4 packets satisfy it.
+        ipv4: bool,
+        /// Whether IPv6 packets satisfy it.
+        ipv6: bool,
+    },
     /// Anything else that only reads the packet or its state.
     Other,
 }
@@ -106,19 +150,25 @@ pub enum Verdict {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Applies {
     Never,
-    Only(Ipv4Net),
+    Only(IpNet),
     Maybe,
     Always,
 }
 
 impl Condition {
-    fn applies(&self) -> Applies {
+    fn applies(&self, family: IpFamily) -> Applies {
         match *self {
+            // Those bytes of the other family's header are something else.
+            Condition::DestinationIn(net) if !family.holds(net) => Applies::Maybe,
             Condition::DestinationIn(net) if net.prefix_len() == 0 => Applies::Always,
             Condition::DestinationIn(net) => Applies::Only(net),
-            // Such packets are forwarded only where the FIB sends them on,
-            // and are IPv4.
-            Condition::DestinationLocal | Condition::NotIpv4 => Applies::Never,
+            // Such packets are forwarded only where the FIB sends them on.
+            Condition::DestinationLocal => Applies::Never,
+            Condition::FamilyIn { ipv4, ipv6 } => match family {
+                IpFamily::Ipv4 if ipv4 => Applies::Always,
+                IpFamily::Ipv6 if ipv6 => Applies::Always,
+                _ => Applies::Never,
+            },
             // Their mark is zero.
             Condition::Mark { value, negated, .. } => match (value == 0) != negated {
                 true => Applies::Always,
@@ -130,9 +180,9 @@ impl Condition {
 }
 
 impl Rule {
-    /// What all the rule's conditions together say.
-    fn applies(&self) -> Applies {
-        let each: Vec<Applies> = self.conditions.iter().map(Condition::applies).collect();
+    /// What all the rule's conditions together say of `family`'s packets.
+    fn applies(&self, family: IpFamily) -> Applies {
+        let each: Vec<Applies> = self.conditions.iter().map(|c| c.applies(family)).collect();
         if each.contains(&Applies::Never) {
             return Applies::Never;
         }
@@ -173,26 +223,28 @@ impl fmt::Display for Acting {
 pub struct Proof {
     /// Destinations whose packets must take the stack, where rules act on
     /// them.
-    pub stack_destinations: Vec<Ipv4Net>,
+    pub stack_destinations: Vec<IpNet>,
     /// What could act on every packet; empty when the proof holds.
     pub acting: Vec<Acting>,
 }
 
-/// Walks every hooked chain of `chains` for the packets in question.
-pub fn prove(chains: &[Chain]) -> Proof {
+/// Walks every hooked chain of `chains` that sees `family`'s packets, for
+/// the packets in question.
+pub fn prove(chains: &[Chain], family: IpFamily) -> Proof {
     let by_name: BTreeMap<(&str, &str), &Chain> = chains
         .iter()
         .map(|c| ((c.table.as_str(), c.name.as_str()), c))
         .collect();
-    let mut walk = Walk::new(&by_name);
-    for chain in chains.iter().filter(|c| c.hooked) {
+    let mut walk = Walk::new(&by_name, family);
+    let seen = |c: &&Chain| c.hooked && c.family.is_none_or(|f| f == family);
+    for chain in chains.iter().filter(seen) {
         if chain.drops {
             walk.acts(chain, "its policy drops".into());
         }
         walk.chain(chain, 0);
     }
     let mut proof = walk.proof;
-    proof.stack_destinations = Ipv4Net::aggregate(&proof.stack_destinations);
+    proof.stack_destinations = IpNet::aggregate(&proof.stack_destinations);
     proof
 }
 
@@ -200,6 +252,7 @@ type Chains<'a> = BTreeMap<(&'a str, &'a str), &'a Chain>;
 
 struct Walk<'a> {
     chains: &'a Chains<'a>,
+    family: IpFamily,
     /// Chains already walked: what they hold is in the proof once, and a
     /// node with many jumps into one chain costs one walk of it.
     walked: BTreeSet<(&'a str, &'a str)>,
@@ -207,9 +260,10 @@ struct Walk<'a> {
 }
 
 impl<'a> Walk<'a> {
-    fn new(chains: &'a Chains<'a>) -> Self {
+    fn new(chains: &'a Chains<'a>, family: IpFamily) -> Self {
         Self {
             chains,
+            family,
             walked: BTreeSet::new(),
             proof: Proof::default(),
         }
@@ -232,7 +286,7 @@ impl<'a> Walk<'a> {
             return;
         }
         for rule in &chain.rules {
-            let applies = rule.applies();
+            let applies = rule.applies(self.family);
             match applies {
                 Applies::Never => continue,
                 Applies::Only(net) => {
@@ -283,7 +337,7 @@ impl<'a> Walk<'a> {
             Verdict::Continue | Verdict::Accept | Verdict::Return => true,
             Verdict::Drop => rule.drops_only_invalid(),
             Verdict::Jump(to) | Verdict::Goto(to) => {
-                let mut inner = Walk::new(self.chains);
+                let mut inner = Walk::new(self.chains, self.family);
                 inner.enter(chain, to, depth);
                 inner.proof == Proof::default()
             }
