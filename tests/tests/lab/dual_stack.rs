@@ -412,3 +412,74 @@ fn inspect_shows_the_ipv6_tables() {
         "inspect natmap on b-gw: {natmap:?}"
     );
 }
+
+/// A metric of a-gw's, by its exact name.
+fn a_gw_gauge(name: &str) -> f64 {
+    lab::metric_sum(&A.gw(), name, &[]).unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// `auto`, the DaemonSets' setting, proves each family's rules apart. On
+/// a bare a-gw, b's IPv6 packets for a-pod2 go past its IP layer, as IPv4's
+/// do. An ip6tables rule that drops TCP to a-pod2 on one port sends a-pod2's
+/// IPv6 packets through the stack, where the rule applies, and changes
+/// nothing for IPv4. Once it is gone, IPv6 goes past the IP layer again.
+#[test]
+#[ignore = "needs the dual-stack lab; `cargo xtask test` runs it there"]
+fn ipv6_goes_past_a_gws_ip_layer_but_to_what_its_ip6tables_rules_act_on() {
+    require_dual_stack_lab();
+    let gw = A.gw();
+    let a_pod2_at_b = addr("fd00:10:0:40:8000::133");
+    let exchange = |port| probe::exchange_on(Proto::Tcp, &B.pod(2), &A.pod(2), a_pod2_at_b, port);
+    let ipv6_past = |destinations: f64| {
+        a_gw_gauge("isthmus_forward_past_netfilter_ipv6") == 1.0
+            && a_gw_gauge("isthmus_forward_stack_destinations_ipv6") == destinations
+    };
+    eventually(GIVE_UP, "a-gw forwards IPv6 past netfilter", || {
+        ipv6_past(0.0)
+    });
+    let ipv4 = || {
+        (
+            a_gw_gauge("isthmus_forward_past_netfilter"),
+            a_gw_gauge("isthmus_forward_stack_destinations"),
+        )
+    };
+    let ipv4_before = ipv4();
+    let forwarded = || {
+        let past = sample(&gw, "isthmus_overlay_packets_total{event=\"forwarded\"}");
+        (past, snmp6(&gw, "Ip6OutForwDatagrams") as f64)
+    };
+    let before = forwarded();
+    exchange(next_port()).expect("b-pod2 to a-pod2 over IPv6");
+    let after = forwarded();
+    let (past, through) = (after.0 - before.0, after.1 - before.1);
+    assert!(
+        past >= 2.0 && through < past,
+        "a-gw forwarded {past} IPv6 packets past its IP layer and {through} through it"
+    );
+
+    let port = next_port().to_string();
+    let rule = |op: &str| {
+        let pod = "fd00:10:244:0:8000::133";
+        let rule = [
+            "FORWARD", "-d", pod, "-p", "tcp", "--dport", &port, "-j", "DROP",
+        ];
+        let args = [
+            &["netns", "exec", gw.as_str(), "ip6tables", "-w", op][..],
+            &rule,
+        ]
+        .concat();
+        isthmus_lab::cmd::run("ip", &args)
+    };
+    rule("-A").unwrap();
+    eventually(GIVE_UP, "a-pod2 takes the stack in IPv6", || ipv6_past(1.0));
+    assert_eq!(ipv4(), ipv4_before, "IPv4 past netfilter, as it was");
+    let blocked = exchange(port.parse().unwrap());
+    let reached = exchange(next_port());
+    rule("-D").unwrap();
+    assert!(blocked.is_err(), "the ip6tables rule's port was reached");
+    reached.expect("another port, through the stack");
+    eventually(GIVE_UP, "a-gw forwards IPv6 past netfilter again", || {
+        ipv6_past(0.0)
+    });
+    exchange(port.parse().unwrap()).expect("the rule gone, its port");
+}
