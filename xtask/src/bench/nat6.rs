@@ -6,12 +6,16 @@
 //! IPv6), and Isthmus as the DaemonSets run it with 1 and 200 peers, in
 //! interleaved rounds on bare nodes.
 
-use std::net::{IpAddr, Ipv6Addr};
+use std::{
+    net::{IpAddr, Ipv6Addr},
+    time::Duration,
+};
 
 use anyhow::Result;
 use ipnet::Ipv6Net;
 use isthmus_lab::{
     cmd::{ip, run},
+    lab,
     topology::{A, B, Cluster, PEERINGS, synthetic_peer_views6},
 };
 
@@ -81,10 +85,29 @@ impl Setup {
             Setup::Isthmus(peers) => {
                 enable_isthmus(&nat_gateways())?;
                 set_isthmus_peers(peers)?;
+                past_netfilter()?;
                 measure(&flow(true))
             }
         }
     }
+}
+
+/// Checks that both gateways' agents forward IPv6 past netfilter, as the
+/// DaemonSets' setting does on bare nodes: the ip6tables setup leaves its
+/// tables empty, which the agents prove harmless.
+fn past_netfilter() -> Result<()> {
+    for gw in [A.gw(), B.gw()] {
+        let metric = "isthmus_forward_past_netfilter_ipv6";
+        let what = format!("{gw}'s agent reports {metric} 1 (its log says why not)");
+        // The agents read the node's rules once a second.
+        isthmus_lab::wait::poll(
+            Duration::from_secs(5),
+            Duration::from_millis(50),
+            &what,
+            || (lab::metric_sum(&gw, metric, &[]).ok() == Some(1.0)).then_some(()),
+        )?;
+    }
+    Ok(())
 }
 
 /// a-pod2 → b-pod2 as a sees it, its flows answered by b-pod2 before the
@@ -239,7 +262,10 @@ write by hand, per peer: `NETMAP` of our Pod and External networks on the
 way out and on the way in, and `MASQUERADE` of any other source, the
 measured peer's rules last; its flows are answered first, so conntrack
 holds them established. Isthmus runs as the DaemonSets run it, its
-benchmark peers carrying IPv6 networks too. {ROUNDS} interleaved rounds
+benchmark peers carrying IPv6 networks too; the bench checks that both
+gateways forward IPv6 past netfilter
+(`isthmus_forward_past_netfilter_ipv6` is 1), as the DaemonSets' `auto`
+does where no rule could act on the packets. {ROUNDS} interleaved rounds
 of {WINDOWS} windows of {WINDOW:?} (after {WARMUP:?} of warm-up), every
 other round in the opposite order; each round's figure is the median of
 its windows.
