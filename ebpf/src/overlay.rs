@@ -52,6 +52,10 @@ pub fn steer(ctx: &TcContext, l3: usize) -> i32 {
         return TC_ACT_UNSPEC;
     }
     if config.gateway == config.local {
+        // The egress NAT parses the packet next: pulled once, for both.
+        if family == IpVersion::Ipv4 && parse::ipv4::linearize(ctx, l3).is_err() {
+            return TC_ACT_UNSPEC;
+        }
         return to_next_hop(ctx, config, l3, family);
     }
     encapsulate(ctx, config, config.gateway, OverlayEvent::ToGateway)
@@ -138,16 +142,10 @@ pub fn accept(ctx: &TcContext) -> i32 {
 #[inline(always)]
 fn to_next_hop(ctx: &TcContext, config: &OverlayConfig, l3: usize, family: IpVersion) -> i32 {
     match family {
-        IpVersion::Ipv4 => {
-            // The egress NAT parses the packet next: pulled once, for both.
-            if parse::ipv4::linearize(ctx, l3).is_err() {
-                return TC_ACT_UNSPEC;
-            }
-            match bytes_at::<MIN_HLEN>(ctx, l3) {
-                Some(ip) => forward::to_next_hop(ctx, config, l3, Header(&ip)),
-                None => TC_ACT_UNSPEC,
-            }
-        }
+        IpVersion::Ipv4 => match bytes_at::<MIN_HLEN>(ctx, l3) {
+            Some(ip) => forward::to_next_hop(ctx, config, l3, Header(&ip)),
+            None => TC_ACT_UNSPEC,
+        },
         IpVersion::Ipv6 => match bytes_at::<{ ipv6::HLEN }>(ctx, l3) {
             Some(ip) => forward::to_next_hop(ctx, config, l3, ipv6::Header(&ip)),
             None => TC_ACT_UNSPEC,
