@@ -17,7 +17,11 @@ use isthmus_common::{
     overlay::{OverlayConfig, OverlayEvent, PAST_NETFILTER, PAST_NETFILTER6},
 };
 
-use crate::{maps, parse::ETH_HLEN, stack};
+use crate::{
+    maps,
+    parse::{ETH_HLEN, bytes_at},
+    stack,
+};
 
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
@@ -29,6 +33,16 @@ const L2_HEADER_LEN: u32 = 14;
 struct L2Header {
     bytes: [u8; L2_HEADER_LEN as usize],
     _pad: [u8; 2],
+}
+
+/// The family of a packet, as the overlay and the NAT's onward step have
+/// told it before they read its header.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum IpVersion {
+    /// IPv4.
+    Ipv4,
+    /// IPv6.
+    Ipv6,
 }
 
 /// Where the FIB sends a packet: out of `ifindex`, to `dmac`, from `smac`.
@@ -264,6 +278,27 @@ pub fn to_next_hop<H: Routed>(ctx: &TcContext, config: &OverlayConfig, l3: usize
         return TC_ACT_UNSPEC;
     }
     send(ctx, ip, &next_hop)
+}
+
+/// As [`to_next_hop`], for the packet of `version` whose header starts at
+/// `l3`, read here; to the stack if it is cut off.
+#[inline(always)]
+pub fn to_next_hop_at(
+    ctx: &TcContext,
+    config: &OverlayConfig,
+    l3: usize,
+    version: IpVersion,
+) -> i32 {
+    match version {
+        IpVersion::Ipv4 => match bytes_at::<{ ipv4::MIN_HLEN }>(ctx, l3) {
+            Some(ip) => to_next_hop(ctx, config, l3, ipv4::Header(&ip)),
+            None => TC_ACT_UNSPEC,
+        },
+        IpVersion::Ipv6 => match bytes_at::<{ ipv6::HLEN }>(ctx, l3) {
+            Some(ip) => to_next_hop(ctx, config, l3, ipv6::Header(&ip)),
+            None => TC_ACT_UNSPEC,
+        },
+    }
 }
 
 /// Prepends an Ethernet header of `ethertype` to an L3 packet.

@@ -40,10 +40,10 @@ use aya_ebpf::{
 use isthmus_common::{
     counters::{Direction, Link},
     ipv4::{self, MIN_HLEN},
-    ipv6,
 };
 
 use family::{Family, V4, V6};
+use forward::IpVersion;
 use nat::Stage;
 use parse::{ETH_HLEN, ETH_P_IPV6};
 
@@ -323,10 +323,7 @@ fn onward(ctx: &TcContext, l3: usize) -> i32 {
     };
     // The NAT's parser left the headers linear: read in place.
     if ctx.skb.protocol() == ETH_P_IPV6 {
-        return match parse::bytes_at::<{ ipv6::HLEN }>(ctx, l3) {
-            Some(ip) => forward::to_next_hop(ctx, config, l3, ipv6::Header(&ip)),
-            None => TC_ACT_UNSPEC,
-        };
+        return forward::to_next_hop_at(ctx, config, l3, IpVersion::Ipv6);
     }
     let Some(ip) = parse::bytes_at::<MIN_HLEN>(ctx, l3) else {
         return TC_ACT_UNSPEC;

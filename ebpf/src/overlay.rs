@@ -17,7 +17,8 @@ use isthmus_common::{
 };
 
 use crate::{
-    forward, maps,
+    forward::{self, IpVersion},
+    maps,
     parse::{self, ETH_HLEN, ETH_P_IP, ETH_P_IPV6, be16, bytes_at},
     stack,
 };
@@ -26,14 +27,6 @@ use crate::{
 const PACKET_HOST: u32 = 0;
 /// Outer TTL of overlay packets.
 const OUTER_TTL: u8 = 64;
-
-/// The family of a packet bound for a peer's networks, or of one the
-/// overlay took in.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum IpVersion {
-    Ipv4,
-    Ipv6,
-}
 
 /// On a pod-facing device: a packet for a peer's networks, of either
 /// family, goes to the gateway node, or, on the gateway node itself,
@@ -56,7 +49,7 @@ pub fn steer(ctx: &TcContext, l3: usize) -> i32 {
         if family == IpVersion::Ipv4 && parse::ipv4::linearize(ctx, l3).is_err() {
             return TC_ACT_UNSPEC;
         }
-        return to_next_hop(ctx, config, l3, family);
+        return forward::to_next_hop_at(ctx, config, l3, family);
     }
     encapsulate(ctx, config, config.gateway, OverlayEvent::ToGateway)
 }
@@ -131,25 +124,9 @@ pub fn accept(ctx: &TcContext) -> i32 {
     }
     maps::count_overlay(OverlayEvent::Received);
     match ctx.skb.protocol() {
-        ETH_P_IP => to_next_hop(ctx, config, ETH_HLEN, IpVersion::Ipv4),
-        ETH_P_IPV6 => to_next_hop(ctx, config, ETH_HLEN, IpVersion::Ipv6),
+        ETH_P_IP => forward::to_next_hop_at(ctx, config, ETH_HLEN, IpVersion::Ipv4),
+        ETH_P_IPV6 => forward::to_next_hop_at(ctx, config, ETH_HLEN, IpVersion::Ipv6),
         _ => TC_ACT_UNSPEC,
-    }
-}
-
-/// The packet of `family` at `l3`, past the stack where the FIB settles it
-/// in one step; to the stack otherwise.
-#[inline(always)]
-fn to_next_hop(ctx: &TcContext, config: &OverlayConfig, l3: usize, family: IpVersion) -> i32 {
-    match family {
-        IpVersion::Ipv4 => match bytes_at::<MIN_HLEN>(ctx, l3) {
-            Some(ip) => forward::to_next_hop(ctx, config, l3, Header(&ip)),
-            None => TC_ACT_UNSPEC,
-        },
-        IpVersion::Ipv6 => match bytes_at::<{ ipv6::HLEN }>(ctx, l3) {
-            Some(ip) => forward::to_next_hop(ctx, config, l3, ipv6::Header(&ip)),
-            None => TC_ACT_UNSPEC,
-        },
     }
 }
 

@@ -122,7 +122,7 @@ impl Overlay {
             ifindex,
             local: previous.local,
             port: options.port,
-            flags: options.past_netfilter.iter().map(|f| past_flag(*f)).sum(),
+            flags: (options.past_netfilter.iter()).fold(0, |flags, f| flags | past_flag(*f)),
         };
         settings.set(config)?;
         Ok(Self {
@@ -246,21 +246,18 @@ impl Overlay {
         Ok(true)
     }
 
-    /// Sends packets to `destinations`, of either family, through the
-    /// stack while the others forward past netfilter. Returns whether that
-    /// changed anything.
-    pub fn set_stack_destinations(&mut self, destinations: &[IpNet]) -> Result<bool, MapError> {
-        let ipv4 = destinations.iter().filter_map(|d| match d {
-            IpNet::V4(net) => Some(*net),
-            IpNet::V6(_) => None,
-        });
-        let ipv6 = destinations.iter().filter_map(|d| match d {
-            IpNet::V6(net) => Some(*net),
-            IpNet::V4(_) => None,
-        });
-        let changed4 = write_destinations(&mut self.stack_destinations, ipv4)?;
-        let changed6 = write_destinations(&mut self.stack_destinations6, ipv6)?;
-        Ok(changed4 || changed6)
+    /// Sends `family`'s packets to `destinations` (its own; any of the
+    /// other family are left out) through the stack while the others
+    /// forward past netfilter. Returns whether that changed anything.
+    pub fn set_stack_destinations(
+        &mut self,
+        family: IpFamily,
+        destinations: &[IpNet],
+    ) -> Result<bool, MapError> {
+        match family {
+            IpFamily::Ipv4 => write_destinations(&mut self.stack_destinations, destinations),
+            IpFamily::Ipv6 => write_destinations(&mut self.stack_destinations6, destinations),
+        }
     }
 
     /// How many destinations of `family` take the stack, as written.
@@ -536,16 +533,20 @@ fn past_flag(family: IpFamily) -> u16 {
     }
 }
 
-/// Brings one family's table of destinations that take the stack to
-/// `destinations`. Returns whether that changed anything.
+/// Brings one family's table of destinations that take the stack to those
+/// of `destinations` of its family. Returns whether that changed anything.
 fn write_destinations<N: Cidr + Ord>(
     table: &mut Mirror<PrefixTrie<u8, N>>,
-    destinations: impl Iterator<Item = N>,
+    destinations: &[IpNet],
 ) -> Result<bool, MapError>
 where
     N::Wire: aya::Pod,
 {
-    let desired: BTreeMap<N, u8> = destinations.map(|d| (d, 1)).collect();
+    let desired: BTreeMap<N, u8> = destinations
+        .iter()
+        .filter_map(|d| N::of(*d))
+        .map(|d| (d, 1))
+        .collect();
     if table.applied().len() == desired.len()
         && desired.keys().all(|d| table.applied().contains_key(d))
     {

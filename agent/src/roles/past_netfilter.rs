@@ -102,22 +102,31 @@ impl PastNetfilterSetting {
     /// reads and compares only.
     pub fn apply(&self, overlay: &mut Overlay) {
         let hooks = self.hooks.as_ref().map(watch::Receiver::borrow);
-        let of = |family| hooks.as_ref().map(|h| h.of(family));
-        let reason = |family| move || of(family).map(ToString::to_string).unwrap_or_default();
-        let wanted = IpFamily::BOTH.map(|family| wants(self.mode, of(family)));
-        for (family, _) in IpFamily::BOTH.into_iter().zip(wanted).filter(|(_, w)| !w) {
-            switch(overlay, family, false, reason(family));
+        for family in IpFamily::BOTH {
+            self.apply_family(overlay, family, hooks.as_ref().map(|h| h.of(family)));
         }
-        let destinations: Vec<_> = IpFamily::BOTH
-            .into_iter()
-            .filter_map(of)
-            .flat_map(|h| h.stack_destinations().iter().copied())
-            .collect();
-        let written = match overlay.set_stack_destinations(&destinations) {
+        for (family, gauges) in IpFamily::BOTH.iter().zip(self.gauges.iter().flatten()) {
+            gauges.past.set(i64::from(overlay.past_netfilter(*family)));
+            let count = overlay.stack_destinations(*family) as i64;
+            gauges.stack_destinations.set(count);
+        }
+    }
+
+    /// [`PastNetfilterSetting::apply`] for `family`, whose hooks are
+    /// `hooks` where they are followed.
+    fn apply_family(&self, overlay: &mut Overlay, family: IpFamily, hooks: Option<&Hooks>) {
+        let reason = || hooks.map(ToString::to_string).unwrap_or_default();
+        let destinations = hooks.map_or(&[][..], Hooks::stack_destinations);
+        let wanted = wants(self.mode, hooks);
+        if !wanted {
+            switch(overlay, family, false, reason);
+        }
+        let written = match overlay.set_stack_destinations(family, destinations) {
             Ok(changed) => {
                 if changed {
                     let count = destinations.len();
                     info!(
+                        %family,
                         destinations = count,
                         "the destinations the node's rules act on take the stack"
                     );
@@ -125,17 +134,12 @@ impl PastNetfilterSetting {
                 true
             }
             Err(e) => {
-                error!(error = %e, "writing the destinations that take the stack; forwarding through netfilter until that succeeds");
+                error!(%family, error = %e, "writing the destinations that take the stack; forwarding through netfilter until that succeeds");
                 false
             }
         };
-        for (family, _) in IpFamily::BOTH.into_iter().zip(wanted).filter(|(_, w)| *w) {
-            switch(overlay, family, written, reason(family));
-        }
-        for (family, gauges) in IpFamily::BOTH.iter().zip(self.gauges.iter().flatten()) {
-            gauges.past.set(i64::from(overlay.past_netfilter(*family)));
-            let count = overlay.stack_destinations(*family) as i64;
-            gauges.stack_destinations.set(count);
+        if wanted {
+            switch(overlay, family, written, reason);
         }
     }
 }
