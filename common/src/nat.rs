@@ -73,6 +73,12 @@ impl<A: Address> PrefixRewrite<A> {
 /// addresses are real.
 pub const REMAPS_PEER: u32 = 1 << 1;
 
+/// [`PeerNat::flags`]: the peer has no entry of this family in the
+/// NatMapping tables (its NatMappings' and Liqo v1 `IP`s'), whose lookups
+/// its packets then skip. Without it, they look, as for any peer: the
+/// agent sets it, and clears it before writing the peer's first entry.
+pub const NO_MAPPINGS: u32 = 1 << 2;
+
 /// The translation a gateway applies for one peer, found by LPM on the
 /// peer's networks as we see them (its `remoteNAT*CIDR`, or `remote*CIDR`).
 #[repr(C)]
@@ -80,7 +86,8 @@ pub const REMAPS_PEER: u32 = 1 << 1;
 pub struct PeerNat<A = Be32> {
     /// Agent-assigned index of the peer, stable while the peer exists.
     pub peer_id: u32,
-    /// How the peer is treated: [`crate::isolation::SEGREGATED`] or 0.
+    /// How the peer is treated: [`crate::isolation::SEGREGATED`],
+    /// [`REMAPS_PEER`], [`NO_MAPPINGS`], or none.
     pub flags: u32,
     /// Source rewrites towards the peer: PodCIDR, then ExternalCIDR.
     pub egress: [PrefixRewrite<A>; 2],

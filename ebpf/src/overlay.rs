@@ -46,7 +46,11 @@ pub fn steer(ctx: &TcContext, l3: usize) -> i32 {
     }
     if config.gateway == config.local {
         // The egress NAT parses the packet next: pulled once, for both.
-        if family == IpVersion::Ipv4 && parse::ipv4::linearize(ctx, l3).is_err() {
+        let pulled = match family {
+            IpVersion::Ipv4 => parse::ipv4::linearize(ctx, l3),
+            IpVersion::Ipv6 => parse::ipv6::linearize(ctx, l3),
+        };
+        if pulled.is_err() {
             return TC_ACT_UNSPEC;
         }
         return forward::to_next_hop_at(ctx, config, l3, family);

@@ -40,11 +40,17 @@ pub fn iptables(ns: &str, args: &[&str]) -> Result<String> {
     )
 }
 
-/// Loads `rules` into netns `ns` with `iptables-restore` (iptables-nft),
-/// adding to what is there when `noflush`.
-pub fn iptables_restore(ns: &str, rules: &str, noflush: bool) -> Result<()> {
+/// Loads `rules` into netns `ns` with `iptables-restore` (iptables-nft), or
+/// `ip6tables-restore` for `ipv6` rules, adding to what is there when
+/// `noflush`.
+pub fn iptables_restore(ns: &str, rules: &str, ipv6: bool, noflush: bool) -> Result<()> {
     use std::io::Write as _;
-    let mut args = vec!["netns", "exec", ns, "iptables-restore", "-w"];
+    let restore = if ipv6 {
+        "ip6tables-restore"
+    } else {
+        "iptables-restore"
+    };
+    let mut args = vec!["netns", "exec", ns, restore, "-w"];
     if noflush {
         args.push("--noflush");
     }
@@ -61,7 +67,7 @@ pub fn iptables_restore(ns: &str, rules: &str, noflush: bool) -> Result<()> {
     let out = child.wait_with_output()?;
     if !out.status.success() {
         bail!(
-            "iptables-restore in {ns} failed ({}): {}",
+            "{restore} in {ns} failed ({}): {}",
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         );

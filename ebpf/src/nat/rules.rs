@@ -3,7 +3,7 @@
 
 use isthmus_common::{
     counters::Kind,
-    nat::{PeerNat, find_rule},
+    nat::{NO_MAPPINGS, PeerNat, find_rule},
     wire::Address,
 };
 
@@ -33,22 +33,30 @@ pub(super) fn from_peer_view<A: Address>(peer: &PeerNat<A>, addr: A) -> Rewrite<
     }
 }
 
-/// The externalIP under which the peer knows endpoint `addr`, if any.
+/// The externalIP under which the peer knows endpoint `addr`, if any: a
+/// peer with [`NO_MAPPINGS`] has none, and costs no lookup.
 #[inline(always)]
 pub(super) fn external_of<F: Family>(peer: &PeerNat<F::Addr>, addr: F::Addr) -> Rewrite<F::Addr> {
     let rewrite = address_only(addr);
+    if peer.flags & NO_MAPPINGS != 0 {
+        return rewrite;
+    }
     match F::external_of(peer.peer_id, addr) {
         Some(external) => rewrite.then(external, Kind::NatMapping),
         None => rewrite,
     }
 }
 
-/// The endpoint behind `rewrite`'s address if it is an externalIP.
+/// The endpoint behind `rewrite`'s address if it is an externalIP (never,
+/// for a peer with [`NO_MAPPINGS`]).
 #[inline(always)]
 pub(super) fn endpoint_of<F: Family>(
     peer: &PeerNat<F::Addr>,
     rewrite: Rewrite<F::Addr>,
 ) -> Rewrite<F::Addr> {
+    if peer.flags & NO_MAPPINGS != 0 {
+        return rewrite;
+    }
     match F::endpoint_of(peer.peer_id, rewrite.addr) {
         Some(endpoint) => rewrite.then(endpoint, Kind::NatMapping),
         None => rewrite,

@@ -17,7 +17,7 @@ use isthmus_common::{
 
 use super::{
     Fragment, ICMP_CHECK, ICMP_HLEN, IcmpError, Ip, Malformed, Packet, Parsed, PseudoCsum, Reading,
-    UDP_HLEN, View, linearize, pseudo_csum, quoted_flow, transport,
+    UDP_HLEN, View, pseudo_csum, quoted_flow, transport,
 };
 
 /// The most the parser reads past the header's start in an ordinary
@@ -39,6 +39,13 @@ fn fragment(chain: &Chain) -> Option<Fragment> {
     })
 }
 
+/// Makes the headers [`packet`] reads at `off` for an ordinary packet
+/// linear.
+#[inline(always)]
+pub fn linearize(ctx: &TcContext, off: usize) -> Result<(), Malformed> {
+    super::linearize(ctx, off, MAX_PARSED)
+}
+
 /// Parses the IPv6 packet at `off` for a NAT program, as `reading` says.
 /// Fails if any header it needs is cut off, or, for the stage of ICMPv6
 /// errors, if the packet is no ICMPv6 error.
@@ -47,7 +54,7 @@ pub fn packet(ctx: &TcContext, off: usize, reading: Reading) -> Result<Parsed<Be
     let errors = reading == Reading::IcmpError;
     let len = ctx.len() as usize;
     let quotes = errors || reading == Reading::Either;
-    linearize(ctx, off, if quotes { MAX_PARSED_ERROR } else { MAX_PARSED })?;
+    super::linearize(ctx, off, if quotes { MAX_PARSED_ERROR } else { MAX_PARSED })?;
     let view = View::of(ctx);
     let h = ipv6::Header(view.span::<HLEN>(off)?);
     // A payload length longer than the packet is a lie; shorter is link

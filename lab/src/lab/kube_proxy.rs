@@ -1,7 +1,9 @@
 //! kube-proxy's rules on a lab node: what kube-proxy v1.31 and later write
-//! in iptables mode, its default, for a few Services, through iptables-nft.
-//! Every node of a cluster that runs kube-proxy carries them; a node as
-//! users have it, where the benches measure and `auto` is proved.
+//! in iptables mode, its default, for a few Services, through iptables-nft,
+//! and, in a dual-stack cluster, for the Services' IPv6 addresses through
+//! ip6tables-nft. Every node of a cluster that runs kube-proxy carries
+//! them; a node as users have it, where the benches measure and `auto` is
+//! proved.
 //!
 //! Derived from `pkg/proxy/iptables/proxier.go` (`syncProxyRules`): the
 //! jumps from the base chains, `KUBE-FORWARD` (the drop of invalid
@@ -13,7 +15,7 @@
 use std::{
     fmt::Write as _,
     hash::{DefaultHasher, Hash, Hasher},
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
 use anyhow::Result;
@@ -27,45 +29,67 @@ const INVALID_COUNTER: &str = "ct_state_invalid_dropped_pkts";
 pub struct Service {
     /// `namespace/name:port`, as kube-proxy's comments write it.
     pub name: &'static str,
-    /// Its ClusterIP.
-    pub cluster_ip: Ipv4Addr,
+    /// Its ClusterIP; every Service given to [`rules`] at once is of one
+    /// family.
+    pub cluster_ip: IpAddr,
     /// `tcp` or `udp`.
     pub protocol: &'static str,
     /// The Service's port.
     pub port: u16,
     /// Its endpoints and their port; none makes kube-proxy reject.
-    pub endpoints: Vec<(Ipv4Addr, u16)>,
+    pub endpoints: Vec<(IpAddr, u16)>,
 }
 
 /// The Services of `cluster` kube-proxy writes rules for: the API server,
 /// the cluster DNS on both of its pods, and one without endpoints.
 pub fn services(cluster: &Cluster) -> Vec<Service> {
-    let dns = vec![(cluster.pod_addr(1), 53), (cluster.pod_addr(2), 53)];
+    let api_server = Service {
+        name: "default/kubernetes:https",
+        cluster_ip: Ipv4Addr::new(10, 96, 0, 1).into(),
+        protocol: "tcp",
+        port: 443,
+        endpoints: vec![(cluster.lan_gw().into(), 6443)],
+    };
+    let dns = [cluster.pod_addr(1), cluster.pod_addr(2)].map(IpAddr::from);
+    let [dns_ip, metrics_ip] = [10, 20].map(|host| Ipv4Addr::new(10, 96, 0, host).into());
+    let mut services = vec![api_server];
+    services.extend(add_ons(dns_ip, dns, metrics_ip));
+    services
+}
+
+/// The IPv6 addresses of the Services of a dual-stack `cluster`, whose
+/// add-ons ask for both families (`ipFamilyPolicy: PreferDualStack`): the
+/// cluster DNS and the Service without endpoints. The API server's Service
+/// is of the cluster's first family alone, as Kubernetes creates it.
+pub fn services6(cluster: &Cluster) -> Vec<Service> {
+    let dns = [cluster.pod_addr6(1), cluster.pod_addr6(2)].map(IpAddr::from);
+    let [dns_ip, metrics_ip] =
+        [0xa, 0x14].map(|host| Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, host).into());
+    add_ons(dns_ip, dns, metrics_ip)
+}
+
+/// The cluster DNS at `dns_ip` on its two pods `dns`, and a Service at
+/// `metrics_ip` without endpoints.
+fn add_ons(dns_ip: IpAddr, dns: [IpAddr; 2], metrics_ip: IpAddr) -> Vec<Service> {
+    let dns: Vec<(IpAddr, u16)> = dns.iter().map(|pod| (*pod, 53)).collect();
     vec![
         Service {
-            name: "default/kubernetes:https",
-            cluster_ip: Ipv4Addr::new(10, 96, 0, 1),
-            protocol: "tcp",
-            port: 443,
-            endpoints: vec![(cluster.lan_gw(), 6443)],
-        },
-        Service {
             name: "kube-system/kube-dns:dns",
-            cluster_ip: Ipv4Addr::new(10, 96, 0, 10),
+            cluster_ip: dns_ip,
             protocol: "udp",
             port: 53,
             endpoints: dns.clone(),
         },
         Service {
             name: "kube-system/kube-dns:dns-tcp",
-            cluster_ip: Ipv4Addr::new(10, 96, 0, 10),
+            cluster_ip: dns_ip,
             protocol: "tcp",
             port: 53,
             endpoints: dns,
         },
         Service {
             name: "kube-system/metrics-server:https",
-            cluster_ip: Ipv4Addr::new(10, 96, 0, 20),
+            cluster_ip: metrics_ip,
             protocol: "tcp",
             port: 443,
             endpoints: Vec::new(),
@@ -77,7 +101,7 @@ pub fn services(cluster: &Cluster) -> Vec<Service> {
 /// beside whatever rules are there, as kube-proxy does: its jumps from the
 /// built-in chains go first (kube-proxy prepends them), before any other
 /// rule. The counter of its drop of invalid packets comes first, as
-/// kube-proxy creates it.
+/// kube-proxy creates it. IPv6 Services' rules go to ip6tables.
 pub fn install(ns: &str, cluster: &Cluster, services: &[Service]) -> Result<()> {
     let counters = cmd::run("ip", &["netns", "exec", ns, "nfacct", "list"])?;
     if !counters.contains(INVALID_COUNTER) {
@@ -86,11 +110,18 @@ pub fn install(ns: &str, cluster: &Cluster, services: &[Service]) -> Result<()> 
             &["netns", "exec", ns, "nfacct", "add", INVALID_COUNTER],
         )?;
     }
-    cmd::iptables_restore(ns, &rules(cluster, services), true)
+    let ipv6 = services.iter().any(|s| s.cluster_ip.is_ipv6());
+    cmd::iptables_restore(ns, &rules(cluster, services), ipv6, true)
 }
 
-/// kube-proxy's `filter` and `nat` tables for `services` of `cluster`.
+/// kube-proxy's `filter` and `nat` tables for `services` of `cluster`, all
+/// of one family.
 pub fn rules(cluster: &Cluster, services: &[Service]) -> String {
+    let ipv6 = services.iter().any(|s| s.cluster_ip.is_ipv6());
+    let (host, pods, unreachable) = match ipv6 {
+        false => (32, cluster.pods().to_string(), "icmp-port-unreachable"),
+        true => (128, cluster.pods6().to_string(), "icmp6-port-unreachable"),
+    };
     let mut filter = String::from(FILTER_HEADER);
     let mut nat = String::from(NAT_HEADER);
     let mut nat_rules = String::new();
@@ -101,12 +132,12 @@ pub fn rules(cluster: &Cluster, services: &[Service]) -> String {
             service.port,
             service.name,
         );
-        let matches = format!("-m {proto} -p {proto} -d {ip}/32 --dport {port}");
+        let matches = format!("-m {proto} -p {proto} -d {ip}/{host} --dport {port}");
         if service.endpoints.is_empty() {
             let _ = writeln!(
                 filter,
                 "-A KUBE-SERVICES -m comment --comment \"{name} has no endpoints\" {matches} \
-                 -j REJECT --reject-with icmp-port-unreachable"
+                 -j REJECT --reject-with {unreachable}"
             );
             continue;
         }
@@ -118,8 +149,7 @@ pub fn rules(cluster: &Cluster, services: &[Service]) -> String {
         );
         let _ = writeln!(
             nat_rules,
-            "-A {svc} -m comment --comment \"{name} cluster IP\" {matches} ! -s {} -j KUBE-MARK-MASQ",
-            cluster.pods()
+            "-A {svc} -m comment --comment \"{name} cluster IP\" {matches} ! -s {pods} -j KUBE-MARK-MASQ"
         );
         let count = service.endpoints.len();
         for (i, (address, target)) in service.endpoints.iter().enumerate() {
@@ -139,12 +169,13 @@ pub fn rules(cluster: &Cluster, services: &[Service]) -> String {
             );
             let _ = writeln!(
                 nat_rules,
-                "-A {sep} -m comment --comment \"{name}\" -s {address}/32 -j KUBE-MARK-MASQ"
+                "-A {sep} -m comment --comment \"{name}\" -s {address}/{host} -j KUBE-MARK-MASQ"
             );
             let _ = writeln!(
                 nat_rules,
                 "-A {sep} -m comment --comment \"{name}\" -m {proto} -p {proto} \
-                 -j DNAT --to-destination {address}:{target}"
+                 -j DNAT --to-destination {}",
+                std::net::SocketAddr::new(*address, *target)
             );
         }
     }

@@ -45,7 +45,7 @@ pub use agents::{
     wait_ready_in,
 };
 pub use keys::{key_file, public_key};
-pub use network::{POD_GATEWAY, wire_pod};
+pub use network::{POD_GATEWAY, POD_GATEWAY6, wire_pod};
 pub(crate) use network::{add_ns, veth};
 pub use node_objects::{NODES_FILE, write_nat_mapping, write_object};
 pub use options::LabTunnel;

@@ -220,7 +220,7 @@ fn add_pod(c: &Cluster, i: u8, host: &str, dual_stack: bool) -> Result<()> {
 
 /// Every pod's IPv6 next hop, as Calico gives it: the node's end of the
 /// pod's veth answers for it.
-const POD_GATEWAY6: &str = "fe80::1";
+pub const POD_GATEWAY6: &str = "fe80::1";
 
 /// Gives the pod `pod`, wired to `host` through `host_end`, its IPv6
 /// address `addr` as [`wire_pod`] gives its IPv4 one: a /128, a

@@ -188,6 +188,26 @@ fn kube_proxys_rules_send_only_its_services_addresses_through_the_stack() {
 /// IPv6's own rules, from ip6tables (nft and legacy) and nftables' ip6
 /// tables, move IPv6's proof alone.
 #[test]
+fn a_dual_stack_nodes_kube_proxy_rules_send_each_familys_services_through_the_stack() {
+    require_root();
+    let mut node = RuleNode::new("ist-t-netfilter-ds");
+    kube_proxy::install(node.ns, &A, &kube_proxy::services(&A)).unwrap();
+    kube_proxy::install(node.ns, &A, &kube_proxy::services6(&A)).unwrap();
+    let both = node.read_both();
+    assert_eq!(
+        both.ipv4,
+        clear(&["10.96.0.1/32", "10.96.0.10/32", "10.96.0.20/32"]),
+        "IPv4: its Services' addresses"
+    );
+    assert_eq!(
+        both.ipv6,
+        clear(&["fd00:10:96::a/128", "fd00:10:96::14/128"]),
+        "IPv6: the addresses ip6tables' rules give the dual-stack Services, \
+         with endpoints (DNAT) and without (REJECT)"
+    );
+}
+
+#[test]
 fn ipv6_rules_send_ipv6_through_the_stack_and_leave_ipv4_past_it() {
     require_root();
     let mut node = RuleNode::new("ist-t-netfilter6");

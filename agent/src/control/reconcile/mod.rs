@@ -339,9 +339,18 @@ where
             .collect();
         let allowed = allowed::desired(&segregated, self.valid());
 
+        // The flag only spares lookups: between the peers' writes and the
+        // mappings', a peer is translated as before its mappings changed,
+        // or as after.
         let (written, removed, peer_failure) = apply_both(
-            (&mut self.peer_table, &self.views),
-            (&mut self.peer6_table, &self.views6),
+            (
+                &mut self.peer_table,
+                &views::marking_unmapped(&self.views, &mappings.ipv4),
+            ),
+            (
+                &mut self.peer6_table,
+                &views::marking_unmapped(&self.views6, &mappings.ipv6),
+            ),
         );
         let (mappings_written, mappings_removed, mapping_failure) = apply_both(
             (&mut self.mapping_table, &mappings.ipv4),

@@ -4,7 +4,10 @@
 use std::collections::{BTreeMap, HashMap};
 
 use ipnet::{Ipv4Net, Ipv6Net};
-use isthmus_common::{nat::PeerNat, wire::Be128};
+use isthmus_common::{
+    nat::{MappingKey, NO_MAPPINGS, PeerNat},
+    wire::Be128,
+};
 
 use crate::model::{isolation::SecurityMode, object::ObjectKey, peer::Peer};
 
@@ -31,4 +34,24 @@ pub(super) fn of(
         .flat_map(|(peer, ipv6, nat)| ipv6.views(peer.layout).map(|(_, net)| (net, nat)))
         .collect();
     (ipv4, ipv6)
+}
+
+/// `views` as the peer table should hold them beside the NatMapping table
+/// of the same family, `mappings`: each peer with no entry there has
+/// [`NO_MAPPINGS`], and its packets skip that table's lookups.
+pub(super) fn marking_unmapped<N: Copy + Ord, A: Copy, V>(
+    views: &BTreeMap<N, PeerNat<A>>,
+    mappings: &BTreeMap<MappingKey<A>, V>,
+) -> BTreeMap<N, PeerNat<A>> {
+    // The keys are in peer order: one entry per mapped peer, kept sorted.
+    let mut mapped: Vec<u32> = mappings.keys().map(|key| key.peer_id).collect();
+    mapped.dedup();
+    let marked = |nat: &PeerNat<A>| PeerNat {
+        flags: match mapped.binary_search(&nat.peer_id) {
+            Ok(_) => nat.flags & !NO_MAPPINGS,
+            Err(_) => nat.flags | NO_MAPPINGS,
+        },
+        ..*nat
+    };
+    views.iter().map(|(net, nat)| (*net, marked(nat))).collect()
 }

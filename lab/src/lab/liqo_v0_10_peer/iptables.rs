@@ -30,7 +30,7 @@ pub fn install(local: &Cluster, synthetic: usize) -> Result<()> {
     let path = paths::state(&format!("liqo-v0.10.3-{}.rules", local.name));
     let rules = rules(local, synthetic);
     fs::write(&path, &rules)?;
-    crate::cmd::iptables_restore(&local.gw(), &rules, false)
+    crate::cmd::iptables_restore(&local.gw(), &rules, false, false)
 }
 
 /// The chains, rules and order Liqo v0.10.3 gives `local`'s gateway:

@@ -36,7 +36,12 @@ pub(super) fn harness() -> Harness {
 }
 
 /// `h` with peer b's IPv6 networks under its ID, in security `mode`.
-pub(super) fn with_peer_b(mut h: Harness, mode: SecurityMode) -> Harness {
+pub(super) fn with_peer_b(h: Harness, mode: SecurityMode) -> Harness {
+    with_peer_b_flagged(h, mode, 0)
+}
+
+/// As [`with_peer_b`], with `flags` added to the peer's rules.
+fn with_peer_b_flagged(mut h: Harness, mode: SecurityMode, flags: u32) -> Harness {
     let mut peers = PeerMap6::new(
         h.ebpf.take_map(names::MAP_PEERS6).unwrap(),
         h.ebpf.take_map(names::MAP_PEER_OWNERS6).unwrap(),
@@ -49,7 +54,8 @@ pub(super) fn with_peer_b(mut h: Harness, mode: SecurityMode) -> Harness {
         panic!("{docs:?}")
     };
     let peer = Peer::from_raw(raw, "test.yaml").unwrap();
-    let nat = peer.nat6(1, mode).expect("IPv6 rules");
+    let mut nat = peer.nat6(1, mode).expect("IPv6 rules");
+    nat.flags |= flags;
     for (_, net) in peer.ipv6.unwrap().views(peer.layout) {
         peers.put(net, &nat, None).unwrap();
     }
@@ -323,17 +329,14 @@ fn an_icmpv6_error_and_the_packet_it_quotes_are_translated_back_to_the_sender() 
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
-#[test]
-fn an_ipv6_natmapping_entry_leads_to_its_endpoint_and_the_reply_leaves_from_its_external_ip() {
-    use Direction::{Egress, Ingress};
-    use isthmus_agent::kernel::maps::MappingMap6;
-    let mut h = harness();
-    let mut mappings = MappingMap6::new(
+/// `h`'s NatMapping tables, holding b's entry: it reaches a-pod1 at
+/// `fd00:10:0:41::45`, our `fd00:192:168::45`.
+fn with_mapping_to_a_pod1(h: &mut Harness) -> isthmus_agent::kernel::maps::MappingMap6 {
+    let mut mappings = isthmus_agent::kernel::maps::MappingMap6::new(
         h.ebpf.take_map(names::MAP_NATMAP6).unwrap(),
         h.ebpf.take_map(names::MAP_NATMAP_REV6).unwrap(),
     )
     .unwrap();
-    // b reaches a-pod1 at fd00:10:0:41::45: our fd00:192:168::45.
     let key = MappingKey {
         peer_id: 1,
         addr: Be128::from_bytes(addr6("fd00:192:168::45")),
@@ -341,6 +344,14 @@ fn an_ipv6_natmapping_entry_leads_to_its_endpoint_and_the_reply_leaves_from_its_
     mappings
         .put(key, &Be128::from_bytes(a_pod1()), None)
         .unwrap();
+    mappings
+}
+
+#[test]
+fn an_ipv6_natmapping_entry_leads_to_its_endpoint_and_the_reply_leaves_from_its_external_ip() {
+    use Direction::{Egress, Ingress};
+    let mut h = harness();
+    let mut mappings = with_mapping_to_a_pod1(&mut h);
     let external_at_b = addr6("fd00:10:0:41::45");
     let request = Packet6::new(b_pod1(), external_at_b, udp6(5353, 53, b"query"));
     let reply = Packet6::new(a_pod1(), b_pod1(), udp6(53, 5353, b"answer"));
@@ -386,6 +397,43 @@ fn an_ipv6_natmapping_entry_leads_to_its_endpoint_and_the_reply_leaves_from_its_
         Ingress,
         &forged.bytes(),
         Fate::Dropped(DropReason::Denied),
+    ));
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// The agent marks a peer without entries so that its packets skip the
+/// tables: an entry the mark hides is not read, either way.
+#[test]
+fn a_peer_marked_without_mappings_does_not_look_them_up() {
+    use Direction::{Egress, Ingress};
+    use isthmus_common::nat::NO_MAPPINGS;
+    let mut h = with_peer_b_flagged(Harness::new(), SecurityMode::FullPodToPod, NO_MAPPINGS);
+    let _mappings = with_mapping_to_a_pod1(&mut h);
+    let request = Packet6::new(b_pod1(), addr6("fd00:10:0:41::45"), udp6(5353, 53, b"q"));
+    let reply = Packet6::new(a_pod1(), b_pod1(), udp6(53, 5353, b"answer"));
+    // Our ExternalCIDR's address, as the prefix alone leads: not the
+    // entry's endpoint, a-pod1.
+    let mut failures = check(
+        &h,
+        "to the hidden entry's externalIP",
+        Ingress,
+        &request.bytes(),
+        Fate::Out(
+            request.between(b_pod1(), addr6("fd00:192:168::45")).bytes(),
+            Outcome::Translated,
+            &[Kind::Prefix],
+        ),
+    );
+    failures.extend(check(
+        &h,
+        "from its endpoint: our networks' prefix alone",
+        Egress,
+        &reply.bytes(),
+        Fate::Out(
+            reply.between(a_pod1_at_b(), b_pod1()).bytes(),
+            Outcome::Translated,
+            &[Kind::Prefix],
+        ),
     ));
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }

@@ -173,10 +173,10 @@ impl ServiceOnAPod2 {
         let this = Self { port };
         let service = kube_proxy::Service {
             name: "default/on-a-pod2:tcp",
-            cluster_ip: SERVICE_IP,
+            cluster_ip: SERVICE_IP.into(),
             protocol: "tcp",
             port,
-            endpoints: vec![(Ipv4Addr::from(A_POD2), port)],
+            endpoints: vec![(Ipv4Addr::from(A_POD2).into(), port)],
         };
         let mut services = kube_proxy::services(&A);
         services.push(service);

@@ -7,7 +7,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     fs,
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, Ipv4Addr, SocketAddrV4},
     path::PathBuf,
     time::Duration,
 };
@@ -148,7 +148,7 @@ impl Setup {
             self,
             Setup::Plain(Node::Bare) | Setup::Liqo(_, Flows::OneWay, _)
         );
-        let flow = &flow(answered);
+        let flow = &flow(answered, matches!(self, Setup::Plain(_)));
         match self {
             Setup::Plain(node) => {
                 disable_isthmus(&nat_gateways())?;
@@ -248,18 +248,20 @@ fn run_isthmus(netfilter: Netfilter, node: Node) -> Result<()> {
 /// How many addresses kube-proxy's rules give `cluster`'s Services.
 fn service_addresses(cluster: &Cluster) -> usize {
     let services = kube_proxy::services(cluster);
-    let addresses: BTreeSet<Ipv4Addr> = services.iter().map(|s| s.cluster_ip).collect();
+    let addresses: BTreeSet<IpAddr> = services.iter().map(|s| s.cluster_ip).collect();
     addresses.len()
 }
 
 /// The NAT benchmark's flow: a-pod2 → b-pod2, pods on the gateways,
-/// `answered` by b-pod2 before the measurement or not.
-fn flow(answered: bool) -> Flow {
+/// `answered` by b-pod2 before the measurement or not. Without NAT
+/// (`plain`), a-pod2 sends from [`PLAIN_SOURCE`], the address b answers,
+/// so that the answers match the flows where conntrack runs.
+fn flow(answered: bool, plain: bool) -> Flow {
     Flow {
         client: A.pod(2),
         next_hop: (A.gw(), "pod2"),
         server: B.pod(2),
-        src: A.pod_addr(2).into(),
+        src: if plain { PLAIN_SOURCE } else { A.pod_addr(2) }.into(),
         dst: PLAIN_TARGET.into(),
         // a-pod2 as b sees it.
         answer_to: answered.then_some(PLAIN_SOURCE.into()),
@@ -306,7 +308,7 @@ fn traffic(flow: &Flow) -> Result<Measured> {
     let before = Snapshot::take()?;
     let pps = measure(flow)?;
     let ns_per_run = Snapshot::take()?.ns_per_run_since(&before);
-    let std::net::IpAddr::V4(dst) = flow.dst else {
+    let IpAddr::V4(dst) = flow.dst else {
         anyhow::bail!("the connection rate is measured over IPv4");
     };
     let target = SocketAddrV4::new(dst, crr::PORT);

@@ -7,6 +7,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use isthmus_common::{
     ipv4::{PROTO_TCP, PROTO_UDP},
     isolation::SEGREGATED,
+    nat::NO_MAPPINGS,
 };
 use isthmus_lab::offloading::{Listed, endpoint_slice, namespace_offloading, pod};
 
@@ -124,8 +125,10 @@ fn a_segregated_peer_is_allowed_its_offloaded_pods_and_the_endpoints_exported_to
             AllowKey::any_port(a, Be32::from(ip(133))),
         ]
     );
-    assert_eq!(peers.entries[&net("10.40.0.0/24")].flags, SEGREGATED);
-    assert_eq!(peers.entries[&net("10.41.0.0/24")].flags, 0);
+    // Neither has a NatMapping.
+    let flags = |view| peers.entries[&net(view)].flags;
+    assert_eq!(flags("10.40.0.0/24"), SEGREGATED | NO_MAPPINGS);
+    assert_eq!(flags("10.41.0.0/24"), NO_MAPPINGS);
 }
 
 /// A dual-stack pod's IPv6 address, and the IPv6 slice of a dual-stack

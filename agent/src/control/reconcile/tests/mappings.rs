@@ -395,3 +395,44 @@ fn a_natmapping_change_keeps_the_peers_and_any_other_change_selects_them_again()
     let report = r.reconcile().0;
     assert_eq!((report.rejected, report.cleared_errors.len()), (0, 1));
 }
+
+#[test]
+fn a_peers_rules_say_whether_it_has_mappings_so_that_its_packets_skip_an_empty_table() {
+    use isthmus_common::nat::NO_MAPPINGS;
+    let (mut peers, mut mappings) = (Peers::default(), Mappings::default());
+    let mut r = Reconciler::new(&mut peers, &mut mappings, MemoryAllowedTable::default()).unwrap();
+    add_cluster_a(&mut r);
+    let unmapped = |applied: &BTreeMap<ipnet::Ipv4Net, PeerNat>| -> Vec<bool> {
+        (applied.values())
+            .map(|nat| nat.flags & NO_MAPPINGS != 0)
+            .collect()
+    };
+    r.reconcile();
+    assert_eq!(
+        unmapped(r.peer_table.applied()),
+        [true; 2],
+        "no NatMapping yet: every view"
+    );
+
+    let entry = [("10.1.0.5".to_owned(), "192.168.0.45".to_owned())];
+    r.set_origin(
+        "nm.yaml".into(),
+        docs("nm.yaml", &natmapping("cluster-a", &entry)),
+    );
+    let report = r.reconcile().0;
+    assert_eq!((report.mappings, report.written), (1, 2));
+    assert_eq!(
+        unmapped(r.peer_table.applied()),
+        [false; 2],
+        "its first entry: the views look"
+    );
+
+    r.remove_origin("nm.yaml");
+    let report = r.reconcile().0;
+    assert_eq!((report.mappings, report.written), (0, 2));
+    assert_eq!(
+        unmapped(r.peer_table.applied()),
+        [true; 2],
+        "its last entry gone"
+    );
+}
