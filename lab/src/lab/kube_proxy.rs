@@ -110,15 +110,26 @@ pub fn install(ns: &str, cluster: &Cluster, services: &[Service]) -> Result<()> 
             &["netns", "exec", ns, "nfacct", "add", INVALID_COUNTER],
         )?;
     }
-    let ipv6 = services.iter().any(|s| s.cluster_ip.is_ipv6());
-    cmd::iptables_restore(ns, &rules(cluster, services), ipv6, true)
+    cmd::iptables_restore(ns, &rules(cluster, services), is_ipv6(services), true)
+}
+
+/// Whether `services`, all of one family, are IPv6's.
+fn is_ipv6(services: &[Service]) -> bool {
+    services.iter().any(|s| s.cluster_ip.is_ipv6())
+}
+
+/// How many addresses `services` have between them: those whose packets
+/// kube-proxy's rules act on.
+pub fn addresses(services: &[Service]) -> usize {
+    let addresses: std::collections::BTreeSet<IpAddr> =
+        services.iter().map(|s| s.cluster_ip).collect();
+    addresses.len()
 }
 
 /// kube-proxy's `filter` and `nat` tables for `services` of `cluster`, all
 /// of one family.
 pub fn rules(cluster: &Cluster, services: &[Service]) -> String {
-    let ipv6 = services.iter().any(|s| s.cluster_ip.is_ipv6());
-    let (host, pods, unreachable) = match ipv6 {
+    let (host, pods, unreachable) = match is_ipv6(services) {
         false => (32, cluster.pods().to_string(), "icmp-port-unreachable"),
         true => (128, cluster.pods6().to_string(), "icmp6-port-unreachable"),
     };

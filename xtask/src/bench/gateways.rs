@@ -33,6 +33,23 @@ pub(super) fn enable_isthmus(nodes: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// Waits until gateway `gw`'s agent reports each metric of `expected` at
+/// its value, as `setup` needs: the agents read the node's rules once a
+/// second. Its log says why not, when it does not.
+pub(super) fn await_gauges(gw: &str, expected: &[(&str, f64)], setup: &str) -> Result<()> {
+    let what = format!("{gw}'s agent reports {expected:?}, as the setup '{setup}' needs");
+    wait::poll(
+        Duration::from_secs(5),
+        Duration::from_millis(50),
+        &what,
+        || {
+            (expected.iter())
+                .all(|(metric, value)| lab::metric(gw, metric).ok() == Some(*value))
+                .then_some(())
+        },
+    )
+}
+
 /// Stops the agents of `nodes` and removes their programs: no Isthmus
 /// there.
 pub(super) fn disable_isthmus(nodes: &[String]) -> Result<()> {

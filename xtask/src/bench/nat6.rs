@@ -8,9 +8,8 @@
 //! for a dual-stack cluster's Services.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::BTreeMap,
     net::{IpAddr, Ipv6Addr},
-    time::Duration,
 };
 
 use anyhow::Result;
@@ -23,10 +22,10 @@ use isthmus_lab::{
 
 use super::{
     ROUNDS,
-    gateways::{disable_isthmus, enable_isthmus, nat_gateways, set_isthmus_peers},
+    gateways::{await_gauges, disable_isthmus, enable_isthmus, nat_gateways, set_isthmus_peers},
     liqo_v0_10::remove_all,
     packets::{Flow, WARMUP, WINDOW, WINDOWS, measure},
-    program_time::{self, NAT_PROGRAMS, Snapshot},
+    program_time::{self, NAT_PROGRAMS},
     stats::{median, ratio_line},
     write_section,
 };
@@ -149,35 +148,17 @@ fn kube_proxy_rules(node: Node) -> Result<()> {
 fn past_netfilter(node: Node) -> Result<()> {
     let services = match node {
         Node::Bare => 0,
-        Node::KubeProxy => service_addresses6(&A),
+        Node::KubeProxy => kube_proxy::addresses(&kube_proxy::services6(&A)),
     };
     let expected = [
         ("isthmus_forward_past_netfilter_ipv6", 1.0),
         ("isthmus_forward_stack_destinations_ipv6", services as f64),
     ];
+    let setup = Setup::Isthmus(1, node).name();
     for gw in [A.gw(), B.gw()] {
-        let what = format!("{gw}'s agent reports {expected:?} (its log says why not)");
-        // The agents read the node's rules once a second.
-        isthmus_lab::wait::poll(
-            Duration::from_secs(5),
-            Duration::from_millis(50),
-            &what,
-            || {
-                expected
-                    .iter()
-                    .all(|(metric, value)| lab::metric_sum(&gw, metric, &[]).ok() == Some(*value))
-                    .then_some(())
-            },
-        )?;
+        await_gauges(&gw, &expected, &setup)?;
     }
     Ok(())
-}
-
-/// How many IPv6 addresses kube-proxy's rules give `cluster`'s Services.
-fn service_addresses6(cluster: &Cluster) -> usize {
-    let services = kube_proxy::services6(cluster);
-    let addresses: BTreeSet<IpAddr> = services.iter().map(|s| s.cluster_ip).collect();
-    addresses.len()
 }
 
 /// a-pod2 → b-pod2 as a sees it, its flows answered by b-pod2 before the
@@ -334,10 +315,7 @@ pub fn run_nat6() -> Result<()> {
         for (setup, rounds) in order {
             println!("bench: round {round}/{ROUNDS}, {}", setup.name());
             let pps = median(&setup.measure()?);
-            let ns_per_run = match setup {
-                Setup::Isthmus(..) => program_cost()?,
-                _ => BTreeMap::new(),
-            };
+            let ns_per_run = program_time::time_per_run(|| measure(&flow(false)))?;
             rounds.push(Round { pps, ns_per_run });
         }
     }
@@ -354,17 +332,6 @@ pub fn run_nat6() -> Result<()> {
         .map(|(name, ours, theirs)| ratio_line(name, &pps(*ours), &pps(*theirs), 0))
         .collect();
     write_section("nat66", &report(&samples, &lines)?)
-}
-
-/// The kernel's time per run of the NAT's entry programs, over traffic of
-/// its own: counting costs every program run two clock reads, which the
-/// packet rates are measured without.
-fn program_cost() -> Result<BTreeMap<&'static str, f64>> {
-    println!("bench:   the same traffic again, its programs timed");
-    let _counting = program_time::start_counting()?;
-    let before = Snapshot::take()?;
-    measure(&flow(false))?;
-    Ok(Snapshot::take()?.ns_per_run_since(&before))
 }
 
 /// The bench's section of `docs/benchmarks.md`.

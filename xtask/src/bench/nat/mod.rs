@@ -5,18 +5,17 @@
 //! that carry kube-proxy's rules, as users' nodes do, and on bare ones.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::BTreeMap,
     fs,
     net::{IpAddr, Ipv4Addr, SocketAddrV4},
     path::PathBuf,
-    time::Duration,
 };
 
 use anyhow::{Context, Result};
 use isthmus_lab::{
     cmd::ip,
     lab::{self, kube_proxy},
-    topology::{A, B, Cluster},
+    topology::{A, B},
 };
 
 mod baseline;
@@ -27,11 +26,11 @@ use baseline::{BASELINE, InTurns};
 use super::{
     ROUNDS,
     crr::{self, Crr},
-    gateways::{disable_isthmus, enable_isthmus, nat_gateways, set_isthmus_peers},
+    gateways::{await_gauges, disable_isthmus, enable_isthmus, nat_gateways, set_isthmus_peers},
     isolation, liqo_v0_10,
     packets::{Flow, WARMUP, WINDOW, WINDOWS, measure},
     program_run::{self, NatPrograms},
-    program_time::{self, NAT_PROGRAMS, Snapshot},
+    program_time::{self, NAT_PROGRAMS},
     stats::{agent_rss_mib, median, ratio_line},
     write_section,
 };
@@ -216,40 +215,21 @@ fn run_isthmus(netfilter: Netfilter, node: Node) -> Result<()> {
     }
     enable_isthmus(&nat_gateways())?;
     let past = f64::from(netfilter == Netfilter::Default);
+    let setup = Setup::Isthmus(1, netfilter, node).name();
     for (cluster, gw) in [(&A, A.gw()), (&B, B.gw())] {
         let services = match (netfilter, node) {
-            (Netfilter::Default, Node::KubeProxy) => service_addresses(cluster),
+            (Netfilter::Default, Node::KubeProxy) => {
+                kube_proxy::addresses(&kube_proxy::services(cluster))
+            }
             _ => 0,
         };
         let expected = [
             ("isthmus_forward_past_netfilter", past),
             ("isthmus_forward_stack_destinations", services as f64),
         ];
-        // The agents read the node's rules once a second.
-        let what = format!(
-            "{gw}'s agent reports {expected:?}, as the setup '{}' needs (its log says why not)",
-            Setup::Isthmus(1, netfilter, node).name()
-        );
-        isthmus_lab::wait::poll(
-            Duration::from_secs(5),
-            Duration::from_millis(50),
-            &what,
-            || {
-                expected
-                    .iter()
-                    .all(|(metric, value)| lab::metric(&gw, metric).ok() == Some(*value))
-                    .then_some(())
-            },
-        )?;
+        await_gauges(&gw, &expected, &setup)?;
     }
     Ok(())
-}
-
-/// How many addresses kube-proxy's rules give `cluster`'s Services.
-fn service_addresses(cluster: &Cluster) -> usize {
-    let services = kube_proxy::services(cluster);
-    let addresses: BTreeSet<IpAddr> = services.iter().map(|s| s.cluster_ip).collect();
-    addresses.len()
 }
 
 /// The NAT benchmark's flow: a-pod2 → b-pod2, pods on the gateways,
@@ -305,9 +285,8 @@ impl Measured {
 /// Packets per second, with what they cost in the NAT programs, then the
 /// connection rate, of the flow's two pods.
 fn traffic(flow: &Flow) -> Result<Measured> {
-    let before = Snapshot::take()?;
     let pps = measure(flow)?;
-    let ns_per_run = Snapshot::take()?.ns_per_run_since(&before);
+    let ns_per_run = program_time::time_per_run(|| measure(flow))?;
     let IpAddr::V4(dst) = flow.dst else {
         anyhow::bail!("the connection rate is measured over IPv4");
     };
@@ -339,7 +318,6 @@ pub fn run_nat(baseline: Option<PathBuf>) -> Result<()> {
     }
     let mut samples: Samples = setups.iter().map(|s| (*s, Vec::new())).collect();
     let mut rss = Vec::new();
-    let _counting = program_time::start_counting()?;
     for round in 1..=ROUNDS {
         // Every other round runs the setups in the opposite order, so that
         // no setup always follows the same one: a build measured right
